@@ -1,0 +1,70 @@
+#ifndef TRIDENT_COMMON_GRPC_SERVER_H_
+#define TRIDENT_COMMON_GRPC_SERVER_H_
+
+// A gRPC server with what every Trident service needs: `grpc.health.v1`
+// (overall "" and one entry per registered service), server reflection
+// (`grpc.reflection.v1alpha`), a port chosen by the system when asked for
+// port 0, and a graceful drain.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+
+namespace trident {
+
+struct GrpcServerOptions {
+  // Address to bind, e.g. "0.0.0.0", "127.0.0.1" or "[::]".
+  std::string host = "0.0.0.0";
+  // Port to bind; 0 lets the system pick a free one (see GrpcServer::port()).
+  int port = 0;
+  // Largest message accepted or sent.
+  int max_message_bytes = 64 << 20;
+};
+
+// A service to register and the full name health and reflection report for
+// it, e.g. {&generation_service, "trident.v1.Generation"}.
+struct RegisteredService {
+  grpc::Service* service;
+  std::string name;
+};
+
+// Thread-safe. Drain() may be called from any thread, more than once.
+class GrpcServer {
+ public:
+  // Starts serving `services`, which must outlive the server. Every service
+  // reports SERVING once this returns. Returns kUnavailable if the address
+  // cannot be bound, kInvalidArgument for a malformed host or port.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const GrpcServerOptions& options, std::vector<RegisteredService> services);
+
+  ~GrpcServer();
+
+  // The bound port (the system's choice when the options asked for 0).
+  int port() const { return port_; }
+
+  // Marks every registered service (and "") SERVING or NOT_SERVING.
+  void SetServing(bool serving);
+
+  // Drains: reports NOT_SERVING (so load balancers and health watchers move
+  // away), stops accepting calls, lets calls in flight finish until
+  // `deadline`, then cancels the rest and returns once every call has ended.
+  void Drain(absl::Time deadline);
+
+  grpc::Server* server() { return server_.get(); }
+
+ private:
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::vector<std::string> names)
+      : server_(std::move(server)), port_(port), service_names_(std::move(names)) {}
+
+  std::unique_ptr<grpc::Server> server_;
+  const int port_;
+  const std::vector<std::string> service_names_;
+};
+
+}  // namespace trident
+
+#endif  // TRIDENT_COMMON_GRPC_SERVER_H_

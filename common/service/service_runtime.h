@@ -1,0 +1,77 @@
+#ifndef TRIDENT_COMMON_SERVICE_SERVICE_RUNTIME_H_
+#define TRIDENT_COMMON_SERVICE_SERVICE_RUNTIME_H_
+
+// What every Trident service process shares: the flags below, the metrics
+// endpoint, the gRPC server (health, reflection), the readiness report to a
+// launcher, and the drain on SIGTERM/SIGINT. A service's main.cc is:
+//
+//   int main(int argc, char** argv) {
+//     return trident::RunServiceMain(argc, argv, {"router", 50051, 9401},
+//         [](trident::ServiceRuntime& runtime) -> absl::Status {
+//           RouterService service(runtime.registry());
+//           return runtime.Serve({{&service, "trident.v1.Generation"}});
+//         });
+//   }
+//
+// Flags (shared by every service):
+//   --host            address to bind gRPC and /metrics (default 0.0.0.0)
+//   --port            gRPC port; 0 picks a free one; -1 = the service's default
+//   --metrics_port    /metrics port; 0 picks a free one; -1 = the service's default
+//   --ready_fd        file descriptor to which one JSON line is written once
+//                     serving: {"component":..,"grpc_port":..,"metrics_port":..,"pid":..}
+//   --drain_timeout   how long calls in flight may finish after SIGTERM
+//   --log_level       debug, info, warning, error
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/grpc/server.h"
+#include "common/telemetry/metrics_server.h"
+#include "prometheus/registry.h"
+
+namespace trident {
+
+struct ServiceDefaults {
+  // Lower-case component name: "router", "worker", "attention", "controller".
+  std::string component;
+  int grpc_port;
+  int metrics_port;
+};
+
+// Confined to the main thread.
+class ServiceRuntime {
+ public:
+  // Reads the shared flags and starts the metrics endpoint. Returns
+  // kInvalidArgument for bad flag values, kUnavailable if a port is taken.
+  static absl::StatusOr<std::unique_ptr<ServiceRuntime>> Create(const ServiceDefaults& defaults);
+
+  prometheus::Registry& registry() { return metrics_->registry(); }
+  const std::string& component() const { return defaults_.component; }
+
+  // Starts the gRPC server with `services`, reports readiness, then blocks
+  // until SIGTERM or SIGINT, drains (see GrpcServer::Drain) and returns OK.
+  // Returns an error at once if the server cannot start.
+  absl::Status Serve(std::vector<RegisteredService> services);
+
+ private:
+  ServiceRuntime(ServiceDefaults defaults, std::unique_ptr<telemetry::MetricsServer> metrics)
+      : defaults_(std::move(defaults)), metrics_(std::move(metrics)) {}
+
+  const ServiceDefaults defaults_;
+  std::unique_ptr<telemetry::MetricsServer> metrics_;
+};
+
+// Blocks the shutdown signals, parses flags (with --help and --version),
+// initializes logging, creates the runtime and runs `body`, which normally
+// ends by returning runtime.Serve(...). Returns the process exit code: 0 when
+// `body` returns OK, 1 (after logging the status) otherwise.
+int RunServiceMain(int argc, char** argv, const ServiceDefaults& defaults,
+                   const std::function<absl::Status(ServiceRuntime&)>& body);
+
+}  // namespace trident
+
+#endif  // TRIDENT_COMMON_SERVICE_SERVICE_RUNTIME_H_

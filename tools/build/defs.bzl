@@ -1,0 +1,149 @@
+"""Build macros for Trident. Every BUILD file uses these instead of the native
+rules, so that warnings, sanitizers, CUDA handling and GPU tags stay uniform."""
+
+load("@local_cuda//:defs.bzl", "CUDA_FOUND", "CUDA_PATH")
+
+# Warnings are errors in project code. Generated code (protoc) and system
+# headers (under /usr/include, which the compiler treats as system headers)
+# are exempt.
+TRIDENT_COPTS = [
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-unused-parameter",
+]
+
+# CUDA architectures compiled into every CUDA target. sm_90 (Hopper) is the
+# floor; add more here as wanted.
+CUDA_ARCHS = ["90"]
+
+def _with_copts(kwargs):
+    kwargs["copts"] = TRIDENT_COPTS + kwargs.get("copts", [])
+    return kwargs
+
+def trident_cc_library(name, **kwargs):
+    native.cc_library(name = name, **_with_copts(kwargs))
+
+def trident_cc_binary(name, **kwargs):
+    native.cc_binary(name = name, **_with_copts(kwargs))
+
+def trident_cc_test(name, gpu = False, tags = [], size = "small", **kwargs):
+    """A test. `gpu = True` tags it `gpu` and `exclusive` (CI runs -gpu) and
+    makes it incompatible where CUDA is absent or disabled."""
+    if gpu:
+        tags = tags + ["gpu", "exclusive"]
+        kwargs["target_compatible_with"] = _cuda_compatible()
+    native.cc_test(name = name, tags = tags, size = size, **_with_copts(kwargs))
+
+def trident_cc_benchmark(name, deps = [], tags = [], gpu = False, **kwargs):
+    """A Google Benchmark binary: testonly, tagged `benchmark`, never run as a test."""
+    if gpu:
+        tags = tags + ["gpu"]
+        kwargs["target_compatible_with"] = _cuda_compatible()
+    native.cc_binary(
+        name = name,
+        testonly = True,
+        tags = tags + ["benchmark"],
+        deps = deps + ["//third_party:benchmark_main"],
+        **_with_copts(kwargs)
+    )
+
+def _cuda_compatible():
+    if not CUDA_FOUND:
+        return ["@platforms//:incompatible"]
+    return select({
+        "//tools/build:cuda_disabled": ["@platforms//:incompatible"],
+        "//conditions:default": [],
+    })
+
+def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda_hdrs = [], **kwargs):
+    """Compiles `.cu` sources with nvcc and wraps the objects in a cc_library.
+
+    `hdrs` are host headers (usable from plain C++); `cuda_hdrs` are `.cuh`
+    headers that only the `.cu` sources include. Where nvcc is absent, or the
+    build runs with `--config=cpu`, the target is incompatible and skipped.
+    """
+    compatible = _cuda_compatible()
+    objs = []
+    if CUDA_FOUND:
+        gencode = " ".join([
+            "-gencode arch=compute_%s,code=sm_%s" % (a, a)
+            for a in CUDA_ARCHS
+        ])
+        for src in srcs:
+            obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
+            native.genrule(
+                name = obj + "_compile",
+                srcs = [src] + hdrs + cuda_hdrs,
+                outs = [obj],
+                cmd = " ".join([
+                    CUDA_PATH + "/bin/nvcc",
+                    "-c -std=c++20 -O3 -Xcompiler -fPIC",
+                    "-Xcompiler -Wall -Werror all-warnings",
+                    gencode,
+                    "-I. -I$(GENDIR)",
+                    " ".join(copts),
+                    "-o $@ $(location %s)" % src,
+                ]),
+                target_compatible_with = compatible,
+                tags = kwargs.get("tags", []),
+            )
+            objs.append(":" + obj)
+    native.cc_library(
+        name = name,
+        srcs = objs,
+        hdrs = hdrs,
+        deps = deps + ["@local_cuda//:cuda"],
+        target_compatible_with = compatible,
+        copts = TRIDENT_COPTS,
+        **kwargs
+    )
+
+def trident_proto_library(name, srcs, deps = [], proto_root = "proto", grpc = True, visibility = None, testonly = False):
+    """Generates C++ (and gRPC stubs) for `srcs` with Debian's protoc.
+
+    `proto_root` is the directory, relative to the repository root, that import
+    paths are relative to. Generated headers are included by their import
+    path, e.g. "trident/v1/generation.pb.h". `deps` are other
+    trident_proto_library targets whose .proto files these import.
+    """
+    repo = native.repository_name()
+    repo_root = "" if repo == "@" else "external/" + repo[1:]
+    include_dir = "/".join([p for p in [repo_root, proto_root] if p])
+    pkg = native.package_name()
+    rel_pkg = pkg[len(proto_root):].lstrip("/") if proto_root else pkg
+
+    outs = []
+    for src in srcs:
+        stem = src[:-len(".proto")]
+        outs += [stem + ".pb.h", stem + ".pb.cc"]
+        if grpc:
+            outs += [stem + ".grpc.pb.h", stem + ".grpc.pb.cc"]
+
+    native.filegroup(
+        name = name + "_files",
+        srcs = srcs + [d + "_files" for d in deps],
+        visibility = visibility,
+        testonly = testonly,
+    )
+    out_dir = "$(GENDIR)/" + include_dir if include_dir else "$(GENDIR)"
+    files = " ".join(["/".join([p for p in [include_dir, rel_pkg, s] if p]) for s in srcs])
+    cmd = "protoc -I%s -I/usr/include --cpp_out=%s " % (include_dir or ".", out_dir)
+    if grpc:
+        cmd += "--grpc_out=%s --plugin=protoc-gen-grpc=$$(which grpc_cpp_plugin) " % out_dir
+    native.genrule(
+        name = name + "_gen",
+        srcs = [":" + name + "_files"],
+        outs = outs,
+        cmd = cmd + files,
+        testonly = testonly,
+    )
+    native.cc_library(
+        name = name,
+        srcs = [o for o in outs if o.endswith(".cc")],
+        hdrs = [o for o in outs if o.endswith(".h")],
+        strip_include_prefix = ("/" + proto_root) if proto_root and repo == "@" else None,
+        deps = deps + ["@trident//third_party:grpc" if grpc else "@trident//third_party:protobuf"],
+        visibility = visibility,
+        testonly = testonly,
+    )
