@@ -11,6 +11,8 @@ TRIDENT_COPTS = [
     "-Wextra",
     "-Werror",
     "-Wno-unused-parameter",
+    # Designated initializers that leave defaulted members out are intended.
+    "-Wno-missing-field-initializers",
 ]
 
 # CUDA architectures compiled into every CUDA target. sm_90 (Hopper) is the
