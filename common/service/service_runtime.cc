@@ -10,6 +10,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -100,12 +101,17 @@ int RunServiceMain(int argc, char** argv, const ServiceDefaults& defaults,
                    const std::function<absl::Status(ServiceRuntime&)>& body) {
   BlockShutdownSignals();
   absl::FlagsUsageConfig usage_config;
+  // --help lists the flags of Trident's own code, not those of libraries.
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "services/") || absl::StrContains(file, "common/");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   usage_config.version_string = [] {
     return absl::StrCat("trident ", telemetry::TridentVersion(), "\n");
   };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(absl::StrCat("Trident ", defaults.component,
-                                            " service. Flags are listed with --helpfull."));
+                                            " service.\nUsage: ", defaults.component, " [flags]"));
   absl::ParseCommandLine(argc, argv);
   log::InitLoggingFromFlags();
 

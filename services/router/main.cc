@@ -1,0 +1,14 @@
+// The router: Trident's public gRPC endpoint (trident.v1.Generation).
+
+#include "common/service/service_runtime.h"
+#include "services/router/generation_service.h"
+
+int main(int argc, char** argv) {
+  return trident::RunServiceMain(
+      argc, argv, {.component = "router", .grpc_port = 50051, .metrics_port = 9401},
+      [](trident::ServiceRuntime& runtime) {
+        trident::router::GenerationService generation;
+        return runtime.Serve(
+            {{&generation, trident::v1::Generation::service_full_name()}});
+      });
+}

@@ -1,0 +1,109 @@
+#include "services/worker/worker_services.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc/reactors.h"
+#include "common/status/error_details.h"
+
+namespace trident::worker {
+namespace {
+
+using ::trident::v1::DecodeResponse;
+using ::trident::v1::PrefillResponse;
+using ::trident::v1::WorkerLoad;
+
+absl::Status NotServedYet(absl::string_view service, absl::string_view method,
+                          absl::string_view missing) {
+  return absl::UnimplementedError(absl::StrCat("trident.v1.", service, "/", method,
+                                               " is not served by this worker build: it needs ",
+                                               missing));
+}
+
+constexpr absl::string_view kNeedsEngine = "the model runtime (engine, paged KV cache)";
+constexpr absl::string_view kNeedsTransport =
+    "the model runtime's paged KV cache and the UCX KV transport";
+
+}  // namespace
+
+std::string Device::ToString() const {
+  return kind == Kind::kCpu ? "cpu" : absl::StrCat("cuda:", ordinal);
+}
+
+absl::StatusOr<Device> ParseDevice(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "cpu") return Device{};
+  int ordinal = -1;
+  if (absl::StartsWith(lower, "cuda:") && absl::SimpleAtoi(lower.substr(5), &ordinal) &&
+      ordinal >= 0) {
+    return Device{.kind = Device::Kind::kCuda, .ordinal = ordinal};
+  }
+  return InvalidArgumentForField(
+      "--device", absl::StrCat("expected 'cpu' or 'cuda:N' with N >= 0, got '", text, "'"));
+}
+
+absl::StatusOr<trident::v1::Role> ParseRole(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "prefill") return trident::v1::ROLE_PREFILL;
+  if (lower == "decode") return trident::v1::ROLE_DECODE;
+  if (lower == "both") return trident::v1::ROLE_BOTH;
+  return InvalidArgumentForField(
+      "--role", absl::StrCat("expected 'prefill', 'decode' or 'both', got '", text, "'"));
+}
+
+grpc::ServerWriteReactor<PrefillResponse>* PrefillService::Prefill(
+    grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) {
+  return new FinishedWriteReactor<PrefillResponse>(
+      NotServedYet("Prefill", "Prefill", kNeedsTransport));
+}
+
+grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* context,
+                                                   const trident::v1::ReserveKvRequest* request,
+                                                   trident::v1::ReserveKvResponse* response) {
+  return FinishUnary(context, NotServedYet("Decode", "ReserveKv", kNeedsTransport));
+}
+
+grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* context,
+                                                 const trident::v1::RenewKvRequest* request,
+                                                 trident::v1::RenewKvResponse* response) {
+  return FinishUnary(context, NotServedYet("Decode", "RenewKv", kNeedsTransport));
+}
+
+grpc::ServerUnaryReactor* DecodeService::CommitKv(grpc::CallbackServerContext* context,
+                                                  const trident::v1::CommitKvRequest* request,
+                                                  trident::v1::CommitKvResponse* response) {
+  return FinishUnary(context, NotServedYet("Decode", "CommitKv", kNeedsTransport));
+}
+
+grpc::ServerUnaryReactor* DecodeService::ReleaseKv(grpc::CallbackServerContext* context,
+                                                   const trident::v1::ReleaseKvRequest* request,
+                                                   trident::v1::ReleaseKvResponse* response) {
+  return FinishUnary(context, NotServedYet("Decode", "ReleaseKv", kNeedsTransport));
+}
+
+grpc::ServerWriteReactor<DecodeResponse>* DecodeService::Decode(
+    grpc::CallbackServerContext* context, const trident::v1::DecodeRequest* request) {
+  return new FinishedWriteReactor<DecodeResponse>(NotServedYet("Decode", "Decode", kNeedsEngine));
+}
+
+grpc::ServerWriteReactor<WorkerLoad>* WorkerControlService::GetLoad(
+    grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) {
+  return new FinishedWriteReactor<WorkerLoad>(
+      NotServedYet("WorkerControl", "GetLoad", kNeedsEngine));
+}
+
+grpc::ServerUnaryReactor* WorkerControlService::SetRole(grpc::CallbackServerContext* context,
+                                                        const trident::v1::SetRoleRequest* request,
+                                                        trident::v1::SetRoleResponse* response) {
+  return FinishUnary(context, NotServedYet("WorkerControl", "SetRole",
+                                           "the engine's drain, which the roles switch between"));
+}
+
+grpc::ServerUnaryReactor* WorkerControlService::GetKvStats(
+    grpc::CallbackServerContext* context, const trident::v1::GetKvStatsRequest* request,
+    trident::v1::KvStats* response) {
+  return FinishUnary(context, NotServedYet("WorkerControl", "GetKvStats", kNeedsEngine));
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,77 @@
+#ifndef TRIDENT_SERVICES_WORKER_WORKER_SERVICES_H_
+#define TRIDENT_SERVICES_WORKER_WORKER_SERVICES_H_
+
+// The worker's gRPC services: Prefill (router → prefill worker), Decode
+// (KV reservations and the decode stream) and WorkerControl (load reports,
+// role changes, allocator counts). The worker also serves the public
+// Generation API directly when colocated (role `both`).
+//
+// This build has no model runtime yet, so every RPC answers UNIMPLEMENTED
+// and names what it needs.
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "trident/v1/cluster.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident::worker {
+
+// Where a worker runs its model: the CPU backend or one CUDA device.
+struct Device {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int ordinal = 0;  // CUDA device index; 0 for the CPU.
+
+  std::string ToString() const;
+};
+
+// Parses "cpu" or "cuda:N" (N >= 0). kInvalidArgument names the flag.
+absl::StatusOr<Device> ParseDevice(absl::string_view text);
+
+// Parses "prefill", "decode" or "both". kInvalidArgument names the flag.
+absl::StatusOr<trident::v1::Role> ParseRole(absl::string_view text);
+
+// Thread-safe.
+class PrefillService final : public trident::v1::Prefill::CallbackService {
+ public:
+  grpc::ServerWriteReactor<trident::v1::PrefillResponse>* Prefill(
+      grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) override;
+};
+
+// Thread-safe.
+class DecodeService final : public trident::v1::Decode::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
+                                      const trident::v1::ReserveKvRequest* request,
+                                      trident::v1::ReserveKvResponse* response) override;
+  grpc::ServerUnaryReactor* RenewKv(grpc::CallbackServerContext* context,
+                                    const trident::v1::RenewKvRequest* request,
+                                    trident::v1::RenewKvResponse* response) override;
+  grpc::ServerUnaryReactor* CommitKv(grpc::CallbackServerContext* context,
+                                     const trident::v1::CommitKvRequest* request,
+                                     trident::v1::CommitKvResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseKv(grpc::CallbackServerContext* context,
+                                      const trident::v1::ReleaseKvRequest* request,
+                                      trident::v1::ReleaseKvResponse* response) override;
+  grpc::ServerWriteReactor<trident::v1::DecodeResponse>* Decode(
+      grpc::CallbackServerContext* context, const trident::v1::DecodeRequest* request) override;
+};
+
+// Thread-safe.
+class WorkerControlService final : public trident::v1::WorkerControl::CallbackService {
+ public:
+  grpc::ServerWriteReactor<trident::v1::WorkerLoad>* GetLoad(
+      grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) override;
+  grpc::ServerUnaryReactor* SetRole(grpc::CallbackServerContext* context,
+                                    const trident::v1::SetRoleRequest* request,
+                                    trident::v1::SetRoleResponse* response) override;
+  grpc::ServerUnaryReactor* GetKvStats(grpc::CallbackServerContext* context,
+                                       const trident::v1::GetKvStatsRequest* request,
+                                       trident::v1::KvStats* response) override;
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_WORKER_SERVICES_H_
