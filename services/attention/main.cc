@@ -1,6 +1,8 @@
 // The CPU attention service: holds offloaded sequences' KV in NUMA-local DRAM
 // and computes their decode attention.
 
+#include <string>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
@@ -9,6 +11,9 @@
 
 ABSL_FLAG(int, numa_node, -1,
           "NUMA node whose cores and memory this process uses; -1 leaves placement to the OS.");
+
+ABSL_FLAG(std::string, controller_address, "",
+          "host:port of the controller to register with; empty: run standalone.");
 
 int main(int argc, char** argv) {
   return trident::RunServiceMain(

@@ -1,0 +1,169 @@
+// End to end: `trident up` starts the whole cluster on loopback with a real
+// Prometheus; every service answers grpc.health.v1 and server reflection, and
+// Prometheus scrapes every /metrics with up == 1. Then `trident down` stops it.
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc/health_client.h"
+#include "common/http/http_client.h"
+#include "common/process/subprocess.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/runfiles.h"
+#include "tools/cli/cluster.h"
+
+namespace trident {
+namespace {
+
+using ::testing::Contains;
+using ::testing::IsSupersetOf;
+using ::trident::testing::IsOk;
+using ::trident::testing::RunfilePath;
+using ::trident::testing::TestTmpPath;
+using json = nlohmann::json;
+
+// Runs `trident <args...>` and returns its exit code.
+int RunTrident(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> argv = {RunfilePath("tools/cli/trident")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<SpawnedProcess> spawned = Spawn({.argv = argv, .log_path = log});
+  if (!spawned.ok()) {
+    ADD_FAILURE() << spawned.status();
+    return -1;
+  }
+  absl::StatusOr<ExitInfo> exit = WaitForExit(spawned->pid, absl::Minutes(4));
+  if (!exit.ok()) {
+    ADD_FAILURE() << exit.status() << "\n" << TailOfFile(log);
+    return -1;
+  }
+  if (exit->exit_code != 0) ADD_FAILURE() << "trident failed:\n" << TailOfFile(log);
+  return exit->exit_code;
+}
+
+// Lists the services that `address` announces through server reflection.
+absl::StatusOr<std::set<std::string>> ListServicesByReflection(const std::string& address) {
+  using ::grpc::reflection::v1alpha::ServerReflection;
+  using ::grpc::reflection::v1alpha::ServerReflectionRequest;
+  using ::grpc::reflection::v1alpha::ServerReflectionResponse;
+  auto stub = ServerReflection::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  auto stream = stub->ServerReflectionInfo(&context);
+  ServerReflectionRequest request;
+  request.set_list_services("");
+  ServerReflectionResponse response;
+  if (!stream->Write(request) || !stream->Read(&response)) {
+    return absl::UnavailableError(absl::StrCat("reflection stream to ", address, " failed"));
+  }
+  stream->WritesDone();
+  std::set<std::string> names;
+  for (const auto& service : response.list_services_response().service()) {
+    names.insert(service.name());
+  }
+  grpc::Status status = stream->Finish();
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  return names;
+}
+
+// Waits until Prometheus reports `expected` active targets, all healthy.
+// Prometheus only exposes scrape results over HTTP, so this polls its API
+// until a deadline; each scrape happens every 500 ms.
+json WaitForHealthyTargets(const std::string& prometheus_url, size_t expected) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  json targets;
+  while (absl::Now() < deadline) {
+    auto response = http::Get(prometheus_url + "/api/v1/targets");
+    if (response.ok() && response->status_code == 200) {
+      targets = json::parse(response->body, nullptr, false)["data"]["activeTargets"];
+      size_t healthy = 0;
+      for (const json& target : targets) healthy += target["health"] == "up";
+      if (targets.size() == expected && healthy == expected) return targets;
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  ADD_FAILURE() << "Prometheus targets never all became healthy: " << targets.dump(2);
+  return targets;
+}
+
+TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
+  const std::string state_dir = TestTmpPath("cluster");
+  const std::string log = TestTmpPath("trident.log");
+  ASSERT_EQ(RunTrident({"up", "--state_dir=" + state_dir, "--scrape_interval=500ms",
+                        "--workers=prefill,decode"},
+                       log),
+            0);
+  absl::StatusOr<cli::ClusterState> state = cli::LoadState(state_dir);
+  ASSERT_THAT(state, IsOk());
+
+  // 1. grpc.health.v1: the server as a whole and every service it hosts.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> expected_services = {
+      {"controller", {"trident.v1.Controller"}},
+      {"attention-0", {"trident.v1.Attention"}},
+      {"worker-0", {"trident.v1.Prefill", "trident.v1.Decode", "trident.v1.WorkerControl"}},
+      {"worker-1", {"trident.v1.Prefill", "trident.v1.Decode", "trident.v1.WorkerControl"}},
+      {"router", {"trident.v1.Generation"}},
+  };
+  for (const auto& [name, services] : expected_services) {
+    const cli::ProcessRecord* record = state->Find(name);
+    ASSERT_NE(record, nullptr) << name;
+    const std::string address = record->GrpcAddress(state->host);
+    EXPECT_THAT(CheckHealth(address, ""), ::trident::testing::IsOkAndHolds(ServingStatus::kServing))
+        << name;
+    for (const std::string& service : services) {
+      EXPECT_THAT(CheckHealth(address, service),
+                  ::trident::testing::IsOkAndHolds(ServingStatus::kServing))
+          << name << " " << service;
+    }
+    // 2. Server reflection lists what the process serves.
+    absl::StatusOr<std::set<std::string>> listed = ListServicesByReflection(address);
+    ASSERT_THAT(listed, IsOk()) << name;
+    EXPECT_THAT(*listed, IsSupersetOf(services)) << name;
+    EXPECT_THAT(*listed, Contains("grpc.health.v1.Health")) << name;
+  }
+  absl::StatusOr<std::set<std::string>> router_services =
+      ListServicesByReflection(state->Find("router")->GrpcAddress(state->host));
+  ASSERT_THAT(router_services, IsOk());
+  EXPECT_THAT(*router_services, Contains("trident.v1.Generation"));
+
+  // 3. Prometheus scrapes every service's /metrics: targets up, and up == 1.
+  const json targets = WaitForHealthyTargets(state->PrometheusUrl(), expected_services.size());
+  std::set<std::string> scraped_jobs;
+  for (const json& target : targets) scraped_jobs.insert(target["labels"]["job"]);
+  EXPECT_EQ(scraped_jobs,
+            (std::set<std::string>{"router", "worker", "attention", "controller"}));
+  auto up = http::Get(state->PrometheusUrl() + "/api/v1/query?query=" + http::UrlEncode("up"));
+  ASSERT_THAT(up, IsOk());
+  const json result = json::parse(up->body, nullptr, false)["data"]["result"];
+  ASSERT_EQ(result.size(), expected_services.size()) << up->body;
+  for (const json& sample : result) {
+    EXPECT_EQ(sample["value"][1], "1") << sample.dump();
+  }
+  // Each service exports its build info, so the scrape carried real metrics.
+  auto build_info = http::Get(state->PrometheusUrl() + "/api/v1/query?query=" +
+                              http::UrlEncode("trident_router_build_info"));
+  ASSERT_THAT(build_info, IsOk());
+  EXPECT_EQ(json::parse(build_info->body, nullptr, false)["data"]["result"].size(), 1u)
+      << build_info->body;
+
+  // `trident status` agrees, and `trident down` stops every process.
+  EXPECT_EQ(RunTrident({"status", "--state_dir=" + state_dir}, log), 0);
+  EXPECT_EQ(RunTrident({"down", "--state_dir=" + state_dir}, log), 0);
+  for (const cli::ProcessRecord& record : state->processes) {
+    EXPECT_FALSE(IsRunning(record.pid)) << record.name;
+  }
+  EXPECT_THAT(cli::LoadState(state_dir),
+              ::trident::testing::StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace trident

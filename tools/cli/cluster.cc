@@ -1,0 +1,420 @@
+#include "tools/cli/cluster.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/grpc/health_client.h"
+#include "common/http/http_client.h"
+#include "common/logging/log.h"
+#include "common/process/subprocess.h"
+#include "common/status/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace trident::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kStateFile[] = "cluster.json";
+
+std::string StatePath(const std::string& state_dir) { return state_dir + "/" + kStateFile; }
+
+bool IsExecutable(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+std::string SelfExecutable() {
+  std::error_code error;
+  const fs::path path = fs::read_symlink("/proc/self/exe", error);
+  return error ? "" : path.string();
+}
+
+// Finds a service binary: --bin_dir, then Bazel runfiles, then the build
+// tree or install directory around the trident binary.
+absl::StatusOr<std::string> FindServiceBinary(const ClusterOptions& options,
+                                              const std::string& component) {
+  const std::string relative = absl::StrCat("services/", component, "/", component);
+  std::vector<std::string> candidates;
+  if (!options.bin_dir.empty()) {
+    candidates.push_back(absl::StrCat(options.bin_dir, "/", component));
+  } else {
+    if (const char* runfiles = std::getenv("RUNFILES_DIR"); runfiles != nullptr) {
+      candidates.push_back(absl::StrCat(runfiles, "/trident/", relative));
+    }
+    const std::string self = SelfExecutable();
+    if (!self.empty()) {
+      const std::string dir = fs::path(self).parent_path().string();
+      candidates.push_back(absl::StrCat(self, ".runfiles/trident/", relative));
+      candidates.push_back(absl::StrCat(dir, "/../../", relative));
+      candidates.push_back(absl::StrCat(dir, "/", component));
+    }
+  }
+  for (const std::string& candidate : candidates) {
+    if (IsExecutable(candidate)) return fs::weakly_canonical(candidate).string();
+  }
+  return absl::NotFoundError(absl::StrCat("cannot find the ", component,
+                                          " binary; looked in: ", absl::StrJoin(candidates, ", "),
+                                          ". Build it (bazel build //services/...) or pass --bin_dir"));
+}
+
+absl::StatusOr<std::string> FindInPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (IsExecutable(name)) return name;
+    return absl::NotFoundError(absl::StrCat(name, " is not an executable file"));
+  }
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path == nullptr ? "/usr/bin:/bin" : path, ':')) {
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (IsExecutable(candidate)) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find '", name, "' in PATH; install Debian's prometheus package "
+      "(tools/bootstrap.sh does) or pass --prometheus_bin"));
+}
+
+// Asks the kernel for a free loopback port. Prometheus cannot report a port
+// it picked itself, and the controller must know its URL before it starts, so
+// it gets one chosen here; another process could take it before Prometheus
+// binds, in which case `trident up` fails with Prometheus's log.
+absl::StatusOr<int> PickFreePort(const std::string& host) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = 0;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  close(fd);
+  if (!ok) return absl::UnavailableError(absl::StrCat("cannot pick a free port on ", host));
+  return static_cast<int>(ntohs(address.sin_port));
+}
+
+json ToJson(const ClusterState& state) {
+  json processes = json::array();
+  for (const ProcessRecord& p : state.processes) {
+    processes.push_back({{"name", p.name},
+                         {"component", p.component},
+                         {"pid", static_cast<int>(p.pid)},
+                         {"grpc_port", p.grpc_port},
+                         {"metrics_port", p.metrics_port},
+                         {"log", p.log_path}});
+  }
+  return {{"host", state.host}, {"processes", processes}};
+}
+
+absl::Status WriteState(const std::string& state_dir, const ClusterState& state) {
+  const std::string path = StatePath(state_dir);
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << ToJson(state).dump(2) << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", temporary, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// Stops processes in reverse start order; best effort.
+void StopAll(const std::vector<ProcessRecord>& processes, absl::Duration timeout) {
+  for (auto it = processes.rbegin(); it != processes.rend(); ++it) {
+    if (!IsRunning(it->pid)) continue;
+    kill(it->pid, SIGTERM);
+    if (!WaitForExit(it->pid, timeout).ok() && IsRunning(it->pid)) {
+      TRIDENT_LOG(WARNING) << it->name << " (pid " << it->pid << ") did not stop within "
+                           << timeout << "; killing it";
+      kill(it->pid, SIGKILL);
+      (void)WaitForExit(it->pid, absl::Seconds(5));
+    }
+  }
+}
+
+absl::StatusOr<ProcessRecord> StartService(const ClusterOptions& options,
+                                           const std::string& component, const std::string& name,
+                                           std::vector<std::string> extra_flags) {
+  TRIDENT_ASSIGN_OR_RETURN(const std::string binary, FindServiceBinary(options, component));
+  ProcessRecord record{.name = name, .component = component};
+  record.log_path = absl::StrCat(options.state_dir, "/logs/", name, ".log");
+  std::vector<std::string> argv = {binary,
+                                   absl::StrCat("--host=", options.host),
+                                   "--port=0",
+                                   "--metrics_port=0",
+                                   absl::StrCat("--drain_timeout=",
+                                                absl::FormatDuration(options.drain_timeout))};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  absl::StatusOr<SpawnedProcess> spawned = Spawn({.argv = argv,
+                                                  .log_path = record.log_path,
+                                                  .new_session = true,
+                                                  .wait_for_ready_line = true,
+                                                  .ready_timeout = options.ready_timeout});
+  if (!spawned.ok()) {
+    return absl::Status(spawned.status().code(),
+                        absl::StrCat("starting ", name, ": ", spawned.status().message()));
+  }
+  record.pid = spawned->pid;
+  const json ready = json::parse(spawned->ready_line, nullptr, /*allow_exceptions=*/false);
+  if (!ready.is_object() || !ready.contains("grpc_port") || !ready.contains("metrics_port")) {
+    kill(record.pid, SIGKILL);
+    return absl::InternalError(
+        absl::StrCat(name, " reported a malformed ready line: ", spawned->ready_line));
+  }
+  record.grpc_port = ready["grpc_port"].get<int>();
+  record.metrics_port = ready["metrics_port"].get<int>();
+
+  // The ready line is written once serving; confirm it the way a load
+  // balancer would, through the standard health service.
+  absl::StatusOr<ServingStatus> health =
+      CheckHealth(record.GrpcAddress(options.host), "", absl::Seconds(10));
+  if (!health.ok() || *health != ServingStatus::kServing) {
+    kill(record.pid, SIGKILL);
+    return absl::UnavailableError(absl::StrCat(
+        name, " reported ready but its health check says ",
+        health.ok() ? std::string(ServingStatusName(*health)) : health.status().ToString()));
+  }
+  TRIDENT_LOG(INFO) << name << " SERVING on " << record.GrpcAddress(options.host)
+                    << ", metrics on port " << record.metrics_port << " (pid " << record.pid
+                    << ")";
+  return record;
+}
+
+absl::Status WaitForPrometheusReady(const std::string& url, pid_t pid, const std::string& log,
+                                    absl::Duration timeout) {
+  // Prometheus reports readiness only over HTTP, so this polls /-/ready.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    absl::StatusOr<http::HttpResponse> response =
+        http::Get(absl::StrCat(url, "/-/ready"), absl::Seconds(2));
+    if (response.ok() && response->status_code == 200) return absl::OkStatus();
+    if (!IsRunning(pid)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("prometheus exited during start-up; its log (", log, ") ends with:\n",
+                       TailOfFile(log)));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("prometheus at ", url, " not ready after ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
+}
+
+absl::StatusOr<ProcessRecord> StartPrometheus(const ClusterOptions& options,
+                                              const ClusterState& state, int port) {
+  TRIDENT_ASSIGN_OR_RETURN(const std::string binary, FindInPath(options.prometheus_bin));
+  const std::string config_path = options.state_dir + "/prometheus.yml";
+  {
+    std::ofstream config(config_path);
+    config << PrometheusConfig(state, options.scrape_interval);
+    if (!config) return absl::InternalError(absl::StrCat("cannot write ", config_path));
+  }
+  ProcessRecord record{.name = "prometheus", .component = "prometheus", .metrics_port = port};
+  record.log_path = options.state_dir + "/logs/prometheus.log";
+  TRIDENT_ASSIGN_OR_RETURN(
+      SpawnedProcess spawned,
+      Spawn({.argv = {binary, absl::StrCat("--config.file=", config_path),
+                      absl::StrCat("--storage.tsdb.path=", options.state_dir, "/prometheus"),
+                      absl::StrCat("--web.listen-address=", options.host, ":", port),
+                      "--storage.tsdb.retention.time=2d", "--log.level=warn"},
+             .log_path = record.log_path,
+             .new_session = true}));
+  record.pid = spawned.pid;
+  const std::string url = absl::StrCat("http://", options.host, ":", port);
+  absl::Status ready =
+      WaitForPrometheusReady(url, record.pid, record.log_path, options.ready_timeout);
+  if (!ready.ok()) {
+    kill(record.pid, SIGKILL);
+    return ready;
+  }
+  TRIDENT_LOG(INFO) << "prometheus ready at " << url << " (pid " << record.pid << ")";
+  return record;
+}
+
+}  // namespace
+
+std::string ProcessRecord::GrpcAddress(const std::string& host) const {
+  return absl::StrCat(host, ":", grpc_port);
+}
+
+const ProcessRecord* ClusterState::Find(const std::string& name) const {
+  for (const ProcessRecord& p : processes) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string ClusterState::PrometheusUrl() const {
+  const ProcessRecord* prometheus = Find("prometheus");
+  return prometheus == nullptr ? "" : absl::StrCat("http://", host, ":", prometheus->metrics_port);
+}
+
+std::string PrometheusConfig(const ClusterState& state, absl::Duration scrape_interval) {
+  const std::string interval = absl::StrCat(absl::ToInt64Milliseconds(scrape_interval), "ms");
+  std::ostringstream out;
+  out << "# Generated by `trident up`: scrapes every service of this cluster.\n"
+      << "global:\n"
+      << "  scrape_interval: " << interval << "\n"
+      << "  evaluation_interval: " << interval << "\n"
+      << "scrape_configs:\n";
+  // One job a component, as a Kubernetes ServiceMonitor gives; the instance
+  // label tells processes of one component apart.
+  for (const std::string component : {"router", "worker", "attention", "controller"}) {
+    std::vector<const ProcessRecord*> members;
+    for (const ProcessRecord& p : state.processes) {
+      if (p.component == component) members.push_back(&p);
+    }
+    if (members.empty()) continue;
+    out << "  - job_name: " << component << "\n"
+        << "    static_configs:\n";
+    for (const ProcessRecord* p : members) {
+      out << "      - targets: ['" << state.host << ":" << p->metrics_port << "']\n"
+          << "        labels:\n"
+          << "          process: '" << p->name << "'\n";
+    }
+  }
+  return out.str();
+}
+
+absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state_dir is empty");
+  std::error_code error;
+  fs::create_directories(options.state_dir + "/logs", error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", options.state_dir, "/logs: ", error.message()));
+  }
+  if (absl::StatusOr<ClusterState> existing = LoadState(options.state_dir); existing.ok()) {
+    for (const ProcessRecord& p : existing->processes) {
+      if (IsRunning(p.pid)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a cluster is already running from ", options.state_dir, " (", p.name, ", pid ",
+            p.pid, "); run `trident down` first"));
+      }
+    }
+  }
+  for (const std::string& role : options.worker_roles) {
+    if (role != "prefill" && role != "decode" && role != "both") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--workers: each entry must be prefill, decode or both; got '", role, "'"));
+    }
+  }
+
+  ClusterState state{.host = options.host};
+  auto start = [&](const std::string& component, const std::string& name,
+                   std::vector<std::string> flags) -> absl::Status {
+    absl::StatusOr<ProcessRecord> record = StartService(options, component, name, flags);
+    if (!record.ok()) return record.status();
+    state.processes.push_back(*record);
+    return WriteState(options.state_dir, state);
+  };
+
+  absl::Status status = [&]() -> absl::Status {
+    TRIDENT_ASSIGN_OR_RETURN(const int prometheus_port, PickFreePort(options.host));
+    TRIDENT_RETURN_IF_ERROR(start(
+        "controller", "controller",
+        {absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)}));
+    const std::string controller =
+        state.Find("controller")->GrpcAddress(options.host);
+    TRIDENT_RETURN_IF_ERROR(
+        start("attention", "attention-0", {absl::StrCat("--controller_address=", controller)}));
+    for (size_t i = 0; i < options.worker_roles.size(); ++i) {
+      std::vector<std::string> flags = {absl::StrCat("--role=", options.worker_roles[i]),
+                                        absl::StrCat("--controller_address=", controller)};
+      flags.insert(flags.end(), options.worker_flags.begin(), options.worker_flags.end());
+      TRIDENT_RETURN_IF_ERROR(start("worker", absl::StrCat("worker-", i), flags));
+    }
+    TRIDENT_RETURN_IF_ERROR(
+        start("router", "router", {absl::StrCat("--controller_address=", controller)}));
+    TRIDENT_ASSIGN_OR_RETURN(ProcessRecord prometheus,
+                             StartPrometheus(options, state, prometheus_port));
+    state.processes.push_back(prometheus);
+    return WriteState(options.state_dir, state);
+  }();
+  if (!status.ok()) {
+    StopAll(state.processes, options.drain_timeout + absl::Seconds(2));
+    fs::remove(StatePath(options.state_dir), error);
+    return status;
+  }
+  return state;
+}
+
+absl::StatusOr<ClusterState> LoadState(const std::string& state_dir) {
+  std::ifstream in(StatePath(state_dir));
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("no cluster state in ", state_dir,
+                                            " (start one with `trident up`)"));
+  }
+  const json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object() || !parsed.contains("processes") || !parsed["processes"].is_array()) {
+    return absl::DataLossError(absl::StrCat(StatePath(state_dir), " is malformed"));
+  }
+  ClusterState state;
+  state.host = parsed.value("host", "127.0.0.1");
+  for (const json& p : parsed["processes"]) {
+    state.processes.push_back({.name = p.value("name", ""),
+                               .component = p.value("component", ""),
+                               .pid = static_cast<pid_t>(p.value("pid", -1)),
+                               .grpc_port = p.value("grpc_port", 0),
+                               .metrics_port = p.value("metrics_port", 0),
+                               .log_path = p.value("log", "")});
+  }
+  return state;
+}
+
+absl::Status Down(const std::string& state_dir, absl::Duration timeout) {
+  TRIDENT_ASSIGN_OR_RETURN(const ClusterState state, LoadState(state_dir));
+  StopAll(state.processes, timeout);
+  std::error_code error;
+  fs::remove(StatePath(state_dir), error);
+  return absl::OkStatus();
+}
+
+std::vector<ProcessStatus> CheckStatus(const ClusterState& state) {
+  std::vector<ProcessStatus> statuses;
+  for (const ProcessRecord& record : state.processes) {
+    ProcessStatus status{.record = record, .running = IsRunning(record.pid)};
+    if (!status.running) {
+      status.health = "DOWN";
+    } else if (record.component == "prometheus") {
+      absl::StatusOr<http::HttpResponse> response =
+          http::Get(absl::StrCat(state.PrometheusUrl(), "/-/ready"), absl::Seconds(2));
+      status.health = response.ok() && response->status_code == 200 ? "SERVING" : "NOT_READY";
+    } else {
+      absl::StatusOr<ServingStatus> health =
+          CheckHealth(record.GrpcAddress(state.host), "", absl::Seconds(2));
+      status.health = health.ok() ? std::string(ServingStatusName(*health))
+                                  : std::string(absl::StatusCodeToString(health.status().code()));
+    }
+    statuses.push_back(status);
+  }
+  return statuses;
+}
+
+bool AllServing(const std::vector<ProcessStatus>& statuses) {
+  for (const ProcessStatus& s : statuses) {
+    if (!s.running || s.health != "SERVING") return false;
+  }
+  return !statuses.empty();
+}
+
+}  // namespace trident::cli

@@ -1,0 +1,161 @@
+// trident: the command-line front end of a Trident cluster on this machine.
+//
+//   trident up        start controller, attention, workers, router and Prometheus
+//   trident status    show every process, its address and its health
+//   trident down      drain and stop them all
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/logging/log.h"
+#include "tools/cli/cluster.h"
+
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for the cluster's state, logs and Prometheus data. Default: "
+          "$XDG_STATE_HOME/trident or ~/.local/state/trident.");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Directory holding the router, worker, attention and controller binaries. Default: "
+          "found next to this binary.");
+ABSL_FLAG(std::string, prometheus_bin, "prometheus", "The Prometheus server binary.");
+ABSL_FLAG(std::string, workers, "both",
+          "Comma-separated roles, one worker each: prefill, decode or both.");
+ABSL_FLAG(std::string, model, "", "Model directory passed to every worker as --model.");
+ABSL_FLAG(absl::Duration, scrape_interval, absl::Seconds(1), "Prometheus scrape interval.");
+ABSL_FLAG(absl::Duration, ready_timeout, absl::Seconds(120),
+          "How long each process may take to start serving.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(3),
+          "How long calls in flight may run when the cluster is stopped.");
+
+namespace {
+
+constexpr char kUsage[] = R"(trident: run a Trident cluster on this machine.
+
+Usage:
+  trident up [--workers=both] [--model=DIR] [--state_dir=DIR]
+      Starts the controller, an attention service, the workers and the router,
+      each as its own process on 127.0.0.1, and a Prometheus server scraping
+      them; returns once all report SERVING and prints where each listens.
+  trident status [--state_dir=DIR]
+      Shows each process, its addresses and its health. Exits 1 unless all
+      are SERVING.
+  trident down [--state_dir=DIR]
+      Drains and stops every process of the cluster.
+
+Flags are listed with --help.)";
+
+std::string DefaultStateDir() {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/trident");
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return absl::StrCat(home, "/.local/state/trident");
+  }
+  return "/tmp/trident";
+}
+
+std::string StateDir() {
+  const std::string flag = absl::GetFlag(FLAGS_state_dir);
+  return flag.empty() ? DefaultStateDir() : flag;
+}
+
+void PrintStatus(const trident::cli::ClusterState& state,
+                 const std::vector<trident::cli::ProcessStatus>& statuses) {
+  std::printf("%-12s %-8s %-22s %-30s %s\n", "PROCESS", "PID", "GRPC", "METRICS", "HEALTH");
+  for (const trident::cli::ProcessStatus& s : statuses) {
+    const trident::cli::ProcessRecord& r = s.record;
+    const std::string grpc = r.grpc_port > 0 ? r.GrpcAddress(state.host) : "-";
+    const std::string metrics =
+        r.component == "prometheus"
+            ? absl::StrCat("http://", state.host, ":", r.metrics_port)
+            : absl::StrCat("http://", state.host, ":", r.metrics_port, "/metrics");
+    std::printf("%-12s %-8d %-22s %-30s %s\n", r.name.c_str(), static_cast<int>(r.pid),
+                grpc.c_str(), metrics.c_str(), s.health.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int Up() {
+  trident::cli::ClusterOptions options;
+  options.state_dir = StateDir();
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  options.prometheus_bin = absl::GetFlag(FLAGS_prometheus_bin);
+  options.worker_roles = absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty());
+  if (const std::string model = absl::GetFlag(FLAGS_model); !model.empty()) {
+    options.worker_flags.push_back(absl::StrCat("--model=", model));
+  }
+  options.scrape_interval = absl::GetFlag(FLAGS_scrape_interval);
+  options.ready_timeout = absl::GetFlag(FLAGS_ready_timeout);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  absl::StatusOr<trident::cli::ClusterState> state = trident::cli::Up(options);
+  if (!state.ok()) {
+    std::fprintf(stderr, "trident up: %s\n", std::string(state.status().message()).c_str());
+    return 1;
+  }
+  std::printf("Trident is up (state in %s).\n\n", options.state_dir.c_str());
+  PrintStatus(*state, trident::cli::CheckStatus(*state));
+  const trident::cli::ProcessRecord* router = state->Find("router");
+  std::printf("\nPublic API (trident.v1.Generation): %s\nPrometheus: %s\nLogs: %s/logs\n"
+              "Stop with: trident down%s\n",
+              router->GrpcAddress(state->host).c_str(), state->PrometheusUrl().c_str(),
+              options.state_dir.c_str(),
+              absl::GetFlag(FLAGS_state_dir).empty()
+                  ? ""
+                  : absl::StrCat(" --state_dir=", options.state_dir).c_str());
+  return 0;
+}
+
+int Status() {
+  absl::StatusOr<trident::cli::ClusterState> state = trident::cli::LoadState(StateDir());
+  if (!state.ok()) {
+    std::fprintf(stderr, "trident status: %s\n", std::string(state.status().message()).c_str());
+    return 1;
+  }
+  const std::vector<trident::cli::ProcessStatus> statuses = trident::cli::CheckStatus(*state);
+  PrintStatus(*state, statuses);
+  return trident::cli::AllServing(statuses) ? 0 : 1;
+}
+
+int Down() {
+  const absl::Status status =
+      trident::cli::Down(StateDir(), absl::GetFlag(FLAGS_drain_timeout) + absl::Seconds(2));
+  if (!status.ok()) {
+    std::fprintf(stderr, "trident down: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  std::printf("Trident is down.\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "tools/cli/") || absl::StrContains(file, "common/logging");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  trident::log::InitLoggingFromFlags();
+  if (args.size() != 2) {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  const std::string command = args[1];
+  if (command == "up") return Up();
+  if (command == "status") return Status();
+  if (command == "down") return Down();
+  std::fprintf(stderr, "trident: unknown command '%s'\n\n%s\n", command.c_str(), kUsage);
+  return 2;
+}
