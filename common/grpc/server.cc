@@ -56,6 +56,9 @@ void GrpcServer::Drain(absl::Time deadline) {
   // Shutdown() is safe to call again: a second call returns once the first
   // one's calls are done.
   SetServing(false);
+  // Ends health Watch streams (after their NOT_SERVING update), so that
+  // watchers do not hold the drain open until the deadline.
+  server_->GetHealthCheckService()->Shutdown();
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
 }

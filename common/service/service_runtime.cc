@@ -117,6 +117,11 @@ int RunServiceMain(int argc, char** argv, const ServiceDefaults& defaults,
 
   absl::StatusOr<std::unique_ptr<ServiceRuntime>> runtime = ServiceRuntime::Create(defaults);
   absl::Status status = runtime.ok() ? body(**runtime) : runtime.status();
+  if (runtime.ok()) {
+    // The process is exiting: leave the /metrics endpoint to the OS rather
+    // than stopping its HTTP server, which takes up to a second.
+    (void)runtime->release();
+  }
   if (!status.ok()) {
     TRIDENT_LOG(ERROR) << defaults.component << " failed: " << status;
     return 1;
