@@ -49,7 +49,7 @@ exports_files(["defs.bzl"])
 
 cc_library(
     name = "cuda",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp"], allow_empty = True),
+    hdrs = glob(["include/**"], allow_empty = True),
     includes = ["include"],
     linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcublasLt", "-lcublas", "-lcudart"],
 )

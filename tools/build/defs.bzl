@@ -52,21 +52,25 @@ def trident_cc_benchmark(name, deps = [], tags = [], gpu = False, **kwargs):
 
 def _cuda_compatible():
     if not CUDA_FOUND:
-        return ["@platforms//:incompatible"]
+        return ["//tools/build:incompatible"]
     return select({
-        "//tools/build:cuda_disabled": ["@platforms//:incompatible"],
+        "//tools/build:cuda_disabled": ["//tools/build:incompatible"],
         "//conditions:default": [],
     })
 
 def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda_hdrs = [], **kwargs):
     """Compiles `.cu` sources with nvcc and wraps the objects in a cc_library.
 
-    `hdrs` are host headers (usable from plain C++); `cuda_hdrs` are `.cuh`
-    headers that only the `.cu` sources include. Where nvcc is absent, or the
+    `.cc` files in `srcs` are host code compiled by the C++ compiler (argument
+    checks, absl::Status wrappers); `.cu` files go through nvcc. `hdrs` are
+    host headers (usable from plain C++); `cuda_hdrs` are private headers the
+    `.cu` and `.cc` sources share (launcher declarations). Where nvcc is absent, or the
     build runs with `--config=cpu`, the target is incompatible and skipped.
     """
     compatible = _cuda_compatible()
     objs = []
+    cc_srcs = [s for s in srcs if not s.endswith(".cu")]
+    srcs = [s for s in srcs if s.endswith(".cu")]
     if CUDA_FOUND:
         gencode = " ".join([
             "-gencode arch=compute_%s,code=sm_%s" % (a, a)
@@ -93,7 +97,7 @@ def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda
             objs.append(":" + obj)
     native.cc_library(
         name = name,
-        srcs = objs,
+        srcs = objs + ((cc_srcs + cuda_hdrs) if CUDA_FOUND else []),
         hdrs = hdrs,
         deps = deps + ["@local_cuda//:cuda"],
         target_compatible_with = compatible,
