@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
 
 namespace trident {
 
@@ -14,10 +13,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
         absl::StrCat("port must be in [0, 65535], got ", options.port));
   }
   if (options.host.empty()) return absl::InvalidArgumentError("host must not be empty");
-  // Both are process-wide switches that must be set before the first server
-  // is built; setting them again is harmless.
-  grpc::EnableDefaultHealthCheckService(true);
+  // Process-wide switches, set before the first server is built: Trident's
+  // own health service replaces gRPC's built-in one, and every server offers
+  // reflection.
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto health = std::make_unique<HealthService>();
 
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
@@ -28,6 +29,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(health.get());
   std::vector<std::string> names;
   for (const RegisteredService& entry : services) {
     builder.RegisterService(entry.service);
@@ -38,7 +40,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     return absl::UnavailableError(
         absl::StrCat("cannot serve gRPC on ", address, ": the address is in use or invalid"));
   }
-  std::unique_ptr<GrpcServer> result(new GrpcServer(std::move(server), bound_port, names));
+  std::unique_ptr<GrpcServer> result(
+      new GrpcServer(std::move(health), std::move(server), bound_port, names));
   result->SetServing(true);
   return result;
 }
@@ -46,19 +49,18 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
 GrpcServer::~GrpcServer() { Drain(absl::Now()); }
 
 void GrpcServer::SetServing(bool serving) {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  TRIDENT_CHECK(health != nullptr) << "the default health service is enabled in Start()";
-  health->SetServingStatus(serving);
-  for (const std::string& name : service_names_) health->SetServingStatus(name, serving);
+  const HealthService::ServingStatus status =
+      serving ? grpc::health::v1::HealthCheckResponse::SERVING
+              : grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+  health_->SetStatus("", status);
+  for (const std::string& name : service_names_) health_->SetStatus(name, status);
 }
 
 void GrpcServer::Drain(absl::Time deadline) {
-  // Shutdown() is safe to call again: a second call returns once the first
-  // one's calls are done.
-  SetServing(false);
-  // Ends health Watch streams (after their NOT_SERVING update), so that
-  // watchers do not hold the drain open until the deadline.
-  server_->GetHealthCheckService()->Shutdown();
+  // Tells watchers NOT_SERVING and ends their streams, so that they do not
+  // hold the drain open until the deadline. Both shutdowns are safe to call
+  // again: a second server Shutdown() returns once the first one's calls end.
+  health_->Shutdown();
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
 }

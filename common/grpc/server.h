@@ -2,7 +2,8 @@
 #define TRIDENT_COMMON_GRPC_SERVER_H_
 
 // A gRPC server with what every Trident service needs: `grpc.health.v1`
-// (overall "" and one entry per registered service), server reflection
+// (common/grpc/health_service.h; overall "" and one entry per registered
+// service), server reflection
 // (`grpc.reflection.v1alpha`), a port chosen by the system when asked for
 // port 0, and a graceful drain.
 
@@ -12,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/grpc/health_service.h"
 #include "grpcpp/grpcpp.h"
 
 namespace trident {
@@ -57,9 +59,15 @@ class GrpcServer {
   grpc::Server* server() { return server_.get(); }
 
  private:
-  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::vector<std::string> names)
-      : server_(std::move(server)), port_(port), service_names_(std::move(names)) {}
+  GrpcServer(std::unique_ptr<HealthService> health, std::unique_ptr<grpc::Server> server, int port,
+             std::vector<std::string> names)
+      : health_(std::move(health)),
+        server_(std::move(server)),
+        port_(port),
+        service_names_(std::move(names)) {}
 
+  // Declared first so that it outlives the server that calls it.
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
   const std::vector<std::string> service_names_;

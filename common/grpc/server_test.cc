@@ -167,5 +167,49 @@ TEST(GrpcServerTest, DrainCancelsCallsStillRunningAtTheDeadline) {
   EXPECT_FALSE(call_status.ok());
 }
 
+TEST(GrpcServerTest, DrainEndsHealthWatchStreamsWithNotServing) {
+  ParkingService service;
+  auto server = GrpcServer::Start({.host = "127.0.0.1", .port = 0}, {{&service, "p"}});
+  ASSERT_THAT(server, IsOk());
+  auto stub = Health::NewStub(Channel((*server)->port()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  HealthCheckRequest request;
+  request.set_service("p");
+  auto watch = stub->Watch(&context, request);
+  HealthCheckResponse response;
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
+
+  // A far deadline: the drain must not wait for the watch to time out.
+  std::thread drainer([&] { (*server)->Drain(absl::Now() + absl::Seconds(60)); });
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::NOT_SERVING);
+  EXPECT_FALSE(watch->Read(&response));
+  EXPECT_TRUE(watch->Finish().ok());
+  drainer.join();
+}
+
+TEST(GrpcServerTest, WatchOfAnUnknownServiceSaysSoAndFollowsChanges) {
+  ParkingService service;
+  auto server = GrpcServer::Start({.host = "127.0.0.1", .port = 0}, {{&service, "p"}});
+  ASSERT_THAT(server, IsOk());
+  auto stub = Health::NewStub(Channel((*server)->port()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  HealthCheckRequest request;
+  request.set_service("later");
+  auto watch = stub->Watch(&context, request);
+  HealthCheckResponse response;
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::SERVICE_UNKNOWN);
+  (*server)->Drain(absl::Now() + absl::Seconds(60));
+  // The drain ends the stream even for a service that never existed.
+  while (watch->Read(&response)) {
+    EXPECT_NE(response.status(), HealthCheckResponse::SERVING);
+  }
+  EXPECT_TRUE(watch->Finish().ok());
+}
+
 }  // namespace
 }  // namespace trident
