@@ -2,9 +2,43 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 
 namespace trident {
+
+// Creates one interceptor per call; the interceptor's lifetime is the call's.
+class GrpcServer::CallCounterFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCounterFactory(std::shared_ptr<CallCount> calls) : calls_(std::move(calls)) {}
+
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new Counter(calls_);
+  }
+
+ private:
+  class Counter final : public grpc::experimental::Interceptor {
+   public:
+    explicit Counter(std::shared_ptr<CallCount> calls) : calls_(std::move(calls)) {
+      absl::MutexLock lock(&calls_->mu);
+      ++calls_->in_flight;
+    }
+    ~Counter() override {
+      absl::MutexLock lock(&calls_->mu);
+      --calls_->in_flight;
+    }
+    void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+      methods->Proceed();
+    }
+
+   private:
+    std::shared_ptr<CallCount> calls_;
+  };
+
+  std::shared_ptr<CallCount> calls_;
+};
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const GrpcServerOptions& options, std::vector<RegisteredService> services) {
@@ -29,6 +63,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  auto calls = std::make_shared<CallCount>();
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<CallCounterFactory>(calls));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(health.get());
   std::vector<std::string> names;
   for (const RegisteredService& entry : services) {
@@ -41,7 +79,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
         absl::StrCat("cannot serve gRPC on ", address, ": the address is in use or invalid"));
   }
   std::unique_ptr<GrpcServer> result(
-      new GrpcServer(std::move(health), std::move(server), bound_port, names));
+      new GrpcServer(std::move(health), calls, std::move(server), bound_port, names));
   result->SetServing(true);
   return result;
 }
@@ -61,7 +99,16 @@ void GrpcServer::Drain(absl::Time deadline) {
   // hold the drain open until the deadline. Both shutdowns are safe to call
   // again: a second server Shutdown() returns once the first one's calls end.
   health_->Shutdown();
-  server_->Shutdown(absl::ToChronoTime(deadline));
+  // gRPC's own graceful shutdown also waits for every client to acknowledge
+  // its GOAWAY, which an idle client that polls nothing never does: the
+  // drain would last until the deadline. So the calls are waited for here,
+  // and the server is then shut down at once.
+  {
+    absl::MutexLock lock(&calls_->mu);
+    calls_->mu.AwaitWithDeadline(
+        absl::Condition(+[](int64_t* n) { return *n == 0; }, &calls_->in_flight), deadline);
+  }
+  server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Wait();
 }
 

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc/health_service.h"
 #include "grpcpp/grpcpp.h"
@@ -52,22 +54,33 @@ class GrpcServer {
   void SetServing(bool serving);
 
   // Drains: reports NOT_SERVING (so load balancers and health watchers move
-  // away), stops accepting calls, lets calls in flight finish until
-  // `deadline`, then cancels the rest and returns once every call has ended.
+  // away) and ends health Watch streams, lets calls in flight finish until
+  // `deadline`, then shuts the server down, cancelling any call still
+  // running, and returns once every call has ended. Connections are closed
+  // as soon as no call is left, without waiting for idle clients.
   void Drain(absl::Time deadline);
 
   grpc::Server* server() { return server_.get(); }
 
  private:
-  GrpcServer(std::unique_ptr<HealthService> health, std::unique_ptr<grpc::Server> server, int port,
-             std::vector<std::string> names)
+  // Counts calls in flight (one interceptor lives as long as its call).
+  struct CallCount {
+    absl::Mutex mu;
+    int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  };
+  class CallCounterFactory;
+
+  GrpcServer(std::unique_ptr<HealthService> health, std::shared_ptr<CallCount> calls,
+             std::unique_ptr<grpc::Server> server, int port, std::vector<std::string> names)
       : health_(std::move(health)),
+        calls_(std::move(calls)),
         server_(std::move(server)),
         port_(port),
         service_names_(std::move(names)) {}
 
   // Declared first so that it outlives the server that calls it.
   std::unique_ptr<HealthService> health_;
+  std::shared_ptr<CallCount> calls_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
   const std::vector<std::string> service_names_;
