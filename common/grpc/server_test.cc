@@ -167,16 +167,26 @@ TEST(GrpcServerTest, DrainCancelsCallsStillRunningAtTheDeadline) {
   EXPECT_FALSE(call_status.ok());
 }
 
+// An open grpc.health.v1 Watch stream of `service` on `port`.
+struct HealthWatch {
+  HealthWatch(int port, const std::string& service) : stub(Health::NewStub(Channel(port))) {
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    HealthCheckRequest request;
+    request.set_service(service);
+    reader = stub->Watch(&context, request);
+  }
+
+  std::unique_ptr<Health::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> reader;
+};
+
 TEST(GrpcServerTest, DrainEndsHealthWatchStreamsWithNotServing) {
   ParkingService service;
   auto server = GrpcServer::Start({.host = "127.0.0.1", .port = 0}, {{&service, "p"}});
   ASSERT_THAT(server, IsOk());
-  auto stub = Health::NewStub(Channel((*server)->port()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  HealthCheckRequest request;
-  request.set_service("p");
-  auto watch = stub->Watch(&context, request);
+  HealthWatch health((*server)->port(), "p");
+  grpc::ClientReader<HealthCheckResponse>* watch = health.reader.get();
   HealthCheckResponse response;
   ASSERT_TRUE(watch->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
@@ -190,16 +200,12 @@ TEST(GrpcServerTest, DrainEndsHealthWatchStreamsWithNotServing) {
   drainer.join();
 }
 
-TEST(GrpcServerTest, WatchOfAnUnknownServiceSaysSoAndFollowsChanges) {
+TEST(GrpcServerTest, WatchOfAnUnknownServiceSaysSoAndEndsAtDrain) {
   ParkingService service;
   auto server = GrpcServer::Start({.host = "127.0.0.1", .port = 0}, {{&service, "p"}});
   ASSERT_THAT(server, IsOk());
-  auto stub = Health::NewStub(Channel((*server)->port()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  HealthCheckRequest request;
-  request.set_service("later");
-  auto watch = stub->Watch(&context, request);
+  HealthWatch health((*server)->port(), "later");
+  grpc::ClientReader<HealthCheckResponse>* watch = health.reader.get();
   HealthCheckResponse response;
   ASSERT_TRUE(watch->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVICE_UNKNOWN);

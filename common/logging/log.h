@@ -17,7 +17,6 @@
 // has run. Thread-safe.
 
 #include <sstream>
-#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
