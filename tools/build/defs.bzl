@@ -153,3 +153,41 @@ def trident_proto_library(name, srcs, deps = [], proto_root = "proto", grpc = Tr
         visibility = visibility,
         testonly = testonly,
     )
+
+def trident_cc_fuzzer(name, srcs, deps = [], corpus = [], **kwargs):
+    """A libFuzzer target (defines LLVMFuzzerTestOneInput) plus a replay test.
+
+    `bazel build --config=fuzz //x:name` (see tools/fuzz.sh, which uses clang
+    and its own output base) links it with libFuzzer and ASan/UBSan; in every
+    other build it links a replay main that runs the inputs named on its
+    command line. `name_replay_test` runs the checked-in `corpus` files
+    through it in every test run, so crashes found once stay fixed.
+    """
+    native.cc_binary(
+        name = name,
+        srcs = srcs,
+        testonly = True,
+        tags = ["fuzzer"],
+        linkopts = select({
+            "//tools/build:fuzzing": ["-fsanitize=fuzzer,address,undefined"],
+            "//conditions:default": [],
+        }),
+        deps = deps + select({
+            "//tools/build:fuzzing": [],
+            "//conditions:default": ["//common/testing:fuzz_replay_main"],
+        }),
+        **_with_copts(kwargs)
+    )
+    native.cc_test(
+        name = name + "_replay_test",
+        srcs = srcs,
+        size = "small",
+        args = ["$(location %s)" % c for c in corpus],
+        data = corpus,
+        deps = deps + ["//common/testing:fuzz_replay_main"],
+        target_compatible_with = select({
+            "//tools/build:fuzzing": ["//tools/build:incompatible"],
+            "//conditions:default": [],
+        }),
+        **_with_copts(dict(kwargs))
+    )
