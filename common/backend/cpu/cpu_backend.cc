@@ -1,0 +1,322 @@
+#include "common/backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/cpu/threads.h"
+#include "common/logging/log.h"
+#include "common/model/checkpoint.h"
+#include "common/model/llama_weights.h"
+#include "common/model/load_progress.h"
+#include "common/status/status_macros.h"
+#include "kernels/cpu/paged_attention/paged_attention.h"
+#include "kernels/cpu/rms_norm/rms_norm.h"
+#include "kernels/cpu/rope/rope.h"
+#include "kernels/cpu/silu_mul/silu_mul.h"
+
+namespace trident::backend {
+namespace {
+
+using numeric::DType;
+
+// Reads tensors into one weight matrix, stacked along the output dimension
+// (fused q/k/v, fused gate/up), in the compute format.
+class StackedWeight {
+ public:
+  StackedWeight(DType dtype, int64_t in_features) : dtype_(dtype), in_(in_features) {}
+
+  absl::Status Append(model::Checkpoint& ckpt, const std::string& name, int64_t rows,
+                      model::LoadProgress& progress) {
+    const int64_t n = rows * in_;
+    if (dtype_ == DType::kF32) {
+      const size_t at = f32_.size();
+      f32_.resize(at + n);
+      TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(f32_).subspan(at, n)));
+    } else {
+      const size_t at = bf16_.size();
+      bf16_.resize(at + n);
+      TRIDENT_RETURN_IF_ERROR(ckpt.ReadBf16(name, absl::MakeSpan(bf16_).subspan(at, n)));
+    }
+    TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
+    progress.Add(info.bytes);
+    out_ += rows;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<kernels::cpu::Linear>> Build(const float* bias,
+                                                             int64_t* weight_bytes) {
+    *weight_bytes += out_ * in_ * static_cast<int64_t>(numeric::ElementSize(dtype_));
+    const void* data = dtype_ == DType::kF32 ? static_cast<const void*>(f32_.data())
+                                             : static_cast<const void*>(bf16_.data());
+    auto linear = kernels::cpu::Linear::Create(in_, out_, dtype_, data, bias);
+    f32_ = {};
+    bf16_ = {};
+    return linear;
+  }
+
+ private:
+  DType dtype_;
+  int64_t in_;
+  int64_t out_ = 0;
+  std::vector<float> f32_;
+  std::vector<uint16_t> bf16_;
+};
+
+absl::StatusOr<std::vector<float>> ReadVector(model::Checkpoint& ckpt, const std::string& name,
+                                              int64_t n, model::LoadProgress& progress) {
+  std::vector<float> v(n);
+  TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(v)));
+  TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
+  progress.Add(info.bytes);
+  return v;
+}
+
+template <typename T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+CpuBackend::~CpuBackend() = default;
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const std::string& model_dir,
+                                                               const CpuBackendOptions& options) {
+  if (options.compute_dtype == DType::kF16 || options.kv_dtype == DType::kF16) {
+    return absl::InvalidArgumentError("the CPU backend computes in f32 or bf16, not f16");
+  }
+  std::unique_ptr<CpuBackend> backend(new CpuBackend());
+  backend->options_ = options;
+  TRIDENT_RETURN_IF_ERROR(cpu::ConfigureCpuThreads(options.num_threads, options.pin_threads));
+  TRIDENT_RETURN_IF_ERROR(backend->Load(model_dir));
+  return backend;
+}
+
+absl::Status CpuBackend::Load(const std::string& model_dir) {
+  TRIDENT_ASSIGN_OR_RETURN(config_, model::LoadModelConfig(model_dir));
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt,
+                           model::Checkpoint::Open(model_dir));
+  TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config_, *ckpt));
+  const int64_t h = config_.hidden_size;
+  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
+  const int64_t inter = config_.intermediate_size;
+  const DType dt = options_.compute_dtype;
+
+  RealClock real_clock;
+  Clock* clock = options_.clock != nullptr ? options_.clock : &real_clock;
+  model::LoadProgress progress(ckpt->total_bytes(), clock);
+
+  TRIDENT_ASSIGN_OR_RETURN(
+      embedding_, ReadVector(*ckpt, "model.embed_tokens.weight", config_.vocab_size * h, progress));
+  layers_.resize(config_.num_hidden_layers);
+  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    Layer& layer = layers_[l];
+    auto name = [l](const char* suffix) { return model::LayerTensorName(l, suffix); };
+    TRIDENT_ASSIGN_OR_RETURN(layer.input_norm,
+                             ReadVector(*ckpt, name("input_layernorm.weight"), h, progress));
+    TRIDENT_ASSIGN_OR_RETURN(layer.post_norm, ReadVector(*ckpt, name("post_attention_layernorm.weight"),
+                                                         h, progress));
+    StackedWeight qkv(dt, h);
+    TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.q_proj.weight"), q_out, progress));
+    TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.k_proj.weight"), kv_out, progress));
+    TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.v_proj.weight"), kv_out, progress));
+    std::vector<float> qkv_bias;
+    if (config_.attention_bias) {
+      for (const char* b : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
+        TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt->Info(name(b)));
+        TRIDENT_ASSIGN_OR_RETURN(std::vector<float> v,
+                                 ReadVector(*ckpt, name(b), info.num_elements, progress));
+        qkv_bias.insert(qkv_bias.end(), v.begin(), v.end());
+      }
+    }
+    TRIDENT_ASSIGN_OR_RETURN(layer.qkv, qkv.Build(qkv_bias.empty() ? nullptr : qkv_bias.data(),
+                                                  &weight_bytes_per_step_));
+    StackedWeight o(dt, q_out);
+    TRIDENT_RETURN_IF_ERROR(o.Append(*ckpt, name("self_attn.o_proj.weight"), h, progress));
+    TRIDENT_ASSIGN_OR_RETURN(layer.o, o.Build(nullptr, &weight_bytes_per_step_));
+    StackedWeight gate_up(dt, h);
+    TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.gate_proj.weight"), inter, progress));
+    TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.up_proj.weight"), inter, progress));
+    TRIDENT_ASSIGN_OR_RETURN(layer.gate_up, gate_up.Build(nullptr, &weight_bytes_per_step_));
+    StackedWeight down(dt, inter);
+    TRIDENT_RETURN_IF_ERROR(down.Append(*ckpt, name("mlp.down_proj.weight"), h, progress));
+    TRIDENT_ASSIGN_OR_RETURN(layer.down, down.Build(nullptr, &weight_bytes_per_step_));
+  }
+  TRIDENT_ASSIGN_OR_RETURN(final_norm_, ReadVector(*ckpt, "model.norm.weight", h, progress));
+  StackedWeight head(dt, h);
+  const std::string head_name =
+      config_.tie_word_embeddings && !ckpt->Has("lm_head.weight") ? "model.embed_tokens.weight"
+                                                                  : "lm_head.weight";
+  TRIDENT_RETURN_IF_ERROR(head.Append(*ckpt, head_name, config_.vocab_size, progress));
+  TRIDENT_ASSIGN_OR_RETURN(lm_head_, head.Build(nullptr, &weight_bytes_per_step_));
+
+  kernels::cpu::RopeConfig rope;
+  rope.head_dim = config_.head_dim;
+  rope.theta = config_.rope_theta;
+  if (config_.rope_scaling.has_value() && config_.rope_scaling->rope_type == "llama3") {
+    rope.llama3_scaling = true;
+    rope.factor = config_.rope_scaling->factor;
+    rope.low_freq_factor = config_.rope_scaling->low_freq_factor;
+    rope.high_freq_factor = config_.rope_scaling->high_freq_factor;
+    rope.original_max_position_embeddings =
+        config_.rope_scaling->original_max_position_embeddings;
+  }
+  inv_freq_ = kernels::cpu::RopeInvFreq(rope);
+
+  max_model_len_ = config_.max_position_embeddings;
+  if (options_.max_model_len > 0) max_model_len_ = std::min(max_model_len_, options_.max_model_len);
+
+  kv_spec_.num_layers = config_.num_hidden_layers;
+  kv_spec_.num_kv_heads = config_.num_key_value_heads;
+  kv_spec_.head_dim = config_.head_dim;
+  kv_spec_.block_size = options_.kv_block_size;
+  kv_spec_.dtype = options_.kv_dtype;
+  kv_spec_.num_blocks = 1;
+  kv_spec_.num_blocks =
+      static_cast<int32_t>(options_.kv_cache_bytes / kv_spec_.BytesPerBlockAllLayers());
+  if (kv_spec_.num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache budget of ", options_.kv_cache_bytes, " bytes holds no block of ",
+        kv_spec_.BytesPerBlockAllLayers(), " bytes"));
+  }
+  TRIDENT_ASSIGN_OR_RETURN(kv_cache_, kv::HostKvCache::Create(kv_spec_));
+  TRIDENT_LOG(INFO) << "loaded " << config_.architecture << " from " << model_dir << ": "
+                    << Describe();
+  return absl::OkStatus();
+}
+
+std::string CpuBackend::Describe() const {
+  return absl::StrCat("cpu ", numeric::DTypeName(options_.compute_dtype), " matmuls, ",
+                      config_.num_hidden_layers, " layers, hidden ", config_.hidden_size,
+                      ", vocab ", config_.vocab_size, ", KV ", kv_spec_.num_blocks, " blocks of ",
+                      kv_spec_.block_size, " tokens (", numeric::DTypeName(kv_spec_.dtype),
+                      "), ", cpu::CpuThreadCount(), " threads");
+}
+
+absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
+  const int64_t h = config_.hidden_size;
+  const int32_t nq = config_.num_attention_heads;
+  const int32_t nkv = config_.num_key_value_heads;
+  const int32_t hd = config_.head_dim;
+  const int64_t q_out = static_cast<int64_t>(nq) * hd;
+  const int64_t kv_out = static_cast<int64_t>(nkv) * hd;
+  const int64_t qkv_width = q_out + 2 * kv_out;
+  const int64_t inter = config_.intermediate_size;
+  const int32_t bs = kv_spec_.block_size;
+
+  int64_t total = 0;
+  int64_t rows = 0;
+  for (const StepSequence& s : batch) {
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    if (s.tokens.empty() || s.start_position < 0 || end > max_model_len_) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [",
+                                                     s.start_position, ", ", end,
+                                                     "), outside the context window of ",
+                                                     max_model_len_));
+    }
+    if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
+      return absl::InvalidArgumentError(absl::StrCat("block table of ", s.block_table.size(),
+                                                     " blocks cannot hold ", end, " positions"));
+    }
+    for (int32_t b : s.block_table) {
+      if (b < 0 || b >= kv_spec_.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the cache of ",
+                                                       kv_spec_.num_blocks, " blocks"));
+      }
+    }
+    total += static_cast<int64_t>(s.tokens.size());
+    rows += s.want_logits ? 1 : 0;
+  }
+  if (total == 0) return absl::OkStatus();
+
+  Grow(x_, total * h);
+  Grow(hn_, total * h);
+  Grow(qkv_, total * qkv_width);
+  Grow(attn_, total * q_out);
+  Grow(tmp_, total * h);
+  Grow(gate_up_, total * 2 * inter);
+  Grow(act_, total * inter);
+  Grow(positions_, total);
+  Grow(slots_, total);
+
+  std::vector<kernels::cpu::AttentionSequence> seqs;
+  seqs.reserve(batch.size());
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      const int32_t token = s.tokens[i];
+      if (token < 0 || token >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", token,
+                                                       " outside the vocabulary of ",
+                                                       config_.vocab_size));
+      }
+      const int32_t pos = s.start_position + static_cast<int32_t>(i);
+      positions_[row + i] = pos;
+      slots_[row + i] = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
+      std::memcpy(&x_[(row + i) * h], &embedding_[static_cast<int64_t>(token) * h],
+                  h * sizeof(float));
+    }
+    kernels::cpu::AttentionSequence a;
+    a.block_table = s.block_table.data();
+    a.context_len = s.start_position + static_cast<int32_t>(s.tokens.size());
+    a.query_len = static_cast<int32_t>(s.tokens.size());
+    a.query_row = row;
+    seqs.push_back(a);
+    row += static_cast<int64_t>(s.tokens.size());
+  }
+
+  const float eps = config_.rms_norm_eps;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    Layer& layer = layers_[l];
+    if (l == 0) {
+      kernels::cpu::RmsNorm(x_.data(), layer.input_norm.data(), total, h, eps, hn_.data());
+    } else {
+      kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.input_norm.data(), total, h, eps,
+                               hn_.data());
+    }
+    layer.qkv->Forward(hn_.data(), total, qkv_.data());
+    float* q = qkv_.data();
+    float* k = q + q_out;
+    float* v = k + kv_out;
+    kernels::cpu::ApplyRope(q, qkv_width, nq, k, qkv_width, nkv, hd, positions_.data(), total,
+                            inv_freq_.data());
+    kernels::cpu::PagedKv kv;
+    kv.base = kv_cache_->LayerBase(l);
+    kv.dtype = kv_spec_.dtype;
+    kv.block_size = bs;
+    kv.num_kv_heads = nkv;
+    kv.head_dim = hd;
+    kv.block_stride_elems = kv_spec_.block_stride_elems();
+    kv.value_offset_elems = kv_spec_.value_offset_elems();
+    kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
+    kernels::cpu::PagedAttention(kv, q, qkv_width, nq, seqs, scale, attn_.data(), q_out);
+    layer.o->Forward(attn_.data(), total, tmp_.data());
+    kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,
+                             hn_.data());
+    layer.gate_up->Forward(hn_.data(), total, gate_up_.data());
+    kernels::cpu::SiluMul(gate_up_.data(), act_.data(), total, inter);
+    layer.down->Forward(act_.data(), total, tmp_.data());
+  }
+  // Final residual add and norm, then the head, for the wanted rows only.
+  if (rows == 0) return absl::OkStatus();
+  Grow(last_, rows * h);
+  std::vector<float> residual(rows * h), delta(rows * h);
+  int64_t r = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].want_logits) continue;
+    const int64_t src = seqs[i].query_row + seqs[i].query_len - 1;
+    std::memcpy(&residual[r * h], &x_[src * h], h * sizeof(float));
+    std::memcpy(&delta[r * h], &tmp_[src * h], h * sizeof(float));
+    ++r;
+  }
+  kernels::cpu::AddRmsNorm(residual.data(), delta.data(), final_norm_.data(), rows, h, eps,
+                           last_.data());
+  lm_head_->Forward(last_.data(), rows, logits);
+  return absl::OkStatus();
+}
+
+}  // namespace trident::backend

@@ -1,0 +1,98 @@
+// The CPU backend: a Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a
+// paged KV cache in host memory. oneDNN matmuls (fp32, or bf16 weights and
+// activations with fp32 accumulation), the project's own RMSNorm, RoPE,
+// SwiGLU and paged attention kernels; OpenMP threads pinned to cores.
+//
+// It is also the executable reference the CUDA backend is checked against.
+
+#ifndef TRIDENT_COMMON_BACKEND_CPU_CPU_BACKEND_H_
+#define TRIDENT_COMMON_BACKEND_CPU_CPU_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/model_backend.h"
+#include "common/kv/kv_cache.h"
+#include "common/model/config.h"
+#include "common/numeric/dtype.h"
+#include "common/time/clock.h"
+#include "kernels/cpu/linear/linear.h"
+
+namespace trident::backend {
+
+struct CpuBackendOptions {
+  // Matmul precision: kF32 (fp32 throughout) or kBF16 (weights and matmul
+  // inputs in bf16, fp32 accumulation and fp32 everywhere else).
+  numeric::DType compute_dtype = numeric::DType::kF32;
+  // KV element format; kF32 or kBF16.
+  numeric::DType kv_dtype = numeric::DType::kF32;
+  // Host memory for the KV cache.
+  int64_t kv_cache_bytes = int64_t{256} << 20;
+  int32_t kv_block_size = 16;
+  // Caps the context window below the model's max_position_embeddings
+  // (0: the model's).
+  int32_t max_model_len = 0;
+  // OpenMP threads (0: one per physical core available to the process).
+  int32_t num_threads = 0;
+  bool pin_threads = true;
+  // For load-progress reporting; nullptr means the real clock.
+  Clock* clock = nullptr;
+};
+
+class CpuBackend : public ModelBackend {
+ public:
+  // Loads and validates `model_dir` (config.json, safetensors) and allocates
+  // the KV cache. INVALID_ARGUMENT / FAILED_PRECONDITION for bad or
+  // unsupported models, naming the file and tensor.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const std::string& model_dir,
+                                                            const CpuBackendOptions& options);
+  ~CpuBackend() override;
+
+  int32_t vocab_size() const override { return config_.vocab_size; }
+  int32_t max_model_len() const override { return max_model_len_; }
+  KvCapacity kv_capacity() const override { return {kv_spec_.num_blocks, kv_spec_.block_size}; }
+  std::string Describe() const override;
+  absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
+
+  const model::ModelConfig& config() const { return config_; }
+  // Bytes of weights read by one decode step (every matmul weight once).
+  int64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm;
+    std::vector<float> post_norm;
+    std::unique_ptr<kernels::cpu::Linear> qkv;
+    std::unique_ptr<kernels::cpu::Linear> o;
+    std::unique_ptr<kernels::cpu::Linear> gate_up;
+    std::unique_ptr<kernels::cpu::Linear> down;
+  };
+
+  CpuBackend() = default;
+  absl::Status Load(const std::string& model_dir);
+
+  model::ModelConfig config_;
+  CpuBackendOptions options_;
+  int32_t max_model_len_ = 0;
+  int64_t weight_bytes_per_step_ = 0;
+  std::vector<Layer> layers_;
+  // fp32 embedding rows [vocab, hidden].
+  std::vector<float> embedding_;
+  std::vector<float> final_norm_;
+  std::unique_ptr<kernels::cpu::Linear> lm_head_;
+  std::vector<float> inv_freq_;
+  kv::KvCacheSpec kv_spec_;
+  std::unique_ptr<kv::HostKvCache> kv_cache_;
+
+  // Scratch, grown as needed.
+  std::vector<float> x_, hn_, qkv_, attn_, tmp_, gate_up_, act_, last_;
+  std::vector<int32_t> positions_;
+  std::vector<int64_t> slots_;
+};
+
+}  // namespace trident::backend
+
+#endif  // TRIDENT_COMMON_BACKEND_CPU_CPU_BACKEND_H_

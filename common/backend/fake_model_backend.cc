@@ -1,0 +1,69 @@
+#include "common/backend/fake_model_backend.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace trident::backend {
+
+FakeModelBackend::FakeModelBackend(int32_t vocab_size, int32_t num_blocks, int32_t block_size,
+                                   int32_t max_model_len)
+    : vocab_size_(vocab_size),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      max_model_len_(max_model_len),
+      slots_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+
+void FakeModelBackend::LogitsFor(absl::Span<const int32_t> history, float* out) const {
+  // A rolling hash of the history picks a preferred token; every logit is a
+  // distinct value so argmax is unambiguous.
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : history) {
+    h ^= static_cast<uint64_t>(t) + 0x9e3779b97f4a7c15ull;
+    h *= 1099511628211ull;
+  }
+  const int32_t preferred = static_cast<int32_t>(h % static_cast<uint64_t>(vocab_size_));
+  for (int32_t v = 0; v < vocab_size_; ++v) {
+    const uint64_t mix = (h >> 7) ^ (static_cast<uint64_t>(v) * 0x2545F4914F6CDD1Dull);
+    out[v] = static_cast<float>(mix % 1000) / 1000.0f;
+  }
+  out[preferred] = 2.0f;
+}
+
+absl::Status FakeModelBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
+  ++forward_calls_;
+  int64_t step_tokens = 0;
+  int64_t row = 0;
+  for (const StepSequence& seq : batch) {
+    const int32_t end = seq.start_position + static_cast<int32_t>(seq.tokens.size());
+    if (static_cast<int64_t>(seq.block_table.size()) * block_size_ < end) {
+      return absl::InvalidArgumentError(absl::StrCat("fake backend: block table of ",
+                                                     seq.block_table.size(),
+                                                     " blocks cannot hold ", end, " tokens"));
+    }
+    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      const int32_t pos = seq.start_position + static_cast<int32_t>(i);
+      const int32_t block = seq.block_table[pos / block_size_];
+      if (block < 0 || block >= num_blocks_) {
+        return absl::InvalidArgumentError(absl::StrCat("fake backend: block ", block));
+      }
+      slots_[static_cast<size_t>(block) * block_size_ + pos % block_size_] = seq.tokens[i];
+    }
+    step_tokens += static_cast<int64_t>(seq.tokens.size());
+    if (!seq.want_logits) continue;
+    // Read the whole history back through the block table.
+    std::vector<int32_t> history(end);
+    for (int32_t pos = 0; pos < end; ++pos) {
+      const int32_t block = seq.block_table[pos / block_size_];
+      history[pos] = slots_[static_cast<size_t>(block) * block_size_ + pos % block_size_];
+      if (history[pos] < 0) {
+        return absl::InternalError(absl::StrCat("fake backend: position ", pos, " never written"));
+      }
+    }
+    LogitsFor(history, logits + row * vocab_size_);
+    ++row;
+  }
+  tokens_processed_ += step_tokens;
+  if (step_tokens > max_step_tokens_) max_step_tokens_ = step_tokens;
+  return absl::OkStatus();
+}
+
+}  // namespace trident::backend

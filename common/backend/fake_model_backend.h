@@ -1,0 +1,52 @@
+// A working in-memory ModelBackend for engine tests: its "KV cache" stores
+// token ids in slots, and its logits are a deterministic function of the
+// whole token history read back through the block table. A scheduler that
+// writes a wrong slot, reuses a live block or loses a position changes the
+// logits, and so the generated tokens.
+
+#ifndef TRIDENT_COMMON_BACKEND_FAKE_MODEL_BACKEND_H_
+#define TRIDENT_COMMON_BACKEND_FAKE_MODEL_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/backend/model_backend.h"
+
+namespace trident::backend {
+
+class FakeModelBackend : public ModelBackend {
+ public:
+  FakeModelBackend(int32_t vocab_size, int32_t num_blocks, int32_t block_size,
+                   int32_t max_model_len);
+
+  int32_t vocab_size() const override { return vocab_size_; }
+  int32_t max_model_len() const override { return max_model_len_; }
+  KvCapacity kv_capacity() const override { return {num_blocks_, block_size_}; }
+  std::string Describe() const override { return "fake"; }
+  absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
+
+  // The logits the fake produces for a full token history (for tests that
+  // compute expected outputs independently of any scheduler).
+  void LogitsFor(absl::Span<const int32_t> history, float* out) const;
+
+  int64_t forward_calls() const { return forward_calls_; }
+  int64_t tokens_processed() const { return tokens_processed_; }
+  // Largest number of tokens passed in one Forward.
+  int64_t max_step_tokens() const { return max_step_tokens_; }
+
+ private:
+  int32_t vocab_size_;
+  int32_t num_blocks_;
+  int32_t block_size_;
+  int32_t max_model_len_;
+  // Token id per slot; -1 when never written.
+  std::vector<int32_t> slots_;
+  int64_t forward_calls_ = 0;
+  int64_t tokens_processed_ = 0;
+  int64_t max_step_tokens_ = 0;
+};
+
+}  // namespace trident::backend
+
+#endif  // TRIDENT_COMMON_BACKEND_FAKE_MODEL_BACKEND_H_

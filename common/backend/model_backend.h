@@ -1,0 +1,59 @@
+// The interface every model backend (cpu, cuda) implements: one forward pass
+// over a batch of sequences whose KV lives in the backend's paged cache.
+//
+// The engine owns scheduling and block allocation; the backend owns the
+// weights and the KV storage, and is driven by one thread at a time.
+
+#ifndef TRIDENT_COMMON_BACKEND_MODEL_BACKEND_H_
+#define TRIDENT_COMMON_BACKEND_MODEL_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace trident::backend {
+
+// One sequence's share of a forward step.
+struct StepSequence {
+  // New tokens to run this step: a prefill chunk, or one decode token.
+  absl::Span<const int32_t> tokens;
+  // Position of tokens[0]; positions [0, start_position) are already in the
+  // KV cache.
+  int32_t start_position = 0;
+  // KV block ids covering positions [0, start_position + tokens.size()).
+  absl::Span<const int32_t> block_table;
+  // Whether the logits of the last token are wanted (false for the
+  // non-final chunks of a chunked prefill).
+  bool want_logits = false;
+};
+
+// Shape of the KV cache a backend holds, which the engine needs to allocate
+// blocks.
+struct KvCapacity {
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+
+  // Rows of logits per wanted sequence.
+  virtual int32_t vocab_size() const = 0;
+  // Longest sequence (prompt + output) the model accepts.
+  virtual int32_t max_model_len() const = 0;
+  virtual KvCapacity kv_capacity() const = 0;
+  // Human-readable description for logs ("cpu f32, 4 threads").
+  virtual std::string Describe() const = 0;
+
+  // Runs the batch: writes every token's KV into its slot and, for each
+  // sequence with want_logits, one row of vocab_size() logits into `logits`
+  // (rows in batch order, skipping sequences without want_logits).
+  virtual absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) = 0;
+};
+
+}  // namespace trident::backend
+
+#endif  // TRIDENT_COMMON_BACKEND_MODEL_BACKEND_H_

@@ -1,0 +1,130 @@
+#include "common/engine/engine.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/kv/paged_block_allocator.h"
+#include "common/logging/log.h"
+
+namespace trident::engine {
+
+Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options)
+    : backend_(std::move(backend)),
+      allocator_(std::make_unique<kv::PagedBlockAllocator>(backend_->kv_capacity().num_blocks)),
+      core_(std::make_unique<EngineCore>(backend_.get(), allocator_.get(), options)) {
+  stats_ = core_->stats();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() { Shutdown(); }
+
+absl::Status Engine::Submit(EngineRequest request, TokenCallback callback) {
+  TRIDENT_RETURN_IF_ERROR(core_->Validate(request));
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the engine is shutting down");
+  if (callbacks_.contains(request.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
+  }
+  callbacks_[request.id] = std::move(callback);
+  inbox_.push_back(std::move(request));
+  return absl::OkStatus();
+}
+
+void Engine::Abort(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  if (callbacks_.contains(request_id)) aborts_.push_back(request_id);
+}
+
+void Engine::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Engine::Deliver(const std::vector<TokenEvent>& events) {
+  for (const TokenEvent& ev : events) {
+    TokenCallback cb;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = callbacks_.find(ev.request_id);
+      if (it == callbacks_.end()) continue;
+      if (ev.finish == FinishReason::kNone) {
+        cb = it->second;
+      } else {
+        cb = std::move(it->second);
+        callbacks_.erase(it);
+      }
+    }
+    cb(ev);
+  }
+}
+
+void Engine::Loop() {
+  while (true) {
+    std::vector<EngineRequest> inbox;
+    std::vector<std::string> aborts;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !inbox_.empty() || !aborts_.empty();
+      };
+      if (!core_->HasWork()) mu_.Await(absl::Condition(&has_input));
+      inbox.swap(inbox_);
+      aborts.swap(aborts_);
+      stopping = stopping_;
+    }
+    std::vector<TokenEvent> events;
+    for (EngineRequest& request : inbox) {
+      const std::string id = request.id;
+      absl::Status status = core_->Add(std::move(request));
+      if (!status.ok()) {
+        // Validated at Submit; only a duplicate can land here.
+        TRIDENT_LOG(WARNING) << "request " << id << " rejected: " << status;
+        TokenEvent ev;
+        ev.request_id = id;
+        ev.finish = FinishReason::kError;
+        events.push_back(ev);
+      }
+    }
+    for (const std::string& id : aborts) {
+      if (core_->Abort(id)) {
+        TokenEvent ev;
+        ev.request_id = id;
+        ev.finish = FinishReason::kAborted;
+        events.push_back(ev);
+      }
+    }
+    if (stopping) {
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, cb] : callbacks_) {
+        core_->Abort(id);
+        TokenEvent ev;
+        ev.request_id = id;
+        ev.finish = FinishReason::kAborted;
+        events.push_back(ev);
+      }
+    }
+    Deliver(events);
+    if (stopping) break;
+    if (core_->HasWork()) {
+      auto step = core_->Step();
+      if (!step.ok()) TRIDENT_LOG(ERROR) << "engine step failed: " << step.status();
+      if (step.ok()) Deliver(*step);
+    }
+    absl::MutexLock lock(&mu_);
+    stats_ = core_->stats();
+  }
+  absl::MutexLock lock(&mu_);
+  stats_ = core_->stats();
+}
+
+}  // namespace trident::engine

@@ -1,0 +1,272 @@
+#include "common/engine/engine_core.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+
+namespace trident::engine {
+
+struct EngineCore::Sequence {
+  EngineRequest request;
+  // Prompt followed by the outputs so far.
+  std::vector<int32_t> tokens;
+  int32_t prompt_len = 0;
+  // Positions whose KV is in the cache.
+  int32_t num_computed = 0;
+  std::vector<int32_t> blocks;
+  int32_t num_outputs = 0;
+  uint64_t arrival = 0;
+  std::unique_ptr<sampling::PenaltyState> penalties;
+  // This step's chunk (set while a step is built).
+  int32_t chunk = 0;
+};
+
+EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
+                       EngineOptions options)
+    : backend_(backend),
+      allocator_(allocator),
+      options_(options),
+      block_size_(backend->kv_capacity().block_size),
+      vocab_size_(backend->vocab_size()) {
+  TRIDENT_CHECK(options_.max_batch_tokens > 0);
+  TRIDENT_CHECK(options_.max_running > 0);
+  TRIDENT_CHECK(allocator_->num_total() == backend->kv_capacity().num_blocks);
+}
+
+EngineCore::~EngineCore() {
+  for (auto& seq : running_) FreeBlocks(*seq);
+  for (auto& seq : waiting_) FreeBlocks(*seq);
+}
+
+absl::Status EngineCore::Validate(const EngineRequest& request) const {
+  if (request.prompt.empty()) {
+    return absl::InvalidArgumentError("prompt has no tokens");
+  }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab_size_) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", request.prompt[i],
+                                                     ", outside the vocabulary [0, ",
+                                                     vocab_size_, ")"));
+    }
+  }
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be at least 1, got ", request.max_tokens));
+  }
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (total > backend_->max_model_len()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", request.prompt.size(), " tokens) + max_tokens (", request.max_tokens,
+        ") exceeds the context window of ", backend_->max_model_len(), " tokens"));
+  }
+  const int64_t blocks_needed = (total + block_size_ - 1) / block_size_;
+  if (blocks_needed > allocator_->num_total()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt + max_tokens needs ", blocks_needed, " KV blocks but the cache has ",
+                     allocator_->num_total()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineCore::Add(EngineRequest request) {
+  TRIDENT_RETURN_IF_ERROR(Validate(request));
+  if (live_.contains(request.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = request.prompt;
+  seq->prompt_len = static_cast<int32_t>(request.prompt.size());
+  seq->arrival = next_arrival_++;
+  seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
+  seq->request = std::move(request);
+  live_[seq->request.id] = seq.get();
+  stats_.prompt_tokens_total += seq->prompt_len;
+  waiting_.push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+bool EngineCore::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
+  const int32_t needed = (num_tokens + block_size_ - 1) / block_size_;
+  const int32_t missing = needed - static_cast<int32_t>(seq.blocks.size());
+  if (missing <= 0) return true;
+  if (allocator_->num_free() < missing) return false;
+  auto blocks = allocator_->Allocate(missing);
+  if (!blocks.ok()) return false;
+  seq.blocks.insert(seq.blocks.end(), blocks->begin(), blocks->end());
+  return true;
+}
+
+void EngineCore::FreeBlocks(Sequence& seq) {
+  if (seq.blocks.empty()) return;
+  TRIDENT_CHECK_OK(allocator_->Free(seq.blocks));
+  seq.blocks.clear();
+}
+
+void EngineCore::Preempt(std::list<SeqPtr>::iterator it) {
+  SeqPtr seq = std::move(*it);
+  running_.erase(it);
+  FreeBlocks(*seq);
+  seq->num_computed = 0;
+  seq->chunk = 0;
+  ++stats_.preemptions_total;
+  TRIDENT_LOG(DEBUG) << "preempted request " << seq->request.id << " at "
+                     << seq->tokens.size() << " tokens";
+  waiting_.push_front(std::move(seq));
+}
+
+bool EngineCore::Abort(const std::string& id) {
+  auto live = live_.find(id);
+  if (live == live_.end()) return false;
+  Sequence* target = live->second;
+  live_.erase(live);
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->get() == target) {
+      FreeBlocks(**it);
+      running_.erase(it);
+      return true;
+    }
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->get() == target) {
+      FreeBlocks(**it);
+      waiting_.erase(it);
+      return true;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
+  std::vector<TokenEvent> events;
+  if (!HasWork()) return events;
+  int32_t budget = options_.max_batch_tokens;
+  bool preempted = false;
+
+  // 1. Running sequences, oldest first.
+  std::vector<Sequence*> scheduled;
+  for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
+    Sequence& seq = **it;
+    const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
+    const int32_t chunk = std::min(remaining, budget);
+    bool ok = EnsureBlocks(seq, seq.num_computed + chunk);
+    while (!ok) {
+      // Preempt the newest running sequence; it may be this one.
+      auto victim = std::prev(running_.end());
+      preempted = true;
+      if (victim == it) {
+        Preempt(victim);
+        it = running_.end();
+        break;
+      }
+      Preempt(victim);
+      ok = EnsureBlocks(seq, seq.num_computed + chunk);
+    }
+    if (!ok) break;
+    seq.chunk = chunk;
+    budget -= chunk;
+    scheduled.push_back(&seq);
+    ++it;
+  }
+
+  // 2. Admit waiting sequences.
+  while (!preempted && budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < options_.max_running) {
+    Sequence& seq = *waiting_.front();
+    const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
+    const int32_t chunk = std::min(remaining, budget);
+    if (!EnsureBlocks(seq, seq.num_computed + chunk)) break;
+    seq.chunk = chunk;
+    budget -= chunk;
+    scheduled.push_back(&seq);
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+
+  if (scheduled.empty()) {
+    // Nothing fits: only possible when a running sequence alone was preempted
+    // for want of blocks, which Validate rules out; report rather than spin.
+    return absl::InternalError("engine step scheduled no work");
+  }
+
+  // 3. Forward.
+  std::vector<backend::StepSequence> batch;
+  batch.reserve(scheduled.size());
+  int32_t rows = 0;
+  int32_t step_tokens = 0;
+  for (Sequence* seq : scheduled) {
+    backend::StepSequence s;
+    s.tokens = absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, seq->chunk);
+    s.start_position = seq->num_computed;
+    s.block_table = seq->blocks;
+    s.want_logits = seq->num_computed + seq->chunk == static_cast<int32_t>(seq->tokens.size());
+    rows += s.want_logits ? 1 : 0;
+    step_tokens += seq->chunk;
+    batch.push_back(s);
+  }
+  logits_.resize(static_cast<size_t>(rows) * vocab_size_);
+  ++stats_.steps_total;
+  stats_.last_step_tokens = step_tokens;
+  absl::Status status = backend_->Forward(batch, logits_.data());
+  if (!status.ok()) {
+    for (Sequence* seq : scheduled) {
+      TokenEvent ev;
+      ev.request_id = seq->request.id;
+      ev.output_index = seq->num_outputs;
+      ev.finish = FinishReason::kError;
+      events.push_back(std::move(ev));
+      Abort(seq->request.id);
+    }
+    TRIDENT_LOG(ERROR) << "forward pass failed; failing its " << scheduled.size()
+                       << " sequences: " << status;
+    return events;
+  }
+
+  // 4. Sample and check stops.
+  int32_t row = 0;
+  std::vector<std::string> finished;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Sequence& seq = *scheduled[i];
+    seq.num_computed += seq.chunk;
+    seq.chunk = 0;
+    if (!batch[i].want_logits) continue;
+    const float* row_logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
+    ++row;
+    sampling::SampledToken sampled =
+        sampler_.Sample(absl::MakeConstSpan(row_logits, vocab_size_), seq.request.sampling,
+                        *seq.penalties, seq.num_outputs);
+    TokenEvent ev;
+    ev.request_id = seq.request.id;
+    ev.token = sampled.token;
+    ev.logprob = sampled.logprob;
+    ev.top_logprobs = std::move(sampled.top_logprobs);
+    ev.output_index = seq.num_outputs;
+    seq.tokens.push_back(sampled.token);
+    seq.penalties->Add(sampled.token);
+    ++seq.num_outputs;
+    ++stats_.generated_tokens_total;
+    const auto& stops = seq.request.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), sampled.token) != stops.end()) {
+      ev.finish = FinishReason::kStop;
+      ev.matched_stop_token = sampled.token;
+    } else if (seq.num_outputs >= seq.request.max_tokens ||
+               static_cast<int32_t>(seq.tokens.size()) >= backend_->max_model_len()) {
+      ev.finish = FinishReason::kLength;
+    }
+    if (ev.finish != FinishReason::kNone) finished.push_back(seq.request.id);
+    events.push_back(std::move(ev));
+  }
+  for (const std::string& id : finished) Abort(id);
+  return events;
+}
+
+EngineStats EngineCore::stats() const {
+  EngineStats s = stats_;
+  s.running = static_cast<int32_t>(running_.size());
+  s.waiting = static_cast<int32_t>(waiting_.size());
+  s.blocks_free = allocator_->num_free();
+  s.blocks_total = allocator_->num_total();
+  return s;
+}
+
+}  // namespace trident::engine

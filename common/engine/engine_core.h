@@ -1,0 +1,144 @@
+// The step-driven heart of a worker: continuous batching over a paged KV
+// cache. Each Step() picks the work of one forward pass under a token
+// budget, runs it on the backend, samples and returns the new tokens.
+//
+// Policy (in this order, each step):
+//  1. Running sequences, oldest first, get their next tokens: one for a
+//     decoding sequence, the next chunk for one still prefilling. When the
+//     KV cache has no block for them, the newest running sequence is
+//     preempted: its blocks are freed and it goes back to the head of the
+//     waiting queue, to be recomputed (prompt plus the tokens it has
+//     generated) when it is admitted again. Its outputs stand; sampling is
+//     keyed by (seed, output position), so the continuation is unchanged.
+//  2. If nothing was preempted, waiting sequences are admitted in arrival
+//     order while budget, sequence slots and blocks last (chunked prefill:
+//     a long prompt takes what budget is left and continues next step).
+//
+// Not thread-safe: one thread drives it (see Engine for the threaded shell).
+
+#ifndef TRIDENT_COMMON_ENGINE_ENGINE_CORE_H_
+#define TRIDENT_COMMON_ENGINE_ENGINE_CORE_H_
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/backend/model_backend.h"
+#include "common/kv/block_allocator.h"
+#include "common/sampling/sampler.h"
+#include "common/sampling/sampling_params.h"
+
+namespace trident::engine {
+
+struct EngineOptions {
+  // Token budget of one forward pass (prefill chunks plus decode tokens).
+  int32_t max_batch_tokens = 2048;
+  // Most sequences in the running batch.
+  int32_t max_running = 256;
+};
+
+// What one request asks of the engine. Text-level conditions (stop strings)
+// are the caller's business: it calls Abort when one matches.
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  sampling::SamplingParams sampling;
+  int32_t max_tokens = 16;
+  // Sampling one of these ends the request with kStop (the token is
+  // returned). The caller adds the model's EOS ids unless ignore_eos.
+  std::vector<int32_t> stop_token_ids;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAborted, kError };
+
+// One sampled token of one request.
+struct TokenEvent {
+  std::string request_id;
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+  // Index of this token among the request's outputs.
+  int32_t output_index = 0;
+  FinishReason finish = FinishReason::kNone;
+  // For kStop: the stop token sampled.
+  int32_t matched_stop_token = -1;
+};
+
+struct EngineStats {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t blocks_free = 0;
+  int32_t blocks_total = 0;
+  int64_t preemptions_total = 0;
+  int64_t steps_total = 0;
+  int64_t prompt_tokens_total = 0;
+  int64_t generated_tokens_total = 0;
+  // Tokens of the last step's forward pass.
+  int32_t last_step_tokens = 0;
+};
+
+class EngineCore {
+ public:
+  // `backend` and `allocator` must outlive the core; the allocator must
+  // manage exactly the backend's KV blocks.
+  EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
+             EngineOptions options);
+  ~EngineCore();
+
+  // Checks a request against the model and cache limits without queuing it
+  // (safe to call from any thread). INVALID_ARGUMENT for an empty prompt, a
+  // token outside the vocabulary, max_tokens < 1, or prompt + max_tokens
+  // beyond the context window or the whole KV cache.
+  absl::Status Validate(const EngineRequest& request) const;
+
+  // Queues a request; ALREADY_EXISTS when its id is live.
+  absl::Status Add(EngineRequest request);
+
+  // Ends a request and frees its blocks. Returns false when the id is not
+  // live (already finished or never added).
+  bool Abort(const std::string& id);
+
+  // Runs one forward pass (if there is work) and returns the tokens it
+  // produced, finished requests included. An error from the backend fails
+  // every sequence of the step (their events carry kError, and it is logged);
+  // the core stays usable. An error status means a broken invariant.
+  absl::StatusOr<std::vector<TokenEvent>> Step();
+
+  bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  EngineStats stats() const;
+
+ private:
+  struct Sequence;
+  using SeqPtr = std::unique_ptr<Sequence>;
+
+  // Makes `seq` own enough blocks for `num_tokens` positions; false when
+  // the allocator lacks them (nothing is allocated then).
+  bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
+  void FreeBlocks(Sequence& seq);
+  void Preempt(std::list<SeqPtr>::iterator it);
+
+  backend::ModelBackend* backend_;
+  kv::BlockAllocator* allocator_;
+  EngineOptions options_;
+  int32_t block_size_;
+  int32_t vocab_size_;
+  // Oldest first.
+  std::list<SeqPtr> running_;
+  std::deque<SeqPtr> waiting_;
+  absl::flat_hash_map<std::string, Sequence*> live_;
+  uint64_t next_arrival_ = 0;
+  sampling::Sampler sampler_;
+  std::vector<float> logits_;
+  EngineStats stats_;
+};
+
+}  // namespace trident::engine
+
+#endif  // TRIDENT_COMMON_ENGINE_ENGINE_CORE_H_

@@ -1,0 +1,216 @@
+#include "common/engine/engine_core.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/fake_model_backend.h"
+#include "common/kv/paged_block_allocator.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::engine {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+constexpr int32_t kVocab = 97;
+constexpr int32_t kBlockSize = 4;
+
+struct Harness {
+  Harness(int32_t num_blocks, EngineOptions options, int32_t max_model_len = 512)
+      : backend(kVocab, num_blocks, kBlockSize, max_model_len),
+        allocator(num_blocks),
+        core(&backend, &allocator, options) {}
+
+  // Steps until idle; returns each request's tokens and finish reason.
+  std::map<std::string, std::vector<int32_t>> RunToCompletion(
+      std::map<std::string, FinishReason>* reasons = nullptr) {
+    std::map<std::string, std::vector<int32_t>> out;
+    int guard = 0;
+    while (core.HasWork()) {
+      auto events = core.Step();
+      EXPECT_THAT(events.status(), IsOk());
+      if (!events.ok()) break;
+      for (const TokenEvent& ev : *events) {
+        EXPECT_EQ(ev.output_index, static_cast<int32_t>(out[ev.request_id].size()));
+        out[ev.request_id].push_back(ev.token);
+        if (reasons != nullptr && ev.finish != FinishReason::kNone) {
+          (*reasons)[ev.request_id] = ev.finish;
+        }
+      }
+      EXPECT_LT(++guard, 100000) << "engine does not make progress";
+      if (guard >= 100000) break;
+    }
+    return out;
+  }
+
+  backend::FakeModelBackend backend;
+  kv::PagedBlockAllocator allocator;
+  EngineCore core;
+};
+
+EngineRequest Greedy(std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  EngineRequest r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+// The fake model's greedy continuation, computed without any scheduler.
+std::vector<int32_t> ExpectedGreedy(const backend::FakeModelBackend& fake,
+                                    std::vector<int32_t> history, int32_t n) {
+  std::vector<int32_t> out;
+  std::vector<float> logits(kVocab);
+  for (int32_t i = 0; i < n; ++i) {
+    fake.LogitsFor(history, logits.data());
+    const int32_t best =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(best);
+    history.push_back(best);
+  }
+  return out;
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len) {
+  std::uniform_int_distribution<int32_t> tok(0, kVocab - 1);
+  std::vector<int32_t> p(len);
+  for (auto& t : p) t = tok(rng);
+  return p;
+}
+
+TEST(EngineCoreTest, SingleRequestMatchesTheModelsGreedyContinuation) {
+  Harness h(64, {});
+  ASSERT_THAT(h.core.Add(Greedy("a", {1, 2, 3, 4, 5}, 12)), IsOk());
+  std::map<std::string, FinishReason> reasons;
+  auto out = h.RunToCompletion(&reasons);
+  EXPECT_THAT(out["a"], ElementsAreArray(ExpectedGreedy(h.backend, {1, 2, 3, 4, 5}, 12)));
+  EXPECT_EQ(reasons["a"], FinishReason::kLength);
+  EXPECT_EQ(h.allocator.num_free(), 64);
+}
+
+TEST(EngineCoreTest, ChunkedPrefillKeepsEveryStepWithinTheTokenBudget) {
+  EngineOptions options;
+  options.max_batch_tokens = 7;
+  Harness h(64, options);
+  std::mt19937 rng(7);
+  const auto prompt = RandomPrompt(rng, 45);
+  ASSERT_THAT(h.core.Add(Greedy("long", prompt, 5)), IsOk());
+  ASSERT_THAT(h.core.Add(Greedy("short", {3, 1, 4}, 5)), IsOk());
+  auto out = h.RunToCompletion();
+  EXPECT_THAT(out["long"], ElementsAreArray(ExpectedGreedy(h.backend, prompt, 5)));
+  EXPECT_THAT(out["short"], ElementsAreArray(ExpectedGreedy(h.backend, {3, 1, 4}, 5)));
+  EXPECT_LE(h.backend.max_step_tokens(), 7);
+  EXPECT_EQ(h.allocator.num_free(), 64);
+}
+
+// 64 requests of mixed lengths in a cache too small for all of them: every
+// request's tokens equal its solo run, preemption happens, and every block
+// comes back. Covers greedy and seeded sampling.
+TEST(EngineCoreTest, BatchInvariantUnderPreemption) {
+  const uint32_t seed = 20261121;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 64; ++i) {
+    EngineRequest r = Greedy(absl::StrCat("r", i), RandomPrompt(rng, 1 + rng() % 40),
+                             1 + static_cast<int32_t>(rng() % 30));
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 20;
+      r.sampling.seed = 1000 + i;
+    }
+    requests.push_back(r);
+  }
+  // Solo runs, one engine per request.
+  std::map<std::string, std::vector<int32_t>> solo;
+  for (const auto& r : requests) {
+    Harness h(64, {});
+    ASSERT_THAT(h.core.Add(r), IsOk());
+    solo[r.id] = h.RunToCompletion()[r.id];
+    ASSERT_EQ(static_cast<int32_t>(solo[r.id].size()), r.max_tokens);
+  }
+  // Together, with 40 blocks of 4 tokens: at most ~160 live tokens.
+  EngineOptions options;
+  options.max_batch_tokens = 64;
+  Harness h(40, options);
+  for (const auto& r : requests) ASSERT_THAT(h.core.Add(r), IsOk());
+  auto together = h.RunToCompletion();
+  for (const auto& r : requests) {
+    EXPECT_THAT(together[r.id], ElementsAreArray(solo[r.id])) << r.id;
+  }
+  EXPECT_GT(h.core.stats().preemptions_total, 0);
+  EXPECT_EQ(h.allocator.num_free(), 40);
+  EXPECT_EQ(h.core.stats().running, 0);
+  EXPECT_EQ(h.core.stats().waiting, 0);
+}
+
+TEST(EngineCoreTest, StopTokenEndsTheRequestAndIsReturned) {
+  Harness h(64, {});
+  const auto expected = ExpectedGreedy(h.backend, {9, 8, 7}, 10);
+  EngineRequest r = Greedy("s", {9, 8, 7}, 10);
+  r.stop_token_ids = {expected[3]};
+  // The stop token may appear earlier in the continuation; find its first use.
+  const auto first = std::find(expected.begin(), expected.end(), expected[3]) - expected.begin();
+  ASSERT_THAT(h.core.Add(r), IsOk());
+  std::map<std::string, FinishReason> reasons;
+  auto out = h.RunToCompletion(&reasons);
+  EXPECT_EQ(static_cast<int64_t>(out["s"].size()), first + 1);
+  EXPECT_EQ(reasons["s"], FinishReason::kStop);
+  EXPECT_EQ(h.allocator.num_free(), 64);
+}
+
+TEST(EngineCoreTest, AbortFreesBlocksOfRunningAndWaitingRequests) {
+  EngineOptions options;
+  options.max_running = 1;
+  Harness h(64, options);
+  ASSERT_THAT(h.core.Add(Greedy("run", {1, 2, 3, 4, 5, 6}, 100)), IsOk());
+  ASSERT_THAT(h.core.Add(Greedy("wait", {1, 2}, 100)), IsOk());
+  ASSERT_THAT(h.core.Step().status(), IsOk());
+  EXPECT_EQ(h.core.stats().running, 1);
+  EXPECT_EQ(h.core.stats().waiting, 1);
+  EXPECT_LT(h.allocator.num_free(), 64);
+  EXPECT_TRUE(h.core.Abort("run"));
+  EXPECT_TRUE(h.core.Abort("wait"));
+  EXPECT_FALSE(h.core.Abort("wait"));
+  EXPECT_FALSE(h.core.HasWork());
+  EXPECT_EQ(h.allocator.num_free(), 64);
+}
+
+TEST(EngineCoreTest, ValidationErrors) {
+  Harness h(8, {}, /*max_model_len=*/64);
+  EXPECT_THAT(h.core.Add(Greedy("e", {}, 4)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no tokens")));
+  EXPECT_THAT(h.core.Add(Greedy("v", {1, kVocab}, 4)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the vocabulary")));
+  EXPECT_THAT(h.core.Add(Greedy("m", {1}, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_tokens")));
+  EXPECT_THAT(h.core.Add(Greedy("w", std::vector<int32_t>(60, 1), 5)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("context window")));
+  // 8 blocks of 4 tokens hold 32 positions.
+  EXPECT_THAT(h.core.Add(Greedy("k", std::vector<int32_t>(30, 1), 5)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV blocks")));
+  ASSERT_THAT(h.core.Add(Greedy("ok", {1}, 1)), IsOk());
+  EXPECT_THAT(h.core.Add(Greedy("ok", {1}, 1)), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_FALSE(h.core.HasWork() && h.core.stats().waiting != 1);
+}
+
+TEST(EngineCoreTest, ContextWindowEndsGenerationWithLength) {
+  Harness h(64, {}, /*max_model_len=*/10);
+  ASSERT_THAT(h.core.Add(Greedy("c", {1, 2, 3, 4, 5, 6, 7, 8}, 2)), IsOk());
+  std::map<std::string, FinishReason> reasons;
+  auto out = h.RunToCompletion(&reasons);
+  EXPECT_EQ(out["c"].size(), 2u);
+  EXPECT_EQ(reasons["c"], FinishReason::kLength);
+}
+
+}  // namespace
+}  // namespace trident::engine

@@ -1,0 +1,115 @@
+#include "common/engine/engine.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/backend/fake_model_backend.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::engine {
+namespace {
+
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+// Collects one request's events; Done() is notified by the final one.
+struct Collector {
+  absl::Mutex mu;
+  std::vector<TokenEvent> events;
+  absl::Notification done;
+
+  TokenCallback Callback() {
+    return [this](const TokenEvent& ev) {
+      {
+        absl::MutexLock lock(&mu);
+        events.push_back(ev);
+      }
+      if (ev.finish != FinishReason::kNone) done.Notify();
+    };
+  }
+  FinishReason finish() {
+    absl::MutexLock lock(&mu);
+    return events.back().finish;
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu);
+    return events.size();
+  }
+};
+
+EngineRequest Greedy(std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  EngineRequest r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+std::unique_ptr<backend::FakeModelBackend> Fake() {
+  return std::make_unique<backend::FakeModelBackend>(50, 32, 4, 128);
+}
+
+TEST(EngineTest, ServesConcurrentRequestsToCompletion) {
+  Engine engine(Fake(), {});
+  Collector a, b;
+  ASSERT_THAT(engine.Submit(Greedy("a", {1, 2, 3}, 7), a.Callback()), IsOk());
+  ASSERT_THAT(engine.Submit(Greedy("b", {4, 5}, 3), b.Callback()), IsOk());
+  a.done.WaitForNotification();
+  b.done.WaitForNotification();
+  EXPECT_EQ(a.size(), 7u);
+  EXPECT_EQ(b.size(), 3u);
+  EXPECT_EQ(a.finish(), FinishReason::kLength);
+  engine.Shutdown();
+  EXPECT_EQ(engine.stats().blocks_free, 32);
+}
+
+TEST(EngineTest, SubmitValidatesSynchronously) {
+  Engine engine(Fake(), {});
+  Collector c;
+  EXPECT_THAT(engine.Submit(Greedy("x", {}, 3), c.Callback()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(c.size(), 0u);
+}
+
+TEST(EngineTest, AbortDeliversAFinalAbortedEventAndFreesBlocks) {
+  Engine engine(Fake(), {});
+  Collector c;
+  absl::Notification first_token;
+  ASSERT_THAT(engine.Submit(Greedy("long", {1, 2, 3}, 120),
+                            [&](const TokenEvent& ev) {
+                              c.Callback()(ev);
+                              if (ev.output_index == 0 && ev.finish == FinishReason::kNone) {
+                                first_token.Notify();
+                              }
+                            }),
+              IsOk());
+  first_token.WaitForNotification();
+  engine.Abort("long");
+  c.done.WaitForNotification();
+  EXPECT_EQ(c.finish(), FinishReason::kAborted);
+  EXPECT_LT(c.size(), 121u);
+  engine.Shutdown();
+  EXPECT_EQ(engine.stats().blocks_free, 32);
+  EXPECT_EQ(engine.stats().running, 0);
+}
+
+TEST(EngineTest, ShutdownAbortsLiveRequestsAndRefusesNewOnes) {
+  Engine engine(Fake(), {});
+  Collector c;
+  ASSERT_THAT(engine.Submit(Greedy("live", {1}, 120), c.Callback()), IsOk());
+  engine.Shutdown();
+  ASSERT_TRUE(c.done.HasBeenNotified());
+  // Either it finished by length before the shutdown or was aborted.
+  EXPECT_TRUE(c.finish() == FinishReason::kAborted || c.finish() == FinishReason::kLength);
+  Collector d;
+  EXPECT_THAT(engine.Submit(Greedy("late", {1}, 1), d.Callback()),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace trident::engine
