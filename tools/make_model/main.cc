@@ -24,7 +24,7 @@ ABSL_FLAG(int64_t, max_shard_mb, -1,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Writes a random-weight Llama-family model in Hugging Face layout.");
   absl::ParseCommandLine(argc, argv);
-  trident::InitLoggingFromFlags();
+  trident::log::InitLoggingFromFlags();
   if (absl::GetFlag(FLAGS_out_dir).empty()) {
     std::fprintf(stderr, "make_model: --out_dir is required\n");
     return 2;

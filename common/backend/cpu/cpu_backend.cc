@@ -290,8 +290,8 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     kv.block_size = bs;
     kv.num_kv_heads = nkv;
     kv.head_dim = hd;
-    kv.block_stride_elems = kv_spec_.block_stride_elems();
-    kv.value_offset_elems = kv_spec_.value_offset_elems();
+    kv.block_stride_elems = kv_spec_.block_stride_elements();
+    kv.value_offset_elems = kv_spec_.value_offset_elements();
     kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
     kernels::cpu::PagedAttention(kv, q, qkv_width, nq, seqs, scale, attn_.data(), q_out);
     layer.o->Forward(attn_.data(), total, tmp_.data());

@@ -1,0 +1,419 @@
+#include "services/worker/generation_service.h"
+
+#include <deque>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "common/grpc/reactors.h"
+#include "common/grpc/status.h"
+#include "common/logging/log.h"
+#include "common/sampling/sampling_params.h"
+#include "common/sampling/stop_checker.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+#include "google/protobuf/duration.pb.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+constexpr char kRequestIdMetadata[] = "trident-request-id";
+
+absl::Status ValidateRequestId(const std::string& id) {
+  if (id.size() > 128) {
+    return InvalidArgumentForField("request_id", "request_id is longer than 128 bytes");
+  }
+  for (unsigned char c : id) {
+    if (c < 0x21 || c > 0x7e) {
+      return InvalidArgumentForField("request_id",
+                                     "request_id must be printable ASCII (0x21-0x7E)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SetDuration(absl::Duration d, google::protobuf::Duration* out) {
+  const int64_t nanos = absl::ToInt64Nanoseconds(d);
+  out->set_seconds(nanos / 1000000000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+v1::FinishReason ToProto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAborted:
+      return v1::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+    case engine::FinishReason::kNone:
+      break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+}  // namespace
+
+// One Generate call. The reactor is owned by gRPC (deleted in OnDone); the
+// engine's callback holds the shared State, which outlives the reactor.
+class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  struct State {
+    absl::Mutex mu;
+    Stream* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    std::deque<v1::GenerateResponse> pending ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool final_queued ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+
+    // Touched only by the engine's thread after Start.
+    std::string request_id;
+    int32_t prompt_tokens = 0;
+    int32_t completion_tokens = 0;
+    bool text_deltas = false;
+    bool logprobs = false;
+    std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
+    std::unique_ptr<sampling::StopChecker> checker;
+    std::vector<int32_t> prompt_ids_for_first_chunk;
+    absl::Time submitted;
+    absl::Time first_token;
+    bool done_by_stop_string = false;
+  };
+
+  Stream(GenerationService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context), state_(std::make_shared<State>()) {
+    absl::MutexLock lock(&state_->mu);
+    state_->reactor = this;
+  }
+
+  // Validates and submits; on error finishes at once.
+  void Start(const v1::GenerateRequest& request) {
+    absl::Status status = Submit(request);
+    if (!status.ok()) {
+      if (registered_) service_->Unregister(state_->request_id);
+      registered_ = false;
+      Finish(ToGrpcStatus(status));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->writing = false;
+    if (!state_->pending.empty()) state_->pending.pop_front();
+    if (!ok) {
+      state_->cancelled = true;
+    }
+    PumpLocked();
+  }
+
+  void OnCancel() override {
+    service_->engine_->Abort(state_->request_id);
+    absl::MutexLock lock(&state_->mu);
+    state_->cancelled = true;
+    PumpLocked();
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->reactor = nullptr;
+    }
+    if (registered_) service_->Unregister(state_->request_id);
+    // The engine may still hold a callback for a request the client left.
+    service_->engine_->Abort(state_->request_id);
+    delete this;
+  }
+
+ private:
+  absl::Status Submit(const v1::GenerateRequest& request) {
+    const v1::ModelInfoResponse& info = service_->model_info_;
+    TRIDENT_RETURN_IF_ERROR(service_->CheckModel(request.model()));
+    std::string id = request.request_id();
+    TRIDENT_RETURN_IF_ERROR(ValidateRequestId(id));
+    if (id.empty()) {
+      id = absl::StrFormat("gen-%012x-%d", service_->id_salt_ & 0xffffffffffffull,
+                           service_->next_id_.fetch_add(1));
+    }
+    state_->request_id = id;
+
+    std::vector<int32_t> prompt;
+    switch (request.prompt_case()) {
+      case v1::GenerateRequest::kText:
+        prompt = service_->tokenizer_->Encode(
+            request.text(), !request.has_add_special_tokens() || request.add_special_tokens());
+        break;
+      case v1::GenerateRequest::kTokenIds:
+        for (int i = 0; i < request.token_ids().ids_size(); ++i) {
+          const int32_t t = request.token_ids().ids(i);
+          if (t < 0 || t >= info.vocab_size()) {
+            return InvalidArgumentForField(
+                absl::StrCat("token_ids.ids[", i, "]"),
+                absl::StrCat("token id ", t, " is outside [0, ", info.vocab_size(), ")"));
+          }
+          prompt.push_back(t);
+        }
+        break;
+      default:
+        return InvalidArgumentForField("prompt", "set exactly one of text or token_ids");
+    }
+    const int32_t prompt_len = static_cast<int32_t>(prompt.size());
+    std::random_device rd;
+    const uint64_t default_seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    TRIDENT_ASSIGN_OR_RETURN(
+        sampling::SamplingParams sampling,
+        sampling::SamplingParamsFromProto(request.sampling(), request.options(), info.vocab_size(),
+                                          default_seed));
+    TRIDENT_ASSIGN_OR_RETURN(
+        sampling::StopParams stop,
+        sampling::StopParamsFromProto(request.sampling(), request.stop(), info.vocab_size(),
+                                      info.max_context_tokens(), prompt_len));
+
+    State& s = *state_;
+    s.prompt_tokens = prompt_len;
+    s.text_deltas = request.options().text_deltas();
+    s.logprobs = sampling.logprobs || sampling.top_logprobs > 0;
+    if (request.options().return_prompt_token_ids()) s.prompt_ids_for_first_chunk = prompt;
+    std::vector<int32_t> eos(info.eos_token_ids().begin(), info.eos_token_ids().end());
+    // Stop strings are matched on text without special tokens; text deltas
+    // include them only when asked.
+    const bool skip_special = !request.options().include_special_tokens_in_text();
+    if (s.text_deltas || !stop.stop_strings.empty()) {
+      s.decoder = std::make_unique<tokenizer::IncrementalDecoder>(*service_->tokenizer_,
+                                                                  skip_special, prompt);
+    }
+    s.checker = std::make_unique<sampling::StopChecker>(stop, eos);
+
+    engine::EngineRequest er;
+    er.id = id;
+    er.prompt = std::move(prompt);
+    er.sampling = sampling;
+    er.max_tokens = stop.max_tokens;
+    er.stop_token_ids = stop.stop_token_ids;
+    if (!stop.ignore_eos) er.stop_token_ids.insert(er.stop_token_ids.end(), eos.begin(), eos.end());
+
+    TRIDENT_RETURN_IF_ERROR(service_->Register(id));
+    registered_ = true;
+    context_->AddInitialMetadata(kRequestIdMetadata, id);
+    s.submitted = service_->clock_->Now();
+    std::shared_ptr<State> state = state_;
+    GenerationService* service = service_;
+    return service_->engine_->Submit(
+        std::move(er), [state, service](const engine::TokenEvent& ev) { OnEvent(*state, *service, ev); });
+  }
+
+  // Engine thread.
+  static void OnEvent(State& s, GenerationService& service, const engine::TokenEvent& ev) {
+    if (s.done_by_stop_string) return;
+    const absl::Time now = service.clock_->Now();
+    std::vector<v1::GenerateResponse> out;
+    engine::FinishReason finish = ev.finish;
+    absl::optional<std::string> matched_string;
+    if (ev.token >= 0) {
+      if (s.completion_tokens == 0) s.first_token = now;
+      ++s.completion_tokens;
+      std::string delta;
+      if (s.decoder != nullptr) {
+        auto pushed = s.decoder->Push(ev.token);
+        if (pushed.ok()) delta = std::move(*pushed);
+      }
+      sampling::StopChecker::Update update = s.checker->OnToken(ev.token, delta);
+      if (update.finished && update.reason == sampling::StopReason::kStopString) {
+        matched_string = update.matched_stop;
+        finish = engine::FinishReason::kStop;
+        s.done_by_stop_string = true;
+        service.engine_->Abort(s.request_id);
+      }
+      v1::GenerateResponse response;
+      v1::TokenChunk* chunk = response.mutable_chunk();
+      chunk->set_request_id(s.request_id);
+      chunk->add_token_ids(ev.token);
+      if (s.text_deltas) chunk->set_text_delta(update.text_to_emit);
+      if (!s.prompt_ids_for_first_chunk.empty()) {
+        for (int32_t t : s.prompt_ids_for_first_chunk) chunk->add_prompt_token_ids(t);
+        s.prompt_ids_for_first_chunk.clear();
+      }
+      if (s.logprobs) {
+        v1::TokenLogprobs* lp = chunk->add_logprobs();
+        lp->set_token_id(ev.token);
+        lp->set_logprob(ev.logprob);
+        for (const auto& [id, logprob] : ev.top_logprobs) {
+          v1::TopLogprob* top = lp->add_top_logprobs();
+          top->set_token_id(id);
+          top->set_logprob(logprob);
+        }
+      }
+      out.push_back(std::move(response));
+    }
+    if (finish != engine::FinishReason::kNone) {
+      if (s.text_deltas && !matched_string.has_value()) {
+        // Text the stop checker held back for a possible stop string, and
+        // any bytes the decoder held for an unfinished character.
+        std::string tail = s.decoder != nullptr ? s.decoder->Finish() : std::string();
+        sampling::StopChecker::Update update = s.checker->OnToken(-1, tail);
+        std::string rest = update.text_to_emit + s.checker->Finish().text_to_emit;
+        if (!rest.empty()) {
+          v1::GenerateResponse response;
+          response.mutable_chunk()->set_request_id(s.request_id);
+          response.mutable_chunk()->set_text_delta(rest);
+          out.push_back(std::move(response));
+        }
+      }
+      v1::GenerateResponse response;
+      v1::GenerateComplete* complete = response.mutable_complete();
+      complete->set_request_id(s.request_id);
+      complete->set_finish_reason(ToProto(finish));
+      if (matched_string.has_value()) {
+        complete->set_stop_string(*matched_string);
+      } else if (ev.finish == engine::FinishReason::kStop) {
+        complete->set_stop_token_id(ev.matched_stop_token);
+      }
+      if (finish == engine::FinishReason::kError) {
+        complete->set_error_code(static_cast<int32_t>(absl::StatusCode::kInternal));
+        complete->set_error_message("the model backend failed during this request");
+      }
+      complete->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
+      complete->mutable_usage()->set_completion_tokens(s.completion_tokens);
+      v1::Timings* t = complete->mutable_timings();
+      SetDuration(now - s.submitted, t->mutable_end_to_end());
+      if (s.completion_tokens > 0) {
+        SetDuration(s.first_token - s.submitted, t->mutable_time_to_first_token());
+        SetDuration(now - s.first_token, t->mutable_decode());
+        if (s.completion_tokens > 1) {
+          SetDuration((now - s.first_token) / (s.completion_tokens - 1),
+                      t->mutable_time_per_output_token());
+        }
+      }
+      out.push_back(std::move(response));
+    }
+    absl::MutexLock lock(&s.mu);
+    if (s.reactor == nullptr || s.final_queued) return;
+    for (auto& r : out) s.pending.push_back(std::move(r));
+    if (finish != engine::FinishReason::kNone) s.final_queued = true;
+    s.reactor->PumpLocked();
+  }
+
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    State& s = *state_;
+    if (s.writing || s.finished) return;
+    if (s.cancelled) {
+      s.finished = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+      return;
+    }
+    if (!s.pending.empty()) {
+      s.writing = true;
+      StartWrite(&s.pending.front());
+      return;
+    }
+    if (s.final_queued) {
+      s.finished = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  GenerationService* service_;
+  grpc::CallbackServerContext* context_;
+  std::shared_ptr<State> state_;
+  bool registered_ = false;
+};
+
+GenerationService::GenerationService(engine::Engine* engine, const tokenizer::Tokenizer* tokenizer,
+                                     const v1::ModelInfoResponse& model_info, Clock* clock)
+    : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock) {
+  std::random_device rd;
+  id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+absl::Status GenerationService::CheckModel(const std::string& model) const {
+  if (model.empty() || model == model_info_.model()) return absl::OkStatus();
+  return absl::NotFoundError(
+      absl::StrCat("model \"", model, "\" is not served here; this worker serves \"",
+                   model_info_.model(), "\""));
+}
+
+absl::Status GenerationService::Register(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  if (!live_.insert(id).second) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already in flight"));
+  }
+  return absl::OkStatus();
+}
+
+void GenerationService::Unregister(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  live_.erase(id);
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* stream = new Stream(this, context);
+  stream->Start(*request);
+  return stream;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                      const v1::TokenizeRequest* request,
+                                                      v1::TokenizeResponse* response) {
+  absl::Status status = CheckModel(request->model());
+  if (!status.ok()) return FinishUnary(context, status);
+  const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
+  for (int32_t id : tokenizer_->Encode(request->text(), add_special)) {
+    response->add_token_ids(id);
+    if (request->return_token_strings()) response->add_token_strings(tokenizer_->IdToToken(id));
+  }
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
+                                                        const v1::DetokenizeRequest* request,
+                                                        v1::DetokenizeResponse* response) {
+  absl::Status status = CheckModel(request->model());
+  if (!status.ok()) return FinishUnary(context, status);
+  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= model_info_.vocab_size()) {
+      return FinishUnary(context, InvalidArgumentForField(
+                                      absl::StrCat("token_ids[", i, "]"),
+                                      absl::StrCat("token id ", ids[i], " is outside [0, ",
+                                                   model_info_.vocab_size(), ")")));
+    }
+  }
+  auto text = tokenizer_->Decode(ids, !request->include_special_tokens());
+  if (!text.ok()) return FinishUnary(context, text.status());
+  response->set_text(*text);
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,
+                                                   const v1::AbortRequest* request,
+                                                   v1::AbortResponse* response) {
+  bool live;
+  {
+    absl::MutexLock lock(&mu_);
+    live = live_.contains(request->request_id());
+  }
+  if (live) {
+    TRIDENT_LOG(INFO) << "aborting request " << request->request_id()
+                      << (request->reason().empty() ? "" : ": ") << request->reason();
+    engine_->Abort(request->request_id());
+  }
+  response->set_aborted(live);
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* context,
+                                                       const v1::ModelInfoRequest* request,
+                                                       v1::ModelInfoResponse* response) {
+  *response = model_info_;
+  return FinishUnary(context, absl::OkStatus());
+}
+
+}  // namespace trident::worker

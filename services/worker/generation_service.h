@@ -1,0 +1,66 @@
+// The public trident.v1.Generation API served straight from a worker's
+// engine (role `both`, no router in front): tokenization, validation,
+// sampling and stop conditions, streamed token chunks with incremental
+// detokenization, cancellation and Abort.
+
+#ifndef TRIDENT_SERVICES_WORKER_GENERATION_SERVICE_H_
+#define TRIDENT_SERVICES_WORKER_GENERATION_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/engine.h"
+#include "common/time/clock.h"
+#include "common/tokenizer/tokenizer.h"
+#include "trident/v1/generation.grpc.pb.h"
+
+namespace trident::worker {
+
+
+// Thread-safe.
+class GenerationService final : public trident::v1::Generation::CallbackService {
+ public:
+  // `engine`, `tokenizer` and `clock` must outlive the service.
+  GenerationService(engine::Engine* engine, const tokenizer::Tokenizer* tokenizer,
+                    const trident::v1::ModelInfoResponse& model_info, Clock* clock);
+
+  grpc::ServerWriteReactor<trident::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const trident::v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const trident::v1::TokenizeRequest* request,
+                                     trident::v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const trident::v1::DetokenizeRequest* request,
+                                       trident::v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const trident::v1::AbortRequest* request,
+                                  trident::v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* context,
+                                      const trident::v1::ModelInfoRequest* request,
+                                      trident::v1::ModelInfoResponse* response) override;
+
+ private:
+  class Stream;
+
+  absl::Status CheckModel(const std::string& model) const;
+  // Request ids in flight: ALREADY_EXISTS for a second one.
+  absl::Status Register(const std::string& id);
+  void Unregister(const std::string& id);
+
+  engine::Engine* engine_;
+  const tokenizer::Tokenizer* tokenizer_;
+  trident::v1::ModelInfoResponse model_info_;
+  Clock* clock_;
+  std::atomic<uint64_t> next_id_{1};
+  uint64_t id_salt_;
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> live_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_GENERATION_SERVICE_H_

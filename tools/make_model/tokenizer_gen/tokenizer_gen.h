@@ -1,0 +1,40 @@
+// Generates real Hugging Face tokenizer.json files with small vocabularies,
+// learned by classic BPE training on a built-in corpus, for the generated
+// test models: byte-level BPE (Llama 3, Qwen2 styles) and SentencePiece-style
+// BPE with byte fallback (Llama 2 / Mistral / TinyLlama style).
+// Deterministic: the same style and size always give the same bytes.
+
+#ifndef TRIDENT_TOOLS_MAKE_MODEL_TOKENIZER_GEN_TOKENIZER_GEN_H_
+#define TRIDENT_TOOLS_MAKE_MODEL_TOKENIZER_GEN_TOKENIZER_GEN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trident::make_model {
+
+enum class TokenizerStyle { kLlama3, kQwen2, kLlama2 };
+
+struct GeneratedTokenizer {
+  std::string tokenizer_json;
+  std::string tokenizer_config_json;
+  // Every id, special tokens included.
+  int32_t vocab_size = 0;
+  // -1 when the style adds no BOS.
+  int32_t bos_id = -1;
+  std::vector<int32_t> eos_ids;
+};
+
+// `vocab_size` counts every token; INVALID_ARGUMENT when it cannot hold the
+// style's base alphabet and special tokens. The result may be smaller than
+// asked when the corpus runs out of pairs to merge.
+absl::StatusOr<GeneratedTokenizer> GenerateTokenizer(TokenizerStyle style, int32_t vocab_size);
+
+// The training corpus (also handy as test text).
+const std::string& TrainingCorpus();
+
+}  // namespace trident::make_model
+
+#endif  // TRIDENT_TOOLS_MAKE_MODEL_TOKENIZER_GEN_TOKENIZER_GEN_H_
