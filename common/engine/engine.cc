@@ -44,6 +44,12 @@ void Engine::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Engine::SetStatsObserver(std::function<void(const EngineStats&)> observer) {
+  absl::MutexLock lock(&mu_);
+  observer_ = std::move(observer);
+  if (observer_) observer_(stats_);
+}
+
 EngineStats Engine::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
@@ -122,6 +128,7 @@ void Engine::Loop() {
     }
     absl::MutexLock lock(&mu_);
     stats_ = core_->stats();
+    if (observer_) observer_(stats_);
   }
   absl::MutexLock lock(&mu_);
   stats_ = core_->stats();

@@ -46,6 +46,10 @@ class Engine {
   EngineStats stats() const;
   const backend::ModelBackend& backend() const { return *backend_; }
 
+  // Called on the loop thread with fresh stats after every iteration (for
+  // metrics); must be quick.
+  void SetStatsObserver(std::function<void(const EngineStats&)> observer);
+
  private:
   void Loop();
   void Deliver(const std::vector<TokenEvent>& events);
@@ -61,6 +65,7 @@ class Engine {
   std::vector<std::string> aborts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TokenCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const EngineStats&)> observer_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

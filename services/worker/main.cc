@@ -6,6 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
 #include "common/service/service_runtime.h"
+#include "common/time/clock.h"
+#include "services/worker/generation_service.h"
+#include "services/worker/worker_model.h"
 #include "services/worker/worker_services.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Where the model runs: 'cpu' or 'cuda:N'.");
@@ -15,6 +18,22 @@ ABSL_FLAG(std::string, role, "both",
 ABSL_FLAG(std::string, model, "",
           "Directory of a Hugging Face Llama-family model (config.json, *.safetensors, "
           "tokenizer.json).");
+ABSL_FLAG(std::string, model_name, "",
+          "Name the model is served under (GenerateRequest.model, ModelInfo); default: the "
+          "model directory's name.");
+ABSL_FLAG(std::string, dtype, "f32",
+          "CPU backend precision: 'f32', or 'bf16' (bf16 weights, matmul inputs and KV cache; "
+          "fp32 accumulation).");
+ABSL_FLAG(int64_t, kv_cache_mb, 512, "Host memory for the paged KV cache, in MiB.");
+ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
+ABSL_FLAG(int32_t, cpu_threads, 0,
+          "Threads for the CPU backend; 0: one per physical core the process may use.");
+ABSL_FLAG(bool, pin_threads, true, "Pin each CPU backend thread to one core.");
+ABSL_FLAG(int32_t, max_batch_tokens, 2048,
+          "Token budget of one forward pass (prefill chunks plus decode tokens).");
+ABSL_FLAG(int32_t, max_running, 256, "Most sequences in the running batch.");
+ABSL_FLAG(int32_t, max_model_len, 0,
+          "Context window cap in tokens; 0: the model's max_position_embeddings.");
 ABSL_FLAG(std::string, controller_address, "",
           "host:port of the controller to register with; empty: run standalone.");
 
@@ -38,8 +57,39 @@ int main(int argc, char** argv) {
         trident::worker::PrefillService prefill;
         trident::worker::DecodeService decode;
         trident::worker::WorkerControlService control;
-        return runtime.Serve({{&prefill, trident::v1::Prefill::service_full_name()},
-                              {&decode, trident::v1::Decode::service_full_name()},
-                              {&control, trident::v1::WorkerControl::service_full_name()}});
+        std::vector<trident::RegisteredService> services = {
+            {&prefill, trident::v1::Prefill::service_full_name()},
+            {&decode, trident::v1::Decode::service_full_name()},
+            {&control, trident::v1::WorkerControl::service_full_name()}};
+        std::unique_ptr<trident::worker::WorkerModel> model;
+        std::unique_ptr<trident::worker::GenerationService> generation;
+        trident::RealClock clock;
+        if (!absl::GetFlag(FLAGS_model).empty()) {
+          trident::worker::WorkerModelOptions options;
+          options.model_dir = absl::GetFlag(FLAGS_model);
+          options.model_name = absl::GetFlag(FLAGS_model_name);
+          options.dtype = absl::GetFlag(FLAGS_dtype);
+          options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
+          options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+          options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+          options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
+          options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+          options.max_running = absl::GetFlag(FLAGS_max_running);
+          options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+          absl::StatusOr<std::unique_ptr<trident::worker::WorkerModel>> loaded =
+              trident::worker::LoadWorkerModel(options, &runtime.registry());
+          if (!loaded.ok()) return loaded.status();
+          model = std::move(*loaded);
+          if (*role == trident::v1::ROLE_BOTH) {
+            generation = std::make_unique<trident::worker::GenerationService>(
+                model->engine.get(), model->tokenizer.get(), model->info, &clock);
+            services.push_back({generation.get(), trident::v1::Generation::service_full_name()});
+          }
+        } else {
+          TRIDENT_LOG(WARNING) << "no --model given: this worker serves no generations";
+        }
+        absl::Status served = runtime.Serve(std::move(services));
+        if (model != nullptr) model->engine->Shutdown();
+        return served;
       });
 }

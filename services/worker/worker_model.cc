@@ -1,0 +1,172 @@
+#include "services/worker/worker_model.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+// Engine gauges and counters, fed by the engine's per-step stats.
+struct EngineMetrics {
+  explicit EngineMetrics(prometheus::Registry& r)
+      : running(prometheus::BuildGauge()
+                    .Name("trident_worker_num_requests_running")
+                    .Help("Requests in the running batch.")
+                    .Register(r)
+                    .Add({})),
+        waiting(prometheus::BuildGauge()
+                    .Name("trident_worker_num_requests_waiting")
+                    .Help("Requests waiting to be scheduled (including preempted ones).")
+                    .Register(r)
+                    .Add({})),
+        kv_usage(prometheus::BuildGauge()
+                     .Name("trident_worker_kv_cache_usage_ratio")
+                     .Help("Fraction of KV cache blocks in use.")
+                     .Register(r)
+                     .Add({})),
+        kv_blocks_total(prometheus::BuildGauge()
+                            .Name("trident_worker_kv_blocks_total")
+                            .Help("KV cache blocks in the pool.")
+                            .Register(r)
+                            .Add({})),
+        prompt_tokens(prometheus::BuildCounter()
+                          .Name("trident_worker_prompt_tokens_total")
+                          .Help("Prompt tokens accepted.")
+                          .Register(r)
+                          .Add({})),
+        generated_tokens(prometheus::BuildCounter()
+                             .Name("trident_worker_generation_tokens_total")
+                             .Help("Tokens generated.")
+                             .Register(r)
+                             .Add({})),
+        preemptions(prometheus::BuildCounter()
+                        .Name("trident_worker_preemptions_total")
+                        .Help("Sequences preempted (freed and recomputed later) for want of KV "
+                              "blocks.")
+                        .Register(r)
+                        .Add({})),
+        steps(prometheus::BuildCounter()
+                  .Name("trident_worker_engine_steps_total")
+                  .Help("Forward passes run by the engine.")
+                  .Register(r)
+                  .Add({})) {}
+
+  void Update(const engine::EngineStats& s) {
+    running.Set(s.running);
+    waiting.Set(s.waiting);
+    kv_blocks_total.Set(s.blocks_total);
+    kv_usage.Set(s.blocks_total > 0
+                     ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total
+                     : 0.0);
+    prompt_tokens.Increment(static_cast<double>(s.prompt_tokens_total - last.prompt_tokens_total));
+    generated_tokens.Increment(
+        static_cast<double>(s.generated_tokens_total - last.generated_tokens_total));
+    preemptions.Increment(static_cast<double>(s.preemptions_total - last.preemptions_total));
+    steps.Increment(static_cast<double>(s.steps_total - last.steps_total));
+    last = s;
+  }
+
+  prometheus::Gauge& running;
+  prometheus::Gauge& waiting;
+  prometheus::Gauge& kv_usage;
+  prometheus::Gauge& kv_blocks_total;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generated_tokens;
+  prometheus::Counter& preemptions;
+  prometheus::Counter& steps;
+  engine::EngineStats last;
+};
+
+absl::StatusOr<numeric::DType> ParseDtype(const std::string& dtype) {
+  if (dtype == "f32") return numeric::DType::kF32;
+  if (dtype == "bf16") return numeric::DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("--dtype must be f32 or bf16, got \"", dtype, "\""));
+}
+
+v1::DType ToProto(numeric::DType t) {
+  return t == numeric::DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOptions& options,
+                                                             prometheus::Registry* registry) {
+  if (options.model_dir.empty()) {
+    return absl::InvalidArgumentError("--model: a model directory is required");
+  }
+  TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, ParseDtype(options.dtype));
+  auto model = std::make_unique<WorkerModel>();
+  TRIDENT_ASSIGN_OR_RETURN(model->tokenizer, tokenizer::Tokenizer::FromDirectory(options.model_dir));
+
+  backend::CpuBackendOptions bo;
+  bo.compute_dtype = dtype;
+  bo.kv_dtype = dtype;
+  bo.kv_cache_bytes = options.kv_cache_bytes;
+  bo.kv_block_size = options.kv_block_size;
+  bo.max_model_len = options.max_model_len;
+  bo.num_threads = options.cpu_threads;
+  bo.pin_threads = options.pin_threads;
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<backend::CpuBackend> backend,
+                           backend::CpuBackend::Create(options.model_dir, bo));
+  const model::ModelConfig& c = backend->config();
+  if (model->tokenizer->vocab_size() > c.vocab_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.model_dir, ": tokenizer.json has ", model->tokenizer->vocab_size(),
+        " tokens but config.json's vocab_size is ", c.vocab_size));
+  }
+
+  v1::ModelInfoResponse& info = model->info;
+  std::string name = options.model_name;
+  if (name.empty()) {
+    std::string dir = options.model_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    name = dir.substr(dir.find_last_of('/') + 1);
+  }
+  info.set_model(name);
+  info.set_architecture(c.architecture);
+  info.set_vocab_size(c.vocab_size);
+  info.set_max_context_tokens(backend->max_model_len());
+  if (auto bos = model->tokenizer->bos_token_id(); bos.has_value()) {
+    info.set_bos_token_id(*bos);
+  } else if (c.bos_token_id.has_value()) {
+    info.set_bos_token_id(*c.bos_token_id);
+  }
+  // generation_config.json / config.json say which tokens end generation;
+  // the tokenizer's EOS is the fallback.
+  std::vector<int32_t> eos = c.eos_token_ids;
+  if (eos.empty()) eos = model->tokenizer->eos_token_ids();
+  for (int32_t id : eos) info.add_eos_token_ids(id);
+  info.set_weight_dtype(ToProto(dtype));
+  info.set_kv_cache_dtype(ToProto(dtype));
+  info.set_kv_block_size_tokens(backend->kv_capacity().block_size);
+  info.set_num_layers(c.num_hidden_layers);
+  info.set_num_attention_heads(c.num_attention_heads);
+  info.set_num_kv_heads(c.num_key_value_heads);
+  info.set_head_dim(c.head_dim);
+  info.set_hidden_size(c.hidden_size);
+  info.set_max_logprobs_top_n(20);
+
+  engine::EngineOptions eo;
+  eo.max_batch_tokens = options.max_batch_tokens;
+  eo.max_running = options.max_running;
+  if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
+    return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");
+  }
+  model->engine = std::make_unique<engine::Engine>(std::move(backend), eo);
+  if (registry != nullptr) {
+    auto metrics = std::make_shared<EngineMetrics>(*registry);
+    model->engine->SetStatsObserver(
+        [metrics](const engine::EngineStats& stats) { metrics->Update(stats); });
+  }
+  return model;
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,50 @@
+// Loads what a worker serves: the tokenizer, the model backend and the
+// engine around it, plus the ModelInfo the public API reports and the
+// worker's engine metrics.
+
+#ifndef TRIDENT_SERVICES_WORKER_WORKER_MODEL_H_
+#define TRIDENT_SERVICES_WORKER_WORKER_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "common/tokenizer/tokenizer.h"
+#include "prometheus/registry.h"
+#include "trident/v1/generation.pb.h"
+
+namespace trident::worker {
+
+struct WorkerModelOptions {
+  // Hugging Face model directory.
+  std::string model_dir;
+  // Name reported by ModelInfo; empty: the directory's last component.
+  std::string model_name;
+  // "f32" or "bf16": matmul weights and inputs, and the KV cache.
+  std::string dtype = "f32";
+  int64_t kv_cache_bytes = int64_t{512} << 20;
+  int32_t kv_block_size = 16;
+  int32_t cpu_threads = 0;
+  bool pin_threads = true;
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running = 256;
+  int32_t max_model_len = 0;
+};
+
+struct WorkerModel {
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::unique_ptr<engine::Engine> engine;
+  trident::v1::ModelInfoResponse info;
+};
+
+// INVALID_ARGUMENT / FAILED_PRECONDITION for a bad model directory or
+// options, naming the file or flag. With `registry`, exports the engine's
+// gauges and counters (trident_worker_*) into it.
+absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOptions& options,
+                                                             prometheus::Registry* registry);
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_WORKER_MODEL_H_
