@@ -3,7 +3,8 @@
 # cluster on this machine (controller, attention service, workers, router and
 # a real Prometheus, all on 127.0.0.1). Stop it with `tools/up.sh down`.
 #
-#   tools/up.sh            start (or restart) the cluster and show its status
+#   tools/up.sh            start (or restart) the cluster, stream a sample
+#                          generation and show the cluster's status
 #   tools/up.sh down       stop it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +16,13 @@ trident=bazel-bin/tools/cli/trident
 if [ "${1:-}" = "down" ]; then
   exec "$trident" down
 fi
-# A cluster left from an earlier run is stopped first.
+# A cluster left from an earlier run is stopped first. Pass a Hugging Face
+# model directory with TRIDENT_MODEL=DIR; the default is a small generated
+# random-weight model (real tokens and real math, not meaningful text).
 "$trident" down >/dev/null 2>&1 || true
-"$trident" up --workers=prefill,decode
+"$trident" up --workers=both ${TRIDENT_MODEL:+--model="$TRIDENT_MODEL"}
+echo
+echo "Streaming a sample generation:"
+"$trident" generate "${TRIDENT_PROMPT:-Once upon a time, in a land far away,}" --max_tokens=48
 echo
 "$trident" status

@@ -115,7 +115,8 @@ json ToJson(const ClusterState& state) {
                          {"pid", static_cast<int>(p.pid)},
                          {"grpc_port", p.grpc_port},
                          {"metrics_port", p.metrics_port},
-                         {"log", p.log_path}});
+                         {"log", p.log_path},
+                         {"role", p.role}});
   }
   return {{"host", state.host}, {"processes", processes}};
 }
@@ -342,6 +343,8 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
                                         absl::StrCat("--controller_address=", controller)};
       flags.insert(flags.end(), options.worker_flags.begin(), options.worker_flags.end());
       TRIDENT_RETURN_IF_ERROR(start("worker", absl::StrCat("worker-", i), flags));
+      state.processes.back().role = options.worker_roles[i];
+      TRIDENT_RETURN_IF_ERROR(WriteState(options.state_dir, state));
     }
     TRIDENT_RETURN_IF_ERROR(
         start("router", "router", {absl::StrCat("--controller_address=", controller)}));
@@ -376,7 +379,8 @@ absl::StatusOr<ClusterState> LoadState(const std::string& state_dir) {
                                .pid = static_cast<pid_t>(p.value("pid", -1)),
                                .grpc_port = p.value("grpc_port", 0),
                                .metrics_port = p.value("metrics_port", 0),
-                               .log_path = p.value("log", "")});
+                               .log_path = p.value("log", ""),
+                               .role = p.value("role", "")});
   }
   return state;
 }

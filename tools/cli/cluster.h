@@ -51,6 +51,8 @@ struct ProcessRecord {
   int grpc_port = 0;      // 0 for Prometheus.
   int metrics_port = 0;   // Prometheus: its HTTP port.
   std::string log_path;
+  // Workers: "prefill", "decode" or "both"; empty for other components.
+  std::string role;
 
   std::string GrpcAddress(const std::string& host) const;
 };

@@ -3,9 +3,11 @@
 //   trident up        start controller, attention, workers, router and Prometheus
 //   trident status    show every process, its address and its health
 //   trident down      drain and stop them all
+//   trident generate  stream a generation from the cluster
 
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,8 @@
 #include "absl/strings/str_split.h"
 #include "common/logging/log.h"
 #include "tools/cli/cluster.h"
+#include "tools/cli/generate.h"
+#include "tools/make_model/model_gen.h"
 
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the cluster's state, logs and Prometheus data. Default: "
@@ -29,7 +33,18 @@ ABSL_FLAG(std::string, bin_dir, "",
 ABSL_FLAG(std::string, prometheus_bin, "prometheus", "The Prometheus server binary.");
 ABSL_FLAG(std::string, workers, "both",
           "Comma-separated roles, one worker each: prefill, decode or both.");
-ABSL_FLAG(std::string, model, "", "Model directory passed to every worker as --model.");
+ABSL_FLAG(std::string, model, "",
+          "Model directory passed to every worker as --model. Default: a small random-weight "
+          "llama3-tiny model generated once into <state_dir>/models.");
+ABSL_FLAG(std::string, worker_flags, "",
+          "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
+ABSL_FLAG(std::string, address, "",
+          "generate: host:port of a Generation endpoint. Default: the first worker in role "
+          "'both' of the cluster in --state_dir.");
+ABSL_FLAG(int32_t, max_tokens, 64, "generate: most tokens to generate.");
+ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0: greedy).");
+ABSL_FLAG(int64_t, seed, -1, "generate: sampling seed (-1: random).");
+ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past EOS tokens.");
 ABSL_FLAG(absl::Duration, scrape_interval, absl::Seconds(1), "Prometheus scrape interval.");
 ABSL_FLAG(absl::Duration, ready_timeout, absl::Seconds(120),
           "How long each process may take to start serving.");
@@ -45,6 +60,9 @@ Usage:
       Starts the controller, an attention service, the workers and the router,
       each as its own process on 127.0.0.1, and a Prometheus server scraping
       them; returns once all report SERVING and prints where each listens.
+  trident generate "PROMPT" [--max_tokens=64] [--temperature=0] [--address=HOST:PORT]
+      Streams a generation of PROMPT to stdout as the tokens arrive, then
+      prints the token count, time to first token and speed to stderr.
   trident status [--state_dir=DIR]
       Shows each process, its addresses and its health. Exits 1 unless all
       are SERVING.
@@ -90,8 +108,27 @@ int Up() {
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   options.prometheus_bin = absl::GetFlag(FLAGS_prometheus_bin);
   options.worker_roles = absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty());
-  if (const std::string model = absl::GetFlag(FLAGS_model); !model.empty()) {
-    options.worker_flags.push_back(absl::StrCat("--model=", model));
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) {
+    // A small generated model, written once and reused.
+    model = absl::StrCat(options.state_dir, "/models/llama3-tiny");
+    if (access((model + "/config.json").c_str(), F_OK) != 0) {
+      absl::StatusOr<trident::make_model::ModelSpec> spec =
+          trident::make_model::PresetSpec("llama3-tiny");
+      absl::Status written =
+          spec.ok() ? trident::make_model::WriteModel(*spec, model) : spec.status();
+      if (!written.ok()) {
+        std::fprintf(stderr, "trident up: generating the default model: %s\n",
+                     std::string(written.message()).c_str());
+        return 1;
+      }
+      std::printf("Generated a random-weight llama3-tiny model in %s\n", model.c_str());
+    }
+  }
+  options.worker_flags.push_back(absl::StrCat("--model=", model));
+  for (absl::string_view flag :
+       absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty())) {
+    options.worker_flags.emplace_back(flag);
   }
   options.scrape_interval = absl::GetFlag(FLAGS_scrape_interval);
   options.ready_timeout = absl::GetFlag(FLAGS_ready_timeout);
@@ -111,6 +148,56 @@ int Up() {
               absl::GetFlag(FLAGS_state_dir).empty()
                   ? ""
                   : absl::StrCat(" --state_dir=", options.state_dir).c_str());
+  return 0;
+}
+
+int Generate(const std::string& prompt) {
+  trident::cli::GenerateOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  if (options.address.empty()) {
+    absl::StatusOr<trident::cli::ClusterState> state = trident::cli::LoadState(StateDir());
+    if (!state.ok()) {
+      std::fprintf(stderr, "trident generate: %s (start one with `trident up`, or pass --address)\n",
+                   std::string(state.status().message()).c_str());
+      return 1;
+    }
+    for (const trident::cli::ProcessRecord& p : state->processes) {
+      if (p.component == "worker" && p.role == "both") {
+        options.address = p.GrpcAddress(state->host);
+        break;
+      }
+    }
+    if (options.address.empty()) {
+      std::fprintf(stderr,
+                   "trident generate: the cluster has no worker in role 'both' to serve "
+                   "generations; pass --address\n");
+      return 1;
+    }
+  }
+  options.prompt = prompt;
+  options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  options.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  if (absl::GetFlag(FLAGS_seed) >= 0) options.seed = absl::GetFlag(FLAGS_seed);
+  options.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  absl::StatusOr<trident::cli::GenerateSummary> summary =
+      trident::cli::StreamGeneration(options, stdout);
+  std::printf("\n");
+  if (!summary.ok()) {
+    std::fprintf(stderr, "trident generate: %s\n", summary.status().ToString().c_str());
+    return 1;
+  }
+  const trident::v1::GenerateComplete& c = summary->complete;
+  auto seconds = [](const google::protobuf::Duration& d) {
+    return static_cast<double>(d.seconds()) + d.nanos() * 1e-9;
+  };
+  const double decode = seconds(c.timings().decode());
+  std::fprintf(stderr,
+               "[%s: %d prompt tokens, %d generated, finish %s, time to first token %.1f ms, "
+               "%.1f tokens/s decode]\n",
+               c.request_id().c_str(), c.usage().prompt_tokens(), c.usage().completion_tokens(),
+               trident::v1::FinishReason_Name(c.finish_reason()).c_str(),
+               seconds(c.timings().time_to_first_token()) * 1e3,
+               decode > 0 ? (c.usage().completion_tokens() - 1) / decode : 0.0);
   return 0;
 }
 
@@ -148,11 +235,22 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   trident::log::InitLoggingFromFlags();
-  if (args.size() != 2) {
+  if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", kUsage);
     return 2;
   }
   const std::string command = args[1];
+  if (command == "generate") {
+    if (args.size() != 3) {
+      std::fprintf(stderr, "trident generate: give the prompt as one argument\n");
+      return 2;
+    }
+    return Generate(args[2]);
+  }
+  if (args.size() != 2) {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
   if (command == "up") return Up();
   if (command == "status") return Status();
   if (command == "down") return Down();

@@ -5,11 +5,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/cpu/threads.h"
 #include "common/logging/log.h"
 #include "common/model/checkpoint.h"
 #include "common/model/llama_weights.h"
-#include "common/model/load_progress.h"
 #include "common/status/status_macros.h"
 #include "kernels/cpu/paged_attention/paged_attention.h"
 #include "kernels/cpu/rms_norm/rms_norm.h"
@@ -21,6 +21,32 @@ namespace {
 
 using numeric::DType;
 
+// Logs weight-loading progress at every tenth of the bytes, with the rate.
+class LoadProgress {
+ public:
+  LoadProgress(uint64_t total_bytes, Clock* clock)
+      : total_(total_bytes), clock_(clock), start_(clock->Now()) {}
+
+  void Add(uint64_t bytes) {
+    done_ += bytes;
+    const int decile = total_ == 0 ? 10 : static_cast<int>(done_ * 10 / total_);
+    if (decile <= last_decile_) return;
+    last_decile_ = decile;
+    const double seconds = absl::ToDoubleSeconds(clock_->Now() - start_);
+    TRIDENT_LOG(INFO) << absl::StrFormat(
+        "loading weights: %d%% (%.1f of %.1f MiB, %.0f MiB/s)", std::min(decile * 10, 100),
+        done_ / 1048576.0, total_ / 1048576.0,
+        seconds > 0 ? done_ / 1048576.0 / seconds : 0.0);
+  }
+
+ private:
+  uint64_t total_;
+  uint64_t done_ = 0;
+  int last_decile_ = 0;
+  Clock* clock_;
+  absl::Time start_;
+};
+
 // Reads tensors into one weight matrix, stacked along the output dimension
 // (fused q/k/v, fused gate/up), in the compute format.
 class StackedWeight {
@@ -28,7 +54,7 @@ class StackedWeight {
   StackedWeight(DType dtype, int64_t in_features) : dtype_(dtype), in_(in_features) {}
 
   absl::Status Append(model::Checkpoint& ckpt, const std::string& name, int64_t rows,
-                      model::LoadProgress& progress) {
+                      LoadProgress& progress) {
     const int64_t n = rows * in_;
     if (dtype_ == DType::kF32) {
       const size_t at = f32_.size();
@@ -40,7 +66,7 @@ class StackedWeight {
       TRIDENT_RETURN_IF_ERROR(ckpt.ReadBf16(name, absl::MakeSpan(bf16_).subspan(at, n)));
     }
     TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
-    progress.Add(info.bytes);
+    progress.Add(info.num_bytes);
     out_ += rows;
     return absl::OkStatus();
   }
@@ -65,11 +91,11 @@ class StackedWeight {
 };
 
 absl::StatusOr<std::vector<float>> ReadVector(model::Checkpoint& ckpt, const std::string& name,
-                                              int64_t n, model::LoadProgress& progress) {
+                                              int64_t n, LoadProgress& progress) {
   std::vector<float> v(n);
   TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(v)));
   TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
-  progress.Add(info.bytes);
+  progress.Add(info.num_bytes);
   return v;
 }
 
@@ -107,7 +133,7 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
 
   RealClock real_clock;
   Clock* clock = options_.clock != nullptr ? options_.clock : &real_clock;
-  model::LoadProgress progress(ckpt->total_bytes(), clock);
+  LoadProgress progress(ckpt->total_bytes(), clock);
 
   TRIDENT_ASSIGN_OR_RETURN(
       embedding_, ReadVector(*ckpt, "model.embed_tokens.weight", config_.vocab_size * h, progress));
@@ -128,7 +154,7 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
       for (const char* b : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
         TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt->Info(name(b)));
         TRIDENT_ASSIGN_OR_RETURN(std::vector<float> v,
-                                 ReadVector(*ckpt, name(b), info.num_elements, progress));
+                                 ReadVector(*ckpt, name(b), info.numel, progress));
         qkv_bias.insert(qkv_bias.end(), v.begin(), v.end());
       }
     }
@@ -136,14 +162,32 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
                                                   &weight_bytes_per_step_));
     StackedWeight o(dt, q_out);
     TRIDENT_RETURN_IF_ERROR(o.Append(*ckpt, name("self_attn.o_proj.weight"), h, progress));
-    TRIDENT_ASSIGN_OR_RETURN(layer.o, o.Build(nullptr, &weight_bytes_per_step_));
+    std::vector<float> o_bias;
+    if (config_.o_proj_bias) {
+      TRIDENT_ASSIGN_OR_RETURN(o_bias, ReadVector(*ckpt, name(model::kOProjBias), h, progress));
+    }
+    TRIDENT_ASSIGN_OR_RETURN(layer.o, o.Build(o_bias.empty() ? nullptr : o_bias.data(),
+                                              &weight_bytes_per_step_));
     StackedWeight gate_up(dt, h);
     TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.gate_proj.weight"), inter, progress));
     TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.up_proj.weight"), inter, progress));
-    TRIDENT_ASSIGN_OR_RETURN(layer.gate_up, gate_up.Build(nullptr, &weight_bytes_per_step_));
+    std::vector<float> gate_up_bias, down_bias;
+    if (config_.mlp_bias) {
+      TRIDENT_ASSIGN_OR_RETURN(gate_up_bias,
+                               ReadVector(*ckpt, name(model::kGateProjBias), inter, progress));
+      TRIDENT_ASSIGN_OR_RETURN(std::vector<float> up_bias,
+                               ReadVector(*ckpt, name(model::kUpProjBias), inter, progress));
+      gate_up_bias.insert(gate_up_bias.end(), up_bias.begin(), up_bias.end());
+      TRIDENT_ASSIGN_OR_RETURN(down_bias, ReadVector(*ckpt, name(model::kDownProjBias), h, progress));
+    }
+    TRIDENT_ASSIGN_OR_RETURN(
+        layer.gate_up,
+        gate_up.Build(gate_up_bias.empty() ? nullptr : gate_up_bias.data(), &weight_bytes_per_step_));
     StackedWeight down(dt, inter);
     TRIDENT_RETURN_IF_ERROR(down.Append(*ckpt, name("mlp.down_proj.weight"), h, progress));
-    TRIDENT_ASSIGN_OR_RETURN(layer.down, down.Build(nullptr, &weight_bytes_per_step_));
+    TRIDENT_ASSIGN_OR_RETURN(
+        layer.down,
+        down.Build(down_bias.empty() ? nullptr : down_bias.data(), &weight_bytes_per_step_));
   }
   TRIDENT_ASSIGN_OR_RETURN(final_norm_, ReadVector(*ckpt, "model.norm.weight", h, progress));
   StackedWeight head(dt, h);
