@@ -1,0 +1,82 @@
+// A fully connected layer on the CPU through oneDNN:
+//
+//   y[m, o] = sum_i x[m, i] * W[o, i]  (+ bias[o])
+//
+// with W in Hugging Face layout, [out_features, in_features] row-major, and
+// x and y fp32 row-major. Weights are copied once, in Create, into the layout
+// oneDNN's matmul prefers on this CPU ("pre-packed"), so Forward does no
+// weight work and the caller's weight buffer may be freed after Create.
+//
+// Compute types:
+//   kF32 weights   f32 x f32 -> f32 matmul.
+//   kBF16 weights  x is rounded to bf16 (a scratch copy) and a bf16 x bf16
+//                  matmul accumulates in f32, where the CPU supports it (oneDNN
+//                  2.6 needs AVX-512; AMX is used where present). Elsewhere
+//                  (AVX2-only CPUs) the weights are widened to f32 at Create
+//                  and the f32 matmul runs: exact, twice the memory.
+//   `compute_dtype()` says which one this layer uses.
+//
+// Forward takes any m (1 for one decode token, thousands for a prefill); the
+// matmul primitive for each m is created on first use and cached.
+
+#ifndef TRIDENT_KERNELS_CPU_LINEAR_LINEAR_H_
+#define TRIDENT_KERNELS_CPU_LINEAR_LINEAR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/numeric/dtype.h"
+
+namespace trident::kernels::cpu {
+
+// Thread-compatible: Forward keeps a primitive cache and a bf16 scratch
+// buffer, so calls on one Linear must not overlap; successive calls may come
+// from different threads. Forward's matmul runs on the calling thread's OpenMP
+// threads (see common/cpu/threads.h). Distinct Linear objects are independent.
+class Linear {
+ public:
+  // `weight` holds out_features * in_features elements of `weight_dtype`
+  // (kF32: float, kBF16: uint16_t bits); `bias` holds out_features floats or
+  // is null. Neither is referenced after Create returns.
+  //
+  // Returns kInvalidArgument for non-positive sizes, a null weight, or a
+  // weight_dtype other than kF32/kBF16; kInternal if oneDNN cannot create or
+  // run the matmul or the weight reorder.
+  static absl::StatusOr<std::unique_ptr<Linear>> Create(int64_t in_features, int64_t out_features,
+                                                        numeric::DType weight_dtype,
+                                                        const void* weight, const float* bias);
+
+  Linear(const Linear&) = delete;
+  Linear& operator=(const Linear&) = delete;
+  ~Linear();
+
+  // y[m, out_features] = x[m, in_features] * W^T (+ bias). m == 0 does
+  // nothing.
+  // REQUIRES: x holds m * in_features floats and y m * out_features, not
+  // overlapping; m >= 0.
+  void Forward(const float* x, int64_t m, float* y) const;
+
+  int64_t in_features() const;
+  int64_t out_features() const;
+  // kF32 or kBF16: the type x and W are multiplied in (accumulation is f32).
+  numeric::DType compute_dtype() const;
+  // Bytes of the pre-packed weights, all of which one Forward reads.
+  size_t packed_weight_bytes() const;
+  // oneDNN's name for the implementation Forward(m) runs, e.g.
+  // "brg:avx512_core_amx" or "gemm:jit"; for logs and benchmarks. Creates and
+  // caches the primitive for m, so it is no more thread-safe than Forward.
+  std::string ImplementationName(int64_t m) const;
+
+ private:
+  struct Impl;  // oneDNN objects; keeps dnnl.hpp out of this header.
+  explicit Linear(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trident::kernels::cpu
+
+#endif  // TRIDENT_KERNELS_CPU_LINEAR_LINEAR_H_
