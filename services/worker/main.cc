@@ -56,11 +56,10 @@ int main(int argc, char** argv) {
                           << trident::v1::Role_Name(*role);
         trident::worker::PrefillService prefill;
         trident::worker::DecodeService decode;
-        trident::worker::WorkerControlService control;
         std::vector<trident::RegisteredService> services = {
             {&prefill, trident::v1::Prefill::service_full_name()},
             {&decode, trident::v1::Decode::service_full_name()},
-            {&control, trident::v1::WorkerControl::service_full_name()}};
+        };
         std::unique_ptr<trident::worker::WorkerModel> model;
         std::unique_ptr<trident::worker::GenerationService> generation;
         trident::RealClock clock;
@@ -88,6 +87,9 @@ int main(int argc, char** argv) {
         } else {
           TRIDENT_LOG(WARNING) << "no --model given: this worker serves no generations";
         }
+        trident::worker::WorkerControlService control(model != nullptr ? model->engine.get()
+                                                                        : nullptr);
+        services.push_back({&control, trident::v1::WorkerControl::service_full_name()});
         absl::Status served = runtime.Serve(std::move(services));
         if (model != nullptr) model->engine->Shutdown();
         return served;

@@ -103,7 +103,18 @@ grpc::ServerUnaryReactor* WorkerControlService::SetRole(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* WorkerControlService::GetKvStats(
     grpc::CallbackServerContext* context, const trident::v1::GetKvStatsRequest* request,
     trident::v1::KvStats* response) {
-  return FinishUnary(context, NotServedYet("WorkerControl", "GetKvStats", kNeedsEngine));
+  if (engine_ == nullptr) {
+    return FinishUnary(context, absl::FailedPreconditionError(
+                                    "WorkerControl.GetKvStats: this worker has no model loaded "
+                                    "(start it with --model)"));
+  }
+  const engine::EngineStats stats = engine_->stats();
+  response->set_block_size_tokens(engine_->backend().kv_capacity().block_size);
+  response->set_blocks_total(stats.blocks_total);
+  response->set_blocks_free(stats.blocks_free);
+  response->set_blocks_in_sequences(stats.blocks_total - stats.blocks_free);
+  response->set_sequences(stats.running + stats.waiting);
+  return FinishUnary(context, absl::OkStatus());
 }
 
 }  // namespace trident::worker

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/engine/engine.h"
 #include "trident/v1/cluster.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -62,6 +63,9 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
 // Thread-safe.
 class WorkerControlService final : public trident::v1::WorkerControl::CallbackService {
  public:
+  // `engine` (may be null when no model is loaded) must outlive the service.
+  explicit WorkerControlService(engine::Engine* engine = nullptr) : engine_(engine) {}
+
   grpc::ServerWriteReactor<trident::v1::WorkerLoad>* GetLoad(
       grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) override;
   grpc::ServerUnaryReactor* SetRole(grpc::CallbackServerContext* context,
@@ -70,6 +74,9 @@ class WorkerControlService final : public trident::v1::WorkerControl::CallbackSe
   grpc::ServerUnaryReactor* GetKvStats(grpc::CallbackServerContext* context,
                                        const trident::v1::GetKvStatsRequest* request,
                                        trident::v1::KvStats* response) override;
+
+ private:
+  engine::Engine* engine_;
 };
 
 }  // namespace trident::worker

@@ -342,7 +342,7 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,
                              hn_.data());
     layer.gate_up->Forward(hn_.data(), total, gate_up_.data());
-    kernels::cpu::SiluMul(gate_up_.data(), act_.data(), total, inter);
+    kernels::cpu::SiluMulReference(gate_up_.data(), act_.data(), total, inter);
     layer.down->Forward(act_.data(), total, tmp_.data());
   }
   // Final residual add and norm, then the head, for the wanted rows only.

@@ -33,6 +33,8 @@ namespace trident::backend {
 namespace {
 
 using ::trident::testing::IsOk;
+using ::trident::testing::RunfilePath;
+using ::trident::testing::TestTmpPath;
 
 // Documented bf16 tolerance: max |logit - HF f32| / logit range.
 constexpr double kF32Tolerance = 1e-3;

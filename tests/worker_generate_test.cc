@@ -1,0 +1,285 @@
+// The worker in role `both` serves trident.v1.Generation end to end: a real
+// worker process with a generated llama3-tiny model, called through gRPC.
+//  - Greedy tokens equal Hugging Face's (the committed reference fixture).
+//  - Streamed text deltas are valid UTF-8 and concatenate to the detokenized
+//    output; stop strings end the stream before the match.
+//  - Bad requests get the documented status and BadRequest field.
+//  - Cancellation and Abort end the stream and free every KV block.
+
+#include <signal.h>
+
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc/status.h"
+#include "common/process/subprocess.h"
+#include "common/status/error_details.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/runfiles.h"
+#include "tools/make_model/model_gen.h"
+#include "trident/v1/generation.grpc.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident {
+namespace {
+
+namespace v1 = ::trident::v1;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::RunfilePath;
+using ::trident::testing::StatusIs;
+using ::trident::testing::TestTmpPath;
+
+bool ValidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<std::string> deltas;
+  v1::GenerateComplete complete;
+  absl::Status status;
+  std::string text() const {
+    std::string t;
+    for (const auto& d : deltas) t += d;
+    return t;
+  }
+};
+
+class WorkerGenerateTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ = new std::string(TestTmpPath("llama3-tiny"));
+    auto spec = make_model::PresetSpec("llama3-tiny");
+    ASSERT_THAT(spec.status(), IsOk());
+    ASSERT_THAT(make_model::WriteModel(*spec, *model_dir_), IsOk());
+    log_ = new std::string(TestTmpPath("worker.log"));
+    absl::StatusOr<SpawnedProcess> spawned =
+        Spawn({.argv = {RunfilePath("services/worker/worker"), "--host=127.0.0.1", "--port=0",
+                        "--metrics_port=0", "--role=both", "--pin_threads=false",
+                        "--cpu_threads=2", "--kv_cache_mb=16", absl::StrCat("--model=", *model_dir_)},
+               .log_path = *log_,
+               .wait_for_ready_line = true});
+    ASSERT_THAT(spawned, IsOk());
+    pid_ = spawned->pid;
+    const nlohmann::json ready = nlohmann::json::parse(spawned->ready_line);
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", ready["grpc_port"].get<int>()),
+                                       grpc::InsecureChannelCredentials());
+    generation_ = v1::Generation::NewStub(channel).release();
+    control_ = v1::WorkerControl::NewStub(channel).release();
+  }
+
+  static void TearDownTestSuite() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      absl::StatusOr<ExitInfo> exit = WaitForExit(pid_, absl::Seconds(10));
+      EXPECT_THAT(exit, IsOk());
+      if (exit.ok()) EXPECT_EQ(exit->exit_code, 0) << TailOfFile(*log_);
+    }
+  }
+
+  // Runs a Generate call to its end. `on_chunk` may cancel the context.
+  Result Run(const v1::GenerateRequest& request,
+             const std::function<void(grpc::ClientContext&, const Result&)>& on_chunk = nullptr) {
+    Result result;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto reader = generation_->Generate(&context, request);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_chunk()) {
+        for (int32_t t : response.chunk().token_ids()) result.tokens.push_back(t);
+        if (!response.chunk().text_delta().empty()) {
+          result.deltas.push_back(response.chunk().text_delta());
+        }
+        if (on_chunk) on_chunk(context, result);
+      } else {
+        result.complete = response.complete();
+      }
+    }
+    result.status = FromGrpcStatus(reader->Finish());
+    return result;
+  }
+
+  v1::KvStats KvStats() {
+    grpc::ClientContext context;
+    v1::KvStats stats;
+    EXPECT_TRUE(control_->GetKvStats(&context, v1::GetKvStatsRequest(), &stats).ok());
+    return stats;
+  }
+
+  static std::string* model_dir_;
+  static std::string* log_;
+  static pid_t pid_;
+  static v1::Generation::Stub* generation_;
+  static v1::WorkerControl::Stub* control_;
+};
+
+std::string* WorkerGenerateTest::model_dir_ = nullptr;
+std::string* WorkerGenerateTest::log_ = nullptr;
+pid_t WorkerGenerateTest::pid_ = -1;
+v1::Generation::Stub* WorkerGenerateTest::generation_ = nullptr;
+v1::WorkerControl::Stub* WorkerGenerateTest::control_ = nullptr;
+
+TEST_F(WorkerGenerateTest, GreedyTokensEqualTransformers) {
+  std::ifstream in(RunfilePath("tests/fixtures/models/llama3-tiny/reference.json"));
+  const nlohmann::json ref = nlohmann::json::parse(
+      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  for (const auto& prompt : ref["prompts"]) {
+    v1::GenerateRequest request;
+    for (int32_t id : prompt["prompt_ids"]) request.mutable_token_ids()->add_ids(id);
+    const auto greedy = prompt["greedy"].get<std::vector<int32_t>>();
+    request.mutable_sampling()->set_temperature(0);
+    request.mutable_sampling()->set_max_tokens(static_cast<int32_t>(greedy.size()));
+    request.mutable_stop()->set_ignore_eos(true);
+    Result r = Run(request);
+    ASSERT_THAT(r.status, IsOk());
+    EXPECT_THAT(r.tokens, ElementsAreArray(greedy));
+    EXPECT_EQ(r.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(r.complete.usage().completion_tokens(), static_cast<int32_t>(greedy.size()));
+  }
+}
+
+TEST_F(WorkerGenerateTest, TextDeltasAreValidUtf8AndMatchDetokenize) {
+  v1::GenerateRequest request;
+  request.set_text("Hello, world! 你好 🌍 café");
+  request.mutable_sampling()->set_max_tokens(40);
+  request.mutable_sampling()->set_seed(7);
+  request.mutable_sampling()->set_temperature(1.0f);
+  request.mutable_stop()->set_ignore_eos(true);
+  request.mutable_options()->set_text_deltas(true);
+  Result r = Run(request);
+  ASSERT_THAT(r.status, IsOk());
+  ASSERT_EQ(r.tokens.size(), 40u);
+  for (const auto& d : r.deltas) EXPECT_TRUE(ValidUtf8(d)) << d;
+  grpc::ClientContext context;
+  v1::DetokenizeRequest detok;
+  for (int32_t t : r.tokens) detok.add_token_ids(t);
+  v1::DetokenizeResponse text;
+  ASSERT_TRUE(generation_->Detokenize(&context, detok, &text).ok());
+  EXPECT_EQ(r.text(), text.text());
+  // The same seed gives the same tokens.
+  Result again = Run(request);
+  EXPECT_EQ(again.tokens, r.tokens);
+}
+
+TEST_F(WorkerGenerateTest, StopStringEndsTheStreamBeforeTheMatch) {
+  v1::GenerateRequest request;
+  request.set_text("Once upon a time");
+  request.mutable_sampling()->set_max_tokens(40);
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_stop()->set_ignore_eos(true);
+  request.mutable_options()->set_text_deltas(true);
+  Result full = Run(request);
+  ASSERT_THAT(full.status, IsOk());
+  const std::string text = full.text();
+  ASSERT_GE(text.size(), 12u);
+  // A stop string from the middle of the output, likely spanning tokens.
+  const std::string stop = text.substr(text.size() / 2, 3);
+  request.mutable_stop()->add_stop_strings(stop);
+  Result stopped = Run(request);
+  ASSERT_THAT(stopped.status, IsOk());
+  EXPECT_EQ(stopped.complete.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.complete.stop_string(), stop);
+  EXPECT_EQ(stopped.text(), text.substr(0, text.find(stop)));
+  EXPECT_EQ(KvStats().blocks_free, KvStats().blocks_total);
+}
+
+TEST_F(WorkerGenerateTest, BadRequestsGetTheDocumentedStatus) {
+  v1::GenerateRequest bad_token;
+  bad_token.mutable_token_ids()->add_ids(1);
+  bad_token.mutable_token_ids()->add_ids(1 << 20);
+  Result r = Run(bad_token);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(GetBadRequestField(r.status), "token_ids.ids[1]");
+
+  v1::GenerateRequest hot;
+  hot.set_text("hi");
+  hot.mutable_sampling()->set_temperature(3);
+  r = Run(hot);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(GetBadRequestField(r.status), "sampling.temperature");
+
+  v1::GenerateRequest no_prompt;
+  r = Run(no_prompt);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(GetBadRequestField(r.status), "prompt");
+
+  v1::GenerateRequest too_long;
+  for (int i = 0; i < 5000; ++i) too_long.mutable_token_ids()->add_ids(5);
+  r = Run(too_long);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument));
+
+  v1::GenerateRequest other_model;
+  other_model.set_model("no-such-model");
+  other_model.set_text("hi");
+  r = Run(other_model);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-model")));
+
+  v1::GenerateRequest bad_id;
+  bad_id.set_request_id("has space");
+  bad_id.set_text("hi");
+  r = Run(bad_id);
+  EXPECT_EQ(GetBadRequestField(r.status), "request_id");
+  EXPECT_EQ(KvStats().blocks_free, KvStats().blocks_total);
+}
+
+TEST_F(WorkerGenerateTest, CancelAndAbortEndTheStreamAndFreeEveryBlock) {
+  v1::GenerateRequest request;
+  request.set_text("A long story:");
+  request.mutable_sampling()->set_max_tokens(1500);
+  request.mutable_stop()->set_ignore_eos(true);
+  Result cancelled = Run(request, [](grpc::ClientContext& context, const Result& so_far) {
+    if (so_far.tokens.size() == 3) context.TryCancel();
+  });
+  EXPECT_THAT(cancelled.status, StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_LT(cancelled.tokens.size(), 1500u);
+
+  request.set_request_id("abort-me");
+  Result aborted = Run(request, [this](grpc::ClientContext&, const Result& so_far) {
+    if (so_far.tokens.size() != 2) return;
+    grpc::ClientContext context;
+    v1::AbortRequest abort;
+    abort.set_request_id("abort-me");
+    v1::AbortResponse response;
+    EXPECT_TRUE(generation_->Abort(&context, abort, &response).ok());
+    EXPECT_TRUE(response.aborted());
+  });
+  ASSERT_THAT(aborted.status, IsOk());
+  EXPECT_EQ(aborted.complete.finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_LT(aborted.tokens.size(), 1500u);
+
+  // A request that completes after both was scheduled after the engine
+  // processed their aborts, so the counts are final.
+  v1::GenerateRequest after;
+  after.set_text("x");
+  after.mutable_sampling()->set_max_tokens(2);
+  ASSERT_THAT(Run(after).status, IsOk());
+  const v1::KvStats stats = KvStats();
+  EXPECT_GT(stats.blocks_total, 0);
+  EXPECT_EQ(stats.blocks_free, stats.blocks_total);
+  EXPECT_EQ(stats.sequences, 0);
+}
+
+}  // namespace
+}  // namespace trident
