@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/logging/log.h"
+#include "common/status/status_macros.h"
 
 namespace trident::engine {
 

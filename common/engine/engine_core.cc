@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
+#include "common/status/status_macros.h"
 
 namespace trident::engine {
 
@@ -242,7 +243,7 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     ev.top_logprobs = std::move(sampled.top_logprobs);
     ev.output_index = seq.num_outputs;
     seq.tokens.push_back(sampled.token);
-    seq.penalties->Add(sampled.token);
+    seq.penalties->AddOutputToken(sampled.token);
     ++seq.num_outputs;
     ++stats_.generated_tokens_total;
     const auto& stops = seq.request.stop_token_ids;

@@ -216,6 +216,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     std::vector<v1::GenerateResponse> out;
     engine::FinishReason finish = ev.finish;
     absl::optional<std::string> matched_string;
+    std::string text;
     if (ev.token >= 0) {
       if (s.completion_tokens == 0) s.first_token = now;
       ++s.completion_tokens;
@@ -223,9 +224,13 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       if (s.decoder != nullptr) {
         auto pushed = s.decoder->Push(ev.token);
         if (pushed.ok()) delta = std::move(*pushed);
+        // Bytes held for an unfinished character come out (as U+FFFD) at
+        // the end.
+        if (finish != engine::FinishReason::kNone) delta += s.decoder->Finish();
       }
       sampling::StopChecker::Update update = s.checker->OnToken(ev.token, delta);
-      if (update.finished && update.reason == sampling::StopReason::kStopString) {
+      text = std::move(update.text_to_emit);
+      if (update.finished && update.reason == sampling::FinishReason::kStopString) {
         matched_string = update.matched_stop;
         finish = engine::FinishReason::kStop;
         s.done_by_stop_string = true;
@@ -235,7 +240,6 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       v1::TokenChunk* chunk = response.mutable_chunk();
       chunk->set_request_id(s.request_id);
       chunk->add_token_ids(ev.token);
-      if (s.text_deltas) chunk->set_text_delta(update.text_to_emit);
       if (!s.prompt_ids_for_first_chunk.empty()) {
         for (int32_t t : s.prompt_ids_for_first_chunk) chunk->add_prompt_token_ids(t);
         s.prompt_ids_for_first_chunk.clear();
@@ -253,19 +257,18 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       out.push_back(std::move(response));
     }
     if (finish != engine::FinishReason::kNone) {
-      if (s.text_deltas && !matched_string.has_value()) {
-        // Text the stop checker held back for a possible stop string, and
-        // any bytes the decoder held for an unfinished character.
-        std::string tail = s.decoder != nullptr ? s.decoder->Finish() : std::string();
-        sampling::StopChecker::Update update = s.checker->OnToken(-1, tail);
-        std::string rest = update.text_to_emit + s.checker->Finish().text_to_emit;
-        if (!rest.empty()) {
-          v1::GenerateResponse response;
-          response.mutable_chunk()->set_request_id(s.request_id);
-          response.mutable_chunk()->set_text_delta(rest);
-          out.push_back(std::move(response));
-        }
+      // Text held back for a possible stop string ends the output.
+      text += s.checker->Finish().text_to_emit;
+    }
+    if (s.text_deltas && !text.empty()) {
+      if (out.empty()) {
+        v1::GenerateResponse response;
+        response.mutable_chunk()->set_request_id(s.request_id);
+        out.push_back(std::move(response));
       }
+      out.back().mutable_chunk()->set_text_delta(text);
+    }
+    if (finish != engine::FinishReason::kNone) {
       v1::GenerateResponse response;
       v1::GenerateComplete* complete = response.mutable_complete();
       complete->set_request_id(s.request_id);
