@@ -10,7 +10,9 @@ tokens), then runs the model in float32 with eager attention on the CPU and
 records, without a KV cache (every step a full forward pass):
   - steps 0..16: the last position's logits after the prompt and after each of
     the first 16 greedy tokens (teacher forcing along the greedy path);
-  - the greedy continuation of 32 tokens (EOS does not stop it).
+  - the greedy continuation of 64 tokens (EOS does not stop it);
+  - how many of those greedy choices HF's own bfloat16 model makes too,
+    teacher-forced along the float32 path (a yardstick for bf16 paths).
 Writes OUT/reference.json (ids, tokens, file digests, versions) and
 OUT/logits.bin (float32 little-endian, [prompt][step][vocab]).
 """
@@ -29,9 +31,13 @@ PROMPTS = [
      "machines that could talk. Every morning she would wake up, brew a pot of coffee, "
      "and ask the newest machine a question it had never heard before."),
     "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "Q: What is the capital of France?\nA:",
+    "\u0413\u0435\u0439\u043c \u0438 \u043c\u0438\u0440 \u2014 2026-11-21 \u00e0 9:30, \u00e9t\u00e9",
+    "    for (int i = 0; i < 10; ++i) { total += values[i]; }",
+    "a",
 ]
 DECODE_STEPS = 16
-GREEDY_TOKENS = 32
+GREEDY_TOKENS = 64
 
 
 def sha256(path):
@@ -75,6 +81,8 @@ def main():
         if info.get(key):
             sys.exit(f"{args.model_dir}: {key}: {info[key]}")
     model.eval()
+    model_bf16 = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=torch.bfloat16, attn_implementation="eager").eval()
     vocab = model.config.vocab_size
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -91,7 +99,15 @@ def main():
                 nxt = int(torch.argmax(logits).item())
                 generated.append(nxt)
                 seq.append(nxt)
-            records.append({"text": text, "prompt_ids": ids, "greedy": generated})
+            # The same model in bf16 (HF's own), teacher-forced along the f32
+            # greedy path: how often its argmax agrees, the yardstick for a
+            # bf16 implementation.
+            full = torch.tensor([ids + generated[:-1]])
+            bf16_logits = model_bf16(full).logits[0, len(ids) - 1:].float()
+            bf16_choice = torch.argmax(bf16_logits, dim=-1).tolist()
+            agree = sum(int(a == b) for a, b in zip(bf16_choice, generated))
+            records.append({"text": text, "prompt_ids": ids, "greedy": generated,
+                            "hf_bf16_agreement": agree})
             print(f"prompt of {len(ids)} tokens -> {generated[:8]}...", flush=True)
 
     digests = {}

@@ -87,10 +87,14 @@ TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
   }
 
   // 12 blocks of 16 tokens: far fewer than the batch needs.
-  auto backend = Load(dir, 1);
-  ASSERT_EQ(backend, nullptr);  // A budget below one block is refused.
+  CpuBackendOptions tiny;
+  tiny.kv_cache_bytes = 1;
+  tiny.pin_threads = false;
+  EXPECT_THAT(CpuBackend::Create(dir, tiny).status(),
+              ::trident::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                           ::testing::HasSubstr("holds no block")));
   const int64_t block_bytes = int64_t{2} * 3 /*layers*/ * 2 /*kv heads*/ * 16 * 16 * 4;
-  backend = Load(dir, 12 * block_bytes);
+  auto backend = Load(dir, 12 * block_bytes);
   ASSERT_NE(backend, nullptr);
   ASSERT_EQ(backend->kv_capacity().num_blocks, 12);
   kv::PagedBlockAllocator allocator(backend->kv_capacity().num_blocks);

@@ -6,7 +6,8 @@
 //    decode steps are within 1e-3 of the prompt's logit range, and the greedy
 //    continuation of 32 tokens equals HF's exactly;
 //  - bf16 (weights, matmul inputs and KV): logits within kBf16Tolerance of the
-//    range, and >= 99% of teacher-forced greedy choices agree with HF.
+//    range, and teacher-forced greedy choices agree with HF f32 at least as
+//    often as HF's own bf16 model does (recorded in the fixture), and >= 98%.
 
 #include <algorithm>
 #include <cmath>
@@ -38,7 +39,7 @@ using ::trident::testing::TestTmpPath;
 
 // Documented bf16 tolerance: max |logit - HF f32| / logit range.
 constexpr double kF32Tolerance = 1e-3;
-constexpr double kBf16Tolerance = 5e-2;
+constexpr double kBf16Tolerance = 1e-2;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -57,6 +58,8 @@ std::string Fnv1a64(const std::string& bytes) {
 struct Prompt {
   std::vector<int32_t> ids;
   std::vector<int32_t> greedy;
+  // How many greedy choices HF's own bf16 model shares with its f32 one.
+  int32_t hf_bf16_agreement = 0;
   // [decode_steps + 1][vocab]
   std::vector<std::vector<float>> logits;
 };
@@ -84,6 +87,7 @@ class ParityTest : public ::testing::TestWithParam<std::string> {
       Prompt prompt;
       prompt.ids = p["prompt_ids"].get<std::vector<int32_t>>();
       prompt.greedy = p["greedy"].get<std::vector<int32_t>>();
+      prompt.hf_bf16_agreement = p.value("hf_bf16_agreement", 0);
       for (int32_t s = 0; s <= fixture_.decode_steps; ++s) {
         std::vector<float> row(row_floats);
         ASSERT_LE(offset + row_floats * 4, blob.size());
@@ -211,22 +215,35 @@ TEST_P(ParityTest, F32GreedyContinuationEqualsTransformers) {
 TEST_P(ParityTest, Bf16WithinToleranceAndAgreesOnGreedyChoices) {
   auto backend = Backend(numeric::DType::kBF16);
   ASSERT_NE(backend, nullptr);
-  int agree = 0, total = 0;
+  int agree = 0, total = 0, hf_agree = 0;
   double worst = 0;
   for (const Prompt& prompt : fixture_.prompts) {
     const int32_t steps = static_cast<int32_t>(prompt.greedy.size());
+    hf_agree += prompt.hf_bf16_agreement;
     auto ours = TeacherForced(*backend, prompt, steps);
     for (int32_t s = 0; s < steps; ++s) {
-      agree += Argmax(ours[s]) == prompt.greedy[s] ? 1 : 0;
+      const int32_t mine = Argmax(ours[s]);
+      agree += mine == prompt.greedy[s] ? 1 : 0;
       ++total;
+      if (mine != prompt.greedy[s]) {
+        std::printf("  step %d: HF chose %d, bf16 chose %d (bf16 logits %.4f vs %.4f)\n", s,
+                    prompt.greedy[s], mine, ours[s][prompt.greedy[s]], ours[s][mine]);
+      }
     }
     ours.resize(prompt.logits.size());
     worst = std::max(worst, MaxRelativeError(prompt, ours));
   }
   const double agreement = static_cast<double>(agree) / total;
-  std::printf("%s bf16: greedy agreement %d/%d = %.4f, max |dlogit| / range = %.3g\n",
-              GetParam().c_str(), agree, total, agreement, worst);
-  EXPECT_GE(agreement, 0.99);
+  std::printf("%s bf16: greedy agreement %d/%d = %.4f (HF's own bf16: %d/%d = %.4f), "
+              "max |dlogit| / range = %.3g\n",
+              GetParam().c_str(), agree, total, agreement, hf_agree, total,
+              static_cast<double>(hf_agree) / total, worst);
+  // The random-weight test models have flat output distributions, where bf16
+  // rounding of the weights flips near-ties: Hugging Face's own bf16 model
+  // agrees with its f32 one on 97.3-100% of these positions. The bar is
+  // therefore to agree at least as often as that peer, and never below 98%.
+  const double hf_agreement = static_cast<double>(hf_agree) / total;
+  EXPECT_GE(agreement, std::max(0.98, hf_agreement));
   EXPECT_LE(worst, kBf16Tolerance);
 }
 
