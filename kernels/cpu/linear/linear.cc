@@ -133,7 +133,8 @@ Linear::~Linear() = default;
 
 absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int64_t out_features,
                                                        numeric::DType weight_dtype,
-                                                       const void* weight, const float* bias) {
+                                                       const void* weight, const float* bias,
+                                                       LinearCompute compute) {
   if (in_features <= 0 || out_features <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("Linear: in_features ", in_features,
                                                    " and out_features ", out_features,
@@ -154,7 +155,7 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int6
     const dnnl::memory::desc any_bf16({in_features, out_features}, Dt::bf16, Tag::any);
     const dnnl::memory::desc any_f32({in_features, out_features}, Dt::f32, Tag::any);
     dnnl::matmul::primitive_desc pd;
-    if (weight_dtype == numeric::DType::kBF16) {
+    if (weight_dtype == numeric::DType::kBF16 && compute == LinearCompute::kWeightDtype) {
       pd = MatmulPd(kPackingM, in_features, out_features, Dt::bf16, any_bf16, impl->has_bias);
       impl->compute_dtype = numeric::DType::kBF16;
     }
@@ -162,7 +163,7 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int6
     const void* source = weight;
     if (!pd) {
       if (weight_dtype == numeric::DType::kBF16) {
-        // No bf16 matmul on this CPU: widen once, exactly, and run f32.
+        // f32 asked for, or no bf16 matmul on this CPU: widen once, exactly.
         widened.resize(static_cast<size_t>(in_features * out_features));
         numeric::Bf16ToFloat(static_cast<const uint16_t*>(weight), widened.data(), widened.size());
         source = widened.data();

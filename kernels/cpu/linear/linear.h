@@ -14,7 +14,11 @@
 //                  2.6 needs AVX-512; AMX is used where present). Elsewhere
 //                  (AVX2-only CPUs) the weights are widened to f32 at Create
 //                  and the f32 matmul runs: exact, twice the memory.
-//   `compute_dtype()` says which one this layer uses.
+//   `compute_dtype()` says which one this layer uses. Rounding x to bf16 costs
+//   accuracy (errors ~2^-9 relative per product: max |error| ~7e-3 on
+//   outputs of unit size, measured), so callers that must match an fp32
+//   reference closely can ask for LinearCompute::kF32, which widens bf16
+//   weights once at Create and runs the exact f32 matmul.
 //
 // Forward takes any m (1 for one decode token, thousands for a prefill); the
 // matmul primitive for each m is created on first use and cached.
@@ -32,12 +36,18 @@
 
 namespace trident::kernels::cpu {
 
+enum class LinearCompute {
+  kWeightDtype,  // bf16 x bf16 for bf16 weights where the CPU has it, else f32.
+  kF32,          // Always f32 x f32 (bf16 weights are widened at Create).
+};
+
 // Thread-compatible: Forward keeps a primitive cache and a bf16 scratch
 // buffer, so calls on one Linear must not overlap; successive calls may come
 // from different threads. Forward's matmul runs on the calling thread's OpenMP
 // threads (see common/cpu/threads.h). Distinct Linear objects are independent.
 class Linear {
  public:
+  // `compute` picks the matmul type for bf16 weights (see the file comment).
   // `weight` holds out_features * in_features elements of `weight_dtype`
   // (kF32: float, kBF16: uint16_t bits); `bias` holds out_features floats or
   // is null. Neither is referenced after Create returns.
@@ -45,9 +55,9 @@ class Linear {
   // Returns kInvalidArgument for non-positive sizes, a null weight, or a
   // weight_dtype other than kF32/kBF16; kInternal if oneDNN cannot create or
   // run the matmul or the weight reorder.
-  static absl::StatusOr<std::unique_ptr<Linear>> Create(int64_t in_features, int64_t out_features,
-                                                        numeric::DType weight_dtype,
-                                                        const void* weight, const float* bias);
+  static absl::StatusOr<std::unique_ptr<Linear>> Create(
+      int64_t in_features, int64_t out_features, numeric::DType weight_dtype, const void* weight,
+      const float* bias, LinearCompute compute = LinearCompute::kWeightDtype);
 
   Linear(const Linear&) = delete;
   Linear& operator=(const Linear&) = delete;
