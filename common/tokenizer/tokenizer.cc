@@ -1197,12 +1197,20 @@ absl::StatusOr<std::string> Tokenizer::DecodeWindow(absl::Span<const int32_t> id
   return absl::StrJoin(tokens, "");
 }
 
-bool Tokenizer::MayJoinNext(int32_t id) const {
-  if (!data_->decoder_has_byte_fallback) return false;
-  if (data_->added_by_id.contains(id)) return false;
+bool Tokenizer::HoldsText(int32_t id, bool skip_special_tokens) const {
+  const TokenizerData& d = *data_;
+  const std::string* token = nullptr;
+  auto it = d.added_by_id.find(id);
+  if (it != d.added_by_id.end()) {
+    token = &d.added[it->second].content;
+  } else if (id >= 0 && static_cast<size_t>(id) < d.has_id.size() && d.has_id[id]) {
+    token = &d.id_to_token[id];
+  } else {
+    return false;
+  }
+  if (skip_special_tokens && d.special_contents.contains(*token)) return true;
   uint8_t byte;
-  return id >= 0 && static_cast<size_t>(id) < data_->has_id.size() && data_->has_id[id] &&
-         internal::IsByteToken(data_->id_to_token[id], &byte);
+  return d.decoder_has_byte_fallback && internal::IsByteToken(*token, &byte);
 }
 
 int32_t Tokenizer::vocab_size() const { return data_->vocab_size; }
@@ -1242,7 +1250,7 @@ IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, bool skip_spe
   size_t start =
       valid.size() > internal::kPromptContextIds ? valid.size() - internal::kPromptContextIds : 0;
   // Never start the window inside a run of byte-fallback tokens.
-  while (start > 0 && tokenizer.MayJoinNext(valid[start - 1])) --start;
+  while (start > 0 && tokenizer.HoldsText(valid[start - 1], skip_special_tokens)) --start;
   window_at_start_ = start == 0;
   ids_.assign(valid.begin() + start, valid.end());
   prefix_offset_ = 0;
@@ -1255,7 +1263,7 @@ absl::StatusOr<std::string> IncrementalDecoder::Push(int32_t id) {
         "token id ", id, " is not in the vocabulary (size ", tokenizer_.vocab_size(), ")"));
   }
   ids_.push_back(id);
-  if (tokenizer_.MayJoinNext(id)) return std::string();
+  if (tokenizer_.HoldsText(id, skip_special_tokens_)) return std::string();
   return Advance(/*force=*/false);
 }
 

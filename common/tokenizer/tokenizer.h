@@ -98,9 +98,10 @@ class Tokenizer {
   // strip, Metaspace first-token rule) applied only if `at_start`.
   absl::StatusOr<std::string> DecodeWindow(absl::Span<const int32_t> ids, bool skip_special_tokens,
                                            bool at_start) const;
-  // True if the decoder may still rewrite the text of `id` depending on the
-  // ids that follow it (a `<0xNN>` token under a ByteFallback decoder).
-  bool MayJoinNext(int32_t id) const;
+  // True if the text of `id` is not final until a later id arrives: a
+  // `<0xNN>` token under a ByteFallback decoder (its byte run may continue),
+  // or a special token that decoding skips (it does not end a byte run).
+  bool HoldsText(int32_t id, bool skip_special_tokens) const;
 
   std::unique_ptr<internal::TokenizerData> data_;
 };

@@ -1,6 +1,7 @@
 #include "common/tokenizer/tokenizer.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -365,6 +366,208 @@ TEST(AddedTokenTest, LstripRstripSingleWord) {
   EXPECT_THAT(t->Encode("hi hello", false), ElementsAre(275, 259, 271));
   // Inside a word, "hi" is not a single word: normal BPE.
   EXPECT_THAT(t->Encode("ohi", false), ElementsAre(259, 263, 260, 3 + 0x69));
+}
+
+// ----------------------------------------------------------------- streaming
+
+// Pushes `ids` one at a time; checks every delta is valid UTF-8 and returns
+// their concatenation (Finish() included).
+std::string Stream(const Tokenizer& t, const std::vector<int32_t>& ids, bool skip,
+                   std::vector<std::string>* deltas = nullptr) {
+  IncrementalDecoder decoder(t, skip);
+  std::string all;
+  for (int32_t id : ids) {
+    absl::StatusOr<std::string> delta = decoder.Push(id);
+    EXPECT_THAT(delta, IsOk());
+    if (!delta.ok()) continue;
+    EXPECT_TRUE(IsValidUtf8(*delta)) << absl::CEscape(*delta);
+    if (deltas != nullptr) deltas->push_back(*delta);
+    all += *delta;
+  }
+  const std::string rest = decoder.Finish();
+  EXPECT_TRUE(IsValidUtf8(rest));
+  if (deltas != nullptr) deltas->push_back(rest);
+  return all + rest;
+}
+
+TEST(IncrementalDecoderTest, SentencePieceLeadingSpaceAndBytes) {
+  auto t = Load(SentencePieceJson("normalizer"));
+  ASSERT_NE(t, nullptr);
+  std::vector<std::string> deltas;
+  // <s> ▁hello ▁w or l d <0xC3> <0xA9> h
+  EXPECT_EQ(Stream(*t, {1, 271, 272, 273, 262, 266, 198, 172, 260}, true, &deltas),
+            "hello world\xC3\xA9h");
+  EXPECT_THAT(deltas, ElementsAre("", "hello", " w", "or", "l", "d", "", "", "\xC3\xA9h", ""));
+}
+
+TEST(IncrementalDecoderTest, ByteLevelHoldsIncompleteCharacters) {
+  auto t = Load(ByteLevelJson(true));
+  ASSERT_NE(t, nullptr);
+  std::vector<std::string> deltas;
+  // 中 = E4 B8 AD, one byte token at a time, then "hello".
+  EXPECT_EQ(Stream(*t, {ByteId(0xE4), ByteId(0xB8), ByteId(0xAD), 259}, false, &deltas),
+            "\xE4\xB8\xADhello");
+  EXPECT_THAT(deltas, ElementsAre("", "", "\xE4\xB8\xAD", "hello", ""));
+  // An incomplete character at the end comes out of Finish() as U+FFFD.
+  deltas.clear();
+  EXPECT_EQ(Stream(*t, {259, ByteId(0xE4)}, false, &deltas), "hello\xEF\xBF\xBD");
+  EXPECT_THAT(deltas, ElementsAre("hello", "", "\xEF\xBF\xBD"));
+}
+
+TEST(IncrementalDecoderTest, RejectsUnknownIds) {
+  auto t = Load(ByteLevelJson(true));
+  ASSERT_NE(t, nullptr);
+  IncrementalDecoder decoder(*t, false);
+  EXPECT_THAT(decoder.Push(100000),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("100000")));
+  EXPECT_THAT(decoder.Push(259), IsOkAndHolds("hello"));
+}
+
+TEST(IncrementalDecoderTest, ContinuesAPrompt) {
+  auto t = Load(SentencePieceJson("normalizer"));
+  ASSERT_NE(t, nullptr);
+  const std::vector<int32_t> prompt = {1, 271, 272, 273, 262, 266, 271, 271};
+  IncrementalDecoder decoder(*t, true, prompt);
+  // The continuation keeps its leading space: the prompt precedes it.
+  EXPECT_THAT(decoder.Push(271), IsOkAndHolds(" hello"));
+  EXPECT_THAT(decoder.Push(260), IsOkAndHolds("h"));
+  EXPECT_EQ(decoder.Finish(), "");
+}
+
+// Random id sequences (fixed seed), special tokens and byte tokens included:
+// the deltas must concatenate to exactly Decode() of all ids.
+TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
+  const uint32_t seed = 20240601;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (const Json& j : {ByteLevelJson(true), SentencePieceJson("normalizer"),
+                        SentencePieceJson("metaspace", "first", true)}) {
+    auto t = Load(j);
+    ASSERT_NE(t, nullptr);
+    std::vector<int32_t> valid;
+    for (int32_t id = 0; id < t->vocab_size(); ++id) {
+      if (t->Decode({id}, false).ok()) valid.push_back(id);
+    }
+    for (int round = 0; round < 300; ++round) {
+      std::vector<int32_t> ids(rng() % 12);
+      for (int32_t& id : ids) {
+        // Bias toward byte tokens, where streaming is hardest.
+        id = rng() % 2 == 0 ? valid[rng() % valid.size()]
+                            : (t->kind() == Tokenizer::Kind::kByteLevelBpe
+                                   ? ByteId(static_cast<uint8_t>(0x80 + rng() % 0x80))
+                                   : 3 + static_cast<int32_t>(0x80 + rng() % 0x80));
+      }
+      for (bool skip : {false, true}) {
+        absl::StatusOr<std::string> full = t->Decode(ids, skip);
+        ASSERT_THAT(full, IsOk());
+        EXPECT_EQ(Stream(*t, ids, skip), *full) << "round " << round << " skip " << skip;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------- bad tokenizers
+
+TEST(FromJsonTest, MalformedInputNamesSourceAndPath) {
+  EXPECT_THAT(Tokenizer::FromJson("{", "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x.json")));
+  EXPECT_THAT(Tokenizer::FromJson("[]", "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected an object")));
+  EXPECT_THAT(Tokenizer::FromJson("{}", "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"model\"")));
+
+  Json j = ByteLevelJson(false);
+  j["model"]["merges"].push_back("l zz");
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("x.json: model.merges[7]: token \"zz\" is not in the vocab")));
+
+  j = ByteLevelJson(false);
+  j["model"]["merges"].push_back("nospace");
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.merges[7]")));
+
+  j = ByteLevelJson(false);
+  j["model"]["vocab"]["dup"] = 5;
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("share id 5")));
+
+  j = ByteLevelJson(false);
+  j["model"]["vocab"]["neg"] = -3;
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.vocab[\"neg\"]")));
+
+  j = ByteLevelJson(false);
+  j["model"]["vocab"]["str"] = "7";
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected an integer")));
+
+  j = ByteLevelJson(false);
+  j["added_tokens"].push_back(Added(300, "<|other|>"));
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("added_tokens[2].id: duplicate added token id 300")));
+
+  j = ByteLevelJson(false);
+  j["added_tokens"][0].erase("content");
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("added_tokens[0]: missing field \"content\"")));
+
+  j = ByteLevelJson(false);
+  j["post_processor"]["processors"][1]["special_tokens"].erase("<|begin_of_text|>");
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing special token")));
+
+  EXPECT_THAT(
+      Tokenizer::FromJson(ByteLevelJson(false).dump(), "{\"bos_token\": 3}", "x.json"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokenizer_config.json: bos_token")));
+  EXPECT_THAT(Tokenizer::FromJson(ByteLevelJson(false).dump(), "nope", "x.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokenizer_config.json")));
+}
+
+TEST(FromJsonTest, UnsupportedComponentsAreFailedPrecondition) {
+  Json j = ByteLevelJson(false);
+  j["model"]["type"] = "WordPiece";
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("WordPiece")));
+  j["model"]["type"] = "Unigram";
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("Unigram")));
+
+  j = ByteLevelJson(false);
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("unsupported pre-tokenizer pattern")));
+
+  j = ByteLevelJson(false);
+  j["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("Lowercase")));
+
+  j = ByteLevelJson(false);
+  j["model"]["dropout"] = 0.1;
+  EXPECT_THAT(Tokenizer::FromJson(j.dump(), "", "x.json"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("dropout")));
+}
+
+TEST(FromDirectoryTest, MissingDirectoryIsNotFound) {
+  EXPECT_THAT(Tokenizer::FromDirectory("/nonexistent/dir"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("tokenizer.json")));
+}
+
+TEST(NfcNormalizerTest, ComposesBeforeBpe) {
+  Json j = ByteLevelJson(false);
+  j["normalizer"] = {{"type", "NFC"}};
+  auto nfc = Load(j);
+  auto raw = Load(ByteLevelJson(false));
+  ASSERT_NE(nfc, nullptr);
+  ASSERT_NE(raw, nullptr);
+  // e + U+0301 -> é (C3 A9): two byte tokens instead of three.
+  EXPECT_THAT(nfc->Encode("e\xCC\x81", false), ElementsAre(ByteId(0xC3), ByteId(0xA9)));
+  EXPECT_THAT(raw->Encode("e\xCC\x81", false),
+              ElementsAre(ByteId('e'), ByteId(0xCC), ByteId(0x81)));
 }
 
 }  // namespace
