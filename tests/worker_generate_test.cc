@@ -94,7 +94,9 @@ class WorkerGenerateTest : public ::testing::Test {
       kill(pid_, SIGTERM);
       absl::StatusOr<ExitInfo> exit = WaitForExit(pid_, absl::Seconds(10));
       EXPECT_THAT(exit, IsOk());
-      if (exit.ok()) EXPECT_EQ(exit->exit_code, 0) << TailOfFile(*log_);
+      if (exit.ok()) {
+        EXPECT_EQ(exit->exit_code, 0) << TailOfFile(*log_);
+      }
     }
   }
 
@@ -202,7 +204,7 @@ TEST_F(WorkerGenerateTest, StopStringEndsTheStreamBeforeTheMatch) {
   EXPECT_EQ(stopped.complete.finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(stopped.complete.stop_string(), stop);
   EXPECT_EQ(stopped.text(), text.substr(0, text.find(stop)));
-  EXPECT_EQ(KvStats().blocks_free, KvStats().blocks_total);
+  EXPECT_EQ(KvStats().blocks_free(), KvStats().blocks_total());
 }
 
 TEST_F(WorkerGenerateTest, BadRequestsGetTheDocumentedStatus) {
@@ -241,7 +243,7 @@ TEST_F(WorkerGenerateTest, BadRequestsGetTheDocumentedStatus) {
   bad_id.set_text("hi");
   r = Run(bad_id);
   EXPECT_EQ(GetBadRequestField(r.status), "request_id");
-  EXPECT_EQ(KvStats().blocks_free, KvStats().blocks_total);
+  EXPECT_EQ(KvStats().blocks_free(), KvStats().blocks_total());
 }
 
 TEST_F(WorkerGenerateTest, CancelAndAbortEndTheStreamAndFreeEveryBlock) {
@@ -276,9 +278,9 @@ TEST_F(WorkerGenerateTest, CancelAndAbortEndTheStreamAndFreeEveryBlock) {
   after.mutable_sampling()->set_max_tokens(2);
   ASSERT_THAT(Run(after).status, IsOk());
   const v1::KvStats stats = KvStats();
-  EXPECT_GT(stats.blocks_total, 0);
-  EXPECT_EQ(stats.blocks_free, stats.blocks_total);
-  EXPECT_EQ(stats.sequences, 0);
+  EXPECT_GT(stats.blocks_total(), 0);
+  EXPECT_EQ(stats.blocks_free(), stats.blocks_total());
+  EXPECT_EQ(stats.sequences(), 0);
 }
 
 }  // namespace

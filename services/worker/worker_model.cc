@@ -92,7 +92,7 @@ absl::StatusOr<numeric::DType> ParseDtype(const std::string& dtype) {
 }
 
 v1::DType ToProto(numeric::DType t) {
-  return t == numeric::DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+  return t == numeric::DType::kBF16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32;
 }
 
 }  // namespace
