@@ -140,11 +140,18 @@ int Up() {
   }
   std::printf("Trident is up (state in %s).\n\n", options.state_dir.c_str());
   PrintStatus(*state, trident::cli::CheckStatus(*state));
-  const trident::cli::ProcessRecord* router = state->Find("router");
-  std::printf("\nPublic API (trident.v1.Generation): %s\nPrometheus: %s\nLogs: %s/logs\n"
-              "Stop with: trident down%s\n",
-              router->GrpcAddress(state->host).c_str(), state->PrometheusUrl().c_str(),
-              options.state_dir.c_str(),
+  // Generation is served by the workers in role `both` (colocated); the
+  // router's Generation service fronts prefill/decode pairs.
+  std::string generation = state->Find("router")->GrpcAddress(state->host) + " (router)";
+  for (const trident::cli::ProcessRecord& p : state->processes) {
+    if (p.component == "worker" && p.role == "both") {
+      generation = absl::StrCat(p.GrpcAddress(state->host), " (", p.name, ", role both)");
+      break;
+    }
+  }
+  std::printf("\nGeneration API (trident.v1.Generation): %s\nTry: trident generate \"Once upon a "
+              "time\"\nPrometheus: %s\nLogs: %s/logs\nStop with: trident down%s\n",
+              generation.c_str(), state->PrometheusUrl().c_str(), options.state_dir.c_str(),
               absl::GetFlag(FLAGS_state_dir).empty()
                   ? ""
                   : absl::StrCat(" --state_dir=", options.state_dir).c_str());

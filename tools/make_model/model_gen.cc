@@ -157,13 +157,16 @@ absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
   ModelSpec s;
   s.preset = name;
   if (name == "llama3-tiny") {
+    // Untied, as Llama 3 8B/70B.
+    s.tie_word_embeddings = false;
     return s;
   }
   if (name == "qwen2-tiny") {
     s.family = Family::kQwen2;
     s.rope_theta = 1000000.0;
     s.llama3_rope_scaling = false;
-    s.tie_word_embeddings = false;
+    // Tied, as Qwen2.5-0.5B.
+    s.tie_word_embeddings = true;
     s.rms_norm_eps = 1e-6f;
     s.intermediate_size = 320;
     s.seed = 1;
@@ -250,7 +253,18 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
   // Logits get a standard deviation near 4 (tied or not), which keeps greedy
   // choices well separated from rounding noise.
   const float embed_std = s.tie_word_embeddings ? 4.0f * in_h : 1.0f;
-  add("model.embed_tokens.weight", {vocab, h}, 0.0f, embed_std);
+  // Output rows of tokens that are not whole UTF-8 characters are scaled
+  // down, so that sampled text is made of whole characters (word salad
+  // rather than replacement characters), as a trained model's would be.
+  auto add_vocab_rows = [&](const std::string& name, float stddev) {
+    std::vector<float> values = RandomTensor(s.seed, name, int64_t{vocab} * h, 0.0f, stddev);
+    for (int32_t id : tok.partial_utf8_ids) {
+      for (int64_t i = 0; i < h; ++i) values[static_cast<size_t>(id) * h + i] *= 0.25f;
+    }
+    total_params += static_cast<uint64_t>(vocab) * h;
+    writer.AddFloats(name, s.dtype, {vocab, h}, values);
+  };
+  add_vocab_rows("model.embed_tokens.weight", embed_std);
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     add(p + "input_layernorm.weight", {h}, 1.0f, 0.1f);
@@ -270,7 +284,7 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
     add(p + "mlp.down_proj.weight", {h, inter}, 0.0f, 1.0f / std::sqrt(static_cast<float>(inter)));
   }
   add("model.norm.weight", {h}, 1.0f, 0.1f);
-  if (!s.tie_word_embeddings) add("lm_head.weight", {vocab, h}, 0.0f, 4.0f * in_h);
+  if (!s.tie_word_embeddings) add_vocab_rows("lm_head.weight", 4.0f * in_h);
   writer.AddMetadata("format", "pt");
 
   TRIDENT_LOG(INFO) << "writing " << (s.preset.empty() ? "model" : s.preset) << " ("

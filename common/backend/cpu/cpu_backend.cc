@@ -73,12 +73,14 @@ class StackedWeight {
 
   absl::StatusOr<std::unique_ptr<kernels::cpu::Linear>> Build(const float* bias,
                                                              int64_t* weight_bytes) {
-    *weight_bytes += out_ * in_ * static_cast<int64_t>(numeric::ElementSize(dtype_));
     const void* data = dtype_ == DType::kF32 ? static_cast<const void*>(f32_.data())
                                              : static_cast<const void*>(bf16_.data());
     auto linear = kernels::cpu::Linear::Create(in_, out_, dtype_, data, bias);
     f32_ = {};
     bf16_ = {};
+    // What a step really reads: the packed weights (f32 where the CPU has no
+    // bf16 matmul and bf16 weights were widened).
+    if (linear.ok()) *weight_bytes += static_cast<int64_t>((*linear)->packed_weight_bytes());
     return linear;
   }
 

@@ -58,7 +58,8 @@ class CpuBackend : public ModelBackend {
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
 
   const model::ModelConfig& config() const { return config_; }
-  // Bytes of weights read by one decode step (every matmul weight once).
+  // Bytes of weights read by one decode step (every packed matmul weight
+  // once).
   int64_t weight_bytes_per_step() const { return weight_bytes_per_step_; }
 
  private:

@@ -98,6 +98,20 @@ std::vector<std::string> ByteLevelWords(const std::string& text) {
   return words;
 }
 
+bool IsWholeUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 struct Trainer {
   // word (as symbols) -> count
   std::map<std::vector<std::string>, int64_t> words;
@@ -228,11 +242,24 @@ absl::StatusOr<GeneratedTokenizer> ByteLevel(TokenizerStyle style, int32_t vocab
   }
   trainer.Learn(static_cast<size_t>(vocab_size - base), {});
 
+  GeneratedTokenizer out;
+  std::map<std::string, std::string> char_to_byte;
+  for (int b = 0; b < 256; ++b) char_to_byte[alphabet[b]] = std::string(1, static_cast<char>(b));
+  auto bytes_of = [&](const std::string& token) {
+    std::string bytes;
+    for (const std::string& ch : Chars(token)) bytes += char_to_byte[ch];
+    return bytes;
+  };
   Json vocab = Json::object();
   int32_t id = 0;
-  for (const std::string& a : alphabet) vocab[a] = id++;
-  for (const std::string& t : trainer.vocab) vocab[t] = id++;
-  GeneratedTokenizer out;
+  for (const std::string& a : alphabet) {
+    if (!IsWholeUtf8(bytes_of(a))) out.partial_utf8_ids.push_back(id);
+    vocab[a] = id++;
+  }
+  for (const std::string& t : trainer.vocab) {
+    if (!IsWholeUtf8(bytes_of(t))) out.partial_utf8_ids.push_back(id);
+    vocab[t] = id++;
+  }
   Json added = Json::array();
   std::map<std::string, int32_t> special_ids;
   for (const std::string& s : specials) {
@@ -329,11 +356,14 @@ absl::StatusOr<GeneratedTokenizer> SentencePiece(int32_t vocab_size) {
   vocab["<s>"] = 1;
   vocab["</s>"] = 2;
   int32_t id = 3;
-  for (int b = 0; b < 256; ++b) vocab[absl::StrFormat("<0x%02X>", b)] = id++;
+  GeneratedTokenizer out;
+  for (int b = 0; b < 256; ++b) {
+    if (b >= 0x80) out.partial_utf8_ids.push_back(id);
+    vocab[absl::StrFormat("<0x%02X>", b)] = id++;
+  }
   for (const std::string& c : base_chars) vocab[c] = id++;
   for (const std::string& t : trainer.vocab) vocab[t] = id++;
 
-  GeneratedTokenizer out;
   out.vocab_size = id;
   out.bos_id = 1;
   out.eos_ids = {2};

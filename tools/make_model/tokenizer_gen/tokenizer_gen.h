@@ -25,6 +25,9 @@ struct GeneratedTokenizer {
   // -1 when the style adds no BOS.
   int32_t bos_id = -1;
   std::vector<int32_t> eos_ids;
+  // Tokens whose bytes are not whole UTF-8 characters (lone lead or
+  // continuation bytes, byte-fallback pieces of multi-byte characters).
+  std::vector<int32_t> partial_utf8_ids;
 };
 
 // `vocab_size` counts every token; INVALID_ARGUMENT when it cannot hold the
