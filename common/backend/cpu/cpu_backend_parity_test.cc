@@ -6,8 +6,9 @@
 //    decode steps are within 1e-3 of the prompt's logit range, and the greedy
 //    continuation of 32 tokens equals HF's exactly;
 //  - bf16 (weights, matmul inputs and KV): logits within kBf16Tolerance of the
-//    range, and teacher-forced greedy choices agree with HF f32 at least as
-//    often as HF's own bf16 model does (recorded in the fixture), and >= 98%.
+//    range, and >= 99% of teacher-forced greedy choices agree with HF f32,
+//    and at least as many as HF's own bf16 model gets (recorded in the
+//    fixture).
 
 #include <algorithm>
 #include <cmath>
@@ -238,12 +239,11 @@ TEST_P(ParityTest, Bf16WithinToleranceAndAgreesOnGreedyChoices) {
               "max |dlogit| / range = %.3g\n",
               GetParam().c_str(), agree, total, agreement, hf_agree, total,
               static_cast<double>(hf_agree) / total, worst);
-  // The random-weight test models have flat output distributions, where bf16
-  // rounding of the weights flips near-ties: Hugging Face's own bf16 model
-  // agrees with its f32 one on 97.3-100% of these positions. The bar is
-  // therefore to agree at least as often as that peer, and never below 98%.
+  // At least 99%, and at least as often as Hugging Face's own bf16 model
+  // agrees with its f32 one on the same positions (98-100% on these flat
+  // random-weight models, where bf16 rounding flips near-ties).
   const double hf_agreement = static_cast<double>(hf_agree) / total;
-  EXPECT_GE(agreement, std::max(0.98, hf_agreement));
+  EXPECT_GE(agreement, std::max(0.99, hf_agreement));
   EXPECT_LE(worst, kBf16Tolerance);
 }
 
