@@ -10,6 +10,7 @@
 #include "common/logging/log.h"
 #include "common/model/checkpoint.h"
 #include "common/model/llama_weights.h"
+#include "common/model/load_progress.h"
 #include "common/status/status_macros.h"
 #include "kernels/cpu/paged_attention/paged_attention.h"
 #include "kernels/cpu/rms_norm/rms_norm.h"
@@ -21,32 +22,6 @@ namespace {
 
 using numeric::DType;
 
-// Logs weight-loading progress at every tenth of the bytes, with the rate.
-class LoadProgress {
- public:
-  LoadProgress(uint64_t total_bytes, Clock* clock)
-      : total_(total_bytes), clock_(clock), start_(clock->Now()) {}
-
-  void Add(uint64_t bytes) {
-    done_ += bytes;
-    const int decile = total_ == 0 ? 10 : static_cast<int>(done_ * 10 / total_);
-    if (decile <= last_decile_) return;
-    last_decile_ = decile;
-    const double seconds = absl::ToDoubleSeconds(clock_->Now() - start_);
-    TRIDENT_LOG(INFO) << absl::StrFormat(
-        "loading weights: %d%% (%.1f of %.1f MiB, %.0f MiB/s)", std::min(decile * 10, 100),
-        done_ / 1048576.0, total_ / 1048576.0,
-        seconds > 0 ? done_ / 1048576.0 / seconds : 0.0);
-  }
-
- private:
-  uint64_t total_;
-  uint64_t done_ = 0;
-  int last_decile_ = 0;
-  Clock* clock_;
-  absl::Time start_;
-};
-
 // Reads tensors into one weight matrix, stacked along the output dimension
 // (fused q/k/v, fused gate/up), in the compute format.
 class StackedWeight {
@@ -54,7 +29,7 @@ class StackedWeight {
   StackedWeight(DType dtype, int64_t in_features) : dtype_(dtype), in_(in_features) {}
 
   absl::Status Append(model::Checkpoint& ckpt, const std::string& name, int64_t rows,
-                      LoadProgress& progress) {
+                      model::LoadProgress& progress) {
     const int64_t n = rows * in_;
     if (dtype_ == DType::kF32) {
       const size_t at = f32_.size();
@@ -93,7 +68,7 @@ class StackedWeight {
 };
 
 absl::StatusOr<std::vector<float>> ReadVector(model::Checkpoint& ckpt, const std::string& name,
-                                              int64_t n, LoadProgress& progress) {
+                                              int64_t n, model::LoadProgress& progress) {
   std::vector<float> v(n);
   TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(v)));
   TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
@@ -135,7 +110,7 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
 
   RealClock real_clock;
   Clock* clock = options_.clock != nullptr ? options_.clock : &real_clock;
-  LoadProgress progress(ckpt->total_bytes(), clock);
+  model::LoadProgress progress(ckpt->total_bytes(), clock);
 
   TRIDENT_ASSIGN_OR_RETURN(
       embedding_, ReadVector(*ckpt, "model.embed_tokens.weight", config_.vocab_size * h, progress));
