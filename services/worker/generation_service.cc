@@ -122,13 +122,16 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
   }
 
   void OnDone() override {
+    bool ended;
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
+      ended = state_->final_queued;
     }
+    // A request the client left (cancelled, deadline, broken stream) is
+    // still in the engine: end it there before its id is free again.
+    if (registered_ && !ended) service_->engine_->Abort(state_->request_id);
     if (registered_) service_->Unregister(state_->request_id);
-    // The engine may still hold a callback for a request the client left.
-    service_->engine_->Abort(state_->request_id);
     delete this;
   }
 
