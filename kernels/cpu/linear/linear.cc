@@ -55,11 +55,17 @@ dnnl::matmul::primitive_desc MatmulPd(int64_t m, int64_t k, int64_t n, Dt comput
                                       /*allow_empty=*/true);
 }
 
-void ConvertToBf16(const float* x, int64_t n, uint16_t* out) {
+// x = hi + lo with hi = bf16(x) and lo = bf16(x - hi): two bf16 terms carry
+// about 16 bits of x's mantissa.
+void SplitToBf16(const float* x, int64_t n, uint16_t* hi, uint16_t* lo) {
   const int64_t chunk = 1 << 14;
 #pragma omp parallel for schedule(static) if (n >= kMinParallelConvert)
   for (int64_t begin = 0; begin < n; begin += chunk) {
-    numeric::FloatToBf16(x + begin, out + begin, static_cast<size_t>(std::min(chunk, n - begin)));
+    const int64_t end = std::min(begin + chunk, n);
+    for (int64_t i = begin; i < end; ++i) {
+      hi[i] = numeric::FloatToBf16(x[i]);
+      lo[i] = numeric::FloatToBf16(x[i] - numeric::Bf16ToFloat(hi[i]));
+    }
   }
 }
 
@@ -81,6 +87,8 @@ struct Linear::Impl {
   };
   std::unordered_map<int64_t, Cached> primitives;
   std::vector<uint16_t> bf16_scratch;
+  std::vector<float> f32_scratch;
+  std::vector<float> bias_values;
 
   // For an m whose fixed-size primitive rejects the packed layout: a runtime-m
   // primitive over a second copy of the weights in the layout it wants, made on
@@ -150,6 +158,7 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int6
   impl->in_features = in_features;
   impl->out_features = out_features;
   impl->has_bias = bias != nullptr;
+  if (bias != nullptr) impl->bias_values.assign(bias, bias + out_features);
   try {
     // Weights as a matmul B[k][n] are the transpose of HF's [out][in]: "ba".
     const dnnl::memory::desc any_bf16({in_features, out_features}, Dt::bf16, Tag::any);
@@ -193,15 +202,38 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int6
 void Linear::Forward(const float* x, int64_t m, float* y) const {
   if (m <= 0) return;
   Impl& impl = *impl_;
+  if (impl.compute_dtype == numeric::DType::kBF16) {
+    // The rows of x are split into bf16 hi and lo halves and multiplied as one
+    // batch of 2m rows: y = W·hi + W·lo. The weights are read once, as for m
+    // rows, so decode costs the same, while y keeps about 16 bits of x
+    // (errors ~2^-17 relative instead of 2^-9 for x rounded to bf16).
+    const int64_t n = m * impl.in_features;
+    if (impl.bf16_scratch.size() < static_cast<size_t>(2 * n)) impl.bf16_scratch.resize(2 * n);
+    SplitToBf16(x, n, impl.bf16_scratch.data(), impl.bf16_scratch.data() + n);
+    const int64_t out = impl.out_features;
+    if (impl.f32_scratch.size() < static_cast<size_t>(2 * m * out)) {
+      impl.f32_scratch.resize(2 * m * out);
+    }
+    Run(impl, 2 * m, impl.bf16_scratch.data(), impl.f32_scratch.data());
+    const float* hi = impl.f32_scratch.data();
+    const float* lo = hi + m * out;
+    const float* bias = impl.has_bias ? impl.bias_values.data() : nullptr;
+#pragma omp parallel for schedule(static) if (m * out >= kMinParallelConvert)
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < out; ++j) {
+        // The bias was added to both halves.
+        const int64_t i = r * out + j;
+        y[i] = bias != nullptr ? (hi[i] - bias[j]) + lo[i] : hi[i] + lo[i];
+      }
+    }
+    return;
+  }
+  Run(impl, m, const_cast<float*>(x), y);
+}
+
+void Linear::Run(Impl& impl, int64_t m, void* src, float* y) {
   const Impl::Cached& cached = impl.PrimitiveFor(m);
   const Dt compute = ToDnnl(impl.compute_dtype);
-  void* src = const_cast<float*>(x);
-  if (impl.compute_dtype == numeric::DType::kBF16) {
-    const int64_t n = m * impl.in_features;
-    if (impl.bf16_scratch.size() < static_cast<size_t>(n)) impl.bf16_scratch.resize(n);
-    ConvertToBf16(x, n, impl.bf16_scratch.data());
-    src = impl.bf16_scratch.data();
-  }
   const dnnl::memory src_mem(dnnl::memory::desc({m, impl.in_features}, compute, Tag::ab),
                              CpuEngine(), src);
   const dnnl::memory dst_mem(dnnl::memory::desc({m, impl.out_features}, Dt::f32, Tag::ab),

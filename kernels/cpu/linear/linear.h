@@ -9,16 +9,18 @@
 //
 // Compute types:
 //   kF32 weights   f32 x f32 -> f32 matmul.
-//   kBF16 weights  x is rounded to bf16 (a scratch copy) and a bf16 x bf16
-//                  matmul accumulates in f32, where the CPU supports it (oneDNN
-//                  2.6 needs AVX-512; AMX is used where present). Elsewhere
-//                  (AVX2-only CPUs) the weights are widened to f32 at Create
-//                  and the f32 matmul runs: exact, twice the memory.
-//   `compute_dtype()` says which one this layer uses. Rounding x to bf16 costs
-//   accuracy (errors ~2^-9 relative per product: max |error| ~7e-3 on
-//   outputs of unit size, measured), so callers that must match an fp32
-//   reference closely can ask for LinearCompute::kF32, which widens bf16
-//   weights once at Create and runs the exact f32 matmul.
+//   kBF16 weights  x is split into two bf16 terms, x = hi + lo, and one bf16 x
+//                  bf16 matmul over the 2m rows [hi; lo] accumulates in f32;
+//                  y = W·hi + W·lo. The weights are read once either way, so
+//                  decode (small m) costs what a plain bf16 matmul does, and x
+//                  keeps ~16 bits (errors ~2^-17 relative, against 2^-9 had
+//                  x been rounded to bf16); prefill does twice the FLOPs.
+//                  Needs a CPU where oneDNN 2.6 has bf16 matmuls (AVX-512;
+//                  AMX is used where present). Elsewhere (AVX2-only CPUs) the
+//                  weights are widened to f32 at Create and the f32 matmul
+//                  runs: exact, twice the memory.
+//   `compute_dtype()` says which one this layer uses. LinearCompute::kF32
+//   widens bf16 weights once at Create and runs the exact f32 matmul.
 //
 // Forward takes any m (1 for one decode token, thousands for a prefill); the
 // matmul primitive for each m is created on first use and cached.
@@ -83,6 +85,8 @@ class Linear {
  private:
   struct Impl;  // oneDNN objects; keeps dnnl.hpp out of this header.
   explicit Linear(std::unique_ptr<Impl> impl);
+  // One matmul of m rows of `src` (in the compute type) into y.
+  static void Run(Impl& impl, int64_t m, void* src, float* y);
 
   std::unique_ptr<Impl> impl_;
 };
