@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, model_name, "",
 ABSL_FLAG(std::string, dtype, "f32",
           "CPU backend precision: 'f32', or 'bf16' (bf16 weights, matmul inputs and KV cache; "
           "fp32 accumulation).");
+ABSL_FLAG(std::string, bf16_activations, "round",
+          "With --dtype=bf16: 'round' matmul inputs to bf16 (fastest, the usual bf16 numerics) "
+          "or 'split' them into two bf16 terms (near-f32 accuracy; matmuls do twice the work).");
 ABSL_FLAG(int64_t, kv_cache_mb, 512, "Host memory for the paged KV cache, in MiB.");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
           options.model_dir = absl::GetFlag(FLAGS_model);
           options.model_name = absl::GetFlag(FLAGS_model_name);
           options.dtype = absl::GetFlag(FLAGS_dtype);
+          options.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
           options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
           options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
           options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);

@@ -106,8 +106,13 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   auto model = std::make_unique<WorkerModel>();
   TRIDENT_ASSIGN_OR_RETURN(model->tokenizer, tokenizer::Tokenizer::FromDirectory(options.model_dir));
 
+  if (options.bf16_activations != "round" && options.bf16_activations != "split") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bf16_activations must be round or split, got \"", options.bf16_activations, "\""));
+  }
   backend::CpuBackendOptions bo;
   bo.compute_dtype = dtype;
+  bo.bf16_split_activations = options.bf16_activations == "split";
   bo.kv_dtype = dtype;
   bo.kv_cache_bytes = options.kv_cache_bytes;
   bo.kv_block_size = options.kv_block_size;

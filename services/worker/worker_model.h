@@ -24,6 +24,9 @@ struct WorkerModelOptions {
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.
   std::string dtype = "f32";
+  // With dtype bf16: "round" matmul inputs to bf16 (fastest) or "split" them
+  // into two bf16 terms (near-f32 accuracy, matmuls do twice the work).
+  std::string bf16_activations = "round";
   int64_t kv_cache_bytes = int64_t{512} << 20;
   int32_t kv_block_size = 16;
   int32_t cpu_threads = 0;

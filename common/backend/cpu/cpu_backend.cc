@@ -26,7 +26,8 @@ using numeric::DType;
 // (fused q/k/v, fused gate/up), in the compute format.
 class StackedWeight {
  public:
-  StackedWeight(DType dtype, int64_t in_features) : dtype_(dtype), in_(in_features) {}
+  StackedWeight(DType dtype, int64_t in_features, kernels::cpu::LinearCompute mode)
+      : dtype_(dtype), in_(in_features), mode_(mode) {}
 
   absl::Status Append(model::Checkpoint& ckpt, const std::string& name, int64_t rows,
                       model::LoadProgress& progress) {
@@ -50,7 +51,7 @@ class StackedWeight {
                                                              int64_t* weight_bytes) {
     const void* data = dtype_ == DType::kF32 ? static_cast<const void*>(f32_.data())
                                              : static_cast<const void*>(bf16_.data());
-    auto linear = kernels::cpu::Linear::Create(in_, out_, dtype_, data, bias);
+    auto linear = kernels::cpu::Linear::Create(in_, out_, dtype_, data, bias, mode_);
     f32_ = {};
     bf16_ = {};
     // What a step really reads: the packed weights (f32 where the CPU has no
@@ -62,6 +63,7 @@ class StackedWeight {
  private:
   DType dtype_;
   int64_t in_;
+  kernels::cpu::LinearCompute mode_;
   int64_t out_ = 0;
   std::vector<float> f32_;
   std::vector<uint16_t> bf16_;
@@ -107,6 +109,9 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
   const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
   const int64_t inter = config_.intermediate_size;
   const DType dt = options_.compute_dtype;
+  const kernels::cpu::LinearCompute mode = options_.bf16_split_activations
+                                               ? kernels::cpu::LinearCompute::kBf16SplitActivations
+                                               : kernels::cpu::LinearCompute::kWeightDtype;
 
   RealClock real_clock;
   Clock* clock = options_.clock != nullptr ? options_.clock : &real_clock;
@@ -122,7 +127,7 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
                              ReadVector(*ckpt, name("input_layernorm.weight"), h, progress));
     TRIDENT_ASSIGN_OR_RETURN(layer.post_norm, ReadVector(*ckpt, name("post_attention_layernorm.weight"),
                                                          h, progress));
-    StackedWeight qkv(dt, h);
+    StackedWeight qkv(dt, h, mode);
     TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.q_proj.weight"), q_out, progress));
     TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.k_proj.weight"), kv_out, progress));
     TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.v_proj.weight"), kv_out, progress));
@@ -137,7 +142,7 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
     }
     TRIDENT_ASSIGN_OR_RETURN(layer.qkv, qkv.Build(qkv_bias.empty() ? nullptr : qkv_bias.data(),
                                                   &weight_bytes_per_step_));
-    StackedWeight o(dt, q_out);
+    StackedWeight o(dt, q_out, mode);
     TRIDENT_RETURN_IF_ERROR(o.Append(*ckpt, name("self_attn.o_proj.weight"), h, progress));
     std::vector<float> o_bias;
     if (config_.o_proj_bias) {
@@ -145,7 +150,7 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
     }
     TRIDENT_ASSIGN_OR_RETURN(layer.o, o.Build(o_bias.empty() ? nullptr : o_bias.data(),
                                               &weight_bytes_per_step_));
-    StackedWeight gate_up(dt, h);
+    StackedWeight gate_up(dt, h, mode);
     TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.gate_proj.weight"), inter, progress));
     TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.up_proj.weight"), inter, progress));
     std::vector<float> gate_up_bias, down_bias;
@@ -160,14 +165,14 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
     TRIDENT_ASSIGN_OR_RETURN(
         layer.gate_up,
         gate_up.Build(gate_up_bias.empty() ? nullptr : gate_up_bias.data(), &weight_bytes_per_step_));
-    StackedWeight down(dt, inter);
+    StackedWeight down(dt, inter, mode);
     TRIDENT_RETURN_IF_ERROR(down.Append(*ckpt, name("mlp.down_proj.weight"), h, progress));
     TRIDENT_ASSIGN_OR_RETURN(
         layer.down,
         down.Build(down_bias.empty() ? nullptr : down_bias.data(), &weight_bytes_per_step_));
   }
   TRIDENT_ASSIGN_OR_RETURN(final_norm_, ReadVector(*ckpt, "model.norm.weight", h, progress));
-  StackedWeight head(dt, h);
+  StackedWeight head(dt, h, mode);
   const std::string head_name =
       config_.tie_word_embeddings && !ckpt->Has("lm_head.weight") ? "model.embed_tokens.weight"
                                                                   : "lm_head.weight";
@@ -210,11 +215,21 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
 }
 
 std::string CpuBackend::Describe() const {
-  return absl::StrCat("cpu ", numeric::DTypeName(options_.compute_dtype), " matmuls, ",
-                      config_.num_hidden_layers, " layers, hidden ", config_.hidden_size,
-                      ", vocab ", config_.vocab_size, ", KV ", kv_spec_.num_blocks, " blocks of ",
-                      kv_spec_.block_size, " tokens (", numeric::DTypeName(kv_spec_.dtype),
-                      "), ", cpu::CpuThreadCount(), " threads");
+  std::string matmuls = absl::StrCat(numeric::DTypeName(options_.compute_dtype), " weights");
+  if (options_.compute_dtype == DType::kBF16) {
+    if (lm_head_ != nullptr && lm_head_->compute_dtype() == DType::kF32) {
+      absl::StrAppend(&matmuls, " widened to f32 (no bf16 matmul on this CPU)");
+    } else if (options_.bf16_split_activations) {
+      absl::StrAppend(&matmuls, ", split bf16 activations");
+    } else {
+      absl::StrAppend(&matmuls, ", bf16 activations");
+    }
+  }
+  return absl::StrCat("cpu, ", matmuls, ", ", config_.num_hidden_layers, " layers, hidden ",
+                      config_.hidden_size, ", vocab ", config_.vocab_size, ", KV ",
+                      kv_spec_.num_blocks, " blocks of ", kv_spec_.block_size, " tokens (",
+                      numeric::DTypeName(kv_spec_.dtype), "), ", cpu::CpuThreadCount(),
+                      " threads");
 }
 
 absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {

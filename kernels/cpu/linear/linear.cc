@@ -56,7 +56,7 @@ dnnl::matmul::primitive_desc MatmulPd(int64_t m, int64_t k, int64_t n, Dt comput
 }
 
 // x = hi + lo with hi = bf16(x) and lo = bf16(x - hi): two bf16 terms carry
-// about 16 bits of x's mantissa.
+// about 16 bits of x's mantissa. Without `lo`, x is only rounded.
 void SplitToBf16(const float* x, int64_t n, uint16_t* hi, uint16_t* lo) {
   const int64_t chunk = 1 << 14;
 #pragma omp parallel for schedule(static) if (n >= kMinParallelConvert)
@@ -64,7 +64,7 @@ void SplitToBf16(const float* x, int64_t n, uint16_t* hi, uint16_t* lo) {
     const int64_t end = std::min(begin + chunk, n);
     for (int64_t i = begin; i < end; ++i) {
       hi[i] = numeric::FloatToBf16(x[i]);
-      lo[i] = numeric::FloatToBf16(x[i] - numeric::Bf16ToFloat(hi[i]));
+      if (lo != nullptr) lo[i] = numeric::FloatToBf16(x[i] - numeric::Bf16ToFloat(hi[i]));
     }
   }
 }
@@ -89,6 +89,7 @@ struct Linear::Impl {
   std::vector<uint16_t> bf16_scratch;
   std::vector<float> f32_scratch;
   std::vector<float> bias_values;
+  bool split_activations = false;
 
   // For an m whose fixed-size primitive rejects the packed layout: a runtime-m
   // primitive over a second copy of the weights in the layout it wants, made on
@@ -164,9 +165,10 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int6
     const dnnl::memory::desc any_bf16({in_features, out_features}, Dt::bf16, Tag::any);
     const dnnl::memory::desc any_f32({in_features, out_features}, Dt::f32, Tag::any);
     dnnl::matmul::primitive_desc pd;
-    if (weight_dtype == numeric::DType::kBF16 && compute == LinearCompute::kWeightDtype) {
+    if (weight_dtype == numeric::DType::kBF16 && compute != LinearCompute::kF32) {
       pd = MatmulPd(kPackingM, in_features, out_features, Dt::bf16, any_bf16, impl->has_bias);
       impl->compute_dtype = numeric::DType::kBF16;
+      impl->split_activations = compute == LinearCompute::kBf16SplitActivations;
     }
     std::vector<float> widened;
     const void* source = weight;
@@ -202,6 +204,13 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(int64_t in_features, int6
 void Linear::Forward(const float* x, int64_t m, float* y) const {
   if (m <= 0) return;
   Impl& impl = *impl_;
+  if (impl.compute_dtype == numeric::DType::kBF16 && !impl.split_activations) {
+    const int64_t n = m * impl.in_features;
+    if (impl.bf16_scratch.size() < static_cast<size_t>(n)) impl.bf16_scratch.resize(n);
+    SplitToBf16(x, n, impl.bf16_scratch.data(), nullptr);
+    Run(impl, m, impl.bf16_scratch.data(), y);
+    return;
+  }
   if (impl.compute_dtype == numeric::DType::kBF16) {
     // The rows of x are split into bf16 hi and lo halves and multiplied as one
     // batch of 2m rows: y = W·hi + W·lo. The weights are read once, as for m

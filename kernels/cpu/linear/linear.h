@@ -9,12 +9,14 @@
 //
 // Compute types:
 //   kF32 weights   f32 x f32 -> f32 matmul.
-//   kBF16 weights  x is split into two bf16 terms, x = hi + lo, and one bf16 x
-//                  bf16 matmul over the 2m rows [hi; lo] accumulates in f32;
-//                  y = W·hi + W·lo. The weights are read once either way, so
-//                  decode (small m) costs what a plain bf16 matmul does, and x
-//                  keeps ~16 bits (errors ~2^-17 relative, against 2^-9 had
-//                  x been rounded to bf16); prefill does twice the FLOPs.
+//   kBF16 weights  x is rounded to bf16 and a bf16 x bf16 matmul accumulates
+//                  in f32 (errors ~2^-9 relative on x). With
+//                  LinearCompute::kBf16SplitActivations, x is instead split
+//                  into two bf16 terms, x = hi + lo, and one matmul over the
+//                  2m rows [hi; lo] gives y = W·hi + W·lo: the weights are
+//                  read once, x keeps ~16 bits (errors ~2^-17), and the
+//                  matmul does twice the work (measured: batch-1 decode of a
+//                  125M model 1.6x slower on Sapphire Rapids with AMX).
 //                  Needs a CPU where oneDNN 2.6 has bf16 matmuls (AVX-512;
 //                  AMX is used where present). Elsewhere (AVX2-only CPUs) the
 //                  weights are widened to f32 at Create and the f32 matmul
@@ -39,8 +41,14 @@
 namespace trident::kernels::cpu {
 
 enum class LinearCompute {
-  kWeightDtype,  // bf16 x bf16 for bf16 weights where the CPU has it, else f32.
-  kF32,          // Always f32 x f32 (bf16 weights are widened at Create).
+  // bf16 x bf16 for bf16 weights where the CPU has it (x rounded to bf16),
+  // else f32.
+  kWeightDtype,
+  // As kWeightDtype, but x is carried as two bf16 terms (see above): ~2^-17
+  // instead of 2^-9 relative error on x, at the cost of a 2m-row matmul.
+  kBf16SplitActivations,
+  // Always f32 x f32 (bf16 weights are widened at Create).
+  kF32,
 };
 
 // Thread-compatible: Forward keeps a primitive cache and a bf16 scratch
