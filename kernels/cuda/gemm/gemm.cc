@@ -1,0 +1,154 @@
+#include "kernels/cuda/gemm/gemm.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace trident::kernels::cuda {
+namespace {
+
+absl::Status CublasError(const char* what, cublasStatus_t status) {
+  return absl::InternalError(
+      absl::StrCat("cuBLASLt ", what, ": ", cublasLtGetStatusString(status)));
+}
+
+#define TRIDENT_CUBLAS(call, what)                                 \
+  do {                                                             \
+    cublasStatus_t s_ = (call);                                    \
+    if (s_ != CUBLAS_STATUS_SUCCESS) return CublasError(what, s_); \
+  } while (0)
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Key: m, n, k, x_stride, y_stride, bias. Value: descriptors and algorithm.
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, Plan> plans;
+
+  ~Impl() {
+    for (auto& [key, p] : plans) {
+      if (p.op) cublasLtMatmulDescDestroy(p.op);
+      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+      if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    }
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  // cuBLASLt is column-major. Row-major y[m][n] is column-major yᵀ [n][m]:
+  // yᵀ = W · xᵀ, with W [n][k] row-major = column-major Wᵀ [k][n] taken
+  // transposed (op T), and x [m][k] row-major = column-major xᵀ [k][m].
+  absl::StatusOr<const Plan*> PlanFor(const GemmArgs& args) {
+    const auto key =
+        std::make_tuple(args.m, args.n, args.k, args.x_stride, args.y_stride, args.bias != nullptr);
+    if (auto it = plans.find(key); it != plans.end()) return &it->second;
+    Plan p;
+    TRIDENT_CUBLAS(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                  sizeof(trans_a)),
+                   "transa");
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                                  sizeof(trans_b)),
+                   "transb");
+    if (args.bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                    sizeof(epilogue)),
+                     "epilogue");
+      const cudaDataType_t bias_type = CUDA_R_16BF;
+      TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bias_type, sizeof(bias_type)),
+                     "bias type");
+    }
+    // A = W as stored: column-major [k][n] with ld k (op T makes it [n][k]).
+    TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, args.k, args.n, args.k), "A");
+    // B = xᵀ: column-major [k][m], ld x_stride.
+    TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, args.k, args.m, args.x_stride),
+                   "B");
+    // C = D = yᵀ: column-major [n][m], ld y_stride.
+    TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, args.n, args.m, args.y_stride),
+                   "C");
+    cublasLtMatmulPreference_t pref = nullptr;
+    TRIDENT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    TRIDENT_CUBLAS(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes, sizeof(workspace_bytes)),
+        "workspace preference");
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatmulDescDestroy(p.op);
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      return absl::InternalError(
+          absl::StrCat("cuBLASLt has no algorithm for m=", args.m, " n=", args.n, " k=", args.k));
+    }
+    p.algo = result.algo;
+    return &plans.emplace(key, p).first->second;
+  }
+};
+
+Gemm::Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Gemm::~Gemm() = default;
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
+  auto impl = std::make_unique<Impl>();
+  TRIDENT_CUBLAS(cublasLtCreate(&impl->handle), "create");
+  impl->workspace_bytes = workspace_bytes;
+  if (workspace_bytes > 0) {
+    const cudaError_t err = cudaMalloc(&impl->workspace, workspace_bytes);
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Gemm workspace of ", workspace_bytes, " bytes: ", cudaGetErrorString(err)));
+    }
+  }
+  return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
+}
+
+absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
+  if (args.m < 0 || args.n <= 0 || args.k <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: m=", args.m, " n=", args.n, " k=", args.k, " must be m>=0, n,k>0"));
+  }
+  if (args.m == 0) return absl::OkStatus();
+  if (args.x == nullptr || args.w == nullptr || args.y == nullptr) {
+    return absl::InvalidArgumentError("Gemm: x, w and y must not be null");
+  }
+  if (args.x_stride < args.k || args.y_stride < args.n) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: strides x ", args.x_stride, " y ",
+                                                   args.y_stride, " smaller than rows"));
+  }
+  auto plan = impl_->PlanFor(args);
+  if (!plan.ok()) return plan.status();
+  const Impl::Plan& p = **plan;
+  if (args.bias != nullptr) {
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &args.bias, sizeof(args.bias)),
+                   "bias pointer");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  TRIDENT_CUBLAS(
+      cublasLtMatmul(impl_->handle, p.op, &alpha, args.w, p.a, args.x, p.b, &beta, args.y, p.c,
+                     args.y, p.c, &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+      "matmul");
+  return absl::OkStatus();
+}
+
+}  // namespace trident::kernels::cuda

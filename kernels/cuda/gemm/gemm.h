@@ -1,0 +1,59 @@
+// Linear layers on the GPU through cuBLASLt: y[m, n] = x[m, k] · Wᵀ (+ bias)
+// with W in Hugging Face layout [n][k] row-major, all bf16, fp32
+// accumulation (CUBLAS_COMPUTE_32F). The bias, when given, is fused into the
+// matmul as a cuBLASLt epilogue. The reference is kernels/cpu/linear.
+
+#ifndef TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
+#define TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace trident::kernels::cuda {
+
+struct GemmArgs {
+  // Device pointers: x [m][k] (row stride x_stride), w [n][k] (contiguous),
+  // optional bias [n] (bf16, may be null), y [m][n] (row stride y_stride).
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  void* y = nullptr;
+  int64_t y_stride = 0;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+// One cuBLASLt handle and workspace, used from one thread (or externally
+// serialized); the stream is per call. Algorithms are chosen by cuBLASLt's
+// heuristic per (m, n, k, bias) and cached.
+class Gemm {
+ public:
+  // `workspace_bytes` of device memory is allocated once (32 MiB default, as
+  // cuBLAS recommends for Hopper).
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(size_t workspace_bytes = 32u << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // Enqueues y = x·Wᵀ (+ bias) on `stream`. kInvalidArgument for bad shapes,
+  // strides or null pointers; kInternal when cuBLASLt fails or has no
+  // algorithm. m == 0 is a no-op.
+  absl::Status Run(const GemmArgs& args, cudaStream_t stream);
+
+ private:
+  struct Impl;
+  explicit Gemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trident::kernels::cuda
+
+#endif  // TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
