@@ -1,0 +1,69 @@
+// The CUDA backend: the same Llama-family decoder as backend/cpu, on one GPU.
+// Weights and the paged KV cache live in device memory in bf16; GEMMs run on
+// cuBLASLt (fp32 accumulation); embedding, fused residual+RMSNorm, RoPE, KV
+// append, SwiGLU and paged prefill/decode attention are the project's own
+// kernels (kernels/cuda). Everything is enqueued on the backend's own stream;
+// Forward synchronizes that stream once, to hand logits to the host.
+//
+// Device memory is budgeted at start: weights, then activation workspace for
+// `max_batch_tokens`, then the KV pool takes what `gpu_memory_fraction` of
+// the device leaves.
+
+#ifndef TRIDENT_COMMON_BACKEND_CUDA_CUDA_BACKEND_H_
+#define TRIDENT_COMMON_BACKEND_CUDA_CUDA_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/backend/model_backend.h"
+#include "common/model/config.h"
+#include "common/time/clock.h"
+
+namespace trident::backend {
+
+struct CudaBackendOptions {
+  int32_t device = 0;
+  // Share of the device's memory the backend may use (weights, workspace and
+  // KV pool together).
+  double gpu_memory_fraction = 0.9;
+  int32_t kv_block_size = 16;
+  // Largest number of tokens one Forward may carry (sizes the workspace).
+  int32_t max_batch_tokens = 8192;
+  // Most sequences one Forward may carry.
+  int32_t max_batch_sequences = 256;
+  // Caps the context window (0: the model's max_position_embeddings).
+  int32_t max_model_len = 0;
+  // For load-progress reporting; nullptr means the real clock.
+  Clock* clock = nullptr;
+};
+
+class CudaBackend : public ModelBackend {
+ public:
+  // FAILED_PRECONDITION when the device is missing or the model does not fit
+  // in the memory budget; INVALID_ARGUMENT / FAILED_PRECONDITION for bad or
+  // unsupported models, naming the file and tensor.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const std::string& model_dir,
+                                                             const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  int32_t vocab_size() const override;
+  int32_t max_model_len() const override;
+  KvCapacity kv_capacity() const override;
+  std::string Describe() const override;
+  // INVALID_ARGUMENT for batches beyond max_batch_tokens / sequences, bad
+  // positions or block ids; INTERNAL for CUDA errors.
+  absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
+
+  const model::ModelConfig& config() const;
+
+ private:
+  struct Impl;
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trident::backend
+
+#endif  // TRIDENT_COMMON_BACKEND_CUDA_CUDA_BACKEND_H_
