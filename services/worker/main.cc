@@ -27,7 +27,11 @@ ABSL_FLAG(std::string, dtype, "f32",
 ABSL_FLAG(std::string, bf16_activations, "round",
           "With --dtype=bf16: 'round' matmul inputs to bf16 (fastest, the usual bf16 numerics) "
           "or 'split' them into two bf16 terms (near-f32 accuracy; matmuls do twice the work).");
-ABSL_FLAG(int64_t, kv_cache_mb, 512, "Host memory for the paged KV cache, in MiB.");
+ABSL_FLAG(int64_t, kv_cache_mb, 512,
+          "CPU backend: host memory for the paged KV cache, in MiB.");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9,
+          "CUDA backend: share of the device's memory for weights, workspace and the KV cache "
+          "(the KV cache gets what the rest leaves).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "Threads for the CPU backend; 0: one per physical core the process may use.");
@@ -50,11 +54,6 @@ int main(int argc, char** argv) {
         absl::StatusOr<trident::v1::Role> role =
             trident::worker::ParseRole(absl::GetFlag(FLAGS_role));
         if (!role.ok()) return role.status();
-        if (device->kind == trident::worker::Device::Kind::kCuda) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("--device=", device->ToString(),
-                           ": this worker build has no CUDA backend; use --device=cpu"));
-        }
         TRIDENT_LOG(INFO) << "worker on " << device->ToString() << ", role "
                           << trident::v1::Role_Name(*role);
         trident::worker::PrefillService prefill;
@@ -69,6 +68,10 @@ int main(int argc, char** argv) {
         if (!absl::GetFlag(FLAGS_model).empty()) {
           trident::worker::WorkerModelOptions options;
           options.model_dir = absl::GetFlag(FLAGS_model);
+          if (device->kind == trident::worker::Device::Kind::kCuda) {
+            options.cuda_device = device->ordinal;
+          }
+          options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
           options.model_name = absl::GetFlag(FLAGS_model_name);
           options.dtype = absl::GetFlag(FLAGS_dtype);
           options.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);

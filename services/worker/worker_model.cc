@@ -4,6 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/model/config.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include "common/backend/cuda/cuda_backend.h"
+#endif
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
 #include "prometheus/counter.h"
@@ -110,18 +114,35 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     return absl::InvalidArgumentError(absl::StrCat(
         "--bf16_activations must be round or split, got \"", options.bf16_activations, "\""));
   }
-  backend::CpuBackendOptions bo;
-  bo.compute_dtype = dtype;
-  bo.bf16_split_activations = options.bf16_activations == "split";
-  bo.kv_dtype = dtype;
-  bo.kv_cache_bytes = options.kv_cache_bytes;
-  bo.kv_block_size = options.kv_block_size;
-  bo.max_model_len = options.max_model_len;
-  bo.num_threads = options.cpu_threads;
-  bo.pin_threads = options.pin_threads;
-  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<backend::CpuBackend> backend,
-                           backend::CpuBackend::Create(options.model_dir, bo));
-  const model::ModelConfig& c = backend->config();
+  TRIDENT_ASSIGN_OR_RETURN(model::ModelConfig c, model::LoadModelConfig(options.model_dir));
+  std::unique_ptr<backend::ModelBackend> backend;
+  if (options.cuda_device >= 0) {
+#ifdef TRIDENT_HAVE_CUDA
+    backend::CudaBackendOptions co;
+    co.device = options.cuda_device;
+    co.gpu_memory_fraction = options.gpu_memory_fraction;
+    co.kv_block_size = options.kv_block_size;
+    co.max_batch_tokens = options.max_batch_tokens;
+    co.max_batch_sequences = options.max_running;
+    co.max_model_len = options.max_model_len;
+    TRIDENT_ASSIGN_OR_RETURN(backend, backend::CudaBackend::Create(options.model_dir, co));
+#else
+    return absl::FailedPreconditionError(
+        "--device=cuda: this worker was built without CUDA; rebuild where nvcc is installed, or "
+        "use --device=cpu");
+#endif
+  } else {
+    backend::CpuBackendOptions bo;
+    bo.compute_dtype = dtype;
+    bo.bf16_split_activations = options.bf16_activations == "split";
+    bo.kv_dtype = dtype;
+    bo.kv_cache_bytes = options.kv_cache_bytes;
+    bo.kv_block_size = options.kv_block_size;
+    bo.max_model_len = options.max_model_len;
+    bo.num_threads = options.cpu_threads;
+    bo.pin_threads = options.pin_threads;
+    TRIDENT_ASSIGN_OR_RETURN(backend, backend::CpuBackend::Create(options.model_dir, bo));
+  }
   if (model->tokenizer->vocab_size() > c.vocab_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         options.model_dir, ": tokenizer.json has ", model->tokenizer->vocab_size(),
@@ -149,8 +170,9 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   std::vector<int32_t> eos = c.eos_token_ids;
   if (eos.empty()) eos = model->tokenizer->eos_token_ids();
   for (int32_t id : eos) info.add_eos_token_ids(id);
-  info.set_weight_dtype(ToProto(dtype));
-  info.set_kv_cache_dtype(ToProto(dtype));
+  const numeric::DType served = options.cuda_device >= 0 ? numeric::DType::kBF16 : dtype;
+  info.set_weight_dtype(ToProto(served));
+  info.set_kv_cache_dtype(ToProto(served));
   info.set_kv_block_size_tokens(backend->kv_capacity().block_size);
   info.set_num_layers(c.num_hidden_layers);
   info.set_num_attention_heads(c.num_attention_heads);

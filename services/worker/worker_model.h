@@ -20,6 +20,10 @@ namespace trident::worker {
 struct WorkerModelOptions {
   // Hugging Face model directory.
   std::string model_dir;
+  // -1: the CPU backend; N >= 0: the CUDA backend on device N.
+  int32_t cuda_device = -1;
+  // CUDA: share of the device's memory for weights, workspace and KV cache.
+  double gpu_memory_fraction = 0.9;
   // Name reported by ModelInfo; empty: the directory's last component.
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.

@@ -191,3 +191,18 @@ def trident_cc_fuzzer(name, srcs, deps = [], corpus = [], **kwargs):
         }),
         **_with_copts(dict(kwargs))
     )
+
+def if_cuda(if_true, if_false = []):
+    """`if_true` in builds with CUDA (nvcc found and not --config=cpu), else
+    `if_false`: for deps on CUDA libraries from code that also builds without
+    them, together with cuda_local_defines()."""
+    if not CUDA_FOUND:
+        return if_false
+    return select({
+        "//tools/build:cuda_disabled": if_false,
+        "//conditions:default": if_true,
+    })
+
+def cuda_local_defines():
+    """TRIDENT_HAVE_CUDA=1 where if_cuda() deps are present."""
+    return if_cuda(["TRIDENT_HAVE_CUDA=1"])
