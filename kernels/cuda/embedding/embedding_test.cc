@@ -27,6 +27,11 @@ struct Shape {
   int64_t out_offset_bytes;
 };
 
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "tokens " << s.num_tokens << ", vocab " << s.vocab << ", hidden " << s.hidden
+      << ", out offset " << s.out_offset_bytes << " bytes";
+}
+
 // The CPU gather the kernel must reproduce bit for bit: a copy of the table
 // row, or zeros for an id outside [0, vocab).
 std::vector<uint16_t> CpuGather(const std::vector<int32_t>& ids, const std::vector<uint16_t>& table,

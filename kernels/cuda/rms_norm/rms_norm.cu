@@ -127,8 +127,8 @@ __global__ void RmsNormKernel(const XT* x, int64_t x_stride, const float* __rest
 }
 
 template <int VEC>
-__global__ void AddRmsNormKernel(float* __restrict__ residual, int64_t residual_stride,
-                                 const uint16_t* delta, int64_t delta_stride, bool replace_residual,
+__global__ void AddRmsNormKernel(float* residual, int64_t residual_stride, const uint16_t* delta,
+                                 int64_t delta_stride, bool replace_residual,
                                  const float* __restrict__ weight, uint16_t* out,
                                  int64_t out_stride, int64_t dim, float eps) {
   const int64_t row = blockIdx.x;
