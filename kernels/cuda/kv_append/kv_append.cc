@@ -1,0 +1,62 @@
+#include "kernels/cuda/kv_append/kv_append.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/kv_append/kv_append_kernel.h"
+
+namespace trident::kernels::cuda {
+
+absl::Status ValidatePagedKvBf16(const PagedKvBf16& kv) {
+  if (kv.base == nullptr) return absl::InvalidArgumentError("PagedKvBf16: base is null");
+  if (kv.num_blocks <= 0 || kv.block_size <= 0 || kv.num_kv_heads <= 0 || kv.head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedKvBf16: num_blocks ", kv.num_blocks, ", block_size ", kv.block_size,
+        ", num_kv_heads ", kv.num_kv_heads, " and head_dim ", kv.head_dim, " must be positive"));
+  }
+  const int64_t half = static_cast<int64_t>(kv.num_kv_heads) * kv.block_size * kv.head_dim;
+  if (kv.value_offset_elems < half) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedKvBf16: value_offset_elems ",
+                                                   kv.value_offset_elems, " is less than the ",
+                                                   half, " elements of a block's keys"));
+  }
+  if (kv.block_stride_elems < kv.value_offset_elems + half) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedKvBf16: block_stride_elems ", kv.block_stride_elems,
+        " is less than value_offset_elems + the ", half, " elements of a block's values"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchKvAppend(const KvAppendArgs& args, cudaStream_t stream) {
+  if (absl::Status s = ValidatePagedKvBf16(args.kv); !s.ok()) return s;
+  if (args.num_tokens < 0 || args.num_tokens > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_append: num_tokens is ", args.num_tokens,
+                                                   "; want 0 <= num_tokens < 2^31"));
+  }
+  const int64_t row = static_cast<int64_t>(args.kv.num_kv_heads) * args.kv.head_dim;
+  if (args.k_stride < row || args.v_stride < row) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_append: k_stride ", args.k_stride,
+                                                   " and v_stride ", args.v_stride,
+                                                   " must hold a row of ", row, " elements"));
+  }
+  if (args.num_tokens > 0 && (args.k == nullptr || args.v == nullptr || args.slots == nullptr)) {
+    return absl::InvalidArgumentError("kv_append: null k, v or slots with tokens to store");
+  }
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vectorized = args.kv.head_dim % 8 == 0 && args.k_stride % 8 == 0 &&
+                          args.v_stride % 8 == 0 && args.kv.block_stride_elems % 8 == 0 &&
+                          args.kv.value_offset_elems % 8 == 0 && aligned16(args.kv.base) &&
+                          aligned16(args.k) && aligned16(args.v);
+  const PagedKvBf16& kv = args.kv;
+  const cudaError_t error = internal::KvAppendBf16(
+      kv.base, kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim, kv.block_stride_elems,
+      kv.value_offset_elems, args.k, args.k_stride, args.v, args.v_stride, args.slots,
+      args.num_tokens, vectorized, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("kv_append launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trident::kernels::cuda

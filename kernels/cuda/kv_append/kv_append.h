@@ -1,0 +1,71 @@
+#ifndef TRIDENT_KERNELS_CUDA_KV_APPEND_KV_APPEND_H_
+#define TRIDENT_KERNELS_CUDA_KV_APPEND_KV_APPEND_H_
+
+// Stores a step's keys and values into the paged bf16 KV cache on the GPU,
+// with the semantics and cache layout of kernels/cpu/paged_attention AppendKv
+// (the reference). For one layer, block b starts at
+//   base + b * block_stride_elems
+// and holds K then, value_offset_elems further on, V, each
+// [num_kv_heads][block_size][head_dim]; element (kv head h, slot offset t,
+// dim d) of K sits at base + b * block_stride_elems + (h * block_size + t) *
+// head_dim + d. Token i goes to slot slots[i]: block slots[i] / block_size,
+// offset slots[i] % block_size.
+//
+// A negative slot (padding) is skipped, as on the CPU. Slots live on the
+// device, so the host cannot check them: a slot >= num_blocks * block_size is
+// also skipped (nothing is written outside the cache) and is a caller bug the
+// scheduler must prevent. The copy is exact (bf16 in, bf16 out). The kernel
+// takes raw device pointers and a stream, never allocates and never
+// synchronizes.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace trident::kernels::cuda {
+
+// One layer's view of a bf16 paged KV cache (cpu::PagedKv with dtype kBF16,
+// plus the block count that bounds the writes). Offsets count bf16 elements.
+struct PagedKvBf16 {
+  void* base = nullptr;  // Device pointer.
+  int64_t num_blocks = 0;
+  int32_t block_size = 16;  // Tokens per block.
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int64_t block_stride_elems = 0;  // From block b to block b + 1.
+  int64_t value_offset_elems = 0;  // From a block's K to its V.
+};
+
+// OK, or kInvalidArgument naming the field: a non-null base, positive
+// num_blocks, block_size, num_kv_heads and head_dim, and strides under which
+// one block's K and V ([num_kv_heads * block_size * head_dim] each) overlap
+// neither each other nor the next block (as cpu::ValidatePagedKv).
+absl::Status ValidatePagedKvBf16(const PagedKvBf16& kv);
+
+struct KvAppendArgs {
+  PagedKvBf16 kv;
+  // Device pointers: token i's K row (all kv heads, num_kv_heads * head_dim
+  // bf16 values) at k + i * k_stride, its V row at v + i * v_stride (elements;
+  // e.g. the k and v sections of the fused qkv buffer, strides = its width).
+  const void* k = nullptr;
+  int64_t k_stride = 0;
+  const void* v = nullptr;
+  int64_t v_stride = 0;
+  // Device pointer to num_tokens slots; distinct where non-negative.
+  const int64_t* slots = nullptr;
+  int64_t num_tokens = 0;
+};
+
+// Enqueues the copy on `stream`. kInvalidArgument for an invalid kv (see
+// ValidatePagedKvBf16), negative num_tokens, strides smaller than a row, or
+// null pointers with tokens to store; kInternal if the launch fails. Zero
+// tokens is a no-op. Moves 16 bytes at a time when head_dim, strides and
+// cache offsets are multiples of 8 and the pointers 16-byte aligned, 2 bytes
+// otherwise.
+absl::Status LaunchKvAppend(const KvAppendArgs& args, cudaStream_t stream);
+
+}  // namespace trident::kernels::cuda
+
+#endif  // TRIDENT_KERNELS_CUDA_KV_APPEND_KV_APPEND_H_

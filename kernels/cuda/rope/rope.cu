@@ -1,0 +1,103 @@
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/rope/rope_kernel.h"
+
+namespace trident::kernels::cuda::internal {
+namespace {
+
+__device__ __forceinline__ float Bf16BitsToFloat(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
+__device__ __forceinline__ uint32_t FloatToBf16Bits(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+// x' = a * c - b * s and y' = b * c + a * s, every product and sum rounded on
+// its own, as the CPU reference (built with -ffp-contract=off) computes them.
+__device__ __forceinline__ void Rotate(float a, float b, float c, float s, float& x, float& y) {
+  x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+// One block per token. The token's cos/sin of its half angles go to shared
+// memory first; then each thread rotates VEC (2 or 1) adjacent pairs
+// (i, i + half) at a time across all q and k heads.
+template <int VEC>
+__global__ void RopeKernel(uint16_t* q, int64_t q_token_stride, int32_t num_q_heads, uint16_t* k,
+                           int64_t k_token_stride, int32_t num_kv_heads, int32_t head_dim,
+                           const int32_t* __restrict__ positions,
+                           const float* __restrict__ inv_freq) {
+  extern __shared__ float cos_sin[];  // cos[half], then sin[half].
+  const int64_t token = blockIdx.x;
+  const int32_t half = head_dim / 2;
+  const float position = static_cast<float>(positions[token]);
+  for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = __fmul_rn(position, inv_freq[i]);
+    float s;
+    float c;
+    sincosf(angle, &s, &c);  // Accurate (full range reduction), not __sincosf.
+    cos_sin[i] = c;
+    cos_sin[half + i] = s;
+  }
+  __syncthreads();
+  const int32_t units_per_head = half / VEC;
+  const int64_t units = static_cast<int64_t>(num_q_heads + num_kv_heads) * units_per_head;
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    const int32_t h = static_cast<int32_t>(u / units_per_head);
+    const int32_t i = static_cast<int32_t>(u % units_per_head) * VEC;
+    uint16_t* head =
+        h < num_q_heads
+            ? q + token * q_token_stride + static_cast<int64_t>(h) * head_dim
+            : k + token * k_token_stride + static_cast<int64_t>(h - num_q_heads) * head_dim;
+    if constexpr (VEC == 2) {
+      uint32_t* lo = reinterpret_cast<uint32_t*>(head + i);
+      uint32_t* hi = reinterpret_cast<uint32_t*>(head + half + i);
+      const uint32_t a = *lo;
+      const uint32_t b = *hi;
+      float x0, y0, x1, y1;
+      Rotate(Bf16BitsToFloat(a & 0xffffu), Bf16BitsToFloat(b & 0xffffu), cos_sin[i],
+             cos_sin[half + i], x0, y0);
+      Rotate(Bf16BitsToFloat(a >> 16), Bf16BitsToFloat(b >> 16), cos_sin[i + 1],
+             cos_sin[half + i + 1], x1, y1);
+      *lo = FloatToBf16Bits(x0) | (FloatToBf16Bits(x1) << 16);
+      *hi = FloatToBf16Bits(y0) | (FloatToBf16Bits(y1) << 16);
+    } else {
+      float x, y;
+      Rotate(Bf16BitsToFloat(head[i]), Bf16BitsToFloat(head[half + i]), cos_sin[i],
+             cos_sin[half + i], x, y);
+      head[i] = static_cast<uint16_t>(FloatToBf16Bits(x));
+      head[half + i] = static_cast<uint16_t>(FloatToBf16Bits(y));
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t RopeBf16(void* q, int64_t q_token_stride, int32_t num_q_heads, void* k,
+                     int64_t k_token_stride, int32_t num_kv_heads, int32_t head_dim,
+                     const int32_t* positions, int64_t num_tokens, const float* inv_freq,
+                     bool paired, cudaStream_t stream) {
+  if (num_tokens == 0 || num_q_heads + num_kv_heads == 0) return cudaSuccess;
+  const int64_t units =
+      static_cast<int64_t>(num_q_heads + num_kv_heads) * (head_dim / 2) / (paired ? 2 : 1);
+  const int threads = units >= 256 ? 256 : static_cast<int>((units + 31) / 32 * 32);
+  const size_t shared = static_cast<size_t>(head_dim) * sizeof(float);
+  const unsigned blocks = static_cast<unsigned>(num_tokens);
+  uint16_t* qb = static_cast<uint16_t*>(q);
+  uint16_t* kb = static_cast<uint16_t*>(k);
+  if (paired) {
+    RopeKernel<2><<<blocks, threads, shared, stream>>>(qb, q_token_stride, num_q_heads, kb,
+                                                       k_token_stride, num_kv_heads, head_dim,
+                                                       positions, inv_freq);
+  } else {
+    RopeKernel<1><<<blocks, threads, shared, stream>>>(qb, q_token_stride, num_q_heads, kb,
+                                                       k_token_stride, num_kv_heads, head_dim,
+                                                       positions, inv_freq);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace trident::kernels::cuda::internal

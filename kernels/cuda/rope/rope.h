@@ -1,0 +1,64 @@
+#ifndef TRIDENT_KERNELS_CUDA_ROPE_ROPE_H_
+#define TRIDENT_KERNELS_CUDA_ROPE_ROPE_H_
+
+// Rotary position embeddings on the GPU, in place on bf16 q and k heads, with
+// the semantics of kernels/cpu/rope ApplyRope (the reference): HF's
+// rotate_half convention, element i of a head paired with element
+// i + head_dim / 2,
+//
+//   f = float(position) * inv_freq[i]                       (fp32)
+//   x'[i]       = x[i] * cos(f) - x[i + d/2] * sin(f)
+//   x'[i + d/2] = x[i + d/2] * cos(f) + x[i] * sin(f)
+//
+// with each product rounded on its own (no fused multiply-add), cos and sin
+// from CUDA's accurate sincosf (not the __sincosf intrinsic) of the exact fp32
+// angle, and the results rounded to bf16 (nearest even).
+//
+// inv_freq comes from kernels/cpu/rope RopeInvFreq on the host (HF's default
+// and Llama 3 scaled frequencies), copied to the device once at load.
+//
+// Layout: a fused qkv buffer as the CPU backend uses it, row t of which holds
+// [q heads | k heads | v heads]: pass q = qkv, k = qkv + num_q_heads *
+// head_dim and both token strides = the row width. v is not touched. One
+// thread block per token. The kernel takes raw device pointers and a stream,
+// never allocates and never synchronizes.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace trident::kernels::cuda {
+
+struct RopeArgs {
+  // Device pointer: head h (< num_q_heads) of token t is the head_dim bf16
+  // values at q + t * q_token_stride + h * head_dim (elements).
+  void* q = nullptr;
+  int64_t q_token_stride = 0;
+  int32_t num_q_heads = 0;
+  // Likewise for k; may be null when num_kv_heads == 0.
+  void* k = nullptr;
+  int64_t k_token_stride = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  // Device pointer to num_tokens positions, each in [0, 2^24) (exact as
+  // float; not checked: they live on the device).
+  const int32_t* positions = nullptr;
+  int64_t num_tokens = 0;
+  // Device pointer to head_dim / 2 fp32 inverse frequencies (RopeInvFreq).
+  const float* inv_freq = nullptr;
+};
+
+// Enqueues the rotation on `stream`. kInvalidArgument naming the field for
+// head_dim not positive and even or above 1024, negative head counts or
+// num_tokens, token strides smaller than the heads they hold, q heads
+// overlapping k heads of the same token, or null pointers with work to do;
+// kInternal if the launch fails. Zero tokens is a no-op. Pairs of elements
+// move as 4-byte bf16x2 when head_dim is a multiple of 4, strides are even
+// and q and k are 4-byte aligned; as single elements otherwise.
+absl::Status LaunchRope(const RopeArgs& args, cudaStream_t stream);
+
+}  // namespace trident::kernels::cuda
+
+#endif  // TRIDENT_KERNELS_CUDA_ROPE_ROPE_H_

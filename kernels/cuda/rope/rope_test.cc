@@ -1,0 +1,179 @@
+#include "kernels/cuda/rope/rope.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "common/numeric/dtype.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/rope/rope.h"
+
+namespace trident::kernels::cuda {
+namespace {
+
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+struct Case {
+  int32_t head_dim;
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int64_t num_tokens;
+  int64_t row_pad;  // Extra elements per fused row (odd: forces the scalar path).
+  bool llama3;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "head_dim " << c.head_dim << ", heads " << c.num_q_heads << "/" << c.num_kv_heads
+      << ", tokens " << c.num_tokens << ", row pad " << c.row_pad
+      << (c.llama3 ? ", llama3" : ", default");
+}
+
+class RopeTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RopeTest, MatchesCpuApplyRopeOnBf16Inputs) {
+  const Case c = GetParam();
+  constexpr uint32_t kSeed = 777;
+  std::printf("seed %u\n", kSeed);
+  std::mt19937 rng(kSeed);
+  cpu::RopeConfig config;
+  config.head_dim = c.head_dim;
+  config.theta = c.llama3 ? 500000.0 : 10000.0;
+  config.llama3_scaling = c.llama3;
+  ASSERT_TRUE(cpu::ValidateRopeConfig(config).ok());
+  const std::vector<float> inv_freq = cpu::RopeInvFreq(config);
+
+  const int64_t q_width = static_cast<int64_t>(c.num_q_heads) * c.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const int64_t width = q_width + 2 * kv_width + c.row_pad;
+  const size_t n = static_cast<size_t>(c.num_tokens * width);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<uint16_t> bits(n);
+  std::vector<float> widened(n);
+  for (size_t i = 0; i < n; ++i) {
+    bits[i] = numeric::FloatToBf16(normal(rng));
+    widened[i] = numeric::Bf16ToFloat(bits[i]);
+  }
+  std::vector<int32_t> positions(c.num_tokens);
+  std::uniform_int_distribution<int32_t> pos_dist(0, 131072);
+  for (int32_t& p : positions) p = pos_dist(rng);
+  const int32_t edges[] = {0, 131072, 1, 131071, 8191, 8192};
+  for (size_t j = 0; j < 6 && j < positions.size(); ++j) positions[j] = edges[j];
+
+  std::vector<float> expected = widened;
+  cpu::ApplyRope(expected.data(), width, c.num_q_heads, expected.data() + q_width, width,
+                 c.num_kv_heads, c.head_dim, positions.data(), c.num_tokens, inv_freq.data());
+
+  uint16_t* d_qkv = nullptr;
+  int32_t* d_positions = nullptr;
+  float* d_inv_freq = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_qkv), n * 2 + 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_positions), positions.size() * 4 + 4),
+            cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_inv_freq), inv_freq.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_qkv, bits.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_positions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_inv_freq, inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_THAT(LaunchRope({.q = d_qkv,
+                          .q_token_stride = width,
+                          .num_q_heads = c.num_q_heads,
+                          .k = c.num_kv_heads > 0 ? d_qkv + q_width : nullptr,
+                          .k_token_stride = width,
+                          .num_kv_heads = c.num_kv_heads,
+                          .head_dim = c.head_dim,
+                          .positions = d_positions,
+                          .num_tokens = c.num_tokens,
+                          .inv_freq = d_inv_freq},
+                         nullptr),
+              IsOk());
+  std::vector<uint16_t> got(n);
+  ASSERT_EQ(cudaMemcpy(got.data(), d_qkv, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d_qkv);
+  cudaFree(d_positions);
+  cudaFree(d_inv_freq);
+
+  // Tolerance: bf16 rounding of the result (half an ulp: 2^-8 relative) plus
+  // the fp32 differences of sincosf (CUDA: within 2 ulp) and std::sin/cos,
+  // which scale with the pair's magnitude: 2^-20 * (|a| + |b|).
+  const int32_t half = c.head_dim / 2;
+  int64_t bad = 0;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t e = 0; e < width; ++e) {
+      const size_t idx = static_cast<size_t>(t * width + e);
+      if (e >= q_width + kv_width) {
+        ASSERT_EQ(got[idx], bits[idx]) << "v or padding changed: token " << t << " element " << e;
+        continue;
+      }
+      const int64_t in_head = e % c.head_dim;
+      const int64_t partner = in_head < half ? idx + half : idx - half;
+      const float magnitude = std::abs(widened[idx]) + std::abs(widened[partner]);
+      const float want = expected[idx];
+      const float tolerance = std::abs(want) / 256.0f + magnitude / (1 << 20);
+      const float g = numeric::Bf16ToFloat(got[idx]);
+      if (!(std::abs(g - want) <= tolerance) && ++bad <= 5) {
+        ADD_FAILURE() << "token " << t << " (position " << positions[t] << "), "
+                      << (e < q_width ? "q" : "k") << " element " << e << ": got " << g << ", want "
+                      << want << " +- " << tolerance;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "elements out of tolerance";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RopeTest,
+    ::testing::Values(Case{64, 4, 1, 1, 0, false},     // One decode token, GQA 4:1.
+                      Case{64, 8, 8, 7, 0, false},     // MHA.
+                      Case{128, 32, 8, 300, 0, true},  // Llama-3-8B, prefill.
+                      Case{128, 40, 8, 3, 1, true},    // Odd row stride: scalar path.
+                      Case{128, 4, 0, 2, 0, true},     // q only.
+                      Case{6, 2, 1, 9, 0, false}));    // head_dim % 4 != 0: scalar path.
+
+TEST(RopeArgsTest, RejectsBadArguments) {
+  alignas(16) char dummy[256];
+  const RopeArgs good{.q = dummy,
+                      .q_token_stride = 24,
+                      .num_q_heads = 2,
+                      .k = dummy + 32,
+                      .k_token_stride = 24,
+                      .num_kv_heads = 1,
+                      .head_dim = 8,
+                      .positions = reinterpret_cast<const int32_t*>(dummy),
+                      .num_tokens = 1,
+                      .inv_freq = reinterpret_cast<const float*>(dummy)};
+  RopeArgs bad = good;
+  bad.head_dim = 7;
+  EXPECT_THAT(LaunchRope(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("head_dim")));
+  bad = good;
+  bad.q_token_stride = 15;
+  EXPECT_THAT(LaunchRope(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("q_token_stride")));
+  bad = good;
+  bad.k_token_stride = 7;
+  EXPECT_THAT(LaunchRope(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("k_token_stride")));
+  bad = good;
+  bad.k = dummy + 16;  // Overlaps q's second head.
+  EXPECT_THAT(LaunchRope(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("overlap")));
+  bad = good;
+  bad.positions = nullptr;
+  EXPECT_THAT(LaunchRope(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("null")));
+  bad = good;
+  bad.num_tokens = -1;
+  EXPECT_THAT(LaunchRope(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("num_tokens")));
+}
+
+}  // namespace
+}  // namespace trident::kernels::cuda
