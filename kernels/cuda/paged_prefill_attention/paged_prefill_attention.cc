@@ -26,14 +26,15 @@ absl::Status Validate(const PagedPrefillArgs& a) {
     return Invalid(absl::StrCat("num_q_heads ", a.num_q_heads,
                                 " must be a positive multiple of num_kv_heads ", a.num_kv_heads));
   }
-  if (a.num_q_heads > kGridLimitYz) {
-    return Invalid(absl::StrCat("num_q_heads ", a.num_q_heads, " exceeds ", kGridLimitYz));
-  }
   if (a.batch < 0 || a.batch > kGridLimitYz) {
     return Invalid(absl::StrCat("batch ", a.batch, " must be in [0, ", kGridLimitYz, "]"));
   }
   if (a.max_query_len < 0) {
     return Invalid(absl::StrCat("max_query_len ", a.max_query_len, " must be >= 0"));
+  }
+  // Query tiles are at least 64 rows and run along the grid's y dimension.
+  if (a.max_query_len > kGridLimitYz * 64) {
+    return Invalid(absl::StrCat("max_query_len ", a.max_query_len, " exceeds ", kGridLimitYz * 64));
   }
   if (a.max_blocks_per_seq < 0) {
     return Invalid(absl::StrCat("max_blocks_per_seq ", a.max_blocks_per_seq, " must be >= 0"));

@@ -87,11 +87,12 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem_raw);
 
+  // blockIdx.x (fastest) runs over heads, so the heads sharing a kv head run
+  // side by side and share its tiles in L2; blockIdx.y runs over query tiles
+  // heaviest (latest) first, so the causal triangle's long tail starts early.
   const int seq = blockIdx.z;
-  const int head = blockIdx.y;
-  // Heaviest (latest) query tiles first, so the causal triangle's long tail
-  // starts early.
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  const int head = blockIdx.x;
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
   const int query_len = p.query_lens[seq];
   const int context_len = p.context_lens[seq];
   // The last check guards the block-table reads against a broken REQUIRES.
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
     __nv_bfloat16* const sk = sq + Cfg::kQElems + buf * 2 * Cfg::kKvElems;
     __nv_bfloat16* const sv = sk + Cfg::kKvElems;
 #pragma unroll
-    for (int r = pass_row; r < kBlockN; r += Cfg::kRowsPerPass) {
+    for (int pass = 0; pass < kBlockN / Cfg::kRowsPerPass; ++pass) {
+      const int r = pass_row + pass * Cfg::kRowsPerPass;
       const int pos = n_tile * kBlockN + r;
       const bool valid = pos < kv_end;
       int64_t offset = 0;
@@ -147,7 +149,8 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
   {
     const __nv_bfloat16* const q = static_cast<const __nv_bfloat16*>(p.q);
 #pragma unroll
-    for (int r = pass_row; r < kBlockM; r += Cfg::kRowsPerPass) {
+    for (int pass = 0; pass < kBlockM / Cfg::kRowsPerPass; ++pass) {
+      const int r = pass_row + pass * Cfg::kRowsPerPass;
       const bool valid = r < rows;
       const __nv_bfloat16* src = valid
                                      ? q + static_cast<int64_t>(query_start + m0 + r) * p.q_stride +
@@ -331,7 +334,7 @@ cudaError_t Launch(const PagedPrefillParams& params, cudaStream_t stream) {
   const cudaError_t error =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (error != cudaSuccess) return error;
-  const dim3 grid((params.max_query_len + kBlockM - 1) / kBlockM, params.num_q_heads, params.batch);
+  const dim3 grid(params.num_q_heads, (params.max_query_len + kBlockM - 1) / kBlockM, params.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
   return cudaGetLastError();
 }
