@@ -1,0 +1,115 @@
+#include "kernels/cuda/paged_prefill_attention/paged_prefill_attention.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
+
+namespace trident::kernels::cuda {
+namespace {
+
+constexpr int64_t kGridLimitYz = 65535;
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+absl::Status Invalid(const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("paged_prefill_attention: ", message));
+}
+
+absl::Status Validate(const PagedPrefillArgs& a) {
+  if (a.head_dim != 64 && a.head_dim != 128) {
+    return Invalid(absl::StrCat("head_dim ", a.head_dim, " must be 64 or 128"));
+  }
+  if (a.block_size <= 0) return Invalid(absl::StrCat("block_size ", a.block_size, " must be > 0"));
+  if (a.num_q_heads <= 0 || a.num_kv_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0) {
+    return Invalid(absl::StrCat("num_q_heads ", a.num_q_heads,
+                                " must be a positive multiple of num_kv_heads ", a.num_kv_heads));
+  }
+  if (a.batch < 0 || a.batch > kGridLimitYz) {
+    return Invalid(absl::StrCat("batch ", a.batch, " must be in [0, ", kGridLimitYz, "]"));
+  }
+  if (a.max_query_len < 0) {
+    return Invalid(absl::StrCat("max_query_len ", a.max_query_len, " must be >= 0"));
+  }
+  // Query tiles are at least 64 rows and run along the grid's y dimension.
+  if (a.max_query_len > kGridLimitYz * 64) {
+    return Invalid(absl::StrCat("max_query_len ", a.max_query_len, " exceeds ", kGridLimitYz * 64));
+  }
+  if (a.max_blocks_per_seq < 0) {
+    return Invalid(absl::StrCat("max_blocks_per_seq ", a.max_blocks_per_seq, " must be >= 0"));
+  }
+  if (static_cast<int64_t>(a.max_blocks_per_seq) * a.block_size > INT32_MAX) {
+    return Invalid("max_blocks_per_seq * block_size exceeds 2^31 - 1 positions");
+  }
+  if (!(a.scale > 0.0f) || !std::isfinite(a.scale)) {
+    return Invalid(absl::StrCat("scale ", a.scale, " must be finite and > 0"));
+  }
+  const int64_t row = static_cast<int64_t>(a.num_q_heads) * a.head_dim;
+  if (a.q_stride < row || a.q_stride % 8 != 0) {
+    return Invalid(absl::StrCat("q_stride ", a.q_stride, " must be a multiple of 8 and >= ", row));
+  }
+  if (a.out_stride < row || a.out_stride % 8 != 0) {
+    return Invalid(
+        absl::StrCat("out_stride ", a.out_stride, " must be a multiple of 8 and >= ", row));
+  }
+  // One block's K (and V) span; the kernel copies 16-byte chunks, so every
+  // offset is a multiple of 8 bf16 elements.
+  const int64_t half = static_cast<int64_t>(a.num_kv_heads) * a.block_size * a.head_dim;
+  if (a.value_offset_elems < half || a.value_offset_elems % 8 != 0) {
+    return Invalid(absl::StrCat("value_offset_elems ", a.value_offset_elems,
+                                " must be a multiple of 8 and >= one block's K (", half, ")"));
+  }
+  if (a.block_stride_elems < a.value_offset_elems + half || a.block_stride_elems % 8 != 0) {
+    return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
+                                " must be a multiple of 8 and >= value_offset_elems + ", half));
+  }
+  if (a.batch == 0 || a.max_query_len == 0) return absl::OkStatus();
+  if (a.q == nullptr || a.out == nullptr || a.kv_base == nullptr || a.block_tables == nullptr ||
+      a.context_lens == nullptr || a.query_lens == nullptr || a.query_starts == nullptr) {
+    return Invalid(
+        "null pointer (q, out, kv_base, block_tables, context_lens, query_lens or "
+        "query_starts) with work to do");
+  }
+  if (!Aligned16(a.q) || !Aligned16(a.out) || !Aligned16(a.kv_base)) {
+    return Invalid("q, out and kv_base must be 16-byte aligned");
+  }
+  if (a.max_blocks_per_seq == 0) return Invalid("max_blocks_per_seq is 0 with work to do");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStream_t stream) {
+  if (absl::Status status = Validate(args); !status.ok()) return status;
+  if (args.batch == 0 || args.max_query_len == 0) return absl::OkStatus();
+  const internal::PagedPrefillParams params{
+      .q = args.q,
+      .q_stride = args.q_stride,
+      .out = args.out,
+      .out_stride = args.out_stride,
+      .kv_base = args.kv_base,
+      .block_stride_elems = args.block_stride_elems,
+      .value_offset_elems = args.value_offset_elems,
+      .block_size = args.block_size,
+      .num_q_heads = args.num_q_heads,
+      .num_kv_heads = args.num_kv_heads,
+      .head_dim = args.head_dim,
+      .block_tables = args.block_tables,
+      .max_blocks_per_seq = args.max_blocks_per_seq,
+      .context_lens = args.context_lens,
+      .query_lens = args.query_lens,
+      .query_starts = args.query_starts,
+      .batch = args.batch,
+      .max_query_len = args.max_query_len,
+      .scale = args.scale,
+  };
+  const cudaError_t error = internal::PagedPrefillAttentionBf16(params, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("paged_prefill_attention launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trident::kernels::cuda

@@ -1,0 +1,123 @@
+// Causal prefill of one sequence through the paged prefill kernel: 32 q heads,
+// 8 kv heads, head_dim 128, block size 16 on shuffled blocks. Reports TFLOP/s
+// counting the causal half of both matmuls, 2 * 2 * L * L / 2 * heads *
+// head_dim, and the ratio to the H200's dense bf16 tensor-core peak
+// (989 TFLOP/s, a datasheet figure, not measured here).
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/cuda/paged_prefill_attention/paged_prefill_attention.h"
+
+namespace trident::kernels::cuda {
+namespace {
+
+constexpr int kLaunchesPerIteration = 5;
+constexpr double kPeakTflops = 989.0;
+constexpr int32_t kNumQHeads = 32;
+constexpr int32_t kNumKvHeads = 8;
+constexpr int32_t kHeadDim = 128;
+constexpr int32_t kBlockSize = 16;
+
+// Small bf16 values (bits of floats in about [-1, 1)) from a fixed LCG.
+std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
+  std::vector<uint16_t> v(n);
+  uint32_t x = seed;
+  for (uint16_t& e : v) {
+    x = x * 1664525u + 1013904223u;
+    // Sign, exponent 120..126, 7 random mantissa bits.
+    e = static_cast<uint16_t>(((x >> 31) << 15) | ((120u + (x >> 24) % 7u) << 7) |
+                              ((x >> 8) & 0x7fu));
+  }
+  return v;
+}
+
+template <typename T>
+void* Upload(const std::vector<T>& host) {
+  void* p = nullptr;
+  cudaMalloc(&p, host.size() * sizeof(T));
+  cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+
+void BM_PagedPrefillCausal(benchmark::State& state) {
+  const int32_t len = static_cast<int32_t>(state.range(0));
+  const int32_t num_blocks = len / kBlockSize;
+  const int64_t half = static_cast<int64_t>(kNumKvHeads) * kBlockSize * kHeadDim;
+  const int64_t row = static_cast<int64_t>(kNumQHeads) * kHeadDim;
+  std::vector<int32_t> table(num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  void* d_cache = Upload(RandomBf16(static_cast<size_t>(num_blocks) * 2 * half, 1));
+  void* d_q = Upload(RandomBf16(static_cast<size_t>(len) * row, 2));
+  void* d_out = nullptr;
+  cudaMalloc(&d_out, static_cast<size_t>(len) * row * 2);
+  void* d_table = Upload(table);
+  void* d_context = Upload(std::vector<int32_t>{len});
+  void* d_query = Upload(std::vector<int32_t>{len});
+  void* d_start = Upload(std::vector<int32_t>{0});
+  const PagedPrefillArgs args{.q = d_q,
+                              .q_stride = row,
+                              .out = d_out,
+                              .out_stride = row,
+                              .kv_base = d_cache,
+                              .block_stride_elems = 2 * half,
+                              .value_offset_elems = half,
+                              .block_size = kBlockSize,
+                              .num_q_heads = kNumQHeads,
+                              .num_kv_heads = kNumKvHeads,
+                              .head_dim = kHeadDim,
+                              .block_tables = static_cast<const int32_t*>(d_table),
+                              .max_blocks_per_seq = num_blocks,
+                              .context_lens = static_cast<const int32_t*>(d_context),
+                              .query_lens = static_cast<const int32_t*>(d_query),
+                              .query_starts = static_cast<const int32_t*>(d_start),
+                              .batch = 1,
+                              .max_query_len = len,
+                              .scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+  const absl::Status status = LaunchPagedPrefillAttention(args, nullptr);  // Warm-up.
+  if (!status.ok() || cudaDeviceSynchronize() != cudaSuccess) {
+    state.SkipWithError(status.ok() ? "kernel failed" : std::string(status.message()).c_str());
+  } else {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    for (auto _ : state) {
+      cudaEventRecord(start, nullptr);
+      for (int i = 0; i < kLaunchesPerIteration; ++i) {
+        (void)LaunchPagedPrefillAttention(args, nullptr);
+      }
+      cudaEventRecord(stop, nullptr);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      state.SetIterationTime(ms / 1e3 / kLaunchesPerIteration);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    const double flops = 2.0 * len * static_cast<double>(len) * kNumQHeads * kHeadDim;
+    state.counters["TFLOP/s"] =
+        benchmark::Counter(flops / 1e12 * state.iterations(), benchmark::Counter::kIsRate);
+    // Ratio of TFLOP/s to the datasheet peak, as a rate so it divides by time.
+    state.counters["peak_ratio"] = benchmark::Counter(
+        flops / 1e12 / kPeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  }
+  for (void* p : {d_cache, d_q, d_out, d_table, d_context, d_query, d_start}) cudaFree(p);
+}
+
+BENCHMARK(BM_PagedPrefillCausal)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Arg(4096)
+    ->Arg(8192)
+    ->Arg(16384);
+
+}  // namespace
+}  // namespace trident::kernels::cuda

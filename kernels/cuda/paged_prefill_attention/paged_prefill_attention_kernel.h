@@ -1,0 +1,42 @@
+#ifndef TRIDENT_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_PAGED_PREFILL_ATTENTION_KERNEL_H_
+#define TRIDENT_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_PAGED_PREFILL_ATTENTION_KERNEL_H_
+
+// The launcher nvcc compiles; paged_prefill_attention.cc checks arguments
+// before calling it. The fields mirror PagedPrefillArgs (whose header pulls in
+// Abseil, which nvcc does not need to see).
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace trident::kernels::cuda::internal {
+
+struct PagedPrefillParams {
+  const void* q;
+  int64_t q_stride;
+  void* out;
+  int64_t out_stride;
+  const void* kv_base;
+  int64_t block_stride_elems;
+  int64_t value_offset_elems;
+  int32_t block_size;
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  const int32_t* block_tables;
+  int32_t max_blocks_per_seq;
+  const int32_t* context_lens;
+  const int32_t* query_lens;
+  const int32_t* query_starts;
+  int32_t batch;
+  int32_t max_query_len;
+  float scale;
+};
+
+// REQUIRES: the checks of LaunchPagedPrefillAttention passed; batch > 0 and
+// max_query_len > 0.
+cudaError_t PagedPrefillAttentionBf16(const PagedPrefillParams& params, cudaStream_t stream);
+
+}  // namespace trident::kernels::cuda::internal
+
+#endif  // TRIDENT_KERNELS_CUDA_PAGED_PREFILL_ATTENTION_PAGED_PREFILL_ATTENTION_KERNEL_H_
