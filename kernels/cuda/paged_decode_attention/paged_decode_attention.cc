@@ -88,12 +88,24 @@ DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_l
                       int32_t num_sms) {
   DecodePlan plan;
   if (batch <= 0 || num_kv_heads <= 0 || max_context_len <= 0 || num_sms <= 0) return plan;
+  // Resident CTAs: kTargetCtasPerSm per SM (the split kernel's occupancy for
+  // head_dim 128 and GQA 4: 106 registers x 128 threads). Pick the split count
+  // whose last wave is fullest, preferring fewer splits on ties: e.g. 512
+  // CTAs on 528 slots beat 640 (one full wave plus a nearly empty one).
   const int64_t items = static_cast<int64_t>(batch) * num_kv_heads;
-  const int64_t target = static_cast<int64_t>(num_sms) * kTargetCtasPerSm;
-  const int64_t wanted = (target + items - 1) / items;
-  const int64_t longest = std::max<int64_t>(1, max_context_len / kMinDecodeSplitTokens);
-  plan.num_splits =
-      static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, longest), 1, kMaxDecodeSplits));
+  const int64_t slots = static_cast<int64_t>(num_sms) * kTargetCtasPerSm;
+  const int64_t longest =
+      std::clamp<int64_t>(max_context_len / kMinDecodeSplitTokens, 1, kMaxDecodeSplits);
+  double best_fill = 0.0;
+  for (int64_t splits = 1; splits <= longest; ++splits) {
+    const int64_t ctas = items * splits;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double fill = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (fill > best_fill + 1e-9) {
+      best_fill = fill;
+      plan.num_splits = static_cast<int32_t>(splits);
+    }
+  }
   return plan;
 }
 

@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   ctx = ctx < 0 ? 0 : (ctx > table_cap ? table_cap : ctx);
   int64_t per_split = (ctx + p.num_splits - 1) / p.num_splits;
   per_split = (per_split + kChunk - 1) / kChunk * kChunk;
-  const int64_t begin = min(ctx, split * per_split);
-  const int64_t end = min(ctx, begin + per_split);
+  const int64_t split_begin = split * per_split;
+  const int64_t begin = split_begin < ctx ? split_begin : ctx;
+  const int64_t end = begin + per_split < ctx ? begin + per_split : ctx;
   const int num_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
 
   // q of this thread's dims for each head of the group, pre-scaled.

@@ -67,8 +67,9 @@ inline constexpr int32_t kMaxDecodeSplits = 256;
 // PlanDecode never makes pieces shorter than this (for max_context_len).
 inline constexpr int32_t kMinDecodeSplitTokens = 256;
 
-// Splits so that batch * num_kv_heads * num_splits reaches a few CTAs per SM
-// (4 * num_sms), with pieces of at least kMinDecodeSplitTokens tokens of
+// Splits so that the batch * num_kv_heads * num_splits CTAs fill the SMs,
+// counting 4 resident CTAs per SM: the count whose last wave is fullest, the
+// fewest such, with pieces of at least kMinDecodeSplitTokens tokens of
 // max_context_len and at most kMaxDecodeSplits. Non-positive inputs give 1.
 DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
                       int32_t num_sms);

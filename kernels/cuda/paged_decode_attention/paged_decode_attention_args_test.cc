@@ -15,14 +15,18 @@ using ::testing::HasSubstr;
 using ::trident::testing::StatusIs;
 
 TEST(PlanDecodeTest, FillsTheSmsWithSplitsOfAtLeast256Tokens) {
-  // 1 x 8 (sequence, kv head) items on 132 SMs: 66 splits reach 4 CTAs/SM.
+  // 132 SMs x 4 = 528 CTA slots. 1 x 8 (sequence, kv head) items: 66 splits
+  // fill them exactly.
   EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits, 66);
   // A 1000-token context allows only 3 splits of >= 256 tokens.
   EXPECT_EQ(PlanDecode(1, 8, 1000, 132).num_splits, 3);
-  // 16 x 8 = 128 items: 5 splits give 640 CTAs >= 528.
-  EXPECT_EQ(PlanDecode(16, 8, 4096, 132).num_splits, 5);
-  // Enough items already: one split.
+  // 16 x 8 = 128 items: 4 splits (512 CTAs, one wave) rather than 5 (640:
+  // a second wave of 112).
+  EXPECT_EQ(PlanDecode(16, 8, 4096, 132).num_splits, 4);
+  // 1024 items: two waves of 512 already; splitting adds nothing.
   EXPECT_EQ(PlanDecode(128, 8, 2048, 132).num_splits, 1);
+  // 300 items: 7 splits make 2100 CTAs, 4 waves at 99.4%.
+  EXPECT_EQ(PlanDecode(30, 10, 4096, 132).num_splits, 7);
   EXPECT_EQ(PlanDecode(1, 1, 1 << 24, 1000).num_splits, kMaxDecodeSplits);
   EXPECT_EQ(PlanDecode(4, 8, 255, 132).num_splits, 1);
   EXPECT_EQ(PlanDecode(0, 8, 4096, 132).num_splits, 1);
