@@ -31,10 +31,10 @@ BACKENDS = [("CUDNN_ATTENTION", SDPBackend.CUDNN_ATTENTION),
             ("FLASH_ATTENTION", SDPBackend.FLASH_ATTENTION)]
 
 
-def time_backend(backend, q, k, v, warmup, samples, reps):
+def time_backend(backend, q, k, v, warmup, samples, reps, gqa=True):
     """Median milliseconds per call of SDPA under `backend`."""
     with sdpa_kernel(backend):
-        call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         for _ in range(warmup):
             call()
         torch.cuda.synchronize()
@@ -84,7 +84,27 @@ def main():
                            max_abs_diff_vs_first_backend=(out - reference).abs().max().item())
             except RuntimeError as error:  # The backend refused the shape.
                 row.update(error=str(error).splitlines()[0] if str(error) else repr(error))
+                refused = True
+            else:
+                refused = False
             print(json.dumps(row), flush=True)
+            if refused and backend == SDPBackend.CUDNN_ATTENTION:
+                # cuDNN without enable_gqa: K and V repeated to 32 heads (4x the
+                # bytes read); GB/s still counts the 8-head K + V, as a serving
+                # stack that materialized the repeat would see it.
+                row = dict(common, backend=name + "_KV_REPEATED", batch=batch, context=context,
+                           kv_bytes=kv_bytes)
+                try:
+                    group = Q_HEADS // KV_HEADS
+                    k4 = k.repeat_interleave(group, dim=1)
+                    v4 = v.repeat_interleave(group, dim=1)
+                    ms = time_backend(backend, q, k4, v4, args.warmup, args.samples, args.reps,
+                                      gqa=False)
+                    row.update(median_us=ms * 1e3, gb_per_s=kv_bytes / (ms * 1e-3) / 1e9)
+                    del k4, v4
+                except RuntimeError as error:
+                    row.update(error=str(error).splitlines()[0] if str(error) else repr(error))
+                print(json.dumps(row), flush=True)
         del q, k, v, reference
         torch.cuda.empty_cache()
     return 0
