@@ -1,0 +1,163 @@
+#include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
+
+namespace trident::kernels::cuda {
+namespace {
+
+constexpr int32_t kMaxGroup = 8;
+constexpr int32_t kMaxGridYz = 65535;
+constexpr int32_t kTargetCtasPerSm = 4;
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("paged_decode_attention: ", what));
+}
+
+bool Aligned(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+absl::Status ValidateArgs(const PagedDecodeArgs& a, const DecodePlan& plan) {
+  if (a.batch < 0 || a.batch > kMaxGridYz) {
+    return Invalid(absl::StrCat("batch ", a.batch, " must be in [0, ", kMaxGridYz, "]"));
+  }
+  if (a.head_dim != 64 && a.head_dim != 128) {
+    return Invalid(absl::StrCat("head_dim ", a.head_dim, " must be 64 or 128"));
+  }
+  if (a.num_kv_heads <= 0 || a.num_q_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0 ||
+      a.num_q_heads / a.num_kv_heads > kMaxGroup) {
+    return Invalid(absl::StrCat("num_q_heads ", a.num_q_heads, " must be a positive multiple of ",
+                                "num_kv_heads ", a.num_kv_heads, " at most ", kMaxGroup,
+                                " times it"));
+  }
+  if (a.block_size <= 0 || a.max_blocks_per_seq <= 0) {
+    return Invalid(absl::StrCat("block_size ", a.block_size, " and max_blocks_per_seq ",
+                                a.max_blocks_per_seq, " must be positive"));
+  }
+  if (static_cast<int64_t>(a.block_size) * a.max_blocks_per_seq > INT32_MAX) {
+    return Invalid("block_size * max_blocks_per_seq exceeds 2^31 - 1 positions");
+  }
+  const int64_t row = static_cast<int64_t>(a.num_q_heads) * a.head_dim;
+  if (a.q_stride < row || a.out_stride < row) {
+    return Invalid(absl::StrCat("q_stride ", a.q_stride, " and out_stride ", a.out_stride,
+                                " must hold num_q_heads * head_dim = ", row, " elements"));
+  }
+  const int64_t half = static_cast<int64_t>(a.num_kv_heads) * a.block_size * a.head_dim;
+  if (a.value_offset_elems < half) {
+    return Invalid(absl::StrCat("value_offset_elems ", a.value_offset_elems, " is less than the ",
+                                half, " elements of a block's keys"));
+  }
+  if (a.block_stride_elems < a.value_offset_elems + half) {
+    return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
+                                " is less than value_offset_elems + the ", half,
+                                " elements of a block's values"));
+  }
+  if (a.block_stride_elems % 8 != 0 || a.value_offset_elems % 8 != 0) {
+    return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
+                                " and value_offset_elems ", a.value_offset_elems,
+                                " must be multiples of 8 (16-byte loads)"));
+  }
+  if (plan.num_splits < 1 || plan.num_splits > kMaxDecodeSplits) {
+    return Invalid(absl::StrCat("plan.num_splits ", plan.num_splits, " must be in [1, ",
+                                kMaxDecodeSplits, "]"));
+  }
+  if (a.batch > 0) {
+    if (a.q == nullptr || a.out == nullptr || a.kv_base == nullptr || a.block_tables == nullptr ||
+        a.context_lens == nullptr) {
+      return Invalid("q, out, kv_base, block_tables and context_lens must be non-null");
+    }
+    if (!Aligned(a.kv_base, 16)) return Invalid("kv_base must be 16-byte aligned");
+    if (!Aligned(a.q, 2) || !Aligned(a.out, 2)) return Invalid("q and out must be 2-byte aligned");
+    if (!Aligned(a.block_tables, 4) || !Aligned(a.context_lens, 4)) {
+      return Invalid("block_tables and context_lens must be 4-byte aligned");
+    }
+  }
+  if (!std::isfinite(a.scale)) return Invalid("scale must be finite");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
+                      int32_t num_sms) {
+  DecodePlan plan;
+  if (batch <= 0 || num_kv_heads <= 0 || max_context_len <= 0 || num_sms <= 0) return plan;
+  // Resident CTAs: kTargetCtasPerSm per SM (the split kernel's occupancy for
+  // head_dim 128 and GQA 4: 106 registers x 128 threads). Pick the split count
+  // whose last wave is fullest, preferring fewer splits on ties: e.g. 512
+  // CTAs on 528 slots beat 640 (one full wave plus a nearly empty one).
+  const int64_t items = static_cast<int64_t>(batch) * num_kv_heads;
+  const int64_t slots = static_cast<int64_t>(num_sms) * kTargetCtasPerSm;
+  const int64_t longest =
+      std::clamp<int64_t>(max_context_len / kMinDecodeSplitTokens, 1, kMaxDecodeSplits);
+  double best_fill = 0.0;
+  for (int64_t splits = 1; splits <= longest; ++splits) {
+    const int64_t ctas = items * splits;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double fill = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (fill > best_fill + 1e-9) {
+      best_fill = fill;
+      plan.num_splits = static_cast<int32_t>(splits);
+    }
+  }
+  return plan;
+}
+
+size_t DecodeWorkspaceBytes(const DecodePlan& plan, int32_t batch, int32_t num_q_heads,
+                            int32_t head_dim) {
+  if (plan.num_splits <= 1 || batch <= 0 || num_q_heads <= 0 || head_dim <= 0) return 0;
+  const size_t rows = static_cast<size_t>(batch) * num_q_heads * plan.num_splits;
+  return rows * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
+}
+
+absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,
+                                        void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream) {
+  if (absl::Status status = ValidateArgs(args, plan); !status.ok()) return status;
+  internal::DecodeKernelParams p;
+  if (plan.num_splits > 1 && args.batch > 0) {
+    const size_t needed = DecodeWorkspaceBytes(plan, args.batch, args.num_q_heads, args.head_dim);
+    if (workspace == nullptr || workspace_bytes < needed || !Aligned(workspace, 16)) {
+      return Invalid(absl::StrCat(
+          "workspace (", workspace_bytes, " bytes", workspace == nullptr ? ", null" : "",
+          ") must be 16-byte aligned and hold DecodeWorkspaceBytes = ", needed, " bytes for ",
+          plan.num_splits, " splits"));
+    }
+    const size_t rows = static_cast<size_t>(args.batch) * args.num_q_heads * plan.num_splits;
+    p.partial_out = static_cast<float*>(workspace);
+    p.partial_stats = p.partial_out + rows * args.head_dim;
+  }
+  if (args.batch == 0) return absl::OkStatus();
+  p.q = args.q;
+  p.q_stride = args.q_stride;
+  p.out = args.out;
+  p.out_stride = args.out_stride;
+  p.kv = args.kv_base;
+  p.block_stride = args.block_stride_elems;
+  p.value_offset = args.value_offset_elems;
+  p.block_size = args.block_size;
+  p.num_q_heads = args.num_q_heads;
+  p.num_kv_heads = args.num_kv_heads;
+  p.group = args.num_q_heads / args.num_kv_heads;
+  p.head_dim = args.head_dim;
+  p.block_tables = args.block_tables;
+  p.max_blocks_per_seq = args.max_blocks_per_seq;
+  p.context_lens = args.context_lens;
+  p.batch = args.batch;
+  p.num_splits = plan.num_splits;
+  p.scale_log2 = args.scale * 1.4426950408889634f;
+  const cudaError_t error = internal::PagedDecodeBf16(p, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("paged_decode_attention launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trident::kernels::cuda

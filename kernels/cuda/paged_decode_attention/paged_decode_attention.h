@@ -1,0 +1,98 @@
+#ifndef TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_PAGED_DECODE_ATTENTION_H_
+#define TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_PAGED_DECODE_ATTENTION_H_
+
+// Decode attention on the GPU over the project's paged KV cache (layout in
+// kernels/cpu/paged_attention/paged_attention.h, the reference): one query
+// token per sequence, the last position of its context, attending to every
+// cached position (keys and values bf16, math fp32, output bf16).
+//
+// Flash-decoding: the context of each (sequence, kv head) is cut into
+// `num_splits` pieces; one CTA per (kv head, split, sequence) reads its
+// piece's K and V once for all the q heads of the kv head (GQA group 1..8),
+// runs an online softmax per q head and writes an fp32 partial output with
+// its (max, sum). A second kernel merges the splits (log-sum-exp) into bf16.
+// With one split the first kernel writes the bf16 output itself and no
+// workspace is needed. Kernels take raw device pointers and a stream, never
+// allocate and never synchronize.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace trident::kernels::cuda {
+
+struct PagedDecodeArgs {
+  // bf16 [batch][num_q_heads * head_dim], row stride q_stride elements (may
+  // be a fused qkv row).
+  const void* q = nullptr;
+  int64_t q_stride = 0;
+  // bf16 [batch][num_q_heads * head_dim], row stride out_stride elements;
+  // elements past the heads are not written.
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  // One layer's bf16 paged KV: block b's K at kv_base + b * block_stride_elems,
+  // its V value_offset_elems further, each [num_kv_heads][block_size][head_dim].
+  // kv_base must be 16-byte aligned and both strides multiples of 8 (the
+  // kernel reads 16-byte vectors).
+  const void* kv_base = nullptr;
+  int64_t block_stride_elems = 0;
+  int64_t value_offset_elems = 0;
+  int32_t block_size = 16;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // 64 or 128.
+  // Device [batch][max_blocks_per_seq]: physical block of each block_size
+  // positions of the sequence. Entries past a sequence's context are not read.
+  const int32_t* block_tables = nullptr;
+  int32_t max_blocks_per_seq = 0;
+  // Device [batch]: cached positions of each sequence, this step's token
+  // included. 0 (a padding slot) gives an all-zero output row; values are
+  // clamped to [0, max_blocks_per_seq * block_size].
+  const int32_t* context_lens = nullptr;
+  int32_t batch = 0;
+  float scale = 1.0f;  // Softmax scale, usually 1 / sqrt(head_dim).
+};
+
+// How the context is cut. Any num_splits in [1, kMaxDecodeSplits] is correct
+// for any context lengths (each sequence cuts its own context into num_splits
+// near-equal pieces); PlanDecode picks one that fills the GPU.
+struct DecodePlan {
+  int32_t num_splits = 1;
+};
+
+inline constexpr int32_t kMaxDecodeSplits = 256;
+// PlanDecode never makes pieces shorter than this (for max_context_len).
+inline constexpr int32_t kMinDecodeSplitTokens = 256;
+
+// Splits so that the batch * num_kv_heads * num_splits CTAs fill the SMs,
+// counting 4 resident CTAs per SM: the count whose last wave is fullest, the
+// fewest such, with pieces of at least kMinDecodeSplitTokens tokens of
+// max_context_len and at most kMaxDecodeSplits. Non-positive inputs give 1.
+DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
+                      int32_t num_sms);
+
+// Bytes of workspace LaunchPagedDecodeAttention needs: 0 for one split, else
+// fp32 partial outputs [batch][num_q_heads][num_splits][head_dim] followed by
+// (max, sum) pairs [batch][num_q_heads][num_splits][2].
+size_t DecodeWorkspaceBytes(const DecodePlan& plan, int32_t batch, int32_t num_q_heads,
+                            int32_t head_dim);
+
+// Enqueues the kernels on `stream`. kInvalidArgument (and no launch) naming
+// the field for: head_dim not 64/128, num_q_heads not a multiple of
+// num_kv_heads or a group above 8, non-positive block_size or
+// max_blocks_per_seq, strides that do not hold a row or a block, misaligned
+// kv_base or strides, null pointers with sequences to process, a batch above
+// 65535, num_splits outside [1, kMaxDecodeSplits], or (num_splits > 1) a
+// null, misaligned or short workspace. kInternal if a launch fails. A batch
+// of 0 is a no-op. REQUIRES (unchecked, device data): block tables cover each
+// sequence's context with blocks inside the cache; out overlaps nothing read.
+absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,
+                                        void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream);
+
+}  // namespace trident::kernels::cuda
+
+#endif  // TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_PAGED_DECODE_ATTENTION_H_
