@@ -168,15 +168,14 @@ absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
     // Tied, as Qwen2.5-0.5B.
     s.tie_word_embeddings = true;
     s.rms_norm_eps = 1e-6f;
-    s.intermediate_size = 320;
+    s.intermediate_size = 640;
     s.seed = 1;
     return s;
   }
   if (name == "mistral-tiny") {
     s.family = Family::kMistral;
-    s.num_heads = 8;
-    s.num_kv_heads = 2;
-    s.head_dim = 16;
+    s.num_heads = 4;
+    s.num_kv_heads = 1;  // GQA 4
     s.num_layers = 3;
     s.rope_theta = 10000.0;
     s.llama3_rope_scaling = false;

@@ -23,12 +23,13 @@ enum class Family { kLlama3, kQwen2, kMistral };
 struct ModelSpec {
   std::string preset;
   Family family = Family::kLlama3;
-  int32_t hidden_size = 128;
+  // head_dim 64, as the CUDA attention kernels need (64 or 128).
+  int32_t hidden_size = 256;
   int32_t num_layers = 2;
   int32_t num_heads = 4;
   int32_t num_kv_heads = 2;
-  int32_t head_dim = 32;
-  int32_t intermediate_size = 352;
+  int32_t head_dim = 64;
+  int32_t intermediate_size = 704;
   // Rows of the embedding and lm_head; 0 = the tokenizer's size. Larger
   // values pad the vocabulary as many released models do.
   int32_t vocab_size = 0;

@@ -93,7 +93,8 @@ TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
   EXPECT_THAT(CpuBackend::Create(dir, tiny).status(),
               ::trident::testing::StatusIs(absl::StatusCode::kInvalidArgument,
                                            ::testing::HasSubstr("holds no block")));
-  const int64_t block_bytes = int64_t{2} * 3 /*layers*/ * 2 /*kv heads*/ * 16 * 16 * 4;
+  // K and V x 3 layers x 1 KV head x 16 tokens x head_dim 64 x 4 bytes.
+  const int64_t block_bytes = int64_t{2} * 3 * 1 * 16 * 64 * 4;
   auto backend = Load(dir, 12 * block_bytes);
   ASSERT_NE(backend, nullptr);
   ASSERT_EQ(backend->kv_capacity().num_blocks, 12);

@@ -13,102 +13,39 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
 
 namespace trident::backend {
 namespace {
 
 using ::trident::testing::IsOk;
-using ::trident::testing::RunfilePath;
-using ::trident::testing::TestTmpPath;
 
 // Documented bf16 tolerance: max |logit - HF f32| / logit range.
 constexpr double kF32Tolerance = 1e-3;
 constexpr double kBf16Tolerance = 1e-2;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::string Fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return absl::StrFormat("%016x", h);
-}
-
-struct Prompt {
-  std::vector<int32_t> ids;
-  std::vector<int32_t> greedy;
-  // How many greedy choices HF's own bf16 model shares with its f32 one.
-  int32_t hf_bf16_agreement = 0;
-  // [decode_steps + 1][vocab]
-  std::vector<std::vector<float>> logits;
-};
-
-struct Fixture {
-  int32_t vocab = 0;
-  int32_t decode_steps = 0;
-  std::vector<Prompt> prompts;
-};
+using testing::Argmax;
+using testing::FixturePrompt;
+using testing::HfFixture;
+using testing::MaxRelativeError;
 
 class ParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string preset = GetParam();
-    const std::string fixture_dir = RunfilePath("tests/fixtures/models/" + preset);
-    const std::string json_text = ReadFile(fixture_dir + "/reference.json");
-    ASSERT_FALSE(json_text.empty()) << "missing fixture " << fixture_dir;
-    nlohmann::json ref = nlohmann::json::parse(json_text);
-    fixture_.vocab = ref["vocab_size"].get<int32_t>();
-    fixture_.decode_steps = ref["decode_steps"].get<int32_t>();
-    const std::string blob = ReadFile(fixture_dir + "/logits.bin");
-    const size_t row_floats = static_cast<size_t>(fixture_.vocab);
-    size_t offset = 0;
-    for (const auto& p : ref["prompts"]) {
-      Prompt prompt;
-      prompt.ids = p["prompt_ids"].get<std::vector<int32_t>>();
-      prompt.greedy = p["greedy"].get<std::vector<int32_t>>();
-      prompt.hf_bf16_agreement = p.value("hf_bf16_agreement", 0);
-      for (int32_t s = 0; s <= fixture_.decode_steps; ++s) {
-        std::vector<float> row(row_floats);
-        ASSERT_LE(offset + row_floats * 4, blob.size());
-        std::memcpy(row.data(), blob.data() + offset, row_floats * 4);
-        offset += row_floats * 4;
-        prompt.logits.push_back(std::move(row));
-      }
-      fixture_.prompts.push_back(std::move(prompt));
-    }
-    ASSERT_EQ(offset, blob.size());
-
-    model_dir_ = TestTmpPath(preset);
-    auto spec = make_model::PresetSpec(preset);
-    ASSERT_THAT(spec.status(), IsOk());
-    ASSERT_THAT(make_model::WriteModel(*spec, model_dir_), IsOk());
-    for (const auto& [name, digest] : ref["files"].items()) {
-      EXPECT_EQ(Fnv1a64(ReadFile(model_dir_ + "/" + name)), digest["fnv1a64"].get<std::string>())
-          << name << " differs from the file the fixture was computed from; regenerate the "
-          << "fixtures with tools/reference/model_reference.py";
-    }
+    auto fixture = testing::LoadHfFixture(GetParam());
+    ASSERT_THAT(fixture.status(), IsOk());
+    fixture_ = std::move(*fixture);
   }
 
   std::unique_ptr<CpuBackend> Backend(numeric::DType dtype, bool split_activations = false) {
@@ -118,69 +55,27 @@ class ParityTest : public ::testing::TestWithParam<std::string> {
     options.kv_dtype = dtype;
     options.kv_cache_bytes = 8 << 20;
     options.pin_threads = false;
-    auto backend = CpuBackend::Create(model_dir_, options);
+    auto backend = CpuBackend::Create(fixture_.model_dir, options);
     EXPECT_THAT(backend.status(), IsOk());
     return backend.ok() ? std::move(*backend) : nullptr;
   }
 
-  // Runs the prompt, then feeds HF's greedy tokens one by one; returns the
-  // logits after the prompt and after each fed token (`steps` rows).
-  std::vector<std::vector<float>> TeacherForced(CpuBackend& backend, const Prompt& prompt,
+  std::vector<std::vector<float>> TeacherForced(CpuBackend& backend, const FixturePrompt& prompt,
                                                 int32_t steps) {
-    std::vector<std::vector<float>> out;
-    const int32_t bs = backend.kv_capacity().block_size;
-    const int32_t total = static_cast<int32_t>(prompt.ids.size()) + steps;
-    std::vector<int32_t> blocks;
-    for (int32_t b = 0; b * bs < total; ++b) blocks.push_back(b);
-    std::vector<float> logits(backend.vocab_size());
-    StepSequence seq;
-    seq.tokens = prompt.ids;
-    seq.start_position = 0;
-    seq.block_table = blocks;
-    seq.want_logits = true;
-    EXPECT_THAT(backend.Forward({seq}, logits.data()), IsOk());
-    out.push_back(logits);
-    for (int32_t s = 0; s + 1 < steps; ++s) {
-      seq.tokens = absl::MakeConstSpan(&prompt.greedy[s], 1);
-      seq.start_position = static_cast<int32_t>(prompt.ids.size()) + s;
-      EXPECT_THAT(backend.Forward({seq}, logits.data()), IsOk());
-      out.push_back(logits);
-    }
-    return out;
+    auto out = testing::TeacherForced(backend, prompt, steps);
+    EXPECT_THAT(out.status(), IsOk());
+    return out.ok() ? std::move(*out) : std::vector<std::vector<float>>(steps);
   }
 
-  // max |ours - HF| / (max - min of HF) over the fixture's logit rows.
-  double MaxRelativeError(const Prompt& prompt, const std::vector<std::vector<float>>& ours) {
-    float lo = prompt.logits[0][0], hi = lo;
-    for (const auto& row : prompt.logits) {
-      for (float v : row) {
-        lo = std::min(lo, v);
-        hi = std::max(hi, v);
-      }
-    }
-    double worst = 0;
-    for (size_t s = 0; s < prompt.logits.size(); ++s) {
-      for (int32_t v = 0; v < fixture_.vocab; ++v) {
-        worst = std::max(worst, std::fabs(static_cast<double>(ours[s][v]) - prompt.logits[s][v]));
-      }
-    }
-    return worst / (hi - lo);
-  }
-
-  Fixture fixture_;
-  std::string model_dir_;
+  HfFixture fixture_;
 };
-
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
 
 TEST_P(ParityTest, F32LogitsMatchTransformers) {
   auto backend = Backend(numeric::DType::kF32);
   ASSERT_NE(backend, nullptr);
   ASSERT_EQ(backend->vocab_size(), fixture_.vocab);
   for (size_t p = 0; p < fixture_.prompts.size(); ++p) {
-    const Prompt& prompt = fixture_.prompts[p];
+    const FixturePrompt& prompt = fixture_.prompts[p];
     auto ours = TeacherForced(*backend, prompt, fixture_.decode_steps + 1);
     const double err = MaxRelativeError(prompt, ours);
     std::printf("%s f32 prompt %zu (%zu tokens): max |dlogit| / range = %.3g\n",
@@ -222,7 +117,7 @@ TEST_P(ParityTest, Bf16WithinToleranceAndAgreesOnGreedyChoices) {
     ASSERT_NE(backend, nullptr);
     int agree = 0, total = 0, hf_agree = 0;
     double worst = 0;
-    for (const Prompt& prompt : fixture_.prompts) {
+    for (const FixturePrompt& prompt : fixture_.prompts) {
       const int32_t steps = static_cast<int32_t>(prompt.greedy.size());
       hf_agree += prompt.hf_bf16_agreement;
       auto ours = TeacherForced(*backend, prompt, steps);

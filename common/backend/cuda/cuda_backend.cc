@@ -73,6 +73,25 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// residual (f32) += delta (or = delta with `replace`); out = RMSNorm(residual)
+// * weight, in bf16.
+absl::Status AddRmsNorm(float* residual, const void* delta, bool replace, const float* weight,
+                        int64_t rows, int64_t dim, float eps, void* out, cudaStream_t stream) {
+  kc::AddRmsNormArgs a;
+  a.residual = residual;
+  a.residual_stride = dim;
+  a.delta = delta;
+  a.delta_stride = dim;
+  a.replace_residual = replace;
+  a.weight = weight;
+  a.out = out;
+  a.out_stride = dim;
+  a.rows = rows;
+  a.dim = dim;
+  a.eps = eps;
+  return kc::LaunchAddRmsNorm(a, stream);
+}
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -154,6 +173,11 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
   TRIDENT_ASSIGN_OR_RETURN(config, model::LoadModelConfig(dir));
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, "/config.json: head_dim ", config.head_dim,
+        " is not supported by the CUDA attention kernels (64 or 128)"));
+  }
   RealClock real_clock;
   model::LoadProgress progress(ckpt->total_bytes(),
                                options.clock != nullptr ? options.clock : &real_clock);
@@ -360,12 +384,10 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
   const int32_t* d_query = reinterpret_cast<const int32_t*>(device(query_lens));
   const int32_t* d_starts = reinterpret_cast<const int32_t*>(device(query_starts));
 
-  // Embedding into tmp; the residual stream (f32) starts at zero, so the first
-  // fused add+norm makes it the embedding.
+  // Embedding into tmp; layer 0's fused add+norm starts the f32 residual
+  // stream from it.
   TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
       {d_tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
-  TRIDENT_RETURN_IF_ERROR(
-      CudaCheck(cudaMemsetAsync(residual.get(), 0, total * h * 4, stream), "residual"));
   const float eps = config.rms_norm_eps;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto linear = [&](const void* x, int64_t x_stride, const DeviceBuffer& w,
@@ -375,15 +397,38 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
   };
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& layer = layers[l];
-    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(),
+    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/l == 0,
                                        layer.input_norm.get<float>(), total, h, eps, hn.get(),
                                        stream));
     TRIDENT_RETURN_IF_ERROR(linear(hn.get(), h, layer.qkv, layer.qkv_bias, qkv.get(), qkv_w, h));
-    TRIDENT_RETURN_IF_ERROR(Rope(qkv.get(), qkv_w, nq, nkv, hd, d_positions, total,
-                                 inv_freq.get<float>(), stream));
+    kc::RopeArgs rope;
+    rope.q = qkv.get();
+    rope.q_token_stride = qkv_w;
+    rope.num_q_heads = nq;
+    rope.k = qkv.get<char>() + q_out * 2;
+    rope.k_token_stride = qkv_w;
+    rope.num_kv_heads = nkv;
+    rope.head_dim = hd;
+    rope.positions = d_positions;
+    rope.num_tokens = total;
+    rope.inv_freq = inv_freq.get<float>();
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchRope(rope, stream));
     void* layer_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
-    TRIDENT_RETURN_IF_ERROR(KvAppend(qkv.get(), qkv_w, q_out, kv_out, layer_base, kv_spec, d_slots,
-                                     total, stream));
+    kc::KvAppendArgs append;
+    append.kv.base = layer_base;
+    append.kv.num_blocks = kv_spec.num_blocks;
+    append.kv.block_size = bs;
+    append.kv.num_kv_heads = nkv;
+    append.kv.head_dim = hd;
+    append.kv.block_stride_elems = kv_spec.block_stride_elements();
+    append.kv.value_offset_elems = kv_spec.value_offset_elements();
+    append.k = qkv.get<char>() + q_out * 2;
+    append.k_stride = qkv_w;
+    append.v = qkv.get<char>() + (q_out + kv_out) * 2;
+    append.v_stride = qkv_w;
+    append.slots = d_slots;
+    append.num_tokens = total;
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
     if (all_decode) {
       kc::PagedDecodeArgs a;
       a.q = qkv.get();
@@ -430,7 +475,7 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
       TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedPrefillAttention(a, stream));
     }
     TRIDENT_RETURN_IF_ERROR(linear(attn.get(), q_out, layer.o, layer.o_bias, tmp.get(), h, q_out));
-    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(),
+    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/false,
                                        layer.post_norm.get<float>(), total, h, eps, hn.get(),
                                        stream));
     TRIDENT_RETURN_IF_ERROR(
@@ -440,8 +485,8 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
     TRIDENT_RETURN_IF_ERROR(
         linear(act.get(), inter, layer.down, layer.down_bias, tmp.get(), h, inter));
   }
-  TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), final_norm.get<float>(),
-                                     total, h, eps, hn.get(), stream));
+  TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/false,
+                                     final_norm.get<float>(), total, h, eps, hn.get(), stream));
   const int64_t rows = static_cast<int64_t>(logit_rows.size());
   if (rows == 0) {
     return CudaCheck(cudaStreamSynchronize(stream), "step");
