@@ -47,8 +47,8 @@ absl::Status EngineCore::Validate(const EngineRequest& request) const {
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     if (request.prompt[i] < 0 || request.prompt[i] >= vocab_size_) {
       return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", request.prompt[i],
-                                                     ", outside the vocabulary [0, ",
-                                                     vocab_size_, ")"));
+                                                     ", outside the vocabulary [0, ", vocab_size_,
+                                                     ")"));
     }
   }
   if (request.max_tokens < 1) {
@@ -63,9 +63,9 @@ absl::Status EngineCore::Validate(const EngineRequest& request) const {
   }
   const int64_t blocks_needed = (total + block_size_ - 1) / block_size_;
   if (blocks_needed > allocator_->num_total()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt + max_tokens needs ", blocks_needed, " KV blocks but the cache has ",
-                     allocator_->num_total()));
+    return absl::InvalidArgumentError(absl::StrCat("prompt + max_tokens needs ", blocks_needed,
+                                                   " KV blocks but the cache has ",
+                                                   allocator_->num_total()));
   }
   return absl::OkStatus();
 }
@@ -111,8 +111,8 @@ void EngineCore::Preempt(std::list<SeqPtr>::iterator it) {
   seq->num_computed = 0;
   seq->chunk = 0;
   ++stats_.preemptions_total;
-  TRIDENT_LOG(DEBUG) << "preempted request " << seq->request.id << " at "
-                     << seq->tokens.size() << " tokens";
+  TRIDENT_LOG(DEBUG) << "preempted request " << seq->request.id << " at " << seq->tokens.size()
+                     << " tokens";
   waiting_.push_front(std::move(seq));
 }
 

@@ -88,8 +88,7 @@ class EngineCore {
  public:
   // `backend` and `allocator` must outlive the core; the allocator must
   // manage exactly the backend's KV blocks.
-  EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
-             EngineOptions options);
+  EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator, EngineOptions options);
   ~EngineCore();
 
   // Checks a request against the model and cache limits without queuing it

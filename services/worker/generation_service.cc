@@ -208,8 +208,9 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     s.submitted = service_->clock_->Now();
     std::shared_ptr<State> state = state_;
     GenerationService* service = service_;
-    return service_->engine_->Submit(
-        std::move(er), [state, service](const engine::TokenEvent& ev) { OnEvent(*state, *service, ev); });
+    return service_->engine_->Submit(std::move(er), [state, service](const engine::TokenEvent& ev) {
+      OnEvent(*state, *service, ev);
+    });
   }
 
   // Engine thread.
@@ -340,9 +341,9 @@ GenerationService::GenerationService(engine::Engine* engine, const tokenizer::To
 
 absl::Status GenerationService::CheckModel(const std::string& model) const {
   if (model.empty() || model == model_info_.model()) return absl::OkStatus();
-  return absl::NotFoundError(
-      absl::StrCat("model \"", model, "\" is not served here; this worker serves \"",
-                   model_info_.model(), "\""));
+  return absl::NotFoundError(absl::StrCat("model \"", model,
+                                          "\" is not served here; this worker serves \"",
+                                          model_info_.model(), "\""));
 }
 
 absl::Status GenerationService::Register(const std::string& id) {
@@ -386,10 +387,10 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
   std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= model_info_.vocab_size()) {
-      return FinishUnary(context, InvalidArgumentForField(
-                                      absl::StrCat("token_ids[", i, "]"),
-                                      absl::StrCat("token id ", ids[i], " is outside [0, ",
-                                                   model_info_.vocab_size(), ")")));
+      return FinishUnary(
+          context, InvalidArgumentForField(absl::StrCat("token_ids[", i, "]"),
+                                           absl::StrCat("token id ", ids[i], " is outside [0, ",
+                                                        model_info_.vocab_size(), ")")));
     }
   }
   auto text = tokenizer_->Decode(ids, !request->include_special_tokens());

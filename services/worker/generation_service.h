@@ -20,7 +20,6 @@
 
 namespace trident::worker {
 
-
 // Thread-safe.
 class GenerationService final : public trident::v1::Generation::CallbackService {
  public:

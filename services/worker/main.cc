@@ -27,8 +27,7 @@ ABSL_FLAG(std::string, dtype, "f32",
 ABSL_FLAG(std::string, bf16_activations, "round",
           "With --dtype=bf16: 'round' matmul inputs to bf16 (fastest, the usual bf16 numerics) "
           "or 'split' them into two bf16 terms (near-f32 accuracy; matmuls do twice the work).");
-ABSL_FLAG(int64_t, kv_cache_mb, 512,
-          "CPU backend: host memory for the paged KV cache, in MiB.");
+ABSL_FLAG(int64_t, kv_cache_mb, 512, "CPU backend: host memory for the paged KV cache, in MiB.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "CUDA backend: share of the device's memory for weights, workspace and the KV cache "
           "(the KV cache gets what the rest leaves).");
@@ -95,7 +94,7 @@ int main(int argc, char** argv) {
           TRIDENT_LOG(WARNING) << "no --model given: this worker serves no generations";
         }
         trident::worker::WorkerControlService control(model != nullptr ? model->engine.get()
-                                                                        : nullptr);
+                                                                       : nullptr);
         services.push_back({&control, trident::v1::WorkerControl::service_full_name()});
         absl::Status served = runtime.Serve(std::move(services));
         if (model != nullptr) model->engine->Shutdown();

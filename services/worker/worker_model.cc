@@ -67,9 +67,8 @@ struct EngineMetrics {
     running.Set(s.running);
     waiting.Set(s.waiting);
     kv_blocks_total.Set(s.blocks_total);
-    kv_usage.Set(s.blocks_total > 0
-                     ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total
-                     : 0.0);
+    kv_usage.Set(s.blocks_total > 0 ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total
+                                    : 0.0);
     prompt_tokens.Increment(static_cast<double>(s.prompt_tokens_total - last.prompt_tokens_total));
     generated_tokens.Increment(
         static_cast<double>(s.generated_tokens_total - last.generated_tokens_total));
@@ -92,7 +91,8 @@ struct EngineMetrics {
 absl::StatusOr<numeric::DType> ParseDtype(const std::string& dtype) {
   if (dtype == "f32") return numeric::DType::kF32;
   if (dtype == "bf16") return numeric::DType::kBF16;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype must be f32 or bf16, got \"", dtype, "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype must be f32 or bf16, got \"", dtype, "\""));
 }
 
 v1::DType ToProto(numeric::DType t) {
@@ -108,7 +108,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   }
   TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, ParseDtype(options.dtype));
   auto model = std::make_unique<WorkerModel>();
-  TRIDENT_ASSIGN_OR_RETURN(model->tokenizer, tokenizer::Tokenizer::FromDirectory(options.model_dir));
+  TRIDENT_ASSIGN_OR_RETURN(model->tokenizer,
+                           tokenizer::Tokenizer::FromDirectory(options.model_dir));
 
   if (options.bf16_activations != "round" && options.bf16_activations != "split") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -144,9 +145,9 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     TRIDENT_ASSIGN_OR_RETURN(backend, backend::CpuBackend::Create(options.model_dir, bo));
   }
   if (model->tokenizer->vocab_size() > c.vocab_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options.model_dir, ": tokenizer.json has ", model->tokenizer->vocab_size(),
-        " tokens but config.json's vocab_size is ", c.vocab_size));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.model_dir, ": tokenizer.json has ", model->tokenizer->vocab_size(),
+                     " tokens but config.json's vocab_size is ", c.vocab_size));
   }
 
   v1::ModelInfoResponse& info = model->info;

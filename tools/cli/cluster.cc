@@ -68,9 +68,9 @@ absl::StatusOr<std::string> FindServiceBinary(const ClusterOptions& options,
   for (const std::string& candidate : candidates) {
     if (IsExecutable(candidate)) return fs::weakly_canonical(candidate).string();
   }
-  return absl::NotFoundError(absl::StrCat("cannot find the ", component,
-                                          " binary; looked in: ", absl::StrJoin(candidates, ", "),
-                                          ". Build it (bazel build //services/...) or pass --bin_dir"));
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find the ", component, " binary; looked in: ", absl::StrJoin(candidates, ", "),
+      ". Build it (bazel build //services/...) or pass --bin_dir"));
 }
 
 absl::StatusOr<std::string> FindInPath(const std::string& name) {
@@ -83,9 +83,9 @@ absl::StatusOr<std::string> FindInPath(const std::string& name) {
     const std::string candidate = absl::StrCat(dir, "/", name);
     if (IsExecutable(candidate)) return candidate;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "cannot find '", name, "' in PATH; install Debian's prometheus package "
-      "(tools/bootstrap.sh does) or pass --prometheus_bin"));
+  return absl::NotFoundError(absl::StrCat("cannot find '", name,
+                                          "' in PATH; install Debian's prometheus package "
+                                          "(tools/bootstrap.sh does) or pass --prometheus_bin"));
 }
 
 // Asks the kernel for a free loopback port. Prometheus cannot report a port
@@ -130,7 +130,8 @@ absl::Status WriteState(const std::string& state_dir, const ClusterState& state)
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", temporary, ": ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", temporary, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -141,8 +142,8 @@ void StopAll(const std::vector<ProcessRecord>& processes, absl::Duration timeout
     if (!IsRunning(it->pid)) continue;
     kill(it->pid, SIGTERM);
     if (!WaitForExit(it->pid, timeout).ok() && IsRunning(it->pid)) {
-      TRIDENT_LOG(WARNING) << it->name << " (pid " << it->pid << ") did not stop within "
-                           << timeout << "; killing it";
+      TRIDENT_LOG(WARNING) << it->name << " (pid " << it->pid << ") did not stop within " << timeout
+                           << "; killing it";
       kill(it->pid, SIGKILL);
       (void)WaitForExit(it->pid, absl::Seconds(5));
     }
@@ -155,12 +156,9 @@ absl::StatusOr<ProcessRecord> StartService(const ClusterOptions& options,
   TRIDENT_ASSIGN_OR_RETURN(const std::string binary, FindServiceBinary(options, component));
   ProcessRecord record{.name = name, .component = component};
   record.log_path = absl::StrCat(options.state_dir, "/logs/", name, ".log");
-  std::vector<std::string> argv = {binary,
-                                   absl::StrCat("--host=", options.host),
-                                   "--port=0",
-                                   "--metrics_port=0",
-                                   absl::StrCat("--drain_timeout=",
-                                                absl::FormatDuration(options.drain_timeout))};
+  std::vector<std::string> argv = {
+      binary, absl::StrCat("--host=", options.host), "--port=0", "--metrics_port=0",
+      absl::StrCat("--drain_timeout=", absl::FormatDuration(options.drain_timeout))};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<SpawnedProcess> spawned = Spawn({.argv = argv,
                                                   .log_path = record.log_path,
@@ -192,8 +190,7 @@ absl::StatusOr<ProcessRecord> StartService(const ClusterOptions& options,
         health.ok() ? std::string(ServingStatusName(*health)) : health.status().ToString()));
   }
   TRIDENT_LOG(INFO) << name << " SERVING on " << record.GrpcAddress(options.host)
-                    << ", metrics on port " << record.metrics_port << " (pid " << record.pid
-                    << ")";
+                    << ", metrics on port " << record.metrics_port << " (pid " << record.pid << ")";
   return record;
 }
 
@@ -207,13 +204,12 @@ absl::Status WaitForPrometheusReady(const std::string& url, pid_t pid, const std
         http::Get(absl::StrCat(url, "/-/ready"), absl::Seconds(2));
     if (response.ok() && response->status_code == 200) return absl::OkStatus();
     if (!IsRunning(pid)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("prometheus exited during start-up; its log (", log, ") ends with:\n",
-                       TailOfFile(log)));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prometheus exited during start-up; its log (", log, ") ends with:\n", TailOfFile(log)));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("prometheus at ", url, " not ready after ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("prometheus at ", url, " not ready after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(200));
@@ -307,16 +303,16 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
   if (absl::StatusOr<ClusterState> existing = LoadState(options.state_dir); existing.ok()) {
     for (const ProcessRecord& p : existing->processes) {
       if (IsRunning(p.pid)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "a cluster is already running from ", options.state_dir, " (", p.name, ", pid ",
-            p.pid, "); run `trident down` first"));
+        return absl::FailedPreconditionError(absl::StrCat("a cluster is already running from ",
+                                                          options.state_dir, " (", p.name, ", pid ",
+                                                          p.pid, "); run `trident down` first"));
       }
     }
   }
   for (const std::string& role : options.worker_roles) {
     if (role != "prefill" && role != "decode" && role != "both") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--workers: each entry must be prefill, decode or both; got '", role, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--workers: each entry must be prefill, decode or both; got '", role, "'"));
     }
   }
 
@@ -331,11 +327,10 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
 
   absl::Status status = [&]() -> absl::Status {
     TRIDENT_ASSIGN_OR_RETURN(const int prometheus_port, PickFreePort(options.host));
-    TRIDENT_RETURN_IF_ERROR(start(
-        "controller", "controller",
-        {absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)}));
-    const std::string controller =
-        state.Find("controller")->GrpcAddress(options.host);
+    TRIDENT_RETURN_IF_ERROR(
+        start("controller", "controller",
+              {absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)}));
+    const std::string controller = state.Find("controller")->GrpcAddress(options.host);
     TRIDENT_RETURN_IF_ERROR(
         start("attention", "attention-0", {absl::StrCat("--controller_address=", controller)}));
     for (size_t i = 0; i < options.worker_roles.size(); ++i) {
@@ -364,8 +359,8 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
 absl::StatusOr<ClusterState> LoadState(const std::string& state_dir) {
   std::ifstream in(StatePath(state_dir));
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("no cluster state in ", state_dir,
-                                            " (start one with `trident up`)"));
+    return absl::NotFoundError(
+        absl::StrCat("no cluster state in ", state_dir, " (start one with `trident up`)"));
   }
   const json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!parsed.is_object() || !parsed.contains("processes") || !parsed["processes"].is_array()) {

@@ -48,8 +48,8 @@ struct ProcessRecord {
   std::string name;       // Unique, e.g. "worker-0".
   std::string component;  // "router", "worker", "attention", "controller", "prometheus".
   pid_t pid = -1;
-  int grpc_port = 0;      // 0 for Prometheus.
-  int metrics_port = 0;   // Prometheus: its HTTP port.
+  int grpc_port = 0;     // 0 for Prometheus.
+  int metrics_port = 0;  // Prometheus: its HTTP port.
   std::string log_path;
   // Workers: "prefill", "decode" or "both"; empty for other components.
   std::string role;

@@ -16,7 +16,11 @@ using ::trident::testing::StatusIs;
 ClusterState TwoWorkerState() {
   ClusterState state{.host = "127.0.0.1"};
   state.processes = {
-      {.name = "controller", .component = "controller", .pid = 1, .grpc_port = 5, .metrics_port = 6},
+      {.name = "controller",
+       .component = "controller",
+       .pid = 1,
+       .grpc_port = 5,
+       .metrics_port = 6},
       {.name = "worker-0", .component = "worker", .pid = 2, .grpc_port = 7, .metrics_port = 8},
       {.name = "worker-1", .component = "worker", .pid = 3, .grpc_port = 9, .metrics_port = 10},
       {.name = "prometheus", .component = "prometheus", .pid = 4, .metrics_port = 9090},

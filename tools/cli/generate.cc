@@ -8,8 +8,7 @@
 
 namespace trident::cli {
 
-absl::StatusOr<GenerateSummary> StreamGeneration(const GenerateOptions& options,
-                                                 std::FILE* out) {
+absl::StatusOr<GenerateSummary> StreamGeneration(const GenerateOptions& options, std::FILE* out) {
   auto channel = grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials());
   auto stub = trident::v1::Generation::NewStub(channel);
   trident::v1::GenerateRequest request;

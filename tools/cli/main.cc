@@ -5,9 +5,10 @@
 //   trident down      drain and stop them all
 //   trident generate  stream a generation from the cluster
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,9 @@ ABSL_FLAG(std::string, workers, "both",
 ABSL_FLAG(std::string, model, "",
           "Model directory passed to every worker as --model. Default: a small random-weight "
           "llama3-tiny model generated once into <state_dir>/models.");
-ABSL_FLAG(std::string, worker_flags, "",
-          "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
+ABSL_FLAG(
+    std::string, worker_flags, "",
+    "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
 ABSL_FLAG(std::string, address, "",
           "generate: host:port of a Generation endpoint. Default: the first worker in role "
           "'both' of the cluster in --state_dir.");
@@ -149,12 +151,13 @@ int Up() {
       break;
     }
   }
-  std::printf("\nGeneration API (trident.v1.Generation): %s\nTry: trident generate \"Once upon a "
-              "time\"\nPrometheus: %s\nLogs: %s/logs\nStop with: trident down%s\n",
-              generation.c_str(), state->PrometheusUrl().c_str(), options.state_dir.c_str(),
-              absl::GetFlag(FLAGS_state_dir).empty()
-                  ? ""
-                  : absl::StrCat(" --state_dir=", options.state_dir).c_str());
+  std::printf(
+      "\nGeneration API (trident.v1.Generation): %s\nTry: trident generate \"Once upon a "
+      "time\"\nPrometheus: %s\nLogs: %s/logs\nStop with: trident down%s\n",
+      generation.c_str(), state->PrometheusUrl().c_str(), options.state_dir.c_str(),
+      absl::GetFlag(FLAGS_state_dir).empty()
+          ? ""
+          : absl::StrCat(" --state_dir=", options.state_dir).c_str());
   return 0;
 }
 
@@ -164,7 +167,8 @@ int Generate(const std::string& prompt) {
   if (options.address.empty()) {
     absl::StatusOr<trident::cli::ClusterState> state = trident::cli::LoadState(StateDir());
     if (!state.ok()) {
-      std::fprintf(stderr, "trident generate: %s (start one with `trident up`, or pass --address)\n",
+      std::fprintf(stderr,
+                   "trident generate: %s (start one with `trident up`, or pass --address)\n",
                    std::string(state.status().message()).c_str());
       return 1;
     }

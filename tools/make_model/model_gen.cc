@@ -216,23 +216,23 @@ absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
     s.seed = 4;
     return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown preset \"", name,
-                                                 "\"; presets: ", absl::StrJoin(PresetNames(), ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown preset \"", name, "\"; presets: ", absl::StrJoin(PresetNames(), ", ")));
 }
 
 absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
   if (s.hidden_size <= 0 || s.num_layers <= 0 || s.num_heads <= 0 || s.num_kv_heads <= 0 ||
       s.head_dim <= 0 || s.intermediate_size <= 0 || s.num_heads % s.num_kv_heads != 0) {
-    return absl::InvalidArgumentError("model spec: sizes must be positive and num_heads a "
-                                      "multiple of num_kv_heads");
+    return absl::InvalidArgumentError(
+        "model spec: sizes must be positive and num_heads a "
+        "multiple of num_kv_heads");
   }
   TRIDENT_ASSIGN_OR_RETURN(GeneratedTokenizer tok,
                            GenerateTokenizer(StyleOf(s.family), s.tokenizer_vocab_size));
   const int32_t vocab = s.vocab_size > 0 ? s.vocab_size : tok.vocab_size;
   if (vocab < tok.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("vocab_size ", vocab,
-                                                   " is smaller than the tokenizer's ",
-                                                   tok.vocab_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size ", vocab, " is smaller than the tokenizer's ", tok.vocab_size));
   }
   TRIDENT_RETURN_IF_ERROR(MakeDirs(out_dir));
 
@@ -286,9 +286,8 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
   if (!s.tie_word_embeddings) add_vocab_rows("lm_head.weight", 4.0f * in_h);
   writer.AddMetadata("format", "pt");
 
-  TRIDENT_LOG(INFO) << "writing " << (s.preset.empty() ? "model" : s.preset) << " ("
-                    << total_params << " parameters, " << numeric::DTypeName(s.dtype) << ") to "
-                    << out_dir;
+  TRIDENT_LOG(INFO) << "writing " << (s.preset.empty() ? "model" : s.preset) << " (" << total_params
+                    << " parameters, " << numeric::DTypeName(s.dtype) << ") to " << out_dir;
   if (s.max_shard_bytes > 0) {
     TRIDENT_RETURN_IF_ERROR(writer.WriteSharded(out_dir, s.max_shard_bytes));
   } else {

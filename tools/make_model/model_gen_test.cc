@@ -57,7 +57,8 @@ TEST_P(ModelGenTest, WritesALoadableDeterministicModel) {
   // Merges were learned on this text, so it compresses well below one token
   // per byte.
   EXPECT_LT(ids.size(), corpus.size() / 2);
-  EXPECT_THAT((*tok)->Decode(ids, /*skip_special_tokens=*/false), ::trident::testing::IsOkAndHolds(corpus));
+  EXPECT_THAT((*tok)->Decode(ids, /*skip_special_tokens=*/false),
+              ::trident::testing::IsOkAndHolds(corpus));
   ASSERT_FALSE(config->eos_token_ids.empty());
   for (int32_t eos : config->eos_token_ids) EXPECT_TRUE((*tok)->IsSpecial(eos));
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/backend/rope_config.h"
 #include "common/cpu/threads.h"
 #include "common/logging/log.h"
 #include "common/model/checkpoint.h"
@@ -48,7 +49,7 @@ class StackedWeight {
   }
 
   absl::StatusOr<std::unique_ptr<kernels::cpu::Linear>> Build(const float* bias,
-                                                             int64_t* weight_bytes) {
+                                                              int64_t* weight_bytes) {
     const void* data = dtype_ == DType::kF32 ? static_cast<const void*>(f32_.data())
                                              : static_cast<const void*>(bf16_.data());
     auto linear = kernels::cpu::Linear::Create(in_, out_, dtype_, data, bias, mode_);
@@ -125,15 +126,16 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
     auto name = [l](const char* suffix) { return model::LayerTensorName(l, suffix); };
     TRIDENT_ASSIGN_OR_RETURN(layer.input_norm,
                              ReadVector(*ckpt, name("input_layernorm.weight"), h, progress));
-    TRIDENT_ASSIGN_OR_RETURN(layer.post_norm, ReadVector(*ckpt, name("post_attention_layernorm.weight"),
-                                                         h, progress));
+    TRIDENT_ASSIGN_OR_RETURN(
+        layer.post_norm, ReadVector(*ckpt, name("post_attention_layernorm.weight"), h, progress));
     StackedWeight qkv(dt, h, mode);
     TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.q_proj.weight"), q_out, progress));
     TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.k_proj.weight"), kv_out, progress));
     TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.v_proj.weight"), kv_out, progress));
     std::vector<float> qkv_bias;
     if (config_.attention_bias) {
-      for (const char* b : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
+      for (const char* b :
+           {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
         TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt->Info(name(b)));
         TRIDENT_ASSIGN_OR_RETURN(std::vector<float> v,
                                  ReadVector(*ckpt, name(b), info.numel, progress));
@@ -148,8 +150,8 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
     if (config_.o_proj_bias) {
       TRIDENT_ASSIGN_OR_RETURN(o_bias, ReadVector(*ckpt, name(model::kOProjBias), h, progress));
     }
-    TRIDENT_ASSIGN_OR_RETURN(layer.o, o.Build(o_bias.empty() ? nullptr : o_bias.data(),
-                                              &weight_bytes_per_step_));
+    TRIDENT_ASSIGN_OR_RETURN(
+        layer.o, o.Build(o_bias.empty() ? nullptr : o_bias.data(), &weight_bytes_per_step_));
     StackedWeight gate_up(dt, h, mode);
     TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.gate_proj.weight"), inter, progress));
     TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.up_proj.weight"), inter, progress));
@@ -160,36 +162,26 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
       TRIDENT_ASSIGN_OR_RETURN(std::vector<float> up_bias,
                                ReadVector(*ckpt, name(model::kUpProjBias), inter, progress));
       gate_up_bias.insert(gate_up_bias.end(), up_bias.begin(), up_bias.end());
-      TRIDENT_ASSIGN_OR_RETURN(down_bias, ReadVector(*ckpt, name(model::kDownProjBias), h, progress));
+      TRIDENT_ASSIGN_OR_RETURN(down_bias,
+                               ReadVector(*ckpt, name(model::kDownProjBias), h, progress));
     }
-    TRIDENT_ASSIGN_OR_RETURN(
-        layer.gate_up,
-        gate_up.Build(gate_up_bias.empty() ? nullptr : gate_up_bias.data(), &weight_bytes_per_step_));
+    TRIDENT_ASSIGN_OR_RETURN(layer.gate_up,
+                             gate_up.Build(gate_up_bias.empty() ? nullptr : gate_up_bias.data(),
+                                           &weight_bytes_per_step_));
     StackedWeight down(dt, inter, mode);
     TRIDENT_RETURN_IF_ERROR(down.Append(*ckpt, name("mlp.down_proj.weight"), h, progress));
-    TRIDENT_ASSIGN_OR_RETURN(
-        layer.down,
-        down.Build(down_bias.empty() ? nullptr : down_bias.data(), &weight_bytes_per_step_));
+    TRIDENT_ASSIGN_OR_RETURN(layer.down, down.Build(down_bias.empty() ? nullptr : down_bias.data(),
+                                                    &weight_bytes_per_step_));
   }
   TRIDENT_ASSIGN_OR_RETURN(final_norm_, ReadVector(*ckpt, "model.norm.weight", h, progress));
   StackedWeight head(dt, h, mode);
-  const std::string head_name =
-      config_.tie_word_embeddings && !ckpt->Has("lm_head.weight") ? "model.embed_tokens.weight"
-                                                                  : "lm_head.weight";
+  const std::string head_name = config_.tie_word_embeddings && !ckpt->Has("lm_head.weight")
+                                    ? "model.embed_tokens.weight"
+                                    : "lm_head.weight";
   TRIDENT_RETURN_IF_ERROR(head.Append(*ckpt, head_name, config_.vocab_size, progress));
   TRIDENT_ASSIGN_OR_RETURN(lm_head_, head.Build(nullptr, &weight_bytes_per_step_));
 
-  kernels::cpu::RopeConfig rope;
-  rope.head_dim = config_.head_dim;
-  rope.theta = config_.rope_theta;
-  if (config_.rope_scaling.has_value() && config_.rope_scaling->rope_type == "llama3") {
-    rope.llama3_scaling = true;
-    rope.factor = config_.rope_scaling->factor;
-    rope.low_freq_factor = config_.rope_scaling->low_freq_factor;
-    rope.high_freq_factor = config_.rope_scaling->high_freq_factor;
-    rope.original_max_position_embeddings =
-        config_.rope_scaling->original_max_position_embeddings;
-  }
+  const kernels::cpu::RopeConfig rope = RopeConfigFor(config_);
   inv_freq_ = kernels::cpu::RopeInvFreq(rope);
 
   max_model_len_ = config_.max_position_embeddings;
@@ -204,9 +196,9 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
   kv_spec_.num_blocks =
       static_cast<int32_t>(options_.kv_cache_bytes / kv_spec_.BytesPerBlockAllLayers());
   if (kv_spec_.num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache budget of ", options_.kv_cache_bytes, " bytes holds no block of ",
-        kv_spec_.BytesPerBlockAllLayers(), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("KV cache budget of ", options_.kv_cache_bytes,
+                                                   " bytes holds no block of ",
+                                                   kv_spec_.BytesPerBlockAllLayers(), " bytes"));
   }
   TRIDENT_ASSIGN_OR_RETURN(kv_cache_, kv::HostKvCache::Create(kv_spec_));
   TRIDENT_LOG(INFO) << "loaded " << config_.architecture << " from " << model_dir << ": "
@@ -228,8 +220,7 @@ std::string CpuBackend::Describe() const {
   return absl::StrCat("cpu, ", matmuls, ", ", config_.num_hidden_layers, " layers, hidden ",
                       config_.hidden_size, ", vocab ", config_.vocab_size, ", KV ",
                       kv_spec_.num_blocks, " blocks of ", kv_spec_.block_size, " tokens (",
-                      numeric::DTypeName(kv_spec_.dtype), "), ", cpu::CpuThreadCount(),
-                      " threads");
+                      numeric::DTypeName(kv_spec_.dtype), "), ", cpu::CpuThreadCount(), " threads");
 }
 
 absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
@@ -248,9 +239,8 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
   for (const StepSequence& s : batch) {
     const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
     if (s.tokens.empty() || s.start_position < 0 || end > max_model_len_) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [",
-                                                     s.start_position, ", ", end,
-                                                     "), outside the context window of ",
+      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [", s.start_position,
+                                                     ", ", end, "), outside the context window of ",
                                                      max_model_len_));
     }
     if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
@@ -259,8 +249,8 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     }
     for (int32_t b : s.block_table) {
       if (b < 0 || b >= kv_spec_.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the cache of ",
-                                                       kv_spec_.num_blocks, " blocks"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("block id ", b, " outside the cache of ", kv_spec_.num_blocks, " blocks"));
       }
     }
     total += static_cast<int64_t>(s.tokens.size());
@@ -285,9 +275,8 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       const int32_t token = s.tokens[i];
       if (token < 0 || token >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", token,
-                                                       " outside the vocabulary of ",
-                                                       config_.vocab_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", token, " outside the vocabulary of ", config_.vocab_size));
       }
       const int32_t pos = s.start_position + static_cast<int32_t>(i);
       positions_[row + i] = pos;

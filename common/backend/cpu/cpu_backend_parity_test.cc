@@ -78,8 +78,8 @@ TEST_P(ParityTest, F32LogitsMatchTransformers) {
     const FixturePrompt& prompt = fixture_.prompts[p];
     auto ours = TeacherForced(*backend, prompt, fixture_.decode_steps + 1);
     const double err = MaxRelativeError(prompt, ours);
-    std::printf("%s f32 prompt %zu (%zu tokens): max |dlogit| / range = %.3g\n",
-                GetParam().c_str(), p, prompt.ids.size(), err);
+    std::printf("%s f32 prompt %zu (%zu tokens): max |dlogit| / range = %.3g\n", GetParam().c_str(),
+                p, prompt.ids.size(), err);
     EXPECT_LE(err, kF32Tolerance) << "prompt " << p;
   }
 }
@@ -130,10 +130,11 @@ TEST_P(ParityTest, Bf16WithinToleranceAndAgreesOnGreedyChoices) {
     }
     const double agreement = static_cast<double>(agree) / total;
     const double hf_agreement = static_cast<double>(hf_agree) / total;
-    std::printf("%s bf16 (%s activations, %s): greedy agreement %d/%d = %.4f (HF's own bf16: "
-                "%d/%d = %.4f), max |dlogit| / range = %.3g\n",
-                GetParam().c_str(), split ? "split" : "rounded", backend->Describe().c_str(),
-                agree, total, agreement, hf_agree, total, hf_agreement, worst);
+    std::printf(
+        "%s bf16 (%s activations, %s): greedy agreement %d/%d = %.4f (HF's own bf16: "
+        "%d/%d = %.4f), max |dlogit| / range = %.3g\n",
+        GetParam().c_str(), split ? "split" : "rounded", backend->Describe().c_str(), agree, total,
+        agreement, hf_agree, total, hf_agreement, worst);
     EXPECT_LE(worst, kBf16Tolerance);
     if (split) {
       // Near-f32 inputs: at least 99%, and at least HF's own bf16.

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/backend/rope_config.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
 #include "common/model/checkpoint.h"
@@ -102,7 +103,7 @@ struct CudaBackend::Impl {
   std::unique_ptr<kc::Gemm> gemm;
 
   struct Layer {
-    DeviceBuffer input_norm, post_norm;  // f32 [hidden]
+    DeviceBuffer input_norm, post_norm;                                             // f32 [hidden]
     DeviceBuffer qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias;  // bf16
   };
   std::vector<Layer> layers;
@@ -114,7 +115,7 @@ struct CudaBackend::Impl {
   DeviceBuffer kv_pool;
 
   // Workspace for max_batch_tokens.
-  DeviceBuffer residual;  // f32 [T][hidden]
+  DeviceBuffer residual;                          // f32 [T][hidden]
   DeviceBuffer hn, qkv, attn, tmp, gate_up, act;  // bf16
   DeviceBuffer last, logits;                      // bf16 [S][hidden], [S][vocab]
   DeviceBuffer meta;                              // int32/int64 step metadata
@@ -174,9 +175,9 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));
   if (config.head_dim != 64 && config.head_dim != 128) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, "/config.json: head_dim ", config.head_dim,
-        " is not supported by the CUDA attention kernels (64 or 128)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, "/config.json: head_dim ", config.head_dim,
+                     " is not supported by the CUDA attention kernels (64 or 128)"));
   }
   RealClock real_clock;
   model::LoadProgress progress(ckpt->total_bytes(),
@@ -191,9 +192,9 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
         UploadF32(*ckpt, name(model::kInputLayernorm), &layer.input_norm, progress));
     TRIDENT_RETURN_IF_ERROR(
         UploadF32(*ckpt, name(model::kPostAttentionLayernorm), &layer.post_norm, progress));
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(
-        *ckpt, {name(model::kQProj), name(model::kKProj), name(model::kVProj)}, &layer.qkv,
-        progress));
+    TRIDENT_RETURN_IF_ERROR(
+        UploadBf16(*ckpt, {name(model::kQProj), name(model::kKProj), name(model::kVProj)},
+                   &layer.qkv, progress));
     if (config.attention_bias) {
       TRIDENT_RETURN_IF_ERROR(UploadBf16(
           *ckpt, {name(model::kQProjBias), name(model::kKProjBias), name(model::kVProjBias)},
@@ -201,15 +202,16 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
     }
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kOProj)}, &layer.o, progress));
     if (config.o_proj_bias) {
-      TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kOProjBias)}, &layer.o_bias, progress));
+      TRIDENT_RETURN_IF_ERROR(
+          UploadBf16(*ckpt, {name(model::kOProjBias)}, &layer.o_bias, progress));
     }
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(
-        *ckpt, {name(model::kGateProj), name(model::kUpProj)}, &layer.gate_up, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kGateProj), name(model::kUpProj)},
+                                       &layer.gate_up, progress));
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kDownProj)}, &layer.down, progress));
     if (config.mlp_bias) {
-      TRIDENT_RETURN_IF_ERROR(UploadBf16(
-          *ckpt, {name(model::kGateProjBias), name(model::kUpProjBias)}, &layer.gate_up_bias,
-          progress));
+      TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt,
+                                         {name(model::kGateProjBias), name(model::kUpProjBias)},
+                                         &layer.gate_up_bias, progress));
       TRIDENT_RETURN_IF_ERROR(
           UploadBf16(*ckpt, {name(model::kDownProjBias)}, &layer.down_bias, progress));
     }
@@ -219,21 +221,12 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"lm_head.weight"}, &lm_head, progress));
   }
 
-  kernels::cpu::RopeConfig rope;
-  rope.head_dim = config.head_dim;
-  rope.theta = config.rope_theta;
-  if (config.rope_scaling.has_value() && config.rope_scaling->rope_type == "llama3") {
-    rope.llama3_scaling = true;
-    rope.factor = config.rope_scaling->factor;
-    rope.low_freq_factor = config.rope_scaling->low_freq_factor;
-    rope.high_freq_factor = config.rope_scaling->high_freq_factor;
-    rope.original_max_position_embeddings = config.rope_scaling->original_max_position_embeddings;
-  }
+  const kernels::cpu::RopeConfig rope = RopeConfigFor(config);
   const std::vector<float> freqs = kernels::cpu::RopeInvFreq(rope);
   TRIDENT_RETURN_IF_ERROR(inv_freq.Allocate(freqs.size() * 4, "inv_freq"));
-  TRIDENT_RETURN_IF_ERROR(CudaCheck(
-      cudaMemcpy(inv_freq.get(), freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice),
-      "inv_freq upload"));
+  TRIDENT_RETURN_IF_ERROR(
+      CudaCheck(cudaMemcpy(inv_freq.get(), freqs.data(), freqs.size() * 4, cudaMemcpyHostToDevice),
+                "inv_freq upload"));
   max_model_len = config.max_position_embeddings;
   if (options.max_model_len > 0) max_model_len = std::min(max_model_len, options.max_model_len);
   return AllocateWorkspaceAndKv();
@@ -263,8 +256,8 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
       cudaMallocHost(reinterpret_cast<void**>(&host_logits), s * int64_t{config.vocab_size} * 2),
       "pinned logits"));
-  kc::DecodePlan plan = kc::PlanDecode(static_cast<int32_t>(s), config.num_key_value_heads,
-                                       max_model_len, 132);
+  kc::DecodePlan plan =
+      kc::PlanDecode(static_cast<int32_t>(s), config.num_key_value_heads, max_model_len, 132);
   const size_t decode_ws = kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(s),
                                                     config.num_attention_heads, config.head_dim);
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(std::max<size_t>(decode_ws, 256), "decode ws"));
@@ -316,9 +309,8 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
   for (const StepSequence& s : batch) {
     const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
     if (s.tokens.empty() || s.start_position < 0 || end > max_model_len) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [",
-                                                     s.start_position, ", ", end,
-                                                     "), outside the context window of ",
+      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [", s.start_position,
+                                                     ", ", end, "), outside the context window of ",
                                                      max_model_len));
     }
     if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
@@ -336,9 +328,8 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
   }
   if (total == 0) return absl::OkStatus();
   if (total > options.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", total,
-                                                   " tokens exceeds --max_batch_tokens ",
-                                                   options.max_batch_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch of ", total, " tokens exceeds --max_batch_tokens ", options.max_batch_tokens));
   }
 
   // Step metadata, staged in pinned memory and copied in one transfer.
@@ -358,8 +349,8 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
     for (size_t j = 0; j < s.tokens.size(); ++j) {
       const int32_t pos = s.start_position + static_cast<int32_t>(j);
       if (s.tokens[j] < 0 || s.tokens[j] >= config.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", s.tokens[j],
-                                                       " outside the vocabulary"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", s.tokens[j], " outside the vocabulary"));
       }
       tokens[row + j] = s.tokens[j];
       positions[row + j] = pos;
@@ -449,8 +440,8 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
       a.scale = scale;
       const kc::DecodePlan plan =
           kc::PlanDecode(static_cast<int32_t>(num_seqs), nkv, max_context, 132);
-      TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(
-          a, plan, decode_workspace.get(), decode_workspace.bytes(), stream));
+      TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, plan, decode_workspace.get(),
+                                                             decode_workspace.bytes(), stream));
     } else {
       kc::PagedPrefillArgs a;
       a.q = qkv.get();
@@ -480,8 +471,8 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
                                        stream));
     TRIDENT_RETURN_IF_ERROR(
         linear(hn.get(), h, layer.gate_up, layer.gate_up_bias, gate_up.get(), 2 * inter, h));
-    TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(
-        {gate_up.get(), 2 * inter, act.get(), inter, total, inter}, stream));
+    TRIDENT_RETURN_IF_ERROR(
+        kc::LaunchSiluMul({gate_up.get(), 2 * inter, act.get(), inter, total, inter}, stream));
     TRIDENT_RETURN_IF_ERROR(
         linear(act.get(), inter, layer.down, layer.down_bias, tmp.get(), h, inter));
   }
@@ -493,17 +484,16 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
   }
   for (int64_t r = 0; r < rows; ++r) {
     TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(last.get<char>() + r * h * 2, hn.get<char>() + logit_rows[r] * h * 2,
-                        h * 2, cudaMemcpyDeviceToDevice, stream),
+        cudaMemcpyAsync(last.get<char>() + r * h * 2, hn.get<char>() + logit_rows[r] * h * 2, h * 2,
+                        cudaMemcpyDeviceToDevice, stream),
         "gather last rows"));
   }
-  kc::GemmArgs head_args{last.get(), h, head(), nullptr, logits.get(), config.vocab_size,
-                         rows, config.vocab_size, h};
+  kc::GemmArgs head_args{
+      last.get(), h, head(), nullptr, logits.get(), config.vocab_size, rows, config.vocab_size, h};
   TRIDENT_RETURN_IF_ERROR(gemm->Run(head_args, stream));
   const int64_t n = rows * config.vocab_size;
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
-      cudaMemcpyAsync(host_logits, logits.get(), n * 2, cudaMemcpyDeviceToHost, stream),
-      "logits"));
+      cudaMemcpyAsync(host_logits, logits.get(), n * 2, cudaMemcpyDeviceToHost, stream), "logits"));
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "step"));
   numeric::Bf16ToFloat(host_logits, logits_out, static_cast<size_t>(n));
   return absl::OkStatus();
@@ -512,13 +502,12 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaBackend::~CudaBackend() = default;
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const std::string& model_dir,
-                                                                 const CudaBackendOptions& options) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const std::string& model_dir, const CudaBackendOptions& options) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 ||
-      options.device >= count) {
-    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", options.device,
-                                                      " not present (", count, " devices)"));
+  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " not present (", count, " devices)"));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;

@@ -23,10 +23,10 @@
 namespace trident::backend {
 namespace {
 
-using ::trident::testing::IsOk;
 using testing::Argmax;
 using testing::FixturePrompt;
 using testing::HfFixture;
+using ::trident::testing::IsOk;
 
 constexpr double kBf16Tolerance = 2e-2;
 
@@ -67,9 +67,10 @@ TEST_P(CudaParityTest, Bf16LogitsAndGreedyChoicesMatchTransformers) {
   }
   const double agreement = static_cast<double>(agree) / total;
   const double hf_agreement = static_cast<double>(hf_agree) / total;
-  std::printf("%s cuda bf16: greedy agreement %d/%d = %.4f (HF's own bf16: %d/%d = %.4f), "
-              "max |dlogit| / range = %.3g\n",
-              GetParam().c_str(), agree, total, agreement, hf_agree, total, hf_agreement, worst);
+  std::printf(
+      "%s cuda bf16: greedy agreement %d/%d = %.4f (HF's own bf16: %d/%d = %.4f), "
+      "max |dlogit| / range = %.3g\n",
+      GetParam().c_str(), agree, total, agreement, hf_agree, total, hf_agreement, worst);
   EXPECT_LE(worst, kBf16Tolerance);
   EXPECT_GE(agreement, std::max(0.99, hf_agreement));
 }

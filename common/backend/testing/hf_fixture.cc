@@ -69,8 +69,9 @@ absl::StatusOr<HfFixture> LoadHfFixture(const std::string& preset) {
   for (const auto& [name, digest] : ref["files"].items()) {
     if (Fnv1a64(ReadFile(f.model_dir + "/" + name)) != digest["fnv1a64"].get<std::string>()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          name, " differs from the file the fixture was computed from; regenerate the fixtures "
-                "with tools/reference/model_reference.py"));
+          name,
+          " differs from the file the fixture was computed from; regenerate the fixtures "
+          "with tools/reference/model_reference.py"));
     }
   }
   return f;
