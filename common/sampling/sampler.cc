@@ -233,7 +233,7 @@ int32_t Sampler::SampleFromWeights(const SamplingParams& params, int64_t output_
     last_positive = i;
     if (cumulative > target) return i;
   }
-  // Only reachable through rounding when u is within 2^-24 of 1.
+  // Unreachable: the running sum ends at `total`, and u < 1 makes target < total.
   return last_positive;
 }
 
