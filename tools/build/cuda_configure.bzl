@@ -1,7 +1,10 @@
 """Repository rule that finds the CUDA toolkit (nvcc) on the build machine.
 
 It writes `@local_cuda//:defs.bzl` with `CUDA_FOUND`, `CUDA_PATH` and
-`NVCC_VERSION`, and `@local_cuda//:cuda` (runtime, cuBLAS) for targets to link.
+`NVCC_VERSION`, and `@local_cuda//:cuda` (headers and the CUDA runtime) for
+targets to link. cuBLASLt is not linked: kernels/cuda/gemm loads it at run
+time, because its large static TLS would otherwise shrink every thread's
+usable stack below what small-stack threads (civetweb's, 100 KiB) need.
 The toolkit is looked up in `$TRIDENT_CUDA_PATH`, `$CUDA_PATH`, then
 `/usr/local/cuda`; `TRIDENT_CUDA_PATH=none` forces a build without CUDA.
 """
@@ -51,7 +54,7 @@ cc_library(
     name = "cuda",
     hdrs = glob(["include/**"], allow_empty = True),
     includes = ["include"],
-    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcublasLt", "-lcublas", "-lcudart"],
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcudart"],
 )
 """.format(lib = lib_dir)
     else:

@@ -1,6 +1,7 @@
 #include "kernels/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include <map>
 #include <tuple>
@@ -11,9 +12,68 @@
 namespace trident::kernels::cuda {
 namespace {
 
+// cuBLASLt is loaded at run time rather than linked: its large static TLS
+// would otherwise shrink the usable stack of every thread in the process
+// below what small-stack threads (civetweb's 100 KiB ones, for /metrics)
+// need, and pthread_create would fail for them.
+struct CublasLtApi {
+  absl::Status status;
+#define TRIDENT_LT_FN(name) decltype(&cublasLt##name) name = nullptr;
+  TRIDENT_LT_FN(Create)
+  TRIDENT_LT_FN(Destroy)
+  TRIDENT_LT_FN(GetStatusString)
+  TRIDENT_LT_FN(Matmul)
+  TRIDENT_LT_FN(MatmulAlgoGetHeuristic)
+  TRIDENT_LT_FN(MatmulDescCreate)
+  TRIDENT_LT_FN(MatmulDescDestroy)
+  TRIDENT_LT_FN(MatmulDescSetAttribute)
+  TRIDENT_LT_FN(MatmulPreferenceCreate)
+  TRIDENT_LT_FN(MatmulPreferenceDestroy)
+  TRIDENT_LT_FN(MatmulPreferenceSetAttribute)
+  TRIDENT_LT_FN(MatrixLayoutCreate)
+  TRIDENT_LT_FN(MatrixLayoutDestroy)
+#undef TRIDENT_LT_FN
+};
+
+const CublasLtApi& Lt() {
+  static const CublasLtApi* api = [] {
+    auto* a = new CublasLtApi();
+    void* lib = nullptr;
+    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) break;
+    }
+    if (lib == nullptr) {
+      a->status = absl::FailedPreconditionError(
+          absl::StrCat("cannot load cuBLASLt (libcublasLt.so.13): ", dlerror()));
+      return a;
+    }
+#define TRIDENT_LT_LOAD(name)                                                   \
+  a->name = reinterpret_cast<decltype(a->name)>(dlsym(lib, "cublasLt" #name));  \
+  if (a->name == nullptr && a->status.ok()) {                                   \
+    a->status = absl::FailedPreconditionError("cuBLASLt lacks cublasLt" #name); \
+  }
+    TRIDENT_LT_LOAD(Create)
+    TRIDENT_LT_LOAD(Destroy)
+    TRIDENT_LT_LOAD(GetStatusString)
+    TRIDENT_LT_LOAD(Matmul)
+    TRIDENT_LT_LOAD(MatmulAlgoGetHeuristic)
+    TRIDENT_LT_LOAD(MatmulDescCreate)
+    TRIDENT_LT_LOAD(MatmulDescDestroy)
+    TRIDENT_LT_LOAD(MatmulDescSetAttribute)
+    TRIDENT_LT_LOAD(MatmulPreferenceCreate)
+    TRIDENT_LT_LOAD(MatmulPreferenceDestroy)
+    TRIDENT_LT_LOAD(MatmulPreferenceSetAttribute)
+    TRIDENT_LT_LOAD(MatrixLayoutCreate)
+    TRIDENT_LT_LOAD(MatrixLayoutDestroy)
+#undef TRIDENT_LT_LOAD
+    return a;
+  }();
+  return *api;
+}
+
 absl::Status CublasError(const char* what, cublasStatus_t status) {
-  return absl::InternalError(
-      absl::StrCat("cuBLASLt ", what, ": ", cublasLtGetStatusString(status)));
+  return absl::InternalError(absl::StrCat("cuBLASLt ", what, ": ", Lt().GetStatusString(status)));
 }
 
 #define TRIDENT_CUBLAS(call, what)                                 \
@@ -38,13 +98,13 @@ struct Gemm::Impl {
 
   ~Impl() {
     for (auto& [key, p] : plans) {
-      if (p.op) cublasLtMatmulDescDestroy(p.op);
-      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-      if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+      if (p.op) Lt().MatmulDescDestroy(p.op);
+      if (p.a) Lt().MatrixLayoutDestroy(p.a);
+      if (p.b) Lt().MatrixLayoutDestroy(p.b);
+      if (p.c) Lt().MatrixLayoutDestroy(p.c);
     }
     if (workspace) cudaFree(workspace);
-    if (handle) cublasLtDestroy(handle);
+    if (handle) Lt().Destroy(handle);
   }
 
   // cuBLASLt is column-major. Row-major y[m][n] is column-major yᵀ [n][m]:
@@ -55,48 +115,45 @@ struct Gemm::Impl {
         std::make_tuple(args.m, args.n, args.k, args.x_stride, args.y_stride, args.bias != nullptr);
     if (auto it = plans.find(key); it != plans.end()) return &it->second;
     Plan p;
-    TRIDENT_CUBLAS(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    TRIDENT_CUBLAS(Lt().MatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                  sizeof(trans_a)),
-                   "transa");
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                  sizeof(trans_b)),
-                   "transb");
+    TRIDENT_CUBLAS(
+        Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)),
+        "transa");
+    TRIDENT_CUBLAS(
+        Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)),
+        "transb");
     if (args.bias != nullptr) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                    sizeof(epilogue)),
+      TRIDENT_CUBLAS(Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                 sizeof(epilogue)),
                      "epilogue");
       const cudaDataType_t bias_type = CUDA_R_16BF;
-      TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                    &bias_type, sizeof(bias_type)),
+      TRIDENT_CUBLAS(Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                 &bias_type, sizeof(bias_type)),
                      "bias type");
     }
     // A = W as stored: column-major [k][n] with ld k (op T makes it [n][k]).
-    TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, args.k, args.n, args.k), "A");
+    TRIDENT_CUBLAS(Lt().MatrixLayoutCreate(&p.a, CUDA_R_16BF, args.k, args.n, args.k), "A");
     // B = xᵀ: column-major [k][m], ld x_stride.
-    TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, args.k, args.m, args.x_stride),
-                   "B");
+    TRIDENT_CUBLAS(Lt().MatrixLayoutCreate(&p.b, CUDA_R_16BF, args.k, args.m, args.x_stride), "B");
     // C = D = yᵀ: column-major [n][m], ld y_stride.
-    TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16BF, args.n, args.m, args.y_stride),
-                   "C");
+    TRIDENT_CUBLAS(Lt().MatrixLayoutCreate(&p.c, CUDA_R_16BF, args.n, args.m, args.y_stride), "C");
     cublasLtMatmulPreference_t pref = nullptr;
-    TRIDENT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    TRIDENT_CUBLAS(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &workspace_bytes, sizeof(workspace_bytes)),
-        "workspace preference");
+    TRIDENT_CUBLAS(Lt().MatmulPreferenceCreate(&pref), "preference");
+    TRIDENT_CUBLAS(Lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &workspace_bytes, sizeof(workspace_bytes)),
+                   "workspace preference");
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+        Lt().MatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    Lt().MatmulPreferenceDestroy(pref);
     if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-      cublasLtMatmulDescDestroy(p.op);
-      cublasLtMatrixLayoutDestroy(p.a);
-      cublasLtMatrixLayoutDestroy(p.b);
-      cublasLtMatrixLayoutDestroy(p.c);
+      Lt().MatmulDescDestroy(p.op);
+      Lt().MatrixLayoutDestroy(p.a);
+      Lt().MatrixLayoutDestroy(p.b);
+      Lt().MatrixLayoutDestroy(p.c);
       return absl::InternalError(
           absl::StrCat("cuBLASLt has no algorithm for m=", args.m, " n=", args.n, " k=", args.k));
     }
@@ -109,8 +166,9 @@ Gemm::Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gemm::~Gemm() = default;
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
+  if (!Lt().status.ok()) return Lt().status;
   auto impl = std::make_unique<Impl>();
-  TRIDENT_CUBLAS(cublasLtCreate(&impl->handle), "create");
+  TRIDENT_CUBLAS(Lt().Create(&impl->handle), "create");
   impl->workspace_bytes = workspace_bytes;
   if (workspace_bytes > 0) {
     const cudaError_t err = cudaMalloc(&impl->workspace, workspace_bytes);
@@ -139,14 +197,14 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
   if (!plan.ok()) return plan.status();
   const Impl::Plan& p = **plan;
   if (args.bias != nullptr) {
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                  &args.bias, sizeof(args.bias)),
+    TRIDENT_CUBLAS(Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias,
+                                               sizeof(args.bias)),
                    "bias pointer");
   }
   const float alpha = 1.0f, beta = 0.0f;
   TRIDENT_CUBLAS(
-      cublasLtMatmul(impl_->handle, p.op, &alpha, args.w, p.a, args.x, p.b, &beta, args.y, p.c,
-                     args.y, p.c, &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+      Lt().Matmul(impl_->handle, p.op, &alpha, args.w, p.a, args.x, p.b, &beta, args.y, p.c, args.y,
+                  p.c, &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
       "matmul");
   return absl::OkStatus();
 }
