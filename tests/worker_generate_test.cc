@@ -20,6 +20,7 @@
 #include "common/process/subprocess.h"
 #include "common/status/error_details.h"
 #include "common/testing/status_matchers.h"
+#include "common/tokenizer/unicode.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -39,20 +40,6 @@ using ::trident::testing::IsOk;
 using ::trident::testing::RunfilePath;
 using ::trident::testing::StatusIs;
 using ::trident::testing::TestTmpPath;
-
-bool ValidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
-}
 
 struct Result {
   std::vector<int32_t> tokens;
@@ -76,8 +63,8 @@ class WorkerGenerateTest : public ::testing::Test {
     log_ = new std::string(TestTmpPath("worker.log"));
     absl::StatusOr<SpawnedProcess> spawned =
         Spawn({.argv = {RunfilePath("services/worker/worker"), "--host=127.0.0.1", "--port=0",
-                        "--metrics_port=0", "--role=both", "--pin_threads=false",
-                        "--cpu_threads=2", "--kv_cache_mb=16", absl::StrCat("--model=", *model_dir_)},
+                        "--metrics_port=0", "--role=both", "--pin_threads=false", "--cpu_threads=2",
+                        "--kv_cache_mb=16", absl::StrCat("--model=", *model_dir_)},
                .log_path = *log_,
                .wait_for_ready_line = true});
     ASSERT_THAT(spawned, IsOk());
@@ -173,7 +160,7 @@ TEST_F(WorkerGenerateTest, TextDeltasAreValidUtf8AndMatchDetokenize) {
   Result r = Run(request);
   ASSERT_THAT(r.status, IsOk());
   ASSERT_EQ(r.tokens.size(), 40u);
-  for (const auto& d : r.deltas) EXPECT_TRUE(ValidUtf8(d)) << d;
+  for (const auto& d : r.deltas) EXPECT_TRUE(tokenizer::IsValidUtf8(d)) << d;
   grpc::ClientContext context;
   v1::DetokenizeRequest detok;
   for (int32_t t : r.tokens) detok.add_token_ids(t);

@@ -6,47 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/error_details.h"
+#include "common/tokenizer/unicode.h"
 
 namespace trident::sampling {
 namespace {
-
-// Whether `text` is well-formed UTF-8 (no overlongs, surrogates or code
-// points above U+10FFFF).
-bool IsValidUtf8(absl::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    int extra;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + extra >= text.size()) return false;  // Truncated sequence.
-    for (int k = 1; k <= extra; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(text[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr uint32_t kMinForLength[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMinForLength[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return false;
-    }
-    i += extra + 1;
-  }
-  return true;
-}
 
 // Whether `value` lies in [lo, hi]; false for NaN.
 bool InClosedRange(float value, float lo, float hi) { return value >= lo && value <= hi; }
@@ -141,11 +104,12 @@ absl::StatusOr<StopParams> StopParamsFromProto(const trident::v1::SamplingParams
   }
   for (int i = 0; i < stop.stop_strings_size(); ++i) {
     const std::string& s = stop.stop_strings(i);
-    if (s.empty() || s.size() > static_cast<size_t>(kMaxStopStringBytes) || !IsValidUtf8(s)) {
+    if (s.empty() || s.size() > static_cast<size_t>(kMaxStopStringBytes) ||
+        !tokenizer::IsValidUtf8(s)) {
       return InvalidArgumentForField(
           absl::StrCat("stop.stop_strings[", i, "]"),
           absl::StrCat("must be 1 to ", kMaxStopStringBytes, " bytes of valid UTF-8; is ", s.size(),
-                       " bytes", IsValidUtf8(s) ? "" : " of invalid UTF-8"));
+                       " bytes", tokenizer::IsValidUtf8(s) ? "" : " of invalid UTF-8"));
     }
     params.stop_strings.push_back(s);
   }

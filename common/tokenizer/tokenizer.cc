@@ -417,17 +417,27 @@ absl::StatusOr<std::string> ParseReplacement(const Parser& p, const Json& obj,
   return s;
 }
 
+// Parses each element of a Sequence node's `key` array with `parse`, one
+// level deeper.
+template <typename ParseFn>
+absl::Status ParseSequence(const Parser& p, const Json& n, const std::string& path,
+                           absl::string_view key, int depth, TokenizerData* d, ParseFn parse) {
+  TRIDENT_ASSIGN_OR_RETURN(const Json* list, p.Required(n, path, key));
+  const std::string list_path = absl::StrCat(path, ".", key);
+  if (!list->is_array()) return p.Invalid(list_path, "expected an array");
+  for (size_t i = 0; i < list->size(); ++i) {
+    TRIDENT_RETURN_IF_ERROR(
+        parse(p, (*list)[i], absl::StrCat(list_path, "[", i, "]"), depth + 1, d));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseNormalizer(const Parser& p, const Json& n, const std::string& path, int depth,
                              TokenizerData* d) {
   if (depth > kMaxDepth) return p.Invalid(path, "nested too deeply");
   TRIDENT_ASSIGN_OR_RETURN(std::string type, p.Type(n, path));
   if (type == "Sequence") {
-    TRIDENT_ASSIGN_OR_RETURN(const Json* list, p.Required(n, path, "normalizers"));
-    if (!list->is_array()) return p.Invalid(path + ".normalizers", "expected an array");
-    for (size_t i = 0; i < list->size(); ++i) {
-      TRIDENT_RETURN_IF_ERROR(ParseNormalizer(
-          p, (*list)[i], absl::StrCat(path, ".normalizers[", i, "]"), depth + 1, d));
-    }
+    TRIDENT_RETURN_IF_ERROR(ParseSequence(p, n, path, "normalizers", depth, d, ParseNormalizer));
   } else if (type == "NFC") {
     d->normalizer.push_back({NormalizerStep::kNfc, "", ""});
   } else if (type == "Prepend") {
@@ -449,12 +459,8 @@ absl::Status ParsePreTokenizer(const Parser& p, const Json& n, const std::string
   TRIDENT_ASSIGN_OR_RETURN(std::string type, p.Type(n, path));
   PreTokenizerStep step;
   if (type == "Sequence") {
-    TRIDENT_ASSIGN_OR_RETURN(const Json* list, p.Required(n, path, "pretokenizers"));
-    if (!list->is_array()) return p.Invalid(path + ".pretokenizers", "expected an array");
-    for (size_t i = 0; i < list->size(); ++i) {
-      TRIDENT_RETURN_IF_ERROR(ParsePreTokenizer(
-          p, (*list)[i], absl::StrCat(path, ".pretokenizers[", i, "]"), depth + 1, d));
-    }
+    TRIDENT_RETURN_IF_ERROR(
+        ParseSequence(p, n, path, "pretokenizers", depth, d, ParsePreTokenizer));
     return absl::OkStatus();
   } else if (type == "ByteLevel") {
     step.op = PreTokenizerStep::kByteLevel;
@@ -502,12 +508,7 @@ absl::Status ParsePostProcessor(const Parser& p, const Json& n, const std::strin
   if (depth > kMaxDepth) return p.Invalid(path, "nested too deeply");
   TRIDENT_ASSIGN_OR_RETURN(std::string type, p.Type(n, path));
   if (type == "Sequence") {
-    TRIDENT_ASSIGN_OR_RETURN(const Json* list, p.Required(n, path, "processors"));
-    if (!list->is_array()) return p.Invalid(path + ".processors", "expected an array");
-    for (size_t i = 0; i < list->size(); ++i) {
-      TRIDENT_RETURN_IF_ERROR(ParsePostProcessor(
-          p, (*list)[i], absl::StrCat(path, ".processors[", i, "]"), depth + 1, d));
-    }
+    TRIDENT_RETURN_IF_ERROR(ParseSequence(p, n, path, "processors", depth, d, ParsePostProcessor));
     return absl::OkStatus();
   }
   if (type == "ByteLevel") return absl::OkStatus();  // Only adjusts offsets.
@@ -566,12 +567,7 @@ absl::Status ParseDecoder(const Parser& p, const Json& n, const std::string& pat
   TRIDENT_ASSIGN_OR_RETURN(std::string type, p.Type(n, path));
   DecoderStep step;
   if (type == "Sequence") {
-    TRIDENT_ASSIGN_OR_RETURN(const Json* list, p.Required(n, path, "decoders"));
-    if (!list->is_array()) return p.Invalid(path + ".decoders", "expected an array");
-    for (size_t i = 0; i < list->size(); ++i) {
-      TRIDENT_RETURN_IF_ERROR(
-          ParseDecoder(p, (*list)[i], absl::StrCat(path, ".decoders[", i, "]"), depth + 1, d));
-    }
+    TRIDENT_RETURN_IF_ERROR(ParseSequence(p, n, path, "decoders", depth, d, ParseDecoder));
     return absl::OkStatus();
   } else if (type == "ByteLevel") {
     step.op = DecoderStep::kByteLevel;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/unicode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -46,20 +47,6 @@ std::vector<std::string> FixtureFiles() {
   }
   std::sort(files.begin(), files.end());
   return files;
-}
-
-bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 // The input as raw bytes: invalid UTF-8 goes to Encode unreplaced, so the

@@ -329,17 +329,19 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
   // Final residual add and norm, then the head, for the wanted rows only.
   if (rows == 0) return absl::OkStatus();
   Grow(last_, rows * h);
-  std::vector<float> residual(rows * h), delta(rows * h);
+  // Compact the wanted rows of the residual and the last delta to the front
+  // (each moves to a row at or before its own, so in place is safe).
   int64_t r = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!batch[i].want_logits) continue;
     const int64_t src = seqs[i].query_row + seqs[i].query_len - 1;
-    std::memcpy(&residual[r * h], &x_[src * h], h * sizeof(float));
-    std::memcpy(&delta[r * h], &tmp_[src * h], h * sizeof(float));
+    if (src != r) {
+      std::memmove(&x_[r * h], &x_[src * h], h * sizeof(float));
+      std::memmove(&tmp_[r * h], &tmp_[src * h], h * sizeof(float));
+    }
     ++r;
   }
-  kernels::cpu::AddRmsNorm(residual.data(), delta.data(), final_norm_.data(), rows, h, eps,
-                           last_.data());
+  kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), final_norm_.data(), rows, h, eps, last_.data());
   lm_head_->Forward(last_.data(), rows, logits);
   return absl::OkStatus();
 }

@@ -10,11 +10,11 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cuda/embedding/embedding.h"
+#include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
 namespace {
 
-constexpr int kLaunchesPerIteration = 20;
 constexpr int64_t kVocab = 128256;
 
 // Device buffers for a (tokens, hidden) gather from a kVocab-row table, with
@@ -44,26 +44,6 @@ struct Buffers {
   int32_t* ids = nullptr;
 };
 
-// Times `launch` on the default stream with CUDA events, per launch.
-template <typename Launch>
-void TimeOnDevice(benchmark::State& state, size_t bytes_per_launch, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    for (int i = 0; i < kLaunchesPerIteration; ++i) launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / kLaunchesPerIteration);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes_per_launch));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
-
 void BM_Embedding(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int64_t hidden = state.range(1);
@@ -75,12 +55,13 @@ void BM_Embedding(benchmark::State& state) {
                            .hidden = hidden,
                            .out = buffers.out};
   // Rows read plus rows written (the ids are noise).
-  TimeOnDevice(state, 2 * buffers.out_bytes, [&] { (void)LaunchEmbedding(args, nullptr); });
+  testing::TimeOnDevice(state, 2 * buffers.out_bytes,
+                        [&] { (void)LaunchEmbedding(args, nullptr); });
 }
 
 void BM_CopyCeiling(benchmark::State& state) {
   Buffers buffers(state.range(0), state.range(1));
-  TimeOnDevice(state, 2 * buffers.out_bytes, [&] {
+  testing::TimeOnDevice(state, 2 * buffers.out_bytes, [&] {
     cudaMemcpyAsync(buffers.out, buffers.copy_src, buffers.out_bytes, cudaMemcpyDeviceToDevice);
   });
 }

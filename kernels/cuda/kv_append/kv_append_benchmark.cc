@@ -13,35 +13,16 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cuda/kv_append/kv_append.h"
+#include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
 namespace {
 
-constexpr int kLaunchesPerIteration = 20;
 constexpr int32_t kKvHeads = 8;
 constexpr int32_t kHeadDim = 128;
 constexpr int32_t kBlockSize = 16;
 constexpr int64_t kRow = kKvHeads * kHeadDim;
 constexpr int64_t kWidth = 6 * kRow;  // Fused qkv row, GQA 4:1.
-
-template <typename Launch>
-void TimeOnDevice(benchmark::State& state, size_t bytes_per_launch, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    for (int i = 0; i < kLaunchesPerIteration; ++i) launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / kLaunchesPerIteration);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes_per_launch));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
 
 void BM_KvAppend(benchmark::State& state) {
   const int64_t tokens = state.range(0);
@@ -76,8 +57,8 @@ void BM_KvAppend(benchmark::State& state) {
                           .slots = d_slots,
                           .num_tokens = tokens};
   // K and V read, then written.
-  TimeOnDevice(state, static_cast<size_t>(tokens * kRow * 2 * 2 * 2),
-               [&] { (void)LaunchKvAppend(args, nullptr); });
+  testing::TimeOnDevice(state, static_cast<size_t>(tokens * kRow * 2 * 2 * 2),
+                        [&] { (void)LaunchKvAppend(args, nullptr); });
   cudaFree(cache);
   cudaFree(qkv);
   cudaFree(d_slots);
@@ -89,8 +70,8 @@ void BM_CopyCeiling(benchmark::State& state) {
   void* dst = nullptr;
   cudaMalloc(&src, bytes);
   cudaMalloc(&dst, bytes);
-  TimeOnDevice(state, 2 * bytes,
-               [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
+  testing::TimeOnDevice(state, 2 * bytes,
+                        [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
   cudaFree(src);
   cudaFree(dst);
 }

@@ -12,11 +12,10 @@
 #include "benchmark/benchmark.h"
 #include "common/numeric/dtype.h"
 #include "kernels/cuda/rms_norm/rms_norm.h"
+#include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
 namespace {
-
-constexpr int kLaunchesPerIteration = 20;
 
 struct Buffers {
   Buffers(int64_t rows, int64_t dim) : elems(static_cast<size_t>(rows * dim)) {
@@ -47,25 +46,6 @@ struct Buffers {
   void* copy_dst = nullptr;
 };
 
-template <typename Launch>
-void TimeOnDevice(benchmark::State& state, size_t bytes_per_launch, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    for (int i = 0; i < kLaunchesPerIteration; ++i) launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / kLaunchesPerIteration);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes_per_launch));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
-
 void BM_AddRmsNorm(benchmark::State& state) {
   const int64_t rows = state.range(0);
   const int64_t dim = state.range(1);
@@ -79,7 +59,7 @@ void BM_AddRmsNorm(benchmark::State& state) {
                             .out_stride = dim,
                             .rows = rows,
                             .dim = dim};
-  TimeOnDevice(state, b.elems * 12, [&] { (void)LaunchAddRmsNorm(args, nullptr); });
+  testing::TimeOnDevice(state, b.elems * 12, [&] { (void)LaunchAddRmsNorm(args, nullptr); });
 }
 
 void BM_RmsNormF32In(benchmark::State& state) {
@@ -94,13 +74,13 @@ void BM_RmsNormF32In(benchmark::State& state) {
                          .out_stride = dim,
                          .rows = rows,
                          .dim = dim};
-  TimeOnDevice(state, b.elems * 6, [&] { (void)LaunchRmsNorm(args, nullptr); });
+  testing::TimeOnDevice(state, b.elems * 6, [&] { (void)LaunchRmsNorm(args, nullptr); });
 }
 
 // A copy of 6 bytes an element moves 12: the AddRmsNorm ceiling.
 void BM_CopyCeiling12BytesPerElement(benchmark::State& state) {
   Buffers b(state.range(0), state.range(1));
-  TimeOnDevice(state, b.elems * 12, [&] {
+  testing::TimeOnDevice(state, b.elems * 12, [&] {
     cudaMemcpyAsync(b.copy_dst, b.copy_src, b.elems * 6, cudaMemcpyDeviceToDevice);
   });
 }

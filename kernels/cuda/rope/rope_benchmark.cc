@@ -10,36 +10,17 @@
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/rope/rope.h"
 #include "kernels/cuda/rope/rope.h"
+#include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
 namespace {
 
-constexpr int kLaunchesPerIteration = 20;
 // Llama-3-8B: 32 q heads, 8 kv heads of 128.
 constexpr int32_t kQHeads = 32;
 constexpr int32_t kKvHeads = 8;
 constexpr int32_t kHeadDim = 128;
 constexpr int64_t kWidth = (kQHeads + 2 * kKvHeads) * kHeadDim;
 constexpr int64_t kRotated = (kQHeads + kKvHeads) * kHeadDim;
-
-template <typename Launch>
-void TimeOnDevice(benchmark::State& state, size_t bytes_per_launch, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    for (int i = 0; i < kLaunchesPerIteration; ++i) launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / kLaunchesPerIteration);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes_per_launch));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
 
 void BM_Rope(benchmark::State& state) {
   const int64_t tokens = state.range(0);
@@ -70,8 +51,8 @@ void BM_Rope(benchmark::State& state) {
                       .positions = d_positions,
                       .num_tokens = tokens,
                       .inv_freq = d_inv_freq};
-  TimeOnDevice(state, static_cast<size_t>(tokens * kRotated * 2 * 2),
-               [&] { (void)LaunchRope(args, nullptr); });
+  testing::TimeOnDevice(state, static_cast<size_t>(tokens * kRotated * 2 * 2),
+                        [&] { (void)LaunchRope(args, nullptr); });
   cudaFree(qkv);
   cudaFree(d_positions);
   cudaFree(d_inv_freq);
@@ -83,8 +64,8 @@ void BM_CopyCeiling(benchmark::State& state) {
   void* dst = nullptr;
   cudaMalloc(&src, bytes);
   cudaMalloc(&dst, bytes);
-  TimeOnDevice(state, 2 * bytes,
-               [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
+  testing::TimeOnDevice(state, 2 * bytes,
+                        [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
   cudaFree(src);
   cudaFree(dst);
 }

@@ -6,11 +6,10 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cuda/silu_mul/silu_mul.h"
+#include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
 namespace {
-
-constexpr int kLaunchesPerIteration = 20;
 
 // Device buffers for a (tokens, hidden) problem, freed on destruction.
 struct Buffers {
@@ -31,47 +30,34 @@ struct Buffers {
   void* out = nullptr;
 };
 
-// Times `launch` on the default stream with CUDA events, per launch.
-template <typename Launch>
-void TimeOnDevice(benchmark::State& state, size_t bytes_per_launch, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  for (auto _ : state) {
-    cudaEventRecord(start, nullptr);
-    for (int i = 0; i < kLaunchesPerIteration; ++i) launch();
-    cudaEventRecord(stop, nullptr);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3 / kLaunchesPerIteration);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes_per_launch));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
-
 void BM_SiluMul(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int64_t hidden = state.range(1);
   Buffers buffers(tokens, hidden);
-  const SiluMulArgs args{.gate_up = buffers.in, .gate_up_stride = 2 * hidden,
-                         .out = buffers.out, .out_stride = hidden,
-                         .num_tokens = tokens, .hidden = hidden};
-  TimeOnDevice(state, buffers.in_bytes + buffers.out_bytes,
-               [&] { (void)LaunchSiluMul(args, nullptr); });
+  const SiluMulArgs args{.gate_up = buffers.in,
+                         .gate_up_stride = 2 * hidden,
+                         .out = buffers.out,
+                         .out_stride = hidden,
+                         .num_tokens = tokens,
+                         .hidden = hidden};
+  testing::TimeOnDevice(state, buffers.in_bytes + buffers.out_bytes,
+                        [&] { (void)LaunchSiluMul(args, nullptr); });
 }
 
 void BM_CopyCeiling(benchmark::State& state) {
   Buffers buffers(state.range(0), state.range(1));
   // Reads and writes the kernel's input size: 2 * in_bytes moved a launch.
-  TimeOnDevice(state, 2 * buffers.in_bytes, [&] {
+  testing::TimeOnDevice(state, 2 * buffers.in_bytes, [&] {
     cudaMemcpyAsync(buffers.out, buffers.in, buffers.in_bytes, cudaMemcpyDeviceToDevice);
   });
 }
 
 BENCHMARK(BM_SiluMul)->UseManualTime()->Args({1, 14336})->Args({64, 14336})->Args({4096, 14336});
-BENCHMARK(BM_CopyCeiling)->UseManualTime()->Args({1, 14336})->Args({64, 14336})->Args({4096, 14336});
+BENCHMARK(BM_CopyCeiling)
+    ->UseManualTime()
+    ->Args({1, 14336})
+    ->Args({64, 14336})
+    ->Args({4096, 14336});
 
 }  // namespace
 }  // namespace trident::kernels::cuda

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/tokenizer/unicode.h"
 #include "nlohmann/json.hpp"
 
 namespace trident::make_model {
@@ -24,21 +25,7 @@ constexpr char kMetaspace[] = "\xe2\x96\x81";  // U+2581
 
 std::string Utf8(uint32_t cp) {
   std::string out;
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
+  tokenizer::AppendUtf8(static_cast<char32_t>(cp), &out);
   return out;
 }
 
@@ -91,25 +78,12 @@ std::vector<std::string> ByteLevelWords(const std::string& text) {
     const Cls cls = Classify(static_cast<unsigned char>(text[j]));
     size_t k = j + 1;
     size_t limit = cls == Cls::kDigit ? j + 3 : text.size();
-    while (k < text.size() && k < limit && Classify(static_cast<unsigned char>(text[k])) == cls) ++k;
+    while (k < text.size() && k < limit && Classify(static_cast<unsigned char>(text[k])) == cls)
+      ++k;
     words.push_back(text.substr(i, k - i));
     i = k;
   }
   return words;
-}
-
-bool IsWholeUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
 }
 
 struct Trainer {
@@ -124,8 +98,7 @@ struct Trainer {
       std::map<std::pair<std::string, std::string>, int64_t> counts;
       for (const auto& [w, n] : words) {
         for (size_t i = 0; i + 1 < w.size(); ++i) {
-          if (!mergeable_base.empty() &&
-              (!vocab_set.count(w[i]) || !vocab_set.count(w[i + 1]))) {
+          if (!mergeable_base.empty() && (!vocab_set.count(w[i]) || !vocab_set.count(w[i + 1]))) {
             continue;
           }
           counts[{w[i], w[i + 1]}] += n;
@@ -223,10 +196,13 @@ Json TokenizerConfig(const std::string& bos, const std::string& eos, bool add_bo
 absl::StatusOr<GeneratedTokenizer> ByteLevel(TokenizerStyle style, int32_t vocab_size) {
   const bool llama3 = style == TokenizerStyle::kLlama3;
   const std::vector<std::string> specials =
-      llama3 ? std::vector<std::string>{"<|begin_of_text|>", "<|end_of_text|>",
+      llama3 ? std::vector<std::string>{"<|begin_of_text|>",
+                                        "<|end_of_text|>",
                                         "<|reserved_special_token_0|>",
-                                        "<|reserved_special_token_1|>", "<|start_header_id|>",
-                                        "<|end_header_id|>", "<|eot_id|>"}
+                                        "<|reserved_special_token_1|>",
+                                        "<|start_header_id|>",
+                                        "<|end_header_id|>",
+                                        "<|eot_id|>"}
              : std::vector<std::string>{"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
   const int32_t base = 256 + static_cast<int32_t>(specials.size());
   if (vocab_size < base + 1) {
@@ -253,11 +229,11 @@ absl::StatusOr<GeneratedTokenizer> ByteLevel(TokenizerStyle style, int32_t vocab
   Json vocab = Json::object();
   int32_t id = 0;
   for (const std::string& a : alphabet) {
-    if (!IsWholeUtf8(bytes_of(a))) out.partial_utf8_ids.push_back(id);
+    if (!tokenizer::IsValidUtf8(bytes_of(a))) out.partial_utf8_ids.push_back(id);
     vocab[a] = id++;
   }
   for (const std::string& t : trainer.vocab) {
-    if (!IsWholeUtf8(bytes_of(t))) out.partial_utf8_ids.push_back(id);
+    if (!tokenizer::IsValidUtf8(bytes_of(t))) out.partial_utf8_ids.push_back(id);
     vocab[t] = id++;
   }
   Json added = Json::array();
