@@ -36,8 +36,8 @@ absl::Status FakeModelBackend::Forward(absl::Span<const StepSequence> batch, flo
     const int32_t end = seq.start_position + static_cast<int32_t>(seq.tokens.size());
     if (static_cast<int64_t>(seq.block_table.size()) * block_size_ < end) {
       return absl::InvalidArgumentError(absl::StrCat("fake backend: block table of ",
-                                                     seq.block_table.size(),
-                                                     " blocks cannot hold ", end, " tokens"));
+                                                     seq.block_table.size(), " blocks cannot hold ",
+                                                     end, " tokens"));
     }
     for (size_t i = 0; i < seq.tokens.size(); ++i) {
       const int32_t pos = seq.start_position + static_cast<int32_t>(i);
@@ -63,6 +63,26 @@ absl::Status FakeModelBackend::Forward(absl::Span<const StepSequence> batch, flo
   }
   tokens_processed_ += step_tokens;
   if (step_tokens > max_step_tokens_) max_step_tokens_ = step_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status FakeModelBackend::ForwardSample(absl::Span<const StepSequence> batch,
+                                             absl::Span<const RowSampling> rows,
+                                             absl::Span<sampling::SampledToken> out) {
+  if (!samples_on_device_) return ModelBackend::ForwardSample(batch, rows, out);
+  size_t wanted = 0;
+  for (const StepSequence& s : batch) wanted += s.want_logits ? 1 : 0;
+  if (rows.size() != wanted || out.size() != wanted) {
+    return absl::InvalidArgumentError("ForwardSample: one RowSampling and output per wanted row");
+  }
+  std::vector<float> logits(wanted * static_cast<size_t>(vocab_size_));
+  if (absl::Status status = Forward(batch, logits.data()); !status.ok()) return status;
+  sampling::Sampler sampler;
+  for (size_t r = 0; r < wanted; ++r) {
+    out[r] = sampler.Sample(absl::MakeConstSpan(logits).subspan(r * vocab_size_, vocab_size_),
+                            *rows[r].params, *rows[r].penalties, rows[r].output_position);
+    ++device_sampled_rows_;
+  }
   return absl::OkStatus();
 }
 

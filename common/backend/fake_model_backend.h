@@ -26,6 +26,15 @@ class FakeModelBackend : public ModelBackend {
   std::string Describe() const override { return "fake"; }
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
 
+  // With this on, the fake claims to sample on the device: ForwardSample
+  // runs Forward and the CPU sampler per row, as a GPU sampler must behave.
+  void set_samples_on_device(bool on) { samples_on_device_ = on; }
+  bool samples_on_device() const override { return samples_on_device_; }
+  absl::Status ForwardSample(absl::Span<const StepSequence> batch,
+                             absl::Span<const RowSampling> rows,
+                             absl::Span<sampling::SampledToken> out) override;
+  int64_t device_sampled_rows() const { return device_sampled_rows_; }
+
   // The logits the fake produces for a full token history (for tests that
   // compute expected outputs independently of any scheduler).
   void LogitsFor(absl::Span<const int32_t> history, float* out) const;
@@ -45,6 +54,8 @@ class FakeModelBackend : public ModelBackend {
   int64_t forward_calls_ = 0;
   int64_t tokens_processed_ = 0;
   int64_t max_step_tokens_ = 0;
+  bool samples_on_device_ = false;
+  int64_t device_sampled_rows_ = 0;
 };
 
 }  // namespace trident::backend

@@ -12,6 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/sampling/sampler.h"
+#include "common/sampling/sampling_params.h"
 
 namespace trident::backend {
 
@@ -27,6 +29,15 @@ struct StepSequence {
   // Whether the logits of the last token are wanted (false for the
   // non-final chunks of a chunked prefill).
   bool want_logits = false;
+};
+
+// How to sample one wanted row, for backends that sample on the device.
+struct RowSampling {
+  const sampling::SamplingParams* params = nullptr;
+  const sampling::PenaltyState* penalties = nullptr;
+  // Index of the token being sampled among the request's outputs (the
+  // Philox counter).
+  int64_t output_position = 0;
 };
 
 // Shape of the KV cache a backend holds, which the engine needs to allocate
@@ -52,6 +63,21 @@ class ModelBackend {
   // sequence with want_logits, one row of vocab_size() logits into `logits`
   // (rows in batch order, skipping sequences without want_logits).
   virtual absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) = 0;
+
+  // Whether ForwardSample is implemented: the backend samples where the
+  // logits are (the GPU) and only tokens and logprobs reach the host.
+  virtual bool samples_on_device() const { return false; }
+
+  // Forward, then samples each wanted row (rows[i] for the i-th sequence with
+  // want_logits) exactly as sampling::Sampler specifies, into out[i].
+  virtual absl::Status ForwardSample(absl::Span<const StepSequence> batch,
+                                     absl::Span<const RowSampling> rows,
+                                     absl::Span<sampling::SampledToken> out) {
+    (void)batch;
+    (void)rows;
+    (void)out;
+    return absl::UnimplementedError("this backend samples on the host");
+  }
 };
 
 }  // namespace trident::backend

@@ -205,10 +205,25 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     step_tokens += seq->chunk;
     batch.push_back(s);
   }
-  logits_.resize(static_cast<size_t>(rows) * vocab_size_);
   ++stats_.steps_total;
   stats_.last_step_tokens = step_tokens;
-  absl::Status status = backend_->Forward(batch, logits_.data());
+  const bool device_sampling = backend_->samples_on_device();
+  std::vector<sampling::SampledToken> sampled_rows;
+  absl::Status status;
+  if (device_sampling) {
+    std::vector<backend::RowSampling> row_params;
+    row_params.reserve(static_cast<size_t>(rows));
+    for (size_t i = 0; i < scheduled.size(); ++i) {
+      if (!batch[i].want_logits) continue;
+      const Sequence& seq = *scheduled[i];
+      row_params.push_back({&seq.request.sampling, seq.penalties.get(), seq.num_outputs});
+    }
+    sampled_rows.resize(static_cast<size_t>(rows));
+    status = backend_->ForwardSample(batch, row_params, absl::MakeSpan(sampled_rows));
+  } else {
+    logits_.resize(static_cast<size_t>(rows) * vocab_size_);
+    status = backend_->Forward(batch, logits_.data());
+  }
   if (!status.ok()) {
     for (Sequence* seq : scheduled) {
       TokenEvent ev;
@@ -231,11 +246,15 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     seq.num_computed += seq.chunk;
     seq.chunk = 0;
     if (!batch[i].want_logits) continue;
-    const float* row_logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
+    sampling::SampledToken sampled;
+    if (device_sampling) {
+      sampled = std::move(sampled_rows[static_cast<size_t>(row)]);
+    } else {
+      const float* row_logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
+      sampled = sampler_.Sample(absl::MakeConstSpan(row_logits, vocab_size_), seq.request.sampling,
+                                *seq.penalties, seq.num_outputs);
+    }
     ++row;
-    sampling::SampledToken sampled =
-        sampler_.Sample(absl::MakeConstSpan(row_logits, vocab_size_), seq.request.sampling,
-                        *seq.penalties, seq.num_outputs);
     TokenEvent ev;
     ev.request_id = seq.request.id;
     ev.token = sampled.token;

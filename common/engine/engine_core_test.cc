@@ -153,6 +153,43 @@ TEST(EngineCoreTest, BatchInvariantUnderPreemption) {
   EXPECT_EQ(h.core.stats().waiting, 0);
 }
 
+// A backend that samples on the device gets each wanted row's parameters,
+// penalty state and output position, in batch order: the tokens equal the
+// host sampler's under chunked prefill and preemption.
+TEST(EngineCoreTest, DeviceSamplingGivesTheHostSamplersTokens) {
+  const uint32_t seed = 1121;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 24; ++i) {
+    EngineRequest r = Greedy(absl::StrCat("r", i), RandomPrompt(rng, 1 + rng() % 30),
+                             1 + static_cast<int32_t>(rng() % 20));
+    if (i % 3 != 0) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_p = 0.8f;
+      r.sampling.seed = 77 + i;
+      r.sampling.repetition_penalty = 1.3f;
+      r.sampling.frequency_penalty = 0.5f;
+    }
+    requests.push_back(r);
+  }
+  EngineOptions options;
+  options.max_batch_tokens = 32;
+  std::map<std::string, std::vector<int32_t>> outputs[2];
+  for (int device = 0; device < 2; ++device) {
+    Harness h(40, options);
+    h.backend.set_samples_on_device(device == 1);
+    for (const auto& r : requests) ASSERT_THAT(h.core.Add(r), IsOk());
+    outputs[device] = h.RunToCompletion();
+    EXPECT_EQ(h.backend.device_sampled_rows() > 0, device == 1);
+    EXPECT_EQ(h.allocator.num_free(), 40);
+  }
+  for (const auto& r : requests) {
+    EXPECT_THAT(outputs[1][r.id], ElementsAreArray(outputs[0][r.id])) << r.id;
+    EXPECT_EQ(static_cast<int32_t>(outputs[1][r.id].size()), r.max_tokens) << r.id;
+  }
+}
+
 TEST(EngineCoreTest, StopTokenEndsTheRequestAndIsReturned) {
   Harness h(64, {});
   const auto expected = ExpectedGreedy(h.backend, {9, 8, 7}, 10);

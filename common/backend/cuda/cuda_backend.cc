@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -99,33 +101,85 @@ struct CudaBackend::Impl {
   model::ModelConfig config;
   CudaBackendOptions options;
   int32_t max_model_len = 0;
+  int32_t num_sms = 132;
   cudaStream_t stream = nullptr;
   std::unique_ptr<kc::Gemm> gemm;
 
   struct Layer {
-    DeviceBuffer input_norm, post_norm;                                             // f32 [hidden]
-    DeviceBuffer qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias;  // bf16
+    DeviceBuffer input_norm, post_norm;                      // f32 [hidden]
+    DeviceBuffer qkv, o, gate_up, down;                      // bf16
+    DeviceBuffer qkv_bias, o_bias, gate_up_bias, down_bias;  // f32 (the GEMM output type)
   };
   std::vector<Layer> layers;
   DeviceBuffer embedding;   // bf16 [vocab][hidden]
   DeviceBuffer lm_head;     // bf16 [vocab][hidden]; empty when tied
   DeviceBuffer final_norm;  // f32 [hidden]
   DeviceBuffer inv_freq;    // f32 [head_dim / 2]
+  // The pool holds num_blocks + 1 blocks; the last is the scratch block that
+  // padding sequences of a graph-replayed step write.
   kv::KvCacheSpec kv_spec;
+  int32_t scratch_block = 0;
   DeviceBuffer kv_pool;
 
   // Workspace for max_batch_tokens.
-  DeviceBuffer residual;                          // f32 [T][hidden]
-  DeviceBuffer hn, qkv, attn, tmp, gate_up, act;  // bf16
-  DeviceBuffer last, logits;                      // bf16 [S][hidden], [S][vocab]
-  DeviceBuffer meta;                              // int32/int64 step metadata
+  DeviceBuffer residual;                 // f32 [T][hidden]
+  DeviceBuffer qkv32, gate_up32;         // f32 projections
+  DeviceBuffer hn, qkv, attn, tmp, act;  // bf16
+  DeviceBuffer last, logits;             // bf16 [S][hidden], [S][vocab]
+  DeviceBuffer meta;                     // step metadata (layout below)
   DeviceBuffer decode_workspace;
   // Pinned host staging for metadata and logits.
   void* host_meta = nullptr;
   size_t host_meta_bytes = 0;
   uint16_t* host_logits = nullptr;
 
+  // Metadata layout, host and device alike: tokens, positions [T] int32;
+  // slots [T] int64; logit rows, context lens, query lens, query starts [S]
+  // int32; then the block tables, [S][table_stride] int32 with a per-step
+  // stride. Only the used prefix is copied each step.
+  struct MetaView {
+    int32_t* tokens;
+    int32_t* positions;
+    int64_t* slots;
+    int32_t* rows;
+    int32_t* context_lens;
+    int32_t* query_lens;
+    int32_t* query_starts;
+    int32_t* tables;
+  };
+  MetaView View(void* base) const {
+    const int64_t t = options.max_batch_tokens, s = options.max_batch_sequences;
+    MetaView v;
+    v.slots = static_cast<int64_t*>(base);
+    v.tokens = reinterpret_cast<int32_t*>(v.slots + t);
+    v.positions = v.tokens + t;
+    v.rows = v.positions + t;
+    v.context_lens = v.rows + s;
+    v.query_lens = v.context_lens + s;
+    v.query_starts = v.query_lens + s;
+    v.tables = v.query_starts + s;
+    return v;
+  }
+  MetaView hmeta, dmeta;
+
+  // The shape of one step's device work: everything Enqueue needs that is
+  // not in the metadata buffer.
+  struct StepShape {
+    int64_t total = 0;  // tokens
+    int32_t num_seqs = 0;
+    bool all_decode = false;
+    int32_t max_query = 0;
+    int32_t table_stride = 0;
+    kc::DecodePlan plan;
+    int64_t head_rows = 0;  // rows of logits
+    bool gather = false;    // head rows are meta.rows of the token rows
+  };
+
+  // Decode graphs by (padded batch, splits, table stride).
+  std::map<std::tuple<int32_t, int32_t, int32_t>, cudaGraphExec_t> graphs;
+
   ~Impl() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     if (host_meta != nullptr) cudaFreeHost(host_meta);
     if (host_logits != nullptr) cudaFreeHost(host_logits);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -150,24 +204,34 @@ struct CudaBackend::Impl {
                      "weight upload");
   }
 
-  absl::Status UploadF32(model::Checkpoint& ckpt, const std::string& name, DeviceBuffer* out,
-                         model::LoadProgress& progress) {
-    TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
-    std::vector<float> host(static_cast<size_t>(info.numel));
-    TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(host)));
-    progress.Add(info.num_bytes);
-    TRIDENT_RETURN_IF_ERROR(out->Allocate(host.size() * 4, name.c_str()));
+  absl::Status UploadF32(model::Checkpoint& ckpt, const std::vector<std::string>& names,
+                         DeviceBuffer* out, model::LoadProgress& progress) {
+    std::vector<float> host;
+    for (const std::string& name : names) {
+      TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
+      const size_t at = host.size();
+      host.resize(at + static_cast<size_t>(info.numel));
+      TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(host).subspan(at, info.numel)));
+      progress.Add(info.num_bytes);
+    }
+    TRIDENT_RETURN_IF_ERROR(out->Allocate(host.size() * 4, names.front().c_str()));
     return CudaCheck(cudaMemcpy(out->get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice),
-                     "norm upload");
+                     "f32 upload");
   }
 
   absl::Status Load(const std::string& dir);
   absl::Status AllocateWorkspaceAndKv();
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits_out);
+  // Enqueues the whole step on `stream` from the device metadata.
+  absl::Status Enqueue(const StepShape& shape);
+  // Replays (capturing on first use) the decode graph for `shape`.
+  absl::Status LaunchGraph(const StepShape& shape);
 };
 
 absl::Status CudaBackend::Impl::Load(const std::string& dir) {
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(options.device), "set device"));
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device), "SMs"));
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create());
@@ -189,34 +253,33 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
     Layer& layer = layers[l];
     auto name = [l](const char* suffix) { return model::LayerTensorName(l, suffix); };
     TRIDENT_RETURN_IF_ERROR(
-        UploadF32(*ckpt, name(model::kInputLayernorm), &layer.input_norm, progress));
+        UploadF32(*ckpt, {name(model::kInputLayernorm)}, &layer.input_norm, progress));
     TRIDENT_RETURN_IF_ERROR(
-        UploadF32(*ckpt, name(model::kPostAttentionLayernorm), &layer.post_norm, progress));
+        UploadF32(*ckpt, {name(model::kPostAttentionLayernorm)}, &layer.post_norm, progress));
     TRIDENT_RETURN_IF_ERROR(
         UploadBf16(*ckpt, {name(model::kQProj), name(model::kKProj), name(model::kVProj)},
                    &layer.qkv, progress));
     if (config.attention_bias) {
-      TRIDENT_RETURN_IF_ERROR(UploadBf16(
+      TRIDENT_RETURN_IF_ERROR(UploadF32(
           *ckpt, {name(model::kQProjBias), name(model::kKProjBias), name(model::kVProjBias)},
           &layer.qkv_bias, progress));
     }
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kOProj)}, &layer.o, progress));
     if (config.o_proj_bias) {
-      TRIDENT_RETURN_IF_ERROR(
-          UploadBf16(*ckpt, {name(model::kOProjBias)}, &layer.o_bias, progress));
+      TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {name(model::kOProjBias)}, &layer.o_bias, progress));
     }
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kGateProj), name(model::kUpProj)},
                                        &layer.gate_up, progress));
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kDownProj)}, &layer.down, progress));
     if (config.mlp_bias) {
-      TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt,
-                                         {name(model::kGateProjBias), name(model::kUpProjBias)},
-                                         &layer.gate_up_bias, progress));
+      TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt,
+                                        {name(model::kGateProjBias), name(model::kUpProjBias)},
+                                        &layer.gate_up_bias, progress));
       TRIDENT_RETURN_IF_ERROR(
-          UploadBf16(*ckpt, {name(model::kDownProjBias)}, &layer.down_bias, progress));
+          UploadF32(*ckpt, {name(model::kDownProjBias)}, &layer.down_bias, progress));
     }
   }
-  TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, "model.norm.weight", &final_norm, progress));
+  TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {"model.norm.weight"}, &final_norm, progress));
   if (!config.tie_word_embeddings || ckpt->Has("lm_head.weight")) {
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"lm_head.weight"}, &lm_head, progress));
   }
@@ -240,27 +303,35 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
   const int64_t kv_out = int64_t{config.num_key_value_heads} * config.head_dim;
   const int64_t inter = config.intermediate_size;
   TRIDENT_RETURN_IF_ERROR(residual.Allocate(t * h * 4, "residual"));
+  TRIDENT_RETURN_IF_ERROR(qkv32.Allocate(t * (q_out + 2 * kv_out) * 4, "qkv projection"));
+  TRIDENT_RETURN_IF_ERROR(gate_up32.Allocate(t * 2 * inter * 4, "gate/up projection"));
   TRIDENT_RETURN_IF_ERROR(hn.Allocate(t * h * 2, "normed activations"));
   TRIDENT_RETURN_IF_ERROR(qkv.Allocate(t * (q_out + 2 * kv_out) * 2, "qkv"));
   TRIDENT_RETURN_IF_ERROR(attn.Allocate(t * q_out * 2, "attention output"));
-  TRIDENT_RETURN_IF_ERROR(tmp.Allocate(t * h * 2, "projection output"));
-  TRIDENT_RETURN_IF_ERROR(gate_up.Allocate(t * 2 * inter * 2, "gate/up"));
+  TRIDENT_RETURN_IF_ERROR(tmp.Allocate(t * h * 2, "embedding output"));
   TRIDENT_RETURN_IF_ERROR(act.Allocate(t * inter * 2, "activation"));
   TRIDENT_RETURN_IF_ERROR(last.Allocate(s * h * 2, "last rows"));
   TRIDENT_RETURN_IF_ERROR(logits.Allocate(s * int64_t{config.vocab_size} * 2, "logits"));
   const int64_t max_blocks = (max_model_len + options.kv_block_size - 1) / options.kv_block_size;
-  // tokens, positions, 64-bit slots, block tables, context/query lens, starts, rows
-  host_meta_bytes = static_cast<size_t>(t * 4 + t * 4 + t * 8 + s * max_blocks * 4 + s * 4 * 4);
+  host_meta_bytes = static_cast<size_t>(t * 8 + t * 4 * 2 + s * 4 * 4 + s * max_blocks * 4);
   TRIDENT_RETURN_IF_ERROR(meta.Allocate(host_meta_bytes, "step metadata"));
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMallocHost(&host_meta, host_meta_bytes), "pinned meta"));
+  hmeta = View(host_meta);
+  dmeta = View(meta.get());
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
       cudaMallocHost(reinterpret_cast<void**>(&host_logits), s * int64_t{config.vocab_size} * 2),
       "pinned logits"));
-  kc::DecodePlan plan =
-      kc::PlanDecode(static_cast<int32_t>(s), config.num_key_value_heads, max_model_len, 132);
-  const size_t decode_ws = kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(s),
-                                                    config.num_attention_heads, config.head_dim);
-  TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(std::max<size_t>(decode_ws, 256), "decode ws"));
+  // The split count of a plan depends on the batch; take the largest need.
+  size_t decode_ws = 256;
+  for (int64_t b = 1;; b = std::min(b * 2, s)) {
+    const kc::DecodePlan plan =
+        kc::PlanDecode(static_cast<int32_t>(b), config.num_key_value_heads, max_model_len, num_sms);
+    decode_ws =
+        std::max(decode_ws, kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(b),
+                                                     config.num_attention_heads, config.head_dim));
+    if (b == s) break;
+  }
+  TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
 
   kv_spec.num_layers = config.num_hidden_layers;
   kv_spec.num_kv_heads = config.num_key_value_heads;
@@ -273,20 +344,20 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
   const double used = static_cast<double>(total_bytes - free_bytes);
   const double for_kv = std::min(budget - used, static_cast<double>(free_bytes) - (256 << 20));
   kv_spec.num_blocks = for_kv > 0 ? kv_spec.BlocksForBudget(static_cast<uint64_t>(for_kv)) : 0;
-  if (kv_spec.num_blocks < 1) {
+  if (kv_spec.num_blocks < 2) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "no device memory left for the KV cache: %.1f GiB used of a %.1f GiB budget "
         "(--gpu_memory_fraction=%.2f)",
         used / (1 << 30), budget / (1 << 30), options.gpu_memory_fraction));
   }
+  scratch_block = kv_spec.num_blocks - 1;
   TRIDENT_RETURN_IF_ERROR(kv_pool.Allocate(kv_spec.TotalBytes(), "KV cache"));
-  TRIDENT_LOG(INFO) << absl::StrFormat("KV cache: %d blocks of %d tokens, %.2f GiB",
-                                       kv_spec.num_blocks, kv_spec.block_size,
-                                       kv_spec.TotalBytes() / double(1 << 30));
+  TRIDENT_LOG(INFO) << absl::StrFormat("KV cache: %d blocks of %d tokens, %.2f GiB", scratch_block,
+                                       kv_spec.block_size, kv_spec.TotalBytes() / double(1 << 30));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, float* logits_out) {
+absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
   const int64_t h = config.hidden_size;
   const int32_t nq = config.num_attention_heads;
   const int32_t nkv = config.num_key_value_heads;
@@ -295,120 +366,63 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
   const int64_t kv_out = int64_t{nkv} * hd;
   const int64_t qkv_w = q_out + 2 * kv_out;
   const int64_t inter = config.intermediate_size;
-  const int32_t bs = kv_spec.block_size;
-  const int32_t max_blocks = (max_model_len + bs - 1) / bs;
-  const int64_t num_seqs = static_cast<int64_t>(batch.size());
-  if (num_seqs > options.max_batch_sequences) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", num_seqs,
-                                                   " sequences exceeds --max_batch_sequences ",
-                                                   options.max_batch_sequences));
-  }
-  int64_t total = 0;
-  int32_t max_query = 0, max_context = 0;
-  bool all_decode = true;
-  for (const StepSequence& s : batch) {
-    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
-    if (s.tokens.empty() || s.start_position < 0 || end > max_model_len) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [", s.start_position,
-                                                     ", ", end, "), outside the context window of ",
-                                                     max_model_len));
-    }
-    if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
-      return absl::InvalidArgumentError("block table too short for the sequence");
-    }
-    for (int32_t b : s.block_table) {
-      if (b < 0 || b >= kv_spec.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the cache"));
-      }
-    }
-    total += static_cast<int64_t>(s.tokens.size());
-    max_query = std::max<int32_t>(max_query, static_cast<int32_t>(s.tokens.size()));
-    max_context = std::max<int32_t>(max_context, static_cast<int32_t>(end));
-    all_decode = all_decode && s.tokens.size() == 1;
-  }
-  if (total == 0) return absl::OkStatus();
-  if (total > options.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch of ", total, " tokens exceeds --max_batch_tokens ", options.max_batch_tokens));
-  }
-
-  // Step metadata, staged in pinned memory and copied in one transfer.
-  char* hm = static_cast<char*>(host_meta);
-  const int64_t t_cap = options.max_batch_tokens, s_cap = options.max_batch_sequences;
-  int32_t* tokens = reinterpret_cast<int32_t*>(hm);
-  int32_t* positions = tokens + t_cap;
-  int64_t* slots = reinterpret_cast<int64_t*>(positions + t_cap);
-  int32_t* tables = reinterpret_cast<int32_t*>(slots + t_cap);
-  int32_t* context_lens = tables + s_cap * max_blocks;
-  int32_t* query_lens = context_lens + s_cap;
-  int32_t* query_starts = query_lens + s_cap;
-  std::vector<int64_t> logit_rows;
-  int64_t row = 0;
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const StepSequence& s = batch[i];
-    for (size_t j = 0; j < s.tokens.size(); ++j) {
-      const int32_t pos = s.start_position + static_cast<int32_t>(j);
-      if (s.tokens[j] < 0 || s.tokens[j] >= config.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", s.tokens[j], " outside the vocabulary"));
-      }
-      tokens[row + j] = s.tokens[j];
-      positions[row + j] = pos;
-      slots[row + j] = int64_t{s.block_table[pos / bs]} * bs + pos % bs;
-    }
-    std::memcpy(tables + i * max_blocks, s.block_table.data(), s.block_table.size() * 4);
-    context_lens[i] = s.start_position + static_cast<int32_t>(s.tokens.size());
-    query_lens[i] = static_cast<int32_t>(s.tokens.size());
-    query_starts[i] = static_cast<int32_t>(row);
-    row += static_cast<int64_t>(s.tokens.size());
-    if (s.want_logits) logit_rows.push_back(row - 1);
-  }
-  char* dm = meta.get<char>();
-  auto device = [&](const void* host) { return dm + (static_cast<const char*>(host) - hm); };
-  TRIDENT_RETURN_IF_ERROR(CudaCheck(
-      cudaMemcpyAsync(dm, hm, host_meta_bytes, cudaMemcpyHostToDevice, stream), "metadata"));
-  const int32_t* d_tokens = reinterpret_cast<const int32_t*>(device(tokens));
-  const int32_t* d_positions = reinterpret_cast<const int32_t*>(device(positions));
-  const int64_t* d_slots = reinterpret_cast<const int64_t*>(device(slots));
-  const int32_t* d_tables = reinterpret_cast<const int32_t*>(device(tables));
-  const int32_t* d_context = reinterpret_cast<const int32_t*>(device(context_lens));
-  const int32_t* d_query = reinterpret_cast<const int32_t*>(device(query_lens));
-  const int32_t* d_starts = reinterpret_cast<const int32_t*>(device(query_starts));
+  const int64_t total = shape.total;
+  const float eps = config.rms_norm_eps;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // y (f32) = x·Wᵀ + bias, or y += x·Wᵀ + bias with `accumulate`.
+  auto linear = [&](const void* x, int64_t k, const DeviceBuffer& w, const DeviceBuffer& bias,
+                    float* y, int64_t n, bool accumulate) {
+    kc::GemmArgs g{x, k, w.get(), bias.get(), y, n, total, n, k};
+    g.y_dtype = DType::kF32;
+    g.accumulate = accumulate;
+    return gemm->Run(g, stream);
+  };
+  auto norm = [&](const DeviceBuffer& weight) {
+    kc::RmsNormArgs a;
+    a.x = residual.get();
+    a.x_dtype = DType::kF32;
+    a.x_stride = h;
+    a.weight = weight.get<float>();
+    a.out = hn.get();
+    a.out_stride = h;
+    a.rows = total;
+    a.dim = h;
+    a.eps = eps;
+    return kc::LaunchRmsNorm(a, stream);
+  };
 
   // Embedding into tmp; layer 0's fused add+norm starts the f32 residual
   // stream from it.
   TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
-      {d_tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
-  const float eps = config.rms_norm_eps;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  auto linear = [&](const void* x, int64_t x_stride, const DeviceBuffer& w,
-                    const DeviceBuffer& bias, void* y, int64_t n, int64_t k) {
-    kc::GemmArgs g{x, x_stride, w.get(), bias.get(), y, n, total, n, k};
-    return gemm->Run(g, stream);
-  };
+      {dmeta.tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& layer = layers[l];
-    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/l == 0,
-                                       layer.input_norm.get<float>(), total, h, eps, hn.get(),
-                                       stream));
-    TRIDENT_RETURN_IF_ERROR(linear(hn.get(), h, layer.qkv, layer.qkv_bias, qkv.get(), qkv_w, h));
-    kc::RopeArgs rope;
-    rope.q = qkv.get();
-    rope.q_token_stride = qkv_w;
+    if (l == 0) {
+      TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/true,
+                                         layer.input_norm.get<float>(), total, h, eps, hn.get(),
+                                         stream));
+    } else {
+      TRIDENT_RETURN_IF_ERROR(norm(layer.input_norm));
+    }
+    TRIDENT_RETURN_IF_ERROR(
+        linear(hn.get(), h, layer.qkv, layer.qkv_bias, qkv32.get<float>(), qkv_w, false));
+    kc::RopeQkvArgs rope;
+    rope.in = qkv32.get<float>();
+    rope.in_stride = qkv_w;
+    rope.out = qkv.get();
+    rope.out_stride = qkv_w;
     rope.num_q_heads = nq;
-    rope.k = qkv.get<char>() + q_out * 2;
-    rope.k_token_stride = qkv_w;
     rope.num_kv_heads = nkv;
     rope.head_dim = hd;
-    rope.positions = d_positions;
+    rope.positions = dmeta.positions;
     rope.num_tokens = total;
     rope.inv_freq = inv_freq.get<float>();
-    TRIDENT_RETURN_IF_ERROR(kc::LaunchRope(rope, stream));
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchRopeQkv(rope, stream));
     void* layer_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
     kc::KvAppendArgs append;
     append.kv.base = layer_base;
     append.kv.num_blocks = kv_spec.num_blocks;
-    append.kv.block_size = bs;
+    append.kv.block_size = kv_spec.block_size;
     append.kv.num_kv_heads = nkv;
     append.kv.head_dim = hd;
     append.kv.block_stride_elems = kv_spec.block_stride_elements();
@@ -417,10 +431,10 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
     append.k_stride = qkv_w;
     append.v = qkv.get<char>() + (q_out + kv_out) * 2;
     append.v_stride = qkv_w;
-    append.slots = d_slots;
+    append.slots = dmeta.slots;
     append.num_tokens = total;
     TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
-    if (all_decode) {
+    if (shape.all_decode) {
       kc::PagedDecodeArgs a;
       a.q = qkv.get();
       a.q_stride = qkv_w;
@@ -429,18 +443,16 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
       a.kv_base = layer_base;
       a.block_stride_elems = kv_spec.block_stride_elements();
       a.value_offset_elems = kv_spec.value_offset_elements();
-      a.block_size = bs;
+      a.block_size = kv_spec.block_size;
       a.num_q_heads = nq;
       a.num_kv_heads = nkv;
       a.head_dim = hd;
-      a.block_tables = d_tables;
-      a.max_blocks_per_seq = max_blocks;
-      a.context_lens = d_context;
-      a.batch = static_cast<int32_t>(num_seqs);
+      a.block_tables = dmeta.tables;
+      a.max_blocks_per_seq = shape.table_stride;
+      a.context_lens = dmeta.context_lens;
+      a.batch = shape.num_seqs;
       a.scale = scale;
-      const kc::DecodePlan plan =
-          kc::PlanDecode(static_cast<int32_t>(num_seqs), nkv, max_context, 132);
-      TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, plan, decode_workspace.get(),
+      TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
                                                              decode_workspace.bytes(), stream));
     } else {
       kc::PagedPrefillArgs a;
@@ -451,47 +463,194 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
       a.kv_base = layer_base;
       a.block_stride_elems = kv_spec.block_stride_elements();
       a.value_offset_elems = kv_spec.value_offset_elements();
-      a.block_size = bs;
+      a.block_size = kv_spec.block_size;
       a.num_q_heads = nq;
       a.num_kv_heads = nkv;
       a.head_dim = hd;
-      a.block_tables = d_tables;
-      a.max_blocks_per_seq = max_blocks;
-      a.context_lens = d_context;
-      a.query_lens = d_query;
-      a.query_starts = d_starts;
-      a.batch = static_cast<int32_t>(num_seqs);
-      a.max_query_len = max_query;
+      a.block_tables = dmeta.tables;
+      a.max_blocks_per_seq = shape.table_stride;
+      a.context_lens = dmeta.context_lens;
+      a.query_lens = dmeta.query_lens;
+      a.query_starts = dmeta.query_starts;
+      a.batch = shape.num_seqs;
+      a.max_query_len = shape.max_query;
       a.scale = scale;
       TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedPrefillAttention(a, stream));
     }
-    TRIDENT_RETURN_IF_ERROR(linear(attn.get(), q_out, layer.o, layer.o_bias, tmp.get(), h, q_out));
-    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/false,
-                                       layer.post_norm.get<float>(), total, h, eps, hn.get(),
-                                       stream));
     TRIDENT_RETURN_IF_ERROR(
-        linear(hn.get(), h, layer.gate_up, layer.gate_up_bias, gate_up.get(), 2 * inter, h));
+        linear(attn.get(), q_out, layer.o, layer.o_bias, residual.get<float>(), h, true));
+    TRIDENT_RETURN_IF_ERROR(norm(layer.post_norm));
+    TRIDENT_RETURN_IF_ERROR(linear(hn.get(), h, layer.gate_up, layer.gate_up_bias,
+                                   gate_up32.get<float>(), 2 * inter, false));
+    kc::SiluMulArgs silu{gate_up32.get(), 2 * inter, act.get(), inter, total, inter};
+    silu.gate_up_dtype = DType::kF32;
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
     TRIDENT_RETURN_IF_ERROR(
-        kc::LaunchSiluMul({gate_up.get(), 2 * inter, act.get(), inter, total, inter}, stream));
-    TRIDENT_RETURN_IF_ERROR(
-        linear(act.get(), inter, layer.down, layer.down_bias, tmp.get(), h, inter));
+        linear(act.get(), inter, layer.down, layer.down_bias, residual.get<float>(), h, true));
   }
-  TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/false,
-                                     final_norm.get<float>(), total, h, eps, hn.get(), stream));
-  const int64_t rows = static_cast<int64_t>(logit_rows.size());
-  if (rows == 0) {
-    return CudaCheck(cudaStreamSynchronize(stream), "step");
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(last.get<char>() + r * h * 2, hn.get<char>() + logit_rows[r] * h * 2, h * 2,
-                        cudaMemcpyDeviceToDevice, stream),
-        "gather last rows"));
+  if (shape.head_rows == 0) return absl::OkStatus();
+  TRIDENT_RETURN_IF_ERROR(norm(final_norm));
+  const void* head_in = hn.get();
+  if (shape.gather) {
+    // The wanted rows of the normed hidden states, gathered like an embedding
+    // lookup with row ids for token ids.
+    TRIDENT_RETURN_IF_ERROR(
+        kc::LaunchEmbedding({dmeta.rows, shape.head_rows, hn.get(), total, h, last.get()}, stream));
+    head_in = last.get();
   }
   kc::GemmArgs head_args{
-      last.get(), h, head(), nullptr, logits.get(), config.vocab_size, rows, config.vocab_size, h};
-  TRIDENT_RETURN_IF_ERROR(gemm->Run(head_args, stream));
-  const int64_t n = rows * config.vocab_size;
+      head_in,           h, head(), nullptr, logits.get(), config.vocab_size, shape.head_rows,
+      config.vocab_size, h};
+  return gemm->Run(head_args, stream);
+}
+
+absl::Status CudaBackend::Impl::LaunchGraph(const StepShape& shape) {
+  const auto key = std::make_tuple(shape.num_seqs, shape.plan.num_splits, shape.table_stride);
+  auto it = graphs.find(key);
+  if (it == graphs.end()) {
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture"));
+    const absl::Status enqueued = Enqueue(shape);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    TRIDENT_RETURN_IF_ERROR(enqueued);
+    TRIDENT_RETURN_IF_ERROR(CudaCheck(ended, "end capture"));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TRIDENT_RETURN_IF_ERROR(CudaCheck(instantiated, "graph instantiate"));
+    it = graphs.emplace(key, exec).first;
+    TRIDENT_LOG(INFO) << "captured decode graph: batch " << shape.num_seqs << ", "
+                      << shape.plan.num_splits << " splits, table stride " << shape.table_stride;
+  }
+  return CudaCheck(cudaGraphLaunch(it->second, stream), "graph launch");
+}
+
+namespace {
+
+// Padded batch sizes of decode graphs.
+int32_t GraphBatch(int32_t n) {
+  if (n <= 8) return n <= 1 ? 1 : (n <= 2 ? 2 : (n <= 4 ? 4 : 8));
+  return (n + 15) / 16 * 16;
+}
+
+int32_t NextPow2(int32_t n) {
+  int32_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, float* logits_out) {
+  const int32_t bs = kv_spec.block_size;
+  const int32_t max_blocks = (max_model_len + bs - 1) / bs;
+  const int32_t num_seqs = static_cast<int32_t>(batch.size());
+  if (num_seqs > options.max_batch_sequences) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", num_seqs,
+                                                   " sequences exceeds --max_batch_sequences ",
+                                                   options.max_batch_sequences));
+  }
+  StepShape shape;
+  int32_t max_context = 0, max_table = 1, wanted_rows = 0;
+  shape.all_decode = true;
+  for (const StepSequence& s : batch) {
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    if (s.tokens.empty() || s.start_position < 0 || end > max_model_len) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [", s.start_position,
+                                                     ", ", end, "), outside the context window of ",
+                                                     max_model_len));
+    }
+    const int64_t needed = (end + bs - 1) / bs;
+    if (static_cast<int64_t>(s.block_table.size()) < needed) {
+      return absl::InvalidArgumentError("block table too short for the sequence");
+    }
+    for (int64_t j = 0; j < needed; ++j) {
+      const int32_t b = s.block_table[j];
+      if (b < 0 || b >= scratch_block) {
+        return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the cache"));
+      }
+    }
+    shape.total += static_cast<int64_t>(s.tokens.size());
+    shape.max_query = std::max<int32_t>(shape.max_query, static_cast<int32_t>(s.tokens.size()));
+    max_context = std::max<int32_t>(max_context, static_cast<int32_t>(end));
+    max_table = std::max<int32_t>(max_table, static_cast<int32_t>(needed));
+    shape.all_decode = shape.all_decode && s.tokens.size() == 1;
+    wanted_rows += s.want_logits ? 1 : 0;
+  }
+  if (shape.total == 0) return absl::OkStatus();
+  if (shape.total > options.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch of ", shape.total, " tokens exceeds --max_batch_tokens ", options.max_batch_tokens));
+  }
+  // Graph replay for decode steps, padded to a bucket.
+  const int32_t padded = shape.all_decode ? GraphBatch(num_seqs) : num_seqs;
+  const bool use_graph = options.cuda_graphs && shape.all_decode && wanted_rows == num_seqs &&
+                         padded <= options.max_batch_sequences &&
+                         padded <= options.max_batch_tokens;
+  shape.num_seqs = use_graph ? padded : num_seqs;
+  shape.table_stride = std::min(NextPow2(max_table), max_blocks);
+  if (shape.all_decode) {
+    // Graphs bake the split count in: plan for the context bucket.
+    const int32_t planned_context =
+        use_graph ? std::min(NextPow2(max_context), max_model_len) : max_context;
+    shape.plan =
+        kc::PlanDecode(shape.num_seqs, config.num_key_value_heads, planned_context, num_sms);
+  }
+
+  // Step metadata, staged in pinned memory and copied in one transfer.
+  const MetaView& m = hmeta;
+  int64_t row = 0;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const StepSequence& s = batch[i];
+    for (size_t j = 0; j < s.tokens.size(); ++j) {
+      const int32_t pos = s.start_position + static_cast<int32_t>(j);
+      if (s.tokens[j] < 0 || s.tokens[j] >= config.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", s.tokens[j], " outside the vocabulary"));
+      }
+      m.tokens[row + j] = s.tokens[j];
+      m.positions[row + j] = pos;
+      m.slots[row + j] = int64_t{s.block_table[pos / bs]} * bs + pos % bs;
+    }
+    const int32_t used = (s.start_position + static_cast<int32_t>(s.tokens.size()) + bs - 1) / bs;
+    std::memcpy(m.tables + int64_t{i} * shape.table_stride, s.block_table.data(),
+                static_cast<size_t>(used) * 4);
+    m.context_lens[i] = s.start_position + static_cast<int32_t>(s.tokens.size());
+    m.query_lens[i] = static_cast<int32_t>(s.tokens.size());
+    m.query_starts[i] = static_cast<int32_t>(row);
+    row += static_cast<int64_t>(s.tokens.size());
+    if (s.want_logits) m.rows[shape.head_rows++] = static_cast<int32_t>(row - 1);
+  }
+  // Padding sequences: one token at position 0 of the scratch block.
+  for (int32_t i = num_seqs; i < shape.num_seqs; ++i) {
+    m.tokens[row] = 0;
+    m.positions[row] = 0;
+    m.slots[row] = int64_t{scratch_block} * bs;
+    m.tables[int64_t{i} * shape.table_stride] = scratch_block;
+    m.context_lens[i] = 1;
+    m.query_lens[i] = 1;
+    m.query_starts[i] = static_cast<int32_t>(row);
+    ++row;
+  }
+  shape.total = row;
+  const int64_t wanted = shape.head_rows;
+  // Every row wanted, in order (decode): the head reads the normed rows in
+  // place; a graph computes the padding rows' logits too.
+  shape.gather = wanted != row;
+  if (use_graph) {
+    shape.head_rows = row;
+    shape.gather = false;
+  }
+  const size_t meta_bytes =
+      reinterpret_cast<const char*>(m.tables + int64_t{shape.num_seqs} * shape.table_stride) -
+      static_cast<const char*>(host_meta);
+  TRIDENT_RETURN_IF_ERROR(
+      CudaCheck(cudaMemcpyAsync(meta.get(), host_meta, meta_bytes, cudaMemcpyHostToDevice, stream),
+                "metadata"));
+  TRIDENT_RETURN_IF_ERROR(use_graph ? LaunchGraph(shape) : Enqueue(shape));
+  if (wanted == 0) return CudaCheck(cudaStreamSynchronize(stream), "step");
+  const int64_t n = wanted * config.vocab_size;
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
       cudaMemcpyAsync(host_logits, logits.get(), n * 2, cudaMemcpyDeviceToHost, stream), "logits"));
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "step"));
@@ -518,7 +677,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 int32_t CudaBackend::vocab_size() const { return impl_->config.vocab_size; }
 int32_t CudaBackend::max_model_len() const { return impl_->max_model_len; }
 KvCapacity CudaBackend::kv_capacity() const {
-  return {impl_->kv_spec.num_blocks, impl_->kv_spec.block_size};
+  return {impl_->scratch_block, impl_->kv_spec.block_size};
 }
 const model::ModelConfig& CudaBackend::config() const { return impl_->config; }
 
@@ -526,7 +685,7 @@ std::string CudaBackend::Describe() const {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, impl_->options.device);
   return absl::StrCat("cuda:", impl_->options.device, " (", prop.name, "), bf16, ",
-                      impl_->config.num_hidden_layers, " layers, KV ", impl_->kv_spec.num_blocks,
+                      impl_->config.num_hidden_layers, " layers, KV ", impl_->scratch_block,
                       " blocks of ", impl_->kv_spec.block_size, " tokens");
 }
 

@@ -5,6 +5,15 @@
 // kernels (kernels/cuda). Everything is enqueued on the backend's own stream;
 // Forward synchronizes that stream once, to hand logits to the host.
 //
+// Numerics: the residual stream is fp32 and the o/down projections add into
+// it directly (cuBLASLt with beta = 1, fp32 output); the qkv and gate/up
+// projections come out in fp32 and are rounded to bf16 once, after RoPE and
+// after SwiGLU; attention reads bf16 q and KV and accumulates in fp32.
+//
+// Decode steps (every sequence one token) replay CUDA graphs captured per
+// (batch bucket, decode split count): the batch is padded to the bucket with
+// sequences that write a scratch KV block nobody reads.
+//
 // Device memory is budgeted at start: weights, then activation workspace for
 // `max_batch_tokens`, then the KV pool takes what `gpu_memory_fraction` of
 // the device leaves.
@@ -35,6 +44,8 @@ struct CudaBackendOptions {
   int32_t max_batch_sequences = 256;
   // Caps the context window (0: the model's max_position_embeddings).
   int32_t max_model_len = 0;
+  // Replay decode steps from CUDA graphs (see above).
+  bool cuda_graphs = true;
   // For load-progress reporting; nullptr means the real clock.
   Clock* clock = nullptr;
 };

@@ -88,13 +88,14 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Key: m, n, k, x_stride, y_stride, bias. Value: descriptors and algorithm.
+  // Key: m, n, k, x_stride, y_stride, bias, y dtype. Value: descriptors and
+  // algorithm.
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo;
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, Plan> plans;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, Plan> plans;
 
   ~Impl() {
     for (auto& [key, p] : plans) {
@@ -111,8 +112,10 @@ struct Gemm::Impl {
   // yᵀ = W · xᵀ, with W [n][k] row-major = column-major Wᵀ [k][n] taken
   // transposed (op T), and x [m][k] row-major = column-major xᵀ [k][m].
   absl::StatusOr<const Plan*> PlanFor(const GemmArgs& args) {
-    const auto key =
-        std::make_tuple(args.m, args.n, args.k, args.x_stride, args.y_stride, args.bias != nullptr);
+    const bool f32_out = args.y_dtype == numeric::DType::kF32;
+    const cudaDataType_t y_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
+    const auto key = std::make_tuple(args.m, args.n, args.k, args.x_stride, args.y_stride,
+                                     args.bias != nullptr, f32_out);
     if (auto it = plans.find(key); it != plans.end()) return &it->second;
     Plan p;
     TRIDENT_CUBLAS(Lt().MatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
@@ -128,7 +131,7 @@ struct Gemm::Impl {
       TRIDENT_CUBLAS(Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                  sizeof(epilogue)),
                      "epilogue");
-      const cudaDataType_t bias_type = CUDA_R_16BF;
+      const cudaDataType_t bias_type = y_type;
       TRIDENT_CUBLAS(Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                  &bias_type, sizeof(bias_type)),
                      "bias type");
@@ -138,7 +141,7 @@ struct Gemm::Impl {
     // B = xᵀ: column-major [k][m], ld x_stride.
     TRIDENT_CUBLAS(Lt().MatrixLayoutCreate(&p.b, CUDA_R_16BF, args.k, args.m, args.x_stride), "B");
     // C = D = yᵀ: column-major [n][m], ld y_stride.
-    TRIDENT_CUBLAS(Lt().MatrixLayoutCreate(&p.c, CUDA_R_16BF, args.n, args.m, args.y_stride), "C");
+    TRIDENT_CUBLAS(Lt().MatrixLayoutCreate(&p.c, y_type, args.n, args.m, args.y_stride), "C");
     cublasLtMatmulPreference_t pref = nullptr;
     TRIDENT_CUBLAS(Lt().MatmulPreferenceCreate(&pref), "preference");
     TRIDENT_CUBLAS(Lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -193,6 +196,10 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat("Gemm: strides x ", args.x_stride, " y ",
                                                    args.y_stride, " smaller than rows"));
   }
+  if (args.y_dtype != numeric::DType::kBF16 && args.y_dtype != numeric::DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gemm: y dtype ", numeric::DTypeName(args.y_dtype), " is not supported (bf16 or f32)"));
+  }
   auto plan = impl_->PlanFor(args);
   if (!plan.ok()) return plan.status();
   const Impl::Plan& p = **plan;
@@ -201,7 +208,7 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
                                                sizeof(args.bias)),
                    "bias pointer");
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
   TRIDENT_CUBLAS(
       Lt().Matmul(impl_->handle, p.op, &alpha, args.w, p.a, args.x, p.b, &beta, args.y, p.c, args.y,
                   p.c, &p.algo, impl_->workspace, impl_->workspace_bytes, stream),

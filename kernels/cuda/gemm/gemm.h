@@ -1,7 +1,9 @@
 // Linear layers on the GPU through cuBLASLt: y[m, n] = x[m, k] · Wᵀ (+ bias)
-// with W in Hugging Face layout [n][k] row-major, all bf16, fp32
-// accumulation (CUBLAS_COMPUTE_32F). The bias, when given, is fused into the
-// matmul as a cuBLASLt epilogue. The reference is kernels/cpu/linear.
+// (+ y) with W in Hugging Face layout [n][k] row-major, x and W bf16, fp32
+// accumulation (CUBLAS_COMPUTE_32F), y bf16 or fp32. The bias, when given, is
+// fused into the matmul as a cuBLASLt epilogue; `accumulate` adds the product
+// to y's old contents (beta = 1), which is how projections add straight into
+// an fp32 residual stream. The reference is kernels/cpu/linear.
 
 #ifndef TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
 #define TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
@@ -14,12 +16,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/numeric/dtype.h"
 
 namespace trident::kernels::cuda {
 
 struct GemmArgs {
   // Device pointers: x [m][k] (row stride x_stride), w [n][k] (contiguous),
-  // optional bias [n] (bf16, may be null), y [m][n] (row stride y_stride).
+  // optional bias [n] (of y_dtype, may be null), y [m][n] (row stride
+  // y_stride, of y_dtype).
   const void* x = nullptr;
   int64_t x_stride = 0;
   const void* w = nullptr;
@@ -29,6 +33,10 @@ struct GemmArgs {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
+  // kBF16 or kF32.
+  numeric::DType y_dtype = numeric::DType::kBF16;
+  // y += x·Wᵀ (+ bias) instead of y = ...
+  bool accumulate = false;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct Shape {
   int64_t m, n, k;
   bool bias;
   int64_t x_pad = 0;  // extra elements per x row (stride > k)
+  bool f32_out = false;
+  bool accumulate = false;  // y += x·Wᵀ over random old contents
 };
 
 template <typename T>
@@ -34,13 +37,15 @@ T* ToDevice(const std::vector<T>& host) {
 
 class GemmTest : public ::testing::TestWithParam<Shape> {};
 
-// Against the double reference on the same bf16 values; the output is bf16,
-// so errors are bf16 rounding of y (relative 2^-8) plus fp32 accumulation.
+// Against the double reference on the same bf16 values. A bf16 output is off
+// by its rounding (relative 2^-8) plus fp32 accumulation; an fp32 output only
+// by the accumulation order.
 TEST_P(GemmTest, MatchesCpuReference) {
   const Shape s = GetParam();
   const uint32_t seed = 7;
-  std::printf("m=%lld n=%lld k=%lld bias=%d seed %u\n", static_cast<long long>(s.m),
-              static_cast<long long>(s.n), static_cast<long long>(s.k), s.bias, seed);
+  std::printf("m=%lld n=%lld k=%lld bias=%d f32_out=%d accumulate=%d seed %u\n",
+              static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
+              s.bias, s.f32_out, s.accumulate, seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t x_stride = s.k + s.x_pad;
@@ -57,27 +62,54 @@ TEST_P(GemmTest, MatchesCpuReference) {
   std::vector<float> want(s.m * s.n);
   cpu::LinearReference(xf.data(), s.m, s.k, s.n, numeric::DType::kBF16, w.data(),
                        s.bias ? bias_f.data() : nullptr, want.data());
+  const size_t y_bytes = s.f32_out ? 4 : 2;
+  // Old contents of y: what accumulate adds to (random), else garbage.
+  std::vector<float> old(s.m * s.n);
+  for (auto& v : old) v = numeric::Bf16ToFloat(numeric::FloatToBf16(normal(rng)));
+  if (s.accumulate) {
+    for (size_t i = 0; i < want.size(); ++i) want[i] += old[i];
+  }
+  std::vector<char> y_old(old.size() * y_bytes);
+  for (size_t i = 0; i < old.size(); ++i) {
+    if (s.f32_out) {
+      std::memcpy(y_old.data() + 4 * i, &old[i], 4);
+    } else {
+      const uint16_t b = numeric::FloatToBf16(old[i]);
+      std::memcpy(y_old.data() + 2 * i, &b, 2);
+    }
+  }
+  std::vector<float> bias32(bias_f);
 
   auto gemm = Gemm::Create();
   ASSERT_THAT(gemm.status(), IsOk());
   void* dx = ToDevice(x);
   void* dw = ToDevice(w);
-  void* db = ToDevice(bias);
-  void* dy = nullptr;
-  ASSERT_EQ(cudaMalloc(&dy, s.m * s.n * 2), cudaSuccess);
+  void* db = s.f32_out ? static_cast<void*>(ToDevice(bias32)) : ToDevice(bias);
+  void* dy = ToDevice(y_old);
   GemmArgs args{dx, x_stride, dw, s.bias ? db : nullptr, dy, s.n, s.m, s.n, s.k};
+  args.y_dtype = s.f32_out ? numeric::DType::kF32 : numeric::DType::kBF16;
+  args.accumulate = s.accumulate;
   ASSERT_THAT((*gemm)->Run(args, nullptr), IsOk());
-  std::vector<uint16_t> y(s.m * s.n);
-  ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<char> y(y_old.size());
+  ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   double worst = 0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    const double got = numeric::Bf16ToFloat(y[i]);
+  for (size_t i = 0; i < want.size(); ++i) {
+    double got;
+    if (s.f32_out) {
+      float f;
+      std::memcpy(&f, y.data() + 4 * i, 4);
+      got = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, y.data() + 2 * i, 2);
+      got = numeric::Bf16ToFloat(b);
+    }
     const double err =
         std::fabs(got - want[i]) / std::max(1.0, std::fabs(static_cast<double>(want[i])));
     worst = std::max(worst, err);
   }
   std::printf("  max relative error %.3g\n", worst);
-  EXPECT_LE(worst, 8e-3);
+  EXPECT_LE(worst, s.f32_out ? 1e-4 : 8e-3);
   cudaFree(dx);
   cudaFree(dw);
   cudaFree(db);
@@ -88,7 +120,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                          ::testing::Values(Shape{1, 64, 32, false}, Shape{1, 4096, 4096, true},
                                            Shape{3, 200, 136, true, 8},
                                            Shape{16, 6144, 4096, false}, Shape{77, 1000, 520, true},
-                                           Shape{512, 512, 1024, false, 16}));
+                                           Shape{512, 512, 1024, false, 16},
+                                           Shape{1, 4096, 4096, false, 0, true},
+                                           Shape{5, 4096, 14336, false, 0, true, true},
+                                           Shape{33, 896, 136, true, 8, true},
+                                           Shape{64, 640, 256, true, 0, true, true},
+                                           Shape{9, 300, 200, false, 0, false, true}));
 
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create(0);
@@ -102,6 +139,12 @@ TEST(GemmArgsTest, RejectsBadShapes) {
   EXPECT_EQ((*gemm)->Run(args, nullptr).code(), absl::StatusCode::kInvalidArgument);  // nulls
   args.m = 0;
   EXPECT_THAT((*gemm)->Run(args, nullptr), IsOk());
+  int dummy = 0;
+  args.m = 1;
+  args.x = args.w = args.y = &dummy;
+  args.x_stride = args.y_stride = 4;
+  args.y_dtype = numeric::DType::kF16;
+  EXPECT_EQ((*gemm)->Run(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -62,4 +62,38 @@ absl::Status LaunchRope(const RopeArgs& args, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream) {
+  if (args.head_dim <= 0 || args.head_dim % 2 != 0 || args.head_dim > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_qkv: head_dim is ", args.head_dim,
+                                                   "; want a positive even number <= 1024"));
+  }
+  if (args.num_q_heads < 0 || args.num_kv_heads < 0 || args.num_q_heads + args.num_kv_heads == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_qkv: num_q_heads ", args.num_q_heads,
+                                                   " and num_kv_heads ", args.num_kv_heads,
+                                                   " must be >= 0 and not both 0"));
+  }
+  if (args.num_tokens < 0 || args.num_tokens > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_qkv: num_tokens is ", args.num_tokens, "; want 0 <= num_tokens < 2^31"));
+  }
+  const int64_t width =
+      (static_cast<int64_t>(args.num_q_heads) + 2 * args.num_kv_heads) * args.head_dim;
+  if (args.in_stride < width || args.out_stride < width) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_qkv: in_stride ", args.in_stride,
+                                                   " and out_stride ", args.out_stride,
+                                                   " must hold a row of ", width));
+  }
+  if (args.num_tokens > 0 && (args.in == nullptr || args.out == nullptr ||
+                              args.positions == nullptr || args.inv_freq == nullptr)) {
+    return absl::InvalidArgumentError("rope_qkv: null in, out, positions or inv_freq");
+  }
+  const cudaError_t error = internal::RopeQkvF32(
+      args.in, args.in_stride, args.out, args.out_stride, args.num_q_heads, args.num_kv_heads,
+      args.head_dim, args.positions, args.num_tokens, args.inv_freq, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("rope_qkv launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace trident::kernels::cuda

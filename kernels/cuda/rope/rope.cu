@@ -74,7 +74,58 @@ __global__ void RopeKernel(uint16_t* q, int64_t q_token_stride, int32_t num_q_he
   }
 }
 
+// One block per token: the token's cos/sin first, then each thread rotates
+// pairs (i, i + half) of the q and k heads and rounds the v heads.
+__global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride,
+                                 uint16_t* __restrict__ out, int64_t out_stride,
+                                 int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                                 const int32_t* __restrict__ positions,
+                                 const float* __restrict__ inv_freq) {
+  extern __shared__ float cos_sin[];  // cos[half], then sin[half].
+  const int64_t token = blockIdx.x;
+  const int32_t half = head_dim / 2;
+  const float position = static_cast<float>(positions[token]);
+  for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+    float s;
+    float c;
+    sincosf(__fmul_rn(position, inv_freq[i]), &s, &c);
+    cos_sin[i] = c;
+    cos_sin[half + i] = s;
+  }
+  __syncthreads();
+  const float* src = in + token * in_stride;
+  uint16_t* dst = out + token * out_stride;
+  const int64_t pairs = static_cast<int64_t>(num_q_heads + num_kv_heads) * half;
+  for (int64_t u = threadIdx.x; u < pairs; u += blockDim.x) {
+    const int64_t h = u / half;
+    const int32_t i = static_cast<int32_t>(u % half);
+    const int64_t at = h * head_dim + i;
+    float x, y;
+    Rotate(src[at], src[at + half], cos_sin[i], cos_sin[half + i], x, y);
+    dst[at] = static_cast<uint16_t>(FloatToBf16Bits(x));
+    dst[at + half] = static_cast<uint16_t>(FloatToBf16Bits(y));
+  }
+  const int64_t v_begin = static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim;
+  const int64_t v_end = v_begin + static_cast<int64_t>(num_kv_heads) * head_dim;
+  for (int64_t e = v_begin + threadIdx.x; e < v_end; e += blockDim.x) {
+    dst[e] = static_cast<uint16_t>(FloatToBf16Bits(src[e]));
+  }
+}
+
 }  // namespace
+
+cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t out_stride,
+                       int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+                       const int32_t* positions, int64_t num_tokens, const float* inv_freq,
+                       cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  RopeQkvF32Kernel<<<static_cast<unsigned>(num_tokens), kThreads,
+                     static_cast<size_t>(head_dim) * sizeof(float), stream>>>(
+      in, in_stride, static_cast<uint16_t*>(out), out_stride, num_q_heads, num_kv_heads, head_dim,
+      positions, inv_freq);
+  return cudaGetLastError();
+}
 
 cudaError_t RopeBf16(void* q, int64_t q_token_stride, int32_t num_q_heads, void* k,
                      int64_t k_token_stride, int32_t num_kv_heads, int32_t head_dim,

@@ -59,6 +59,31 @@ struct RopeArgs {
 // and q and k are 4-byte aligned; as single elements otherwise.
 absl::Status LaunchRope(const RopeArgs& args, cudaStream_t stream);
 
+// The fused-qkv form for an fp32 projection: reads rows of
+// [q heads | k heads | v heads] in fp32, rotates the q and k heads as above,
+// and writes the whole row to `out` in bf16, so every value is rounded once,
+// after the rotation (the v heads are only rounded).
+struct RopeQkvArgs {
+  // Device pointer to num_tokens rows of (num_q_heads + 2 * num_kv_heads) *
+  // head_dim fp32 values, row stride in_stride elements.
+  const float* in = nullptr;
+  int64_t in_stride = 0;
+  // Device pointer to the bf16 rows out, row stride out_stride elements. Must
+  // not overlap `in`.
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  const int32_t* positions = nullptr;
+  int64_t num_tokens = 0;
+  const float* inv_freq = nullptr;
+};
+
+// kInvalidArgument naming the field for the same shape errors as LaunchRope
+// and strides smaller than a row; kInternal if the launch fails.
+absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream);
+
 }  // namespace trident::kernels::cuda
 
 #endif  // TRIDENT_KERNELS_CUDA_ROPE_ROPE_H_

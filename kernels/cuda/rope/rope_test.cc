@@ -137,6 +137,125 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{128, 4, 0, 2, 0, true},     // q only.
                       Case{6, 2, 1, 9, 0, false}));    // head_dim % 4 != 0: scalar path.
 
+// The fp32-in, bf16-out fused form: every value rounded once, after the
+// rotation; v heads only rounded.
+TEST_P(RopeTest, QkvF32MatchesCpuApplyRope) {
+  const Case c = GetParam();
+  if (c.num_kv_heads == 0) GTEST_SKIP() << "fused rows always carry k and v";
+  constexpr uint32_t kSeed = 778;
+  std::printf("seed %u\n", kSeed);
+  std::mt19937 rng(kSeed);
+  cpu::RopeConfig config;
+  config.head_dim = c.head_dim;
+  config.theta = c.llama3 ? 500000.0 : 10000.0;
+  config.llama3_scaling = c.llama3;
+  const std::vector<float> inv_freq = cpu::RopeInvFreq(config);
+  const int64_t q_width = static_cast<int64_t>(c.num_q_heads) * c.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const int64_t width = q_width + 2 * kv_width;
+  const int64_t in_stride = width + c.row_pad;
+  const int64_t out_stride = width + 2 * c.row_pad;
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<float> in(static_cast<size_t>(c.num_tokens * in_stride));
+  for (float& x : in) x = normal(rng);
+  std::vector<int32_t> positions(c.num_tokens);
+  std::uniform_int_distribution<int32_t> pos_dist(0, 131072);
+  for (int32_t& p : positions) p = pos_dist(rng);
+  if (!positions.empty()) positions[0] = 0;
+  std::vector<float> expected = in;
+  cpu::ApplyRope(expected.data(), in_stride, c.num_q_heads, expected.data() + q_width, in_stride,
+                 c.num_kv_heads, c.head_dim, positions.data(), c.num_tokens, inv_freq.data());
+
+  float* d_in = nullptr;
+  uint16_t* d_out = nullptr;
+  int32_t* d_positions = nullptr;
+  float* d_inv_freq = nullptr;
+  const size_t out_count = static_cast<size_t>(c.num_tokens * out_stride);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_in), in.size() * 4 + 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_out), out_count * 2 + 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_positions), positions.size() * 4 + 4),
+            cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_inv_freq), inv_freq.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_out, 0xff, out_count * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_in, in.data(), in.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_positions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_inv_freq, inv_freq.data(), inv_freq.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_THAT(LaunchRopeQkv({.in = d_in,
+                             .in_stride = in_stride,
+                             .out = d_out,
+                             .out_stride = out_stride,
+                             .num_q_heads = c.num_q_heads,
+                             .num_kv_heads = c.num_kv_heads,
+                             .head_dim = c.head_dim,
+                             .positions = d_positions,
+                             .num_tokens = c.num_tokens,
+                             .inv_freq = d_inv_freq},
+                            nullptr),
+              IsOk());
+  std::vector<uint16_t> got(out_count);
+  ASSERT_EQ(cudaMemcpy(got.data(), d_out, out_count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d_in);
+  cudaFree(d_out);
+  cudaFree(d_positions);
+  cudaFree(d_inv_freq);
+  const int32_t half = c.head_dim / 2;
+  int64_t bad = 0;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t e = 0; e < out_stride; ++e) {
+      const uint16_t g = got[static_cast<size_t>(t * out_stride + e)];
+      if (e >= width) {
+        ASSERT_EQ(g, 0xffff) << "padding written: token " << t << " element " << e;
+        continue;
+      }
+      const size_t idx = static_cast<size_t>(t * in_stride + e);
+      if (e >= q_width + kv_width) {
+        ASSERT_EQ(g, numeric::FloatToBf16(in[idx])) << "v: token " << t << " element " << e;
+        continue;
+      }
+      const int64_t in_head = e % c.head_dim;
+      const size_t partner = in_head < half ? idx + half : idx - half;
+      const float magnitude = std::abs(in[idx]) + std::abs(in[partner]);
+      const float want = expected[idx];
+      // Half a bf16 ulp of the result plus sincosf's fp32 differences.
+      const float tolerance = std::abs(want) / 256.0f + magnitude / (1 << 20);
+      const float value = numeric::Bf16ToFloat(g);
+      if (!(std::abs(value - want) <= tolerance) && ++bad <= 5) {
+        ADD_FAILURE() << "token " << t << ", element " << e << ": got " << value << ", want "
+                      << want << " +- " << tolerance;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "elements out of tolerance";
+}
+
+TEST(RopeArgsTest, QkvRejectsBadArguments) {
+  alignas(16) char dummy[256];
+  const RopeQkvArgs good{.in = reinterpret_cast<const float*>(dummy),
+                         .in_stride = 32,
+                         .out = dummy,
+                         .out_stride = 32,
+                         .num_q_heads = 2,
+                         .num_kv_heads = 1,
+                         .head_dim = 8,
+                         .positions = reinterpret_cast<const int32_t*>(dummy),
+                         .num_tokens = 1,
+                         .inv_freq = reinterpret_cast<const float*>(dummy)};
+  RopeQkvArgs bad = good;
+  bad.head_dim = 3;
+  EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("head_dim")));
+  bad = good;
+  bad.in_stride = 31;
+  EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("in_stride")));
+  bad = good;
+  bad.out = nullptr;
+  EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("null")));
+}
+
 TEST(RopeArgsTest, RejectsBadArguments) {
   alignas(16) char dummy[256];
   const RopeArgs good{.q = dummy,

@@ -17,9 +17,9 @@ absl::Status LaunchSiluMul(const SiluMulArgs& args, cudaStream_t stream) {
   }
   if (args.gate_up_stride < 2 * args.hidden || args.gate_up_stride % 2 != 0 ||
       args.out_stride < args.hidden || args.out_stride % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "silu_mul: strides (gate_up ", args.gate_up_stride, ", out ", args.out_stride,
-        ") must be even and hold a row (", 2 * args.hidden, ", ", args.hidden, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("silu_mul: strides (gate_up ", args.gate_up_stride, ", out ", args.out_stride,
+                     ") must be even and hold a row (", 2 * args.hidden, ", ", args.hidden, ")"));
   }
   if (args.num_tokens > 0 && (args.gate_up == nullptr || args.out == nullptr)) {
     return absl::InvalidArgumentError("silu_mul: null pointer with rows to process");
@@ -27,9 +27,14 @@ absl::Status LaunchSiluMul(const SiluMulArgs& args, cudaStream_t stream) {
   if (args.num_tokens > 0x7fffffff) {
     return absl::InvalidArgumentError("silu_mul: more than 2^31 - 1 tokens");
   }
-  const cudaError_t error =
-      internal::SiluMulBf16(args.gate_up, args.gate_up_stride, args.out, args.out_stride,
-                            args.num_tokens, args.hidden, stream);
+  if (args.gate_up_dtype != numeric::DType::kBF16 && args.gate_up_dtype != numeric::DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("silu_mul: gate_up dtype ",
+                                                   numeric::DTypeName(args.gate_up_dtype),
+                                                   " is not supported (bf16 or f32)"));
+  }
+  const cudaError_t error = internal::SiluMulBf16(
+      args.gate_up, args.gate_up_stride, args.gate_up_dtype == numeric::DType::kF32, args.out,
+      args.out_stride, args.num_tokens, args.hidden, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("silu_mul launch: ", cudaGetErrorString(error)));
   }

@@ -9,9 +9,8 @@ namespace {
 // stores are 4-byte wide. The op is memory-bound: 6 bytes moved per output
 // element, so the goal is the copy bandwidth of the card.
 __global__ void SiluMulBf16Kernel(const __nv_bfloat162* __restrict__ gate_up,
-                                  int64_t gate_up_stride_pairs,
-                                  __nv_bfloat162* __restrict__ out, int64_t out_stride_pairs,
-                                  int64_t hidden_pairs) {
+                                  int64_t gate_up_stride_pairs, __nv_bfloat162* __restrict__ out,
+                                  int64_t out_stride_pairs, int64_t hidden_pairs) {
   const int64_t token = blockIdx.x;
   const __nv_bfloat162* gate = gate_up + token * gate_up_stride_pairs;
   const __nv_bfloat162* up = gate + hidden_pairs;
@@ -25,14 +24,37 @@ __global__ void SiluMulBf16Kernel(const __nv_bfloat162* __restrict__ gate_up,
   }
 }
 
+// The same over fp32 inputs, as float2 pairs.
+__global__ void SiluMulF32Kernel(const float2* __restrict__ gate_up, int64_t gate_up_stride_pairs,
+                                 __nv_bfloat162* __restrict__ out, int64_t out_stride_pairs,
+                                 int64_t hidden_pairs) {
+  const int64_t token = blockIdx.x;
+  const float2* gate = gate_up + token * gate_up_stride_pairs;
+  const float2* up = gate + hidden_pairs;
+  __nv_bfloat162* row = out + token * out_stride_pairs;
+  for (int64_t i = threadIdx.x; i < hidden_pairs; i += blockDim.x) {
+    const float2 g = gate[i];
+    const float2 u = up[i];
+    const float x = g.x / (1.0f + __expf(-g.x)) * u.x;
+    const float y = g.y / (1.0f + __expf(-g.y)) * u.y;
+    row[i] = __floats2bfloat162_rn(x, y);
+  }
+}
+
 }  // namespace
 
-cudaError_t SiluMulBf16(const void* gate_up, int64_t gate_up_stride, void* out,
+cudaError_t SiluMulBf16(const void* gate_up, int64_t gate_up_stride, bool f32_in, void* out,
                         int64_t out_stride, int64_t num_tokens, int64_t hidden,
                         cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t hidden_pairs = hidden / 2;
   const int threads = hidden_pairs >= 1024 ? 1024 : static_cast<int>((hidden_pairs + 31) / 32 * 32);
+  if (f32_in) {
+    SiluMulF32Kernel<<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
+        static_cast<const float2*>(gate_up), gate_up_stride / 2, static_cast<__nv_bfloat162*>(out),
+        out_stride / 2, hidden_pairs);
+    return cudaGetLastError();
+  }
   SiluMulBf16Kernel<<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
       static_cast<const __nv_bfloat162*>(gate_up), gate_up_stride / 2,
       static_cast<__nv_bfloat162*>(out), out_stride / 2, hidden_pairs);

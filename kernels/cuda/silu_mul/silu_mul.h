@@ -3,7 +3,9 @@
 
 // SwiGLU's activation on the GPU in bf16: out = silu(gate) * up, with the
 // fused gate/up row layout of kernels/cpu/silu_mul (the reference).
-// Arithmetic is in fp32; inputs and outputs are bf16. The kernel takes raw
+// Arithmetic is in fp32; the input is bf16 or fp32 (a gate/up projection
+// kept in fp32 so it is rounded only once, after the product), the output
+// bf16. The kernel takes raw
 // device pointers and a stream, never allocates and never synchronizes.
 
 #include <cuda_runtime_api.h>
@@ -11,12 +13,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/numeric/dtype.h"
 
 namespace trident::kernels::cuda {
 
 struct SiluMulArgs {
-  // Device pointer to num_tokens rows of 2 * hidden bf16 values, row stride
-  // gate_up_stride elements (>= 2 * hidden).
+  // Device pointer to num_tokens rows of 2 * hidden values of gate_up_dtype,
+  // row stride gate_up_stride elements (>= 2 * hidden).
   const void* gate_up = nullptr;
   int64_t gate_up_stride = 0;
   // Device pointer to num_tokens rows of hidden bf16 values, row stride
@@ -25,6 +28,8 @@ struct SiluMulArgs {
   int64_t out_stride = 0;
   int64_t num_tokens = 0;
   int64_t hidden = 0;
+  // kBF16 or kF32.
+  numeric::DType gate_up_dtype = numeric::DType::kBF16;
 };
 
 // Enqueues the kernel on `stream`. kInvalidArgument for negative sizes,
