@@ -31,6 +31,9 @@ ABSL_FLAG(int64_t, kv_cache_mb, 512, "CPU backend: host memory for the paged KV 
 ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "CUDA backend: share of the device's memory for weights, workspace and the KV cache "
           "(the KV cache gets what the rest leaves).");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "CUDA backend: replay decode steps from CUDA graphs captured per batch-size bucket "
+          "(false: launch every kernel every step).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "Threads for the CPU backend; 0: one per physical core the process may use.");
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
             options.cuda_device = device->ordinal;
           }
           options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+          options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
           options.model_name = absl::GetFlag(FLAGS_model_name);
           options.dtype = absl::GetFlag(FLAGS_dtype);
           options.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);

@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     backend::CudaBackendOptions co;
     co.device = options.cuda_device;
     co.gpu_memory_fraction = options.gpu_memory_fraction;
+    co.cuda_graphs = options.cuda_graphs;
     co.kv_block_size = options.kv_block_size;
     co.max_batch_tokens = options.max_batch_tokens;
     co.max_batch_sequences = options.max_running;

@@ -24,6 +24,8 @@ struct WorkerModelOptions {
   int32_t cuda_device = -1;
   // CUDA: share of the device's memory for weights, workspace and KV cache.
   double gpu_memory_fraction = 0.9;
+  // CUDA: replay decode steps from CUDA graphs.
+  bool cuda_graphs = true;
   // Name reported by ModelInfo; empty: the directory's last component.
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.

@@ -37,8 +37,11 @@ def trident_cc_test(name, gpu = False, tags = [], size = "small", **kwargs):
         kwargs["target_compatible_with"] = _cuda_compatible()
     native.cc_test(name = name, tags = tags, size = size, **_with_copts(kwargs))
 
-def trident_cc_benchmark(name, deps = [], tags = [], gpu = False, **kwargs):
-    """A Google Benchmark binary: testonly, tagged `benchmark`, never run as a test."""
+def trident_cc_benchmark(name, deps = [], tags = [], gpu = False, benchmark_main = True, **kwargs):
+    """A Google Benchmark binary: testonly, tagged `benchmark`, never run as a test.
+
+    `benchmark_main = False` is for benchmark drivers with their own main().
+    """
     if gpu:
         tags = tags + ["gpu"]
         kwargs["target_compatible_with"] = _cuda_compatible()
@@ -46,7 +49,7 @@ def trident_cc_benchmark(name, deps = [], tags = [], gpu = False, **kwargs):
         name = name,
         testonly = True,
         tags = tags + ["benchmark"],
-        deps = deps + ["//third_party:benchmark_main"],
+        deps = deps + (["//third_party:benchmark_main"] if benchmark_main else []),
         **_with_copts(kwargs)
     )
 

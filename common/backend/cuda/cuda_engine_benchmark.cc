@@ -1,0 +1,240 @@
+// End-to-end generation on the CUDA backend through the engine, the shape of
+// Hugging Face's `generate()` benchmark (bench/peers/hf_generate_peer.py):
+// `batch` requests of `prompt_len` random tokens, greedy, exactly
+// `new_tokens` generated each, all submitted at once. Per batch size it
+// prints generated tokens/s over the whole run (prefill included, as the
+// peer counts), decode-only tokens/s, mean decode step time and TTFT; for
+// batch 1, the fraction of the weight-bandwidth roofline (weight bytes read
+// per decode step over a read ceiling measured in the same run). Given the
+// peer's JSON lines (--peer_json), it prints the ratio to the peer.
+//
+//   cuda_engine_benchmark --model_dir=DIR --batch=1,16,64 --prompt_len=512
+//       --new_tokens=128 [--peer_json=FILE]
+//
+// One warm-up round per batch size (captures the decode graphs), then one
+// timed round.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/backend/cuda/cuda_backend.h"
+#include "common/engine/engine_core.h"
+#include "common/kv/paged_block_allocator.h"
+#include "kernels/cuda/paged_decode_attention/read_ceiling.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model_dir, "", "Model directory (e.g. make_model --preset=llama3-8b).");
+ABSL_FLAG(std::string, batch, "1,16,64", "Comma-separated batch sizes.");
+ABSL_FLAG(int32_t, prompt_len, 512, "Prompt tokens per request.");
+ABSL_FLAG(int32_t, new_tokens, 128, "Generated tokens per request.");
+ABSL_FLAG(int32_t, max_batch_tokens, 8192, "Engine token budget per step.");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9, "Device memory share for the backend.");
+ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
+ABSL_FLAG(std::string, peer_json, "",
+          "Output of bench/peers/hf_generate_peer.py for the same shapes (JSON lines).");
+ABSL_FLAG(uint32_t, seed, 0, "Seed of the random prompts.");
+
+namespace trident::backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// GB/s of a read-only kernel over `bytes` of device memory.
+double MeasureReadCeiling(size_t bytes) {
+  void* data = nullptr;
+  unsigned* sink = nullptr;
+  if (cudaMalloc(&data, bytes) != cudaSuccess || cudaMalloc(reinterpret_cast<void**>(&sink), 4) != cudaSuccess) return 0;
+  cudaMemset(data, 1, bytes);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  kernels::cuda::LaunchReadCeiling(data, bytes, sink, nullptr);
+  constexpr int kReps = 10;
+  cudaEventRecord(start);
+  for (int i = 0; i < kReps; ++i) kernels::cuda::LaunchReadCeiling(data, bytes, sink, nullptr);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(data);
+  cudaFree(sink);
+  return static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
+}
+
+// Bytes of weights one decode step reads: every layer's matrices and the
+// head (the embedding contributes one row per token).
+double DecodeWeightBytes(const model::ModelConfig& c) {
+  const double h = c.hidden_size;
+  const double q = static_cast<double>(c.num_attention_heads) * c.head_dim;
+  const double kv = static_cast<double>(c.num_key_value_heads) * c.head_dim;
+  const double layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size;
+  return 2.0 * (c.num_hidden_layers * layer + static_cast<double>(c.vocab_size) * h);
+}
+
+struct Round {
+  double seconds = 0;         // submit to last token
+  double decode_seconds = 0;  // steps after every request had its first token
+  int64_t decode_steps = 0;
+  int64_t generated = 0;
+  double mean_ttft = 0;
+};
+
+absl::StatusOr<Round> RunRound(CudaBackend& backend, int32_t batch, int32_t prompt_len,
+                               int32_t new_tokens, uint32_t seed) {
+  kv::PagedBlockAllocator allocator(backend.kv_capacity().num_blocks);
+  engine::EngineOptions options;
+  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.max_running = std::max(batch, 1);
+  engine::EngineCore core(&backend, &allocator, options);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, std::min(backend.vocab_size(), 1000) - 1);
+  for (int32_t i = 0; i < batch; ++i) {
+    engine::EngineRequest r;
+    r.id = std::to_string(i);
+    r.prompt.resize(prompt_len);
+    for (int32_t& t : r.prompt) t = token(rng);
+    r.max_tokens = new_tokens;
+    r.sampling.temperature = 0;
+    if (absl::Status s = core.Add(r); !s.ok()) return s;
+  }
+  Round round;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point decode_start{};
+  int32_t with_first = 0;
+  double ttft_sum = 0;
+  while (core.HasWork()) {
+    const bool all_started = with_first == batch;
+    auto events = core.Step();
+    if (!events.ok()) return events.status();
+    if (all_started) ++round.decode_steps;
+    for (const engine::TokenEvent& ev : *events) {
+      if (ev.finish == engine::FinishReason::kError) {
+        return absl::InternalError(absl::StrCat("request ", ev.request_id, " failed"));
+      }
+      ++round.generated;
+      if (ev.output_index == 0) {
+        ++with_first;
+        ttft_sum += Seconds(start, Clock::now());
+      }
+    }
+    if (!all_started && with_first == batch) decode_start = Clock::now();
+  }
+  const Clock::time_point end = Clock::now();
+  round.seconds = Seconds(start, end);
+  round.decode_seconds = Seconds(decode_start, end);
+  round.mean_ttft = ttft_sum / batch;
+  return round;
+}
+
+int Main() {
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "--model_dir is required\n");
+    return 2;
+  }
+  std::vector<int32_t> batches;
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(b, &v) || v <= 0) {
+      std::fprintf(stderr, "--batch: bad size '%s'\n", std::string(b).c_str());
+      return 2;
+    }
+    batches.push_back(v);
+  }
+  const int32_t prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  const int32_t new_tokens = absl::GetFlag(FLAGS_new_tokens);
+  const uint32_t seed = absl::GetFlag(FLAGS_seed);
+  std::map<int32_t, double> peer;
+  if (const std::string path = absl::GetFlag(FLAGS_peer_json); !path.empty()) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("batch") && j.contains("tokens_per_s")) {
+        peer[j["batch"].get<int32_t>()] = j["tokens_per_s"].get<double>();
+      }
+    }
+  }
+
+  CudaBackendOptions options;
+  options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.max_batch_sequences = std::max(256, *std::max_element(batches.begin(), batches.end()));
+  options.max_model_len = prompt_len + new_tokens;
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  const auto load_start = Clock::now();
+  auto backend = CudaBackend::Create(model_dir, options);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("model %s loaded in %.1f s: %s\n", model_dir.c_str(),
+              Seconds(load_start, Clock::now()), (*backend)->Describe().c_str());
+  const double weight_bytes = DecodeWeightBytes((*backend)->config());
+  const double ceiling = MeasureReadCeiling(size_t{4} << 30);
+  const double roofline = ceiling * 1e9 / weight_bytes;
+  std::printf(
+      "seed %u; decode weight bytes %.2f GB; read ceiling %.0f GB/s (4 GiB, same run); "
+      "batch-1 roofline %.1f tokens/s\n",
+      seed, weight_bytes / 1e9, ceiling, roofline);
+  std::printf(
+      "\n| batch | prompt | new | tokens/s (all) | decode tokens/s | decode step ms | "
+      "mean TTFT ms | peer tokens/s | ours / peer | of roofline |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int32_t batch : batches) {
+    if (auto warm = RunRound(**backend, batch, prompt_len, new_tokens, seed + 1); !warm.ok()) {
+      std::fprintf(stderr, "batch %d warm-up: %s\n", batch, warm.status().ToString().c_str());
+      return 1;
+    }
+    auto round = RunRound(**backend, batch, prompt_len, new_tokens, seed);
+    if (!round.ok()) {
+      std::fprintf(stderr, "batch %d: %s\n", batch, round.status().ToString().c_str());
+      return 1;
+    }
+    const double all = round->generated / round->seconds;
+    const double decode_tps =
+        round->decode_steps > 0 ? batch * round->decode_steps / round->decode_seconds : 0;
+    const double step_ms =
+        round->decode_steps > 0 ? 1e3 * round->decode_seconds / round->decode_steps : 0;
+    std::string peer_cell = "-", ratio_cell = "-", roof_cell = "-";
+    if (auto it = peer.find(batch); it != peer.end()) {
+      peer_cell = absl::StrCat(it->second);
+      ratio_cell = absl::StrFormat("%.2f", all / it->second);
+    }
+    if (batch == 1) roof_cell = absl::StrFormat("%.2f", decode_tps / roofline);
+    std::printf("| %d | %d | %d | %.1f | %.1f | %.2f | %.1f | %s | %s | %s |\n", batch,
+                prompt_len, new_tokens, all, decode_tps, step_ms, 1e3 * round->mean_ttft,
+                peer_cell.c_str(), ratio_cell.c_str(), roof_cell.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace trident::backend
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return trident::backend::Main();
+}
