@@ -342,7 +342,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-template <int kHeadDim, int kNumWarps, int kNumStages>
+template <int kHeadDim, int kNumWarps, int kNumStages, bool kOneBlock>
 __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumStages, kHeadDim))
     DecodeMmaKernel(const DecodeKernelParams p) {
   constexpr int kChunk = kMmaChunkTokens;
@@ -418,11 +418,10 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const int block_size = p.block_size;
-  // Chunks inside one block (block_size a multiple of 16): one table entry per
-  // chunk and contiguous rows. Otherwise lane t < 16 looks up token t's block
-  // and the others get its row by shuffle.
-  const bool one_block = block_size % kChunk == 0;
-  const int lane_token = one_block ? 0 : lane % kChunk;
+  // kOneBlock (block_size a multiple of 16): a chunk lies inside one block,
+  // so one table entry per chunk and contiguous rows. Otherwise lane t < 16
+  // looks up token t's block and the other lanes get its row by shuffle.
+  const int lane_token = kOneBlock ? 0 : lane % kChunk;
   const uint32_t warp_smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
                              static_cast<uint32_t>(warp * kNumStages * kStageBytes);
 
@@ -436,31 +435,52 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   auto fetch_block = [&](int i) -> int32_t {
     if (i >= my_chunks) return 0;
     const int64_t t = chunk_start(i) + lane_token;
-    return t < end ? __ldg(table + static_cast<int>(t) / block_size) : 0;
+    if (t >= end) return 0;
+    const int index =
+        block_size == kChunk ? static_cast<int>(t) / kChunk : static_cast<int>(t) / block_size;
+    return __ldg(table + index);
   };
   // Starts the copies of the warp's chunk i into `stage`; `block` from
   // fetch_block(i). Rows past the context are zero-filled without reading.
   auto issue_chunk = [&](int i, int32_t block, int stage) {
     const int64_t start = chunk_start(i);
     const int valid = valid_tokens(start);
-    const int64_t last = end - 1;
-    const int token = static_cast<int>(start + lane_token < last ? start + lane_token : last);
-    const int64_t lane_row =
-        static_cast<int64_t>(block) * p.block_stride +
-        (static_cast<int64_t>(kv_head) * block_size + token % block_size) * kHeadDim;
     const uint32_t k_dst = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
     const uint32_t v_dst = k_dst + kTileBytes;
     const int piece = lane % kRowPieces;
+    if constexpr (kOneBlock) {
+      // Every row of the chunk is inside `block` (a real block), so the
+      // source address is valid even for rows past the context.
+      const int slot = block_size == kChunk ? 0 : static_cast<int>(start) % block_size;
+      const __nv_bfloat16* k_src =
+          kv + static_cast<int64_t>(block) * p.block_stride +
+          (static_cast<int64_t>(kv_head) * block_size + slot + lane / kRowPieces) * kHeadDim +
+          piece * 8;
+      const __nv_bfloat16* v_src = k_src + p.value_offset;
 #pragma unroll
-    for (int j = 0; j < kCopies; ++j) {
-      const int r = j * kRowsPerCopy + lane / kRowPieces;
-      const int64_t row_at =
-          one_block ? lane_row + static_cast<int64_t>(r) * kHeadDim : __shfl_sync(~0u, lane_row, r);
-      const bool ok = r < valid;
-      const __nv_bfloat16* src = kv + row_at + piece * 8;
-      const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
-      CpAsync16Shared(k_dst + dst, ok ? src : kv, ok);
-      CpAsync16Shared(v_dst + dst, ok ? src + p.value_offset : kv, ok);
+      for (int j = 0; j < kCopies; ++j) {
+        const int r = j * kRowsPerCopy + lane / kRowPieces;
+        const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
+        const bool ok = r < valid;
+        CpAsync16Shared(k_dst + dst, k_src + j * kRowsPerCopy * kHeadDim, ok);
+        CpAsync16Shared(v_dst + dst, v_src + j * kRowsPerCopy * kHeadDim, ok);
+      }
+    } else {
+      const int64_t last = end - 1;
+      const int token = static_cast<int>(start + lane_token < last ? start + lane_token : last);
+      const int64_t lane_row =
+          static_cast<int64_t>(block) * p.block_stride +
+          (static_cast<int64_t>(kv_head) * block_size + token % block_size) * kHeadDim;
+#pragma unroll
+      for (int j = 0; j < kCopies; ++j) {
+        const int r = j * kRowsPerCopy + lane / kRowPieces;
+        const int64_t row_at = __shfl_sync(~0u, lane_row, r);
+        const bool ok = r < valid;
+        const __nv_bfloat16* src = kv + row_at + piece * 8;
+        const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
+        CpAsync16Shared(k_dst + dst, ok ? src : kv, ok);
+        CpAsync16Shared(v_dst + dst, ok ? src + p.value_offset : kv, ok);
+      }
     }
   };
 
@@ -657,13 +677,13 @@ cudaError_t LaunchLegacy(const DecodeKernelParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kHeadDim, int kNumWarps, int kNumStages>
-cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
+template <int kHeadDim, int kNumWarps, int kNumStages, bool kOneBlock>
+cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int64_t kSmemBytes = MmaSharedBytes(kNumWarps, kNumStages, kHeadDim);
   static_assert(kSmemBytes == int64_t{kNumWarps} * kNumStages * 2 * kMmaChunkTokens * kHeadDim * 2,
                 "the kernel's stages fill the shared memory");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
-  void (*kernel)(DecodeKernelParams) = DecodeMmaKernel<kHeadDim, kNumWarps, kNumStages>;
+  void (*kernel)(DecodeKernelParams) = DecodeMmaKernel<kHeadDim, kNumWarps, kNumStages, kOneBlock>;
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
   static std::atomic<uint64_t> configured{0};
   int device = 0;
@@ -685,6 +705,13 @@ cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kNumWarps * 32, static_cast<size_t>(kSmemBytes), stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int kHeadDim, int kNumWarps, int kNumStages>
+cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
+  return p.block_size % kMmaChunkTokens == 0
+             ? LaunchMmaKernel<kHeadDim, kNumWarps, kNumStages, true>(p, stream)
+             : LaunchMmaKernel<kHeadDim, kNumWarps, kNumStages, false>(p, stream);
 }
 
 template <int kHeadDim, int kVariant>
