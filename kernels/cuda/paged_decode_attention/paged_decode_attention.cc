@@ -13,7 +13,13 @@ namespace {
 
 constexpr int32_t kMaxGroup = 8;
 constexpr int32_t kMaxGridYz = 65535;
-constexpr int32_t kTargetCtasPerSm = 4;
+
+static_assert(kNumDecodeVariants == internal::kNumDecodeKernelVariants,
+              "the public variant count matches the kernel table");
+static_assert(kDefaultDecodeVariant >= 0 && kDefaultDecodeVariant < kNumDecodeVariants,
+              "the default variant exists");
+
+bool ValidVariant(int32_t variant) { return variant >= 0 && variant < kNumDecodeVariants; }
 
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("paged_decode_attention: ", what));
@@ -63,6 +69,10 @@ absl::Status ValidateArgs(const PagedDecodeArgs& a, const DecodePlan& plan) {
                                 " and value_offset_elems ", a.value_offset_elems,
                                 " must be multiples of 8 (16-byte loads)"));
   }
+  if (!ValidVariant(plan.variant)) {
+    return Invalid(
+        absl::StrCat("plan.variant ", plan.variant, " must be in [0, ", kNumDecodeVariants, ")"));
+  }
   if (plan.num_splits < 1 || plan.num_splits > kMaxDecodeSplits) {
     return Invalid(absl::StrCat("plan.num_splits ", plan.num_splits, " must be in [1, ",
                                 kMaxDecodeSplits, "]"));
@@ -84,25 +94,58 @@ absl::Status ValidateArgs(const PagedDecodeArgs& a, const DecodePlan& plan) {
 
 }  // namespace
 
+const char* DecodeVariantName(int32_t variant) {
+  return ValidVariant(variant) ? internal::kDecodeVariants[variant].name : "invalid";
+}
+
+int32_t DecodeCtasPerSm(int32_t variant, int32_t head_dim) {
+  if (!ValidVariant(variant)) return 0;
+  const internal::DecodeVariantSpec& spec = internal::kDecodeVariants[variant];
+  if (spec.kind == internal::DecodeKernelKind::kLegacy) return internal::kLegacyCtasPerSm;
+  return internal::MmaCtasPerSm(spec.warps, spec.stages, head_dim == 64 ? 64 : 128);
+}
+
 DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
                       int32_t num_sms) {
+  return PlanDecodeVariant(batch, num_kv_heads, 128, max_context_len, num_sms,
+                           kDefaultDecodeVariant);
+}
+
+DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                             int32_t max_context_len, int32_t num_sms, int32_t variant) {
   DecodePlan plan;
-  if (batch <= 0 || num_kv_heads <= 0 || max_context_len <= 0 || num_sms <= 0) return plan;
-  // Resident CTAs: kTargetCtasPerSm per SM (the split kernel's occupancy for
-  // head_dim 128 and GQA 4: 106 registers x 128 threads). Pick the split count
-  // whose last wave is fullest, preferring fewer splits on ties: e.g. 512
-  // CTAs on 528 slots beat 640 (one full wave plus a nearly empty one).
+  plan.variant = variant;
+  if (batch <= 0 || num_kv_heads <= 0 || max_context_len <= 0 || num_sms <= 0 ||
+      !ValidVariant(variant)) {
+    return plan;
+  }
+  // Cost of `splits` in units of one CTA's time per token: waves of resident
+  // CTAs x (tokens per split + a fixed cost per CTA: start-up and the first
+  // loads' latency, not all of it hidden by the SM's other CTAs) + the merge
+  // kernel's launch. The cheapest wins, the fewest splits on ties: e.g. one
+  // wave of 264 CTAs of 1000 tokens beats two of 528 CTAs of 500.
+  const internal::DecodeVariantSpec& spec = internal::kDecodeVariants[variant];
+  const int64_t min_tokens = std::max<int64_t>(
+      kMinDecodeSplitTokens,
+      spec.kind == internal::DecodeKernelKind::kMma ? int64_t{64} * spec.warps : 0);
   const int64_t items = static_cast<int64_t>(batch) * num_kv_heads;
-  const int64_t slots = static_cast<int64_t>(num_sms) * kTargetCtasPerSm;
-  const int64_t longest =
-      std::clamp<int64_t>(max_context_len / kMinDecodeSplitTokens, 1, kMaxDecodeSplits);
-  double best_fill = 0.0;
+  const int64_t slots = static_cast<int64_t>(num_sms) * DecodeCtasPerSm(variant, head_dim);
+  const int64_t longest = std::clamp<int64_t>(max_context_len / min_tokens, 1, kMaxDecodeSplits);
+  // Tokens per split are counted exactly (not rounded up to whole chunks):
+  // then the chosen count never decreases as max_context_len grows (a larger
+  // count only wins at a longer context if its waves are fuller per token),
+  // so a plan's workspace for the longest context covers every shorter one.
+  constexpr double kCtaOverheadTokens = 64.0;
+  constexpr double kMergeOverheadTokens = 100.0;
+  double best_cost = 0.0;
   for (int64_t splits = 1; splits <= longest; ++splits) {
-    const int64_t ctas = items * splits;
-    const int64_t waves = (ctas + slots - 1) / slots;
-    const double fill = static_cast<double>(ctas) / static_cast<double>(waves * slots);
-    if (fill > best_fill + 1e-9) {
-      best_fill = fill;
+    const int64_t waves = (items * splits + slots - 1) / slots;
+    const double cost = static_cast<double>(waves) *
+                            (static_cast<double>(max_context_len) / static_cast<double>(splits) +
+                             kCtaOverheadTokens) +
+                        (splits > 1 ? kMergeOverheadTokens : 0.0);
+    if (splits == 1 || cost < best_cost * (1.0 - 1e-12)) {
+      best_cost = cost;
       plan.num_splits = static_cast<int32_t>(splits);
     }
   }
@@ -114,6 +157,17 @@ size_t DecodeWorkspaceBytes(const DecodePlan& plan, int32_t batch, int32_t num_q
   if (plan.num_splits <= 1 || batch <= 0 || num_q_heads <= 0 || head_dim <= 0) return 0;
   const size_t rows = static_cast<size_t>(batch) * num_q_heads * plan.num_splits;
   return rows * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
+}
+
+size_t MaxDecodeWorkspaceBytes(int32_t max_batch, int32_t num_kv_heads, int32_t num_q_heads,
+                               int32_t head_dim, int32_t max_context_len, int32_t num_sms) {
+  size_t most = 0;
+  for (int32_t batch = 1; batch <= max_batch; ++batch) {
+    const DecodePlan plan = PlanDecodeVariant(batch, num_kv_heads, head_dim, max_context_len,
+                                              num_sms, kDefaultDecodeVariant);
+    most = std::max(most, DecodeWorkspaceBytes(plan, batch, num_q_heads, head_dim));
+  }
+  return most;
 }
 
 absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,
@@ -152,6 +206,7 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
   p.batch = args.batch;
   p.num_splits = plan.num_splits;
   p.scale_log2 = args.scale * 1.4426950408889634f;
+  p.variant = plan.variant;
   const cudaError_t error = internal::PagedDecodeBf16(p, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(

@@ -1,11 +1,16 @@
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
+
+// ---------------------------------------------------------------------------
+// Legacy kernel (variant 0).
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -272,12 +277,368 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   }
 }
 
+// ---------------------------------------------------------------------------
+// Tensor-core kernel (variants with kind kMma).
+//
+// One CTA per (kv head, split, sequence) of kNumWarps warps. The split's
+// tokens are cut into 16-token chunks; warp w takes chunks w, w + kNumWarps,
+// ... and runs its own kNumStages-deep cp.async pipeline over them in its own
+// shared memory (no CTA barrier until the end), so the SM keeps about
+// warps x stages x 8 KiB (head_dim 128) of K and V loads in flight.
+//
+// Per chunk, with the q heads of the GQA group as the rows of the MMA (rows
+// group..15 are zero; rows 8..15 are never formed: their A registers are zero
+// and their accumulators are discarded):
+//   S[head][token] = Q . K^T   mma m16n8k16, A = q (registers, loaded once),
+//                              B = K via ldmatrix (token rows);
+//   online softmax in base 2 on S (lane quad = one head row);
+//   O[head][dim] += P . V      A = P from S's accumulators (bf16), B = V via
+//                              ldmatrix.trans.
+// Lane l holds head l / 4, tokens (or dims) 2 * (l % 4) + {0, 1} of each
+// 8-wide MMA tile. Shared memory tiles are [token][head_dim] with the 16-byte
+// piece p of row r stored at p ^ (r % 8), so every ldmatrix phase (8 rows,
+// same piece) hits 8 different bank groups.
+//
+// The warps' (max, sum, O) are merged through shared memory at the end and
+// written as the output (one split) or as a normalized partial with its
+// (max, sum) for the merge kernel. A warp or CTA without tokens writes
+// (max, sum) = (-inf, 0), which the merges ignore.
+
+__device__ __forceinline__ void CpAsync16Shared(uint32_t saddr, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t saddr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(saddr));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t saddr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(saddr));
+}
+
+// d[row l/4][2(l%4) + {0,1}] += A . B for an m16n8k16 bf16 MMA whose A rows
+// 8..15 are zero: a0 holds A[l/4][k 2(l%4) + {0,1}], a2 the same at k + 8;
+// b0 / b1 hold B[k 2(l%4) + {0,1}][n l/4] and k + 8. Rows 8..15 of the result
+// are discarded.
+__device__ __forceinline__ void MmaTopRows(float& d0, float& d1, uint32_t a0, uint32_t a2,
+                                           uint32_t b0, uint32_t b1) {
+  [[maybe_unused]] float unused0;
+  [[maybe_unused]] float unused1;
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %10, %11};\n"
+      : "+f"(d0), "+f"(d1), "=f"(unused0), "=f"(unused1)
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f));
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+template <int kHeadDim, int kNumWarps, int kNumStages, bool kOneBlock>
+__global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumStages, kHeadDim))
+    DecodeMmaKernel(const DecodeKernelParams p) {
+  constexpr int kChunk = kMmaChunkTokens;
+  constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kRowPieces = kHeadDim / 8;       // 16-byte pieces per token row: 16 or 8.
+  constexpr int kRowsPerCopy = 32 / kRowPieces;  // Rows one warp-wide copy covers: 2 or 4.
+  constexpr int kCopies = kChunk / kRowsPerCopy;
+  constexpr int kTileBytes = kChunk * kRowBytes;  // K (or V) of one chunk.
+  constexpr int kStageBytes = 2 * kTileBytes;
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kDimTiles = kHeadDim / 8;
+  static_assert(kChunk == 16, "one chunk is one k step of the PV mma");
+  static_assert(kRowsPerCopy * kRowPieces == 32 && kCopies * kRowsPerCopy == kChunk,
+                "a chunk's copies tile the warp");
+  static_assert(kNumWarps * (8 * kHeadDim + 16) * 4 <= kNumWarps * kNumStages * kStageBytes,
+                "the final merge reuses the stages");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  // A merge kernel launched with programmatic dependent launch may start its
+  // CTAs now; they wait for this whole grid before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int kv_head = blockIdx.x;
+  const int split = blockIdx.y;
+  const int seq = blockIdx.z;
+  const int group = p.group;
+  const int row = lane / 4;   // Head within the group this lane's accumulators hold.
+  const int quad = lane % 4;  // Tokens / dims 2 * quad + {0, 1} of each 8-wide tile.
+
+  // This split's tokens [begin, end); per_split is a multiple of kChunk, so
+  // every chunk starts at a multiple of kChunk of the sequence.
+  const int64_t table_cap = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  int64_t ctx = p.context_lens[seq];
+  ctx = ctx < 0 ? 0 : (ctx > table_cap ? table_cap : ctx);
+  int64_t per_split = (ctx + p.num_splits - 1) / p.num_splits;
+  per_split = (per_split + kChunk - 1) / kChunk * kChunk;
+  const int64_t split_begin = split * per_split;
+  const int64_t begin = split_begin < ctx ? split_begin : ctx;
+  const int64_t end = begin + per_split < ctx ? begin + per_split : ctx;
+  const int num_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
+  const int my_chunks = warp < num_chunks ? (num_chunks - warp + kNumWarps - 1) / kNumWarps : 0;
+
+  // q as MMA A fragments (bf16 as stored; the scale is applied to the fp32
+  // scores): qa[ks][0] = q[row][16 ks + 2 quad + {0,1}], qa[ks][1] at + 8.
+  uint32_t qa[kKSteps][2];
+  {
+    const uint16_t* q_row = static_cast<const uint16_t*>(p.q) +
+                            static_cast<int64_t>(seq) * p.q_stride +
+                            static_cast<int64_t>(kv_head * group + row) * kHeadDim + 2 * quad;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t packed = 0;
+        if (row < group) {
+          const uint16_t* at = q_row + 16 * ks + 8 * half;
+          packed = static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 16);
+        }
+        qa[ks][half] = packed;
+      }
+    }
+  }
+
+  float acc[kDimTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kDimTiles; ++nt) acc[nt][0] = acc[nt][1] = 0.0f;
+  float run_max = -INFINITY;
+  float run_sum = 0.0f;  // This lane's tokens only; summed over the quad at the end.
+
+  const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int block_size = p.block_size;
+  // kOneBlock (block_size a multiple of 16): a chunk lies inside one block,
+  // so one table entry per chunk and contiguous rows. Otherwise lane t < 16
+  // looks up token t's block and the other lanes get its row by shuffle.
+  const int lane_token = kOneBlock ? 0 : lane % kChunk;
+  const uint32_t warp_smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                             static_cast<uint32_t>(warp * kNumStages * kStageBytes);
+
+  auto chunk_start = [&](int i) -> int64_t {
+    return begin + static_cast<int64_t>(warp + i * kNumWarps) * kChunk;
+  };
+  auto valid_tokens = [&](int64_t start) -> int {
+    return static_cast<int>(end - start < kChunk ? end - start : kChunk);
+  };
+  // The table entry this lane needs for the warp's chunk i (0 past the end).
+  auto fetch_block = [&](int i) -> int32_t {
+    if (i >= my_chunks) return 0;
+    const int64_t t = chunk_start(i) + lane_token;
+    if (t >= end) return 0;
+    const int index =
+        block_size == kChunk ? static_cast<int>(t) / kChunk : static_cast<int>(t) / block_size;
+    return __ldg(table + index);
+  };
+  // Starts the copies of the warp's chunk i into `stage`; `block` from
+  // fetch_block(i). Rows past the context are zero-filled without reading.
+  auto issue_chunk = [&](int i, int32_t block, int stage) {
+    const int64_t start = chunk_start(i);
+    const int valid = valid_tokens(start);
+    const uint32_t k_dst = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
+    const uint32_t v_dst = k_dst + kTileBytes;
+    const int piece = lane % kRowPieces;
+    if constexpr (kOneBlock) {
+      // Every row of the chunk is inside `block` (a real block), so the
+      // source address is valid even for rows past the context.
+      const int slot = block_size == kChunk ? 0 : static_cast<int>(start) % block_size;
+      const __nv_bfloat16* k_src =
+          kv + static_cast<int64_t>(block) * p.block_stride +
+          (static_cast<int64_t>(kv_head) * block_size + slot + lane / kRowPieces) * kHeadDim +
+          piece * 8;
+      const __nv_bfloat16* v_src = k_src + p.value_offset;
+#pragma unroll
+      for (int j = 0; j < kCopies; ++j) {
+        const int r = j * kRowsPerCopy + lane / kRowPieces;
+        const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
+        const bool ok = r < valid;
+        CpAsync16Shared(k_dst + dst, k_src + j * kRowsPerCopy * kHeadDim, ok);
+        CpAsync16Shared(v_dst + dst, v_src + j * kRowsPerCopy * kHeadDim, ok);
+      }
+    } else {
+      const int64_t last = end - 1;
+      const int token = static_cast<int>(start + lane_token < last ? start + lane_token : last);
+      const int64_t lane_row =
+          static_cast<int64_t>(block) * p.block_stride +
+          (static_cast<int64_t>(kv_head) * block_size + token % block_size) * kHeadDim;
+#pragma unroll
+      for (int j = 0; j < kCopies; ++j) {
+        const int r = j * kRowsPerCopy + lane / kRowPieces;
+        const int64_t row_at = __shfl_sync(~0u, lane_row, r);
+        const bool ok = r < valid;
+        const __nv_bfloat16* src = kv + row_at + piece * 8;
+        const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
+        CpAsync16Shared(k_dst + dst, ok ? src : kv, ok);
+        CpAsync16Shared(v_dst + dst, ok ? src + p.value_offset : kv, ok);
+      }
+    }
+  };
+
+  // Prologue: chunks 0 .. kNumStages - 2, their table entries fetched together.
+  int32_t first_blocks[kNumStages - 1];
+#pragma unroll
+  for (int s = 0; s < kNumStages - 1; ++s) first_blocks[s] = fetch_block(s);
+  int32_t next_block = fetch_block(kNumStages - 1);
+#pragma unroll
+  for (int s = 0; s < kNumStages - 1; ++s) {
+    if (s < my_chunks) issue_chunk(s, first_blocks[s], s);
+    CpAsyncCommit();
+  }
+
+  for (int i = 0; i < my_chunks; ++i) {
+    // Refill the stage chunk i - 1 used (all lanes passed the __syncwarp
+    // after reading it), prefetching the table entry one chunk further.
+    const int ahead = i + kNumStages - 1;
+    if (ahead < my_chunks) {
+      const int32_t block = next_block;
+      next_block = fetch_block(ahead + 1);
+      issue_chunk(ahead, block, ahead % kNumStages);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<kNumStages - 1>();  // This lane's copies of chunk i landed.
+    __syncwarp();                   // ... and every lane's.
+
+    const int stage = i % kNumStages;
+    const uint32_t k_src = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
+    const uint32_t v_src = k_src + kTileBytes;
+    const int valid = valid_tokens(chunk_start(i));
+
+    // S = Q . K^T for tokens 0..7 (s[0]) and 8..15 (s[1]).
+    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int kp = 0; kp < kKSteps / 2; ++kp) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        // Matrix m = lane / 8: tokens 8 j .. 8 j + 7, piece 4 kp + m.
+        const int r = 8 * j + (lane & 7);
+        const int piece = 4 * kp + (lane >> 3);
+        uint32_t b[4];
+        LdMatrixX4(k_src + static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16)), b);
+        MmaTopRows(s[j][0], s[j][1], qa[2 * kp][0], qa[2 * kp][1], b[0], b[1]);
+        MmaTopRows(s[j][0], s[j][1], qa[2 * kp + 1][0], qa[2 * kp + 1][1], b[2], b[3]);
+      }
+    }
+
+    // Online softmax of head `row` over the chunk's valid tokens.
+    float chunk_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * quad + e;
+        s[j][e] = t < valid ? s[j][e] * p.scale_log2 : -INFINITY;
+        chunk_max = fmaxf(chunk_max, s[j][e]);
+      }
+    }
+    chunk_max = fmaxf(chunk_max, __shfl_xor_sync(~0u, chunk_max, 1));
+    chunk_max = fmaxf(chunk_max, __shfl_xor_sync(~0u, chunk_max, 2));
+    const float new_max = fmaxf(run_max, chunk_max);  // Finite: a chunk has a valid token.
+    const float alpha = exp2f(run_max - new_max);     // 0 on the first chunk.
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[j][e] = exp2f(s[j][e] - new_max);
+        sum += s[j][e];
+      }
+    }
+    run_sum = run_sum * alpha + sum;
+    run_max = new_max;
+    // P as the A fragment: k = tokens 2 quad + {0,1} (s[0]) and + 8 (s[1]).
+    const uint32_t pa0 = PackBf16(s[0][0], s[0][1]);
+    const uint32_t pa2 = PackBf16(s[1][0], s[1][1]);
+
+    // O = O * alpha + P . V, two 8-dim tiles per ldmatrix.
+#pragma unroll
+    for (int nt = 0; nt < kDimTiles; ++nt) {
+      acc[nt][0] *= alpha;
+      acc[nt][1] *= alpha;
+    }
+#pragma unroll
+    for (int pp = 0; pp < kDimTiles / 2; ++pp) {
+      // Matrix m = lane / 8: tokens 8 (m % 2) .. + 7, piece 2 pp + m / 2.
+      const int r = (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int piece = 2 * pp + (lane >> 4);
+      uint32_t b[4];
+      LdMatrixX4Trans(v_src + static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16)), b);
+      MmaTopRows(acc[2 * pp][0], acc[2 * pp][1], pa0, pa2, b[0], b[1]);
+      MmaTopRows(acc[2 * pp + 1][0], acc[2 * pp + 1][1], pa0, pa2, b[2], b[3]);
+    }
+    __syncwarp();  // Every lane read this stage before it is refilled.
+  }
+  CpAsyncWait<0>();
+  run_sum += __shfl_xor_sync(~0u, run_sum, 1);
+  run_sum += __shfl_xor_sync(~0u, run_sum, 2);
+  __syncthreads();  // All warps are done with their stages.
+
+  // Merge the warps: red_o[warp][head][dim], red_m / red_l[warp][head].
+  float* red_o = reinterpret_cast<float*>(smem);
+  float* red_m = red_o + kNumWarps * 8 * kHeadDim;
+  float* red_l = red_m + kNumWarps * 8;
+#pragma unroll
+  for (int nt = 0; nt < kDimTiles; ++nt) {
+    *reinterpret_cast<float2*>(red_o + (warp * 8 + row) * kHeadDim + 8 * nt + 2 * quad) =
+        make_float2(acc[nt][0], acc[nt][1]);
+  }
+  if (quad == 0) {
+    red_m[warp * 8 + row] = run_max;
+    red_l[warp * 8 + row] = run_sum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < group * kHeadDim; i += kNumWarps * 32) {
+    const int g = i / kHeadDim;
+    const int d = i % kHeadDim;
+    float max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kNumWarps; ++w) max = fmaxf(max, red_m[w * 8 + g]);
+    float denom = 0.0f;
+    float total = 0.0f;
+    if (max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kNumWarps; ++w) {
+        const float weight = exp2f(red_m[w * 8 + g] - max);  // 0 for a warp without tokens.
+        denom = fmaf(weight, red_l[w * 8 + g], denom);
+        total = fmaf(weight, red_o[(w * 8 + g) * kHeadDim + d], total);
+      }
+    }
+    const float value = denom > 0.0f ? total / denom : 0.0f;
+    const int h = kv_head * group + g;
+    if (p.partial_out == nullptr) {
+      static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
+                                         static_cast<int64_t>(h) * kHeadDim + d] =
+          __float2bfloat16_rn(value);
+    } else {
+      const int64_t out_row =
+          (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
+      p.partial_out[out_row * kHeadDim + d] = value;
+      if (d == 0) {
+        p.partial_stats[2 * out_row] = max;
+        p.partial_stats[2 * out_row + 1] = denom;
+      }
+    }
+  }
+}
+
 // One CTA per (q head, sequence), one thread per dim: out = sum_s w_s o_s /
 // sum_s w_s with w_s = 2^(m_s - M) l_s.
 __global__ void DecodeMergeKernel(const DecodeKernelParams p) {
   const int h = blockIdx.x;
   const int seq = blockIdx.y;
   const int d = threadIdx.x;
+  // Launched with programmatic dependent launch, wait for the split kernel
+  // (a no-op otherwise).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int64_t first = (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits;
   float global_max = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) {
@@ -301,7 +662,7 @@ __global__ void DecodeMergeKernel(const DecodeKernelParams p) {
 }
 
 template <int kHeadDim>
-cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
+cudaError_t LaunchLegacy(const DecodeKernelParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
   if (p.group <= 1) {
@@ -316,17 +677,104 @@ cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <int kHeadDim, int kNumWarps, int kNumStages, bool kOneBlock>
+cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
+  constexpr int64_t kSmemBytes = MmaSharedBytes(kNumWarps, kNumStages, kHeadDim);
+  static_assert(kSmemBytes == int64_t{kNumWarps} * kNumStages * 2 * kMmaChunkTokens * kHeadDim * 2,
+                "the kernel's stages fill the shared memory");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
+  void (*kernel)(DecodeKernelParams) = DecodeMmaKernel<kHeadDim, kNumWarps, kNumStages, kOneBlock>;
+  // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error != cudaSuccess) return error;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (configured.load(std::memory_order_acquire) & bit) == 0) {
+    error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kSmemBytes));
+    if (error != cudaSuccess) return error;
+    // Shared memory over L1 (the loads bypass L1), so the CTAs that fit by
+    // shared memory are resident together.
+    error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (error != cudaSuccess) return error;
+    configured.fetch_or(bit, std::memory_order_release);
+  }
+  const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kNumWarps * 32, static_cast<size_t>(kSmemBytes), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim, int kNumWarps, int kNumStages>
+cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
+  return p.block_size % kMmaChunkTokens == 0
+             ? LaunchMmaKernel<kHeadDim, kNumWarps, kNumStages, true>(p, stream)
+             : LaunchMmaKernel<kHeadDim, kNumWarps, kNumStages, false>(p, stream);
+}
+
+template <int kHeadDim, int kVariant>
+cudaError_t LaunchVariant(const DecodeKernelParams& p, cudaStream_t stream) {
+  constexpr DecodeVariantSpec kSpec = kDecodeVariants[kVariant];
+  if constexpr (kSpec.kind == DecodeKernelKind::kLegacy) {
+    return LaunchLegacy<kHeadDim>(p, stream);
+  } else {
+    return LaunchMma<kHeadDim, kSpec.warps, kSpec.stages>(p, stream);
+  }
+}
+
+template <int kHeadDim>
+cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
+  static_assert(kNumDecodeKernelVariants == 9, "one case per variant below");
+  switch (p.variant) {
+    case 0:
+      return LaunchVariant<kHeadDim, 0>(p, stream);
+    case 1:
+      return LaunchVariant<kHeadDim, 1>(p, stream);
+    case 2:
+      return LaunchVariant<kHeadDim, 2>(p, stream);
+    case 3:
+      return LaunchVariant<kHeadDim, 3>(p, stream);
+    case 4:
+      return LaunchVariant<kHeadDim, 4>(p, stream);
+    case 5:
+      return LaunchVariant<kHeadDim, 5>(p, stream);
+    case 6:
+      return LaunchVariant<kHeadDim, 6>(p, stream);
+    case 7:
+      return LaunchVariant<kHeadDim, 7>(p, stream);
+    case 8:
+      return LaunchVariant<kHeadDim, 8>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t stream) {
   if (params.batch == 0) return cudaSuccess;
+  if (params.variant < 0 || params.variant >= kNumDecodeKernelVariants) {
+    return cudaErrorInvalidValue;
+  }
   const cudaError_t error =
       params.head_dim == 64 ? LaunchSplit<64>(params, stream) : LaunchSplit<128>(params, stream);
   if (error != cudaSuccess || params.partial_out == nullptr) return error;
-  DecodeMergeKernel<<<dim3(static_cast<unsigned>(params.num_q_heads),
-                           static_cast<unsigned>(params.batch)),
-                      static_cast<unsigned>(params.head_dim), 0, stream>>>(params);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim =
+      dim3(static_cast<unsigned>(params.num_q_heads), static_cast<unsigned>(params.batch));
+  config.blockDim = dim3(static_cast<unsigned>(params.head_dim));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  // With pdl the merge kernel's launch overlaps the split kernel's tail; it
+  // waits (griddepcontrol.wait) for the split kernel's results.
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = kDecodeVariants[params.variant].pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, DecodeMergeKernel, params);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -56,11 +56,27 @@ struct PagedDecodeArgs {
   float scale = 1.0f;  // Softmax scale, usually 1 / sqrt(head_dim).
 };
 
-// How the context is cut. Any num_splits in [1, kMaxDecodeSplits] is correct
-// for any context lengths (each sequence cuts its own context into num_splits
-// near-equal pieces); PlanDecode picks one that fills the GPU.
+// Kernel variants (all correct for every supported shape; they differ in
+// speed): 0 is the first kernel (fp32 FMAs, 128 threads, two CTA-wide
+// cp.async stages); the others use tensor cores with per-warp cp.async
+// pipelines of 16-token chunks, `warps` x `stages` deep (see
+// DecodeVariantName). The benchmark compares them; PlanDecode picks
+// kDefaultDecodeVariant.
+inline constexpr int32_t kNumDecodeVariants = 9;
+inline constexpr int32_t kDefaultDecodeVariant = 2;
+
+// "legacy", "mma_w4_s3", ...; "invalid" outside [0, kNumDecodeVariants).
+const char* DecodeVariantName(int32_t variant);
+
+// How the context is cut, and which kernel variant runs. Any num_splits in
+// [1, kMaxDecodeSplits] is correct for any context lengths (each sequence
+// cuts its own context into num_splits near-equal pieces; pieces past a
+// short context are empty and ignored by the merge), so a plan made for the
+// longest context serves every shorter one; PlanDecode picks one that fills
+// the GPU.
 struct DecodePlan {
   int32_t num_splits = 1;
+  int32_t variant = kDefaultDecodeVariant;
 };
 
 inline constexpr int32_t kMaxDecodeSplits = 256;
@@ -68,11 +84,21 @@ inline constexpr int32_t kMaxDecodeSplits = 256;
 inline constexpr int32_t kMinDecodeSplitTokens = 256;
 
 // Splits so that the batch * num_kv_heads * num_splits CTAs fill the SMs,
-// counting 4 resident CTAs per SM: the count whose last wave is fullest, the
-// fewest such, with pieces of at least kMinDecodeSplitTokens tokens of
-// max_context_len and at most kMaxDecodeSplits. Non-positive inputs give 1.
+// counting the variant's resident CTAs per SM (at head_dim 128 for
+// PlanDecode): the count whose last wave is fullest, the fewest such, with
+// pieces of at least kMinDecodeSplitTokens (and 64 tokens per warp of the
+// CTA) of max_context_len and at most kMaxDecodeSplits. Non-positive inputs
+// give 1. The plan's variant is kDefaultDecodeVariant (PlanDecode) or
+// `variant`.
 DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
                       int32_t num_sms);
+DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                             int32_t max_context_len, int32_t num_sms, int32_t variant);
+
+// Resident CTAs per SM the planner assumes for `variant` at `head_dim` (0 for
+// an invalid variant). For reports: bytes in flight per SM are about
+// CTAs x warps x stages x 16 tokens x 4 x head_dim bytes for the mma variants.
+int32_t DecodeCtasPerSm(int32_t variant, int32_t head_dim);
 
 // Bytes of workspace LaunchPagedDecodeAttention needs: 0 for one split, else
 // fp32 partial outputs [batch][num_q_heads][num_splits][head_dim] followed by
@@ -80,13 +106,21 @@ DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_l
 size_t DecodeWorkspaceBytes(const DecodePlan& plan, int32_t batch, int32_t num_q_heads,
                             int32_t head_dim);
 
+// The most workspace PlanDecode's plans need for any batch in [1, max_batch]
+// and any context up to max_context_len (the planner's split count never
+// grows as the context shrinks, but it does as the batch shrinks): allocate
+// this once for a server whose per-step plans come from PlanDecode.
+size_t MaxDecodeWorkspaceBytes(int32_t max_batch, int32_t num_kv_heads, int32_t num_q_heads,
+                               int32_t head_dim, int32_t max_context_len, int32_t num_sms);
+
 // Enqueues the kernels on `stream`. kInvalidArgument (and no launch) naming
 // the field for: head_dim not 64/128, num_q_heads not a multiple of
 // num_kv_heads or a group above 8, non-positive block_size or
 // max_blocks_per_seq, strides that do not hold a row or a block, misaligned
 // kv_base or strides, null pointers with sequences to process, a batch above
-// 65535, num_splits outside [1, kMaxDecodeSplits], or (num_splits > 1) a
-// null, misaligned or short workspace. kInternal if a launch fails. A batch
+// 65535, num_splits outside [1, kMaxDecodeSplits], a variant outside
+// [0, kNumDecodeVariants), or (num_splits > 1) a null, misaligned or short
+// workspace. kInternal if a launch fails. A batch
 // of 0 is a no-op. REQUIRES (unchecked, device data): block tables cover each
 // sequence's context with blocks inside the cache; out overlaps nothing read.
 absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,

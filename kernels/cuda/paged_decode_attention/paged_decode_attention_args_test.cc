@@ -1,6 +1,7 @@
 // Host-side parts of paged_decode_attention that need no GPU: the planner,
 // the workspace size and argument checks (which return before any launch).
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/testing/status_matchers.h"
@@ -15,22 +16,84 @@ using ::testing::HasSubstr;
 using ::trident::testing::StatusIs;
 
 TEST(PlanDecodeTest, FillsTheSmsWithSplitsOfAtLeast256Tokens) {
-  // 132 SMs x 4 = 528 CTA slots. 1 x 8 (sequence, kv head) items: 66 splits
-  // fill them exactly.
-  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits, 66);
+  // The default variant keeps 2 CTAs per SM at head_dim 128: 264 slots on
+  // 132 SMs. 1 x 8 (sequence, kv head) items: 33 splits fill them exactly.
+  ASSERT_EQ(DecodeCtasPerSm(kDefaultDecodeVariant, 128), 2);
+  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits, 33);
+  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).variant, kDefaultDecodeVariant);
   // A 1000-token context allows only 3 splits of >= 256 tokens.
   EXPECT_EQ(PlanDecode(1, 8, 1000, 132).num_splits, 3);
-  // 16 x 8 = 128 items: 4 splits (512 CTAs, one wave) rather than 5 (640:
-  // a second wave of 112).
-  EXPECT_EQ(PlanDecode(16, 8, 4096, 132).num_splits, 4);
-  // 1024 items: two waves of 512 already; splitting adds nothing.
+  // 16 x 8 = 128 items: 2 splits (256 CTAs, one wave) rather than 3 (384:
+  // a second wave of 120).
+  EXPECT_EQ(PlanDecode(16, 8, 4096, 132).num_splits, 2);
+  EXPECT_EQ(PlanDecode(16, 8, 16384, 132).num_splits, 2);
+  // 512 and 1024 items: 1.94 and 3.9 waves already; splitting adds nothing.
+  EXPECT_EQ(PlanDecode(64, 8, 4096, 132).num_splits, 1);
   EXPECT_EQ(PlanDecode(128, 8, 2048, 132).num_splits, 1);
-  // 300 items: 7 splits make 2100 CTAs, 4 waves at 99.4%.
+  // 300 items: 1 split is 2 waves (the second 14% full); 7 splits make 2100
+  // CTAs, 8 waves at 99.4%.
   EXPECT_EQ(PlanDecode(30, 10, 4096, 132).num_splits, 7);
   EXPECT_EQ(PlanDecode(1, 1, 1 << 24, 1000).num_splits, kMaxDecodeSplits);
   EXPECT_EQ(PlanDecode(4, 8, 255, 132).num_splits, 1);
   EXPECT_EQ(PlanDecode(0, 8, 4096, 132).num_splits, 1);
   EXPECT_EQ(PlanDecode(4, 8, 4096, 0).num_splits, 1);
+}
+
+TEST(PlanDecodeTest, CountsEachVariantsResidentCtas) {
+  // Legacy: 4 CTAs per SM, 528 slots: 66 splits of 8 items fill them.
+  EXPECT_EQ(DecodeCtasPerSm(0, 128), 4);
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 32768, 132, 0).num_splits, 66);
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 32768, 132, 0).variant, 0);
+  // Shared memory per CTA (warps x stages x 8 KiB at head_dim 128) sets the
+  // count: 64 KiB -> 3, 96 KiB -> 2, 128 and 192 KiB -> 1, 48 KiB -> 4.
+  EXPECT_EQ(DecodeCtasPerSm(1, 128), 3);
+  EXPECT_EQ(DecodeCtasPerSm(2, 128), 2);
+  EXPECT_EQ(DecodeCtasPerSm(3, 128), 1);
+  EXPECT_EQ(DecodeCtasPerSm(6, 128), 4);
+  EXPECT_EQ(DecodeCtasPerSm(7, 128), 1);
+  // Half the bytes at head_dim 64; registers (128 per thread) cap 4 warps x
+  // 4 CTAs.
+  EXPECT_EQ(DecodeCtasPerSm(2, 64), 4);
+  EXPECT_EQ(DecodeCtasPerSm(kNumDecodeVariants, 128), 0);
+  // One CTA per SM: 16 splits of 8 items (128 CTAs), not 17 (a second wave).
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 32768, 132, 3).num_splits, 16);
+  // 8 warps: splits of at least 512 tokens.
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 1000, 132, 5).num_splits, 1);
+  for (int32_t v = 0; v < kNumDecodeVariants; ++v) {
+    EXPECT_STRNE(DecodeVariantName(v), "invalid") << v;
+  }
+  EXPECT_STREQ(DecodeVariantName(-1), "invalid");
+  EXPECT_STREQ(DecodeVariantName(kNumDecodeVariants), "invalid");
+}
+
+// The backend sizes its workspace once for the longest context; that only
+// works if no shorter context gets more splits.
+TEST(PlanDecodeTest, SplitsNeverGrowAsTheContextShrinks) {
+  for (int32_t batch = 1; batch <= 40; batch += 3) {
+    for (int32_t kv_heads : {1, 8}) {
+      int32_t previous = 1;
+      for (int32_t context = 1; context <= 40000; context += 13) {
+        const int32_t splits = PlanDecode(batch, kv_heads, context, 132).num_splits;
+        ASSERT_GE(splits, previous)
+            << "batch " << batch << " kv heads " << kv_heads << " context " << context;
+        previous = splits;
+      }
+    }
+  }
+}
+
+TEST(MaxDecodeWorkspaceBytesTest, CoversEveryBatchAndShorterContext) {
+  const size_t most = MaxDecodeWorkspaceBytes(64, 8, 32, 128, 32768, 132);
+  size_t seen = 0;
+  for (int32_t batch = 1; batch <= 64; ++batch) {
+    for (int32_t context : {1, 300, 1000, 4096, 10000, 32768}) {
+      const size_t bytes = DecodeWorkspaceBytes(PlanDecode(batch, 8, context, 132), batch, 32, 128);
+      EXPECT_LE(bytes, most) << "batch " << batch << " context " << context;
+      seen = std::max(seen, bytes);
+    }
+  }
+  EXPECT_EQ(seen, most);  // Reached at the longest context.
+  EXPECT_EQ(MaxDecodeWorkspaceBytes(0, 8, 32, 128, 32768, 132), 0u);
 }
 
 TEST(DecodeWorkspaceBytesTest, PartialsAndStatsPerSplit) {
@@ -128,6 +191,8 @@ TEST_F(ArgsTest, RejectsNullPointersAndBadPlans) {
   ExpectRejected(a, "workspace", DecodePlan{2});
   EXPECT_THAT(LaunchPagedDecodeAttention(a, DecodePlan{2}, dummy_, 64, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("DecodeWorkspaceBytes")));
+  ExpectRejected(a, "variant", DecodePlan{1, -1});
+  ExpectRejected(a, "variant", DecodePlan{1, kNumDecodeVariants});
   a.scale = INFINITY;
   ExpectRejected(a, "scale");
 }

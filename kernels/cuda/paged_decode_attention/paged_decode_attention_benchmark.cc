@@ -1,9 +1,13 @@
 // Bandwidth of bf16 paged decode attention (32 q / 8 kv heads, head_dim 128,
 // block 16, shuffled block tables) against a read-only probe over the same
 // K + V bytes, measured in the same run. Bytes = K + V read (q, out and the
-// split partials are < 1% of it). Counters per row: GB/s of the kernel,
-// ceiling_GB/s of the probe, of_ceiling their ratio, splits chosen by
-// PlanDecode.
+// split partials are < 1% of it). One row per (batch, context, variant):
+// variant -1 is the default (what PlanDecode and the backend run), 0 the
+// legacy kernel, 1.. the tensor-core variants (DecodeVariantName: warps per
+// CTA and pipeline stages per warp). Counters per row: GB/s of the kernel,
+// ceiling_GB/s of the probe, of_ceiling their ratio, splits chosen by the
+// planner for the variant, variant (the index run), ctas_per_sm the planner
+// assumed.
 
 #include <cuda_runtime_api.h>
 
@@ -47,6 +51,9 @@ float TimeLaunches(int launches, Launch launch) {
 void BM_PagedDecodeAttention(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(0));
   const int32_t context = static_cast<int32_t>(state.range(1));
+  const int32_t variant =
+      state.range(2) < 0 ? kDefaultDecodeVariant : static_cast<int32_t>(state.range(2));
+  state.SetLabel(DecodeVariantName(variant));
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * kHeadDim;
   const int64_t num_blocks = static_cast<int64_t>(batch) * blocks_per_seq;
@@ -57,7 +64,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   int sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const DecodePlan plan = PlanDecode(batch, kKvHeads, context, sms);
+  const DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, kHeadDim, context, sms, variant);
   const size_t workspace_bytes = DecodeWorkspaceBytes(plan, batch, kQHeads, kHeadDim);
 
   void* cache = nullptr;
@@ -134,6 +141,8 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
   state.counters["ceiling_GB/s"] = ceiling_gbps;
   state.counters["splits"] = plan.num_splits;
+  state.counters["variant"] = variant;
+  state.counters["ctas_per_sm"] = DecodeCtasPerSm(variant, kHeadDim);
   state.counters["of_ceiling"] =
       benchmark::Counter(static_cast<double>(kv_bytes) / 1e9 / ceiling_gbps,
                          benchmark::Counter::kIsIterationInvariantRate);
@@ -146,15 +155,20 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   cudaFree(sink);
 }
 
+void Shapes(benchmark::internal::Benchmark* b) {
+  const int64_t shapes[][2] = {{1, 32768}, {16, 4096}, {16, 16384},
+                               {64, 4096}, {64, 8192}, {128, 2048}};
+  for (const auto& shape : shapes) {
+    for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
+      b->Args({shape[0], shape[1], variant});
+    }
+  }
+}
+
 BENCHMARK(BM_PagedDecodeAttention)
     ->UseManualTime()
-    ->ArgNames({"batch", "context"})
-    ->Args({1, 32768})
-    ->Args({16, 4096})
-    ->Args({16, 16384})
-    ->Args({64, 4096})
-    ->Args({64, 8192})
-    ->Args({128, 2048});
+    ->ArgNames({"batch", "context", "variant"})
+    ->Apply(Shapes);
 
 }  // namespace
 }  // namespace trident::kernels::cuda

@@ -1,14 +1,78 @@
 #ifndef TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_PAGED_DECODE_ATTENTION_KERNEL_H_
 #define TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_PAGED_DECODE_ATTENTION_KERNEL_H_
 
-// The launcher nvcc compiles; paged_decode_attention.cc checks arguments
-// before calling it.
+// The launchers nvcc compiles and the table of kernel variants the planner
+// (paged_decode_attention.cc) and the launcher (paged_decode_attention.cu)
+// share; paged_decode_attention.cc checks arguments before calling it.
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 namespace trident::kernels::cuda::internal {
+
+// One way to run the split kernel. kLegacy: the first kernel (128 threads,
+// fp32 FMAs, two CTA-wide 16 KiB cp.async stages). kMma: tensor-core QK and
+// PV (mma.sync m16n8k16, q heads as rows), `warps` warps per CTA each running
+// its own `stages`-deep cp.async pipeline of 16-token chunks over every
+// warps-th chunk of the CTA's split, merged through shared memory at the end;
+// `pdl` launches the merge kernel with programmatic dependent launch.
+enum class DecodeKernelKind { kLegacy, kMma };
+
+struct DecodeVariantSpec {
+  DecodeKernelKind kind;
+  int32_t warps;
+  int32_t stages;
+  bool pdl;
+  const char* name;
+};
+
+inline constexpr DecodeVariantSpec kDecodeVariants[] = {
+    {DecodeKernelKind::kLegacy, 4, 2, false, "legacy"},     // 0
+    {DecodeKernelKind::kMma, 4, 2, false, "mma_w4_s2"},     // 1
+    {DecodeKernelKind::kMma, 4, 3, false, "mma_w4_s3"},     // 2
+    {DecodeKernelKind::kMma, 4, 4, false, "mma_w4_s4"},     // 3
+    {DecodeKernelKind::kMma, 2, 4, false, "mma_w2_s4"},     // 4
+    {DecodeKernelKind::kMma, 8, 2, false, "mma_w8_s2"},     // 5
+    {DecodeKernelKind::kMma, 2, 3, false, "mma_w2_s3"},     // 6
+    {DecodeKernelKind::kMma, 4, 6, false, "mma_w4_s6"},     // 7
+    {DecodeKernelKind::kMma, 4, 3, true, "mma_w4_s3_pdl"},  // 8
+};
+inline constexpr int32_t kNumDecodeKernelVariants =
+    static_cast<int32_t>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
+
+#ifdef __CUDACC__
+#define TRIDENT_DECODE_HOST_DEVICE __host__ __device__
+#else
+#define TRIDENT_DECODE_HOST_DEVICE
+#endif
+
+// Tokens per pipeline chunk of the mma kernel (one k step of the PV mma).
+inline constexpr int32_t kMmaChunkTokens = 16;
+
+// Dynamic shared memory of the mma kernel: per warp, `stages` chunks of K
+// and V.
+TRIDENT_DECODE_HOST_DEVICE constexpr int64_t MmaSharedBytes(int32_t warps, int32_t stages,
+                                                            int32_t head_dim) {
+  return static_cast<int64_t>(warps) * stages * kMmaChunkTokens * head_dim * 2 * 2;
+}
+
+// Resident CTAs per SM of the mma kernel on an H100 / H200 (228 KiB of shared
+// memory per SM, 1 KiB of it reserved per CTA; 64 warps; 64 Ki registers):
+// limited by shared memory, and by registers at 128 per thread (the kernel's
+// __launch_bounds__ asks for this many CTAs, so ptxas keeps under the cap).
+TRIDENT_DECODE_HOST_DEVICE constexpr int32_t MmaCtasPerSm(int32_t warps, int32_t stages,
+                                                          int32_t head_dim) {
+  const int64_t by_smem = (228 * 1024) / (MmaSharedBytes(warps, stages, head_dim) + 1024);
+  const int64_t by_regs = 16 / warps;
+  int64_t ctas = by_smem < by_regs ? by_smem : by_regs;
+  ctas = ctas < 32 ? ctas : 32;
+  return static_cast<int32_t>(ctas < 1 ? 1 : ctas);
+}
+
+// Resident CTAs per SM of the legacy kernel (head_dim 128, GQA 4: 106
+// registers x 128 threads).
+inline constexpr int32_t kLegacyCtasPerSm = 4;
 
 struct DecodeKernelParams {
   const void* q = nullptr;  // bf16
@@ -31,9 +95,11 @@ struct DecodeKernelParams {
   float scale_log2 = 0.0f;         // scale * log2(e): scores live in base 2.
   float* partial_out = nullptr;    // Null with one split.
   float* partial_stats = nullptr;  // (max, sum) pairs; null with one split.
+  int32_t variant = 0;             // Index into kDecodeVariants.
 };
 
-// Launches the split kernel and, with more than one split, the merge kernel.
+// Launches the split kernel of params.variant and, with more than one split,
+// the merge kernel.
 cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
