@@ -111,8 +111,11 @@ struct CudaBackend::Impl {
     DeviceBuffer qkv_bias, o_bias, gate_up_bias, down_bias;  // f32 (the GEMM output type)
   };
   std::vector<Layer> layers;
-  DeviceBuffer embedding;   // bf16 [vocab][hidden]
-  DeviceBuffer lm_head;     // bf16 [vocab][hidden]; empty when tied
+  // [vocab][hidden], f32 when the checkpoint stores it in f32 (lookups read
+  // one row per token, so keeping it exact costs no bandwidth), else bf16.
+  DeviceBuffer embedding;
+  bool f32_embedding = false;
+  DeviceBuffer lm_head;  // bf16 [vocab][hidden]; empty when tied to a bf16 embedding
   DeviceBuffer final_norm;  // f32 [hidden]
   DeviceBuffer inv_freq;    // f32 [head_dim / 2]
   // The pool holds num_blocks + 1 blocks; the last is the scratch block that
@@ -185,6 +188,12 @@ struct CudaBackend::Impl {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
+  kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
+    return kc::PlanDecodeVariant(
+        batch, config.num_key_value_heads, config.head_dim, max_context, num_sms,
+        options.decode_variant >= 0 ? options.decode_variant : kc::kDefaultDecodeVariant);
+  }
+
   const void* head() const { return lm_head.get() != nullptr ? lm_head.get() : embedding.get(); }
 
   // Copies `n` converted elements of a checkpoint tensor (or the
@@ -247,7 +256,17 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
   model::LoadProgress progress(ckpt->total_bytes(),
                                options.clock != nullptr ? options.clock : &real_clock);
 
-  TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+  {
+    TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt->Info("model.embed_tokens.weight"));
+    f32_embedding = info.dtype == DType::kF32;
+  }
+  if (f32_embedding) {
+    TRIDENT_RETURN_IF_ERROR(
+        UploadF32(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+  } else {
+    TRIDENT_RETURN_IF_ERROR(
+        UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+  }
   layers.resize(config.num_hidden_layers);
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& layer = layers[l];
@@ -282,6 +301,10 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
   TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {"model.norm.weight"}, &final_norm, progress));
   if (!config.tie_word_embeddings || ckpt->Has("lm_head.weight")) {
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"lm_head.weight"}, &lm_head, progress));
+  } else if (f32_embedding) {
+    // Tied to an f32 embedding: the head GEMM needs its own bf16 copy.
+    TRIDENT_RETURN_IF_ERROR(
+        UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &lm_head, progress));
   }
 
   const kernels::cpu::RopeConfig rope = RopeConfigFor(config);
@@ -324,11 +347,10 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
   // The split count of a plan depends on the batch; take the largest need.
   size_t decode_ws = 256;
   for (int64_t b = 1;; b = std::min(b * 2, s)) {
-    const kc::DecodePlan plan =
-        kc::PlanDecode(static_cast<int32_t>(b), config.num_key_value_heads, max_model_len, num_sms);
-    decode_ws =
-        std::max(decode_ws, kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(b),
-                                                     config.num_attention_heads, config.head_dim));
+    const kc::DecodePlan plan = PlanDecode(static_cast<int32_t>(b), max_model_len);
+    decode_ws = std::max(decode_ws, kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(b),
+                                                             config.num_attention_heads,
+                                                             config.head_dim));
     if (b == s) break;
   }
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
@@ -391,13 +413,19 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     return kc::LaunchRmsNorm(a, stream);
   };
 
-  // Embedding into tmp; layer 0's fused add+norm starts the f32 residual
-  // stream from it.
-  TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
-      {dmeta.tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
+  // A bf16 embedding goes to tmp, and layer 0's fused add+norm starts the
+  // f32 residual stream from it; f32 rows are copied into the residual
+  // stream directly (the gather moves bits: an f32 row is 2 * hidden bf16).
+  if (f32_embedding) {
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
+        {dmeta.tokens, total, embedding.get(), config.vocab_size, 2 * h, residual.get()}, stream));
+  } else {
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
+        {dmeta.tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
+  }
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& layer = layers[l];
-    if (l == 0) {
+    if (l == 0 && !f32_embedding) {
       TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/true,
                                          layer.input_norm.get<float>(), total, h, eps, hn.get(),
                                          stream));
@@ -505,7 +533,8 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
 }
 
 absl::Status CudaBackend::Impl::LaunchGraph(const StepShape& shape) {
-  const auto key = std::make_tuple(shape.num_seqs, shape.plan.num_splits, shape.table_stride);
+  const auto key = std::make_tuple(shape.num_seqs, shape.plan.num_splits * 16 + shape.plan.variant,
+                                   shape.table_stride);
   auto it = graphs.find(key);
   if (it == graphs.end()) {
     TRIDENT_RETURN_IF_ERROR(
@@ -594,8 +623,7 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
     // Graphs bake the split count in: plan for the context bucket.
     const int32_t planned_context =
         use_graph ? std::min(NextPow2(max_context), max_model_len) : max_context;
-    shape.plan =
-        kc::PlanDecode(shape.num_seqs, config.num_key_value_heads, planned_context, num_sms);
+    shape.plan = PlanDecode(shape.num_seqs, planned_context);
   }
 
   // Step metadata, staged in pinned memory and copied in one transfer.

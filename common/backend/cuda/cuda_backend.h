@@ -46,6 +46,9 @@ struct CudaBackendOptions {
   int32_t max_model_len = 0;
   // Replay decode steps from CUDA graphs (see above).
   bool cuda_graphs = true;
+  // Decode attention kernel variant (kernels/cuda/paged_decode_attention);
+  // -1: its default.
+  int32_t decode_variant = -1;
   // For load-progress reporting; nullptr means the real clock.
   Clock* clock = nullptr;
 };

@@ -17,6 +17,7 @@
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
+#include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -76,6 +77,38 @@ TEST_P(CudaParityTest, Bf16LogitsAndGreedyChoicesMatchTransformers) {
   EXPECT_GE(agreement, std::max(0.99, hf_agreement));
 }
 
+// Every decode attention variant keeps the logits within tolerance; the
+// agreement of each is printed (the default's is asserted above).
+TEST_P(CudaParityTest, EveryDecodeVariantWithinTolerance) {
+  for (int32_t variant = 0; variant < kernels::cuda::kNumDecodeVariants; ++variant) {
+    CudaBackendOptions options;
+    options.gpu_memory_fraction = 0.6;
+    options.max_batch_tokens = 2048;
+    options.max_batch_sequences = 64;
+    options.decode_variant = variant;
+    auto backend = CudaBackend::Create(fixture_.model_dir, options);
+    ASSERT_THAT(backend.status(), IsOk());
+    int agree = 0, total = 0;
+    double worst = 0;
+    for (const FixturePrompt& prompt : fixture_.prompts) {
+      const int32_t steps = static_cast<int32_t>(prompt.greedy.size());
+      auto ours = testing::TeacherForced(**backend, prompt, steps);
+      ASSERT_THAT(ours.status(), IsOk());
+      for (int32_t s = 0; s < steps; ++s) {
+        agree += Argmax((*ours)[s]) == prompt.greedy[s] ? 1 : 0;
+        ++total;
+      }
+      ours->resize(prompt.logits.size());
+      worst = std::max(worst, testing::MaxRelativeError(prompt, *ours));
+    }
+    std::printf("%s decode variant %d (%s): greedy agreement %d/%d = %.4f, max |dlogit| / range "
+                "%.3g\n",
+                GetParam().c_str(), variant, kernels::cuda::DecodeVariantName(variant), agree,
+                total, static_cast<double>(agree) / total, worst);
+    EXPECT_LE(worst, kBf16Tolerance) << "variant " << variant;
+  }
+}
+
 // Decode steps replayed from CUDA graphs (padded to a batch bucket, splits
 // planned for a context bucket) give the logits of direct launches.
 TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
@@ -84,6 +117,8 @@ TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
   options.max_batch_tokens = 2048;
   options.max_batch_sequences = 64;
   options.cuda_graphs = false;
+  // Its budget counts the first backend's memory as used.
+  options.gpu_memory_fraction = 0.6;
   auto direct = CudaBackend::Create(fixture_.model_dir, options);
   ASSERT_THAT(direct.status(), IsOk());
   int same = 0, total = 0;
