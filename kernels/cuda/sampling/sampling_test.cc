@@ -71,15 +71,17 @@ struct GpuOutput {
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) {
-    if (bytes > 0 && cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
-    ok_ = bytes == 0 || ptr_ != nullptr;
+    if (bytes == 0) return;
+    error_ = cudaMalloc(&ptr_, bytes);
+    if (error_ != cudaSuccess) ptr_ = nullptr;
   }
   ~DeviceBuffer() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  bool ok() const { return ok_; }
+  bool ok() const { return error_ == cudaSuccess; }
+  cudaError_t error() const { return error_; }
   template <typename T>
   T* as() const {
     return static_cast<T*>(ptr_);
@@ -87,7 +89,7 @@ class DeviceBuffer {
 
  private:
   void* ptr_ = nullptr;
-  bool ok_ = false;
+  cudaError_t error_ = cudaSuccess;
 };
 
 float RoundToBf16(float x) { return numeric::Bf16ToFloat(numeric::FloatToBf16(x)); }
@@ -125,8 +127,10 @@ void RunOnGpu(const std::vector<RowCase>& rows, int32_t vocab, numeric::DType dt
   DeviceBuffer top_ids(top_slots * sizeof(int32_t));
   DeviceBuffer top_logprobs(top_slots * sizeof(float));
   DeviceBuffer workspace(workspace_bytes);
-  ASSERT_TRUE(logits.ok() && params.ok() && seen.ok() && counts.ok() && tokens.ok() &&
-              logprobs.ok() && top_ids.ok() && top_logprobs.ok() && workspace.ok());
+  for (const DeviceBuffer* buffer : {&logits, &params, &seen, &counts, &tokens, &logprobs, &top_ids,
+                                     &top_logprobs, &workspace}) {
+    ASSERT_TRUE(buffer->ok()) << "cudaMalloc: " << cudaGetErrorString(buffer->error());
+  }
   ASSERT_EQ(
       cudaMemcpy(logits.as<void>(), host_logits.data(), host_logits.size(), cudaMemcpyHostToDevice),
       cudaSuccess);
