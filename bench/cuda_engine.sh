@@ -13,11 +13,13 @@ model_dir=${1:-/tmp/llama3-8b}
 batches=${2:-1,16,64}
 bin=${BIN_DIR:-bazel-bin}
 here=$(cd "$(dirname "$0")" && pwd)
+# The built programs, or the same names on PATH.
+tool() { [[ -x "$bin/$1" ]] && echo "$bin/$1" || basename "$1"; }
 if [[ ! -f "$model_dir/config.json" ]]; then
-  "$bin/tools/make_model/make_model" --preset=llama3-8b --out_dir="$model_dir"
+  "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
 fi
 peer=$(mktemp)
 python3 "$here/peers/hf_generate_peer.py" --model_dir "$model_dir" --batch "$batches" \
     --prompt_len 512 --new_tokens 128 | tee "$peer"
-"$bin/common/backend/cuda/cuda_engine_benchmark" --model_dir="$model_dir" --batch="$batches" \
+"$(tool common/backend/cuda/cuda_engine_benchmark)" --model_dir="$model_dir" --batch="$batches" \
     --prompt_len=512 --new_tokens=128 --peer_json="$peer"

@@ -27,6 +27,8 @@
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention.h"
 #include "kernels/cuda/rms_norm/rms_norm.h"
 #include "kernels/cuda/rope/rope.h"
+#include "kernels/cuda/sampling/sampling.h"
+#include "kernels/cuda/sampling/sampling_batch.h"
 #include "kernels/cuda/silu_mul/silu_mul.h"
 
 namespace trident::backend {
@@ -115,7 +117,7 @@ struct CudaBackend::Impl {
   // one row per token, so keeping it exact costs no bandwidth), else bf16.
   DeviceBuffer embedding;
   bool f32_embedding = false;
-  DeviceBuffer lm_head;  // bf16 [vocab][hidden]; empty when tied to a bf16 embedding
+  DeviceBuffer lm_head;     // bf16 [vocab][hidden]; empty when tied to a bf16 embedding
   DeviceBuffer final_norm;  // f32 [hidden]
   DeviceBuffer inv_freq;    // f32 [head_dim / 2]
   // The pool holds num_blocks + 1 blocks; the last is the scratch block that
@@ -134,7 +136,17 @@ struct CudaBackend::Impl {
   // Pinned host staging for metadata and logits.
   void* host_meta = nullptr;
   size_t host_meta_bytes = 0;
-  uint16_t* host_logits = nullptr;
+  float* host_logits = nullptr;
+
+  // GPU sampling: per-row parameters and penalty lists (pinned staging and
+  // device copies, grown on demand), the sampler's workspace and outputs.
+  kc::SamplingBatchBuilder sample_batch;
+  DeviceBuffer sample_ws;
+  DeviceBuffer sample_in;  // rows, then seen tokens, then output counts
+  void* host_sample_in = nullptr;
+  size_t sample_in_capacity = 0;
+  DeviceBuffer sample_out;  // tokens [S], logprobs [S], top ids / logprobs [S][20]
+  void* host_sample_out = nullptr;
 
   // Metadata layout, host and device alike: tokens, positions [T] int32;
   // slots [T] int64; logit rows, context lens, query lens, query starts [S]
@@ -185,6 +197,8 @@ struct CudaBackend::Impl {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     if (host_meta != nullptr) cudaFreeHost(host_meta);
     if (host_logits != nullptr) cudaFreeHost(host_logits);
+    if (host_sample_in != nullptr) cudaFreeHost(host_sample_in);
+    if (host_sample_out != nullptr) cudaFreeHost(host_sample_out);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -230,7 +244,13 @@ struct CudaBackend::Impl {
 
   absl::Status Load(const std::string& dir);
   absl::Status AllocateWorkspaceAndKv();
+  // Validates the batch, stages its metadata and enqueues the step (graph
+  // replay or launches); returns the number of logit rows it computes.
+  absl::StatusOr<int64_t> Run(absl::Span<const StepSequence> batch);
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits_out);
+  absl::Status ForwardSample(absl::Span<const StepSequence> batch,
+                             absl::Span<const RowSampling> rows,
+                             absl::Span<sampling::SampledToken> out);
   // Enqueues the whole step on `stream` from the device metadata.
   absl::Status Enqueue(const StepShape& shape);
   // Replays (capturing on first use) the decode graph for `shape`.
@@ -261,11 +281,9 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
     f32_embedding = info.dtype == DType::kF32;
   }
   if (f32_embedding) {
-    TRIDENT_RETURN_IF_ERROR(
-        UploadF32(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
   } else {
-    TRIDENT_RETURN_IF_ERROR(
-        UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
   }
   layers.resize(config.num_hidden_layers);
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -303,8 +321,7 @@ absl::Status CudaBackend::Impl::Load(const std::string& dir) {
     TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"lm_head.weight"}, &lm_head, progress));
   } else if (f32_embedding) {
     // Tied to an f32 embedding: the head GEMM needs its own bf16 copy.
-    TRIDENT_RETURN_IF_ERROR(
-        UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &lm_head, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &lm_head, progress));
   }
 
   const kernels::cpu::RopeConfig rope = RopeConfigFor(config);
@@ -334,7 +351,13 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
   TRIDENT_RETURN_IF_ERROR(tmp.Allocate(t * h * 2, "embedding output"));
   TRIDENT_RETURN_IF_ERROR(act.Allocate(t * inter * 2, "activation"));
   TRIDENT_RETURN_IF_ERROR(last.Allocate(s * h * 2, "last rows"));
-  TRIDENT_RETURN_IF_ERROR(logits.Allocate(s * int64_t{config.vocab_size} * 2, "logits"));
+  TRIDENT_RETURN_IF_ERROR(logits.Allocate(s * int64_t{config.vocab_size} * 4, "logits"));
+  TRIDENT_RETURN_IF_ERROR(sample_ws.Allocate(
+      std::max<size_t>(kc::SampleWorkspaceBytes(s, config.vocab_size), 256), "sampler workspace"));
+  const size_t sample_out_bytes = static_cast<size_t>(s) * (8 + 8 * kc::kMaxSampleTopLogprobs);
+  TRIDENT_RETURN_IF_ERROR(sample_out.Allocate(sample_out_bytes, "sampler outputs"));
+  TRIDENT_RETURN_IF_ERROR(
+      CudaCheck(cudaMallocHost(&host_sample_out, sample_out_bytes), "pinned sampler outputs"));
   const int64_t max_blocks = (max_model_len + options.kv_block_size - 1) / options.kv_block_size;
   host_meta_bytes = static_cast<size_t>(t * 8 + t * 4 * 2 + s * 4 * 4 + s * max_blocks * 4);
   TRIDENT_RETURN_IF_ERROR(meta.Allocate(host_meta_bytes, "step metadata"));
@@ -342,15 +365,15 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
   hmeta = View(host_meta);
   dmeta = View(meta.get());
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
-      cudaMallocHost(reinterpret_cast<void**>(&host_logits), s * int64_t{config.vocab_size} * 2),
+      cudaMallocHost(reinterpret_cast<void**>(&host_logits), s * int64_t{config.vocab_size} * 4),
       "pinned logits"));
   // The split count of a plan depends on the batch; take the largest need.
   size_t decode_ws = 256;
   for (int64_t b = 1;; b = std::min(b * 2, s)) {
     const kc::DecodePlan plan = PlanDecode(static_cast<int32_t>(b), max_model_len);
-    decode_ws = std::max(decode_ws, kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(b),
-                                                             config.num_attention_heads,
-                                                             config.head_dim));
+    decode_ws =
+        std::max(decode_ws, kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(b),
+                                                     config.num_attention_heads, config.head_dim));
     if (b == s) break;
   }
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
@@ -526,9 +549,12 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
         kc::LaunchEmbedding({dmeta.rows, shape.head_rows, hn.get(), total, h, last.get()}, stream));
     head_in = last.get();
   }
+  // fp32 logits: bf16 would round near-ties (an ulp is 1/16 at 10) before
+  // anyone samples them.
   kc::GemmArgs head_args{
       head_in,           h, head(), nullptr, logits.get(), config.vocab_size, shape.head_rows,
       config.vocab_size, h};
+  head_args.y_dtype = DType::kF32;
   return gemm->Run(head_args, stream);
 }
 
@@ -571,7 +597,7 @@ int32_t NextPow2(int32_t n) {
 
 }  // namespace
 
-absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, float* logits_out) {
+absl::StatusOr<int64_t> CudaBackend::Impl::Run(absl::Span<const StepSequence> batch) {
   const int32_t bs = kv_spec.block_size;
   const int32_t max_blocks = (max_model_len + bs - 1) / bs;
   const int32_t num_seqs = static_cast<int32_t>(batch.size());
@@ -607,7 +633,7 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
     shape.all_decode = shape.all_decode && s.tokens.size() == 1;
     wanted_rows += s.want_logits ? 1 : 0;
   }
-  if (shape.total == 0) return absl::OkStatus();
+  if (shape.total == 0) return int64_t{0};
   if (shape.total > options.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch of ", shape.total, " tokens exceeds --max_batch_tokens ", options.max_batch_tokens));
@@ -677,12 +703,122 @@ absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, fl
       CudaCheck(cudaMemcpyAsync(meta.get(), host_meta, meta_bytes, cudaMemcpyHostToDevice, stream),
                 "metadata"));
   TRIDENT_RETURN_IF_ERROR(use_graph ? LaunchGraph(shape) : Enqueue(shape));
+  return wanted;
+}
+
+absl::Status CudaBackend::Impl::Forward(absl::Span<const StepSequence> batch, float* logits_out) {
+  TRIDENT_ASSIGN_OR_RETURN(const int64_t wanted, Run(batch));
   if (wanted == 0) return CudaCheck(cudaStreamSynchronize(stream), "step");
-  const int64_t n = wanted * config.vocab_size;
+  const size_t bytes = static_cast<size_t>(wanted) * config.vocab_size * 4;
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
-      cudaMemcpyAsync(host_logits, logits.get(), n * 2, cudaMemcpyDeviceToHost, stream), "logits"));
+      cudaMemcpyAsync(host_logits, logits.get(), bytes, cudaMemcpyDeviceToHost, stream), "logits"));
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "step"));
-  numeric::Bf16ToFloat(host_logits, logits_out, static_cast<size_t>(n));
+  std::memcpy(logits_out, host_logits, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Impl::ForwardSample(absl::Span<const StepSequence> batch,
+                                              absl::Span<const RowSampling> rows,
+                                              absl::Span<sampling::SampledToken> out) {
+  size_t wanted_rows = 0;
+  for (const StepSequence& s : batch) wanted_rows += s.want_logits ? 1 : 0;
+  if (rows.size() != wanted_rows || out.size() != wanted_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSample: ", rows.size(),
+                                                   " row parameters and ", out.size(),
+                                                   " outputs for ", wanted_rows, " wanted rows"));
+  }
+  sample_batch.Clear();
+  for (const RowSampling& r : rows) {
+    sample_batch.Add(*r.params, *r.penalties, r.output_position);
+  }
+  // Stage rows, seen tokens and output counts in one pinned block.
+  const size_t rows_bytes = sample_batch.rows().size() * sizeof(kc::SamplingRow);
+  const size_t seen_bytes = sample_batch.seen_tokens().size() * sizeof(int32_t);
+  const size_t counts_bytes = sample_batch.output_counts().size() * sizeof(kc::SamplingTokenCount);
+  const size_t seen_at = (rows_bytes + 15) / 16 * 16;
+  const size_t counts_at = (seen_at + seen_bytes + 15) / 16 * 16;
+  const size_t in_bytes = std::max<size_t>(counts_at + counts_bytes, 16);
+  if (in_bytes > sample_in_capacity) {
+    const size_t capacity = std::max(in_bytes * 2, size_t{1} << 20);
+    if (host_sample_in != nullptr) cudaFreeHost(host_sample_in);
+    host_sample_in = nullptr;
+    sample_in_capacity = 0;
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMallocHost(&host_sample_in, capacity), "pinned sampler inputs"));
+    sample_in = DeviceBuffer();
+    TRIDENT_RETURN_IF_ERROR(sample_in.Allocate(capacity, "sampler inputs"));
+    sample_in_capacity = capacity;
+  }
+  char* hin = static_cast<char*>(host_sample_in);
+  std::memcpy(hin, sample_batch.rows().data(), rows_bytes);
+  std::memcpy(hin + seen_at, sample_batch.seen_tokens().data(), seen_bytes);
+  std::memcpy(hin + counts_at, sample_batch.output_counts().data(), counts_bytes);
+
+  TRIDENT_ASSIGN_OR_RETURN(const int64_t wanted, Run(batch));
+  if (wanted == 0) return CudaCheck(cudaStreamSynchronize(stream), "step");
+  TRIDENT_RETURN_IF_ERROR(
+      CudaCheck(cudaMemcpyAsync(sample_in.get(), hin, in_bytes, cudaMemcpyHostToDevice, stream),
+                "sampler inputs"));
+  const int64_t s_cap = options.max_batch_sequences;
+  char* dout = sample_out.get<char>();
+  kc::SampleArgs a;
+  a.logits = logits.get();
+  a.logits_dtype = DType::kF32;
+  a.logits_stride = config.vocab_size;
+  a.rows = wanted;
+  a.vocab = config.vocab_size;
+  a.params = reinterpret_cast<const kc::SamplingRow*>(sample_in.get<char>());
+  a.seen_tokens =
+      seen_bytes > 0 ? reinterpret_cast<const int32_t*>(sample_in.get<char>() + seen_at) : nullptr;
+  a.output_counts =
+      counts_bytes > 0
+          ? reinterpret_cast<const kc::SamplingTokenCount*>(sample_in.get<char>() + counts_at)
+          : nullptr;
+  a.tokens = reinterpret_cast<int32_t*>(dout);
+  a.logprobs = reinterpret_cast<float*>(dout + s_cap * 4);
+  a.max_top_logprobs = sample_batch.max_top_logprobs();
+  int32_t* top_ids = reinterpret_cast<int32_t*>(dout + s_cap * 8);
+  float* top_lps = reinterpret_cast<float*>(dout + s_cap * (8 + 4 * kc::kMaxSampleTopLogprobs));
+  if (a.max_top_logprobs > 0) {
+    a.top_ids = top_ids;
+    a.top_logprobs = top_lps;
+  }
+  a.workspace = sample_ws.get();
+  a.workspace_bytes = sample_ws.bytes();
+  TRIDENT_RETURN_IF_ERROR(kc::LaunchSample(a, stream));
+  // Tokens and logprobs; the top lists only when asked for.
+  char* hout = static_cast<char*>(host_sample_out);
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(
+      cudaMemcpyAsync(hout, dout, static_cast<size_t>(s_cap) * 8, cudaMemcpyDeviceToHost, stream),
+      "sampled tokens"));
+  const size_t top_bytes = static_cast<size_t>(wanted) * a.max_top_logprobs * 4;
+  if (a.max_top_logprobs > 0) {
+    TRIDENT_RETURN_IF_ERROR(CudaCheck(
+        cudaMemcpyAsync(hout + s_cap * 8, top_ids, top_bytes, cudaMemcpyDeviceToHost, stream),
+        "top ids"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(hout + s_cap * (8 + 4 * kc::kMaxSampleTopLogprobs), top_lps,
+                                  top_bytes, cudaMemcpyDeviceToHost, stream),
+                  "top logprobs"));
+  }
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "step"));
+  const int32_t* tokens = reinterpret_cast<const int32_t*>(hout);
+  const float* logprobs = reinterpret_cast<const float*>(hout + s_cap * 4);
+  const int32_t* h_top_ids = reinterpret_cast<const int32_t*>(hout + s_cap * 8);
+  const float* h_top_lps =
+      reinterpret_cast<const float*>(hout + s_cap * (8 + 4 * kc::kMaxSampleTopLogprobs));
+  for (int64_t r = 0; r < wanted; ++r) {
+    sampling::SampledToken& t = out[static_cast<size_t>(r)];
+    const sampling::SamplingParams& p = *rows[static_cast<size_t>(r)].params;
+    t.token = tokens[r];
+    t.logprob = p.logprobs || p.top_logprobs > 0 ? logprobs[r] : 0.0f;
+    t.top_logprobs.clear();
+    const int32_t n = std::min({p.top_logprobs, a.max_top_logprobs, config.vocab_size});
+    for (int32_t i = 0; i < n; ++i) {
+      const int64_t at = r * a.max_top_logprobs + i;
+      t.top_logprobs.emplace_back(h_top_ids[at], h_top_lps[at]);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -719,6 +855,14 @@ std::string CudaBackend::Describe() const {
 
 absl::Status CudaBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
   return impl_->Forward(batch, logits);
+}
+
+bool CudaBackend::samples_on_device() const { return impl_->options.device_sampling; }
+
+absl::Status CudaBackend::ForwardSample(absl::Span<const StepSequence> batch,
+                                        absl::Span<const RowSampling> rows,
+                                        absl::Span<sampling::SampledToken> out) {
+  return impl_->ForwardSample(batch, rows, out);
 }
 
 }  // namespace trident::backend

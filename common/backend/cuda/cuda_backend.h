@@ -3,7 +3,8 @@
 // cuBLASLt (fp32 accumulation); embedding, fused residual+RMSNorm, RoPE, KV
 // append, SwiGLU and paged prefill/decode attention are the project's own
 // kernels (kernels/cuda). Everything is enqueued on the backend's own stream;
-// Forward synchronizes that stream once, to hand logits to the host.
+// Forward synchronizes that stream once, to hand fp32 logits to the host;
+// ForwardSample samples on the GPU and hands over only tokens and logprobs.
 //
 // Numerics: the residual stream is fp32 and the o/down projections add into
 // it directly (cuBLASLt with beta = 1, fp32 output); the qkv and gate/up
@@ -46,6 +47,9 @@ struct CudaBackendOptions {
   int32_t max_model_len = 0;
   // Replay decode steps from CUDA graphs (see above).
   bool cuda_graphs = true;
+  // Sample on the GPU (ForwardSample; kernels/cuda/sampling): only tokens
+  // and logprobs cross to the host. False: logits go to the host sampler.
+  bool device_sampling = true;
   // Decode attention kernel variant (kernels/cuda/paged_decode_attention);
   // -1: its default.
   int32_t decode_variant = -1;
@@ -69,6 +73,10 @@ class CudaBackend : public ModelBackend {
   // INVALID_ARGUMENT for batches beyond max_batch_tokens / sequences, bad
   // positions or block ids; INTERNAL for CUDA errors.
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
+  bool samples_on_device() const override;
+  absl::Status ForwardSample(absl::Span<const StepSequence> batch,
+                             absl::Span<const RowSampling> rows,
+                             absl::Span<sampling::SampledToken> out) override;
 
   const model::ModelConfig& config() const;
 

@@ -17,10 +17,10 @@
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
-#include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
 
 namespace trident::backend {
 namespace {
@@ -101,10 +101,11 @@ TEST_P(CudaParityTest, EveryDecodeVariantWithinTolerance) {
       ours->resize(prompt.logits.size());
       worst = std::max(worst, testing::MaxRelativeError(prompt, *ours));
     }
-    std::printf("%s decode variant %d (%s): greedy agreement %d/%d = %.4f, max |dlogit| / range "
-                "%.3g\n",
-                GetParam().c_str(), variant, kernels::cuda::DecodeVariantName(variant), agree,
-                total, static_cast<double>(agree) / total, worst);
+    std::printf(
+        "%s decode variant %d (%s): greedy agreement %d/%d = %.4f, max |dlogit| / range "
+        "%.3g\n",
+        GetParam().c_str(), variant, kernels::cuda::DecodeVariantName(variant), agree, total,
+        static_cast<double>(agree) / total, worst);
     EXPECT_LE(worst, kBf16Tolerance) << "variant " << variant;
   }
 }
@@ -144,6 +145,81 @@ TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
               GetParam().c_str(), same, total, worst);
   EXPECT_LE(worst, 1e-2);
   EXPECT_GE(static_cast<double>(same) / total, 0.99);
+}
+
+// Sampling on the GPU (the default) gives the host sampler's tokens and
+// logprobs from the same logits: seeded top-k/top-p/min-p with penalties and
+// top logprobs, through the engine.
+TEST_P(CudaParityTest, DeviceSamplingMatchesTheHostSampler) {
+  CudaBackendOptions options;
+  options.gpu_memory_fraction = 0.6;
+  options.max_batch_tokens = 2048;
+  options.max_batch_sequences = 64;
+  options.device_sampling = false;
+  auto host = CudaBackend::Create(fixture_.model_dir, options);
+  ASSERT_THAT(host.status(), IsOk());
+  ASSERT_TRUE(backend_->samples_on_device());
+  ASSERT_FALSE((*host)->samples_on_device());
+  struct Token {
+    int32_t id;
+    float logprob;
+    std::vector<std::pair<int32_t, float>> top;
+  };
+  auto run = [&](CudaBackend* backend) {
+    kv::PagedBlockAllocator allocator(backend->kv_capacity().num_blocks);
+    engine::EngineCore core(backend, &allocator, {});
+    for (size_t p = 0; p < fixture_.prompts.size(); ++p) {
+      engine::EngineRequest r;
+      r.id = std::to_string(p);
+      r.prompt = fixture_.prompts[p].ids;
+      r.max_tokens = 24;
+      r.sampling.temperature = p % 4 == 0 ? 0.0f : 0.9f;
+      r.sampling.top_k = p % 2 == 0 ? 40 : 0;
+      r.sampling.top_p = p % 3 == 0 ? 0.9f : 1.0f;
+      r.sampling.min_p = p % 4 == 1 ? 0.05f : 0.0f;
+      r.sampling.repetition_penalty = p % 2 == 1 ? 1.2f : 1.0f;
+      r.sampling.frequency_penalty = p % 3 == 1 ? 0.3f : 0.0f;
+      r.sampling.seed = 4242 + p;
+      r.sampling.top_logprobs = p % 2 == 0 ? 3 : 0;
+      r.sampling.logprobs = true;
+      EXPECT_THAT(core.Add(r), IsOk());
+    }
+    std::vector<std::vector<Token>> out(fixture_.prompts.size());
+    while (core.HasWork()) {
+      auto events = core.Step();
+      EXPECT_THAT(events.status(), IsOk());
+      if (!events.ok()) break;
+      for (const auto& ev : *events) {
+        out[std::stoul(ev.request_id)].push_back({ev.token, ev.logprob, ev.top_logprobs});
+      }
+    }
+    EXPECT_EQ(allocator.num_free(), allocator.num_total());
+    return out;
+  };
+  const auto on_gpu = run(backend_.get());
+  const auto on_host = run(host->get());
+  int same = 0, count = 0;
+  double worst_logprob = 0;
+  for (size_t p = 0; p < on_gpu.size(); ++p) {
+    for (size_t i = 0; i < on_gpu[p].size() && i < on_host[p].size(); ++i) {
+      ++count;
+      if (on_gpu[p][i].id != on_host[p][i].id) break;  // different paths from here
+      ++same;
+      worst_logprob =
+          std::max<double>(worst_logprob, std::abs(on_gpu[p][i].logprob - on_host[p][i].logprob));
+      ASSERT_EQ(on_gpu[p][i].top.size(), on_host[p][i].top.size());
+      for (size_t k = 0; k < on_gpu[p][i].top.size(); ++k) {
+        EXPECT_EQ(on_gpu[p][i].top[k].first, on_host[p][i].top[k].first);
+        worst_logprob = std::max<double>(
+            worst_logprob, std::abs(on_gpu[p][i].top[k].second - on_host[p][i].top[k].second));
+      }
+    }
+  }
+  std::printf(
+      "%s: device vs host sampling, first-divergence agreement %d/%d, max |dlogprob| %.3g\n",
+      GetParam().c_str(), same, count, worst_logprob);
+  EXPECT_GE(static_cast<double>(same) / count, 0.98);
+  EXPECT_LE(worst_logprob, 1e-4);
 }
 
 // All prompts at once through the engine (chunked prefill mixing with

@@ -5,7 +5,9 @@
 // prints generated tokens/s over the whole run (prefill included, as the
 // peer counts), decode-only tokens/s, mean decode step time and TTFT; for
 // batch 1, the fraction of the weight-bandwidth roofline (weight bytes read
-// per decode step over a read ceiling measured in the same run). Given the
+// per decode step over a read ceiling measured in the same run). `backend
+// step ms` times ForwardSample alone on a synthetic decode batch of the same
+// size (no engine), to split a step between backend and engine. Given the
 // peer's JSON lines (--peer_json), it prints the ratio to the peer.
 //
 //   cuda_engine_benchmark --model_dir=DIR --batch=1,16,64 --prompt_len=512
@@ -62,7 +64,9 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 double MeasureReadCeiling(size_t bytes) {
   void* data = nullptr;
   unsigned* sink = nullptr;
-  if (cudaMalloc(&data, bytes) != cudaSuccess || cudaMalloc(reinterpret_cast<void**>(&sink), 4) != cudaSuccess) return 0;
+  if (cudaMalloc(&data, bytes) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void**>(&sink), 4) != cudaSuccess)
+    return 0;
   cudaMemset(data, 1, bytes);
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
@@ -147,6 +151,39 @@ absl::StatusOr<Round> RunRound(CudaBackend& backend, int32_t batch, int32_t prom
   return round;
 }
 
+// Milliseconds per ForwardSample of `batch` one-token decode sequences at
+// context `context` (greedy), without the engine: the backend's share of a
+// decode step.
+absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int32_t context) {
+  const int32_t bs = backend.kv_capacity().block_size;
+  const int32_t blocks_per_seq = (context + bs - 1) / bs;
+  if (int64_t{blocks_per_seq} * batch > backend.kv_capacity().num_blocks) {
+    return absl::ResourceExhaustedError("KV cache too small for the probe");
+  }
+  std::vector<std::vector<int32_t>> tables(batch);
+  std::vector<int32_t> token = {1};
+  std::vector<StepSequence> seqs(batch);
+  sampling::SamplingParams greedy;
+  greedy.temperature = 0;
+  sampling::PenaltyState no_penalties;
+  std::vector<RowSampling> rows(batch, RowSampling{&greedy, &no_penalties, 0});
+  std::vector<sampling::SampledToken> out(batch);
+  for (int32_t i = 0; i < batch; ++i) {
+    for (int32_t b = 0; b < blocks_per_seq; ++b) tables[i].push_back(i * blocks_per_seq + b);
+    seqs[i].tokens = token;
+    seqs[i].start_position = context - 1;
+    seqs[i].block_table = tables[i];
+    seqs[i].want_logits = true;
+  }
+  constexpr int kSteps = 30;
+  Clock::time_point start;
+  for (int i = 0; i < kSteps + 3; ++i) {
+    if (i == 3) start = Clock::now();  // after warm-up and graph capture
+    if (absl::Status s = backend.ForwardSample(seqs, rows, absl::MakeSpan(out)); !s.ok()) return s;
+  }
+  return 1e3 * Seconds(start, Clock::now()) / kSteps;
+}
+
 int Main() {
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   if (model_dir.empty()) {
@@ -200,8 +237,8 @@ int Main() {
       seed, weight_bytes / 1e9, ceiling, roofline);
   std::printf(
       "\n| batch | prompt | new | tokens/s (all) | decode tokens/s | decode step ms | "
-      "mean TTFT ms | peer tokens/s | ours / peer | of roofline |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "backend step ms | mean TTFT ms | peer tokens/s | ours / peer | of roofline |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int32_t batch : batches) {
     if (auto warm = RunRound(**backend, batch, prompt_len, new_tokens, seed + 1); !warm.ok()) {
       std::fprintf(stderr, "batch %d warm-up: %s\n", batch, warm.status().ToString().c_str());
@@ -217,15 +254,20 @@ int Main() {
         round->decode_steps > 0 ? batch * round->decode_steps / round->decode_seconds : 0;
     const double step_ms =
         round->decode_steps > 0 ? 1e3 * round->decode_seconds / round->decode_steps : 0;
+    auto backend_ms = BackendDecodeMs(**backend, batch, prompt_len + new_tokens / 2);
+    if (!backend_ms.ok()) {
+      std::fprintf(stderr, "batch %d probe: %s\n", batch, backend_ms.status().ToString().c_str());
+      return 1;
+    }
     std::string peer_cell = "-", ratio_cell = "-", roof_cell = "-";
     if (auto it = peer.find(batch); it != peer.end()) {
       peer_cell = absl::StrCat(it->second);
       ratio_cell = absl::StrFormat("%.2f", all / it->second);
     }
     if (batch == 1) roof_cell = absl::StrFormat("%.2f", decode_tps / roofline);
-    std::printf("| %d | %d | %d | %.1f | %.1f | %.2f | %.1f | %s | %s | %s |\n", batch,
-                prompt_len, new_tokens, all, decode_tps, step_ms, 1e3 * round->mean_ttft,
-                peer_cell.c_str(), ratio_cell.c_str(), roof_cell.c_str());
+    std::printf("| %d | %d | %d | %.1f | %.1f | %.2f | %.2f | %.1f | %s | %s | %s |\n", batch,
+                prompt_len, new_tokens, all, decode_tps, step_ms, *backend_ms,
+                1e3 * round->mean_ttft, peer_cell.c_str(), ratio_cell.c_str(), roof_cell.c_str());
     std::fflush(stdout);
   }
   return 0;

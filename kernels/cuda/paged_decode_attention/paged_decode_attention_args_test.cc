@@ -16,27 +16,30 @@ using ::testing::HasSubstr;
 using ::trident::testing::StatusIs;
 
 TEST(PlanDecodeTest, FillsTheSmsWithSplitsOfAtLeast256Tokens) {
-  // The default variant keeps 2 CTAs per SM at head_dim 128: 264 slots on
-  // 132 SMs. 1 x 8 (sequence, kv head) items: 33 splits fill them exactly.
-  ASSERT_EQ(DecodeCtasPerSm(kDefaultDecodeVariant, 128), 2);
-  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits, 33);
-  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).variant, kDefaultDecodeVariant);
+  // Variant 2 keeps 2 CTAs per SM at head_dim 128: 264 slots on 132 SMs.
+  // 1 x 8 (sequence, kv head) items: 33 splits fill them exactly.
+  ASSERT_EQ(DecodeCtasPerSm(2, 128), 2);
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 32768, 132, 2).num_splits, 33);
   // A 1000-token context allows only 3 splits of >= 256 tokens.
-  EXPECT_EQ(PlanDecode(1, 8, 1000, 132).num_splits, 3);
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 1000, 132, 2).num_splits, 3);
   // 16 x 8 = 128 items: 2 splits (256 CTAs, one wave) rather than 3 (384:
   // a second wave of 120).
-  EXPECT_EQ(PlanDecode(16, 8, 4096, 132).num_splits, 2);
-  EXPECT_EQ(PlanDecode(16, 8, 16384, 132).num_splits, 2);
+  EXPECT_EQ(PlanDecodeVariant(16, 8, 128, 4096, 132, 2).num_splits, 2);
+  EXPECT_EQ(PlanDecodeVariant(16, 8, 128, 16384, 132, 2).num_splits, 2);
   // 512 and 1024 items: 1.94 and 3.9 waves already; splitting adds nothing.
-  EXPECT_EQ(PlanDecode(64, 8, 4096, 132).num_splits, 1);
-  EXPECT_EQ(PlanDecode(128, 8, 2048, 132).num_splits, 1);
+  EXPECT_EQ(PlanDecodeVariant(64, 8, 128, 4096, 132, 2).num_splits, 1);
+  EXPECT_EQ(PlanDecodeVariant(128, 8, 128, 2048, 132, 2).num_splits, 1);
   // 300 items: 1 split is 2 waves (the second 14% full); 7 splits make 2100
   // CTAs, 8 waves at 99.4%.
-  EXPECT_EQ(PlanDecode(30, 10, 4096, 132).num_splits, 7);
-  EXPECT_EQ(PlanDecode(1, 1, 1 << 24, 1000).num_splits, kMaxDecodeSplits);
-  EXPECT_EQ(PlanDecode(4, 8, 255, 132).num_splits, 1);
-  EXPECT_EQ(PlanDecode(0, 8, 4096, 132).num_splits, 1);
-  EXPECT_EQ(PlanDecode(4, 8, 4096, 0).num_splits, 1);
+  EXPECT_EQ(PlanDecodeVariant(30, 10, 128, 4096, 132, 2).num_splits, 7);
+  EXPECT_EQ(PlanDecodeVariant(1, 1, 128, 1 << 24, 1000, 2).num_splits, kMaxDecodeSplits);
+  EXPECT_EQ(PlanDecodeVariant(4, 8, 128, 255, 132, 2).num_splits, 1);
+  EXPECT_EQ(PlanDecodeVariant(0, 8, 128, 4096, 132, 2).num_splits, 1);
+  EXPECT_EQ(PlanDecodeVariant(4, 8, 128, 4096, 0, 2).num_splits, 1);
+  // PlanDecode is the default variant at head_dim 128.
+  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).variant, kDefaultDecodeVariant);
+  EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits,
+            PlanDecodeVariant(1, 8, 128, 32768, 132, kDefaultDecodeVariant).num_splits);
 }
 
 TEST(PlanDecodeTest, CountsEachVariantsResidentCtas) {
