@@ -1,6 +1,9 @@
 #include "common/backend/fake_model_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
 
 namespace trident::backend {
 
@@ -84,6 +87,15 @@ absl::Status FakeModelBackend::ForwardSample(absl::Span<const StepSequence> batc
     ++device_sampled_rows_;
   }
   return absl::OkStatus();
+}
+
+void FakeModelBackend::CopyKvBlocks(const FakeModelBackend& from, absl::Span<const int32_t> src,
+                                    absl::Span<const int32_t> dst) {
+  TRIDENT_CHECK(from.block_size_ == block_size_ && src.size() == dst.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    std::copy_n(from.slots_.begin() + int64_t{src[i]} * block_size_, block_size_,
+                slots_.begin() + int64_t{dst[i]} * block_size_);
+  }
 }
 
 }  // namespace trident::backend

@@ -35,6 +35,11 @@ class FakeModelBackend : public ModelBackend {
                              absl::Span<sampling::SampledToken> out) override;
   int64_t device_sampled_rows() const { return device_sampled_rows_; }
 
+  // Copies the "KV" of blocks src[i] of `from` into blocks dst[i] of this
+  // fake (what a KV transfer between two workers does). Same block size.
+  void CopyKvBlocks(const FakeModelBackend& from, absl::Span<const int32_t> src,
+                    absl::Span<const int32_t> dst);
+
   // The logits the fake produces for a full token history (for tests that
   // compute expected outputs independently of any scheduler).
   void LogitsFor(absl::Span<const int32_t> history, float* out) const;

@@ -38,6 +38,7 @@ EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* alloc
 EngineCore::~EngineCore() {
   for (auto& seq : running_) FreeBlocks(*seq);
   for (auto& seq : waiting_) FreeBlocks(*seq);
+  for (auto& [id, blocks] : prefilled_) TRIDENT_CHECK_OK(allocator_->Free(blocks));
 }
 
 absl::Status EngineCore::Validate(const EngineRequest& request) const {
@@ -72,7 +73,7 @@ absl::Status EngineCore::Validate(const EngineRequest& request) const {
 
 absl::Status EngineCore::Add(EngineRequest request) {
   TRIDENT_RETURN_IF_ERROR(Validate(request));
-  if (live_.contains(request.id)) {
+  if (live_.contains(request.id) || prefilled_.contains(request.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
   }
   auto seq = std::make_unique<Sequence>();
@@ -85,6 +86,53 @@ absl::Status EngineCore::Add(EngineRequest request) {
   stats_.prompt_tokens_total += seq->prompt_len;
   waiting_.push_back(std::move(seq));
   return absl::OkStatus();
+}
+
+absl::Status EngineCore::AddPrefilled(EngineRequest request, std::vector<int32_t> blocks,
+                                      int32_t first_token) {
+  TRIDENT_RETURN_IF_ERROR(Validate(request));
+  if (live_.contains(request.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
+  }
+  const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
+  const size_t want = static_cast<size_t>((prompt_len + block_size_ - 1) / block_size_);
+  if (blocks.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("a prompt of ", prompt_len, " tokens needs ",
+                                                   want, " KV blocks, got ", blocks.size()));
+  }
+  if (first_token < 0 || first_token >= vocab_size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "first token ", first_token, " outside the vocabulary [0, ", vocab_size_, ")"));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = request.prompt;
+  seq->tokens.push_back(first_token);
+  seq->prompt_len = prompt_len;
+  seq->num_computed = prompt_len;
+  seq->blocks = std::move(blocks);
+  seq->num_outputs = 1;
+  seq->arrival = next_arrival_++;
+  seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
+  seq->penalties->AddOutputToken(first_token);
+  seq->request = std::move(request);
+  live_[seq->request.id] = seq.get();
+  ++stats_.generated_tokens_total;
+  waiting_.push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+bool EngineCore::ReleasePrefilled(const std::string& id) {
+  auto it = prefilled_.find(id);
+  if (it == prefilled_.end()) return false;
+  TRIDENT_CHECK_OK(allocator_->Free(it->second));
+  prefilled_.erase(it);
+  return true;
+}
+
+int32_t EngineCore::prefilled_blocks_held() const {
+  int32_t n = 0;
+  for (const auto& [id, blocks] : prefilled_) n += static_cast<int32_t>(blocks.size());
+  return n;
 }
 
 bool EngineCore::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
@@ -152,8 +200,10 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     const int32_t chunk = std::min(remaining, budget);
     bool ok = EnsureBlocks(seq, seq.num_computed + chunk);
     while (!ok) {
-      // Preempt the newest running sequence; it may be this one.
+      // Preempt the newest running sequence; it may be this one. Prefill-only
+      // sequences own their whole prompt's blocks and are never victims.
       auto victim = std::prev(running_.end());
+      while (victim != it && (*victim)->request.prefill_only) --victim;
       preempted = true;
       if (victim == it) {
         Preempt(victim);
@@ -176,7 +226,9 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     Sequence& seq = *waiting_.front();
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
     const int32_t chunk = std::min(remaining, budget);
-    if (!EnsureBlocks(seq, seq.num_computed + chunk)) break;
+    // A prefill-only sequence takes its whole prompt's blocks up front.
+    const int32_t reserve = seq.request.prefill_only ? seq.prompt_len : seq.num_computed + chunk;
+    if (!EnsureBlocks(seq, reserve)) break;
     seq.chunk = chunk;
     budget -= chunk;
     scheduled.push_back(&seq);
@@ -272,6 +324,14 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     } else if (seq.num_outputs >= seq.request.max_tokens ||
                static_cast<int32_t>(seq.tokens.size()) >= backend_->max_model_len()) {
       ev.finish = FinishReason::kLength;
+    }
+    if (ev.finish == FinishReason::kNone && seq.request.prefill_only) {
+      // Hand the prompt's blocks over; the sequence ends here.
+      ev.finish = FinishReason::kPrefilled;
+      seq.blocks.resize(static_cast<size_t>((seq.prompt_len + block_size_ - 1) / block_size_));
+      ev.prefilled_blocks = seq.blocks;
+      prefilled_[seq.request.id] = std::move(seq.blocks);
+      seq.blocks.clear();
     }
     if (ev.finish != FinishReason::kNone) finished.push_back(seq.request.id);
     events.push_back(std::move(ev));

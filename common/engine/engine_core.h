@@ -54,9 +54,25 @@ struct EngineRequest {
   // Sampling one of these ends the request with kStop (the token is
   // returned). The caller adds the model's EOS ids unless ignore_eos.
   std::vector<int32_t> stop_token_ids;
+  // Disaggregated prefill: compute the prompt and sample the first token,
+  // then stop with kPrefilled and keep the prompt's KV blocks (the event
+  // lists them) until ReleasePrefilled, so they can be sent to a decode
+  // worker. The prompt's blocks are allocated whole when the request is
+  // admitted, and such a sequence is never preempted. If the first token
+  // ends the request (stop token, max_tokens 1) it finishes as usual and
+  // its blocks are freed.
+  bool prefill_only = false;
 };
 
-enum class FinishReason { kNone, kStop, kLength, kAborted, kError };
+enum class FinishReason {
+  kNone,
+  kStop,
+  kLength,
+  kAborted,
+  kError,
+  // A prefill_only request's prompt is computed and its first token sampled.
+  kPrefilled,
+};
 
 // One sampled token of one request.
 struct TokenEvent {
@@ -69,6 +85,10 @@ struct TokenEvent {
   FinishReason finish = FinishReason::kNone;
   // For kStop: the stop token sampled.
   int32_t matched_stop_token = -1;
+  // For kPrefilled: the blocks holding the prompt's KV, in token order
+  // (ceil(prompt / block_size) of them), owned by the caller until
+  // ReleasePrefilled.
+  std::vector<int32_t> prefilled_blocks;
 };
 
 struct EngineStats {
@@ -100,6 +120,20 @@ class EngineCore {
   // Queues a request; ALREADY_EXISTS when its id is live.
   absl::Status Add(EngineRequest request);
 
+  // Adopts a sequence whose prompt KV another engine computed (disaggregated
+  // decode): `blocks` (ceil(prompt / block_size) ids from this core's
+  // allocator, already holding the prompt's KV, in token order) become the
+  // sequence's; `first_token` is its output 0, sampled by the prefill side.
+  // The next step decodes output 1. Validate's errors, plus INVALID_ARGUMENT
+  // for a wrong block count or a first token outside the vocabulary, and
+  // ALREADY_EXISTS for a live id; on error the blocks stay the caller's.
+  absl::Status AddPrefilled(EngineRequest request, std::vector<int32_t> blocks,
+                            int32_t first_token);
+
+  // Frees the blocks a kPrefilled event handed over. Returns false when `id`
+  // holds none.
+  bool ReleasePrefilled(const std::string& id);
+
   // Ends a request and frees its blocks. Returns false when the id is not
   // live (already finished or never added).
   bool Abort(const std::string& id);
@@ -111,6 +145,8 @@ class EngineCore {
   absl::StatusOr<std::vector<TokenEvent>> Step();
 
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  // Blocks handed over by kPrefilled events and not yet released.
+  int32_t prefilled_blocks_held() const;
   EngineStats stats() const;
 
  private:
@@ -132,6 +168,8 @@ class EngineCore {
   std::list<SeqPtr> running_;
   std::deque<SeqPtr> waiting_;
   absl::flat_hash_map<std::string, Sequence*> live_;
+  // kPrefilled requests' blocks, until ReleasePrefilled.
+  absl::flat_hash_map<std::string, std::vector<int32_t>> prefilled_;
   uint64_t next_arrival_ = 0;
   sampling::Sampler sampler_;
   std::vector<float> logits_;

@@ -190,6 +190,127 @@ TEST(EngineCoreTest, DeviceSamplingGivesTheHostSamplersTokens) {
   }
 }
 
+// Disaggregated serving at the engine level: engine A computes prompts
+// (prefill_only) and hands over their blocks; their "KV" is copied into
+// blocks reserved on engine B, which adopts the sequences and decodes them.
+// Every request's tokens equal a single engine's run, and both allocators
+// end with every block free.
+TEST(EngineCoreTest, PrefillOnOneEngineDecodeOnAnotherEqualsOneEngine) {
+  const uint32_t seed = 404;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 16; ++i) {
+    EngineRequest r = Greedy(absl::StrCat("r", i), RandomPrompt(rng, 1 + rng() % 30),
+                             1 + static_cast<int32_t>(rng() % 20));
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 90 + i;
+    }
+    requests.push_back(r);
+  }
+  EngineOptions options;
+  options.max_batch_tokens = 24;  // chunked prompts
+  Harness single(64, options);
+  for (const auto& r : requests) ASSERT_THAT(single.core.Add(r), IsOk());
+  auto expected = single.RunToCompletion();
+
+  Harness prefill(64, options);
+  Harness decode(64, options);
+  std::map<std::string, std::vector<int32_t>> got;
+  for (auto r : requests) {
+    r.prefill_only = true;
+    ASSERT_THAT(prefill.core.Add(r), IsOk());
+  }
+  std::map<std::string, EngineRequest> by_id;
+  for (const auto& r : requests) by_id[r.id] = r;
+  int handed_over = 0;
+  while (prefill.core.HasWork() || decode.core.HasWork()) {
+    if (prefill.core.HasWork()) {
+      auto events = prefill.core.Step();
+      ASSERT_THAT(events.status(), IsOk());
+      for (const TokenEvent& ev : *events) {
+        got[ev.request_id].push_back(ev.token);
+        if (ev.finish != FinishReason::kPrefilled) continue;
+        ASSERT_EQ(ev.output_index, 0);
+        const EngineRequest& r = by_id[ev.request_id];
+        ASSERT_EQ(ev.prefilled_blocks.size(), (r.prompt.size() + kBlockSize - 1) / kBlockSize);
+        auto reserved = decode.allocator.Allocate(static_cast<int32_t>(ev.prefilled_blocks.size()));
+        ASSERT_THAT(reserved.status(), IsOk());
+        decode.backend.CopyKvBlocks(prefill.backend, ev.prefilled_blocks, *reserved);
+        EXPECT_TRUE(prefill.core.ReleasePrefilled(ev.request_id));
+        EXPECT_FALSE(prefill.core.ReleasePrefilled(ev.request_id));
+        ASSERT_THAT(decode.core.AddPrefilled(r, *reserved, ev.token), IsOk());
+        ++handed_over;
+      }
+    }
+    if (decode.core.HasWork()) {
+      auto events = decode.core.Step();
+      ASSERT_THAT(events.status(), IsOk());
+      for (const TokenEvent& ev : *events) {
+        EXPECT_EQ(ev.output_index, static_cast<int32_t>(got[ev.request_id].size()));
+        got[ev.request_id].push_back(ev.token);
+      }
+    }
+  }
+  for (const auto& r : requests) {
+    EXPECT_THAT(got[r.id], ElementsAreArray(expected[r.id])) << r.id;
+  }
+  EXPECT_GT(handed_over, 0);
+  EXPECT_EQ(prefill.core.prefilled_blocks_held(), 0);
+  EXPECT_EQ(prefill.allocator.num_free(), 64);
+  EXPECT_EQ(decode.allocator.num_free(), 64);
+}
+
+TEST(EngineCoreTest, AddPrefilledRejectsBadHandOvers) {
+  Harness h(16, {});
+  EngineRequest r = Greedy("p", {1, 2, 3, 4, 5}, 4);  // 2 blocks of 4
+  auto blocks = h.allocator.Allocate(2);
+  ASSERT_THAT(blocks.status(), IsOk());
+  EXPECT_THAT(h.core.AddPrefilled(r, {(*blocks)[0]}, 7),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 2 KV blocks")));
+  EXPECT_THAT(h.core.AddPrefilled(r, *blocks, kVocab),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("first token")));
+  // Fill the blocks with the prompt's KV, computed by a prefill-only engine.
+  Harness prefill(16, {});
+  EngineRequest pr = r;
+  pr.prefill_only = true;
+  ASSERT_THAT(prefill.core.Add(pr), IsOk());
+  auto first = prefill.core.Step();
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_EQ(first->size(), 1u);
+  ASSERT_EQ((*first)[0].finish, FinishReason::kPrefilled);
+  h.backend.CopyKvBlocks(prefill.backend, (*first)[0].prefilled_blocks, *blocks);
+  ASSERT_THAT(h.core.AddPrefilled(r, *blocks, 7), IsOk());
+  auto more = h.allocator.Allocate(2);
+  ASSERT_THAT(more.status(), IsOk());
+  EXPECT_THAT(h.core.AddPrefilled(r, *more, 7), StatusIs(absl::StatusCode::kAlreadyExists));
+  ASSERT_THAT(h.allocator.Free(*more), IsOk());  // refused blocks stay the caller's
+  // The adopted sequence decodes outputs 1..3 and frees its blocks at the end.
+  std::vector<int32_t> indices;
+  while (h.core.HasWork()) {
+    auto events = h.core.Step();
+    ASSERT_THAT(events.status(), IsOk());
+    for (const TokenEvent& ev : *events) indices.push_back(ev.output_index);
+  }
+  EXPECT_THAT(indices, ElementsAreArray({1, 2, 3}));
+  EXPECT_EQ(h.allocator.num_free(), 16);
+}
+
+// A prefill-only request whose first token ends it (max_tokens 1) finishes
+// normally and keeps no blocks.
+TEST(EngineCoreTest, PrefillOnlyFinishedByItsFirstTokenKeepsNoBlocks) {
+  Harness h(16, {});
+  EngineRequest r = Greedy("one", {1, 2, 3, 4, 5, 6}, 1);
+  r.prefill_only = true;
+  ASSERT_THAT(h.core.Add(r), IsOk());
+  std::map<std::string, FinishReason> reasons;
+  h.RunToCompletion(&reasons);
+  EXPECT_EQ(reasons["one"], FinishReason::kLength);
+  EXPECT_EQ(h.core.prefilled_blocks_held(), 0);
+  EXPECT_EQ(h.allocator.num_free(), 16);
+}
+
 TEST(EngineCoreTest, StopTokenEndsTheRequestAndIsReturned) {
   Harness h(64, {});
   const auto expected = ExpectedGreedy(h.backend, {9, 8, 7}, 10);

@@ -53,6 +53,7 @@ v1::FinishReason ToProto(engine::FinishReason reason) {
       return v1::FINISH_REASON_ABORT;
     case engine::FinishReason::kError:
       return v1::FINISH_REASON_ERROR;
+    case engine::FinishReason::kPrefilled:  // Prefill role only; not a public outcome.
     case engine::FinishReason::kNone:
       break;
   }
