@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/locked_block_allocator.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
@@ -11,7 +12,8 @@ namespace trident::engine {
 
 Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options)
     : backend_(std::move(backend)),
-      allocator_(std::make_unique<kv::PagedBlockAllocator>(backend_->kv_capacity().num_blocks)),
+      allocator_(std::make_unique<kv::LockedBlockAllocator>(
+          std::make_unique<kv::PagedBlockAllocator>(backend_->kv_capacity().num_blocks))),
       core_(std::make_unique<EngineCore>(backend_.get(), allocator_.get(), options)) {
   stats_ = core_->stats();
   thread_ = std::thread([this] { Loop(); });
@@ -29,6 +31,43 @@ absl::Status Engine::Submit(EngineRequest request, TokenCallback callback) {
   callbacks_[request.id] = std::move(callback);
   inbox_.push_back(std::move(request));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::ReserveBlocks(int32_t num_blocks) {
+  return allocator_->Allocate(num_blocks);
+}
+
+absl::Status Engine::FreeBlocks(absl::Span<const int32_t> blocks) {
+  return allocator_->Free(blocks);
+}
+
+absl::Status Engine::SubmitPrefilled(EngineRequest request, std::vector<int32_t> blocks,
+                                     int32_t first_token, TokenCallback callback) {
+  TRIDENT_RETURN_IF_ERROR(core_->Validate(request));
+  const int32_t block_size = backend_->kv_capacity().block_size;
+  const size_t want = (request.prompt.size() + block_size - 1) / block_size;
+  if (blocks.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("a prompt of ", request.prompt.size(),
+                                                   " tokens needs ", want, " KV blocks, got ",
+                                                   blocks.size()));
+  }
+  if (first_token < 0 || first_token >= backend_->vocab_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first token ", first_token, " outside the vocabulary"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the engine is shutting down");
+  if (callbacks_.contains(request.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
+  }
+  callbacks_[request.id] = std::move(callback);
+  prefilled_inbox_.push_back({std::move(request), std::move(blocks), first_token});
+  return absl::OkStatus();
+}
+
+void Engine::ReleasePrefilled(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  releases_.push_back(request_id);
 }
 
 void Engine::Abort(const std::string& request_id) {
@@ -78,17 +117,23 @@ void Engine::Loop() {
   while (true) {
     std::vector<EngineRequest> inbox;
     std::vector<std::string> aborts;
+    std::vector<Prefilled> prefilled;
+    std::vector<std::string> releases;
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
       auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !inbox_.empty() || !aborts_.empty();
+        return stopping_ || !inbox_.empty() || !aborts_.empty() || !prefilled_inbox_.empty() ||
+               !releases_.empty();
       };
       if (!core_->HasWork()) mu_.Await(absl::Condition(&has_input));
       inbox.swap(inbox_);
       aborts.swap(aborts_);
+      prefilled.swap(prefilled_inbox_);
+      releases.swap(releases_);
       stopping = stopping_;
     }
+    for (const std::string& id : releases) core_->ReleasePrefilled(id);
     std::vector<TokenEvent> events;
     for (EngineRequest& request : inbox) {
       const std::string id = request.id;
@@ -96,6 +141,20 @@ void Engine::Loop() {
       if (!status.ok()) {
         // Validated at Submit; only a duplicate can land here.
         TRIDENT_LOG(WARNING) << "request " << id << " rejected: " << status;
+        TokenEvent ev;
+        ev.request_id = id;
+        ev.finish = FinishReason::kError;
+        events.push_back(ev);
+      }
+    }
+    for (Prefilled& p : prefilled) {
+      const std::string id = p.request.id;
+      std::vector<int32_t> blocks = p.blocks;
+      absl::Status status =
+          core_->AddPrefilled(std::move(p.request), std::move(p.blocks), p.first_token);
+      if (!status.ok()) {
+        TRIDENT_LOG(WARNING) << "prefilled request " << id << " rejected: " << status;
+        TRIDENT_CHECK_OK(allocator_->Free(blocks));
         TokenEvent ev;
         ev.request_id = id;
         ev.finish = FinishReason::kError;

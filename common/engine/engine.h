@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/block_allocator.h"
@@ -40,6 +41,26 @@ class Engine {
   // already finished). Safe from any thread, idempotent.
   void Abort(const std::string& request_id);
 
+  // Disaggregated decode. ReserveBlocks takes `num_blocks` KV blocks for a
+  // sequence whose prompt KV another worker will write (RESOURCE_EXHAUSTED
+  // when fewer are free); FreeBlocks returns reserved blocks nobody used.
+  // Both are safe from any thread.
+  absl::StatusOr<std::vector<int32_t>> ReserveBlocks(int32_t num_blocks);
+  absl::Status FreeBlocks(absl::Span<const int32_t> blocks);
+
+  // Queues a sequence whose prompt KV is in `blocks` (from ReserveBlocks)
+  // and whose output 0 is `first_token`; the callback then receives outputs
+  // 1, 2, ... (EngineCore::AddPrefilled). The blocks belong to the engine
+  // once this returns OK; on an error they stay the caller's. If the loop
+  // later refuses it (a duplicate id), the callback gets one kError event
+  // and the engine frees the blocks.
+  absl::Status SubmitPrefilled(EngineRequest request, std::vector<int32_t> blocks,
+                               int32_t first_token, TokenCallback callback);
+
+  // Disaggregated prefill: frees the blocks a kPrefilled event handed over
+  // (after their KV has been sent). Safe from any thread.
+  void ReleasePrefilled(const std::string& request_id);
+
   // Aborts everything and stops the loop thread. Idempotent.
   void Shutdown();
 
@@ -63,6 +84,13 @@ class Engine {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<EngineRequest> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> aborts_ ABSL_GUARDED_BY(mu_);
+  struct Prefilled {
+    EngineRequest request;
+    std::vector<int32_t> blocks;
+    int32_t first_token = 0;
+  };
+  std::vector<Prefilled> prefilled_inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> releases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TokenCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const EngineStats&)> observer_ ABSL_GUARDED_BY(mu_);

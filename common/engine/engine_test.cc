@@ -68,6 +68,56 @@ TEST(EngineTest, ServesConcurrentRequestsToCompletion) {
   EXPECT_EQ(engine.stats().blocks_free, 32);
 }
 
+// Disaggregated hand-over through two engine threads: a prefill-only request
+// on one engine, its blocks' KV copied into blocks reserved on the other,
+// decoded there; the tokens equal one engine's, and every block of both ends
+// free once the prefill side releases its hand-over.
+TEST(EngineTest, PrefillOnOneEngineDecodeOnAnother) {
+  const EngineRequest request = Greedy("r", {3, 1, 4, 1, 5, 9, 2, 6, 5}, 8);
+  std::vector<int32_t> expected;
+  {
+    Engine single(Fake(), {});
+    Collector c;
+    ASSERT_THAT(single.Submit(request, c.Callback()), IsOk());
+    c.done.WaitForNotification();
+    for (const TokenEvent& ev : c.events) expected.push_back(ev.token);
+  }
+  auto prefill_fake = Fake();
+  auto decode_fake = Fake();
+  backend::FakeModelBackend* prefill_kv = prefill_fake.get();
+  backend::FakeModelBackend* decode_kv = decode_fake.get();
+  Engine prefill(std::move(prefill_fake), {});
+  Engine decode(std::move(decode_fake), {});
+  Collector first;
+  EngineRequest prefill_request = request;
+  prefill_request.prefill_only = true;
+  ASSERT_THAT(prefill.Submit(prefill_request, first.Callback()), IsOk());
+  first.done.WaitForNotification();
+  ASSERT_EQ(first.size(), 1u);
+  const TokenEvent handed = first.events[0];
+  ASSERT_EQ(handed.finish, FinishReason::kPrefilled);
+  ASSERT_EQ(handed.prefilled_blocks.size(), 3u);  // 9 tokens in blocks of 4
+
+  auto reserved = decode.ReserveBlocks(3);
+  ASSERT_THAT(reserved.status(), IsOk());
+  EXPECT_THAT(decode.ReserveBlocks(1000), StatusIs(absl::StatusCode::kResourceExhausted));
+  decode_kv->CopyKvBlocks(*prefill_kv, handed.prefilled_blocks, *reserved);
+  EXPECT_THAT(decode.SubmitPrefilled(request, {(*reserved)[0]}, handed.token, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  Collector rest;
+  ASSERT_THAT(decode.SubmitPrefilled(request, *reserved, handed.token, rest.Callback()), IsOk());
+  prefill.ReleasePrefilled("r");
+  rest.done.WaitForNotification();
+  std::vector<int32_t> got = {handed.token};
+  for (const TokenEvent& ev : rest.events) got.push_back(ev.token);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(rest.finish(), FinishReason::kLength);
+  prefill.Shutdown();
+  decode.Shutdown();
+  EXPECT_EQ(prefill.stats().blocks_free, 32);
+  EXPECT_EQ(decode.stats().blocks_free, 32);
+}
+
 TEST(EngineTest, SubmitValidatesSynchronously) {
   Engine engine(Fake(), {});
   Collector c;
