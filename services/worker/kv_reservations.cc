@@ -1,0 +1,236 @@
+#include "services/worker/kv_reservations.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+
+namespace trident::worker {
+namespace {
+
+using Waiter = std::function<void(absl::StatusOr<KvHandOff>)>;
+
+// Callbacks collected under the lock and run after it is released.
+class Deferred {
+ public:
+  void Add(Waiter waiter, absl::StatusOr<KvHandOff> result) {
+    if (waiter) calls_.emplace_back(std::move(waiter), std::move(result));
+  }
+  ~Deferred() {
+    for (auto& [waiter, result] : calls_) waiter(std::move(result));
+  }
+
+ private:
+  std::vector<std::pair<Waiter, absl::StatusOr<KvHandOff>>> calls_;
+};
+
+}  // namespace
+
+KvReservations::KvReservations(BlockSource* blocks, const Clock* clock,
+                               KvReservationOptions options)
+    : source_(blocks), clock_(clock), options_(options) {}
+
+KvReservations::~KvReservations() {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, entry] : entries_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    Waiter waiter = std::move(entries_[id].waiter);
+    Erase(id, /*take_blocks=*/false);
+    deferred.Add(std::move(waiter), absl::UnavailableError("the worker is shutting down"));
+  }
+}
+
+std::vector<int32_t> KvReservations::Erase(uint64_t id, bool take_blocks) {
+  auto it = entries_.find(id);
+  std::vector<int32_t> blocks = std::move(it->second.blocks);
+  entries_.erase(it);
+  if (!take_blocks && !blocks.empty()) {
+    if (absl::Status s = source_->Free(blocks); !s.ok()) {
+      TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
+    }
+    blocks.clear();
+  }
+  return blocks;
+}
+
+absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(const std::string& request_id,
+                                                                    int32_t num_tokens,
+                                                                    absl::Duration lease) {
+  if (request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
+  if (num_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens is ", num_tokens, "; want >= 1"));
+  }
+  if (lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
+  }
+  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
+  lease = std::min(lease, options_.max_lease);
+  const int32_t num_blocks = (num_tokens + options_.block_size - 1) / options_.block_size;
+  auto blocks = source_->Reserve(num_blocks);
+  if (!blocks.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no room for ", num_blocks, " KV blocks: ", blocks.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  Reservation r;
+  r.id = next_id_++;
+  r.blocks = *blocks;
+  r.lease = lease;
+  r.expires = clock_->Now() + lease;
+  Entry& e = entries_[r.id];
+  e.request_id = request_id;
+  e.blocks = std::move(*blocks);
+  e.expires = r.expires;
+  return r;
+}
+
+absl::StatusOr<absl::Time> KvReservations::Renew(uint64_t id, absl::Duration lease) {
+  if (lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
+  }
+  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
+  lease = std::min(lease, options_.max_lease);
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  const absl::Time now = clock_->Now();
+  if (it == entries_.end() || it->second.committed || it->second.expires <= now) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation ", id, " is unknown, committed or expired"));
+  }
+  it->second.expires = now + lease;
+  return it->second.expires;
+}
+
+absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
+  if (commit.outcome != KvOutcome::kAborted && commit.first_token < 0) {
+    return absl::InvalidArgumentError("first_token is required unless the outcome is ABORTED");
+  }
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("reservation ", id, " is unknown or expired"));
+  }
+  Entry& e = it->second;
+  if (e.committed) {
+    return absl::AlreadyExistsError(absl::StrCat("reservation ", id, " is already committed"));
+  }
+  if (e.expires <= clock_->Now()) {
+    Waiter waiter = std::move(e.waiter);
+    Erase(id, /*take_blocks=*/false);
+    deferred.Add(std::move(waiter),
+                 absl::AbortedError(absl::StrCat("the lease of reservation ", id,
+                                                 " ended before the KV was committed")));
+    return absl::NotFoundError(absl::StrCat("reservation ", id, " expired"));
+  }
+  if (e.released || commit.outcome != KvOutcome::kComplete) {
+    // Nobody will decode it: free the blocks now.
+    Waiter waiter = std::move(e.waiter);
+    const bool released = e.released;
+    Erase(id, /*take_blocks=*/false);
+    if (!released && commit.outcome == KvOutcome::kFinished) {
+      deferred.Add(std::move(waiter), KvHandOff{std::move(commit), {}});
+    } else if (!released) {
+      deferred.Add(std::move(waiter),
+                   absl::AbortedError(
+                       absl::StrCat("the prefill side aborted the KV transfer: ", commit.error)));
+    }
+    return absl::OkStatus();
+  }
+  if (e.waiter) {
+    Waiter waiter = std::move(e.waiter);
+    KvHandOff hand_off{std::move(commit), Erase(id, /*take_blocks=*/true)};
+    deferred.Add(std::move(waiter), std::move(hand_off));
+    return absl::OkStatus();
+  }
+  e.committed = true;
+  e.commit = std::move(commit);
+  return absl::OkStatus();
+}
+
+bool KvReservations::Release(uint64_t id) {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.released) return false;
+  Entry& e = it->second;
+  if (e.committed) {
+    // The writer is done and nobody took the blocks: free them.
+    Erase(id, /*take_blocks=*/false);
+    return true;
+  }
+  // The writer may still be writing: keep the blocks until its commit or the
+  // lease's end.
+  e.released = true;
+  deferred.Add(std::move(e.waiter),
+               absl::AbortedError(absl::StrCat("reservation ", id, " was released")));
+  e.waiter = nullptr;
+  return true;
+}
+
+void KvReservations::Await(uint64_t id, Waiter done) {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    deferred.Add(std::move(done),
+                 absl::NotFoundError(absl::StrCat("reservation ", id, " is unknown or expired")));
+    return;
+  }
+  Entry& e = it->second;
+  if (e.waiter) {
+    deferred.Add(std::move(done), absl::FailedPreconditionError(absl::StrCat(
+                                      "reservation ", id, " already has a decode waiting on it")));
+    return;
+  }
+  if (e.released) {
+    deferred.Add(std::move(done),
+                 absl::AbortedError(absl::StrCat("reservation ", id, " was released")));
+    return;
+  }
+  if (e.committed) {
+    KvCommit commit = std::move(e.commit);
+    deferred.Add(std::move(done), KvHandOff{std::move(commit), Erase(id, /*take_blocks=*/true)});
+    return;
+  }
+  e.waiter = std::move(done);
+}
+
+int KvReservations::ExpireLeases() {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<uint64_t> ended;
+  for (const auto& [id, e] : entries_) {
+    if (e.expires <= now) ended.push_back(id);
+  }
+  for (uint64_t id : ended) {
+    Waiter waiter = std::move(entries_[id].waiter);
+    const std::string request_id = entries_[id].request_id;
+    Erase(id, /*take_blocks=*/false);
+    TRIDENT_LOG(WARNING) << "KV reservation " << id << " (request " << request_id
+                         << ") expired before its hand-off";
+    deferred.Add(std::move(waiter),
+                 absl::AbortedError(absl::StrCat("the lease of reservation ", id,
+                                                 " ended before the KV was committed")));
+  }
+  return static_cast<int>(ended.size());
+}
+
+int32_t KvReservations::blocks_held() const {
+  absl::MutexLock lock(&mu_);
+  int32_t n = 0;
+  for (const auto& [id, e] : entries_) n += static_cast<int32_t>(e.blocks.size());
+  return n;
+}
+
+int32_t KvReservations::num_reservations() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(entries_.size());
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,229 @@
+#include "services/worker/kv_reservations.h"
+
+#include <optional>
+
+#include "common/kv/paged_block_allocator.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+class AllocatorSource : public BlockSource {
+ public:
+  explicit AllocatorSource(int32_t n) : allocator_(n) {}
+  absl::StatusOr<std::vector<int32_t>> Reserve(int32_t n) override {
+    return allocator_.Allocate(n);
+  }
+  absl::Status Free(absl::Span<const int32_t> blocks) override { return allocator_.Free(blocks); }
+  int32_t num_free() const { return allocator_.num_free(); }
+
+ private:
+  kv::PagedBlockAllocator allocator_;
+};
+
+struct Fixture {
+  Fixture() : source(32), reservations(&source, &clock, Options()) {}
+  static KvReservationOptions Options() {
+    KvReservationOptions o;
+    o.block_size = 4;
+    return o;
+  }
+  AllocatorSource source;
+  FakeClock clock;
+  KvReservations reservations;
+};
+
+// Records Await's single call.
+struct Result {
+  std::optional<absl::StatusOr<KvHandOff>> value;
+  int calls = 0;
+  std::function<void(absl::StatusOr<KvHandOff>)> Callback() {
+    return [this](absl::StatusOr<KvHandOff> v) {
+      value = std::move(v);
+      ++calls;
+    };
+  }
+};
+
+KvCommit Complete(int32_t token) {
+  KvCommit c;
+  c.outcome = KvOutcome::kComplete;
+  c.first_token = token;
+  return c;
+}
+
+TEST(KvReservationsTest, CommitHandsTheBlocksToTheWaitingDecode) {
+  Fixture f;
+  auto r = f.reservations.Reserve("req", 9, absl::ZeroDuration());  // 3 blocks of 4
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->blocks.size(), 3u);
+  EXPECT_NE(r->id, 0u);
+  EXPECT_EQ(r->lease, absl::Seconds(30));
+  EXPECT_EQ(f.source.num_free(), 29);
+  Result result;
+  f.reservations.Await(r->id, result.Callback());
+  EXPECT_EQ(result.calls, 0);
+  ASSERT_THAT(f.reservations.Commit(r->id, Complete(42)), IsOk());
+  ASSERT_EQ(result.calls, 1);
+  ASSERT_THAT(result.value->status(), IsOk());
+  EXPECT_EQ((*result.value)->commit.first_token, 42);
+  EXPECT_EQ((*result.value)->blocks, r->blocks);
+  // The blocks are the decode's now: not held, not freed.
+  EXPECT_EQ(f.reservations.blocks_held(), 0);
+  EXPECT_EQ(f.source.num_free(), 29);
+  EXPECT_THAT(f.reservations.Commit(r->id, Complete(1)), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(KvReservationsTest, AwaitAfterCommitTakesTheBlocksAtOnce) {
+  Fixture f;
+  auto r = f.reservations.Reserve("req", 4, absl::ZeroDuration());
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_THAT(f.reservations.Commit(r->id, Complete(7)), IsOk());
+  EXPECT_THAT(f.reservations.Commit(r->id, Complete(7)),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(f.reservations.Renew(r->id, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  Result result;
+  f.reservations.Await(r->id, result.Callback());
+  ASSERT_EQ(result.calls, 1);
+  ASSERT_THAT(result.value->status(), IsOk());
+  EXPECT_EQ((*result.value)->blocks.size(), 1u);
+}
+
+TEST(KvReservationsTest, FinishedAndAbortedCommitsFreeTheBlocks) {
+  Fixture f;
+  auto a = f.reservations.Reserve("a", 8, absl::ZeroDuration());
+  auto b = f.reservations.Reserve("b", 8, absl::ZeroDuration());
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_THAT(b.status(), IsOk());
+  Result ra, rb;
+  f.reservations.Await(a->id, ra.Callback());
+  f.reservations.Await(b->id, rb.Callback());
+  KvCommit finished;
+  finished.outcome = KvOutcome::kFinished;
+  finished.first_token = 2;
+  ASSERT_THAT(f.reservations.Commit(a->id, finished), IsOk());
+  KvCommit aborted;
+  aborted.outcome = KvOutcome::kAborted;
+  aborted.error = "layer 3 put failed";
+  ASSERT_THAT(f.reservations.Commit(b->id, aborted), IsOk());
+  ASSERT_THAT(ra.value->status(), IsOk());
+  EXPECT_EQ((*ra.value)->commit.outcome, KvOutcome::kFinished);
+  EXPECT_TRUE((*ra.value)->blocks.empty());
+  EXPECT_THAT(rb.value->status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("layer 3 put failed")));
+  EXPECT_EQ(f.source.num_free(), 32);
+  EXPECT_EQ(f.reservations.num_reservations(), 0);
+}
+
+TEST(KvReservationsTest, LeasesEndUnlessRenewed) {
+  Fixture f;
+  auto r = f.reservations.Reserve("req", 5, absl::Seconds(10));
+  ASSERT_THAT(r.status(), IsOk());
+  Result result;
+  f.reservations.Await(r->id, result.Callback());
+  f.clock.Advance(absl::Seconds(8));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 0);
+  auto renewed = f.reservations.Renew(r->id, absl::Seconds(10));
+  ASSERT_THAT(renewed.status(), IsOk());
+  EXPECT_EQ(*renewed, f.clock.Now() + absl::Seconds(10));
+  f.clock.Advance(absl::Seconds(8));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 0);
+  EXPECT_EQ(result.calls, 0);
+  f.clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 1);
+  ASSERT_EQ(result.calls, 1);
+  EXPECT_THAT(result.value->status(), StatusIs(absl::StatusCode::kAborted, HasSubstr("lease")));
+  EXPECT_EQ(f.source.num_free(), 32);
+  EXPECT_THAT(f.reservations.Commit(r->id, Complete(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(f.reservations.Renew(r->id, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(KvReservationsTest, ACommitAfterTheLeaseEndedIsRefusedAndFreesTheBlocks) {
+  Fixture f;
+  auto r = f.reservations.Reserve("req", 5, absl::Seconds(1));
+  ASSERT_THAT(r.status(), IsOk());
+  Result result;
+  f.reservations.Await(r->id, result.Callback());
+  f.clock.Advance(absl::Seconds(1));
+  EXPECT_THAT(f.reservations.Commit(r->id, Complete(1)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(result.value->status(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_EQ(f.source.num_free(), 32);
+}
+
+// Released before the writer committed: the waiting decode fails at once,
+// but the blocks stay out of the pool until the writer's commit.
+TEST(KvReservationsTest, ReleaseKeepsBlocksUntilTheWriterIsDone) {
+  Fixture f;
+  auto r = f.reservations.Reserve("req", 12, absl::ZeroDuration());
+  ASSERT_THAT(r.status(), IsOk());
+  Result result;
+  f.reservations.Await(r->id, result.Callback());
+  EXPECT_TRUE(f.reservations.Release(r->id));
+  EXPECT_FALSE(f.reservations.Release(r->id));
+  EXPECT_THAT(result.value->status(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_EQ(f.reservations.blocks_held(), 3);
+  EXPECT_EQ(f.source.num_free(), 29);
+  ASSERT_THAT(f.reservations.Commit(r->id, Complete(5)), IsOk());
+  EXPECT_EQ(f.source.num_free(), 32);
+  // Released and never committed: the lease's end frees it.
+  auto s = f.reservations.Reserve("req2", 4, absl::Seconds(5));
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_TRUE(f.reservations.Release(s->id));
+  Result late;
+  f.reservations.Await(s->id, late.Callback());
+  EXPECT_THAT(late.value->status(), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_EQ(f.source.num_free(), 31);
+  f.clock.Advance(absl::Seconds(5));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 1);
+  EXPECT_EQ(f.source.num_free(), 32);
+}
+
+TEST(KvReservationsTest, BadRequestsAreRefusedWithTheFieldNamed) {
+  Fixture f;
+  EXPECT_THAT(f.reservations.Reserve("", 4, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("request_id")));
+  EXPECT_THAT(f.reservations.Reserve("r", 0, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_tokens")));
+  EXPECT_THAT(f.reservations.Reserve("r", 4, absl::Seconds(-1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lease")));
+  EXPECT_THAT(f.reservations.Reserve("r", 4 * 33, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("33 KV blocks")));
+  auto capped = f.reservations.Reserve("r", 4, absl::Hours(1));
+  ASSERT_THAT(capped.status(), IsOk());
+  EXPECT_EQ(capped->lease, absl::Minutes(10));
+  KvCommit no_token;
+  EXPECT_THAT(f.reservations.Commit(capped->id, no_token),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("first_token")));
+  Result first, second, unknown;
+  f.reservations.Await(capped->id, first.Callback());
+  f.reservations.Await(capped->id, second.Callback());
+  EXPECT_THAT(second.value->status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  f.reservations.Await(999, unknown.Callback());
+  EXPECT_THAT(unknown.value->status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(first.calls, 0);
+}
+
+TEST(KvReservationsTest, ShutdownFailsWaitersAndFreesEverything) {
+  AllocatorSource source(32);
+  FakeClock clock;
+  Result result;
+  {
+    KvReservations reservations(&source, &clock, Fixture::Options());
+    auto r = reservations.Reserve("req", 16, absl::ZeroDuration());
+    ASSERT_THAT(r.status(), IsOk());
+    reservations.Await(r->id, result.Callback());
+  }
+  EXPECT_THAT(result.value->status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(source.num_free(), 32);
+}
+
+}  // namespace
+}  // namespace trident::worker
