@@ -1,5 +1,6 @@
 #include "common/engine/engine.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -182,12 +183,30 @@ void Engine::Loop() {
     Deliver(events);
     if (stopping) break;
     if (core_->HasWork()) {
+      const auto start = std::chrono::steady_clock::now();
       auto step = core_->Step();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!step.ok()) TRIDENT_LOG(ERROR) << "engine step failed: " << step.status();
-      if (step.ok()) Deliver(*step);
+      if (step.ok()) {
+        const EngineStats s = core_->stats();
+        constexpr double kAlpha = 0.2;  // weight of the newest step
+        auto ewma = [](double old, double sample) {
+          return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
+        };
+        if (s.last_step_prefill_tokens > 0 && seconds > 0) {
+          prefill_tokens_per_second_ =
+              ewma(prefill_tokens_per_second_, s.last_step_prefill_tokens / seconds);
+        } else if (s.last_step_decode_sequences > 0) {
+          decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
+        }
+        Deliver(*step);
+      }
     }
     absl::MutexLock lock(&mu_);
     stats_ = core_->stats();
+    stats_.prefill_tokens_per_second = prefill_tokens_per_second_;
+    stats_.decode_step_seconds = decode_step_seconds_;
     if (observer_) observer_(stats_);
   }
   absl::MutexLock lock(&mu_);

@@ -94,6 +94,9 @@ class Engine {
   absl::flat_hash_map<std::string, TokenCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const EngineStats&)> observer_ ABSL_GUARDED_BY(mu_);
+  // Step timing, touched only by the loop thread.
+  double prefill_tokens_per_second_ = 0;
+  double decode_step_seconds_ = 0;
   std::thread thread_;
 };
 

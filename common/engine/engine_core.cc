@@ -247,7 +247,17 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   batch.reserve(scheduled.size());
   int32_t rows = 0;
   int32_t step_tokens = 0;
+  int32_t prefill_tokens = 0;
+  int32_t decode_sequences = 0;
   for (Sequence* seq : scheduled) {
+    const bool decoding =
+        seq->chunk == 1 && seq->num_computed + 1 == static_cast<int32_t>(seq->tokens.size()) &&
+        seq->num_computed >= seq->prompt_len;
+    if (decoding) {
+      ++decode_sequences;
+    } else {
+      prefill_tokens += seq->chunk;
+    }
     backend::StepSequence s;
     s.tokens = absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, seq->chunk);
     s.start_position = seq->num_computed;
@@ -259,6 +269,8 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   }
   ++stats_.steps_total;
   stats_.last_step_tokens = step_tokens;
+  stats_.last_step_prefill_tokens = prefill_tokens;
+  stats_.last_step_decode_sequences = decode_sequences;
   const bool device_sampling = backend_->samples_on_device();
   std::vector<sampling::SampledToken> sampled_rows;
   absl::Status status;
@@ -342,6 +354,16 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
 
 EngineStats EngineCore::stats() const {
   EngineStats s = stats_;
+  s.queued_prefill_tokens = 0;
+  s.batch_context_tokens = 0;
+  auto add = [&s](const Sequence& seq) {
+    s.queued_prefill_tokens += std::max(0, seq.prompt_len - seq.num_computed);
+  };
+  for (const auto& seq : waiting_) add(*seq);
+  for (const auto& seq : running_) {
+    add(*seq);
+    if (seq->num_computed >= seq->prompt_len) s.batch_context_tokens += seq->num_computed;
+  }
   s.running = static_cast<int32_t>(running_.size());
   s.waiting = static_cast<int32_t>(waiting_.size());
   s.blocks_free = allocator_->num_free();

@@ -102,6 +102,19 @@ struct EngineStats {
   int64_t generated_tokens_total = 0;
   // Tokens of the last step's forward pass.
   int32_t last_step_tokens = 0;
+  // Of those, prompt (or recomputation) tokens, and one-token decode
+  // sequences.
+  int32_t last_step_prefill_tokens = 0;
+  int32_t last_step_decode_sequences = 0;
+  // Prompt tokens not yet computed, over waiting and running sequences.
+  int64_t queued_prefill_tokens = 0;
+  // Sum of the context lengths of running sequences past their prompt.
+  int64_t batch_context_tokens = 0;
+  // Filled in by the Engine shell, which times steps (EWMA over recent
+  // steps): prompt tokens per second of steps that computed prompts, and
+  // the duration of decode-only steps. 0 before any such step.
+  double prefill_tokens_per_second = 0;
+  double decode_step_seconds = 0;
 };
 
 class EngineCore {

@@ -87,6 +87,11 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len) {
   return p;
 }
 
+std::vector<int32_t> RandomPromptOf(int32_t len) {
+  std::mt19937 rng(len);
+  return RandomPrompt(rng, len);
+}
+
 TEST(EngineCoreTest, SingleRequestMatchesTheModelsGreedyContinuation) {
   Harness h(64, {});
   ASSERT_THAT(h.core.Add(Greedy("a", {1, 2, 3, 4, 5}, 12)), IsOk());
@@ -309,6 +314,27 @@ TEST(EngineCoreTest, PrefillOnlyFinishedByItsFirstTokenKeepsNoBlocks) {
   EXPECT_EQ(reasons["one"], FinishReason::kLength);
   EXPECT_EQ(h.core.prefilled_blocks_held(), 0);
   EXPECT_EQ(h.allocator.num_free(), 16);
+}
+
+// The load figures a worker reports: prompt tokens still to compute, and the
+// context of sequences past their prompt; what the last step did.
+TEST(EngineCoreTest, StatsCountQueuedPromptTokensAndBatchContext) {
+  EngineOptions options;
+  options.max_batch_tokens = 10;
+  Harness h(64, options);
+  ASSERT_THAT(h.core.Add(Greedy("a", RandomPromptOf(12), 5)), IsOk());
+  ASSERT_THAT(h.core.Add(Greedy("b", RandomPromptOf(3), 5)), IsOk());
+  EXPECT_EQ(h.core.stats().queued_prefill_tokens, 15);
+  ASSERT_THAT(h.core.Step().status(), IsOk());  // a: 10 of 12
+  EXPECT_EQ(h.core.stats().last_step_prefill_tokens, 10);
+  EXPECT_EQ(h.core.stats().queued_prefill_tokens, 5);
+  ASSERT_THAT(h.core.Step().status(), IsOk());  // a: 2 more (first token), b: 3
+  EXPECT_EQ(h.core.stats().queued_prefill_tokens, 0);
+  EXPECT_EQ(h.core.stats().batch_context_tokens, 15);
+  ASSERT_THAT(h.core.Step().status(), IsOk());  // one decode token each
+  EXPECT_EQ(h.core.stats().last_step_prefill_tokens, 0);
+  EXPECT_EQ(h.core.stats().last_step_decode_sequences, 2);
+  EXPECT_EQ(h.core.stats().batch_context_tokens, 17);
 }
 
 TEST(EngineCoreTest, StopTokenEndsTheRequestAndIsReturned) {
