@@ -272,3 +272,53 @@ TEST_F(WorkerGenerateTest, CancelAndAbortEndTheStreamAndFreeEveryBlock) {
 
 }  // namespace
 }  // namespace trident
+
+namespace trident {
+namespace {
+
+// WorkerControl.GetLoad streams samples: the first at once, then one per
+// interval, with the engine's figures; a bad interval is INVALID_ARGUMENT
+// naming it; cancelling ends the stream with CANCELLED.
+TEST_F(WorkerGenerateTest, GetLoadStreamsSamplesUntilCancelled) {
+  grpc::ClientContext context;
+  v1::GetLoadRequest request;
+  request.mutable_interval()->set_nanos(20'000'000);
+  auto reader = control_->GetLoad(&context, request);
+  v1::WorkerLoad previous;
+  for (int i = 0; i < 3; ++i) {
+    v1::WorkerLoad load;
+    ASSERT_TRUE(reader->Read(&load)) << "sample " << i;
+    EXPECT_FALSE(load.worker_id().empty());
+    EXPECT_NE(load.incarnation(), 0u);
+    EXPECT_EQ(load.role(), v1::ROLE_BOTH);
+    EXPECT_EQ(load.state(), v1::SERVING_STATE_SERVING);
+    EXPECT_GT(load.kv_blocks_total(), 0);
+    EXPECT_EQ(load.kv_blocks_free() + load.kv_blocks_used(), load.kv_blocks_total());
+    if (i > 0) {
+      EXPECT_EQ(load.incarnation(), previous.incarnation());
+      const int64_t t = load.sample_time().seconds() * 1000000000LL + load.sample_time().nanos();
+      const int64_t p =
+          previous.sample_time().seconds() * 1000000000LL + previous.sample_time().nanos();
+      EXPECT_GE(t - p, 10'000'000) << "samples closer than the interval allows";
+    }
+    previous = load;
+  }
+  context.TryCancel();
+  v1::WorkerLoad ignored;
+  while (reader->Read(&ignored)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+
+  grpc::ClientContext bad_context;
+  v1::GetLoadRequest bad;
+  bad.mutable_interval()->set_nanos(1'000'000);
+  auto bad_reader = control_->GetLoad(&bad_context, bad);
+  while (bad_reader->Read(&ignored)) {
+  }
+  const grpc::Status status = bad_reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("interval"));
+}
+
+}  // namespace
+}  // namespace trident

@@ -1,9 +1,14 @@
 // A worker: one model replica on one device, in role prefill, decode or both.
 
+#include <unistd.h>
+
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging/log.h"
 #include "common/service/service_runtime.h"
 #include "common/time/clock.h"
@@ -43,6 +48,8 @@ ABSL_FLAG(int32_t, max_batch_tokens, 2048,
 ABSL_FLAG(int32_t, max_running, 256, "Most sequences in the running batch.");
 ABSL_FLAG(int32_t, max_model_len, 0,
           "Context window cap in tokens; 0: the model's max_position_embeddings.");
+ABSL_FLAG(std::string, worker_id, "",
+          "Id this worker reports in load samples and KV endpoints; empty: worker-<pid>.");
 ABSL_FLAG(std::string, controller_address, "",
           "host:port of the controller to register with; empty: run standalone.");
 
@@ -97,8 +104,23 @@ int main(int argc, char** argv) {
         } else {
           TRIDENT_LOG(WARNING) << "no --model given: this worker serves no generations";
         }
-        trident::worker::WorkerControlService control(model != nullptr ? model->engine.get()
-                                                                       : nullptr);
+        // Load reports: engine figures, this process's identity and role.
+        trident::worker::WorkerIdentity identity;
+        identity.worker_id = absl::GetFlag(FLAGS_worker_id).empty()
+                                 ? absl::StrCat("worker-", getpid())
+                                 : absl::GetFlag(FLAGS_worker_id);
+        identity.incarnation = absl::Uniform<uint64_t>(absl::BitGen()) | 1;
+        identity.role = *role;
+        std::unique_ptr<trident::worker::LoadStreams> loads;
+        if (model != nullptr) {
+          trident::engine::Engine* engine = model->engine.get();
+          loads = std::make_unique<trident::worker::LoadStreams>([identity, engine] {
+            return trident::worker::WorkerLoadFromStats(identity, engine->stats(), 0, 0,
+                                                        absl::Now());
+          });
+        }
+        trident::worker::WorkerControlService control(
+            model != nullptr ? model->engine.get() : nullptr, loads.get());
         services.push_back({&control, trident::v1::WorkerControl::service_full_name()});
         absl::Status served = runtime.Serve(std::move(services));
         if (model != nullptr) model->engine->Shutdown();

@@ -89,8 +89,40 @@ grpc::ServerWriteReactor<DecodeResponse>* DecodeService::Decode(
 
 grpc::ServerWriteReactor<WorkerLoad>* WorkerControlService::GetLoad(
     grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) {
-  return new FinishedWriteReactor<WorkerLoad>(
-      NotServedYet("WorkerControl", "GetLoad", kNeedsEngine));
+  if (loads_ == nullptr) {
+    return new FinishedWriteReactor<WorkerLoad>(
+        NotServedYet("WorkerControl", "GetLoad", kNeedsEngine));
+  }
+  return loads_->Open(context, request);
+}
+
+WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity, const engine::EngineStats& stats,
+                               int32_t kv_blocks_reserved, int32_t kv_waiting_sequences,
+                               absl::Time now) {
+  WorkerLoad load;
+  load.set_worker_id(identity.worker_id);
+  load.set_incarnation(identity.incarnation);
+  const int64_t nanos = absl::ToUnixNanos(now);
+  load.mutable_sample_time()->set_seconds(nanos / 1000000000);
+  load.mutable_sample_time()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  load.set_role(identity.role);
+  load.set_state(trident::v1::SERVING_STATE_SERVING);
+  load.set_running_sequences(stats.running);
+  load.set_waiting_sequences(stats.waiting);
+  load.set_kv_waiting_sequences(kv_waiting_sequences);
+  load.set_queued_prefill_tokens(stats.queued_prefill_tokens);
+  load.set_kv_blocks_free(stats.blocks_free);
+  load.set_kv_blocks_used(stats.blocks_total - stats.blocks_free);
+  load.set_kv_blocks_reserved(kv_blocks_reserved);
+  load.set_kv_blocks_total(stats.blocks_total);
+  load.set_prefill_tokens_per_second(stats.prefill_tokens_per_second);
+  if (stats.decode_step_seconds > 0) {
+    const int64_t step = static_cast<int64_t>(stats.decode_step_seconds * 1e9);
+    load.mutable_decode_step_time()->set_seconds(step / 1000000000);
+    load.mutable_decode_step_time()->set_nanos(static_cast<int32_t>(step % 1000000000));
+  }
+  load.set_batch_context_tokens(stats.batch_context_tokens);
+  return load;
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::SetRole(grpc::CallbackServerContext* context,

@@ -13,7 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/engine/engine.h"
+#include "services/worker/load_streams.h"
 #include "trident/v1/cluster.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -63,8 +65,10 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
 // Thread-safe.
 class WorkerControlService final : public trident::v1::WorkerControl::CallbackService {
  public:
-  // `engine` (may be null when no model is loaded) must outlive the service.
-  explicit WorkerControlService(engine::Engine* engine = nullptr) : engine_(engine) {}
+  // `engine` and `loads` (either may be null when no model is loaded) must
+  // outlive the service.
+  explicit WorkerControlService(engine::Engine* engine = nullptr, LoadStreams* loads = nullptr)
+      : engine_(engine), loads_(loads) {}
 
   grpc::ServerWriteReactor<trident::v1::WorkerLoad>* GetLoad(
       grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) override;
@@ -77,7 +81,22 @@ class WorkerControlService final : public trident::v1::WorkerControl::CallbackSe
 
  private:
   engine::Engine* engine_;
+  LoadStreams* loads_;
 };
+
+// Identity and state a load sample reports beside the engine's figures.
+struct WorkerIdentity {
+  std::string worker_id;
+  uint64_t incarnation = 0;
+  trident::v1::Role role = trident::v1::ROLE_BOTH;
+};
+
+// A WorkerLoad from the engine's stats (and reservation counts, 0 without
+// a decode role), stamped `now`.
+trident::v1::WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity,
+                                            const engine::EngineStats& stats,
+                                            int32_t kv_blocks_reserved,
+                                            int32_t kv_waiting_sequences, absl::Time now);
 
 }  // namespace trident::worker
 

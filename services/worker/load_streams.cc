@@ -1,0 +1,144 @@
+#include "services/worker/load_streams.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/reactors.h"
+#include "common/grpc/status.h"
+#include "common/status/error_details.h"
+
+namespace trident::worker {
+
+using ::trident::v1::WorkerLoad;
+
+class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
+ public:
+  Stream(LoadStreams* owner, absl::Duration interval) : owner_(owner), interval_(interval) {}
+
+  // Under owner_->mu_: writes `sample` if the previous write is done and the
+  // stream is due (or `force`); returns when it is next due.
+  absl::Time MaybeWrite(const WorkerLoad& sample, absl::Time now, bool force)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+    if (finishing_) return absl::InfiniteFuture();
+    if (!writing_ && (force || now >= next_due_)) {
+      message_ = sample;
+      writing_ = true;
+      next_due_ = now + interval_;
+      StartWrite(&message_);
+    }
+    return next_due_;
+  }
+
+  // Under owner_->mu_.
+  void End(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+    if (finishing_) return;
+    finishing_ = true;
+    end_status_ = status;
+    if (!writing_) Finish(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&owner_->mu_);
+    writing_ = false;
+    if (!ok && !finishing_) {
+      finishing_ = true;
+      end_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the load stream's reader is gone");
+    }
+    if (finishing_) Finish(end_status_);
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&owner_->mu_);
+    End(grpc::Status(grpc::StatusCode::CANCELLED, "GetLoad cancelled"));
+  }
+
+  void OnDone() override {
+    owner_->Remove(this);
+    delete this;
+  }
+
+ private:
+  LoadStreams* const owner_;
+  const absl::Duration interval_;
+  absl::Time next_due_ = absl::InfinitePast();
+  bool writing_ = false;
+  bool finishing_ = false;
+  grpc::Status end_status_;
+  WorkerLoad message_;
+};
+
+LoadStreams::LoadStreams(Sampler sample) : sample_(std::move(sample)) {
+  ticker_ = std::thread([this] { Tick(); });
+}
+
+LoadStreams::~LoadStreams() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (Stream* s : streams_) {
+      s->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"));
+    }
+    auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_.empty(); };
+    mu_.Await(absl::Condition(&all_done));
+  }
+  ticker_.join();
+}
+
+grpc::ServerWriteReactor<WorkerLoad>* LoadStreams::Open(
+    grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) {
+  absl::Duration interval = absl::Milliseconds(100);
+  if (request->has_interval()) {
+    interval = absl::Seconds(request->interval().seconds()) +
+               absl::Nanoseconds(request->interval().nanos());
+    if (interval < absl::Milliseconds(10) || interval > absl::Seconds(60)) {
+      return new FinishedWriteReactor<WorkerLoad>(InvalidArgumentForField(
+          "interval",
+          absl::StrCat("must be within [10ms, 60s], got ", absl::FormatDuration(interval))));
+    }
+  }
+  const WorkerLoad first = sample_();
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    return new FinishedWriteReactor<WorkerLoad>(
+        absl::UnavailableError("the worker is shutting down"));
+  }
+  auto* stream = new Stream(this, interval);
+  streams_.insert(stream);
+  stream->MaybeWrite(first, absl::Now(), /*force=*/true);
+  return stream;
+}
+
+void LoadStreams::Remove(Stream* stream) {
+  absl::MutexLock lock(&mu_);
+  streams_.erase(stream);
+}
+
+int LoadStreams::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(streams_.size());
+}
+
+void LoadStreams::Tick() {
+  absl::Time next = absl::Now() + absl::Milliseconds(10);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      // Wakes at the earliest due stream (at least every 10 ms while any
+      // stream is open, since a stream busy writing has no due time yet).
+      mu_.AwaitWithDeadline(absl::Condition(&stop), next);
+      if (stopping_) return;
+      if (streams_.empty()) {
+        next = absl::Now() + absl::Milliseconds(50);
+        continue;
+      }
+    }
+    const WorkerLoad sample = sample_();
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    next = now + absl::Milliseconds(10);
+    for (Stream* s : streams_) next = std::min(next, s->MaybeWrite(sample, now, false));
+  }
+}
+
+}  // namespace trident::worker
