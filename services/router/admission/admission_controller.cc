@@ -111,6 +111,11 @@ struct AdmissionController::Worker {
   std::vector<uint32_t> decode_records;
   // KV blocks (prompt + max output) of those records, per class.
   std::vector<int64_t> class_kv_blocks;
+  // Released since the last report but still in it: sequences running then,
+  // their context, and the blocks they held then.
+  double released_sequences = 0;
+  double released_context_tokens = 0;
+  double released_blocks = 0;
 };
 
 struct AdmissionController::PrefillEval {
@@ -187,6 +192,9 @@ absl::Status AdmissionController::UpdateLoad(const WorkerLoadReport& report) {
   ++worker.report_seq;
   worker.tokens_since_report = 0;
   worker.requests_since_report = 0;
+  worker.released_sequences = 0;
+  worker.released_context_tokens = 0;
+  worker.released_blocks = 0;
   if (report.running_sequences > 0 && report.decode_step_time > absl::ZeroDuration()) {
     worker.decode_model.AddSample(report.running_sequences, report.batch_context_tokens,
                                   report.decode_step_time);
@@ -260,10 +268,32 @@ void AdmissionController::PrefillBacklog(const Worker& worker, double now, doubl
   *seconds = remaining + a * worker.requests_since_report + b * worker.tokens_since_report;
 }
 
+void AdmissionController::InReport(const Worker& worker, const Record& r, double now,
+                                   double* sequences, double* context_tokens,
+                                   double* blocks) const {
+  *sequences = 0;
+  *context_tokens = 0;
+  *blocks = 0;
+  const double block = options_.kv_block_size_tokens;
+  const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
+  const double tpot = std::max(r.tpot, absl::ToDoubleSeconds(worker.report.decode_step_time));
+  // Ties count as not yet reported: the conservative side for blocks.
+  if (r.prefill_done && start < worker.received) {
+    // Running when the report was sampled: part of its batch and blocks.
+    const double generated =
+        std::clamp((worker.received - start) / tpot, 0.0, double(r.max_output_tokens));
+    *sequences = 1;
+    *context_tokens = r.prompt_tokens + generated;
+    *blocks = std::ceil((r.prompt_tokens + generated) / block);
+  } else if (r.admitted < worker.received) {
+    // Its prompt's reservation existed when the report was sampled.
+    *blocks = std::ceil(r.prompt_tokens / block);
+  }
+}
+
 void AdmissionController::ForecastDecode(const Worker& worker, double now, double t,
                                          DecodeEval* eval) const {
   const WorkerLoadReport& report = worker.report;
-  const double block = options_.kv_block_size_tokens;
   const double reported_step = absl::ToDoubleSeconds(report.decode_step_time);
   double known_in_report = 0;
   double known_in_report_context = 0;
@@ -280,18 +310,10 @@ void AdmissionController::ForecastDecode(const Worker& worker, double now, doubl
     // worker's current step time bounds their TPOT from below.
     const double tpot = std::max(r.tpot, reported_step);
     const double finish = start + r.max_output_tokens * tpot;
-    double blocks_in_report = 0;
-    if (r.prefill_done && start <= worker.received) {
-      // Running when the report was sampled: part of its batch and blocks.
-      const double generated =
-          std::clamp((worker.received - start) / tpot, 0.0, double(r.max_output_tokens));
-      known_in_report += 1;
-      known_in_report_context += r.prompt_tokens + generated;
-      blocks_in_report = std::ceil((r.prompt_tokens + generated) / block);
-    } else if (r.admitted <= worker.received) {
-      // Its prompt's reservation existed when the report was sampled.
-      blocks_in_report = std::ceil(r.prompt_tokens / block);
-    }
+    double sequences_in_report, context_in_report, blocks_in_report;
+    InReport(worker, r, now, &sequences_in_report, &context_in_report, &blocks_in_report);
+    known_in_report += sequences_in_report;
+    known_in_report_context += context_in_report;
     future_blocks += std::max(0.0, r.blocks - blocks_in_report);
     if (finish > t) {
       batch += 1;
@@ -301,11 +323,12 @@ void AdmissionController::ForecastDecode(const Worker& worker, double now, doubl
   }
   // Sequences the report counts that this router did not admit (or lost):
   // assumed to keep running.
-  batch += std::max(0.0, report.running_sequences - known_in_report);
-  context += std::max(0.0, report.batch_context_tokens - known_in_report_context);
+  batch += std::max(0.0, report.running_sequences - known_in_report - worker.released_sequences);
+  context += std::max(
+      0.0, report.batch_context_tokens - known_in_report_context - worker.released_context_tokens);
   eval->batch = batch;
   eval->context_tokens = context;
-  eval->free_blocks = report.kv_blocks_free - future_blocks;
+  eval->free_blocks = report.kv_blocks_free + worker.released_blocks - future_blocks;
   eval->min_tpot_target = min_target;
 }
 
@@ -433,11 +456,18 @@ void AdmissionController::MarkPrefillDone(AdmissionId id) {
 }
 
 void AdmissionController::Release(AdmissionId id) {
+  const double now = NowSeconds();
   absl::MutexLock lock(&mu_);
   Record* r = FindRecord(id);
   if (r == nullptr) return;
   if (!r->prefill_done) EndPrefill(*r);
   Worker& d = *workers_[r->decode];
+  // What the decode worker's last report still counts of it is free now.
+  double sequences, context_tokens, blocks;
+  InReport(d, *r, now, &sequences, &context_tokens, &blocks);
+  d.released_sequences += sequences;
+  d.released_context_tokens += context_tokens;
+  d.released_blocks += blocks;
   const uint32_t slot = d.decode_records[r->decode_pos];
   const uint32_t moved = d.decode_records.back();
   d.decode_records[r->decode_pos] = moved;

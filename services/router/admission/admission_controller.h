@@ -251,6 +251,10 @@ class AdmissionController {
   // Predicted seconds of prefill backlog on `worker` now, and its tokens.
   void PrefillBacklog(const Worker& worker, double now, double* seconds, double* tokens) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What `worker`'s last report counts of record `r`: a running sequence, its
+  // context tokens and its KV blocks then.
+  void InReport(const Worker& worker, const Record& r, double now, double* sequences,
+                double* context_tokens, double* blocks) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forecast of `worker`'s decode batch at time `t` (seconds since origin).
   void ForecastDecode(const Worker& worker, double now, double t, DecodeEval* eval) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

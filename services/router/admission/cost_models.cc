@@ -9,9 +9,12 @@ namespace trident::router::admission {
 
 PrefillModel::PrefillModel(const PrefillModelOptions& options)
     : prior_fixed_seconds_(absl::ToDoubleSeconds(options.prior_fixed_time)),
-      fit_(/*num_features=*/2, options.window, options.prior_weight,
-           {prior_fixed_seconds_, 1.0 / options.prior_tokens_per_second, 0},
-           {1.0, options.token_scale, 1.0}) {
+      fit_(/*num_features=*/2, options.window,
+           FitPrior{.values = {prior_fixed_seconds_, 1.0 / options.prior_tokens_per_second, 0},
+                    .scales = {1.0, options.token_scale, 1.0},
+                    .weight = options.prior_weight,
+                    .fade_samples = options.prior_fade_samples,
+                    .ridge = options.ridge}) {
   TRIDENT_CHECK(options.prior_tokens_per_second > 0);
 }
 
@@ -30,11 +33,14 @@ double PrefillModel::PredictSeconds(int64_t tokens) const {
 }
 
 DecodeModel::DecodeModel(const DecodeModelOptions& options)
-    : fit_(/*num_features=*/3, options.window, options.prior_weight,
-           {absl::ToDoubleSeconds(options.prior_step_fixed),
-            absl::ToDoubleSeconds(options.prior_per_sequence),
-            absl::ToDoubleSeconds(options.prior_per_context_token)},
-           {1.0, options.batch_scale, options.context_scale}) {}
+    : fit_(/*num_features=*/3, options.window,
+           FitPrior{.values = {absl::ToDoubleSeconds(options.prior_step_fixed),
+                               absl::ToDoubleSeconds(options.prior_per_sequence),
+                               absl::ToDoubleSeconds(options.prior_per_context_token)},
+                    .scales = {1.0, options.batch_scale, options.context_scale},
+                    .weight = options.prior_weight,
+                    .fade_samples = options.prior_fade_samples,
+                    .ridge = options.ridge}) {}
 
 void DecodeModel::AddSample(int64_t batch, int64_t context_tokens, absl::Duration step_time) {
   if (batch <= 0 || context_tokens < 0 || step_time <= absl::ZeroDuration()) return;

@@ -34,12 +34,15 @@ namespace trident::router::admission {
 // return) and 10,000 tokens/s, about an 8B-parameter model's prefill on one
 // modern GPU (2 * 8e9 FLOP per token at ~200 TFLOP/s effective is ~12,500
 // tokens/s). The prior is worth `prior_weight` samples of `token_scale`
-// tokens. A worker's own reported throughput (WorkerLoad's
-// prefill_tokens_per_second) replaces the prior's slope once seen.
+// tokens, fading out over `prior_fade_samples` samples (linear_fit.h). A
+// worker's own reported throughput (WorkerLoad's prefill_tokens_per_second)
+// replaces the prior's slope once seen.
 struct PrefillModelOptions {
   absl::Duration prior_fixed_time = absl::Milliseconds(5);
   double prior_tokens_per_second = 10000;
   double prior_weight = 2;
+  double prior_fade_samples = 16;
+  double ridge = 0.01;
   double token_scale = 1024;
   std::size_t window = 128;
 };
@@ -79,12 +82,17 @@ class PrefillModel {
 // and sampling overheads), 0.1 ms per sequence in the batch, 30 ns per
 // context token (Llama-3-8B's KV is 128 KiB per token; reading it at
 // ~4.8 TB/s takes ~27 ns). The prior is worth `prior_weight` samples at
-// `batch_scale` sequences and `context_scale` tokens.
+// `batch_scale` sequences and `context_scale` tokens, fading out over
+// `prior_fade_samples` samples; `ridge` stays, for conditioning. Load reports
+// often move batch and context together, so the ridge (centred on the
+// prior) is what keeps their split defined.
 struct DecodeModelOptions {
   absl::Duration prior_step_fixed = absl::Milliseconds(8);
   absl::Duration prior_per_sequence = absl::Microseconds(100);
   absl::Duration prior_per_context_token = absl::Nanoseconds(30);
   double prior_weight = 2;
+  double prior_fade_samples = 32;
+  double ridge = 0.01;
   double batch_scale = 32;
   double context_scale = 32768;
   std::size_t window = 256;

@@ -40,17 +40,18 @@ Vec Solve(Mat a, Vec b, int n) {
 
 }  // namespace
 
-WindowedRidgeFit::WindowedRidgeFit(int num_features, std::size_t window, double prior_weight,
-                                   Vec prior, Vec scale)
+WindowedRidgeFit::WindowedRidgeFit(int num_features, std::size_t window, const FitPrior& prior)
     : num_features_(num_features),
       window_(window),
-      prior_weight_(prior_weight),
-      prior_(prior),
-      scale_(scale),
+      prior_weight_(prior.weight),
+      fade_samples_(prior.fade_samples),
+      ridge_(prior.ridge),
+      prior_(prior.values),
+      scale_(prior.scales),
       theta_{} {
   TRIDENT_CHECK(num_features >= 1 && num_features <= kMaxFitFeatures) << num_features;
   TRIDENT_CHECK(window >= 1);
-  TRIDENT_CHECK(prior_weight > 0);
+  TRIDENT_CHECK(prior_weight_ >= 0 && fade_samples_ >= 1 && ridge_ > 0);
   for (int j = 0; j < num_features_; ++j) {
     TRIDENT_CHECK(scale_[j] > 0 && prior_[j] >= 0) << "feature " << j;
   }
@@ -107,9 +108,11 @@ void WindowedRidgeFit::Refit() {
       for (int c = 0; c < n; ++c) zz[r][c] += z[r] * z[c];
     }
   }
+  const double weight =
+      prior_weight_ * std::max(0.0, 1.0 - static_cast<double>(count_) / fade_samples_) + ridge_;
   for (int j = 0; j < n; ++j) {
-    zz[j][j] += prior_weight_;
-    zy[j] += prior_weight_ * prior_[j] * scale_[j];
+    zz[j][j] += weight;
+    zy[j] += weight * prior_[j] * scale_[j];
   }
 
   // Active set: features still free to take a nonzero coefficient.
