@@ -22,6 +22,7 @@ using ::trident::testing::StatusIs;
 //   prefill: 10 ms + n / 10,000 s;  decode step: 10 ms + 1 ms * batch.
 AdmissionOptions KnownModelOptions() {
   AdmissionOptions options;
+  options.slo_margin = 1.0;  // Exact thresholds; SloMarginLeavesHeadroom covers the margin.
   options.kv_block_size_tokens = 16;
   options.prefill_model.prior_fixed_time = absl::Milliseconds(10);
   options.prefill_model.prior_tokens_per_second = 10000;
@@ -466,6 +467,26 @@ TEST(AdmissionControllerTest, InvalidRequestsAndReportsAreInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("d0")));
   EXPECT_THAT(cluster.controller().UpdateLoad(WorkerLoadReport()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("worker_id")));
+}
+
+TEST(AdmissionControllerTest, SloMarginLeavesHeadroom) {
+  AdmissionOptions options = KnownModelOptions();
+  options.slo_margin = 0.9;
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // Predicted TTFT 110 ms: within 120 ms but not within 0.9 * 120 = 108 ms.
+  AdmissionDecision decision =
+      cluster.Admit(Request(1000, 10, absl::Milliseconds(120), absl::Seconds(1)));
+  EXPECT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTtft);
+  // 2 ms of backlog to drain, raised to the minimum retry delay.
+  EXPECT_EQ(decision.retry_after, options.min_retry_after);
+  // Predicted TPOT 11 ms: not within 0.9 * 12 ms.
+  decision = cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(12)));
+  EXPECT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTpot);
+  EXPECT_TRUE(cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(13))).admitted);
 }
 
 TEST(AdmissionControllerTest, ClassDefaultsApplyWhenTheRequestLeavesTargetsUnset) {
