@@ -1,0 +1,699 @@
+#include "services/router/admission/admission_controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+#include "common/status/error_details.h"
+
+namespace trident::router::admission {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Stages of the decision, in the order a candidate pair passes them. A
+// rejection reports the furthest stage any candidate failed at.
+enum Stage : int {
+  kStagePassed = 0,
+  kStageKv = 1,
+  kStageDecodeClass = 2,
+  kStageTpot = 3,
+  kStagePrefillClass = 4,
+  kStageTtft = 5,
+};
+
+absl::Duration ToDuration(double seconds) {
+  return std::isfinite(seconds) ? absl::Seconds(seconds) : absl::InfiniteDuration();
+}
+
+double ToSeconds(const absl::optional<absl::Duration>& d) {
+  return d.has_value() ? absl::ToDoubleSeconds(*d) : kInf;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+absl::string_view RejectReasonName(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::kTtft:
+      return "ttft";
+    case RejectReason::kTpot:
+      return "tpot";
+    case RejectReason::kKvCapacity:
+      return "kv_capacity";
+    case RejectReason::kNoWorkers:
+      return "no_workers";
+    case RejectReason::kClassCapacity:
+      return "class_capacity";
+  }
+  return "unknown";
+}
+
+absl::Status RejectionStatus(const AdmissionDecision& decision) {
+  return ResourceExhaustedWithRetry(
+      absl::StrCat("admission rejected the request (reason ", RejectReasonName(decision.reason),
+                   "): predicted TTFT ", absl::FormatDuration(decision.predicted_ttft),
+                   ", predicted TPOT ", absl::FormatDuration(decision.predicted_tpot),
+                   "; retry after ", absl::FormatDuration(decision.retry_after)),
+      decision.retry_after);
+}
+
+struct AdmissionController::Record {
+  uint32_t generation = 1;
+  bool in_use = false;
+  bool prefill_done = false;
+  int prefill = -1;
+  int decode = -1;
+  int klass = 0;
+  int64_t prompt_tokens = 0;
+  int64_t max_output_tokens = 0;
+  int64_t blocks = 0;
+  // Seconds since origin_.
+  double admitted = 0;
+  // Predicted start of decoding until prefill_done, then the actual one.
+  double decode_start = 0;
+  // TPOT predicted at admission.
+  double tpot = 0;
+  // The request's TPOT target; kInf if none.
+  double tpot_target = kInf;
+  // The prefill worker's report_seq at admission: while equal, the prompt
+  // counts in the worker's `*_since_report` sums.
+  uint64_t prefill_report_seq = 0;
+  // Position in the decode worker's `decode_records`.
+  uint32_t decode_pos = 0;
+};
+
+struct AdmissionController::Worker {
+  Worker(std::string worker_id, const AdmissionOptions& options, size_t num_classes)
+      : id(std::move(worker_id)),
+        prefill_model(options.prefill_model),
+        decode_model(options.decode_model),
+        class_prefill_tokens(num_classes, 0),
+        class_kv_blocks(num_classes, 0) {}
+
+  std::string id;
+  bool present = true;
+  bool has_report = false;
+  WorkerLoadReport report;
+  double received = 0;
+  uint64_t report_seq = 0;
+  PrefillModel prefill_model;
+  DecodeModel decode_model;
+  // Prefill side: prompts admitted since the last report (not in its queue).
+  int64_t tokens_since_report = 0;
+  int64_t requests_since_report = 0;
+  // Prompt tokens admitted and not yet prefilled, per class.
+  std::vector<int64_t> class_prefill_tokens;
+  // Decode side: slots of the records decoding (or to decode) here.
+  std::vector<uint32_t> decode_records;
+  // KV blocks (prompt + max output) of those records, per class.
+  std::vector<int64_t> class_kv_blocks;
+  // Released since the last report but still in it: sequences running then,
+  // their context, and the blocks they held then.
+  double released_sequences = 0;
+  double released_context_tokens = 0;
+  double released_blocks = 0;
+};
+
+struct AdmissionController::PrefillEval {
+  bool eligible = false;
+  int stage = kStagePassed;
+  double backlog_tokens = 0;
+  double ttft = kInf;   // Including the transfer.
+  double transfer = 0;  // Part of `ttft`.
+  double retry = -1;    // Seconds until it would pass; < 0 unknown.
+};
+
+struct AdmissionController::DecodeEval {
+  bool eligible = false;
+  int stage = kStagePassed;
+  // Forecast at T, excluding this request.
+  double batch = 0;
+  double context_tokens = 0;
+  double free_blocks = 0;
+  double min_tpot_target = kInf;
+  // Prediction including this request.
+  double tpot = kInf;
+  double slack = -kInf;
+};
+
+AdmissionController::AdmissionController(AdmissionOptions options, QosConfig qos,
+                                         const Clock* clock)
+    : options_(std::move(options)),
+      qos_(std::move(qos)),
+      clock_(clock),
+      origin_(clock->Now()),
+      transfer_(options_.transfer_model) {
+  TRIDENT_CHECK(options_.kv_block_size_tokens > 0);
+  TRIDENT_CHECK(options_.slo_margin > 0);
+  TRIDENT_CHECK(!qos_.classes.empty());
+}
+
+AdmissionController::~AdmissionController() = default;
+
+double AdmissionController::NowSeconds() const {
+  return absl::ToDoubleSeconds(clock_->Now() - origin_);
+}
+
+absl::Status AdmissionController::UpdateLoad(const WorkerLoadReport& report) {
+  if (report.worker_id.empty()) {
+    return absl::InvalidArgumentError("WorkerLoadReport.worker_id: must not be empty");
+  }
+  if (report.running_sequences < 0 || report.waiting_sequences < 0 ||
+      report.queued_prefill_tokens < 0 || report.batch_context_tokens < 0 ||
+      report.kv_blocks_free < 0 || report.kv_blocks_free > report.kv_blocks_total ||
+      !(report.prefill_tokens_per_second >= 0) || report.decode_step_time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WorkerLoadReport of ", report.worker_id,
+        ": counts must not be negative and kv_blocks_free must not exceed kv_blocks_total"));
+  }
+  const double now = NowSeconds();
+  absl::MutexLock lock(&mu_);
+  auto it = worker_index_.find(report.worker_id);
+  int index;
+  if (it == worker_index_.end()) {
+    index = static_cast<int>(workers_.size());
+    workers_.push_back(std::make_unique<Worker>(report.worker_id, options_, qos_.classes.size()));
+    worker_index_.emplace(report.worker_id, index);
+    prefill_scratch_.resize(workers_.size());
+    decode_scratch_.resize(workers_.size());
+  } else {
+    index = it->second;
+  }
+  Worker& worker = *workers_[index];
+  worker.present = true;
+  worker.has_report = true;
+  worker.report = report;
+  worker.received = now;
+  // The report's queue now holds every prompt admitted before it.
+  ++worker.report_seq;
+  worker.tokens_since_report = 0;
+  worker.requests_since_report = 0;
+  worker.released_sequences = 0;
+  worker.released_context_tokens = 0;
+  worker.released_blocks = 0;
+  if (report.running_sequences > 0 && report.decode_step_time > absl::ZeroDuration()) {
+    worker.decode_model.AddSample(report.running_sequences, report.batch_context_tokens,
+                                  report.decode_step_time);
+  }
+  worker.prefill_model.SetReportedThroughput(report.prefill_tokens_per_second);
+  return absl::OkStatus();
+}
+
+void AdmissionController::RemoveWorker(absl::string_view worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return;
+  Worker& worker = *workers_[it->second];
+  worker.present = false;
+  worker.has_report = false;
+}
+
+void AdmissionController::ObservePrefill(absl::string_view worker_id, int64_t tokens,
+                                         absl::Duration compute_time) {
+  absl::MutexLock lock(&mu_);
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return;
+  workers_[it->second]->prefill_model.AddSample(tokens, compute_time);
+}
+
+void AdmissionController::ObserveTransfer(int64_t bytes, absl::Duration transfer_time) {
+  absl::MutexLock lock(&mu_);
+  transfer_.Observe(bytes, transfer_time);
+}
+
+int AdmissionController::num_in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return num_in_flight_;
+}
+
+absl::optional<WorkerModelSnapshot> AdmissionController::ModelsOf(
+    absl::string_view worker_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return absl::nullopt;
+  const Worker& worker = *workers_[it->second];
+  WorkerModelSnapshot snapshot;
+  snapshot.prefill_fixed_seconds = worker.prefill_model.fixed_seconds();
+  snapshot.prefill_seconds_per_token = worker.prefill_model.seconds_per_token();
+  snapshot.decode_fixed_seconds = worker.decode_model.fixed_seconds();
+  snapshot.decode_seconds_per_sequence = worker.decode_model.seconds_per_sequence();
+  snapshot.decode_seconds_per_context_token = worker.decode_model.seconds_per_context_token();
+  return snapshot;
+}
+
+double AdmissionController::transfer_gigabytes_per_second() const {
+  absl::MutexLock lock(&mu_);
+  return transfer_.gigabytes_per_second();
+}
+
+bool AdmissionController::Eligible(const Worker& worker, double now) const {
+  return worker.present && worker.has_report && worker.report.accepting &&
+         now - worker.received <= absl::ToDoubleSeconds(options_.stale_after);
+}
+
+void AdmissionController::PrefillBacklog(const Worker& worker, double now, double* seconds,
+                                         double* tokens) const {
+  const double a = worker.prefill_model.fixed_seconds();
+  const double b = worker.prefill_model.seconds_per_token();
+  const WorkerLoadReport& report = worker.report;
+  // The reported queue drains at the fitted rate from when it was received.
+  const double reported = a * report.waiting_sequences + b * report.queued_prefill_tokens;
+  const double remaining = std::max(0.0, reported - (now - worker.received));
+  const double fraction = reported > 0 ? remaining / reported : 0;
+  *tokens = fraction * report.queued_prefill_tokens + worker.tokens_since_report;
+  *seconds = remaining + a * worker.requests_since_report + b * worker.tokens_since_report;
+}
+
+void AdmissionController::InReport(const Worker& worker, const Record& r, double now,
+                                   double* sequences, double* context_tokens,
+                                   double* blocks) const {
+  *sequences = 0;
+  *context_tokens = 0;
+  *blocks = 0;
+  const double block = options_.kv_block_size_tokens;
+  const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
+  const double tpot = std::max(r.tpot, absl::ToDoubleSeconds(worker.report.decode_step_time));
+  // Ties count as not yet reported: the conservative side for blocks.
+  if (r.prefill_done && start < worker.received) {
+    // Running when the report was sampled: part of its batch and blocks.
+    const double generated =
+        std::clamp((worker.received - start) / tpot, 0.0, double(r.max_output_tokens));
+    *sequences = 1;
+    *context_tokens = r.prompt_tokens + generated;
+    *blocks = std::ceil((r.prompt_tokens + generated) / block);
+  } else if (r.admitted < worker.received) {
+    // Its prompt's reservation existed when the report was sampled.
+    *blocks = std::ceil(r.prompt_tokens / block);
+  }
+}
+
+void AdmissionController::ForecastDecode(const Worker& worker, double now, double t,
+                                         DecodeEval* eval) const {
+  const WorkerLoadReport& report = worker.report;
+  const double reported_step = absl::ToDoubleSeconds(report.decode_step_time);
+  double known_in_report = 0;
+  double known_in_report_context = 0;
+  double future_blocks = 0;
+  double batch = 0;
+  double context = 0;
+  double min_target = kInf;
+  for (uint32_t slot : worker.decode_records) {
+    const Record& r = records_[slot];
+    // Not yet marked done: decoding from its predicted start, or from now if
+    // that passed already.
+    const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
+    // Sequences slow down as the batch grows after their admission; the
+    // worker's current step time bounds their TPOT from below.
+    const double tpot = std::max(r.tpot, reported_step);
+    const double finish = start + r.max_output_tokens * tpot;
+    double sequences_in_report, context_in_report, blocks_in_report;
+    InReport(worker, r, now, &sequences_in_report, &context_in_report, &blocks_in_report);
+    known_in_report += sequences_in_report;
+    known_in_report_context += context_in_report;
+    future_blocks += std::max(0.0, r.blocks - blocks_in_report);
+    if (finish > t) {
+      batch += 1;
+      context += r.prompt_tokens + std::clamp((t - start) / tpot, 0.0, double(r.max_output_tokens));
+      min_target = std::min(min_target, r.tpot_target);
+    }
+  }
+  // Sequences the report counts that this router did not admit (or lost):
+  // assumed to keep running.
+  batch += std::max(0.0, report.running_sequences - known_in_report - worker.released_sequences);
+  context += std::max(
+      0.0, report.batch_context_tokens - known_in_report_context - worker.released_context_tokens);
+  eval->batch = batch;
+  eval->context_tokens = context;
+  eval->free_blocks = report.kv_blocks_free + worker.released_blocks - future_blocks;
+  eval->min_tpot_target = min_target;
+}
+
+double AdmissionController::UnusedReservedByOthers(const std::vector<int64_t>& used_by_class,
+                                                   double capacity, int klass) const {
+  double unused = 0;
+  for (size_t c = 0; c < qos_.classes.size(); ++c) {
+    if (static_cast<int>(c) == klass) continue;
+    unused += std::max(0.0, qos_.classes[c].reserved_fraction * capacity - used_by_class[c]);
+  }
+  return unused;
+}
+
+double AdmissionController::DecodeWaitSeconds(const Worker& worker, const DecodeEval& eval,
+                                              double now, double t, int64_t prompt_tokens,
+                                              int64_t need_blocks, int klass, double tpot_limit) {
+  const double reported_step = absl::ToDoubleSeconds(worker.report.decode_step_time);
+  finish_scratch_.clear();
+  for (uint32_t slot : worker.decode_records) {
+    const Record& r = records_[slot];
+    const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
+    const double tpot = std::max(r.tpot, reported_step);
+    const double finish = start + r.max_output_tokens * tpot;
+    if (finish > t) finish_scratch_.emplace_back(finish, slot);
+  }
+  std::sort(finish_scratch_.begin(), finish_scratch_.end());
+  // Take the counted sequences out of the forecast at T one by one, earliest
+  // finish first, until this request would pass: then it may retry once that
+  // sequence is predicted done, i.e. (finish - T) from now.
+  class_scratch_.assign(worker.class_kv_blocks.begin(), worker.class_kv_blocks.end());
+  double batch = eval.batch;
+  double context = eval.context_tokens;
+  double free_blocks = eval.free_blocks;
+  const double capacity = worker.report.kv_blocks_total;
+  for (const auto& [finish, slot] : finish_scratch_) {
+    const Record& r = records_[slot];
+    const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
+    const double tpot = std::max(r.tpot, reported_step);
+    batch -= 1;
+    context -= r.prompt_tokens + std::clamp((t - start) / tpot, 0.0, double(r.max_output_tokens));
+    free_blocks += r.blocks;
+    class_scratch_[r.klass] -= r.blocks;
+    const bool kv_ok =
+        free_blocks - UnusedReservedByOthers(class_scratch_, capacity, klass) >= need_blocks;
+    const bool tpot_ok =
+        worker.decode_model.PredictSeconds(
+            static_cast<int64_t>(std::max(batch, 0.0)) + 1,
+            static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <= tpot_limit;
+    if (kv_ok && tpot_ok) return finish - t;
+  }
+  return -1;
+}
+
+absl::Duration AdmissionController::ClampRetry(double seconds) const {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return options_.default_retry_after;
+  return std::clamp(absl::Seconds(seconds), options_.min_retry_after, options_.max_retry_after);
+}
+
+AdmissionController::Record* AdmissionController::FindRecord(AdmissionId id) {
+  const uint32_t slot = static_cast<uint32_t>(id & 0xffffffffu);
+  const uint32_t generation = static_cast<uint32_t>(id >> 32);
+  if (slot >= records_.size()) return nullptr;
+  Record& record = records_[slot];
+  if (!record.in_use || record.generation != generation) return nullptr;
+  return &record;
+}
+
+AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int klass, int prefill,
+                                           int decode, double now, double decode_start,
+                                           double tpot_seconds, double tpot_target,
+                                           int64_t need_blocks) {
+  uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(records_.size());
+    records_.emplace_back();
+  }
+  Record& r = records_[slot];
+  r.in_use = true;
+  r.prefill_done = false;
+  r.prefill = prefill;
+  r.decode = decode;
+  r.klass = klass;
+  r.prompt_tokens = request.prompt_tokens;
+  r.max_output_tokens = request.max_output_tokens;
+  r.blocks = need_blocks;
+  r.admitted = now;
+  r.decode_start = decode_start;
+  r.tpot = tpot_seconds;
+  r.tpot_target = tpot_target;
+
+  Worker& p = *workers_[prefill];
+  r.prefill_report_seq = p.report_seq;
+  p.tokens_since_report += request.prompt_tokens;
+  p.requests_since_report += 1;
+  p.class_prefill_tokens[klass] += request.prompt_tokens;
+
+  Worker& d = *workers_[decode];
+  r.decode_pos = static_cast<uint32_t>(d.decode_records.size());
+  d.decode_records.push_back(slot);
+  d.class_kv_blocks[klass] += need_blocks;
+  ++num_in_flight_;
+  return (static_cast<uint64_t>(r.generation) << 32) | slot;
+}
+
+void AdmissionController::EndPrefill(Record& r) {
+  Worker& p = *workers_[r.prefill];
+  if (r.prefill_report_seq == p.report_seq) {
+    p.tokens_since_report -= r.prompt_tokens;
+    p.requests_since_report -= 1;
+  }
+  p.class_prefill_tokens[r.klass] -= r.prompt_tokens;
+  r.prefill_done = true;
+}
+
+void AdmissionController::MarkPrefillDone(AdmissionId id) {
+  const double now = NowSeconds();
+  absl::MutexLock lock(&mu_);
+  Record* r = FindRecord(id);
+  if (r == nullptr || r->prefill_done) return;
+  EndPrefill(*r);
+  r->decode_start = now;
+}
+
+void AdmissionController::Release(AdmissionId id) {
+  const double now = NowSeconds();
+  absl::MutexLock lock(&mu_);
+  Record* r = FindRecord(id);
+  if (r == nullptr) return;
+  if (!r->prefill_done) EndPrefill(*r);
+  Worker& d = *workers_[r->decode];
+  // What the decode worker's last report still counts of it is free now.
+  double sequences, context_tokens, blocks;
+  InReport(d, *r, now, &sequences, &context_tokens, &blocks);
+  d.released_sequences += sequences;
+  d.released_context_tokens += context_tokens;
+  d.released_blocks += blocks;
+  const uint32_t slot = d.decode_records[r->decode_pos];
+  const uint32_t moved = d.decode_records.back();
+  d.decode_records[r->decode_pos] = moved;
+  records_[moved].decode_pos = r->decode_pos;
+  d.decode_records.pop_back();
+  d.class_kv_blocks[r->klass] -= r->blocks;
+  r->in_use = false;
+  ++r->generation;
+  if (r->generation == 0) r->generation = 1;  // Ids are never 0.
+  free_slots_.push_back(slot);
+  --num_in_flight_;
+}
+
+absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequest& request) {
+  if (request.prompt_tokens <= 0) {
+    return absl::InvalidArgumentError("AdmissionRequest.prompt_tokens: must be positive");
+  }
+  if (request.max_output_tokens <= 0) {
+    return absl::InvalidArgumentError("AdmissionRequest.max_output_tokens: must be positive");
+  }
+  if (request.ttft.has_value() && *request.ttft <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("AdmissionRequest.ttft: must be positive");
+  }
+  if (request.tpot.has_value() && *request.tpot <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("AdmissionRequest.tpot: must be positive");
+  }
+  const int klass = qos_.Find(request.qos_class);
+  if (klass < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AdmissionRequest.qos_class: unknown class \"", request.qos_class, "\""));
+  }
+  const QosClass& qos = qos_.classes[klass];
+  const double ttft_target = ToSeconds(request.ttft.has_value() ? request.ttft : qos.default_ttft);
+  const double tpot_target = ToSeconds(request.tpot.has_value() ? request.tpot : qos.default_tpot);
+  const double margin = options_.slo_margin;
+  const int64_t n = request.prompt_tokens;
+  const int64_t need_blocks =
+      CeilDiv(request.prompt_tokens + request.max_output_tokens, options_.kv_block_size_tokens);
+  const double queue_capacity = static_cast<double>(options_.prefill_queue_capacity_tokens);
+
+  AdmissionDecision decision;
+  decision.qos_class_index = klass;
+  const double now = NowSeconds();
+  absl::MutexLock lock(&mu_);
+  const double transfer = transfer_.PredictSeconds(n);
+
+  // Prefill candidates.
+  int num_prefill = 0;
+  double best_pass_ttft = kInf;
+  double best_any_ttft = kInf;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = *workers_[i];
+    PrefillEval& e = prefill_scratch_[i];
+    e = PrefillEval();
+    if (w.report.role == WorkerRole::kDecode || !Eligible(w, now)) continue;
+    e.eligible = true;
+    ++num_prefill;
+    double backlog_seconds;
+    PrefillBacklog(w, now, &backlog_seconds, &e.backlog_tokens);
+    e.transfer = transfer;
+    e.ttft = backlog_seconds + w.prefill_model.PredictSeconds(n) + transfer;
+    best_any_ttft = std::min(best_any_ttft, e.ttft);
+    const double b = w.prefill_model.seconds_per_token();
+    const double queued = e.backlog_tokens + n;
+    const double class_room =
+        queue_capacity - UnusedReservedByOthers(w.class_prefill_tokens, queue_capacity, klass);
+    if (queued > queue_capacity) {
+      e.stage = kStageTtft;
+      e.retry = (queued - queue_capacity) * b;
+    } else if (queued > class_room) {
+      e.stage = kStagePrefillClass;
+      e.retry = (queued - class_room) * b;
+    } else if (e.ttft > ttft_target * margin) {
+      e.stage = kStageTtft;
+      e.retry = e.ttft - ttft_target * margin;
+    } else {
+      best_pass_ttft = std::min(best_pass_ttft, e.ttft);
+    }
+  }
+
+  // Decode candidates, forecast at T: when this request would join a batch.
+  int num_decode = 0;
+  const double t = now + (std::isfinite(best_pass_ttft) ? best_pass_ttft : best_any_ttft);
+  int best_decode = -1;
+  int decode_stage = kStagePassed;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = *workers_[i];
+    DecodeEval& e = decode_scratch_[i];
+    e = DecodeEval();
+    if (w.report.role == WorkerRole::kPrefill || !Eligible(w, now)) continue;
+    e.eligible = true;
+    ++num_decode;
+    ForecastDecode(w, now, t, &e);
+    e.tpot = w.decode_model.PredictSeconds(static_cast<int64_t>(e.batch) + 1,
+                                           static_cast<int64_t>(e.context_tokens) + n);
+    const double limit = std::min(tpot_target, e.min_tpot_target) * margin;
+    e.slack = limit - e.tpot;
+    const double kv_total = w.report.kv_blocks_total;
+    if (e.free_blocks < need_blocks) {
+      e.stage = kStageKv;
+    } else if (e.free_blocks - UnusedReservedByOthers(w.class_kv_blocks, kv_total, klass) <
+               need_blocks) {
+      e.stage = kStageDecodeClass;
+    } else if (e.tpot > limit) {
+      e.stage = kStageTpot;
+    }
+    if (e.stage != kStagePassed) {
+      decode_stage = std::max(decode_stage, e.stage);
+      continue;
+    }
+    if (best_decode < 0) {
+      best_decode = static_cast<int>(i);
+      continue;
+    }
+    const DecodeEval& best = decode_scratch_[best_decode];
+    // Most slack first; with no target (infinite slack), the fastest.
+    if (e.slack > best.slack || (e.slack == best.slack && e.tpot < best.tpot)) {
+      best_decode = static_cast<int>(i);
+    }
+  }
+
+  if (num_prefill == 0 || num_decode == 0) {
+    decision.reason = RejectReason::kNoWorkers;
+    decision.retry_after = options_.default_retry_after;
+    return decision;
+  }
+
+  if (!options_.enabled) {
+    // Admission off: the least-loaded pair, whatever the predictions.
+    int decode = -1;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const DecodeEval& e = decode_scratch_[i];
+      if (!e.eligible) continue;
+      if (decode < 0 || e.batch < decode_scratch_[decode].batch ||
+          (e.batch == decode_scratch_[decode].batch &&
+           e.free_blocks > decode_scratch_[decode].free_blocks)) {
+        decode = static_cast<int>(i);
+      }
+    }
+    int prefill = -1;
+    double ttft = kInf;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const PrefillEval& e = prefill_scratch_[i];
+      if (!e.eligible) continue;
+      const double ttft_i = e.ttft - (static_cast<int>(i) == decode ? e.transfer : 0);
+      if (prefill < 0 || ttft_i < ttft) {
+        prefill = static_cast<int>(i);
+        ttft = ttft_i;
+      }
+    }
+    const double tpot = decode_scratch_[decode].tpot;
+    decision.admitted = true;
+    decision.id =
+        AddRecord(request, klass, prefill, decode, now, now + ttft, tpot, tpot_target, need_blocks);
+    decision.prefill_worker_id = workers_[prefill]->id;
+    decision.decode_worker_id = workers_[decode]->id;
+    decision.predicted_ttft = ToDuration(ttft);
+    decision.predicted_tpot = ToDuration(tpot);
+    return decision;
+  }
+
+  decision.predicted_ttft = ToDuration(best_any_ttft);
+  if (best_decode < 0) {
+    // Early rejection on the decode side, before any prefill is spent.
+    double best_tpot = kInf;
+    double wait = kInf;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const DecodeEval& e = decode_scratch_[i];
+      if (!e.eligible) continue;
+      best_tpot = std::min(best_tpot, e.tpot);
+      const double limit = std::min(tpot_target, e.min_tpot_target) * margin;
+      const double w = DecodeWaitSeconds(*workers_[i], e, now, t, n, need_blocks, klass, limit);
+      if (w >= 0) wait = std::min(wait, w);
+    }
+    decision.reason = decode_stage == kStageKv            ? RejectReason::kKvCapacity
+                      : decode_stage == kStageDecodeClass ? RejectReason::kClassCapacity
+                                                          : RejectReason::kTpot;
+    decision.retry_after = ClampRetry(wait);
+    decision.predicted_tpot = ToDuration(best_tpot);
+    return decision;
+  }
+  decision.predicted_tpot = ToDuration(decode_scratch_[best_decode].tpot);
+
+  // The prefill worker with the least TTFT among those meeting it, with no
+  // transfer when it is the decode worker itself.
+  int best_prefill = -1;
+  double best_ttft = kInf;
+  int prefill_stage = kStagePassed;
+  double wait = kInf;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const PrefillEval& e = prefill_scratch_[i];
+    if (!e.eligible) continue;
+    int stage = e.stage;
+    double ttft = e.ttft;
+    double retry = e.retry;
+    if (static_cast<int>(i) == best_decode) {
+      ttft -= e.transfer;
+      if (stage == kStageTtft && e.backlog_tokens + n <= queue_capacity) {
+        stage = ttft > ttft_target * margin ? kStageTtft : kStagePassed;
+        retry = ttft - ttft_target * margin;
+      }
+    }
+    if (stage != kStagePassed) {
+      prefill_stage = std::max(prefill_stage, stage);
+      wait = std::min(wait, retry);
+      continue;
+    }
+    if (ttft < best_ttft) {
+      best_ttft = ttft;
+      best_prefill = static_cast<int>(i);
+    }
+  }
+  if (best_prefill < 0) {
+    decision.reason =
+        prefill_stage == kStagePrefillClass ? RejectReason::kClassCapacity : RejectReason::kTtft;
+    decision.retry_after = ClampRetry(wait);
+    return decision;
+  }
+
+  decision.admitted = true;
+  decision.id = AddRecord(request, klass, best_prefill, best_decode, now, now + best_ttft,
+                          decode_scratch_[best_decode].tpot, tpot_target, need_blocks);
+  decision.prefill_worker_id = workers_[best_prefill]->id;
+  decision.decode_worker_id = workers_[best_decode]->id;
+  decision.predicted_ttft = ToDuration(best_ttft);
+  return decision;
+}
+
+}  // namespace trident::router::admission

@@ -1,0 +1,507 @@
+#include "services/router/admission/admission_controller.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/status/error_details.h"
+#include "common/testing/status_matchers.h"
+#include "common/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::router::admission {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+// Models with known, fixed coefficients: reports carry no throughput or step
+// time, so the priors are what the controller predicts with.
+//   prefill: 10 ms + n / 10,000 s;  decode step: 10 ms + 1 ms * batch.
+AdmissionOptions KnownModelOptions() {
+  AdmissionOptions options;
+  options.slo_margin = 1.0;  // Exact thresholds; SloMarginLeavesHeadroom covers the margin.
+  options.kv_block_size_tokens = 16;
+  options.prefill_model.prior_fixed_time = absl::Milliseconds(10);
+  options.prefill_model.prior_tokens_per_second = 10000;
+  options.decode_model.prior_step_fixed = absl::Milliseconds(10);
+  options.decode_model.prior_per_sequence = absl::Milliseconds(1);
+  options.decode_model.prior_per_context_token = absl::ZeroDuration();
+  return options;
+}
+
+WorkerLoadReport PrefillLoad(std::string id, int64_t queued_tokens = 0, int32_t waiting = 0) {
+  WorkerLoadReport report;
+  report.worker_id = std::move(id);
+  report.role = WorkerRole::kPrefill;
+  report.queued_prefill_tokens = queued_tokens;
+  report.waiting_sequences = waiting;
+  return report;
+}
+
+WorkerLoadReport DecodeLoad(std::string id, int32_t running = 0, int32_t kv_blocks_free = 10000,
+                            int32_t kv_blocks_total = 10000) {
+  WorkerLoadReport report;
+  report.worker_id = std::move(id);
+  report.role = WorkerRole::kDecode;
+  report.running_sequences = running;
+  report.batch_context_tokens = 1000 * running;
+  report.kv_blocks_free = kv_blocks_free;
+  report.kv_blocks_total = kv_blocks_total;
+  return report;
+}
+
+AdmissionRequest Request(int64_t prompt, int64_t max_output, absl::Duration ttft,
+                         absl::Duration tpot) {
+  AdmissionRequest request;
+  request.prompt_tokens = prompt;
+  request.max_output_tokens = max_output;
+  request.ttft = ttft;
+  request.tpot = tpot;
+  return request;
+}
+
+class Cluster {
+ public:
+  explicit Cluster(AdmissionOptions options = KnownModelOptions(),
+                   QosConfig qos = QosConfig::SingleDefaultClass())
+      : clock_(absl::FromUnixSeconds(1'700'000'000)),
+        controller_(std::move(options), std::move(qos), &clock_) {}
+
+  void Load(const WorkerLoadReport& report) { ASSERT_THAT(controller_.UpdateLoad(report), IsOk()); }
+
+  AdmissionDecision Admit(const AdmissionRequest& request) {
+    absl::StatusOr<AdmissionDecision> decision = controller_.Admit(request);
+    EXPECT_THAT(decision, IsOk());
+    return decision.ok() ? *decision : AdmissionDecision();
+  }
+
+  FakeClock& clock() { return clock_; }
+  AdmissionController& controller() { return controller_; }
+
+ private:
+  FakeClock clock_;
+  AdmissionController controller_;
+};
+
+TEST(AdmissionControllerTest, PicksDecodeWithMostSlackThenFastestPrefill) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0", /*queued_tokens=*/5000));
+  cluster.Load(PrefillLoad("p1"));
+  cluster.Load(DecodeLoad("d0", /*running=*/10));
+  cluster.Load(DecodeLoad("d1", /*running=*/2));
+
+  const AdmissionDecision decision =
+      cluster.Admit(Request(1000, 100, absl::Seconds(1), absl::Milliseconds(50)));
+
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_NE(decision.id, 0u);
+  EXPECT_EQ(decision.decode_worker_id, "d1");
+  EXPECT_EQ(decision.prefill_worker_id, "p1");
+  // 10 ms + 1000 / 10,000 s, no transfer (bytes_per_token 0).
+  EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_ttft), 0.110, 1e-9);
+  // Batch 2 running + this one: 10 ms + 3 ms.
+  EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_tpot), 0.013, 1e-9);
+  EXPECT_EQ(cluster.controller().num_in_flight(), 1);
+}
+
+TEST(AdmissionControllerTest, RejectsTtftViolationWithPositiveRetryAfter) {
+  Cluster cluster;
+  // 20,000 queued tokens: 2 s of backlog on the only prefill worker.
+  cluster.Load(PrefillLoad("p0", /*queued_tokens=*/20000));
+  cluster.Load(DecodeLoad("d0"));
+
+  const AdmissionDecision decision =
+      cluster.Admit(Request(1000, 100, absl::Milliseconds(500), absl::Milliseconds(50)));
+
+  ASSERT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTtft);
+  EXPECT_EQ(RejectReasonName(decision.reason), "ttft");
+  // Predicted 2 s + 0.11 s; the backlog must drain by 1.61 s first.
+  EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_ttft), 2.11, 1e-9);
+  EXPECT_NEAR(absl::ToDoubleSeconds(decision.retry_after), 1.61, 1e-6);
+  const absl::Status status = RejectionStatus(decision);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("reason ttft")));
+  EXPECT_EQ(GetRetryDelay(status), decision.retry_after);
+  EXPECT_EQ(cluster.controller().num_in_flight(), 0);
+
+  // The reported backlog drains at the modelled rate: 1.61 s later it fits.
+  cluster.clock().Advance(absl::Milliseconds(1611));
+  EXPECT_TRUE(
+      cluster.Admit(Request(1000, 100, absl::Milliseconds(500), absl::Milliseconds(50))).admitted);
+}
+
+TEST(AdmissionControllerTest, PrefillQueueCountsPromptsAdmittedSinceTheReport) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionRequest request =
+      Request(2000, 10, absl::Milliseconds(500), absl::Milliseconds(500));
+  // Each prompt adds 0.21 s to the queue: two fit in 500 ms, a third does not.
+  EXPECT_TRUE(cluster.Admit(request).admitted);
+  EXPECT_TRUE(cluster.Admit(request).admitted);
+  const AdmissionDecision third = cluster.Admit(request);
+  EXPECT_FALSE(third.admitted);
+  EXPECT_EQ(third.reason, RejectReason::kTtft);
+  EXPECT_NEAR(absl::ToDoubleSeconds(third.predicted_ttft), 0.63, 1e-9);
+}
+
+TEST(AdmissionControllerTest, TpotForecastCountsInFlightAdmissions) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // 10 ms + 1 ms * batch <= 15 ms: at most 5 sequences.
+  const AdmissionRequest request = Request(100, 1000, absl::Seconds(5), absl::Milliseconds(15));
+  std::vector<AdmissionId> ids;
+  for (int i = 0; i < 5; ++i) {
+    const AdmissionDecision decision = cluster.Admit(request);
+    ASSERT_TRUE(decision.admitted) << i;
+    EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_tpot), 0.010 + 0.001 * (i + 1), 1e-9);
+    ids.push_back(decision.id);
+  }
+  // No worker has reported any of them yet; the sixth is still refused.
+  const AdmissionDecision sixth = cluster.Admit(request);
+  ASSERT_FALSE(sixth.admitted);
+  EXPECT_EQ(sixth.reason, RejectReason::kTpot);
+  EXPECT_NEAR(absl::ToDoubleSeconds(sixth.predicted_tpot), 0.016, 1e-9);
+  // Retry when the first admitted sequence is predicted done: it decodes
+  // 1000 tokens at 11 ms from its prefill end (0.02 s), 11.02 s; this
+  // request's prefill would end at 0.12 s (five prompts of 20 ms ahead).
+  EXPECT_GT(sixth.retry_after, absl::ZeroDuration());
+  EXPECT_NEAR(absl::ToDoubleSeconds(sixth.retry_after), 10.9, 1e-6);
+
+  // A report that counts them as running changes nothing (no double count).
+  for (AdmissionId id : ids) cluster.controller().MarkPrefillDone(id);
+  cluster.clock().Advance(absl::Milliseconds(1));
+  cluster.Load(DecodeLoad("d0", /*running=*/5));
+  const AdmissionDecision again = cluster.Admit(request);
+  EXPECT_FALSE(again.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(again.predicted_tpot), 0.016, 1e-9);  // Batch 6, not 11.
+
+  // Releasing one makes room at once, before the next report.
+  cluster.controller().Release(ids[0]);
+  const AdmissionDecision after_release = cluster.Admit(request);
+  ASSERT_TRUE(after_release.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(after_release.predicted_tpot), 0.015, 1e-9);
+}
+
+TEST(AdmissionControllerTest, ForecastDropsSequencesPredictedToFinishBeforeOurPrefillEnds) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // Five short sequences (2 tokens each, done ~30 ms after they start).
+  for (int i = 0; i < 5; ++i) {
+    const AdmissionDecision decision =
+        cluster.Admit(Request(100, 2, absl::Seconds(5), absl::Milliseconds(15)));
+    ASSERT_TRUE(decision.admitted);
+    cluster.controller().MarkPrefillDone(decision.id);
+  }
+  cluster.Load(PrefillLoad("p0"));  // Their prompts are no longer queued.
+  const AdmissionRequest request = Request(100, 100, absl::Seconds(5), absl::Milliseconds(15));
+
+  // A prefill ending now-ish would join while they still run: batch 6.
+  AdmissionDecision decision = cluster.Admit(request);
+  ASSERT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTpot);
+
+  // With 0.5 s of prefill backlog, this request joins after they are done.
+  cluster.Load(PrefillLoad("p0", /*queued_tokens=*/5000));
+  decision = cluster.Admit(request);
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_tpot), 0.011, 1e-9);
+}
+
+TEST(AdmissionControllerTest, CountsRunningSequencesOtherRoutersAdmitted) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0", /*running=*/5));
+  const AdmissionDecision decision =
+      cluster.Admit(Request(100, 100, absl::Seconds(5), absl::Milliseconds(15)));
+  EXPECT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTpot);
+  // Only sequences the router does not know of would have to finish.
+  EXPECT_EQ(decision.retry_after, KnownModelOptions().default_retry_after);
+}
+
+TEST(AdmissionControllerTest, ProtectsTheTighterTpotOfSequencesAlreadyAdmitted) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0", /*running=*/3));
+  // Tight: 10 + 1 * 5 = 15 ms is its limit.
+  ASSERT_TRUE(cluster.Admit(Request(100, 1000, absl::Seconds(5), absl::Milliseconds(15))).admitted);
+  // Lax requests may share the batch only while the tight one keeps its TPOT.
+  const AdmissionRequest lax = Request(100, 1000, absl::Seconds(5), absl::Milliseconds(100));
+  EXPECT_TRUE(cluster.Admit(lax).admitted);  // Batch 5: 15 ms.
+  const AdmissionDecision third = cluster.Admit(lax);
+  EXPECT_FALSE(third.admitted);
+  EXPECT_EQ(third.reason, RejectReason::kTpot);
+}
+
+TEST(AdmissionControllerTest, RejectsWhenNoDecodeWorkerHasKvBlocksForPromptAndOutput) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0", 0, /*kv_blocks_free=*/30, /*kv_blocks_total=*/30));
+  // (100 + 100) tokens = 13 blocks of 16.
+  const AdmissionRequest request = Request(100, 100, absl::Seconds(5), absl::Seconds(1));
+  const AdmissionDecision first = cluster.Admit(request);
+  ASSERT_TRUE(first.admitted);
+  ASSERT_TRUE(cluster.Admit(request).admitted);
+  AdmissionDecision third = cluster.Admit(request);
+  ASSERT_FALSE(third.admitted);
+  EXPECT_EQ(third.reason, RejectReason::kKvCapacity);
+  EXPECT_GT(third.retry_after, absl::ZeroDuration());
+
+  // The next report shows their prompt reservations (2 x 7 blocks); the rest
+  // of their blocks are still counted, once.
+  cluster.clock().Advance(absl::Milliseconds(1));
+  cluster.Load(DecodeLoad("d0", 0, /*kv_blocks_free=*/16, /*kv_blocks_total=*/30));
+  third = cluster.Admit(request);
+  EXPECT_FALSE(third.admitted);
+  EXPECT_EQ(third.reason, RejectReason::kKvCapacity);
+
+  cluster.controller().Release(first.id);
+  cluster.Load(DecodeLoad("d0", 0, /*kv_blocks_free=*/23, /*kv_blocks_total=*/30));
+  EXPECT_TRUE(cluster.Admit(request).admitted);
+}
+
+TEST(AdmissionControllerTest, StaleAndDrainingWorkersAreNotCandidates) {
+  AdmissionOptions options = KnownModelOptions();
+  options.stale_after = absl::Seconds(2);
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d_stale"));  // Idle, the better choice if fresh.
+  cluster.clock().Advance(absl::Seconds(3));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d_busy", /*running=*/3));
+  const AdmissionRequest request = Request(100, 10, absl::Seconds(5), absl::Seconds(1));
+
+  AdmissionDecision decision = cluster.Admit(request);
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_EQ(decision.decode_worker_id, "d_busy");
+
+  WorkerLoadReport draining = DecodeLoad("d_busy", 3);
+  draining.accepting = false;
+  cluster.Load(draining);
+  decision = cluster.Admit(request);
+  ASSERT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kNoWorkers);
+  EXPECT_EQ(RejectReasonName(decision.reason), "no_workers");
+  EXPECT_GT(decision.retry_after, absl::ZeroDuration());
+
+  cluster.Load(DecodeLoad("d_stale"));  // Fresh again.
+  decision = cluster.Admit(request);
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_EQ(decision.decode_worker_id, "d_stale");
+
+  cluster.controller().RemoveWorker("d_stale");
+  EXPECT_EQ(cluster.Admit(request).reason, RejectReason::kNoWorkers);
+}
+
+QosConfig GoldAndBronze() {
+  QosConfig qos;
+  QosClass gold;
+  gold.name = "gold";
+  gold.reserved_fraction = 0.5;
+  QosClass bronze;
+  bronze.name = "bronze";
+  bronze.is_default = true;
+  qos.classes = {gold, bronze};
+  qos.default_index = 1;
+  return qos;
+}
+
+TEST(AdmissionControllerTest, ClassMayNotUseKvBlocksReservedForOthers) {
+  Cluster cluster(KnownModelOptions(), GoldAndBronze());
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0", 0, /*kv_blocks_free=*/100, /*kv_blocks_total=*/100));
+  // 13 blocks each; gold reserves 50 of 100.
+  AdmissionRequest bronze = Request(100, 100, absl::Seconds(5), absl::Seconds(1));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster.Admit(bronze).admitted) << i;
+  const AdmissionDecision fourth = cluster.Admit(bronze);  // 52 > 50 unreserved.
+  ASSERT_FALSE(fourth.admitted);
+  EXPECT_EQ(fourth.reason, RejectReason::kClassCapacity);
+  EXPECT_EQ(RejectReasonName(fourth.reason), "class_capacity");
+  EXPECT_GT(fourth.retry_after, absl::ZeroDuration());
+
+  AdmissionRequest gold = bronze;
+  gold.qos_class = "gold";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(cluster.Admit(gold).admitted) << i;  // 91 blocks.
+  const AdmissionDecision gold_full = cluster.Admit(gold);
+  ASSERT_FALSE(gold_full.admitted);
+  EXPECT_EQ(gold_full.reason, RejectReason::kKvCapacity);
+}
+
+TEST(AdmissionControllerTest, ClassMayNotUsePrefillQueueReservedForOthers) {
+  AdmissionOptions options = KnownModelOptions();
+  options.prefill_queue_capacity_tokens = 10000;
+  Cluster cluster(options, GoldAndBronze());
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  AdmissionRequest bronze = Request(3000, 10, absl::Seconds(60), absl::Seconds(1));
+  ASSERT_TRUE(cluster.Admit(bronze).admitted);
+  const AdmissionDecision second = cluster.Admit(bronze);  // 6000 > 5000 unreserved.
+  ASSERT_FALSE(second.admitted);
+  EXPECT_EQ(second.reason, RejectReason::kClassCapacity);
+  // Waiting for 1000 tokens to drain at 10,000 tokens/s.
+  EXPECT_NEAR(absl::ToDoubleSeconds(second.retry_after), 0.1, 1e-6);
+  AdmissionRequest gold = bronze;
+  gold.qos_class = "gold";
+  EXPECT_TRUE(cluster.Admit(gold).admitted);
+  EXPECT_TRUE(cluster.Admit(gold).admitted);
+  // 12,000 tokens would exceed the queue itself: reported as a TTFT failure.
+  const AdmissionDecision full = cluster.Admit(gold);
+  ASSERT_FALSE(full.admitted);
+  EXPECT_EQ(full.reason, RejectReason::kTtft);
+}
+
+TEST(AdmissionControllerTest, AdmissionOffAdmitsToTheLeastLoadedPair) {
+  AdmissionOptions options = KnownModelOptions();
+  options.enabled = false;
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0", /*queued_tokens=*/50000));
+  cluster.Load(PrefillLoad("p1", /*queued_tokens=*/40000));
+  cluster.Load(DecodeLoad("d0", /*running=*/40, /*kv_blocks_free=*/0));
+  cluster.Load(DecodeLoad("d1", /*running=*/30, /*kv_blocks_free=*/0));
+  const AdmissionRequest request =
+      Request(1000, 100, absl::Milliseconds(100), absl::Milliseconds(12));
+  for (int i = 0; i < 5; ++i) {
+    const AdmissionDecision decision = cluster.Admit(request);
+    ASSERT_TRUE(decision.admitted) << i;
+    EXPECT_EQ(decision.decode_worker_id, "d1");
+    EXPECT_EQ(decision.prefill_worker_id, "p1");
+  }
+  EXPECT_EQ(cluster.controller().num_in_flight(), 5);
+}
+
+TEST(AdmissionControllerTest, NoWorkersRejectsEvenWhenOff) {
+  AdmissionOptions options = KnownModelOptions();
+  options.enabled = false;
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  const AdmissionDecision decision =
+      cluster.Admit(Request(10, 10, absl::Seconds(1), absl::Seconds(1)));
+  EXPECT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kNoWorkers);
+}
+
+TEST(AdmissionControllerTest, ColocatedPairSkipsTheTransfer) {
+  AdmissionOptions options = KnownModelOptions();
+  options.transfer_model.bytes_per_token = 1'000'000;  // 1000 tokens: 0.1 s at 10 GB/s.
+  options.transfer_model.fixed_latency = absl::ZeroDuration();
+  Cluster cluster(options);
+  WorkerLoadReport both = DecodeLoad("both0");
+  both.role = WorkerRole::kBoth;
+  cluster.Load(both);
+  cluster.Load(PrefillLoad("p0"));
+  const AdmissionDecision decision =
+      cluster.Admit(Request(1000, 10, absl::Seconds(5), absl::Seconds(1)));
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_EQ(decision.decode_worker_id, "both0");
+  EXPECT_EQ(decision.prefill_worker_id, "both0");
+  EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_ttft), 0.110, 1e-9);
+}
+
+TEST(AdmissionControllerTest, LearnsFromObservations) {
+  Cluster cluster{AdmissionOptions()};  // Default priors.
+  cluster.Load(PrefillLoad("p0"));
+  for (int i = 1; i <= 200; ++i) {
+    const int64_t tokens = 100 * (1 + i % 40);
+    cluster.controller().ObservePrefill("p0", tokens, absl::Seconds(0.02 + 1e-5 * tokens));
+  }
+  WorkerLoadReport decode = DecodeLoad("d0");
+  for (int i = 1; i <= 200; ++i) {
+    decode.running_sequences = 1 + i % 40;
+    decode.batch_context_tokens = 100 * decode.running_sequences * (1 + i % 23);
+    decode.decode_step_time = absl::Seconds(0.005 + 0.0005 * decode.running_sequences +
+                                            1e-7 * decode.batch_context_tokens);
+    cluster.Load(decode);
+  }
+  const absl::optional<WorkerModelSnapshot> p0 = cluster.controller().ModelsOf("p0");
+  const absl::optional<WorkerModelSnapshot> d0 = cluster.controller().ModelsOf("d0");
+  ASSERT_TRUE(p0.has_value() && d0.has_value());
+  EXPECT_NEAR(p0->prefill_fixed_seconds, 0.02, 0.002);
+  EXPECT_NEAR(p0->prefill_seconds_per_token, 1e-5, 1e-7);
+  EXPECT_NEAR(d0->decode_fixed_seconds, 0.005, 0.0005);
+  EXPECT_NEAR(d0->decode_seconds_per_sequence, 0.0005, 0.00005);
+  EXPECT_NEAR(d0->decode_seconds_per_context_token, 1e-7, 1e-8);
+  EXPECT_FALSE(cluster.controller().ModelsOf("nobody").has_value());
+
+  cluster.controller().ObserveTransfer(1'000'000'000, absl::Milliseconds(41));
+  EXPECT_GT(cluster.controller().transfer_gigabytes_per_second(), 10);
+}
+
+TEST(AdmissionControllerTest, ReleaseIsIdempotentAndStaleIdsAreIgnored) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionRequest request = Request(100, 10, absl::Seconds(5), absl::Seconds(1));
+  const AdmissionId first = cluster.Admit(request).id;
+  cluster.controller().Release(first);
+  cluster.controller().Release(first);
+  EXPECT_EQ(cluster.controller().num_in_flight(), 0);
+  const AdmissionId second = cluster.Admit(request).id;  // Reuses the slot.
+  EXPECT_NE(first, second);
+  cluster.controller().Release(first);  // Stale: must not release `second`.
+  cluster.controller().MarkPrefillDone(first);
+  EXPECT_EQ(cluster.controller().num_in_flight(), 1);
+  cluster.controller().Release(second);
+  EXPECT_EQ(cluster.controller().num_in_flight(), 0);
+}
+
+TEST(AdmissionControllerTest, InvalidRequestsAndReportsAreInvalidArgument) {
+  Cluster cluster;
+  EXPECT_THAT(cluster.controller().Admit(Request(0, 10, absl::Seconds(1), absl::Seconds(1))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt_tokens")));
+  EXPECT_THAT(cluster.controller().Admit(Request(10, 0, absl::Seconds(1), absl::Seconds(1))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_output_tokens")));
+  EXPECT_THAT(cluster.controller().Admit(Request(10, 10, absl::ZeroDuration(), absl::Seconds(1))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ttft")));
+  AdmissionRequest unknown = Request(10, 10, absl::Seconds(1), absl::Seconds(1));
+  unknown.qos_class = "platinum";
+  EXPECT_THAT(cluster.controller().Admit(unknown),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("platinum")));
+  WorkerLoadReport bad = DecodeLoad("d0", 0, /*kv_blocks_free=*/11, /*kv_blocks_total=*/10);
+  EXPECT_THAT(cluster.controller().UpdateLoad(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("d0")));
+  EXPECT_THAT(cluster.controller().UpdateLoad(WorkerLoadReport()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("worker_id")));
+}
+
+TEST(AdmissionControllerTest, SloMarginLeavesHeadroom) {
+  AdmissionOptions options = KnownModelOptions();
+  options.slo_margin = 0.9;
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // Predicted TTFT 110 ms: within 120 ms but not within 0.9 * 120 = 108 ms.
+  AdmissionDecision decision =
+      cluster.Admit(Request(1000, 10, absl::Milliseconds(120), absl::Seconds(1)));
+  EXPECT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTtft);
+  // 2 ms of backlog to drain, raised to the minimum retry delay.
+  EXPECT_EQ(decision.retry_after, options.min_retry_after);
+  // Predicted TPOT 11 ms: not within 0.9 * 12 ms.
+  decision = cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(12)));
+  EXPECT_FALSE(decision.admitted);
+  EXPECT_EQ(decision.reason, RejectReason::kTpot);
+  EXPECT_TRUE(cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(13))).admitted);
+}
+
+TEST(AdmissionControllerTest, ClassDefaultsApplyWhenTheRequestLeavesTargetsUnset) {
+  QosConfig qos = QosConfig::SingleDefaultClass();
+  qos.classes[0].default_ttft = absl::Milliseconds(100);
+  Cluster cluster(KnownModelOptions(), qos);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  AdmissionRequest request;
+  request.prompt_tokens = 1000;  // 110 ms > the class's 100 ms.
+  request.max_output_tokens = 10;
+  EXPECT_EQ(cluster.Admit(request).reason, RejectReason::kTtft);
+  request.ttft = absl::Milliseconds(200);  // The request's own target wins.
+  EXPECT_TRUE(cluster.Admit(request).admitted);
+}
+
+}  // namespace
+}  // namespace trident::router::admission

@@ -1,0 +1,448 @@
+// A discrete-event simulation of 2 prefill and 2 decode workers whose true
+// costs have the cost models' forms, under open-loop Poisson arrivals at
+// twice the cluster's capacity, run once with admission on and once with it
+// off. The router side is the real AdmissionController fed the way the
+// router feeds it: load reports every 50 ms, measured prefill and transfer
+// times, MarkPrefillDone on transfer end, Release on completion.
+//
+// What a request experiences:
+//   TTFT = prefill queueing + prefill compute + KV transfer (the first token
+//          reaches the client when the KV hand-off ends);
+//   TPOT = (finish - first token) / (output tokens - 1), where the decode
+//          worker runs continuous batching: a step takes
+//          c0 + c1 * batch + c2 * context_tokens, every running sequence
+//          gains a token per step, and a sequence joins at a step boundary
+//          once blocks for its prompt + max output are free.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <iostream>
+#include <queue>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/time/clock.h"
+#include "gtest/gtest.h"
+#include "services/router/admission/admission_controller.h"
+
+namespace trident::router::admission {
+namespace {
+
+constexpr uint64_t kSeed = 424242;
+
+// True costs.
+constexpr double kPrefillFixed = 0.020;      // s
+constexpr double kPrefillPerToken = 40e-6;   // s/token (25,000 tokens/s)
+constexpr double kDecodeFixed = 0.015;       // s
+constexpr double kDecodePerSequence = 3e-4;  // s
+constexpr double kDecodePerContext = 5e-7;   // s/token
+constexpr int64_t kBytesPerToken = 131072;   // Llama-3-8B-like KV.
+constexpr double kLinkBytesPerSecond = 20e9;
+constexpr double kTransferLatency = 0.002;
+constexpr double kNoise = 0.03;  // Relative standard deviation of every duration.
+constexpr int32_t kKvBlocksPerDecodeWorker = 4000;
+constexpr int32_t kBlockTokens = 16;
+
+// A workload: request sizes (uniform) and every request's targets.
+struct Workload {
+  const char* name;
+  int64_t prompt_min, prompt_max;
+  int64_t max_output_min, max_output_max;
+  double ttft_target;  // s
+  double tpot_target;  // s
+};
+
+// Chat-like: decode bounds the cluster.
+constexpr Workload kDecodeBound{"decode-bound", 128, 1024, 32, 256, 1.0, 0.050};
+// Long prompts, short answers: prefill bounds the cluster.
+constexpr Workload kPrefillBound{"prefill-bound", 2048, 8192, 8, 32, 1.5, 0.100};
+
+constexpr double kArrivalSeconds = 60;
+constexpr double kReportInterval = 0.050;
+
+struct Req {
+  int64_t prompt = 0;
+  int64_t max_output = 0;
+  int64_t output = 0;  // Actual, in [max_output / 2, max_output].
+  double arrival = 0;
+  bool admitted = false;
+  AdmissionId id = 0;
+  int prefill = -1;
+  int decode = -1;
+  int64_t generated = 0;
+  double first_token = -1;
+  double finish = -1;
+};
+
+struct PrefillWorker {
+  std::string id;
+  std::deque<int> queue;
+  int current = -1;
+  double current_start = 0;
+  double current_end = 0;
+  double tokens_per_second = 0;  // EWMA, as workers report it.
+};
+
+struct DecodeWorker {
+  std::string id;
+  std::vector<int> batch;
+  std::deque<int> waiting;
+  bool stepping = false;
+  int64_t used_blocks = 0;
+  int32_t last_batch = 0;
+  int64_t last_context = 0;
+  double last_step = 0;
+};
+
+enum class EventType { kArrival, kPrefillDone, kTransferDone, kDecodeStep, kReport };
+
+struct Event {
+  double time;
+  uint64_t order;  // FIFO among equal times.
+  EventType type;
+  int index;  // Request or worker.
+  bool operator>(const Event& other) const {
+    return time != other.time ? time > other.time : order > other.order;
+  }
+};
+
+struct Result {
+  int arrived = 0;
+  int admitted = 0;
+  int completed = 0;
+  int met_slo = 0;
+  double attainment() const { return completed > 0 ? double(met_slo) / completed : 0; }
+  double goodput_per_second = 0;
+  double mean_ttft = 0;
+  double mean_tpot = 0;
+  int rejected_by_reason[5] = {};
+  absl::Duration admit_wall_per_call;  // Real time, for information only.
+};
+
+int64_t Blocks(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
+
+// Requests per second the cluster completes within the targets, from the
+// true costs at the workload's means: each decode worker at the largest
+// batch whose step meets the TPOT target, each prefill worker busy all the
+// time; the smaller side bounds.
+double Capacity(const Workload& w) {
+  const double mean_prompt = (w.prompt_min + w.prompt_max) / 2.0;
+  const double mean_output = 0.75 * (w.max_output_min + w.max_output_max) / 2.0;
+  const double mean_context = mean_prompt + mean_output / 2;
+  const double per_sequence = kDecodePerSequence + kDecodePerContext * mean_context;
+  const double batch = std::floor((w.tpot_target - kDecodeFixed) / per_sequence);
+  const double decode_tokens_per_second = batch / (kDecodeFixed + per_sequence * batch);
+  const double decode = 2 * decode_tokens_per_second / mean_output;
+  const double prefill = 2 / (kPrefillFixed + kPrefillPerToken * mean_prompt);
+  std::cout << "capacity: decode " << decode << " req/s (batch " << batch << "), prefill "
+            << prefill << " req/s\n";
+  return std::min(decode, prefill);
+}
+
+class Simulation {
+ public:
+  Simulation(const Workload& workload, bool admission_on, double arrival_rate, uint64_t seed)
+      : workload_(workload),
+        rng_(seed),
+        clock_(absl::FromUnixSeconds(1'700'000'000)),
+        start_(clock_.Now()),
+        controller_(Options(admission_on), QosConfig::SingleDefaultClass(), &clock_),
+        arrival_rate_(arrival_rate) {
+    for (int i = 0; i < 2; ++i) prefill_.push_back(PrefillWorker{.id = absl::StrCat("p", i)});
+    for (int i = 0; i < 2; ++i) decode_.push_back(DecodeWorker{.id = absl::StrCat("d", i)});
+  }
+
+  Result Run() {
+    Push(Exponential(), EventType::kArrival, 0);
+    for (int i = 0; i < 4; ++i) Push(i * kReportInterval / 4, EventType::kReport, i);
+    while (!events_.empty()) {
+      const Event event = events_.top();
+      events_.pop();
+      now_ = event.time;
+      clock_.SetTime(start_ + absl::Seconds(now_));
+      switch (event.type) {
+        case EventType::kArrival:
+          OnArrival();
+          break;
+        case EventType::kPrefillDone:
+          OnPrefillDone(event.index);
+          break;
+        case EventType::kTransferDone:
+          OnTransferDone(event.index);
+          break;
+        case EventType::kDecodeStep:
+          OnDecodeStep(event.index);
+          break;
+        case EventType::kReport:
+          OnReport(event.index);
+          break;
+      }
+    }
+    return Summarize();
+  }
+
+ private:
+  static AdmissionOptions Options(bool admission_on) {
+    AdmissionOptions options;
+    options.enabled = admission_on;
+    options.kv_block_size_tokens = kBlockTokens;
+    options.transfer_model.bytes_per_token = kBytesPerToken;
+    // Priors left at their defaults, all wrong for these workers: the
+    // controller has to learn the costs.
+    return options;
+  }
+
+  void Push(double time, EventType type, int index) {
+    events_.push(Event{time, next_order_++, type, index});
+  }
+  double Exponential() { return std::exponential_distribution<double>(arrival_rate_)(rng_); }
+  double Noisy(double seconds) {
+    return seconds * std::max(0.5, std::normal_distribution<double>(1.0, kNoise)(rng_));
+  }
+  int64_t Uniform(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+
+  void OnArrival() {
+    Req req;
+    req.arrival = now_;
+    req.prompt = Uniform(workload_.prompt_min, workload_.prompt_max);
+    req.max_output = Uniform(workload_.max_output_min, workload_.max_output_max);
+    req.output = Uniform(req.max_output / 2, req.max_output);
+    AdmissionRequest request;
+    request.prompt_tokens = req.prompt;
+    request.max_output_tokens = req.max_output;
+    request.ttft = absl::Seconds(workload_.ttft_target);
+    request.tpot = absl::Seconds(workload_.tpot_target);
+    const absl::Time before = absl::Now();
+    const absl::StatusOr<AdmissionDecision> decision = controller_.Admit(request);
+    admit_wall_ += absl::Now() - before;
+    EXPECT_TRUE(decision.ok()) << decision.status();
+    const int index = static_cast<int>(requests_.size());
+    if (decision.ok() && decision->admitted) {
+      req.admitted = true;
+      req.id = decision->id;
+      req.prefill = decision->prefill_worker_id == "p0" ? 0 : 1;
+      req.decode = decision->decode_worker_id == "d0" ? 0 : 1;
+      requests_.push_back(req);
+      PrefillWorker& p = prefill_[req.prefill];
+      p.queue.push_back(index);
+      if (p.current < 0) StartPrefill(req.prefill);
+    } else {
+      if (decision.ok()) ++rejected_[static_cast<int>(decision->reason)];
+      requests_.push_back(req);
+    }
+    if (now_ < kArrivalSeconds) Push(now_ + Exponential(), EventType::kArrival, 0);
+  }
+
+  void StartPrefill(int w) {
+    PrefillWorker& p = prefill_[w];
+    if (p.queue.empty()) return;
+    p.current = p.queue.front();
+    p.queue.pop_front();
+    const Req& req = requests_[p.current];
+    p.current_start = now_;
+    p.current_end = now_ + Noisy(kPrefillFixed + kPrefillPerToken * req.prompt);
+    Push(p.current_end, EventType::kPrefillDone, w);
+  }
+
+  void OnPrefillDone(int w) {
+    PrefillWorker& p = prefill_[w];
+    const int index = p.current;
+    const Req& req = requests_[index];
+    const double compute = now_ - p.current_start;
+    controller_.ObservePrefill(p.id, req.prompt, absl::Seconds(compute));
+    const double tps = req.prompt / compute;
+    p.tokens_per_second = p.tokens_per_second == 0 ? tps : 0.8 * p.tokens_per_second + 0.2 * tps;
+    const double transfer =
+        Noisy(kTransferLatency + double(req.prompt) * kBytesPerToken / kLinkBytesPerSecond);
+    Push(now_ + transfer, EventType::kTransferDone, index);
+    transfer_started_.resize(requests_.size());
+    transfer_started_[index] = now_;
+    p.current = -1;
+    StartPrefill(w);
+  }
+
+  void OnTransferDone(int index) {
+    Req& req = requests_[index];
+    controller_.ObserveTransfer(req.prompt * kBytesPerToken,
+                                absl::Seconds(now_ - transfer_started_[index]));
+    req.first_token = now_;
+    req.generated = 1;
+    controller_.MarkPrefillDone(req.id);
+    DecodeWorker& d = decode_[req.decode];
+    d.waiting.push_back(index);
+    if (!d.stepping) StartStep(req.decode);
+  }
+
+  // Joins waiting sequences that fit and starts the next step, if any.
+  void StartStep(int w) {
+    DecodeWorker& d = decode_[w];
+    while (!d.waiting.empty()) {
+      const Req& req = requests_[d.waiting.front()];
+      const int64_t blocks = Blocks(req.prompt + req.max_output);
+      if (d.used_blocks + blocks > kKvBlocksPerDecodeWorker) break;
+      d.used_blocks += blocks;
+      d.batch.push_back(d.waiting.front());
+      d.waiting.pop_front();
+    }
+    if (d.batch.empty()) {
+      d.stepping = false;
+      return;
+    }
+    int64_t context = 0;
+    for (int index : d.batch) context += requests_[index].prompt + requests_[index].generated;
+    const int32_t batch = static_cast<int32_t>(d.batch.size());
+    const double step =
+        Noisy(kDecodeFixed + kDecodePerSequence * batch + kDecodePerContext * context);
+    d.stepping = true;
+    d.last_batch = batch;
+    d.last_context = context;
+    d.last_step = step;
+    Push(now_ + step, EventType::kDecodeStep, w);
+  }
+
+  void OnDecodeStep(int w) {
+    DecodeWorker& d = decode_[w];
+    std::vector<int> still_running;
+    for (int index : d.batch) {
+      Req& req = requests_[index];
+      ++req.generated;
+      if (req.generated >= req.output) {
+        req.finish = now_;
+        d.used_blocks -= Blocks(req.prompt + req.max_output);
+        controller_.Release(req.id);
+      } else {
+        still_running.push_back(index);
+      }
+    }
+    d.batch.swap(still_running);
+    StartStep(w);
+  }
+
+  void OnReport(int w) {
+    WorkerLoadReport report;
+    if (w < 2) {
+      const PrefillWorker& p = prefill_[w];
+      report.worker_id = p.id;
+      report.role = WorkerRole::kPrefill;
+      int64_t queued = 0;
+      for (int index : p.queue) queued += requests_[index].prompt;
+      if (p.current >= 0) {
+        const double left = (p.current_end - now_) / (p.current_end - p.current_start);
+        queued += static_cast<int64_t>(requests_[p.current].prompt * std::clamp(left, 0.0, 1.0));
+      }
+      report.queued_prefill_tokens = queued;
+      report.waiting_sequences = static_cast<int32_t>(p.queue.size()) + (p.current >= 0);
+      report.prefill_tokens_per_second = p.tokens_per_second;
+    } else {
+      const DecodeWorker& d = decode_[w - 2];
+      report.worker_id = d.id;
+      report.role = WorkerRole::kDecode;
+      report.kv_blocks_total = kKvBlocksPerDecodeWorker;
+      report.kv_blocks_free = static_cast<int32_t>(kKvBlocksPerDecodeWorker - d.used_blocks);
+      if (d.stepping) {
+        report.running_sequences = d.last_batch;
+        report.batch_context_tokens = d.last_context;
+        report.decode_step_time = absl::Seconds(d.last_step);
+      }
+    }
+    EXPECT_TRUE(controller_.UpdateLoad(report).ok());
+    // Keep reporting while work remains.
+    if (now_ < kArrivalSeconds || controller_.num_in_flight() > 0) {
+      Push(now_ + kReportInterval, EventType::kReport, w);
+    }
+  }
+
+  Result Summarize() const {
+    Result result;
+    double ttft_sum = 0;
+    double tpot_sum = 0;
+    for (const Req& req : requests_) {
+      ++result.arrived;
+      if (!req.admitted) continue;
+      ++result.admitted;
+      if (req.finish < 0) continue;
+      ++result.completed;
+      const double ttft = req.first_token - req.arrival;
+      const double tpot = (req.finish - req.first_token) / double(req.output - 1);
+      ttft_sum += ttft;
+      tpot_sum += tpot;
+      if (ttft <= workload_.ttft_target && tpot <= workload_.tpot_target) ++result.met_slo;
+    }
+    result.mean_ttft = result.completed ? ttft_sum / result.completed : 0;
+    result.mean_tpot = result.completed ? tpot_sum / result.completed : 0;
+    result.goodput_per_second = result.met_slo / kArrivalSeconds;
+    for (int i = 0; i < 5; ++i) result.rejected_by_reason[i] = rejected_[i];
+    result.admit_wall_per_call = admit_wall_ / std::max(result.arrived, 1);
+    return result;
+  }
+
+  const Workload workload_;
+  std::mt19937_64 rng_;
+  FakeClock clock_;
+  const absl::Time start_;
+  AdmissionController controller_;
+  const double arrival_rate_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  uint64_t next_order_ = 0;
+  double now_ = 0;
+  std::vector<Req> requests_;
+  std::vector<double> transfer_started_;
+  std::vector<PrefillWorker> prefill_;
+  std::vector<DecodeWorker> decode_;
+  int rejected_[5] = {};
+  absl::Duration admit_wall_;
+};
+
+void Print(const char* name, const Result& r) {
+  std::cout << name << ": arrived " << r.arrived << ", admitted " << r.admitted << ", completed "
+            << r.completed << ", met SLO " << r.met_slo << " (attainment " << 100 * r.attainment()
+            << "% of admitted), goodput " << r.goodput_per_second << " req/s, mean TTFT "
+            << r.mean_ttft << " s, mean TPOT " << 1000 * r.mean_tpot << " ms; rejected ttft "
+            << r.rejected_by_reason[int(RejectReason::kTtft)] << ", tpot "
+            << r.rejected_by_reason[int(RejectReason::kTpot)] << ", kv_capacity "
+            << r.rejected_by_reason[int(RejectReason::kKvCapacity)] << ", no_workers "
+            << r.rejected_by_reason[int(RejectReason::kNoWorkers)] << "; Admit() "
+            << absl::FormatDuration(r.admit_wall_per_call) << " per call\n";
+}
+
+void RunAndCompare(const Workload& workload) {
+  const double capacity = Capacity(workload);
+  const double rate = 2 * capacity;
+  std::cout << workload.name << ": seed " << kSeed << ", Poisson arrivals at " << rate
+            << " req/s for " << kArrivalSeconds << " s (2x capacity " << capacity
+            << " req/s); targets TTFT " << workload.ttft_target << " s, TPOT "
+            << 1000 * workload.tpot_target << " ms\n";
+
+  const Result on = Simulation(workload, /*admission_on=*/true, rate, kSeed).Run();
+  const Result off = Simulation(workload, /*admission_on=*/false, rate, kSeed).Run();
+  Print("admission on ", on);
+  Print("admission off", off);
+
+  EXPECT_EQ(on.completed, on.admitted);
+  EXPECT_EQ(off.completed, off.admitted);
+  EXPECT_EQ(off.admitted, off.arrived);
+  // Overloaded twice over, admission must turn work away...
+  EXPECT_LT(on.admitted, 0.8 * on.arrived);
+  // ...and what it admits meets its targets.
+  EXPECT_GE(on.attainment(), 0.95);
+  EXPECT_LE(off.attainment(), 0.5);
+  EXPECT_GT(on.goodput_per_second, 2 * off.goodput_per_second);
+}
+
+TEST(AdmissionSimulationTest, DecodeBoundOverloadKeepsSloAttainment) {
+  RunAndCompare(kDecodeBound);
+}
+
+TEST(AdmissionSimulationTest, PrefillBoundOverloadKeepsSloAttainment) {
+  RunAndCompare(kPrefillBound);
+}
+
+}  // namespace
+}  // namespace trident::router::admission
