@@ -24,6 +24,15 @@ class Deferred {
   std::vector<std::pair<Waiter, absl::StatusOr<KvHandOff>>> calls_;
 };
 
+// What a waiter receives for a FINISHED or ABORTED commit.
+absl::StatusOr<KvHandOff> OutcomeFor(KvCommit commit) {
+  if (commit.outcome == KvOutcome::kAborted) {
+    return absl::AbortedError(
+        absl::StrCat("the prefill side aborted the KV transfer: ", commit.error));
+  }
+  return KvHandOff{std::move(commit), {}};
+}
+
 }  // namespace
 
 KvReservations::KvReservations(BlockSource* blocks, const Clock* clock,
@@ -127,18 +136,27 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
                                                  " ended before the KV was committed")));
     return absl::NotFoundError(absl::StrCat("reservation ", id, " expired"));
   }
-  if (e.released || commit.outcome != KvOutcome::kComplete) {
+  if (e.released) {
     // Nobody will decode it: free the blocks now.
-    Waiter waiter = std::move(e.waiter);
-    const bool released = e.released;
     Erase(id, /*take_blocks=*/false);
-    if (!released && commit.outcome == KvOutcome::kFinished) {
-      deferred.Add(std::move(waiter), KvHandOff{std::move(commit), {}});
-    } else if (!released) {
-      deferred.Add(std::move(waiter),
-                   absl::AbortedError(
-                       absl::StrCat("the prefill side aborted the KV transfer: ", commit.error)));
+    return absl::OkStatus();
+  }
+  if (commit.outcome != KvOutcome::kComplete) {
+    // The KV is not needed: free the blocks. A waiting decode learns the
+    // outcome now; one that arrives later finds it in the entry, which stays
+    // (without blocks) until then or the lease's end.
+    if (absl::Status s = source_->Free(e.blocks); !s.ok()) {
+      TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
     }
+    e.blocks.clear();
+    if (e.waiter) {
+      Waiter waiter = std::move(e.waiter);
+      entries_.erase(it);
+      deferred.Add(std::move(waiter), OutcomeFor(std::move(commit)));
+      return absl::OkStatus();
+    }
+    e.committed = true;
+    e.commit = std::move(commit);
     return absl::OkStatus();
   }
   if (e.waiter) {
@@ -194,7 +212,12 @@ void KvReservations::Await(uint64_t id, Waiter done) {
   }
   if (e.committed) {
     KvCommit commit = std::move(e.commit);
-    deferred.Add(std::move(done), KvHandOff{std::move(commit), Erase(id, /*take_blocks=*/true)});
+    std::vector<int32_t> blocks = Erase(id, /*take_blocks=*/true);
+    if (commit.outcome == KvOutcome::kComplete) {
+      deferred.Add(std::move(done), KvHandOff{std::move(commit), std::move(blocks)});
+    } else {
+      deferred.Add(std::move(done), OutcomeFor(std::move(commit)));
+    }
     return;
   }
   e.waiter = std::move(done);

@@ -6,7 +6,9 @@
 // Life of a reservation:
 //   Reserve -> (Renew)* -> Commit(COMPLETE) -> taken by Await's callback,
 //                                              which owns the blocks
-//                       -> Commit(FINISHED | ABORTED) -> blocks freed
+//                       -> Commit(FINISHED | ABORTED) -> blocks freed; the
+//                          outcome is kept (without blocks) for an Await
+//                          that comes later, until the lease ends
 //                       -> lease ends -> blocks freed
 // Release before Commit marks it abandoned: the writer may still be writing,
 // so the blocks stay out of the pool until its Commit or the lease's end.
@@ -60,6 +62,9 @@ struct KvCommit {
   float first_logprob = 0;
   // kAborted: what went wrong.
   std::string error;
+  // kFinished: why the first token ended the sequence (a trident.v1.
+  // FinishReason value).
+  int32_t finish_reason = 0;
 };
 
 // What Await's callback receives: the commit, and for kComplete the blocks

@@ -12,6 +12,7 @@
 #include "common/logging/log.h"
 #include "common/service/service_runtime.h"
 #include "common/time/clock.h"
+#include "services/worker/decode_service.h"
 #include "services/worker/generation_service.h"
 #include "services/worker/worker_model.h"
 #include "services/worker/worker_services.h"
@@ -50,6 +51,9 @@ ABSL_FLAG(int32_t, max_model_len, 0,
           "Context window cap in tokens; 0: the model's max_position_embeddings.");
 ABSL_FLAG(std::string, worker_id, "",
           "Id this worker reports in load samples and KV endpoints; empty: worker-<pid>.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port peers use to reach this worker (KvDestination.decode_address); empty: "
+          "peers use the address they know it by.");
 ABSL_FLAG(std::string, controller_address, "",
           "host:port of the controller to register with; empty: run standalone.");
 
@@ -66,10 +70,8 @@ int main(int argc, char** argv) {
         TRIDENT_LOG(INFO) << "worker on " << device->ToString() << ", role "
                           << trident::v1::Role_Name(*role);
         trident::worker::PrefillService prefill;
-        trident::worker::DecodeService decode;
         std::vector<trident::RegisteredService> services = {
             {&prefill, trident::v1::Prefill::service_full_name()},
-            {&decode, trident::v1::Decode::service_full_name()},
         };
         std::unique_ptr<trident::worker::WorkerModel> model;
         std::unique_ptr<trident::worker::GenerationService> generation;
@@ -111,12 +113,32 @@ int main(int argc, char** argv) {
                                  : absl::GetFlag(FLAGS_worker_id);
         identity.incarnation = absl::Uniform<uint64_t>(absl::BitGen()) | 1;
         identity.role = *role;
+        // Decode: KV reservations and the decode stream. No KV transport is
+        // wired in yet, so ReserveKv answers FAILED_PRECONDITION; Decode
+        // without a reservation serves role `both`.
+        trident::worker::UnservedDecodeService unserved_decode;
+        std::unique_ptr<trident::worker::DecodeService> decode;
+        if (model != nullptr) {
+          trident::worker::DecodeServiceOptions decode_options;
+          decode_options.worker_id = identity.worker_id;
+          decode_options.incarnation = identity.incarnation;
+          decode_options.address = absl::GetFlag(FLAGS_advertise_address);
+          decode_options.role = *role;
+          decode_options.reservations.block_size = absl::GetFlag(FLAGS_kv_block_size);
+          decode = std::make_unique<trident::worker::DecodeService>(
+              model->engine.get(), model->info, /*exporter=*/nullptr, &clock, decode_options);
+          services.push_back({decode.get(), trident::v1::Decode::service_full_name()});
+        } else {
+          services.push_back({&unserved_decode, trident::v1::Decode::service_full_name()});
+        }
         std::unique_ptr<trident::worker::LoadStreams> loads;
         if (model != nullptr) {
           trident::engine::Engine* engine = model->engine.get();
-          loads = std::make_unique<trident::worker::LoadStreams>([identity, engine] {
-            return trident::worker::WorkerLoadFromStats(identity, engine->stats(), 0, 0,
-                                                        absl::Now());
+          const trident::worker::KvReservations* reservations = &decode->reservations();
+          loads = std::make_unique<trident::worker::LoadStreams>([identity, engine, reservations] {
+            return trident::worker::WorkerLoadFromStats(
+                identity, engine->stats(), reservations->blocks_held(),
+                reservations->num_reservations(), absl::Now());
           });
         }
         trident::worker::WorkerControlService control(

@@ -58,31 +58,31 @@ grpc::ServerWriteReactor<PrefillResponse>* PrefillService::Prefill(
       NotServedYet("Prefill", "Prefill", kNeedsTransport));
 }
 
-grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* context,
-                                                   const trident::v1::ReserveKvRequest* request,
-                                                   trident::v1::ReserveKvResponse* response) {
+grpc::ServerUnaryReactor* UnservedDecodeService::ReserveKv(
+    grpc::CallbackServerContext* context, const trident::v1::ReserveKvRequest* request,
+    trident::v1::ReserveKvResponse* response) {
   return FinishUnary(context, NotServedYet("Decode", "ReserveKv", kNeedsTransport));
 }
 
-grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* context,
-                                                 const trident::v1::RenewKvRequest* request,
-                                                 trident::v1::RenewKvResponse* response) {
+grpc::ServerUnaryReactor* UnservedDecodeService::RenewKv(grpc::CallbackServerContext* context,
+                                                         const trident::v1::RenewKvRequest* request,
+                                                         trident::v1::RenewKvResponse* response) {
   return FinishUnary(context, NotServedYet("Decode", "RenewKv", kNeedsTransport));
 }
 
-grpc::ServerUnaryReactor* DecodeService::CommitKv(grpc::CallbackServerContext* context,
-                                                  const trident::v1::CommitKvRequest* request,
-                                                  trident::v1::CommitKvResponse* response) {
+grpc::ServerUnaryReactor* UnservedDecodeService::CommitKv(
+    grpc::CallbackServerContext* context, const trident::v1::CommitKvRequest* request,
+    trident::v1::CommitKvResponse* response) {
   return FinishUnary(context, NotServedYet("Decode", "CommitKv", kNeedsTransport));
 }
 
-grpc::ServerUnaryReactor* DecodeService::ReleaseKv(grpc::CallbackServerContext* context,
-                                                   const trident::v1::ReleaseKvRequest* request,
-                                                   trident::v1::ReleaseKvResponse* response) {
+grpc::ServerUnaryReactor* UnservedDecodeService::ReleaseKv(
+    grpc::CallbackServerContext* context, const trident::v1::ReleaseKvRequest* request,
+    trident::v1::ReleaseKvResponse* response) {
   return FinishUnary(context, NotServedYet("Decode", "ReleaseKv", kNeedsTransport));
 }
 
-grpc::ServerWriteReactor<DecodeResponse>* DecodeService::Decode(
+grpc::ServerWriteReactor<DecodeResponse>* UnservedDecodeService::Decode(
     grpc::CallbackServerContext* context, const trident::v1::DecodeRequest* request) {
   return new FinishedWriteReactor<DecodeResponse>(NotServedYet("Decode", "Decode", kNeedsEngine));
 }

@@ -43,8 +43,10 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
       grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) override;
 };
 
+// trident.v1.Decode on a worker without a model: every call UNIMPLEMENTED.
+// (With a model the worker serves decode_service.h's DecodeService.)
 // Thread-safe.
-class DecodeService final : public trident::v1::Decode::CallbackService {
+class UnservedDecodeService final : public trident::v1::Decode::CallbackService {
  public:
   grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
                                       const trident::v1::ReserveKvRequest* request,

@@ -1,0 +1,412 @@
+#include "services/worker/decode_service.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/reactors.h"
+#include "common/grpc/stream_channel.h"
+#include "common/logging/log.h"
+#include "common/sampling/sampling_params.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+void ToProto(absl::Duration d, google::protobuf::Duration* out) {
+  const int64_t nanos = absl::ToInt64Nanoseconds(d);
+  out->set_seconds(nanos / 1000000000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
+  const int64_t nanos = absl::ToUnixNanos(t);
+  out->set_seconds(nanos / 1000000000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+bool ServesDecode(v1::Role role) { return role == v1::ROLE_DECODE || role == v1::ROLE_BOTH; }
+
+v1::FinishReason ToProto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAborted:
+      return v1::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+    case engine::FinishReason::kPrefilled:
+    case engine::FinishReason::kNone:
+      break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// A lease from a request: unset means the default; (0, max] else
+// INVALID_ARGUMENT naming `field` (longer is capped by KvReservations).
+absl::StatusOr<absl::Duration> LeaseFrom(bool has, const google::protobuf::Duration& d,
+                                         absl::string_view field) {
+  if (!has) return absl::ZeroDuration();
+  const absl::Duration lease = FromProto(d);
+  if (lease <= absl::ZeroDuration()) {
+    return InvalidArgumentForField(
+        field, absl::StrCat("must be positive, got ", absl::FormatDuration(lease)));
+  }
+  return lease;
+}
+
+// The state of one Decode call, shared by the reactor's hooks, the
+// reservation's hand-off callback and the engine's token callback.
+struct DecodeCall {
+  std::shared_ptr<StreamChannel<v1::DecodeResponse>> channel;
+  engine::Engine* engine = nullptr;
+  std::string request_id;
+  int32_t prompt_tokens = 0;
+  bool logprobs = false;
+  std::atomic<int32_t> completion_tokens{0};
+  std::atomic<bool> in_engine{false};
+
+  // Streams one engine event; the final one completes the call.
+  void OnEvent(const engine::TokenEvent& ev) {
+    if (ev.token >= 0 && ev.finish != engine::FinishReason::kAborted &&
+        ev.finish != engine::FinishReason::kError) {
+      completion_tokens.fetch_add(1);
+      v1::DecodeResponse r;
+      v1::TokenChunk* chunk = r.mutable_chunk();
+      chunk->set_request_id(request_id);
+      chunk->add_token_ids(ev.token);
+      if (logprobs) {
+        v1::TokenLogprobs* lp = chunk->add_logprobs();
+        lp->set_token_id(ev.token);
+        lp->set_logprob(ev.logprob);
+        for (const auto& [id, logprob] : ev.top_logprobs) {
+          v1::TopLogprob* top = lp->add_top_logprobs();
+          top->set_token_id(id);
+          top->set_logprob(logprob);
+        }
+      }
+      channel->Push(std::move(r));
+    }
+    if (ev.finish == engine::FinishReason::kNone) return;
+    if (ev.finish == engine::FinishReason::kError) {
+      channel->Close(absl::InternalError("the engine failed the sequence"));
+      return;
+    }
+    Complete(ToProto(ev.finish),
+             ev.finish == engine::FinishReason::kStop ? ev.matched_stop_token : -1);
+  }
+
+  void Complete(v1::FinishReason reason, int32_t stop_token) {
+    v1::DecodeResponse r;
+    v1::GenerateComplete* c = r.mutable_complete();
+    c->set_request_id(request_id);
+    c->set_finish_reason(reason);
+    if (stop_token >= 0) c->set_stop_token_id(stop_token);
+    c->mutable_usage()->set_prompt_tokens(prompt_tokens);
+    c->mutable_usage()->set_completion_tokens(completion_tokens.load());
+    channel->Push(std::move(r));
+    channel->Close(absl::OkStatus());
+  }
+};
+
+}  // namespace
+
+class DecodeService::EngineBlocks final : public BlockSource {
+ public:
+  explicit EngineBlocks(engine::Engine* engine) : engine_(engine) {}
+  absl::StatusOr<std::vector<int32_t>> Reserve(int32_t n) override {
+    return engine_->ReserveBlocks(n);
+  }
+  absl::Status Free(absl::Span<const int32_t> blocks) override {
+    return engine_->FreeBlocks(blocks);
+  }
+
+ private:
+  engine::Engine* engine_;
+};
+
+DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
+                             const KvExporter* exporter, const Clock* clock,
+                             DecodeServiceOptions options)
+    : engine_(engine),
+      model_info_(model_info),
+      exporter_(exporter),
+      clock_(clock),
+      options_(std::move(options)),
+      blocks_(std::make_unique<EngineBlocks>(engine)),
+      reservations_(std::make_unique<KvReservations>(blocks_.get(), clock, options_.reservations)) {
+  lease_checker_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.lease_check_interval)) {
+      mu_.Unlock();
+      reservations_->ExpireLeases();
+      mu_.Lock();
+    }
+  });
+}
+
+DecodeService::~DecodeService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  lease_checker_.join();
+}
+
+absl::Status DecodeService::CheckIncarnation(uint64_t incarnation) const {
+  if (incarnation != options_.incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("decode_incarnation ", incarnation, " is not this worker's (",
+                     options_.incarnation, "): the worker restarted"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* context,
+                                                   const v1::ReserveKvRequest* request,
+                                                   v1::ReserveKvResponse* response) {
+  auto run = [&]() -> absl::Status {
+    if (!ServesDecode(options_.role)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not decode"));
+    }
+    if (exporter_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "this worker has no KV transport: it cannot receive a prefill worker's KV");
+    }
+    if (request->request_id().empty()) {
+      return InvalidArgumentForField("request_id", "must not be empty");
+    }
+    const int32_t max_context = model_info_.max_context_tokens();
+    if (request->num_tokens() < 1 || request->num_tokens() > max_context - 1) {
+      return InvalidArgumentForField("num_tokens", absl::StrCat("must be in [1, ", max_context - 1,
+                                                                "], got ", request->num_tokens()));
+    }
+    if (request->max_total_tokens() != 0 && (request->max_total_tokens() < request->num_tokens() ||
+                                             request->max_total_tokens() > max_context)) {
+      return InvalidArgumentForField(
+          "max_total_tokens", absl::StrCat("must be 0 or in [num_tokens, ", max_context, "], got ",
+                                           request->max_total_tokens()));
+    }
+    TRIDENT_ASSIGN_OR_RETURN(absl::Duration lease,
+                             LeaseFrom(request->has_lease(), request->lease(), "lease"));
+    TRIDENT_ASSIGN_OR_RETURN(
+        KvReservations::Reservation r,
+        reservations_->Reserve(request->request_id(), request->num_tokens(), lease));
+    v1::KvDestination* d = response->mutable_destination();
+    if (absl::Status s = exporter_->Describe(d); !s.ok()) {
+      reservations_->Release(r.id);
+      return s;
+    }
+    d->set_decode_worker_id(options_.worker_id);
+    d->set_decode_incarnation(options_.incarnation);
+    d->set_decode_address(options_.address);
+    d->set_reservation_id(r.id);
+    d->set_num_tokens(request->num_tokens());
+    for (int32_t b : r.blocks) d->add_block_ids(b);
+    ToProto(r.lease, d->mutable_lease_remaining());
+    ToProto(r.expires, d->mutable_lease_expire_time());
+    ToProto(r.lease, response->mutable_lease());
+    return absl::OkStatus();
+  };
+  return FinishUnary(context, run());
+}
+
+grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* context,
+                                                 const v1::RenewKvRequest* request,
+                                                 v1::RenewKvResponse* response) {
+  auto run = [&]() -> absl::Status {
+    TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
+    TRIDENT_ASSIGN_OR_RETURN(absl::Duration lease,
+                             LeaseFrom(request->has_lease(), request->lease(), "lease"));
+    TRIDENT_ASSIGN_OR_RETURN(absl::Time expires,
+                             reservations_->Renew(request->reservation_id(), lease));
+    ToProto(expires - clock_->Now(), response->mutable_lease_remaining());
+    ToProto(expires, response->mutable_lease_expire_time());
+    return absl::OkStatus();
+  };
+  return FinishUnary(context, run());
+}
+
+grpc::ServerUnaryReactor* DecodeService::CommitKv(grpc::CallbackServerContext* context,
+                                                  const v1::CommitKvRequest* request,
+                                                  v1::CommitKvResponse* response) {
+  auto run = [&]() -> absl::Status {
+    TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
+    KvCommit commit;
+    switch (request->outcome()) {
+      case v1::COMMIT_OUTCOME_COMPLETE:
+        commit.outcome = KvOutcome::kComplete;
+        break;
+      case v1::COMMIT_OUTCOME_FINISHED:
+        commit.outcome = KvOutcome::kFinished;
+        commit.finish_reason = request->finish_reason();
+        break;
+      case v1::COMMIT_OUTCOME_ABORTED:
+        commit.outcome = KvOutcome::kAborted;
+        commit.error = request->error_message();
+        break;
+      default:
+        return InvalidArgumentForField("outcome", "must be COMPLETE, FINISHED or ABORTED");
+    }
+    if (commit.outcome != KvOutcome::kAborted) {
+      if (request->first_token().token_ids_size() != 1) {
+        return InvalidArgumentForField("first_token.token_ids", "must hold exactly one token");
+      }
+      commit.first_token = request->first_token().token_ids(0);
+      if (commit.first_token < 0 || commit.first_token >= model_info_.vocab_size()) {
+        return InvalidArgumentForField(
+            "first_token.token_ids[0]",
+            absl::StrCat("token id ", commit.first_token, " is outside the vocabulary"));
+      }
+      if (request->first_token().logprobs_size() > 0) {
+        commit.first_logprob = request->first_token().logprobs(0).logprob();
+      }
+    }
+    return reservations_->Commit(request->reservation_id(), std::move(commit));
+  };
+  return FinishUnary(context, run());
+}
+
+grpc::ServerUnaryReactor* DecodeService::ReleaseKv(grpc::CallbackServerContext* context,
+                                                   const v1::ReleaseKvRequest* request,
+                                                   v1::ReleaseKvResponse* response) {
+  auto run = [&]() -> absl::Status {
+    TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
+    response->set_released(reservations_->Release(request->reservation_id()));
+    return absl::OkStatus();
+  };
+  return FinishUnary(context, run());
+}
+
+grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
+    grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
+  auto call = std::make_shared<DecodeCall>();
+  call->engine = engine_;
+  call->request_id = request->request_id();
+  const uint64_t reservation = request->reservation_id();
+  KvReservations* reservations = reservations_.get();
+  auto* reactor = new ChannelReactor<v1::DecodeResponse>(
+      /*on_cancel=*/
+      [call, reservation, reservations] {
+        // Still waiting for the KV: give the reservation up; in the engine:
+        // end the sequence there (its blocks are freed).
+        if (call->in_engine.load()) {
+          call->engine->Abort(call->request_id);
+        } else if (reservation != 0) {
+          reservations->Release(reservation);
+        }
+      },
+      /*on_done=*/nullptr);
+  call->channel = reactor->channel();
+
+  // Validation and conversion to an engine request.
+  auto prepare = [&]() -> absl::StatusOr<engine::EngineRequest> {
+    if (!ServesDecode(options_.role)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not decode"));
+    }
+    if (request->request_id().empty()) {
+      return InvalidArgumentForField("request_id", "must not be empty");
+    }
+    if (reservation == 0 && options_.role != v1::ROLE_BOTH) {
+      return absl::FailedPreconditionError(
+          "a Decode without a reservation needs role both (the worker computes the prompt)");
+    }
+    if (reservation != 0) TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
+    engine::EngineRequest er;
+    er.id = request->request_id();
+    for (int i = 0; i < request->prompt_token_ids_size(); ++i) {
+      const int32_t t = request->prompt_token_ids(i);
+      if (t < 0 || t >= model_info_.vocab_size()) {
+        return InvalidArgumentForField(
+            absl::StrCat("prompt_token_ids[", i, "]"),
+            absl::StrCat("token id ", t, " is outside [0, ", model_info_.vocab_size(), ")"));
+      }
+      er.prompt.push_back(t);
+    }
+    if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
+    TRIDENT_ASSIGN_OR_RETURN(er.sampling, sampling::SamplingParamsFromProto(
+                                              request->sampling(), request->options(),
+                                              model_info_.vocab_size(), /*default_seed=*/0));
+    TRIDENT_ASSIGN_OR_RETURN(
+        sampling::StopParams stop,
+        sampling::StopParamsFromProto(request->sampling(), request->stop(),
+                                      model_info_.vocab_size(), model_info_.max_context_tokens(),
+                                      static_cast<int32_t>(er.prompt.size())));
+    er.max_tokens = stop.max_tokens;
+    er.stop_token_ids = stop.stop_token_ids;
+    if (!stop.ignore_eos) {
+      er.stop_token_ids.insert(er.stop_token_ids.end(), model_info_.eos_token_ids().begin(),
+                               model_info_.eos_token_ids().end());
+    }
+    return er;
+  };
+  absl::StatusOr<engine::EngineRequest> prepared = prepare();
+  if (!prepared.ok()) {
+    if (reservation != 0 && prepared.status().code() != absl::StatusCode::kFailedPrecondition) {
+      reservations_->Release(reservation);
+    }
+    call->channel->Close(prepared.status());
+    return reactor;
+  }
+  call->prompt_tokens = static_cast<int32_t>(prepared->prompt.size());
+  call->logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;
+  engine::TokenCallback on_token = [call](const engine::TokenEvent& ev) { call->OnEvent(ev); };
+
+  if (reservation == 0) {
+    call->in_engine.store(true);
+    if (absl::Status s = engine_->Submit(*std::move(prepared), on_token); !s.ok()) {
+      call->channel->Close(s);
+    }
+    return reactor;
+  }
+  // Wait for the prefill side's hand-off, then continue in the engine.
+  engine::Engine* engine = engine_;
+  const Clock* clock = clock_;
+  const absl::Time waiting_since = clock_->Now();
+  auto request_for_engine = std::make_shared<engine::EngineRequest>(*std::move(prepared));
+  reservations_->Await(reservation, [call, engine, clock, waiting_since, request_for_engine,
+                                     on_token](absl::StatusOr<KvHandOff> hand_off) {
+    if (!hand_off.ok()) {
+      call->channel->Close(hand_off.status());
+      return;
+    }
+    if (call->channel->ended()) {
+      // The client left while the KV arrived.
+      if (!hand_off->blocks.empty()) (void)engine->FreeBlocks(hand_off->blocks);
+      return;
+    }
+    // The first token, sampled by the prefill worker, counts as output 0.
+    call->completion_tokens.store(1);
+    if (hand_off->commit.outcome == KvOutcome::kFinished) {
+      const auto reason = static_cast<v1::FinishReason>(hand_off->commit.finish_reason);
+      call->Complete(reason == v1::FINISH_REASON_UNSPECIFIED ? v1::FINISH_REASON_STOP : reason, -1);
+      return;
+    }
+    v1::DecodeResponse joined;
+    ToProto(clock->Now() - waiting_since, joined.mutable_joined()->mutable_waited());
+    call->channel->Push(std::move(joined));
+    std::vector<int32_t> blocks = hand_off->blocks;
+    call->in_engine.store(true);
+    absl::Status s = engine->SubmitPrefilled(*request_for_engine, std::move(hand_off->blocks),
+                                             hand_off->commit.first_token, on_token);
+    if (!s.ok()) {
+      (void)engine->FreeBlocks(blocks);
+      call->channel->Close(s);
+    }
+  });
+  return reactor;
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,86 @@
+// trident.v1.Decode on a worker: KV reservations for prompts a prefill
+// worker computes (ReserveKv, RenewKv, CommitKv, ReleaseKv, on
+// KvReservations) and the Decode stream, which waits for the reservation's
+// hand-off, then continues the sequence in the engine from its first token
+// (or, without a reservation in role `both`, runs the whole request).
+
+#ifndef TRIDENT_SERVICES_WORKER_DECODE_SERVICE_H_
+#define TRIDENT_SERVICES_WORKER_DECODE_SERVICE_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "common/engine/engine.h"
+#include "common/time/clock.h"
+#include "services/worker/kv_reservations.h"
+#include "trident/v1/generation.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident::worker {
+
+// How peers reach this worker's KV pool over the transport: fills a
+// KvDestination's endpoint, layout and regions.
+class KvExporter {
+ public:
+  virtual ~KvExporter() = default;
+  virtual absl::Status Describe(trident::v1::KvDestination* destination) const = 0;
+};
+
+struct DecodeServiceOptions {
+  std::string worker_id;
+  uint64_t incarnation = 0;
+  // host:port peers use for CommitKv and RenewKv.
+  std::string address;
+  trident::v1::Role role = trident::v1::ROLE_DECODE;
+  KvReservationOptions reservations;
+  // How often leases are checked for expiry.
+  absl::Duration lease_check_interval = absl::Milliseconds(100);
+};
+
+// Thread-safe.
+class DecodeService final : public trident::v1::Decode::CallbackService {
+ public:
+  // `engine`, `exporter` (may be null: ReserveKv then answers
+  // FAILED_PRECONDITION) and `clock` must outlive the service.
+  DecodeService(engine::Engine* engine, const trident::v1::ModelInfoResponse& model_info,
+                const KvExporter* exporter, const Clock* clock, DecodeServiceOptions options);
+  ~DecodeService() override;
+
+  grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
+                                      const trident::v1::ReserveKvRequest* request,
+                                      trident::v1::ReserveKvResponse* response) override;
+  grpc::ServerUnaryReactor* RenewKv(grpc::CallbackServerContext* context,
+                                    const trident::v1::RenewKvRequest* request,
+                                    trident::v1::RenewKvResponse* response) override;
+  grpc::ServerUnaryReactor* CommitKv(grpc::CallbackServerContext* context,
+                                     const trident::v1::CommitKvRequest* request,
+                                     trident::v1::CommitKvResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseKv(grpc::CallbackServerContext* context,
+                                      const trident::v1::ReleaseKvRequest* request,
+                                      trident::v1::ReleaseKvResponse* response) override;
+  grpc::ServerWriteReactor<trident::v1::DecodeResponse>* Decode(
+      grpc::CallbackServerContext* context, const trident::v1::DecodeRequest* request) override;
+
+  const KvReservations& reservations() const { return *reservations_; }
+
+ private:
+  class EngineBlocks;
+  absl::Status CheckIncarnation(uint64_t incarnation) const;
+
+  engine::Engine* const engine_;
+  const trident::v1::ModelInfoResponse model_info_;
+  const KvExporter* const exporter_;
+  const Clock* const clock_;
+  const DecodeServiceOptions options_;
+  std::unique_ptr<EngineBlocks> blocks_;
+  std::unique_ptr<KvReservations> reservations_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread lease_checker_;
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_DECODE_SERVICE_H_
