@@ -868,6 +868,17 @@ std::string FormatReport(const Report& r) {
     absl::StrAppendFormat(&out, "%-10s %8d %10.2f %10.2f %10.2f %10.2f %10.2f\n", name, s.count,
                           s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms);
   }
+  if (r.per_class.size() > 1) {
+    for (const auto& [name, c] : r.per_class) {
+      absl::StrAppendFormat(&out, "class %s: %d measured, %d completed, %d rejected, %d failed",
+                            name.empty() ? "(default)" : name, c.measured, c.completed, c.rejected,
+                            c.failed);
+      if (c.slo_attainment.has_value()) {
+        absl::StrAppendFormat(&out, ", SLO attainment %.1f%%", 100 * *c.slo_attainment);
+      }
+      out += "\n";
+    }
+  }
   for (const RejectionGroup& g : r.rejections) {
     absl::StrAppendFormat(&out,
                           "rejected %d x %s \"%s\" (RetryInfo on %d; send to reject p50 %.2f ms, "
