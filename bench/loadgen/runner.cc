@@ -35,21 +35,25 @@ FinishReason FromProto(v1::FinishReason reason) {
 }
 
 // One Generate call. Owned by gRPC from Start() until OnDone(), where it
-// hands its record to the book and deletes itself. The book and stub are
-// shared, so they outlive every call even if RunLoad gives up waiting.
+// deletes itself. Its record reaches the book only from the destructor of
+// `finish_`, after every other member (the ClientContext above all) is gone:
+// once the book is idle, no call holds gRPC objects any more, so the run's
+// channels are released last, on RunLoad's thread, and never by a callback
+// thread (where releasing the last one starts gRPC's shutdown concurrently
+// with callbacks still unwinding).
 class GenerateCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
-  GenerateCall(std::shared_ptr<RecordBook> book, std::shared_ptr<v1::Generation::Stub> stub,
-               RequestRecord record, v1::GenerateRequest request, absl::Duration timeout)
-      : book_(std::move(book)),
-        stub_(std::move(stub)),
+  GenerateCall(std::shared_ptr<RecordBook> book, RequestRecord record, v1::GenerateRequest request,
+               absl::Duration timeout)
+      : finish_{.book = std::move(book)},
         recorder_(Clock::Real(), std::move(record)),
         request_(std::move(request)) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
 
-  void Start() {
-    stub_->async()->Generate(&context_, &request_, this);
+  // `stub` is used only during this call.
+  void Start(v1::Generation::Stub& stub) {
+    stub.async()->Generate(&context_, &request_, this);
     StartRead(&response_);
     recorder_.Sent();
     StartCall();
@@ -67,13 +71,18 @@ class GenerateCall final : public grpc::ClientReadReactor<v1::GenerateResponse> 
   }
 
   void OnDone(const grpc::Status& status) override {
-    book_->Finish(recorder_.Done(FromGrpcStatus(status)));
+    finish_.record = recorder_.Done(FromGrpcStatus(status));
     delete this;
   }
 
  private:
-  const std::shared_ptr<RecordBook> book_;
-  const std::shared_ptr<v1::Generation::Stub> stub_;
+  struct FinishOnDestroy {
+    ~FinishOnDestroy() { book->Finish(std::move(record)); }
+    std::shared_ptr<RecordBook> book;
+    RequestRecord record;
+  };
+
+  FinishOnDestroy finish_;  // First member: destroyed last.
   RequestRecorder recorder_;
   grpc::ClientContext context_;
   v1::GenerateRequest request_;
@@ -140,7 +149,7 @@ absl::StatusOr<RunResult> RunLoad(const RunOptions& options) {
                            GenerateSchedule(options.workload));
 
   // Separate connections: a local subchannel pool per channel.
-  std::vector<std::shared_ptr<v1::Generation::Stub>> stubs;
+  std::vector<std::unique_ptr<v1::Generation::Stub>> stubs;
   for (int32_t i = 0; i < options.num_channels; ++i) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -216,10 +225,10 @@ absl::StatusOr<RunResult> RunLoad(const RunOptions& options) {
         break;
       }
       if (!book->TryAdmit(record)) continue;
-      auto* call = new GenerateCall(book, stubs[next_stub], std::move(record), *std::move(request),
-                                    options.request_timeout);
+      auto* call =
+          new GenerateCall(book, std::move(record), *std::move(request), options.request_timeout);
+      call->Start(*stubs[next_stub]);
       next_stub = (next_stub + 1) % stubs.size();
-      call->Start();
     }
   }
   // Every call ends by its deadline; the margin covers gRPC's own delivery.
@@ -234,6 +243,8 @@ absl::StatusOr<RunResult> RunLoad(const RunOptions& options) {
   }
   TRIDENT_RETURN_IF_ERROR(build_error);
   if (!idle) {
+    // Calls still hold the channels; leak them rather than pull them away.
+    for (auto& stub : stubs) stub.release();
     return absl::DeadlineExceededError(
         absl::StrCat(book->progress().in_flight, " calls still in flight past their deadline"));
   }
