@@ -174,6 +174,7 @@ absl::StatusOr<RunResult> RunLoad(const RunOptions& options) {
   PromptVocabulary vocab{.vocab_size = info.vocab_size()};
   vocab.excluded_ids.assign(info.eos_token_ids().begin(), info.eos_token_ids().end());
   if (info.has_bos_token_id()) vocab.excluded_ids.push_back(info.bos_token_id());
+  TRIDENT_RETURN_IF_ERROR(MakePromptTokenIds(0, 1, vocab).status());
 
   nlohmann::json config = WorkloadToJson(options.workload);
   config["target"] = options.target;
