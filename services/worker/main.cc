@@ -14,6 +14,7 @@
 #include "common/time/clock.h"
 #include "services/worker/decode_service.h"
 #include "services/worker/generation_service.h"
+#include "services/worker/prefill_service.h"
 #include "services/worker/worker_model.h"
 #include "services/worker/worker_services.h"
 
@@ -69,10 +70,7 @@ int main(int argc, char** argv) {
         if (!role.ok()) return role.status();
         TRIDENT_LOG(INFO) << "worker on " << device->ToString() << ", role "
                           << trident::v1::Role_Name(*role);
-        trident::worker::PrefillService prefill;
-        std::vector<trident::RegisteredService> services = {
-            {&prefill, trident::v1::Prefill::service_full_name()},
-        };
+        std::vector<trident::RegisteredService> services;
         std::unique_ptr<trident::worker::WorkerModel> model;
         std::unique_ptr<trident::worker::GenerationService> generation;
         trident::RealClock clock;
@@ -113,9 +111,13 @@ int main(int argc, char** argv) {
                                  : absl::GetFlag(FLAGS_worker_id);
         identity.incarnation = absl::Uniform<uint64_t>(absl::BitGen()) | 1;
         identity.role = *role;
-        // Decode: KV reservations and the decode stream. No KV transport is
-        // wired in yet, so ReserveKv answers FAILED_PRECONDITION; Decode
-        // without a reservation serves role `both`.
+        // Decode (KV reservations, the decode stream) and Prefill. No KV
+        // transport is wired in yet, so ReserveKv and Prefill with a
+        // destination answer FAILED_PRECONDITION; Decode without a
+        // reservation serves role `both`, Prefill without a destination
+        // computes and discards (warm-up).
+        trident::worker::UnservedPrefillService unserved_prefill;
+        std::unique_ptr<trident::worker::PrefillService> prefill;
         trident::worker::UnservedDecodeService unserved_decode;
         std::unique_ptr<trident::worker::DecodeService> decode;
         if (model != nullptr) {
@@ -128,8 +130,15 @@ int main(int argc, char** argv) {
           decode = std::make_unique<trident::worker::DecodeService>(
               model->engine.get(), model->info, /*exporter=*/nullptr, &clock, decode_options);
           services.push_back({decode.get(), trident::v1::Decode::service_full_name()});
+          trident::worker::PrefillServiceOptions prefill_options;
+          prefill_options.worker_id = identity.worker_id;
+          prefill_options.role = *role;
+          prefill = std::make_unique<trident::worker::PrefillService>(
+              model->engine.get(), model->info, /*sender=*/nullptr, &clock, prefill_options);
+          services.push_back({prefill.get(), trident::v1::Prefill::service_full_name()});
         } else {
           services.push_back({&unserved_decode, trident::v1::Decode::service_full_name()});
+          services.push_back({&unserved_prefill, trident::v1::Prefill::service_full_name()});
         }
         std::unique_ptr<trident::worker::LoadStreams> loads;
         if (model != nullptr) {

@@ -52,7 +52,7 @@ absl::StatusOr<trident::v1::Role> ParseRole(absl::string_view text) {
       "--role", absl::StrCat("expected 'prefill', 'decode' or 'both', got '", text, "'"));
 }
 
-grpc::ServerWriteReactor<PrefillResponse>* PrefillService::Prefill(
+grpc::ServerWriteReactor<PrefillResponse>* UnservedPrefillService::Prefill(
     grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) {
   return new FinishedWriteReactor<PrefillResponse>(
       NotServedYet("Prefill", "Prefill", kNeedsTransport));

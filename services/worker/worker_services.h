@@ -37,7 +37,7 @@ absl::StatusOr<Device> ParseDevice(absl::string_view text);
 absl::StatusOr<trident::v1::Role> ParseRole(absl::string_view text);
 
 // Thread-safe.
-class PrefillService final : public trident::v1::Prefill::CallbackService {
+class UnservedPrefillService final : public trident::v1::Prefill::CallbackService {
  public:
   grpc::ServerWriteReactor<trident::v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) override;

@@ -1,0 +1,269 @@
+// Disaggregated serving through the worker services, in one process over
+// real gRPC: a prefill worker (PrefillService) and a decode worker
+// (DecodeService), each on an engine with the fake backend, and an
+// in-process KvSender that copies the fake's per-slot "KV" the way the UCX
+// sender writes blocks. The test plays the router: ReserveKv on the decode
+// worker, Prefill with that destination, Decode on the reservation.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/backend/fake_model_backend.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/worker/decode_service.h"
+#include "services/worker/prefill_service.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+
+constexpr int32_t kVocab = 50;
+constexpr int32_t kBlocks = 32;
+constexpr int32_t kBlockSize = 4;
+constexpr uint64_t kIncarnation = 9;
+
+std::unique_ptr<backend::FakeModelBackend> Fake() {
+  return std::make_unique<backend::FakeModelBackend>(kVocab, kBlocks, kBlockSize, 128);
+}
+
+class FakeExporter final : public KvExporter {
+ public:
+  absl::Status Describe(v1::KvDestination* d) const override {
+    d->mutable_endpoint()->set_owner_id("decode");
+    return absl::OkStatus();
+  }
+};
+
+// Copies blocks between two fakes (one "layer"); can be told to fail.
+class CopyingSender final : public KvSender {
+ public:
+  CopyingSender(backend::FakeModelBackend* from, backend::FakeModelBackend* to)
+      : from_(from), to_(to) {}
+  int32_t num_layers() const override { return 1; }
+  absl::StatusOr<std::unique_ptr<KvTransfer>> Open(const v1::KvDestination& d) override {
+    if (fail_) return absl::UnavailableError("peer decode is unreachable");
+    return std::unique_ptr<KvTransfer>(new Transfer(this, d));
+  }
+  void set_fail(bool fail) { fail_ = fail; }
+
+ private:
+  class Transfer final : public KvTransfer {
+   public:
+    Transfer(CopyingSender* s, const v1::KvDestination& d)
+        : s_(s), dst_(d.block_ids().begin(), d.block_ids().end()) {}
+    void SendLayer(int32_t layer, absl::Span<const int32_t> blocks,
+                   std::function<void(absl::Status)> done) override {
+      s_->to_->CopyKvBlocks(*s_->from_, blocks, dst_);
+      bytes_ += static_cast<int64_t>(blocks.size()) * kBlockSize * 4;
+      ++messages_;
+      done(absl::OkStatus());
+    }
+    int64_t bytes_sent() const override { return bytes_; }
+    int32_t messages() const override { return messages_; }
+    std::string lane() const override { return "memcpy"; }
+
+   private:
+    CopyingSender* s_;
+    std::vector<int32_t> dst_;
+    int64_t bytes_ = 0;
+    int32_t messages_ = 0;
+  };
+  backend::FakeModelBackend* from_;
+  backend::FakeModelBackend* to_;
+  bool fail_ = false;
+};
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+class PrefillDecodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto prefill_fake = Fake();
+    auto decode_fake = Fake();
+    sender_ = std::make_unique<CopyingSender>(prefill_fake.get(), decode_fake.get());
+    prefill_engine_ =
+        std::make_unique<engine::Engine>(std::move(prefill_fake), engine::EngineOptions{});
+    decode_engine_ =
+        std::make_unique<engine::Engine>(std::move(decode_fake), engine::EngineOptions{});
+    v1::ModelInfoResponse info;
+    info.set_vocab_size(kVocab);
+    info.set_max_context_tokens(128);
+    int decode_port = 0;
+    DecodeServiceOptions d;
+    d.worker_id = "decode";
+    d.incarnation = kIncarnation;
+    d.role = v1::ROLE_DECODE;
+    d.reservations.block_size = kBlockSize;
+    decode_service_ =
+        std::make_unique<DecodeService>(decode_engine_.get(), info, &exporter_, &clock_, d);
+    decode_server_ = Serve(decode_service_.get(), &decode_port);
+    decode_address_ = absl::StrCat("127.0.0.1:", decode_port);
+    PrefillServiceOptions p;
+    p.worker_id = "prefill";
+    prefill_service_ =
+        std::make_unique<PrefillService>(prefill_engine_.get(), info, sender_.get(), &clock_, p);
+    int prefill_port = 0;
+    prefill_server_ = Serve(prefill_service_.get(), &prefill_port);
+    decode_ = v1::Decode::NewStub(
+        grpc::CreateChannel(decode_address_, grpc::InsecureChannelCredentials()));
+    prefill_ = v1::Prefill::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", prefill_port),
+                                                        grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    prefill_server_->Shutdown();
+    decode_server_->Shutdown();
+    prefill_service_.reset();
+    prefill_engine_->Shutdown();
+    decode_engine_->Shutdown();
+    // Nothing leaked on either side.
+    EXPECT_EQ(prefill_engine_->stats().blocks_free, kBlocks);
+    EXPECT_EQ(decode_engine_->stats().blocks_free, kBlocks);
+  }
+
+  struct Outcome {
+    std::vector<int32_t> tokens;
+    grpc::Status prefill_status;
+    grpc::Status decode_status;
+    std::vector<std::string> prefill_messages;
+    v1::GenerateComplete complete;
+  };
+
+  // The router's part: reserve, prefill into the reservation, decode.
+  Outcome Run(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens) {
+    Outcome out;
+    v1::ReserveKvRequest reserve;
+    reserve.set_request_id(id);
+    reserve.set_num_tokens(static_cast<int32_t>(prompt.size()));
+    v1::ReserveKvResponse reserved;
+    {
+      grpc::ClientContext context;
+      const grpc::Status s = decode_->ReserveKv(&context, reserve, &reserved);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+    v1::KvDestination destination = reserved.destination();
+    destination.set_decode_address(decode_address_);
+
+    v1::DecodeRequest decode;
+    decode.set_request_id(id);
+    decode.set_reservation_id(destination.reservation_id());
+    decode.set_decode_incarnation(kIncarnation);
+    v1::PrefillRequest prefill;
+    prefill.set_request_id(id);
+    for (int32_t t : prompt) {
+      decode.add_prompt_token_ids(t);
+      prefill.add_prompt_token_ids(t);
+    }
+    decode.mutable_sampling()->set_temperature(0);
+    decode.mutable_sampling()->set_max_tokens(max_tokens);
+    *prefill.mutable_sampling() = decode.sampling();
+    *prefill.mutable_destination() = destination;
+
+    grpc::ClientContext decode_context;
+    auto decode_reader = decode_->Decode(&decode_context, decode);
+    grpc::ClientContext prefill_context;
+    auto prefill_reader = prefill_->Prefill(&prefill_context, prefill);
+    v1::PrefillResponse p;
+    while (prefill_reader->Read(&p)) {
+      if (p.has_started()) out.prefill_messages.push_back("started");
+      if (p.has_first_token()) {
+        out.prefill_messages.push_back("first_token");
+        for (int32_t t : p.first_token().token_ids()) out.tokens.push_back(t);
+      }
+      if (p.has_progress()) out.prefill_messages.push_back("progress");
+      if (p.has_transfer_done()) out.prefill_messages.push_back("transfer_done");
+      if (p.has_complete()) out.prefill_messages.push_back("complete");
+    }
+    out.prefill_status = prefill_reader->Finish();
+    v1::DecodeResponse d;
+    while (decode_reader->Read(&d)) {
+      if (d.has_chunk()) {
+        for (int32_t t : d.chunk().token_ids()) out.tokens.push_back(t);
+      }
+      if (d.has_complete()) out.complete = d.complete();
+    }
+    out.decode_status = decode_reader->Finish();
+    return out;
+  }
+
+  std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+    engine::Engine single(Fake(), {});
+    engine::EngineRequest r;
+    r.id = "alone";
+    r.prompt = prompt;
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    std::vector<int32_t> tokens;
+    absl::Notification done;
+    EXPECT_THAT(single.Submit(r,
+                              [&](const engine::TokenEvent& ev) {
+                                tokens.push_back(ev.token);
+                                if (ev.finish != engine::FinishReason::kNone) done.Notify();
+                              }),
+                IsOk());
+    done.WaitForNotification();
+    return tokens;
+  }
+
+  RealClock clock_;
+  FakeExporter exporter_;
+  std::unique_ptr<CopyingSender> sender_;
+  std::unique_ptr<engine::Engine> prefill_engine_;
+  std::unique_ptr<engine::Engine> decode_engine_;
+  std::unique_ptr<DecodeService> decode_service_;
+  std::unique_ptr<PrefillService> prefill_service_;
+  std::unique_ptr<grpc::Server> decode_server_;
+  std::unique_ptr<grpc::Server> prefill_server_;
+  std::string decode_address_;
+  std::unique_ptr<v1::Decode::Stub> decode_;
+  std::unique_ptr<v1::Prefill::Stub> prefill_;
+};
+
+TEST_F(PrefillDecodeTest, TokensEqualOneWorkerAlone) {
+  const std::vector<std::vector<int32_t>> prompts = {
+      {3, 1, 4, 1, 5, 9, 2, 6, 5}, {7}, {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9}};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Outcome out = Run(absl::StrCat("req", i), prompts[i], 10);
+    ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
+    ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
+    EXPECT_EQ(out.tokens, Alone(prompts[i], 10)) << "prompt " << i;
+    EXPECT_THAT(out.prefill_messages,
+                ::testing::ElementsAre("started", "first_token", "progress", "transfer_done"));
+    EXPECT_EQ(out.complete.usage().completion_tokens(), 10);
+  }
+}
+
+TEST_F(PrefillDecodeTest, AFirstTokenThatEndsTheRequestFinishesBothStreams) {
+  const Outcome out = Run("one", {4, 4, 4, 4, 4}, 1);
+  ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
+  ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
+  EXPECT_EQ(out.tokens, Alone({4, 4, 4, 4, 4}, 1));
+  EXPECT_THAT(out.prefill_messages,
+              ::testing::ElementsAre("started", "first_token", "transfer_done", "complete"));
+  EXPECT_EQ(out.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+}
+
+TEST_F(PrefillDecodeTest, AFailedTransferAbortsBothSidesAndFreesTheirBlocks) {
+  sender_->set_fail(true);
+  const Outcome out = Run("lost", {1, 2, 3, 4, 5, 6}, 5);
+  EXPECT_EQ(out.prefill_status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(out.prefill_status.error_message(), HasSubstr("unreachable"));
+  EXPECT_EQ(out.decode_status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(decode_service_->reservations().blocks_held(), 0);
+}
+
+}  // namespace
+}  // namespace trident::worker

@@ -1,0 +1,389 @@
+#include "services/worker/prefill_service.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/status.h"
+#include "common/grpc/stream_channel.h"
+#include "common/logging/log.h"
+#include "common/sampling/sampling_params.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+void ToProto(absl::Duration d, google::protobuf::Duration* out) {
+  const int64_t nanos = absl::ToInt64Nanoseconds(d);
+  out->set_seconds(nanos / 1000000000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+bool ServesPrefill(v1::Role role) { return role == v1::ROLE_PREFILL || role == v1::ROLE_BOTH; }
+
+}  // namespace
+
+struct PrefillService::Call {
+  std::shared_ptr<StreamChannel<v1::PrefillResponse>> channel;
+  std::string request_id;
+  int32_t prompt_tokens = 0;
+  bool has_destination = false;
+  v1::KvDestination destination;
+  // When the reservation's lease ends, on this worker's clock.
+  absl::Time lease_end;
+  absl::Time submitted;
+  absl::Time first_token_time;
+  std::atomic<bool> cancelled{false};
+  std::atomic<bool> in_engine{true};
+  // The first token as streamed (with logprobs when asked).
+  v1::TokenChunk first_token;
+};
+
+PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
+                               KvSender* sender, const Clock* clock, PrefillServiceOptions options)
+    : engine_(engine),
+      model_info_(model_info),
+      sender_(sender),
+      clock_(clock),
+      options_(std::move(options)) {
+  transfer_thread_ = std::thread([this] {
+    while (true) {
+      std::function<void()> job;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (jobs_.empty()) return;  // stopping, and nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  });
+}
+
+PrefillService::~PrefillService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  transfer_thread_.join();
+}
+
+void PrefillService::Enqueue(std::function<void()> job) {
+  absl::MutexLock lock(&mu_);
+  jobs_.push_back(std::move(job));
+}
+
+std::shared_ptr<v1::Decode::Stub> PrefillService::StubFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) {
+    stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  return stub;
+}
+
+absl::Status PrefillService::Commit(const Call& call, const v1::CommitKvRequest& request) {
+  auto stub = StubFor(call.destination.decode_address());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.commit_timeout));
+  v1::CommitKvResponse response;
+  const grpc::Status status = stub->CommitKv(&context, request, &response);
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(
+      static_cast<absl::StatusCode>(status.error_code()),
+      absl::StrCat("CommitKv to ", call.destination.decode_worker_id(), " at ",
+                   call.destination.decode_address(), ": ", status.error_message()));
+}
+
+void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks,
+                              int32_t first_token) {
+  const absl::Time start = clock_->Now();
+  v1::CommitKvRequest commit;
+  commit.set_decode_incarnation(call->destination.decode_incarnation());
+  commit.set_reservation_id(call->destination.reservation_id());
+  commit.set_request_id(call->request_id);
+  ToProto(call->first_token_time - call->submitted, commit.mutable_prefill_time());
+  // Ends the call: hands the reservation over (or abandons it) and frees the
+  // prompt's blocks here.
+  auto fail = [&](const absl::Status& why) {
+    v1::CommitKvRequest aborted = commit;
+    aborted.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
+    aborted.set_error_message(std::string(why.message()));
+    if (absl::Status s = Commit(*call, aborted); !s.ok()) {
+      TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
+    }
+    engine_->ReleasePrefilled(call->request_id);
+    call->channel->Close(absl::AbortedError(
+        absl::StrCat("the KV transfer of request ", call->request_id, " failed: ", why.message())));
+  };
+  if (call->cancelled.load()) return fail(absl::CancelledError("the router cancelled the call"));
+  if (clock_->Now() >= call->lease_end) {
+    engine_->ReleasePrefilled(call->request_id);
+    call->channel->Close(absl::AbortedError(absl::StrCat(
+        "the KV reservation's lease ended before request ", call->request_id, "'s transfer")));
+    return;
+  }
+  auto transfer = sender_->Open(call->destination);
+  if (!transfer.ok()) return fail(transfer.status());
+  absl::Mutex mu;
+  int pending = 0;
+  absl::Status first_error;
+  for (int32_t layer = 0; layer < sender_->num_layers(); ++layer) {
+    if (call->cancelled.load()) {
+      first_error = absl::CancelledError("the router cancelled the call");
+      break;
+    }
+    {
+      absl::MutexLock lock(&mu);
+      ++pending;
+    }
+    (*transfer)->SendLayer(layer, blocks, [&mu, &pending, &first_error](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      if (!s.ok() && first_error.ok()) first_error = s;
+      --pending;
+    });
+  }
+  {
+    // Every posted write must finish before the blocks can be freed or the
+    // reservation handed over.
+    absl::MutexLock lock(&mu);
+    auto drained = [&pending]() { return pending == 0; };
+    mu.Await(absl::Condition(&drained));
+  }
+  if (!first_error.ok()) return fail(first_error);
+  v1::PrefillResponse progress;
+  progress.mutable_progress()->set_layers_sent(sender_->num_layers());
+  progress.mutable_progress()->set_sent_bytes((*transfer)->bytes_sent());
+  call->channel->Push(std::move(progress));
+
+  commit.set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
+  commit.set_num_tokens(call->prompt_tokens);
+  *commit.mutable_first_token() = call->first_token;
+  const absl::Duration transfer_time = clock_->Now() - start;
+  ToProto(transfer_time, commit.mutable_transfer_time());
+  const absl::Status committed = Commit(*call, commit);
+  // After CommitKv (accepted or not) this side never touches the blocks again.
+  engine_->ReleasePrefilled(call->request_id);
+  if (!committed.ok()) {
+    call->channel->Close(absl::AbortedError(committed.message()));
+    return;
+  }
+  v1::PrefillResponse done;
+  v1::KvTransferDone* d = done.mutable_transfer_done();
+  d->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
+  d->set_sent_bytes((*transfer)->bytes_sent());
+  d->set_messages((*transfer)->messages());
+  ToProto(clock_->Now() - start, d->mutable_transfer_time());
+  *d->mutable_prefill_time() = commit.prefill_time();
+  d->set_lane((*transfer)->lane());
+  call->channel->Push(std::move(done));
+  call->channel->Close(absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
+    grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
+  auto call = std::make_shared<Call>();
+  call->request_id = request->request_id();
+  engine::Engine* engine = engine_;
+  auto* reactor = new ChannelReactor<v1::PrefillResponse>(
+      /*on_cancel=*/
+      [call, engine] {
+        call->cancelled.store(true);
+        if (call->in_engine.load()) engine->Abort(call->request_id);
+      },
+      /*on_done=*/nullptr);
+  call->channel = reactor->channel();
+
+  auto prepare = [&]() -> absl::StatusOr<engine::EngineRequest> {
+    if (!ServesPrefill(options_.role)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not prefill"));
+    }
+    if (request->request_id().empty()) {
+      return InvalidArgumentForField("request_id", "must not be empty");
+    }
+    engine::EngineRequest er;
+    er.id = request->request_id();
+    er.prefill_only = true;
+    for (int i = 0; i < request->prompt_token_ids_size(); ++i) {
+      const int32_t t = request->prompt_token_ids(i);
+      if (t < 0 || t >= model_info_.vocab_size()) {
+        return InvalidArgumentForField(
+            absl::StrCat("prompt_token_ids[", i, "]"),
+            absl::StrCat("token id ", t, " is outside [0, ", model_info_.vocab_size(), ")"));
+      }
+      er.prompt.push_back(t);
+    }
+    if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
+    TRIDENT_ASSIGN_OR_RETURN(er.sampling, sampling::SamplingParamsFromProto(
+                                              request->sampling(), request->options(),
+                                              model_info_.vocab_size(), /*default_seed=*/0));
+    TRIDENT_ASSIGN_OR_RETURN(
+        sampling::StopParams stop,
+        sampling::StopParamsFromProto(request->sampling(), request->stop(),
+                                      model_info_.vocab_size(), model_info_.max_context_tokens(),
+                                      static_cast<int32_t>(er.prompt.size())));
+    er.max_tokens = stop.max_tokens;
+    er.stop_token_ids = stop.stop_token_ids;
+    if (!stop.ignore_eos) {
+      er.stop_token_ids.insert(er.stop_token_ids.end(), model_info_.eos_token_ids().begin(),
+                               model_info_.eos_token_ids().end());
+    }
+    if (request->has_destination()) {
+      const v1::KvDestination& d = request->destination();
+      if (sender_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "this worker has no KV transport: it cannot write KV to a decode worker");
+      }
+      if (d.reservation_id() == 0 || d.decode_address().empty()) {
+        return InvalidArgumentForField("destination",
+                                       "needs a reservation_id and a decode_address");
+      }
+      if (d.num_tokens() != static_cast<int32_t>(er.prompt.size())) {
+        return InvalidArgumentForField("destination.num_tokens",
+                                       absl::StrCat("is ", d.num_tokens(), " but the prompt has ",
+                                                    er.prompt.size(), " tokens"));
+      }
+      const int32_t block_size = engine_->backend().kv_capacity().block_size;
+      const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
+      if (d.block_ids_size() != want) {
+        return InvalidArgumentForField(
+            "destination.block_ids",
+            absl::StrCat("has ", d.block_ids_size(), " blocks; the prompt needs ", want));
+      }
+    }
+    return er;
+  };
+  absl::StatusOr<engine::EngineRequest> prepared = prepare();
+  if (!prepared.ok()) {
+    call->in_engine.store(false);
+    call->channel->Close(prepared.status());
+    return reactor;
+  }
+  call->prompt_tokens = static_cast<int32_t>(prepared->prompt.size());
+  call->has_destination = request->has_destination();
+  if (call->has_destination) {
+    call->destination = request->destination();
+    call->lease_end = clock_->Now() + FromProto(request->destination().lease_remaining());
+  }
+  call->submitted = clock_->Now();
+  const bool logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;
+
+  v1::PrefillResponse started;
+  started.mutable_started();
+  call->channel->Push(std::move(started));
+  const Clock* clock = clock_;
+  PrefillService* self = this;
+  absl::Status submitted = engine_->Submit(
+      *std::move(prepared), [call, clock, self, engine, logprobs](const engine::TokenEvent& ev) {
+        // The first event is the last: the prompt is computed (kPrefilled),
+        // the first token ended the request, or it failed.
+        call->in_engine.store(false);
+        const bool has_token = ev.finish != engine::FinishReason::kAborted &&
+                               ev.finish != engine::FinishReason::kError && ev.token >= 0;
+        if (has_token) {
+          call->first_token_time = clock->Now();
+          v1::TokenChunk& chunk = call->first_token;
+          chunk.set_request_id(call->request_id);
+          chunk.add_token_ids(ev.token);
+          if (logprobs) {
+            v1::TokenLogprobs* lp = chunk.add_logprobs();
+            lp->set_token_id(ev.token);
+            lp->set_logprob(ev.logprob);
+            for (const auto& [id, logprob] : ev.top_logprobs) {
+              v1::TopLogprob* top = lp->add_top_logprobs();
+              top->set_token_id(id);
+              top->set_logprob(logprob);
+            }
+          }
+          v1::PrefillResponse first;
+          *first.mutable_first_token() = chunk;
+          call->channel->Push(std::move(first));
+        }
+        switch (ev.finish) {
+          case engine::FinishReason::kPrefilled: {
+            if (!call->has_destination) {
+              // Computed and discarded (warm-up, benchmarks).
+              engine->ReleasePrefilled(call->request_id);
+              call->channel->Close(absl::OkStatus());
+              return;
+            }
+            std::vector<int32_t> blocks = ev.prefilled_blocks;
+            const int32_t token = ev.token;
+            self->Enqueue([self, call, blocks = std::move(blocks), token]() mutable {
+              self->Transfer(call, std::move(blocks), token);
+            });
+            return;
+          }
+          case engine::FinishReason::kStop:
+          case engine::FinishReason::kLength: {
+            const v1::FinishReason reason = ev.finish == engine::FinishReason::kStop
+                                                ? v1::FINISH_REASON_STOP
+                                                : v1::FINISH_REASON_LENGTH;
+            self->Enqueue([self, call, reason] {
+              if (call->has_destination) {
+                v1::CommitKvRequest commit;
+                commit.set_decode_incarnation(call->destination.decode_incarnation());
+                commit.set_reservation_id(call->destination.reservation_id());
+                commit.set_request_id(call->request_id);
+                commit.set_outcome(v1::COMMIT_OUTCOME_FINISHED);
+                *commit.mutable_first_token() = call->first_token;
+                commit.set_finish_reason(reason);
+                if (absl::Status s = self->Commit(*call, commit); !s.ok()) {
+                  call->channel->Close(absl::AbortedError(s.message()));
+                  return;
+                }
+                v1::PrefillResponse done;
+                done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_FINISHED);
+                call->channel->Push(std::move(done));
+              }
+              v1::PrefillResponse complete;
+              v1::GenerateComplete* c = complete.mutable_complete();
+              c->set_request_id(call->request_id);
+              c->set_finish_reason(reason);
+              c->mutable_usage()->set_prompt_tokens(call->prompt_tokens);
+              c->mutable_usage()->set_completion_tokens(1);
+              call->channel->Push(std::move(complete));
+              call->channel->Close(absl::OkStatus());
+            });
+            return;
+          }
+          default: {
+            const absl::Status why = call->cancelled.load()
+                                         ? absl::CancelledError("the router cancelled the call")
+                                         : absl::InternalError("the engine failed the prefill");
+            self->Enqueue([self, call, why] {
+              if (call->has_destination) {
+                v1::CommitKvRequest commit;
+                commit.set_decode_incarnation(call->destination.decode_incarnation());
+                commit.set_reservation_id(call->destination.reservation_id());
+                commit.set_request_id(call->request_id);
+                commit.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
+                commit.set_error_message(std::string(why.message()));
+                (void)self->Commit(*call, commit);
+              }
+              call->channel->Close(why);
+            });
+            return;
+          }
+        }
+      });
+  if (!submitted.ok()) {
+    call->in_engine.store(false);
+    call->channel->Close(submitted);
+  }
+  return reactor;
+}
+
+}  // namespace trident::worker

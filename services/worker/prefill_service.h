@@ -1,0 +1,77 @@
+// trident.v1.Prefill on a worker: computes a prompt (a prefill_only engine
+// request), streams its first token, writes its KV into the decode worker's
+// reserved blocks through a KvSender, hands the reservation over with
+// Decode.CommitKv, and only then frees its own blocks.
+//
+// Transfers run on the service's transfer thread, one at a time, layer by
+// layer after the prompt is computed. (Overlapping a layer's transfer with
+// the next layers' compute needs a per-layer signal from the backend; not
+// yet.)
+
+#ifndef TRIDENT_SERVICES_WORKER_PREFILL_SERVICE_H_
+#define TRIDENT_SERVICES_WORKER_PREFILL_SERVICE_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/engine.h"
+#include "common/time/clock.h"
+#include "services/worker/kv_sender.h"
+#include "trident/v1/generation.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident::worker {
+
+struct PrefillServiceOptions {
+  std::string worker_id;
+  trident::v1::Role role = trident::v1::ROLE_PREFILL;
+  // Deadline of each CommitKv call to a decode worker.
+  absl::Duration commit_timeout = absl::Seconds(10);
+};
+
+// Thread-safe.
+class PrefillService final : public trident::v1::Prefill::CallbackService {
+ public:
+  // `engine`, `sender` (may be null: requests with a destination then fail
+  // with FAILED_PRECONDITION) and `clock` must outlive the service.
+  PrefillService(engine::Engine* engine, const trident::v1::ModelInfoResponse& model_info,
+                 KvSender* sender, const Clock* clock, PrefillServiceOptions options);
+  // Finishes the queued transfers (aborting them) and joins the thread.
+  ~PrefillService() override;
+
+  grpc::ServerWriteReactor<trident::v1::PrefillResponse>* Prefill(
+      grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) override;
+
+ private:
+  struct Call;
+  // Runs `job` on the transfer thread.
+  void Enqueue(std::function<void()> job);
+  // The transfer and hand-off of a computed prompt; on the transfer thread.
+  void Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks, int32_t first_token);
+  // Decode.CommitKv to the call's decode worker.
+  absl::Status Commit(const Call& call, const trident::v1::CommitKvRequest& request);
+  std::shared_ptr<trident::v1::Decode::Stub> StubFor(const std::string& address);
+
+  engine::Engine* const engine_;
+  const trident::v1::ModelInfoResponse model_info_;
+  KvSender* const sender_;
+  const Clock* const clock_;
+  const PrefillServiceOptions options_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<trident::v1::Decode::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+  std::thread transfer_thread_;
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_PREFILL_SERVICE_H_
