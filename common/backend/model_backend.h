@@ -12,6 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "absl/status/statusor.h"
+#include "common/kv/kv_layout.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
 
@@ -40,6 +42,20 @@ struct RowSampling {
   int64_t output_position = 0;
 };
 
+// Where a backend's paged KV cache lives, for a transport to register it and
+// for peers to write blocks into it: `spec` lays the pool out (blocks
+// [0, usable_blocks) are the engine's; a backend may keep private blocks
+// after them).
+struct KvMemory {
+  void* base = nullptr;
+  size_t bytes = 0;
+  kv::KvCacheSpec spec;
+  int32_t usable_blocks = 0;
+  // CUDA device memory on device `device_ordinal`; else host memory.
+  bool device = false;
+  int32_t device_ordinal = -1;
+};
+
 // Shape of the KV cache a backend holds, which the engine needs to allocate
 // blocks.
 struct KvCapacity {
@@ -63,6 +79,12 @@ class ModelBackend {
   // sequence with want_logits, one row of vocab_size() logits into `logits`
   // (rows in batch order, skipping sequences without want_logits).
   virtual absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) = 0;
+
+  // The KV pool's memory; UNIMPLEMENTED for backends whose KV cannot be
+  // exported (the fake).
+  virtual absl::StatusOr<KvMemory> kv_memory() const {
+    return absl::UnimplementedError("this backend's KV cache cannot be exported");
+  }
 
   // Whether ForwardSample is implemented: the backend samples where the
   // logits are (the GPU) and only tokens and logprobs reach the host.

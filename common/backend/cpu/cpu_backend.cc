@@ -206,6 +206,15 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<KvMemory> CpuBackend::kv_memory() const {
+  KvMemory m;
+  m.base = kv_cache_->data();
+  m.bytes = kv_cache_->size_bytes();
+  m.spec = kv_spec_;
+  m.usable_blocks = kv_spec_.num_blocks;
+  return m;
+}
+
 std::string CpuBackend::Describe() const {
   std::string matmuls = absl::StrCat(numeric::DTypeName(options_.compute_dtype), " weights");
   if (options_.compute_dtype == DType::kBF16) {

@@ -58,6 +58,7 @@ class CpuBackend : public ModelBackend {
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_model_len() const override { return max_model_len_; }
   KvCapacity kv_capacity() const override { return {kv_spec_.num_blocks, kv_spec_.block_size}; }
+  absl::StatusOr<KvMemory> kv_memory() const override;
   std::string Describe() const override;
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
 

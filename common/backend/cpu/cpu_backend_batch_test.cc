@@ -98,6 +98,14 @@ TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
   auto backend = Load(dir, 12 * block_bytes);
   ASSERT_NE(backend, nullptr);
   ASSERT_EQ(backend->kv_capacity().num_blocks, 12);
+  // The pool a transport registers: host memory holding exactly the spec.
+  auto memory = backend->kv_memory();
+  ASSERT_THAT(memory.status(), IsOk());
+  EXPECT_NE(memory->base, nullptr);
+  EXPECT_FALSE(memory->device);
+  EXPECT_EQ(memory->usable_blocks, 12);
+  EXPECT_EQ(memory->bytes, memory->spec.TotalBytes());
+  EXPECT_EQ(memory->bytes, static_cast<size_t>(12 * block_bytes));
   kv::PagedBlockAllocator allocator(backend->kv_capacity().num_blocks);
   engine::EngineOptions options;
   options.max_batch_tokens = 48;

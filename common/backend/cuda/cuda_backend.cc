@@ -843,6 +843,17 @@ int32_t CudaBackend::max_model_len() const { return impl_->max_model_len; }
 KvCapacity CudaBackend::kv_capacity() const {
   return {impl_->scratch_block, impl_->kv_spec.block_size};
 }
+absl::StatusOr<KvMemory> CudaBackend::kv_memory() const {
+  KvMemory m;
+  m.base = impl_->kv_pool.get();
+  m.bytes = impl_->kv_pool.bytes();
+  m.spec = impl_->kv_spec;
+  m.usable_blocks = impl_->scratch_block;
+  m.device = true;
+  m.device_ordinal = impl_->options.device;
+  return m;
+}
+
 const model::ModelConfig& CudaBackend::config() const { return impl_->config; }
 
 std::string CudaBackend::Describe() const {

@@ -69,6 +69,7 @@ class CudaBackend : public ModelBackend {
   int32_t vocab_size() const override;
   int32_t max_model_len() const override;
   KvCapacity kv_capacity() const override;
+  absl::StatusOr<KvMemory> kv_memory() const override;
   std::string Describe() const override;
   // INVALID_ARGUMENT for batches beyond max_batch_tokens / sequences, bad
   // positions or block ids; INTERNAL for CUDA errors.
