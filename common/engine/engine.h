@@ -18,28 +18,26 @@
 #include "absl/types/span.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/engine_core.h"
+#include "common/engine/token_source.h"
 #include "common/kv/block_allocator.h"
 
 namespace trident::engine {
 
-// Receives a request's tokens in order; the last event has finish != kNone.
-using TokenCallback = std::function<void(const TokenEvent&)>;
-
-class Engine {
+class Engine final : public TokenSource {
  public:
   Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options);
   // Stops the loop; requests still live receive a kAborted event.
-  ~Engine();
+  ~Engine() override;
 
   // Queues a request. Errors (INVALID_ARGUMENT from validation,
   // ALREADY_EXISTS, UNAVAILABLE after Shutdown) are returned at once and the
   // callback is never called; otherwise the callback receives every token
   // and exactly one finishing event.
-  absl::Status Submit(EngineRequest request, TokenCallback callback);
+  absl::Status Submit(EngineRequest request, TokenCallback callback) override;
 
   // Ends a request: its callback receives a final kAborted event (unless it
   // already finished). Safe from any thread, idempotent.
-  void Abort(const std::string& request_id);
+  void Abort(const std::string& request_id) override;
 
   // Disaggregated decode. ReserveBlocks takes `num_blocks` KV blocks for a
   // sequence whose prompt KV another worker will write (RESOURCE_EXHAUSTED

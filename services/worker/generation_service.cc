@@ -333,7 +333,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
   bool registered_ = false;
 };
 
-GenerationService::GenerationService(engine::Engine* engine, const tokenizer::Tokenizer* tokenizer,
+GenerationService::GenerationService(engine::TokenSource* engine,
+                                     const tokenizer::Tokenizer* tokenizer,
                                      const v1::ModelInfoResponse& model_info, Clock* clock)
     : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock) {
   std::random_device rd;

@@ -13,7 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
-#include "common/engine/engine.h"
+#include "common/engine/token_source.h"
 #include "common/time/clock.h"
 #include "common/tokenizer/tokenizer.h"
 #include "trident/v1/generation.grpc.pb.h"
@@ -23,8 +23,9 @@ namespace trident::worker {
 // Thread-safe.
 class GenerationService final : public trident::v1::Generation::CallbackService {
  public:
-  // `engine`, `tokenizer` and `clock` must outlive the service.
-  GenerationService(engine::Engine* engine, const tokenizer::Tokenizer* tokenizer,
+  // `engine` (the worker's Engine, or the router's remote path), `tokenizer`
+  // and `clock` must outlive the service.
+  GenerationService(engine::TokenSource* engine, const tokenizer::Tokenizer* tokenizer,
                     const trident::v1::ModelInfoResponse& model_info, Clock* clock);
 
   grpc::ServerWriteReactor<trident::v1::GenerateResponse>* Generate(
@@ -50,7 +51,7 @@ class GenerationService final : public trident::v1::Generation::CallbackService 
   absl::Status Register(const std::string& id);
   void Unregister(const std::string& id);
 
-  engine::Engine* engine_;
+  engine::TokenSource* engine_;
   const tokenizer::Tokenizer* tokenizer_;
   trident::v1::ModelInfoResponse model_info_;
   Clock* clock_;
