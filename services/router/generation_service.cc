@@ -43,9 +43,9 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
   return FinishUnary(context, NotServedYet("Abort", "requests in flight, which need Generate"));
 }
 
-grpc::ServerUnaryReactor* GenerationService::ModelInfo(
-    grpc::CallbackServerContext* context, const trident::v1::ModelInfoRequest* request,
-    trident::v1::ModelInfoResponse* response) {
+grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* context,
+                                                       const trident::v1::ModelInfoRequest* request,
+                                                       trident::v1::ModelInfoResponse* response) {
   return FinishUnary(context, NotServedYet("ModelInfo", "a loaded model (--model)"));
 }
 

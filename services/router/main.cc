@@ -14,7 +14,6 @@ int main(int argc, char** argv) {
       argc, argv, {.component = "router", .grpc_port = 50051, .metrics_port = 9401},
       [](trident::ServiceRuntime& runtime) {
         trident::router::GenerationService generation;
-        return runtime.Serve(
-            {{&generation, trident::v1::Generation::service_full_name()}});
+        return runtime.Serve({{&generation, trident::v1::Generation::service_full_name()}});
       });
 }
