@@ -644,13 +644,14 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     for (auto& state : rkeys) DestroyRkey(state);
     std::vector<std::shared_ptr<MemoryRegionState>> regions(regions_.begin(), regions_.end());
     for (auto& state : regions) UnmapRegion(state);
-    // Requests still held by UCX are freed with the worker, which then calls
-    // no callback: complete their operations here, exactly once.
-    std::vector<Op*> leftover(outstanding_.begin(), outstanding_.end());
-    outstanding_.clear();
+    // Destroying the worker completes some requests still held by UCX (their
+    // callbacks take them out of `outstanding_`) and frees the others
+    // silently: complete those here, so that each runs exactly once.
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
     ucx_destroyed_ = true;
+    std::vector<Op*> leftover(outstanding_.begin(), outstanding_.end());
+    outstanding_.clear();
     for (Op* raw : leftover) {
       Complete(std::unique_ptr<Op>(raw), ShutDownError());
     }
