@@ -1,0 +1,282 @@
+// KvWriter throughput between two UcxWorkers in one process, for a
+// Llama-3-8B-shaped layer (8 KV heads, head_dim 128, bf16, blocks of 16
+// tokens: 4 KiB of K and V per token and layer), over tcp and shared memory
+// (posix). Blocks are allocated consecutively on both sides, so each layer is
+// one put of tokens * 4 KiB. After the benchmarks, if ucx_perftest is on
+// PATH, runs `ucx_perftest -t ucp_put_bw -e -O 1` with the same transport and
+// message size as two processes on loopback, and prints both rates and
+// their ratio.
+//
+//   bazel run -c opt //common/transport:kv_transfer_benchmark
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "benchmark/benchmark.h"
+#include "common/kv/kv_cache.h"
+#include "common/kv/kv_layout.h"
+#include "common/process/subprocess.h"
+#include "common/transport/kv_writer.h"
+#include "common/transport/ucx_worker.h"
+
+namespace trident::transport {
+namespace {
+
+const char* const kTransports[] = {"tcp", "posix"};
+constexpr int32_t kNumLayers = 4;
+
+kv::KvCacheSpec LlamaSpec(int32_t tokens) {
+  return {.num_layers = kNumLayers,
+          .num_kv_heads = 8,
+          .head_dim = 128,
+          .block_size = 16,
+          .dtype = numeric::DType::kBF16,
+          .num_blocks = tokens / 16};
+}
+
+struct Measured {
+  uint64_t message_bytes = 0;
+  double kv_writer_gbps = 0;
+};
+// (transport, tokens) -> result of the last run.
+std::map<std::tuple<std::string, int>, Measured>& Results() {
+  static auto* results = new std::map<std::tuple<std::string, int>, Measured>;
+  return *results;
+}
+
+absl::Status WriteLayerAndWait(KvWriter& writer, int32_t layer,
+                               const std::vector<int32_t>& blocks) {
+  absl::Notification done;
+  absl::Status result;
+  writer.WriteLayer(layer, blocks, [&](absl::Status status) {
+    result = std::move(status);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+void BM_KvWriterLayer(benchmark::State& state) {
+  const std::string transport = kTransports[state.range(0)];
+  const int32_t tokens = static_cast<int32_t>(state.range(1));
+  const kv::KvCacheSpec spec = LlamaSpec(tokens);
+  auto target = UcxWorker::Create({.transports = transport, .name = "decode"});
+  auto writer_worker = UcxWorker::Create({.transports = transport, .name = "prefill"});
+  auto remote = kv::HostKvCache::Create(spec);
+  auto local = kv::HostKvCache::Create(spec);
+  if (!target.ok() || !writer_worker.ok() || !remote.ok() || !local.ok()) {
+    state.SkipWithError("cannot create the workers or caches");
+    return;
+  }
+  auto remote_region =
+      (*target)->Register((*remote)->data(), (*remote)->size_bytes(), MemoryKind::kHost);
+  auto local_region =
+      (*writer_worker)->Register((*local)->data(), (*local)->size_bytes(), MemoryKind::kHost);
+  auto endpoint = (*writer_worker)->Connect((*target)->address(), "decode");
+  if (!remote_region.ok() || !local_region.ok() || !endpoint.ok()) {
+    state.SkipWithError("cannot register or connect");
+    return;
+  }
+  std::memset((*local)->data(), 0x3c, (*local)->size_bytes());
+  trident::v1::KvDestination destination;
+  destination.set_num_tokens(tokens);
+  std::vector<int32_t> blocks;
+  for (int32_t b = 0; b < spec.num_blocks; ++b) {
+    blocks.push_back(b);
+    destination.add_block_ids(b);
+  }
+  *destination.mutable_layout() = kv::ToProto(spec);
+  auto* region = destination.add_regions();
+  region->set_base_address(reinterpret_cast<uint64_t>((*remote)->data()));
+  region->set_length_bytes((*remote)->size_bytes());
+  region->set_rkey((*remote_region)->packed_rkey());
+  region->set_first_layer(0);
+  region->set_num_layers(kNumLayers);
+  auto writer = KvWriter::Create(spec, (*local)->data(), *endpoint, destination);
+  if (!writer.ok()) {
+    state.SkipWithError(std::string(writer.status().message()).c_str());
+    return;
+  }
+  // Warm up: fault in every destination page.
+  for (int32_t layer = 0; layer < kNumLayers; ++layer) {
+    if (!WriteLayerAndWait(**writer, layer, blocks).ok()) {
+      state.SkipWithError("warm-up write failed");
+      return;
+    }
+  }
+  const int64_t messages_before = (*writer)->messages_posted();
+  const uint64_t layer_bytes = spec.num_blocks * spec.block_stride_bytes();
+  int32_t layer = 0;
+  int64_t layers = 0;
+  const absl::Time start = absl::Now();
+  for (auto _ : state) {
+    if (!WriteLayerAndWait(**writer, layer, blocks).ok()) {
+      state.SkipWithError("write failed");
+      return;
+    }
+    layer = (layer + 1) % kNumLayers;
+    ++layers;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double gbps = layers * static_cast<double>(layer_bytes) / seconds / 1e9;
+  state.SetBytesProcessed(layers * static_cast<int64_t>(layer_bytes));
+  state.counters["messages_per_layer"] =
+      static_cast<double>((*writer)->messages_posted() - messages_before) / layers;
+  state.counters["GB/s"] = gbps;
+  state.SetLabel(absl::StrCat(transport, " lane=", (*writer)->lane()));
+  Results()[{transport, tokens}] = {layer_bytes, gbps};
+}
+BENCHMARK(BM_KvWriterLayer)
+    ->ArgsProduct({{0, 1}, {512, 8192}})
+    ->ArgNames({"transport", "tokens"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// ucx_perftest's put bandwidth in GB/s (1e9 bytes/s), or an error.
+absl::StatusOr<double> RunPerftest(const std::string& perftest, const std::string& transport,
+                                   uint64_t message_bytes) {
+  const int port = FreePort();
+  const uint64_t iterations = std::max<uint64_t>(20, (uint64_t{1} << 30) / message_bytes);
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::string tag = absl::StrCat(transport, "_", message_bytes, "_", getpid());
+  std::vector<std::string> argv = {"/usr/bin/env", "UCX_TLS=" + transport,
+                                   "UCX_MM_ERROR_HANDLING=y", perftest, "-t", "ucp_put_bw", "-e",
+                                   // One put in flight, as the benchmark
+                                   // writes one layer at a time (unbounded,
+                                   // perftest over tcp drops to ~25 MB/s).
+                                   "-O", "1", "-s", absl::StrCat(message_bytes), "-n",
+                                   absl::StrCat(iterations), "-w", "5", "-p", absl::StrCat(port)};
+  const std::string server_log = absl::StrCat(dir, "/perftest_server_", tag, ".log");
+  auto server = Spawn({.argv = argv, .log_path = server_log});
+  if (!server.ok()) return server.status();
+  std::vector<std::string> client_argv = argv;
+  client_argv.push_back("127.0.0.1");
+  const std::string client_log = absl::StrCat(dir, "/perftest_client_", tag, ".log");
+  absl::Status result = absl::UnavailableError("no attempt");
+  double gbps = 0;
+  // The server needs a moment to listen; a refused client exits at once.
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    std::remove(client_log.c_str());
+    auto client = Spawn({.argv = client_argv, .log_path = client_log});
+    if (!client.ok()) return client.status();
+    auto exit = WaitForExit(client->pid, absl::Seconds(300));
+    std::ifstream in(client_log);
+    std::string line;
+    bool found = false;
+    while (std::getline(in, line)) {
+      std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      // Final: iterations lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall
+      double mbps = 0;
+      if (fields.size() >= 7 && fields[0] == "Final:" && absl::SimpleAtod(fields[6], &mbps)) {
+        gbps = mbps * (1 << 20) / 1e9;  // ucx_perftest's MB is 2^20 bytes.
+        found = true;
+      }
+    }
+    if (found) {
+      result = absl::OkStatus();
+      break;
+    }
+    if (!exit.ok()) {
+      kill(client->pid, SIGKILL);
+      result = exit.status();
+      break;
+    }
+    result = absl::UnavailableError(
+        absl::StrCat("ucx_perftest client failed: ", TailOfFile(client_log, 300)));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (IsRunning(server->pid)) kill(server->pid, SIGKILL);
+  WaitForExit(server->pid, absl::Seconds(10)).IgnoreError();
+  if (!result.ok()) return result;
+  return gbps;
+}
+
+void PrintComparison() {
+  const std::string perftest = FindOnPath("ucx_perftest");
+  std::printf(
+      "\nKvWriter vs ucx_perftest -t ucp_put_bw -e -O 1 (same transport and message "
+      "size; perftest's own buffers may get a direct shared-memory lane where "
+      "KvWriter's user memory goes through UCX's emulated puts)\n");
+  std::printf("%-8s %7s %12s %14s %16s %7s\n", "tls", "tokens", "msg_bytes", "kv_writer_GB/s",
+              "ucx_perftest_GB/s", "ratio");
+  for (const auto& [key, measured] : Results()) {
+    const auto& [transport, tokens] = key;
+    std::string perftest_text = "n/a";
+    std::string ratio_text = "n/a";
+    if (perftest.empty()) {
+      perftest_text = "not on PATH";
+    } else {
+      absl::StatusOr<double> gbps = RunPerftest(perftest, transport, measured.message_bytes);
+      if (gbps.ok() && *gbps > 0) {
+        perftest_text = absl::StrFormat("%.3f", *gbps);
+        ratio_text = absl::StrFormat("%.2f", measured.kv_writer_gbps / *gbps);
+      } else {
+        std::fprintf(stderr, "ucx_perftest over %s: %s\n", transport.c_str(),
+                     gbps.status().ToString().c_str());
+      }
+    }
+    std::printf("%-8s %7d %12llu %14.3f %16s %7s\n", transport.c_str(), tokens,
+                static_cast<unsigned long long>(measured.message_bytes), measured.kv_writer_gbps,
+                perftest_text.c_str(), ratio_text.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace trident::transport
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  trident::transport::PrintComparison();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,274 @@
+#include "common/transport/kv_writer.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+
+namespace trident::transport {
+namespace {
+
+using trident::v1::KvDestination;
+using trident::v1::KvLayout;
+
+template <typename T>
+absl::Status CheckLayoutField(absl::string_view field, const T& got, const T& want) {
+  if (got == want) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("destination.layout.", field, " is ", got,
+                                                    "; this model's KV cache has ", want));
+}
+
+// Index of the region holding `layer`. REQUIRES: a validated destination.
+int RegionOf(const KvDestination& destination, int32_t layer) {
+  for (int r = 0; r < destination.regions_size(); ++r) {
+    const auto& region = destination.regions(r);
+    if (layer >= region.first_layer() && layer - region.first_layer() < region.num_layers()) {
+      return r;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+absl::Status ValidateKvDestination(const kv::KvCacheSpec& local_spec,
+                                   const KvDestination& destination) {
+  const KvLayout& got = destination.layout();
+  const KvLayout want = kv::ToProto(local_spec);
+  TRIDENT_RETURN_IF_ERROR(CheckLayoutField("num_layers", got.num_layers(), want.num_layers()));
+  TRIDENT_RETURN_IF_ERROR(
+      CheckLayoutField("num_kv_heads", got.num_kv_heads(), want.num_kv_heads()));
+  TRIDENT_RETURN_IF_ERROR(CheckLayoutField("head_dim", got.head_dim(), want.head_dim()));
+  TRIDENT_RETURN_IF_ERROR(CheckLayoutField("dtype", trident::v1::DType_Name(got.dtype()),
+                                           trident::v1::DType_Name(want.dtype())));
+  TRIDENT_RETURN_IF_ERROR(
+      CheckLayoutField("block_size_tokens", got.block_size_tokens(), want.block_size_tokens()));
+  TRIDENT_RETURN_IF_ERROR(CheckLayoutField("block_layout",
+                                           trident::v1::KvBlockLayout_Name(got.block_layout()),
+                                           trident::v1::KvBlockLayout_Name(want.block_layout())));
+  TRIDENT_RETURN_IF_ERROR(
+      CheckLayoutField("block_stride_bytes", got.block_stride_bytes(), want.block_stride_bytes()));
+  TRIDENT_RETURN_IF_ERROR(
+      CheckLayoutField("value_offset_bytes", got.value_offset_bytes(), want.value_offset_bytes()));
+  const uint64_t block_stride = got.block_stride_bytes();
+  const uint64_t layer_stride = got.layer_stride_bytes();
+  if (layer_stride < block_stride) {
+    return InvalidArgumentForField(
+        "destination.layout.layer_stride_bytes",
+        absl::StrCat("is ", layer_stride, "; must hold at least one block of ", block_stride,
+                     " bytes"));
+  }
+  const uint64_t blocks_per_layer = layer_stride / block_stride;
+
+  if (destination.num_tokens() < 1) {
+    return InvalidArgumentForField("destination.num_tokens",
+                                   absl::StrCat("is ", destination.num_tokens(), "; must be >= 1"));
+  }
+  const int64_t block_size = local_spec.block_size;
+  const int64_t needed_blocks = (destination.num_tokens() + block_size - 1) / block_size;
+  if (destination.block_ids_size() != needed_blocks) {
+    return InvalidArgumentForField(
+        "destination.block_ids",
+        absl::StrCat("has ", destination.block_ids_size(), " entries; ", destination.num_tokens(),
+                     " tokens in blocks of ", block_size, " need ", needed_blocks));
+  }
+  int64_t max_block = 0;
+  for (int i = 0; i < destination.block_ids_size(); ++i) {
+    const int64_t id = destination.block_ids(i);
+    if (id < 0 || static_cast<uint64_t>(id) >= blocks_per_layer) {
+      return InvalidArgumentForField(absl::StrCat("destination.block_ids[", i, "]"),
+                                     absl::StrCat("is ", id, "; the layout holds blocks [0, ",
+                                                  blocks_per_layer, ") per layer"));
+    }
+    max_block = std::max(max_block, id);
+  }
+
+  const int32_t num_layers = local_spec.num_layers;
+  std::vector<int> owner(num_layers, -1);
+  for (int r = 0; r < destination.regions_size(); ++r) {
+    const auto& region = destination.regions(r);
+    const std::string field = absl::StrCat("destination.regions[", r, "]");
+    if (region.first_layer() < 0 || region.first_layer() >= num_layers) {
+      return InvalidArgumentForField(
+          field + ".first_layer",
+          absl::StrCat("is ", region.first_layer(), "; the model has ", num_layers, " layers"));
+    }
+    if (region.num_layers() < 1 || region.num_layers() > num_layers - region.first_layer()) {
+      return InvalidArgumentForField(
+          field + ".num_layers",
+          absl::StrCat("is ", region.num_layers(), " from layer ", region.first_layer(),
+                       "; the model has ", num_layers, " layers"));
+    }
+    if (region.rkey().empty()) return InvalidArgumentForField(field + ".rkey", "is empty");
+    // Everything written through the region lies in [0, extent).
+    const unsigned __int128 extent =
+        static_cast<unsigned __int128>(region.num_layers() - 1) * layer_stride +
+        static_cast<unsigned __int128>(max_block + 1) * block_stride;
+    if (extent > region.length_bytes()) {
+      return InvalidArgumentForField(
+          field + ".length_bytes",
+          absl::StrCat("is ", region.length_bytes(), "; block ", max_block, " of its last layer ",
+                       "ends at byte ", static_cast<uint64_t>(extent)));
+    }
+    if (region.base_address() == 0 ||
+        region.base_address() > std::numeric_limits<uint64_t>::max() - region.length_bytes()) {
+      return InvalidArgumentForField(
+          field + ".base_address",
+          absl::StrCat("is ", region.base_address(), " with length ", region.length_bytes()));
+    }
+    for (int32_t l = region.first_layer(); l < region.first_layer() + region.num_layers(); ++l) {
+      if (owner[l] != -1) {
+        return InvalidArgumentForField(
+            field, absl::StrCat("holds layer ", l, ", which regions[", owner[l], "] holds too"));
+      }
+      owner[l] = r;
+    }
+  }
+  for (int32_t l = 0; l < num_layers; ++l) {
+    if (owner[l] == -1) {
+      return InvalidArgumentForField("destination.regions",
+                                     absl::StrCat("no region holds layer ", l));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<KvPut> PlanLayerPuts(const kv::KvCacheSpec& local_spec,
+                                 const KvDestination& destination, int32_t layer,
+                                 absl::Span<const int32_t> local_block_ids) {
+  const int r = RegionOf(destination, layer);
+  const auto& region = destination.regions(r);
+  const uint64_t block_stride = destination.layout().block_stride_bytes();
+  const uint64_t remote_layer_base =
+      region.base_address() + static_cast<uint64_t>(layer - region.first_layer()) *
+                                  destination.layout().layer_stride_bytes();
+  std::vector<KvPut> puts;
+  const int n = static_cast<int>(local_block_ids.size());
+  for (int i = 0; i < n;) {
+    int j = i + 1;
+    while (j < n && destination.block_ids(j) == destination.block_ids(j - 1) + 1 &&
+           local_block_ids[j] == local_block_ids[j - 1] + 1) {
+      ++j;
+    }
+    puts.push_back(
+        {.local_offset_bytes = local_spec.KeyOffsetBytes(layer, local_block_ids[i]),
+         .remote_address =
+             remote_layer_base + static_cast<uint64_t>(destination.block_ids(i)) * block_stride,
+         .length_bytes = static_cast<uint64_t>(j - i) * block_stride,
+         .region = r});
+    i = j;
+  }
+  return puts;
+}
+
+absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(const kv::KvCacheSpec& local_spec,
+                                                           const void* local_base,
+                                                           std::shared_ptr<Endpoint> endpoint,
+                                                           const KvDestination& destination) {
+  TRIDENT_RETURN_IF_ERROR(kv::Validate(local_spec));
+  if (local_base == nullptr || endpoint == nullptr) {
+    return absl::InvalidArgumentError("KvWriter needs a local KV cache and an endpoint");
+  }
+  TRIDENT_RETURN_IF_ERROR(ValidateKvDestination(local_spec, destination));
+  std::vector<std::shared_ptr<RemoteKey>> rkeys;
+  for (int r = 0; r < destination.regions_size(); ++r) {
+    absl::StatusOr<std::shared_ptr<RemoteKey>> rkey =
+        endpoint->UnpackRkey(destination.regions(r).rkey());
+    if (!rkey.ok()) {
+      if (absl::IsInvalidArgument(rkey.status())) {
+        return InvalidArgumentForField(absl::StrCat("destination.regions[", r, "].rkey"),
+                                       rkey.status().message());
+      }
+      return rkey.status();
+    }
+    rkeys.push_back(*std::move(rkey));
+  }
+  return std::unique_ptr<KvWriter>(
+      new KvWriter(local_spec, local_base, std::move(endpoint), destination, std::move(rkeys)));
+}
+
+KvWriter::KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
+                   std::shared_ptr<Endpoint> endpoint, KvDestination destination,
+                   std::vector<std::shared_ptr<RemoteKey>> rkeys)
+    : local_spec_(local_spec),
+      local_base_(static_cast<const char*>(local_base)),
+      endpoint_(std::move(endpoint)),
+      destination_(std::move(destination)),
+      rkeys_(std::move(rkeys)) {}
+
+void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_ids,
+                          DoneCallback done) {
+  absl::Status invalid;
+  if (layer < 0 || layer >= local_spec_.num_layers) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is not in [0, ", local_spec_.num_layers, ")"));
+  } else if (static_cast<int64_t>(local_block_ids.size()) != destination_.block_ids_size()) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(local_block_ids.size(), " local blocks for ",
+                                                      destination_.block_ids_size(),
+                                                      " destination blocks"));
+  } else {
+    for (size_t i = 0; i < local_block_ids.size(); ++i) {
+      if (local_block_ids[i] < 0 || local_block_ids[i] >= local_spec_.num_blocks) {
+        invalid = absl::InvalidArgumentError(
+            absl::StrCat("local block ", local_block_ids[i], " (entry ", i,
+                         ") is not in the local cache's [0, ", local_spec_.num_blocks, ")"));
+        break;
+      }
+    }
+  }
+  if (!invalid.ok()) {
+    done(std::move(invalid));
+    return;
+  }
+
+  const std::vector<KvPut> puts = PlanLayerPuts(local_spec_, destination_, layer, local_block_ids);
+  // Counts the puts and the flush that follows them; the last to complete
+  // reports the layer.
+  struct Layer {
+    absl::Mutex mu;
+    int remaining ABSL_GUARDED_BY(mu) = 0;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    uint64_t bytes = 0;
+    DoneCallback done;
+    std::shared_ptr<Stats> stats;
+  };
+  auto state = std::make_shared<Layer>();
+  {
+    absl::MutexLock lock(&state->mu);
+    state->remaining = static_cast<int>(puts.size()) + 1;
+  }
+  state->done = std::move(done);
+  state->stats = stats_;
+  for (const KvPut& put : puts) state->bytes += put.length_bytes;
+  auto complete = [state](absl::Status status) {
+    absl::Status result;
+    {
+      absl::MutexLock lock(&state->mu);
+      if (!status.ok() && state->status.ok()) state->status = std::move(status);
+      if (--state->remaining > 0) return;
+      result = state->status;
+    }
+    if (result.ok()) {
+      state->stats->bytes_completed += state->bytes;
+      ++state->stats->layers_completed;
+    }
+    DoneCallback callback = std::move(state->done);
+    callback(std::move(result));
+  };
+  stats_->messages_posted += static_cast<int64_t>(puts.size());
+  stats_->bytes_posted += static_cast<int64_t>(state->bytes);
+  for (const KvPut& put : puts) {
+    endpoint_->Put(local_base_ + put.local_offset_bytes, put.length_bytes, put.remote_address,
+                   rkeys_[put.region], complete);
+  }
+  // The flush completes once every put above is visible at the peer.
+  endpoint_->Flush(complete);
+}
+
+}  // namespace trident::transport

@@ -1,0 +1,127 @@
+#ifndef TRIDENT_COMMON_TRANSPORT_KV_WRITER_H_
+#define TRIDENT_COMMON_TRANSPORT_KV_WRITER_H_
+
+// Writes one sequence's KV cache, layer by layer, from this process's paged
+// KV cache into the blocks a decode worker reserved for it (a
+// trident.v1.KvDestination, from Decode.ReserveKv), with UCX puts.
+//
+// Both sides use the layout of common/kv/kv_layout.h: a block's K entries are
+// followed by its V entries, so one block of one layer is one contiguous
+// block_stride_bytes range on either side, and a run of blocks whose ids are
+// consecutive on both sides is one contiguous range too. WriteLayer sends
+// each such run as ONE put ("collating"); a freshly allocated reservation
+// written from a freshly allocated local sequence is then one put per layer:
+//
+//   destination block_ids  [40 41 42 | 7 | 8 9]     local [3 4 5 | 9 | 20 21]
+//   puts per layer         [  one    | one | one ]  (7 -> 8 is consecutive
+//                                                    remotely, 9 -> 20 not
+//                                                    locally: a new run)
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/kv/kv_layout.h"
+#include "common/transport/ucx_worker.h"
+#include "trident/v1/worker.pb.h"
+
+namespace trident::transport {
+
+// One put of a layer: `length_bytes` from local offset `local_offset_bytes`
+// (from the local cache base) to `remote_address`, through region `region`.
+struct KvPut {
+  uint64_t local_offset_bytes = 0;
+  uint64_t remote_address = 0;
+  uint64_t length_bytes = 0;
+  int region = 0;
+
+  friend bool operator==(const KvPut&, const KvPut&) = default;
+};
+
+// Checks that `destination` can receive KV computed with `local_spec`:
+// FAILED_PRECONDITION naming the field ("destination.layout.head_dim") when
+// its layout differs from this model's (dims, dtype, block size and layout,
+// block stride, value offset; the layer stride may differ, as the decode
+// pool's block count does); INVALID_ARGUMENT naming the field when it is
+// malformed: num_tokens < 1, block_ids not ceil(num_tokens / block_size)
+// long, a negative block id or one past a region's layer stride, a layer no
+// region holds, a region that does not contain every block it must hold, or
+// an empty rkey.
+absl::Status ValidateKvDestination(const kv::KvCacheSpec& local_spec,
+                                   const trident::v1::KvDestination& destination);
+
+// The puts that write `layer` of the blocks `local_block_ids[i] ->
+// destination.block_ids(i)`, collated as the file comment shows, in block
+// order. REQUIRES: ValidateKvDestination(local_spec, destination).ok(),
+// 0 <= layer < num_layers, local_block_ids.size() == block_ids_size().
+std::vector<KvPut> PlanLayerPuts(const kv::KvCacheSpec& local_spec,
+                                 const trident::v1::KvDestination& destination, int32_t layer,
+                                 absl::Span<const int32_t> local_block_ids);
+
+// Writes one sequence's KV into one destination. Create once per transfer;
+// call WriteLayer for each layer as it is computed (in any order, several at
+// once if wanted). Thread-safe; the callbacks run on the UcxWorker's progress
+// thread and may outlive the writer.
+class KvWriter {
+ public:
+  // Validates `destination` (see ValidateKvDestination) and unpacks its
+  // regions' rkeys against `endpoint`, which must lead to
+  // destination.endpoint (the caller keeps one endpoint per peer
+  // incarnation). `local_base` is the first byte of a KV cache laid out by
+  // `local_spec`, inside memory registered with the endpoint's worker; it
+  // must outlive every WriteLayer callback. Errors: those of validation, and
+  // those of Endpoint::UnpackRkey (as INVALID_ARGUMENT naming
+  // "destination.regions[i].rkey", or UNAVAILABLE).
+  static absl::StatusOr<std::unique_ptr<KvWriter>> Create(
+      const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
+      const trident::v1::KvDestination& destination);
+
+  // Posts the puts for `layer` of the blocks `local_block_ids` (one local
+  // block per destination block, in token order) and then a flush; `done`
+  // runs once, when all of them have completed at the peer (OK) or with the
+  // first error: UNAVAILABLE if the peer failed. INVALID_ARGUMENT (without
+  // posting anything) if `layer` is out of range, local_block_ids does not
+  // have one entry per destination block, or names a block outside the local
+  // cache. REQUIRES: the local blocks hold the layer's KV until `done` runs.
+  void WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_ids, DoneCallback done);
+
+  // Puts posted and their bytes (KvTransferDone.messages and, once every
+  // layer is done, sent_bytes).
+  int64_t messages_posted() const { return stats_->messages_posted.load(); }
+  int64_t bytes_posted() const { return stats_->bytes_posted.load(); }
+  // Bytes of layers whose writes completed OK (KvTransferProgress).
+  int64_t bytes_completed() const { return stats_->bytes_completed.load(); }
+  int32_t layers_completed() const { return stats_->layers_completed.load(); }
+  // The endpoint's lane (KvTransferDone.lane).
+  const std::string& lane() const { return endpoint_->lane(); }
+
+ private:
+  // Shared with in-flight callbacks, which may outlive the writer.
+  struct Stats {
+    std::atomic<int64_t> messages_posted{0};
+    std::atomic<int64_t> bytes_posted{0};
+    std::atomic<int64_t> bytes_completed{0};
+    std::atomic<int32_t> layers_completed{0};
+  };
+
+  KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
+           std::shared_ptr<Endpoint> endpoint, trident::v1::KvDestination destination,
+           std::vector<std::shared_ptr<RemoteKey>> rkeys);
+
+  const kv::KvCacheSpec local_spec_;
+  const char* const local_base_;
+  const std::shared_ptr<Endpoint> endpoint_;
+  const trident::v1::KvDestination destination_;
+  // One per destination region.
+  const std::vector<std::shared_ptr<RemoteKey>> rkeys_;
+  const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
+};
+
+}  // namespace trident::transport
+
+#endif  // TRIDENT_COMMON_TRANSPORT_KV_WRITER_H_

@@ -1,0 +1,269 @@
+// Peer failure across processes: a UCX peer (ucx_test_peer) is SIGKILLed
+// while writes are in flight, and this process must see every write complete
+// (UNAVAILABLE once the death is noticed) without hanging, and keep working.
+
+#include <signal.h>
+
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/process/subprocess.h"
+#include "common/testing/status_matchers.h"
+#include "common/transport/ucx_worker.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/runfiles.h"
+
+namespace trident::transport {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+// Generous: only a hang ever reaches it.
+constexpr absl::Duration kDeadline = absl::Seconds(60);
+constexpr size_t kRegionBytes = 16 << 20;
+constexpr size_t kPutBytes = 1 << 20;
+constexpr int kInFlight = 8;
+
+std::string PeerBinary() { return trident::testing::RunfilePath("common/transport/ucx_test_peer"); }
+
+absl::Status WaitFor(absl::Notification& notification) {
+  if (!notification.WaitForNotificationWithTimeout(kDeadline)) {
+    return absl::DeadlineExceededError("callback did not run");
+  }
+  return absl::OkStatus();
+}
+
+// Starts an operation and waits for its callback. The state is shared with
+// the callback, which may still run after a timeout.
+absl::Status Call(const std::function<void(DoneCallback)>& start) {
+  struct State {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto state = std::make_shared<State>();
+  start([state](absl::Status status) {
+    state->status = std::move(status);
+    state->done.Notify();
+  });
+  if (absl::Status wait = WaitFor(state->done); !wait.ok()) return wait;
+  return state->status;
+}
+
+struct RemoteRegion {
+  std::string address;
+  std::string rkey;
+  uint64_t base = 0;
+  uint64_t length = 0;
+};
+
+absl::StatusOr<RemoteRegion> ParseTargetLine(const std::string& line) {
+  std::vector<std::string> fields = absl::StrSplit(line, ' ');
+  RemoteRegion region;
+  if (fields.size() != 4 || !absl::SimpleAtoi(fields[2], &region.base) ||
+      !absl::SimpleAtoi(fields[3], &region.length)) {
+    return absl::InternalError(absl::StrCat("bad ready line from ucx_test_peer: ", line));
+  }
+  region.address = absl::HexStringToBytes(fields[0]);
+  region.rkey = absl::HexStringToBytes(fields[1]);
+  return region;
+}
+
+// Keeps kInFlight puts posted (re-posting from their callbacks) until one
+// fails; then lets the rest drain.
+class Pump {
+ public:
+  Pump(std::shared_ptr<Endpoint> endpoint, std::shared_ptr<RemoteKey> rkey, uint64_t base)
+      : endpoint_(std::move(endpoint)),
+        rkey_(std::move(rkey)),
+        base_(base),
+        source_(kPutBytes, 0x42) {}
+
+  void Start() {
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ = kInFlight;
+    }
+    for (int i = 0; i < kInFlight; ++i) PostOne(i);
+  }
+
+  absl::Notification sixteen_completed;
+  absl::Notification drained;
+
+  absl::Status first_error() {
+    absl::MutexLock lock(&mu_);
+    return first_error_;
+  }
+  int completed_ok() {
+    absl::MutexLock lock(&mu_);
+    return completed_ok_;
+  }
+
+ private:
+  void PostOne(uint64_t n) {
+    const uint64_t slots = kRegionBytes / kPutBytes;
+    endpoint_->Put(source_.data(), kPutBytes, base_ + (n % slots) * kPutBytes, rkey_,
+                   [this, n](absl::Status status) {
+                     bool again = false;
+                     {
+                       absl::MutexLock lock(&mu_);
+                       if (status.ok()) {
+                         if (++completed_ok_ == 16) sixteen_completed.Notify();
+                       } else if (first_error_.ok()) {
+                         first_error_ = status;
+                       }
+                       if (first_error_.ok()) {
+                         again = true;
+                       } else if (--in_flight_ == 0) {
+                         drained.Notify();
+                       }
+                     }
+                     if (again) PostOne(n + kInFlight);
+                   });
+  }
+
+  const std::shared_ptr<Endpoint> endpoint_;
+  const std::shared_ptr<RemoteKey> rkey_;
+  const uint64_t base_;
+  const std::vector<char> source_;
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int completed_ok_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+class UcxPeerDeathTest : public ::testing::TestWithParam<std::string> {};
+class UcxWriterDeathTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxPeerDeathTest, WritesFailWithUnavailableWhenTheTargetIsKilledMidTransfer) {
+  const std::string transports = GetParam();
+  // Declared first so that it outlives the worker, whose shutdown runs its
+  // callbacks if the test fails early.
+  std::unique_ptr<Pump> pump;
+  auto worker = UcxWorker::Create({.transports = transports, .name = "writer"});
+  ASSERT_THAT(worker, IsOk());
+  auto target = Spawn({.argv = {PeerBinary(), "--mode=target", "--transports=" + transports,
+                                absl::StrCat("--region_bytes=", kRegionBytes)},
+                       .log_path = trident::testing::TestTmpPath("target_" + transports + ".log"),
+                       .wait_for_ready_line = true});
+  ASSERT_THAT(target, IsOk());
+  auto region = ParseTargetLine(target->ready_line);
+  ASSERT_THAT(region, IsOk());
+  auto endpoint = (*worker)->Connect(region->address, "decode-target");
+  ASSERT_THAT(endpoint, IsOk());
+  EXPECT_EQ((*endpoint)->lane(), transports);
+  auto rkey = (*endpoint)->UnpackRkey(region->rkey);
+  ASSERT_THAT(rkey, IsOk());
+
+  pump = std::make_unique<Pump>(*endpoint, *rkey, region->base);
+  pump->Start();
+  ASSERT_THAT(WaitFor(pump->sixteen_completed), IsOk());
+  ASSERT_EQ(kill(target->pid, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  // Reap it at once, as its parent would in production: shared-memory
+  // transports detect death by the peer's pid, and a zombie still has one.
+  auto exit = WaitForExit(target->pid, kDeadline);
+  ASSERT_THAT(exit, IsOk());
+  EXPECT_EQ(exit->signal, SIGKILL);
+
+  // Every write in flight completes, the first failure being UNAVAILABLE.
+  ASSERT_THAT(WaitFor(pump->drained), IsOk());
+  std::cerr << "failure seen " << absl::FormatDuration(absl::Now() - killed)
+            << " after SIGKILL over " << transports << ", after " << pump->completed_ok()
+            << " successful writes\n";
+  EXPECT_THAT(pump->first_error(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-target")));
+
+  // Later operations fail at once.
+  std::vector<char> bytes(64, 1);
+  EXPECT_THAT(Call([&](DoneCallback done) {
+                (*endpoint)->Put(bytes.data(), bytes.size(), region->base, *rkey, std::move(done));
+              }),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-target")));
+  EXPECT_THAT(Call([&](DoneCallback done) { (*endpoint)->Flush(std::move(done)); }),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-target")));
+  EXPECT_TRUE((*endpoint)->failed());
+
+  // Tearing down after a dead peer returns promptly (the deadline only
+  // catches a hang).
+  const absl::Time teardown = absl::Now();
+  rkey->reset();
+  endpoint->reset();
+  worker->reset();
+  EXPECT_LT(absl::Now() - teardown, absl::Seconds(10));
+}
+
+// The reverse failure: the process holding the memory must survive a writer
+// that dies mid-transfer, and keep serving other writers. With UCX 1.13.1 it
+// does not, on any transport this machine has, because puts there are
+// emulated with active messages that the target acknowledges one by one:
+//   tcp:   always aborts the target: the ack's send fails inside
+//          ucp_put_handler and ucp_request_try_send calls ucs_fatal
+//          ("unexpected error: Endpoint timeout").
+//   posix: sometimes a SIGSEGV in the target's progress thread.
+//   sysv:  sometimes the target stops completing a new writer's puts.
+// Nothing above UCX can catch these, so a cluster on this UCX without RDMA
+// or cuda_ipc lanes (where the target takes no part in puts) can lose a
+// decode worker when a prefill worker dies mid-transfer. Kept to check a
+// newer UCX: run with --gtest_also_run_disabled_tests.
+TEST_P(UcxWriterDeathTest, TargetKeepsWorkingWhenAWriterIsKilledMidTransfer) {
+  const std::string transports = GetParam();
+  auto worker = UcxWorker::Create({.transports = transports, .name = "target"});
+  ASSERT_THAT(worker, IsOk());
+  std::vector<char> memory(kRegionBytes, 0);
+  auto region = (*worker)->Register(memory.data(), memory.size(), MemoryKind::kHost);
+  ASSERT_THAT(region, IsOk());
+  const uint64_t base = reinterpret_cast<uint64_t>(memory.data());
+  auto writer =
+      Spawn({.argv = {PeerBinary(), "--mode=writer", "--transports=" + transports,
+                      "--peer=" + absl::BytesToHexString((*worker)->address()),
+                      "--rkey=" + absl::BytesToHexString((*region)->packed_rkey()),
+                      absl::StrCat("--base=", base), absl::StrCat("--region_bytes=", kRegionBytes)},
+             .log_path = trident::testing::TestTmpPath("writer_" + transports + ".log"),
+             .wait_for_ready_line = true});
+  ASSERT_THAT(writer, IsOk());
+  ASSERT_EQ(writer->ready_line, "writing");
+  ASSERT_EQ(kill(writer->pid, SIGKILL), 0);
+  auto exit = WaitForExit(writer->pid, kDeadline);
+  ASSERT_THAT(exit, IsOk());
+  EXPECT_EQ(exit->signal, SIGKILL);
+
+  // This process still serves writes from a new writer.
+  auto other = UcxWorker::Create({.transports = transports, .name = "writer-2"});
+  ASSERT_THAT(other, IsOk());
+  auto endpoint = (*other)->Connect((*worker)->address(), "target");
+  ASSERT_THAT(endpoint, IsOk());
+  auto rkey = (*endpoint)->UnpackRkey((*region)->packed_rkey());
+  ASSERT_THAT(rkey, IsOk());
+  std::vector<char> bytes(4096, 7);
+  EXPECT_THAT(Call([&](DoneCallback done) {
+                (*endpoint)->Put(bytes.data(), bytes.size(), base, *rkey, std::move(done));
+              }),
+              IsOk());
+  EXPECT_THAT(Call([&](DoneCallback done) { (*endpoint)->Flush(std::move(done)); }), IsOk());
+  EXPECT_EQ(std::vector<char>(memory.begin(), memory.begin() + bytes.size()), bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxPeerDeathTest, ::testing::Values("tcp", "posix", "sysv"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(DISABLED_TargetDiesOnUcx1131, UcxWriterDeathTest,
+                         ::testing::Values("tcp", "posix", "sysv"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace trident::transport

@@ -1,0 +1,875 @@
+#include "common/transport/ucx_worker.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging/log.h"
+
+namespace trident::transport {
+namespace internal {
+
+struct EndpointState {
+  std::string peer_id;
+  // Progress thread only. Null once closed.
+  ucp_ep_h ep = nullptr;
+  // Set on the progress thread; read anywhere.
+  std::atomic<bool> failed{false};
+  // Progress thread only: why the endpoint failed, for later operations.
+  std::string failure;
+  WorkerCore* core = nullptr;
+};
+
+struct RemoteKeyState {
+  // Progress thread only. Null once destroyed.
+  ucp_rkey_h rkey = nullptr;
+  EndpointState* endpoint = nullptr;
+};
+
+struct MemoryRegionState {
+  // Progress thread only. Null once unmapped.
+  ucp_mem_h memh = nullptr;
+};
+
+namespace {
+
+// ucs errors that mean the peer (or our endpoint to it) is gone, as opposed
+// to a bug in how we called UCX.
+bool IsPeerFailure(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CANCELED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_SHMEM_SEGMENT:
+    case UCS_ERR_NO_DEVICE:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Status OperationStatus(const EndpointState& ep, absl::string_view operation,
+                             ucs_status_t status) {
+  if (status == UCS_OK) return absl::OkStatus();
+  const std::string message = absl::StrCat(
+      "UCX ", operation, " to peer ", ep.peer_id,
+      " failed: ", status == UCS_ERR_CANCELED ? "endpoint closed" : ucs_status_string(status));
+  if (IsPeerFailure(status)) return absl::UnavailableError(message);
+  return absl::InternalError(message);
+}
+
+absl::Status FailedEndpointStatus(const EndpointState& ep, absl::string_view operation) {
+  return absl::UnavailableError(
+      absl::StrCat("UCX ", operation, " to peer ", ep.peer_id, " not posted: ", ep.failure));
+}
+
+std::string UcxDuration(absl::Duration d) {
+  return absl::StrCat(absl::ToInt64Microseconds(d), "us");
+}
+
+// Whether a UCX_TLS value may enable any of `names` ("all", an empty list
+// and exclusion lists such as "^ib" may enable anything).
+bool MayEnable(absl::string_view tls, std::initializer_list<absl::string_view> names) {
+  if (tls.empty() || absl::StartsWith(tls, "^")) return true;
+  for (absl::string_view item : absl::StrSplit(tls, ',')) {
+    if (item == "all") return true;
+    for (absl::string_view name : names) {
+      if (absl::StartsWith(item, name)) return true;
+    }
+  }
+  return false;
+}
+
+// The transport name of the lane that carries RMA writes, from
+// ucp_ep_print_info's description, whose lane lines look like
+//   #  lane[0]:  0:tcp/lo.0 md[0]  -> md[0]/tcp/sysdev[255] am am_bw#0 keepalive
+//   #  lane[1]:  1:rc_mlx5/mlx5_0:1.0 md[1] -> md[1]/ib/sysdev[255] rma_bw#0
+// Prefers an rma_bw lane, then an rma lane, then the active-message lane
+// (over which UCX emulates RMA when no lane can reach registered memory).
+std::string LaneFromEndpointInfo(absl::string_view info) {
+  std::string best;
+  int best_rank = 100;
+  for (absl::string_view line : absl::StrSplit(info, '\n')) {
+    const size_t lane_pos = line.find("lane[");
+    if (lane_pos == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(lane_pos);
+    const size_t colon = rest.find("]:");
+    if (colon == absl::string_view::npos) continue;
+    rest = absl::StripLeadingAsciiWhitespace(rest.substr(colon + 2));
+    const size_t index_colon = rest.find(':');
+    const size_t slash = rest.find('/');
+    if (index_colon == absl::string_view::npos || slash == absl::string_view::npos ||
+        slash < index_colon) {
+      continue;
+    }
+    const std::string name(rest.substr(index_colon + 1, slash - index_colon - 1));
+    const size_t arrow = rest.find("->");
+    const absl::string_view flags =
+        arrow == absl::string_view::npos ? absl::string_view() : rest.substr(arrow);
+    int rank = 4;
+    if (absl::StrContains(flags, " rma_bw")) {
+      rank = 0;
+    } else if (absl::StrContains(flags, " rma")) {
+      rank = 1;
+    } else if (absl::StrContains(flags, " am_bw")) {
+      rank = 2;
+    } else if (absl::StrContains(flags, " am")) {
+      rank = 3;
+    }
+    if (rank < best_rank && !name.empty()) {
+      best_rank = rank;
+      best = name;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+// Owns the ucp context and worker and the progress thread; see the header.
+// Members marked "progress thread only" are touched by no other thread once
+// the thread runs.
+class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
+ public:
+  WorkerCore(UcxOptions options, ucp_context_h context, ucp_worker_h worker, std::string address,
+             bool supports_cuda, int ucp_event_fd, int wake_fd)
+      : options_(std::move(options)),
+        context_(context),
+        worker_(worker),
+        address_(std::move(address)),
+        supports_cuda_(supports_cuda),
+        ucp_event_fd_(ucp_event_fd),
+        wake_fd_(wake_fd) {}
+
+  ~WorkerCore() {
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  void Start() {
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  // Stops the thread after releasing everything UCX holds. Called once, by
+  // ~UcxWorker, from another thread.
+  void Shutdown() {
+    TRIDENT_CHECK(!OnProgressThread()) << "a UcxWorker must not be destroyed on its own "
+                                          "progress thread (from a completion callback)";
+    {
+      absl::MutexLock lock(&mu_);
+      stop_requested_ = true;
+    }
+    Wake();
+    thread_.join();
+  }
+
+  const UcxOptions& options() const { return options_; }
+  const std::string& address() const { return address_; }
+  bool supports_cuda() const { return supports_cuda_; }
+
+  bool OnProgressThread() const {
+    return std::this_thread::get_id() == progress_thread_id_.load(std::memory_order_acquire);
+  }
+
+  // Queues `task` for the progress thread. False (and `task` is dropped) once
+  // the worker is shutting down.
+  bool Post(std::function<void()> task) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!accepting_) return false;
+      tasks_.push_back(std::move(task));
+    }
+    Wake();
+    return true;
+  }
+
+  // Runs `fn` on the progress thread and waits for it: inline when called
+  // there. UNAVAILABLE (and `fn` does not run) once UCX is shut down.
+  absl::Status RunSync(absl::FunctionRef<void()> fn) {
+    if (OnProgressThread()) {
+      if (ucx_destroyed_) return ShutDownError();
+      fn();
+      return absl::OkStatus();
+    }
+    absl::Notification done;
+    if (!Post([&fn, &done] {
+          fn();
+          done.Notify();
+        })) {
+      // Shutdown releases what is left; wait for it so that, e.g., a region
+      // is deregistered before its destructor returns.
+      stopped_.WaitForNotification();
+      return ShutDownError();
+    }
+    done.WaitForNotification();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* base, size_t length,
+                                                         MemoryKind kind) {
+    if (base == nullptr || length == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot register ", length, " bytes at address ",
+                       reinterpret_cast<uintptr_t>(base), " with UCX"));
+    }
+    if (kind == MemoryKind::kCuda && !supports_cuda_) {
+      return absl::FailedPreconditionError(
+          "cannot register CUDA memory: this UCX has no CUDA support (ucp_context_query "
+          "lists no UCS_MEMORY_TYPE_CUDA); stage through pinned host memory");
+    }
+    auto state = std::make_shared<MemoryRegionState>();
+    std::string packed;
+    absl::Status status;
+    absl::Status run = RunSync([&] {
+      ucp_mem_map_params_t params{};
+      params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                          UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+      params.address = base;
+      params.length = length;
+      params.memory_type = kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+      ucs_status_t st = ucp_mem_map(context_, &params, &state->memh);
+      if (st != UCS_OK) {
+        state->memh = nullptr;
+        status = absl::InternalError(absl::StrCat("ucp_mem_map of ", length, " bytes at address ",
+                                                  reinterpret_cast<uintptr_t>(base),
+                                                  " failed: ", ucs_status_string(st)));
+        return;
+      }
+      void* buffer = nullptr;
+      size_t size = 0;
+      st = ucp_rkey_pack(context_, state->memh, &buffer, &size);
+      if (st != UCS_OK) {
+        ucp_mem_unmap(context_, state->memh);
+        state->memh = nullptr;
+        status = absl::InternalError(absl::StrCat("ucp_rkey_pack failed: ", ucs_status_string(st)));
+        return;
+      }
+      packed.assign(static_cast<const char*>(buffer), size);
+      ucp_rkey_buffer_release(buffer);
+      regions_.insert(state);
+    });
+    if (!run.ok()) return run;
+    if (!status.ok()) return status;
+    return std::unique_ptr<MemoryRegion>(new MemoryRegion(shared_from_this(), std::move(state),
+                                                          base, length, kind, std::move(packed)));
+  }
+
+  void Deregister(const std::shared_ptr<MemoryRegionState>& state) {
+    RunSync([&] { UnmapRegion(state); }).IgnoreError();  // After shutdown it is unmapped.
+  }
+
+  absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
+                                                    std::string peer_id) {
+    if (peer_address.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("empty UCX worker address for peer ", peer_id));
+    }
+    auto state = std::make_shared<EndpointState>();
+    state->peer_id = peer_id;
+    state->core = this;
+    std::string lane;
+    absl::Status status;
+    absl::Status run = RunSync([&] {
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
+      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      params.err_handler.cb = &WorkerCore::OnEndpointError;
+      params.err_handler.arg = state.get();
+      const ucs_status_t st = ucp_ep_create(worker_, &params, &state->ep);
+      if (st != UCS_OK) {
+        state->ep = nullptr;
+        status = absl::UnavailableError(absl::StrCat("ucp_ep_create to peer ", peer_id,
+                                                     " failed (transports '", options_.transports,
+                                                     "'): ", ucs_status_string(st)));
+        return;
+      }
+      lane = DescribeLane(state->ep);
+      endpoints_.emplace(state.get(), state);
+    });
+    if (!run.ok()) return run;
+    if (!status.ok()) return status;
+    return std::shared_ptr<Endpoint>(
+        new Endpoint(shared_from_this(), std::move(state), std::move(peer_id), std::move(lane)));
+  }
+
+  absl::StatusOr<std::shared_ptr<RemoteKey>> UnpackRkey(
+      const std::shared_ptr<EndpointState>& endpoint, const std::string& packed) {
+    if (packed.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("empty packed rkey for peer ", endpoint->peer_id));
+    }
+    auto state = std::make_shared<RemoteKeyState>();
+    state->endpoint = endpoint.get();
+    absl::Status status;
+    absl::Status run = RunSync([&] {
+      if (endpoint->ep == nullptr) {
+        status = FailedEndpointStatus(*endpoint, "rkey unpack");
+        return;
+      }
+      const ucs_status_t st = ucp_ep_rkey_unpack(endpoint->ep, packed.data(), &state->rkey);
+      if (st != UCS_OK) {
+        state->rkey = nullptr;
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "ucp_ep_rkey_unpack for peer ", endpoint->peer_id, " failed: ", ucs_status_string(st)));
+        return;
+      }
+      rkeys_.insert(state);
+    });
+    if (!run.ok()) return run;
+    if (!status.ok()) return status;
+    return std::shared_ptr<RemoteKey>(new RemoteKey(shared_from_this(), std::move(state)));
+  }
+
+  void ReleaseRkey(std::shared_ptr<RemoteKeyState> state) {
+    // Dropped if the worker is shutting down: shutdown destroys it.
+    Post([this, state = std::move(state)] { DestroyRkey(state); });
+  }
+
+  void CloseEndpoint(std::shared_ptr<EndpointState> state) {
+    Post([this, state = std::move(state)] { CloseEndpointNow(state, "endpoint closed"); });
+  }
+
+  void Put(std::shared_ptr<EndpointState> endpoint, const void* local, size_t length,
+           uint64_t remote_address, std::shared_ptr<RemoteKeyState> rkey, DoneCallback done) {
+    auto op = std::make_unique<Op>();
+    op->endpoint = std::move(endpoint);
+    op->rkey = std::move(rkey);
+    op->done = std::move(done);
+    op->operation = "put";
+    Op* raw = op.release();
+    const bool posted = Post([this, raw, local, length, remote_address] {
+      std::unique_ptr<Op> op(raw);
+      EndpointState& ep = *op->endpoint;
+      if (ep.ep == nullptr) {
+        Complete(std::move(op), FailedEndpointStatus(ep, "put"));
+        return;
+      }
+      if (op->rkey->rkey == nullptr || op->rkey->endpoint != &ep) {
+        Complete(std::move(op),
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "UCX put to peer ", ep.peer_id,
+                     op->rkey->rkey == nullptr ? ": the rkey was released"
+                                               : ": the rkey was unpacked for another endpoint")));
+        return;
+      }
+      ucp_request_param_t params = CallbackParams(op.get());
+      ucs_status_ptr_t request =
+          ucp_put_nbx(ep.ep, local, length, remote_address, op->rkey->rkey, &params);
+      Started(std::move(op), request);
+    });
+    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+  }
+
+  void Flush(std::shared_ptr<EndpointState> endpoint, DoneCallback done) {
+    auto op = std::make_unique<Op>();
+    op->endpoint = std::move(endpoint);
+    op->done = std::move(done);
+    op->operation = "flush";
+    Op* raw = op.release();
+    const bool posted = Post([this, raw] {
+      std::unique_ptr<Op> op(raw);
+      EndpointState& ep = *op->endpoint;
+      if (ep.ep == nullptr) {
+        Complete(std::move(op), FailedEndpointStatus(ep, "flush"));
+        return;
+      }
+      ucp_request_param_t params = CallbackParams(op.get());
+      ucs_status_ptr_t request = ucp_ep_flush_nbx(ep.ep, &params);
+      Started(std::move(op), request);
+    });
+    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+  }
+
+ private:
+  // An outstanding Put or Flush. Owned by the UCX request while UCX holds it
+  // (and listed in `outstanding_`), else by whoever completes it.
+  struct Op {
+    std::shared_ptr<EndpointState> endpoint;
+    std::shared_ptr<RemoteKeyState> rkey;
+    DoneCallback done;
+    const char* operation = "";
+    WorkerCore* core = nullptr;
+
+    void Finish(absl::Status status) {
+      DoneCallback callback = std::move(done);
+      callback(std::move(status));
+    }
+  };
+
+  static absl::Status ShutDownError() {
+    return absl::UnavailableError("the UCX worker is shut down");
+  }
+
+  ucp_request_param_t CallbackParams(Op* op) {
+    op->core = this;
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.send = &WorkerCore::OnSendComplete;
+    params.user_data = op;
+    return params;
+  }
+
+  // Takes the result of a ucp *_nbx call for `op`.
+  void Started(std::unique_ptr<Op> op, ucs_status_ptr_t request) {
+    if (request == nullptr) {
+      Complete(std::move(op), absl::OkStatus());
+    } else if (UCS_PTR_IS_ERR(request)) {
+      const ucs_status_t status = UCS_PTR_STATUS(request);
+      Complete(std::move(op), OperationStatus(*op->endpoint, op->operation, status));
+    } else {
+      outstanding_.insert(op.release());  // OnSendComplete takes it back.
+    }
+  }
+
+  static void OnSendComplete(void* request, ucs_status_t status, void* user_data) {
+    ucp_request_free(request);
+    std::unique_ptr<Op> op(static_cast<Op*>(user_data));
+    WorkerCore* core = op->core;
+    core->outstanding_.erase(op.get());
+    const absl::Status result = OperationStatus(*op->endpoint, op->operation, status);
+    core->Complete(std::move(op), result);
+  }
+
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* state = static_cast<EndpointState*>(arg);
+    state->failed.store(true, std::memory_order_release);
+    state->failure = absl::StrCat("peer failed: ", ucs_status_string(status));
+    TRIDENT_LOG(WARNING) << "UCX worker " << state->core->options_.name << ": endpoint to peer "
+                         << state->peer_id << " failed: " << ucs_status_string(status);
+    // UCX requires the endpoint to be closed; not from inside its callback.
+    state->core->failed_endpoints_.push_back(state);
+  }
+
+  // Queues `op`'s callback to run after the current ucp call returns.
+  void Complete(std::unique_ptr<Op> op, absl::Status status) {
+    completions_.emplace_back(std::move(op), std::move(status));
+  }
+
+  void RunCompletions() {
+    while (!completions_.empty()) {
+      std::vector<std::pair<std::unique_ptr<Op>, absl::Status>> batch;
+      batch.swap(completions_);
+      for (auto& [op, status] : batch) op->Finish(std::move(status));
+    }
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    // EAGAIN means the counter is already nonzero: a wakeup is pending.
+    while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+  }
+
+  std::string DescribeLane(ucp_ep_h ep) {
+    char* text = nullptr;
+    size_t size = 0;
+    FILE* stream = open_memstream(&text, &size);
+    if (stream == nullptr) return "";
+    ucp_ep_print_info(ep, stream);
+    fclose(stream);
+    std::string lane = LaneFromEndpointInfo(absl::string_view(text, size));
+    free(text);
+    return lane;
+  }
+
+  void CloseEndpointNow(const std::shared_ptr<EndpointState>& state, absl::string_view why) {
+    if (state->ep == nullptr) return;
+    // A healthy endpoint closes gracefully: UCX first completes what is
+    // outstanding, so the peer never sees a half-written stream (UCX 1.13's
+    // emulated RMA aborts the target process when a put's completion ack
+    // cannot be sent). A failed one is force-closed, which never waits for
+    // the peer; its outstanding requests complete with UCS_ERR_CANCELED. A
+    // graceful close to a peer that died unnoticed ends when keepalive
+    // notices, so neither waits long, and neither blocks any caller.
+    const bool force = state->failed.load(std::memory_order_relaxed);
+    ucp_request_param_t params{};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t request = ucp_ep_close_nbx(state->ep, &params);
+    state->ep = nullptr;
+    if (!force) {
+      state->failure = std::string(why);
+      state->failed.store(true, std::memory_order_release);
+    }
+    if (UCS_PTR_IS_PTR(request)) {
+      closing_.emplace_back(request, state);
+    } else {
+      endpoints_.erase(state.get());
+    }
+  }
+
+  void PollClosing() {
+    for (size_t i = 0; i < closing_.size();) {
+      if (ucp_request_check_status(closing_[i].first) == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(closing_[i].first);
+      endpoints_.erase(closing_[i].second.get());
+      closing_[i] = std::move(closing_.back());
+      closing_.pop_back();
+    }
+  }
+
+  void CloseFailedEndpoints() {
+    std::vector<EndpointState*> failed;
+    failed.swap(failed_endpoints_);
+    for (EndpointState* state : failed) {
+      auto it = endpoints_.find(state);
+      if (it == endpoints_.end()) continue;
+      std::shared_ptr<EndpointState> keep = it->second;
+      CloseEndpointNow(keep, keep->failure);
+    }
+  }
+
+  void DestroyRkey(const std::shared_ptr<RemoteKeyState>& state) {
+    if (state->rkey == nullptr) return;
+    ucp_rkey_destroy(state->rkey);
+    state->rkey = nullptr;
+    rkeys_.erase(state);
+  }
+
+  void UnmapRegion(const std::shared_ptr<MemoryRegionState>& state) {
+    if (state->memh == nullptr) return;
+    const ucs_status_t st = ucp_mem_unmap(context_, state->memh);
+    if (st != UCS_OK) {
+      TRIDENT_LOG(ERROR) << "ucp_mem_unmap failed: " << ucs_status_string(st);
+    }
+    state->memh = nullptr;
+    regions_.erase(state);
+  }
+
+  // Runs queued tasks; returns whether any ran.
+  bool RunTasks() {
+    std::vector<std::function<void()>> tasks;
+    {
+      absl::MutexLock lock(&mu_);
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) {
+      task();
+      RunCompletions();
+    }
+    return !tasks.empty();
+  }
+
+  // Progresses UCX until it has nothing more to do, running callbacks.
+  void ProgressAll() {
+    while (true) {
+      const unsigned events = ucp_worker_progress(worker_);
+      RunCompletions();
+      CloseFailedEndpoints();
+      RunCompletions();
+      if (events == 0) break;
+    }
+    PollClosing();
+  }
+
+  void Loop() {
+    progress_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
+    const int idle_ms = static_cast<int>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.idle_wakeup_interval)));
+    while (true) {
+      uint64_t counter;
+      while (read(wake_fd_, &counter, sizeof(counter)) > 0) {
+      }
+      RunTasks();
+      ProgressAll();
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_requested_) break;
+        if (!tasks_.empty()) continue;
+      }
+      const ucs_status_t armed = ucp_worker_arm(worker_);
+      if (armed == UCS_ERR_BUSY) continue;  // Events arrived meanwhile.
+      pollfd fds[2] = {{ucp_event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      poll(fds, 2, idle_ms);
+    }
+    Teardown();
+    stopped_.Notify();
+  }
+
+  void Teardown() {
+    // Accept nothing more, then run what was accepted against live UCX.
+    // Work that callbacks post from now on fails at once with UNAVAILABLE.
+    {
+      absl::MutexLock lock(&mu_);
+      accepting_ = false;
+    }
+    RunTasks();
+    std::vector<std::shared_ptr<EndpointState>> endpoints;
+    for (auto& [raw, state] : endpoints_) endpoints.push_back(state);
+    for (auto& state : endpoints) CloseEndpointNow(state, "the UCX worker is shut down");
+    // Forced closes complete outstanding requests with UCS_ERR_CANCELED
+    // during progress; bound the wait in case a transport never does.
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while ((!outstanding_.empty() || !closing_.empty()) && absl::Now() < deadline) {
+      ProgressAll();
+    }
+    if (!outstanding_.empty() || !closing_.empty()) {
+      TRIDENT_LOG(WARNING) << "UCX worker " << options_.name << ": " << outstanding_.size()
+                           << " operations and " << closing_.size()
+                           << " endpoint closes still pending at shutdown";
+    }
+    for (auto& [request, state] : closing_) ucp_request_free(request);
+    closing_.clear();
+    std::vector<std::shared_ptr<RemoteKeyState>> rkeys(rkeys_.begin(), rkeys_.end());
+    for (auto& state : rkeys) DestroyRkey(state);
+    std::vector<std::shared_ptr<MemoryRegionState>> regions(regions_.begin(), regions_.end());
+    for (auto& state : regions) UnmapRegion(state);
+    // Destroying the worker completes some requests still held by UCX (their
+    // callbacks take them out of `outstanding_`) and frees the others
+    // silently: complete those here, so that each runs exactly once.
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    ucx_destroyed_ = true;
+    std::vector<Op*> leftover(outstanding_.begin(), outstanding_.end());
+    outstanding_.clear();
+    for (Op* raw : leftover) {
+      Complete(std::unique_ptr<Op>(raw), ShutDownError());
+    }
+    endpoints_.clear();
+    RunCompletions();
+  }
+
+  const UcxOptions options_;
+  const ucp_context_h context_;
+  const ucp_worker_h worker_;
+  const std::string address_;
+  const bool supports_cuda_;
+  const int ucp_event_fd_;  // Owned by worker_.
+  const int wake_fd_;       // Ours: an eventfd that Post() signals.
+
+  std::thread thread_;
+  std::atomic<std::thread::id> progress_thread_id_{};
+  absl::Notification stopped_;
+
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Progress thread only.
+  bool ucx_destroyed_ = false;
+  std::vector<std::pair<std::unique_ptr<Op>, absl::Status>> completions_;
+  absl::flat_hash_set<Op*> outstanding_;
+  absl::flat_hash_map<EndpointState*, std::shared_ptr<EndpointState>> endpoints_;
+  std::vector<EndpointState*> failed_endpoints_;
+  std::vector<std::pair<void*, std::shared_ptr<EndpointState>>> closing_;
+  absl::flat_hash_set<std::shared_ptr<RemoteKeyState>> rkeys_;
+  absl::flat_hash_set<std::shared_ptr<MemoryRegionState>> regions_;
+};
+
+}  // namespace internal
+
+using internal::MayEnable;
+using internal::UcxDuration;
+using internal::WorkerCore;
+
+MemoryRegion::MemoryRegion(std::shared_ptr<WorkerCore> core,
+                           std::shared_ptr<internal::MemoryRegionState> state, void* base,
+                           size_t length, MemoryKind kind, std::string packed_rkey)
+    : core_(std::move(core)),
+      state_(std::move(state)),
+      base_(base),
+      length_(length),
+      kind_(kind),
+      packed_rkey_(std::move(packed_rkey)) {}
+
+MemoryRegion::~MemoryRegion() { core_->Deregister(state_); }
+
+RemoteKey::RemoteKey(std::shared_ptr<WorkerCore> core,
+                     std::shared_ptr<internal::RemoteKeyState> state)
+    : core_(std::move(core)), state_(std::move(state)) {}
+
+RemoteKey::~RemoteKey() { core_->ReleaseRkey(state_); }
+
+Endpoint::Endpoint(std::shared_ptr<WorkerCore> core, std::shared_ptr<internal::EndpointState> state,
+                   std::string peer_id, std::string lane)
+    : core_(std::move(core)),
+      state_(std::move(state)),
+      peer_id_(std::move(peer_id)),
+      lane_(std::move(lane)) {}
+
+Endpoint::~Endpoint() { core_->CloseEndpoint(state_); }
+
+absl::StatusOr<std::shared_ptr<RemoteKey>> Endpoint::UnpackRkey(const std::string& packed) {
+  return core_->UnpackRkey(state_, packed);
+}
+
+void Endpoint::Put(const void* local, size_t length, uint64_t remote_address,
+                   std::shared_ptr<RemoteKey> rkey, DoneCallback done) {
+  if (rkey == nullptr) {
+    absl::Status error =
+        absl::InvalidArgumentError(absl::StrCat("UCX put to peer ", peer_id_, ": null rkey"));
+    if (!core_->Post([done = std::move(done), error]() mutable { done(error); })) {
+      done(error);
+    }
+    return;
+  }
+  core_->Put(state_, local, length, remote_address, rkey->state_, std::move(done));
+}
+
+void Endpoint::Flush(DoneCallback done) { core_->Flush(state_, std::move(done)); }
+
+bool Endpoint::failed() const { return state_->failed.load(std::memory_order_acquire); }
+
+UcxWorker::UcxWorker(std::shared_ptr<WorkerCore> core) : core_(std::move(core)) {}
+
+UcxWorker::~UcxWorker() { core_->Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) {
+  if (options.keepalive_interval <= absl::ZeroDuration() ||
+      options.idle_wakeup_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "UcxOptions.keepalive_interval and idle_wakeup_interval must be positive");
+  }
+  const std::string where =
+      absl::StrCat(" (UCX worker '", options.name, "', transports '",
+                   options.transports.empty() ? "<UCX default>" : options.transports, "')");
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ucp_config_read failed: ", ucs_status_string(st), where));
+  }
+  const char* env_tls = std::getenv("UCX_TLS");
+  const std::string effective_tls =
+      !options.transports.empty() ? options.transports : (env_tls != nullptr ? env_tls : "");
+  std::vector<std::pair<std::string, std::string>> settings;
+  if (!options.transports.empty()) settings.emplace_back("TLS", options.transports);
+  settings.emplace_back("KEEPALIVE_INTERVAL", UcxDuration(options.keepalive_interval));
+  // Transport (UCT) settings go without their transport prefix: UCX applies
+  // such a name to every transport having that field, and warns about names
+  // no opened transport used, so set only those of transports that may open.
+  if (MayEnable(effective_tls, {"tcp"})) {
+    settings.emplace_back("KEEPIDLE", UcxDuration(options.keepalive_interval));
+    settings.emplace_back("KEEPINTVL", UcxDuration(options.keepalive_interval));
+    settings.emplace_back("KEEPCNT", "3");
+  }
+  if (MayEnable(effective_tls, {"posix", "sysv", "sm", "shm", "mm"})) {
+    settings.emplace_back("MM_ERROR_HANDLING", "y");
+  }
+  for (const auto& [name, value] : settings) {
+    st = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ucp_config_modify(", name, "=", value, ") failed: ", ucs_status_string(st), where));
+    }
+  }
+
+  ucp_params_t params{};
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  params.name = options.name.c_str();
+  ucp_context_h context = nullptr;
+  st = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ucp_init failed: ", ucs_status_string(st), where));
+  }
+
+  ucp_context_attr_t context_attr{};
+  context_attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  st = ucp_context_query(context, &context_attr);
+  const bool supports_cuda =
+      st == UCS_OK && (context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME;
+  // Only the progress thread calls into the worker.
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  worker_params.name = options.name.c_str();
+  ucp_worker_h worker = nullptr;
+  st = ucp_worker_create(context, &worker_params, &worker);
+  if (st != UCS_OK) {
+    ucp_cleanup(context);
+    return absl::FailedPreconditionError(
+        absl::StrCat("ucp_worker_create failed: ", ucs_status_string(st), where));
+  }
+
+  ucp_address_t* raw_address = nullptr;
+  size_t address_length = 0;
+  st = ucp_worker_get_address(worker, &raw_address, &address_length);
+  if (st != UCS_OK) {
+    ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+    return absl::FailedPreconditionError(
+        absl::StrCat("ucp_worker_get_address failed: ", ucs_status_string(st), where));
+  }
+  std::string address(reinterpret_cast<const char*>(raw_address), address_length);
+  ucp_worker_release_address(worker, raw_address);
+
+  int event_fd = -1;
+  st = ucp_worker_get_efd(worker, &event_fd);
+  if (st != UCS_OK) {
+    ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+    return absl::FailedPreconditionError(
+        absl::StrCat("ucp_worker_get_efd failed: ", ucs_status_string(st), where));
+  }
+  const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd < 0) {
+    const int error = errno;
+    ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+    return absl::FailedPreconditionError(
+        absl::StrCat("eventfd failed: ", std::strerror(error), where));
+  }
+
+  auto core = std::make_shared<WorkerCore>(options, context, worker, std::move(address),
+                                           supports_cuda, event_fd, wake_fd);
+  core->Start();
+  return std::unique_ptr<UcxWorker>(new UcxWorker(std::move(core)));
+}
+
+const std::string& UcxWorker::address() const { return core_->address(); }
+
+bool UcxWorker::supports_cuda_memory() const { return core_->supports_cuda(); }
+
+const UcxOptions& UcxWorker::options() const { return core_->options(); }
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxWorker::Register(void* base, size_t length,
+                                                                  MemoryKind kind) {
+  return core_->Register(base, length, kind);
+}
+
+absl::StatusOr<std::shared_ptr<Endpoint>> UcxWorker::Connect(const std::string& peer_address,
+                                                             std::string peer_id) {
+  return core_->Connect(peer_address, std::move(peer_id));
+}
+
+bool UcxWorker::OnProgressThread() const { return core_->OnProgressThread(); }
+
+}  // namespace trident::transport

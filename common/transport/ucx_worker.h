@@ -1,0 +1,235 @@
+#ifndef TRIDENT_COMMON_TRANSPORT_UCX_WORKER_H_
+#define TRIDENT_COMMON_TRANSPORT_UCX_WORKER_H_
+
+// One-sided writes (RMA puts) between processes over UCX's ucp layer: the data
+// path behind trident.v1.TransportEndpoint and KvRegion (proto/trident/v1/
+// cluster.proto). A process creates one `UcxWorker`, publishes `address()`
+// (TransportEndpoint.ucx_worker_address) and the `packed_rkey()` of the memory
+// it lets peers write (KvRegion.rkey); a writer `Connect`s to that address,
+// unpacks the rkey against the endpoint and `Put`s bytes at remote addresses.
+//
+//   UcxWorker (one ucp_context + ucp_worker + one progress thread)
+//    ├─ MemoryRegion   memory registered here; peers write it with its rkey
+//    └─ Endpoint       connection to one peer's worker
+//        └─ RemoteKey  a peer's rkey, unpacked for this endpoint
+//
+// Threading: every ucp_* call after creation happens on the worker's single
+// progress thread. The public methods below are thread-safe; they hand work
+// to that thread through a queue (waking it with an eventfd) and either
+// return at once (Put, Flush) or wait for the thread to run it (Register,
+// Connect, UnpackRkey, ~MemoryRegion). Completion callbacks run on the
+// progress thread, never inside a ucp call, so they may call any method here,
+// including the blocking ones (which then run inline). A callback must not
+// block for long: it stalls every transfer of the worker.
+//
+// Peer failure: endpoints use UCP_ERR_HANDLING_MODE_PEER. A dead peer is seen
+// when a transport reports it (a TCP reset or a shared-memory peer's pid gone)
+// or by UCX keepalive, whose interval `UcxOptions::keepalive_interval` sets
+// (UCX_KEEPALIVE_INTERVAL; TCP_KEEPIDLE/KEEPINTVL/KEEPCNT likewise, so that a
+// silent TCP peer is dropped by the kernel within a few seconds). From then on
+// the endpoint is `failed()`: outstanding and later Puts and Flushes complete
+// with UNAVAILABLE naming the peer. Shared-memory transports (posix, sysv)
+// only take part in error-handling endpoints when UCX's MM_ERROR_HANDLING is
+// on, which `Create` sets (their keepalive checks the peer's pid).
+//
+// Lifetime: Endpoints, RemoteKeys and MemoryRegions may outlive their
+// UcxWorker. Destroying the worker closes every endpoint (completing what is
+// outstanding with UNAVAILABLE), releases every rkey and registration, and
+// stops the thread; objects left over are inert afterwards: Put and Flush
+// complete at once on the caller's thread with UNAVAILABLE.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace trident::transport {
+
+namespace internal {
+class WorkerCore;
+struct EndpointState;
+struct RemoteKeyState;
+struct MemoryRegionState;
+}  // namespace internal
+
+// Where registered memory lives.
+enum class MemoryKind { kHost, kCuda };
+
+// Called once with the outcome of a Put or Flush.
+using DoneCallback = std::function<void(absl::Status)>;
+
+struct UcxOptions {
+  // UCX_TLS for this worker: a comma-separated transport list such as "tcp",
+  // "posix", "sm", "rc_x,cuda_ipc". Empty: UCX's default (the UCX_TLS
+  // environment variable, else every transport).
+  std::string transports;
+  // Name of the ucp context and worker in UCX's diagnostics and our logs.
+  std::string name = "trident";
+  // UCX keepalive interval; also the TCP keepalive idle time and probe
+  // interval. A dead peer that no transport reports is detected within about
+  // three intervals.
+  absl::Duration keepalive_interval = absl::Seconds(1);
+  // Longest time the progress thread sleeps with nothing to wake it; it then
+  // progresses UCX anyway, which drives keepalive.
+  absl::Duration idle_wakeup_interval = absl::Milliseconds(100);
+};
+
+// Memory registered with a UcxWorker (ucp_mem_map) that peers may write
+// through `packed_rkey()`. Deregisters in its destructor, which waits for the
+// progress thread; the memory itself is the caller's and must outlive this
+// object. Thread-safe (immutable after creation).
+class MemoryRegion {
+ public:
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  void* base() const { return base_; }
+  size_t length() const { return length_; }
+  MemoryKind kind() const { return kind_; }
+  // ucp_rkey_pack output: opaque bytes for KvRegion.rkey.
+  const std::string& packed_rkey() const { return packed_rkey_; }
+
+ private:
+  friend class internal::WorkerCore;
+  MemoryRegion(std::shared_ptr<internal::WorkerCore> core,
+               std::shared_ptr<internal::MemoryRegionState> state, void* base, size_t length,
+               MemoryKind kind, std::string packed_rkey);
+
+  const std::shared_ptr<internal::WorkerCore> core_;
+  const std::shared_ptr<internal::MemoryRegionState> state_;
+  void* const base_;
+  const size_t length_;
+  const MemoryKind kind_;
+  const std::string packed_rkey_;
+};
+
+// A peer's rkey unpacked against one Endpoint (ucp_ep_rkey_unpack); valid for
+// Puts on that endpoint only. Released (asynchronously, on the progress
+// thread) when the last reference goes; in-flight Puts hold references.
+// Thread-safe.
+class RemoteKey {
+ public:
+  ~RemoteKey();
+  RemoteKey(const RemoteKey&) = delete;
+  RemoteKey& operator=(const RemoteKey&) = delete;
+
+ private:
+  friend class internal::WorkerCore;
+  friend class Endpoint;
+  RemoteKey(std::shared_ptr<internal::WorkerCore> core,
+            std::shared_ptr<internal::RemoteKeyState> state);
+
+  const std::shared_ptr<internal::WorkerCore> core_;
+  const std::shared_ptr<internal::RemoteKeyState> state_;
+};
+
+// A connection to one peer's worker. Thread-safe. Destroying it closes the
+// UCX endpoint in the background and returns at once: operations still
+// outstanding complete normally if the peer is alive, else with UNAVAILABLE
+// once the failure is seen (keepalive bounds that), so a dead peer never
+// hangs anything.
+class Endpoint {
+ public:
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Unpacks `packed` (a peer MemoryRegion's packed_rkey(), received over the
+  // control plane) for Puts on this endpoint. INVALID_ARGUMENT if empty or
+  // rejected by UCX; UNAVAILABLE if the endpoint failed or the worker is
+  // gone. UCX cannot validate the bytes fully: they must come from
+  // ucp_rkey_pack of a peer running the same UCX version.
+  absl::StatusOr<std::shared_ptr<RemoteKey>> UnpackRkey(const std::string& packed);
+
+  // Writes `length` bytes from `local` to `remote_address` in the peer's
+  // memory registered under `rkey`. Returns at once; `done` runs exactly once
+  // on the progress thread when the local buffer may be reused (OK), or with
+  // the error: UNAVAILABLE naming the peer if it failed or the endpoint was
+  // closed, INVALID_ARGUMENT for a null rkey or one unpacked on another
+  // endpoint, INTERNAL for other UCX errors. OK does NOT mean the bytes are
+  // visible at the peer: a later Flush that completes OK does.
+  // REQUIRES: [local, local + length) stays valid until `done` runs, and
+  // [remote_address, remote_address + length) lies in the peer's registered
+  // region (UCX does not check it for every transport).
+  void Put(const void* local, size_t length, uint64_t remote_address,
+           std::shared_ptr<RemoteKey> rkey, DoneCallback done);
+
+  // Completes (OK) once every Put posted on this endpoint before it has
+  // completed at the peer; UNAVAILABLE naming the peer if it failed first.
+  // `done` runs exactly once on the progress thread.
+  void Flush(DoneCallback done);
+
+  const std::string& peer_id() const { return peer_id_; }
+  // The UCX transport carrying this endpoint's writes, as UCX names it
+  // ("tcp", "posix", "sysv", "rc_mlx5", "cuda_ipc", ...): the lane of the
+  // endpoint's RMA bandwidth lanes, else of its active-message lane (UCX
+  // emulates RMA over it). Best effort: empty if UCX's description could not
+  // be parsed.
+  const std::string& lane() const { return lane_; }
+  // True once the peer was seen to fail or the endpoint was closed.
+  bool failed() const;
+
+ private:
+  friend class internal::WorkerCore;
+  Endpoint(std::shared_ptr<internal::WorkerCore> core,
+           std::shared_ptr<internal::EndpointState> state, std::string peer_id, std::string lane);
+
+  const std::shared_ptr<internal::WorkerCore> core_;
+  const std::shared_ptr<internal::EndpointState> state_;
+  const std::string peer_id_;
+  const std::string lane_;
+};
+
+// One UCX context and worker with its progress thread. Thread-safe; see the
+// file comment. Destroy it from a thread other than its progress thread.
+class UcxWorker {
+ public:
+  // Initializes UCX with `options` and starts the progress thread.
+  // FAILED_PRECONDITION naming the UCX call and the transports when UCX
+  // cannot start here (e.g. `transports` names none that exist);
+  // INVALID_ARGUMENT for a non-positive interval.
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const UcxOptions& options);
+
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // ucp_worker_get_address bytes: TransportEndpoint.ucx_worker_address.
+  const std::string& address() const;
+  // Whether UCX here handles CUDA device memory (built with CUDA support).
+  bool supports_cuda_memory() const;
+  const UcxOptions& options() const;
+
+  // Registers [base, base + length) for remote writes. INVALID_ARGUMENT for a
+  // null base or zero length; FAILED_PRECONDITION for kCuda when
+  // !supports_cuda_memory(); INTERNAL naming the UCX call if UCX refuses;
+  // UNAVAILABLE if the worker is shutting down.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* base, size_t length,
+                                                         MemoryKind kind);
+
+  // Creates an endpoint to the worker whose address() is `peer_address`;
+  // `peer_id` names the peer in errors and logs. Does not wait for the peer:
+  // an unreachable peer shows as failures of the first operations.
+  // INVALID_ARGUMENT for an empty address; UNAVAILABLE naming the peer if UCX
+  // finds no transport to it or the worker is shutting down.
+  absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
+                                                    std::string peer_id);
+
+  // True on this worker's progress thread (i.e. inside a completion callback).
+  bool OnProgressThread() const;
+
+ private:
+  explicit UcxWorker(std::shared_ptr<internal::WorkerCore> core);
+
+  const std::shared_ptr<internal::WorkerCore> core_;
+};
+
+}  // namespace trident::transport
+
+#endif  // TRIDENT_COMMON_TRANSPORT_UCX_WORKER_H_
