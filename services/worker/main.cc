@@ -11,10 +11,13 @@
 #include "absl/time/clock.h"
 #include "common/logging/log.h"
 #include "common/service/service_runtime.h"
+#include "common/status/error_details.h"
 #include "common/time/clock.h"
+#include "common/transport/ucx_worker.h"
 #include "services/worker/decode_service.h"
 #include "services/worker/generation_service.h"
 #include "services/worker/prefill_service.h"
+#include "services/worker/ucx_kv.h"
 #include "services/worker/worker_model.h"
 #include "services/worker/worker_services.h"
 
@@ -55,6 +58,14 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port peers use to reach this worker (KvDestination.decode_address); empty: "
           "peers use the address they know it by.");
+ABSL_FLAG(std::string, kv_transport, "auto",
+          "How KV moves between prefill and decode workers: 'ucx' (one-sided puts into the "
+          "decode worker's registered KV pool), 'none' (no disaggregation: ReserveKv and "
+          "Prefill with a destination answer FAILED_PRECONDITION), or 'auto': ucx for roles "
+          "prefill and decode, none for both.");
+ABSL_FLAG(std::string, ucx_transports, "",
+          "UCX transports to use (the UCX_TLS syntax, e.g. 'tcp' or 'posix,sysv,cma'); empty: "
+          "UCX's own choice.");
 ABSL_FLAG(std::string, controller_address, "",
           "host:port of the controller to register with; empty: run standalone.");
 
@@ -111,11 +122,43 @@ int main(int argc, char** argv) {
                                  : absl::GetFlag(FLAGS_worker_id);
         identity.incarnation = absl::Uniform<uint64_t>(absl::BitGen()) | 1;
         identity.role = *role;
-        // Decode (KV reservations, the decode stream) and Prefill. No KV
-        // transport is wired in yet, so ReserveKv and Prefill with a
-        // destination answer FAILED_PRECONDITION; Decode without a
-        // reservation serves role `both`, Prefill without a destination
-        // computes and discards (warm-up).
+        // Decode (KV reservations, the decode stream) and Prefill. Without a
+        // KV transport, ReserveKv and Prefill with a destination answer
+        // FAILED_PRECONDITION; Decode without a reservation serves role
+        // `both`, Prefill without a destination computes and discards.
+        // The KV transport: registers the backend's KV pool with UCX.
+        std::unique_ptr<trident::transport::UcxWorker> ucx;
+        std::unique_ptr<trident::worker::UcxKv> ucx_kv;
+        std::string kv_transport = absl::GetFlag(FLAGS_kv_transport);
+        if (kv_transport != "ucx" && kv_transport != "none" && kv_transport != "auto") {
+          return trident::InvalidArgumentForField(
+              "--kv_transport",
+              absl::StrCat("expected 'ucx', 'none' or 'auto', got '", kv_transport, "'"));
+        }
+        if (kv_transport == "auto") {
+          kv_transport = *role == trident::v1::ROLE_BOTH ? "none" : "ucx";
+        }
+        if (model != nullptr && kv_transport == "ucx") {
+          trident::transport::UcxOptions ucx_options;
+          ucx_options.transports = absl::GetFlag(FLAGS_ucx_transports);
+          ucx_options.name = identity.worker_id;
+          absl::StatusOr<std::unique_ptr<trident::transport::UcxWorker>> created =
+              trident::transport::UcxWorker::Create(ucx_options);
+          if (!created.ok()) return created.status();
+          ucx = std::move(*created);
+          absl::StatusOr<trident::backend::KvMemory> memory = model->engine->backend().kv_memory();
+          if (!memory.ok()) return memory.status();
+          absl::StatusOr<std::unique_ptr<trident::worker::UcxKv>> kv =
+              trident::worker::UcxKv::Create(ucx.get(), *memory, identity.worker_id,
+                                             identity.incarnation);
+          if (!kv.ok()) return kv.status();
+          ucx_kv = std::move(*kv);
+          TRIDENT_LOG(INFO) << "KV transport: UCX"
+                            << (ucx_options.transports.empty()
+                                    ? std::string()
+                                    : absl::StrCat(" over ", ucx_options.transports))
+                            << ", " << memory->bytes / (1 << 20) << " MiB of KV registered";
+        }
         trident::worker::UnservedPrefillService unserved_prefill;
         std::unique_ptr<trident::worker::PrefillService> prefill;
         trident::worker::UnservedDecodeService unserved_decode;
@@ -128,13 +171,13 @@ int main(int argc, char** argv) {
           decode_options.role = *role;
           decode_options.reservations.block_size = absl::GetFlag(FLAGS_kv_block_size);
           decode = std::make_unique<trident::worker::DecodeService>(
-              model->engine.get(), model->info, /*exporter=*/nullptr, &clock, decode_options);
+              model->engine.get(), model->info, ucx_kv.get(), &clock, decode_options);
           services.push_back({decode.get(), trident::v1::Decode::service_full_name()});
           trident::worker::PrefillServiceOptions prefill_options;
           prefill_options.worker_id = identity.worker_id;
           prefill_options.role = *role;
           prefill = std::make_unique<trident::worker::PrefillService>(
-              model->engine.get(), model->info, /*sender=*/nullptr, &clock, prefill_options);
+              model->engine.get(), model->info, ucx_kv.get(), &clock, prefill_options);
           services.push_back({prefill.get(), trident::v1::Prefill::service_full_name()});
         } else {
           services.push_back({&unserved_decode, trident::v1::Decode::service_full_name()});
