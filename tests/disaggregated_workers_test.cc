@@ -44,7 +44,6 @@ struct Worker {
 Worker Start(const std::string& model_dir, const std::string& role, const std::string& transport,
              const std::string& name) {
   Worker w;
-  // Each test's workers log to their own files.
   std::vector<std::string> argv = {RunfilePath("services/worker/worker"),
                                    "--host=127.0.0.1",
                                    "--port=0",
@@ -56,13 +55,10 @@ Worker Start(const std::string& model_dir, const std::string& role, const std::s
                                    "--kv_cache_mb=16",
                                    absl::StrCat("--model=", model_dir)};
   if (role != "both") argv.push_back(absl::StrCat("--ucx_transports=", transport));
-  absl::StatusOr<SpawnedProcess> spawned = Spawn(
-      {.argv = argv,
-       .log_path = TestTmpPath(absl::StrCat(
-           name, "-", transport, "-",
-           std::get<0>(::testing::TestWithParam<std::tuple<std::string, std::string>>::GetParam()),
-           ".log")),
-       .wait_for_ready_line = true});
+  absl::StatusOr<SpawnedProcess> spawned =
+      Spawn({.argv = argv,
+             .log_path = TestTmpPath(absl::StrCat(name, "-", transport, ".log")),
+             .wait_for_ready_line = true});
   EXPECT_THAT(spawned, IsOk());
   if (!spawned.ok()) return w;
   w.pid = spawned->pid;
@@ -110,9 +106,9 @@ class DisaggregatedWorkersTest
       ASSERT_THAT(spec.status(), IsOk());
       ASSERT_THAT(make_model::WriteModel(*spec, model_dir_), IsOk());
     }
-    both_ = Start(model_dir_, "both", transport(), "both");
-    prefill_ = Start(model_dir_, "prefill", transport(), "prefill");
-    decode_ = Start(model_dir_, "decode", transport(), "decode");
+    both_ = Start(model_dir_, "both", transport(), absl::StrCat("both-", model()));
+    prefill_ = Start(model_dir_, "prefill", transport(), absl::StrCat("prefill-", model()));
+    decode_ = Start(model_dir_, "decode", transport(), absl::StrCat("decode-", model()));
     ASSERT_GT(both_.pid, 0);
     ASSERT_GT(prefill_.pid, 0);
     ASSERT_GT(decode_.pid, 0);
