@@ -30,6 +30,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "common/backend/model_backend.h"
 #include "common/kv/block_allocator.h"
 #include "common/sampling/sampler.h"
@@ -62,6 +64,11 @@ struct EngineRequest {
   // ends the request (stop token, max_tokens 1) it finishes as usual and
   // its blocks are freed.
   bool prefill_only = false;
+  // Admission inputs (the router's); the engine ignores them. Empty class:
+  // the default; unset targets: the class's.
+  std::string qos_class;
+  absl::optional<absl::Duration> ttft_slo;
+  absl::optional<absl::Duration> tpot_slo;
 };
 
 enum class FinishReason {

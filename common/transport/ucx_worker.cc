@@ -596,6 +596,10 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     progress_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
     const int idle_ms = static_cast<int>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.idle_wakeup_interval)));
+    // Shared-memory transports cannot always arm a wakeup (ucp_worker_arm
+    // keeps answering BUSY); after a run of those, wait 1 ms between polls
+    // instead of spinning a core.
+    int busy_in_a_row = 0;
     while (true) {
       uint64_t counter;
       while (read(wake_fd_, &counter, sizeof(counter)) > 0) {
@@ -608,8 +612,12 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
         if (!tasks_.empty()) continue;
       }
       const ucs_status_t armed = ucp_worker_arm(worker_);
-      if (armed == UCS_ERR_BUSY) continue;  // Events arrived meanwhile.
       pollfd fds[2] = {{ucp_event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      if (armed == UCS_ERR_BUSY) {  // Events arrived meanwhile.
+        if (++busy_in_a_row >= 64) poll(&fds[1], 1, 1);
+        continue;
+      }
+      busy_in_a_row = 0;
       poll(fds, 2, idle_ms);
     }
     Teardown();

@@ -202,6 +202,15 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     er.max_tokens = stop.max_tokens;
     er.stop_token_ids = stop.stop_token_ids;
     if (!stop.ignore_eos) er.stop_token_ids.insert(er.stop_token_ids.end(), eos.begin(), eos.end());
+    er.qos_class = request.qos_class();
+    if (request.slo().has_ttft()) {
+      er.ttft_slo = absl::Seconds(request.slo().ttft().seconds()) +
+                    absl::Nanoseconds(request.slo().ttft().nanos());
+    }
+    if (request.slo().has_tpot()) {
+      er.tpot_slo = absl::Seconds(request.slo().tpot().seconds()) +
+                    absl::Nanoseconds(request.slo().tpot().nanos());
+    }
 
     TRIDENT_RETURN_IF_ERROR(service_->Register(id));
     registered_ = true;

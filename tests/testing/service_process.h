@@ -1,0 +1,79 @@
+// Starting Trident service binaries as child processes in integration tests:
+// each binds port 0 and reports its ports on its ready line.
+
+#ifndef TRIDENT_TESTS_TESTING_SERVICE_PROCESS_H_
+#define TRIDENT_TESTS_TESTING_SERVICE_PROCESS_H_
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/process/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident::testing {
+
+struct ServiceProcess {
+  pid_t pid = -1;
+  std::string address;  // 127.0.0.1:<grpc port>
+  std::shared_ptr<grpc::Channel> channel;
+};
+
+// Runs `argv` (a service binary and its flags; --host, --port and
+// --metrics_port are added) with its log in `log_path`, and waits for it to
+// be ready.
+inline absl::StatusOr<ServiceProcess> StartService(std::vector<std::string> argv,
+                                                   const std::string& log_path) {
+  argv.push_back("--host=127.0.0.1");
+  argv.push_back("--port=0");
+  argv.push_back("--metrics_port=0");
+  absl::StatusOr<SpawnedProcess> spawned =
+      Spawn({.argv = argv, .log_path = log_path, .wait_for_ready_line = true});
+  if (!spawned.ok()) return spawned.status();
+  ServiceProcess p;
+  p.pid = spawned->pid;
+  const nlohmann::json ready = nlohmann::json::parse(spawned->ready_line);
+  p.address = absl::StrCat("127.0.0.1:", ready["grpc_port"].get<int>());
+  p.channel = grpc::CreateChannel(p.address, grpc::InsecureChannelCredentials());
+  return p;
+}
+
+// SIGTERM and wait (up to 30 s).
+inline absl::Status StopService(ServiceProcess& p) {
+  if (p.pid <= 0) return absl::OkStatus();
+  kill(p.pid, SIGTERM);
+  absl::Status s = WaitForExit(p.pid, absl::Seconds(30)).status();
+  p.pid = -1;
+  return s;
+}
+
+// Reads the worker's load samples until every KV block is free and no
+// reservation holds any (true), or until `timeout` (false).
+inline bool AllKvBlocksFree(const ServiceProcess& worker,
+                            absl::Duration timeout = absl::Seconds(20)) {
+  auto stub = trident::v1::WorkerControl::NewStub(worker.channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  trident::v1::GetLoadRequest request;
+  request.mutable_interval()->set_nanos(10'000'000);
+  auto reader = stub->GetLoad(&context, request);
+  trident::v1::WorkerLoad load;
+  while (reader->Read(&load)) {
+    if (load.kv_blocks_free() == load.kv_blocks_total() && load.kv_blocks_reserved() == 0) {
+      context.TryCancel();
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace trident::testing
+
+#endif  // TRIDENT_TESTS_TESTING_SERVICE_PROCESS_H_
