@@ -10,6 +10,7 @@
 #include "common/sampling/sampling_params.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "services/worker/worker_request.h"
 
 namespace trident::worker {
 namespace {
@@ -316,41 +317,14 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
       return absl::FailedPreconditionError(
           absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not decode"));
     }
-    if (request->request_id().empty()) {
-      return InvalidArgumentForField("request_id", "must not be empty");
-    }
     if (reservation == 0 && options_.role != v1::ROLE_BOTH) {
       return absl::FailedPreconditionError(
           "a Decode without a reservation needs role both (the worker computes the prompt)");
     }
     if (reservation != 0) TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
-    engine::EngineRequest er;
-    er.id = request->request_id();
-    for (int i = 0; i < request->prompt_token_ids_size(); ++i) {
-      const int32_t t = request->prompt_token_ids(i);
-      if (t < 0 || t >= model_info_.vocab_size()) {
-        return InvalidArgumentForField(
-            absl::StrCat("prompt_token_ids[", i, "]"),
-            absl::StrCat("token id ", t, " is outside [0, ", model_info_.vocab_size(), ")"));
-      }
-      er.prompt.push_back(t);
-    }
-    if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
-    TRIDENT_ASSIGN_OR_RETURN(er.sampling, sampling::SamplingParamsFromProto(
-                                              request->sampling(), request->options(),
-                                              model_info_.vocab_size(), /*default_seed=*/0));
-    TRIDENT_ASSIGN_OR_RETURN(
-        sampling::StopParams stop,
-        sampling::StopParamsFromProto(request->sampling(), request->stop(),
-                                      model_info_.vocab_size(), model_info_.max_context_tokens(),
-                                      static_cast<int32_t>(er.prompt.size())));
-    er.max_tokens = stop.max_tokens;
-    er.stop_token_ids = stop.stop_token_ids;
-    if (!stop.ignore_eos) {
-      er.stop_token_ids.insert(er.stop_token_ids.end(), model_info_.eos_token_ids().begin(),
-                               model_info_.eos_token_ids().end());
-    }
-    return er;
+    return EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
+                                  request->sampling(), request->stop(), request->options(),
+                                  model_info_);
   };
   absl::StatusOr<engine::EngineRequest> prepared = prepare();
   if (!prepared.ok()) {

@@ -11,6 +11,7 @@
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "services/worker/worker_request.h"
 
 namespace trident::worker {
 namespace {
@@ -210,36 +211,12 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
       return absl::FailedPreconditionError(
           absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not prefill"));
     }
-    if (request->request_id().empty()) {
-      return InvalidArgumentForField("request_id", "must not be empty");
-    }
-    engine::EngineRequest er;
-    er.id = request->request_id();
-    er.prefill_only = true;
-    for (int i = 0; i < request->prompt_token_ids_size(); ++i) {
-      const int32_t t = request->prompt_token_ids(i);
-      if (t < 0 || t >= model_info_.vocab_size()) {
-        return InvalidArgumentForField(
-            absl::StrCat("prompt_token_ids[", i, "]"),
-            absl::StrCat("token id ", t, " is outside [0, ", model_info_.vocab_size(), ")"));
-      }
-      er.prompt.push_back(t);
-    }
-    if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
-    TRIDENT_ASSIGN_OR_RETURN(er.sampling, sampling::SamplingParamsFromProto(
-                                              request->sampling(), request->options(),
-                                              model_info_.vocab_size(), /*default_seed=*/0));
     TRIDENT_ASSIGN_OR_RETURN(
-        sampling::StopParams stop,
-        sampling::StopParamsFromProto(request->sampling(), request->stop(),
-                                      model_info_.vocab_size(), model_info_.max_context_tokens(),
-                                      static_cast<int32_t>(er.prompt.size())));
-    er.max_tokens = stop.max_tokens;
-    er.stop_token_ids = stop.stop_token_ids;
-    if (!stop.ignore_eos) {
-      er.stop_token_ids.insert(er.stop_token_ids.end(), model_info_.eos_token_ids().begin(),
-                               model_info_.eos_token_ids().end());
-    }
+        engine::EngineRequest er,
+        EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
+                               request->sampling(), request->stop(), request->options(),
+                               model_info_));
+    er.prefill_only = true;
     if (request->has_destination()) {
       const v1::KvDestination& d = request->destination();
       if (sender_ == nullptr) {

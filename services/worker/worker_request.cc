@@ -1,0 +1,43 @@
+#include "services/worker/worker_request.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/sampling/sampling_params.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+
+namespace trident::worker {
+
+absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
+    const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
+    const trident::v1::SamplingParams& sampling, const trident::v1::StopConditions& stop,
+    const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info) {
+  if (request_id.empty()) return InvalidArgumentForField("request_id", "must not be empty");
+  engine::EngineRequest er;
+  er.id = request_id;
+  for (int i = 0; i < prompt_token_ids.size(); ++i) {
+    const int32_t t = prompt_token_ids.Get(i);
+    if (t < 0 || t >= model_info.vocab_size()) {
+      return InvalidArgumentForField(
+          absl::StrCat("prompt_token_ids[", i, "]"),
+          absl::StrCat("token id ", t, " is outside [0, ", model_info.vocab_size(), ")"));
+    }
+    er.prompt.push_back(t);
+  }
+  if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
+  TRIDENT_ASSIGN_OR_RETURN(
+      er.sampling, sampling::SamplingParamsFromProto(sampling, options, model_info.vocab_size(),
+                                                     /*default_seed=*/0));
+  TRIDENT_ASSIGN_OR_RETURN(sampling::StopParams s,
+                           sampling::StopParamsFromProto(sampling, stop, model_info.vocab_size(),
+                                                         model_info.max_context_tokens(),
+                                                         static_cast<int32_t>(er.prompt.size())));
+  er.max_tokens = s.max_tokens;
+  er.stop_token_ids = s.stop_token_ids;
+  if (!s.ignore_eos) {
+    er.stop_token_ids.insert(er.stop_token_ids.end(), model_info.eos_token_ids().begin(),
+                             model_info.eos_token_ids().end());
+  }
+  return er;
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,27 @@
+// The engine request a worker's Prefill or Decode call describes: prompt ids
+// checked against the vocabulary, sampling and stop conditions converted as
+// the public API defines them, and the model's EOS ids added as stop tokens
+// unless ignore_eos.
+
+#ifndef TRIDENT_SERVICES_WORKER_WORKER_REQUEST_H_
+#define TRIDENT_SERVICES_WORKER_WORKER_REQUEST_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine_core.h"
+#include "google/protobuf/repeated_field.h"
+#include "trident/v1/generation.pb.h"
+
+namespace trident::worker {
+
+// INVALID_ARGUMENT naming the field (prompt_token_ids[i], sampling.*,
+// stop.*) for bad input.
+absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
+    const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
+    const trident::v1::SamplingParams& sampling, const trident::v1::StopConditions& stop,
+    const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info);
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_WORKER_REQUEST_H_
