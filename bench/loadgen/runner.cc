@@ -13,6 +13,7 @@
 #include "common/grpc/status.h"
 #include "common/status/status_macros.h"
 #include "common/time/clock.h"
+#include "common/time/proto_time.h"
 #include "grpcpp/grpcpp.h"
 #include "trident/v1/generation.grpc.pb.h"
 
@@ -89,12 +90,6 @@ class GenerateCall final : public grpc::ClientReadReactor<v1::GenerateResponse> 
   v1::GenerateResponse response_;
 };
 
-void SetDuration(absl::Duration d, google::protobuf::Duration* out) {
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1'000'000'000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
-}
-
 // Checks the schedule against the served model before anything is sent.
 absl::Status CheckScheduleFitsModel(const std::vector<PlannedRequest>& schedule,
                                     const v1::ModelInfoResponse& info) {
@@ -130,9 +125,9 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const PlannedRequest& p
   request.mutable_stop()->set_ignore_eos(true);
   request.set_qos_class(planned.qos_class);
   if (planned.slo.ttft.has_value())
-    SetDuration(*planned.slo.ttft, request.mutable_slo()->mutable_ttft());
+    SetProtoDuration(*planned.slo.ttft, request.mutable_slo()->mutable_ttft());
   if (planned.slo.tpot.has_value())
-    SetDuration(*planned.slo.tpot, request.mutable_slo()->mutable_tpot());
+    SetProtoDuration(*planned.slo.tpot, request.mutable_slo()->mutable_tpot());
   return request;
 }
 

@@ -1,6 +1,7 @@
 #include "common/engine/engine.h"
 
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -182,31 +183,38 @@ void Engine::Loop() {
     }
     Deliver(events);
     if (stopping) break;
+    std::optional<std::vector<TokenEvent>> stepped;
+    double seconds = 0;
     if (core_->HasWork()) {
       const auto start = std::chrono::steady_clock::now();
       auto step = core_->Step();
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (!step.ok()) TRIDENT_LOG(ERROR) << "engine step failed: " << step.status();
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (step.ok()) {
-        const EngineStats s = core_->stats();
-        constexpr double kAlpha = 0.2;  // weight of the newest step
-        auto ewma = [](double old, double sample) {
-          return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
-        };
-        if (s.last_step_prefill_tokens > 0 && seconds > 0) {
-          prefill_tokens_per_second_ =
-              ewma(prefill_tokens_per_second_, s.last_step_prefill_tokens / seconds);
-        } else if (s.last_step_decode_sequences > 0) {
-          decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
-        }
-        Deliver(*step);
+        stepped = std::move(*step);
+      } else {
+        TRIDENT_LOG(ERROR) << "engine step failed: " << step.status();
       }
     }
+    // One walk over the sequences per iteration: the step's figures feed the
+    // timing averages and the published snapshot.
+    EngineStats s = core_->stats();
+    if (stepped.has_value()) {
+      constexpr double kAlpha = 0.2;  // weight of the newest step
+      auto ewma = [](double old, double sample) {
+        return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
+      };
+      if (s.last_step_prefill_tokens > 0 && seconds > 0) {
+        prefill_tokens_per_second_ =
+            ewma(prefill_tokens_per_second_, s.last_step_prefill_tokens / seconds);
+      } else if (s.last_step_decode_sequences > 0) {
+        decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
+      }
+      Deliver(*stepped);
+    }
+    s.prefill_tokens_per_second = prefill_tokens_per_second_;
+    s.decode_step_seconds = decode_step_seconds_;
     absl::MutexLock lock(&mu_);
-    stats_ = core_->stats();
-    stats_.prefill_tokens_per_second = prefill_tokens_per_second_;
-    stats_.decode_step_seconds = decode_step_seconds_;
+    stats_ = s;
     if (observer_) observer_(stats_);
   }
   absl::MutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/time/proto_time.h"
 #include "google/rpc/error_details.pb.h"
 
 namespace trident {
@@ -30,9 +31,7 @@ std::optional<Message> GetDetail(const absl::Status& status) {
 absl::Status ResourceExhaustedWithRetry(absl::string_view message, absl::Duration retry_delay) {
   absl::Status status = absl::ResourceExhaustedError(message);
   google::rpc::RetryInfo info;
-  const int64_t nanos = absl::ToInt64Nanoseconds(retry_delay);
-  info.mutable_retry_delay()->set_seconds(nanos / 1'000'000'000);
-  info.mutable_retry_delay()->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+  SetProtoDuration(retry_delay, info.mutable_retry_delay());
   status.SetPayload(TypeUrl<google::rpc::RetryInfo>(), absl::Cord(info.SerializeAsString()));
   return status;
 }
@@ -40,8 +39,7 @@ absl::Status ResourceExhaustedWithRetry(absl::string_view message, absl::Duratio
 std::optional<absl::Duration> GetRetryDelay(const absl::Status& status) {
   std::optional<google::rpc::RetryInfo> info = GetDetail<google::rpc::RetryInfo>(status);
   if (!info.has_value()) return std::nullopt;
-  return absl::Seconds(info->retry_delay().seconds()) +
-         absl::Nanoseconds(info->retry_delay().nanos());
+  return DurationFromProto(info->retry_delay());
 }
 
 absl::Status InvalidArgumentForField(absl::string_view field, absl::string_view description) {
@@ -56,8 +54,7 @@ absl::Status InvalidArgumentForField(absl::string_view field, absl::string_view 
 }
 
 std::optional<std::string> GetBadRequestField(const absl::Status& status) {
-  std::optional<google::rpc::BadRequest> bad_request =
-      GetDetail<google::rpc::BadRequest>(status);
+  std::optional<google::rpc::BadRequest> bad_request = GetDetail<google::rpc::BadRequest>(status);
   if (!bad_request.has_value() || bad_request->field_violations().empty()) return std::nullopt;
   return bad_request->field_violations(0).field();
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
+#include "common/time/proto_time.h"
 
 namespace trident::router {
 
@@ -52,9 +53,7 @@ void LoadSubscriber::Run(Worker* worker) {
       worker->context = &context;
     }
     trident::v1::GetLoadRequest request;
-    const int64_t nanos = absl::ToInt64Nanoseconds(options_.interval);
-    request.mutable_interval()->set_seconds(nanos / 1000000000);
-    request.mutable_interval()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+    SetProtoDuration(options_.interval, request.mutable_interval());
     auto reader = worker->stub->GetLoad(&context, request);
     trident::v1::WorkerLoad load;
     bool got_any = false;

@@ -6,30 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging/log.h"
+#include "common/time/proto_time.h"
+#include "services/worker/worker_request.h"
 
 namespace trident::router {
 namespace {
 
 namespace v1 = ::trident::v1;
-
-void ToProto(absl::Duration d, google::protobuf::Duration* out) {
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1000000000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
-
-engine::FinishReason FromProto(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-      return engine::FinishReason::kStop;
-    case v1::FINISH_REASON_LENGTH:
-      return engine::FinishReason::kLength;
-    case v1::FINISH_REASON_ABORT:
-      return engine::FinishReason::kAborted;
-    default:
-      return engine::FinishReason::kError;
-  }
-}
 
 // The engine request's sampling and stop conditions as the workers' protos.
 // Its stop tokens already include the model's EOS ids unless ignore_eos, so
@@ -200,7 +183,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
   reserve.set_request_id(r.id);
   reserve.set_num_tokens(static_cast<int32_t>(r.prompt.size()));
   reserve.set_max_total_tokens(static_cast<int32_t>(r.prompt.size()) + r.max_tokens);
-  ToProto(options_.reserve_lease, reserve.mutable_lease());
+  SetProtoDuration(options_.reserve_lease, reserve.mutable_lease());
   reserve.set_qos_class(r.qos_class);
   v1::ReserveKvResponse reserved;
   grpc::Status status;
@@ -264,7 +247,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
         engine::TokenEvent end;
         end.request_id = r.id;
         end.output_index = outputs;
-        end.finish = FromProto(p.complete().finish_reason());
+        end.finish = worker::FinishReasonFromProto(p.complete().finish_reason());
         if (p.complete().has_stop_token_id()) end.matched_stop_token = p.complete().stop_token_id();
         emit(end);
       }
@@ -285,7 +268,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
         engine::TokenEvent end;
         end.request_id = r.id;
         end.output_index = outputs;
-        end.finish = FromProto(d.complete().finish_reason());
+        end.finish = worker::FinishReasonFromProto(d.complete().finish_reason());
         if (d.complete().has_stop_token_id()) end.matched_stop_token = d.complete().stop_token_id();
         emit(end);
       }

@@ -10,6 +10,7 @@
 #include "common/sampling/sampling_params.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "common/time/proto_time.h"
 #include "services/worker/worker_request.h"
 
 namespace trident::worker {
@@ -17,47 +18,14 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
-void ToProto(absl::Duration d, google::protobuf::Duration* out) {
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1000000000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
-
-void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
-  const int64_t nanos = absl::ToUnixNanos(t);
-  out->set_seconds(nanos / 1000000000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
-
 bool ServesDecode(v1::Role role) { return role == v1::ROLE_DECODE || role == v1::ROLE_BOTH; }
-
-v1::FinishReason ToProto(engine::FinishReason reason) {
-  switch (reason) {
-    case engine::FinishReason::kStop:
-      return v1::FINISH_REASON_STOP;
-    case engine::FinishReason::kLength:
-      return v1::FINISH_REASON_LENGTH;
-    case engine::FinishReason::kAborted:
-      return v1::FINISH_REASON_ABORT;
-    case engine::FinishReason::kError:
-      return v1::FINISH_REASON_ERROR;
-    case engine::FinishReason::kPrefilled:
-    case engine::FinishReason::kNone:
-      break;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
-}
 
 // A lease from a request: unset means the default; (0, max] else
 // INVALID_ARGUMENT naming `field` (longer is capped by KvReservations).
 absl::StatusOr<absl::Duration> LeaseFrom(bool has, const google::protobuf::Duration& d,
                                          absl::string_view field) {
   if (!has) return absl::ZeroDuration();
-  const absl::Duration lease = FromProto(d);
+  const absl::Duration lease = DurationFromProto(d);
   if (lease <= absl::ZeroDuration()) {
     return InvalidArgumentForField(
         field, absl::StrCat("must be positive, got ", absl::FormatDuration(lease)));
@@ -86,14 +54,7 @@ struct DecodeCall {
       chunk->set_request_id(request_id);
       chunk->add_token_ids(ev.token);
       if (logprobs) {
-        v1::TokenLogprobs* lp = chunk->add_logprobs();
-        lp->set_token_id(ev.token);
-        lp->set_logprob(ev.logprob);
-        for (const auto& [id, logprob] : ev.top_logprobs) {
-          v1::TopLogprob* top = lp->add_top_logprobs();
-          top->set_token_id(id);
-          top->set_logprob(logprob);
-        }
+        AppendLogprobs(ev, chunk);
       }
       channel->Push(std::move(r));
     }
@@ -102,7 +63,7 @@ struct DecodeCall {
       channel->Close(absl::InternalError("the engine failed the sequence"));
       return;
     }
-    Complete(ToProto(ev.finish),
+    Complete(FinishReasonToProto(ev.finish),
              ev.finish == engine::FinishReason::kStop ? ev.matched_stop_token : -1);
   }
 
@@ -215,9 +176,9 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
     d->set_reservation_id(r.id);
     d->set_num_tokens(request->num_tokens());
     for (int32_t b : r.blocks) d->add_block_ids(b);
-    ToProto(r.lease, d->mutable_lease_remaining());
-    ToProto(r.expires, d->mutable_lease_expire_time());
-    ToProto(r.lease, response->mutable_lease());
+    SetProtoDuration(r.lease, d->mutable_lease_remaining());
+    SetProtoTimestamp(r.expires, d->mutable_lease_expire_time());
+    SetProtoDuration(r.lease, response->mutable_lease());
     return absl::OkStatus();
   };
   return FinishUnary(context, run());
@@ -232,8 +193,8 @@ grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* co
                              LeaseFrom(request->has_lease(), request->lease(), "lease"));
     TRIDENT_ASSIGN_OR_RETURN(absl::Time expires,
                              reservations_->Renew(request->reservation_id(), lease));
-    ToProto(expires - clock_->Now(), response->mutable_lease_remaining());
-    ToProto(expires, response->mutable_lease_expire_time());
+    SetProtoDuration(expires - clock_->Now(), response->mutable_lease_remaining());
+    SetProtoTimestamp(expires, response->mutable_lease_expire_time());
     return absl::OkStatus();
   };
   return FinishUnary(context, run());
@@ -369,7 +330,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
       return;
     }
     v1::DecodeResponse joined;
-    ToProto(clock->Now() - waiting_since, joined.mutable_joined()->mutable_waited());
+    SetProtoDuration(clock->Now() - waiting_since, joined.mutable_joined()->mutable_waited());
     call->channel->Push(std::move(joined));
     std::vector<int32_t> blocks = hand_off->blocks;
     call->in_engine.store(true);

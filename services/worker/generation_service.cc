@@ -15,7 +15,9 @@
 #include "common/sampling/stop_checker.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "common/time/proto_time.h"
 #include "google/protobuf/duration.pb.h"
+#include "services/worker/worker_request.h"
 
 namespace trident::worker {
 namespace {
@@ -35,29 +37,6 @@ absl::Status ValidateRequestId(const std::string& id) {
     }
   }
   return absl::OkStatus();
-}
-
-void SetDuration(absl::Duration d, google::protobuf::Duration* out) {
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1000000000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
-
-v1::FinishReason ToProto(engine::FinishReason reason) {
-  switch (reason) {
-    case engine::FinishReason::kStop:
-      return v1::FINISH_REASON_STOP;
-    case engine::FinishReason::kLength:
-      return v1::FINISH_REASON_LENGTH;
-    case engine::FinishReason::kAborted:
-      return v1::FINISH_REASON_ABORT;
-    case engine::FinishReason::kError:
-      return v1::FINISH_REASON_ERROR;
-    case engine::FinishReason::kPrefilled:  // Prefill role only; not a public outcome.
-    case engine::FinishReason::kNone:
-      break;
-  }
-  return v1::FINISH_REASON_UNSPECIFIED;
 }
 
 }  // namespace
@@ -204,12 +183,10 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     if (!stop.ignore_eos) er.stop_token_ids.insert(er.stop_token_ids.end(), eos.begin(), eos.end());
     er.qos_class = request.qos_class();
     if (request.slo().has_ttft()) {
-      er.ttft_slo = absl::Seconds(request.slo().ttft().seconds()) +
-                    absl::Nanoseconds(request.slo().ttft().nanos());
+      er.ttft_slo = DurationFromProto(request.slo().ttft());
     }
     if (request.slo().has_tpot()) {
-      er.tpot_slo = absl::Seconds(request.slo().tpot().seconds()) +
-                    absl::Nanoseconds(request.slo().tpot().nanos());
+      er.tpot_slo = DurationFromProto(request.slo().tpot());
     }
 
     TRIDENT_RETURN_IF_ERROR(service_->Register(id));
@@ -259,14 +236,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
         s.prompt_ids_for_first_chunk.clear();
       }
       if (s.logprobs) {
-        v1::TokenLogprobs* lp = chunk->add_logprobs();
-        lp->set_token_id(ev.token);
-        lp->set_logprob(ev.logprob);
-        for (const auto& [id, logprob] : ev.top_logprobs) {
-          v1::TopLogprob* top = lp->add_top_logprobs();
-          top->set_token_id(id);
-          top->set_logprob(logprob);
-        }
+        AppendLogprobs(ev, chunk);
       }
       out.push_back(std::move(response));
     }
@@ -286,7 +256,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       v1::GenerateResponse response;
       v1::GenerateComplete* complete = response.mutable_complete();
       complete->set_request_id(s.request_id);
-      complete->set_finish_reason(ToProto(finish));
+      complete->set_finish_reason(FinishReasonToProto(finish));
       if (matched_string.has_value()) {
         complete->set_stop_string(*matched_string);
       } else if (ev.finish == engine::FinishReason::kStop) {
@@ -299,13 +269,13 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       complete->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
       complete->mutable_usage()->set_completion_tokens(s.completion_tokens);
       v1::Timings* t = complete->mutable_timings();
-      SetDuration(now - s.submitted, t->mutable_end_to_end());
+      SetProtoDuration(now - s.submitted, t->mutable_end_to_end());
       if (s.completion_tokens > 0) {
-        SetDuration(s.first_token - s.submitted, t->mutable_time_to_first_token());
-        SetDuration(now - s.first_token, t->mutable_decode());
+        SetProtoDuration(s.first_token - s.submitted, t->mutable_time_to_first_token());
+        SetProtoDuration(now - s.first_token, t->mutable_decode());
         if (s.completion_tokens > 1) {
-          SetDuration((now - s.first_token) / (s.completion_tokens - 1),
-                      t->mutable_time_per_output_token());
+          SetProtoDuration((now - s.first_token) / (s.completion_tokens - 1),
+                           t->mutable_time_per_output_token());
         }
       }
       out.push_back(std::move(response));

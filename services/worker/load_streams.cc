@@ -6,6 +6,7 @@
 #include "common/grpc/reactors.h"
 #include "common/grpc/status.h"
 #include "common/status/error_details.h"
+#include "common/time/proto_time.h"
 
 namespace trident::worker {
 
@@ -16,7 +17,8 @@ class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
   Stream(LoadStreams* owner, absl::Duration interval) : owner_(owner), interval_(interval) {}
 
   // Under owner_->mu_: writes `sample` if the previous write is done and the
-  // stream is due (or `force`); returns when it is next due.
+  // stream is due (or `force`); returns when to look at it again: its due
+  // time, or shortly if a write to a slow reader is overdue.
   absl::Time MaybeWrite(const WorkerLoad& sample, absl::Time now, bool force)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
     if (finishing_) return absl::InfiniteFuture();
@@ -26,6 +28,7 @@ class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
       next_due_ = now + interval_;
       StartWrite(&message_);
     }
+    if (writing_ && next_due_ <= now) return now + absl::Milliseconds(10);
     return next_due_;
   }
 
@@ -88,8 +91,7 @@ grpc::ServerWriteReactor<WorkerLoad>* LoadStreams::Open(
     grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) {
   absl::Duration interval = absl::Milliseconds(100);
   if (request->has_interval()) {
-    interval = absl::Seconds(request->interval().seconds()) +
-               absl::Nanoseconds(request->interval().nanos());
+    interval = DurationFromProto(request->interval());
     if (interval < absl::Milliseconds(10) || interval > absl::Seconds(60)) {
       return new FinishedWriteReactor<WorkerLoad>(InvalidArgumentForField(
           "interval",
@@ -105,6 +107,7 @@ grpc::ServerWriteReactor<WorkerLoad>* LoadStreams::Open(
   auto* stream = new Stream(this, interval);
   streams_.insert(stream);
   stream->MaybeWrite(first, absl::Now(), /*force=*/true);
+  wake_ = true;  // The ticker recomputes its wait with this stream's due time.
   return stream;
 }
 
@@ -119,24 +122,21 @@ int LoadStreams::open_streams() const {
 }
 
 void LoadStreams::Tick() {
-  absl::Time next = absl::Now() + absl::Milliseconds(10);
+  absl::Time next = absl::InfiniteFuture();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-      // Wakes at the earliest due stream (at least every 10 ms while any
-      // stream is open, since a stream busy writing has no due time yet).
-      mu_.AwaitWithDeadline(absl::Condition(&stop), next);
+      // Sleeps until the earliest stream is due, a stream opens, or stop.
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_; };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), next);
       if (stopping_) return;
-      if (streams_.empty()) {
-        next = absl::Now() + absl::Milliseconds(50);
-        continue;
-      }
+      wake_ = false;
+      next = absl::InfiniteFuture();
+      if (streams_.empty()) continue;
     }
     const WorkerLoad sample = sample_();
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    next = now + absl::Milliseconds(10);
     for (Stream* s : streams_) next = std::min(next, s->MaybeWrite(sample, now, false));
   }
 }

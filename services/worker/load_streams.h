@@ -45,6 +45,8 @@ class LoadStreams {
   const Sampler sample_;
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by Open so the ticker recomputes its wait.
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   std::thread ticker_;
 };

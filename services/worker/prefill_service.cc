@@ -10,6 +10,7 @@
 #include "common/sampling/sampling_params.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "common/time/proto_time.h"
 #include "grpcpp/grpcpp.h"
 #include "services/worker/worker_request.h"
 
@@ -17,16 +18,6 @@ namespace trident::worker {
 namespace {
 
 namespace v1 = ::trident::v1;
-
-void ToProto(absl::Duration d, google::protobuf::Duration* out) {
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1000000000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
-
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
 
 bool ServesPrefill(v1::Role role) { return role == v1::ROLE_PREFILL || role == v1::ROLE_BOTH; }
 
@@ -114,7 +105,7 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   commit.set_decode_incarnation(call->destination.decode_incarnation());
   commit.set_reservation_id(call->destination.reservation_id());
   commit.set_request_id(call->request_id);
-  ToProto(call->first_token_time - call->submitted, commit.mutable_prefill_time());
+  SetProtoDuration(call->first_token_time - call->submitted, commit.mutable_prefill_time());
   // Ends the call: hands the reservation over (or abandons it) and frees the
   // prompt's blocks here.
   auto fail = [&](const absl::Status& why) {
@@ -172,7 +163,7 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   commit.set_num_tokens(call->prompt_tokens);
   *commit.mutable_first_token() = call->first_token;
   const absl::Duration transfer_time = clock_->Now() - start;
-  ToProto(transfer_time, commit.mutable_transfer_time());
+  SetProtoDuration(transfer_time, commit.mutable_transfer_time());
   const absl::Status committed = Commit(*call, commit);
   // After CommitKv (accepted or not) this side never touches the blocks again.
   engine_->ReleasePrefilled(call->request_id);
@@ -185,7 +176,7 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   d->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
   d->set_sent_bytes((*transfer)->bytes_sent());
   d->set_messages((*transfer)->messages());
-  ToProto(clock_->Now() - start, d->mutable_transfer_time());
+  SetProtoDuration(clock_->Now() - start, d->mutable_transfer_time());
   *d->mutable_prefill_time() = commit.prefill_time();
   d->set_lane((*transfer)->lane());
   call->channel->Push(std::move(done));
@@ -252,7 +243,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   call->has_destination = request->has_destination();
   if (call->has_destination) {
     call->destination = request->destination();
-    call->lease_end = clock_->Now() + FromProto(request->destination().lease_remaining());
+    call->lease_end = clock_->Now() + DurationFromProto(request->destination().lease_remaining());
   }
   call->submitted = clock_->Now();
   const bool logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;
@@ -275,14 +266,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
           chunk.set_request_id(call->request_id);
           chunk.add_token_ids(ev.token);
           if (logprobs) {
-            v1::TokenLogprobs* lp = chunk.add_logprobs();
-            lp->set_token_id(ev.token);
-            lp->set_logprob(ev.logprob);
-            for (const auto& [id, logprob] : ev.top_logprobs) {
-              v1::TopLogprob* top = lp->add_top_logprobs();
-              top->set_token_id(id);
-              top->set_logprob(logprob);
-            }
+            AppendLogprobs(ev, &chunk);
           }
           v1::PrefillResponse first;
           *first.mutable_first_token() = chunk;

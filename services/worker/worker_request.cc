@@ -40,4 +40,45 @@ absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
   return er;
 }
 
+trident::v1::FinishReason FinishReasonToProto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return trident::v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return trident::v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAborted:
+      return trident::v1::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return trident::v1::FINISH_REASON_ERROR;
+    case engine::FinishReason::kPrefilled:
+    case engine::FinishReason::kNone:
+      break;
+  }
+  return trident::v1::FINISH_REASON_UNSPECIFIED;
+}
+
+engine::FinishReason FinishReasonFromProto(trident::v1::FinishReason reason) {
+  switch (reason) {
+    case trident::v1::FINISH_REASON_STOP:
+      return engine::FinishReason::kStop;
+    case trident::v1::FINISH_REASON_LENGTH:
+      return engine::FinishReason::kLength;
+    case trident::v1::FINISH_REASON_ABORT:
+      return engine::FinishReason::kAborted;
+    default:
+      return engine::FinishReason::kError;
+  }
+}
+
+void AppendLogprobs(const engine::TokenEvent& event, trident::v1::TokenChunk* chunk) {
+  trident::v1::TokenLogprobs* lp = chunk->add_logprobs();
+  lp->set_token_id(event.token);
+  lp->set_logprob(event.logprob);
+  for (const auto& [id, logprob] : event.top_logprobs) {
+    trident::v1::TopLogprob* top = lp->add_top_logprobs();
+    top->set_token_id(id);
+    top->set_logprob(logprob);
+  }
+}
+
 }  // namespace trident::worker

@@ -1,4 +1,5 @@
-// The engine request a worker's Prefill or Decode call describes: prompt ids
+// Conversions between the engine's types and the RPC messages: the engine
+// request a worker's Prefill or Decode call describes: prompt ids
 // checked against the vocabulary, sampling and stop conditions converted as
 // the public API defines them, and the model's EOS ids added as stop tokens
 // unless ignore_eos.
@@ -21,6 +22,15 @@ absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
     const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
     const trident::v1::SamplingParams& sampling, const trident::v1::StopConditions& stop,
     const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info);
+
+// The public finish reason of an engine's; kNone and kPrefilled (internal)
+// map to FINISH_REASON_UNSPECIFIED.
+trident::v1::FinishReason FinishReasonToProto(engine::FinishReason reason);
+// The engine's reading of a worker's finish reason; unknown ones are kError.
+engine::FinishReason FinishReasonFromProto(trident::v1::FinishReason reason);
+
+// Appends the token's logprob and top alternatives to `chunk`.
+void AppendLogprobs(const engine::TokenEvent& event, trident::v1::TokenChunk* chunk);
 
 }  // namespace trident::worker
 

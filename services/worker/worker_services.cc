@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc/reactors.h"
 #include "common/status/error_details.h"
+#include "common/time/proto_time.h"
 
 namespace trident::worker {
 namespace {
@@ -102,9 +103,7 @@ WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity, const engine::Eng
   WorkerLoad load;
   load.set_worker_id(identity.worker_id);
   load.set_incarnation(identity.incarnation);
-  const int64_t nanos = absl::ToUnixNanos(now);
-  load.mutable_sample_time()->set_seconds(nanos / 1000000000);
-  load.mutable_sample_time()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  SetProtoTimestamp(now, load.mutable_sample_time());
   load.set_role(identity.role);
   load.set_state(trident::v1::SERVING_STATE_SERVING);
   load.set_running_sequences(stats.running);
@@ -117,9 +116,7 @@ WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity, const engine::Eng
   load.set_kv_blocks_total(stats.blocks_total);
   load.set_prefill_tokens_per_second(stats.prefill_tokens_per_second);
   if (stats.decode_step_seconds > 0) {
-    const int64_t step = static_cast<int64_t>(stats.decode_step_seconds * 1e9);
-    load.mutable_decode_step_time()->set_seconds(step / 1000000000);
-    load.mutable_decode_step_time()->set_nanos(static_cast<int32_t>(step % 1000000000));
+    SetProtoDuration(absl::Seconds(stats.decode_step_seconds), load.mutable_decode_step_time());
   }
   load.set_batch_context_tokens(stats.batch_context_tokens);
   return load;

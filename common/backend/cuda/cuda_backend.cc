@@ -446,6 +446,26 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
         {dmeta.tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
   }
+  // The fields decode and prefill attention share: this step's q, output,
+  // one layer's paged KV and the block tables.
+  auto paged_args = [&](auto& a, void* layer_base) {
+    a.q = qkv.get();
+    a.q_stride = qkv_w;
+    a.out = attn.get();
+    a.out_stride = q_out;
+    a.kv_base = layer_base;
+    a.block_stride_elems = kv_spec.block_stride_elements();
+    a.value_offset_elems = kv_spec.value_offset_elements();
+    a.block_size = kv_spec.block_size;
+    a.num_q_heads = nq;
+    a.num_kv_heads = nkv;
+    a.head_dim = hd;
+    a.block_tables = dmeta.tables;
+    a.max_blocks_per_seq = shape.table_stride;
+    a.context_lens = dmeta.context_lens;
+    a.batch = shape.num_seqs;
+    a.scale = scale;
+  };
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& layer = layers[l];
     if (l == 0 && !f32_embedding) {
@@ -487,45 +507,15 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
     if (shape.all_decode) {
       kc::PagedDecodeArgs a;
-      a.q = qkv.get();
-      a.q_stride = qkv_w;
-      a.out = attn.get();
-      a.out_stride = q_out;
-      a.kv_base = layer_base;
-      a.block_stride_elems = kv_spec.block_stride_elements();
-      a.value_offset_elems = kv_spec.value_offset_elements();
-      a.block_size = kv_spec.block_size;
-      a.num_q_heads = nq;
-      a.num_kv_heads = nkv;
-      a.head_dim = hd;
-      a.block_tables = dmeta.tables;
-      a.max_blocks_per_seq = shape.table_stride;
-      a.context_lens = dmeta.context_lens;
-      a.batch = shape.num_seqs;
-      a.scale = scale;
+      paged_args(a, layer_base);
       TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
                                                              decode_workspace.bytes(), stream));
     } else {
       kc::PagedPrefillArgs a;
-      a.q = qkv.get();
-      a.q_stride = qkv_w;
-      a.out = attn.get();
-      a.out_stride = q_out;
-      a.kv_base = layer_base;
-      a.block_stride_elems = kv_spec.block_stride_elements();
-      a.value_offset_elems = kv_spec.value_offset_elements();
-      a.block_size = kv_spec.block_size;
-      a.num_q_heads = nq;
-      a.num_kv_heads = nkv;
-      a.head_dim = hd;
-      a.block_tables = dmeta.tables;
-      a.max_blocks_per_seq = shape.table_stride;
-      a.context_lens = dmeta.context_lens;
+      paged_args(a, layer_base);
       a.query_lens = dmeta.query_lens;
       a.query_starts = dmeta.query_starts;
-      a.batch = shape.num_seqs;
       a.max_query_len = shape.max_query;
-      a.scale = scale;
       TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedPrefillAttention(a, stream));
     }
     TRIDENT_RETURN_IF_ERROR(

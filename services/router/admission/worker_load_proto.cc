@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/time/proto_time.h"
 #include "services/router/admission/cost_models.h"
 
 namespace trident::router::admission {
@@ -58,8 +59,7 @@ absl::StatusOr<WorkerLoadReport> WorkerLoadReportFromProto(const trident::v1::Wo
   if (!std::isfinite(load.prefill_tokens_per_second()) || load.prefill_tokens_per_second() < 0) {
     return FieldError(kMsg, "prefill_tokens_per_second", "must be finite and not negative");
   }
-  const absl::Duration step = absl::Seconds(load.decode_step_time().seconds()) +
-                              absl::Nanoseconds(load.decode_step_time().nanos());
+  const absl::Duration step = DurationFromProto(load.decode_step_time());
   if (step < absl::ZeroDuration()) {
     return FieldError(kMsg, "decode_step_time", "must not be negative");
   }
