@@ -1,12 +1,16 @@
 // The whole disaggregated path through real processes on loopback: client ->
 // router (admission, tokenization, streaming) -> prefill worker -> KV over
-// UCX -> decode worker. Generations equal the fixture's greedy tokens (which
-// a worker alone in role `both` reproduces: worker_generate_test); a
-// cancelled stream frees every KV block on both workers.
+// UCX (tcp or shared memory) -> decode worker, for every fixture model.
+// Greedy generations equal a worker alone in role `both`; a cancelled stream
+// frees every KV block on both workers.
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,41 +33,48 @@ using ::trident::testing::RunfilePath;
 using ::trident::testing::ServiceProcess;
 using ::trident::testing::TestTmpPath;
 
-class RouterDisaggregatedTest : public ::testing::Test {
+// One cluster per (model, UCX transport): a worker alone in role `both`
+// (the reference), and router -> prefill -> decode.
+class RouterDisaggregatedTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
-  static void SetUpTestSuite() {
-    model_dir_ = new std::string(TestTmpPath("llama3-tiny"));
-    auto spec = make_model::PresetSpec("llama3-tiny");
-    ASSERT_THAT(spec.status(), IsOk());
-    ASSERT_THAT(make_model::WriteModel(*spec, *model_dir_), IsOk());
-    auto worker = [](const std::string& role) {
+  const std::string& model() const { return std::get<0>(GetParam()); }
+  const std::string& transport() const { return std::get<1>(GetParam()); }
+
+  void SetUp() override {
+    const std::string model_dir = TestTmpPath(model());
+    if (!std::ifstream(model_dir + "/config.json").good()) {
+      auto spec = make_model::PresetSpec(model());
+      ASSERT_THAT(spec.status(), IsOk());
+      ASSERT_THAT(make_model::WriteModel(*spec, model_dir), IsOk());
+    }
+    const std::string tag = absl::StrCat(model(), "-", transport());
+    auto worker = [&](const std::string& role) {
       return testing::StartService(
           {RunfilePath("services/worker/worker"), absl::StrCat("--role=", role),
            absl::StrCat("--worker_id=", role), "--pin_threads=false", "--cpu_threads=1",
-           "--kv_cache_mb=16", "--ucx_transports=tcp", absl::StrCat("--model=", *model_dir_)},
-          TestTmpPath(absl::StrCat(role, ".log")));
+           "--kv_cache_mb=16", absl::StrCat("--ucx_transports=", transport()),
+           absl::StrCat("--model=", model_dir)},
+          TestTmpPath(absl::StrCat(role, "-", tag, ".log")));
     };
-    auto prefill = worker("prefill");
-    ASSERT_THAT(prefill, IsOk());
-    prefill_ = new ServiceProcess(*prefill);
-    auto decode = worker("decode");
-    ASSERT_THAT(decode, IsOk());
-    decode_ = new ServiceProcess(*decode);
+    for (auto [role, process] : {std::pair{"both", &both_}, std::pair{"prefill", &prefill_},
+                                 std::pair{"decode", &decode_}}) {
+      auto started = worker(role);
+      ASSERT_THAT(started, IsOk());
+      *process = *started;
+    }
     auto router = testing::StartService(
-        {RunfilePath("services/router/router"), absl::StrCat("--model=", *model_dir_),
-         absl::StrCat("--prefill_workers=", prefill_->address),
-         absl::StrCat("--decode_workers=", decode_->address), "--load_interval_ms=20"},
-        TestTmpPath("router.log"));
+        {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir),
+         absl::StrCat("--prefill_workers=", prefill_.address),
+         absl::StrCat("--decode_workers=", decode_.address), "--load_interval_ms=20"},
+        TestTmpPath(absl::StrCat("router-", tag, ".log")));
     ASSERT_THAT(router, IsOk());
-    router_ = new ServiceProcess(*router);
-    generation_ = v1::Generation::NewStub(router_->channel).release();
+    router_ = *router;
   }
 
-  static void TearDownTestSuite() {
-    for (ServiceProcess* p : {router_, prefill_, decode_}) {
-      if (p != nullptr) {
-        EXPECT_THAT(testing::StopService(*p), IsOk());
-      }
+  void TearDown() override {
+    for (ServiceProcess* p : {&router_, &prefill_, &decode_, &both_}) {
+      EXPECT_THAT(testing::StopService(*p), IsOk());
     }
   }
 
@@ -73,16 +84,18 @@ class RouterDisaggregatedTest : public ::testing::Test {
     grpc::Status status;
   };
 
-  // Runs a Generate to its end, retrying while the router has no load
-  // reports yet (RESOURCE_EXHAUSTED, at once, as admission promises).
+  // Runs a Generate on `server` to its end, retrying while the router has no
+  // load reports yet (RESOURCE_EXHAUSTED, at once, as admission promises).
   // `cancel_after` > 0 cancels once that many tokens arrived.
-  Result Generate(const v1::GenerateRequest& request, int cancel_after = 0) {
+  static Result Generate(const ServiceProcess& server, const v1::GenerateRequest& request,
+                         int cancel_after = 0) {
+    auto stub = v1::Generation::NewStub(server.channel);
     Result r;
     for (int attempt = 0; attempt < 200; ++attempt) {
       r = Result();
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-      auto reader = generation_->Generate(&context, request);
+      auto reader = stub->Generate(&context, request);
       v1::GenerateResponse response;
       while (reader->Read(&response)) {
         if (response.has_chunk()) {
@@ -100,55 +113,60 @@ class RouterDisaggregatedTest : public ::testing::Test {
     return r;
   }
 
-  static std::string* model_dir_;
-  static ServiceProcess* prefill_;
-  static ServiceProcess* decode_;
-  static ServiceProcess* router_;
-  static v1::Generation::Stub* generation_;
+  ServiceProcess both_, prefill_, decode_, router_;
 };
 
-std::string* RouterDisaggregatedTest::model_dir_ = nullptr;
-ServiceProcess* RouterDisaggregatedTest::prefill_ = nullptr;
-ServiceProcess* RouterDisaggregatedTest::decode_ = nullptr;
-ServiceProcess* RouterDisaggregatedTest::router_ = nullptr;
-v1::Generation::Stub* RouterDisaggregatedTest::generation_ = nullptr;
-
-TEST_F(RouterDisaggregatedTest, GreedyTokensEqualTheFixtureThroughRouterPrefillAndDecode) {
-  std::ifstream in(RunfilePath("tests/fixtures/models/llama3-tiny/reference.json"));
+TEST_P(RouterDisaggregatedTest, TokensEqualTheWorkerAloneInRoleBoth) {
+  std::ifstream in(RunfilePath(absl::StrCat("tests/fixtures/models/", model(), "/reference.json")));
   const nlohmann::json ref = nlohmann::json::parse(
       std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
   int n = 0;
   for (const auto& prompt : ref["prompts"]) {
     v1::GenerateRequest request;
     for (int32_t id : prompt["prompt_ids"]) request.mutable_token_ids()->add_ids(id);
-    const auto greedy = prompt["greedy"].get<std::vector<int32_t>>();
     request.mutable_sampling()->set_temperature(0);
-    request.mutable_sampling()->set_max_tokens(static_cast<int32_t>(greedy.size()));
+    request.mutable_sampling()->set_max_tokens(24);
     request.mutable_stop()->set_ignore_eos(true);
-    const Result r = Generate(request);
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-    EXPECT_EQ(r.tokens, greedy) << "prompt " << n;
-    EXPECT_EQ(r.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+    const Result alone = Generate(both_, request);
+    ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+    ASSERT_EQ(alone.tokens.size(), 24u);
+    const Result routed = Generate(router_, request);
+    ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
+    EXPECT_EQ(routed.tokens, alone.tokens) << "prompt " << n;
+    EXPECT_EQ(routed.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
     ++n;
   }
+  std::printf("%s over %s: %d prompts through the router equal role both\n", model().c_str(),
+              transport().c_str(), n);
   EXPECT_EQ(n, 8);
-  EXPECT_TRUE(testing::AllKvBlocksFree(*prefill_));
-  EXPECT_TRUE(testing::AllKvBlocksFree(*decode_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(prefill_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(decode_));
 }
 
-TEST_F(RouterDisaggregatedTest, CancellingMidStreamFreesEveryBlockOnBothWorkers) {
+TEST_P(RouterDisaggregatedTest, CancellingMidStreamFreesEveryBlockOnBothWorkers) {
   v1::GenerateRequest request;
   for (int32_t id = 1; id <= 40; ++id) request.mutable_token_ids()->add_ids(id);
   request.mutable_sampling()->set_temperature(0);
   request.mutable_sampling()->set_max_tokens(200);
   request.mutable_stop()->set_ignore_eos(true);
-  const Result r = Generate(request, /*cancel_after=*/3);
+  const Result r = Generate(router_, request, /*cancel_after=*/3);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_GE(r.tokens.size(), 3u);
   EXPECT_LT(r.tokens.size(), 200u);
-  EXPECT_TRUE(testing::AllKvBlocksFree(*prefill_));
-  EXPECT_TRUE(testing::AllKvBlocksFree(*decode_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(prefill_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(decode_));
 }
+
+INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, RouterDisaggregatedTest,
+                         ::testing::Combine(::testing::Values("llama3-tiny", "qwen2-tiny",
+                                                              "mistral-tiny"),
+                                            ::testing::Values("tcp", "posix")),
+                         [](const auto& info) {
+                           std::string name =
+                               std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace trident
