@@ -4,6 +4,8 @@
 // Greedy generations equal a worker alone in role `both`; a cancelled stream
 // frees every KV block on both workers.
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/process/subprocess.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -167,6 +170,125 @@ INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, RouterDisaggregatedTest,
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// kill -9 of a worker while a prompt's KV is on its way. The prefill worker
+// stalls its transfers after the first layer (a test-only flag), so the kill
+// always lands mid-transfer. The client gets UNAVAILABLE naming the dead
+// worker, never a hung stream, and the survivor frees every block (the
+// decode worker when the reservation's 2 s lease ends).
+class WorkerDeathTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string model_dir = TestTmpPath("llama3-tiny");
+    if (!std::ifstream(model_dir + "/config.json").good()) {
+      auto spec = make_model::PresetSpec("llama3-tiny");
+      ASSERT_THAT(spec.status(), IsOk());
+      ASSERT_THAT(make_model::WriteModel(*spec, model_dir), IsOk());
+    }
+    std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(tag.begin(), tag.end(), '/', '-');
+    auto worker = [&](const std::string& role, std::vector<std::string> extra) {
+      std::vector<std::string> argv = {RunfilePath("services/worker/worker"),
+                                       absl::StrCat("--role=", role),
+                                       absl::StrCat("--worker_id=", role),
+                                       "--pin_threads=false",
+                                       "--cpu_threads=1",
+                                       "--kv_cache_mb=16",
+                                       absl::StrCat("--ucx_transports=", GetParam()),
+                                       absl::StrCat("--model=", model_dir)};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      return testing::StartService(argv, TestTmpPath(absl::StrCat(role, "-death-", tag, ".log")));
+    };
+    auto prefill = worker("prefill", {"--testonly_stall_kv_transfer_after_layers=1"});
+    ASSERT_THAT(prefill, IsOk());
+    prefill_ = *prefill;
+    auto decode = worker("decode", {});
+    ASSERT_THAT(decode, IsOk());
+    decode_ = *decode;
+    auto router = testing::StartService(
+        {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir),
+         absl::StrCat("--prefill_workers=", prefill_.address),
+         absl::StrCat("--decode_workers=", decode_.address), "--load_interval_ms=20",
+         "--kv_lease_ms=2000"},
+        TestTmpPath(absl::StrCat("router-death-", tag, ".log")));
+    ASSERT_THAT(router, IsOk());
+    router_ = *router;
+  }
+
+  void TearDown() override {
+    for (ServiceProcess* p : {&router_, &prefill_, &decode_}) {
+      EXPECT_THAT(testing::StopService(*p), IsOk());
+    }
+  }
+
+  // Starts a generation, kills `victim` with SIGKILL once the first token
+  // (computed by the prefill worker, whose transfer then stalls) arrived, and
+  // reads the stream to its end.
+  grpc::Status GenerateAndKill(ServiceProcess& victim, std::vector<int32_t>* tokens) {
+    auto stub = v1::Generation::NewStub(router_.channel);
+    v1::GenerateRequest request;
+    for (int32_t id = 1; id <= 40; ++id) request.mutable_token_ids()->add_ids(id);
+    request.mutable_sampling()->set_temperature(0);
+    request.mutable_sampling()->set_max_tokens(50);
+    request.mutable_stop()->set_ignore_eos(true);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      grpc::ClientContext context;
+      // Generous: only a hung stream reaches it.
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      auto reader = stub->Generate(&context, request);
+      v1::GenerateResponse response;
+      bool killed = false;
+      while (reader->Read(&response)) {
+        for (int32_t t : response.chunk().token_ids()) tokens->push_back(t);
+        if (!killed && !tokens->empty()) {
+          EXPECT_EQ(kill(victim.pid, SIGKILL), 0);
+          EXPECT_THAT(WaitForExit(victim.pid, absl::Seconds(30)).status(), IsOk());
+          victim.pid = -1;
+          killed = true;
+        }
+      }
+      grpc::Status status = reader->Finish();
+      // No load report yet: admission refuses at once; try again.
+      if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || killed) return status;
+    }
+    return grpc::Status(grpc::StatusCode::INTERNAL, "never admitted");
+  }
+
+  ServiceProcess prefill_, decode_, router_;
+};
+
+TEST_P(WorkerDeathTest, KillingThePrefillWorkerMidTransferFailsTheStreamAndFreesDecodeBlocks) {
+  std::vector<int32_t> tokens;
+  const absl::Time start = absl::Now();
+  const grpc::Status status = GenerateAndKill(prefill_, &tokens);
+  std::printf("prefill killed mid-transfer over %s: client status %d '%s' after %s\n",
+              GetParam().c_str(), status.error_code(), status.error_message().c_str(),
+              absl::FormatDuration(absl::Now() - start).c_str());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(),
+              ::testing::HasSubstr(absl::StrCat("Prefill on ", prefill_.address)));
+  EXPECT_EQ(tokens.size(), 1u);  // The first token; the decode never started.
+  const absl::Time freed_from = absl::Now();
+  EXPECT_TRUE(testing::AllKvBlocksFree(decode_));
+  std::printf("decode worker's blocks all free %s later\n",
+              absl::FormatDuration(absl::Now() - freed_from).c_str());
+  // The decode worker lives on.
+  EXPECT_FALSE(WaitForExit(decode_.pid, absl::ZeroDuration()).ok());
+}
+
+TEST_P(WorkerDeathTest, KillingTheDecodeWorkerMidTransferFailsTheStreamAndFreesPrefillBlocks) {
+  std::vector<int32_t> tokens;
+  const grpc::Status status = GenerateAndKill(decode_, &tokens);
+  std::printf("decode killed mid-transfer over %s: client status %d '%s'\n", GetParam().c_str(),
+              status.error_code(), status.error_message().c_str());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(tokens.size(), 1u);
+  EXPECT_TRUE(testing::AllKvBlocksFree(prefill_));
+  EXPECT_FALSE(WaitForExit(prefill_.pid, absl::ZeroDuration()).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, WorkerDeathTest, ::testing::Values("tcp", "posix"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace trident

@@ -96,6 +96,9 @@ struct TokenEvent {
   // (ceil(prompt / block_size) of them), owned by the caller until
   // ReleasePrefilled.
   std::vector<int32_t> prefilled_blocks;
+  // For kError: what went wrong (INTERNAL when not set), which the serving
+  // front half returns as the call's status.
+  absl::Status error;
 };
 
 struct EngineStats {

@@ -1,5 +1,6 @@
 #include "common/transport/kv_writer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -139,6 +140,81 @@ absl::Status ValidateKvDestination(const kv::KvCacheSpec& local_spec,
   return absl::OkStatus();
 }
 
+KvWriteMode WriteModeForLane(absl::string_view lane) {
+  for (absl::string_view emulated : {"tcp", "posix", "sysv", "self", ""}) {
+    if (lane == emulated) return KvWriteMode::kMessage;
+  }
+  return KvWriteMode::kPut;
+}
+
+namespace {
+
+constexpr uint32_t kKvMessageMagic = 0x3156'4b54;  // "TKV1"
+constexpr size_t kKvMessageHeaderBytes = 24;
+
+void PutLittleEndian(uint64_t value, int bytes, char* out) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+uint64_t GetLittleEndian(const char* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) {
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
+  }
+  return value;
+}
+
+}  // namespace
+
+std::string KvMessageHeader::Encode() const {
+  std::string out(kKvMessageHeaderBytes, '\0');
+  PutLittleEndian(kKvMessageMagic, 4, out.data());
+  PutLittleEndian(0, 4, out.data() + 4);
+  PutLittleEndian(reservation_id, 8, out.data() + 8);
+  PutLittleEndian(remote_address, 8, out.data() + 16);
+  return out;
+}
+
+absl::StatusOr<KvMessageHeader> KvMessageHeader::Decode(absl::string_view bytes) {
+  if (bytes.size() != kKvMessageHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("KV message header of ", bytes.size(),
+                                                   " bytes; expected ", kKvMessageHeaderBytes));
+  }
+  if (GetLittleEndian(bytes.data(), 4) != kKvMessageMagic) {
+    return absl::InvalidArgumentError("KV message header with a wrong magic number");
+  }
+  KvMessageHeader header;
+  header.reservation_id = GetLittleEndian(bytes.data() + 8, 8);
+  header.remote_address = GetLittleEndian(bytes.data() + 16, 8);
+  return header;
+}
+
+absl::Status CheckKvWriteRange(const kv::KvCacheSpec& spec, uint64_t offset, uint64_t length,
+                               absl::Span<const int32_t> blocks) {
+  const uint64_t block_stride = spec.block_stride_bytes();
+  const uint64_t layer_stride = spec.layer_stride_bytes();
+  if (length == 0 || length % block_stride != 0 || offset % block_stride != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV write of ", length, " bytes at offset ",
+                                                   offset, " is not whole blocks of ", block_stride,
+                                                   " bytes"));
+  }
+  const uint64_t layer = offset / layer_stride;
+  const uint64_t first = (offset % layer_stride) / block_stride;
+  const uint64_t count = length / block_stride;
+  if (layer >= static_cast<uint64_t>(spec.num_layers) ||
+      first + count > static_cast<uint64_t>(spec.num_blocks)) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV write of ", length, " bytes at offset ",
+                                                   offset, " leaves its layer or the cache"));
+  }
+  for (uint64_t b = first; b < first + count; ++b) {
+    if (std::find(blocks.begin(), blocks.end(), static_cast<int32_t>(b)) == blocks.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a KV write into block ", b, ", which the reservation does not hold"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<KvPut> PlanLayerPuts(const kv::KvCacheSpec& local_spec,
                                  const KvDestination& destination, int32_t layer,
                                  absl::Span<const int32_t> local_block_ids) {
@@ -167,17 +243,16 @@ std::vector<KvPut> PlanLayerPuts(const kv::KvCacheSpec& local_spec,
   return puts;
 }
 
-absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(const kv::KvCacheSpec& local_spec,
-                                                           const void* local_base,
-                                                           std::shared_ptr<Endpoint> endpoint,
-                                                           const KvDestination& destination) {
+absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(
+    const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
+    const KvDestination& destination, KvWriteMode mode, uint64_t max_message_bytes) {
   TRIDENT_RETURN_IF_ERROR(kv::Validate(local_spec));
   if (local_base == nullptr || endpoint == nullptr) {
     return absl::InvalidArgumentError("KvWriter needs a local KV cache and an endpoint");
   }
   TRIDENT_RETURN_IF_ERROR(ValidateKvDestination(local_spec, destination));
   std::vector<std::shared_ptr<RemoteKey>> rkeys;
-  for (int r = 0; r < destination.regions_size(); ++r) {
+  for (int r = 0; mode == KvWriteMode::kPut && r < destination.regions_size(); ++r) {
     absl::StatusOr<std::shared_ptr<RemoteKey>> rkey =
         endpoint->UnpackRkey(destination.regions(r).rkey());
     if (!rkey.ok()) {
@@ -189,18 +264,25 @@ absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(const kv::KvCacheSpec
     }
     rkeys.push_back(*std::move(rkey));
   }
-  return std::unique_ptr<KvWriter>(
-      new KvWriter(local_spec, local_base, std::move(endpoint), destination, std::move(rkeys)));
+  const uint64_t block_stride = destination.layout().block_stride_bytes();
+  const uint64_t message_bytes =
+      std::max<uint64_t>(1, max_message_bytes / block_stride) * block_stride;
+  return std::unique_ptr<KvWriter>(new KvWriter(local_spec, local_base, std::move(endpoint),
+                                                destination, std::move(rkeys), mode,
+                                                message_bytes));
 }
 
 KvWriter::KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
                    std::shared_ptr<Endpoint> endpoint, KvDestination destination,
-                   std::vector<std::shared_ptr<RemoteKey>> rkeys)
+                   std::vector<std::shared_ptr<RemoteKey>> rkeys, KvWriteMode mode,
+                   uint64_t max_message_bytes)
     : local_spec_(local_spec),
       local_base_(static_cast<const char*>(local_base)),
       endpoint_(std::move(endpoint)),
       destination_(std::move(destination)),
-      rkeys_(std::move(rkeys)) {}
+      rkeys_(std::move(rkeys)),
+      mode_(mode),
+      max_message_bytes_(max_message_bytes) {}
 
 void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_ids,
                           DoneCallback done) {
@@ -227,9 +309,24 @@ void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_i
     return;
   }
 
-  const std::vector<KvPut> puts = PlanLayerPuts(local_spec_, destination_, layer, local_block_ids);
-  // Counts the puts and the flush that follows them; the last to complete
-  // reports the layer.
+  std::vector<KvPut> puts = PlanLayerPuts(local_spec_, destination_, layer, local_block_ids);
+  if (mode_ == KvWriteMode::kMessage) {
+    // Split into messages of at most max_message_bytes_ (whole blocks).
+    std::vector<KvPut> split;
+    for (const KvPut& put : puts) {
+      for (uint64_t done_bytes = 0; done_bytes < put.length_bytes;) {
+        const uint64_t n = std::min(max_message_bytes_, put.length_bytes - done_bytes);
+        split.push_back({.local_offset_bytes = put.local_offset_bytes + done_bytes,
+                         .remote_address = put.remote_address + done_bytes,
+                         .length_bytes = n,
+                         .region = put.region});
+        done_bytes += n;
+      }
+    }
+    puts = std::move(split);
+  }
+  // Counts the puts (or messages) and the flush that follows puts; the last
+  // to complete reports the layer.
   struct Layer {
     absl::Mutex mu;
     int remaining ABSL_GUARDED_BY(mu) = 0;
@@ -241,7 +338,7 @@ void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_i
   auto state = std::make_shared<Layer>();
   {
     absl::MutexLock lock(&state->mu);
-    state->remaining = static_cast<int>(puts.size()) + 1;
+    state->remaining = static_cast<int>(puts.size()) + (mode_ == KvWriteMode::kPut ? 1 : 0);
   }
   state->done = std::move(done);
   state->stats = stats_;
@@ -263,6 +360,15 @@ void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_i
   };
   stats_->messages_posted += static_cast<int64_t>(puts.size());
   stats_->bytes_posted += static_cast<int64_t>(state->bytes);
+  if (mode_ == KvWriteMode::kMessage) {
+    for (const KvPut& put : puts) {
+      const KvMessageHeader header{.reservation_id = destination_.reservation_id(),
+                                   .remote_address = put.remote_address};
+      endpoint_->Send(kKvMessageId, header.Encode(), local_base_ + put.local_offset_bytes,
+                      put.length_bytes, complete);
+    }
+    return;
+  }
   for (const KvPut& put : puts) {
     endpoint_->Put(local_base_ + put.local_offset_bytes, put.length_bytes, put.remote_address,
                    rkeys_[put.region], complete);

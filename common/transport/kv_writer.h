@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/kv/kv_layout.h"
 #include "common/transport/ucx_worker.h"
@@ -42,6 +43,46 @@ struct KvPut {
 
   friend bool operator==(const KvPut&, const KvPut&) = default;
 };
+
+// How a KvWriter moves bytes.
+enum class KvWriteMode {
+  // One-sided RMA puts into the destination's registered regions, then a
+  // flush. For lanes where the target takes no part (RDMA, cuda_ipc, cma).
+  kPut,
+  // Active messages (Endpoint::Send, id kKvMessageId), each carrying a
+  // KvMessageHeader; the receiver checks each against a live reservation and
+  // copies it into the blocks. For lanes where UCX emulates RMA through the
+  // target (tcp, posix, sysv, self): there a writer dying mid-put can crash
+  // the target on UCX 1.13, a sender dying mid-message cannot. Delivery is
+  // confirmed by the receiver counting bytes (CommitKvRequest.message_bytes).
+  kMessage,
+};
+
+// The mode for an endpoint's lane (Endpoint::lane()): kPut for lanes with
+// one-sided RMA, kMessage for the emulated ones and for an unknown lane.
+KvWriteMode WriteModeForLane(absl::string_view lane);
+
+// The active-message id of KV writes.
+inline constexpr uint16_t kKvMessageId = 0x4b56;  // "KV"
+
+// The header of a KV message: which reservation, and where in the receiver's
+// registered region the message's bytes go (as a put's remote address
+// would). Fixed 24-byte little-endian encoding.
+struct KvMessageHeader {
+  uint64_t reservation_id = 0;
+  uint64_t remote_address = 0;
+
+  std::string Encode() const;
+  // INVALID_ARGUMENT for a header of the wrong size or magic.
+  static absl::StatusOr<KvMessageHeader> Decode(absl::string_view bytes);
+};
+
+// Checks that a write of `length` bytes at byte `offset` of a KV cache laid
+// out by `spec` covers whole blocks of one layer, each of them in `blocks`:
+// what a receiver verifies before copying a KV message into its cache.
+// INVALID_ARGUMENT naming what is wrong otherwise.
+absl::Status CheckKvWriteRange(const kv::KvCacheSpec& spec, uint64_t offset, uint64_t length,
+                               absl::Span<const int32_t> blocks);
 
 // Checks that `destination` can receive KV computed with `local_spec`:
 // FAILED_PRECONDITION naming the field ("destination.layout.head_dim") when
@@ -77,14 +118,21 @@ class KvWriter {
   // must outlive every WriteLayer callback. Errors: those of validation, and
   // those of Endpoint::UnpackRkey (as INVALID_ARGUMENT naming
   // "destination.regions[i].rkey", or UNAVAILABLE).
+  //
+  // In KvWriteMode::kMessage no rkey is unpacked and each collated put
+  // becomes one or more messages of at most `max_message_bytes` (rounded
+  // down to whole blocks, at least one block).
   static absl::StatusOr<std::unique_ptr<KvWriter>> Create(
       const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
-      const trident::v1::KvDestination& destination);
+      const trident::v1::KvDestination& destination, KvWriteMode mode = KvWriteMode::kPut,
+      uint64_t max_message_bytes = 4 << 20);
 
   // Posts the puts for `layer` of the blocks `local_block_ids` (one local
   // block per destination block, in token order) and then a flush; `done`
   // runs once, when all of them have completed at the peer (OK) or with the
-  // first error: UNAVAILABLE if the peer failed. INVALID_ARGUMENT (without
+  // first error: UNAVAILABLE if the peer failed. In kMessage mode: posts the
+  // messages; `done` runs when they were sent (the receiver confirms
+  // delivery by its byte count). INVALID_ARGUMENT (without
   // posting anything) if `layer` is out of range, local_block_ids does not
   // have one entry per destination block, or names a block outside the local
   // cache. REQUIRES: the local blocks hold the layer's KV until `done` runs.
@@ -99,6 +147,7 @@ class KvWriter {
   int32_t layers_completed() const { return stats_->layers_completed.load(); }
   // The endpoint's lane (KvTransferDone.lane).
   const std::string& lane() const { return endpoint_->lane(); }
+  KvWriteMode mode() const { return mode_; }
 
  private:
   // Shared with in-flight callbacks, which may outlive the writer.
@@ -111,7 +160,8 @@ class KvWriter {
 
   KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
            std::shared_ptr<Endpoint> endpoint, trident::v1::KvDestination destination,
-           std::vector<std::shared_ptr<RemoteKey>> rkeys);
+           std::vector<std::shared_ptr<RemoteKey>> rkeys, KvWriteMode mode,
+           uint64_t max_message_bytes);
 
   const kv::KvCacheSpec local_spec_;
   const char* const local_base_;
@@ -119,6 +169,8 @@ class KvWriter {
   const trident::v1::KvDestination destination_;
   // One per destination region.
   const std::vector<std::shared_ptr<RemoteKey>> rkeys_;
+  const KvWriteMode mode_;
+  const uint64_t max_message_bytes_;
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 };
 

@@ -184,6 +184,48 @@ TEST(PlanLayerPutsTest, CollatesRunsConsecutiveOnBothSides) {
 }
 
 // A writer worker and a target worker, each with a host KV cache.
+TEST(KvMessageHeaderTest, RoundTripsAndRefusesForeignBytes) {
+  const KvMessageHeader header{.reservation_id = 0x0123456789abcdef, .remote_address = 42};
+  const std::string bytes = header.Encode();
+  auto decoded = KvMessageHeader::Decode(bytes);
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->reservation_id, header.reservation_id);
+  EXPECT_EQ(decoded->remote_address, 42u);
+  EXPECT_THAT(KvMessageHeader::Decode(bytes.substr(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  std::string wrong_magic = bytes;
+  wrong_magic[0] ^= 1;
+  EXPECT_THAT(KvMessageHeader::Decode(wrong_magic),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
+}
+
+TEST(CheckKvWriteRangeTest, AcceptsWholeHeldBlocksOfOneLayerOnly) {
+  const kv::KvCacheSpec spec = Spec(8);
+  const uint64_t block = spec.block_stride_bytes();
+  const std::vector<int32_t> held = {2, 3, 6};
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.KeyOffsetBytes(1, 2), 2 * block, held), IsOk());
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.KeyOffsetBytes(0, 6), block, held), IsOk());
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.KeyOffsetBytes(1, 3), 2 * block, held),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 4")));
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.KeyOffsetBytes(1, 2) + 1, block, held),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("whole blocks")));
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.KeyOffsetBytes(1, 2), block - 1, held),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.KeyOffsetBytes(0, 6), 3 * block, held),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("leaves")));
+  EXPECT_THAT(CheckKvWriteRange(spec, spec.TotalBytes(), block, held),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(WriteModeForLaneTest, MessagesWhereRmaIsEmulated) {
+  for (const char* lane : {"tcp", "posix", "sysv", "self", ""}) {
+    EXPECT_EQ(WriteModeForLane(lane), KvWriteMode::kMessage) << lane;
+  }
+  for (const char* lane : {"rc_mlx5", "dc_mlx5", "cuda_ipc", "cma"}) {
+    EXPECT_EQ(WriteModeForLane(lane), KvWriteMode::kPut) << lane;
+  }
+}
+
 class KvWriterTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -227,9 +269,13 @@ class KvWriterTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<MemoryRegion> remote_region_;
   std::unique_ptr<MemoryRegion> local_region_;
   std::shared_ptr<Endpoint> endpoint_;
+
+  void WriteEveryLayerAndCheck(KvWriteMode mode, uint64_t max_message_bytes);
 };
 
-TEST_P(KvWriterTest, WritesEveryLayerOfEveryBlockExactly) {
+// Writes 19 blocks (with runs to collate) of every layer in `mode`, and
+// checks that exactly those blocks changed at the target.
+void KvWriterTest::WriteEveryLayerAndCheck(KvWriteMode mode, uint64_t max_message_bytes) {
   const uint32_t seed = 1234;
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
@@ -241,8 +287,31 @@ TEST_P(KvWriterTest, WritesEveryLayerOfEveryBlockExactly) {
   const std::vector<int32_t> local_ids = BlockIdsWithRuns(19, 48, rng);
   const int runs = CountRuns(remote_ids, local_ids);
   ASSERT_LT(runs, 19) << "the ids should contain runs to collate";
-  auto writer = KvWriter::Create(local_->spec(), local_->data(), endpoint_,
-                                 DestinationFor(num_tokens, remote_ids));
+  const trident::v1::KvDestination destination = DestinationFor(num_tokens, remote_ids);
+  // The receiving side of messages: what a decode worker's reservation does.
+  absl::Mutex received_mu;
+  int64_t received_bytes = 0;
+  int messages = 0;
+  ASSERT_THAT(target_->SetMessageHandler(
+                  kKvMessageId,
+                  [&](absl::string_view header_bytes, absl::string_view data) {
+                    auto header = KvMessageHeader::Decode(header_bytes);
+                    ASSERT_THAT(header, IsOk());
+                    EXPECT_EQ(header->reservation_id, destination.reservation_id());
+                    const uint64_t offset =
+                        header->remote_address - reinterpret_cast<uint64_t>(remote_->data());
+                    ASSERT_THAT(CheckKvWriteRange(remote_->spec(), offset, data.size(), remote_ids),
+                                IsOk());
+                    EXPECT_LE(data.size(), max_message_bytes);
+                    std::memcpy(static_cast<char*>(remote_->data()) + offset, data.data(),
+                                data.size());
+                    absl::MutexLock lock(&received_mu);
+                    received_bytes += data.size();
+                    ++messages;
+                  }),
+              IsOk());
+  auto writer = KvWriter::Create(local_->spec(), local_->data(), endpoint_, destination, mode,
+                                 max_message_bytes);
   ASSERT_THAT(writer, IsOk());
   EXPECT_EQ((*writer)->lane(), GetParam());
 
@@ -260,8 +329,17 @@ TEST_P(KvWriterTest, WritesEveryLayerOfEveryBlockExactly) {
   }
   ASSERT_TRUE(all_done.WaitForNotificationWithTimeout(kDeadline));
   for (const absl::Status& status : results) EXPECT_THAT(status, IsOk());
-
   const uint64_t stride = local_->spec().block_stride_bytes();
+  const int64_t total = int64_t{num_layers} * 19 * static_cast<int64_t>(stride);
+  if (mode == KvWriteMode::kMessage) {
+    // Sent is not received: wait for the receiver's count, as CommitKv does.
+    absl::MutexLock lock(&received_mu);
+    auto arrived = [&] { return received_bytes >= total; };
+    ASSERT_TRUE(received_mu.AwaitWithTimeout(absl::Condition(&arrived), kDeadline));
+    EXPECT_EQ(received_bytes, total);
+    EXPECT_GT(messages, runs * num_layers);  // Runs longer than 2 blocks split.
+  }
+
   absl::flat_hash_set<int32_t> written(remote_ids.begin(), remote_ids.end());
   for (int32_t layer = 0; layer < num_layers; ++layer) {
     for (size_t i = 0; i < remote_ids.size(); ++i) {
@@ -277,10 +355,23 @@ TEST_P(KvWriterTest, WritesEveryLayerOfEveryBlockExactly) {
           << "layer " << layer << " block " << block << " was not to be written";
     }
   }
-  EXPECT_EQ((*writer)->messages_posted(), int64_t{runs} * num_layers);
-  EXPECT_EQ((*writer)->bytes_posted(), int64_t{num_layers} * 19 * static_cast<int64_t>(stride));
+  if (mode == KvWriteMode::kPut) {
+    EXPECT_EQ((*writer)->messages_posted(), int64_t{runs} * num_layers);
+  } else {
+    EXPECT_EQ((*writer)->messages_posted(), messages);
+  }
+  EXPECT_EQ((*writer)->bytes_posted(), total);
   EXPECT_EQ((*writer)->bytes_completed(), (*writer)->bytes_posted());
   EXPECT_EQ((*writer)->layers_completed(), num_layers);
+}
+
+TEST_P(KvWriterTest, WritesEveryLayerOfEveryBlockExactlyWithPuts) {
+  WriteEveryLayerAndCheck(KvWriteMode::kPut, 4 << 20);
+}
+
+TEST_P(KvWriterTest, WritesEveryLayerOfEveryBlockExactlyWithMessages) {
+  // Two blocks a message at most: longer runs are split.
+  WriteEveryLayerAndCheck(KvWriteMode::kMessage, 2 * Spec(1).block_stride_bytes() + 5);
 }
 
 TEST_P(KvWriterTest, RefusesBadLocalBlocksWithoutWriting) {

@@ -8,6 +8,11 @@
 //                 --rkey=<rkey hex> --base=<address> --region_bytes=N --ready_fd=K
 //     Connects to that target and writes into its region without pause; once
 //     16 writes have completed it writes "writing" to fd K. Runs until killed.
+//   ucx_test_peer --mode=messenger --transports=tcp --peer=<address hex>
+//                 --region_bytes=N --ready_fd=K
+//     Connects to that worker and sends it active messages (id 1, N bytes
+//     each) without pause; once 16 have completed it writes "sending" to fd
+//     K. Runs until killed.
 //
 // Exits 2 on bad arguments or a UCX error, after printing it to stderr.
 
@@ -89,6 +94,33 @@ class Pump {
   std::atomic<int> completed_{0};
 };
 
+// Keeps `kInFlight` messages going, like Pump.
+class MessagePump {
+ public:
+  static constexpr int kInFlight = 8;
+
+  MessagePump(std::shared_ptr<Endpoint> endpoint, size_t message_bytes, int ready_fd)
+      : endpoint_(std::move(endpoint)), ready_fd_(ready_fd), source_(message_bytes, 0x3c) {}
+
+  void Start() {
+    for (int i = 0; i < kInFlight; ++i) PostOne();
+  }
+
+ private:
+  void PostOne() {
+    endpoint_->Send(1, "m", source_.data(), source_.size(), [this](absl::Status status) {
+      if (!status.ok()) Fail(status.ToString());
+      if (++completed_ == 16) WriteLine(ready_fd_, "sending");
+      PostOne();
+    });
+  }
+
+  const std::shared_ptr<Endpoint> endpoint_;
+  const int ready_fd_;
+  const std::vector<char> source_;
+  std::atomic<int> completed_{0};
+};
+
 int Main(int argc, char** argv) {
   // Never outlive the test, whatever happens to it.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -128,6 +160,13 @@ int Main(int argc, char** argv) {
     auto rkey = (*endpoint)->UnpackRkey(absl::HexStringToBytes(flags["rkey"]));
     if (!rkey.ok()) Fail(rkey.status().ToString());
     Pump pump(*endpoint, *rkey, base, region_bytes, ready_fd);
+    pump.Start();
+    WaitToBeKilled();
+  }
+  if (mode == "messenger") {
+    auto endpoint = (*worker)->Connect(absl::HexStringToBytes(flags["peer"]), "receiver");
+    if (!endpoint.ok()) Fail(endpoint.status().ToString());
+    MessagePump pump(*endpoint, region_bytes, ready_fd);
     pump.Start();
     WaitToBeKilled();
   }

@@ -387,6 +387,58 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
   }
 
+  void Send(std::shared_ptr<EndpointState> endpoint, uint16_t id, std::string header,
+            const void* data, size_t length, DoneCallback done) {
+    auto op = std::make_unique<Op>();
+    op->endpoint = std::move(endpoint);
+    op->header = std::move(header);
+    op->done = std::move(done);
+    op->operation = "message send";
+    Op* raw = op.release();
+    const bool posted = Post([this, raw, id, data, length] {
+      std::unique_ptr<Op> op(raw);
+      EndpointState& ep = *op->endpoint;
+      if (ep.ep == nullptr) {
+        Complete(std::move(op), FailedEndpointStatus(ep, "message send"));
+        return;
+      }
+      ucp_request_param_t params = CallbackParams(op.get());
+      params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      params.flags = UCP_AM_SEND_FLAG_EAGER;
+      ucs_status_ptr_t request =
+          ucp_am_send_nbx(ep.ep, id, op->header.data(), op->header.size(), data, length, &params);
+      Started(std::move(op), request);
+    });
+    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+  }
+
+  absl::Status SetMessageHandler(uint16_t id, MessageHandler handler) {
+    TRIDENT_CHECK(!OnProgressThread() || !in_progress_)
+        << "SetMessageHandler called from a message handler";
+    auto slot = std::make_unique<HandlerSlot>();
+    slot->core = this;
+    slot->handler = std::move(handler);
+    absl::Status status;
+    absl::Status run = RunSync([&] {
+      ucp_am_handler_param_t params{};
+      params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                          UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      params.id = id;
+      params.cb = &WorkerCore::OnMessage;
+      params.arg = slot.get();
+      const ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &params);
+      if (st != UCS_OK) {
+        status = absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler(", id,
+                                                  ") failed: ", ucs_status_string(st)));
+        return;
+      }
+      // The old slot (if any) is no longer referenced by UCX.
+      handlers_[id] = std::move(slot);
+    });
+    if (!run.ok()) return run;
+    return status;
+  }
+
   void Flush(std::shared_ptr<EndpointState> endpoint, DoneCallback done) {
     auto op = std::make_unique<Op>();
     op->endpoint = std::move(endpoint);
@@ -413,6 +465,7 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
   struct Op {
     std::shared_ptr<EndpointState> endpoint;
     std::shared_ptr<RemoteKeyState> rkey;
+    std::string header;  // Of a message; UCX may read it until completion.
     DoneCallback done;
     const char* operation = "";
     WorkerCore* core = nullptr;
@@ -422,6 +475,26 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
       callback(std::move(status));
     }
   };
+
+  struct HandlerSlot {
+    WorkerCore* core = nullptr;
+    MessageHandler handler;
+  };
+
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+    auto* slot = static_cast<HandlerSlot*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      // Send() never asks for rendezvous; a peer that does is not ours.
+      TRIDENT_LOG(WARNING) << "UCX worker " << slot->core->options_.name
+                           << ": dropped a rendezvous active message of " << length << " bytes";
+      ucp_am_data_release(slot->core->worker_, data);
+      return UCS_OK;
+    }
+    slot->handler(absl::string_view(static_cast<const char*>(header), header_length),
+                  absl::string_view(static_cast<const char*>(data), length));
+    return UCS_OK;  // UCX frees `data` (if it was UCP_AM_RECV_ATTR_FLAG_DATA too).
+  }
 
   static absl::Status ShutDownError() {
     return absl::UnavailableError("the UCX worker is shut down");
@@ -583,7 +656,9 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
   // Progresses UCX until it has nothing more to do, running callbacks.
   void ProgressAll() {
     while (true) {
+      in_progress_ = true;
       const unsigned events = ucp_worker_progress(worker_);
+      in_progress_ = false;
       RunCompletions();
       CloseFailedEndpoints();
       RunCompletions();
@@ -686,6 +761,9 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
 
   // Progress thread only.
   bool ucx_destroyed_ = false;
+  bool in_progress_ = false;  // Inside ucp_worker_progress (message handlers).
+  // Message handlers by id; UCX holds raw pointers to the slots.
+  absl::flat_hash_map<uint16_t, std::unique_ptr<HandlerSlot>> handlers_;
   std::vector<std::pair<std::unique_ptr<Op>, absl::Status>> completions_;
   absl::flat_hash_set<Op*> outstanding_;
   absl::flat_hash_map<EndpointState*, std::shared_ptr<EndpointState>> endpoints_;
@@ -745,6 +823,11 @@ void Endpoint::Put(const void* local, size_t length, uint64_t remote_address,
   core_->Put(state_, local, length, remote_address, rkey->state_, std::move(done));
 }
 
+void Endpoint::Send(uint16_t id, std::string header, const void* data, size_t length,
+                    DoneCallback done) {
+  core_->Send(state_, id, std::move(header), data, length, std::move(done));
+}
+
 void Endpoint::Flush(DoneCallback done) { core_->Flush(state_, std::move(done)); }
 
 bool Endpoint::failed() const { return state_->failed.load(std::memory_order_acquire); }
@@ -797,7 +880,7 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   ucp_params_t params{};
   params.field_mask =
       UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
   params.name = options.name.c_str();
   ucp_context_h context = nullptr;
@@ -876,6 +959,10 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> UcxWorker::Register(void* base, si
 absl::StatusOr<std::shared_ptr<Endpoint>> UcxWorker::Connect(const std::string& peer_address,
                                                              std::string peer_id) {
   return core_->Connect(peer_address, std::move(peer_id));
+}
+
+absl::Status UcxWorker::SetMessageHandler(uint16_t id, MessageHandler handler) {
+  return core_->SetMessageHandler(id, std::move(handler));
 }
 
 bool UcxWorker::OnProgressThread() const { return core_->OnProgressThread(); }

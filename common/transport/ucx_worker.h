@@ -46,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace trident::transport {
@@ -60,8 +61,15 @@ struct MemoryRegionState;
 // Where registered memory lives.
 enum class MemoryKind { kHost, kCuda };
 
-// Called once with the outcome of a Put or Flush.
+// Called once with the outcome of a Put, Send or Flush.
 using DoneCallback = std::function<void(absl::Status)>;
+
+// Receives the active messages of one id (UcxWorker::SetMessageHandler). Runs
+// on the progress thread, inside UCX's progress: `header` and `data` are valid
+// only during the call, and the handler must not call this worker's methods
+// (it may take its own locks and copy the data out; it stalls every transfer
+// of the worker while it runs).
+using MessageHandler = std::function<void(absl::string_view header, absl::string_view data)>;
 
 struct UcxOptions {
   // UCX_TLS for this worker: a comma-separated transport list such as "tcp",
@@ -160,6 +168,21 @@ class Endpoint {
   void Put(const void* local, size_t length, uint64_t remote_address,
            std::shared_ptr<RemoteKey> rkey, DoneCallback done);
 
+  // Sends an active message: `header` (at most a few hundred bytes) and
+  // `length` bytes of `data` to the peer's handler for `id`. Always eager:
+  // the sender pushes every fragment and the receiver only receives, never
+  // replying inside UCX. That is the point of messages next to Put: on lanes
+  // where UCX emulates RMA (tcp, posix, sysv) the target acknowledges each put
+  // from its own progress, and UCX 1.13 aborts the target when the writer
+  // dies mid-put; a message sender that dies mid-message costs the receiver
+  // only the partial message. `done` runs once on the progress thread when
+  // `data` may be reused (OK), or with UNAVAILABLE naming the peer, or
+  // INTERNAL. OK does not mean the handler ran: delivery must be confirmed
+  // above UCX (e.g. the receiver counting bytes). A message for an id with no
+  // handler at the peer is dropped there.
+  // REQUIRES: [data, data + length) stays valid until `done` runs.
+  void Send(uint16_t id, std::string header, const void* data, size_t length, DoneCallback done);
+
   // Completes (OK) once every Put posted on this endpoint before it has
   // completed at the peer; UNAVAILABLE naming the peer if it failed first.
   // `done` runs exactly once on the progress thread.
@@ -220,6 +243,12 @@ class UcxWorker {
   // finds no transport to it or the worker is shutting down.
   absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
                                                     std::string peer_id);
+
+  // Routes active messages `id` (Endpoint::Send) to `handler`, replacing any
+  // earlier handler of that id. Waits for the progress thread to install it.
+  // INTERNAL if UCX refuses; UNAVAILABLE if the worker is shutting down.
+  // Must not be called from a MessageHandler.
+  absl::Status SetMessageHandler(uint16_t id, MessageHandler handler);
 
   // True on this worker's progress thread (i.e. inside a completion callback).
   bool OnProgressThread() const;

@@ -47,6 +47,9 @@ ABSL_FLAG(bool, admission, true,
           "worker pair is predicted to serve within its SLO. false: admit everything to the "
           "least-loaded pair.");
 ABSL_FLAG(int32_t, load_interval_ms, 100, "Interval of the workers' load streams.");
+ABSL_FLAG(int32_t, kv_lease_ms, 30000,
+          "Lease of each KV reservation on a decode worker: blocks whose prefill worker never "
+          "commits (it died) return to the pool when it ends.");
 ABSL_FLAG(std::string, controller_address, "",
           "host:port of the controller whose topology lists the workers; empty: none.");
 
@@ -98,7 +101,12 @@ int main(int argc, char** argv) {
         admission_options.enabled = absl::GetFlag(FLAGS_admission);
         trident::RealClock clock;
         admission::AdmissionController controller(admission_options, qos, &clock);
-        trident::router::RemoteTokenSource remote(&controller, {});
+        if (absl::GetFlag(FLAGS_kv_lease_ms) <= 0) {
+          return trident::InvalidArgumentForField("--kv_lease_ms", "must be positive");
+        }
+        trident::router::RemoteTokenSourceOptions remote_options;
+        remote_options.reserve_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
+        trident::router::RemoteTokenSource remote(&controller, remote_options);
 
         std::set<std::string> addresses;
         for (const std::string& a : SplitList(absl::GetFlag(FLAGS_prefill_workers))) {

@@ -1,6 +1,8 @@
 #include "services/router/remote_token_source.h"
 
 #include <atomic>
+#include <deque>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -174,6 +176,8 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     ev.request_id = r.id;
     ev.output_index = outputs;
     ev.finish = aborted ? engine::FinishReason::kAborted : engine::FinishReason::kError;
+    // A worker that failed or vanished: the client may retry (UNAVAILABLE).
+    if (!aborted) ev.error = absl::UnavailableError(why);
     emit(ev);
   };
   const auto deadline = absl::ToChronoTime(absl::Now() + options_.call_timeout);
@@ -233,6 +237,29 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
       prefill_context.TryCancel();
     }
     auto decode_reader = flight->decode_stubs->decode->Decode(&decode_context, decode);
+    // The decode stream is read on its own thread from the start, so that a
+    // decode worker dying while the prefill still runs ends the request at
+    // once: its failure cancels the prefill call (whose worker then frees
+    // the prompt's blocks). Its tokens are emitted after the prefill's.
+    struct DecodeStream {
+      absl::Mutex mu;
+      std::deque<v1::DecodeResponse> responses ABSL_GUARDED_BY(mu);
+      bool ended ABSL_GUARDED_BY(mu) = false;
+      grpc::Status status ABSL_GUARDED_BY(mu);
+    } stream;
+    std::thread decode_thread([&] {
+      v1::DecodeResponse d;
+      while (decode_reader->Read(&d)) {
+        absl::MutexLock lock(&stream.mu);
+        stream.responses.push_back(std::move(d));
+        d = v1::DecodeResponse();
+      }
+      grpc::Status s = decode_reader->Finish();
+      if (!s.ok()) prefill_context.TryCancel();
+      absl::MutexLock lock(&stream.mu);
+      stream.status = std::move(s);
+      stream.ended = true;
+    });
     auto prefill_reader = flight->prefill_stubs->prefill->Prefill(&prefill_context, prefill);
     v1::PrefillResponse p;
     while (prefill_reader->Read(&p)) {
@@ -253,13 +280,20 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
       }
     }
     const grpc::Status prefill_status = prefill_reader->Finish();
-    if (!prefill_status.ok()) {
-      decode_context.TryCancel();
-      fail(absl::StrCat("Prefill on ", flight->prefill_address, ": ",
-                        prefill_status.error_message()));
-    }
-    v1::DecodeResponse d;
-    while (decode_reader->Read(&d)) {
+    if (!prefill_status.ok()) decode_context.TryCancel();
+    while (true) {
+      v1::DecodeResponse d;
+      {
+        absl::MutexLock lock(&stream.mu);
+        auto ready = [&stream]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream.mu) {
+          return stream.ended || !stream.responses.empty();
+        };
+        stream.mu.Await(absl::Condition(&ready));
+        if (stream.responses.empty()) break;
+        d = std::move(stream.responses.front());
+        stream.responses.pop_front();
+      }
+      if (!prefill_status.ok()) continue;  // Drained, not emitted.
       if (d.has_chunk()) {
         for (int i = 0; i < d.chunk().token_ids_size(); ++i) {
           emit(EventFrom(r.id, d.chunk(), i, outputs++));
@@ -273,8 +307,21 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
         emit(end);
       }
     }
-    const grpc::Status decode_status = decode_reader->Finish();
-    if (!decode_status.ok()) {
+    decode_thread.join();
+    grpc::Status decode_status;
+    {
+      absl::MutexLock lock(&stream.mu);
+      decode_status = stream.status;
+    }
+    // Report the call that failed first: a decode failure cancels the
+    // prefill call, and a prefill failure the decode call.
+    const bool decode_failed_first = !decode_status.ok() &&
+                                     decode_status.error_code() != grpc::StatusCode::CANCELLED &&
+                                     prefill_status.error_code() == grpc::StatusCode::CANCELLED;
+    if (!prefill_status.ok() && !decode_failed_first) {
+      fail(absl::StrCat("Prefill on ", flight->prefill_address, ": ",
+                        prefill_status.error_message()));
+    } else if (!decode_status.ok()) {
       fail(absl::StrCat("Decode on ", flight->decode_address, ": ", decode_status.error_message()));
     }
     {

@@ -97,8 +97,7 @@ class DecodeService::EngineBlocks final : public BlockSource {
 };
 
 DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
-                             const KvExporter* exporter, const Clock* clock,
-                             DecodeServiceOptions options)
+                             KvExporter* exporter, const Clock* clock, DecodeServiceOptions options)
     : engine_(engine),
       model_info_(model_info),
       exporter_(exporter),
@@ -106,6 +105,7 @@ DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse
       options_(std::move(options)),
       blocks_(std::make_unique<EngineBlocks>(engine)),
       reservations_(std::make_unique<KvReservations>(blocks_.get(), clock, options_.reservations)) {
+  if (exporter_ != nullptr) exporter_->AcceptMessagesFor(reservations_.get());
   lease_checker_ = std::thread([this] {
     absl::MutexLock lock(&mu_);
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
@@ -118,6 +118,7 @@ DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse
 }
 
 DecodeService::~DecodeService() {
+  if (exporter_ != nullptr) exporter_->AcceptMessagesFor(nullptr);
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -233,6 +234,19 @@ grpc::ServerUnaryReactor* DecodeService::CommitKv(grpc::CallbackServerContext* c
       }
       if (request->first_token().logprobs_size() > 0) {
         commit.first_logprob = request->first_token().logprobs(0).logprob();
+      }
+    }
+    if (commit.outcome == KvOutcome::kComplete && request->message_bytes() > 0) {
+      // The KV came as messages: wait for the last of them to be copied in.
+      if (absl::Status arrived =
+              reservations_->AwaitBytes(request->reservation_id(), request->message_bytes(),
+                                        absl::Now() + options_.message_arrival_timeout);
+          !arrived.ok()) {
+        reservations_
+            ->Commit(request->reservation_id(),
+                     {.outcome = KvOutcome::kAborted, .error = arrived.ToString()})
+            .IgnoreError();
+        return absl::DataLossError(absl::StrCat("KV transfer incomplete: ", arrived.message()));
       }
     }
     return reservations_->Commit(request->reservation_id(), std::move(commit));

@@ -26,6 +26,9 @@ class KvExporter {
  public:
   virtual ~KvExporter() = default;
   virtual absl::Status Describe(trident::v1::KvDestination* destination) const = 0;
+  // Where writes that arrive as messages go (KvReservations::WriteMessage);
+  // null stops delivering them. The DecodeService sets it for its lifetime.
+  virtual void AcceptMessagesFor(KvReservations* reservations) {}
 };
 
 struct DecodeServiceOptions {
@@ -35,6 +38,9 @@ struct DecodeServiceOptions {
   std::string address;
   trident::v1::Role role = trident::v1::ROLE_DECODE;
   KvReservationOptions reservations;
+  // How long a COMPLETE commit waits for KV messages still on their way
+  // (CommitKvRequest.message_bytes) before failing with DATA_LOSS.
+  absl::Duration message_arrival_timeout = absl::Seconds(10);
   // How often leases are checked for expiry.
   absl::Duration lease_check_interval = absl::Milliseconds(100);
 };
@@ -45,7 +51,7 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   // `engine`, `exporter` (may be null: ReserveKv then answers
   // FAILED_PRECONDITION) and `clock` must outlive the service.
   DecodeService(engine::Engine* engine, const trident::v1::ModelInfoResponse& model_info,
-                const KvExporter* exporter, const Clock* clock, DecodeServiceOptions options);
+                KvExporter* exporter, const Clock* clock, DecodeServiceOptions options);
   ~DecodeService() override;
 
   grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
@@ -71,7 +77,7 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
 
   engine::Engine* const engine_;
   const trident::v1::ModelInfoResponse model_info_;
-  const KvExporter* const exporter_;
+  KvExporter* const exporter_;
   const Clock* const clock_;
   const DecodeServiceOptions options_;
   std::unique_ptr<EngineBlocks> blocks_;

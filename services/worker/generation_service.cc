@@ -51,6 +51,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     std::deque<v1::GenerateResponse> pending ABSL_GUARDED_BY(mu);
     bool writing ABSL_GUARDED_BY(mu) = false;
     bool final_queued ABSL_GUARDED_BY(mu) = false;
+    // The call's status once final_queued (not OK when the request failed).
+    grpc::Status final_status ABSL_GUARDED_BY(mu);
     bool finished ABSL_GUARDED_BY(mu) = false;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
 
@@ -262,10 +264,6 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       } else if (ev.finish == engine::FinishReason::kStop) {
         complete->set_stop_token_id(ev.matched_stop_token);
       }
-      if (finish == engine::FinishReason::kError) {
-        complete->set_error_code(static_cast<int32_t>(absl::StatusCode::kInternal));
-        complete->set_error_message("the model backend failed during this request");
-      }
       complete->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
       complete->mutable_usage()->set_completion_tokens(s.completion_tokens);
       v1::Timings* t = complete->mutable_timings();
@@ -278,9 +276,16 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
                            t->mutable_time_per_output_token());
         }
       }
-      out.push_back(std::move(response));
+      // A failed request ends with the failure as the call's status (after
+      // the tokens it streamed), not with a completion.
+      if (finish != engine::FinishReason::kError) out.push_back(std::move(response));
     }
     absl::MutexLock lock(&s.mu);
+    if (finish == engine::FinishReason::kError && s.reactor != nullptr && !s.final_queued) {
+      s.final_status = ToGrpcStatus(
+          ev.error.ok() ? absl::InternalError("the model backend failed during this request")
+                        : ev.error);
+    }
     if (s.reactor == nullptr || s.final_queued) return;
     for (auto& r : out) s.pending.push_back(std::move(r));
     if (finish != engine::FinishReason::kNone) s.final_queued = true;
@@ -302,7 +307,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     }
     if (s.final_queued) {
       s.finished = true;
-      Finish(grpc::Status::OK);
+      Finish(s.final_status);
     }
   }
 

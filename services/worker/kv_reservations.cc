@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
+#include "common/status/status_macros.h"
 
 namespace trident::worker {
 namespace {
@@ -242,6 +243,42 @@ int KvReservations::ExpireLeases() {
                                                  " ended before the KV was committed")));
   }
   return static_cast<int>(ended.size());
+}
+
+absl::Status KvReservations::WriteMessage(
+    uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.committed || it->second.released ||
+      it->second.expires <= clock_->Now()) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation ", id, " is unknown, committed, released or expired"));
+  }
+  TRIDENT_ASSIGN_OR_RETURN(const int64_t bytes, write(it->second.blocks));
+  it->second.message_bytes += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status KvReservations::AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  int64_t arrived = 0;
+  bool writable = true;
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = entries_.find(id);
+    writable = it != entries_.end() && !it->second.committed && !it->second.released;
+    arrived = writable ? it->second.message_bytes : 0;
+    return !writable || arrived >= bytes;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (!writable) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation ", id, " is unknown, committed, released or expired"));
+  }
+  if (arrived < bytes) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "only ", arrived, " of the ", bytes, " KV bytes sent for reservation ", id, " arrived"));
+  }
+  return absl::OkStatus();
 }
 
 int32_t KvReservations::blocks_held() const {

@@ -28,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -115,6 +116,22 @@ class KvReservations {
   // failing their Await). Call periodically; returns how many ended.
   int ExpireLeases();
 
+  // A write that arrived as a message (transport::KvWriteMode::kMessage):
+  // runs `write` with the reservation's blocks, under the lock, if it still
+  // accepts writes (not committed, released or expired), so that its blocks
+  // cannot be freed or handed off while `write` copies into them. `write`
+  // returns the bytes it wrote, or an error if the write does not belong to
+  // those blocks; the bytes are counted for AwaitBytes. NOT_FOUND when the
+  // reservation accepts no writes (a late message is dropped).
+  absl::Status WriteMessage(
+      uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write);
+
+  // Waits until `bytes` bytes of messages have arrived for reservation `id`
+  // (OK), it stops accepting writes (NOT_FOUND), or `deadline` passes
+  // (DEADLINE_EXCEEDED saying how many arrived). A commit's sender counts
+  // bytes as sent, the receiver as copied: this closes the gap.
+  absl::Status AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline);
+
   // Blocks held by live reservations (uncommitted, or committed and not yet
   // taken).
   int32_t blocks_held() const;
@@ -127,6 +144,8 @@ class KvReservations {
     absl::Time expires;
     bool committed = false;
     bool released = false;
+    // Bytes written by messages.
+    int64_t message_bytes = 0;
     KvCommit commit;
     std::function<void(absl::StatusOr<KvHandOff>)> waiter;
   };

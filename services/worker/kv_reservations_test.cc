@@ -225,5 +225,65 @@ TEST(KvReservationsTest, ShutdownFailsWaitersAndFreesEverything) {
   EXPECT_EQ(source.num_free(), 32);
 }
 
+// Writes that arrive as messages see the reservation's blocks only while it
+// accepts writes, and are counted for the commit.
+TEST(KvReservationsTest, MessagesWriteOnlyIntoALiveReservationAndAreCounted) {
+  Fixture f;
+  auto r = f.reservations.Reserve("req", 9, absl::Seconds(5));
+  ASSERT_THAT(r.status(), IsOk());
+  std::vector<int32_t> seen;
+  auto write = [&](int64_t bytes) {
+    return f.reservations.WriteMessage(
+        r->id, [&](absl::Span<const int32_t> blocks) -> absl::StatusOr<int64_t> {
+          seen.assign(blocks.begin(), blocks.end());
+          return bytes;
+        });
+  };
+  EXPECT_THAT(write(100), IsOk());
+  EXPECT_EQ(seen, r->blocks);
+  EXPECT_THAT(f.reservations.AwaitBytes(r->id, 250, absl::Now()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("only 100 of the 250")));
+  EXPECT_THAT(write(150), IsOk());
+  EXPECT_THAT(f.reservations.AwaitBytes(r->id, 250, absl::Now()), IsOk());
+  // A write the callback refuses is not counted.
+  EXPECT_THAT(f.reservations.WriteMessage(r->id,
+                                          [](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> {
+                                            return absl::InvalidArgumentError("outside the blocks");
+                                          }),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(f.reservations.AwaitBytes(r->id, 251, absl::Now()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+
+  // Once committed, late messages are refused and never touch the blocks.
+  ASSERT_THAT(f.reservations.Commit(r->id, Complete(7)), IsOk());
+  seen.clear();
+  EXPECT_THAT(write(10), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_TRUE(seen.empty());
+  EXPECT_THAT(f.reservations.AwaitBytes(r->id, 1, absl::Now()),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(KvReservationsTest, MessagesAfterReleaseOrLeaseEndAreDropped) {
+  Fixture f;
+  auto released = f.reservations.Reserve("a", 4, absl::Seconds(5));
+  auto expired = f.reservations.Reserve("b", 4, absl::Seconds(1));
+  ASSERT_THAT(released.status(), IsOk());
+  ASSERT_THAT(expired.status(), IsOk());
+  int calls = 0;
+  auto write = [&](uint64_t id) {
+    return f.reservations.WriteMessage(id,
+                                       [&](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> {
+                                         ++calls;
+                                         return 1;
+                                       });
+  };
+  EXPECT_TRUE(f.reservations.Release(released->id));
+  EXPECT_THAT(write(released->id), StatusIs(absl::StatusCode::kNotFound));
+  f.clock.Advance(absl::Seconds(2));
+  EXPECT_THAT(write(expired->id), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(write(12345), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(calls, 0);
+}
+
 }  // namespace
 }  // namespace trident::worker

@@ -30,6 +30,9 @@ class KvTransfer {
   virtual int32_t messages() const = 0;
   // The transport lane, as the transport names it ("tcp", "posix", ...).
   virtual std::string lane() const = 0;
+  // Bytes sent as messages, which the receiver counts before accepting the
+  // commit (CommitKvRequest.message_bytes); 0 for one-sided writes.
+  virtual int64_t message_bytes() const { return 0; }
 };
 
 class KvSender {

@@ -63,9 +63,13 @@ ABSL_FLAG(std::string, kv_transport, "auto",
           "decode worker's registered KV pool), 'none' (no disaggregation: ReserveKv and "
           "Prefill with a destination answer FAILED_PRECONDITION), or 'auto': ucx for roles "
           "prefill and decode, none for both.");
-ABSL_FLAG(std::string, ucx_transports, "",
-          "UCX transports to use (the UCX_TLS syntax, e.g. 'tcp' or 'posix,sysv,cma'); empty: "
-          "UCX's own choice.");
+ABSL_FLAG(std::string, ucx_transports, "^sysv",
+          "UCX transports to use (the UCX_TLS syntax, e.g. 'tcp' or 'posix,cma'); empty: UCX's "
+          "own choice. The default leaves out sysv shared memory, which UCX 1.13 can leave "
+          "unable to receive from new peers after a peer dies.");
+ABSL_FLAG(int32_t, testonly_stall_kv_transfer_after_layers, -1,
+          "Fault injection for tests: each KV transfer stops after this many layers until "
+          "cancelled. -1: off.");
 ABSL_FLAG(std::string, controller_address, "",
           "host:port of the controller to register with; empty: run standalone.");
 
@@ -176,6 +180,8 @@ int main(int argc, char** argv) {
           trident::worker::PrefillServiceOptions prefill_options;
           prefill_options.worker_id = identity.worker_id;
           prefill_options.role = *role;
+          prefill_options.testonly_stall_after_layers =
+              absl::GetFlag(FLAGS_testonly_stall_kv_transfer_after_layers);
           prefill = std::make_unique<trident::worker::PrefillService>(
               model->engine.get(), model->info, ucx_kv.get(), &clock, prefill_options);
           services.push_back({prefill.get(), trident::v1::Prefill::service_full_name()});

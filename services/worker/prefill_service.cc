@@ -132,6 +132,12 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   int pending = 0;
   absl::Status first_error;
   for (int32_t layer = 0; layer < sender_->num_layers(); ++layer) {
+    if (layer == options_.testonly_stall_after_layers) {
+      TRIDENT_LOG(WARNING) << "request " << call->request_id << ": KV transfer stalled after "
+                           << layer << " layers (--testonly_stall_kv_transfer_after_layers)";
+      // Test-only: poll for the cancellation that is never signalled otherwise.
+      while (!call->cancelled.load()) absl::SleepFor(absl::Milliseconds(10));
+    }
     if (call->cancelled.load()) {
       first_error = absl::CancelledError("the router cancelled the call");
       break;
@@ -161,6 +167,7 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
 
   commit.set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
   commit.set_num_tokens(call->prompt_tokens);
+  commit.set_message_bytes((*transfer)->message_bytes());
   *commit.mutable_first_token() = call->first_token;
   const absl::Duration transfer_time = clock_->Now() - start;
   SetProtoDuration(transfer_time, commit.mutable_transfer_time());

@@ -33,6 +33,11 @@ struct PrefillServiceOptions {
   trident::v1::Role role = trident::v1::ROLE_PREFILL;
   // Deadline of each CommitKv call to a decode worker.
   absl::Duration commit_timeout = absl::Seconds(10);
+  // Fault injection for tests (--testonly_stall_kv_transfer_after_layers):
+  // when >= 0, each transfer stops after posting that many layers and waits
+  // for its call to be cancelled, so that a test can kill this worker
+  // mid-transfer. -1: off.
+  int32_t testonly_stall_after_layers = -1;
 };
 
 // Thread-safe.

@@ -7,6 +7,7 @@
 #ifndef TRIDENT_SERVICES_WORKER_UCX_KV_H_
 #define TRIDENT_SERVICES_WORKER_UCX_KV_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,6 +36,12 @@ class UcxKv final : public KvExporter, public KvSender {
 
   // KvExporter.
   absl::Status Describe(trident::v1::KvDestination* destination) const override;
+  void AcceptMessagesFor(KvReservations* reservations) override;
+
+  ~UcxKv() override;
+
+  // KV messages dropped: late ones of ended transfers, or invalid ones.
+  int64_t dropped_messages() const { return dropped_messages_.load(); }
 
   // KvSender.
   int32_t num_layers() const override { return memory_.spec.num_layers; }
@@ -42,6 +49,9 @@ class UcxKv final : public KvExporter, public KvSender {
       const trident::v1::KvDestination& destination) override;
 
  private:
+  // The handler of KV messages (progress thread).
+  void OnMessage(absl::string_view header, absl::string_view data);
+
   UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::string owner_id,
         uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region)
       : ucx_(ucx),
@@ -55,6 +65,10 @@ class UcxKv final : public KvExporter, public KvSender {
   const std::string owner_id_;
   const uint64_t incarnation_;
   const std::unique_ptr<transport::MemoryRegion> region_;
+  // Where KV messages go; held (shared) while one is copied in.
+  absl::Mutex sink_mu_;
+  KvReservations* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
+  std::atomic<int64_t> dropped_messages_{0};
   absl::Mutex mu_;
   // Endpoints by (owner id, incarnation): a new incarnation gets a new one.
   absl::flat_hash_map<std::pair<std::string, uint64_t>, std::shared_ptr<transport::Endpoint>>
