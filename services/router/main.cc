@@ -27,6 +27,7 @@
 #include "services/router/generation_service.h"
 #include "services/router/load_subscriber.h"
 #include "services/router/remote_token_source.h"
+#include "services/router/router_metrics.h"
 #include "services/worker/generation_service.h"
 #include "services/worker/worker_model.h"
 
@@ -98,7 +99,9 @@ int main(int argc, char** argv) {
         admission_options.enabled = absl::GetFlag(FLAGS_admission);
         trident::RealClock clock;
         admission::AdmissionController controller(admission_options, qos, &clock);
-        trident::router::RemoteTokenSource remote(&controller, {});
+        trident::router::RouterMetrics metrics(runtime.registry(), qos);
+        trident::router::RemoteTokenSource remote(&controller,
+                                                  {.metrics = &metrics, .clock = &clock});
 
         std::set<std::string> addresses;
         for (const std::string& a : SplitList(absl::GetFlag(FLAGS_prefill_workers))) {
@@ -129,7 +132,9 @@ int main(int argc, char** argv) {
           }
           if (absl::Status s = controller.UpdateLoad(*report); !s.ok()) {
             TRIDENT_LOG(WARNING) << "load report from " << address << ": " << s;
+            return;
           }
+          metrics.UpdateWorkerLoad(*report);
         };
         callbacks.on_down = [&](const std::string& address, const absl::Status&) {
           std::string id;
@@ -137,7 +142,10 @@ int main(int argc, char** argv) {
             absl::MutexLock lock(&ids_mu);
             id = ids[address];
           }
-          if (!id.empty()) controller.RemoveWorker(id);
+          if (!id.empty()) {
+            controller.RemoveWorker(id);
+            metrics.RemoveWorker(id);
+          }
         };
         trident::router::LoadSubscriberOptions load_options;
         load_options.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
