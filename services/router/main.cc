@@ -27,6 +27,7 @@
 #include "services/router/generation_service.h"
 #include "services/router/load_subscriber.h"
 #include "services/router/remote_token_source.h"
+#include "services/router/router_metrics.h"
 #include "services/worker/generation_service.h"
 #include "services/worker/worker_model.h"
 
@@ -104,8 +105,11 @@ int main(int argc, char** argv) {
         if (absl::GetFlag(FLAGS_kv_lease_ms) <= 0) {
           return trident::InvalidArgumentForField("--kv_lease_ms", "must be positive");
         }
+        trident::router::RouterMetrics metrics(runtime.registry(), qos);
         trident::router::RemoteTokenSourceOptions remote_options;
         remote_options.reserve_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
+        remote_options.metrics = &metrics;
+        remote_options.clock = &clock;
         trident::router::RemoteTokenSource remote(&controller, remote_options);
 
         std::set<std::string> addresses;
@@ -137,7 +141,9 @@ int main(int argc, char** argv) {
           }
           if (absl::Status s = controller.UpdateLoad(*report); !s.ok()) {
             TRIDENT_LOG(WARNING) << "load report from " << address << ": " << s;
+            return;
           }
+          metrics.UpdateWorkerLoad(*report);
         };
         callbacks.on_down = [&](const std::string& address, const absl::Status&) {
           std::string id;
@@ -145,7 +151,10 @@ int main(int argc, char** argv) {
             absl::MutexLock lock(&ids_mu);
             id = ids[address];
           }
-          if (!id.empty()) controller.RemoveWorker(id);
+          if (!id.empty()) {
+            controller.RemoveWorker(id);
+            metrics.RemoveWorker(id);
+          }
         };
         trident::router::LoadSubscriberOptions load_options;
         load_options.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));

@@ -61,6 +61,8 @@ struct RemoteTokenSource::Flight {
   std::string decode_address;
   Stubs* prefill_stubs = nullptr;
   Stubs* decode_stubs = nullptr;
+  // Stage, latencies and outcome in the router's metrics.
+  std::unique_ptr<RequestObserver> observer;
   // Cancellation: the contexts of the calls in progress.
   absl::Mutex mu;
   bool aborted ABSL_GUARDED_BY(mu) = false;
@@ -70,7 +72,9 @@ struct RemoteTokenSource::Flight {
 
 RemoteTokenSource::RemoteTokenSource(admission::AdmissionController* admission,
                                      RemoteTokenSourceOptions options)
-    : admission_(admission), options_(options) {}
+    : admission_(admission),
+      options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
 
 RemoteTokenSource::~RemoteTokenSource() {
   std::vector<std::string> ids;
@@ -103,6 +107,8 @@ RemoteTokenSource::Stubs* RemoteTokenSource::StubsFor(const std::string& address
 
 absl::Status RemoteTokenSource::Submit(engine::EngineRequest request,
                                        engine::TokenCallback callback) {
+  const absl::Time arrival = clock_->Now();
+  RouterMetrics* const metrics = options_.metrics;
   admission::AdmissionRequest ask;
   ask.prompt_tokens = static_cast<int64_t>(request.prompt.size());
   ask.max_output_tokens = request.max_tokens;
@@ -110,7 +116,11 @@ absl::Status RemoteTokenSource::Submit(engine::EngineRequest request,
   ask.ttft = request.ttft_slo;
   ask.tpot = request.tpot_slo;
   absl::StatusOr<admission::AdmissionDecision> decision = admission_->Admit(ask);
-  if (!decision.ok()) return decision.status();
+  if (!decision.ok()) {
+    if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
+    return decision.status();
+  }
+  if (metrics != nullptr) metrics->OnDecision(ask.qos_class, *decision);
   if (!decision->admitted) return admission::RejectionStatus(*decision);
   auto flight = std::make_shared<Flight>();
   flight->admission = decision->id;
@@ -122,11 +132,13 @@ absl::Status RemoteTokenSource::Submit(engine::EngineRequest request,
     auto p = addresses_.find(prefill_id);
     if (stopping_ || d == addresses_.end() || p == addresses_.end()) {
       admission_->Release(flight->admission);
+      if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
       return absl::UnavailableError(
           absl::StrCat("no address for worker ", d == addresses_.end() ? decode_id : prefill_id));
     }
     if (flights_.contains(request.id)) {
       admission_->Release(flight->admission);
+      if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
       return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is in flight"));
     }
     flight->decode_address = d->second;
@@ -135,6 +147,7 @@ absl::Status RemoteTokenSource::Submit(engine::EngineRequest request,
     flight->prefill_stubs = StubsFor(p->second);
     flight->request = std::move(request);
     flight->callback = std::move(callback);
+    flight->observer = std::make_unique<RequestObserver>(metrics, clock_, ask.qos_class, arrival);
     flights_[flight->request.id] = flight;
     ++running_threads_;
   }
@@ -163,6 +176,8 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
   auto emit = [&](engine::TokenEvent ev) {
     if (finished) return;
     finished = ev.finish != engine::FinishReason::kNone;
+    if (ev.token >= 0 && !finished) flight->observer->OnToken();
+    if (finished) flight->observer->OnFinish(ev.finish);
     flight->callback(ev);
   };
   auto fail = [&](const std::string& why) {
@@ -269,6 +284,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
         }
       } else if (p.has_transfer_done()) {
         admission_->MarkPrefillDone(flight->admission);
+        flight->observer->OnPrefillDone();
       } else if (p.has_complete()) {
         // The first token ended the request.
         engine::TokenEvent end;
@@ -281,6 +297,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     }
     const grpc::Status prefill_status = prefill_reader->Finish();
     if (!prefill_status.ok()) decode_context.TryCancel();
+    flight->observer->OnPrefillDone();
     while (true) {
       v1::DecodeResponse d;
       {

@@ -18,8 +18,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/token_source.h"
+#include "common/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "services/router/admission/admission_controller.h"
+#include "services/router/router_metrics.h"
 #include "trident/v1/worker.grpc.pb.h"
 
 namespace trident::router {
@@ -29,6 +31,11 @@ struct RemoteTokenSourceOptions {
   absl::Duration reserve_lease = absl::Seconds(30);
   // Deadline of each worker call (the whole prefill, the whole decode).
   absl::Duration call_timeout = absl::Minutes(10);
+  // Where request outcomes, admission decisions and latencies are recorded
+  // (router_metrics.h); null: nowhere. Must outlive the source.
+  RouterMetrics* metrics = nullptr;
+  // The clock latencies are measured on; null: the real clock.
+  const Clock* clock = nullptr;
 };
 
 // Thread-safe.
@@ -57,6 +64,7 @@ class RemoteTokenSource final : public engine::TokenSource {
 
   admission::AdmissionController* const admission_;
   const RemoteTokenSourceOptions options_;
+  const Clock* const clock_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);

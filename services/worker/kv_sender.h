@@ -32,7 +32,7 @@ class KvTransfer {
   virtual std::string lane() const = 0;
   // Bytes sent as messages, which the receiver counts before accepting the
   // commit (CommitKvRequest.message_bytes); 0 for one-sided writes.
-  virtual int64_t message_bytes() const { return 0; }
+  virtual int64_t message_bytes() const = 0;
 };
 
 class KvSender {

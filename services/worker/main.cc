@@ -17,6 +17,7 @@
 #include "services/worker/decode_service.h"
 #include "services/worker/generation_service.h"
 #include "services/worker/prefill_service.h"
+#include "services/worker/transfer_metrics.h"
 #include "services/worker/ucx_kv.h"
 #include "services/worker/worker_model.h"
 #include "services/worker/worker_services.h"
@@ -163,6 +164,13 @@ int main(int argc, char** argv) {
                                     : absl::StrCat(" over ", ucx_options.transports))
                             << ", " << memory->bytes / (1 << 20) << " MiB of KV registered";
         }
+        // KV-transfer metrics: the prefill side sends through a metered sender.
+        trident::worker::KvTransferMetrics kv_metrics(runtime.registry());
+        std::unique_ptr<trident::worker::MeteredKvSender> metered_kv;
+        if (ucx_kv != nullptr) {
+          metered_kv =
+              std::make_unique<trident::worker::MeteredKvSender>(ucx_kv.get(), &kv_metrics, &clock);
+        }
         trident::worker::UnservedPrefillService unserved_prefill;
         std::unique_ptr<trident::worker::PrefillService> prefill;
         trident::worker::UnservedDecodeService unserved_decode;
@@ -183,13 +191,14 @@ int main(int argc, char** argv) {
           prefill_options.testonly_stall_after_layers =
               absl::GetFlag(FLAGS_testonly_stall_kv_transfer_after_layers);
           prefill = std::make_unique<trident::worker::PrefillService>(
-              model->engine.get(), model->info, ucx_kv.get(), &clock, prefill_options);
+              model->engine.get(), model->info, metered_kv.get(), &clock, prefill_options);
           services.push_back({prefill.get(), trident::v1::Prefill::service_full_name()});
         } else {
           services.push_back({&unserved_decode, trident::v1::Decode::service_full_name()});
           services.push_back({&unserved_prefill, trident::v1::Prefill::service_full_name()});
         }
         std::unique_ptr<trident::worker::LoadStreams> loads;
+        std::unique_ptr<trident::worker::PeriodicSampler> kv_sampler;
         if (model != nullptr) {
           trident::engine::Engine* engine = model->engine.get();
           const trident::worker::KvReservations* reservations = &decode->reservations();
@@ -198,6 +207,11 @@ int main(int argc, char** argv) {
                 identity, engine->stats(), reservations->blocks_held(),
                 reservations->num_reservations(), absl::Now());
           });
+          kv_sampler = std::make_unique<trident::worker::PeriodicSampler>(
+              absl::Milliseconds(250), [reservations, &kv_metrics] {
+                kv_metrics.SetReservations(reservations->num_reservations(),
+                                           reservations->blocks_held());
+              });
         }
         trident::worker::WorkerControlService control(
             model != nullptr ? model->engine.get() : nullptr, loads.get());

@@ -69,6 +69,7 @@ class CopyingSender final : public KvSender {
     int64_t bytes_sent() const override { return bytes_; }
     int32_t messages() const override { return messages_; }
     std::string lane() const override { return "memcpy"; }
+    int64_t message_bytes() const override { return 0; }
 
    private:
     CopyingSender* s_;
