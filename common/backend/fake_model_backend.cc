@@ -66,6 +66,12 @@ absl::Status FakeModelBackend::Forward(absl::Span<const StepSequence> batch, flo
   }
   tokens_processed_ += step_tokens;
   if (step_tokens > max_step_tokens_) max_step_tokens_ = step_tokens;
+  if (layer_observer()) {
+    for (int32_t l = 0; l < reported_layers_; ++l) {
+      ++layer_reports_;
+      layer_observer()(l);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -34,6 +34,12 @@ class FakeModelBackend : public ModelBackend {
                              absl::Span<const RowSampling> rows,
                              absl::Span<sampling::SampledToken> out) override;
   int64_t device_sampled_rows() const { return device_sampled_rows_; }
+  // With n > 0 the fake reports layer progress: after a forward has written
+  // its slots, it calls the layer observer (if set) for layers 0 .. n-1.
+  void set_reported_layers(int32_t n) { reported_layers_ = n; }
+  bool reports_layer_progress() const override { return reported_layers_ > 0; }
+  // Layer observer calls so far.
+  int64_t layer_reports() const { return layer_reports_; }
 
   // Copies the "KV" of blocks src[i] of `from` into blocks dst[i] of this
   // fake (what a KV transfer between two workers does). Same block size.
@@ -60,6 +66,8 @@ class FakeModelBackend : public ModelBackend {
   int64_t tokens_processed_ = 0;
   int64_t max_step_tokens_ = 0;
   bool samples_on_device_ = false;
+  int32_t reported_layers_ = 0;
+  int64_t layer_reports_ = 0;
   int64_t device_sampled_rows_ = 0;
 };
 

@@ -8,11 +8,12 @@
 #define TRIDENT_COMMON_BACKEND_MODEL_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/types/span.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/kv/kv_layout.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
@@ -100,6 +101,25 @@ class ModelBackend {
     (void)out;
     return absl::UnimplementedError("this backend samples on the host");
   }
+
+  // Layer progress, for sending a prompt's KV while its later layers still
+  // compute. A backend that reports it calls the observer set here once per
+  // layer l, in order, during Forward / ForwardSample, as soon as layer l's
+  // KV of every sequence in the batch is in the cache: on the forward's
+  // thread, or (device backends) on a driver thread once the device wrote
+  // it, and always before Forward returns. The engine sets it around a
+  // forward and clears it after; it must be quick and must not call into
+  // the backend.
+  virtual bool reports_layer_progress() const { return false; }
+  void set_layer_observer(std::function<void(int32_t layer)> observer) {
+    layer_observer_ = std::move(observer);
+  }
+
+ protected:
+  const std::function<void(int32_t)>& layer_observer() const { return layer_observer_; }
+
+ private:
+  std::function<void(int32_t)> layer_observer_;
 };
 
 }  // namespace trident::backend

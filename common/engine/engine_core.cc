@@ -250,9 +250,9 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   int32_t prefill_tokens = 0;
   int32_t decode_sequences = 0;
   for (Sequence* seq : scheduled) {
-    const bool decoding =
-        seq->chunk == 1 && seq->num_computed + 1 == static_cast<int32_t>(seq->tokens.size()) &&
-        seq->num_computed >= seq->prompt_len;
+    const bool decoding = seq->chunk == 1 &&
+                          seq->num_computed + 1 == static_cast<int32_t>(seq->tokens.size()) &&
+                          seq->num_computed >= seq->prompt_len;
     if (decoding) {
       ++decode_sequences;
     } else {
@@ -271,6 +271,30 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   stats_.last_step_tokens = step_tokens;
   stats_.last_step_prefill_tokens = prefill_tokens;
   stats_.last_step_decode_sequences = decode_sequences;
+  // Prompts whose last chunk runs now report each layer as it completes.
+  struct LayerWatcher {
+    std::function<void(int32_t, const std::vector<int32_t>&)> fn;
+    std::vector<int32_t> blocks;
+  };
+  std::vector<LayerWatcher> watchers;
+  if (backend_->reports_layer_progress()) {
+    for (size_t i = 0; i < scheduled.size(); ++i) {
+      const Sequence& seq = *scheduled[i];
+      if (!seq.request.prefill_only || !seq.request.on_layer_done || !batch[i].want_logits) {
+        continue;
+      }
+      const size_t prompt_blocks =
+          static_cast<size_t>((seq.prompt_len + block_size_ - 1) / block_size_);
+      watchers.push_back(
+          {seq.request.on_layer_done,
+           std::vector<int32_t>(seq.blocks.begin(), seq.blocks.begin() + prompt_blocks)});
+    }
+  }
+  if (!watchers.empty()) {
+    backend_->set_layer_observer([&watchers](int32_t layer) {
+      for (const LayerWatcher& w : watchers) w.fn(layer, w.blocks);
+    });
+  }
   const bool device_sampling = backend_->samples_on_device();
   std::vector<sampling::SampledToken> sampled_rows;
   absl::Status status;
@@ -288,6 +312,7 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     logits_.resize(static_cast<size_t>(rows) * vocab_size_);
     status = backend_->Forward(batch, logits_.data());
   }
+  if (!watchers.empty()) backend_->set_layer_observer(nullptr);
   if (!status.ok()) {
     for (Sequence* seq : scheduled) {
       TokenEvent ev;

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -64,6 +65,14 @@ struct EngineRequest {
   // ends the request (stop token, max_tokens 1) it finishes as usual and
   // its blocks are freed.
   bool prefill_only = false;
+  // For prefill_only requests on a backend that reports layer progress
+  // (ModelBackend::reports_layer_progress): called for each layer, in order,
+  // as soon as the whole prompt's KV of that layer is in the cache (during
+  // the step that computes the prompt's last chunk, while later layers still
+  // compute), with the prompt's blocks in token order. From the engine's
+  // thread or a backend thread; it must be quick. The blocks stay the
+  // request's until ReleasePrefilled (or its end, if it fails).
+  std::function<void(int32_t layer, const std::vector<int32_t>& blocks)> on_layer_done;
   // Admission inputs (the router's); the engine ignores them. Empty class:
   // the default; unset targets: the class's.
   std::string qos_class;

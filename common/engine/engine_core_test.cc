@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/fake_model_backend.h"
@@ -200,6 +201,66 @@ TEST(EngineCoreTest, DeviceSamplingGivesTheHostSamplersTokens) {
 // blocks reserved on engine B, which adopts the sequences and decodes them.
 // Every request's tokens equal a single engine's run, and both allocators
 // end with every block free.
+// Layer-wise overlap: a prefill_only request's on_layer_done runs for every
+// layer, in order, in the step that computes its last chunk (before that
+// step's kPrefilled event), with the blocks the event then hands over; never
+// for other requests or other steps.
+TEST(EngineCoreTest, PrefillOnlyRequestsHearOfEachLayerInTheirLastChunk) {
+  EngineOptions options;
+  options.max_batch_tokens = 16;  // a 40-token prompt takes three steps
+  Harness h(64, options);
+  h.backend.set_reported_layers(3);
+  struct Report {
+    std::string id;
+    int32_t layer;
+    std::vector<int32_t> blocks;
+    int64_t step;
+  };
+  std::vector<Report> reports;
+  int64_t step = 0;
+  std::mt19937 rng(7);
+  auto watched = [&](const std::string& id, int32_t len, bool prefill_only) {
+    EngineRequest r = Greedy(id, RandomPrompt(rng, len), 4);
+    r.prefill_only = prefill_only;
+    r.on_layer_done = [&reports, &step, id](int32_t layer, const std::vector<int32_t>& blocks) {
+      reports.push_back({id, layer, blocks, step});
+    };
+    return r;
+  };
+  ASSERT_THAT(h.core.Add(watched("long", 40, true)), IsOk());
+  ASSERT_THAT(h.core.Add(watched("short", 5, true)), IsOk());
+  ASSERT_THAT(h.core.Add(watched("plain", 6, false)), IsOk());
+  std::map<std::string, std::pair<int64_t, std::vector<int32_t>>> prefilled;  // step, blocks
+  while (h.core.HasWork()) {
+    ++step;
+    auto events = h.core.Step();
+    ASSERT_THAT(events.status(), IsOk());
+    for (const TokenEvent& ev : *events) {
+      if (ev.finish != FinishReason::kPrefilled) continue;
+      prefilled[ev.request_id] = {step, ev.prefilled_blocks};
+      EXPECT_TRUE(h.core.ReleasePrefilled(ev.request_id));
+    }
+    ASSERT_LT(step, 100);
+  }
+  ASSERT_EQ(prefilled.size(), 2u);
+  for (const std::string id : {"long", "short"}) {
+    std::vector<int32_t> layers;
+    for (const Report& r : reports) {
+      if (r.id != id) continue;
+      layers.push_back(r.layer);
+      EXPECT_EQ(r.step, prefilled[id].first) << id;
+      EXPECT_EQ(r.blocks, prefilled[id].second) << id;
+    }
+    EXPECT_EQ(layers, (std::vector<int32_t>{0, 1, 2})) << id;
+  }
+  for (const Report& r : reports) EXPECT_NE(r.id, "plain");
+  EXPECT_EQ(prefilled["long"].second.size(), (40u + kBlockSize - 1) / kBlockSize);
+  // Only steps with a final prefill chunk set the observer.
+  EXPECT_EQ(h.backend.layer_reports(),
+            3 * static_cast<int64_t>(
+                    std::set<int64_t>{prefilled["long"].first, prefilled["short"].first}.size()));
+}
+
 TEST(EngineCoreTest, PrefillOnOneEngineDecodeOnAnotherEqualsOneEngine) {
   const uint32_t seed = 404;
   std::printf("seed %u\n", seed);

@@ -37,6 +37,16 @@ struct PrefillService::Call {
   std::atomic<bool> in_engine{true};
   // The first token as streamed (with logprobs when asked).
   v1::TokenChunk first_token;
+
+  // The KV transfer; transfer-thread only, except the counters below.
+  std::unique_ptr<KvTransfer> transfer;
+  absl::Status open_error;  // Why the transfer could not start.
+  int32_t layers_posted = 0;
+  absl::Time transfer_start;
+  // Layers posted and not yet completed, and the first failure.
+  absl::Mutex sends_mu;
+  int pending_sends ABSL_GUARDED_BY(sends_mu) = 0;
+  absl::Status send_error ABSL_GUARDED_BY(sends_mu);
 };
 
 PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
@@ -98,9 +108,54 @@ absl::Status PrefillService::Commit(const Call& call, const v1::CommitKvRequest&
                    call.destination.decode_address(), ": ", status.error_message()));
 }
 
+void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
+                               const std::vector<int32_t>& blocks) {
+  if (!call->open_error.ok() || call->cancelled.load()) return;
+  if (layer != call->layers_posted) return;  // Out of order: Transfer posts the rest.
+  if (call->transfer == nullptr) {
+    if (clock_->Now() >= call->lease_end) {
+      call->open_error = absl::DeadlineExceededError(absl::StrCat(
+          "the KV reservation's lease ended before request ", call->request_id, "'s transfer"));
+      return;
+    }
+    call->transfer_start = clock_->Now();
+    absl::StatusOr<std::unique_ptr<KvTransfer>> opened = sender_->Open(call->destination);
+    if (!opened.ok()) {
+      call->open_error = opened.status();
+      return;
+    }
+    call->transfer = *std::move(opened);
+  }
+  if (layer == options_.testonly_stall_after_layers) {
+    TRIDENT_LOG(WARNING) << "request " << call->request_id << ": KV transfer stalled after "
+                         << layer << " layers (--testonly_stall_kv_transfer_after_layers)";
+    // Test-only: poll for the cancellation that is never signalled otherwise.
+    while (!call->cancelled.load()) absl::SleepFor(absl::Milliseconds(10));
+    return;
+  }
+  {
+    absl::MutexLock lock(&call->sends_mu);
+    ++call->pending_sends;
+  }
+  ++call->layers_posted;
+  call->transfer->SendLayer(layer, blocks, [call](absl::Status s) {
+    absl::MutexLock lock(&call->sends_mu);
+    if (!s.ok() && call->send_error.ok()) call->send_error = std::move(s);
+    --call->pending_sends;
+  });
+}
+
+absl::Status PrefillService::DrainSends(Call& call) {
+  absl::MutexLock lock(&call.sends_mu);
+  auto drained = [&call]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call.sends_mu) {
+    return call.pending_sends == 0;
+  };
+  call.sends_mu.Await(absl::Condition(&drained));
+  return call.send_error;
+}
+
 void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks,
                               int32_t first_token) {
-  const absl::Time start = clock_->Now();
   v1::CommitKvRequest commit;
   commit.set_decode_incarnation(call->destination.decode_incarnation());
   commit.set_reservation_id(call->destination.reservation_id());
@@ -109,6 +164,7 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   // Ends the call: hands the reservation over (or abandons it) and frees the
   // prompt's blocks here.
   auto fail = [&](const absl::Status& why) {
+    DrainSends(*call).IgnoreError();
     v1::CommitKvRequest aborted = commit;
     aborted.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
     aborted.set_error_message(std::string(why.message()));
@@ -120,54 +176,31 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
         absl::StrCat("the KV transfer of request ", call->request_id, " failed: ", why.message())));
   };
   if (call->cancelled.load()) return fail(absl::CancelledError("the router cancelled the call"));
-  if (clock_->Now() >= call->lease_end) {
+  // Layers the backend did not report as they completed go now.
+  for (int32_t layer = call->layers_posted; layer < sender_->num_layers(); ++layer) {
+    SendLayer(call, layer, blocks);
+    if (!call->open_error.ok() || call->cancelled.load()) break;
+  }
+  if (absl::IsDeadlineExceeded(call->open_error)) {
     engine_->ReleasePrefilled(call->request_id);
-    call->channel->Close(absl::AbortedError(absl::StrCat(
-        "the KV reservation's lease ended before request ", call->request_id, "'s transfer")));
+    call->channel->Close(absl::AbortedError(call->open_error.message()));
     return;
   }
-  auto transfer = sender_->Open(call->destination);
-  if (!transfer.ok()) return fail(transfer.status());
-  absl::Mutex mu;
-  int pending = 0;
-  absl::Status first_error;
-  for (int32_t layer = 0; layer < sender_->num_layers(); ++layer) {
-    if (layer == options_.testonly_stall_after_layers) {
-      TRIDENT_LOG(WARNING) << "request " << call->request_id << ": KV transfer stalled after "
-                           << layer << " layers (--testonly_stall_kv_transfer_after_layers)";
-      // Test-only: poll for the cancellation that is never signalled otherwise.
-      while (!call->cancelled.load()) absl::SleepFor(absl::Milliseconds(10));
-    }
-    if (call->cancelled.load()) {
-      first_error = absl::CancelledError("the router cancelled the call");
-      break;
-    }
-    {
-      absl::MutexLock lock(&mu);
-      ++pending;
-    }
-    (*transfer)->SendLayer(layer, blocks, [&mu, &pending, &first_error](absl::Status s) {
-      absl::MutexLock lock(&mu);
-      if (!s.ok() && first_error.ok()) first_error = s;
-      --pending;
-    });
-  }
-  {
-    // Every posted write must finish before the blocks can be freed or the
-    // reservation handed over.
-    absl::MutexLock lock(&mu);
-    auto drained = [&pending]() { return pending == 0; };
-    mu.Await(absl::Condition(&drained));
-  }
-  if (!first_error.ok()) return fail(first_error);
+  if (!call->open_error.ok()) return fail(call->open_error);
+  if (call->cancelled.load()) return fail(absl::CancelledError("the router cancelled the call"));
+  // Every posted write must finish before the blocks can be freed or the
+  // reservation handed over.
+  if (absl::Status sent = DrainSends(*call); !sent.ok()) return fail(sent);
+  const absl::Time start = call->transfer_start;
+  const std::unique_ptr<KvTransfer>& transfer = call->transfer;
   v1::PrefillResponse progress;
   progress.mutable_progress()->set_layers_sent(sender_->num_layers());
-  progress.mutable_progress()->set_sent_bytes((*transfer)->bytes_sent());
+  progress.mutable_progress()->set_sent_bytes(transfer->bytes_sent());
   call->channel->Push(std::move(progress));
 
   commit.set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
   commit.set_num_tokens(call->prompt_tokens);
-  commit.set_message_bytes((*transfer)->message_bytes());
+  commit.set_message_bytes(transfer->message_bytes());
   *commit.mutable_first_token() = call->first_token;
   const absl::Duration transfer_time = clock_->Now() - start;
   SetProtoDuration(transfer_time, commit.mutable_transfer_time());
@@ -181,11 +214,11 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   v1::PrefillResponse done;
   v1::KvTransferDone* d = done.mutable_transfer_done();
   d->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
-  d->set_sent_bytes((*transfer)->bytes_sent());
-  d->set_messages((*transfer)->messages());
+  d->set_sent_bytes(transfer->bytes_sent());
+  d->set_messages(transfer->messages());
   SetProtoDuration(clock_->Now() - start, d->mutable_transfer_time());
   *d->mutable_prefill_time() = commit.prefill_time();
-  d->set_lane((*transfer)->lane());
+  d->set_lane(transfer->lane());
   call->channel->Push(std::move(done));
   call->channel->Close(absl::OkStatus());
 }
@@ -251,6 +284,12 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   if (call->has_destination) {
     call->destination = request->destination();
     call->lease_end = clock_->Now() + DurationFromProto(request->destination().lease_remaining());
+    // Each layer goes as soon as the backend reports it computed, while the
+    // later layers compute (layer-wise overlap); Transfer sends the rest.
+    PrefillService* service = this;
+    prepared->on_layer_done = [service, call](int32_t layer, const std::vector<int32_t>& blocks) {
+      service->Enqueue([service, call, layer, blocks] { service->SendLayer(call, layer, blocks); });
+    };
   }
   call->submitted = clock_->Now();
   const bool logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;
@@ -301,6 +340,8 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
                                                 : v1::FINISH_REASON_LENGTH;
             self->Enqueue([self, call, reason] {
               if (call->has_destination) {
+                // Layers already on their way finish before the hand-off.
+                self->DrainSends(*call).IgnoreError();
                 v1::CommitKvRequest commit;
                 commit.set_decode_incarnation(call->destination.decode_incarnation());
                 commit.set_reservation_id(call->destination.reservation_id());
@@ -333,6 +374,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
                                          : absl::InternalError("the engine failed the prefill");
             self->Enqueue([self, call, why] {
               if (call->has_destination) {
+                self->DrainSends(*call).IgnoreError();
                 v1::CommitKvRequest commit;
                 commit.set_decode_incarnation(call->destination.decode_incarnation());
                 commit.set_reservation_id(call->destination.reservation_id());

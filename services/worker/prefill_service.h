@@ -57,7 +57,15 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   struct Call;
   // Runs `job` on the transfer thread.
   void Enqueue(std::function<void()> job);
-  // The transfer and hand-off of a computed prompt; on the transfer thread.
+  // Posts layer `layer` of the call's KV (opening the transfer at the
+  // first); layers go in order, and one out of order is left to Transfer.
+  // On the transfer thread.
+  void SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
+                 const std::vector<int32_t>& blocks);
+  // Waits for the call's posted layers; the first send error.
+  absl::Status DrainSends(Call& call);
+  // The rest of the transfer and the hand-off of a computed prompt; on the
+  // transfer thread.
   void Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks, int32_t first_token);
   // Decode.CommitKv to the call's decode worker.
   absl::Status Commit(const Call& call, const trident::v1::CommitKvRequest& request);

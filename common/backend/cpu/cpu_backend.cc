@@ -327,6 +327,7 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     kv.block_stride_elems = kv_spec_.block_stride_elements();
     kv.value_offset_elems = kv_spec_.value_offset_elements();
     kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
+    if (layer_observer()) layer_observer()(l);
     kernels::cpu::PagedAttention(kv, q, qkv_width, nq, seqs, scale, attn_.data(), q_out);
     layer.o->Forward(attn_.data(), total, tmp_.data());
     kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,

@@ -61,6 +61,7 @@ class CpuBackend : public ModelBackend {
   absl::StatusOr<KvMemory> kv_memory() const override;
   std::string Describe() const override;
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
+  bool reports_layer_progress() const override { return true; }
 
   const model::ModelConfig& config() const { return config_; }
   // Bytes of weights read by one decode step (every packed matmul weight

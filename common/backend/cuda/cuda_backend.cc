@@ -100,6 +100,16 @@ absl::Status AddRmsNorm(float* residual, const void* delta, bool replace, const 
 }  // namespace
 
 struct CudaBackend::Impl {
+  // The engine's layer observer during a forward with one; null otherwise.
+  const std::function<void(int32_t)>* layer_observer = nullptr;
+  // cudaLaunchHostFunc payloads: (this, layer) for each layer.
+  std::vector<std::pair<Impl*, int32_t>> layer_marks;
+  static void CUDART_CB LayerDone(void* mark) {
+    auto* m = static_cast<std::pair<Impl*, int32_t>*>(mark);
+    const std::function<void(int32_t)>* observer = m->first->layer_observer;
+    if (observer != nullptr) (*observer)(m->second);
+  }
+
   model::ModelConfig config;
   CudaBackendOptions options;
   int32_t max_model_len = 0;
@@ -505,6 +515,17 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     append.slots = dmeta.slots;
     append.num_tokens = total;
     TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
+    if (layer_observer != nullptr && !shape.all_decode) {
+      // Runs once the device has written this layer's KV (stream order).
+      if (layer_marks.size() != layers.size()) {
+        layer_marks.clear();
+        for (int32_t i = 0; i < static_cast<int32_t>(layers.size()); ++i) {
+          layer_marks.emplace_back(this, i);
+        }
+      }
+      TRIDENT_RETURN_IF_ERROR(
+          CudaCheck(cudaLaunchHostFunc(stream, &Impl::LayerDone, &layer_marks[l]), "layer mark"));
+    }
     if (shape.all_decode) {
       kc::PagedDecodeArgs a;
       paged_args(a, layer_base);
@@ -854,7 +875,34 @@ std::string CudaBackend::Describe() const {
                       " blocks of ", impl_->kv_spec.block_size, " tokens");
 }
 
+namespace {
+
+// Points the backend's layer observer at `observer` (if set) for one forward,
+// and on the way out waits for the stream, so that no host function runs
+// after the forward returns (even one that failed midway).
+class LayerObserverScope {
+ public:
+  LayerObserverScope(const std::function<void(int32_t)>*& target,
+                     const std::function<void(int32_t)>& observer, cudaStream_t stream)
+      : target_(target), stream_(stream) {
+    if (observer) target_ = &observer;
+  }
+  ~LayerObserverScope() {
+    if (target_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      target_ = nullptr;
+    }
+  }
+
+ private:
+  const std::function<void(int32_t)>*& target_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
 absl::Status CudaBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
+  LayerObserverScope scope(impl_->layer_observer, layer_observer(), impl_->stream);
   return impl_->Forward(batch, logits);
 }
 
@@ -863,6 +911,7 @@ bool CudaBackend::samples_on_device() const { return impl_->options.device_sampl
 absl::Status CudaBackend::ForwardSample(absl::Span<const StepSequence> batch,
                                         absl::Span<const RowSampling> rows,
                                         absl::Span<sampling::SampledToken> out) {
+  LayerObserverScope scope(impl_->layer_observer, layer_observer(), impl_->stream);
   return impl_->ForwardSample(batch, rows, out);
 }
 

@@ -75,6 +75,8 @@ class CudaBackend : public ModelBackend {
   // positions or block ids; INTERNAL for CUDA errors.
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
   bool samples_on_device() const override;
+  // Layer progress through cudaLaunchHostFunc after each layer's KV append.
+  bool reports_layer_progress() const override { return true; }
   absl::Status ForwardSample(absl::Span<const StepSequence> batch,
                              absl::Span<const RowSampling> rows,
                              absl::Span<sampling::SampledToken> out) override;
