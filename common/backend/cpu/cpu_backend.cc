@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -96,6 +97,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const std::string
   std::unique_ptr<CpuBackend> backend(new CpuBackend());
   backend->options_ = options;
   TRIDENT_RETURN_IF_ERROR(cpu::ConfigureCpuThreads(options.num_threads, options.pin_threads));
+  backend->threads_configured_for_ = std::this_thread::get_id();
   TRIDENT_RETURN_IF_ERROR(backend->Load(model_dir));
   return backend;
 }
@@ -233,6 +235,13 @@ std::string CpuBackend::Describe() const {
 }
 
 absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
+  // OpenMP's thread count (and our pinning) belong to the thread that opens
+  // parallel regions: set them up again when a new thread drives the backend
+  // (the engine's loop runs on its own thread, not the one that created us).
+  if (std::this_thread::get_id() != threads_configured_for_) {
+    TRIDENT_RETURN_IF_ERROR(cpu::ConfigureCpuThreads(options_.num_threads, options_.pin_threads));
+    threads_configured_for_ = std::this_thread::get_id();
+  }
   const int64_t h = config_.hidden_size;
   const int32_t nq = config_.num_attention_heads;
   const int32_t nkv = config_.num_key_value_heads;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -83,6 +84,8 @@ class CpuBackend : public ModelBackend {
 
   model::ModelConfig config_;
   CpuBackendOptions options_;
+  // The thread whose OpenMP settings were configured (see Forward).
+  std::thread::id threads_configured_for_;
   int32_t max_model_len_ = 0;
   int64_t weight_bytes_per_step_ = 0;
   std::vector<Layer> layers_;

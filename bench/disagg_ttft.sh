@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Time to first token of a long prompt served disaggregated (router ->
+# prefill worker -> KV over UCX, layer by layer while later layers compute ->
+# decode worker) against the same prompt on one worker in role `both`
+# (colocated), same model, same machine, same run. Also reports the time to
+# the second token, which includes the hand-off: the rest of the transfer,
+# the commit and the decode worker's first step.
+#
+#   bench/disagg_ttft.sh [MODEL_DIR] [PREFILL_DEVICE] [DECODE_DEVICE]
+#
+# Devices are worker --device values (cuda:0, cuda:1, cpu); with both on one
+# GPU each worker gets half of its memory. MODEL_DIR (default
+# /tmp/llama3-8b) is written with make_model's llama3-8b preset (random bf16
+# weights) when it has no config.json. Environment: PROMPT_TOKENS (8192),
+# NUM_REQUESTS (12, the first WARMUP_S seconds' requests left out),
+# WARMUP_S (3), RATE (0.5 requests/s, spaced almost evenly so that requests
+# never overlap), OUT (a directory for logs and JSON reports), BIN_DIR (the
+# built programs; else bazel-bin, else PATH).
+set -euo pipefail
+model_dir=${1:-/tmp/llama3-8b}
+prefill_device=${2:-cuda:0}
+decode_device=${3:-$prefill_device}
+prompt=${PROMPT_TOKENS:-8192}
+requests=${NUM_REQUESTS:-12}
+warmup=${WARMUP_S:-3}
+rate=${RATE:-0.5}
+out=${OUT:-$(mktemp -d)}
+bin=${BIN_DIR:-bazel-bin}
+mkdir -p "$out"
+tool() {
+  if [[ -x "$bin/$1" ]]; then echo "$bin/$1"; elif [[ -x "$bin/$(basename "$1")" ]]; then
+    echo "$bin/$(basename "$1")"; else basename "$1"; fi
+}
+if [[ ! -f "$model_dir/config.json" ]]; then
+  "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
+fi
+fraction=0.9
+[[ "$prefill_device" == "$decode_device" ]] && fraction=0.44
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+# start NAME BINARY FLAGS...: runs a service on free ports and sets
+# PORT_<NAME> once it is serving.
+start() {
+  local name=$1 binary=$2
+  shift 2
+  local ready="$out/$name.ready"
+  rm -f "$ready"
+  "$binary" --host=127.0.0.1 --port=0 --metrics_port=0 --ready_fd=3 "$@" \
+      3>"$ready" >"$out/$name.log" 2>&1 &
+  pids+=($!)
+  local waited=0
+  until [[ -s "$ready" ]]; do
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+      echo "$name exited; its log:" >&2
+      tail -20 "$out/$name.log" >&2
+      exit 1
+    fi
+    sleep 0.5
+    waited=$((waited + 1))
+    if ((waited > 600)); then echo "$name not ready after 300 s" >&2; exit 1; fi
+  done
+  local port
+  port=$(sed -E 's/.*"grpc_port":([0-9]+).*/\1/' "$ready")
+  printf -v "PORT_${name}" '%s' "$port"
+  echo "$name serving on 127.0.0.1:$port" >&2
+}
+
+worker() {
+  local name=$1 role=$2 device=$3
+  shift 3
+  start "$name" "$(tool services/worker/worker)" --model="$model_dir" --role="$role" \
+      --device="$device" --worker_id="$name" --gpu_memory_fraction="$fraction" \
+      --max_batch_tokens="$prompt" --max_model_len=$((prompt + 64)) "$@"
+}
+
+load() {
+  local label=$1 port=$2
+  "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$port" --rate="$rate" --arrival=gamma \
+      --gamma_shape=100 --num_requests="$requests" --warmup_s="$warmup" \
+      --prompt_tokens="fixed:$prompt" --output_tokens=fixed:2 --seed=1 --progress=false \
+      --json_out="$out/$label.json" >"$out/$label.txt" 2>&1
+  python3 - "$out/$label.json" "$label" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+ttft, e2e = r["latency_ms"]["ttft"], r["latency_ms"]["e2e"]
+q = r["requests"]
+if q["completed"] != q["measured"] or q["failed"] or q["rejected"] or q["dropped"]:
+    raise SystemExit(f"{sys.argv[2]}: not every request completed: {q}")
+print(f"{sys.argv[2]:>14}: TTFT p50 {ttft['p50']:8.1f} ms  p90 {ttft['p90']:8.1f} ms   "
+      f"second token (E2E of 2) p50 {e2e['p50']:8.1f} ms  p90 {e2e['p90']:8.1f} ms  "
+      f"(n={ttft['count']})")
+EOF
+}
+
+echo "model $model_dir, prompt $prompt tokens, prefill on $prefill_device, decode on $decode_device"
+worker both both "$prefill_device" --kv_transport=none
+load colocated "$PORT_both" | tee "$out/colocated.summary"
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
+
+worker prefill prefill "$prefill_device"
+worker decode decode "$decode_device"
+start router "$(tool services/router/router)" --model="$model_dir" \
+    --prefill_workers="127.0.0.1:$PORT_prefill" --decode_workers="127.0.0.1:$PORT_decode" \
+    --load_interval_ms=50 --admission=false --max_model_len=$((prompt + 64))
+load disaggregated "$PORT_router" | tee "$out/disaggregated.summary"
+grep -h "lane" "$out"/prefill.log | head -3 || true
+python3 - "$out/colocated.json" "$out/disaggregated.json" <<'EOF'
+import json, sys
+def p50(path, name):
+    return json.load(open(path))["latency_ms"][name]["p50"] / 1e3
+c, d = p50(sys.argv[1], "ttft"), p50(sys.argv[2], "ttft")
+c2, d2 = p50(sys.argv[1], "e2e"), p50(sys.argv[2], "e2e")
+print(f"TTFT overhead of disaggregation: {100*(d/c-1):+.1f}% (p50 {d*1e3:.1f} vs {c*1e3:.1f} ms); "
+      f"second token: {100*(d2/c2-1):+.1f}% (p50 {d2*1e3:.1f} vs {c2*1e3:.1f} ms)")
+EOF
+echo "logs and reports in $out"
