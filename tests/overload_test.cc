@@ -53,8 +53,8 @@ using ::trident::testing::TestTmpPath;
 
 constexpr uint64_t kSeed = 20240611;
 // SLO targets as multiples of the unloaded medians.
-constexpr double kTtftSloFactor = 5;
-constexpr double kTpotSloFactor = 4;
+constexpr double kTtftSloFactor = 10;
+constexpr double kTpotSloFactor = 8;
 // Overload: arrivals at this multiple of the measured capacity.
 constexpr double kOverloadFactor = 2;
 constexpr absl::Duration kOverloadDuration = absl::Seconds(15);

@@ -168,7 +168,8 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
   bool finished = false;
   // Milestones for the debug line: first token, KV transfer done, second
   // token (the first from decode), last token.
-  absl::Time first_token, transfer_done, second_token, last_token;
+  absl::Time started = absl::Now(), reserved_at, prefill_started, first_token, transfer_done,
+             second_token, last_token;
   auto emit = [&](engine::TokenEvent ev) {
     if (finished) return;
     if (ev.finish == engine::FinishReason::kNone || ev.token >= 0) {
@@ -208,6 +209,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     status = flight->decode_stubs->decode->ReserveKv(&context, reserve, &reserved);
+    reserved_at = absl::Now();
   }
   if (!status.ok()) {
     fail(absl::StrCat("ReserveKv on ", flight->decode_address, ": ", status.error_message()));
@@ -253,13 +255,18 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     auto prefill_reader = flight->prefill_stubs->prefill->Prefill(&prefill_context, prefill);
     v1::PrefillResponse p;
     while (prefill_reader->Read(&p)) {
-      if (p.has_first_token()) {
+      if (p.has_started()) {
+        prefill_started = absl::Now();
+      } else if (p.has_first_token()) {
+        // The prompt is computed: the prefill worker's queue is shorter by
+        // it from now on (its KV transfer runs beside the next prefills).
+        admission_->MarkPrefillDone(flight->admission);
+        admission_->ObserveTtft(flight->admission, absl::Now() - flight->admitted);
         for (int i = 0; i < p.first_token().token_ids_size(); ++i) {
           emit(EventFrom(r.id, p.first_token(), i, outputs++));
         }
       } else if (p.has_transfer_done()) {
         transfer_done = absl::Now();
-        admission_->MarkPrefillDone(flight->admission);
       } else if (p.has_complete()) {
         // The first token ended the request.
         engine::TokenEvent end;
@@ -302,6 +309,10 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     }
     if (!finished) fail("the decode stream ended without a completion");
   }
+  if (outputs >= 2) {
+    // The client's TPOT: the mean gap after the first token.
+    admission_->ObserveTpot(flight->admission, (last_token - first_token) / (outputs - 1));
+  }
   admission_->Release(flight->admission);
   if (TRIDENT_LOG_IS_ON(DEBUG) && outputs > 0) {
     // Predictions against outcomes, as the router sees them (client-side
@@ -316,7 +327,10 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
                        << ms(second_token - flight->admitted) << " tpot_ms "
                        << (outputs > 1 ? ms(last_token - first_token) / (outputs - 1) : 0.0)
                        << " decode_tpot_ms "
-                       << (outputs > 2 ? ms(last_token - second_token) / (outputs - 2) : 0.0);
+                       << (outputs > 2 ? ms(last_token - second_token) / (outputs - 2) : 0.0)
+                       << " thread_start_ms " << ms(started - flight->admitted) << " reserved_ms "
+                       << ms(reserved_at - flight->admitted) << " prefill_started_ms "
+                       << ms(prefill_started - flight->admitted);
   }
   absl::MutexLock lock(&mu_);
   flights_.erase(r.id);
