@@ -5,11 +5,16 @@
 // admission off, the same schedule's SLO attainment collapses.
 //
 // Phases, in one test (each needs the one before):
-//   1. Unloaded latencies: a few requests far apart; their TTFT and TPOT
-//      medians set the SLO targets (kTtftSloFactor, kTpotSloFactor times).
+//   1. Unloaded latencies: 16 requests at 2/s (which also warm the workers
+//      up); their TTFT and TPOT medians times kTtftSloFactor and
+//      kTpotSloFactor are the SLO targets. The factors leave room for the
+//      batching and queueing a loaded cluster needs to be useful at all (4
+//      CPU workers share 2 cores: a busy prefill slows every decode step).
 //   2. Capacity: a burst of requests without targets, all sent at once; the
 //      cluster's saturated throughput is their number over the time from
 //      the burst to the last completion (the cluster is busy all along).
+//      This is the raw throughput at saturation, above what the cluster can
+//      serve within the targets, so twice it is a deep overload.
 //   3. Overload, admission on: Poisson arrivals at kOverloadFactor times the
 //      capacity, every request carrying the targets.
 //   4. Overload, admission off: the router restarted with --admission=false,
@@ -21,9 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 

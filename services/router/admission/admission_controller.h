@@ -15,6 +15,8 @@
 //   * Admit / MarkPrefillDone / Release: the requests in flight. Admit records
 //     what it admits, so the next decision sees that load before any worker
 //     reports it.
+//   * ObserveTtft / ObserveTpot: admitted requests' measured latencies, which
+//     calibrate each worker's predictions against what actually happens.
 //
 // The decision for a request of P prompt tokens and at most O output tokens:
 //
@@ -22,10 +24,14 @@
 //        TTFT_p = queue_p + prefill_p(P) + transfer(P)
 //      where queue_p is the backlog the worker last reported, less what it
 //      computed since then at its fitted rate, plus prompts admitted to it
-//      since then; prefill_p(P) = a_p + b_p * P (PrefillModel); transfer is
-//      the TransferModel's time (zero when prefill and decode are the same
-//      worker). T = now + min over passing p of TTFT_p is when this request
-//      would join a decode batch.
+//      since then, or, if more, the prompts this router admitted to it and
+//      has not seen prefilled, less what the worker computed since it
+//      started on them (reports miss prompts not yet in the engine and those
+//      of the step in progress); prefill_p(P) = a_p + b_p * P
+//      (PrefillModel); transfer is the TransferModel's time (zero when
+//      prefill and decode are the same worker). The sum is scaled by the
+//      worker's calibration (AdmissionOptions), as is TPOT_d below. T = now + min over passing p of
+//      TTFT_p is when this request would join a decode batch.
 //   2. Each eligible decode worker d forecasts its batch AT TIME T, not now
 //      (Mooncake: deciding on current decode load makes prefill and decode
 //      load oscillate out of phase):
