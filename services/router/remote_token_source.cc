@@ -57,6 +57,11 @@ struct RemoteTokenSource::Flight {
   engine::EngineRequest request;
   engine::TokenCallback callback;
   admission::AdmissionId admission = 0;
+  // For the debug line at the end: the admission's predictions and when the
+  // request reached its milestones.
+  absl::Duration predicted_ttft;
+  absl::Duration predicted_tpot;
+  absl::Time admitted;
   std::string prefill_address;
   std::string decode_address;
   Stubs* prefill_stubs = nullptr;
@@ -124,6 +129,9 @@ absl::Status RemoteTokenSource::Submit(engine::EngineRequest request,
   if (!decision->admitted) return admission::RejectionStatus(*decision);
   auto flight = std::make_shared<Flight>();
   flight->admission = decision->id;
+  flight->predicted_ttft = decision->predicted_ttft;
+  flight->predicted_tpot = decision->predicted_tpot;
+  flight->admitted = absl::Now();
   const std::string decode_id(decision->decode_worker_id);
   const std::string prefill_id(decision->prefill_worker_id);
   {
@@ -173,8 +181,18 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
   const engine::EngineRequest& r = flight->request;
   int32_t outputs = 0;
   bool finished = false;
+  // Milestones for the debug line: first token, KV transfer done, second
+  // token (the first from decode), last token.
+  absl::Time started = absl::Now(), reserved_at, prefill_started, first_token, transfer_done,
+             second_token, last_token;
   auto emit = [&](engine::TokenEvent ev) {
     if (finished) return;
+    if (ev.finish == engine::FinishReason::kNone || ev.token >= 0) {
+      const absl::Time now = absl::Now();
+      if (ev.output_index == 0) first_token = now;
+      if (ev.output_index == 1) second_token = now;
+      last_token = now;
+    }
     finished = ev.finish != engine::FinishReason::kNone;
     if (ev.token >= 0 && !finished) flight->observer->OnToken();
     if (finished) flight->observer->OnFinish(ev.finish);
@@ -210,6 +228,7 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     status = flight->decode_stubs->decode->ReserveKv(&context, reserve, &reserved);
+    reserved_at = absl::Now();
   }
   if (!status.ok()) {
     fail(absl::StrCat("ReserveKv on ", flight->decode_address, ": ", status.error_message()));
@@ -278,12 +297,18 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     auto prefill_reader = flight->prefill_stubs->prefill->Prefill(&prefill_context, prefill);
     v1::PrefillResponse p;
     while (prefill_reader->Read(&p)) {
-      if (p.has_first_token()) {
+      if (p.has_started()) {
+        prefill_started = absl::Now();
+      } else if (p.has_first_token()) {
+        // The prompt is computed: the prefill worker's queue is shorter by
+        // it from now on (its KV transfer runs beside the next prefills).
+        admission_->MarkPrefillDone(flight->admission);
+        admission_->ObserveTtft(flight->admission, absl::Now() - flight->admitted);
         for (int i = 0; i < p.first_token().token_ids_size(); ++i) {
           emit(EventFrom(r.id, p.first_token(), i, outputs++));
         }
       } else if (p.has_transfer_done()) {
-        admission_->MarkPrefillDone(flight->admission);
+        transfer_done = absl::Now();
         flight->observer->OnPrefillDone();
       } else if (p.has_complete()) {
         // The first token ended the request.
@@ -348,7 +373,29 @@ void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
     }
     if (!finished) fail("the decode stream ended without a completion");
   }
+  if (outputs >= 2) {
+    // The client's TPOT: the mean gap after the first token.
+    admission_->ObserveTpot(flight->admission, (last_token - first_token) / (outputs - 1));
+  }
   admission_->Release(flight->admission);
+  if (TRIDENT_LOG_IS_ON(DEBUG) && outputs > 0) {
+    // Predictions against outcomes, as the router sees them (client-side
+    // latencies add the router's own streaming).
+    auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+    TRIDENT_LOG(DEBUG) << "request " << r.id << " prefill " << flight->prefill_address << " decode "
+                       << flight->decode_address << " prompt " << r.prompt.size() << " outputs "
+                       << outputs << ": predicted ttft_ms " << ms(flight->predicted_ttft)
+                       << " tpot_ms " << ms(flight->predicted_tpot) << "; actual ttft_ms "
+                       << ms(first_token - flight->admitted) << " transfer_done_ms "
+                       << ms(transfer_done - flight->admitted) << " second_token_ms "
+                       << ms(second_token - flight->admitted) << " tpot_ms "
+                       << (outputs > 1 ? ms(last_token - first_token) / (outputs - 1) : 0.0)
+                       << " decode_tpot_ms "
+                       << (outputs > 2 ? ms(last_token - second_token) / (outputs - 2) : 0.0)
+                       << " thread_start_ms " << ms(started - flight->admitted) << " reserved_ms "
+                       << ms(reserved_at - flight->admitted) << " prefill_started_ms "
+                       << ms(prefill_started - flight->admitted);
+  }
   absl::MutexLock lock(&mu_);
   flights_.erase(r.id);
   --running_threads_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,20 @@ struct AdmissionController::Record {
   uint64_t prefill_report_seq = 0;
   // Position in the decode worker's `decode_records`.
   uint32_t decode_pos = 0;
+  // The models' predictions before calibration, and whether the outcomes
+  // were observed.
+  double raw_ttft = 0;
+  double raw_tpot = 0;
+  bool ttft_observed = false;
+  bool tpot_observed = false;
+};
+
+struct AdmissionController::Calibration {
+  // (when, value) of the latest outcomes, oldest first.
+  std::deque<std::pair<double, double>> outcomes;
+  // The quantile of `outcomes`, valid unless `dirty`.
+  double quantile = 0;
+  bool dirty = false;
 };
 
 struct AdmissionController::Worker {
@@ -107,6 +122,15 @@ struct AdmissionController::Worker {
   int64_t requests_since_report = 0;
   // Prompt tokens admitted and not yet prefilled, per class.
   std::vector<int64_t> class_prefill_tokens;
+  // Prompts admitted here and not yet prefilled, whatever the reports say,
+  // and since when the worker has been computing them (the admission that
+  // found it idle of ours, or its last prefill of ours that ended).
+  int64_t outstanding_requests = 0;
+  int64_t outstanding_tokens = 0;
+  double outstanding_since = 0;
+  // Those prompts as (slot, generation), in admission order; entries whose
+  // record is prefilled or released are dropped lazily from the front.
+  std::deque<std::pair<uint32_t, uint32_t>> outstanding;
   // Decode side: slots of the records decoding (or to decode) here.
   std::vector<uint32_t> decode_records;
   // KV blocks (prompt + max output) of those records, per class.
@@ -116,15 +140,20 @@ struct AdmissionController::Worker {
   double released_sequences = 0;
   double released_context_tokens = 0;
   double released_blocks = 0;
+  // Outcomes against predictions: TTFT errors here as a prefill worker, TPOT
+  // ratios as a decode worker.
+  Calibration ttft_calibration;
+  Calibration tpot_calibration;
 };
 
 struct AdmissionController::PrefillEval {
   bool eligible = false;
   int stage = kStagePassed;
   double backlog_tokens = 0;
-  double ttft = kInf;   // Including the transfer.
-  double transfer = 0;  // Part of `ttft`.
-  double retry = -1;    // Seconds until it would pass; < 0 unknown.
+  double ttft = kInf;      // Including the transfer and the calibration.
+  double raw_ttft = kInf;  // The same before calibration.
+  double transfer = 0;     // Part of `ttft`.
+  double retry = -1;       // Seconds until it would pass; < 0 unknown.
 };
 
 struct AdmissionController::DecodeEval {
@@ -135,8 +164,9 @@ struct AdmissionController::DecodeEval {
   double context_tokens = 0;
   double free_blocks = 0;
   double min_tpot_target = kInf;
-  // Prediction including this request.
+  // Prediction including this request, and the calibration's factor in it.
   double tpot = kInf;
+  double tpot_scale = 1;
   double slack = -kInf;
 };
 
@@ -237,6 +267,24 @@ absl::optional<WorkerModelSnapshot> AdmissionController::ModelsOf(
   if (it == worker_index_.end()) return absl::nullopt;
   const Worker& worker = *workers_[it->second];
   WorkerModelSnapshot snapshot;
+  const double now = NowSeconds();
+  auto quantile = [&](const Calibration& c, double none) {
+    std::vector<double> values;
+    for (const auto& [when, value] : c.outcomes) {
+      if (now - when <= absl::ToDoubleSeconds(options_.calibration_max_age)) {
+        values.push_back(value);
+      }
+    }
+    if (values.empty()) return none;
+    std::sort(values.begin(), values.end());
+    const size_t k = static_cast<size_t>(
+        std::ceil(options_.calibration_quantile * static_cast<double>(values.size())));
+    return values[std::clamp<size_t>(k, 1, values.size()) - 1];
+  };
+  snapshot.ttft_scale = std::clamp(quantile(worker.ttft_calibration, 1),
+                                   options_.min_calibration_scale, options_.max_calibration_scale);
+  snapshot.tpot_scale = std::clamp(quantile(worker.tpot_calibration, 1),
+                                   options_.min_calibration_scale, options_.max_calibration_scale);
   snapshot.prefill_fixed_seconds = worker.prefill_model.fixed_seconds();
   snapshot.prefill_seconds_per_token = worker.prefill_model.seconds_per_token();
   snapshot.decode_fixed_seconds = worker.decode_model.fixed_seconds();
@@ -266,6 +314,18 @@ void AdmissionController::PrefillBacklog(const Worker& worker, double now, doubl
   const double fraction = reported > 0 ? remaining / reported : 0;
   *tokens = fraction * report.queued_prefill_tokens + worker.tokens_since_report;
   *seconds = remaining + a * worker.requests_since_report + b * worker.tokens_since_report;
+  // What this router admitted and has not seen prefilled yet, less what the
+  // worker computed of it since it started on it. A report need not show
+  // prompts the worker received but has not taken into its engine yet
+  // (those that arrived during a step), nor the ones the step in progress
+  // computes: on a worker that prefills its whole queue in one step, the
+  // reported queue is empty at almost every sample, however long it is.
+  const double own = a * worker.outstanding_requests + b * worker.outstanding_tokens;
+  const double own_remaining = std::max(0.0, own - (now - worker.outstanding_since));
+  if (own_remaining > *seconds) {
+    *seconds = own_remaining;
+    *tokens = std::max(*tokens, (own > 0 ? own_remaining / own : 0) * worker.outstanding_tokens);
+  }
 }
 
 void AdmissionController::InReport(const Worker& worker, const Record& r, double now,
@@ -374,12 +434,87 @@ double AdmissionController::DecodeWaitSeconds(const Worker& worker, const Decode
     const bool kv_ok =
         free_blocks - UnusedReservedByOthers(class_scratch_, capacity, klass) >= need_blocks;
     const bool tpot_ok =
-        worker.decode_model.PredictSeconds(
-            static_cast<int64_t>(std::max(batch, 0.0)) + 1,
-            static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <= tpot_limit;
+        eval.tpot_scale * worker.decode_model.PredictSeconds(
+                              static_cast<int64_t>(std::max(batch, 0.0)) + 1,
+                              static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <=
+        tpot_limit;
     if (kv_ok && tpot_ok) return finish - t;
   }
   return -1;
+}
+
+void AdmissionController::AddOutcome(Calibration& c, double now, double value) {
+  if (!std::isfinite(value)) return;
+  c.outcomes.emplace_back(now, value);
+  while (static_cast<int>(c.outcomes.size()) > std::max(1, options_.calibration_window)) {
+    c.outcomes.pop_front();
+  }
+  c.dirty = true;
+}
+
+double AdmissionController::CalibrationQuantile(Calibration& c, double now, double none) {
+  const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
+  while (!c.outcomes.empty() && now - c.outcomes.front().first > max_age) {
+    c.outcomes.pop_front();
+    c.dirty = true;
+  }
+  if (c.outcomes.empty()) return none;
+  if (c.dirty) {
+    calibration_scratch_.clear();
+    for (const auto& [when, value] : c.outcomes) calibration_scratch_.push_back(value);
+    const size_t k = static_cast<size_t>(std::ceil(
+        options_.calibration_quantile * static_cast<double>(calibration_scratch_.size())));
+    const size_t index = std::clamp<size_t>(k, 1, calibration_scratch_.size()) - 1;
+    std::nth_element(calibration_scratch_.begin(), calibration_scratch_.begin() + index,
+                     calibration_scratch_.end());
+    c.quantile = calibration_scratch_[index];
+    c.dirty = false;
+  }
+  return c.quantile;
+}
+
+double AdmissionController::TtftScale(Worker& worker, double now) {
+  double scale = CalibrationQuantile(worker.ttft_calibration, now, 1);
+  // The oldest prompt still waiting here has a TTFT of at least its age: a
+  // lower bound on its ratio, known before it ends (a stalled or slowed
+  // worker shows here at once, not one request later).
+  while (!worker.outstanding.empty()) {
+    const auto [slot, generation] = worker.outstanding.front();
+    const Record& r = records_[slot];
+    if (r.in_use && r.generation == generation && !r.prefill_done) break;
+    worker.outstanding.pop_front();
+  }
+  if (!worker.outstanding.empty()) {
+    const Record& oldest = records_[worker.outstanding.front().first];
+    if (oldest.raw_ttft > 0) scale = std::max(scale, (now - oldest.admitted) / oldest.raw_ttft);
+  }
+  return std::clamp(scale, options_.min_calibration_scale, options_.max_calibration_scale);
+}
+
+double AdmissionController::TpotScale(Worker& worker, double now) {
+  return std::clamp(CalibrationQuantile(worker.tpot_calibration, now, 1),
+                    options_.min_calibration_scale, options_.max_calibration_scale);
+}
+
+void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
+  const double now = NowSeconds();
+  absl::MutexLock lock(&mu_);
+  Record* r = FindRecord(id);
+  if (r == nullptr || r->ttft_observed || !(r->raw_ttft > 0) || !std::isfinite(r->raw_ttft)) {
+    return;
+  }
+  r->ttft_observed = true;
+  AddOutcome(workers_[r->prefill]->ttft_calibration, now,
+             absl::ToDoubleSeconds(ttft) / r->raw_ttft);
+}
+
+void AdmissionController::ObserveTpot(AdmissionId id, absl::Duration tpot) {
+  const double now = NowSeconds();
+  absl::MutexLock lock(&mu_);
+  Record* r = FindRecord(id);
+  if (r == nullptr || r->tpot_observed || !(r->raw_tpot > 0)) return;
+  r->tpot_observed = true;
+  AddOutcome(workers_[r->decode]->tpot_calibration, now, absl::ToDoubleSeconds(tpot) / r->raw_tpot);
 }
 
 absl::Duration AdmissionController::ClampRetry(double seconds) const {
@@ -399,7 +534,7 @@ AdmissionController::Record* AdmissionController::FindRecord(AdmissionId id) {
 AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int klass, int prefill,
                                            int decode, double now, double decode_start,
                                            double tpot_seconds, double tpot_target,
-                                           int64_t need_blocks) {
+                                           int64_t need_blocks, double raw_ttft, double raw_tpot) {
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -421,9 +556,17 @@ AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int 
   r.decode_start = decode_start;
   r.tpot = tpot_seconds;
   r.tpot_target = tpot_target;
+  r.raw_ttft = raw_ttft;
+  r.raw_tpot = raw_tpot;
+  r.ttft_observed = false;
+  r.tpot_observed = false;
 
   Worker& p = *workers_[prefill];
   r.prefill_report_seq = p.report_seq;
+  if (p.outstanding_requests == 0) p.outstanding_since = now;
+  p.outstanding_requests += 1;
+  p.outstanding_tokens += request.prompt_tokens;
+  p.outstanding.emplace_back(slot, r.generation);
   p.tokens_since_report += request.prompt_tokens;
   p.requests_since_report += 1;
   p.class_prefill_tokens[klass] += request.prompt_tokens;
@@ -436,8 +579,11 @@ AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int 
   return (static_cast<uint64_t>(r.generation) << 32) | slot;
 }
 
-void AdmissionController::EndPrefill(Record& r) {
+void AdmissionController::EndPrefill(Record& r, double now) {
   Worker& p = *workers_[r.prefill];
+  p.outstanding_requests -= 1;
+  p.outstanding_tokens -= r.prompt_tokens;
+  p.outstanding_since = now;
   if (r.prefill_report_seq == p.report_seq) {
     p.tokens_since_report -= r.prompt_tokens;
     p.requests_since_report -= 1;
@@ -451,7 +597,7 @@ void AdmissionController::MarkPrefillDone(AdmissionId id) {
   absl::MutexLock lock(&mu_);
   Record* r = FindRecord(id);
   if (r == nullptr || r->prefill_done) return;
-  EndPrefill(*r);
+  EndPrefill(*r, now);
   r->decode_start = now;
 }
 
@@ -460,7 +606,7 @@ void AdmissionController::Release(AdmissionId id) {
   absl::MutexLock lock(&mu_);
   Record* r = FindRecord(id);
   if (r == nullptr) return;
-  if (!r->prefill_done) EndPrefill(*r);
+  if (!r->prefill_done) EndPrefill(*r, now);
   Worker& d = *workers_[r->decode];
   // What the decode worker's last report still counts of it is free now.
   double sequences, context_tokens, blocks;
@@ -519,7 +665,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   double best_pass_ttft = kInf;
   double best_any_ttft = kInf;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    const Worker& w = *workers_[i];
+    Worker& w = *workers_[i];
     PrefillEval& e = prefill_scratch_[i];
     e = PrefillEval();
     if (w.report.role == WorkerRole::kDecode || !Eligible(w, now)) continue;
@@ -528,7 +674,8 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     double backlog_seconds;
     PrefillBacklog(w, now, &backlog_seconds, &e.backlog_tokens);
     e.transfer = transfer;
-    e.ttft = backlog_seconds + w.prefill_model.PredictSeconds(n) + transfer;
+    e.raw_ttft = backlog_seconds + w.prefill_model.PredictSeconds(n) + transfer;
+    e.ttft = TtftScale(w, now) * e.raw_ttft;
     best_any_ttft = std::min(best_any_ttft, e.ttft);
     const double b = w.prefill_model.seconds_per_token();
     const double queued = e.backlog_tokens + n;
@@ -554,15 +701,17 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   int best_decode = -1;
   int decode_stage = kStagePassed;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    const Worker& w = *workers_[i];
+    Worker& w = *workers_[i];
     DecodeEval& e = decode_scratch_[i];
     e = DecodeEval();
     if (w.report.role == WorkerRole::kPrefill || !Eligible(w, now)) continue;
     e.eligible = true;
     ++num_decode;
     ForecastDecode(w, now, t, &e);
-    e.tpot = w.decode_model.PredictSeconds(static_cast<int64_t>(e.batch) + 1,
-                                           static_cast<int64_t>(e.context_tokens) + n);
+    e.tpot_scale = TpotScale(w, now);
+    e.tpot =
+        e.tpot_scale * w.decode_model.PredictSeconds(static_cast<int64_t>(e.batch) + 1,
+                                                     static_cast<int64_t>(e.context_tokens) + n);
     const double limit = std::min(tpot_target, e.min_tpot_target) * margin;
     e.slack = limit - e.tpot;
     const double kv_total = w.report.kv_blocks_total;
@@ -609,19 +758,23 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     }
     int prefill = -1;
     double ttft = kInf;
+    double raw_ttft = kInf;
     for (size_t i = 0; i < workers_.size(); ++i) {
       const PrefillEval& e = prefill_scratch_[i];
       if (!e.eligible) continue;
-      const double ttft_i = e.ttft - (static_cast<int>(i) == decode ? e.transfer : 0);
+      const double transfer = static_cast<int>(i) == decode ? e.transfer : 0;
+      const double ttft_i = e.ttft - transfer;
       if (prefill < 0 || ttft_i < ttft) {
         prefill = static_cast<int>(i);
         ttft = ttft_i;
+        raw_ttft = e.raw_ttft - transfer;
       }
     }
-    const double tpot = decode_scratch_[decode].tpot;
+    const DecodeEval& d = decode_scratch_[decode];
+    const double tpot = d.tpot;
     decision.admitted = true;
-    decision.id =
-        AddRecord(request, klass, prefill, decode, now, now + ttft, tpot, tpot_target, need_blocks);
+    decision.id = AddRecord(request, klass, prefill, decode, now, now + ttft, tpot, tpot_target,
+                            need_blocks, raw_ttft, tpot / d.tpot_scale);
     decision.prefill_worker_id = workers_[prefill]->id;
     decision.decode_worker_id = workers_[decode]->id;
     decision.predicted_ttft = ToDuration(ttft);
@@ -655,6 +808,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   // transfer when it is the decode worker itself.
   int best_prefill = -1;
   double best_ttft = kInf;
+  double best_raw_ttft = kInf;
   int prefill_stage = kStagePassed;
   double wait = kInf;
   for (size_t i = 0; i < workers_.size(); ++i) {
@@ -677,6 +831,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     }
     if (ttft < best_ttft) {
       best_ttft = ttft;
+      best_raw_ttft = e.raw_ttft - (static_cast<int>(i) == best_decode ? e.transfer : 0);
       best_prefill = static_cast<int>(i);
     }
   }
@@ -688,8 +843,10 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   }
 
   decision.admitted = true;
-  decision.id = AddRecord(request, klass, best_prefill, best_decode, now, now + best_ttft,
-                          decode_scratch_[best_decode].tpot, tpot_target, need_blocks);
+  const DecodeEval& chosen = decode_scratch_[best_decode];
+  decision.id =
+      AddRecord(request, klass, best_prefill, best_decode, now, now + best_ttft, chosen.tpot,
+                tpot_target, need_blocks, best_raw_ttft, chosen.tpot / chosen.tpot_scale);
   decision.prefill_worker_id = workers_[best_prefill]->id;
   decision.decode_worker_id = workers_[best_decode]->id;
   decision.predicted_ttft = ToDuration(best_ttft);

@@ -15,6 +15,8 @@
 //   * Admit / MarkPrefillDone / Release: the requests in flight. Admit records
 //     what it admits, so the next decision sees that load before any worker
 //     reports it.
+//   * ObserveTtft / ObserveTpot: admitted requests' measured latencies, which
+//     calibrate each worker's predictions against what actually happens.
 //
 // The decision for a request of P prompt tokens and at most O output tokens:
 //
@@ -22,10 +24,14 @@
 //        TTFT_p = queue_p + prefill_p(P) + transfer(P)
 //      where queue_p is the backlog the worker last reported, less what it
 //      computed since then at its fitted rate, plus prompts admitted to it
-//      since then; prefill_p(P) = a_p + b_p * P (PrefillModel); transfer is
-//      the TransferModel's time (zero when prefill and decode are the same
-//      worker). T = now + min over passing p of TTFT_p is when this request
-//      would join a decode batch.
+//      since then, or, if more, the prompts this router admitted to it and
+//      has not seen prefilled, less what the worker computed since it
+//      started on them (reports miss prompts not yet in the engine and those
+//      of the step in progress); prefill_p(P) = a_p + b_p * P
+//      (PrefillModel); transfer is the TransferModel's time (zero when
+//      prefill and decode are the same worker). The sum is scaled by the
+//      worker's calibration (AdmissionOptions), as is TPOT_d below. T = now + min over passing p of
+//      TTFT_p is when this request would join a decode batch.
 //   2. Each eligible decode worker d forecasts its batch AT TIME T, not now
 //      (Mooncake: deciding on current decode load makes prefill and decode
 //      load oscillate out of phase):
@@ -129,6 +135,28 @@ struct AdmissionOptions {
   // about half miss by a little; 0.95 kept >= 95% of admitted requests
   // within their targets in admission_simulation_test across seeds.
   double slo_margin = 0.95;
+  // Calibration against outcomes (ObserveTtft, ObserveTpot). The cost
+  // models see what workers report, not everything a request goes through:
+  // the RPC hops around a prefill, the wait for a step boundary, the KV
+  // hand-off before the first decode step, the engine's work between steps,
+  // other processes on the same cores. Each worker keeps the outcomes of
+  // its last `calibration_window` requests (none older than
+  // `calibration_max_age`, so that a worker is never judged on a past it
+  // has left) and scales its predictions by the `calibration_quantile` of
+  // measured / predicted, clamped to [min_calibration_scale,
+  // max_calibration_scale]: a factor, because what the models miss grows
+  // with what they predict (a prefill queue drains slower when decode
+  // steps take the same cores; steps slow down together). The quantile,
+  // not the mean, so that predictions are rarely below outcomes. A prefill
+  // worker's TTFT factor is at least the age of its oldest prompt still
+  // waiting over that prompt's prediction (a stall shows at once). Without
+  // outcomes, no correction. The bounds keep one outlier from shutting a
+  // worker out until its outcomes age out.
+  int calibration_window = 64;
+  absl::Duration calibration_max_age = absl::Seconds(10);
+  double calibration_quantile = 0.95;
+  double min_calibration_scale = 0.5;
+  double max_calibration_scale = 4;
   // Bounds of the retry-after estimate; `default_retry_after` when no
   // estimate exists (no workers, or only sequences the router does not know
   // of would have to finish).
@@ -182,6 +210,9 @@ absl::Status RejectionStatus(const AdmissionDecision& decision);
 
 // Snapshot of one worker's fitted models, for tests, logs and metrics.
 struct WorkerModelSnapshot {
+  // Calibration: the factors of TTFT and TPOT predictions.
+  double ttft_scale = 1;
+  double tpot_scale = 1;
   double prefill_fixed_seconds = 0;
   double prefill_seconds_per_token = 0;
   double decode_fixed_seconds = 0;
@@ -230,6 +261,13 @@ class AdmissionController {
   // an unknown or released id, or a second call.
   void MarkPrefillDone(AdmissionId id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Outcomes of an admitted request, for calibration (see AdmissionOptions):
+  // its TTFT measured from the decision to its first token, and its TPOT,
+  // the mean time between its tokens after the first. Call before Release;
+  // no-op for an unknown or released id, or a second call.
+  void ObserveTtft(AdmissionId id, absl::Duration ttft) ABSL_LOCKS_EXCLUDED(mu_);
+  void ObserveTpot(AdmissionId id, absl::Duration tpot) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The request completed, failed or was cancelled: forget it. No-op for an
   // unknown or already released id.
   void Release(AdmissionId id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -274,9 +312,19 @@ class AdmissionController {
                                 int klass) const;
   AdmissionId AddRecord(const AdmissionRequest& request, int klass, int prefill, int decode,
                         double now, double decode_start, double tpot_seconds, double tpot_target,
-                        int64_t need_blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndPrefill(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        int64_t need_blocks, double raw_ttft, double raw_tpot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndPrefill(Record& record, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampRetry(double seconds) const;
+  // The worker's calibration (AdmissionOptions) at `now`, after dropping
+  // outcomes older than calibration_max_age.
+  double TtftScale(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double TpotScale(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Calibration;
+  void AddOutcome(Calibration& calibration, double now, double value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double CalibrationQuantile(Calibration& calibration, double now, double none)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AdmissionOptions options_;
   const QosConfig qos_;
@@ -295,6 +343,7 @@ class AdmissionController {
   std::vector<DecodeEval> decode_scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<double, uint32_t>> finish_scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> class_scratch_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> calibration_scratch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trident::router::admission

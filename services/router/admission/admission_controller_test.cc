@@ -503,5 +503,94 @@ TEST(AdmissionControllerTest, ClassDefaultsApplyWhenTheRequestLeavesTargetsUnset
   EXPECT_TRUE(cluster.Admit(request).admitted);
 }
 
+TEST(AdmissionControllerTest, PrefillBacklogCountsAdmittedPromptsTheReportsDoNotShow) {
+  // A worker that prefills its whole queue in one step reports an empty
+  // queue at almost every sample; what this router sent it still counts.
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision first =
+      cluster.Admit(Request(1000, 10, absl::Seconds(10), absl::Seconds(1)));
+  ASSERT_TRUE(first.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(first.predicted_ttft), 0.110, 1e-9);
+  cluster.Load(PrefillLoad("p0"));  // Sampled after the admission: still empty.
+  const AdmissionDecision second =
+      cluster.Admit(Request(1000, 10, absl::Seconds(10), absl::Seconds(1)));
+  ASSERT_TRUE(second.admitted);
+  // Behind the first prompt's 110 ms.
+  EXPECT_NEAR(absl::ToDoubleSeconds(second.predicted_ttft), 0.220, 1e-9);
+
+  // The first is done 50 ms later: the second is computed from then on.
+  cluster.clock().Advance(absl::Milliseconds(50));
+  cluster.controller().MarkPrefillDone(first.id);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision third =
+      cluster.Admit(Request(100, 10, absl::Seconds(10), absl::Seconds(1)));
+  ASSERT_TRUE(third.admitted);
+  // 110 ms for the second, then 10 ms + 100 / 10,000 s.
+  EXPECT_NEAR(absl::ToDoubleSeconds(third.predicted_ttft), 0.130, 1e-9);
+}
+
+TEST(AdmissionControllerTest, OutcomesScalePredictionsUntilTheyAgeOut) {
+  AdmissionOptions options = KnownModelOptions();
+  options.calibration_max_age = absl::Seconds(10);
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision first =
+      cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Seconds(1)));
+  ASSERT_TRUE(first.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(first.predicted_ttft), 0.020, 1e-9);
+  EXPECT_NEAR(absl::ToDoubleSeconds(first.predicted_tpot), 0.011, 1e-9);
+  // Twice the predicted TTFT, three times the predicted TPOT.
+  cluster.controller().MarkPrefillDone(first.id);
+  cluster.controller().ObserveTtft(first.id, absl::Milliseconds(40));
+  cluster.controller().ObserveTtft(first.id, absl::Milliseconds(400));  // Second call: ignored.
+  cluster.controller().ObserveTpot(first.id, absl::Milliseconds(33));
+  cluster.controller().Release(first.id);
+  EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 2, 1e-9);
+  EXPECT_NEAR(cluster.controller().ModelsOf("d0")->tpot_scale, 3, 1e-9);
+
+  AdmissionDecision next = cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Seconds(1)));
+  ASSERT_TRUE(next.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(next.predicted_ttft), 0.040, 1e-9);
+  EXPECT_NEAR(absl::ToDoubleSeconds(next.predicted_tpot), 0.033, 1e-9);
+  cluster.controller().MarkPrefillDone(next.id);
+  cluster.controller().Release(next.id);
+  // A TPOT target the calibrated prediction misses is rejected.
+  EXPECT_EQ(cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(30))).reason,
+            RejectReason::kTpot);
+
+  // Older than calibration_max_age: forgotten.
+  cluster.clock().Advance(absl::Seconds(11));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 1, 1e-9);
+  next = cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(30)));
+  ASSERT_TRUE(next.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(next.predicted_ttft), 0.020, 1e-9);
+  EXPECT_NEAR(absl::ToDoubleSeconds(next.predicted_tpot), 0.011, 1e-9);
+}
+
+TEST(AdmissionControllerTest, APromptWaitingPastItsPredictionRaisesTtftPredictions) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision first =
+      cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Seconds(1)));
+  ASSERT_TRUE(first.admitted);  // Predicted 20 ms.
+  // Still waiting 60 ms later: the worker runs at a third of its model.
+  cluster.clock().Advance(absl::Milliseconds(60));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision second =
+      cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Seconds(1)));
+  ASSERT_TRUE(second.admitted);
+  // The first's modelled work is over; 20 ms for this one, times 3.
+  EXPECT_NEAR(absl::ToDoubleSeconds(second.predicted_ttft), 0.060, 1e-9);
+  EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 1, 1e-9);  // No outcomes yet.
+}
+
 }  // namespace
 }  // namespace trident::router::admission
