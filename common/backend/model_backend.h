@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/backend/kv_copier.h"
 #include "common/kv/kv_layout.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
@@ -85,6 +87,15 @@ class ModelBackend {
   // exported (the fake).
   virtual absl::StatusOr<KvMemory> kv_memory() const {
     return absl::UnimplementedError("this backend's KV cache cannot be exported");
+  }
+
+  // A copier between the KV pool and host memory, for KV transports that
+  // cannot reach the pool (device memory, UCX without CUDA): see
+  // kv_copier.h. Each call makes a new one (the CUDA backend: with its own
+  // streams). UNIMPLEMENTED for backends whose pool transports reach
+  // directly (host memory) or that have none.
+  virtual absl::StatusOr<std::unique_ptr<KvCopier>> CreateKvCopier() const {
+    return absl::UnimplementedError("this backend's KV pool needs no copier");
   }
 
   // Whether ForwardSample is implemented: the backend samples where the
