@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/backend/cuda/cuda_kv_copier.h"
 #include "common/backend/rope_config.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
@@ -913,6 +914,12 @@ absl::Status CudaBackend::ForwardSample(absl::Span<const StepSequence> batch,
                                         absl::Span<sampling::SampledToken> out) {
   LayerObserverScope scope(impl_->layer_observer, layer_observer(), impl_->stream);
   return impl_->ForwardSample(batch, rows, out);
+}
+
+absl::StatusOr<std::unique_ptr<KvCopier>> CudaBackend::CreateKvCopier() const {
+  TRIDENT_ASSIGN_OR_RETURN(KvMemory memory, kv_memory());
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvCopier> copier, CudaKvCopier::Create(memory));
+  return std::unique_ptr<KvCopier>(std::move(copier));
 }
 
 }  // namespace trident::backend

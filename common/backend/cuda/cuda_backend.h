@@ -70,6 +70,8 @@ class CudaBackend : public ModelBackend {
   int32_t max_model_len() const override;
   KvCapacity kv_capacity() const override;
   absl::StatusOr<KvMemory> kv_memory() const override;
+  // A CudaKvCopier (cuda_kv_copier.h) for the KV pool, with default options.
+  absl::StatusOr<std::unique_ptr<KvCopier>> CreateKvCopier() const override;
   std::string Describe() const override;
   // INVALID_ARGUMENT for batches beyond max_batch_tokens / sequences, bad
   // positions or block ids; INTERNAL for CUDA errors.
