@@ -147,6 +147,13 @@ KvWriteMode WriteModeForLane(absl::string_view lane) {
   return KvWriteMode::kPut;
 }
 
+KvWriteMode WriteModeFor(const KvDestination& destination, absl::string_view lane) {
+  for (const auto& region : destination.regions()) {
+    if (region.rkey() == kMessagesOnlyRkey) return KvWriteMode::kMessage;
+  }
+  return WriteModeForLane(lane);
+}
+
 namespace {
 
 constexpr uint32_t kKvMessageMagic = 0x3156'4b54;  // "TKV1"
@@ -243,6 +250,46 @@ std::vector<KvPut> PlanLayerPuts(const kv::KvCacheSpec& local_spec,
   return puts;
 }
 
+absl::Status CheckLayerBlocks(const kv::KvCacheSpec& local_spec, const KvDestination& destination,
+                              int32_t layer, absl::Span<const int32_t> local_block_ids) {
+  if (layer < 0 || layer >= local_spec.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is not in [0, ", local_spec.num_layers, ")"));
+  }
+  if (static_cast<int64_t>(local_block_ids.size()) != destination.block_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(local_block_ids.size(), " local blocks for ",
+                                                   destination.block_ids_size(),
+                                                   " destination blocks"));
+  }
+  for (size_t i = 0; i < local_block_ids.size(); ++i) {
+    if (local_block_ids[i] < 0 || local_block_ids[i] >= local_spec.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("local block ", local_block_ids[i], " (entry ",
+                                                     i, ") is not in the local cache's [0, ",
+                                                     local_spec.num_blocks, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t KvMessageBytes(uint64_t block_stride_bytes, uint64_t max_message_bytes) {
+  return std::max<uint64_t>(1, max_message_bytes / block_stride_bytes) * block_stride_bytes;
+}
+
+std::vector<KvPut> SplitKvPuts(absl::Span<const KvPut> puts, uint64_t message_bytes) {
+  std::vector<KvPut> split;
+  for (const KvPut& put : puts) {
+    for (uint64_t done_bytes = 0; done_bytes < put.length_bytes;) {
+      const uint64_t n = std::min(message_bytes, put.length_bytes - done_bytes);
+      split.push_back({.local_offset_bytes = put.local_offset_bytes + done_bytes,
+                       .remote_address = put.remote_address + done_bytes,
+                       .length_bytes = n,
+                       .region = put.region});
+      done_bytes += n;
+    }
+  }
+  return split;
+}
+
 absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(
     const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
     const KvDestination& destination, KvWriteMode mode, uint64_t max_message_bytes) {
@@ -253,6 +300,12 @@ absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(
   TRIDENT_RETURN_IF_ERROR(ValidateKvDestination(local_spec, destination));
   std::vector<std::shared_ptr<RemoteKey>> rkeys;
   for (int r = 0; mode == KvWriteMode::kPut && r < destination.regions_size(); ++r) {
+    if (destination.regions(r).rkey() == kMessagesOnlyRkey) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("destination.regions[", r,
+                       "] takes KV messages only (its owner stages device memory through host "
+                       "buffers); write it in message mode"));
+    }
     absl::StatusOr<std::shared_ptr<RemoteKey>> rkey =
         endpoint->UnpackRkey(destination.regions(r).rkey());
     if (!rkey.ok()) {
@@ -264,9 +317,8 @@ absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(
     }
     rkeys.push_back(*std::move(rkey));
   }
-  const uint64_t block_stride = destination.layout().block_stride_bytes();
   const uint64_t message_bytes =
-      std::max<uint64_t>(1, max_message_bytes / block_stride) * block_stride;
+      KvMessageBytes(destination.layout().block_stride_bytes(), max_message_bytes);
   return std::unique_ptr<KvWriter>(new KvWriter(local_spec, local_base, std::move(endpoint),
                                                 destination, std::move(rkeys), mode,
                                                 message_bytes));
@@ -286,45 +338,14 @@ KvWriter::KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
 
 void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_ids,
                           DoneCallback done) {
-  absl::Status invalid;
-  if (layer < 0 || layer >= local_spec_.num_layers) {
-    invalid = absl::InvalidArgumentError(
-        absl::StrCat("layer ", layer, " is not in [0, ", local_spec_.num_layers, ")"));
-  } else if (static_cast<int64_t>(local_block_ids.size()) != destination_.block_ids_size()) {
-    invalid = absl::InvalidArgumentError(absl::StrCat(local_block_ids.size(), " local blocks for ",
-                                                      destination_.block_ids_size(),
-                                                      " destination blocks"));
-  } else {
-    for (size_t i = 0; i < local_block_ids.size(); ++i) {
-      if (local_block_ids[i] < 0 || local_block_ids[i] >= local_spec_.num_blocks) {
-        invalid = absl::InvalidArgumentError(
-            absl::StrCat("local block ", local_block_ids[i], " (entry ", i,
-                         ") is not in the local cache's [0, ", local_spec_.num_blocks, ")"));
-        break;
-      }
-    }
-  }
-  if (!invalid.ok()) {
+  if (absl::Status invalid = CheckLayerBlocks(local_spec_, destination_, layer, local_block_ids);
+      !invalid.ok()) {
     done(std::move(invalid));
     return;
   }
 
   std::vector<KvPut> puts = PlanLayerPuts(local_spec_, destination_, layer, local_block_ids);
-  if (mode_ == KvWriteMode::kMessage) {
-    // Split into messages of at most max_message_bytes_ (whole blocks).
-    std::vector<KvPut> split;
-    for (const KvPut& put : puts) {
-      for (uint64_t done_bytes = 0; done_bytes < put.length_bytes;) {
-        const uint64_t n = std::min(max_message_bytes_, put.length_bytes - done_bytes);
-        split.push_back({.local_offset_bytes = put.local_offset_bytes + done_bytes,
-                         .remote_address = put.remote_address + done_bytes,
-                         .length_bytes = n,
-                         .region = put.region});
-        done_bytes += n;
-      }
-    }
-    puts = std::move(split);
-  }
+  if (mode_ == KvWriteMode::kMessage) puts = SplitKvPuts(puts, max_message_bytes_);
   // Counts the puts (or messages) and the flush that follows puts; the last
   // to complete reports the layer.
   struct Layer {

@@ -62,6 +62,16 @@ enum class KvWriteMode {
 // one-sided RMA, kMessage for the emulated ones and for an unknown lane.
 KvWriteMode WriteModeForLane(absl::string_view lane);
 
+// KvRegion.rkey of a region that takes KV messages only: its owner cannot
+// register its KV pool with UCX (device memory, UCX without CUDA support)
+// and copies each message in through host staging. Not a UCX rkey: a
+// KvWriter in kPut mode refuses it.
+inline constexpr absl::string_view kMessagesOnlyRkey = "trident:kv-messages-only";
+
+// The mode for writing into `destination` over `lane`: kMessage when a
+// region takes messages only (kMessagesOnlyRkey), else WriteModeForLane.
+KvWriteMode WriteModeFor(const trident::v1::KvDestination& destination, absl::string_view lane);
+
 // The active-message id of KV writes.
 inline constexpr uint16_t kKvMessageId = 0x4b56;  // "KV"
 
@@ -104,6 +114,23 @@ std::vector<KvPut> PlanLayerPuts(const kv::KvCacheSpec& local_spec,
                                  const trident::v1::KvDestination& destination, int32_t layer,
                                  absl::Span<const int32_t> local_block_ids);
 
+// Checks the arguments of a layer write (KvWriter::WriteLayer): INVALID_ARGUMENT
+// if `layer` is out of range, `local_block_ids` does not have one entry per
+// destination block, or names a block outside the local cache.
+// REQUIRES: ValidateKvDestination(local_spec, destination).ok().
+absl::Status CheckLayerBlocks(const kv::KvCacheSpec& local_spec,
+                              const trident::v1::KvDestination& destination, int32_t layer,
+                              absl::Span<const int32_t> local_block_ids);
+
+// The bytes of one KV message: `max_message_bytes` rounded down to whole
+// blocks of `block_stride_bytes`, at least one block.
+uint64_t KvMessageBytes(uint64_t block_stride_bytes, uint64_t max_message_bytes);
+
+// `puts` split, in order, into pieces of at most `message_bytes` (a multiple
+// of the block stride, e.g. from KvMessageBytes): the messages of
+// KvWriteMode::kMessage. REQUIRES: message_bytes > 0.
+std::vector<KvPut> SplitKvPuts(absl::Span<const KvPut> puts, uint64_t message_bytes);
+
 // Writes one sequence's KV into one destination. Create once per transfer;
 // call WriteLayer for each layer as it is computed (in any order, several at
 // once if wanted). Thread-safe; the callbacks run on the UcxWorker's progress
@@ -117,7 +144,8 @@ class KvWriter {
   // `local_spec`, inside memory registered with the endpoint's worker; it
   // must outlive every WriteLayer callback. Errors: those of validation, and
   // those of Endpoint::UnpackRkey (as INVALID_ARGUMENT naming
-  // "destination.regions[i].rkey", or UNAVAILABLE).
+  // "destination.regions[i].rkey", or UNAVAILABLE); FAILED_PRECONDITION in
+  // kPut mode for a region that takes messages only (kMessagesOnlyRkey).
   //
   // In KvWriteMode::kMessage no rkey is unpacked and each collated put
   // becomes one or more messages of at most `max_message_bytes` (rounded

@@ -226,6 +226,47 @@ TEST(WriteModeForLaneTest, MessagesWhereRmaIsEmulated) {
   }
 }
 
+TEST(WriteModeForTest, MessagesIntoARegionThatTakesMessagesOnly) {
+  const kv::KvCacheSpec spec = Spec(8);
+  trident::v1::KvDestination destination = Destination(spec, 4096, "k", 9, {5, 6, 7});
+  EXPECT_EQ(WriteModeFor(destination, "rc_mlx5"), KvWriteMode::kPut);
+  EXPECT_EQ(WriteModeFor(destination, "posix"), KvWriteMode::kMessage);
+  destination.mutable_regions(1)->set_rkey(std::string(kMessagesOnlyRkey));
+  EXPECT_EQ(WriteModeFor(destination, "rc_mlx5"), KvWriteMode::kMessage);
+}
+
+TEST(SplitKvPutsTest, SplitsIntoWholeMessagesInOrder) {
+  EXPECT_EQ(KvMessageBytes(/*block_stride_bytes=*/100, /*max_message_bytes=*/250), 200u);
+  EXPECT_EQ(KvMessageBytes(100, 50), 100u);
+  const std::vector<KvPut> puts = {
+      {.local_offset_bytes = 0, .remote_address = 1000, .length_bytes = 500, .region = 0},
+      {.local_offset_bytes = 900, .remote_address = 5000, .length_bytes = 100, .region = 1}};
+  EXPECT_THAT(
+      SplitKvPuts(puts, 200),
+      ElementsAre(
+          KvPut{.local_offset_bytes = 0, .remote_address = 1000, .length_bytes = 200, .region = 0},
+          KvPut{
+              .local_offset_bytes = 200, .remote_address = 1200, .length_bytes = 200, .region = 0},
+          KvPut{
+              .local_offset_bytes = 400, .remote_address = 1400, .length_bytes = 100, .region = 0},
+          KvPut{.local_offset_bytes = 900,
+                .remote_address = 5000,
+                .length_bytes = 100,
+                .region = 1}));
+}
+
+TEST(CheckLayerBlocksTest, RefusesBadLayersAndBlocks) {
+  const kv::KvCacheSpec spec = Spec(8);
+  const trident::v1::KvDestination destination = Destination(Spec(16), 4096, "k", 9, {5, 6, 7});
+  EXPECT_THAT(CheckLayerBlocks(spec, destination, 3, {0, 1, 7}), IsOk());
+  EXPECT_THAT(CheckLayerBlocks(spec, destination, 4, {0, 1, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 4")));
+  EXPECT_THAT(CheckLayerBlocks(spec, destination, 0, {0, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 local blocks for 3")));
+  EXPECT_THAT(CheckLayerBlocks(spec, destination, 0, {0, 8, 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("local block 8 (entry 1)")));
+}
+
 class KvWriterTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -401,6 +442,18 @@ TEST_P(KvWriterTest, CreateRefusesANonMatchingLayout) {
   EXPECT_THAT(KvWriter::Create(other, local_->data(), endpoint_, DestinationFor(9, {5, 6, 7})),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("destination.layout.num_kv_heads")));
+}
+
+TEST_P(KvWriterTest, PutModeRefusesARegionThatTakesMessagesOnly) {
+  trident::v1::KvDestination destination = DestinationFor(9, {5, 6, 7});
+  destination.mutable_regions(0)->set_rkey(std::string(kMessagesOnlyRkey));
+  EXPECT_THAT(
+      KvWriter::Create(local_->spec(), local_->data(), endpoint_, destination, KvWriteMode::kPut),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("destination.regions[0] takes KV messages only")));
+  EXPECT_THAT(KvWriter::Create(local_->spec(), local_->data(), endpoint_, destination,
+                               KvWriteMode::kMessage),
+              IsOk());
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, KvWriterTest, ::testing::Values("tcp", "posix"),
