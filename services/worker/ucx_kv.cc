@@ -1,7 +1,9 @@
 #include "services/worker/ucx_kv.h"
 
+#include <atomic>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/kv/kv_layout.h"
@@ -10,6 +12,38 @@
 #include "common/transport/kv_writer.h"
 
 namespace trident::worker {
+
+// The staging memory of a staged sender, in slots. Thread-safe.
+class UcxKv::StagingSlots {
+ public:
+  StagingSlots(std::unique_ptr<backend::HostBuffer> memory, uint64_t slot_bytes, int num_slots)
+      : memory_(std::move(memory)), slot_bytes_(slot_bytes) {
+    for (int i = num_slots - 1; i >= 0; --i) free_.push_back(i);
+  }
+
+  // Waits for a free slot and takes it.
+  int Acquire() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_, absl::Condition(this, &StagingSlots::HasFree));
+    const int slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  void Release(int slot) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back(slot);
+  }
+  char* data(int slot) const { return memory_->data() + static_cast<uint64_t>(slot) * slot_bytes_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  bool HasFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty(); }
+
+  const std::unique_ptr<backend::HostBuffer> memory_;
+  const uint64_t slot_bytes_;
+  absl::Mutex mu_;
+  std::vector<int> free_ ABSL_GUARDED_BY(mu_);
+};
+
 namespace {
 
 namespace v1 = ::trident::v1;
@@ -32,22 +66,191 @@ class UcxTransfer final : public KvTransfer {
   std::unique_ptr<transport::KvWriter> writer_;
 };
 
+// A transfer from a staged pool: see ucx_kv.h's file comment.
+class StagedTransfer final : public KvTransfer {
+ public:
+  StagedTransfer(const kv::KvCacheSpec& spec, backend::KvCopier* copier,
+                 std::shared_ptr<UcxKv::StagingSlots> slots,
+                 std::shared_ptr<transport::Endpoint> endpoint, v1::KvDestination destination,
+                 uint64_t message_bytes)
+      : spec_(spec),
+        copier_(copier),
+        slots_(std::move(slots)),
+        endpoint_(std::move(endpoint)),
+        destination_(std::move(destination)),
+        message_bytes_(message_bytes) {}
+
+  void SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
+                 std::function<void(absl::Status)> done) override;
+  int64_t bytes_sent() const override { return stats_->bytes_completed.load(); }
+  int64_t message_bytes() const override { return stats_->bytes_posted.load(); }
+  int32_t messages() const override { return static_cast<int32_t>(stats_->messages.load()); }
+  std::string lane() const override { return endpoint_->lane(); }
+
+ private:
+  // Shared with in-flight callbacks, which may outlive the transfer.
+  struct Stats {
+    std::atomic<int64_t> messages{0};
+    std::atomic<int64_t> bytes_posted{0};
+    std::atomic<int64_t> bytes_completed{0};
+  };
+  // One layer's outstanding sends, plus one count for the posting itself;
+  // the last to finish reports the layer.
+  struct Layer {
+    absl::Mutex mu;
+    int remaining ABSL_GUARDED_BY(mu) = 1;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    int64_t bytes ABSL_GUARDED_BY(mu) = 0;
+    std::function<void(absl::Status)> done;
+    std::shared_ptr<Stats> stats;
+
+    void Complete(absl::Status s) {
+      absl::Status result;
+      int64_t layer_bytes = 0;
+      {
+        absl::MutexLock lock(&mu);
+        if (!s.ok() && status.ok()) status = std::move(s);
+        if (--remaining > 0) return;
+        result = status;
+        layer_bytes = bytes;
+      }
+      if (result.ok()) stats->bytes_completed += layer_bytes;
+      std::function<void(absl::Status)> callback = std::move(done);
+      callback(std::move(result));
+    }
+  };
+  // The sends from one staging slot; the last frees it.
+  struct Slot {
+    std::shared_ptr<UcxKv::StagingSlots> slots;
+    int slot = 0;
+    std::atomic<int> remaining{0};
+  };
+
+  const kv::KvCacheSpec spec_;
+  backend::KvCopier* const copier_;
+  const std::shared_ptr<UcxKv::StagingSlots> slots_;
+  const std::shared_ptr<transport::Endpoint> endpoint_;
+  const v1::KvDestination destination_;
+  const uint64_t message_bytes_;
+  const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
+};
+
+void StagedTransfer::SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
+                               std::function<void(absl::Status)> done) {
+  if (absl::Status invalid = transport::CheckLayerBlocks(spec_, destination_, layer, local_blocks);
+      !invalid.ok()) {
+    done(std::move(invalid));
+    return;
+  }
+  const std::vector<transport::KvPut> messages = transport::SplitKvPuts(
+      transport::PlanLayerPuts(spec_, destination_, layer, local_blocks), message_bytes_);
+  auto state = std::make_shared<Layer>();
+  state->done = std::move(done);
+  state->stats = stats_;
+  absl::Status posting;
+  const size_t n = messages.size();
+  for (size_t i = 0; i < n;) {
+    // Messages [i, j) fill one slot (each fits: Create checked).
+    size_t j = i;
+    uint64_t slot_bytes = 0;
+    std::vector<backend::KvRange> ranges;
+    while (j < n && slot_bytes + messages[j].length_bytes <= slots_->slot_bytes()) {
+      ranges.push_back({.offset_bytes = messages[j].local_offset_bytes,
+                        .length_bytes = messages[j].length_bytes});
+      slot_bytes += messages[j].length_bytes;
+      ++j;
+    }
+    auto slot = std::make_shared<Slot>();
+    slot->slots = slots_;
+    slot->slot = slots_->Acquire();
+    char* const staged = slots_->data(slot->slot);
+    posting = copier_->CopyToHost(ranges, staged);
+    if (!posting.ok()) {
+      slots_->Release(slot->slot);
+      break;
+    }
+    slot->remaining = static_cast<int>(j - i);
+    {
+      absl::MutexLock lock(&state->mu);
+      state->remaining += static_cast<int>(j - i);
+      state->bytes += static_cast<int64_t>(slot_bytes);
+    }
+    stats_->messages += static_cast<int64_t>(j - i);
+    stats_->bytes_posted += static_cast<int64_t>(slot_bytes);
+    uint64_t at = 0;
+    for (size_t k = i; k < j; ++k) {
+      const transport::KvMessageHeader header{.reservation_id = destination_.reservation_id(),
+                                              .remote_address = messages[k].remote_address};
+      endpoint_->Send(transport::kKvMessageId, header.Encode(), staged + at,
+                      messages[k].length_bytes, [slot, state](absl::Status s) {
+                        if (--slot->remaining == 0) slot->slots->Release(slot->slot);
+                        state->Complete(std::move(s));
+                      });
+      at += messages[k].length_bytes;
+    }
+    i = j;
+  }
+  state->Complete(std::move(posting));
+}
+
 }  // namespace
+
+UcxKv::UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::string owner_id,
+             uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region,
+             std::unique_ptr<backend::KvCopier> copier, std::shared_ptr<StagingSlots> staging,
+             uint64_t message_bytes)
+    : ucx_(ucx),
+      memory_(memory),
+      owner_id_(std::move(owner_id)),
+      incarnation_(incarnation),
+      region_(std::move(region)),
+      copier_(std::move(copier)),
+      staging_(std::move(staging)),
+      message_bytes_(message_bytes) {}
 
 absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
                                                      const backend::KvMemory& memory,
-                                                     std::string owner_id, uint64_t incarnation) {
-  if (memory.device && !ucx->supports_cuda_memory()) {
-    return absl::FailedPreconditionError(
-        "the KV cache is in CUDA device memory and this UCX build has no CUDA support "
-        "(ucx_info -d lists no cuda transport); pinned-host staging is not built yet");
+                                                     std::string owner_id, uint64_t incarnation,
+                                                     UcxKvOptions options) {
+  const bool staged = options.force_staging || (memory.device && !ucx->supports_cuda_memory());
+  std::unique_ptr<transport::MemoryRegion> region;
+  std::shared_ptr<StagingSlots> staging;
+  uint64_t message_bytes = 0;
+  if (staged) {
+    if (options.copier == nullptr) {
+      return absl::FailedPreconditionError(
+          "the KV cache is in CUDA device memory and this UCX build has no CUDA support "
+          "(ucx_info -d lists no cuda transport), and no KV copier was given to stage it "
+          "through host memory");
+    }
+    message_bytes =
+        transport::KvMessageBytes(memory.spec.block_stride_bytes(), options.max_message_bytes);
+    if (options.staging_slot_bytes < message_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "staging_slot_bytes is ", options.staging_slot_bytes, "; a KV message takes ",
+          message_bytes, " bytes (max_message_bytes rounded to whole blocks of ",
+          memory.spec.block_stride_bytes(), ")"));
+    }
+    const uint64_t num_slots = options.staging_bytes / options.staging_slot_bytes;
+    if (num_slots < 1 || num_slots > (1 << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("staging_bytes is ", options.staging_bytes,
+                                                     "; must hold 1 to 2^20 slots of ",
+                                                     options.staging_slot_bytes, " bytes"));
+    }
+    TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<backend::HostBuffer> memory_for_slots,
+                             options.copier->AllocateHost(num_slots * options.staging_slot_bytes));
+    staging = std::make_shared<StagingSlots>(std::move(memory_for_slots),
+                                             options.staging_slot_bytes, num_slots);
+  } else {
+    auto registered =
+        ucx->Register(memory.base, memory.bytes,
+                      memory.device ? transport::MemoryKind::kCuda : transport::MemoryKind::kHost);
+    if (!registered.ok()) return registered.status();
+    region = std::move(*registered);
   }
-  auto region =
-      ucx->Register(memory.base, memory.bytes,
-                    memory.device ? transport::MemoryKind::kCuda : transport::MemoryKind::kHost);
-  if (!region.ok()) return region.status();
-  std::unique_ptr<UcxKv> kv(
-      new UcxKv(ucx, memory, std::move(owner_id), incarnation, std::move(*region)));
+  std::unique_ptr<UcxKv> kv(new UcxKv(ucx, memory, std::move(owner_id), incarnation,
+                                      std::move(region), std::move(options.copier),
+                                      std::move(staging), message_bytes));
   UcxKv* raw = kv.get();
   TRIDENT_RETURN_IF_ERROR(ucx->SetMessageHandler(
       transport::kKvMessageId,
@@ -73,8 +276,12 @@ void UcxKv::OnMessage(absl::string_view header_bytes, absl::string_view data) {
   if (status.ok()) {
     const uint64_t base = reinterpret_cast<uint64_t>(memory_.base);
     const uint64_t offset = header->remote_address - base;
-    if (memory_.device) {
-      status = absl::FailedPreconditionError("KV messages into device memory are not supported");
+    // Device memory (or a staged pool) goes through the copier; a host pool
+    // takes a plain memcpy.
+    const bool copy_in = memory_.device || staged();
+    if (copy_in && copier_ == nullptr) {
+      status = absl::FailedPreconditionError(
+          "KV messages into device memory need a KV copier (UcxKvOptions.copier)");
     } else if (header->remote_address < base || offset > memory_.bytes ||
                data.size() > memory_.bytes - offset) {
       status = absl::InvalidArgumentError(
@@ -89,7 +296,14 @@ void UcxKv::OnMessage(absl::string_view header_bytes, absl::string_view data) {
             [&](absl::Span<const int32_t> blocks) -> absl::StatusOr<int64_t> {
               TRIDENT_RETURN_IF_ERROR(
                   transport::CheckKvWriteRange(memory_.spec, offset, data.size(), blocks));
-              std::memcpy(static_cast<char*>(memory_.base) + offset, data.data(), data.size());
+              if (copy_in) {
+                // Returns once the bytes are on the device, so that the
+                // count (and the commit waiting for it) follows them.
+                const backend::KvRange range{.offset_bytes = offset, .length_bytes = data.size()};
+                TRIDENT_RETURN_IF_ERROR(copier_->CopyFromHost(data.data(), {&range, 1}));
+              } else {
+                std::memcpy(static_cast<char*>(memory_.base) + offset, data.data(), data.size());
+              }
               return static_cast<int64_t>(data.size());
             });
       }
@@ -110,13 +324,14 @@ absl::Status UcxKv::Describe(v1::KvDestination* d) const {
   e->set_owner_id(owner_id_);
   e->set_incarnation(incarnation_);
   e->set_ucx_worker_address(ucx_->address());
-  e->set_memory_type(memory_.device ? v1::MEMORY_TYPE_CUDA : v1::MEMORY_TYPE_HOST);
+  // Peers reach staged device memory through host buffers.
+  e->set_memory_type(memory_.device && !staged() ? v1::MEMORY_TYPE_CUDA : v1::MEMORY_TYPE_HOST);
   *d->mutable_layout() = kv::ToProto(memory_.spec);
   v1::KvRegion* r = d->add_regions();
   r->set_base_address(reinterpret_cast<uint64_t>(memory_.base));
   r->set_length_bytes(memory_.bytes);
-  r->set_rkey(region_->packed_rkey());
-  r->set_memory_type(e->memory_type());
+  r->set_rkey(staged() ? std::string(transport::kMessagesOnlyRkey) : region_->packed_rkey());
+  r->set_memory_type(memory_.device ? v1::MEMORY_TYPE_CUDA : v1::MEMORY_TYPE_HOST);
   r->set_first_layer(0);
   r->set_num_layers(memory_.spec.num_layers);
   return absl::OkStatus();
@@ -139,8 +354,13 @@ absl::StatusOr<std::unique_ptr<KvTransfer>> UcxKv::Open(const v1::KvDestination&
     absl::MutexLock lock(&mu_);
     endpoints_[key] = endpoint;
   }
+  if (staged()) {
+    TRIDENT_RETURN_IF_ERROR(transport::ValidateKvDestination(memory_.spec, destination));
+    return std::unique_ptr<KvTransfer>(new StagedTransfer(
+        memory_.spec, copier_.get(), staging_, std::move(endpoint), destination, message_bytes_));
+  }
   auto writer = transport::KvWriter::Create(memory_.spec, memory_.base, endpoint, destination,
-                                            transport::WriteModeForLane(endpoint->lane()));
+                                            transport::WriteModeFor(destination, endpoint->lane()));
   if (!writer.ok()) return writer.status();
   return std::unique_ptr<KvTransfer>(new UcxTransfer(std::move(*writer)));
 }

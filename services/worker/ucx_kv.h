@@ -3,7 +3,24 @@
 // and the UCX worker's address, in each ReserveKv reply); the prefill side
 // connects to a destination's endpoint (one endpoint per peer incarnation,
 // reused) and writes layers with transport::KvWriter.
-
+//
+// Staging: a KV pool in CUDA device memory that UCX cannot register (UCX
+// built without CUDA support) is staged through host memory with a
+// backend::KvCopier. The decode side then exports its region as taking KV
+// messages only (transport::kMessagesOnlyRkey) and copies each message into
+// the device blocks (KvCopier::CopyFromHost); the prefill side copies each
+// layer's blocks out (KvCopier::CopyToHost) into pinned staging slots and
+// sends them from there as KV messages, the same messages KvWriter's
+// kMessage mode sends:
+//
+//   SendLayer(l):  for each slot's worth of the layer's messages:
+//                    wait for a free slot (back-pressure)
+//                    CopyToHost(the messages' runs) -> slot
+//                    Send(each message) -- the slot is free again once
+//                                          every message in it was sent
+//
+// SendLayer returns once the layer is copied out and its messages posted,
+// so the caller's next SendLayer copies layer l + 1 while UCX sends layer l.
 #ifndef TRIDENT_SERVICES_WORKER_UCX_KV_H_
 #define TRIDENT_SERVICES_WORKER_UCX_KV_H_
 
@@ -17,6 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/backend/kv_copier.h"
 #include "common/backend/model_backend.h"
 #include "common/transport/ucx_worker.h"
 #include "services/worker/decode_service.h"
@@ -24,15 +42,36 @@
 
 namespace trident::worker {
 
+struct UcxKvOptions {
+  // Copies between the KV pool and host memory (ModelBackend::CreateKvCopier).
+  // Required to stage (see the file comment), and to receive KV messages into
+  // a device pool; unused for a host pool that is not staged.
+  std::unique_ptr<backend::KvCopier> copier;
+  // Stage even where UCX could register the pool (tests, benchmarks): a host
+  // pool then takes the staged path too.
+  bool force_staging = false;
+  // Staged sending: `staging_bytes` of host memory (KvCopier::AllocateHost,
+  // at Create) in slots of `staging_slot_bytes`, each holding at least one
+  // message.
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  uint64_t staging_slot_bytes = uint64_t{16} << 20;
+  // Largest KV message (rounded down to whole blocks) of a staged sender.
+  uint64_t max_message_bytes = uint64_t{4} << 20;
+};
+
 // Thread-safe.
 class UcxKv final : public KvExporter, public KvSender {
  public:
   // Registers `memory` (the backend's KV pool) with `ucx`, which must outlive
-  // this. FAILED_PRECONDITION for device memory when UCX lacks CUDA support
-  // (staging through host buffers is not built yet).
+  // this; or, for a device pool UCX cannot register (or with
+  // options.force_staging), sets up staging instead. FAILED_PRECONDITION
+  // when staging is needed and options.copier is null; INVALID_ARGUMENT
+  // naming the option for staging slots smaller than one block or than
+  // staging_bytes; the copier's errors for the staging memory.
   static absl::StatusOr<std::unique_ptr<UcxKv>> Create(transport::UcxWorker* ucx,
                                                        const backend::KvMemory& memory,
-                                                       std::string owner_id, uint64_t incarnation);
+                                                       std::string owner_id, uint64_t incarnation,
+                                                       UcxKvOptions options = {});
 
   // KvExporter.
   absl::Status Describe(trident::v1::KvDestination* destination) const override;
@@ -42,29 +81,37 @@ class UcxKv final : public KvExporter, public KvSender {
 
   // KV messages dropped: late ones of ended transfers, or invalid ones.
   int64_t dropped_messages() const { return dropped_messages_.load(); }
+  // Whether the pool is staged through host memory (see the file comment).
+  bool staged() const { return staging_ != nullptr; }
 
-  // KvSender.
+  // KvSender. A staged transfer's SendLayer waits while every staging slot
+  // is in flight, so it must not run on the UCX worker's progress thread.
   int32_t num_layers() const override { return memory_.spec.num_layers; }
   absl::StatusOr<std::unique_ptr<KvTransfer>> Open(
       const trident::v1::KvDestination& destination) override;
+
+  class StagingSlots;
 
  private:
   // The handler of KV messages (progress thread).
   void OnMessage(absl::string_view header, absl::string_view data);
 
   UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::string owner_id,
-        uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region)
-      : ucx_(ucx),
-        memory_(memory),
-        owner_id_(std::move(owner_id)),
-        incarnation_(incarnation),
-        region_(std::move(region)) {}
+        uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region,
+        std::unique_ptr<backend::KvCopier> copier, std::shared_ptr<StagingSlots> staging,
+        uint64_t message_bytes);
 
   transport::UcxWorker* const ucx_;
   const backend::KvMemory memory_;
   const std::string owner_id_;
   const uint64_t incarnation_;
+  // The registered pool; null when staged.
   const std::unique_ptr<transport::MemoryRegion> region_;
+  // Null for a host pool that is not staged.
+  const std::unique_ptr<backend::KvCopier> copier_;
+  // Staged sending; null when not staged. Shared with in-flight sends.
+  const std::shared_ptr<StagingSlots> staging_;
+  const uint64_t message_bytes_;
   // Where KV messages go; held (shared) while one is copied in.
   absl::Mutex sink_mu_;
   KvReservations* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
