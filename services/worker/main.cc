@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -68,6 +69,10 @@ ABSL_FLAG(std::string, ucx_transports, "^sysv",
           "UCX transports to use (the UCX_TLS syntax, e.g. 'tcp' or 'posix,cma'); empty: UCX's "
           "own choice. The default leaves out sysv shared memory, which UCX 1.13 can leave "
           "unable to receive from new peers after a peer dies.");
+ABSL_FLAG(int64_t, kv_staging_mb, 256,
+          "KV pool in device memory that UCX cannot register (UCX without CUDA support): MiB "
+          "of pinned host memory the prefill side stages outgoing KV through, in slots of 16 "
+          "MiB; a transfer waits for a free slot when all are in flight.");
 ABSL_FLAG(int32_t, testonly_stall_kv_transfer_after_layers, -1,
           "Fault injection for tests: each KV transfer stops after this many layers until "
           "cancelled. -1: off.");
@@ -153,16 +158,35 @@ int main(int argc, char** argv) {
           ucx = std::move(*created);
           absl::StatusOr<trident::backend::KvMemory> memory = model->engine->backend().kv_memory();
           if (!memory.ok()) return memory.status();
+          trident::worker::UcxKvOptions kv_options;
+          if (memory->device) {
+            // Stages the pool when UCX cannot register it, and copies KV
+            // messages (tcp, shared memory) into it either way.
+            absl::StatusOr<std::unique_ptr<trident::backend::KvCopier>> copier =
+                model->engine->backend().CreateKvCopier();
+            if (!copier.ok()) return copier.status();
+            kv_options.copier = std::move(*copier);
+            kv_options.staging_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_kv_staging_mb))
+                                       << 20;
+            kv_options.staging_slot_bytes =
+                std::min<uint64_t>(kv_options.staging_slot_bytes, kv_options.staging_bytes);
+          }
           absl::StatusOr<std::unique_ptr<trident::worker::UcxKv>> kv =
               trident::worker::UcxKv::Create(ucx.get(), *memory, identity.worker_id,
-                                             identity.incarnation);
+                                             identity.incarnation, std::move(kv_options));
           if (!kv.ok()) return kv.status();
           ucx_kv = std::move(*kv);
           TRIDENT_LOG(INFO) << "KV transport: UCX"
                             << (ucx_options.transports.empty()
                                     ? std::string()
                                     : absl::StrCat(" over ", ucx_options.transports))
-                            << ", " << memory->bytes / (1 << 20) << " MiB of KV registered";
+                            << ", " << memory->bytes / (1 << 20) << " MiB of KV "
+                            << (ucx_kv->staged()
+                                    ? absl::StrCat("in device memory, staged through ",
+                                                   absl::GetFlag(FLAGS_kv_staging_mb),
+                                                   " MiB of pinned host memory (UCX has no "
+                                                   "CUDA support)")
+                                    : std::string("registered"));
         }
         // KV-transfer metrics: the prefill side sends through a metered sender.
         trident::worker::KvTransferMetrics kv_metrics(runtime.registry());
