@@ -9,36 +9,26 @@
 //
 //   bazel run -c opt //common/transport:kv_transfer_benchmark
 
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
 #include "common/kv/kv_cache.h"
 #include "common/kv/kv_layout.h"
-#include "common/process/subprocess.h"
 #include "common/transport/kv_writer.h"
+#include "common/transport/ucx_perftest.h"
 #include "common/transport/ucx_worker.h"
 
 namespace trident::transport {
@@ -154,91 +144,6 @@ BENCHMARK(BM_KvWriterLayer)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return "";
-  for (absl::string_view dir : absl::StrSplit(path, ':')) {
-    std::string candidate = absl::StrCat(dir, "/", name);
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-// ucx_perftest's put bandwidth in GB/s (1e9 bytes/s), or an error.
-absl::StatusOr<double> RunPerftest(const std::string& perftest, const std::string& transport,
-                                   uint64_t message_bytes) {
-  const int port = FreePort();
-  const uint64_t iterations = std::max<uint64_t>(20, (uint64_t{1} << 30) / message_bytes);
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string dir = tmp != nullptr ? tmp : "/tmp";
-  const std::string tag = absl::StrCat(transport, "_", message_bytes, "_", getpid());
-  std::vector<std::string> argv = {"/usr/bin/env", "UCX_TLS=" + transport,
-                                   "UCX_MM_ERROR_HANDLING=y", perftest, "-t", "ucp_put_bw", "-e",
-                                   // One put in flight, as the benchmark
-                                   // writes one layer at a time (unbounded,
-                                   // perftest over tcp drops to ~25 MB/s).
-                                   "-O", "1", "-s", absl::StrCat(message_bytes), "-n",
-                                   absl::StrCat(iterations), "-w", "5", "-p", absl::StrCat(port)};
-  const std::string server_log = absl::StrCat(dir, "/perftest_server_", tag, ".log");
-  auto server = Spawn({.argv = argv, .log_path = server_log});
-  if (!server.ok()) return server.status();
-  std::vector<std::string> client_argv = argv;
-  client_argv.push_back("127.0.0.1");
-  const std::string client_log = absl::StrCat(dir, "/perftest_client_", tag, ".log");
-  absl::Status result = absl::UnavailableError("no attempt");
-  double gbps = 0;
-  // The server needs a moment to listen; a refused client exits at once.
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    std::remove(client_log.c_str());
-    auto client = Spawn({.argv = client_argv, .log_path = client_log});
-    if (!client.ok()) return client.status();
-    auto exit = WaitForExit(client->pid, absl::Seconds(300));
-    std::ifstream in(client_log);
-    std::string line;
-    bool found = false;
-    while (std::getline(in, line)) {
-      std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipWhitespace());
-      // Final: iterations lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall
-      double mbps = 0;
-      if (fields.size() >= 7 && fields[0] == "Final:" && absl::SimpleAtod(fields[6], &mbps)) {
-        gbps = mbps * (1 << 20) / 1e9;  // ucx_perftest's MB is 2^20 bytes.
-        found = true;
-      }
-    }
-    if (found) {
-      result = absl::OkStatus();
-      break;
-    }
-    if (!exit.ok()) {
-      kill(client->pid, SIGKILL);
-      result = exit.status();
-      break;
-    }
-    result = absl::UnavailableError(
-        absl::StrCat("ucx_perftest client failed: ", TailOfFile(client_log, 300)));
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  if (IsRunning(server->pid)) kill(server->pid, SIGKILL);
-  WaitForExit(server->pid, absl::Seconds(10)).IgnoreError();
-  if (!result.ok()) return result;
-  return gbps;
-}
-
 void PrintComparison() {
   const std::string perftest = FindOnPath("ucx_perftest");
   std::printf(
@@ -254,7 +159,13 @@ void PrintComparison() {
     if (perftest.empty()) {
       perftest_text = "not on PATH";
     } else {
-      absl::StatusOr<double> gbps = RunPerftest(perftest, transport, measured.message_bytes);
+      // One put in flight, as the benchmark writes one layer at a time
+      // (unbounded, perftest over tcp drops to ~25 MB/s).
+      absl::StatusOr<double> gbps =
+          RunUcxPerftest(perftest, {.test = "ucp_put_bw",
+                                    .transport = transport,
+                                    .message_bytes = measured.message_bytes,
+                                    .outstanding = 1});
       if (gbps.ok() && *gbps > 0) {
         perftest_text = absl::StrFormat("%.3f", *gbps);
         ratio_text = absl::StrFormat("%.2f", measured.kv_writer_gbps / *gbps);
