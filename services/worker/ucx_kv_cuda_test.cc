@@ -7,11 +7,10 @@
 //
 //   bazel test //services/worker:ucx_kv_cuda_test   (GPU machine)
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/worker/ucx_kv.h"
+#include "services/worker/ucx_kv_cuda_testing.h"
 #include "services/worker/ucx_kv_testing.h"
 
 namespace trident::worker {
@@ -41,53 +41,16 @@ kv::KvCacheSpec Spec() {
           .num_blocks = 96};
 }
 
-class CudaTestPool final : public testing::TestPool {
- public:
-  CudaTestPool(const kv::KvCacheSpec& spec, FromHost from_host)
-      : spec_(spec), from_host_(from_host) {
-    if (cudaMalloc(&base_, spec.TotalBytes()) != cudaSuccess) base_ = nullptr;
-  }
-  ~CudaTestPool() override {
-    if (base_ != nullptr) cudaFree(base_);
-  }
-  bool ok() const { return base_ != nullptr; }
-  backend::KvMemory memory() const override {
-    backend::KvMemory m;
-    m.base = base_;
-    m.bytes = spec_.TotalBytes();
-    m.spec = spec_;
-    m.usable_blocks = spec_.num_blocks;
-    m.device = true;
-    m.device_ordinal = 0;
-    return m;
-  }
-  void Fill(const std::vector<uint8_t>& bytes) override {
-    ASSERT_EQ(cudaMemcpy(base_, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<uint8_t> Contents() const override {
-    std::vector<uint8_t> out(spec_.TotalBytes());
-    EXPECT_EQ(cudaMemcpy(out.data(), base_, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
-  }
-  absl::StatusOr<std::unique_ptr<backend::KvCopier>> NewCopier() const override {
-    backend::CudaKvCopierOptions options;
-    options.from_host = from_host_;
-    auto copier = backend::CudaKvCopier::Create(memory(), options);
-    if (!copier.ok()) return copier.status();
-    return std::unique_ptr<backend::KvCopier>(std::move(*copier));
-  }
-
- private:
-  const kv::KvCacheSpec spec_;
-  const FromHost from_host_;
-  void* base_ = nullptr;
-};
-
 struct Param {
   std::string transports;
   FromHost from_host;
   // Staging of one slot holding one message: back-pressure on every message.
   bool one_slot;
+
+  friend void PrintTo(const Param& p, std::ostream* os) {
+    *os << p.transports << (p.from_host == FromHost::kPageable ? " pageable" : " bounce")
+        << (p.one_slot ? " one slot" : "");
+  }
 };
 
 class UcxKvCudaTest : public ::testing::TestWithParam<Param> {};
@@ -96,13 +59,16 @@ TEST_P(UcxKvCudaTest, StagedTransferBetweenDevicePoolsIsByteExact) {
   const Param& param = GetParam();
   const uint32_t seed = 2024 + static_cast<uint32_t>(param.from_host) + (param.one_slot ? 10 : 0);
   std::printf("seed %u\n", seed);
-  CudaTestPool sender(Spec(), param.from_host);
-  CudaTestPool receiver(Spec(), param.from_host);
-  ASSERT_TRUE(sender.ok() && receiver.ok()) << "cudaMalloc failed";
+  backend::CudaKvCopierOptions copier_options;
+  copier_options.from_host = param.from_host;
+  auto sender = testing::NewCudaTestPool(Spec(), /*device=*/0, copier_options);
+  auto receiver = testing::NewCudaTestPool(Spec(), /*device=*/0, copier_options);
+  ASSERT_THAT(sender.status(), IsOk());
+  ASSERT_THAT(receiver.status(), IsOk());
   const std::vector<uint8_t> sender_bytes = testing::RandomPoolBytes(Spec(), seed);
   const std::vector<uint8_t> receiver_before = testing::RandomPoolBytes(Spec(), seed + 1);
-  sender.Fill(sender_bytes);
-  receiver.Fill(receiver_before);
+  (*sender)->Fill(sender_bytes);
+  (*receiver)->Fill(receiver_before);
 
   testing::TransferSetup setup;
   setup.transports = param.transports;
@@ -114,8 +80,8 @@ TEST_P(UcxKvCudaTest, StagedTransferBetweenDevicePoolsIsByteExact) {
     side->copier = true;
     side->force_staging = true;  // What a UCX without CUDA support does anyway.
   }
-  setup.sender.pool = &sender;
-  setup.receiver.pool = &receiver;
+  setup.sender.pool = sender->get();
+  setup.receiver.pool = receiver->get();
   const uint64_t block = Spec().block_stride_bytes();
   if (param.one_slot) {
     setup.sender.max_message_bytes = setup.sender.staging_slot_bytes = setup.sender.staging_bytes =
@@ -138,7 +104,7 @@ TEST_P(UcxKvCudaTest, StagedTransferBetweenDevicePoolsIsByteExact) {
   EXPECT_EQ(result->message_bytes, static_cast<int64_t>(Spec().num_layers * 63 * block));
   EXPECT_EQ(result->dropped_messages, 0);
   EXPECT_TRUE(testing::TransferredExactly(Spec(), sender_bytes, receiver_before,
-                                          receiver.Contents(), setup.local_blocks,
+                                          (*receiver)->Contents(), setup.local_blocks,
                                           setup.remote_blocks));
 }
 

@@ -43,10 +43,10 @@ class HostTestPool final : public TestPool {
   std::vector<uint8_t> bytes_;
 };
 
-// Hands out one fixed list of blocks.
+// Hands out the blocks it was last told to.
 class FixedBlocks final : public BlockSource {
  public:
-  explicit FixedBlocks(std::vector<int32_t> blocks) : blocks_(std::move(blocks)) {}
+  void Set(std::vector<int32_t> blocks) { blocks_ = std::move(blocks); }
   absl::StatusOr<std::vector<int32_t>> Reserve(int32_t num_blocks) override {
     if (num_blocks != static_cast<int32_t>(blocks_.size())) {
       return absl::InvalidArgumentError(
@@ -57,7 +57,7 @@ class FixedBlocks final : public BlockSource {
   absl::Status Free(absl::Span<const int32_t>) override { return absl::OkStatus(); }
 
  private:
-  const std::vector<int32_t> blocks_;
+  std::vector<int32_t> blocks_;
 };
 
 absl::StatusOr<UcxKvOptions> OptionsFor(const Side& side) {
@@ -78,81 +78,118 @@ std::unique_ptr<TestPool> NewHostTestPool(const kv::KvCacheSpec& spec) {
   return std::make_unique<HostTestPool>(spec);
 }
 
-absl::StatusOr<TransferResult> RunTransfer(const TransferSetup& setup) {
-  auto receiver_worker =
-      transport::UcxWorker::Create({.transports = setup.transports, .name = "decode"});
+// Declared in the order they must be destroyed last-first: the UcxKv
+// before their workers, the receiver before the reservations it writes.
+struct KvTransferPair::State {
+  std::unique_ptr<transport::UcxWorker> receiver_worker;
+  std::unique_ptr<transport::UcxWorker> sender_worker;
+  kv::KvCacheSpec spec;
+  FixedBlocks source;
+  FakeClock clock;  // Never moves: leases cannot end.
+  std::unique_ptr<KvReservations> reservations;
+  std::unique_ptr<UcxKv> receiver;
+  std::unique_ptr<UcxKv> sender;
+};
+
+KvTransferPair::KvTransferPair(std::unique_ptr<State> state)
+    : state_(std::move(state)), sender_(state_->sender.get()), receiver_(state_->receiver.get()) {}
+
+KvTransferPair::~KvTransferPair() = default;
+
+absl::StatusOr<std::unique_ptr<KvTransferPair>> KvTransferPair::Create(
+    const std::string& transports, const kv::KvCacheSpec& spec, const Side& sender,
+    const Side& receiver) {
+  auto state = std::make_unique<State>();
+  state->spec = spec;
+  auto receiver_worker = transport::UcxWorker::Create({.transports = transports, .name = "decode"});
   if (!receiver_worker.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("UCX transport '", setup.transports,
+        absl::StrCat("UCX transport '", transports,
                      "' is not usable here: ", receiver_worker.status().ToString()));
   }
-  auto sender_worker =
-      transport::UcxWorker::Create({.transports = setup.transports, .name = "prefill"});
-  if (!sender_worker.ok()) return sender_worker.status();
-
-  FixedBlocks source(setup.remote_blocks);
-  FakeClock clock;  // Never moves: the lease cannot end.
+  state->receiver_worker = *std::move(receiver_worker);
+  TRIDENT_ASSIGN_OR_RETURN(
+      state->sender_worker,
+      transport::UcxWorker::Create({.transports = transports, .name = "prefill"}));
   KvReservationOptions reservation_options;
-  reservation_options.block_size = setup.spec.block_size;
-  KvReservations reservations(&source, &clock, reservation_options);
-
-  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions receiver_options, OptionsFor(setup.receiver));
+  reservation_options.block_size = spec.block_size;
+  state->reservations =
+      std::make_unique<KvReservations>(&state->source, &state->clock, reservation_options);
+  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions receiver_options, OptionsFor(receiver));
   TRIDENT_ASSIGN_OR_RETURN(
-      std::unique_ptr<UcxKv> receiver,
-      UcxKv::Create(receiver_worker->get(), setup.receiver.pool->memory(), "decode-0",
+      state->receiver,
+      UcxKv::Create(state->receiver_worker.get(), receiver.pool->memory(), "decode-0",
                     /*incarnation=*/7, std::move(receiver_options)));
-  receiver->AcceptMessagesFor(&reservations);
-  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions sender_options, OptionsFor(setup.sender));
+  state->receiver->AcceptMessagesFor(state->reservations.get());
+  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions sender_options, OptionsFor(sender));
   TRIDENT_ASSIGN_OR_RETURN(
-      std::unique_ptr<UcxKv> sender,
-      UcxKv::Create(sender_worker->get(), setup.sender.pool->memory(), "prefill-0",
-                    /*incarnation=*/9, std::move(sender_options)));
+      state->sender, UcxKv::Create(state->sender_worker.get(), sender.pool->memory(), "prefill-0",
+                                   /*incarnation=*/9, std::move(sender_options)));
+  return std::unique_ptr<KvTransferPair>(new KvTransferPair(std::move(state)));
+}
 
+absl::StatusOr<TransferResult> KvTransferPair::Transfer(int32_t num_tokens,
+                                                        const std::vector<int32_t>& local_blocks,
+                                                        const std::vector<int32_t>& remote_blocks) {
+  State& s = *state_;
+  s.source.Set(remote_blocks);
   TRIDENT_ASSIGN_OR_RETURN(KvReservations::Reservation reservation,
-                           reservations.Reserve("request-0", setup.num_tokens, absl::Minutes(5)));
+                           s.reservations->Reserve("request-0", num_tokens, absl::Minutes(5)));
   TransferResult result;
-  result.sender_staged = sender->staged();
-  result.receiver_staged = receiver->staged();
+  result.sender_staged = s.sender->staged();
+  result.receiver_staged = s.receiver->staged();
   trident::v1::KvDestination& d = result.destination;
-  TRIDENT_RETURN_IF_ERROR(receiver->Describe(&d));
+  TRIDENT_RETURN_IF_ERROR(s.receiver->Describe(&d));
   d.set_decode_worker_id("decode-0");
   d.set_decode_incarnation(7);
   d.set_reservation_id(reservation.id);
-  d.set_num_tokens(setup.num_tokens);
+  d.set_num_tokens(num_tokens);
   for (int32_t b : reservation.blocks) d.add_block_ids(b);
 
-  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<KvTransfer> transfer, sender->Open(d));
-  absl::Mutex mu;
-  int pending = 0;
-  absl::Status first_error;
-  for (int32_t layer = 0; layer < setup.spec.num_layers; ++layer) {
+  absl::Status status = [&]() -> absl::Status {
+    TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<KvTransfer> transfer, s.sender->Open(d));
+    absl::Mutex mu;
+    int pending = 0;
+    absl::Status first_error;
+    for (int32_t layer = 0; layer < s.spec.num_layers; ++layer) {
+      {
+        absl::MutexLock lock(&mu);
+        ++pending;
+      }
+      transfer->SendLayer(layer, local_blocks, [&](absl::Status status) {
+        absl::MutexLock lock(&mu);
+        if (!status.ok() && first_error.ok()) first_error = std::move(status);
+        --pending;
+      });
+    }
     {
       absl::MutexLock lock(&mu);
-      ++pending;
+      auto drained = [&pending]() { return pending == 0; };
+      mu.Await(absl::Condition(&drained));
     }
-    transfer->SendLayer(layer, setup.local_blocks, [&](absl::Status s) {
-      absl::MutexLock lock(&mu);
-      if (!s.ok() && first_error.ok()) first_error = std::move(s);
-      --pending;
-    });
-  }
-  {
-    absl::MutexLock lock(&mu);
-    auto drained = [&pending]() { return pending == 0; };
-    mu.Await(absl::Condition(&drained));
-  }
-  TRIDENT_RETURN_IF_ERROR(first_error);
-  TRIDENT_RETURN_IF_ERROR(reservations.AwaitBytes(reservation.id, transfer->message_bytes(),
-                                                  absl::Now() + absl::Minutes(1)));
-  result.message_bytes = transfer->message_bytes();
-  result.bytes_sent = transfer->bytes_sent();
-  result.messages = transfer->messages();
+    TRIDENT_RETURN_IF_ERROR(first_error);
+    TRIDENT_RETURN_IF_ERROR(s.reservations->AwaitBytes(reservation.id, transfer->message_bytes(),
+                                                       absl::Now() + absl::Minutes(1)));
+    result.message_bytes = transfer->message_bytes();
+    result.bytes_sent = transfer->bytes_sent();
+    result.messages = transfer->messages();
+    return absl::OkStatus();
+  }();
   KvCommit aborted;
   aborted.outcome = KvOutcome::kAborted;
   aborted.error = "test done";
-  TRIDENT_RETURN_IF_ERROR(reservations.Commit(reservation.id, aborted));
-  result.dropped_messages = receiver->dropped_messages();
+  const absl::Status ended = s.reservations->Commit(reservation.id, aborted);
+  TRIDENT_RETURN_IF_ERROR(status);
+  TRIDENT_RETURN_IF_ERROR(ended);
+  result.dropped_messages = s.receiver->dropped_messages();
   return result;
+}
+
+absl::StatusOr<TransferResult> RunTransfer(const TransferSetup& setup) {
+  TRIDENT_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvTransferPair> pair,
+      KvTransferPair::Create(setup.transports, setup.spec, setup.sender, setup.receiver));
+  return pair->Transfer(setup.num_tokens, setup.local_blocks, setup.remote_blocks);
 }
 
 std::vector<uint8_t> RandomPoolBytes(const kv::KvCacheSpec& spec, uint32_t seed) {

@@ -73,8 +73,37 @@ struct TransferResult {
   int64_t dropped_messages = 0;
 };
 
-// Runs the transfer and waits (up to a minute) for every byte to arrive.
-// UNAVAILABLE (callers skip) when the transport is not usable here.
+// Two UcxKv (each on its own UcxWorker) and the receiver's reservations,
+// for any number of transfers (benchmarks). Not thread-safe.
+class KvTransferPair {
+ public:
+  // UNAVAILABLE (callers skip) when the transport is not usable here; the
+  // errors of UcxKv::Create.
+  static absl::StatusOr<std::unique_ptr<KvTransferPair>> Create(const std::string& transports,
+                                                                const kv::KvCacheSpec& spec,
+                                                                const Side& sender,
+                                                                const Side& receiver);
+  ~KvTransferPair();
+
+  // Reserves `remote_blocks` for `num_tokens` on the receiver, sends every
+  // layer of `local_blocks` and waits (up to a minute) for every byte to
+  // arrive; then ends the reservation.
+  absl::StatusOr<TransferResult> Transfer(int32_t num_tokens,
+                                          const std::vector<int32_t>& local_blocks,
+                                          const std::vector<int32_t>& remote_blocks);
+
+  UcxKv& sender() { return *sender_; }
+  UcxKv& receiver() { return *receiver_; }
+
+ private:
+  struct State;
+  explicit KvTransferPair(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+  UcxKv* sender_ = nullptr;
+  UcxKv* receiver_ = nullptr;
+};
+
+// One transfer on a new KvTransferPair.
 absl::StatusOr<TransferResult> RunTransfer(const TransferSetup& setup);
 
 // Bytes of `spec`-shaped pools: deterministic from `seed`.
