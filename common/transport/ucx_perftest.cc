@@ -46,6 +46,12 @@ std::string FindOnPath(const std::string& name) {
   return "";
 }
 
+std::string FindUcxPerftest() {
+  const char* given = std::getenv("UCX_PERFTEST");
+  if (given != nullptr && access(given, X_OK) == 0) return given;
+  return FindOnPath("ucx_perftest");
+}
+
 absl::StatusOr<double> RunUcxPerftest(const std::string& perftest, const PerftestOptions& options) {
   if (options.message_bytes == 0) return absl::InvalidArgumentError("message_bytes is 0");
   const int port = FreePort();

@@ -28,6 +28,10 @@ struct PerftestOptions {
 // `name` on PATH, else empty.
 std::string FindOnPath(const std::string& name);
 
+// $UCX_PERFTEST if it names an executable (a bundled copy), else
+// ucx_perftest on PATH, else empty.
+std::string FindUcxPerftest();
+
 // ucx_perftest's overall bandwidth in GB/s (1e9 bytes/s), with error-handling
 // endpoints (-e, UCX_MM_ERROR_HANDLING=y) as UcxWorker creates them. Logs go
 // to $TMPDIR (else /tmp). UNAVAILABLE with the client's log tail when it
