@@ -14,6 +14,9 @@
 //   2 host_direct    host pools, no staging (UcxKv's host path: KvWriter's
 //                    messages straight from and into the pools)
 //   3 host_staged    host pools staged with a memcpy copier (runs anywhere)
+//   4 cuda_bounce_256k  as cuda_bounce with 8 bounce buffers of 256 KiB
+//                    (default: 4 of 1 MiB): shorter tail per message, more
+//                    copies
 //
 // Then, if ucx_perftest is found ($UCX_PERFTEST, else PATH), runs
 // `ucx_perftest -t ucp_am_bw` and `-t ucp_put_bw -O 1` over posix with the
@@ -49,7 +52,8 @@ using FromHost = backend::CudaKvCopierOptions::FromHost;
 
 constexpr const char* kTransport = "posix";
 constexpr uint64_t kMessageBytes = uint64_t{4} << 20;
-const char* const kPathNames[] = {"cuda_bounce", "cuda_pageable", "host_direct", "host_staged"};
+const char* const kPathNames[] = {"cuda_bounce", "cuda_pageable", "host_direct", "host_staged",
+                                  "cuda_bounce_256k"};
 
 kv::KvCacheSpec LlamaSpec(int32_t tokens) {
   return {.num_layers = 32,
@@ -70,11 +74,15 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   const int path = static_cast<int>(state.range(0));
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   const kv::KvCacheSpec spec = LlamaSpec(tokens);
-  const bool cuda = path <= 1;
+  const bool cuda = path <= 1 || path == 4;
   std::unique_ptr<testing::TestPool> sender_pool, receiver_pool;
   if (cuda) {
     backend::CudaKvCopierOptions options;
-    options.from_host = path == 0 ? FromHost::kPinnedBounce : FromHost::kPageable;
+    options.from_host = path == 1 ? FromHost::kPageable : FromHost::kPinnedBounce;
+    if (path == 4) {
+      options.bounce_buffer_bytes = 256 << 10;
+      options.bounce_buffers = 8;
+    }
     auto sender = testing::NewCudaTestPool(spec, /*device=*/0, options);
     auto receiver = testing::NewCudaTestPool(spec, /*device=*/0, options);
     if (!sender.ok() || !receiver.ok()) {
@@ -134,7 +142,7 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   Results()[{path, tokens}] = gbps;
 }
 BENCHMARK(BM_StagedKvTransfer)
-    ->ArgsProduct({{0, 1, 2, 3}, {8192}})
+    ->ArgsProduct({{0, 1, 4, 2, 3}, {8192}})
     ->ArgNames({"path", "tokens"})
     ->UseRealTime()
     ->MinTime(2.0)
