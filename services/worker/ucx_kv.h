@@ -66,8 +66,9 @@ class UcxKv final : public KvExporter, public KvSender {
   // this; or, for a device pool UCX cannot register (or with
   // options.force_staging), sets up staging instead. FAILED_PRECONDITION
   // when staging is needed and options.copier is null; INVALID_ARGUMENT
-  // naming the option for staging slots smaller than one block or than
-  // staging_bytes; the copier's errors for the staging memory.
+  // naming the option for staging slots smaller than one message or
+  // staging_bytes smaller than one slot; the copier's errors for the staging
+  // memory.
   static absl::StatusOr<std::unique_ptr<UcxKv>> Create(transport::UcxWorker* ucx,
                                                        const backend::KvMemory& memory,
                                                        std::string owner_id, uint64_t incarnation,
@@ -84,12 +85,15 @@ class UcxKv final : public KvExporter, public KvSender {
   // Whether the pool is staged through host memory (see the file comment).
   bool staged() const { return staging_ != nullptr; }
 
-  // KvSender. A staged transfer's SendLayer waits while every staging slot
-  // is in flight, so it must not run on the UCX worker's progress thread.
+  // KvSender. A staged transfer's SendLayer copies the layer out (returning
+  // once its messages are posted) and waits while every staging slot is in
+  // flight, so it must not run on the UCX worker's progress thread.
+  // Transfers must not outlive this UcxKv (their callbacks may).
   int32_t num_layers() const override { return memory_.spec.num_layers; }
   absl::StatusOr<std::unique_ptr<KvTransfer>> Open(
       const trident::v1::KvDestination& destination) override;
 
+  // Staged transfers' slots (ucx_kv.cc).
   class StagingSlots;
 
  private:
