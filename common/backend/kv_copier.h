@@ -78,7 +78,9 @@ class KvCopier {
   // INVALID_ARGUMENT (and no copy) for a range outside the pool (see
   // CheckKvRanges); INTERNAL for a failed copy.
   // REQUIRES: `dst` holds TotalBytes(ranges) bytes; whatever wrote those
-  // bytes of the pool has finished (for CUDA: its stream was synchronized).
+  // bytes of the pool has completed (for CUDA: on the device, e.g. its
+  // stream synchronized, or a host function enqueued after it has run, as
+  // ModelBackend's layer observer is).
   virtual absl::Status CopyToHost(absl::Span<const KvRange> ranges, void* dst) = 0;
 
   // Copies TotalBytes(ranges) bytes from `src` (any host memory: it need not
