@@ -653,8 +653,10 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     return !tasks.empty();
   }
 
-  // Progresses UCX until it has nothing more to do, running callbacks.
-  void ProgressAll() {
+  // Progresses UCX until it has nothing more to do, running callbacks;
+  // returns whether anything happened.
+  bool ProgressAll() {
+    bool any = false;
     while (true) {
       in_progress_ = true;
       const unsigned events = ucp_worker_progress(worker_);
@@ -663,8 +665,10 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
       CloseFailedEndpoints();
       RunCompletions();
       if (events == 0) break;
+      any = true;
     }
     PollClosing();
+    return any;
   }
 
   void Loop() {
@@ -675,17 +679,26 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     // keeps answering BUSY); after a run of those, wait 1 ms between polls
     // instead of spinning a core.
     int busy_in_a_row = 0;
+    absl::Time last_activity = absl::InfinitePast();
     while (true) {
       uint64_t counter;
       while (read(wake_fd_, &counter, sizeof(counter)) > 0) {
       }
-      RunTasks();
-      ProgressAll();
+      const bool ran = RunTasks();
+      if (ProgressAll() || ran) last_activity = absl::Now();
       {
         absl::MutexLock lock(&mu_);
         if (stop_requested_) break;
         if (!tasks_.empty()) continue;
       }
+      // Sends in flight need progress to move on (a full shared-memory FIFO
+      // or socket buffer raises no event here when it drains): keep
+      // progressing while any are outstanding rather than sleeping.
+      if (!outstanding_.empty()) continue;
+      // Busy-poll for a moment after traffic: a message's fragments arrive
+      // faster than a sleep/wake round trip (a shared-memory FIFO holds a
+      // fraction of a large message, and the sender waits for it to drain).
+      if (absl::Now() - last_activity < options_.busy_poll) continue;
       const ucs_status_t armed = ucp_worker_arm(worker_);
       pollfd fds[2] = {{ucp_event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       if (armed == UCS_ERR_BUSY) {  // Events arrived meanwhile.

@@ -85,6 +85,10 @@ struct UcxOptions {
   // Longest time the progress thread sleeps with nothing to wake it; it then
   // progresses UCX anyway, which drives keepalive.
   absl::Duration idle_wakeup_interval = absl::Milliseconds(100);
+  // After any traffic, the progress thread polls without sleeping for this
+  // long before it waits for an event (a sleep/wake round trip per burst of
+  // fragments would cap bandwidth far below the transport's).
+  absl::Duration busy_poll = absl::Milliseconds(2);
 };
 
 // Memory registered with a UcxWorker (ucp_mem_map) that peers may write

@@ -903,6 +903,9 @@ class LayerObserverScope {
 }  // namespace
 
 absl::Status CudaBackend::Forward(absl::Span<const StepSequence> batch, float* logits) {
+  // The current device is per host thread; the engine's loop is not the
+  // thread that created the backend.
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(impl_->options.device), "cudaSetDevice"));
   LayerObserverScope scope(impl_->layer_observer, layer_observer(), impl_->stream);
   return impl_->Forward(batch, logits);
 }
@@ -912,6 +915,7 @@ bool CudaBackend::samples_on_device() const { return impl_->options.device_sampl
 absl::Status CudaBackend::ForwardSample(absl::Span<const StepSequence> batch,
                                         absl::Span<const RowSampling> rows,
                                         absl::Span<sampling::SampledToken> out) {
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(impl_->options.device), "cudaSetDevice"));
   LayerObserverScope scope(impl_->layer_observer, layer_observer(), impl_->stream);
   return impl_->ForwardSample(batch, rows, out);
 }
