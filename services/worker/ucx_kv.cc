@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
@@ -351,6 +352,25 @@ absl::StatusOr<std::unique_ptr<KvTransfer>> UcxKv::Open(const v1::KvDestination&
                                    destination.endpoint().owner_id());
     if (!connected.ok()) return connected.status();
     endpoint = std::move(*connected);
+    // Finish UCX's wireup with the peer before any KV goes: on tcp, UCX 1.13
+    // aborts the receiving process when the sender dies while the receiver
+    // still has a wireup reply pending (ucp_request_send_state_ff
+    // assertion), so the window for that is this first flush, once per peer.
+    struct Flushed {
+      absl::Notification done;
+      absl::Status status;
+    };
+    auto flushed = std::make_shared<Flushed>();  // The callback may outlive a timeout.
+    endpoint->Flush([flushed](absl::Status s) {
+      flushed->status = std::move(s);
+      flushed->done.Notify();
+    });
+    if (!flushed->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+      return absl::UnavailableError(absl::StrCat("UCX wireup with decode worker ",
+                                                 destination.endpoint().owner_id(),
+                                                 " did not finish within 10 s"));
+    }
+    TRIDENT_RETURN_IF_ERROR(flushed->status);
     absl::MutexLock lock(&mu_);
     endpoints_[key] = endpoint;
   }
