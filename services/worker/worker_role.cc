@@ -71,35 +71,45 @@ bool RoleHas(v1::Role role, Capability capability) {
   return false;
 }
 
-WorkerRole::Work::Work(Work&& other) noexcept : role_(other.role_), id_(other.id_) {
-  other.role_ = nullptr;
+WorkerRole::Work::Work(Work&& other) noexcept : anchor_(std::move(other.anchor_)), id_(other.id_) {
+  other.anchor_ = nullptr;
   other.id_ = 0;
 }
 
 WorkerRole::Work& WorkerRole::Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     End();
-    role_ = other.role_;
+    anchor_ = std::move(other.anchor_);
     id_ = other.id_;
-    other.role_ = nullptr;
+    other.anchor_ = nullptr;
     other.id_ = 0;
   }
   return *this;
 }
 
 void WorkerRole::Work::SetAbortHook(AbortHook hook) {
-  if (role_ != nullptr) role_->SetAbortHook(id_, std::move(hook));
+  if (anchor_ == nullptr) return;
+  absl::MutexLock lock(&anchor_->mu);
+  if (anchor_->role != nullptr) anchor_->role->SetAbortHook(id_, std::move(hook));
 }
 
 void WorkerRole::Work::End() {
-  if (role_ == nullptr) return;
-  WorkerRole* role = role_;
-  role_ = nullptr;
-  role->EndWork(id_);
+  if (anchor_ == nullptr) return;
+  std::shared_ptr<Anchor> anchor = std::move(anchor_);
+  anchor_ = nullptr;
+  absl::MutexLock lock(&anchor->mu);
+  if (anchor->role != nullptr) anchor->role->EndWork(id_);
 }
 
 WorkerRole::WorkerRole(v1::Role initial, const Clock* clock, WorkerRoleOptions options)
-    : clock_(clock), options_(std::move(options)), role_(initial) {
+    : clock_(clock),
+      options_(std::move(options)),
+      anchor_(std::make_shared<Anchor>()),
+      role_(initial) {
+  {
+    absl::MutexLock lock(&anchor_->mu);
+    anchor_->role = this;
+  }
   if (options_.registry != nullptr) {
     auto& family = prometheus::BuildCounter()
                        .Name("trident_worker_role_changes_total")
@@ -117,10 +127,8 @@ WorkerRole::WorkerRole(v1::Role initial, const Clock* clock, WorkerRoleOptions o
 }
 
 WorkerRole::~WorkerRole() {
-  absl::MutexLock lock(&mu_);
-  // A Work outliving its WorkerRole would write into freed memory when it
-  // ends: the owner destroys every service before this.
-  TRIDENT_CHECK(work_.empty());
+  absl::MutexLock lock(&anchor_->mu);
+  anchor_->role = nullptr;
 }
 
 WorkerRole::State WorkerRole::state() const {
@@ -160,7 +168,7 @@ absl::StatusOr<WorkerRole::Work> WorkerRole::Admit(Capability capability,
   }
   const uint64_t id = next_work_id_++;
   work_[id] = Entry{capability, std::string(request_id), std::move(abort)};
-  return Work(this, id);
+  return Work(anchor_, id);
 }
 
 int32_t WorkerRole::in_flight(Capability capability) const {

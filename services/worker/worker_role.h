@@ -25,6 +25,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -102,8 +103,15 @@ class WorkerRole {
   // hold no pointer into the work that may dangle (use a weak_ptr).
   using AbortHook = std::function<void(const absl::Status& why)>;
 
+  // Where a Work finds its WorkerRole; cleared when the WorkerRole goes, so
+  // that work outliving it (e.g. held by an engine callback) ends harmlessly.
+  struct Anchor {
+    absl::Mutex mu;
+    WorkerRole* role ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
   // One piece of admitted work; ends when destroyed (or End()). Movable,
-  // thread-compatible. The WorkerRole must outlive it.
+  // thread-compatible.
   class Work {
    public:
     Work() = default;
@@ -118,18 +126,18 @@ class WorkerRole {
     // Ends the work now; idempotent.
     void End();
     // False for a default-constructed, moved-from or ended Work.
-    bool active() const { return role_ != nullptr; }
+    bool active() const { return anchor_ != nullptr; }
 
    private:
     friend class WorkerRole;
-    Work(WorkerRole* role, uint64_t id) : role_(role), id_(id) {}
-    WorkerRole* role_ = nullptr;
+    Work(std::shared_ptr<Anchor> anchor, uint64_t id) : anchor_(std::move(anchor)), id_(id) {}
+    std::shared_ptr<Anchor> anchor_;
     uint64_t id_ = 0;
   };
 
   WorkerRole(trident::v1::Role initial, const Clock* clock, WorkerRoleOptions options = {});
-  // Cuts a change in progress short; REQUIRES that no FinishChange is running
-  // any more and no Work is alive.
+  // REQUIRES: no FinishChange running. Work still alive ends harmlessly
+  // later.
   ~WorkerRole();
 
   WorkerRole(const WorkerRole&) = delete;
@@ -198,6 +206,7 @@ class WorkerRole {
 
   const Clock* const clock_;
   const WorkerRoleOptions options_;
+  const std::shared_ptr<Anchor> anchor_;
   // trident_worker_role_changes_total{from, to}, indexed by Role values;
   // resolved at construction (null without a registry, and for from == to).
   std::array<std::array<prometheus::Counter*, 4>, 4> changes_total_{};

@@ -338,5 +338,20 @@ TEST(WorkerRoleTest, WithoutKvTransportOnlyRoleBothCanBeSet) {
   EXPECT_EQ(role.role(), v1::ROLE_BOTH);
 }
 
+TEST(WorkerRoleTest, WorkOutlivingItsRoleEndsHarmlessly) {
+  FakeClock clock;
+  WorkerRole::Work survivor;
+  {
+    WorkerRole role(v1::ROLE_BOTH, &clock);
+    auto work = role.Admit(Capability::kColocated, "g1");
+    ASSERT_THAT(work.status(), IsOk());
+    survivor = *std::move(work);
+  }
+  EXPECT_TRUE(survivor.active());
+  survivor.SetAbortHook(nullptr);
+  survivor.End();
+  EXPECT_FALSE(survivor.active());
+}
+
 }  // namespace
 }  // namespace trident::worker
