@@ -84,7 +84,7 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   // call to carry on; inactive if there is none.
   WorkerRole::Work TakeReservationWork(uint64_t id);
   // Ends the work of reservations that ended without a Decode call
-  // (released, FINISHED or ABORTED, expired).
+  // (released, expired).
   void EndFinishedReservationWork();
 
   engine::Engine* const engine_;

@@ -132,9 +132,10 @@ class KvReservations {
   // bytes as sent, the receiver as copied: this closes the gap.
   absl::Status AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline);
 
-  // Whether reservation `id` still awaits its hand-off to a decode: reserved
-  // and not released, or committed COMPLETE and not yet taken by Await.
-  // False once it ended (taken, released, FINISHED or ABORTED, expired).
+  // Whether reservation `id` still awaits its Decode call: known, not yet
+  // taken by Await (whatever its commit's outcome), not released, not
+  // expired. A released one may still hold blocks until its writer commits,
+  // but no Decode will come for it.
   bool IsPending(uint64_t id) const;
 
   // Blocks held by live reservations (uncommitted, or committed and not yet

@@ -143,6 +143,11 @@ TEST(KvReservationsTest, IsPendingUntilTheReservationIsTakenOrEnds) {
   done.outcome = KvOutcome::kFinished;
   done.first_token = 2;
   ASSERT_THAT(f.reservations.Commit(finished->id, done), IsOk());
+  // Its outcome waits for the Decode call.
+  EXPECT_TRUE(f.reservations.IsPending(finished->id));
+  Result outcome;
+  f.reservations.Await(finished->id, outcome.Callback());
+  EXPECT_EQ(outcome.calls, 1);
   EXPECT_FALSE(f.reservations.IsPending(finished->id));
   // Released while the writer may still write: kept, but no longer pending.
   EXPECT_TRUE(f.reservations.Release(released->id));
