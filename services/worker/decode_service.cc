@@ -18,8 +18,6 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
-bool ServesDecode(v1::Role role) { return role == v1::ROLE_DECODE || role == v1::ROLE_BOTH; }
-
 // A lease from a request: unset means the default; (0, max] else
 // INVALID_ARGUMENT naming `field` (longer is capped by KvReservations).
 absl::StatusOr<absl::Duration> LeaseFrom(bool has, const google::protobuf::Duration& d,
@@ -43,6 +41,9 @@ struct DecodeCall {
   bool logprobs = false;
   std::atomic<int32_t> completion_tokens{0};
   std::atomic<bool> in_engine{false};
+  // Admitted by the worker's role (or carried on from the reservation's
+  // ReserveKv); ends with the call.
+  WorkerRole::Work work;
 
   // Streams one engine event; the final one completes the call.
   void OnEvent(const engine::TokenEvent& ev) {
@@ -103,6 +104,9 @@ DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse
       exporter_(exporter),
       clock_(clock),
       options_(std::move(options)),
+      own_role_(options_.worker_role == nullptr ? std::make_unique<WorkerRole>(options_.role, clock)
+                                                : nullptr),
+      role_(options_.worker_role != nullptr ? options_.worker_role : own_role_.get()),
       blocks_(std::make_unique<EngineBlocks>(engine)),
       reservations_(std::make_unique<KvReservations>(blocks_.get(), clock, options_.reservations)) {
   if (exporter_ != nullptr) exporter_->AcceptMessagesFor(reservations_.get());
@@ -112,6 +116,7 @@ DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse
     while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.lease_check_interval)) {
       mu_.Unlock();
       reservations_->ExpireLeases();
+      EndFinishedReservationWork();
       mu_.Lock();
     }
   });
@@ -124,6 +129,28 @@ DecodeService::~DecodeService() {
     stopping_ = true;
   }
   lease_checker_.join();
+}
+
+WorkerRole::Work DecodeService::TakeReservationWork(uint64_t id) {
+  absl::MutexLock lock(&work_mu_);
+  auto it = reservation_work_.find(id);
+  if (it == reservation_work_.end()) return WorkerRole::Work();
+  WorkerRole::Work work = std::move(it->second);
+  reservation_work_.erase(it);
+  return work;
+}
+
+void DecodeService::EndFinishedReservationWork() {
+  std::vector<WorkerRole::Work> ended;  // Ended outside the lock.
+  absl::MutexLock lock(&work_mu_);
+  for (auto it = reservation_work_.begin(); it != reservation_work_.end();) {
+    if (reservations_->IsPending(it->first)) {
+      ++it;
+      continue;
+    }
+    ended.push_back(std::move(it->second));
+    reservation_work_.erase(it++);
+  }
 }
 
 absl::Status DecodeService::CheckIncarnation(uint64_t incarnation) const {
@@ -139,10 +166,8 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
                                                    const v1::ReserveKvRequest* request,
                                                    v1::ReserveKvResponse* response) {
   auto run = [&]() -> absl::Status {
-    if (!ServesDecode(options_.role)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not decode"));
-    }
+    TRIDENT_ASSIGN_OR_RETURN(WorkerRole::Work work,
+                             role_->Admit(Capability::kDecode, request->request_id()));
     if (exporter_ == nullptr) {
       return absl::FailedPreconditionError(
           "this worker has no KV transport: it cannot receive a prefill worker's KV");
@@ -170,6 +195,14 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
     if (absl::Status s = exporter_->Describe(d); !s.ok()) {
       reservations_->Release(r.id);
       return s;
+    }
+    // A role change that gives up waiting for it releases it.
+    KvReservations* reservations = reservations_.get();
+    work.SetAbortHook(
+        [reservations, id = r.id](const absl::Status&) { reservations->Release(id); });
+    {
+      absl::MutexLock lock(&work_mu_);
+      reservation_work_[r.id] = std::move(work);
     }
     d->set_decode_worker_id(options_.worker_id);
     d->set_decode_incarnation(options_.incarnation);
@@ -251,7 +284,9 @@ grpc::ServerUnaryReactor* DecodeService::CommitKv(grpc::CallbackServerContext* c
     }
     return reservations_->Commit(request->reservation_id(), std::move(commit));
   };
-  return FinishUnary(context, run());
+  const absl::Status committed = run();
+  EndFinishedReservationWork();
+  return FinishUnary(context, committed);
 }
 
 grpc::ServerUnaryReactor* DecodeService::ReleaseKv(grpc::CallbackServerContext* context,
@@ -262,7 +297,9 @@ grpc::ServerUnaryReactor* DecodeService::ReleaseKv(grpc::CallbackServerContext* 
     response->set_released(reservations_->Release(request->reservation_id()));
     return absl::OkStatus();
   };
-  return FinishUnary(context, run());
+  const absl::Status released = run();
+  EndFinishedReservationWork();
+  return FinishUnary(context, released);
 }
 
 grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
@@ -287,16 +324,35 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
   call->channel = reactor->channel();
 
   // Validation and conversion to an engine request.
+  // A role change that gives up waiting for the call ends it as a
+  // cancellation does, telling the router why.
+  std::weak_ptr<DecodeCall> weak = call;
+  WorkerRole::AbortHook abort = [weak, reservation, reservations](const absl::Status& why) {
+    std::shared_ptr<DecodeCall> c = weak.lock();
+    if (c == nullptr) return;
+    c->channel->Close(why);
+    if (c->in_engine.load()) {
+      c->engine->Abort(c->request_id);
+    } else if (reservation != 0) {
+      reservations->Release(reservation);
+    }
+  };
   auto prepare = [&]() -> absl::StatusOr<engine::EngineRequest> {
-    if (!ServesDecode(options_.role)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not decode"));
+    if (reservation == 0) {
+      // Colocated: the worker also computes the prompt (role both).
+      TRIDENT_ASSIGN_OR_RETURN(call->work,
+                               role_->Admit(Capability::kColocated, request->request_id(), abort));
+    } else {
+      TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
+      // The reservation's work, admitted by ReserveKv, goes on in this call.
+      call->work = TakeReservationWork(reservation);
+      if (call->work.active()) {
+        call->work.SetAbortHook(abort);
+      } else {
+        TRIDENT_ASSIGN_OR_RETURN(call->work,
+                                 role_->Admit(Capability::kDecode, request->request_id(), abort));
+      }
     }
-    if (reservation == 0 && options_.role != v1::ROLE_BOTH) {
-      return absl::FailedPreconditionError(
-          "a Decode without a reservation needs role both (the worker computes the prompt)");
-    }
-    if (reservation != 0) TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
     return EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
                                   request->sampling(), request->stop(), request->options(),
                                   model_info_);

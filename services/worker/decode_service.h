@@ -11,10 +11,12 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
 #include "services/worker/kv_reservations.h"
+#include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -36,6 +38,10 @@ struct DecodeServiceOptions {
   uint64_t incarnation = 0;
   // host:port peers use for CommitKv and RenewKv.
   std::string address;
+  // The worker's role, shared with its other services and changed by
+  // WorkerControl.SetRole; must outlive the service. Null: a role of the
+  // service's own, fixed at `role`.
+  WorkerRole* worker_role = nullptr;
   trident::v1::Role role = trident::v1::ROLE_DECODE;
   KvReservationOptions reservations;
   // How long a COMPLETE commit waits for KV messages still on their way
@@ -74,14 +80,25 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
  private:
   class EngineBlocks;
   absl::Status CheckIncarnation(uint64_t incarnation) const;
+  // The work of reservation `id` (admitted by ReserveKv), for its Decode
+  // call to carry on; inactive if there is none.
+  WorkerRole::Work TakeReservationWork(uint64_t id);
+  // Ends the work of reservations that ended without a Decode call
+  // (released, expired).
+  void EndFinishedReservationWork();
 
   engine::Engine* const engine_;
   const trident::v1::ModelInfoResponse model_info_;
   KvExporter* const exporter_;
   const Clock* const clock_;
   const DecodeServiceOptions options_;
+  std::unique_ptr<WorkerRole> own_role_;
+  WorkerRole* const role_;
   std::unique_ptr<EngineBlocks> blocks_;
   std::unique_ptr<KvReservations> reservations_;
+  absl::Mutex work_mu_;
+  // Reservations awaiting their Decode call, by id.
+  absl::flat_hash_map<uint64_t, WorkerRole::Work> reservation_work_ ABSL_GUARDED_BY(work_mu_);
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lease_checker_;

@@ -68,6 +68,9 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     absl::Time submitted;
     absl::Time first_token;
     bool done_by_stop_string = false;
+    // Admitted by the worker's role (colocated generation); ends with the
+    // call.
+    WorkerRole::Work work;
   };
 
   Stream(GenerationService* service, grpc::CallbackServerContext* context)
@@ -128,6 +131,27 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
                            service_->next_id_.fetch_add(1));
     }
     state_->request_id = id;
+    if (service_->role_ != nullptr) {
+      // A role change that gives up waiting for the call ends it with `why`
+      // and ends the sequence in the engine.
+      std::weak_ptr<State> weak = state_;
+      engine::TokenSource* engine = service_->engine_;
+      TRIDENT_ASSIGN_OR_RETURN(
+          state_->work, service_->role_->Admit(Capability::kColocated, id,
+                                               [weak, engine](const absl::Status& why) {
+                                                 std::shared_ptr<State> s = weak.lock();
+                                                 if (s == nullptr) return;
+                                                 {
+                                                   absl::MutexLock lock(&s->mu);
+                                                   if (s->reactor != nullptr && !s->final_queued) {
+                                                     s->final_status = ToGrpcStatus(why);
+                                                     s->final_queued = true;
+                                                     s->reactor->PumpLocked();
+                                                   }
+                                                 }
+                                                 engine->Abort(s->request_id);
+                                               }));
+    }
 
     std::vector<int32_t> prompt;
     switch (request.prompt_case()) {
@@ -319,8 +343,9 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
 
 GenerationService::GenerationService(engine::TokenSource* engine,
                                      const tokenizer::Tokenizer* tokenizer,
-                                     const v1::ModelInfoResponse& model_info, Clock* clock)
-    : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock) {
+                                     const v1::ModelInfoResponse& model_info, Clock* clock,
+                                     WorkerRole* role)
+    : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock), role_(role) {
   std::random_device rd;
   id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }

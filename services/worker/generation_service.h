@@ -16,6 +16,7 @@
 #include "common/engine/token_source.h"
 #include "common/time/clock.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/worker/worker_role.h"
 #include "trident/v1/generation.grpc.pb.h"
 
 namespace trident::worker {
@@ -24,9 +25,13 @@ namespace trident::worker {
 class GenerationService final : public trident::v1::Generation::CallbackService {
  public:
   // `engine` (the worker's Engine, or the router's remote path), `tokenizer`
-  // and `clock` must outlive the service.
+  // and `clock` must outlive the service. `role` (null on the router): the
+  // worker's role, which must outlive the service; Generate is served only
+  // in role both (FAILED_PRECONDITION otherwise, UNAVAILABLE while a role
+  // change drains it).
   GenerationService(engine::TokenSource* engine, const tokenizer::Tokenizer* tokenizer,
-                    const trident::v1::ModelInfoResponse& model_info, Clock* clock);
+                    const trident::v1::ModelInfoResponse& model_info, Clock* clock,
+                    WorkerRole* role = nullptr);
 
   grpc::ServerWriteReactor<trident::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const trident::v1::GenerateRequest* request) override;
@@ -55,6 +60,7 @@ class GenerationService final : public trident::v1::Generation::CallbackService 
   const tokenizer::Tokenizer* tokenizer_;
   trident::v1::ModelInfoResponse model_info_;
   Clock* clock_;
+  WorkerRole* const role_;
   std::atomic<uint64_t> next_id_{1};
   uint64_t id_salt_;
   absl::Mutex mu_;

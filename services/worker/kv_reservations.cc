@@ -281,6 +281,12 @@ absl::Status KvReservations::AwaitBytes(uint64_t id, int64_t bytes, absl::Time d
   return absl::OkStatus();
 }
 
+bool KvReservations::IsPending(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  return it != entries_.end() && !it->second.released;
+}
+
 int32_t KvReservations::blocks_held() const {
   absl::MutexLock lock(&mu_);
   int32_t n = 0;

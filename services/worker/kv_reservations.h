@@ -132,6 +132,12 @@ class KvReservations {
   // bytes as sent, the receiver as copied: this closes the gap.
   absl::Status AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline);
 
+  // Whether reservation `id` still awaits its Decode call: known, not yet
+  // taken by Await (whatever its commit's outcome), not released, not
+  // expired. A released one may still hold blocks until its writer commits,
+  // but no Decode will come for it.
+  bool IsPending(uint64_t id) const;
+
   // Blocks held by live reservations (uncommitted, or committed and not yet
   // taken).
   int32_t blocks_held() const;

@@ -122,6 +122,41 @@ TEST(KvReservationsTest, FinishedAndAbortedCommitsFreeTheBlocks) {
   EXPECT_EQ(f.reservations.num_reservations(), 0);
 }
 
+TEST(KvReservationsTest, IsPendingUntilTheReservationIsTakenOrEnds) {
+  Fixture f;
+  auto taken = f.reservations.Reserve("taken", 4, absl::ZeroDuration());
+  auto finished = f.reservations.Reserve("finished", 4, absl::ZeroDuration());
+  auto released = f.reservations.Reserve("released", 4, absl::Seconds(1));
+  auto expired = f.reservations.Reserve("expired", 4, absl::Seconds(1));
+  for (auto* r : {&taken, &finished, &released, &expired}) {
+    ASSERT_THAT(r->status(), IsOk());
+    EXPECT_TRUE(f.reservations.IsPending((*r)->id));
+  }
+  EXPECT_FALSE(f.reservations.IsPending(12345));
+  // Committed COMPLETE: pending until a decode takes the blocks.
+  ASSERT_THAT(f.reservations.Commit(taken->id, Complete(3)), IsOk());
+  EXPECT_TRUE(f.reservations.IsPending(taken->id));
+  Result result;
+  f.reservations.Await(taken->id, result.Callback());
+  EXPECT_FALSE(f.reservations.IsPending(taken->id));
+  KvCommit done;
+  done.outcome = KvOutcome::kFinished;
+  done.first_token = 2;
+  ASSERT_THAT(f.reservations.Commit(finished->id, done), IsOk());
+  // Its outcome waits for the Decode call.
+  EXPECT_TRUE(f.reservations.IsPending(finished->id));
+  Result outcome;
+  f.reservations.Await(finished->id, outcome.Callback());
+  EXPECT_EQ(outcome.calls, 1);
+  EXPECT_FALSE(f.reservations.IsPending(finished->id));
+  // Released while the writer may still write: kept, but no longer pending.
+  EXPECT_TRUE(f.reservations.Release(released->id));
+  EXPECT_FALSE(f.reservations.IsPending(released->id));
+  f.clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 2);
+  EXPECT_FALSE(f.reservations.IsPending(expired->id));
+}
+
 TEST(KvReservationsTest, LeasesEndUnlessRenewed) {
   Fixture f;
   auto r = f.reservations.Reserve("req", 5, absl::Seconds(10));

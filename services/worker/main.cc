@@ -25,8 +25,8 @@
 
 ABSL_FLAG(std::string, device, "cpu", "Where the model runs: 'cpu' or 'cuda:N'.");
 ABSL_FLAG(std::string, role, "both",
-          "Initial role: 'prefill', 'decode' or 'both' (colocated). The controller may change "
-          "it at run time.");
+          "Initial role: 'prefill', 'decode' or 'both' (colocated). WorkerControl.SetRole (the "
+          "controller) changes it at run time; without a KV transport only 'both' can be set.");
 ABSL_FLAG(std::string, model, "",
           "Directory of a Hugging Face Llama-family model (config.json, *.safetensors, "
           "tokenizer.json).");
@@ -93,7 +93,6 @@ int main(int argc, char** argv) {
                           << trident::v1::Role_Name(*role);
         std::vector<trident::RegisteredService> services;
         std::unique_ptr<trident::worker::WorkerModel> model;
-        std::unique_ptr<trident::worker::GenerationService> generation;
         trident::RealClock clock;
         if (!absl::GetFlag(FLAGS_model).empty()) {
           trident::worker::WorkerModelOptions options;
@@ -117,11 +116,6 @@ int main(int argc, char** argv) {
               trident::worker::LoadWorkerModel(options, &runtime.registry());
           if (!loaded.ok()) return loaded.status();
           model = std::move(*loaded);
-          if (*role == trident::v1::ROLE_BOTH) {
-            generation = std::make_unique<trident::worker::GenerationService>(
-                model->engine.get(), model->tokenizer.get(), model->info, &clock);
-            services.push_back({generation.get(), trident::v1::Generation::service_full_name()});
-          }
         } else {
           TRIDENT_LOG(WARNING) << "no --model given: this worker serves no generations";
         }
@@ -195,6 +189,19 @@ int main(int argc, char** argv) {
           metered_kv =
               std::make_unique<trident::worker::MeteredKvSender>(ucx_kv.get(), &kv_metrics, &clock);
         }
+        // The role, shared by every service below and changed by SetRole.
+        trident::worker::WorkerRoleOptions role_options;
+        role_options.has_kv_transport = model == nullptr || ucx_kv != nullptr;
+        role_options.registry = &runtime.registry();
+        trident::worker::WorkerRole worker_role(*role, &clock, role_options);
+        // The public Generation API, served in role `both` (Generate answers
+        // FAILED_PRECONDITION in the other roles).
+        std::unique_ptr<trident::worker::GenerationService> generation;
+        if (model != nullptr) {
+          generation = std::make_unique<trident::worker::GenerationService>(
+              model->engine.get(), model->tokenizer.get(), model->info, &clock, &worker_role);
+          services.push_back({generation.get(), trident::v1::Generation::service_full_name()});
+        }
         trident::worker::UnservedPrefillService unserved_prefill;
         std::unique_ptr<trident::worker::PrefillService> prefill;
         trident::worker::UnservedDecodeService unserved_decode;
@@ -204,14 +211,14 @@ int main(int argc, char** argv) {
           decode_options.worker_id = identity.worker_id;
           decode_options.incarnation = identity.incarnation;
           decode_options.address = absl::GetFlag(FLAGS_advertise_address);
-          decode_options.role = *role;
+          decode_options.worker_role = &worker_role;
           decode_options.reservations.block_size = absl::GetFlag(FLAGS_kv_block_size);
           decode = std::make_unique<trident::worker::DecodeService>(
               model->engine.get(), model->info, ucx_kv.get(), &clock, decode_options);
           services.push_back({decode.get(), trident::v1::Decode::service_full_name()});
           trident::worker::PrefillServiceOptions prefill_options;
           prefill_options.worker_id = identity.worker_id;
-          prefill_options.role = *role;
+          prefill_options.worker_role = &worker_role;
           prefill_options.testonly_stall_after_layers =
               absl::GetFlag(FLAGS_testonly_stall_kv_transfer_after_layers);
           prefill = std::make_unique<trident::worker::PrefillService>(
@@ -226,11 +233,17 @@ int main(int argc, char** argv) {
         if (model != nullptr) {
           trident::engine::Engine* engine = model->engine.get();
           const trident::worker::KvReservations* reservations = &decode->reservations();
-          loads = std::make_unique<trident::worker::LoadStreams>([identity, engine, reservations] {
-            return trident::worker::WorkerLoadFromStats(
-                identity, engine->stats(), reservations->blocks_held(),
-                reservations->num_reservations(), absl::Now());
-          });
+          const trident::worker::WorkerRole* current_role = &worker_role;
+          loads = std::make_unique<trident::worker::LoadStreams>(
+              [identity, engine, reservations, current_role] {
+                trident::worker::WorkerIdentity now = identity;
+                const trident::worker::WorkerRole::State state = current_role->state();
+                now.role = state.role;
+                now.pending_role = state.pending_role;
+                return trident::worker::WorkerLoadFromStats(
+                    now, engine->stats(), reservations->blocks_held(),
+                    reservations->num_reservations(), absl::Now());
+              });
           kv_sampler = std::make_unique<trident::worker::PeriodicSampler>(
               absl::Milliseconds(250), [reservations, &kv_metrics] {
                 kv_metrics.SetReservations(reservations->num_reservations(),
@@ -238,7 +251,7 @@ int main(int argc, char** argv) {
               });
         }
         trident::worker::WorkerControlService control(
-            model != nullptr ? model->engine.get() : nullptr, loads.get());
+            model != nullptr ? model->engine.get() : nullptr, loads.get(), &worker_role);
         services.push_back({&control, trident::v1::WorkerControl::service_full_name()});
         absl::Status served = runtime.Serve(std::move(services));
         if (model != nullptr) model->engine->Shutdown();

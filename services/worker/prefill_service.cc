@@ -19,8 +19,6 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
-bool ServesPrefill(v1::Role role) { return role == v1::ROLE_PREFILL || role == v1::ROLE_BOTH; }
-
 }  // namespace
 
 struct PrefillService::Call {
@@ -37,6 +35,8 @@ struct PrefillService::Call {
   std::atomic<bool> in_engine{true};
   // The first token as streamed (with logprobs when asked).
   v1::TokenChunk first_token;
+  // Admitted by the worker's role; ends with the call.
+  WorkerRole::Work work;
 
   // The KV transfer; transfer-thread only, except the counters below.
   std::unique_ptr<KvTransfer> transfer;
@@ -55,7 +55,10 @@ PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoRespon
       model_info_(model_info),
       sender_(sender),
       clock_(clock),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      own_role_(options_.worker_role == nullptr ? std::make_unique<WorkerRole>(options_.role, clock)
+                                                : nullptr),
+      role_(options_.worker_role != nullptr ? options_.worker_role : own_role_.get()) {
   transfer_thread_ = std::thread([this] {
     while (true) {
       std::function<void()> job;
@@ -238,10 +241,18 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   call->channel = reactor->channel();
 
   auto prepare = [&]() -> absl::StatusOr<engine::EngineRequest> {
-    if (!ServesPrefill(options_.role)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("this worker's role is ", v1::Role_Name(options_.role), ", not prefill"));
-    }
+    // A role change that gives up waiting for this call ends it as a
+    // cancellation does, telling the router why.
+    std::weak_ptr<Call> weak = call;
+    TRIDENT_ASSIGN_OR_RETURN(call->work, role_->Admit(Capability::kPrefill, request->request_id(),
+                                                      [weak, engine](const absl::Status& why) {
+                                                        std::shared_ptr<Call> c = weak.lock();
+                                                        if (c == nullptr) return;
+                                                        c->channel->Close(why);
+                                                        c->cancelled.store(true);
+                                                        if (c->in_engine.load())
+                                                          engine->Abort(c->request_id);
+                                                      }));
     TRIDENT_ASSIGN_OR_RETURN(
         engine::EngineRequest er,
         EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),

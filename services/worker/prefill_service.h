@@ -23,6 +23,7 @@
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
 #include "services/worker/kv_sender.h"
+#include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -30,6 +31,10 @@ namespace trident::worker {
 
 struct PrefillServiceOptions {
   std::string worker_id;
+  // The worker's role, shared with its other services and changed by
+  // WorkerControl.SetRole; must outlive the service. Null: a role of the
+  // service's own, fixed at `role`.
+  WorkerRole* worker_role = nullptr;
   trident::v1::Role role = trident::v1::ROLE_PREFILL;
   // Deadline of each CommitKv call to a decode worker.
   absl::Duration commit_timeout = absl::Seconds(10);
@@ -76,6 +81,8 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   KvSender* const sender_;
   const Clock* const clock_;
   const PrefillServiceOptions options_;
+  std::unique_ptr<WorkerRole> own_role_;
+  WorkerRole* const role_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

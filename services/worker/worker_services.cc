@@ -105,7 +105,12 @@ WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity, const engine::Eng
   load.set_incarnation(identity.incarnation);
   SetProtoTimestamp(now, load.mutable_sample_time());
   load.set_role(identity.role);
-  load.set_state(trident::v1::SERVING_STATE_SERVING);
+  if (identity.pending_role != trident::v1::ROLE_UNSPECIFIED) {
+    load.set_state(trident::v1::SERVING_STATE_DRAINING);
+    load.set_pending_role(identity.pending_role);
+  } else {
+    load.set_state(trident::v1::SERVING_STATE_SERVING);
+  }
   load.set_running_sequences(stats.running);
   load.set_waiting_sequences(stats.waiting);
   load.set_kv_waiting_sequences(kv_waiting_sequences);
@@ -122,11 +127,83 @@ WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity, const engine::Eng
   return load;
 }
 
+absl::StatusOr<RoleChange> RoleChangeFromProto(const trident::v1::SetRoleRequest& request) {
+  RoleChange change;
+  change.role = request.role();
+  change.directive_id = request.directive_id();
+  change.reason = request.reason();
+  if (request.has_drain_timeout()) {
+    const google::protobuf::Duration& d = request.drain_timeout();
+    // google.protobuf.Duration: |nanos| < 1e9, with the sign of seconds.
+    const bool valid = d.nanos() > -1'000'000'000 && d.nanos() < 1'000'000'000 &&
+                       (d.seconds() == 0 || d.nanos() == 0 || (d.seconds() > 0) == (d.nanos() > 0));
+    if (!valid) {
+      return InvalidArgumentForField(
+          "drain_timeout",
+          absl::StrCat("is not a valid duration (", d.seconds(), " s, ", d.nanos(), " ns)"));
+    }
+    change.drain_timeout = DurationFromProto(d);
+  }
+  return change;
+}
+
+void RoleChangeResultToProto(const RoleChangeResult& result,
+                             trident::v1::SetRoleResponse* response) {
+  response->set_previous_role(result.previous_role);
+  response->set_role(result.role);
+  SetProtoDuration(result.drain_time, response->mutable_drain_time());
+  response->set_drained_sequences(result.drained_sequences);
+  response->set_aborted_sequences(result.aborted_sequences);
+}
+
+namespace {
+
+// The reactor of a SetRole call that drains: finished by the change's
+// thread; cancelling it cuts the drain short.
+class SetRoleReactor final : public grpc::ServerUnaryReactor {
+ public:
+  SetRoleReactor(WorkerRole* role, uint64_t change_id) : role_(role), change_id_(change_id) {}
+  void OnCancel() override { role_->CutDrainShort(change_id_); }
+  void OnDone() override { delete this; }
+
+ private:
+  WorkerRole* const role_;
+  const uint64_t change_id_;
+};
+
+}  // namespace
+
+WorkerControlService::~WorkerControlService() {
+  absl::MutexLock lock(&mu_);
+  if (role_ != nullptr) role_->CutDrainShort(change_id_);
+  if (change_thread_.joinable()) change_thread_.join();
+}
+
 grpc::ServerUnaryReactor* WorkerControlService::SetRole(grpc::CallbackServerContext* context,
                                                         const trident::v1::SetRoleRequest* request,
                                                         trident::v1::SetRoleResponse* response) {
-  return FinishUnary(context, NotServedYet("WorkerControl", "SetRole",
-                                           "the engine's drain, which the roles switch between"));
+  if (role_ == nullptr) {
+    return FinishUnary(context, NotServedYet("WorkerControl", "SetRole", "a role holder"));
+  }
+  absl::StatusOr<RoleChange> change = RoleChangeFromProto(*request);
+  if (!change.ok()) return FinishUnary(context, change.status());
+  absl::StatusOr<WorkerRole::Started> started = role_->BeginChange(*change);
+  if (!started.ok()) return FinishUnary(context, started.status());
+  if (started->change_id == 0) {
+    RoleChangeResultToProto(started->result, response);
+    return FinishUnary(context, absl::OkStatus());
+  }
+  auto* reactor = new SetRoleReactor(role_, started->change_id);
+  absl::MutexLock lock(&mu_);
+  // The previous change is over (else BeginChange would have refused this
+  // one): its thread is at most returning.
+  if (change_thread_.joinable()) change_thread_.join();
+  change_id_ = started->change_id;
+  change_thread_ = std::thread([role = role_, id = started->change_id, reactor, response] {
+    RoleChangeResultToProto(role->FinishChange(id), response);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::GetKvStats(

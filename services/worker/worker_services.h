@@ -6,16 +6,20 @@
 // role changes, allocator counts). The worker also serves the public
 // Generation API directly when colocated (role `both`).
 //
-// This build has no model runtime yet, so every RPC answers UNIMPLEMENTED
-// and names what it needs.
+// Without a model (no --model), Prefill and Decode answer UNIMPLEMENTED and
+// name what they need.
 
+#include <cstdint>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/engine/engine.h"
 #include "services/worker/load_streams.h"
+#include "services/worker/worker_role.h"
 #include "trident/v1/cluster.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -64,13 +68,22 @@ class UnservedDecodeService final : public trident::v1::Decode::CallbackService 
       grpc::CallbackServerContext* context, const trident::v1::DecodeRequest* request) override;
 };
 
+// trident.v1.WorkerControl. SetRole validates and starts the change at
+// once (WorkerRole::BeginChange: new work of the capabilities being lost is
+// refused from then on) and finishes the call from a thread of its own once
+// the drain is over and the new role in effect. Cancelling the call (its
+// deadline, the client leaving, the server shutting down) cuts the drain
+// short: the work left is aborted and the switch completes.
 // Thread-safe.
 class WorkerControlService final : public trident::v1::WorkerControl::CallbackService {
  public:
-  // `engine` and `loads` (either may be null when no model is loaded) must
-  // outlive the service.
-  explicit WorkerControlService(engine::Engine* engine = nullptr, LoadStreams* loads = nullptr)
-      : engine_(engine), loads_(loads) {}
+  // `engine`, `loads` (either may be null when no model is loaded) and
+  // `role` (null: SetRole answers UNIMPLEMENTED) must outlive the service.
+  explicit WorkerControlService(engine::Engine* engine = nullptr, LoadStreams* loads = nullptr,
+                                WorkerRole* role = nullptr)
+      : engine_(engine), loads_(loads), role_(role) {}
+  // Cuts a role change in progress short and waits for it to finish.
+  ~WorkerControlService() override;
 
   grpc::ServerWriteReactor<trident::v1::WorkerLoad>* GetLoad(
       grpc::CallbackServerContext* context, const trident::v1::GetLoadRequest* request) override;
@@ -84,13 +97,30 @@ class WorkerControlService final : public trident::v1::WorkerControl::CallbackSe
  private:
   engine::Engine* engine_;
   LoadStreams* loads_;
+  WorkerRole* role_;
+  absl::Mutex mu_;
+  // The thread finishing the latest role change, and that change.
+  std::thread change_thread_ ABSL_GUARDED_BY(mu_);
+  uint64_t change_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// A role change from a SetRole request: INVALID_ARGUMENT naming
+// `drain_timeout` when it is not a valid duration (the range is
+// WorkerRole::BeginChange's to check).
+absl::StatusOr<RoleChange> RoleChangeFromProto(const trident::v1::SetRoleRequest& request);
+
+// Fills a SetRoleResponse.
+void RoleChangeResultToProto(const RoleChangeResult& result,
+                             trident::v1::SetRoleResponse* response);
 
 // Identity and state a load sample reports beside the engine's figures.
 struct WorkerIdentity {
   std::string worker_id;
   uint64_t incarnation = 0;
   trident::v1::Role role = trident::v1::ROLE_BOTH;
+  // While draining for a role change, the role being switched to (the
+  // sample's state is then DRAINING); else ROLE_UNSPECIFIED.
+  trident::v1::Role pending_role = trident::v1::ROLE_UNSPECIFIED;
 };
 
 // A WorkerLoad from the engine's stats (and reservation counts, 0 without
