@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/telemetry/collected_series.h"
 #include "common/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,31 +17,11 @@ namespace {
 
 using ::testing::DoubleNear;
 
-// One collected series: its value (counter, gauge) or its histogram's sample
-// count and sum; `found` false when no such series exists.
-struct Series {
-  bool found = false;
-  double value = 0;
-  uint64_t count = 0;
-  double sum = 0;
-};
+using Series = ::trident::telemetry::CollectedSeries;
 
 Series Find(prometheus::Registry& registry, const std::string& name,
             const prometheus::Labels& labels) {
-  Series s;
-  for (const prometheus::MetricFamily& family : registry.Collect()) {
-    if (family.name != name) continue;
-    for (const prometheus::ClientMetric& m : family.metric) {
-      prometheus::Labels got;
-      for (const prometheus::ClientMetric::Label& l : m.label) got[l.name] = l.value;
-      if (got != labels) continue;
-      s.found = true;
-      s.value = family.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
-      s.count = m.histogram.sample_count;
-      s.sum = m.histogram.sample_sum;
-    }
-  }
-  return s;
+  return ::trident::telemetry::FindSeries(registry, name, labels);
 }
 
 double Value(prometheus::Registry& r, const std::string& name, const prometheus::Labels& labels) {

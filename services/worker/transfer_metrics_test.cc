@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/telemetry/collected_series.h"
 #include "common/testing/status_matchers.h"
 #include "common/time/clock.h"
 #include "gmock/gmock.h"
@@ -22,29 +23,11 @@ using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
 namespace v1 = ::trident::v1;
 
-struct Series {
-  bool found = false;
-  double value = 0;
-  uint64_t count = 0;
-  double sum = 0;
-};
+using Series = ::trident::telemetry::CollectedSeries;
 
 Series Find(prometheus::Registry& registry, const std::string& name,
             const prometheus::Labels& labels) {
-  Series s;
-  for (const prometheus::MetricFamily& family : registry.Collect()) {
-    if (family.name != name) continue;
-    for (const prometheus::ClientMetric& m : family.metric) {
-      prometheus::Labels got;
-      for (const prometheus::ClientMetric::Label& l : m.label) got[l.name] = l.value;
-      if (got != labels) continue;
-      s.found = true;
-      s.value = family.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
-      s.count = m.histogram.sample_count;
-      s.sum = m.histogram.sample_sum;
-    }
-  }
-  return s;
+  return ::trident::telemetry::FindSeries(registry, name, labels);
 }
 
 // Completions the fake transport has not delivered yet (shared with the
