@@ -153,7 +153,13 @@ absl::Status PrefillService::DrainSends(Call& call) {
   auto drained = [&call]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call.sends_mu) {
     return call.pending_sends == 0;
   };
-  call.sends_mu.Await(absl::Condition(&drained));
+  // Bounded: sends to a peer that died can stay pending inside the
+  // transport (seen over shared memory), and this thread serves every call.
+  if (!call.sends_mu.AwaitWithTimeout(absl::Condition(&drained), options_.drain_timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        call.pending_sends, " KV sends to decode worker ", call.destination.decode_worker_id(),
+        " still pending after ", absl::FormatDuration(options_.drain_timeout)));
+  }
   return call.send_error;
 }
 

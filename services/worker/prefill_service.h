@@ -43,6 +43,9 @@ struct PrefillServiceOptions {
   // for its call to be cancelled, so that a test can kill this worker
   // mid-transfer. -1: off.
   int32_t testonly_stall_after_layers = -1;
+  // Longest wait for a transfer's posted sends to complete before the call
+  // fails (and its blocks are freed).
+  absl::Duration drain_timeout = absl::Seconds(10);
 };
 
 // Thread-safe.
