@@ -305,12 +305,12 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       if (finish != engine::FinishReason::kError) out.push_back(std::move(response));
     }
     absl::MutexLock lock(&s.mu);
-    if (finish == engine::FinishReason::kError && s.reactor != nullptr && !s.final_queued) {
+    if (s.reactor == nullptr || s.final_queued) return;
+    if (finish == engine::FinishReason::kError) {
       s.final_status = ToGrpcStatus(
           ev.error.ok() ? absl::InternalError("the model backend failed during this request")
                         : ev.error);
     }
-    if (s.reactor == nullptr || s.final_queued) return;
     for (auto& r : out) s.pending.push_back(std::move(r));
     if (finish != engine::FinishReason::kNone) s.final_queued = true;
     s.reactor->PumpLocked();

@@ -163,17 +163,18 @@ absl::Status PrefillService::DrainSends(Call& call) {
   return call.send_error;
 }
 
-void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks,
-                              int32_t first_token) {
+void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks) {
   v1::CommitKvRequest commit;
   commit.set_decode_incarnation(call->destination.decode_incarnation());
   commit.set_reservation_id(call->destination.reservation_id());
   commit.set_request_id(call->request_id);
   SetProtoDuration(call->first_token_time - call->submitted, commit.mutable_prefill_time());
-  // Ends the call: hands the reservation over (or abandons it) and frees the
-  // prompt's blocks here.
+  // Ends the call: abandons the reservation and frees the prompt's blocks
+  // here, once the layers already posted are done (unless that wait itself
+  // failed).
+  bool drained = false;
   auto fail = [&](const absl::Status& why) {
-    DrainSends(*call).IgnoreError();
+    if (!drained) DrainSends(*call).IgnoreError();
     v1::CommitKvRequest aborted = commit;
     aborted.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
     aborted.set_error_message(std::string(why.message()));
@@ -190,16 +191,13 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
     SendLayer(call, layer, blocks);
     if (!call->open_error.ok() || call->cancelled.load()) break;
   }
-  if (absl::IsDeadlineExceeded(call->open_error)) {
-    engine_->ReleasePrefilled(call->request_id);
-    call->channel->Close(absl::AbortedError(call->open_error.message()));
-    return;
-  }
   if (!call->open_error.ok()) return fail(call->open_error);
   if (call->cancelled.load()) return fail(absl::CancelledError("the router cancelled the call"));
   // Every posted write must finish before the blocks can be freed or the
   // reservation handed over.
-  if (absl::Status sent = DrainSends(*call); !sent.ok()) return fail(sent);
+  const absl::Status sent = DrainSends(*call);
+  drained = true;
+  if (!sent.ok()) return fail(sent);
   const absl::Time start = call->transfer_start;
   const std::unique_ptr<KvTransfer>& transfer = call->transfer;
   v1::PrefillResponse progress;
@@ -344,9 +342,8 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
               return;
             }
             std::vector<int32_t> blocks = ev.prefilled_blocks;
-            const int32_t token = ev.token;
-            self->Enqueue([self, call, blocks = std::move(blocks), token]() mutable {
-              self->Transfer(call, std::move(blocks), token);
+            self->Enqueue([self, call, blocks = std::move(blocks)]() mutable {
+              self->Transfer(call, std::move(blocks));
             });
             return;
           }

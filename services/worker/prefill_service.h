@@ -74,7 +74,7 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   absl::Status DrainSends(Call& call);
   // The rest of the transfer and the hand-off of a computed prompt; on the
   // transfer thread.
-  void Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks, int32_t first_token);
+  void Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks);
   // Decode.CommitKv to the call's decode worker.
   absl::Status Commit(const Call& call, const trident::v1::CommitKvRequest& request);
   std::shared_ptr<trident::v1::Decode::Stub> StubFor(const std::string& address);
