@@ -47,6 +47,9 @@ ABSL_FLAG(bool, admission, true,
           "SLO admission: reject at once (RESOURCE_EXHAUSTED with RetryInfo) a request no "
           "worker pair is predicted to serve within its SLO. false: admit everything to the "
           "least-loaded pair.");
+ABSL_FLAG(double, slo_margin, 0.85,
+          "Admission admits a request only if its predicted TTFT and TPOT are within this "
+          "fraction of its targets: headroom for step-time noise the cost models do not see.");
 ABSL_FLAG(int32_t, load_interval_ms, 100, "Interval of the workers' load streams.");
 ABSL_FLAG(int32_t, kv_lease_ms, 30000,
           "Lease of each KV reservation on a decode worker: blocks whose prefill worker never "
@@ -100,6 +103,10 @@ int main(int argc, char** argv) {
         }
         admission::AdmissionOptions admission_options;
         admission_options.enabled = absl::GetFlag(FLAGS_admission);
+        if (absl::GetFlag(FLAGS_slo_margin) <= 0 || absl::GetFlag(FLAGS_slo_margin) > 1) {
+          return trident::InvalidArgumentForField("--slo_margin", "must be in (0, 1]");
+        }
+        admission_options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
         trident::RealClock clock;
         admission::AdmissionController controller(admission_options, qos, &clock);
         if (absl::GetFlag(FLAGS_kv_lease_ms) <= 0) {
