@@ -144,6 +144,101 @@ BENCHMARK(BM_KvWriterLayer)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// Raw active-message throughput of UcxWorker (Endpoint::Send) over a
+// transport, with a window of 4 MiB messages in flight: the ceiling of
+// KvWriter's message mode. Modes: 0 eager, the receiver drops each message in
+// its handler (what ucx_perftest -t ucp_am_bw does); 1 eager, copied out in
+// the handler; 2 rendezvous, fetched into one of the receiver's buffers
+// (IncomingMessage::Receive).
+void BM_Messages(benchmark::State& state) {
+  const std::string transport = kTransports[state.range(0)];
+  const int mode = static_cast<int>(state.range(1));
+  constexpr size_t kBytes = size_t{4} << 20;
+  constexpr int kWindow = 16;
+  constexpr int kPerIteration = 64;  // 256 MiB.
+  auto target = UcxWorker::Create({.transports = transport, .name = "receiver"});
+  auto sender = UcxWorker::Create({.transports = transport, .name = "sender"});
+  if (!target.ok() || !sender.ok()) {
+    state.SkipWithError("cannot create the workers");
+    return;
+  }
+  auto endpoint = (*sender)->Connect((*target)->address(), "receiver");
+  if (!endpoint.ok()) {
+    state.SkipWithError("cannot connect");
+    return;
+  }
+  std::vector<char> source(kBytes, 0x5a);
+  std::vector<std::vector<char>> sinks(kWindow, std::vector<char>(kBytes, 0));
+  absl::Mutex mu;
+  int64_t received = 0;
+  int next_sink = 0;
+  const absl::Status set = (*target)->SetMessageHandler(
+      9,
+      [&](absl::string_view, absl::string_view data) {
+        if (mode == 1) std::memcpy(sinks[0].data(), data.data(), data.size());
+        absl::MutexLock lock(&mu);
+        received += data.size();
+      },
+      [&](absl::string_view, std::unique_ptr<IncomingMessage> message) {
+        // At most kWindow are in flight, so a sink is never shared.
+        const size_t length = message->length();
+        message->Receive(sinks[next_sink++ % kWindow].data(), [&, length](absl::Status status) {
+          absl::MutexLock lock(&mu);
+          if (status.ok()) received += length;
+        });
+      });
+  if (!set.ok()) {
+    state.SkipWithError("cannot set the handler");
+    return;
+  }
+  std::atomic<int> in_flight{0};
+  absl::Mutex send_mu;
+  auto send_all = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      {
+        absl::MutexLock lock(&send_mu);
+        auto room = [&] { return in_flight.load() < kWindow; };
+        send_mu.Await(absl::Condition(&room));
+        ++in_flight;
+      }
+      (*endpoint)->Send(
+          9, "h", source.data(), kBytes,
+          [&](absl::Status) {
+            absl::MutexLock lock(&send_mu);
+            --in_flight;
+          },
+          /*rendezvous=*/mode == 2);
+    }
+  };
+  int64_t expected = 0;
+  auto wait_received = [&] {
+    absl::MutexLock lock(&mu);
+    auto all = [&] { return received >= expected; };
+    mu.Await(absl::Condition(&all));
+  };
+  expected += kPerIteration * static_cast<int64_t>(kBytes);
+  send_all(kPerIteration);  // Warm-up.
+  wait_received();
+  const absl::Time start = absl::Now();
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    expected += kPerIteration * static_cast<int64_t>(kBytes);
+    send_all(kPerIteration);
+    wait_received();
+    bytes += kPerIteration * static_cast<int64_t>(kBytes);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  state.counters["GB/s"] = bytes / seconds / 1e9;
+  state.SetBytesProcessed(bytes);
+  state.SetLabel(
+      absl::StrCat(transport, mode == 0 ? " eager drop" : mode == 1 ? " eager copy" : " rndv"));
+}
+BENCHMARK(BM_Messages)
+    ->ArgsProduct({{0, 1}, {0, 1, 2}})
+    ->ArgNames({"transport", "mode"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 void PrintComparison() {
   const std::string perftest = FindOnPath("ucx_perftest");
   std::printf(

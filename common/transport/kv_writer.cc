@@ -147,6 +147,13 @@ KvWriteMode WriteModeForLane(absl::string_view lane) {
   return KvWriteMode::kPut;
 }
 
+bool RendezvousForLane(absl::string_view lane) {
+  for (absl::string_view shared_memory : {"posix", "sysv", "cma", "xpmem", "knem"}) {
+    if (lane == shared_memory) return true;
+  }
+  return false;
+}
+
 KvWriteMode WriteModeFor(const KvDestination& destination, absl::string_view lane) {
   for (const auto& region : destination.regions()) {
     if (region.rkey() == kMessagesOnlyRkey) return KvWriteMode::kMessage;
@@ -334,6 +341,7 @@ KvWriter::KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
       destination_(std::move(destination)),
       rkeys_(std::move(rkeys)),
       mode_(mode),
+      rendezvous_(RendezvousForLane(endpoint_->lane())),
       max_message_bytes_(max_message_bytes) {}
 
 void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_ids,
@@ -386,7 +394,7 @@ void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_i
       const KvMessageHeader header{.reservation_id = destination_.reservation_id(),
                                    .remote_address = put.remote_address};
       endpoint_->Send(kKvMessageId, header.Encode(), local_base_ + put.local_offset_bytes,
-                      put.length_bytes, complete);
+                      put.length_bytes, complete, rendezvous_);
     }
     return;
   }

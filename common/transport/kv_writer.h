@@ -62,6 +62,13 @@ enum class KvWriteMode {
 // one-sided RMA, kMessage for the emulated ones and for an unknown lane.
 KvWriteMode WriteModeForLane(absl::string_view lane);
 
+// Whether KV messages over `lane` go by rendezvous (Endpoint::Send's
+// `rendezvous`): on shared-memory lanes (posix, sysv, cma, xpmem, knem) the
+// receiver then fetches each message straight into a buffer of its own, one
+// copy where an eager message costs UCX's reassembly and then ours. Eager
+// elsewhere (tcp: there the receiver never replies inside UCX).
+bool RendezvousForLane(absl::string_view lane);
+
 // KvRegion.rkey of a region that takes KV messages only: its owner cannot
 // register its KV pool with UCX (device memory, UCX without CUDA support)
 // and copies each message in through host staging. Not a UCX rkey: a
@@ -149,7 +156,8 @@ class KvWriter {
   //
   // In KvWriteMode::kMessage no rkey is unpacked and each collated put
   // becomes one or more messages of at most `max_message_bytes` (rounded
-  // down to whole blocks, at least one block).
+  // down to whole blocks, at least one block), sent by rendezvous where
+  // RendezvousForLane(endpoint->lane()).
   static absl::StatusOr<std::unique_ptr<KvWriter>> Create(
       const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
       const trident::v1::KvDestination& destination, KvWriteMode mode = KvWriteMode::kPut,
@@ -198,6 +206,8 @@ class KvWriter {
   // One per destination region.
   const std::vector<std::shared_ptr<RemoteKey>> rkeys_;
   const KvWriteMode mode_;
+  // Messages go by rendezvous (RendezvousForLane).
+  const bool rendezvous_;
   const uint64_t max_message_bytes_;
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 };

@@ -333,22 +333,30 @@ void KvWriterTest::WriteEveryLayerAndCheck(KvWriteMode mode, uint64_t max_messag
   absl::Mutex received_mu;
   int64_t received_bytes = 0;
   int messages = 0;
+  auto take = [&](absl::string_view header_bytes, absl::string_view data) {
+    auto header = KvMessageHeader::Decode(header_bytes);
+    ASSERT_THAT(header, IsOk());
+    EXPECT_EQ(header->reservation_id, destination.reservation_id());
+    const uint64_t offset = header->remote_address - reinterpret_cast<uint64_t>(remote_->data());
+    ASSERT_THAT(CheckKvWriteRange(remote_->spec(), offset, data.size(), remote_ids), IsOk());
+    EXPECT_LE(data.size(), max_message_bytes);
+    std::memcpy(static_cast<char*>(remote_->data()) + offset, data.data(), data.size());
+    absl::MutexLock lock(&received_mu);
+    received_bytes += data.size();
+    ++messages;
+  };
+  // Shared-memory lanes send by rendezvous (RendezvousForLane): fetch each
+  // message into a buffer of its own, then take it like an eager one.
   ASSERT_THAT(target_->SetMessageHandler(
-                  kKvMessageId,
-                  [&](absl::string_view header_bytes, absl::string_view data) {
-                    auto header = KvMessageHeader::Decode(header_bytes);
-                    ASSERT_THAT(header, IsOk());
-                    EXPECT_EQ(header->reservation_id, destination.reservation_id());
-                    const uint64_t offset =
-                        header->remote_address - reinterpret_cast<uint64_t>(remote_->data());
-                    ASSERT_THAT(CheckKvWriteRange(remote_->spec(), offset, data.size(), remote_ids),
-                                IsOk());
-                    EXPECT_LE(data.size(), max_message_bytes);
-                    std::memcpy(static_cast<char*>(remote_->data()) + offset, data.data(),
-                                data.size());
-                    absl::MutexLock lock(&received_mu);
-                    received_bytes += data.size();
-                    ++messages;
+                  kKvMessageId, take,
+                  [&](absl::string_view header, std::unique_ptr<IncomingMessage> message) {
+                    EXPECT_TRUE(RendezvousForLane(GetParam()));
+                    auto buffer = std::make_shared<std::string>(message->length(), '\0');
+                    message->Receive(buffer->data(),
+                                     [&take, buffer, header = std::string(header)](absl::Status s) {
+                                       ASSERT_THAT(s, IsOk());
+                                       take(header, *buffer);
+                                     });
                   }),
               IsOk());
   auto writer = KvWriter::Create(local_->spec(), local_->data(), endpoint_, destination, mode,

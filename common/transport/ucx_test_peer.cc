@@ -12,7 +12,8 @@
 //                 --region_bytes=N --ready_fd=K
 //     Connects to that worker and sends it active messages (id 1, N bytes
 //     each) without pause; once 16 have completed it writes "sending" to fd
-//     K. Runs until killed.
+//     K. Runs until killed. With --rendezvous=1 the messages go by
+//     rendezvous (Endpoint::Send's `rendezvous`).
 //
 // Exits 2 on bad arguments or a UCX error, after printing it to stderr.
 
@@ -99,8 +100,12 @@ class MessagePump {
  public:
   static constexpr int kInFlight = 8;
 
-  MessagePump(std::shared_ptr<Endpoint> endpoint, size_t message_bytes, int ready_fd)
-      : endpoint_(std::move(endpoint)), ready_fd_(ready_fd), source_(message_bytes, 0x3c) {}
+  MessagePump(std::shared_ptr<Endpoint> endpoint, size_t message_bytes, int ready_fd,
+              bool rendezvous)
+      : endpoint_(std::move(endpoint)),
+        ready_fd_(ready_fd),
+        rendezvous_(rendezvous),
+        source_(message_bytes, 0x3c) {}
 
   void Start() {
     for (int i = 0; i < kInFlight; ++i) PostOne();
@@ -108,15 +113,19 @@ class MessagePump {
 
  private:
   void PostOne() {
-    endpoint_->Send(1, "m", source_.data(), source_.size(), [this](absl::Status status) {
-      if (!status.ok()) Fail(status.ToString());
-      if (++completed_ == 16) WriteLine(ready_fd_, "sending");
-      PostOne();
-    });
+    endpoint_->Send(
+        1, "m", source_.data(), source_.size(),
+        [this](absl::Status status) {
+          if (!status.ok()) Fail(status.ToString());
+          if (++completed_ == 16) WriteLine(ready_fd_, "sending");
+          PostOne();
+        },
+        rendezvous_);
   }
 
   const std::shared_ptr<Endpoint> endpoint_;
   const int ready_fd_;
+  const bool rendezvous_;
   const std::vector<char> source_;
   std::atomic<int> completed_{0};
 };
@@ -166,7 +175,7 @@ int Main(int argc, char** argv) {
   if (mode == "messenger") {
     auto endpoint = (*worker)->Connect(absl::HexStringToBytes(flags["peer"]), "receiver");
     if (!endpoint.ok()) Fail(endpoint.status().ToString());
-    MessagePump pump(*endpoint, region_bytes, ready_fd);
+    MessagePump pump(*endpoint, region_bytes, ready_fd, flags["rendezvous"] == "1");
     pump.Start();
     WaitToBeKilled();
   }

@@ -388,14 +388,14 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
   }
 
   void Send(std::shared_ptr<EndpointState> endpoint, uint16_t id, std::string header,
-            const void* data, size_t length, DoneCallback done) {
+            const void* data, size_t length, DoneCallback done, bool rendezvous) {
     auto op = std::make_unique<Op>();
     op->endpoint = std::move(endpoint);
     op->header = std::move(header);
     op->done = std::move(done);
     op->operation = "message send";
     Op* raw = op.release();
-    const bool posted = Post([this, raw, id, data, length] {
+    const bool posted = Post([this, raw, id, data, length, rendezvous] {
       std::unique_ptr<Op> op(raw);
       EndpointState& ep = *op->endpoint;
       if (ep.ep == nullptr) {
@@ -404,7 +404,7 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
       }
       ucp_request_param_t params = CallbackParams(op.get());
       params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-      params.flags = UCP_AM_SEND_FLAG_EAGER;
+      params.flags = rendezvous ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
       ucs_status_ptr_t request =
           ucp_am_send_nbx(ep.ep, id, op->header.data(), op->header.size(), data, length, &params);
       Started(std::move(op), request);
@@ -412,12 +412,14 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
   }
 
-  absl::Status SetMessageHandler(uint16_t id, MessageHandler handler) {
+  absl::Status SetMessageHandler(uint16_t id, MessageHandler handler,
+                                 RendezvousHandler rendezvous) {
     TRIDENT_CHECK(!OnProgressThread() || !in_progress_)
         << "SetMessageHandler called from a message handler";
     auto slot = std::make_unique<HandlerSlot>();
     slot->core = this;
     slot->handler = std::move(handler);
+    slot->rendezvous = std::move(rendezvous);
     absl::Status status;
     absl::Status run = RunSync([&] {
       ucp_am_handler_param_t params{};
@@ -437,6 +439,31 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     });
     if (!run.ok()) return run;
     return status;
+  }
+
+  // IncomingMessage::Receive: fetches a rendezvous message's data.
+  void ReceiveRendezvous(void* desc, void* dest, size_t length, DoneCallback done) {
+    auto op = std::make_unique<Op>();
+    op->endpoint = rendezvous_sender_;
+    op->done = std::move(done);
+    op->operation = "rendezvous receive";
+    Op* raw = op.release();
+    const bool posted = Post([this, raw, desc, dest, length] {
+      std::unique_ptr<Op> op(raw);
+      op->core = this;
+      ucp_request_param_t params{};
+      params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      params.cb.recv_am = &WorkerCore::OnReceiveComplete;
+      params.user_data = op.get();
+      ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, desc, dest, length, &params);
+      Started(std::move(op), request);
+    });
+    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+  }
+
+  // ~IncomingMessage without Receive: drops the data (UCX tells the sender).
+  void DropRendezvous(void* desc) {
+    Post([this, desc] { ucp_am_data_release(worker_, desc); });
   }
 
   void Flush(std::shared_ptr<EndpointState> endpoint, DoneCallback done) {
@@ -479,20 +506,29 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
   struct HandlerSlot {
     WorkerCore* core = nullptr;
     MessageHandler handler;
+    RendezvousHandler rendezvous;  // May be null.
   };
 
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
     auto* slot = static_cast<HandlerSlot*>(arg);
+    const absl::string_view header_view(static_cast<const char*>(header), header_length);
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-      // Send() never asks for rendezvous; a peer that does is not ours.
-      TRIDENT_LOG(WARNING) << "UCX worker " << slot->core->options_.name
-                           << ": dropped a rendezvous active message of " << length << " bytes";
-      ucp_am_data_release(slot->core->worker_, data);
-      return UCS_OK;
+      if (!slot->rendezvous) {
+        TRIDENT_LOG(WARNING) << "UCX worker " << slot->core->options_.name
+                             << ": dropped a rendezvous active message of " << length
+                             << " bytes (no rendezvous handler)";
+        ucp_am_data_release(slot->core->worker_, data);
+        return UCS_OK;
+      }
+      WorkerCore* core = slot->core;
+      slot->rendezvous(header_view, std::unique_ptr<IncomingMessage>(new IncomingMessage(
+                                        core->shared_from_this(), data, length)));
+      // UCX keeps the descriptor until ucp_am_recv_data_nbx or
+      // ucp_am_data_release (both on this thread, later).
+      return UCS_INPROGRESS;
     }
-    slot->handler(absl::string_view(static_cast<const char*>(header), header_length),
-                  absl::string_view(static_cast<const char*>(data), length));
+    slot->handler(header_view, absl::string_view(static_cast<const char*>(data), length));
     return UCS_OK;  // UCX frees `data` (if it was UCP_AM_RECV_ATTR_FLAG_DATA too).
   }
 
@@ -528,6 +564,11 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     core->outstanding_.erase(op.get());
     const absl::Status result = OperationStatus(*op->endpoint, op->operation, status);
     core->Complete(std::move(op), result);
+  }
+
+  static void OnReceiveComplete(void* request, ucs_status_t status, size_t /*length*/,
+                                void* user_data) {
+    OnSendComplete(request, status, user_data);
   }
 
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -784,6 +825,13 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
   std::vector<std::pair<void*, std::shared_ptr<EndpointState>>> closing_;
   absl::flat_hash_set<std::shared_ptr<RemoteKeyState>> rkeys_;
   absl::flat_hash_set<std::shared_ptr<MemoryRegionState>> regions_;
+  // Names the peer in errors of rendezvous receives (UCX does not say which
+  // endpoint a message came from).
+  const std::shared_ptr<EndpointState> rendezvous_sender_ = [] {
+    auto state = std::make_shared<EndpointState>();
+    state->peer_id = "the message's sender";
+    return state;
+  }();
 };
 
 }  // namespace internal
@@ -803,6 +851,20 @@ MemoryRegion::MemoryRegion(std::shared_ptr<WorkerCore> core,
       packed_rkey_(std::move(packed_rkey)) {}
 
 MemoryRegion::~MemoryRegion() { core_->Deregister(state_); }
+
+IncomingMessage::IncomingMessage(std::shared_ptr<WorkerCore> core, void* desc, size_t length)
+    : core_(std::move(core)), desc_(desc), length_(length) {}
+
+IncomingMessage::~IncomingMessage() {
+  if (desc_ != nullptr) core_->DropRendezvous(desc_);
+}
+
+void IncomingMessage::Receive(void* dest, DoneCallback done) {
+  TRIDENT_CHECK(desc_ != nullptr) << "IncomingMessage::Receive called twice";
+  void* desc = desc_;
+  desc_ = nullptr;
+  core_->ReceiveRendezvous(desc, dest, length_, std::move(done));
+}
 
 RemoteKey::RemoteKey(std::shared_ptr<WorkerCore> core,
                      std::shared_ptr<internal::RemoteKeyState> state)
@@ -837,8 +899,8 @@ void Endpoint::Put(const void* local, size_t length, uint64_t remote_address,
 }
 
 void Endpoint::Send(uint16_t id, std::string header, const void* data, size_t length,
-                    DoneCallback done) {
-  core_->Send(state_, id, std::move(header), data, length, std::move(done));
+                    DoneCallback done, bool rendezvous) {
+  core_->Send(state_, id, std::move(header), data, length, std::move(done), rendezvous);
 }
 
 void Endpoint::Flush(DoneCallback done) { core_->Flush(state_, std::move(done)); }
@@ -974,8 +1036,9 @@ absl::StatusOr<std::shared_ptr<Endpoint>> UcxWorker::Connect(const std::string& 
   return core_->Connect(peer_address, std::move(peer_id));
 }
 
-absl::Status UcxWorker::SetMessageHandler(uint16_t id, MessageHandler handler) {
-  return core_->SetMessageHandler(id, std::move(handler));
+absl::Status UcxWorker::SetMessageHandler(uint16_t id, MessageHandler handler,
+                                          RendezvousHandler rendezvous) {
+  return core_->SetMessageHandler(id, std::move(handler), std::move(rendezvous));
 }
 
 bool UcxWorker::OnProgressThread() const { return core_->OnProgressThread(); }

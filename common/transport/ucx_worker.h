@@ -71,6 +71,47 @@ using DoneCallback = std::function<void(absl::Status)>;
 // of the worker while it runs).
 using MessageHandler = std::function<void(absl::string_view header, absl::string_view data)>;
 
+// A message sent by rendezvous (Endpoint::Send with `rendezvous`), announced
+// to its handler (RendezvousHandler) while its data is still at the sender:
+// the receiver chooses where it lands and fetches it with Receive, so that
+// UCX moves it once, straight into that memory (over shared memory: through
+// the FIFO in fragments, or one process_vm_readv with cma), with no
+// reassembly buffer in between. Dropping it without Receive releases the
+// sender (its Send completes; UCX 1.13 reports OK, so delivery must be
+// confirmed above UCX). Thread-safe; may outlive the worker (Receive then
+// fails with UNAVAILABLE).
+class IncomingMessage {
+ public:
+  ~IncomingMessage();
+  IncomingMessage(const IncomingMessage&) = delete;
+  IncomingMessage& operator=(const IncomingMessage&) = delete;
+
+  size_t length() const { return length_; }
+
+  // Fetches the data into [dest, dest + length()). `done` runs once, on the
+  // progress thread: OK once the bytes are there; UNAVAILABLE if the sender
+  // failed or the worker shut down; INTERNAL for other UCX errors. Call at
+  // most once, from any thread (including the handler).
+  // REQUIRES: the destination stays valid until `done` runs.
+  void Receive(void* dest, DoneCallback done);
+
+ private:
+  friend class internal::WorkerCore;
+  IncomingMessage(std::shared_ptr<internal::WorkerCore> core, void* desc, size_t length);
+
+  const std::shared_ptr<internal::WorkerCore> core_;
+  void* desc_;  // UCX's data descriptor; null once handed to Receive.
+  const size_t length_;
+};
+
+// Receives the rendezvous messages of one id (UcxWorker::SetMessageHandler).
+// Runs on the progress thread, inside UCX's progress: `header` is valid only
+// during the call; the handler keeps `message` (Receive now or later, from
+// any thread) or drops it. It must not call this worker's methods other than
+// IncomingMessage::Receive.
+using RendezvousHandler =
+    std::function<void(absl::string_view header, std::unique_ptr<IncomingMessage> message)>;
+
 struct UcxOptions {
   // UCX_TLS for this worker: a comma-separated transport list such as "tcp",
   // "posix", "sm", "rc_x,cuda_ipc". Empty: UCX's default (the UCX_TLS
@@ -173,19 +214,31 @@ class Endpoint {
            std::shared_ptr<RemoteKey> rkey, DoneCallback done);
 
   // Sends an active message: `header` (at most a few hundred bytes) and
-  // `length` bytes of `data` to the peer's handler for `id`. Always eager:
-  // the sender pushes every fragment and the receiver only receives, never
-  // replying inside UCX. That is the point of messages next to Put: on lanes
-  // where UCX emulates RMA (tcp, posix, sysv) the target acknowledges each put
-  // from its own progress, and UCX 1.13 aborts the target when the writer
-  // dies mid-put; a message sender that dies mid-message costs the receiver
-  // only the partial message. `done` runs once on the progress thread when
-  // `data` may be reused (OK), or with UNAVAILABLE naming the peer, or
-  // INTERNAL. OK does not mean the handler ran: delivery must be confirmed
-  // above UCX (e.g. the receiver counting bytes). A message for an id with no
-  // handler at the peer is dropped there.
+  // `length` bytes of `data` to the peer's handler for `id`.
+  //
+  // Eager (the default): the sender pushes every fragment and the receiver
+  // only receives, never replying inside UCX. That is the point of messages
+  // next to Put: on lanes where UCX emulates RMA (tcp, posix, sysv) the
+  // target acknowledges each put from its own progress, and UCX 1.13 aborts
+  // the target when the writer dies mid-put; a message sender that dies
+  // mid-message costs the receiver only the partial message. The receiver's
+  // MessageHandler sees the message once UCX has reassembled it.
+  //
+  // `rendezvous`: the peer's RendezvousHandler is told of the message first
+  // and fetches the data into memory of its choice (IncomingMessage), which
+  // saves the receiver a copy of every byte; the sender's buffer must stay
+  // put until then, and the receiver asks the sender for the data from
+  // inside UCX.
+  //
+  // `done` runs once on the progress thread when `data` may be reused (OK),
+  // or with UNAVAILABLE naming the peer, or INTERNAL. OK does not mean the
+  // handler ran or used the data (a rendezvous message the receiver dropped
+  // completes OK too): delivery must be confirmed above UCX (e.g. the
+  // receiver counting bytes). A message for an id with no handler at the peer is
+  // dropped there.
   // REQUIRES: [data, data + length) stays valid until `done` runs.
-  void Send(uint16_t id, std::string header, const void* data, size_t length, DoneCallback done);
+  void Send(uint16_t id, std::string header, const void* data, size_t length, DoneCallback done,
+            bool rendezvous = false);
 
   // Completes (OK) once every Put posted on this endpoint before it has
   // completed at the peer; UNAVAILABLE naming the peer if it failed first.
@@ -248,11 +301,13 @@ class UcxWorker {
   absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
                                                     std::string peer_id);
 
-  // Routes active messages `id` (Endpoint::Send) to `handler`, replacing any
-  // earlier handler of that id. Waits for the progress thread to install it.
+  // Routes active messages `id` (Endpoint::Send) to `handler`, and those sent
+  // by rendezvous to `rendezvous` (null: they are dropped, failing their
+  // Send), replacing any earlier handlers of that id. Waits for the progress thread to install it.
   // INTERNAL if UCX refuses; UNAVAILABLE if the worker is shutting down.
   // Must not be called from a MessageHandler.
-  absl::Status SetMessageHandler(uint16_t id, MessageHandler handler);
+  absl::Status SetMessageHandler(uint16_t id, MessageHandler handler,
+                                 RendezvousHandler rendezvous = nullptr);
 
   // True on this worker's progress thread (i.e. inside a completion callback).
   bool OnProgressThread() const;

@@ -73,6 +73,10 @@ ABSL_FLAG(int64_t, kv_staging_mb, 256,
           "KV pool in device memory that UCX cannot register (UCX without CUDA support): MiB "
           "of pinned host memory the prefill side stages outgoing KV through, in slots of 16 "
           "MiB; a transfer waits for a free slot when all are in flight.");
+ABSL_FLAG(int32_t, kv_receive_threads, 2,
+          "Threads that copy received KV messages into the KV pool off UCX's progress thread, "
+          "so that receiving one message overlaps copying the last. 0: copy on the progress "
+          "thread.");
 ABSL_FLAG(int32_t, testonly_stall_kv_transfer_after_layers, -1,
           "Fault injection for tests: each KV transfer stops after this many layers until "
           "cancelled. -1: off.");
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
           absl::StatusOr<trident::backend::KvMemory> memory = model->engine->backend().kv_memory();
           if (!memory.ok()) return memory.status();
           trident::worker::UcxKvOptions kv_options;
+          kv_options.receive_threads = absl::GetFlag(FLAGS_kv_receive_threads);
           if (memory->device) {
             // Stages the pool when UCX cannot register it, and copies KV
             // messages (tcp, shared memory) into it either way.

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,9 +47,152 @@ class UcxKv::StagingSlots {
   std::vector<int> free_ ABSL_GUARDED_BY(mu_);
 };
 
+// KV messages sent by rendezvous: each is fetched into one of a few receive
+// buffers of this process (reused, so never page-faulted again; pinned when
+// the pool is on a GPU), then copied into the pool by the receive threads
+// while UCX fetches the next. Messages wait, announced but not fetched, while
+// every buffer is busy. Thread-safe.
+class UcxKv::Receiver {
+ public:
+  Receiver(UcxKv* kv, std::vector<std::unique_ptr<backend::HostBuffer>> buffers,
+           uint64_t buffer_bytes, int num_threads)
+      : kv_(kv), buffers_(std::move(buffers)), buffer_bytes_(buffer_bytes) {
+    for (size_t i = 0; i < buffers_.size(); ++i) free_.push_back(static_cast<int>(i));
+    for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(); });
+  }
+
+  // Waits for fetches in flight (their buffers must outlive them), then
+  // stops the threads; messages still waiting are dropped.
+  ~Receiver() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      waiting_.clear();
+      auto no_fetch = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return fetching_ == 0; };
+      mu_.Await(absl::Condition(&no_fetch));
+    }
+    // They copy in what is ready, then return.
+    for (std::thread& thread : threads_) thread.join();
+  }
+
+  // The rendezvous handler (progress thread).
+  void OnMessage(absl::string_view header, std::unique_ptr<transport::IncomingMessage> message) {
+    if (message->length() > buffer_bytes_) {
+      kv_->Dropped(absl::InvalidArgumentError(absl::StrCat(
+          "a KV message of ", message->length(), " bytes exceeds the receive buffers' ",
+          buffer_bytes_, " bytes")));
+      return;  // Dropping it releases the sender.
+    }
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    if (free_.empty()) {
+      waiting_.push_back({std::string(header), std::move(message)});
+      return;
+    }
+    const int buffer = free_.back();
+    free_.pop_back();
+    Fetch(buffer, std::string(header), std::move(message));
+  }
+
+ private:
+  struct Waiting {
+    std::string header;
+    std::unique_ptr<transport::IncomingMessage> message;
+  };
+  struct Ready {
+    int buffer;
+    std::string header;
+    size_t length;
+  };
+
+  // Starts fetching `message` into `buffer`.
+  void Fetch(int buffer, std::string header, std::unique_ptr<transport::IncomingMessage> message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++fetching_;
+    const size_t length = message->length();
+    transport::IncomingMessage* raw = message.release();
+    // `raw` lives until the fetch completes (its callback deletes it).
+    raw->Receive(buffers_[buffer]->data(),
+                 [this, raw, buffer, header = std::move(header), length](absl::Status status) {
+                   delete raw;
+                   Fetched(buffer, header, length, std::move(status));
+                 });
+  }
+
+  // A fetch completed (progress thread).
+  void Fetched(int buffer, const std::string& header, size_t length, absl::Status status) {
+    if (!status.ok()) {
+      kv_->Dropped(status);
+      absl::MutexLock lock(&mu_);
+      --fetching_;
+      Reuse(buffer);
+      return;
+    }
+    if (threads_.empty()) {
+      kv_->CopyIn(header, absl::string_view(buffers_[buffer]->data(), length));
+      absl::MutexLock lock(&mu_);
+      --fetching_;
+      Reuse(buffer);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    --fetching_;
+    ready_.push_back({buffer, header, length});
+  }
+
+  // `buffer` is free again: fetch the next waiting message into it.
+  void Reuse(int buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (waiting_.empty() || stopping_) {
+      free_.push_back(buffer);
+      return;
+    }
+    Waiting next = std::move(waiting_.front());
+    waiting_.pop_front();
+    Fetch(buffer, std::move(next.header), std::move(next.message));
+  }
+
+  void Run() {
+    while (true) {
+      Ready item;
+      {
+        auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !ready_.empty();
+        };
+        absl::MutexLock lock(&mu_, absl::Condition(&has_work));
+        if (ready_.empty()) return;  // Stopping.
+        item = std::move(ready_.front());
+        ready_.pop_front();
+      }
+      kv_->CopyIn(item.header, absl::string_view(buffers_[item.buffer]->data(), item.length));
+      absl::MutexLock lock(&mu_);
+      Reuse(item.buffer);
+    }
+  }
+
+  UcxKv* const kv_;
+  const std::vector<std::unique_ptr<backend::HostBuffer>> buffers_;
+  const uint64_t buffer_bytes_;
+  absl::Mutex mu_;
+  std::vector<int> free_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);
+  int fetching_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
 namespace {
 
 namespace v1 = ::trident::v1;
+
+// `bytes` of host memory with every page touched, so that receiving into it
+// never faults.
+std::unique_ptr<backend::HostBuffer> AllocateFaultedIn(uint64_t bytes) {
+  char* data = new char[bytes];
+  std::memset(data, 0, bytes);
+  return std::make_unique<backend::HostBuffer>(data, bytes,
+                                               [](void* p) { delete[] static_cast<char*>(p); });
+}
 
 class UcxTransfer final : public KvTransfer {
  public:
@@ -79,7 +224,8 @@ class StagedTransfer final : public KvTransfer {
         slots_(std::move(slots)),
         endpoint_(std::move(endpoint)),
         destination_(std::move(destination)),
-        message_bytes_(message_bytes) {}
+        message_bytes_(message_bytes),
+        rendezvous_(transport::RendezvousForLane(endpoint_->lane())) {}
 
   void SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
                  std::function<void(absl::Status)> done) override;
@@ -133,6 +279,7 @@ class StagedTransfer final : public KvTransfer {
   const std::shared_ptr<transport::Endpoint> endpoint_;
   const v1::KvDestination destination_;
   const uint64_t message_bytes_;
+  const bool rendezvous_;
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 };
 
@@ -182,11 +329,13 @@ void StagedTransfer::SendLayer(int32_t layer, absl::Span<const int32_t> local_bl
     for (size_t k = i; k < j; ++k) {
       const transport::KvMessageHeader header{.reservation_id = destination_.reservation_id(),
                                               .remote_address = messages[k].remote_address};
-      endpoint_->Send(transport::kKvMessageId, header.Encode(), staged + at,
-                      messages[k].length_bytes, [slot, state](absl::Status s) {
-                        if (--slot->remaining == 0) slot->slots->Release(slot->slot);
-                        state->Complete(std::move(s));
-                      });
+      endpoint_->Send(
+          transport::kKvMessageId, header.Encode(), staged + at, messages[k].length_bytes,
+          [slot, state](absl::Status s) {
+            if (--slot->remaining == 0) slot->slots->Release(slot->slot);
+            state->Complete(std::move(s));
+          },
+          rendezvous_);
       at += messages[k].length_bytes;
     }
     i = j;
@@ -213,6 +362,16 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
                                                      const backend::KvMemory& memory,
                                                      std::string owner_id, uint64_t incarnation,
                                                      UcxKvOptions options) {
+  if (options.receive_threads < 0 || options.receive_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("receive_threads is ", options.receive_threads, "; must be 0 to 64"));
+  }
+  if (options.receive_buffers < 1 || options.receive_buffers > 1024 ||
+      options.receive_buffer_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "receive_buffers is ", options.receive_buffers, " and receive_buffer_bytes ",
+        options.receive_buffer_bytes, "; need 1 to 1024 buffers of at least one byte"));
+  }
   const bool staged = options.force_staging || (memory.device && !ucx->supports_cuda_memory());
   std::unique_ptr<transport::MemoryRegion> region;
   std::shared_ptr<StagingSlots> staging;
@@ -252,10 +411,26 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
   std::unique_ptr<UcxKv> kv(new UcxKv(ucx, memory, std::move(owner_id), incarnation,
                                       std::move(region), std::move(options.copier),
                                       std::move(staging), message_bytes));
+  // Rendezvous receive buffers: pinned (from the copier) for a pool on a GPU.
+  std::vector<std::unique_ptr<backend::HostBuffer>> buffers;
+  for (int i = 0; i < options.receive_buffers; ++i) {
+    std::unique_ptr<backend::HostBuffer> buffer;
+    if (kv->copier_ != nullptr) {
+      TRIDENT_ASSIGN_OR_RETURN(buffer, kv->copier_->AllocateHost(options.receive_buffer_bytes));
+    } else {
+      buffer = AllocateFaultedIn(options.receive_buffer_bytes);
+    }
+    buffers.push_back(std::move(buffer));
+  }
+  kv->receiver_ = std::make_unique<Receiver>(kv.get(), std::move(buffers),
+                                             options.receive_buffer_bytes, options.receive_threads);
   UcxKv* raw = kv.get();
   TRIDENT_RETURN_IF_ERROR(ucx->SetMessageHandler(
       transport::kKvMessageId,
-      [raw](absl::string_view header, absl::string_view data) { raw->OnMessage(header, data); }));
+      [raw](absl::string_view header, absl::string_view data) { raw->CopyIn(header, data); },
+      [raw](absl::string_view header, std::unique_ptr<transport::IncomingMessage> message) {
+        raw->receiver_->OnMessage(header, std::move(message));
+      }));
   return kv;
 }
 
@@ -263,6 +438,7 @@ UcxKv::~UcxKv() {
   // Later messages are dropped by UCX (no handler) once this returns.
   ucx_->SetMessageHandler(transport::kKvMessageId, [](absl::string_view, absl::string_view) {})
       .IgnoreError();
+  receiver_.reset();
 }
 
 void UcxKv::AcceptMessagesFor(KvReservations* reservations) {
@@ -270,7 +446,7 @@ void UcxKv::AcceptMessagesFor(KvReservations* reservations) {
   sink_ = reservations;
 }
 
-void UcxKv::OnMessage(absl::string_view header_bytes, absl::string_view data) {
+void UcxKv::CopyIn(absl::string_view header_bytes, absl::string_view data) {
   absl::StatusOr<transport::KvMessageHeader> header =
       transport::KvMessageHeader::Decode(header_bytes);
   absl::Status status = header.status();
@@ -310,13 +486,15 @@ void UcxKv::OnMessage(absl::string_view header_bytes, absl::string_view data) {
       }
     }
   }
-  if (!status.ok()) {
-    const int64_t dropped = ++dropped_messages_;
-    // Late messages of a dead or aborted transfer are expected; say so once
-    // in a while, not per message.
-    if (dropped == 1 || dropped % 1000 == 0) {
-      TRIDENT_LOG(WARNING) << "dropped KV message (" << dropped << " so far): " << status;
-    }
+  if (!status.ok()) Dropped(status);
+}
+
+void UcxKv::Dropped(const absl::Status& why) {
+  const int64_t dropped = ++dropped_messages_;
+  // Late messages of a dead or aborted transfer are expected; say so once in
+  // a while, not per message.
+  if (dropped == 1 || dropped % 1000 == 0) {
+    TRIDENT_LOG(WARNING) << "dropped KV message (" << dropped << " so far): " << why;
   }
 }
 

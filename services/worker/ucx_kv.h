@@ -57,6 +57,15 @@ struct UcxKvOptions {
   uint64_t staging_slot_bytes = uint64_t{16} << 20;
   // Largest KV message (rounded down to whole blocks) of a staged sender.
   uint64_t max_message_bytes = uint64_t{4} << 20;
+  // KV messages that come by rendezvous (shared-memory lanes:
+  // transport::RendezvousForLane) are fetched into `receive_buffers` buffers
+  // of `receive_buffer_bytes` (pinned when the pool is on a GPU), and copied
+  // from there into the pool by `receive_threads` threads while UCX fetches
+  // the next (0: on the UCX progress thread). A message larger than a buffer
+  // is dropped (senders send at most max_message_bytes, 4 MiB by default).
+  int receive_threads = 2;
+  int receive_buffers = 8;
+  uint64_t receive_buffer_bytes = uint64_t{4} << 20;
 };
 
 // Thread-safe.
@@ -97,8 +106,15 @@ class UcxKv final : public KvExporter, public KvSender {
   class StagingSlots;
 
  private:
-  // The handler of KV messages (progress thread).
-  void OnMessage(absl::string_view header, absl::string_view data);
+  // Receives KV messages sent by rendezvous (ucx_kv.cc).
+  class Receiver;
+
+  // Checks one KV message against its reservation and copies it in: the
+  // handler of eager messages (progress thread), and the receive threads'
+  // work.
+  void CopyIn(absl::string_view header, absl::string_view data);
+  // Counts (and now and then logs) a dropped KV message.
+  void Dropped(const absl::Status& why);
 
   UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::string owner_id,
         uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region,
@@ -120,6 +136,8 @@ class UcxKv final : public KvExporter, public KvSender {
   absl::Mutex sink_mu_;
   KvReservations* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
   std::atomic<int64_t> dropped_messages_{0};
+  // Set once at Create.
+  std::unique_ptr<Receiver> receiver_;
   absl::Mutex mu_;
   // Endpoints by (owner id, incarnation): a new incarnation gets a new one.
   absl::flat_hash_map<std::pair<std::string, uint64_t>, std::shared_ptr<transport::Endpoint>>
