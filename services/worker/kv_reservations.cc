@@ -55,7 +55,13 @@ KvReservations::~KvReservations() {
 std::vector<int32_t> KvReservations::Erase(uint64_t id, bool take_blocks) {
   auto it = entries_.find(id);
   std::vector<int32_t> blocks = std::move(it->second.blocks);
+  const int writers = it->second.writers;
   entries_.erase(it);
+  if (!take_blocks && writers > 0) {
+    // Message writes still copy into them: free them after the last.
+    parked_[id] = {std::move(blocks), writers};
+    return {};
+  }
   if (!take_blocks && !blocks.empty()) {
     if (absl::Status s = source_->Free(blocks); !s.ok()) {
       TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
@@ -247,6 +253,19 @@ int KvReservations::ExpireLeases() {
 
 absl::Status KvReservations::WriteMessage(
     uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) {
+  std::vector<int32_t> blocks;
+  TRIDENT_RETURN_IF_ERROR(BeginMessage(id, [&](absl::Span<const int32_t> held) {
+    blocks.assign(held.begin(), held.end());
+    return absl::OkStatus();
+  }));
+  // Without the lock: the reservation is pinned.
+  absl::StatusOr<int64_t> wrote = write(blocks);
+  EndMessage(id, wrote);
+  return wrote.status();
+}
+
+absl::Status KvReservations::BeginMessage(
+    uint64_t id, absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.committed || it->second.released ||
@@ -254,9 +273,25 @@ absl::Status KvReservations::WriteMessage(
     return absl::NotFoundError(
         absl::StrCat("reservation ", id, " is unknown, committed, released or expired"));
   }
-  TRIDENT_ASSIGN_OR_RETURN(const int64_t bytes, write(it->second.blocks));
-  it->second.message_bytes += bytes;
+  TRIDENT_RETURN_IF_ERROR(check(it->second.blocks));
+  ++it->second.writers;
   return absl::OkStatus();
+}
+
+void KvReservations::EndMessage(uint64_t id, const absl::StatusOr<int64_t>& wrote) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) {
+    --it->second.writers;
+    if (wrote.ok()) it->second.message_bytes += *wrote;
+  } else if (auto parked = parked_.find(id); parked != parked_.end()) {
+    // The reservation ended meanwhile; the last write frees its blocks.
+    if (--parked->second.second == 0) {
+      if (absl::Status s = source_->Free(parked->second.first); !s.ok()) {
+        TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
+      }
+      parked_.erase(parked);
+    }
+  }
 }
 
 absl::Status KvReservations::AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline) {
@@ -291,6 +326,7 @@ int32_t KvReservations::blocks_held() const {
   absl::MutexLock lock(&mu_);
   int32_t n = 0;
   for (const auto& [id, e] : entries_) n += static_cast<int32_t>(e.blocks.size());
+  for (const auto& [id, parked] : parked_) n += static_cast<int32_t>(parked.first.size());
   return n;
 }
 

@@ -117,14 +117,28 @@ class KvReservations {
   int ExpireLeases();
 
   // A write that arrived as a message (transport::KvWriteMode::kMessage):
-  // runs `write` with the reservation's blocks, under the lock, if it still
-  // accepts writes (not committed, released or expired), so that its blocks
-  // cannot be freed or handed off while `write` copies into them. `write`
-  // returns the bytes it wrote, or an error if the write does not belong to
-  // those blocks; the bytes are counted for AwaitBytes. NOT_FOUND when the
-  // reservation accepts no writes (a late message is dropped).
+  // runs `write` with the reservation's blocks if it still accepts writes
+  // (not committed, released or expired). `write` runs without the lock
+  // (several messages copy in at once), with the reservation pinned: if it
+  // is released or expires meanwhile, its blocks go back to the pool only
+  // once `write` returns, so a late copy never lands in blocks given to
+  // another sequence. `write` returns the bytes it wrote, or an error if the
+  // write does not belong to those blocks; the bytes are counted for
+  // AwaitBytes. NOT_FOUND when the reservation accepts no writes (a late
+  // message is dropped). A commit hands the blocks off even while a write
+  // runs: that takes a sender that sent more than its commit counts.
   absl::Status WriteMessage(
       uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write);
+
+  // WriteMessage in two halves, for a write that completes later (a UCX
+  // fetch straight into the blocks): BeginMessage checks the reservation as
+  // WriteMessage does, runs `check` with its blocks under the lock (an error
+  // from it is returned and nothing is pinned) and pins the reservation;
+  // EndMessage unpins it and counts `wrote` bytes (an error: none). Every OK
+  // BeginMessage needs exactly one EndMessage.
+  absl::Status BeginMessage(uint64_t id,
+                            absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check);
+  void EndMessage(uint64_t id, const absl::StatusOr<int64_t>& wrote);
 
   // Waits until `bytes` bytes of messages have arrived for reservation `id`
   // (OK), it stops accepting writes (NOT_FOUND), or `deadline` passes
@@ -150,8 +164,9 @@ class KvReservations {
     absl::Time expires;
     bool committed = false;
     bool released = false;
-    // Bytes written by messages.
+    // Bytes written by messages, and message writes running.
     int64_t message_bytes = 0;
+    int writers = 0;
     KvCommit commit;
     std::function<void(absl::StatusOr<KvHandOff>)> waiter;
   };
@@ -165,6 +180,10 @@ class KvReservations {
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // Blocks of reservations that ended while message writes still ran into
+  // them, with the number of those writes: freed when the last one returns.
+  absl::flat_hash_map<uint64_t, std::pair<std::vector<int32_t>, int>> parked_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trident::worker

@@ -320,5 +320,47 @@ TEST(KvReservationsTest, MessagesAfterReleaseOrLeaseEndAreDropped) {
   EXPECT_EQ(calls, 0);
 }
 
+TEST(KvReservationsTest, AReservationEndingDuringAMessageWriteFreesItsBlocksAfterTheWrite) {
+  // Writes run without the lock; one still copying pins the blocks.
+  Fixture f;
+  auto expired = f.reservations.Reserve("a", 4, absl::Seconds(1));
+  auto released = f.reservations.Reserve("b", 4, absl::Seconds(5));
+  ASSERT_THAT(expired.status(), IsOk());
+  ASSERT_THAT(released.status(), IsOk());
+  const int32_t free_before = f.source.num_free();
+  int32_t free_during = -1;
+  int32_t held_during = -1;
+  // The lease ends mid-write.
+  EXPECT_THAT(f.reservations.WriteMessage(
+                  expired->id,
+                  [&](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> {
+                    f.clock.Advance(absl::Seconds(2));
+                    EXPECT_EQ(f.reservations.ExpireLeases(), 1);
+                    free_during = f.source.num_free();
+                    held_during = f.reservations.blocks_held();
+                    return 8;
+                  }),
+              IsOk());
+  EXPECT_EQ(free_during, free_before) << "freed while a write ran into them";
+  EXPECT_EQ(held_during, 2) << "still counted as held";
+  EXPECT_EQ(f.source.num_free(), free_before + 1);
+
+  // A commit and a release (nobody takes the blocks) mid-write: a sender
+  // whose commit ran ahead of its last message.
+  ASSERT_THAT(f.reservations.Renew(released->id, absl::Seconds(5)).status(), IsOk());
+  EXPECT_THAT(f.reservations.WriteMessage(
+                  released->id,
+                  [&](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> {
+                    EXPECT_THAT(f.reservations.Commit(released->id, Complete(7)), IsOk());
+                    EXPECT_TRUE(f.reservations.Release(released->id));
+                    free_during = f.source.num_free();
+                    return 8;
+                  }),
+              IsOk());
+  EXPECT_EQ(free_during, free_before + 1);
+  EXPECT_EQ(f.source.num_free(), free_before + 2);
+  EXPECT_EQ(f.reservations.blocks_held(), 0);
+}
+
 }  // namespace
 }  // namespace trident::worker

@@ -73,6 +73,7 @@ std::map<std::tuple<int, int>, double>& Results() {
 void BM_StagedKvTransfer(benchmark::State& state) {
   const int path = static_cast<int>(state.range(0));
   const int32_t tokens = static_cast<int32_t>(state.range(1));
+  const int fetches = static_cast<int>(state.range(2));
   const kv::KvCacheSpec spec = LlamaSpec(tokens);
   const bool cuda = path <= 1 || path == 4;
   std::unique_ptr<testing::TestPool> sender_pool, receiver_pool;
@@ -102,7 +103,7 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   receiver_pool->Fill(std::vector<uint8_t>(spec.TotalBytes(), 0));
 
   testing::Side sender{.pool = sender_pool.get(), .max_message_bytes = kMessageBytes};
-  testing::Side receiver{.pool = receiver_pool.get()};
+  testing::Side receiver{.pool = receiver_pool.get(), .receive_fetches = fetches};
   if (path != 2) {
     sender.copier = receiver.copier = true;
     sender.force_staging = receiver.force_staging = true;
@@ -139,11 +140,12 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   state.counters["messages"] = static_cast<double>(messages) / static_cast<double>(transfers);
   state.SetLabel(absl::StrCat(kPathNames[path], " staged=", (*pair)->sender().staged() ? 1 : 0, "/",
                               (*pair)->receiver().staged() ? 1 : 0));
-  Results()[{path, tokens}] = gbps;
+  if (fetches == testing::Side().receive_fetches) Results()[{path, tokens}] = gbps;
 }
 BENCHMARK(BM_StagedKvTransfer)
-    ->ArgsProduct({{0, 1, 4, 2, 3}, {8192}})
-    ->ArgNames({"path", "tokens"})
+    ->ArgsProduct({{0, 1, 4, 2, 3}, {8192}, {1}})
+    ->ArgsProduct({{1, 2}, {8192}, {2, 4}})
+    ->ArgNames({"path", "tokens", "fetches"})
     ->UseRealTime()
     ->MinTime(2.0)
     ->Unit(benchmark::kMillisecond);

@@ -50,14 +50,23 @@ class UcxKv::StagingSlots {
 // KV messages sent by rendezvous: each is fetched into one of a few receive
 // buffers of this process (reused, so never page-faulted again; pinned when
 // the pool is on a GPU), then copied into the pool by the receive threads
-// while UCX fetches the next. Messages wait, announced but not fetched, while
-// every buffer is busy. Thread-safe.
+// while UCX fetches the next. At most `max_fetches` are fetched at once (UCX
+// interleaves the fragments of concurrent fetches, so more would finish
+// together in bursts instead of one after another, starving the copy
+// stage); the rest wait, announced but not fetched, as they do while every
+// buffer is busy. Thread-safe.
 class UcxKv::Receiver {
  public:
-  Receiver(UcxKv* kv, std::vector<std::unique_ptr<backend::HostBuffer>> buffers,
-           uint64_t buffer_bytes, int num_threads)
-      : kv_(kv), buffers_(std::move(buffers)), buffer_bytes_(buffer_bytes) {
-    for (size_t i = 0; i < buffers_.size(); ++i) free_.push_back(static_cast<int>(i));
+  // `allocate` makes a buffer of `buffer_bytes`, on first use.
+  Receiver(UcxKv* kv, int num_buffers, uint64_t buffer_bytes,
+           std::function<absl::StatusOr<std::unique_ptr<backend::HostBuffer>>()> allocate,
+           int num_threads, int max_fetches)
+      : kv_(kv),
+        buffer_bytes_(buffer_bytes),
+        allocate_(std::move(allocate)),
+        max_fetches_(max_fetches) {
+    buffers_.resize(num_buffers);
+    for (int i = 0; i < num_buffers; ++i) free_.push_back(i);
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(); });
   }
 
@@ -85,13 +94,8 @@ class UcxKv::Receiver {
     }
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    if (free_.empty()) {
-      waiting_.push_back({std::string(header), std::move(message)});
-      return;
-    }
-    const int buffer = free_.back();
-    free_.pop_back();
-    Fetch(buffer, std::string(header), std::move(message));
+    waiting_.push_back({std::string(header), std::move(message)});
+    Pump();
   }
 
  private:
@@ -108,6 +112,15 @@ class UcxKv::Receiver {
   // Starts fetching `message` into `buffer`.
   void Fetch(int buffer, std::string header, std::unique_ptr<transport::IncomingMessage> message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (buffers_[buffer] == nullptr) {
+      absl::StatusOr<std::unique_ptr<backend::HostBuffer>> allocated = allocate_();
+      if (!allocated.ok()) {
+        kv_->Dropped(allocated.status());
+        free_.push_back(buffer);
+        return;  // Dropping `message` releases its sender.
+      }
+      buffers_[buffer] = *std::move(allocated);
+    }
     ++fetching_;
     const size_t length = message->length();
     transport::IncomingMessage* raw = message.release();
@@ -121,34 +134,30 @@ class UcxKv::Receiver {
 
   // A fetch completed (progress thread).
   void Fetched(int buffer, const std::string& header, size_t length, absl::Status status) {
-    if (!status.ok()) {
-      kv_->Dropped(status);
-      absl::MutexLock lock(&mu_);
-      --fetching_;
-      Reuse(buffer);
-      return;
-    }
-    if (threads_.empty()) {
+    if (!status.ok()) kv_->Dropped(status);
+    if (status.ok() && threads_.empty()) {
       kv_->CopyIn(header, absl::string_view(buffers_[buffer]->data(), length));
-      absl::MutexLock lock(&mu_);
-      --fetching_;
-      Reuse(buffer);
-      return;
     }
     absl::MutexLock lock(&mu_);
     --fetching_;
-    ready_.push_back({buffer, header, length});
+    if (status.ok() && !threads_.empty()) {
+      ready_.push_back({buffer, header, length});
+    } else {
+      free_.push_back(buffer);
+    }
+    Pump();
   }
 
-  // `buffer` is free again: fetch the next waiting message into it.
-  void Reuse(int buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (waiting_.empty() || stopping_) {
-      free_.push_back(buffer);
-      return;
+  // Starts fetches while messages wait, buffers are free and fewer than
+  // max_fetches_ run.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!stopping_ && !waiting_.empty() && !free_.empty() && fetching_ < max_fetches_) {
+      Waiting next = std::move(waiting_.front());
+      waiting_.pop_front();
+      const int buffer = free_.back();
+      free_.pop_back();
+      Fetch(buffer, std::move(next.header), std::move(next.message));
     }
-    Waiting next = std::move(waiting_.front());
-    waiting_.pop_front();
-    Fetch(buffer, std::move(next.header), std::move(next.message));
   }
 
   void Run() {
@@ -165,14 +174,18 @@ class UcxKv::Receiver {
       }
       kv_->CopyIn(item.header, absl::string_view(buffers_[item.buffer]->data(), item.length));
       absl::MutexLock lock(&mu_);
-      Reuse(item.buffer);
+      free_.push_back(item.buffer);
+      Pump();
     }
   }
 
   UcxKv* const kv_;
-  const std::vector<std::unique_ptr<backend::HostBuffer>> buffers_;
   const uint64_t buffer_bytes_;
+  const std::function<absl::StatusOr<std::unique_ptr<backend::HostBuffer>>()> allocate_;
+  const int max_fetches_;
   absl::Mutex mu_;
+  // Allocated on first use, under mu_; read by whoever holds the buffer.
+  std::vector<std::unique_ptr<backend::HostBuffer>> buffers_;
   std::vector<int> free_ ABSL_GUARDED_BY(mu_);
   std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);
@@ -367,10 +380,11 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
         absl::StrCat("receive_threads is ", options.receive_threads, "; must be 0 to 64"));
   }
   if (options.receive_buffers < 1 || options.receive_buffers > 1024 ||
-      options.receive_buffer_bytes < 1) {
+      options.receive_buffer_bytes < 1 || options.receive_fetches < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "receive_buffers is ", options.receive_buffers, " and receive_buffer_bytes ",
-        options.receive_buffer_bytes, "; need 1 to 1024 buffers of at least one byte"));
+        "receive_buffers is ", options.receive_buffers, ", receive_buffer_bytes ",
+        options.receive_buffer_bytes, " and receive_fetches ", options.receive_fetches,
+        "; need 1 to 1024 buffers of at least one byte and at least one fetch"));
   }
   const bool staged = options.force_staging || (memory.device && !ucx->supports_cuda_memory());
   std::unique_ptr<transport::MemoryRegion> region;
@@ -412,24 +426,21 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
                                       std::move(region), std::move(options.copier),
                                       std::move(staging), message_bytes));
   // Rendezvous receive buffers: pinned (from the copier) for a pool on a GPU.
-  std::vector<std::unique_ptr<backend::HostBuffer>> buffers;
-  for (int i = 0; i < options.receive_buffers; ++i) {
-    std::unique_ptr<backend::HostBuffer> buffer;
-    if (kv->copier_ != nullptr) {
-      TRIDENT_ASSIGN_OR_RETURN(buffer, kv->copier_->AllocateHost(options.receive_buffer_bytes));
-    } else {
-      buffer = AllocateFaultedIn(options.receive_buffer_bytes);
-    }
-    buffers.push_back(std::move(buffer));
-  }
-  kv->receiver_ = std::make_unique<Receiver>(kv.get(), std::move(buffers),
-                                             options.receive_buffer_bytes, options.receive_threads);
+  backend::KvCopier* copier = kv->copier_.get();
+  const uint64_t buffer_bytes = options.receive_buffer_bytes;
+  kv->receiver_ = std::make_unique<Receiver>(
+      kv.get(), options.receive_buffers, buffer_bytes,
+      [copier, buffer_bytes]() -> absl::StatusOr<std::unique_ptr<backend::HostBuffer>> {
+        if (copier != nullptr) return copier->AllocateHost(buffer_bytes);
+        return AllocateFaultedIn(buffer_bytes);
+      },
+      options.receive_threads, options.receive_fetches);
   UcxKv* raw = kv.get();
   TRIDENT_RETURN_IF_ERROR(ucx->SetMessageHandler(
       transport::kKvMessageId,
       [raw](absl::string_view header, absl::string_view data) { raw->CopyIn(header, data); },
       [raw](absl::string_view header, std::unique_ptr<transport::IncomingMessage> message) {
-        raw->receiver_->OnMessage(header, std::move(message));
+        raw->OnRendezvous(header, std::move(message));
       }));
   return kv;
 }
@@ -439,51 +450,104 @@ UcxKv::~UcxKv() {
   ucx_->SetMessageHandler(transport::kKvMessageId, [](absl::string_view, absl::string_view) {})
       .IgnoreError();
   receiver_.reset();
+  absl::MutexLock lock(&sink_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sink_mu_) { return direct_fetches_ == 0; };
+  sink_mu_.Await(absl::Condition(&idle));
 }
 
 void UcxKv::AcceptMessagesFor(KvReservations* reservations) {
   absl::MutexLock lock(&sink_mu_);
+  // Fetches straight into the pool hold the old sink until they end.
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sink_mu_) { return direct_fetches_ == 0; };
+  sink_mu_.Await(absl::Condition(&idle));
   sink_ = reservations;
 }
 
+absl::StatusOr<std::pair<uint64_t, uint64_t>> UcxKv::Locate(absl::string_view header_bytes,
+                                                             uint64_t length) const {
+  TRIDENT_ASSIGN_OR_RETURN(const transport::KvMessageHeader header,
+                           transport::KvMessageHeader::Decode(header_bytes));
+  const uint64_t base = reinterpret_cast<uint64_t>(memory_.base);
+  const uint64_t offset = header.remote_address - base;
+  if (header.remote_address < base || offset > memory_.bytes || length > memory_.bytes - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV message of ", length, " bytes outside the registered KV pool"));
+  }
+  return std::make_pair(header.reservation_id, offset);
+}
+
+void UcxKv::OnRendezvous(absl::string_view header,
+                         std::unique_ptr<transport::IncomingMessage> message) {
+  if (memory_.device || staged()) {
+    receiver_->OnMessage(header, std::move(message));
+    return;
+  }
+  // A host pool: fetch straight into the reserved blocks, the reservation
+  // pinned until the fetch ends. Dropping `message` releases its sender.
+  const uint64_t length = message->length();
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> where = Locate(header, length);
+  if (!where.ok()) {
+    Dropped(where.status());
+    return;
+  }
+  const auto [reservation, offset] = *where;
+  absl::MutexLock lock(&sink_mu_);
+  if (sink_ == nullptr) {
+    Dropped(absl::FailedPreconditionError("no reservations accept KV messages"));
+    return;
+  }
+  if (absl::Status pinned = sink_->BeginMessage(
+          reservation,
+          [&](absl::Span<const int32_t> blocks) {
+            return transport::CheckKvWriteRange(memory_.spec, offset, length, blocks);
+          });
+      !pinned.ok()) {
+    Dropped(pinned);
+    return;
+  }
+  ++direct_fetches_;
+  KvReservations* sink = sink_;
+  message->Receive(static_cast<char*>(memory_.base) + offset,
+                   [this, sink, reservation = reservation, length](absl::Status status) {
+                     if (!status.ok()) Dropped(status);
+                     sink->EndMessage(reservation, status.ok()
+                                                       ? absl::StatusOr<int64_t>(length)
+                                                       : absl::StatusOr<int64_t>(status));
+                     absl::MutexLock lock(&sink_mu_);
+                     --direct_fetches_;
+                   });
+}
+
 void UcxKv::CopyIn(absl::string_view header_bytes, absl::string_view data) {
-  absl::StatusOr<transport::KvMessageHeader> header =
-      transport::KvMessageHeader::Decode(header_bytes);
-  absl::Status status = header.status();
+  // Device memory (or a staged pool) goes through the copier; a host pool
+  // takes a plain memcpy.
+  const bool copy_in = memory_.device || staged();
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> where = Locate(header_bytes, data.size());
+  absl::Status status = where.status();
+  if (status.ok() && copy_in && copier_ == nullptr) {
+    status = absl::FailedPreconditionError(
+        "KV messages into device memory need a KV copier (UcxKvOptions.copier)");
+  }
   if (status.ok()) {
-    const uint64_t base = reinterpret_cast<uint64_t>(memory_.base);
-    const uint64_t offset = header->remote_address - base;
-    // Device memory (or a staged pool) goes through the copier; a host pool
-    // takes a plain memcpy.
-    const bool copy_in = memory_.device || staged();
-    if (copy_in && copier_ == nullptr) {
-      status = absl::FailedPreconditionError(
-          "KV messages into device memory need a KV copier (UcxKvOptions.copier)");
-    } else if (header->remote_address < base || offset > memory_.bytes ||
-               data.size() > memory_.bytes - offset) {
-      status = absl::InvalidArgumentError(
-          absl::StrCat("a KV message of ", data.size(), " bytes outside the registered KV pool"));
+    const auto [reservation, offset] = *where;
+    absl::ReaderMutexLock lock(&sink_mu_);
+    if (sink_ == nullptr) {
+      status = absl::FailedPreconditionError("no reservations accept KV messages");
     } else {
-      absl::ReaderMutexLock lock(&sink_mu_);
-      if (sink_ == nullptr) {
-        status = absl::FailedPreconditionError("no reservations accept KV messages");
-      } else {
-        status = sink_->WriteMessage(
-            header->reservation_id,
-            [&](absl::Span<const int32_t> blocks) -> absl::StatusOr<int64_t> {
-              TRIDENT_RETURN_IF_ERROR(
-                  transport::CheckKvWriteRange(memory_.spec, offset, data.size(), blocks));
-              if (copy_in) {
-                // Returns once the bytes are on the device, so that the
-                // count (and the commit waiting for it) follows them.
-                const backend::KvRange range{.offset_bytes = offset, .length_bytes = data.size()};
-                TRIDENT_RETURN_IF_ERROR(copier_->CopyFromHost(data.data(), {&range, 1}));
-              } else {
-                std::memcpy(static_cast<char*>(memory_.base) + offset, data.data(), data.size());
-              }
-              return static_cast<int64_t>(data.size());
-            });
-      }
+      status = sink_->WriteMessage(
+          reservation, [&](absl::Span<const int32_t> blocks) -> absl::StatusOr<int64_t> {
+            TRIDENT_RETURN_IF_ERROR(
+                transport::CheckKvWriteRange(memory_.spec, offset, data.size(), blocks));
+            if (copy_in) {
+              // Returns once the bytes are on the device, so that the count
+              // (and the commit waiting for it) follows them.
+              const backend::KvRange range{.offset_bytes = offset, .length_bytes = data.size()};
+              TRIDENT_RETURN_IF_ERROR(copier_->CopyFromHost(data.data(), {&range, 1}));
+            } else {
+              std::memcpy(static_cast<char*>(memory_.base) + offset, data.data(), data.size());
+            }
+            return static_cast<int64_t>(data.size());
+          });
     }
   }
   if (!status.ok()) Dropped(status);

@@ -63,8 +63,12 @@ struct UcxKvOptions {
   // from there into the pool by `receive_threads` threads while UCX fetches
   // the next (0: on the UCX progress thread). A message larger than a buffer
   // is dropped (senders send at most max_message_bytes, 4 MiB by default).
+  // Buffers are allocated on first use. At most `receive_fetches` messages
+  // are fetched at once (UCX interleaves concurrent fetches, which then end
+  // together in bursts).
   int receive_threads = 2;
   int receive_buffers = 8;
+  int receive_fetches = 1;
   uint64_t receive_buffer_bytes = uint64_t{4} << 20;
 };
 
@@ -113,6 +117,13 @@ class UcxKv final : public KvExporter, public KvSender {
   // handler of eager messages (progress thread), and the receive threads'
   // work.
   void CopyIn(absl::string_view header, absl::string_view data);
+  // The rendezvous handler (progress thread): fetches a message straight
+  // into a host pool, else hands it to receiver_.
+  void OnRendezvous(absl::string_view header, std::unique_ptr<transport::IncomingMessage> message);
+  // A KV message's reservation id and byte offset in the pool;
+  // INVALID_ARGUMENT for a bad header or a range outside the pool.
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Locate(absl::string_view header,
+                                                       uint64_t length) const;
   // Counts (and now and then logs) a dropped KV message.
   void Dropped(const absl::Status& why);
 
@@ -135,6 +146,8 @@ class UcxKv final : public KvExporter, public KvSender {
   // Where KV messages go; held (shared) while one is copied in.
   absl::Mutex sink_mu_;
   KvReservations* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
+  // Fetches straight into the pool still running (they use sink_).
+  int direct_fetches_ ABSL_GUARDED_BY(sink_mu_) = 0;
   std::atomic<int64_t> dropped_messages_{0};
   // Set once at Create.
   std::unique_ptr<Receiver> receiver_;

@@ -69,6 +69,7 @@ absl::StatusOr<UcxKvOptions> OptionsFor(const Side& side) {
   options.staging_bytes = side.staging_bytes;
   options.staging_slot_bytes = side.staging_slot_bytes;
   options.max_message_bytes = side.max_message_bytes;
+  options.receive_fetches = side.receive_fetches;
   return options;
 }
 

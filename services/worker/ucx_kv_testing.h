@@ -47,6 +47,8 @@ struct Side {
   uint64_t staging_bytes = uint64_t{256} << 20;
   uint64_t staging_slot_bytes = uint64_t{16} << 20;
   uint64_t max_message_bytes = uint64_t{4} << 20;
+  // UcxKvOptions::receive_fetches.
+  int receive_fetches = UcxKvOptions().receive_fetches;
 };
 
 struct TransferSetup {
