@@ -165,8 +165,13 @@ TEST_P(UcxKvTest, HostSenderWritesAStagedReceiverWithMessages) {
                                  setup.remote_blocks));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTest, ::testing::Values("posix", "tcp"),
-                         [](const auto& info) { return info.param; });
+// "^sysv" is the worker's default (--ucx_transports): UCX then picks the
+// lane among tcp, posix and cma.
+INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTest, ::testing::Values("posix", "tcp", "^sysv"),
+                         [](const auto& info) {
+                           return info.param == "^sysv" ? std::string("worker_default")
+                                                        : std::string(info.param);
+                         });
 
 class UcxKvCreateTest : public ::testing::Test {
  protected:
