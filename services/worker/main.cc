@@ -250,9 +250,10 @@ int main(int argc, char** argv) {
                     reservations->num_reservations(), absl::Now());
               });
           kv_sampler = std::make_unique<trident::worker::PeriodicSampler>(
-              absl::Milliseconds(250), [reservations, &kv_metrics] {
+              absl::Milliseconds(250), [reservations, &kv_metrics, kv = ucx_kv.get()] {
                 kv_metrics.SetReservations(reservations->num_reservations(),
                                            reservations->blocks_held());
+                if (kv != nullptr) kv_metrics.SetDroppedMessages(kv->dropped_messages());
               });
         }
         trident::worker::WorkerControlService control(

@@ -131,7 +131,13 @@ KvTransferMetrics::KvTransferMetrics(prometheus::Registry& r)
                            .Name("trident_worker_kv_reserved_blocks")
                            .Help("KV blocks held by reservations on this decode worker.")
                            .Register(r)
-                           .Add({})) {}
+                           .Add({})),
+      dropped_messages_(prometheus::BuildCounter()
+                            .Name("trident_worker_kv_messages_dropped_total")
+                            .Help("KV messages received and dropped: late ones of an ended "
+                                  "transfer, ones that failed to arrive, invalid ones.")
+                            .Register(r)
+                            .Add({})) {}
 
 void KvTransferMetrics::RecordTransfer(const std::string& lane, KvTransferOutcome outcome,
                                        int64_t bytes_sent, absl::Duration duration) {
@@ -153,6 +159,13 @@ void KvTransferMetrics::NoteLane(const std::string& lane) {
 void KvTransferMetrics::SetReservations(int32_t reservations, int32_t blocks) {
   reservations_.Set(reservations);
   reserved_blocks_.Set(blocks);
+}
+
+void KvTransferMetrics::SetDroppedMessages(int64_t total) {
+  if (total > dropped_seen_) {
+    dropped_messages_.Increment(static_cast<double>(total - dropped_seen_));
+    dropped_seen_ = total;
+  }
 }
 
 MeteredKvSender::MeteredKvSender(KvSender* inner, KvTransferMetrics* metrics, const Clock* clock)

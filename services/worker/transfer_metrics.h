@@ -26,6 +26,10 @@
 //       handed to a decode, released or expired.
 //   trident_worker_kv_reserved_blocks                     gauge
 //       KV blocks those reservations hold.
+//   trident_worker_kv_messages_dropped_total              counter
+//       KV messages this (decode) worker received and dropped: late ones
+//       of a transfer that ended (its sender died, or its reservation was
+//       released or expired), ones that failed to arrive, invalid ones.
 
 #ifndef TRIDENT_SERVICES_WORKER_TRANSFER_METRICS_H_
 #define TRIDENT_SERVICES_WORKER_TRANSFER_METRICS_H_
@@ -81,6 +85,9 @@ class KvTransferMetrics {
 
   // The reservation gauges.
   void SetReservations(int32_t reservations, int32_t blocks);
+  // The receiver's running count of dropped KV messages (UcxKv::
+  // dropped_messages()); the counter follows it.
+  void SetDroppedMessages(int64_t total);
 
  private:
   prometheus::Family<prometheus::Counter>& transfers_;
@@ -89,6 +96,8 @@ class KvTransferMetrics {
   prometheus::Family<prometheus::Gauge>& lane_info_;
   prometheus::Gauge& reservations_;
   prometheus::Gauge& reserved_blocks_;
+  prometheus::Counter& dropped_messages_;
+  int64_t dropped_seen_ = 0;  // Guarded by the caller (one sampler thread).
 };
 
 // A KvSender that records what another one sends in KvTransferMetrics. Each

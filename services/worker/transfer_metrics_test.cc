@@ -205,6 +205,15 @@ TEST_F(TransferMetricsTest, ReservationGaugesHoldTheLastSample) {
   EXPECT_EQ(Find(registry_, "trident_worker_kv_reservations", {}).value, 0);
 }
 
+TEST_F(TransferMetricsTest, DroppedMessagesCounterFollowsTheReceiversCount) {
+  EXPECT_EQ(Find(registry_, "trident_worker_kv_messages_dropped_total", {}).value, 0);
+  metrics_.SetDroppedMessages(3);
+  metrics_.SetDroppedMessages(3);
+  EXPECT_EQ(Find(registry_, "trident_worker_kv_messages_dropped_total", {}).value, 3);
+  metrics_.SetDroppedMessages(10);
+  EXPECT_EQ(Find(registry_, "trident_worker_kv_messages_dropped_total", {}).value, 10);
+}
+
 TEST(PeriodicSamplerTest, SamplesAtOnceAndStopsWhenDestroyed) {
   absl::Notification sampled;
   int calls = 0;
