@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/process/subprocess.h"
+#include "common/status/status_macros.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/ucx_worker.h"
 #include "gmock/gmock.h"
@@ -261,6 +262,45 @@ TEST_P(UcxWriterDeathTest, TargetKeepsWorkingWhenAWriterIsKilledMidTransfer) {
   EXPECT_EQ(std::vector<char>(memory.begin(), memory.begin() + bytes.size()), bytes);
 }
 
+// Spawns a messenger peer sending `message_bytes` messages to `worker` over
+// `transports` (by rendezvous if asked), waits until it is sending, and
+// kills it with SIGKILL.
+void KillSenderMidStream(const UcxWorker& worker, const std::string& transports,
+                         size_t message_bytes, bool rendezvous, const std::string& log_name) {
+  std::vector<std::string> argv = {PeerBinary(), "--mode=messenger",
+                                   "--transports=" + transports,
+                                   "--peer=" + absl::BytesToHexString(worker.address()),
+                                   absl::StrCat("--region_bytes=", message_bytes)};
+  if (rendezvous) argv.push_back("--rendezvous=1");
+  auto sender = Spawn({.argv = argv,
+                       .log_path = trident::testing::TestTmpPath(log_name),
+                       .wait_for_ready_line = true});
+  ASSERT_THAT(sender, IsOk());
+  ASSERT_EQ(sender->ready_line, "sending");
+  ASSERT_EQ(kill(sender->pid, SIGKILL), 0);
+  auto exit = WaitForExit(sender->pid, kDeadline);
+  ASSERT_THAT(exit, IsOk());
+  EXPECT_EQ(exit->signal, SIGKILL);
+}
+
+// Sends one message "after" of `message_bytes` 7s to `worker` (id 1) from a
+// new worker, which it returns (keep it until the message is seen) once the
+// Send completed OK; else the error.
+absl::StatusOr<std::unique_ptr<UcxWorker>> SendFromNewSender(const UcxWorker& worker,
+                                                             const std::string& transports,
+                                                             size_t message_bytes,
+                                                             bool rendezvous) {
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> other,
+                           UcxWorker::Create({.transports = transports, .name = "sender-2"}));
+  TRIDENT_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> endpoint,
+                           other->Connect(worker.address(), "receiver"));
+  const std::vector<char> bytes(message_bytes, 7);
+  TRIDENT_RETURN_IF_ERROR(Call([&](DoneCallback done) {
+    endpoint->Send(1, "after", bytes.data(), bytes.size(), std::move(done), rendezvous);
+  }));
+  return other;
+}
+
 // What messages are for: a receiver survives a sender killed mid-message and
 // keeps receiving from others, over tcp and posix shared memory. Not over
 // sysv: there UCX 1.13.1 sometimes stops delivering a new sender's messages
@@ -289,18 +329,9 @@ TEST_P(UcxMessengerDeathTest, ReceiverKeepsWorkingWhenASenderIsKilledMidMessage)
               IsOk());
   constexpr size_t kMessageBytes = 1 << 20;
   for (int round = 0; round < 3; ++round) {
-    auto sender = Spawn({.argv = {PeerBinary(), "--mode=messenger", "--transports=" + transports,
-                                  "--peer=" + absl::BytesToHexString((*worker)->address()),
-                                  absl::StrCat("--region_bytes=", kMessageBytes)},
-                         .log_path = trident::testing::TestTmpPath(
-                             absl::StrCat("messenger_", transports, "_", round, ".log")),
-                         .wait_for_ready_line = true});
-    ASSERT_THAT(sender, IsOk());
-    ASSERT_EQ(sender->ready_line, "sending");
-    ASSERT_EQ(kill(sender->pid, SIGKILL), 0);
-    auto exit = WaitForExit(sender->pid, kDeadline);
-    ASSERT_THAT(exit, IsOk());
-    EXPECT_EQ(exit->signal, SIGKILL);
+    KillSenderMidStream(**worker, transports, kMessageBytes, /*rendezvous=*/false,
+                        absl::StrCat("messenger_", transports, "_", round, ".log"));
+    if (HasFatalFailure()) return;
   }
   {
     // Whole messages only (tcp may still deliver some the dead sent).
@@ -310,15 +341,8 @@ TEST_P(UcxMessengerDeathTest, ReceiverKeepsWorkingWhenASenderIsKilledMidMessage)
   }
 
   // This process still receives from a new sender, whole messages only.
-  auto other = UcxWorker::Create({.transports = transports, .name = "sender-2"});
-  ASSERT_THAT(other, IsOk());
-  auto endpoint = (*other)->Connect((*worker)->address(), "receiver");
-  ASSERT_THAT(endpoint, IsOk());
-  std::vector<char> bytes(kMessageBytes, 7);
-  EXPECT_THAT(Call([&](DoneCallback done) {
-                (*endpoint)->Send(1, "after", bytes.data(), bytes.size(), std::move(done));
-              }),
-              IsOk());
+  auto sender = SendFromNewSender(**worker, transports, kMessageBytes, /*rendezvous=*/false);
+  EXPECT_THAT(sender, IsOk());
   const absl::Time deadline = absl::Now() + kDeadline;
   absl::MutexLock lock(&mu);
   auto arrived = [&] { return received_bytes.contains("after"); };
@@ -377,19 +401,9 @@ TEST_P(UcxRendezvousDeathTest, ReceiverKeepsWorkingWhenASenderIsKilled) {
           }),
       IsOk());
   for (int round = 0; round < 3; ++round) {
-    auto sender = Spawn({.argv = {PeerBinary(), "--mode=messenger", "--transports=" + transports,
-                                  "--peer=" + absl::BytesToHexString((*worker)->address()),
-                                  absl::StrCat("--region_bytes=", kMessageBytes),
-                                  "--rendezvous=1"},
-                         .log_path = trident::testing::TestTmpPath(absl::StrCat(
-                             "rendezvous_messenger_", transports, "_", round, ".log")),
-                         .wait_for_ready_line = true});
-    ASSERT_THAT(sender, IsOk());
-    ASSERT_EQ(sender->ready_line, "sending");
-    ASSERT_EQ(kill(sender->pid, SIGKILL), 0);
-    auto exit = WaitForExit(sender->pid, kDeadline);
-    ASSERT_THAT(exit, IsOk());
-    EXPECT_EQ(exit->signal, SIGKILL);
+    KillSenderMidStream(**worker, transports, kMessageBytes, /*rendezvous=*/true,
+                        absl::StrCat("rendezvous_messenger_", transports, "_", round, ".log"));
+    if (HasFatalFailure()) return;
     // Fetch what the dead sender announced: each completes, most with
     // UNAVAILABLE.
     absl::MutexLock lock(&mu);
@@ -398,16 +412,8 @@ TEST_P(UcxRendezvousDeathTest, ReceiverKeepsWorkingWhenASenderIsKilled) {
   }
 
   // This process still receives from a new sender, whole.
-  auto other = UcxWorker::Create({.transports = transports, .name = "sender-2"});
-  ASSERT_THAT(other, IsOk());
-  auto endpoint = (*other)->Connect((*worker)->address(), "receiver");
-  ASSERT_THAT(endpoint, IsOk());
-  std::vector<char> bytes(kMessageBytes, 7);
-  EXPECT_THAT(Call([&](DoneCallback done) {
-                (*endpoint)->Send(1, "after", bytes.data(), bytes.size(), std::move(done),
-                                  /*rendezvous=*/true);
-              }),
-              IsOk());
+  auto sender = SendFromNewSender(**worker, transports, kMessageBytes, /*rendezvous=*/true);
+  EXPECT_THAT(sender, IsOk());
   const absl::Time deadline = absl::Now() + kDeadline;
   absl::MutexLock lock(&mu);
   auto arrived = [&] { return fetched_bytes.contains("after"); };
