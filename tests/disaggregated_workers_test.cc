@@ -7,24 +7,24 @@
 // shared-memory (posix) transports. Afterwards both workers' KV blocks are
 // all free.
 
-#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/process/subprocess.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/fixture_models.h"
 #include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
+#include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -35,19 +35,13 @@ using ::trident::testing::IsOk;
 using ::trident::testing::RunfilePath;
 using ::trident::testing::TestTmpPath;
 
-struct Worker {
-  pid_t pid = -1;
-  std::string address;
-  std::shared_ptr<grpc::Channel> channel;
-};
+using ::trident::testing::ServiceProcess;
 
-Worker Start(const std::string& model_dir, const std::string& role, const std::string& transport,
-             const std::string& name) {
-  Worker w;
+// A worker in `role` on the fixture model; KV over UCX `transport` unless
+// alone in role both.
+absl::StatusOr<ServiceProcess> StartWorker(const std::string& model_dir, const std::string& role,
+                                           const std::string& transport, const std::string& name) {
   std::vector<std::string> argv = {RunfilePath("services/worker/worker"),
-                                   "--host=127.0.0.1",
-                                   "--port=0",
-                                   "--metrics_port=0",
                                    absl::StrCat("--role=", role),
                                    absl::StrCat("--worker_id=", name),
                                    "--pin_threads=false",
@@ -55,42 +49,7 @@ Worker Start(const std::string& model_dir, const std::string& role, const std::s
                                    "--kv_cache_mb=16",
                                    absl::StrCat("--model=", model_dir)};
   if (role != "both") argv.push_back(absl::StrCat("--ucx_transports=", transport));
-  absl::StatusOr<SpawnedProcess> spawned =
-      Spawn({.argv = argv,
-             .log_path = TestTmpPath(absl::StrCat(name, "-", transport, ".log")),
-             .wait_for_ready_line = true});
-  EXPECT_THAT(spawned, IsOk());
-  if (!spawned.ok()) return w;
-  w.pid = spawned->pid;
-  const nlohmann::json ready = nlohmann::json::parse(spawned->ready_line);
-  w.address = absl::StrCat("127.0.0.1:", ready["grpc_port"].get<int>());
-  w.channel = grpc::CreateChannel(w.address, grpc::InsecureChannelCredentials());
-  return w;
-}
-
-void Stop(Worker& w) {
-  if (w.pid <= 0) return;
-  kill(w.pid, SIGTERM);
-  EXPECT_THAT(WaitForExit(w.pid, absl::Seconds(30)).status(), IsOk());
-  w.pid = -1;
-}
-
-// Reads load samples until every KV block is free (or the deadline).
-bool AllBlocksFree(const Worker& w) {
-  auto stub = v1::WorkerControl::NewStub(w.channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  v1::GetLoadRequest request;
-  request.mutable_interval()->set_nanos(10'000'000);
-  auto reader = stub->GetLoad(&context, request);
-  v1::WorkerLoad load;
-  while (reader->Read(&load)) {
-    if (load.kv_blocks_free() == load.kv_blocks_total() && load.kv_blocks_reserved() == 0) {
-      context.TryCancel();
-      return true;
-    }
-  }
-  return false;
+  return testing::StartService(argv, TestTmpPath(absl::StrCat(name, "-", transport, ".log")));
 }
 
 class DisaggregatedWorkersTest
@@ -101,23 +60,19 @@ class DisaggregatedWorkersTest
 
   void SetUp() override {
     model_dir_ = TestTmpPath(model());
-    if (!std::ifstream(model_dir_ + "/config.json").good()) {
-      auto spec = make_model::PresetSpec(model());
-      ASSERT_THAT(spec.status(), IsOk());
-      ASSERT_THAT(make_model::WriteModel(*spec, model_dir_), IsOk());
+    ASSERT_THAT(testing::EnsureFixtureModel(model(), model_dir_), IsOk());
+    for (auto [role, process] : {std::pair{"both", &both_}, std::pair{"prefill", &prefill_},
+                                 std::pair{"decode", &decode_}}) {
+      auto started = StartWorker(model_dir_, role, transport(), absl::StrCat(role, "-", model()));
+      ASSERT_THAT(started, IsOk());
+      *process = *started;
     }
-    both_ = Start(model_dir_, "both", transport(), absl::StrCat("both-", model()));
-    prefill_ = Start(model_dir_, "prefill", transport(), absl::StrCat("prefill-", model()));
-    decode_ = Start(model_dir_, "decode", transport(), absl::StrCat("decode-", model()));
-    ASSERT_GT(both_.pid, 0);
-    ASSERT_GT(prefill_.pid, 0);
-    ASSERT_GT(decode_.pid, 0);
   }
 
   void TearDown() override {
-    Stop(both_);
-    Stop(prefill_);
-    Stop(decode_);
+    for (ServiceProcess* p : {&both_, &prefill_, &decode_}) {
+      EXPECT_THAT(testing::StopService(*p), IsOk());
+    }
   }
 
   std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int32_t max_tokens) {
@@ -198,7 +153,7 @@ class DisaggregatedWorkersTest
   }
 
   std::string model_dir_;
-  Worker both_, prefill_, decode_;
+  ServiceProcess both_, prefill_, decode_;
 };
 
 TEST_P(DisaggregatedWorkersTest, TokensEqualTheWorkerAloneInRoleBoth) {
@@ -219,20 +174,15 @@ TEST_P(DisaggregatedWorkersTest, TokensEqualTheWorkerAloneInRoleBoth) {
   std::printf("%s over %s: %d prompts equal, KV over UCX lane '%s'\n", model().c_str(),
               transport().c_str(), n, lane.c_str());
   EXPECT_FALSE(lane.empty());
-  EXPECT_TRUE(AllBlocksFree(prefill_));
-  EXPECT_TRUE(AllBlocksFree(decode_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(prefill_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(decode_));
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, DisaggregatedWorkersTest,
                          ::testing::Combine(::testing::Values("llama3-tiny", "qwen2-tiny",
                                                               "mistral-tiny"),
                                             ::testing::Values("tcp", "posix")),
-                         [](const auto& info) {
-                           std::string name =
-                               std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::ModelTransportName);
 
 }  // namespace
 }  // namespace trident

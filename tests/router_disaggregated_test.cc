@@ -23,9 +23,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/fixture_models.h"
 #include "tests/testing/runfiles.h"
 #include "tests/testing/service_process.h"
-#include "tools/make_model/model_gen.h"
 #include "trident/v1/generation.grpc.pb.h"
 
 namespace trident {
@@ -46,11 +46,7 @@ class RouterDisaggregatedTest
 
   void SetUp() override {
     const std::string model_dir = TestTmpPath(model());
-    if (!std::ifstream(model_dir + "/config.json").good()) {
-      auto spec = make_model::PresetSpec(model());
-      ASSERT_THAT(spec.status(), IsOk());
-      ASSERT_THAT(make_model::WriteModel(*spec, model_dir), IsOk());
-    }
+    ASSERT_THAT(testing::EnsureFixtureModel(model(), model_dir), IsOk());
     const std::string tag = absl::StrCat(model(), "-", transport());
     auto worker = [&](const std::string& role) {
       return testing::StartService(
@@ -164,12 +160,7 @@ INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, RouterDisaggregatedTest,
                          ::testing::Combine(::testing::Values("llama3-tiny", "qwen2-tiny",
                                                               "mistral-tiny"),
                                             ::testing::Values("tcp", "posix")),
-                         [](const auto& info) {
-                           std::string name =
-                               std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::ModelTransportName);
 
 // kill -9 of a worker while a prompt's KV is on its way. The prefill worker
 // stalls its transfers after the first layer (a test-only flag), so the kill
@@ -180,11 +171,7 @@ class WorkerDeathTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     const std::string model_dir = TestTmpPath("llama3-tiny");
-    if (!std::ifstream(model_dir + "/config.json").good()) {
-      auto spec = make_model::PresetSpec("llama3-tiny");
-      ASSERT_THAT(spec.status(), IsOk());
-      ASSERT_THAT(make_model::WriteModel(*spec, model_dir), IsOk());
-    }
+    ASSERT_THAT(testing::EnsureFixtureModel("llama3-tiny", model_dir), IsOk());
     std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::replace(tag.begin(), tag.end(), '/', '-');
     auto worker = [&](const std::string& role, std::vector<std::string> extra) {

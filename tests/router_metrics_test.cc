@@ -6,8 +6,6 @@
 // decode worker's reservation gauge returns to 0; a cancelled generation
 // counts as cancelled.
 
-#include <signal.h>
-
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,14 +17,13 @@
 #include "absl/time/clock.h"
 #include "absl/types/optional.h"
 #include "common/http/http_client.h"
-#include "common/process/subprocess.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
+#include "tests/testing/fixture_models.h"
 #include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
+#include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
 
 namespace trident {
@@ -36,26 +33,7 @@ using ::trident::testing::IsOk;
 using ::trident::testing::RunfilePath;
 using ::trident::testing::TestTmpPath;
 
-struct Service {
-  pid_t pid = -1;
-  std::string address;  // 127.0.0.1:<grpc port>
-  int metrics_port = 0;
-};
-
-absl::StatusOr<Service> Start(std::vector<std::string> argv, const std::string& log) {
-  argv.push_back("--host=127.0.0.1");
-  argv.push_back("--port=0");
-  argv.push_back("--metrics_port=0");
-  absl::StatusOr<SpawnedProcess> spawned =
-      Spawn({.argv = argv, .log_path = TestTmpPath(log), .wait_for_ready_line = true});
-  if (!spawned.ok()) return spawned.status();
-  const nlohmann::json ready = nlohmann::json::parse(spawned->ready_line);
-  Service s;
-  s.pid = spawned->pid;
-  s.address = absl::StrCat("127.0.0.1:", ready["grpc_port"].get<int>());
-  s.metrics_port = ready["metrics_port"].get<int>();
-  return s;
-}
+using ::trident::testing::ServiceProcess;
 
 // The value of the series written exactly as `series` (name and labels in
 // the exposition's order, which is by label name) in a /metrics body.
@@ -68,7 +46,7 @@ absl::optional<double> ValueOf(const std::string& body, const std::string& serie
   return absl::nullopt;
 }
 
-std::string Scrape(const Service& s) {
+std::string Scrape(const ServiceProcess& s) {
   absl::StatusOr<http::HttpResponse> r =
       http::Get(absl::StrCat("http://127.0.0.1:", s.metrics_port, "/metrics"));
   if (!r.ok() || r->status_code != 200) return "";
@@ -79,7 +57,8 @@ std::string Scrape(const Service& s) {
 // (the last body). What a process records after the client saw the end of
 // its stream (the prefill worker's transfer, a cancellation on the router)
 // lands a moment later.
-std::string ScrapeUntil(const Service& s, const std::function<bool(const std::string&)>& done) {
+std::string ScrapeUntil(const ServiceProcess& s,
+                        const std::function<bool(const std::string&)>& done) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   std::string body;
   do {
@@ -98,39 +77,35 @@ class RouterMetricsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_dir_ = new std::string(TestTmpPath("llama3-tiny"));
-    auto spec = make_model::PresetSpec("llama3-tiny");
-    ASSERT_THAT(spec.status(), IsOk());
-    ASSERT_THAT(make_model::WriteModel(*spec, *model_dir_), IsOk());
+    ASSERT_THAT(testing::EnsureFixtureModel("llama3-tiny", *model_dir_), IsOk());
     auto worker = [](const std::string& role) {
-      return Start(
+      return testing::StartService(
           {RunfilePath("services/worker/worker"), absl::StrCat("--role=", role),
            absl::StrCat("--worker_id=", role), "--pin_threads=false", "--cpu_threads=1",
            "--kv_cache_mb=16", "--ucx_transports=tcp", absl::StrCat("--model=", *model_dir_)},
-          absl::StrCat(role, ".log"));
+          TestTmpPath(absl::StrCat(role, ".log")));
     };
     auto prefill = worker("prefill");
     ASSERT_THAT(prefill, IsOk());
-    prefill_ = new Service(*prefill);
+    prefill_ = new ServiceProcess(*prefill);
     auto decode = worker("decode");
     ASSERT_THAT(decode, IsOk());
-    decode_ = new Service(*decode);
-    auto router =
-        Start({RunfilePath("services/router/router"), absl::StrCat("--model=", *model_dir_),
-               absl::StrCat("--prefill_workers=", prefill_->address),
-               absl::StrCat("--decode_workers=", decode_->address), "--load_interval_ms=20"},
-              "router.log");
+    decode_ = new ServiceProcess(*decode);
+    auto router = testing::StartService(
+        {RunfilePath("services/router/router"), absl::StrCat("--model=", *model_dir_),
+         absl::StrCat("--prefill_workers=", prefill_->address),
+         absl::StrCat("--decode_workers=", decode_->address), "--load_interval_ms=20"},
+        TestTmpPath("router.log"));
     ASSERT_THAT(router, IsOk());
-    router_ = new Service(*router);
-    generation_ = v1::Generation::NewStub(
-                      grpc::CreateChannel(router_->address, grpc::InsecureChannelCredentials()))
-                      .release();
+    router_ = new ServiceProcess(*router);
+    generation_ = v1::Generation::NewStub(router_->channel).release();
   }
 
   static void TearDownTestSuite() {
-    for (Service* p : {router_, prefill_, decode_}) {
-      if (p == nullptr || p->pid <= 0) continue;
-      kill(p->pid, SIGTERM);
-      EXPECT_THAT(WaitForExit(p->pid, absl::Seconds(30)).status(), IsOk());
+    for (ServiceProcess* p : {router_, prefill_, decode_}) {
+      if (p != nullptr) {
+        EXPECT_THAT(testing::StopService(*p), IsOk());
+      }
     }
   }
 
@@ -168,16 +143,16 @@ class RouterMetricsTest : public ::testing::Test {
   }
 
   static std::string* model_dir_;
-  static Service* prefill_;
-  static Service* decode_;
-  static Service* router_;
+  static ServiceProcess* prefill_;
+  static ServiceProcess* decode_;
+  static ServiceProcess* router_;
   static v1::Generation::Stub* generation_;
 };
 
 std::string* RouterMetricsTest::model_dir_ = nullptr;
-Service* RouterMetricsTest::prefill_ = nullptr;
-Service* RouterMetricsTest::decode_ = nullptr;
-Service* RouterMetricsTest::router_ = nullptr;
+ServiceProcess* RouterMetricsTest::prefill_ = nullptr;
+ServiceProcess* RouterMetricsTest::decode_ = nullptr;
+ServiceProcess* RouterMetricsTest::router_ = nullptr;
 v1::Generation::Stub* RouterMetricsTest::generation_ = nullptr;
 
 // Runs first (gtest keeps declaration order): the counts below are the

@@ -14,9 +14,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fixture_models.h"
 #include "tests/testing/runfiles.h"
 #include "tests/testing/service_process.h"
-#include "tools/make_model/model_gen.h"
 #include "trident/v1/generation.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -38,11 +38,7 @@ class WorkerSetRoleTest : public ::testing::Test {
  protected:
   void StartWorker(const std::string& role, const std::string& name) {
     const std::string model_dir = TestTmpPath("llama3-tiny");
-    if (!std::ifstream(model_dir + "/config.json").good()) {
-      auto spec = make_model::PresetSpec("llama3-tiny");
-      ASSERT_THAT(spec.status(), IsOk());
-      ASSERT_THAT(make_model::WriteModel(*spec, model_dir), IsOk());
-    }
+    ASSERT_THAT(testing::EnsureFixtureModel("llama3-tiny", model_dir), IsOk());
     auto started =
         testing::StartService({RunfilePath("services/worker/worker"), absl::StrCat("--role=", role),
                                absl::StrCat("--worker_id=", name), "--kv_transport=ucx",

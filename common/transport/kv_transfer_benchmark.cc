@@ -2,10 +2,11 @@
 // Llama-3-8B-shaped layer (8 KV heads, head_dim 128, bf16, blocks of 16
 // tokens: 4 KiB of K and V per token and layer), over tcp and shared memory
 // (posix). Blocks are allocated consecutively on both sides, so each layer is
-// one put of tokens * 4 KiB. After the benchmarks, if ucx_perftest is on
-// PATH, runs `ucx_perftest -t ucp_put_bw -e -O 1` with the same transport and
-// message size as two processes on loopback, and prints both rates and
-// their ratio.
+// one put of tokens * 4 KiB. BM_Messages measures raw active messages (eager
+// and rendezvous) the same way. After the benchmarks, if ucx_perftest is
+// found ($UCX_PERFTEST, else PATH), runs `ucx_perftest -t ucp_put_bw -e -O 1`
+// with the same transport and message size as two processes on loopback, and
+// prints both rates and their ratio.
 //
 //   bazel run -c opt //common/transport:kv_transfer_benchmark
 
@@ -240,7 +241,7 @@ BENCHMARK(BM_Messages)
     ->Unit(benchmark::kMillisecond);
 
 void PrintComparison() {
-  const std::string perftest = FindOnPath("ucx_perftest");
+  const std::string perftest = FindUcxPerftest();
   std::printf(
       "\nKvWriter vs ucx_perftest -t ucp_put_bw -e -O 1 (same transport and message "
       "size; perftest's own buffers may get a direct shared-memory lane where "

@@ -34,8 +34,7 @@ int FreePort() {
   return port;
 }
 
-}  // namespace
-
+// `name` on PATH, else empty.
 std::string FindOnPath(const std::string& name) {
   const char* path = std::getenv("PATH");
   if (path == nullptr) return "";
@@ -45,6 +44,8 @@ std::string FindOnPath(const std::string& name) {
   }
   return "";
 }
+
+}  // namespace
 
 std::string FindUcxPerftest() {
   const char* given = std::getenv("UCX_PERFTEST");

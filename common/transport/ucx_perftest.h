@@ -25,9 +25,6 @@ struct PerftestOptions {
   int outstanding = 0;
 };
 
-// `name` on PATH, else empty.
-std::string FindOnPath(const std::string& name);
-
 // $UCX_PERFTEST if it names an executable (a bundled copy), else
 // ucx_perftest on PATH, else empty.
 std::string FindUcxPerftest();

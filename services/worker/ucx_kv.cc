@@ -47,14 +47,12 @@ class UcxKv::StagingSlots {
   std::vector<int> free_ ABSL_GUARDED_BY(mu_);
 };
 
-// KV messages sent by rendezvous: each is fetched into one of a few receive
-// buffers of this process (reused, so never page-faulted again; pinned when
-// the pool is on a GPU), then copied into the pool by the receive threads
-// while UCX fetches the next. At most `max_fetches` are fetched at once (UCX
-// interleaves the fragments of concurrent fetches, so more would finish
-// together in bursts instead of one after another, starving the copy
-// stage); the rest wait, announced but not fetched, as they do while every
-// buffer is busy. Thread-safe.
+// KV messages sent by rendezvous into a pool that copies them in (a GPU or staged pool): each is
+// fetched into one of a few receive buffers from the copier (reused, so page-faulted once; pinned
+// for a GPU), then copied into the pool by the receive threads while UCX fetches the next. At most
+// `max_fetches` are fetched at once (UCX interleaves the fragments of concurrent fetches, so more
+// would finish together in bursts instead of one after another, starving the copy stage); the
+// rest wait, announced but not fetched, as they do while every buffer is busy. Thread-safe.
 class UcxKv::Receiver {
  public:
   // `allocate` makes a buffer of `buffer_bytes`, on first use.
@@ -87,9 +85,9 @@ class UcxKv::Receiver {
   // The rendezvous handler (progress thread).
   void OnMessage(absl::string_view header, std::unique_ptr<transport::IncomingMessage> message) {
     if (message->length() > buffer_bytes_) {
-      kv_->Dropped(absl::InvalidArgumentError(absl::StrCat(
-          "a KV message of ", message->length(), " bytes exceeds the receive buffers' ",
-          buffer_bytes_, " bytes")));
+      kv_->Dropped(absl::InvalidArgumentError(absl::StrCat("a KV message of ", message->length(),
+                                                           " bytes exceeds the receive buffers' ",
+                                                           buffer_bytes_, " bytes")));
       return;  // Dropping it releases the sender.
     }
     absl::MutexLock lock(&mu_);
@@ -197,15 +195,6 @@ class UcxKv::Receiver {
 namespace {
 
 namespace v1 = ::trident::v1;
-
-// `bytes` of host memory with every page touched, so that receiving into it
-// never faults.
-std::unique_ptr<backend::HostBuffer> AllocateFaultedIn(uint64_t bytes) {
-  char* data = new char[bytes];
-  std::memset(data, 0, bytes);
-  return std::make_unique<backend::HostBuffer>(data, bytes,
-                                               [](void* p) { delete[] static_cast<char*>(p); });
-}
 
 class UcxTransfer final : public KvTransfer {
  public:
@@ -381,10 +370,10 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
   }
   if (options.receive_buffers < 1 || options.receive_buffers > 1024 ||
       options.receive_buffer_bytes < 1 || options.receive_fetches < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "receive_buffers is ", options.receive_buffers, ", receive_buffer_bytes ",
-        options.receive_buffer_bytes, " and receive_fetches ", options.receive_fetches,
-        "; need 1 to 1024 buffers of at least one byte and at least one fetch"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("receive_buffers is ", options.receive_buffers, ", receive_buffer_bytes ",
+                     options.receive_buffer_bytes, " and receive_fetches ", options.receive_fetches,
+                     "; need 1 to 1024 buffers of at least one byte and at least one fetch"));
   }
   const bool staged = options.force_staging || (memory.device && !ucx->supports_cuda_memory());
   std::unique_ptr<transport::MemoryRegion> region;
@@ -425,16 +414,15 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
   std::unique_ptr<UcxKv> kv(new UcxKv(ucx, memory, std::move(owner_id), incarnation,
                                       std::move(region), std::move(options.copier),
                                       std::move(staging), message_bytes));
-  // Rendezvous receive buffers: pinned (from the copier) for a pool on a GPU.
-  backend::KvCopier* copier = kv->copier_.get();
-  const uint64_t buffer_bytes = options.receive_buffer_bytes;
-  kv->receiver_ = std::make_unique<Receiver>(
-      kv.get(), options.receive_buffers, buffer_bytes,
-      [copier, buffer_bytes]() -> absl::StatusOr<std::unique_ptr<backend::HostBuffer>> {
-        if (copier != nullptr) return copier->AllocateHost(buffer_bytes);
-        return AllocateFaultedIn(buffer_bytes);
-      },
-      options.receive_threads, options.receive_fetches);
+  // Rendezvous receive buffers (pinned for a pool on a GPU) for pools that
+  // copy messages in; a host pool fetches straight into its blocks.
+  if (backend::KvCopier* copier = kv->copier_.get(); copier != nullptr) {
+    const uint64_t buffer_bytes = options.receive_buffer_bytes;
+    kv->receiver_ = std::make_unique<Receiver>(
+        kv.get(), options.receive_buffers, buffer_bytes,
+        [copier, buffer_bytes] { return copier->AllocateHost(buffer_bytes); },
+        options.receive_threads, options.receive_fetches);
+  }
   UcxKv* raw = kv.get();
   TRIDENT_RETURN_IF_ERROR(ucx->SetMessageHandler(
       transport::kKvMessageId,
@@ -464,7 +452,7 @@ void UcxKv::AcceptMessagesFor(KvReservations* reservations) {
 }
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> UcxKv::Locate(absl::string_view header_bytes,
-                                                             uint64_t length) const {
+                                                            uint64_t length) const {
   TRIDENT_ASSIGN_OR_RETURN(const transport::KvMessageHeader header,
                            transport::KvMessageHeader::Decode(header_bytes));
   const uint64_t base = reinterpret_cast<uint64_t>(memory_.base);
@@ -479,6 +467,11 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> UcxKv::Locate(absl::string_view he
 void UcxKv::OnRendezvous(absl::string_view header,
                          std::unique_ptr<transport::IncomingMessage> message) {
   if (memory_.device || staged()) {
+    if (receiver_ == nullptr) {
+      Dropped(absl::FailedPreconditionError(
+          "KV messages into device memory need a KV copier (UcxKvOptions.copier)"));
+      return;
+    }
     receiver_->OnMessage(header, std::move(message));
     return;
   }
@@ -496,11 +489,11 @@ void UcxKv::OnRendezvous(absl::string_view header,
     Dropped(absl::FailedPreconditionError("no reservations accept KV messages"));
     return;
   }
-  if (absl::Status pinned = sink_->BeginMessage(
-          reservation,
-          [&](absl::Span<const int32_t> blocks) {
-            return transport::CheckKvWriteRange(memory_.spec, offset, length, blocks);
-          });
+  if (absl::Status pinned = sink_->BeginMessage(reservation,
+                                                [&](absl::Span<const int32_t> blocks) {
+                                                  return transport::CheckKvWriteRange(
+                                                      memory_.spec, offset, length, blocks);
+                                                });
       !pinned.ok()) {
     Dropped(pinned);
     return;
@@ -510,9 +503,8 @@ void UcxKv::OnRendezvous(absl::string_view header,
   message->Receive(static_cast<char*>(memory_.base) + offset,
                    [this, sink, reservation = reservation, length](absl::Status status) {
                      if (!status.ok()) Dropped(status);
-                     sink->EndMessage(reservation, status.ok()
-                                                       ? absl::StatusOr<int64_t>(length)
-                                                       : absl::StatusOr<int64_t>(status));
+                     sink->EndMessage(reservation, status.ok() ? absl::StatusOr<int64_t>(length)
+                                                               : absl::StatusOr<int64_t>(status));
                      absl::MutexLock lock(&sink_mu_);
                      --direct_fetches_;
                    });

@@ -151,7 +151,7 @@ class UcxKv final : public KvExporter, public KvSender {
   // Fetches straight into the pool still running (they use sink_).
   int direct_fetches_ ABSL_GUARDED_BY(sink_mu_) = 0;
   std::atomic<int64_t> dropped_messages_{0};
-  // Set once at Create.
+  // Set once at Create when there is a copier (copying pools); else null.
   std::unique_ptr<Receiver> receiver_;
   absl::Mutex mu_;
   // Endpoints by (owner id, incarnation): a new incarnation gets a new one.

@@ -61,6 +61,13 @@ struct Pools {
   std::vector<uint8_t> receiver_before;
 };
 
+// Whether the receiver's pool now holds the sender's blocks in the reserved
+// ones and its own bytes everywhere else.
+bool Landed(const Pools& pools, const TransferSetup& setup) {
+  return TransferredExactly(Spec(), pools.sender_bytes, pools.receiver_before,
+                            pools.receiver->Contents(), setup.local_blocks, setup.remote_blocks);
+}
+
 // 150 tokens in 38 blocks, scattered differently on each side.
 TransferSetup SetupFor(Pools& pools, const std::string& transports, uint32_t seed) {
   TransferSetup setup;
@@ -91,9 +98,7 @@ TEST_P(UcxKvTest, HostPathRegistersThePoolAndWritesExactly) {
   EXPECT_EQ(result->destination.endpoint().memory_type(), trident::v1::MEMORY_TYPE_HOST);
   EXPECT_EQ(result->message_bytes, 3 * 38 * int64_t{1024});
   EXPECT_EQ(result->dropped_messages, 0);
-  EXPECT_TRUE(TransferredExactly(Spec(), pools.sender_bytes, pools.receiver_before,
-                                 pools.receiver->Contents(), setup.local_blocks,
-                                 setup.remote_blocks));
+  EXPECT_TRUE(Landed(pools, setup));
 }
 
 TEST_P(UcxKvTest, StagedBothSidesWritesExactlyThroughTheCopiers) {
@@ -119,9 +124,7 @@ TEST_P(UcxKvTest, StagedBothSidesWritesExactlyThroughTheCopiers) {
   EXPECT_EQ(result->bytes_sent, result->message_bytes);
   EXPECT_GE(result->messages, 3 * 38 / 3);
   EXPECT_EQ(result->dropped_messages, 0);
-  EXPECT_TRUE(TransferredExactly(Spec(), pools.sender_bytes, pools.receiver_before,
-                                 pools.receiver->Contents(), setup.local_blocks,
-                                 setup.remote_blocks));
+  EXPECT_TRUE(Landed(pools, setup));
 }
 
 TEST_P(UcxKvTest, StagedSenderWithOneSlotWaitsForItAndWritesExactly) {
@@ -142,9 +145,7 @@ TEST_P(UcxKvTest, StagedSenderWithOneSlotWaitsForItAndWritesExactly) {
   EXPECT_TRUE(result->sender_staged);
   EXPECT_FALSE(result->receiver_staged);
   EXPECT_EQ(result->messages, 3 * 38);
-  EXPECT_TRUE(TransferredExactly(Spec(), pools.sender_bytes, pools.receiver_before,
-                                 pools.receiver->Contents(), setup.local_blocks,
-                                 setup.remote_blocks));
+  EXPECT_TRUE(Landed(pools, setup));
 }
 
 TEST_P(UcxKvTest, HostSenderWritesAStagedReceiverWithMessages) {
@@ -160,9 +161,7 @@ TEST_P(UcxKvTest, HostSenderWritesAStagedReceiverWithMessages) {
 
   EXPECT_FALSE(result->sender_staged);
   EXPECT_TRUE(result->receiver_staged);
-  EXPECT_TRUE(TransferredExactly(Spec(), pools.sender_bytes, pools.receiver_before,
-                                 pools.receiver->Contents(), setup.local_blocks,
-                                 setup.remote_blocks));
+  EXPECT_TRUE(Landed(pools, setup));
 }
 
 // "^sysv" is the worker's default (--ucx_transports): UCX then picks the

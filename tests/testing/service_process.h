@@ -24,6 +24,7 @@ struct ServiceProcess {
   pid_t pid = -1;
   std::string address;  // 127.0.0.1:<grpc port>
   std::shared_ptr<grpc::Channel> channel;
+  int metrics_port = 0;  // 0 when the ready line names none.
 };
 
 // Runs `argv` (a service binary and its flags; --host, --port and
@@ -42,6 +43,7 @@ inline absl::StatusOr<ServiceProcess> StartService(std::vector<std::string> argv
   const nlohmann::json ready = nlohmann::json::parse(spawned->ready_line);
   p.address = absl::StrCat("127.0.0.1:", ready["grpc_port"].get<int>());
   p.channel = grpc::CreateChannel(p.address, grpc::InsecureChannelCredentials());
+  if (ready.contains("metrics_port")) p.metrics_port = ready["metrics_port"].get<int>();
   return p;
 }
 
