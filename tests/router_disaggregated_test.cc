@@ -208,10 +208,12 @@ class WorkerDeathTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  // Starts a generation, kills `victim` with SIGKILL once the first token
-  // (computed by the prefill worker, whose transfer then stalls) arrived, and
-  // reads the stream to its end.
-  grpc::Status GenerateAndKill(ServiceProcess& victim, std::vector<int32_t>* tokens) {
+  // Starts a generation and, once the first token (computed by the prefill
+  // worker, whose transfer then stalls) arrived, calls `after_first_token`;
+  // reads the stream to its end. Retries while admission refuses (no load
+  // report yet).
+  grpc::Status Generate(std::vector<int32_t>* tokens,
+                        const std::function<void(grpc::ClientContext&)>& after_first_token) {
     auto stub = v1::Generation::NewStub(router_.channel);
     v1::GenerateRequest request;
     for (int32_t id = 1; id <= 40; ++id) request.mutable_token_ids()->add_ids(id);
@@ -224,34 +226,49 @@ class WorkerDeathTest : public ::testing::TestWithParam<std::string> {
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
       auto reader = stub->Generate(&context, request);
       v1::GenerateResponse response;
-      bool killed = false;
+      bool called = false;
       while (reader->Read(&response)) {
         for (int32_t t : response.chunk().token_ids()) tokens->push_back(t);
-        if (!killed && !tokens->empty()) {
-          EXPECT_EQ(kill(victim.pid, SIGKILL), 0);
-          EXPECT_THAT(WaitForExit(victim.pid, absl::Seconds(30)).status(), IsOk());
-          victim.pid = -1;
-          killed = true;
+        if (!called && !tokens->empty()) {
+          after_first_token(context);
+          called = true;
         }
       }
       grpc::Status status = reader->Finish();
-      // No load report yet: admission refuses at once; try again.
-      if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || killed) return status;
+      if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || called) return status;
     }
     return grpc::Status(grpc::StatusCode::INTERNAL, "never admitted");
+  }
+
+  // One generation cancelled mid-transfer, as in a cluster that has served
+  // before: the prefill worker's UCX connection to the decode worker is then
+  // set up (UcxKv::Connect). A worker killed while that connection is being
+  // set up is a narrower case, which UCX 1.13.1 does not survive over tcp
+  // (README: known limits).
+  void WarmUp() {
+    std::vector<int32_t> tokens;
+    const grpc::Status status =
+        Generate(&tokens, [](grpc::ClientContext& context) { context.TryCancel(); });
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+    ASSERT_TRUE(testing::AllKvBlocksFree(decode_));
+    ASSERT_TRUE(testing::AllKvBlocksFree(prefill_));
+  }
+
+  // Kills `victim` with SIGKILL once the first token arrived, mid-transfer.
+  grpc::Status GenerateAndKill(ServiceProcess& victim, std::vector<int32_t>* tokens) {
+    return Generate(tokens, [&victim](grpc::ClientContext&) {
+      EXPECT_EQ(kill(victim.pid, SIGKILL), 0);
+      EXPECT_THAT(WaitForExit(victim.pid, absl::Seconds(30)).status(), IsOk());
+      victim.pid = -1;
+    });
   }
 
   ServiceProcess prefill_, decode_, router_;
 };
 
 TEST_P(WorkerDeathTest, KillingThePrefillWorkerMidTransferFailsTheStreamAndFreesDecodeBlocks) {
-  if (GetParam() == "tcp") {
-    // Known failure, kept visible: in about half the runs the decode worker
-    // aborts inside UCX 1.13.1 (ucp_request.c:684, a pending wireup message
-    // purged when its connection back to the dead sender is refused). Not
-    // reachable from above UCX; the KV data path itself (messages) is safe.
-    GTEST_SKIP() << "UCX 1.13.1 tcp wireup assertion when the peer dies; see the comment";
-  }
+  WarmUp();
+  if (HasFatalFailure()) return;
   std::vector<int32_t> tokens;
   const absl::Time start = absl::Now();
   const grpc::Status status = GenerateAndKill(prefill_, &tokens);
@@ -271,6 +288,8 @@ TEST_P(WorkerDeathTest, KillingThePrefillWorkerMidTransferFailsTheStreamAndFrees
 }
 
 TEST_P(WorkerDeathTest, KillingTheDecodeWorkerMidTransferFailsTheStreamAndFreesPrefillBlocks) {
+  WarmUp();
+  if (HasFatalFailure()) return;
   std::vector<int32_t> tokens;
   const grpc::Status status = GenerateAndKill(decode_, &tokens);
   std::printf("decode killed mid-transfer over %s: client status %d '%s'\n", GetParam().c_str(),

@@ -231,8 +231,9 @@ void BM_Messages(benchmark::State& state) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   state.counters["GB/s"] = bytes / seconds / 1e9;
   state.SetBytesProcessed(bytes);
-  state.SetLabel(
-      absl::StrCat(transport, mode == 0 ? " eager drop" : mode == 1 ? " eager copy" : " rndv"));
+  state.SetLabel(absl::StrCat(transport, mode == 0   ? " eager drop"
+                                         : mode == 1 ? " eager copy"
+                                                     : " rndv"));
 }
 BENCHMARK(BM_Messages)
     ->ArgsProduct({{0, 1}, {0, 1, 2}})

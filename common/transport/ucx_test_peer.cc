@@ -14,6 +14,10 @@
 //     each) without pause; once 16 have completed it writes "sending" to fd
 //     K. Runs until killed. With --rendezvous=1 the messages go by
 //     rendezvous (Endpoint::Send's `rendezvous`).
+//   ucx_test_peer --mode=handshaker --transports=tcp --peer=<address hex>
+//                 --region_bytes=N --ready_fd=K
+//     Connects to that worker, completes Endpoint::Handshake and writes
+//     "answered" to fd K. Runs until killed.
 //
 // Exits 2 on bad arguments or a UCX error, after printing it to stderr.
 
@@ -177,6 +181,15 @@ int Main(int argc, char** argv) {
     if (!endpoint.ok()) Fail(endpoint.status().ToString());
     MessagePump pump(*endpoint, region_bytes, ready_fd, flags["rendezvous"] == "1");
     pump.Start();
+    WaitToBeKilled();
+  }
+  if (mode == "handshaker") {
+    auto endpoint = (*worker)->Connect(absl::HexStringToBytes(flags["peer"]), "receiver");
+    if (!endpoint.ok()) Fail(endpoint.status().ToString());
+    (*endpoint)->Handshake([ready_fd](absl::Status status) {
+      if (!status.ok()) Fail(status.ToString());
+      WriteLine(ready_fd, "answered");
+    });
     WaitToBeKilled();
   }
   Fail(absl::StrCat("unknown --mode '", mode, "'"));

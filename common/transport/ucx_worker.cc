@@ -416,6 +416,10 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
                                  RendezvousHandler rendezvous) {
     TRIDENT_CHECK(!OnProgressThread() || !in_progress_)
         << "SetMessageHandler called from a message handler";
+    if (id == kHandshakeMessageId) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("active-message id ", id, " is reserved for UCX worker handshakes"));
+    }
     auto slot = std::make_unique<HandlerSlot>();
     slot->core = this;
     slot->handler = std::move(handler);
@@ -486,7 +490,129 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
   }
 
+  void Handshake(std::shared_ptr<EndpointState> endpoint, DoneCallback done) {
+    auto op = std::make_unique<Op>();
+    op->endpoint = std::move(endpoint);
+    op->done = std::move(done);
+    op->operation = "handshake";
+    Op* raw = op.release();
+    const bool posted = Post([this, raw] {
+      std::unique_ptr<Op> op(raw);
+      EndpointState& ep = *op->endpoint;
+      if (ep.ep == nullptr) {
+        Complete(std::move(op), FailedEndpointStatus(ep, "handshake"));
+        return;
+      }
+      const uint64_t token = next_handshake_token_++;
+      // The ping: eager, and asking UCX for a reply endpoint at the peer,
+      // which answers on it (OnHandshakeMessage). Its own completion matters
+      // only if it fails; the answer completes the handshake.
+      auto ping = std::make_unique<Op>();
+      ping->endpoint = op->endpoint;
+      ping->header = EncodeHandshake(kHandshakePing, token);
+      ping->done = [this, token](absl::Status status) {
+        if (!status.ok()) FinishHandshake(token, std::move(status));
+      };
+      ping->operation = "handshake ping";
+      handshakes_.emplace(token, std::move(op));
+      ucp_request_param_t params = CallbackParams(ping.get());
+      params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      params.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+      ucs_status_ptr_t request = ucp_am_send_nbx(ep.ep, kHandshakeMessageId, ping->header.data(),
+                                                 ping->header.size(), nullptr, 0, &params);
+      Started(std::move(ping), request);
+    });
+    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+  }
+
+  // Installs the handler of handshake pings and answers. Before Start.
+  absl::Status InstallHandshakeHandler() {
+    ucp_am_handler_param_t params{};
+    params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    params.id = kHandshakeMessageId;
+    params.cb = &WorkerCore::OnHandshakeMessage;
+    params.arg = this;
+    const ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &params);
+    if (st != UCS_OK) {
+      return absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler(handshake) failed: ",
+                                              ucs_status_string(st)));
+    }
+    return absl::OkStatus();
+  }
+
  private:
+  // Handshake header: one kind byte, then the initiator's 8-byte token.
+  static constexpr char kHandshakePing = 'P';
+  static constexpr char kHandshakeAnswer = 'A';
+  static constexpr size_t kHandshakeHeaderBytes = 1 + sizeof(uint64_t);
+
+  static std::string EncodeHandshake(char kind, uint64_t token) {
+    std::string header(kHandshakeHeaderBytes, kind);
+    std::memcpy(&header[1], &token, sizeof(token));
+    return header;
+  }
+
+  // Completes the pending handshake `token` (if still pending).
+  void FinishHandshake(uint64_t token, absl::Status status) {
+    auto it = handshakes_.find(token);
+    if (it == handshakes_.end()) return;
+    std::unique_ptr<Op> op = std::move(it->second);
+    handshakes_.erase(it);
+    Complete(std::move(op), std::move(status));
+  }
+
+  // Fails the pending handshakes of `state` (closed or failed).
+  void FailHandshakes(const EndpointState* state, absl::string_view why) {
+    std::vector<uint64_t> tokens;
+    for (const auto& [token, op] : handshakes_) {
+      if (op->endpoint.get() == state) tokens.push_back(token);
+    }
+    for (uint64_t token : tokens) {
+      FinishHandshake(token, absl::UnavailableError(absl::StrCat(
+                                 "UCX handshake with peer ", state->peer_id, " failed: ", why)));
+    }
+  }
+
+  static ucs_status_t OnHandshakeMessage(void* arg, const void* header, size_t header_length,
+                                         void* data, size_t /*length*/,
+                                         const ucp_am_recv_param_t* param) {
+    auto* core = static_cast<WorkerCore*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      ucp_am_data_release(core->worker_, data);  // Not a handshake: they carry no data.
+      return UCS_OK;
+    }
+    if (header_length != kHandshakeHeaderBytes) return UCS_OK;
+    const char kind = static_cast<const char*>(header)[0];
+    uint64_t token;
+    std::memcpy(&token, static_cast<const char*>(header) + 1, sizeof(token));
+    if (kind == kHandshakeAnswer) {
+      core->FinishHandshake(token, absl::OkStatus());
+    } else if (kind == kHandshakePing) {
+      if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) {
+        TRIDENT_LOG(WARNING) << "UCX worker " << core->options_.name
+                             << ": handshake ping without a reply endpoint, not answered";
+        return UCS_OK;
+      }
+      // Answered from inside UCX's callback, where the reply endpoint is
+      // certainly alive. Queued behind the wireup reply on that endpoint, so
+      // its arrival tells the initiator that reply went out.
+      auto answer = std::make_unique<Op>();
+      answer->endpoint = core->handshake_peer_;
+      answer->header = EncodeHandshake(kHandshakeAnswer, token);
+      answer->done = [](absl::Status) {};  // The initiator sees a failure.
+      answer->operation = "handshake answer";
+      ucp_request_param_t params = core->CallbackParams(answer.get());
+      params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      params.flags = UCP_AM_SEND_FLAG_EAGER;
+      ucs_status_ptr_t request =
+          ucp_am_send_nbx(param->reply_ep, kHandshakeMessageId, answer->header.data(),
+                          answer->header.size(), nullptr, 0, &params);
+      core->Started(std::move(answer), request);
+    }
+    return UCS_OK;
+  }
+
   // An outstanding Put or Flush. Owned by the UCX request while UCX holds it
   // (and listed in `outstanding_`), else by whoever completes it.
   struct Op {
@@ -615,6 +741,8 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
 
   void CloseEndpointNow(const std::shared_ptr<EndpointState>& state, absl::string_view why) {
     if (state->ep == nullptr) return;
+    FailHandshakes(state.get(),
+                   state->failed.load(std::memory_order_relaxed) ? state->failure : why);
     // A healthy endpoint closes gracefully: UCX first completes what is
     // outstanding, so the peer never sees a half-written stream (UCX 1.13's
     // emulated RMA aborts the target process when a put's completion ack
@@ -792,6 +920,9 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     for (Op* raw : leftover) {
       Complete(std::unique_ptr<Op>(raw), ShutDownError());
     }
+    std::vector<uint64_t> handshakes;
+    for (const auto& [token, op] : handshakes_) handshakes.push_back(token);
+    for (uint64_t token : handshakes) FinishHandshake(token, ShutDownError());
     endpoints_.clear();
     RunCompletions();
   }
@@ -825,6 +956,16 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
   std::vector<std::pair<void*, std::shared_ptr<EndpointState>>> closing_;
   absl::flat_hash_set<std::shared_ptr<RemoteKeyState>> rkeys_;
   absl::flat_hash_set<std::shared_ptr<MemoryRegionState>> regions_;
+  // Handshakes awaiting the peer's answer, by token.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Op>> handshakes_;
+  uint64_t next_handshake_token_ = 1;
+  // Names the peer in errors of handshake answers (sent on UCX's reply
+  // endpoint, which has no EndpointState of ours).
+  const std::shared_ptr<EndpointState> handshake_peer_ = [] {
+    auto state = std::make_shared<EndpointState>();
+    state->peer_id = "a handshaking peer";
+    return state;
+  }();
   // Names the peer in errors of rendezvous receives (UCX does not say which
   // endpoint a message came from).
   const std::shared_ptr<EndpointState> rendezvous_sender_ = [] {
@@ -904,6 +1045,8 @@ void Endpoint::Send(uint16_t id, std::string header, const void* data, size_t le
 }
 
 void Endpoint::Flush(DoneCallback done) { core_->Flush(state_, std::move(done)); }
+
+void Endpoint::Handshake(DoneCallback done) { core_->Handshake(state_, std::move(done)); }
 
 bool Endpoint::failed() const { return state_->failed.load(std::memory_order_acquire); }
 
@@ -1016,6 +1159,12 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
 
   auto core = std::make_shared<WorkerCore>(options, context, worker, std::move(address),
                                            supports_cuda, event_fd, wake_fd);
+  const absl::Status handshakes = core->InstallHandshakeHandler();
+  if (!handshakes.ok()) {
+    ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+    return absl::FailedPreconditionError(absl::StrCat(handshakes.message(), where));
+  }
   core->Start();
   return std::unique_ptr<UcxWorker>(new UcxWorker(std::move(core)));
 }

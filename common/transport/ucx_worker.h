@@ -58,6 +58,10 @@ struct RemoteKeyState;
 struct MemoryRegionState;
 }  // namespace internal
 
+// The active-message id of Endpoint::Handshake's ping and answer, reserved:
+// SetMessageHandler refuses it.
+inline constexpr uint16_t kHandshakeMessageId = 0x4853;  // "HS"
+
 // Where registered memory lives.
 enum class MemoryKind { kHost, kCuda };
 
@@ -245,6 +249,18 @@ class Endpoint {
   // `done` runs exactly once on the progress thread.
   void Flush(DoneCallback done);
 
+  // Sends the peer's worker a ping and completes (OK) when its answer comes
+  // back on this endpoint: UCX's connection setup has then finished on both
+  // sides, the peer's included. A flush does not wait for the peer's side:
+  // over tcp the peer still has its wireup reply queued on a connection back
+  // to us, and UCX 1.13 aborts the peer's process if we die before that
+  // reply goes out. Call it once after Connect, before anything whose sender
+  // may die mid-way. `done` runs exactly once on the progress thread:
+  // UNAVAILABLE naming the peer if the endpoint fails or closes first, or
+  // the worker shuts down. A live peer that never answers (not a UcxWorker)
+  // leaves it pending until the endpoint closes: bound the wait above it.
+  void Handshake(DoneCallback done);
+
   const std::string& peer_id() const { return peer_id_; }
   // The UCX transport carrying this endpoint's writes, as UCX names it
   // ("tcp", "posix", "sysv", "rc_mlx5", "cuda_ipc", ...): the lane of the
@@ -294,8 +310,9 @@ class UcxWorker {
                                                          MemoryKind kind);
 
   // Creates an endpoint to the worker whose address() is `peer_address`;
-  // `peer_id` names the peer in errors and logs. Does not wait for the peer:
-  // an unreachable peer shows as failures of the first operations.
+  // `peer_id` names the peer in errors and logs. Does not wait for the peer
+  // (Endpoint::Handshake does): an unreachable peer shows as failures of the
+  // first operations.
   // INVALID_ARGUMENT for an empty address; UNAVAILABLE naming the peer if UCX
   // finds no transport to it or the worker is shutting down.
   absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address,
@@ -304,8 +321,9 @@ class UcxWorker {
   // Routes active messages `id` (Endpoint::Send) to `handler`, and those sent
   // by rendezvous to `rendezvous` (null: they are dropped, failing their
   // Send), replacing any earlier handlers of that id. Waits for the progress thread to install it.
-  // INTERNAL if UCX refuses; UNAVAILABLE if the worker is shutting down.
-  // Must not be called from a MessageHandler.
+  // INVALID_ARGUMENT for kHandshakeMessageId; INTERNAL if UCX refuses;
+  // UNAVAILABLE if the worker is shutting down. Must not be called from a
+  // MessageHandler.
   absl::Status SetMessageHandler(uint16_t id, MessageHandler handler,
                                  RendezvousHandler rendezvous = nullptr);
 

@@ -286,6 +286,22 @@ TEST_P(UcxWorkerTransportTest, RendezvousMessagesLandWhereTheReceiverSays) {
   EXPECT_THAT(sent_dropped.Wait(), Not(StatusIs(absl::StatusCode::kDeadlineExceeded)));
 }
 
+TEST_P(UcxWorkerTransportTest, HandshakeIsAnsweredByThePeerWorker) {
+  // Twice: the first one rides the connection setup, the second an
+  // established connection; both from the same endpoint.
+  for (int i = 0; i < 2; ++i) {
+    Done answered;
+    link_.endpoint->Handshake(answered.callback());
+    EXPECT_THAT(answered.Wait(), IsOk()) << "handshake " << i;
+  }
+  // And the other way round, from a new endpoint of the target.
+  auto back = link_.target->Connect(link_.writer->address(), "writer");
+  ASSERT_THAT(back, IsOk());
+  Done answered;
+  (*back)->Handshake(answered.callback());
+  EXPECT_THAT(answered.Wait(), IsOk());
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxWorkerTransportTest,
                          ::testing::Values("tcp", "posix", "sysv"),
                          [](const auto& info) { return info.param; });
@@ -332,6 +348,47 @@ TEST(UcxWorkerTest, PeerWorkerDestroyedInProcessFailsPutsWithUnavailableOverTcp)
                    after.callback());
   EXPECT_THAT(after.Wait(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-7")));
   EXPECT_TRUE((*endpoint)->failed());
+}
+
+TEST(UcxWorkerTest, HandshakeWithAGonePeerFailsWithUnavailableNamingIt) {
+  auto target = MakeWorker("tcp", "target");
+  ASSERT_THAT(target, IsOk());
+  auto writer = MakeWorker("tcp", "writer");
+  ASSERT_THAT(writer, IsOk());
+  auto endpoint = (*writer)->Connect((*target)->address(), "decode-9");
+  ASSERT_THAT(endpoint, IsOk());
+  target->reset();  // Its sockets close: the ping, or its answer, never comes.
+  Done answered;
+  (*endpoint)->Handshake(answered.callback());
+  EXPECT_THAT(answered.Wait(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-9")));
+}
+
+TEST(UcxWorkerTest, HandshakePendingWhenTheEndpointClosesFailsAndOneAfterwardsToo) {
+  auto target = MakeWorker("tcp", "target");
+  ASSERT_THAT(target, IsOk());
+  auto writer = MakeWorker("tcp", "writer");
+  ASSERT_THAT(writer, IsOk());
+  auto endpoint = (*writer)->Connect((*target)->address(), "decode-3");
+  ASSERT_THAT(endpoint, IsOk());
+  Done answered;
+  (*endpoint)->Handshake(answered.callback());
+  ASSERT_THAT(answered.Wait(), IsOk());
+  // A worker destroyed with a handshake pending completes it.
+  Done pending;
+  (*endpoint)->Handshake(pending.callback());
+  writer->reset();
+  EXPECT_THAT(pending.Wait(), AnyOf(IsOk(), StatusIs(absl::StatusCode::kUnavailable)));
+  Done after;
+  (*endpoint)->Handshake(after.callback());
+  EXPECT_THAT(after.Wait(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(UcxWorkerTest, TheHandshakeMessageIdIsReserved) {
+  auto worker = MakeWorker("tcp", "w");
+  ASSERT_THAT(worker, IsOk());
+  EXPECT_THAT((*worker)->SetMessageHandler(kHandshakeMessageId,
+                                           [](absl::string_view, absl::string_view) {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reserved")));
 }
 
 TEST(UcxWorkerTest, RegisterRejectsNullOrEmptyMemory) {

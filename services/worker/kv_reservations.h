@@ -182,8 +182,7 @@ class KvReservations {
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Blocks of reservations that ended while message writes still ran into
   // them, with the number of those writes: freed when the last one returns.
-  absl::flat_hash_map<uint64_t, std::pair<std::vector<int32_t>, int>> parked_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::pair<std::vector<int32_t>, int>> parked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trident::worker

@@ -331,16 +331,16 @@ TEST(KvReservationsTest, AReservationEndingDuringAMessageWriteFreesItsBlocksAfte
   int32_t free_during = -1;
   int32_t held_during = -1;
   // The lease ends mid-write.
-  EXPECT_THAT(f.reservations.WriteMessage(
-                  expired->id,
-                  [&](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> {
-                    f.clock.Advance(absl::Seconds(2));
-                    EXPECT_EQ(f.reservations.ExpireLeases(), 1);
-                    free_during = f.source.num_free();
-                    held_during = f.reservations.blocks_held();
-                    return 8;
-                  }),
-              IsOk());
+  EXPECT_THAT(
+      f.reservations.WriteMessage(expired->id,
+                                  [&](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> {
+                                    f.clock.Advance(absl::Seconds(2));
+                                    EXPECT_EQ(f.reservations.ExpireLeases(), 1);
+                                    free_during = f.source.num_free();
+                                    held_during = f.reservations.blocks_held();
+                                    return 8;
+                                  }),
+      IsOk());
   EXPECT_EQ(free_during, free_before) << "freed while a write ran into them";
   EXPECT_EQ(held_during, 2) << "still counted as held";
   EXPECT_EQ(f.source.num_free(), free_before + 1);

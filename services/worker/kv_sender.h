@@ -45,6 +45,13 @@ class KvSender {
   // UNAVAILABLE when the endpoint cannot be reached.
   virtual absl::StatusOr<std::unique_ptr<KvTransfer>> Open(
       const trident::v1::KvDestination& destination) = 0;
+  // Connects to `destination`'s endpoint ahead of Open (which connects if
+  // this was not called), so that connection setup overlaps the prompt's
+  // compute and has finished on both sides before any KV goes. Errors are
+  // Open's. By default nothing: the transport has no connections.
+  virtual absl::Status Connect(const trident::v1::KvDestination& destination) {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace trident::worker

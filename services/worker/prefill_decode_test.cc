@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/backend/fake_model_backend.h"
 #include "common/testing/status_matchers.h"
@@ -49,10 +50,21 @@ class CopyingSender final : public KvSender {
       : from_(from), to_(to) {}
   int32_t num_layers() const override { return 1; }
   absl::StatusOr<std::unique_ptr<KvTransfer>> Open(const v1::KvDestination& d) override {
+    Note("open");
     if (fail_) return absl::UnavailableError("peer decode is unreachable");
     return std::unique_ptr<KvTransfer>(new Transfer(this, d));
   }
+  absl::Status Connect(const v1::KvDestination& d) override {
+    Note("connect");
+    if (fail_) return absl::UnavailableError("peer decode is unreachable");
+    return absl::OkStatus();
+  }
   void set_fail(bool fail) { fail_ = fail; }
+  // Connect and Open calls, in order.
+  std::vector<std::string> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
 
  private:
   class Transfer final : public KvTransfer {
@@ -77,9 +89,16 @@ class CopyingSender final : public KvSender {
     int64_t bytes_ = 0;
     int32_t messages_ = 0;
   };
+  void Note(std::string call) {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(std::move(call));
+  }
+
   backend::FakeModelBackend* from_;
   backend::FakeModelBackend* to_;
   bool fail_ = false;
+  absl::Mutex mu_;
+  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
@@ -247,6 +266,13 @@ TEST_F(PrefillDecodeTest, TokensEqualOneWorkerAlone) {
   }
 }
 
+TEST_F(PrefillDecodeTest, ConnectsToTheDecodeWorkerBeforeTheFirstLayerIsReady) {
+  const Outcome out = Run("early", {3, 1, 4, 1, 5}, 3);
+  ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
+  ASSERT_TRUE(out.decode_status.ok()) << out.decode_status.error_message();
+  EXPECT_THAT(sender_->calls(), ::testing::ElementsAre("connect", "open"));
+}
+
 TEST_F(PrefillDecodeTest, AFirstTokenThatEndsTheRequestFinishesBothStreams) {
   const Outcome out = Run("one", {4, 4, 4, 4, 4}, 1);
   ASSERT_TRUE(out.prefill_status.ok()) << out.prefill_status.error_message();
@@ -264,6 +290,8 @@ TEST_F(PrefillDecodeTest, AFailedTransferAbortsBothSidesAndFreesTheirBlocks) {
   EXPECT_THAT(out.prefill_status.error_message(), HasSubstr("unreachable"));
   EXPECT_EQ(out.decode_status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_EQ(decode_service_->reservations().blocks_held(), 0);
+  // The early connect failed too; Open tried again and reported it.
+  EXPECT_THAT(sender_->calls(), ::testing::ElementsAre("connect", "open"));
 }
 
 }  // namespace

@@ -305,6 +305,15 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
     prepared->on_layer_done = [service, call](int32_t layer, const std::vector<int32_t>& blocks) {
       service->Enqueue([service, call, layer, blocks] { service->SendLayer(call, layer, blocks); });
     };
+    // Connect to the decode worker (the first time) while the prompt
+    // computes, rather than when its first layer is ready. A failure shows
+    // again in Open.
+    Enqueue([service, call] {
+      if (call->cancelled.load()) return;
+      if (absl::Status s = service->sender_->Connect(call->destination); !s.ok()) {
+        TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
+      }
+    });
   }
   call->submitted = clock_->Now();
   const bool logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;

@@ -112,6 +112,9 @@ class MeteredKvSender final : public KvSender {
   int32_t num_layers() const override { return inner_->num_layers(); }
   absl::StatusOr<std::unique_ptr<KvTransfer>> Open(
       const trident::v1::KvDestination& destination) override;
+  absl::Status Connect(const trident::v1::KvDestination& destination) override {
+    return inner_->Connect(destination);
+  }
 
  private:
   KvSender* const inner_;

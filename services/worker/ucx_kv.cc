@@ -196,6 +196,9 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
+// Longest wait for a decode worker's UCX handshake answer.
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+
 class UcxTransfer final : public KvTransfer {
  public:
   explicit UcxTransfer(std::unique_ptr<transport::KvWriter> writer) : writer_(std::move(writer)) {}
@@ -572,42 +575,44 @@ absl::Status UcxKv::Describe(v1::KvDestination* d) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<KvTransfer>> UcxKv::Open(const v1::KvDestination& destination) {
+absl::StatusOr<std::shared_ptr<transport::Endpoint>> UcxKv::EndpointFor(
+    const v1::KvDestination& destination) {
   const auto key =
       std::make_pair(destination.endpoint().owner_id(), destination.endpoint().incarnation());
-  std::shared_ptr<transport::Endpoint> endpoint;
   {
     absl::MutexLock lock(&mu_);
     auto it = endpoints_.find(key);
-    if (it != endpoints_.end() && !it->second->failed()) endpoint = it->second;
+    if (it != endpoints_.end() && !it->second->failed()) return it->second;
   }
-  if (endpoint == nullptr) {
-    auto connected = ucx_->Connect(destination.endpoint().ucx_worker_address(),
-                                   destination.endpoint().owner_id());
-    if (!connected.ok()) return connected.status();
-    endpoint = std::move(*connected);
-    // Finish UCX's wireup with the peer before any KV goes: on tcp, UCX 1.13
-    // aborts the receiving process when the sender dies while the receiver
-    // still has a wireup reply pending (ucp_request_send_state_ff
-    // assertion), so the window for that is this first flush, once per peer.
-    struct Flushed {
-      absl::Notification done;
-      absl::Status status;
-    };
-    auto flushed = std::make_shared<Flushed>();  // The callback may outlive a timeout.
-    endpoint->Flush([flushed](absl::Status s) {
-      flushed->status = std::move(s);
-      flushed->done.Notify();
-    });
-    if (!flushed->done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
-      return absl::UnavailableError(absl::StrCat("UCX wireup with decode worker ",
-                                                 destination.endpoint().owner_id(),
-                                                 " did not finish within 10 s"));
-    }
-    TRIDENT_RETURN_IF_ERROR(flushed->status);
-    absl::MutexLock lock(&mu_);
-    endpoints_[key] = endpoint;
+  TRIDENT_ASSIGN_OR_RETURN(std::shared_ptr<transport::Endpoint> endpoint,
+                           ucx_->Connect(destination.endpoint().ucx_worker_address(),
+                                         destination.endpoint().owner_id()));
+  struct Answered {
+    absl::Notification done;
+    absl::Status status;
+  };
+  auto answered = std::make_shared<Answered>();  // The callback may outlive a timeout.
+  endpoint->Handshake([answered](absl::Status s) {
+    answered->status = std::move(s);
+    answered->done.Notify();
+  });
+  if (!answered->done.WaitForNotificationWithTimeout(kHandshakeTimeout)) {
+    return absl::UnavailableError(
+        absl::StrCat("UCX handshake with decode worker ", destination.endpoint().owner_id(),
+                     " did not finish within ", absl::FormatDuration(kHandshakeTimeout)));
   }
+  TRIDENT_RETURN_IF_ERROR(answered->status);
+  absl::MutexLock lock(&mu_);
+  endpoints_[key] = endpoint;
+  return endpoint;
+}
+
+absl::Status UcxKv::Connect(const v1::KvDestination& destination) {
+  return EndpointFor(destination).status();
+}
+
+absl::StatusOr<std::unique_ptr<KvTransfer>> UcxKv::Open(const v1::KvDestination& destination) {
+  TRIDENT_ASSIGN_OR_RETURN(std::shared_ptr<transport::Endpoint> endpoint, EndpointFor(destination));
   if (staged()) {
     TRIDENT_RETURN_IF_ERROR(transport::ValidateKvDestination(memory_.spec, destination));
     return std::unique_ptr<KvTransfer>(new StagedTransfer(

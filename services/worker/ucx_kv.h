@@ -107,6 +107,13 @@ class UcxKv final : public KvExporter, public KvSender {
   int32_t num_layers() const override { return memory_.spec.num_layers; }
   absl::StatusOr<std::unique_ptr<KvTransfer>> Open(
       const trident::v1::KvDestination& destination) override;
+  // Creates (once per decode worker incarnation) the endpoint to the
+  // destination's worker and completes a handshake on it
+  // (transport::Endpoint::Handshake): over tcp, UCX 1.13.1 aborts the decode
+  // worker if this process dies while the decode worker's reply to UCX's
+  // connection request is still queued, so nothing goes before the decode
+  // worker has answered.
+  absl::Status Connect(const trident::v1::KvDestination& destination) override;
 
   // Staged transfers' slots (ucx_kv.cc).
   class StagingSlots;
@@ -126,6 +133,9 @@ class UcxKv final : public KvExporter, public KvSender {
   // INVALID_ARGUMENT for a bad header or a range outside the pool.
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Locate(absl::string_view header,
                                                        uint64_t length) const;
+  // The endpoint to the destination's worker, handshaken (Connect).
+  absl::StatusOr<std::shared_ptr<transport::Endpoint>> EndpointFor(
+      const trident::v1::KvDestination& destination);
   // Counts (and now and then logs) a dropped KV message.
   void Dropped(const absl::Status& why);
 
