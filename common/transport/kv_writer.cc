@@ -299,10 +299,14 @@ std::vector<KvPut> SplitKvPuts(absl::Span<const KvPut> puts, uint64_t message_by
 
 absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(
     const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
-    const KvDestination& destination, KvWriteMode mode, uint64_t max_message_bytes) {
+    const KvDestination& destination, KvWriteMode mode, uint64_t max_message_bytes,
+    std::vector<std::shared_ptr<Endpoint>> more_endpoints) {
   TRIDENT_RETURN_IF_ERROR(kv::Validate(local_spec));
   if (local_base == nullptr || endpoint == nullptr) {
     return absl::InvalidArgumentError("KvWriter needs a local KV cache and an endpoint");
+  }
+  for (const auto& more : more_endpoints) {
+    if (more == nullptr) return absl::InvalidArgumentError("KvWriter: a null lane endpoint");
   }
   TRIDENT_RETURN_IF_ERROR(ValidateKvDestination(local_spec, destination));
   std::vector<std::shared_ptr<RemoteKey>> rkeys;
@@ -327,14 +331,15 @@ absl::StatusOr<std::unique_ptr<KvWriter>> KvWriter::Create(
   const uint64_t message_bytes =
       KvMessageBytes(destination.layout().block_stride_bytes(), max_message_bytes);
   return std::unique_ptr<KvWriter>(new KvWriter(local_spec, local_base, std::move(endpoint),
-                                                destination, std::move(rkeys), mode,
-                                                message_bytes));
+                                                destination, std::move(rkeys), mode, message_bytes,
+                                                std::move(more_endpoints)));
 }
 
 KvWriter::KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
                    std::shared_ptr<Endpoint> endpoint, KvDestination destination,
                    std::vector<std::shared_ptr<RemoteKey>> rkeys, KvWriteMode mode,
-                   uint64_t max_message_bytes)
+                   uint64_t max_message_bytes,
+                   std::vector<std::shared_ptr<Endpoint>> more_endpoints)
     : local_spec_(local_spec),
       local_base_(static_cast<const char*>(local_base)),
       endpoint_(std::move(endpoint)),
@@ -342,7 +347,12 @@ KvWriter::KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
       rkeys_(std::move(rkeys)),
       mode_(mode),
       rendezvous_(RendezvousForLane(endpoint_->lane())),
-      max_message_bytes_(max_message_bytes) {}
+      max_message_bytes_(max_message_bytes),
+      message_endpoints_([&] {
+        std::vector<std::shared_ptr<Endpoint>> all = {endpoint_};
+        all.insert(all.end(), more_endpoints.begin(), more_endpoints.end());
+        return all;
+      }()) {}
 
 void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_ids,
                           DoneCallback done) {
@@ -393,8 +403,9 @@ void KvWriter::WriteLayer(int32_t layer, absl::Span<const int32_t> local_block_i
     for (const KvPut& put : puts) {
       const KvMessageHeader header{.reservation_id = destination_.reservation_id(),
                                    .remote_address = put.remote_address};
-      endpoint_->Send(kKvMessageId, header.Encode(), local_base_ + put.local_offset_bytes,
-                      put.length_bytes, complete, rendezvous_);
+      Endpoint& lane = *message_endpoints_[next_lane_++ % message_endpoints_.size()];
+      lane.Send(kKvMessageId, header.Encode(), local_base_ + put.local_offset_bytes,
+                put.length_bytes, complete, rendezvous_);
     }
     return;
   }

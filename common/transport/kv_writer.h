@@ -158,10 +158,14 @@ class KvWriter {
   // becomes one or more messages of at most `max_message_bytes` (rounded
   // down to whole blocks, at least one block), sent by rendezvous where
   // RendezvousForLane(endpoint->lane()).
+  // In kMessage mode, `more_endpoints` (other lanes to the same peer: see
+  // TransportEndpoint.lane_worker_addresses) carry messages too, in turn with
+  // `endpoint`.
   static absl::StatusOr<std::unique_ptr<KvWriter>> Create(
       const kv::KvCacheSpec& local_spec, const void* local_base, std::shared_ptr<Endpoint> endpoint,
       const trident::v1::KvDestination& destination, KvWriteMode mode = KvWriteMode::kPut,
-      uint64_t max_message_bytes = 4 << 20);
+      uint64_t max_message_bytes = 4 << 20,
+      std::vector<std::shared_ptr<Endpoint>> more_endpoints = {});
 
   // Posts the puts for `layer` of the blocks `local_block_ids` (one local
   // block per destination block, in token order) and then a flush; `done`
@@ -197,7 +201,7 @@ class KvWriter {
   KvWriter(const kv::KvCacheSpec& local_spec, const void* local_base,
            std::shared_ptr<Endpoint> endpoint, trident::v1::KvDestination destination,
            std::vector<std::shared_ptr<RemoteKey>> rkeys, KvWriteMode mode,
-           uint64_t max_message_bytes);
+           uint64_t max_message_bytes, std::vector<std::shared_ptr<Endpoint>> more_endpoints);
 
   const kv::KvCacheSpec local_spec_;
   const char* const local_base_;
@@ -209,6 +213,9 @@ class KvWriter {
   // Messages go by rendezvous (RendezvousForLane).
   const bool rendezvous_;
   const uint64_t max_message_bytes_;
+  // Lanes for messages: endpoint_ and the others, in turn from next_lane_.
+  const std::vector<std::shared_ptr<Endpoint>> message_endpoints_;
+  size_t next_lane_ = 0;
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 };
 

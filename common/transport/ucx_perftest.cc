@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -61,8 +62,10 @@ absl::StatusOr<double> RunUcxPerftest(const std::string& perftest, const Perftes
                              : std::max<uint64_t>(20, (uint64_t{1} << 30) / options.message_bytes);
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = tmp != nullptr ? tmp : "/tmp";
-  const std::string tag =
-      absl::StrCat(options.test, "_", options.transport, "_", options.message_bytes, "_", getpid());
+  // Unique per run, so that runs may overlap (several pairs at once).
+  static std::atomic<int> runs{0};
+  const std::string tag = absl::StrCat(options.test, "_", options.transport, "_",
+                                       options.message_bytes, "_", getpid(), "_", runs++);
   std::vector<std::string> argv = {"/usr/bin/env",
                                    "UCX_TLS=" + options.transport,
                                    "UCX_MM_ERROR_HANDLING=y",

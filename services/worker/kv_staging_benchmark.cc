@@ -24,10 +24,14 @@
 //                    (default: 4 of 1 MiB): shorter tail per message, more
 //                    copies
 //
+// `lanes`: UcxKvOptions::lanes on both sides (messages spread over that
+// many UCX workers, each copying on its own progress thread).
+//
 // Then, if ucx_perftest is found ($UCX_PERFTEST, else PATH), runs
-// `ucx_perftest -t ucp_am_bw` and `-t ucp_put_bw -O 1` over posix with the
-// same 4 MiB message size as two processes on loopback and prints every
-// path's GB/s, perftest's and the ratios. Goal: cuda_* >= 0.8 of ucp_am_bw.
+// `ucx_perftest -t ucp_am_bw` over the same transports with the same 4 MiB
+// messages, as one pair of processes on loopback and as two pairs at once,
+// and prints every path's GB/s next to them. Goal: cuda_* >= 0.8 of one
+// pair. --transports=LIST sets UCX_TLS (default posix).
 //
 //   bazel run -c opt //services/worker:kv_staging_benchmark   (GPU machine)
 
@@ -37,9 +41,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -56,7 +62,11 @@ namespace {
 
 using FromHost = backend::CudaKvCopierOptions::FromHost;
 
-constexpr const char* kTransport = "posix";
+// UCX_TLS of both sides and of perftest: --transports (default posix).
+std::string& Transports() {
+  static auto* transports = new std::string("posix");
+  return *transports;
+}
 constexpr uint64_t kMessageBytes = uint64_t{4} << 20;
 const char* const kPathNames[] = {"cuda_bounce", "cuda_pageable", "host_direct", "host_staged",
                                   "cuda_bounce_256k"};
@@ -70,9 +80,9 @@ kv::KvCacheSpec LlamaSpec(int32_t tokens) {
           .num_blocks = tokens / 16};
 }
 
-// (path, tokens) -> GB/s of the last run.
-std::map<std::tuple<int, int>, double>& Results() {
-  static auto* results = new std::map<std::tuple<int, int>, double>;
+// (path, tokens, lanes) -> GB/s of the last run.
+std::map<std::tuple<int, int, int>, double>& Results() {
+  static auto* results = new std::map<std::tuple<int, int, int>, double>;
   return *results;
 }
 
@@ -80,6 +90,7 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   const int path = static_cast<int>(state.range(0));
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   const int fetches = static_cast<int>(state.range(2));
+  const int lanes = static_cast<int>(state.range(3));
   const kv::KvCacheSpec spec = LlamaSpec(tokens);
   const bool cuda = path <= 1 || path == 4;
   std::unique_ptr<testing::TestPool> sender_pool, receiver_pool;
@@ -108,13 +119,14 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   sender_pool->Fill(std::vector<uint8_t>(spec.TotalBytes(), 0x3c));
   receiver_pool->Fill(std::vector<uint8_t>(spec.TotalBytes(), 0));
 
-  testing::Side sender{.pool = sender_pool.get(), .max_message_bytes = kMessageBytes};
-  testing::Side receiver{.pool = receiver_pool.get(), .receive_fetches = fetches};
+  testing::Side sender{
+      .pool = sender_pool.get(), .max_message_bytes = kMessageBytes, .lanes = lanes};
+  testing::Side receiver{.pool = receiver_pool.get(), .receive_fetches = fetches, .lanes = lanes};
   if (path != 2) {
     sender.copier = receiver.copier = true;
     sender.force_staging = receiver.force_staging = true;
   }
-  auto pair = testing::KvTransferPair::Create(kTransport, spec, sender, receiver);
+  auto pair = testing::KvTransferPair::Create(Transports(), spec, sender, receiver);
   if (!pair.ok()) {
     state.SkipWithError(pair.status().ToString().c_str());
     return;
@@ -146,56 +158,66 @@ void BM_StagedKvTransfer(benchmark::State& state) {
   state.counters["messages"] = static_cast<double>(messages) / static_cast<double>(transfers);
   state.SetLabel(absl::StrCat(kPathNames[path], " staged=", (*pair)->sender().staged() ? 1 : 0, "/",
                               (*pair)->receiver().staged() ? 1 : 0));
-  if (fetches == testing::Side().receive_fetches) Results()[{path, tokens}] = gbps;
+  if (fetches == testing::Side().receive_fetches) Results()[{path, tokens, lanes}] = gbps;
 }
 BENCHMARK(BM_StagedKvTransfer)
-    ->ArgsProduct({{0, 1, 4, 2, 3}, {8192}, {4}})
-    ->ArgsProduct({{1, 3}, {8192}, {1, 2}})
-    ->ArgNames({"path", "tokens", "fetches"})
+    ->ArgsProduct({{0, 1, 4, 2, 3}, {8192}, {4}, {1, 2}})
+    ->ArgsProduct({{1, 2, 3}, {8192}, {1, 64}, {1, 2}})
+    ->ArgNames({"path", "tokens", "fetches", "lanes"})
     ->UseRealTime()
     ->MinTime(2.0)
     ->Unit(benchmark::kMillisecond);
 
+// GB/s of `ucx_perftest -t ucp_am_bw` run as `pairs` pairs of processes at
+// once (their sum), or 0 after printing why not.
+double PerftestAmBw(const std::string& perftest, int pairs) {
+  const transport::PerftestOptions options = {
+      .test = "ucp_am_bw", .transport = Transports(), .message_bytes = kMessageBytes};
+  std::vector<absl::StatusOr<double>> results(pairs, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < pairs; ++i) {
+    threads.emplace_back([&, i] { results[i] = transport::RunUcxPerftest(perftest, options); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  double sum = 0;
+  for (const auto& result : results) {
+    if (!result.ok() || *result <= 0) {
+      std::fprintf(stderr, "ucx_perftest ucp_am_bw (%d at once): %s\n", pairs,
+                   result.status().ToString().c_str());
+      return 0;
+    }
+    sum += *result;
+  }
+  return sum;
+}
+
 void PrintComparison() {
   const std::string perftest = transport::FindUcxPerftest();
-  std::string am_text = perftest.empty() ? "not found" : "failed";
-  std::string put_text = am_text;
-  double am_gbps = 0, put_gbps = 0;
-  if (!perftest.empty()) {
-    absl::StatusOr<double> am = transport::RunUcxPerftest(
-        perftest, {.test = "ucp_am_bw", .transport = kTransport, .message_bytes = kMessageBytes});
-    if (am.ok() && *am > 0) {
-      am_gbps = *am;
-      am_text = absl::StrFormat("%.3f", am_gbps);
-    } else {
-      std::fprintf(stderr, "ucx_perftest ucp_am_bw: %s\n", am.status().ToString().c_str());
-    }
-    // One put in flight, as kv_transfer_benchmark runs it.
-    absl::StatusOr<double> put =
-        transport::RunUcxPerftest(perftest, {.test = "ucp_put_bw",
-                                             .transport = kTransport,
-                                             .message_bytes = kMessageBytes,
-                                             .outstanding = 1});
-    if (put.ok() && *put > 0) {
-      put_gbps = *put;
-      put_text = absl::StrFormat("%.3f", put_gbps);
-    } else {
-      std::fprintf(stderr, "ucx_perftest ucp_put_bw: %s\n", put.status().ToString().c_str());
-    }
+  if (perftest.empty()) {
+    std::printf("\nucx_perftest not found ($UCX_PERFTEST, PATH): no comparison\n");
+    return;
   }
+  // One pair: the transport's rate for one UCX stream, the goal's yardstick.
+  // Two pairs at once: what two streams (two lanes) can reach together.
+  const double one = PerftestAmBw(perftest, 1);
+  const double two = PerftestAmBw(perftest, 2);
+  auto ratio = [](double gbps, double reference) {
+    return reference > 0 ? absl::StrFormat("%.2f", gbps / reference) : std::string("n/a");
+  };
   std::printf(
-      "\nStaged KV transfer vs ucx_perftest over %s, %llu-byte messages (perftest: two "
-      "processes on loopback, host memory; ucp_am_bw with perftest's default window, "
-      "ucp_put_bw -O 1). Goal: cuda_* / ucp_am_bw >= 0.80\n",
-      kTransport, static_cast<unsigned long long>(kMessageBytes));
-  std::printf("%-14s %7s %12s %12s %9s %13s %9s\n", "path", "tokens", "transfer_GB/s", "ucp_am_bw",
-              "ratio", "ucp_put_bw", "ratio");
+      "\nKV transfer vs ucx_perftest -t ucp_am_bw over %s, %llu-byte messages (perftest: "
+      "processes on loopback, host memory, its default window): one pair %.3f GB/s, two pairs "
+      "at once %.3f GB/s together. Goal: transfer / one pair >= 0.80\n",
+      Transports().c_str(), static_cast<unsigned long long>(kMessageBytes), one, two);
+  std::printf("%-16s %7s %6s %14s %15s %16s\n", "path", "tokens", "lanes", "transfer_GB/s",
+              "vs_one_pair", "vs_as_many_pairs");
   for (const auto& [key, gbps] : Results()) {
-    const auto& [path, tokens] = key;
-    const std::string am_ratio = am_gbps > 0 ? absl::StrFormat("%.2f", gbps / am_gbps) : "n/a";
-    const std::string put_ratio = put_gbps > 0 ? absl::StrFormat("%.2f", gbps / put_gbps) : "n/a";
-    std::printf("%-14s %7d %12.3f %12s %9s %13s %9s\n", kPathNames[path], tokens, gbps,
-                am_text.c_str(), am_ratio.c_str(), put_text.c_str(), put_ratio.c_str());
+    const auto& [path, tokens, lanes] = key;
+    std::printf("%-16s %7d %6d %14.3f %15s %16s\n", kPathNames[path], tokens, lanes, gbps,
+                ratio(gbps, one).c_str(),
+                lanes == 1   ? ratio(gbps, one).c_str()
+                : lanes == 2 ? ratio(gbps, two).c_str()
+                             : "n/a");
   }
 }
 
@@ -203,6 +225,17 @@ void PrintComparison() {
 }  // namespace trident::worker
 
 int main(int argc, char** argv) {
+  // Ours: --transports=LIST (UCX_TLS syntax); the rest are the library's.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (absl::StartsWith(arg, "--transports=")) {
+      trident::worker::Transports() = std::string(arg.substr(strlen("--transports=")));
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

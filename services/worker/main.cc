@@ -73,6 +73,11 @@ ABSL_FLAG(int64_t, kv_staging_mb, 256,
           "KV pool in device memory that UCX cannot register (UCX without CUDA support): MiB "
           "of pinned host memory the prefill side stages outgoing KV through, in slots of 16 "
           "MiB; a transfer waits for a free slot when all are in flight.");
+ABSL_FLAG(int32_t, kv_lanes, 0,
+          "UCX workers (each with a progress thread) that send and receive KV messages; a "
+          "transfer spreads its messages over min(sender's, receiver's) lanes, so that several "
+          "cores copy at once over shared memory and tcp. 0: 2 for a KV cache on a GPU, else 1 "
+          "(CPU cores compute there). 1 to 16 otherwise.");
 ABSL_FLAG(int32_t, kv_receive_threads, 2,
           "Threads that copy received KV messages into the KV pool off UCX's progress thread, "
           "so that receiving one message overlaps copying the last. 0: copy on the progress "
@@ -158,6 +163,8 @@ int main(int argc, char** argv) {
           if (!memory.ok()) return memory.status();
           trident::worker::UcxKvOptions kv_options;
           kv_options.receive_threads = absl::GetFlag(FLAGS_kv_receive_threads);
+          const int32_t lanes = absl::GetFlag(FLAGS_kv_lanes);
+          kv_options.lanes = lanes != 0 ? lanes : (memory->device ? 2 : 1);
           if (memory->device) {
             // Stages the pool when UCX cannot register it, and copies KV
             // messages (tcp, shared memory) into it either way.

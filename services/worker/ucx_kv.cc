@@ -1,5 +1,6 @@
 #include "services/worker/ucx_kv.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -222,22 +223,22 @@ class StagedTransfer final : public KvTransfer {
  public:
   StagedTransfer(const kv::KvCacheSpec& spec, backend::KvCopier* copier,
                  std::shared_ptr<UcxKv::StagingSlots> slots,
-                 std::shared_ptr<transport::Endpoint> endpoint, v1::KvDestination destination,
-                 uint64_t message_bytes)
+                 std::vector<std::shared_ptr<transport::Endpoint>> endpoints,
+                 v1::KvDestination destination, uint64_t message_bytes)
       : spec_(spec),
         copier_(copier),
         slots_(std::move(slots)),
-        endpoint_(std::move(endpoint)),
+        endpoints_(std::move(endpoints)),
         destination_(std::move(destination)),
         message_bytes_(message_bytes),
-        rendezvous_(transport::RendezvousForLane(endpoint_->lane())) {}
+        rendezvous_(transport::RendezvousForLane(endpoints_.front()->lane())) {}
 
   void SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
                  std::function<void(absl::Status)> done) override;
   int64_t bytes_sent() const override { return stats_->bytes_completed.load(); }
   int64_t message_bytes() const override { return stats_->bytes_posted.load(); }
   int32_t messages() const override { return static_cast<int32_t>(stats_->messages.load()); }
-  std::string lane() const override { return endpoint_->lane(); }
+  std::string lane() const override { return endpoints_.front()->lane(); }
 
  private:
   // Shared with in-flight callbacks, which may outlive the transfer.
@@ -281,7 +282,10 @@ class StagedTransfer final : public KvTransfer {
   const kv::KvCacheSpec spec_;
   backend::KvCopier* const copier_;
   const std::shared_ptr<UcxKv::StagingSlots> slots_;
-  const std::shared_ptr<transport::Endpoint> endpoint_;
+  // The main endpoint and the lanes' (EndpointsFor); messages take them in
+  // turn from next_lane_.
+  const std::vector<std::shared_ptr<transport::Endpoint>> endpoints_;
+  size_t next_lane_ = 0;
   const v1::KvDestination destination_;
   const uint64_t message_bytes_;
   const bool rendezvous_;
@@ -334,7 +338,7 @@ void StagedTransfer::SendLayer(int32_t layer, absl::Span<const int32_t> local_bl
     for (size_t k = i; k < j; ++k) {
       const transport::KvMessageHeader header{.reservation_id = destination_.reservation_id(),
                                               .remote_address = messages[k].remote_address};
-      endpoint_->Send(
+      endpoints_[next_lane_++ % endpoints_.size()]->Send(
           transport::kKvMessageId, header.Encode(), staged + at, messages[k].length_bytes,
           [slot, state](absl::Status s) {
             if (--slot->remaining == 0) slot->slots->Release(slot->slot);
@@ -353,7 +357,7 @@ void StagedTransfer::SendLayer(int32_t layer, absl::Span<const int32_t> local_bl
 UcxKv::UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::string owner_id,
              uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region,
              std::unique_ptr<backend::KvCopier> copier, std::shared_ptr<StagingSlots> staging,
-             uint64_t message_bytes)
+             uint64_t message_bytes, int max_direct_fetches)
     : ucx_(ucx),
       memory_(memory),
       owner_id_(std::move(owner_id)),
@@ -361,7 +365,8 @@ UcxKv::UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::st
       region_(std::move(region)),
       copier_(std::move(copier)),
       staging_(std::move(staging)),
-      message_bytes_(message_bytes) {}
+      message_bytes_(message_bytes),
+      max_direct_fetches_(max_direct_fetches) {}
 
 absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
                                                      const backend::KvMemory& memory,
@@ -372,11 +377,17 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
         absl::StrCat("receive_threads is ", options.receive_threads, "; must be 0 to 64"));
   }
   if (options.receive_buffers < 1 || options.receive_buffers > 1024 ||
-      options.receive_buffer_bytes < 1 || options.receive_fetches < 1) {
+      options.receive_buffer_bytes < 1 || options.receive_fetches < 1 ||
+      options.direct_fetches < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("receive_buffers is ", options.receive_buffers, ", receive_buffer_bytes ",
-                     options.receive_buffer_bytes, " and receive_fetches ", options.receive_fetches,
+                     options.receive_buffer_bytes, ", receive_fetches ", options.receive_fetches,
+                     " and direct_fetches ", options.direct_fetches,
                      "; need 1 to 1024 buffers of at least one byte and at least one fetch"));
+  }
+  if (options.lanes < 1 || options.lanes > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lanes is ", options.lanes, "; must be 1 to 16"));
   }
   const bool staged = options.force_staging || (memory.device && !ucx->supports_cuda_memory());
   std::unique_ptr<transport::MemoryRegion> region;
@@ -414,36 +425,74 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(transport::UcxWorker* ucx,
     if (!registered.ok()) return registered.status();
     region = std::move(*registered);
   }
-  std::unique_ptr<UcxKv> kv(new UcxKv(ucx, memory, std::move(owner_id), incarnation,
-                                      std::move(region), std::move(options.copier),
-                                      std::move(staging), message_bytes));
+  std::unique_ptr<UcxKv> kv(new UcxKv(
+      ucx, memory, std::move(owner_id), incarnation, std::move(region), std::move(options.copier),
+      std::move(staging), message_bytes, options.direct_fetches * options.lanes));
   // Rendezvous receive buffers (pinned for a pool on a GPU) for pools that
   // copy messages in; a host pool fetches straight into its blocks.
   if (backend::KvCopier* copier = kv->copier_.get(); copier != nullptr) {
     const uint64_t buffer_bytes = options.receive_buffer_bytes;
+    // Buffers and fetches are per lane: each lane's worker fetches its own.
     kv->receiver_ = std::make_unique<Receiver>(
-        kv.get(), options.receive_buffers, buffer_bytes,
+        kv.get(), options.receive_buffers * options.lanes, buffer_bytes,
         [copier, buffer_bytes] { return copier->AllocateHost(buffer_bytes); },
-        options.receive_threads, options.receive_fetches);
+        options.receive_threads, options.receive_fetches * options.lanes);
   }
+  kv->max_message_bytes_ = options.max_message_bytes;
+  for (int lane = 1; lane < options.lanes; ++lane) {
+    transport::UcxOptions lane_options = ucx->options();
+    lane_options.name = absl::StrCat(lane_options.name, "-lane", lane);
+    TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<transport::UcxWorker> worker,
+                             transport::UcxWorker::Create(lane_options));
+    kv->lane_workers_.push_back(std::move(worker));
+  }
+  // Messages arrive on every lane; the handlers are thread-safe.
   UcxKv* raw = kv.get();
-  TRIDENT_RETURN_IF_ERROR(ucx->SetMessageHandler(
-      transport::kKvMessageId,
-      [raw](absl::string_view header, absl::string_view data) { raw->CopyIn(header, data); },
-      [raw](absl::string_view header, std::unique_ptr<transport::IncomingMessage> message) {
-        raw->OnRendezvous(header, std::move(message));
-      }));
+  const std::vector<transport::UcxWorker*> workers = kv->Workers();
+  kv->lane_messages_ = std::make_unique<std::atomic<int64_t>[]>(workers.size());
+  for (size_t lane = 0; lane < workers.size(); ++lane) {
+    std::atomic<int64_t>* count = &kv->lane_messages_[lane];
+    TRIDENT_RETURN_IF_ERROR(workers[lane]->SetMessageHandler(
+        transport::kKvMessageId,
+        [raw, count](absl::string_view header, absl::string_view data) {
+          count->fetch_add(1, std::memory_order_relaxed);
+          raw->CopyIn(header, data);
+        },
+        [raw, count](absl::string_view header,
+                     std::unique_ptr<transport::IncomingMessage> message) {
+          count->fetch_add(1, std::memory_order_relaxed);
+          raw->OnRendezvous(header, std::move(message));
+        }));
+  }
   return kv;
 }
 
+std::vector<int64_t> UcxKv::messages_by_lane() const {
+  std::vector<int64_t> counts;
+  for (size_t lane = 0; lane < 1 + lane_workers_.size(); ++lane) {
+    counts.push_back(lane_messages_[lane].load(std::memory_order_relaxed));
+  }
+  return counts;
+}
+
+std::vector<transport::UcxWorker*> UcxKv::Workers() const {
+  std::vector<transport::UcxWorker*> workers = {ucx_};
+  for (const auto& worker : lane_workers_) workers.push_back(worker.get());
+  return workers;
+}
+
 UcxKv::~UcxKv() {
-  // Later messages are dropped by UCX (no handler) once this returns.
-  ucx_->SetMessageHandler(transport::kKvMessageId, [](absl::string_view, absl::string_view) {})
-      .IgnoreError();
+  // Later messages are dropped (an empty handler) once this returns.
+  for (transport::UcxWorker* worker : Workers()) {
+    worker->SetMessageHandler(transport::kKvMessageId, [](absl::string_view, absl::string_view) {})
+        .IgnoreError();
+  }
   receiver_.reset();
   absl::MutexLock lock(&sink_mu_);
+  direct_waiting_.clear();  // Releases their senders.
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sink_mu_) { return direct_fetches_ == 0; };
   sink_mu_.Await(absl::Condition(&idle));
+  lane_workers_.clear();  // Nothing of theirs runs any more.
 }
 
 void UcxKv::AcceptMessagesFor(KvReservations* reservations) {
@@ -478,6 +527,16 @@ void UcxKv::OnRendezvous(absl::string_view header,
     receiver_->OnMessage(header, std::move(message));
     return;
   }
+  absl::MutexLock lock(&sink_mu_);
+  if (direct_fetches_ >= max_direct_fetches_) {
+    direct_waiting_.emplace_back(std::string(header), std::move(message));
+    return;
+  }
+  StartDirectFetch(header, std::move(message));
+}
+
+void UcxKv::StartDirectFetch(absl::string_view header,
+                             std::unique_ptr<transport::IncomingMessage> message) {
   // A host pool: fetch straight into the reserved blocks, the reservation
   // pinned until the fetch ends. Dropping `message` releases its sender.
   const uint64_t length = message->length();
@@ -487,7 +546,6 @@ void UcxKv::OnRendezvous(absl::string_view header,
     return;
   }
   const auto [reservation, offset] = *where;
-  absl::MutexLock lock(&sink_mu_);
   if (sink_ == nullptr) {
     Dropped(absl::FailedPreconditionError("no reservations accept KV messages"));
     return;
@@ -510,6 +568,11 @@ void UcxKv::OnRendezvous(absl::string_view header,
                                                                : absl::StatusOr<int64_t>(status));
                      absl::MutexLock lock(&sink_mu_);
                      --direct_fetches_;
+                     while (!direct_waiting_.empty() && direct_fetches_ < max_direct_fetches_) {
+                       auto next = std::move(direct_waiting_.front());
+                       direct_waiting_.pop_front();
+                       StartDirectFetch(next.first, std::move(next.second));
+                     }
                    });
 }
 
@@ -562,6 +625,7 @@ absl::Status UcxKv::Describe(v1::KvDestination* d) const {
   e->set_owner_id(owner_id_);
   e->set_incarnation(incarnation_);
   e->set_ucx_worker_address(ucx_->address());
+  for (const auto& worker : lane_workers_) e->add_lane_worker_addresses(worker->address());
   // Peers reach staged device memory through host buffers.
   e->set_memory_type(memory_.device && !staged() ? v1::MEMORY_TYPE_CUDA : v1::MEMORY_TYPE_HOST);
   *d->mutable_layout() = kv::ToProto(memory_.spec);
@@ -575,51 +639,85 @@ absl::Status UcxKv::Describe(v1::KvDestination* d) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<transport::Endpoint>> UcxKv::EndpointFor(
+absl::StatusOr<std::vector<std::shared_ptr<transport::Endpoint>>> UcxKv::EndpointsFor(
     const v1::KvDestination& destination) {
-  const auto key =
-      std::make_pair(destination.endpoint().owner_id(), destination.endpoint().incarnation());
+  const v1::TransportEndpoint& peer = destination.endpoint();
+  const auto key = std::make_pair(peer.owner_id(), peer.incarnation());
   {
     absl::MutexLock lock(&mu_);
     auto it = endpoints_.find(key);
-    if (it != endpoints_.end() && !it->second->failed()) return it->second;
+    if (it != endpoints_.end() &&
+        std::none_of(it->second.begin(), it->second.end(),
+                     [](const auto& endpoint) { return endpoint->failed(); })) {
+      return it->second;
+    }
   }
-  TRIDENT_ASSIGN_OR_RETURN(std::shared_ptr<transport::Endpoint> endpoint,
-                           ucx_->Connect(destination.endpoint().ucx_worker_address(),
-                                         destination.endpoint().owner_id()));
-  struct Answered {
-    absl::Notification done;
-    absl::Status status;
+  const std::vector<transport::UcxWorker*> workers = Workers();
+  const size_t lanes =
+      std::min(workers.size(), 1 + static_cast<size_t>(peer.lane_worker_addresses_size()));
+  std::vector<std::shared_ptr<transport::Endpoint>> endpoints;
+  for (size_t lane = 0; lane < lanes; ++lane) {
+    TRIDENT_ASSIGN_OR_RETURN(
+        std::shared_ptr<transport::Endpoint> endpoint,
+        workers[lane]->Connect(
+            lane == 0 ? peer.ucx_worker_address() : peer.lane_worker_addresses(lane - 1),
+            lane == 0 ? peer.owner_id() : absl::StrCat(peer.owner_id(), " (lane ", lane, ")")));
+    endpoints.push_back(std::move(endpoint));
+  }
+  // Finish UCX's connection setup on both sides before any KV goes: on
+  // tcp, UCX 1.13 aborts the decode worker if this process dies while the
+  // decode worker's reply to it is still queued (Endpoint::Handshake).
+  struct Answers {
+    absl::Mutex mu;
+    size_t pending ABSL_GUARDED_BY(mu) = 0;
+    absl::Status status ABSL_GUARDED_BY(mu);
   };
-  auto answered = std::make_shared<Answered>();  // The callback may outlive a timeout.
-  endpoint->Handshake([answered](absl::Status s) {
-    answered->status = std::move(s);
-    answered->done.Notify();
-  });
-  if (!answered->done.WaitForNotificationWithTimeout(kHandshakeTimeout)) {
-    return absl::UnavailableError(
-        absl::StrCat("UCX handshake with decode worker ", destination.endpoint().owner_id(),
-                     " did not finish within ", absl::FormatDuration(kHandshakeTimeout)));
+  auto answers = std::make_shared<Answers>();  // Callbacks may outlive a timeout.
+  {
+    absl::MutexLock lock(&answers->mu);
+    answers->pending = endpoints.size();
   }
-  TRIDENT_RETURN_IF_ERROR(answered->status);
+  for (const auto& endpoint : endpoints) {
+    endpoint->Handshake([answers](absl::Status s) {
+      absl::MutexLock lock(&answers->mu);
+      if (!s.ok() && answers->status.ok()) answers->status = std::move(s);
+      --answers->pending;
+    });
+  }
+  {
+    absl::MutexLock lock(&answers->mu);
+    auto answered = [&answers]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answers->mu) {
+      return answers->pending == 0 || !answers->status.ok();
+    };
+    if (!answers->mu.AwaitWithTimeout(absl::Condition(&answered), kHandshakeTimeout)) {
+      return absl::UnavailableError(absl::StrCat("UCX handshake with decode worker ",
+                                                 peer.owner_id(), " did not finish within ",
+                                                 absl::FormatDuration(kHandshakeTimeout)));
+    }
+    TRIDENT_RETURN_IF_ERROR(answers->status);
+  }
   absl::MutexLock lock(&mu_);
-  endpoints_[key] = endpoint;
-  return endpoint;
+  endpoints_[key] = endpoints;
+  return endpoints;
 }
 
 absl::Status UcxKv::Connect(const v1::KvDestination& destination) {
-  return EndpointFor(destination).status();
+  return EndpointsFor(destination).status();
 }
 
 absl::StatusOr<std::unique_ptr<KvTransfer>> UcxKv::Open(const v1::KvDestination& destination) {
-  TRIDENT_ASSIGN_OR_RETURN(std::shared_ptr<transport::Endpoint> endpoint, EndpointFor(destination));
+  TRIDENT_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<transport::Endpoint>> endpoints,
+                           EndpointsFor(destination));
   if (staged()) {
     TRIDENT_RETURN_IF_ERROR(transport::ValidateKvDestination(memory_.spec, destination));
     return std::unique_ptr<KvTransfer>(new StagedTransfer(
-        memory_.spec, copier_.get(), staging_, std::move(endpoint), destination, message_bytes_));
+        memory_.spec, copier_.get(), staging_, std::move(endpoints), destination, message_bytes_));
   }
-  auto writer = transport::KvWriter::Create(memory_.spec, memory_.base, endpoint, destination,
-                                            transport::WriteModeFor(destination, endpoint->lane()));
+  std::shared_ptr<transport::Endpoint> main = endpoints.front();
+  endpoints.erase(endpoints.begin());
+  auto writer = transport::KvWriter::Create(memory_.spec, memory_.base, main, destination,
+                                            transport::WriteModeFor(destination, main->lane()),
+                                            max_message_bytes_, std::move(endpoints));
   if (!writer.ok()) return writer.status();
   return std::unique_ptr<KvTransfer>(new UcxTransfer(std::move(*writer)));
 }

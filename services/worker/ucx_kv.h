@@ -26,9 +26,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -59,16 +61,28 @@ struct UcxKvOptions {
   uint64_t max_message_bytes = uint64_t{4} << 20;
   // KV messages that come by rendezvous (shared-memory lanes:
   // transport::RendezvousForLane) are fetched into `receive_buffers` buffers
-  // of `receive_buffer_bytes` (pinned when the pool is on a GPU), and copied
-  // from there into the pool by `receive_threads` threads while UCX fetches
-  // the next (0: on the UCX progress thread). A message larger than a buffer
-  // is dropped (senders send at most max_message_bytes, 4 MiB by default).
-  // Buffers are allocated on first use. At most `receive_fetches` messages
-  // are fetched at once (UCX interleaves concurrent fetches, which then end
-  // together in bursts; on an H200 host 4 moved 6.5 GB/s into a GPU pool
-  // against 5.3-6.4 for 1: bench/RESULTS.md). A host pool takes rendezvous
-  // messages straight into its blocks, with no buffers.
+  // per lane of `receive_buffer_bytes` (pinned when the pool is on a GPU),
+  // and copied from there into the pool by `receive_threads` threads while
+  // UCX fetches the next (0: on the UCX progress thread). A message larger
+  // than a buffer is dropped (senders send at most max_message_bytes, 4 MiB
+  // by default). Buffers are allocated on first use. At most
+  // `receive_fetches` messages per lane are fetched at once (UCX interleaves
+  // concurrent fetches, which then end together in bursts; on an H200 host 4
+  // moved 6.5 GB/s into a GPU pool against 5.3-6.4 for 1: bench/RESULTS.md).
+  // A host pool takes rendezvous messages straight into its blocks, with no
+  // buffers, at most `direct_fetches` per lane at once: there nothing
+  // follows a fetch, and more at once move more (on an H200 host, two lanes
+  // moved 10.3 GB/s with 64 in all against 5.5 with 8: bench/RESULTS.md).
+  int direct_fetches = 32;
   int receive_threads = 2;
+  // Message lanes (TransportEndpoint.lane_worker_addresses): 1 sends and
+  // receives KV messages on the given UcxWorker only; each lane more is a
+  // UcxWorker of this UcxKv's own (with the given worker's options), whose
+  // progress thread copies messages too, sending and receiving. Where one
+  // worker's copying is the limit (shared memory, tcp) two lanes move about
+  // twice as much (bench/RESULTS.md). A transfer uses the smaller of the
+  // sender's and the receiver's lane counts. 1 to 16.
+  int lanes = 1;
   int receive_buffers = 8;
   int receive_fetches = 4;
   uint64_t receive_buffer_bytes = uint64_t{4} << 20;
@@ -97,6 +111,8 @@ class UcxKv final : public KvExporter, public KvSender {
 
   // KV messages dropped: late ones of ended transfers, or invalid ones.
   int64_t dropped_messages() const { return dropped_messages_.load(); }
+  // KV messages that arrived on each lane (UcxKvOptions::lanes), kept or not.
+  std::vector<int64_t> messages_by_lane() const;
   // Whether the pool is staged through host memory (see the file comment).
   bool staged() const { return staging_ != nullptr; }
 
@@ -133,8 +149,15 @@ class UcxKv final : public KvExporter, public KvSender {
   // INVALID_ARGUMENT for a bad header or a range outside the pool.
   absl::StatusOr<std::pair<uint64_t, uint64_t>> Locate(absl::string_view header,
                                                        uint64_t length) const;
-  // The endpoint to the destination's worker, handshaken (Connect).
-  absl::StatusOr<std::shared_ptr<transport::Endpoint>> EndpointFor(
+  // The given worker, then the lanes' own.
+  std::vector<transport::UcxWorker*> Workers() const;
+  // Starts fetching a rendezvous message straight into a host pool.
+  void StartDirectFetch(absl::string_view header,
+                        std::unique_ptr<transport::IncomingMessage> message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sink_mu_);
+  // The endpoints to the destination's worker and to its lanes (as many as
+  // both sides have), each handshaken (Connect); the first is the main one.
+  absl::StatusOr<std::vector<std::shared_ptr<transport::Endpoint>>> EndpointsFor(
       const trident::v1::KvDestination& destination);
   // Counts (and now and then logs) a dropped KV message.
   void Dropped(const absl::Status& why);
@@ -142,9 +165,13 @@ class UcxKv final : public KvExporter, public KvSender {
   UcxKv(transport::UcxWorker* ucx, const backend::KvMemory& memory, std::string owner_id,
         uint64_t incarnation, std::unique_ptr<transport::MemoryRegion> region,
         std::unique_ptr<backend::KvCopier> copier, std::shared_ptr<StagingSlots> staging,
-        uint64_t message_bytes);
+        uint64_t message_bytes, int max_direct_fetches);
 
   transport::UcxWorker* const ucx_;
+  // The message lanes' own workers (UcxKvOptions::lanes - 1) and the
+  // largest KV message sent; set at Create.
+  std::vector<std::unique_ptr<transport::UcxWorker>> lane_workers_;
+  uint64_t max_message_bytes_ = 0;
   const backend::KvMemory memory_;
   const std::string owner_id_;
   const uint64_t incarnation_;
@@ -158,14 +185,22 @@ class UcxKv final : public KvExporter, public KvSender {
   // Where KV messages go; held (shared) while one is copied in.
   absl::Mutex sink_mu_;
   KvReservations* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
-  // Fetches straight into the pool still running (they use sink_).
+  // Fetches straight into the pool still running (they use sink_), at most
+  // max_direct_fetches_; the messages waiting for one.
+  const int max_direct_fetches_;
   int direct_fetches_ ABSL_GUARDED_BY(sink_mu_) = 0;
+  std::deque<std::pair<std::string, std::unique_ptr<transport::IncomingMessage>>> direct_waiting_
+      ABSL_GUARDED_BY(sink_mu_);
   std::atomic<int64_t> dropped_messages_{0};
+  // Per lane (messages_by_lane); sized at Create.
+  std::unique_ptr<std::atomic<int64_t>[]> lane_messages_;
   // Set once at Create when there is a copier (copying pools); else null.
   std::unique_ptr<Receiver> receiver_;
   absl::Mutex mu_;
-  // Endpoints by (owner id, incarnation): a new incarnation gets a new one.
-  absl::flat_hash_map<std::pair<std::string, uint64_t>, std::shared_ptr<transport::Endpoint>>
+  // Endpoints (EndpointsFor) by (owner id, incarnation): a new incarnation
+  // gets new ones.
+  absl::flat_hash_map<std::pair<std::string, uint64_t>,
+                      std::vector<std::shared_ptr<transport::Endpoint>>>
       endpoints_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -6,12 +6,15 @@
 
 #include "services/worker/ucx_kv.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/backend/host_kv_copier.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/kv_writer.h"
@@ -164,6 +167,65 @@ TEST_P(UcxKvTest, HostSenderWritesAStagedReceiverWithMessages) {
   EXPECT_TRUE(Landed(pools, setup));
 }
 
+// Lanes: messages spread over several UCX workers on each side, as many as
+// the side with fewer has; every lane carries some.
+struct LanesCase {
+  int sender_lanes;
+  int receiver_lanes;
+  bool staged;
+};
+
+class UcxKvLanesTest : public ::testing::TestWithParam<std::tuple<std::string, LanesCase>> {};
+
+TEST_P(UcxKvLanesTest, MessagesSpreadOverTheLanesBothSidesHaveAndLandExactly) {
+  const auto& [transports, lanes] = GetParam();
+  constexpr uint32_t kSeed = 15;
+  Pools pools(kSeed);
+  TransferSetup setup = SetupFor(pools, transports, kSeed);
+  setup.sender.lanes = lanes.sender_lanes;
+  setup.receiver.lanes = lanes.receiver_lanes;
+  // Messages of 2 blocks: 57 of them, enough for every lane.
+  setup.sender.max_message_bytes = 2 * 1024;
+  if (lanes.staged) {
+    setup.sender.copier = setup.receiver.copier = true;
+    setup.sender.force_staging = setup.receiver.force_staging = true;
+    setup.sender.staging_slot_bytes = 4 * 1024;
+    setup.sender.staging_bytes = 4 * 4 * 1024;
+  }
+
+  absl::StatusOr<TransferResult> result = RunTransfer(setup);
+  if (absl::IsUnavailable(result.status())) GTEST_SKIP() << result.status();
+  ASSERT_THAT(result.status(), IsOk());
+
+  EXPECT_EQ(result->destination.endpoint().lane_worker_addresses_size(), lanes.receiver_lanes - 1);
+  ASSERT_EQ(result->messages_by_lane.size(), static_cast<size_t>(lanes.receiver_lanes));
+  const int used = std::min(lanes.sender_lanes, lanes.receiver_lanes);
+  int64_t total = 0;
+  for (int lane = 0; lane < lanes.receiver_lanes; ++lane) {
+    const int64_t n = result->messages_by_lane[lane];
+    total += n;
+    if (lane < used) {
+      EXPECT_GT(n, 0) << "lane " << lane;
+    } else {
+      EXPECT_EQ(n, 0) << "lane " << lane;
+    }
+  }
+  EXPECT_EQ(total, result->messages);
+  EXPECT_EQ(result->dropped_messages, 0);
+  EXPECT_TRUE(Landed(pools, setup));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Lanes, UcxKvLanesTest,
+    ::testing::Combine(::testing::Values("posix", "tcp"),
+                       ::testing::Values(LanesCase{2, 2, false}, LanesCase{3, 2, false},
+                                         LanesCase{1, 3, false}, LanesCase{2, 2, true})),
+    [](const auto& info) {
+      const LanesCase& lanes = std::get<1>(info.param);
+      return absl::StrCat(std::get<0>(info.param), "_", lanes.sender_lanes, "to",
+                          lanes.receiver_lanes, lanes.staged ? "_staged" : "");
+    });
+
 // "^sysv" is the worker's default (--ucx_transports): UCX then picks the
 // lane among tcp, posix and cma.
 INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTest, ::testing::Values("posix", "tcp", "^sysv"),
@@ -197,6 +259,17 @@ TEST_F(UcxKvCreateTest, DevicePoolWithoutCudaUcxOrCopierIsAFailedPrecondition) {
   memory.device = true;  // Never touched: Create refuses first.
   EXPECT_THAT(UcxKv::Create(worker_.get(), memory, "w", 1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA support")));
+}
+
+TEST_F(UcxKvCreateTest, LanesOutsideOneToSixteenAreInvalid) {
+  auto pool = NewHostTestPool(Spec());
+  for (int lanes : {0, 17}) {
+    UcxKvOptions options;
+    options.lanes = lanes;
+    EXPECT_THAT(
+        UcxKv::Create(worker_.get(), pool->memory(), "w", 1, std::move(options)).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrCat("lanes is ", lanes))));
+  }
 }
 
 TEST_F(UcxKvCreateTest, StagingSlotsSmallerThanAMessageAreInvalid) {

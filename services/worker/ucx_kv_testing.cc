@@ -70,6 +70,7 @@ absl::StatusOr<UcxKvOptions> OptionsFor(const Side& side) {
   options.staging_slot_bytes = side.staging_slot_bytes;
   options.max_message_bytes = side.max_message_bytes;
   options.receive_fetches = side.receive_fetches;
+  options.lanes = side.lanes;
   return options;
 }
 
@@ -183,6 +184,7 @@ absl::StatusOr<TransferResult> KvTransferPair::Transfer(int32_t num_tokens,
   TRIDENT_RETURN_IF_ERROR(status);
   TRIDENT_RETURN_IF_ERROR(ended);
   result.dropped_messages = s.receiver->dropped_messages();
+  result.messages_by_lane = s.receiver->messages_by_lane();
   return result;
 }
 

@@ -49,6 +49,8 @@ struct Side {
   uint64_t max_message_bytes = uint64_t{4} << 20;
   // UcxKvOptions::receive_fetches.
   int receive_fetches = UcxKvOptions().receive_fetches;
+  // UcxKvOptions::lanes.
+  int lanes = 1;
 };
 
 struct TransferSetup {
@@ -73,6 +75,8 @@ struct TransferResult {
   int64_t bytes_sent = 0;
   int32_t messages = 0;
   int64_t dropped_messages = 0;
+  // The receiver's UcxKv::messages_by_lane() after the transfer.
+  std::vector<int64_t> messages_by_lane;
 };
 
 // Two UcxKv (each on its own UcxWorker) and the receiver's reservations,
