@@ -211,6 +211,21 @@ TEST_P(UcxPeerDeathTest, WritesFailWithUnavailableWhenTheTargetIsKilledMidTransf
   EXPECT_LT(absl::Now() - teardown, absl::Seconds(10));
 }
 
+// Spawns a test peer with `argv`, waits for its ready line `ready` and kills
+// it with SIGKILL.
+void SpawnReadyAndKill(std::vector<std::string> argv, const std::string& log_name,
+                       const std::string& ready) {
+  auto peer = Spawn({.argv = std::move(argv),
+                     .log_path = trident::testing::TestTmpPath(log_name),
+                     .wait_for_ready_line = true});
+  ASSERT_THAT(peer, IsOk());
+  ASSERT_EQ(peer->ready_line, ready);
+  ASSERT_EQ(kill(peer->pid, SIGKILL), 0);
+  auto exit = WaitForExit(peer->pid, kDeadline);
+  ASSERT_THAT(exit, IsOk());
+  EXPECT_EQ(exit->signal, SIGKILL);
+}
+
 // The reverse failure: the process holding the memory must survive a writer
 // that dies mid-transfer, and keep serving other writers. With UCX 1.13.1 it
 // does not, on any transport this machine has, because puts there are
@@ -232,19 +247,12 @@ TEST_P(UcxWriterDeathTest, TargetKeepsWorkingWhenAWriterIsKilledMidTransfer) {
   auto region = (*worker)->Register(memory.data(), memory.size(), MemoryKind::kHost);
   ASSERT_THAT(region, IsOk());
   const uint64_t base = reinterpret_cast<uint64_t>(memory.data());
-  auto writer =
-      Spawn({.argv = {PeerBinary(), "--mode=writer", "--transports=" + transports,
-                      "--peer=" + absl::BytesToHexString((*worker)->address()),
-                      "--rkey=" + absl::BytesToHexString((*region)->packed_rkey()),
-                      absl::StrCat("--base=", base), absl::StrCat("--region_bytes=", kRegionBytes)},
-             .log_path = trident::testing::TestTmpPath("writer_" + transports + ".log"),
-             .wait_for_ready_line = true});
-  ASSERT_THAT(writer, IsOk());
-  ASSERT_EQ(writer->ready_line, "writing");
-  ASSERT_EQ(kill(writer->pid, SIGKILL), 0);
-  auto exit = WaitForExit(writer->pid, kDeadline);
-  ASSERT_THAT(exit, IsOk());
-  EXPECT_EQ(exit->signal, SIGKILL);
+  SpawnReadyAndKill({PeerBinary(), "--mode=writer", "--transports=" + transports,
+                     "--peer=" + absl::BytesToHexString((*worker)->address()),
+                     "--rkey=" + absl::BytesToHexString((*region)->packed_rkey()),
+                     absl::StrCat("--base=", base), absl::StrCat("--region_bytes=", kRegionBytes)},
+                    "writer_" + transports + ".log", "writing");
+  if (HasFatalFailure()) return;
 
   // This process still serves writes from a new writer.
   auto other = UcxWorker::Create({.transports = transports, .name = "writer-2"});
@@ -271,15 +279,7 @@ void KillSenderMidStream(const UcxWorker& worker, const std::string& transports,
                                    "--peer=" + absl::BytesToHexString(worker.address()),
                                    absl::StrCat("--region_bytes=", message_bytes)};
   if (rendezvous) argv.push_back("--rendezvous=1");
-  auto sender = Spawn({.argv = argv,
-                       .log_path = trident::testing::TestTmpPath(log_name),
-                       .wait_for_ready_line = true});
-  ASSERT_THAT(sender, IsOk());
-  ASSERT_EQ(sender->ready_line, "sending");
-  ASSERT_EQ(kill(sender->pid, SIGKILL), 0);
-  auto exit = WaitForExit(sender->pid, kDeadline);
-  ASSERT_THAT(exit, IsOk());
-  EXPECT_EQ(exit->signal, SIGKILL);
+  SpawnReadyAndKill(std::move(argv), log_name, "sending");
 }
 
 // Sends one message "after" of `message_bytes` 7s to `worker` (id 1) from a
@@ -443,18 +443,11 @@ TEST_P(UcxHandshakeDeathTest, ReceiverSurvivesPeersKilledRightAfterTheirHandshak
               IsOk());
   constexpr int kPeers = 8;
   for (int round = 0; round < kPeers; ++round) {
-    auto peer = Spawn(
-        {.argv = {PeerBinary(), "--mode=handshaker", "--transports=" + transports,
-                  "--peer=" + absl::BytesToHexString((*worker)->address()), "--region_bytes=1"},
-         .log_path = trident::testing::TestTmpPath(
-             absl::StrCat("handshaker_", transports, "_", round, ".log")),
-         .wait_for_ready_line = true});
-    ASSERT_THAT(peer, IsOk());
-    ASSERT_EQ(peer->ready_line, "answered");
-    ASSERT_EQ(kill(peer->pid, SIGKILL), 0);
-    auto exit = WaitForExit(peer->pid, kDeadline);
-    ASSERT_THAT(exit, IsOk());
-    EXPECT_EQ(exit->signal, SIGKILL);
+    SpawnReadyAndKill(
+        {PeerBinary(), "--mode=handshaker", "--transports=" + transports,
+         "--peer=" + absl::BytesToHexString((*worker)->address()), "--region_bytes=1"},
+        absl::StrCat("handshaker_", transports, "_", round, ".log"), "answered");
+    if (HasFatalFailure()) return;
   }
   // Alive, and still receiving.
   constexpr size_t kMessageBytes = 1 << 16;
