@@ -85,9 +85,10 @@ struct AdmissionController::Record {
   uint64_t prefill_report_seq = 0;
   // Position in the decode worker's `decode_records`.
   uint32_t decode_pos = 0;
-  // The models' predictions before calibration, and whether the outcomes
-  // were observed.
-  double raw_ttft = 0;
+  // The TTFT forecast at admission (its scale-1 value is the prediction
+  // before calibration), the TPOT prediction before calibration, and whether
+  // the outcomes were observed.
+  TtftForecast ttft_forecast;
   double raw_tpot = 0;
   bool ttft_observed = false;
   bool tpot_observed = false;
@@ -150,10 +151,11 @@ struct AdmissionController::PrefillEval {
   bool eligible = false;
   int stage = kStagePassed;
   double backlog_tokens = 0;
-  double ttft = kInf;      // Including the transfer and the calibration.
-  double raw_ttft = kInf;  // The same before calibration.
-  double transfer = 0;     // Part of `ttft`.
-  double retry = -1;       // Seconds until it would pass; < 0 unknown.
+  double ttft = kInf;     // Including the transfer and the calibration.
+  double scale = 1;       // The calibration's factor.
+  TtftForecast forecast;  // `ttft` is forecast.At(scale).
+  double transfer = 0;    // Part of forecast.request_work.
+  double retry = -1;      // Seconds until it would pass; < 0 unknown.
 };
 
 struct AdmissionController::DecodeEval {
@@ -303,27 +305,31 @@ bool AdmissionController::Eligible(const Worker& worker, double now) const {
          now - worker.received <= absl::ToDoubleSeconds(options_.stale_after);
 }
 
-void AdmissionController::PrefillBacklog(const Worker& worker, double now, double* seconds,
+void AdmissionController::PrefillBacklog(const Worker& worker, double now, TtftForecast* forecast,
                                          double* tokens) const {
   const double a = worker.prefill_model.fixed_seconds();
   const double b = worker.prefill_model.seconds_per_token();
   const WorkerLoadReport& report = worker.report;
-  // The reported queue drains at the fitted rate from when it was received.
-  const double reported = a * report.waiting_sequences + b * report.queued_prefill_tokens;
-  const double remaining = std::max(0.0, reported - (now - worker.received));
-  const double fraction = reported > 0 ? remaining / reported : 0;
-  *tokens = fraction * report.queued_prefill_tokens + worker.tokens_since_report;
-  *seconds = remaining + a * worker.requests_since_report + b * worker.tokens_since_report;
+  // The reported queue drains from when it was received.
+  forecast->reported_work = a * report.waiting_sequences + b * report.queued_prefill_tokens;
+  forecast->reported_elapsed = now - worker.received;
+  forecast->since_work = a * worker.requests_since_report + b * worker.tokens_since_report;
   // What this router admitted and has not seen prefilled yet, less what the
   // worker computed of it since it started on it. A report need not show
   // prompts the worker received but has not taken into its engine yet
   // (those that arrived during a step), nor the ones the step in progress
   // computes: on a worker that prefills its whole queue in one step, the
   // reported queue is empty at almost every sample, however long it is.
-  const double own = a * worker.outstanding_requests + b * worker.outstanding_tokens;
-  const double own_remaining = std::max(0.0, own - (now - worker.outstanding_since));
-  if (own_remaining > *seconds) {
-    *seconds = own_remaining;
+  forecast->own_work = a * worker.outstanding_requests + b * worker.outstanding_tokens;
+  forecast->own_elapsed = now - worker.outstanding_since;
+  // Tokens still queued, at the fitted rate.
+  const double reported = forecast->reported_work;
+  const double remaining = std::max(0.0, reported - forecast->reported_elapsed);
+  *tokens = (reported > 0 ? remaining / reported : 0) * report.queued_prefill_tokens +
+            worker.tokens_since_report;
+  const double own = forecast->own_work;
+  const double own_remaining = std::max(0.0, own - forecast->own_elapsed);
+  if (own_remaining > remaining + forecast->since_work) {
     *tokens = std::max(*tokens, (own > 0 ? own_remaining / own : 0) * worker.outstanding_tokens);
   }
 }
@@ -486,7 +492,9 @@ double AdmissionController::TtftScale(Worker& worker, double now) {
   }
   if (!worker.outstanding.empty()) {
     const Record& oldest = records_[worker.outstanding.front().first];
-    if (oldest.raw_ttft > 0) scale = std::max(scale, (now - oldest.admitted) / oldest.raw_ttft);
+    if (oldest.ttft_forecast.request_work > 0) {
+      scale = std::max(scale, oldest.ttft_forecast.ScaleFor(now - oldest.admitted));
+    }
   }
   return std::clamp(scale, options_.min_calibration_scale, options_.max_calibration_scale);
 }
@@ -500,12 +508,10 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
   const double now = NowSeconds();
   absl::MutexLock lock(&mu_);
   Record* r = FindRecord(id);
-  if (r == nullptr || r->ttft_observed || !(r->raw_ttft > 0) || !std::isfinite(r->raw_ttft)) {
-    return;
-  }
+  if (r == nullptr || r->ttft_observed || !(r->ttft_forecast.request_work > 0)) return;
   r->ttft_observed = true;
   AddOutcome(workers_[r->prefill]->ttft_calibration, now,
-             absl::ToDoubleSeconds(ttft) / r->raw_ttft);
+             r->ttft_forecast.ScaleFor(absl::ToDoubleSeconds(ttft)));
 }
 
 void AdmissionController::ObserveTpot(AdmissionId id, absl::Duration tpot) {
@@ -534,7 +540,8 @@ AdmissionController::Record* AdmissionController::FindRecord(AdmissionId id) {
 AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int klass, int prefill,
                                            int decode, double now, double decode_start,
                                            double tpot_seconds, double tpot_target,
-                                           int64_t need_blocks, double raw_ttft, double raw_tpot) {
+                                           int64_t need_blocks, const TtftForecast& ttft_forecast,
+                                           double raw_tpot) {
   uint32_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -556,7 +563,7 @@ AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int 
   r.decode_start = decode_start;
   r.tpot = tpot_seconds;
   r.tpot_target = tpot_target;
-  r.raw_ttft = raw_ttft;
+  r.ttft_forecast = ttft_forecast;
   r.raw_tpot = raw_tpot;
   r.ttft_observed = false;
   r.tpot_observed = false;
@@ -671,11 +678,11 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     if (w.report.role == WorkerRole::kDecode || !Eligible(w, now)) continue;
     e.eligible = true;
     ++num_prefill;
-    double backlog_seconds;
-    PrefillBacklog(w, now, &backlog_seconds, &e.backlog_tokens);
+    PrefillBacklog(w, now, &e.forecast, &e.backlog_tokens);
     e.transfer = transfer;
-    e.raw_ttft = backlog_seconds + w.prefill_model.PredictSeconds(n) + transfer;
-    e.ttft = TtftScale(w, now) * e.raw_ttft;
+    e.forecast.request_work = w.prefill_model.PredictSeconds(n) + transfer;
+    e.scale = TtftScale(w, now);
+    e.ttft = e.forecast.At(e.scale);
     best_any_ttft = std::min(best_any_ttft, e.ttft);
     const double b = w.prefill_model.seconds_per_token();
     const double queued = e.backlog_tokens + n;
@@ -694,6 +701,14 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
       best_pass_ttft = std::min(best_pass_ttft, e.ttft);
     }
   }
+
+  // A prefill candidate's forecast for a decode worker: no transfer when it
+  // is the same worker.
+  const auto forecast_for = [](const PrefillEval& e, bool colocated) {
+    TtftForecast forecast = e.forecast;
+    if (colocated) forecast.request_work -= e.transfer;
+    return forecast;
+  };
 
   // Decode candidates, forecast at T: when this request would join a batch.
   int num_decode = 0;
@@ -758,23 +773,23 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     }
     int prefill = -1;
     double ttft = kInf;
-    double raw_ttft = kInf;
+    TtftForecast forecast;
     for (size_t i = 0; i < workers_.size(); ++i) {
       const PrefillEval& e = prefill_scratch_[i];
       if (!e.eligible) continue;
-      const double transfer = static_cast<int>(i) == decode ? e.transfer : 0;
-      const double ttft_i = e.ttft - transfer;
+      const TtftForecast forecast_i = forecast_for(e, static_cast<int>(i) == decode);
+      const double ttft_i = forecast_i.At(e.scale);
       if (prefill < 0 || ttft_i < ttft) {
         prefill = static_cast<int>(i);
         ttft = ttft_i;
-        raw_ttft = e.raw_ttft - transfer;
+        forecast = forecast_i;
       }
     }
     const DecodeEval& d = decode_scratch_[decode];
     const double tpot = d.tpot;
     decision.admitted = true;
     decision.id = AddRecord(request, klass, prefill, decode, now, now + ttft, tpot, tpot_target,
-                            need_blocks, raw_ttft, tpot / d.tpot_scale);
+                            need_blocks, forecast, tpot / d.tpot_scale);
     decision.prefill_worker_id = workers_[prefill]->id;
     decision.decode_worker_id = workers_[decode]->id;
     decision.predicted_ttft = ToDuration(ttft);
@@ -808,7 +823,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   // transfer when it is the decode worker itself.
   int best_prefill = -1;
   double best_ttft = kInf;
-  double best_raw_ttft = kInf;
+  TtftForecast best_forecast;
   int prefill_stage = kStagePassed;
   double wait = kInf;
   for (size_t i = 0; i < workers_.size(); ++i) {
@@ -817,8 +832,9 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     int stage = e.stage;
     double ttft = e.ttft;
     double retry = e.retry;
+    const TtftForecast forecast = forecast_for(e, static_cast<int>(i) == best_decode);
     if (static_cast<int>(i) == best_decode) {
-      ttft -= e.transfer;
+      ttft = forecast.At(e.scale);
       if (stage == kStageTtft && e.backlog_tokens + n <= queue_capacity) {
         stage = ttft > ttft_target * margin ? kStageTtft : kStagePassed;
         retry = ttft - ttft_target * margin;
@@ -831,7 +847,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     }
     if (ttft < best_ttft) {
       best_ttft = ttft;
-      best_raw_ttft = e.raw_ttft - (static_cast<int>(i) == best_decode ? e.transfer : 0);
+      best_forecast = forecast;
       best_prefill = static_cast<int>(i);
     }
   }
@@ -846,7 +862,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   const DecodeEval& chosen = decode_scratch_[best_decode];
   decision.id =
       AddRecord(request, klass, best_prefill, best_decode, now, now + best_ttft, chosen.tpot,
-                tpot_target, need_blocks, best_raw_ttft, chosen.tpot / chosen.tpot_scale);
+                tpot_target, need_blocks, best_forecast, chosen.tpot / chosen.tpot_scale);
   decision.prefill_worker_id = workers_[best_prefill]->id;
   decision.decode_worker_id = workers_[best_decode]->id;
   decision.predicted_ttft = ToDuration(best_ttft);

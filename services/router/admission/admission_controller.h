@@ -23,15 +23,18 @@
 //   1. Each eligible prefill worker p predicts
 //        TTFT_p = queue_p + prefill_p(P) + transfer(P)
 //      where queue_p is the backlog the worker last reported, less what it
-//      computed since then at its fitted rate, plus prompts admitted to it
-//      since then, or, if more, the prompts this router admitted to it and
-//      has not seen prefilled, less what the worker computed since it
-//      started on them (reports miss prompts not yet in the engine and those
-//      of the step in progress); prefill_p(P) = a_p + b_p * P
-//      (PrefillModel); transfer is the TransferModel's time (zero when
-//      prefill and decode are the same worker). The sum is scaled by the
-//      worker's calibration (AdmissionOptions), as is TPOT_d below. T = now + min over passing p of
-//      TTFT_p is when this request would join a decode batch.
+//      computed since then, plus prompts admitted to it since then, or, if
+//      more, the prompts this router admitted to it and has not seen
+//      prefilled, less what the worker computed since it started on them
+//      (reports miss prompts not yet in the engine and those of the step in
+//      progress); prefill_p(P) = a_p + b_p * P (PrefillModel); transfer is
+//      the TransferModel's time (zero when prefill and decode are the same
+//      worker). The worker's calibration s_p (AdmissionOptions) scales the
+//      work, before the time already spent on it is taken off: a worker
+//      running at half its fitted rate has done half the backlog the
+//      elapsed time suggests (TtftForecast in cost_models.h). TPOT_d below
+//      is scaled likewise. T = now + min over passing p of TTFT_p is when
+//      this request would join a decode batch.
 //   2. Each eligible decode worker d forecasts its batch AT TIME T, not now
 //      (Mooncake: deciding on current decode load makes prefill and decode
 //      load oscillate out of phase):
@@ -143,13 +146,15 @@ struct AdmissionOptions {
   // its last `calibration_window` requests (none older than
   // `calibration_max_age`, so that a worker is never judged on a past it
   // has left) and scales its predictions by the `calibration_quantile` of
-  // measured / predicted, clamped to [min_calibration_scale,
+  // measured / predicted (for TTFT: the slowdown of the prefill worker that
+  // the measured TTFT implies, TtftForecast::ScaleFor), clamped to
+  // [min_calibration_scale,
   // max_calibration_scale]: a factor, because what the models miss grows
   // with what they predict (a prefill queue drains slower when decode
   // steps take the same cores; steps slow down together). The quantile,
   // not the mean, so that predictions are rarely below outcomes. A prefill
-  // worker's TTFT factor is at least the age of its oldest prompt still
-  // waiting over that prompt's prediction (a stall shows at once). Without
+  // worker's TTFT factor is at least the slowdown implied by the age of its
+  // oldest prompt still waiting (a stall shows at once). Without
   // outcomes, no correction. The bounds keep one outlier from shutting a
   // worker out until its outcomes age out.
   int calibration_window = 64;
@@ -291,9 +296,10 @@ class AdmissionController {
   double NowSeconds() const;
   bool Eligible(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Record* FindRecord(AdmissionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Predicted seconds of prefill backlog on `worker` now, and its tokens.
-  void PrefillBacklog(const Worker& worker, double now, double* seconds, double* tokens) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The backlog part of `worker`'s TTFT forecast now (all but request_work),
+  // and the prompt tokens still queued there at the fitted rate.
+  void PrefillBacklog(const Worker& worker, double now, TtftForecast* forecast,
+                      double* tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What `worker`'s last report counts of record `r`: a running sequence, its
   // context tokens and its KV blocks then.
   void InReport(const Worker& worker, const Record& r, double now, double* sequences,
@@ -312,7 +318,7 @@ class AdmissionController {
                                 int klass) const;
   AdmissionId AddRecord(const AdmissionRequest& request, int klass, int prefill, int decode,
                         double now, double decode_start, double tpot_seconds, double tpot_target,
-                        int64_t need_blocks, double raw_ttft, double raw_tpot)
+                        int64_t need_blocks, const TtftForecast& ttft_forecast, double raw_tpot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndPrefill(Record& record, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampRetry(double seconds) const;

@@ -592,5 +592,42 @@ TEST(AdmissionControllerTest, APromptWaitingPastItsPredictionRaisesTtftPredictio
   EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 1, 1e-9);  // No outcomes yet.
 }
 
+TEST(AdmissionControllerTest, ASlowedWorkerHasDoneLessOfItsBacklogThanTheClockSays) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // One outcome: the worker runs at half its model's rate.
+  const AdmissionDecision probe =
+      cluster.Admit(Request(100, 10, absl::Seconds(10), absl::Seconds(1)));
+  ASSERT_TRUE(probe.admitted);  // Predicted 20 ms.
+  cluster.controller().MarkPrefillDone(probe.id);
+  cluster.controller().ObserveTtft(probe.id, absl::Milliseconds(40));
+  cluster.controller().Release(probe.id);
+  EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 2, 1e-6);
+
+  const AdmissionDecision first =
+      cluster.Admit(Request(1000, 10, absl::Seconds(10), absl::Seconds(1)));
+  ASSERT_TRUE(first.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(first.predicted_ttft), 0.220, 1e-6);  // 2 x 110 ms.
+  // 110 ms later the model would have it done; at half speed, half of it is.
+  cluster.clock().Advance(absl::Milliseconds(110));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision second =
+      cluster.Admit(Request(100, 10, absl::Seconds(10), absl::Seconds(1)));
+  ASSERT_TRUE(second.admitted);
+  // 110 ms left of the first, then 2 x 20 ms: not 2 x (0 + 20 ms).
+  EXPECT_NEAR(absl::ToDoubleSeconds(second.predicted_ttft), 0.150, 1e-6);
+  // A target between the two is rejected.
+  EXPECT_EQ(cluster.Admit(Request(100, 10, absl::Milliseconds(100), absl::Seconds(1))).reason,
+            RejectReason::kTtft);
+
+  // The first's outcome at exactly half speed keeps the scale at 2.
+  cluster.clock().Advance(absl::Milliseconds(110));
+  cluster.controller().MarkPrefillDone(first.id);
+  cluster.controller().ObserveTtft(first.id, absl::Milliseconds(220));
+  EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 2, 1e-5);
+}
+
 }  // namespace
 }  // namespace trident::router::admission

@@ -55,6 +55,25 @@ double DecodeModel::PredictSeconds(int64_t batch, int64_t context_tokens) const 
   return std::max(t, 1e-6);
 }
 
+double TtftForecast::At(double scale) const {
+  const double queue = std::max(0.0, scale * reported_work - reported_elapsed) + scale * since_work;
+  const double own = std::max(0.0, scale * own_work - own_elapsed);
+  return std::max(queue, own) + scale * request_work;
+}
+
+double TtftForecast::ScaleFor(double ttft_seconds) const {
+  if (!(ttft_seconds > At(0))) return 0;
+  if (At(kMaxScale) <= ttft_seconds) return kMaxScale;
+  // At is piecewise linear and increasing: bisect on [0, kMaxScale].
+  double lo = 0;
+  double hi = kMaxScale;
+  while (hi - lo > 1e-6 * hi) {
+    const double mid = 0.5 * (lo + hi);
+    (At(mid) < ttft_seconds ? lo : hi) = mid;
+  }
+  return hi;
+}
+
 int64_t KvBytesPerToken(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim,
                         int32_t bytes_per_element) {
   return int64_t{2} * num_layers * num_kv_heads * head_dim * bytes_per_element;

@@ -123,6 +123,44 @@ class DecodeModel {
   WindowedRidgeFit fit_;
 };
 
+// The time to first token of a prompt on one prefill worker, as a function of
+// how much slower the worker runs than its fitted PrefillModel (`scale`, 1 at
+// the fitted rate). Work is in seconds at the fitted rate; elapsed times are
+// wall time the worker has already spent on that work. A slowed worker has
+// done less of its backlog than the elapsed time suggests, so the scale
+// multiplies work before elapsed time is taken off it, not after:
+//
+//   At(s) = max(max(0, s * reported_work - reported_elapsed) + s * since_work,
+//               max(0, s * own_work - own_elapsed))
+//           + s * request_work
+//
+// (two views of the backlog, the larger taken: the worker's last report
+// drained since it arrived plus prompts admitted after it, and the prompts
+// this router admitted and has not seen prefilled drained since the worker
+// started on them). At(1) is the uncalibrated prediction. At is continuous
+// and increasing in s, so an outcome (a measured TTFT, or a lower bound such
+// as the age of a prompt still waiting) implies the scale ScaleFor(ttft):
+// the calibration collects those. Value type.
+struct TtftForecast {
+  double reported_work = 0;
+  double reported_elapsed = 0;
+  double since_work = 0;
+  double own_work = 0;
+  double own_elapsed = 0;
+  // This prompt's prefill and KV transfer.
+  double request_work = 0;
+
+  // Predicted TTFT in seconds at `scale` (>= 0).
+  double At(double scale) const;
+  // The scale s >= 0 with At(s) == ttft_seconds, to within 1e-6 relative;
+  // 0 when ttft_seconds <= At(0), and kMaxScale when At(kMaxScale) is still
+  // below it. REQUIRES: request_work > 0 (else At is flat and no scale is
+  // implied; callers skip such forecasts).
+  double ScaleFor(double ttft_seconds) const;
+
+  static constexpr double kMaxScale = 1024;
+};
+
 // KV bytes one token occupies: keys and values of every layer.
 // REQUIRES: all arguments >= 0.
 int64_t KvBytesPerToken(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim,

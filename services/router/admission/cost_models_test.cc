@@ -156,6 +156,42 @@ TEST(WindowedRidgeFitTest, PriorWeightIsWorthThatManySamplesAndFades) {
   EXPECT_EQ(fit.num_samples(), 4u);
 }
 
+TEST(TtftForecastTest, TheScaleMultipliesWorkBeforeElapsedTimeIsTakenOff) {
+  TtftForecast f;
+  f.reported_work = 0.100;     // The last report's queue: 100 ms at the fitted rate,
+  f.reported_elapsed = 0.050;  // received 50 ms ago.
+  f.request_work = 0.020;
+  EXPECT_NEAR(f.At(1), 0.050 + 0.020, 1e-12);
+  // At half speed the queue holds 200 ms of work, 50 of them done.
+  EXPECT_NEAR(f.At(2), 0.150 + 0.040, 1e-12);
+  // At twice the speed it is done.
+  EXPECT_NEAR(f.At(0.5), 0.010, 1e-12);
+  // The router's own view of the backlog wins when larger.
+  f.own_work = 0.300;
+  f.own_elapsed = 0.100;
+  EXPECT_NEAR(f.At(1), 0.200 + 0.020, 1e-12);
+  EXPECT_NEAR(f.At(2), 0.500 + 0.040, 1e-12);
+  // Prompts admitted after the report add to its view at the same scale.
+  f.own_work = 0;
+  f.since_work = 0.010;
+  EXPECT_NEAR(f.At(2), 0.150 + 0.020 + 0.040, 1e-12);
+}
+
+TEST(TtftForecastTest, ScaleForInvertsAtOnEverySegment) {
+  TtftForecast f;
+  f.reported_work = 0.100;
+  f.reported_elapsed = 0.050;
+  f.own_work = 0.080;
+  f.own_elapsed = 0.010;
+  f.request_work = 0.020;
+  for (double scale : {0.05, 0.3, 0.5, 0.9, 1.0, 1.7, 3.0, 250.0}) {
+    EXPECT_NEAR(f.ScaleFor(f.At(scale)), scale, 1e-5 * scale) << "scale " << scale;
+  }
+  EXPECT_EQ(f.ScaleFor(0), 0);
+  EXPECT_EQ(f.ScaleFor(-1), 0);
+  EXPECT_EQ(f.ScaleFor(1e9), TtftForecast::kMaxScale);
+}
+
 TEST(TransferModelTest, BytesPerTokenOfLlama3With8B) {
   // 32 layers, 8 KV heads of 128, bf16: 128 KiB per token.
   EXPECT_EQ(KvBytesPerToken(32, 8, 128, 2), 131072);
