@@ -15,7 +15,8 @@
 # NUM_REQUESTS (12, the first WARMUP_S seconds' requests left out),
 # WARMUP_S (3), RATE (0.5 requests/s, spaced almost evenly so that requests
 # never overlap), OUT (a directory for logs and JSON reports), BIN_DIR (the
-# built programs; else bazel-bin, else PATH).
+# built programs; else bazel-bin, else PATH), DISAGG_FLAGS (more flags for
+# the prefill and decode workers, e.g. --kv_lanes=1).
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 prefill_device=${2:-cuda:0}
@@ -100,13 +101,14 @@ worker both both "$prefill_device" --kv_transport=none
 load colocated "$PORT_both" | tee "$out/colocated.summary"
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
 
-worker prefill prefill "$prefill_device"
-worker decode decode "$decode_device"
+read -r -a disagg_flags <<<"${DISAGG_FLAGS:-}"
+worker prefill prefill "$prefill_device" "${disagg_flags[@]}"
+worker decode decode "$decode_device" "${disagg_flags[@]}"
 start router "$(tool services/router/router)" --model="$model_dir" \
     --prefill_workers="127.0.0.1:$PORT_prefill" --decode_workers="127.0.0.1:$PORT_decode" \
-    --load_interval_ms=50 --admission=false --max_model_len=$((prompt + 64))
+    --load_interval_ms=50 --admission=false --max_model_len=$((prompt + 64)) --log_level=debug
 load disaggregated "$PORT_router" | tee "$out/disaggregated.summary"
-grep -h "lane" "$out"/prefill.log | head -3 || true
+grep -h "lane" "$out"/prefill.log "$out"/decode.log | head -3 || true
 python3 - "$out/colocated.json" "$out/disaggregated.json" <<'EOF'
 import json, sys
 def p50(path, name):
@@ -115,5 +117,16 @@ c, d = p50(sys.argv[1], "ttft"), p50(sys.argv[2], "ttft")
 c2, d2 = p50(sys.argv[1], "e2e"), p50(sys.argv[2], "e2e")
 print(f"TTFT overhead of disaggregation: {100*(d/c-1):+.1f}% (p50 {d*1e3:.1f} vs {c*1e3:.1f} ms); "
       f"second token: {100*(d2/c2-1):+.1f}% (p50 {d2*1e3:.1f} vs {c2*1e3:.1f} ms)")
+EOF
+# The router's per-request timeline (debug log), from the decision: first
+# token, KV transfer done, second token.
+python3 - "$out/router.log" <<'EOF'
+import re, statistics, sys
+rows = [l for l in open(sys.argv[1]) if "actual ttft_ms" in l]
+def ms(name):
+    v = [float(re.search(name + r" ([0-9.]+)", l).group(1)) for l in rows]
+    return statistics.median(v) if v else float("nan")
+print(f"router timeline p50 over {len(rows)} requests: first token {ms('actual ttft_ms'):.1f} ms, "
+      f"transfer done {ms('transfer_done_ms'):.1f} ms, second token {ms('second_token_ms'):.1f} ms")
 EOF
 echo "logs and reports in $out"

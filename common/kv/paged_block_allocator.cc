@@ -48,7 +48,12 @@ absl::Status PagedBlockAllocator::Free(absl::Span<const int32_t> blocks) {
     }
     allocated_[b] = false;
   }
-  free_list_.insert(free_list_.end(), blocks.begin(), blocks.end());
+  // Reversed, so that Allocate (which takes the back in reverse) hands these
+  // out again in the order given: a sequence's ascending ids come back
+  // ascending, as contiguous runs a KV transfer moves in few large messages
+  // (pushed as given, every other reuse came back descending, one message
+  // per block).
+  free_list_.insert(free_list_.end(), blocks.rbegin(), blocks.rend());
   return absl::OkStatus();
 }
 

@@ -16,8 +16,11 @@ namespace trident::kv {
 
 // A LIFO free list over block ids [0, num_blocks): the most recently freed
 // blocks are handed out first, so that their cache lines and TLB entries are
-// still warm. A fresh allocator hands out 0, 1, 2, ... in order. Allocate and
-// Free cost O(1) per block; a bitmap of allocated ids catches double frees.
+// still warm, and in the order they were given to Free, so that the
+// ascending runs of a finished sequence come back as ascending runs (KV
+// transfers move a run in one message). A fresh allocator hands out 0, 1,
+// 2, ... in order. Allocate and Free cost O(1) per block; a bitmap of
+// allocated ids catches double frees.
 //
 // Thread-compatible (not thread-safe): the engine's scheduler thread owns it.
 class PagedBlockAllocator final : public BlockAllocator {

@@ -66,8 +66,25 @@ TEST(PagedBlockAllocatorTest, ReusesMostRecentlyFreedBlocksFirst) {
   ASSERT_THAT(allocator.Allocate(4), IsOk());  // 0..3
   ASSERT_THAT(allocator.Free({1, 3}), IsOk());
   EXPECT_EQ(allocator.num_free(), 4);
-  // 3 was freed last, then 1, then the never-used 4 and 5.
-  EXPECT_THAT(allocator.Allocate(3), IsOkAndHolds(ElementsAre(3, 1, 4)));
+  // The freed batch first, in the order given to Free, then the never-used 4.
+  EXPECT_THAT(allocator.Allocate(3), IsOkAndHolds(ElementsAre(1, 3, 4)));
+}
+
+TEST(PagedBlockAllocatorTest, AFreedSequenceComesBackInItsOrder) {
+  // One sequence at a time, as when requests do not overlap: every reuse is
+  // the same ascending run (a transfer's few large messages), never reversed.
+  PagedBlockAllocator allocator(16);
+  for (int round = 0; round < 4; ++round) {
+    absl::StatusOr<std::vector<int32_t>> blocks = allocator.Allocate(5);
+    ASSERT_THAT(blocks, IsOkAndHolds(ElementsAre(0, 1, 2, 3, 4))) << "round " << round;
+    ASSERT_THAT(allocator.Free(*blocks), IsOk());
+  }
+  // Two sequences freed one after the other: the later one's run comes first.
+  const std::vector<int32_t> a = *allocator.Allocate(3);  // 0, 1, 2
+  const std::vector<int32_t> b = *allocator.Allocate(3);  // 3, 4, 5
+  ASSERT_THAT(allocator.Free(a), IsOk());
+  ASSERT_THAT(allocator.Free(b), IsOk());
+  EXPECT_THAT(allocator.Allocate(6), IsOkAndHolds(ElementsAre(3, 4, 5, 0, 1, 2)));
 }
 
 TEST(PagedBlockAllocatorTest, DoubleFreeFailsAndFreesNothing) {

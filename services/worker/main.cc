@@ -82,6 +82,10 @@ ABSL_FLAG(int32_t, kv_receive_threads, 2,
           "Threads that copy received KV messages into the KV pool off UCX's progress thread, "
           "so that receiving one message overlaps copying the last. 0: copy on the progress "
           "thread.");
+ABSL_FLAG(int32_t, kv_receive_fetches, 4,
+          "KV messages per lane a GPU (or staged) KV cache fetches at once into its receive "
+          "buffers; the rest wait their turn, so that fetches end one after another and the "
+          "copy into the cache follows each.");
 ABSL_FLAG(int32_t, testonly_stall_kv_transfer_after_layers, -1,
           "Fault injection for tests: each KV transfer stops after this many layers until "
           "cancelled. -1: off.");
@@ -163,8 +167,10 @@ int main(int argc, char** argv) {
           if (!memory.ok()) return memory.status();
           trident::worker::UcxKvOptions kv_options;
           kv_options.receive_threads = absl::GetFlag(FLAGS_kv_receive_threads);
+          kv_options.receive_fetches = absl::GetFlag(FLAGS_kv_receive_fetches);
           const int32_t lanes = absl::GetFlag(FLAGS_kv_lanes);
           kv_options.lanes = lanes != 0 ? lanes : (memory->device ? 2 : 1);
+          const int num_lanes = kv_options.lanes;
           if (memory->device) {
             // Stages the pool when UCX cannot register it, and copies KV
             // messages (tcp, shared memory) into it either way.
@@ -192,7 +198,8 @@ int main(int argc, char** argv) {
                                                    absl::GetFlag(FLAGS_kv_staging_mb),
                                                    " MiB of pinned host memory (UCX has no "
                                                    "CUDA support)")
-                                    : std::string("registered"));
+                                    : std::string("registered"))
+                            << ", " << num_lanes << " message lane" << (num_lanes == 1 ? "" : "s");
         }
         // KV-transfer metrics: the prefill side sends through a metered sender.
         trident::worker::KvTransferMetrics kv_metrics(runtime.registry());
