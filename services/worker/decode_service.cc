@@ -115,11 +115,15 @@ DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.lease_check_interval)) {
       mu_.Unlock();
-      reservations_->ExpireLeases();
-      EndFinishedReservationWork();
+      ExpireLeases();
       mu_.Lock();
     }
   });
+}
+
+void DecodeService::ExpireLeases() {
+  reservations_->ExpireLeases();
+  EndFinishedReservationWork();
 }
 
 DecodeService::~DecodeService() {

@@ -77,6 +77,10 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
 
   const KvReservations& reservations() const { return *reservations_; }
 
+  // Frees the reservations whose lease ended; the lease checker's work
+  // (every `lease_check_interval`), which tests on a fake clock call.
+  void ExpireLeases();
+
  private:
   class EngineBlocks;
   absl::Status CheckIncarnation(uint64_t incarnation) const;

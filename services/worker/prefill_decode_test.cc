@@ -13,6 +13,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/backend/fake_model_backend.h"
 #include "common/testing/status_matchers.h"
+#include "common/time/clock.h"
+#include "common/time/proto_time.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -128,13 +130,13 @@ class PrefillDecodeTest : public ::testing::Test {
     d.role = v1::ROLE_DECODE;
     d.reservations.block_size = kBlockSize;
     decode_service_ =
-        std::make_unique<DecodeService>(decode_engine_.get(), info, &exporter_, &clock_, d);
+        std::make_unique<DecodeService>(decode_engine_.get(), info, &exporter_, clock_ptr_, d);
     decode_server_ = Serve(decode_service_.get(), &decode_port);
     decode_address_ = absl::StrCat("127.0.0.1:", decode_port);
-    PrefillServiceOptions p;
+    PrefillServiceOptions p = prefill_options_;
     p.worker_id = "prefill";
     prefill_service_ =
-        std::make_unique<PrefillService>(prefill_engine_.get(), info, sender_.get(), &clock_, p);
+        std::make_unique<PrefillService>(prefill_engine_.get(), info, sender_.get(), clock_ptr_, p);
     int prefill_port = 0;
     prefill_server_ = Serve(prefill_service_.get(), &prefill_port);
     decode_ = v1::Decode::NewStub(
@@ -144,9 +146,11 @@ class PrefillDecodeTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    // The prefill side first: its last hand-offs (CommitKv) still reach the
+    // decode worker.
     prefill_server_->Shutdown();
-    decode_server_->Shutdown();
     prefill_service_.reset();
+    decode_server_->Shutdown();
     prefill_engine_->Shutdown();
     decode_engine_->Shutdown();
     // Nothing leaked on either side.
@@ -239,6 +243,10 @@ class PrefillDecodeTest : public ::testing::Test {
   }
 
   RealClock clock_;
+  // What the services run with; a derived fixture may change them before
+  // SetUp.
+  const Clock* clock_ptr_ = &clock_;
+  PrefillServiceOptions prefill_options_;
   FakeExporter exporter_;
   std::unique_ptr<CopyingSender> sender_;
   std::unique_ptr<engine::Engine> prefill_engine_;
@@ -292,6 +300,86 @@ TEST_F(PrefillDecodeTest, AFailedTransferAbortsBothSidesAndFreesTheirBlocks) {
   EXPECT_EQ(decode_service_->reservations().blocks_held(), 0);
   // The early connect failed too; Open tried again and reported it.
   EXPECT_THAT(sender_->calls(), ::testing::ElementsAre("connect", "open"));
+}
+
+// A transfer held after its first layer (as a long prefill or a slow link
+// would hold it), on a clock the test moves.
+class PrefillLeaseTest : public PrefillDecodeTest {
+ protected:
+  PrefillLeaseTest() {
+    clock_ptr_ = &fake_clock_;
+    prefill_options_.lease_renew_period = absl::ZeroDuration();  // The test renews.
+    prefill_options_.testonly_stall_after_layers = 0;
+  }
+
+  // Reserves (lease 30 s) and starts a prefill into the reservation; returns
+  // once its first token arrived (its transfer is then held).
+  void Start(const std::string& id) {
+    v1::ReserveKvRequest reserve;
+    reserve.set_request_id(id);
+    reserve.set_num_tokens(5);
+    SetProtoDuration(absl::Seconds(30), reserve.mutable_lease());
+    grpc::ClientContext context;
+    const grpc::Status s = decode_->ReserveKv(&context, reserve, &reserved_);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    v1::PrefillRequest prefill;
+    prefill.set_request_id(id);
+    for (int32_t t : {3, 1, 4, 1, 5}) prefill.add_prompt_token_ids(t);
+    prefill.mutable_sampling()->set_max_tokens(4);
+    *prefill.mutable_destination() = reserved_.destination();
+    prefill.mutable_destination()->set_decode_address(decode_address_);
+    prefill_reader_ = prefill_->Prefill(&prefill_context_, prefill);
+    v1::PrefillResponse response;
+    while (prefill_reader_->Read(&response) && !response.has_first_token()) {
+    }
+    ASSERT_TRUE(response.has_first_token());
+  }
+
+  // Reads the prefill stream to its end.
+  grpc::Status Finish() {
+    v1::PrefillResponse response;
+    while (prefill_reader_->Read(&response)) {
+    }
+    return prefill_reader_->Finish();
+  }
+
+  FakeClock fake_clock_{absl::FromUnixSeconds(1'700'000'000)};
+  v1::ReserveKvResponse reserved_;
+  grpc::ClientContext prefill_context_;
+  std::unique_ptr<grpc::ClientReader<v1::PrefillResponse>> prefill_reader_;
+};
+
+TEST_F(PrefillLeaseTest, KeepsTheReservationPastItsLeaseUntilTheHandOff) {
+  Start("long");
+  EXPECT_EQ(prefill_service_->leases_kept(), 1);
+  EXPECT_EQ(prefill_service_->RenewDueLeases(), 0);  // 30 s left of 30.
+  // Well past the reservation's original lease, renewed every 16 s.
+  for (int i = 0; i < 4; ++i) {
+    fake_clock_.Advance(absl::Seconds(16));
+    EXPECT_EQ(prefill_service_->RenewDueLeases(), 1) << "renewal " << i;
+  }
+  // The decode worker still holds the blocks: its lease was extended.
+  EXPECT_GT(decode_service_->reservations().blocks_held(), 0);
+  // The router gives up: the prefill stops, hands over ABORTED, and both
+  // sides free everything (TearDown); the lease is no longer kept.
+  prefill_context_.TryCancel();
+  EXPECT_EQ(Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(PrefillLeaseTest, AReservationWhoseLeaseEndedStopsThePrefillAtOnce) {
+  Start("orphan");
+  // No renewal in time (the decode worker was unreachable for the lease's
+  // second half): the decode worker frees the reservation, and the next
+  // renewal finds it gone.
+  fake_clock_.Advance(absl::Seconds(31));
+  decode_service_->ExpireLeases();
+  EXPECT_EQ(decode_service_->reservations().blocks_held(), 0);
+  EXPECT_EQ(prefill_service_->RenewDueLeases(), 0);
+  EXPECT_EQ(prefill_service_->leases_kept(), 0);
+  const grpc::Status status = Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("KV reservation on decode worker decode"));
+  EXPECT_THAT(status.error_message(), HasSubstr("expired"));
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ struct PrefillService::Call {
   int32_t prompt_tokens = 0;
   bool has_destination = false;
   v1::KvDestination destination;
-  // When the reservation's lease ends, on this worker's clock.
-  absl::Time lease_end;
+  // The reservation's lease in the service's LeaseKeeper; 0: none.
+  uint64_t lease_key = 0;
   absl::Time submitted;
   absl::Time first_token_time;
   std::atomic<bool> cancelled{false};
@@ -58,7 +58,10 @@ PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoRespon
       options_(std::move(options)),
       own_role_(options_.worker_role == nullptr ? std::make_unique<WorkerRole>(options_.role, clock)
                                                 : nullptr),
-      role_(options_.worker_role != nullptr ? options_.worker_role : own_role_.get()) {
+      role_(options_.worker_role != nullptr ? options_.worker_role : own_role_.get()),
+      leases_(clock, [this](const v1::KvDestination& destination, absl::Duration lease) {
+        return Renew(destination, lease);
+      }) {
   transfer_thread_ = std::thread([this] {
     while (true) {
       std::function<void()> job;
@@ -74,6 +77,20 @@ PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoRespon
       job();
     }
   });
+  if (options_.lease_renew_period > absl::ZeroDuration()) {
+    renew_thread_ = std::thread([this] {
+      while (true) {
+        {
+          absl::MutexLock lock(&mu_);
+          auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+          if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.lease_renew_period)) {
+            return;
+          }
+        }
+        leases_.RenewDue();
+      }
+    });
+  }
 }
 
 PrefillService::~PrefillService() {
@@ -82,6 +99,7 @@ PrefillService::~PrefillService() {
     stopping_ = true;
   }
   transfer_thread_.join();
+  if (renew_thread_.joinable()) renew_thread_.join();
 }
 
 void PrefillService::Enqueue(std::function<void()> job) {
@@ -98,7 +116,27 @@ std::shared_ptr<v1::Decode::Stub> PrefillService::StubFor(const std::string& add
   return stub;
 }
 
+absl::StatusOr<absl::Duration> PrefillService::Renew(const v1::KvDestination& destination,
+                                                     absl::Duration lease) {
+  auto stub = StubFor(destination.decode_address());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.commit_timeout));
+  v1::RenewKvRequest request;
+  request.set_decode_incarnation(destination.decode_incarnation());
+  request.set_reservation_id(destination.reservation_id());
+  SetProtoDuration(lease, request.mutable_lease());
+  v1::RenewKvResponse response;
+  const grpc::Status status = stub->RenewKv(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        absl::StrCat("RenewKv to ", destination.decode_address(), ": ", status.error_message()));
+  }
+  return DurationFromProto(response.lease_remaining());
+}
+
 absl::Status PrefillService::Commit(const Call& call, const v1::CommitKvRequest& request) {
+  leases_.Remove(call.lease_key);
   auto stub = StubFor(call.destination.decode_address());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.commit_timeout));
@@ -116,7 +154,7 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
   if (!call->open_error.ok() || call->cancelled.load()) return;
   if (layer != call->layers_posted) return;  // Out of order: Transfer posts the rest.
   if (call->transfer == nullptr) {
-    if (clock_->Now() >= call->lease_end) {
+    if (clock_->Now() >= leases_.LeaseEnd(call->lease_key)) {
       call->open_error = absl::DeadlineExceededError(absl::StrCat(
           "the KV reservation's lease ended before request ", call->request_id, "'s transfer"));
       return;
@@ -298,7 +336,17 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   call->has_destination = request->has_destination();
   if (call->has_destination) {
     call->destination = request->destination();
-    call->lease_end = clock_->Now() + DurationFromProto(request->destination().lease_remaining());
+    // Kept alive while the prompt waits, computes and transfers; if it is
+    // gone, the call stops now rather than after its compute.
+    std::weak_ptr<Call> weak = call;
+    call->lease_key = leases_.Add(request->destination(), [weak, engine](const absl::Status& why) {
+      std::shared_ptr<Call> c = weak.lock();
+      if (c == nullptr) return;
+      TRIDENT_LOG(WARNING) << "request " << c->request_id << ": " << why;
+      c->channel->Close(why);
+      c->cancelled.store(true);
+      if (c->in_engine.load()) engine->Abort(c->request_id);
+    });
     // Each layer goes as soon as the backend reports it computed, while the
     // later layers compute (layer-wise overlap); Transfer sends the rest.
     PrefillService* service = this;
@@ -414,6 +462,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
       });
   if (!submitted.ok()) {
     call->in_engine.store(false);
+    leases_.Remove(call->lease_key);
     call->channel->Close(submitted);
   }
   return reactor;

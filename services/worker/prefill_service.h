@@ -23,6 +23,7 @@
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
 #include "services/worker/kv_sender.h"
+#include "services/worker/lease_keeper.h"
 #include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
@@ -46,6 +47,10 @@ struct PrefillServiceOptions {
   // Longest wait for a transfer's posted sends to complete before the call
   // fails (and its blocks are freed).
   absl::Duration drain_timeout = absl::Seconds(10);
+  // How often the renewal thread renews the KV reservations of calls not
+  // yet handed over once less than half of their lease is left
+  // (LeaseKeeper). Zero: no thread (tests call RenewDueLeases).
+  absl::Duration lease_renew_period = absl::Seconds(1);
 };
 
 // Thread-safe.
@@ -61,6 +66,12 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   grpc::ServerWriteReactor<trident::v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context, const trident::v1::PrefillRequest* request) override;
 
+  // Renews the leases that are due (LeaseKeeper::RenewDue); the renewal
+  // thread's work. Returns how many were renewed.
+  int RenewDueLeases() { return leases_.RenewDue(); }
+  // KV reservations whose leases this worker keeps (calls not handed over).
+  int leases_kept() const { return leases_.size(); }
+
  private:
   struct Call;
   // Runs `job` on the transfer thread.
@@ -75,9 +86,13 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   // The rest of the transfer and the hand-off of a computed prompt; on the
   // transfer thread.
   void Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks);
-  // Decode.CommitKv to the call's decode worker.
+  // Decode.CommitKv to the call's decode worker; its lease is no longer
+  // kept from then on.
   absl::Status Commit(const Call& call, const trident::v1::CommitKvRequest& request);
   std::shared_ptr<trident::v1::Decode::Stub> StubFor(const std::string& address);
+  // Decode.RenewKv (LeaseKeeper::RenewFn).
+  absl::StatusOr<absl::Duration> Renew(const trident::v1::KvDestination& destination,
+                                       absl::Duration lease);
 
   engine::Engine* const engine_;
   const trident::v1::ModelInfoResponse model_info_;
@@ -93,6 +108,8 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   absl::flat_hash_map<std::string, std::shared_ptr<trident::v1::Decode::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
   std::thread transfer_thread_;
+  LeaseKeeper leases_;
+  std::thread renew_thread_;
 };
 
 }  // namespace trident::worker
