@@ -61,16 +61,35 @@ TEST(PagedBlockAllocatorTest, EmptyPoolIsExhaustedButAllowsZero) {
   EXPECT_THAT(allocator.Allocate(0), IsOkAndHolds(IsEmpty()));
 }
 
-TEST(PagedBlockAllocatorTest, ReusesMostRecentlyFreedBlocksFirst) {
+TEST(PagedBlockAllocatorTest, SingleBlocksFillTheLowestHoles) {
   PagedBlockAllocator allocator(6);
   ASSERT_THAT(allocator.Allocate(4), IsOk());  // 0..3
-  ASSERT_THAT(allocator.Free({1, 3}), IsOk());
+  ASSERT_THAT(allocator.Free({3, 1}), IsOk());
   EXPECT_EQ(allocator.num_free(), 4);
-  // The freed batch first, in the order given to Free, then the never-used 4.
-  EXPECT_THAT(allocator.Allocate(3), IsOkAndHolds(ElementsAre(1, 3, 4)));
+  EXPECT_THAT(allocator.Allocate(1), IsOkAndHolds(ElementsAre(1)));
+  EXPECT_THAT(allocator.Allocate(1), IsOkAndHolds(ElementsAre(3)));
+  EXPECT_THAT(allocator.Allocate(1), IsOkAndHolds(ElementsAre(4)));
 }
 
-TEST(PagedBlockAllocatorTest, AFreedSequenceComesBackInItsOrder) {
+TEST(PagedBlockAllocatorTest, ManyBlocksTakeTheFirstRunLongEnough) {
+  PagedBlockAllocator allocator(16);
+  ASSERT_THAT(allocator.Allocate(10), IsOk());  // 0..9
+  ASSERT_THAT(allocator.Free({1, 2, 5, 6, 7}), IsOk());
+  EXPECT_THAT(allocator.Allocate(3), IsOkAndHolds(ElementsAre(5, 6, 7)));
+  EXPECT_THAT(allocator.Allocate(4), IsOkAndHolds(ElementsAre(10, 11, 12, 13)));
+  EXPECT_THAT(allocator.Allocate(2), IsOkAndHolds(ElementsAre(1, 2)));
+}
+
+TEST(PagedBlockAllocatorTest, WithoutARunLongEnoughTheLowestFreeIdsAscending) {
+  PagedBlockAllocator allocator(8);
+  ASSERT_THAT(allocator.Allocate(8), IsOk());
+  ASSERT_THAT(allocator.Free({6, 1, 4, 3}), IsOk());
+  EXPECT_THAT(allocator.Allocate(3), IsOkAndHolds(ElementsAre(1, 3, 4)));
+  EXPECT_THAT(allocator.Allocate(1), IsOkAndHolds(ElementsAre(6)));
+  EXPECT_EQ(allocator.num_free(), 0);
+}
+
+TEST(PagedBlockAllocatorTest, AFreedSequenceComesBackAsTheSameRun) {
   // One sequence at a time, as when requests do not overlap: every reuse is
   // the same ascending run (a transfer's few large messages), never reversed.
   PagedBlockAllocator allocator(16);
@@ -79,12 +98,40 @@ TEST(PagedBlockAllocatorTest, AFreedSequenceComesBackInItsOrder) {
     ASSERT_THAT(blocks, IsOkAndHolds(ElementsAre(0, 1, 2, 3, 4))) << "round " << round;
     ASSERT_THAT(allocator.Free(*blocks), IsOk());
   }
-  // Two sequences freed one after the other: the later one's run comes first.
-  const std::vector<int32_t> a = *allocator.Allocate(3);  // 0, 1, 2
-  const std::vector<int32_t> b = *allocator.Allocate(3);  // 3, 4, 5
-  ASSERT_THAT(allocator.Free(a), IsOk());
-  ASSERT_THAT(allocator.Free(b), IsOk());
-  EXPECT_THAT(allocator.Allocate(6), IsOkAndHolds(ElementsAre(3, 4, 5, 0, 1, 2)));
+}
+
+TEST(PagedBlockAllocatorTest, DecodeGrowthLeavesARunForTheNextPrompt) {
+  // Eight sequences: a 4-block prompt each, then eight decode blocks each,
+  // taken in turn as a batch grows. Seven finish; the next prompt's
+  // reservation is one run (one KV message per layer chunk), not the
+  // interleaved ids the finished sequences held.
+  constexpr int kSequences = 8;
+  PagedBlockAllocator allocator(256);
+  std::vector<std::vector<int32_t>> sequences(kSequences);
+  for (auto& blocks : sequences) blocks = *allocator.Allocate(4);
+  for (int step = 0; step < 8; ++step) {
+    for (auto& blocks : sequences) blocks.push_back((*allocator.Allocate(1))[0]);
+  }
+  for (int i = 0; i + 1 < kSequences; ++i) ASSERT_THAT(allocator.Free(sequences[i]), IsOk());
+  const std::vector<int32_t> prompt = *allocator.Allocate(20);
+  ASSERT_EQ(prompt.size(), 20u);
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    EXPECT_EQ(prompt[i], prompt[0] + static_cast<int32_t>(i)) << "not one run at " << i;
+  }
+}
+
+TEST(PagedBlockAllocatorTest, RunsAcrossWordBoundaries) {
+  PagedBlockAllocator allocator(200);
+  ASSERT_THAT(allocator.Allocate(200), IsOk());
+  std::vector<int32_t> hole;
+  for (int32_t b = 60; b < 190; ++b) hole.push_back(b);
+  ASSERT_THAT(allocator.Free(hole), IsOk());
+  ASSERT_THAT(allocator.Free({10, 11}), IsOk());
+  const std::vector<int32_t> run = *allocator.Allocate(130);
+  EXPECT_EQ(run.front(), 60);
+  EXPECT_EQ(run.back(), 189);
+  EXPECT_THAT(allocator.Allocate(3), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(allocator.Allocate(2), IsOkAndHolds(ElementsAre(10, 11)));
 }
 
 TEST(PagedBlockAllocatorTest, DoubleFreeFailsAndFreesNothing) {
