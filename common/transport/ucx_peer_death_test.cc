@@ -360,14 +360,17 @@ class UcxRendezvousDeathTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(UcxRendezvousDeathTest, ReceiverKeepsWorkingWhenASenderIsKilled) {
   const std::string transports = GetParam();
-  auto worker = UcxWorker::Create({.transports = transports, .name = "receiver"});
-  ASSERT_THAT(worker, IsOk());
   constexpr size_t kMessageBytes = 1 << 20;
+  // Declared before the worker, so that they outlive it: fetches still
+  // pending when the test ends complete (CANCELLED) while the worker shuts
+  // down, into these buffers and through callbacks that take `mu`.
   absl::Mutex mu;
   absl::flat_hash_map<std::string, int64_t> fetched_bytes;  // By header.
   int failed = 0;
-  std::vector<std::unique_ptr<IncomingMessage>> held;
   std::vector<std::unique_ptr<std::vector<char>>> buffers;
+  std::vector<std::unique_ptr<IncomingMessage>> held;
+  auto worker = UcxWorker::Create({.transports = transports, .name = "receiver"});
+  ASSERT_THAT(worker, IsOk());
   auto fetch = [&](std::string header, IncomingMessage& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     buffers.push_back(std::make_unique<std::vector<char>>(message.length()));
     const size_t length = message.length();

@@ -683,11 +683,30 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     }
   }
 
+  // The worker whose progress thread this is (UCX runs request callbacks on
+  // it only: in progress, endpoint closes and the worker's destruction).
+  static WorkerCore*& ProgressCore() {
+    static thread_local WorkerCore* core = nullptr;
+    return core;
+  }
+
   static void OnSendComplete(void* request, ucs_status_t status, void* user_data) {
+    Op* const raw = static_cast<Op*>(user_data);
+    WorkerCore* const core = ProgressCore();
+    // Every request that calls back was listed when it started; one that is
+    // not was completed already, and its op is freed. Ignore such a second
+    // call rather than run the freed op: ucx_peer_death_test crashed in
+    // worker shutdown running an op's callback a second time (an empty
+    // std::function), after rendezvous senders had been killed, which is
+    // what a request called back twice does. The pointer is only looked up,
+    // never read.
+    if (core == nullptr || core->outstanding_.erase(raw) == 0) {
+      TRIDENT_LOG(WARNING) << "UCX called back a request that had already completed (status "
+                           << ucs_status_string(status) << "); ignored";
+      return;
+    }
     ucp_request_free(request);
-    std::unique_ptr<Op> op(static_cast<Op*>(user_data));
-    WorkerCore* core = op->core;
-    core->outstanding_.erase(op.get());
+    std::unique_ptr<Op> op(raw);
     const absl::Status result = OperationStatus(*op->endpoint, op->operation, status);
     core->Complete(std::move(op), result);
   }
@@ -842,6 +861,7 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
 
   void Loop() {
     progress_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
+    ProgressCore() = this;
     const int idle_ms = static_cast<int>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.idle_wakeup_interval)));
     // Shared-memory transports cannot always arm a wakeup (ucp_worker_arm
