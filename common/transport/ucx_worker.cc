@@ -363,14 +363,8 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     op->rkey = std::move(rkey);
     op->done = std::move(done);
     op->operation = "put";
-    Op* raw = op.release();
-    const bool posted = Post([this, raw, local, length, remote_address] {
-      std::unique_ptr<Op> op(raw);
-      EndpointState& ep = *op->endpoint;
-      if (ep.ep == nullptr) {
-        Complete(std::move(op), FailedEndpointStatus(ep, "put"));
-        return;
-      }
+    OnLiveEndpoint(std::move(op), [this, local, length, remote_address](std::unique_ptr<Op> op,
+                                                                        EndpointState& ep) {
       if (op->rkey->rkey == nullptr || op->rkey->endpoint != &ep) {
         Complete(std::move(op),
                  absl::InvalidArgumentError(absl::StrCat(
@@ -384,7 +378,6 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
           ucp_put_nbx(ep.ep, local, length, remote_address, op->rkey->rkey, &params);
       Started(std::move(op), request);
     });
-    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
   }
 
   void Send(std::shared_ptr<EndpointState> endpoint, uint16_t id, std::string header,
@@ -394,22 +387,15 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     op->header = std::move(header);
     op->done = std::move(done);
     op->operation = "message send";
-    Op* raw = op.release();
-    const bool posted = Post([this, raw, id, data, length, rendezvous] {
-      std::unique_ptr<Op> op(raw);
-      EndpointState& ep = *op->endpoint;
-      if (ep.ep == nullptr) {
-        Complete(std::move(op), FailedEndpointStatus(ep, "message send"));
-        return;
-      }
-      ucp_request_param_t params = CallbackParams(op.get());
-      params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-      params.flags = rendezvous ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
-      ucs_status_ptr_t request =
-          ucp_am_send_nbx(ep.ep, id, op->header.data(), op->header.size(), data, length, &params);
-      Started(std::move(op), request);
-    });
-    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+    OnLiveEndpoint(std::move(op),
+                   [this, id, data, length, rendezvous](std::unique_ptr<Op> op, EndpointState& ep) {
+                     ucp_request_param_t params = CallbackParams(op.get());
+                     params.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+                     params.flags = rendezvous ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+                     ucs_status_ptr_t request = ucp_am_send_nbx(
+                         ep.ep, id, op->header.data(), op->header.size(), data, length, &params);
+                     Started(std::move(op), request);
+                   });
   }
 
   absl::Status SetMessageHandler(uint16_t id, MessageHandler handler,
@@ -426,20 +412,9 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     slot->rendezvous = std::move(rendezvous);
     absl::Status status;
     absl::Status run = RunSync([&] {
-      ucp_am_handler_param_t params{};
-      params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                          UCP_AM_HANDLER_PARAM_FIELD_ARG;
-      params.id = id;
-      params.cb = &WorkerCore::OnMessage;
-      params.arg = slot.get();
-      const ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &params);
-      if (st != UCS_OK) {
-        status = absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler(", id,
-                                                  ") failed: ", ucs_status_string(st)));
-        return;
-      }
+      status = SetAmHandler(id, &WorkerCore::OnMessage, slot.get());
       // The old slot (if any) is no longer referenced by UCX.
-      handlers_[id] = std::move(slot);
+      if (status.ok()) handlers_[id] = std::move(slot);
     });
     if (!run.ok()) return run;
     return status;
@@ -475,19 +450,11 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     op->endpoint = std::move(endpoint);
     op->done = std::move(done);
     op->operation = "flush";
-    Op* raw = op.release();
-    const bool posted = Post([this, raw] {
-      std::unique_ptr<Op> op(raw);
-      EndpointState& ep = *op->endpoint;
-      if (ep.ep == nullptr) {
-        Complete(std::move(op), FailedEndpointStatus(ep, "flush"));
-        return;
-      }
+    OnLiveEndpoint(std::move(op), [this](std::unique_ptr<Op> op, EndpointState& ep) {
       ucp_request_param_t params = CallbackParams(op.get());
       ucs_status_ptr_t request = ucp_ep_flush_nbx(ep.ep, &params);
       Started(std::move(op), request);
     });
-    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
   }
 
   void Handshake(std::shared_ptr<EndpointState> endpoint, DoneCallback done) {
@@ -495,14 +462,7 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
     op->endpoint = std::move(endpoint);
     op->done = std::move(done);
     op->operation = "handshake";
-    Op* raw = op.release();
-    const bool posted = Post([this, raw] {
-      std::unique_ptr<Op> op(raw);
-      EndpointState& ep = *op->endpoint;
-      if (ep.ep == nullptr) {
-        Complete(std::move(op), FailedEndpointStatus(ep, "handshake"));
-        return;
-      }
+    OnLiveEndpoint(std::move(op), [this](std::unique_ptr<Op> op, EndpointState& ep) {
       const uint64_t token = next_handshake_token_++;
       // The ping: eager, and asking UCX for a reply endpoint at the peer,
       // which answers on it (OnHandshakeMessage). Its own completion matters
@@ -522,26 +482,30 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
                                                  ping->header.size(), nullptr, 0, &params);
       Started(std::move(ping), request);
     });
-    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
   }
 
   // Installs the handler of handshake pings and answers. Before Start.
   absl::Status InstallHandshakeHandler() {
+    return SetAmHandler(kHandshakeMessageId, &WorkerCore::OnHandshakeMessage, this);
+  }
+
+ private:
+  // Points UCX's active messages `id` at `callback(arg, ...)`.
+  absl::Status SetAmHandler(uint16_t id, ucp_am_recv_callback_t callback, void* arg) {
     ucp_am_handler_param_t params{};
     params.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                         UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    params.id = kHandshakeMessageId;
-    params.cb = &WorkerCore::OnHandshakeMessage;
-    params.arg = this;
+    params.id = id;
+    params.cb = callback;
+    params.arg = arg;
     const ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &params);
     if (st != UCS_OK) {
-      return absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler(handshake) failed: ",
-                                              ucs_status_string(st)));
+      return absl::InternalError(
+          absl::StrCat("ucp_worker_set_am_recv_handler(", id, ") failed: ", ucs_status_string(st)));
     }
     return absl::OkStatus();
   }
 
- private:
   // Handshake header: one kind byte, then the initiator's 8-byte token.
   static constexpr char kHandshakePing = 'P';
   static constexpr char kHandshakeAnswer = 'A';
@@ -628,6 +592,26 @@ class WorkerCore : public std::enable_shared_from_this<WorkerCore> {
       callback(std::move(status));
     }
   };
+
+  // Runs `body(op, endpoint)` on the progress thread for an operation on
+  // op->endpoint; fails the op instead when that endpoint has failed or
+  // closed (FailedEndpointStatus), or when the worker takes no more work
+  // (ShutDownError).
+  template <typename Body>
+  void OnLiveEndpoint(std::unique_ptr<Op> op, Body body) {
+    Op* raw = op.release();
+    const bool posted = Post([this, raw, body = std::move(body)]() mutable {
+      std::unique_ptr<Op> op(raw);
+      EndpointState& ep = *op->endpoint;
+      if (ep.ep == nullptr) {
+        absl::Status failed = FailedEndpointStatus(ep, op->operation);
+        Complete(std::move(op), std::move(failed));
+        return;
+      }
+      body(std::move(op), ep);
+    });
+    if (!posted) std::unique_ptr<Op>(raw)->Finish(ShutDownError());
+  }
 
   struct HandlerSlot {
     WorkerCore* core = nullptr;

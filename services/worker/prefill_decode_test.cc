@@ -5,6 +5,7 @@
 // sender writes blocks. The test plays the router: ReserveKv on the decode
 // worker, Prefill with that destination, Decode on the reservation.
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,14 @@ class CopyingSender final : public KvSender {
   std::vector<std::string> calls() {
     absl::MutexLock lock(&mu_);
     return calls_;
+  }
+  // Waits for the first Open call (a transfer past its lease check).
+  void AwaitOpen() {
+    absl::MutexLock lock(&mu_);
+    auto opened = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::find(calls_.begin(), calls_.end(), "open") != calls_.end();
+    };
+    mu_.Await(absl::Condition(&opened));
   }
 
  private:
@@ -313,7 +322,7 @@ class PrefillLeaseTest : public PrefillDecodeTest {
   }
 
   // Reserves (lease 30 s) and starts a prefill into the reservation; returns
-  // once its first token arrived (its transfer is then held).
+  // once its first token arrived and its transfer opened (and is held).
   void Start(const std::string& id) {
     v1::ReserveKvRequest reserve;
     reserve.set_request_id(id);
@@ -333,6 +342,8 @@ class PrefillLeaseTest : public PrefillDecodeTest {
     while (prefill_reader_->Read(&response) && !response.has_first_token()) {
     }
     ASSERT_TRUE(response.has_first_token());
+    // The clock moves only after the transfer's own lease check.
+    sender_->AwaitOpen();
   }
 
   // Reads the prefill stream to its end.
