@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "common/backend/model_backend.h"
+#include "common/engine/request.h"
 #include "common/kv/block_allocator.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
@@ -45,69 +46,6 @@ struct EngineOptions {
   int32_t max_batch_tokens = 2048;
   // Most sequences in the running batch.
   int32_t max_running = 256;
-};
-
-// What one request asks of the engine. Text-level conditions (stop strings)
-// are the caller's business: it calls Abort when one matches.
-struct EngineRequest {
-  std::string id;
-  std::vector<int32_t> prompt;
-  sampling::SamplingParams sampling;
-  int32_t max_tokens = 16;
-  // Sampling one of these ends the request with kStop (the token is
-  // returned). The caller adds the model's EOS ids unless ignore_eos.
-  std::vector<int32_t> stop_token_ids;
-  // Disaggregated prefill: compute the prompt and sample the first token,
-  // then stop with kPrefilled and keep the prompt's KV blocks (the event
-  // lists them) until ReleasePrefilled, so they can be sent to a decode
-  // worker. The prompt's blocks are allocated whole when the request is
-  // admitted, and such a sequence is never preempted. If the first token
-  // ends the request (stop token, max_tokens 1) it finishes as usual and
-  // its blocks are freed.
-  bool prefill_only = false;
-  // For prefill_only requests on a backend that reports layer progress
-  // (ModelBackend::reports_layer_progress): called for each layer, in order,
-  // as soon as the whole prompt's KV of that layer is in the cache (during
-  // the step that computes the prompt's last chunk, while later layers still
-  // compute), with the prompt's blocks in token order. From the engine's
-  // thread or a backend thread; it must be quick. The blocks stay the
-  // request's until ReleasePrefilled (or its end, if it fails).
-  std::function<void(int32_t layer, const std::vector<int32_t>& blocks)> on_layer_done;
-  // Admission inputs (the router's); the engine ignores them. Empty class:
-  // the default; unset targets: the class's.
-  std::string qos_class;
-  absl::optional<absl::Duration> ttft_slo;
-  absl::optional<absl::Duration> tpot_slo;
-};
-
-enum class FinishReason {
-  kNone,
-  kStop,
-  kLength,
-  kAborted,
-  kError,
-  // A prefill_only request's prompt is computed and its first token sampled.
-  kPrefilled,
-};
-
-// One sampled token of one request.
-struct TokenEvent {
-  std::string request_id;
-  int32_t token = -1;
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top_logprobs;
-  // Index of this token among the request's outputs.
-  int32_t output_index = 0;
-  FinishReason finish = FinishReason::kNone;
-  // For kStop: the stop token sampled.
-  int32_t matched_stop_token = -1;
-  // For kPrefilled: the blocks holding the prompt's KV, in token order
-  // (ceil(prompt / block_size) of them), owned by the caller until
-  // ReleasePrefilled.
-  std::vector<int32_t> prefilled_blocks;
-  // For kError: what went wrong (INTERNAL when not set), which the serving
-  // front half returns as the call's status.
-  absl::Status error;
 };
 
 struct EngineStats {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/engine/engine_core.h"
+#include "common/engine/request.h"
 
 namespace trident::engine {
 

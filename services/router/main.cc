@@ -15,6 +15,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/frontend/generation_service.h"
+#include "common/frontend/model_info.h"
 #include "common/logging/log.h"
 #include "common/model/config.h"
 #include "common/service/service_runtime.h"
@@ -24,16 +26,13 @@
 #include "services/router/admission/admission_controller.h"
 #include "services/router/admission/qos_config.h"
 #include "services/router/admission/worker_load_proto.h"
-#include "services/router/generation_service.h"
 #include "services/router/load_subscriber.h"
 #include "services/router/remote_token_source.h"
 #include "services/router/router_metrics.h"
-#include "services/worker/generation_service.h"
-#include "services/worker/worker_model.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model directory (config.json, tokenizer.json) the workers serve; the router reads "
-          "no weights. Empty: Generation answers UNIMPLEMENTED.");
+          "no weights. Required.");
 ABSL_FLAG(std::string, model_name, "", "Name ModelInfo reports; empty: the directory's name.");
 ABSL_FLAG(int32_t, max_model_len, 0,
           "Longest prompt + output accepted; 0: the model's max_position_embeddings. Keep it "
@@ -54,8 +53,10 @@ ABSL_FLAG(int32_t, load_interval_ms, 100, "Interval of the workers' load streams
 ABSL_FLAG(int32_t, kv_lease_ms, 30000,
           "Lease of each KV reservation on a decode worker: blocks whose prefill worker never "
           "commits (it died) return to the pool when it ends.");
-ABSL_FLAG(std::string, controller_address, "",
-          "host:port of the controller whose topology lists the workers; empty: none.");
+ABSL_FLAG(int32_t, max_kv_wait_ms, 60000,
+          "A request whose decode worker's KV cache is full waits for room at most this long "
+          "(and never past its TTFT target when admission is on, nor past its deadline), then "
+          "gets RESOURCE_EXHAUSTED with RetryInfo.");
 
 namespace {
 
@@ -76,9 +77,8 @@ int main(int argc, char** argv) {
         namespace admission = trident::router::admission;
         const std::string model_dir = absl::GetFlag(FLAGS_model);
         if (model_dir.empty()) {
-          TRIDENT_LOG(WARNING) << "no --model given: Generation answers UNIMPLEMENTED";
-          trident::router::GenerationService unserved;
-          return runtime.Serve({{&unserved, trident::v1::Generation::service_full_name()}});
+          return trident::InvalidArgumentForField(
+              "--model", "name the model directory the workers serve (config.json, tokenizer.json)");
         }
         absl::StatusOr<trident::model::ModelConfig> config =
             trident::model::LoadModelConfig(model_dir);
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
         if (absl::GetFlag(FLAGS_max_model_len) > 0) {
           max_len = std::min(max_len, absl::GetFlag(FLAGS_max_model_len));
         }
-        const trident::v1::ModelInfoResponse info = trident::worker::ModelInfoFor(
+        const trident::v1::ModelInfoResponse info = trident::frontend::ModelInfoFor(
             *config, **tokenizer, model_dir, absl::GetFlag(FLAGS_model_name), max_len,
             /*kv_block_size=*/16, trident::numeric::DType::kBF16);
 
@@ -115,6 +115,10 @@ int main(int argc, char** argv) {
         trident::router::RouterMetrics metrics(runtime.registry(), qos);
         trident::router::RemoteTokenSourceOptions remote_options;
         remote_options.reserve_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
+        if (absl::GetFlag(FLAGS_max_kv_wait_ms) < 0) {
+          return trident::InvalidArgumentForField("--max_kv_wait_ms", "must not be negative");
+        }
+        remote_options.max_kv_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_kv_wait_ms));
         remote_options.metrics = &metrics;
         remote_options.clock = &clock;
         trident::router::RemoteTokenSource remote(&controller, remote_options);
@@ -168,7 +172,7 @@ int main(int argc, char** argv) {
         trident::router::LoadSubscriber loads(
             std::vector<std::string>(addresses.begin(), addresses.end()), callbacks, load_options);
 
-        trident::worker::GenerationService generation(&remote, tokenizer->get(), info, &clock);
+        trident::frontend::GenerationService generation(&remote, tokenizer->get(), info, &clock);
         return runtime.Serve({{&generation, trident::v1::Generation::service_full_name()}});
       });
 }

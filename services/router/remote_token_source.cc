@@ -1,15 +1,16 @@
 #include "services/router/remote_token_source.h"
 
-#include <atomic>
-#include <deque>
-#include <thread>
+#include <algorithm>
+#include <chrono>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/frontend/request_proto.h"
+#include "common/grpc/status.h"
 #include "common/logging/log.h"
+#include "common/status/error_details.h"
 #include "common/time/proto_time.h"
-#include "services/worker/worker_request.h"
 
 namespace trident::router {
 namespace {
@@ -51,46 +52,605 @@ engine::TokenEvent EventFrom(const std::string& id, const v1::TokenChunk& chunk,
   return ev;
 }
 
+// A worker's status as the client gets it: code and details (RetryInfo,
+// BadRequest) kept, the message prefixed with the call and the worker.
+absl::Status WorkerStatus(absl::string_view call, absl::string_view address,
+                          const grpc::Status& status) {
+  const absl::Status from = FromGrpcStatus(status);
+  absl::Status out(from.code(), absl::StrCat(call, " on ", address, ": ", from.message()));
+  from.ForEachPayload([&out](absl::string_view type_url, const absl::Cord& payload) {
+    out.SetPayload(type_url, payload);
+  });
+  return out;
+}
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+}
+
+// Fire-and-forget Decode.ReleaseKv for a reservation nobody will use (the
+// request was aborted between its reservation and its calls).
+void ReleaseReservation(v1::Decode::Stub* stub, const v1::KvDestination& destination,
+                        const std::string& why) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::ReleaseKvRequest request;
+    v1::ReleaseKvResponse response;
+  };
+  auto* call = new Call;
+  call->context.set_deadline(DeadlineIn(absl::Seconds(10)));
+  call->request.set_decode_incarnation(destination.decode_incarnation());
+  call->request.set_reservation_id(destination.reservation_id());
+  call->request.set_reason(why);
+  stub->async()->ReleaseKv(&call->context, &call->request, &call->response,
+                           [call](grpc::Status) { delete call; });
+}
+
 }  // namespace
 
-struct RemoteTokenSource::Flight {
-  engine::EngineRequest request;
-  engine::TokenCallback callback;
-  admission::AdmissionId admission = 0;
-  // For the debug line at the end: the admission's predictions and when the
-  // request reached its milestones.
-  absl::Duration predicted_ttft;
-  absl::Duration predicted_tpot;
-  absl::Time admitted;
-  std::string prefill_address;
-  std::string decode_address;
-  Stubs* prefill_stubs = nullptr;
-  Stubs* decode_stubs = nullptr;
-  // Stage, latencies and outcome in the router's metrics.
-  std::unique_ptr<RequestObserver> observer;
-  // Cancellation: the contexts of the calls in progress.
-  absl::Mutex mu;
-  bool aborted ABSL_GUARDED_BY(mu) = false;
-  grpc::ClientContext* prefill_context ABSL_GUARDED_BY(mu) = nullptr;
-  grpc::ClientContext* decode_context ABSL_GUARDED_BY(mu) = nullptr;
+// One request. Its calls' callbacks run on gRPC's threads; `mu_` orders
+// them. Owned by the source's `flights_` until both worker calls have
+// ended (OnFlightDone), and kept alive by the callbacks in flight.
+class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
+ public:
+  // Where the request runs, as admission chose it.
+  struct Route {
+    admission::AdmissionId admission = 0;
+    std::string prefill_id;
+    std::string decode_id;
+    std::string prefill_address;
+    std::string decode_address;
+    Stubs* prefill_stubs = nullptr;
+    Stubs* decode_stubs = nullptr;
+    absl::Duration predicted_ttft;
+    absl::Duration predicted_tpot;
+  };
+
+  Flight(RemoteTokenSource* source, engine::EngineRequest request, engine::TokenCallback callback,
+         absl::Time arrival)
+      : source_(source),
+        request_(std::move(request)),
+        callback_(std::move(callback)),
+        arrival_(arrival),
+        observer_(source->options_.metrics, source->clock_, request_.qos_class, arrival) {}
+
+  const engine::EngineRequest& request() const { return request_; }
+  absl::Time arrival() const { return arrival_; }
+
+  admission::AdmissionRequest AdmissionAsk() const {
+    admission::AdmissionRequest ask;
+    ask.prompt_tokens = static_cast<int64_t>(request_.prompt.size());
+    ask.max_output_tokens = request_.max_tokens;
+    ask.qos_class = request_.qos_class;
+    ask.ttft = request_.ttft_slo;
+    ask.tpot = request_.tpot_slo;
+    return ask;
+  }
+
+  // The latest a request that finds the KV cache full may still be given
+  // room: its TTFT target under admission, its deadline, the source's cap.
+  absl::Time WaitLimit(const admission::AdmissionDecision& decision) const {
+    absl::Duration limit = source_->options_.max_kv_wait;
+    if (decision.ttft_target.has_value()) limit = std::min(limit, *decision.ttft_target);
+    if (request_.time_limit.has_value()) limit = std::min(limit, *request_.time_limit);
+    return arrival_ + limit;
+  }
+
+  // Takes the route and asks its decode worker for a reservation; ends the
+  // request instead if it was aborted meanwhile.
+  void Reserve(Route route) ABSL_LOCKS_EXCLUDED(mu_);
+  // The reservation's answer: the streams start, or the request waits for
+  // KV room (returns false: the caller hands it to WaitForKv), or ends.
+  bool OnReserved(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // While the request waits for KV room.
+  void SetWaiting(bool waiting) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a request that never (or no longer) has a call in flight: its
+  // final event carries `status` (kError), or kAborted when it is OK;
+  // `rejected`: counted as refused for that reason.
+  void EndWithoutCalls(const absl::Status& status,
+                       absl::optional<admission::RejectReason> rejected) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels the calls in flight; the request then ends as aborted.
+  void Abort() ABSL_LOCKS_EXCLUDED(mu_);
+  bool aborted() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return aborted_;
+  }
+
+  // Waiting state, guarded by the source's mu_.
+  absl::Time wait_limit = absl::InfiniteFuture();
+  absl::Time next_try = absl::InfiniteFuture();
+  absl::Duration retry_interval;
+
+ private:
+  class PrefillCall;
+  class DecodeCall;
+  enum class Call { kPrefill, kDecode };
+
+  void StartStreams(const v1::KvDestination& destination) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnPrefillMessage(const v1::PrefillResponse& p) ABSL_LOCKS_EXCLUDED(mu_);
+  void HandlePrefillLocked(const v1::PrefillResponse& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnDecodeMessage(v1::DecodeResponse d) ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleDecodeLocked(const v1::DecodeResponse& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCallDone(Call call, const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Emits the tokens of `chunk`.
+  void EmitChunkLocked(const v1::TokenChunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Emits the final event from a worker's completion.
+  void EmitCompleteLocked(const v1::GenerateComplete& complete) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `ev` for the callback, which DeliverOutbox calls in order
+  // without holding mu_ (the callback may call Abort, e.g. on a stop
+  // string).
+  void EmitLocked(engine::TokenEvent ev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Delivers queued events (one thread at a time, in order); once the
+  // request is settled and its last event delivered, tells the source.
+  void DeliverOutbox() ABSL_LOCKS_EXCLUDED(mu_);
+  // The final event of a request that did not complete: aborted, or failed
+  // with `status`.
+  void EndLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  engine::RequestPlacement PlacementLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admission's bookkeeping and the debug line, once the request is over.
+  void SettleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  RemoteTokenSource* const source_;
+  const engine::EngineRequest request_;
+  const engine::TokenCallback callback_;
+  const absl::Time arrival_;
+
+  mutable absl::Mutex mu_;
+  RequestObserver observer_ ABSL_GUARDED_BY(mu_);
+  Route route_ ABSL_GUARDED_BY(mu_);
+  absl::Time admitted_at_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  // The final event was emitted.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int32_t outputs_ ABSL_GUARDED_BY(mu_) = 0;
+  // The prefill's first token was emitted; decode messages wait for it.
+  bool first_emitted_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::DecodeResponse> held_decode_ ABSL_GUARDED_BY(mu_);
+  // The first failure of a worker call (the one the client gets).
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  int open_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<engine::TokenEvent> outbox_ ABSL_GUARDED_BY(mu_);
+  bool delivering_ ABSL_GUARDED_BY(mu_) = false;
+  // SettleLocked ran; the source was told (OnFlightDone).
+  bool settled_ ABSL_GUARDED_BY(mu_) = false;
+  bool reported_done_ ABSL_GUARDED_BY(mu_) = false;
+  // Milestones, on the source's clock, and the workers' own timings.
+  absl::Time reserved_at_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_token_at_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_token_at_ ABSL_GUARDED_BY(mu_);
+  absl::Time transfer_done_at_ ABSL_GUARDED_BY(mu_);
+  absl::optional<absl::Duration> prefill_queued_ ABSL_GUARDED_BY(mu_);
+  absl::optional<absl::Duration> prefill_time_ ABSL_GUARDED_BY(mu_);
+  absl::optional<absl::Duration> transfer_time_ ABSL_GUARDED_BY(mu_);
+  // The calls. Contexts live as long as the flight, so cancelling one
+  // whose call has ended is harmless.
+  v1::ReserveKvRequest reserve_request_;
+  v1::ReserveKvResponse reserve_response_;
+  std::unique_ptr<grpc::ClientContext> reserve_context_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PrefillCall> prefill_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DecodeCall> decode_ ABSL_GUARDED_BY(mu_);
 };
+
+// The Prefill stream of one request.
+class RemoteTokenSource::Flight::PrefillCall final
+    : public grpc::ClientReadReactor<v1::PrefillResponse> {
+ public:
+  PrefillCall(Flight* flight, v1::PrefillRequest request, absl::Duration timeout)
+      : flight_(flight), request_(std::move(request)) {
+    context_.set_deadline(DeadlineIn(timeout));
+  }
+  void Start(v1::Prefill::Stub* stub) {
+    stub->async()->Prefill(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    flight_->OnPrefillMessage(response_);
+    response_.Clear();
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& status) override { flight_->OnCallDone(Call::kPrefill, status); }
+
+ private:
+  Flight* const flight_;
+  grpc::ClientContext context_;
+  const v1::PrefillRequest request_;
+  v1::PrefillResponse response_;
+};
+
+// The Decode stream of one request, read from the start so that a decode
+// worker dying while the prefill still runs ends the request at once.
+class RemoteTokenSource::Flight::DecodeCall final
+    : public grpc::ClientReadReactor<v1::DecodeResponse> {
+ public:
+  DecodeCall(Flight* flight, v1::DecodeRequest request, absl::Duration timeout)
+      : flight_(flight), request_(std::move(request)) {
+    context_.set_deadline(DeadlineIn(timeout));
+  }
+  void Start(v1::Decode::Stub* stub) {
+    stub->async()->Decode(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    flight_->OnDecodeMessage(std::move(response_));
+    response_ = v1::DecodeResponse();
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& status) override { flight_->OnCallDone(Call::kDecode, status); }
+
+ private:
+  Flight* const flight_;
+  grpc::ClientContext context_;
+  const v1::DecodeRequest request_;
+  v1::DecodeResponse response_;
+};
+
+void RemoteTokenSource::Flight::Reserve(Route route) {
+  std::shared_ptr<Flight> self = shared_from_this();
+  v1::Decode::Stub* stub = route.decode_stubs->decode.get();
+  bool proceed;
+  {
+    absl::MutexLock lock(&mu_);
+    route_ = std::move(route);
+    admitted_at_ = source_->clock_->Now();
+    proceed = !aborted_;
+    if (!proceed) {
+      EndLocked(absl::OkStatus());
+      SettleLocked();
+    } else {
+      reserve_request_.set_request_id(request_.id);
+      reserve_request_.set_num_tokens(static_cast<int32_t>(request_.prompt.size()));
+      reserve_request_.set_max_total_tokens(static_cast<int32_t>(request_.prompt.size()) +
+                                            request_.max_tokens);
+      SetProtoDuration(source_->options_.reserve_lease, reserve_request_.mutable_lease());
+      reserve_request_.set_qos_class(request_.qos_class);
+      reserve_response_.Clear();
+      reserve_context_ = std::make_unique<grpc::ClientContext>();
+      reserve_context_->set_deadline(DeadlineIn(source_->options_.reserve_timeout));
+      ++open_calls_;
+    }
+  }
+  if (!proceed) {
+    DeliverOutbox();
+    return;
+  }
+  stub->async()->ReserveKv(reserve_context_.get(), &reserve_request_, &reserve_response_,
+                           [self](grpc::Status status) {
+                             if (!self->OnReserved(status)) {
+                               self->source_->WaitForKv(self, FromGrpcStatus(status));
+                             }
+                           });
+}
+
+bool RemoteTokenSource::Flight::OnReserved(const grpc::Status& status) {
+  bool start = false;
+  bool done = false;
+  {
+    absl::MutexLock lock(&mu_);
+    --open_calls_;
+    reserved_at_ = source_->clock_->Now();
+    if (aborted_) {
+      if (status.ok()) {
+        ReleaseReservation(route_.decode_stubs->decode.get(), reserve_response_.destination(),
+                           "the request was aborted");
+      }
+      EndLocked(absl::OkStatus());
+      done = true;
+    } else if (status.ok()) {
+      start = true;
+    } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // The KV cache is full: the admission slot goes back while the
+      // request waits, and the retry is admitted afresh.
+      source_->admission_->Release(route_.admission);
+      route_.admission = 0;
+      return false;
+    } else {
+      EndLocked(WorkerStatus("ReserveKv", route_.decode_address, status));
+      done = true;
+    }
+    if (done) SettleLocked();
+  }
+  if (start) StartStreams(reserve_response_.destination());
+  if (done) DeliverOutbox();
+  return true;
+}
+
+void RemoteTokenSource::Flight::SetWaiting(bool waiting) {
+  absl::MutexLock lock(&mu_);
+  observer_.OnKvWait(waiting);
+}
+
+void RemoteTokenSource::Flight::EndWithoutCalls(
+    const absl::Status& status, absl::optional<admission::RejectReason> rejected) {
+  std::shared_ptr<Flight> self = shared_from_this();
+  {
+    absl::MutexLock lock(&mu_);
+    if (rejected.has_value()) observer_.OnRejected(*rejected);
+    EndLocked(status);
+    SettleLocked();
+  }
+  DeliverOutbox();
+}
+
+void RemoteTokenSource::Flight::StartStreams(const v1::KvDestination& reserved) {
+  v1::KvDestination destination = reserved;
+  v1::DecodeRequest decode;
+  v1::PrefillRequest prefill;
+  PrefillCall* prefill_call;
+  DecodeCall* decode_call;
+  Route route;
+  {
+    absl::MutexLock lock(&mu_);
+    route = route_;
+    if (destination.decode_address().empty()) destination.set_decode_address(route.decode_address);
+    decode.set_request_id(request_.id);
+    decode.set_reservation_id(destination.reservation_id());
+    decode.set_decode_incarnation(destination.decode_incarnation());
+    prefill.set_request_id(request_.id);
+    for (int32_t t : request_.prompt) {
+      decode.add_prompt_token_ids(t);
+      prefill.add_prompt_token_ids(t);
+    }
+    FillSampling(request_, decode.mutable_sampling(), decode.mutable_stop(),
+                 decode.mutable_options());
+    *prefill.mutable_sampling() = decode.sampling();
+    *prefill.mutable_stop() = decode.stop();
+    *prefill.mutable_options() = decode.options();
+    prefill.set_qos_class(request_.qos_class);
+    decode.set_qos_class(request_.qos_class);
+    SetProtoDuration(source_->clock_->Now() - arrival_, prefill.mutable_elapsed());
+    *prefill.mutable_destination() = destination;
+    const absl::Duration timeout = source_->options_.call_timeout;
+    decode_ = std::make_unique<DecodeCall>(this, std::move(decode), timeout);
+    prefill_ = std::make_unique<PrefillCall>(this, std::move(prefill), timeout);
+    decode_call = decode_.get();
+    prefill_call = prefill_.get();
+    open_calls_ += 2;
+  }
+  // Decode first: it waits for the hand-off the prefill makes.
+  decode_call->Start(route.decode_stubs->decode.get());
+  prefill_call->Start(route.prefill_stubs->prefill.get());
+}
+
+void RemoteTokenSource::Flight::OnPrefillMessage(const v1::PrefillResponse& p) {
+  {
+    absl::MutexLock lock(&mu_);
+    HandlePrefillLocked(p);
+  }
+  DeliverOutbox();
+}
+
+void RemoteTokenSource::Flight::HandlePrefillLocked(const v1::PrefillResponse& p) {
+  if (p.has_started()) {
+    prefill_queued_ = (reserved_at_ - arrival_) + DurationFromProto(p.started().queued());
+  } else if (p.has_first_token()) {
+    // The prompt is computed: the prefill worker's queue is shorter by it
+    // from now on (its KV transfer runs beside the next prefills).
+    source_->admission_->MarkPrefillDone(route_.admission);
+    source_->admission_->ObserveTtft(route_.admission, source_->clock_->Now() - admitted_at_);
+    EmitChunkLocked(p.first_token());
+    first_emitted_ = true;
+    while (!held_decode_.empty()) {
+      HandleDecodeLocked(held_decode_.front());
+      held_decode_.pop_front();
+    }
+  } else if (p.has_transfer_done()) {
+    transfer_done_at_ = source_->clock_->Now();
+    prefill_time_ = DurationFromProto(p.transfer_done().prefill_time());
+    transfer_time_ = DurationFromProto(p.transfer_done().transfer_time());
+    observer_.OnPrefillDone();
+  } else if (p.has_complete()) {
+    // The first token ended the request.
+    EmitCompleteLocked(p.complete());
+  }
+}
+
+void RemoteTokenSource::Flight::OnDecodeMessage(v1::DecodeResponse d) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!first_emitted_) {
+      held_decode_.push_back(std::move(d));
+      return;
+    }
+    HandleDecodeLocked(d);
+  }
+  DeliverOutbox();
+}
+
+void RemoteTokenSource::Flight::HandleDecodeLocked(const v1::DecodeResponse& d) {
+  if (d.has_chunk()) {
+    EmitChunkLocked(d.chunk());
+  } else if (d.has_complete()) {
+    EmitCompleteLocked(d.complete());
+  }
+}
+
+void RemoteTokenSource::Flight::OnCallDone(Call call, const grpc::Status& status) {
+  // Callbacks may hold the last other reference; the flight ends here.
+  std::shared_ptr<Flight> self = shared_from_this();
+  std::vector<std::function<void()>> cancels;
+  bool done;
+  {
+    absl::MutexLock lock(&mu_);
+    --open_calls_;
+    if (!status.ok() && failure_.ok() && !aborted_ && !finished_ &&
+        status.error_code() != grpc::StatusCode::CANCELLED) {
+      // The first failure is reported; the other call is cancelled, and
+      // its worker frees the sequence's KV.
+      failure_ = call == Call::kPrefill
+                     ? WorkerStatus("Prefill", route_.prefill_address, status)
+                     : WorkerStatus("Decode", route_.decode_address, status);
+      if (call == Call::kPrefill) {
+        cancels.push_back([this] { decode_->Cancel(); });
+      } else {
+        cancels.push_back([this] { prefill_->Cancel(); });
+      }
+    }
+    if (call == Call::kPrefill) observer_.OnPrefillDone();
+    done = open_calls_ == 0;
+    if (done) {
+      if (!finished_) {
+        EndLocked(aborted_ || !failure_.ok()
+                      ? failure_
+                      : absl::InternalError("the decode stream ended without a completion"));
+      }
+      SettleLocked();
+    }
+  }
+  for (auto& cancel : cancels) cancel();
+  DeliverOutbox();
+}
+
+void RemoteTokenSource::Flight::Abort() {
+  std::vector<std::function<void()>> cancels;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || aborted_) return;
+    aborted_ = true;
+    if (reserve_context_ != nullptr) {
+      grpc::ClientContext* context = reserve_context_.get();
+      cancels.push_back([context] { context->TryCancel(); });
+    }
+    if (prefill_ != nullptr) cancels.push_back([this] { prefill_->Cancel(); });
+    if (decode_ != nullptr) cancels.push_back([this] { decode_->Cancel(); });
+  }
+  for (auto& cancel : cancels) cancel();
+}
+
+void RemoteTokenSource::Flight::EmitChunkLocked(const v1::TokenChunk& chunk) {
+  for (int i = 0; i < chunk.token_ids_size(); ++i) {
+    EmitLocked(EventFrom(request_.id, chunk, i, outputs_));
+  }
+}
+
+void RemoteTokenSource::Flight::EmitCompleteLocked(const v1::GenerateComplete& complete) {
+  engine::TokenEvent end;
+  end.request_id = request_.id;
+  end.output_index = outputs_;
+  end.finish = frontend::FinishReasonFromProto(complete.finish_reason());
+  if (complete.has_stop_token_id()) end.matched_stop_token = complete.stop_token_id();
+  if (end.finish == engine::FinishReason::kError) {
+    end.error = absl::Status(static_cast<absl::StatusCode>(complete.error_code()),
+                             complete.error_message());
+  }
+  end.placement = PlacementLocked();
+  EmitLocked(std::move(end));
+}
+
+void RemoteTokenSource::Flight::EmitLocked(engine::TokenEvent ev) {
+  if (finished_) return;
+  if (ev.token >= 0) {
+    const absl::Time now = source_->clock_->Now();
+    if (outputs_ == 0) first_token_at_ = now;
+    last_token_at_ = now;
+    ++outputs_;
+  }
+  finished_ = ev.finish != engine::FinishReason::kNone;
+  if (ev.token >= 0 && !finished_) observer_.OnToken();
+  if (finished_) observer_.OnFinish(ev.finish);
+  outbox_.push_back(std::move(ev));
+}
+
+void RemoteTokenSource::Flight::DeliverOutbox() {
+  std::shared_ptr<Flight> self = shared_from_this();
+  mu_.Lock();
+  if (delivering_) {
+    mu_.Unlock();
+    return;
+  }
+  delivering_ = true;
+  while (!outbox_.empty()) {
+    std::deque<engine::TokenEvent> events = std::move(outbox_);
+    outbox_.clear();
+    mu_.Unlock();
+    for (const engine::TokenEvent& ev : events) callback_(ev);
+    mu_.Lock();
+  }
+  delivering_ = false;
+  const bool report = settled_ && !reported_done_;
+  if (report) reported_done_ = true;
+  mu_.Unlock();
+  if (report) source_->OnFlightDone(*this);
+}
+
+void RemoteTokenSource::Flight::EndLocked(const absl::Status& status) {
+  if (finished_) return;
+  if (!aborted_ && !status.ok()) {
+    TRIDENT_LOG(WARNING) << "request " << request_.id << ": " << status;
+  }
+  engine::TokenEvent ev;
+  ev.request_id = request_.id;
+  ev.output_index = outputs_;
+  ev.finish = aborted_ || status.ok() ? engine::FinishReason::kAborted
+                                      : engine::FinishReason::kError;
+  if (ev.finish == engine::FinishReason::kError) ev.error = status;
+  ev.placement = PlacementLocked();
+  EmitLocked(std::move(ev));
+}
+
+engine::RequestPlacement RemoteTokenSource::Flight::PlacementLocked() const {
+  engine::RequestPlacement p;
+  p.prefill_worker_id = route_.prefill_id;
+  p.decode_worker_id = route_.decode_id;
+  p.queued = prefill_queued_;
+  p.prefill = prefill_time_;
+  p.kv_transfer = transfer_time_;
+  return p;
+}
+
+void RemoteTokenSource::Flight::SettleLocked() {
+  settled_ = true;
+  if (route_.admission != 0) {
+    if (outputs_ >= 2) {
+      // The client's TPOT: the mean gap after the first token.
+      source_->admission_->ObserveTpot(route_.admission,
+                                       (last_token_at_ - first_token_at_) / (outputs_ - 1));
+    }
+    source_->admission_->Release(route_.admission);
+    route_.admission = 0;
+  }
+  if (!TRIDENT_LOG_IS_ON(DEBUG) || outputs_ == 0) return;
+  // Predictions against outcomes, as the router sees them (client-side
+  // latencies add the router's own streaming).
+  auto ms = [this](absl::Time t) { return absl::ToDoubleMilliseconds(t - admitted_at_); };
+  TRIDENT_LOG(DEBUG) << "request " << request_.id << " prefill " << route_.prefill_address
+                     << " decode " << route_.decode_address << " prompt " << request_.prompt.size()
+                     << " outputs " << outputs_ << ": predicted ttft_ms "
+                     << absl::ToDoubleMilliseconds(route_.predicted_ttft) << " tpot_ms "
+                     << absl::ToDoubleMilliseconds(route_.predicted_tpot) << "; actual ttft_ms "
+                     << ms(first_token_at_) << " transfer_done_ms " << ms(transfer_done_at_)
+                     << " tpot_ms "
+                     << (outputs_ > 1 ? absl::ToDoubleMilliseconds(last_token_at_ - first_token_at_) /
+                                            (outputs_ - 1)
+                                      : 0.0)
+                     << " reserved_ms " << ms(reserved_at_);
+}
 
 RemoteTokenSource::RemoteTokenSource(admission::AdmissionController* admission,
                                      RemoteTokenSourceOptions options)
     : admission_(admission),
       options_(options),
-      clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()) {
+  if (options_.timer_thread) timer_thread_ = std::thread([this] { TimerLoop(); });
+}
 
 RemoteTokenSource::~RemoteTokenSource() {
   std::vector<std::string> ids;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    wake_ = true;
     for (const auto& [id, flight] : flights_) ids.push_back(id);
   }
+  if (timer_thread_.joinable()) timer_thread_.join();
   for (const std::string& id : ids) Abort(id);
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_threads_ == 0; };
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return flights_.empty(); };
   mu_.Await(absl::Condition(&idle));
 }
 
@@ -112,293 +672,217 @@ RemoteTokenSource::Stubs* RemoteTokenSource::StubsFor(const std::string& address
 
 absl::Status RemoteTokenSource::Submit(engine::EngineRequest request,
                                        engine::TokenCallback callback) {
-  const absl::Time arrival = clock_->Now();
+  const std::string id = request.id;
+  const std::string qos_class = request.qos_class;
+  auto flight =
+      std::make_shared<Flight>(this, std::move(request), std::move(callback), clock_->Now());
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the router is shutting down");
+    if (flights_.contains(id)) {
+      if (options_.metrics != nullptr) options_.metrics->OnSubmitError(qos_class);
+      return absl::AlreadyExistsError(absl::StrCat("request ", id, " is in flight"));
+    }
+    flights_[id] = flight;
+  }
+  bool no_room = false;
+  absl::Status routed = Route(flight, /*first_attempt=*/true, &no_room);
+  if (!routed.ok()) {
+    absl::MutexLock lock(&mu_);
+    flights_.erase(id);
+  }
+  return routed;
+}
+
+absl::Status RemoteTokenSource::Route(const std::shared_ptr<Flight>& flight, bool first_attempt,
+                                      bool* no_room) {
   RouterMetrics* const metrics = options_.metrics;
-  admission::AdmissionRequest ask;
-  ask.prompt_tokens = static_cast<int64_t>(request.prompt.size());
-  ask.max_output_tokens = request.max_tokens;
-  ask.qos_class = request.qos_class;
-  ask.ttft = request.ttft_slo;
-  ask.tpot = request.tpot_slo;
+  const admission::AdmissionRequest ask = flight->AdmissionAsk();
   absl::StatusOr<admission::AdmissionDecision> decision = admission_->Admit(ask);
   if (!decision.ok()) {
     if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
     return decision.status();
   }
-  if (metrics != nullptr) metrics->OnDecision(ask.qos_class, *decision);
-  if (!decision->admitted) return admission::RejectionStatus(*decision);
-  auto flight = std::make_shared<Flight>();
-  flight->admission = decision->id;
-  flight->predicted_ttft = decision->predicted_ttft;
-  flight->predicted_tpot = decision->predicted_tpot;
-  flight->admitted = absl::Now();
-  const std::string decode_id(decision->decode_worker_id);
-  const std::string prefill_id(decision->prefill_worker_id);
+  if (first_attempt) {
+    if (metrics != nullptr) metrics->OnDecision(ask.qos_class, *decision);
+    if (!decision->admitted) return admission::RejectionStatus(*decision);
+    absl::MutexLock lock(&mu_);
+    flight->wait_limit = flight->WaitLimit(*decision);
+  } else if (!decision->admitted) {
+    // Still no KV room anywhere: keep waiting. Any other reason ends the
+    // wait with admission's answer.
+    *no_room = decision->reason == admission::RejectReason::kKvCapacity;
+    return admission::RejectionStatus(*decision);
+  }
+  Flight::Route route;
+  route.admission = decision->id;
+  route.decode_id = std::string(decision->decode_worker_id);
+  route.prefill_id = std::string(decision->prefill_worker_id);
+  route.predicted_ttft = decision->predicted_ttft;
+  route.predicted_tpot = decision->predicted_tpot;
   {
     absl::MutexLock lock(&mu_);
-    auto d = addresses_.find(decode_id);
-    auto p = addresses_.find(prefill_id);
-    if (stopping_ || d == addresses_.end() || p == addresses_.end()) {
-      admission_->Release(flight->admission);
-      if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
-      return absl::UnavailableError(
-          absl::StrCat("no address for worker ", d == addresses_.end() ? decode_id : prefill_id));
+    auto d = addresses_.find(route.decode_id);
+    auto p = addresses_.find(route.prefill_id);
+    if (d == addresses_.end() || p == addresses_.end()) {
+      admission_->Release(route.admission);
+      if (metrics != nullptr && first_attempt) metrics->OnSubmitError(ask.qos_class);
+      return absl::UnavailableError(absl::StrCat(
+          "no address for worker ", d == addresses_.end() ? route.decode_id : route.prefill_id));
     }
-    if (flights_.contains(request.id)) {
-      admission_->Release(flight->admission);
-      if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
-      return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is in flight"));
-    }
-    flight->decode_address = d->second;
-    flight->prefill_address = p->second;
-    flight->decode_stubs = StubsFor(d->second);
-    flight->prefill_stubs = StubsFor(p->second);
-    flight->request = std::move(request);
-    flight->callback = std::move(callback);
-    flight->observer = std::make_unique<RequestObserver>(metrics, clock_, ask.qos_class, arrival);
-    flights_[flight->request.id] = flight;
-    ++running_threads_;
+    route.decode_address = d->second;
+    route.prefill_address = p->second;
+    route.decode_stubs = StubsFor(d->second);
+    route.prefill_stubs = StubsFor(p->second);
   }
-  std::thread([this, flight] { Run(flight); }).detach();
+  flight->Reserve(std::move(route));
   return absl::OkStatus();
+}
+
+void RemoteTokenSource::WaitForKv(const std::shared_ptr<Flight>& flight, const absl::Status& why) {
+  const absl::Time now = clock_->Now();
+  bool stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stopping_;
+    if (!stopping && now < flight->wait_limit && !flight->aborted()) {
+      if (flight->next_try == absl::InfiniteFuture()) {
+        flight->retry_interval = options_.kv_retry_interval;
+      } else {
+        // Backs off while the cache stays full; a request that ends wakes
+        // the oldest waiters sooner.
+        flight->retry_interval = std::min(flight->retry_interval * 2, absl::Seconds(1));
+      }
+      flight->next_try = now + flight->retry_interval;
+      waiting_.push_back(flight);
+      wake_ = true;
+      flight->SetWaiting(true);
+      return;
+    }
+  }
+  if (stopping || flight->aborted()) {
+    flight->EndWithoutCalls(absl::OkStatus(), absl::nullopt);
+    return;
+  }
+  flight->EndWithoutCalls(
+      ResourceExhaustedWithRetry(
+          absl::StrCat("no decode worker had KV room for ", flight->request().prompt.size(),
+                       " prompt + ", flight->request().max_tokens, " output tokens within ",
+                       absl::FormatDuration(now - flight->arrival()), " (", why.message(), ")"),
+          options_.kv_full_retry_after),
+      admission::RejectReason::kKvCapacity);
+}
+
+void RemoteTokenSource::OnFlightDone(const Flight& flight) {
+  absl::MutexLock lock(&mu_);
+  flights_.erase(flight.request().id);
+  // Its KV is free again: the oldest waiters ask at once.
+  const absl::Time now = clock_->Now();
+  int woken = 0;
+  for (const std::shared_ptr<Flight>& waiting : waiting_) {
+    if (woken++ == 2) break;
+    waiting->next_try = std::min(waiting->next_try, now);
+    wake_ = true;
+  }
 }
 
 void RemoteTokenSource::Abort(const std::string& request_id) {
   std::shared_ptr<Flight> flight;
+  bool was_waiting = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = flights_.find(request_id);
     if (it == flights_.end()) return;
     flight = it->second;
+    auto w = std::find(waiting_.begin(), waiting_.end(), flight);
+    if (w != waiting_.end()) {
+      waiting_.erase(w);
+      was_waiting = true;
+    }
   }
-  absl::MutexLock lock(&flight->mu);
-  flight->aborted = true;
-  if (flight->prefill_context != nullptr) flight->prefill_context->TryCancel();
-  if (flight->decode_context != nullptr) flight->decode_context->TryCancel();
+  flight->Abort();
+  if (was_waiting) {
+    flight->SetWaiting(false);
+    flight->EndWithoutCalls(absl::OkStatus(), absl::nullopt);
+  }
 }
 
-void RemoteTokenSource::Run(std::shared_ptr<Flight> flight) {
-  const engine::EngineRequest& r = flight->request;
-  int32_t outputs = 0;
-  bool finished = false;
-  // Milestones for the debug line: first token, KV transfer done, second
-  // token (the first from decode), last token.
-  absl::Time started = absl::Now(), reserved_at, prefill_started, first_token, transfer_done,
-             second_token, last_token;
-  auto emit = [&](engine::TokenEvent ev) {
-    if (finished) return;
-    if (ev.finish == engine::FinishReason::kNone || ev.token >= 0) {
-      const absl::Time now = absl::Now();
-      if (ev.output_index == 0) first_token = now;
-      if (ev.output_index == 1) second_token = now;
-      last_token = now;
-    }
-    finished = ev.finish != engine::FinishReason::kNone;
-    if (ev.token >= 0 && !finished) flight->observer->OnToken();
-    if (finished) flight->observer->OnFinish(ev.finish);
-    flight->callback(ev);
+void RemoteTokenSource::RunTimers() {
+  struct Due {
+    std::shared_ptr<Flight> flight;
+    bool expired;
   };
-  auto fail = [&](const std::string& why) {
-    bool aborted;
-    {
-      absl::MutexLock lock(&flight->mu);
-      aborted = flight->aborted;
-    }
-    if (!aborted) TRIDENT_LOG(WARNING) << "request " << r.id << ": " << why;
-    engine::TokenEvent ev;
-    ev.request_id = r.id;
-    ev.output_index = outputs;
-    ev.finish = aborted ? engine::FinishReason::kAborted : engine::FinishReason::kError;
-    // A worker that failed or vanished: the client may retry (UNAVAILABLE).
-    if (!aborted) ev.error = absl::UnavailableError(why);
-    emit(ev);
-  };
-  const auto deadline = absl::ToChronoTime(absl::Now() + options_.call_timeout);
-
-  // 1. The reservation.
-  v1::ReserveKvRequest reserve;
-  reserve.set_request_id(r.id);
-  reserve.set_num_tokens(static_cast<int32_t>(r.prompt.size()));
-  reserve.set_max_total_tokens(static_cast<int32_t>(r.prompt.size()) + r.max_tokens);
-  SetProtoDuration(options_.reserve_lease, reserve.mutable_lease());
-  reserve.set_qos_class(r.qos_class);
-  v1::ReserveKvResponse reserved;
-  grpc::Status status;
+  std::vector<Due> due;
+  const absl::Time now = clock_->Now();
   {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    status = flight->decode_stubs->decode->ReserveKv(&context, reserve, &reserved);
-    reserved_at = absl::Now();
-  }
-  if (!status.ok()) {
-    fail(absl::StrCat("ReserveKv on ", flight->decode_address, ": ", status.error_message()));
-  } else {
-    v1::KvDestination destination = reserved.destination();
-    if (destination.decode_address().empty())
-      destination.set_decode_address(flight->decode_address);
-    v1::DecodeRequest decode;
-    decode.set_request_id(r.id);
-    decode.set_reservation_id(destination.reservation_id());
-    decode.set_decode_incarnation(destination.decode_incarnation());
-    v1::PrefillRequest prefill;
-    prefill.set_request_id(r.id);
-    for (int32_t t : r.prompt) {
-      decode.add_prompt_token_ids(t);
-      prefill.add_prompt_token_ids(t);
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      const bool expired = (*it)->wait_limit <= now || stopping_;
+      if ((*it)->next_try <= now || expired) {
+        due.push_back({std::move(*it), expired});
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
     }
-    FillSampling(r, decode.mutable_sampling(), decode.mutable_stop(), decode.mutable_options());
-    *prefill.mutable_sampling() = decode.sampling();
-    *prefill.mutable_stop() = decode.stop();
-    *prefill.mutable_options() = decode.options();
-    prefill.set_qos_class(r.qos_class);
-    decode.set_qos_class(r.qos_class);
-    *prefill.mutable_destination() = destination;
+  }
+  for (const Due& d : due) {
+    d.flight->SetWaiting(false);
+    if (d.expired) {
+      WaitForKv(d.flight, absl::ResourceExhaustedError("the KV cache stayed full"));
+      continue;
+    }
+    bool no_room = false;
+    const absl::Status routed = Route(d.flight, /*first_attempt=*/false, &no_room);
+    if (no_room) {
+      WaitForKv(d.flight, routed);
+    } else if (!routed.ok()) {
+      d.flight->EndWithoutCalls(routed, absl::nullopt);
+    }
+  }
+}
 
-    // 2. Decode waits for the hand-off; 3. prefill computes and sends.
-    grpc::ClientContext decode_context;
-    decode_context.set_deadline(deadline);
-    grpc::ClientContext prefill_context;
-    prefill_context.set_deadline(deadline);
-    bool aborted_early;
-    {
-      absl::MutexLock lock(&flight->mu);
-      aborted_early = flight->aborted;
-      flight->decode_context = &decode_context;
-      flight->prefill_context = &prefill_context;
+void RemoteTokenSource::TimerLoop() {
+  mu_.Lock();
+  while (!stopping_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const std::shared_ptr<Flight>& flight : waiting_) {
+      next = std::min({next, flight->next_try, flight->wait_limit});
     }
-    if (aborted_early) {
-      decode_context.TryCancel();
-      prefill_context.TryCancel();
+    const absl::Duration delay = next - clock_->Now();
+    if (delay > absl::ZeroDuration() && !wake_) {
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), std::min(delay, absl::Seconds(1)));
     }
-    auto decode_reader = flight->decode_stubs->decode->Decode(&decode_context, decode);
-    // The decode stream is read on its own thread from the start, so that a
-    // decode worker dying while the prefill still runs ends the request at
-    // once: its failure cancels the prefill call (whose worker then frees
-    // the prompt's blocks). Its tokens are emitted after the prefill's.
-    struct DecodeStream {
-      absl::Mutex mu;
-      std::deque<v1::DecodeResponse> responses ABSL_GUARDED_BY(mu);
-      bool ended ABSL_GUARDED_BY(mu) = false;
-      grpc::Status status ABSL_GUARDED_BY(mu);
-    } stream;
-    std::thread decode_thread([&] {
-      v1::DecodeResponse d;
-      while (decode_reader->Read(&d)) {
-        absl::MutexLock lock(&stream.mu);
-        stream.responses.push_back(std::move(d));
-        d = v1::DecodeResponse();
-      }
-      grpc::Status s = decode_reader->Finish();
-      if (!s.ok()) prefill_context.TryCancel();
-      absl::MutexLock lock(&stream.mu);
-      stream.status = std::move(s);
-      stream.ended = true;
-    });
-    auto prefill_reader = flight->prefill_stubs->prefill->Prefill(&prefill_context, prefill);
-    v1::PrefillResponse p;
-    while (prefill_reader->Read(&p)) {
-      if (p.has_started()) {
-        prefill_started = absl::Now();
-      } else if (p.has_first_token()) {
-        // The prompt is computed: the prefill worker's queue is shorter by
-        // it from now on (its KV transfer runs beside the next prefills).
-        admission_->MarkPrefillDone(flight->admission);
-        admission_->ObserveTtft(flight->admission, absl::Now() - flight->admitted);
-        for (int i = 0; i < p.first_token().token_ids_size(); ++i) {
-          emit(EventFrom(r.id, p.first_token(), i, outputs++));
-        }
-      } else if (p.has_transfer_done()) {
-        transfer_done = absl::Now();
-        flight->observer->OnPrefillDone();
-      } else if (p.has_complete()) {
-        // The first token ended the request.
-        engine::TokenEvent end;
-        end.request_id = r.id;
-        end.output_index = outputs;
-        end.finish = worker::FinishReasonFromProto(p.complete().finish_reason());
-        if (p.complete().has_stop_token_id()) end.matched_stop_token = p.complete().stop_token_id();
-        emit(end);
-      }
-    }
-    const grpc::Status prefill_status = prefill_reader->Finish();
-    if (!prefill_status.ok()) decode_context.TryCancel();
-    flight->observer->OnPrefillDone();
-    while (true) {
-      v1::DecodeResponse d;
-      {
-        absl::MutexLock lock(&stream.mu);
-        auto ready = [&stream]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream.mu) {
-          return stream.ended || !stream.responses.empty();
-        };
-        stream.mu.Await(absl::Condition(&ready));
-        if (stream.responses.empty()) break;
-        d = std::move(stream.responses.front());
-        stream.responses.pop_front();
-      }
-      if (!prefill_status.ok()) continue;  // Drained, not emitted.
-      if (d.has_chunk()) {
-        for (int i = 0; i < d.chunk().token_ids_size(); ++i) {
-          emit(EventFrom(r.id, d.chunk(), i, outputs++));
-        }
-      } else if (d.has_complete()) {
-        engine::TokenEvent end;
-        end.request_id = r.id;
-        end.output_index = outputs;
-        end.finish = worker::FinishReasonFromProto(d.complete().finish_reason());
-        if (d.complete().has_stop_token_id()) end.matched_stop_token = d.complete().stop_token_id();
-        emit(end);
-      }
-    }
-    decode_thread.join();
-    grpc::Status decode_status;
-    {
-      absl::MutexLock lock(&stream.mu);
-      decode_status = stream.status;
-    }
-    // Report the call that failed first: a decode failure cancels the
-    // prefill call, and a prefill failure the decode call.
-    const bool decode_failed_first = !decode_status.ok() &&
-                                     decode_status.error_code() != grpc::StatusCode::CANCELLED &&
-                                     prefill_status.error_code() == grpc::StatusCode::CANCELLED;
-    if (!prefill_status.ok() && !decode_failed_first) {
-      fail(absl::StrCat("Prefill on ", flight->prefill_address, ": ",
-                        prefill_status.error_message()));
-    } else if (!decode_status.ok()) {
-      fail(absl::StrCat("Decode on ", flight->decode_address, ": ", decode_status.error_message()));
-    }
-    {
-      absl::MutexLock lock(&flight->mu);
-      flight->decode_context = nullptr;
-      flight->prefill_context = nullptr;
-    }
-    if (!finished) fail("the decode stream ended without a completion");
+    wake_ = false;
+    if (stopping_) break;
+    mu_.Unlock();
+    RunTimers();
+    mu_.Lock();
   }
-  if (outputs >= 2) {
-    // The client's TPOT: the mean gap after the first token.
-    admission_->ObserveTpot(flight->admission, (last_token - first_token) / (outputs - 1));
-  }
-  admission_->Release(flight->admission);
-  if (TRIDENT_LOG_IS_ON(DEBUG) && outputs > 0) {
-    // Predictions against outcomes, as the router sees them (client-side
-    // latencies add the router's own streaming).
-    auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
-    TRIDENT_LOG(DEBUG) << "request " << r.id << " prefill " << flight->prefill_address << " decode "
-                       << flight->decode_address << " prompt " << r.prompt.size() << " outputs "
-                       << outputs << ": predicted ttft_ms " << ms(flight->predicted_ttft)
-                       << " tpot_ms " << ms(flight->predicted_tpot) << "; actual ttft_ms "
-                       << ms(first_token - flight->admitted) << " transfer_done_ms "
-                       << ms(transfer_done - flight->admitted) << " second_token_ms "
-                       << ms(second_token - flight->admitted) << " tpot_ms "
-                       << (outputs > 1 ? ms(last_token - first_token) / (outputs - 1) : 0.0)
-                       << " decode_tpot_ms "
-                       << (outputs > 2 ? ms(last_token - second_token) / (outputs - 2) : 0.0)
-                       << " thread_start_ms " << ms(started - flight->admitted) << " reserved_ms "
-                       << ms(reserved_at - flight->admitted) << " prefill_started_ms "
-                       << ms(prefill_started - flight->admitted);
-  }
+  mu_.Unlock();
+  // Ends whatever still waits.
+  RunTimers();
+}
+
+void RemoteTokenSource::RunTimersForTesting() { RunTimers(); }
+
+void RemoteTokenSource::AwaitWaitingKvForTesting(int n) const {
   absl::MutexLock lock(&mu_);
-  flights_.erase(r.id);
-  --running_threads_;
+  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int>(waiting_.size()) >= n;
+  };
+  mu_.Await(absl::Condition(&enough));
+}
+
+int RemoteTokenSource::num_waiting_kv() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(waiting_.size());
+}
+
+int RemoteTokenSource::num_in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(flights_.size());
 }
 
 }  // namespace trident::router

@@ -110,6 +110,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
                         .Register(r);
   in_flight_[static_cast<int>(RequestStage::kPrefill)] = &in_flight.Add({{"stage", "prefill"}});
   in_flight_[static_cast<int>(RequestStage::kDecode)] = &in_flight.Add({{"stage", "decode"}});
+  waiting_kv_ = &prometheus::BuildGauge()
+                     .Name("trident_router_requests_waiting_kv")
+                     .Help("Admitted requests waiting for KV room on a decode worker whose cache "
+                           "was full.")
+                     .Register(r)
+                     .Add({});
 
   for (const admission::QosClass& c : qos_.classes) class_names_.push_back(c.name);
   class_names_.push_back(Name(kUnknownClass));
@@ -234,7 +240,29 @@ void RequestObserver::OnFinish(engine::FinishReason reason) {
   }
 }
 
+void RequestObserver::OnRejected(admission::RejectReason reason) {
+  if (finished_) return;
+  OnKvWait(false);
+  if (metrics_ != nullptr) {
+    metrics_->classes_[class_index_].rejected[static_cast<int>(reason)]->Increment();
+  }
+  Finish(RequestOutcome::kRejected);
+}
+
+void RequestObserver::OnKvWait(bool waiting) {
+  if (waiting == waiting_kv_) return;
+  waiting_kv_ = waiting;
+  if (metrics_ != nullptr) {
+    if (waiting) {
+      metrics_->waiting_kv_->Increment();
+    } else {
+      metrics_->waiting_kv_->Decrement();
+    }
+  }
+}
+
 void RequestObserver::Finish(RequestOutcome outcome) {
+  OnKvWait(false);
   finished_ = true;
   if (metrics_ == nullptr) return;
   metrics_->in_flight_[static_cast<int>(stage_)]->Decrement();

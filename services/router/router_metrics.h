@@ -26,6 +26,11 @@
 //       Admitted requests not yet ended: stage "prefill" until the prefill
 //       worker reports the KV handed over (or the prefill ends), then
 //       "decode". The router's queue depths.
+//   trident_router_requests_waiting_kv                       gauge
+//       Admitted requests waiting for KV room: their decode worker's cache
+//       was full when they asked for a reservation. They wait until room
+//       frees or their wait limit passes (then RESOURCE_EXHAUSTED, counted
+//       as rejected for reason kv_capacity).
 //   trident_router_admission_predicted_ttft_seconds{class, decision}
 //   trident_router_admission_predicted_tpot_seconds{class, decision}
 //                                                            histograms
@@ -54,7 +59,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/engine/engine_core.h"
+#include "common/engine/request.h"
 #include "common/time/clock.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -133,6 +138,7 @@ class RouterMetrics {
   std::vector<std::string> class_names_;  // Parallel to classes_.
   std::vector<PerClass> classes_;
   std::array<prometheus::Gauge*, 2> in_flight_{};  // By RequestStage.
+  prometheus::Gauge* waiting_kv_ = nullptr;
   prometheus::Family<prometheus::Gauge>& worker_queued_prefill_tokens_;
   prometheus::Family<prometheus::Gauge>& worker_running_sequences_;
   prometheus::Family<prometheus::Gauge>& worker_kv_usage_;
@@ -160,6 +166,12 @@ class RequestObserver {
   // The final event: kStop/kLength end ok, kAborted cancelled, anything
   // else error. Later calls are ignored.
   void OnFinish(engine::FinishReason reason);
+  // The request was refused after admission (e.g. it waited for KV room in
+  // vain): outcome rejected, and requests_rejected_total{reason}. Later
+  // calls, and OnFinish after it, are ignored.
+  void OnRejected(admission::RejectReason reason);
+  // The request starts (true) or stops (false) waiting for KV room.
+  void OnKvWait(bool waiting);
 
   int64_t tokens() const { return tokens_; }
   RequestStage stage() const { return stage_; }
@@ -173,6 +185,7 @@ class RequestObserver {
   const absl::Time arrival_;
   RequestStage stage_ = RequestStage::kPrefill;
   bool finished_ = false;
+  bool waiting_kv_ = false;
   int64_t tokens_ = 0;
   absl::Time first_token_;
   absl::Time last_token_;

@@ -11,7 +11,7 @@
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
-#include "services/worker/worker_request.h"
+#include "common/frontend/request_proto.h"
 
 namespace trident::worker {
 namespace {
@@ -55,7 +55,7 @@ struct DecodeCall {
       chunk->set_request_id(request_id);
       chunk->add_token_ids(ev.token);
       if (logprobs) {
-        AppendLogprobs(ev, chunk);
+        frontend::AppendLogprobs(ev, chunk);
       }
       channel->Push(std::move(r));
     }
@@ -64,7 +64,7 @@ struct DecodeCall {
       channel->Close(absl::InternalError("the engine failed the sequence"));
       return;
     }
-    Complete(FinishReasonToProto(ev.finish),
+    Complete(frontend::FinishReasonToProto(ev.finish),
              ev.finish == engine::FinishReason::kStop ? ev.matched_stop_token : -1);
   }
 
@@ -357,7 +357,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
                                  role_->Admit(Capability::kDecode, request->request_id(), abort));
       }
     }
-    return EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
+    return frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
                                   request->sampling(), request->stop(), request->options(),
                                   model_info_);
   };

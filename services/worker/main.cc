@@ -16,7 +16,8 @@
 #include "common/time/clock.h"
 #include "common/transport/ucx_worker.h"
 #include "services/worker/decode_service.h"
-#include "services/worker/generation_service.h"
+#include "common/frontend/generation_service.h"
+#include "services/worker/role_call_gate.h"
 #include "services/worker/prefill_service.h"
 #include "services/worker/transfer_metrics.h"
 #include "services/worker/ucx_kv.h"
@@ -215,10 +216,11 @@ int main(int argc, char** argv) {
         trident::worker::WorkerRole worker_role(*role, &clock, role_options);
         // The public Generation API, served in role `both` (Generate answers
         // FAILED_PRECONDITION in the other roles).
-        std::unique_ptr<trident::worker::GenerationService> generation;
+        trident::worker::RoleCallGate generation_gate(&worker_role);
+        std::unique_ptr<trident::frontend::GenerationService> generation;
         if (model != nullptr) {
-          generation = std::make_unique<trident::worker::GenerationService>(
-              model->engine.get(), model->tokenizer.get(), model->info, &clock, &worker_role);
+          generation = std::make_unique<trident::frontend::GenerationService>(
+              model->engine.get(), model->tokenizer.get(), model->info, &clock, &generation_gate);
           services.push_back({generation.get(), trident::v1::Generation::service_full_name()});
         }
         trident::worker::UnservedPrefillService unserved_prefill;

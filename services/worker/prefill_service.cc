@@ -12,7 +12,7 @@
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
 #include "grpcpp/grpcpp.h"
-#include "services/worker/worker_request.h"
+#include "common/frontend/request_proto.h"
 
 namespace trident::worker {
 namespace {
@@ -297,7 +297,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
                                                       }));
     TRIDENT_ASSIGN_OR_RETURN(
         engine::EngineRequest er,
-        EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
+        frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
                                request->sampling(), request->stop(), request->options(),
                                model_info_));
     er.prefill_only = true;
@@ -384,7 +384,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
           chunk.set_request_id(call->request_id);
           chunk.add_token_ids(ev.token);
           if (logprobs) {
-            AppendLogprobs(ev, &chunk);
+            frontend::AppendLogprobs(ev, &chunk);
           }
           v1::PrefillResponse first;
           *first.mutable_first_token() = chunk;

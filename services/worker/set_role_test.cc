@@ -17,7 +17,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/worker/decode_service.h"
-#include "services/worker/generation_service.h"
+#include "common/frontend/generation_service.h"
+#include "services/worker/role_call_gate.h"
 #include "services/worker/load_streams.h"
 #include "services/worker/prefill_service.h"
 #include "services/worker/worker_role.h"
@@ -117,8 +118,9 @@ class SetRoleTest : public ::testing::Test {
     prefill_options.worker_role = role_.get();
     prefill_ = std::make_unique<PrefillService>(engine_.get(), info, /*sender=*/nullptr, &clock_,
                                                 prefill_options);
-    generation_ = std::make_unique<GenerationService>(engine_.get(), /*tokenizer=*/nullptr, info,
-                                                      &clock_, role_.get());
+    generation_gate_ = std::make_unique<RoleCallGate>(role_.get());
+    generation_ = std::make_unique<frontend::GenerationService>(
+        engine_.get(), /*tokenizer=*/nullptr, info, &clock_, generation_gate_.get());
     WorkerRole* role = role_.get();
     engine::Engine* engine = engine_.get();
     loads_ = std::make_unique<LoadStreams>([role, engine] {
@@ -271,7 +273,8 @@ class SetRoleTest : public ::testing::Test {
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<DecodeService> decode_;
   std::unique_ptr<PrefillService> prefill_;
-  std::unique_ptr<GenerationService> generation_;
+  std::unique_ptr<RoleCallGate> generation_gate_;
+  std::unique_ptr<frontend::GenerationService> generation_;
   std::unique_ptr<LoadStreams> loads_;
   std::unique_ptr<WorkerControlService> control_;
   std::unique_ptr<grpc::Server> server_;

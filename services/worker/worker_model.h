@@ -50,15 +50,6 @@ struct WorkerModel {
   trident::v1::ModelInfoResponse info;
 };
 
-// The ModelInfo the public API reports for a model served with these
-// limits (shared by workers and the router, which has no backend).
-trident::v1::ModelInfoResponse ModelInfoFor(const model::ModelConfig& config,
-                                            const tokenizer::Tokenizer& tokenizer,
-                                            const std::string& model_dir,
-                                            const std::string& model_name,
-                                            int32_t max_context_tokens, int32_t kv_block_size,
-                                            numeric::DType served);
-
 // INVALID_ARGUMENT / FAILED_PRECONDITION for a bad model directory or
 // options, naming the file or flag. With `registry`, exports the engine's
 // gauges and counters (trident_worker_*) into it.

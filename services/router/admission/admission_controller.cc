@@ -663,6 +663,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
 
   AdmissionDecision decision;
   decision.qos_class_index = klass;
+  if (options_.enabled) decision.ttft_target = request.ttft.has_value() ? request.ttft : qos.default_ttft;
   const double now = NowSeconds();
   absl::MutexLock lock(&mu_);
   const double transfer = transfer_.PredictSeconds(n);

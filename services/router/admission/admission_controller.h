@@ -206,6 +206,9 @@ struct AdmissionDecision {
   absl::Duration predicted_tpot = absl::InfiniteDuration();
   // Index of the request's class in the QosConfig.
   int qos_class_index = 0;
+  // The request's TTFT target (its own, else its class's), when admission
+  // enforces targets (AdmissionOptions::enabled); unset otherwise.
+  absl::optional<absl::Duration> ttft_target;
 };
 
 // RESOURCE_EXHAUSTED carrying google.rpc.RetryInfo(retry_after), with a

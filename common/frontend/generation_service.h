@@ -1,10 +1,12 @@
-// The public trident.v1.Generation API served straight from a worker's
-// engine (role `both`, no router in front): tokenization, validation,
-// sampling and stop conditions, streamed token chunks with incremental
-// detokenization, cancellation and Abort.
+// The public trident.v1.Generation API in front of a token source: the
+// router's remote prefill -> decode path, or a worker's own engine (role
+// `both`, no router in front). Tokenization, validation, sampling and stop
+// conditions, streamed token chunks with incremental detokenization, the
+// final GenerateComplete (usage, timings, placement), cancellation and
+// Abort. It knows no model backend.
 
-#ifndef TRIDENT_SERVICES_WORKER_GENERATION_SERVICE_H_
-#define TRIDENT_SERVICES_WORKER_GENERATION_SERVICE_H_
+#ifndef TRIDENT_COMMON_FRONTEND_GENERATION_SERVICE_H_
+#define TRIDENT_COMMON_FRONTEND_GENERATION_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -16,22 +18,21 @@
 #include "common/engine/token_source.h"
 #include "common/time/clock.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/worker/worker_role.h"
+#include "common/frontend/call_gate.h"
 #include "trident/v1/generation.grpc.pb.h"
 
-namespace trident::worker {
+namespace trident::frontend {
 
 // Thread-safe.
 class GenerationService final : public trident::v1::Generation::CallbackService {
  public:
   // `engine` (the worker's Engine, or the router's remote path), `tokenizer`
-  // and `clock` must outlive the service. `role` (null on the router): the
-  // worker's role, which must outlive the service; Generate is served only
-  // in role both (FAILED_PRECONDITION otherwise, UNAVAILABLE while a role
-  // change drains it).
+  // and `clock` must outlive the service. `gate` (null: every call is
+  // taken) admits each Generate call and may end it early; it must outlive
+  // the service.
   GenerationService(engine::TokenSource* engine, const tokenizer::Tokenizer* tokenizer,
                     const trident::v1::ModelInfoResponse& model_info, Clock* clock,
-                    WorkerRole* role = nullptr);
+                    CallGate* gate = nullptr);
 
   grpc::ServerWriteReactor<trident::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const trident::v1::GenerateRequest* request) override;
@@ -60,13 +61,13 @@ class GenerationService final : public trident::v1::Generation::CallbackService 
   const tokenizer::Tokenizer* tokenizer_;
   trident::v1::ModelInfoResponse model_info_;
   Clock* clock_;
-  WorkerRole* const role_;
+  CallGate* const gate_;
   std::atomic<uint64_t> next_id_{1};
   uint64_t id_salt_;
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> live_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace trident::worker
+}  // namespace trident::frontend
 
-#endif  // TRIDENT_SERVICES_WORKER_GENERATION_SERVICE_H_
+#endif  // TRIDENT_COMMON_FRONTEND_GENERATION_SERVICE_H_

@@ -4,17 +4,17 @@
 // the public API defines them, and the model's EOS ids added as stop tokens
 // unless ignore_eos.
 
-#ifndef TRIDENT_SERVICES_WORKER_WORKER_REQUEST_H_
-#define TRIDENT_SERVICES_WORKER_WORKER_REQUEST_H_
+#ifndef TRIDENT_COMMON_FRONTEND_REQUEST_PROTO_H_
+#define TRIDENT_COMMON_FRONTEND_REQUEST_PROTO_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/engine/engine_core.h"
+#include "common/engine/request.h"
 #include "google/protobuf/repeated_field.h"
 #include "trident/v1/generation.pb.h"
 
-namespace trident::worker {
+namespace trident::frontend {
 
 // INVALID_ARGUMENT naming the field (prompt_token_ids[i], sampling.*,
 // stop.*) for bad input.
@@ -32,6 +32,6 @@ engine::FinishReason FinishReasonFromProto(trident::v1::FinishReason reason);
 // Appends the token's logprob and top alternatives to `chunk`.
 void AppendLogprobs(const engine::TokenEvent& event, trident::v1::TokenChunk* chunk);
 
-}  // namespace trident::worker
+}  // namespace trident::frontend
 
-#endif  // TRIDENT_SERVICES_WORKER_WORKER_REQUEST_H_
+#endif  // TRIDENT_COMMON_FRONTEND_REQUEST_PROTO_H_

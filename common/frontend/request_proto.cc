@@ -1,11 +1,11 @@
-#include "services/worker/worker_request.h"
+#include "common/frontend/request_proto.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/sampling/sampling_params.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
 
-namespace trident::worker {
+namespace trident::frontend {
 
 absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
     const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
@@ -81,4 +81,4 @@ void AppendLogprobs(const engine::TokenEvent& event, trident::v1::TokenChunk* ch
   }
 }
 
-}  // namespace trident::worker
+}  // namespace trident::frontend

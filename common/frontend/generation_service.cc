@@ -1,4 +1,4 @@
-#include "services/worker/generation_service.h"
+#include "common/frontend/generation_service.h"
 
 #include <deque>
 #include <random>
@@ -17,9 +17,9 @@
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
 #include "google/protobuf/duration.pb.h"
-#include "services/worker/worker_request.h"
+#include "common/frontend/request_proto.h"
 
-namespace trident::worker {
+namespace trident::frontend {
 namespace {
 
 namespace v1 = ::trident::v1;
@@ -68,9 +68,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     absl::Time submitted;
     absl::Time first_token;
     bool done_by_stop_string = false;
-    // Admitted by the worker's role (colocated generation); ends with the
-    // call.
-    WorkerRole::Work work;
+    // Admitted by the gate (a worker's role); ends with the call.
+    std::unique_ptr<CallTicket> ticket;
   };
 
   Stream(GenerationService* service, grpc::CallbackServerContext* context)
@@ -122,7 +121,6 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
 
  private:
   absl::Status Submit(const v1::GenerateRequest& request) {
-    const v1::ModelInfoResponse& info = service_->model_info_;
     TRIDENT_RETURN_IF_ERROR(service_->CheckModel(request.model()));
     std::string id = request.request_id();
     TRIDENT_RETURN_IF_ERROR(ValidateRequestId(id));
@@ -131,34 +129,53 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
                            service_->next_id_.fetch_add(1));
     }
     state_->request_id = id;
-    if (service_->role_ != nullptr) {
-      // A role change that gives up waiting for the call ends it with `why`
-      // and ends the sequence in the engine.
-      std::weak_ptr<State> weak = state_;
-      engine::TokenSource* engine = service_->engine_;
-      TRIDENT_ASSIGN_OR_RETURN(
-          state_->work, service_->role_->Admit(Capability::kColocated, id,
-                                               [weak, engine](const absl::Status& why) {
-                                                 std::shared_ptr<State> s = weak.lock();
-                                                 if (s == nullptr) return;
-                                                 {
-                                                   absl::MutexLock lock(&s->mu);
-                                                   if (s->reactor != nullptr && !s->final_queued) {
-                                                     s->final_status = ToGrpcStatus(why);
-                                                     s->final_queued = true;
-                                                     s->reactor->PumpLocked();
-                                                   }
-                                                 }
-                                                 engine->Abort(s->request_id);
-                                               }));
-    }
+    TRIDENT_RETURN_IF_ERROR(AdmitThroughGate(id));
+    TRIDENT_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptOf(request));
+    TRIDENT_ASSIGN_OR_RETURN(engine::EngineRequest er, EngineRequestFor(request, std::move(prompt)));
+    er.id = id;
+    TRIDENT_RETURN_IF_ERROR(service_->Register(id));
+    registered_ = true;
+    context_->AddInitialMetadata(kRequestIdMetadata, id);
+    state_->submitted = service_->clock_->Now();
+    std::shared_ptr<State> state = state_;
+    GenerationService* service = service_;
+    return service_->engine_->Submit(std::move(er), [state, service](const engine::TokenEvent& ev) {
+      OnEvent(*state, *service, ev);
+    });
+  }
 
+  // A gate that gives up waiting for the call (a role change) ends it with
+  // `why` and ends the sequence in the engine.
+  absl::Status AdmitThroughGate(const std::string& id) {
+    if (service_->gate_ == nullptr) return absl::OkStatus();
+    std::weak_ptr<State> weak = state_;
+    engine::TokenSource* engine = service_->engine_;
+    auto abort = [weak, engine](const absl::Status& why) {
+      std::shared_ptr<State> s = weak.lock();
+      if (s == nullptr) return;
+      {
+        absl::MutexLock lock(&s->mu);
+        if (s->reactor != nullptr && !s->final_queued) {
+          s->final_status = ToGrpcStatus(why);
+          s->final_queued = true;
+          s->reactor->PumpLocked();
+        }
+      }
+      engine->Abort(s->request_id);
+    };
+    TRIDENT_ASSIGN_OR_RETURN(state_->ticket, service_->gate_->Admit(id, std::move(abort)));
+    return absl::OkStatus();
+  }
+
+  // The prompt's token ids: the text tokenized, or the ids checked against
+  // the vocabulary.
+  absl::StatusOr<std::vector<int32_t>> PromptOf(const v1::GenerateRequest& request) const {
+    const v1::ModelInfoResponse& info = service_->model_info_;
     std::vector<int32_t> prompt;
     switch (request.prompt_case()) {
       case v1::GenerateRequest::kText:
-        prompt = service_->tokenizer_->Encode(
+        return service_->tokenizer_->Encode(
             request.text(), !request.has_add_special_tokens() || request.add_special_tokens());
-        break;
       case v1::GenerateRequest::kTokenIds:
         for (int i = 0; i < request.token_ids().ids_size(); ++i) {
           const int32_t t = request.token_ids().ids(i);
@@ -169,10 +186,17 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
           }
           prompt.push_back(t);
         }
-        break;
+        return prompt;
       default:
         return InvalidArgumentForField("prompt", "set exactly one of text or token_ids");
     }
+  }
+
+  // Validates sampling and stop conditions, sets up the stream's decoder
+  // and stop checker, and returns the engine's request (without its id).
+  absl::StatusOr<engine::EngineRequest> EngineRequestFor(const v1::GenerateRequest& request,
+                                                         std::vector<int32_t> prompt) {
+    const v1::ModelInfoResponse& info = service_->model_info_;
     const int32_t prompt_len = static_cast<int32_t>(prompt.size());
     std::random_device rd;
     const uint64_t default_seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -201,29 +225,21 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     s.checker = std::make_unique<sampling::StopChecker>(stop, eos);
 
     engine::EngineRequest er;
-    er.id = id;
     er.prompt = std::move(prompt);
     er.sampling = sampling;
     er.max_tokens = stop.max_tokens;
     er.stop_token_ids = stop.stop_token_ids;
     if (!stop.ignore_eos) er.stop_token_ids.insert(er.stop_token_ids.end(), eos.begin(), eos.end());
     er.qos_class = request.qos_class();
-    if (request.slo().has_ttft()) {
-      er.ttft_slo = DurationFromProto(request.slo().ttft());
+    if (request.slo().has_ttft()) er.ttft_slo = DurationFromProto(request.slo().ttft());
+    if (request.slo().has_tpot()) er.tpot_slo = DurationFromProto(request.slo().tpot());
+    // The client's deadline, as time left: token sources measure it on
+    // their own clock.
+    const auto deadline = context_->deadline();
+    if (deadline != std::chrono::system_clock::time_point::max()) {
+      er.time_limit = absl::FromChrono(deadline) - absl::Now();
     }
-    if (request.slo().has_tpot()) {
-      er.tpot_slo = DurationFromProto(request.slo().tpot());
-    }
-
-    TRIDENT_RETURN_IF_ERROR(service_->Register(id));
-    registered_ = true;
-    context_->AddInitialMetadata(kRequestIdMetadata, id);
-    s.submitted = service_->clock_->Now();
-    std::shared_ptr<State> state = state_;
-    GenerationService* service = service_;
-    return service_->engine_->Submit(std::move(er), [state, service](const engine::TokenEvent& ev) {
-      OnEvent(*state, *service, ev);
-    });
+    return er;
   }
 
   // Engine thread.
@@ -279,27 +295,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       out.back().mutable_chunk()->set_text_delta(text);
     }
     if (finish != engine::FinishReason::kNone) {
-      v1::GenerateResponse response;
-      v1::GenerateComplete* complete = response.mutable_complete();
-      complete->set_request_id(s.request_id);
-      complete->set_finish_reason(FinishReasonToProto(finish));
-      if (matched_string.has_value()) {
-        complete->set_stop_string(*matched_string);
-      } else if (ev.finish == engine::FinishReason::kStop) {
-        complete->set_stop_token_id(ev.matched_stop_token);
-      }
-      complete->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
-      complete->mutable_usage()->set_completion_tokens(s.completion_tokens);
-      v1::Timings* t = complete->mutable_timings();
-      SetProtoDuration(now - s.submitted, t->mutable_end_to_end());
-      if (s.completion_tokens > 0) {
-        SetProtoDuration(s.first_token - s.submitted, t->mutable_time_to_first_token());
-        SetProtoDuration(now - s.first_token, t->mutable_decode());
-        if (s.completion_tokens > 1) {
-          SetProtoDuration((now - s.first_token) / (s.completion_tokens - 1),
-                           t->mutable_time_per_output_token());
-        }
-      }
+      v1::GenerateResponse response = Completion(s, ev, finish, matched_string, now);
       // A failed request ends with the failure as the call's status (after
       // the tokens it streamed), not with a completion.
       if (finish != engine::FinishReason::kError) out.push_back(std::move(response));
@@ -314,6 +310,45 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     for (auto& r : out) s.pending.push_back(std::move(r));
     if (finish != engine::FinishReason::kNone) s.final_queued = true;
     s.reactor->PumpLocked();
+  }
+
+  // The stream's last message: why it ended, usage, timings and, where the
+  // token source says, where it ran.
+  static v1::GenerateResponse Completion(const State& s, const engine::TokenEvent& ev,
+                                         engine::FinishReason finish,
+                                         const absl::optional<std::string>& matched_string,
+                                         absl::Time now) {
+    v1::GenerateResponse response;
+    v1::GenerateComplete* complete = response.mutable_complete();
+    complete->set_request_id(s.request_id);
+    complete->set_finish_reason(FinishReasonToProto(finish));
+    if (matched_string.has_value()) {
+      complete->set_stop_string(*matched_string);
+    } else if (ev.finish == engine::FinishReason::kStop) {
+      complete->set_stop_token_id(ev.matched_stop_token);
+    }
+    complete->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
+    complete->mutable_usage()->set_completion_tokens(s.completion_tokens);
+    v1::Timings* t = complete->mutable_timings();
+    SetProtoDuration(now - s.submitted, t->mutable_end_to_end());
+    if (s.completion_tokens > 0) {
+      SetProtoDuration(s.first_token - s.submitted, t->mutable_time_to_first_token());
+      SetProtoDuration(now - s.first_token, t->mutable_decode());
+      if (s.completion_tokens > 1) {
+        SetProtoDuration((now - s.first_token) / (s.completion_tokens - 1),
+                         t->mutable_time_per_output_token());
+      }
+    }
+    if (ev.placement.has_value()) {
+      const engine::RequestPlacement& p = *ev.placement;
+      complete->mutable_placement()->set_prefill_worker_id(p.prefill_worker_id);
+      complete->mutable_placement()->set_decode_worker_id(p.decode_worker_id);
+      complete->mutable_placement()->set_attention_service_id(p.attention_service_id);
+      if (p.queued.has_value()) SetProtoDuration(*p.queued, t->mutable_queued());
+      if (p.prefill.has_value()) SetProtoDuration(*p.prefill, t->mutable_prefill());
+      if (p.kv_transfer.has_value()) SetProtoDuration(*p.kv_transfer, t->mutable_kv_transfer());
+    }
+    return response;
   }
 
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
@@ -344,8 +379,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
 GenerationService::GenerationService(engine::TokenSource* engine,
                                      const tokenizer::Tokenizer* tokenizer,
                                      const v1::ModelInfoResponse& model_info, Clock* clock,
-                                     WorkerRole* role)
-    : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock), role_(role) {
+                                     CallGate* gate)
+    : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock), gate_(gate) {
   std::random_device rd;
   id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
@@ -434,4 +469,4 @@ grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerConte
   return FinishUnary(context, absl::OkStatus());
 }
 
-}  // namespace trident::worker
+}  // namespace trident::frontend
