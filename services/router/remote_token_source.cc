@@ -206,6 +206,9 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
   // The prefill's first token was emitted; decode messages wait for it.
   bool first_emitted_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<v1::DecodeResponse> held_decode_ ABSL_GUARDED_BY(mu_);
+  // The decode stream's completion, held until the prefill stream ended.
+  absl::optional<v1::GenerateComplete> held_complete_ ABSL_GUARDED_BY(mu_);
+  bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
   // The first failure of a worker call (the one the client gets).
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   int open_calls_ ABSL_GUARDED_BY(mu_) = 0;
@@ -466,7 +469,13 @@ void RemoteTokenSource::Flight::HandleDecodeLocked(const v1::DecodeResponse& d) 
   if (d.has_chunk()) {
     EmitChunkLocked(d.chunk());
   } else if (d.has_complete()) {
-    EmitCompleteLocked(d.complete());
+    // The completion waits for the prefill stream's end, which brings the
+    // transfer's timings for the placement.
+    if (prefill_ != nullptr && !prefill_done_) {
+      held_complete_ = d.complete();
+    } else {
+      EmitCompleteLocked(d.complete());
+    }
   }
 }
 
@@ -491,7 +500,11 @@ void RemoteTokenSource::Flight::OnCallDone(Call call, const grpc::Status& status
         cancels.push_back([this] { prefill_->Cancel(); });
       }
     }
-    if (call == Call::kPrefill) observer_.OnPrefillDone();
+    if (call == Call::kPrefill) {
+      observer_.OnPrefillDone();
+      prefill_done_ = true;
+      if (held_complete_.has_value() && failure_.ok()) EmitCompleteLocked(*held_complete_);
+    }
     done = open_calls_ == 0;
     if (done) {
       if (!finished_) {

@@ -1,0 +1,496 @@
+// RemoteTokenSource against in-process fake workers (real gRPC servers on
+// port 0 serving Decode and Prefill from a script), with admission on a
+// fake clock: token order and placement, worker statuses passed through
+// with their details, waiting for KV room (served when room frees, on
+// another decode worker, or refused at the wait's limit, or aborted), and
+// the process's thread count with hundreds of streams in flight.
+
+#include "services/router/remote_token_source.h"
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc/reactors.h"
+#include "common/grpc/stream_channel.h"
+#include "common/status/error_details.h"
+#include "common/testing/status_matchers.h"
+#include "common/time/proto_time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::router {
+namespace {
+
+namespace v1 = ::trident::v1;
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+constexpr int32_t kFirstToken = 7;
+
+// A decode worker's KV reservations and Decode streams. Decode streams
+// either answer at once (tokens 8, 9 and a completion) or, while held,
+// wait for ReleaseHeld; a reservation is freed when its stream ends.
+class FakeDecode final : public v1::Decode::CallbackService {
+ public:
+  explicit FakeDecode(int capacity) : capacity_(capacity) {}
+
+  void set_capacity(int capacity) {
+    absl::MutexLock lock(&mu_);
+    capacity_ = capacity;
+  }
+  void set_hold(bool hold) {
+    absl::MutexLock lock(&mu_);
+    hold_ = hold;
+  }
+  // Answers every held stream.
+  void ReleaseHeld() {
+    std::vector<std::shared_ptr<StreamChannel<v1::DecodeResponse>>> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.swap(held_);
+      hold_ = false;
+    }
+    for (auto& channel : held) Answer(*channel);
+  }
+  // Waits until no reservation is left (a cancelled stream's end reaches
+  // the server a little after the client's).
+  void AwaitNoneReserved() const {
+    absl::MutexLock lock(&mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reserved_.empty(); };
+    mu_.Await(absl::Condition(&none));
+  }
+  void AwaitHeld(int n) const {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(held_.size()) >= n;
+    };
+    mu_.Await(absl::Condition(&enough));
+  }
+
+  grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
+                                      const v1::ReserveKvRequest* request,
+                                      v1::ReserveKvResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int>(reserved_.size()) >= capacity_) {
+      return FinishUnary(context, absl::ResourceExhaustedError("KV cache full"));
+    }
+    const uint64_t id = next_id_++;
+    reserved_.insert(id);
+    response->mutable_destination()->set_reservation_id(id);
+    response->mutable_destination()->set_decode_incarnation(1);
+    return FinishUnary(context, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* ReleaseKv(grpc::CallbackServerContext* context,
+                                      const v1::ReleaseKvRequest* request,
+                                      v1::ReleaseKvResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    reserved_.erase(request->reservation_id());
+    return FinishUnary(context, absl::OkStatus());
+  }
+
+  grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(grpc::CallbackServerContext* context,
+                                                       const v1::DecodeRequest* request) override {
+    const uint64_t id = request->reservation_id();
+    auto* reactor = new ChannelReactor<v1::DecodeResponse>(nullptr, [this, id] {
+      absl::MutexLock lock(&mu_);
+      reserved_.erase(id);
+    });
+    {
+      absl::MutexLock lock(&mu_);
+      if (hold_) {
+        held_.push_back(reactor->channel());
+        return reactor;
+      }
+    }
+    Answer(*reactor->channel());
+    return reactor;
+  }
+
+ private:
+  static void Answer(StreamChannel<v1::DecodeResponse>& channel) {
+    v1::DecodeResponse chunk;
+    chunk.mutable_chunk()->add_token_ids(8);
+    chunk.mutable_chunk()->add_token_ids(9);
+    channel.Push(chunk);
+    v1::DecodeResponse complete;
+    complete.mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
+    channel.Push(complete);
+    channel.Close(absl::OkStatus());
+  }
+
+  mutable absl::Mutex mu_;
+  int capacity_ ABSL_GUARDED_BY(mu_);
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_set<uint64_t> reserved_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<StreamChannel<v1::DecodeResponse>>> held_ ABSL_GUARDED_BY(mu_);
+};
+
+// A prefill worker: started, the first token, transfer_done, OK; or the
+// scripted failure at once.
+class FakePrefill final : public v1::Prefill::CallbackService {
+ public:
+  void set_failure(absl::Status failure) {
+    absl::MutexLock lock(&mu_);
+    failure_ = std::move(failure);
+  }
+
+  grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
+      grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override {
+    auto* reactor = new ChannelReactor<v1::PrefillResponse>(nullptr, nullptr);
+    auto channel = reactor->channel();
+    absl::Status failure;
+    {
+      absl::MutexLock lock(&mu_);
+      failure = failure_;
+    }
+    if (!failure.ok()) {
+      channel->Close(failure);
+      return reactor;
+    }
+    v1::PrefillResponse started;
+    SetProtoDuration(absl::Milliseconds(3), started.mutable_started()->mutable_queued());
+    channel->Push(started);
+    v1::PrefillResponse first;
+    first.mutable_first_token()->add_token_ids(kFirstToken);
+    channel->Push(first);
+    v1::PrefillResponse done;
+    done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
+    SetProtoDuration(absl::Milliseconds(5), done.mutable_transfer_done()->mutable_prefill_time());
+    SetProtoDuration(absl::Milliseconds(2), done.mutable_transfer_done()->mutable_transfer_time());
+    channel->Push(done);
+    channel->Close(absl::OkStatus());
+    return reactor;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+// One worker in role both: both services on one in-process server.
+struct FakeWorker {
+  explicit FakeWorker(int capacity) : decode(capacity) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&decode);
+    builder.RegisterService(&prefill);
+    server = builder.BuildAndStart();
+  }
+  ~FakeWorker() { server->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+
+  FakeDecode decode;
+  FakePrefill prefill;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+// A request's events, awaited without sleeping.
+class Events {
+ public:
+  engine::TokenCallback Callback() {
+    return [this](const engine::TokenEvent& ev) {
+      absl::MutexLock lock(&mu_);
+      events_.push_back(ev);
+    };
+  }
+  // Waits for the final event and returns every event.
+  std::vector<engine::TokenEvent> AwaitEnd() {
+    absl::MutexLock lock(&mu_);
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !events_.empty() && events_.back().finish != engine::FinishReason::kNone;
+    };
+    mu_.Await(absl::Condition(&ended));
+    return events_;
+  }
+  // Waits until `n` tokens arrived.
+  void AwaitTokens(int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      int tokens = 0;
+      for (const engine::TokenEvent& ev : events_) tokens += ev.token >= 0 ? 1 : 0;
+      return tokens >= n;
+    };
+    mu_.Await(absl::Condition(&enough));
+  }
+  bool ended() {
+    absl::MutexLock lock(&mu_);
+    return !events_.empty() && events_.back().finish != engine::FinishReason::kNone;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<engine::TokenEvent> events_ ABSL_GUARDED_BY(mu_);
+};
+
+std::vector<int32_t> Tokens(const std::vector<engine::TokenEvent>& events) {
+  std::vector<int32_t> tokens;
+  for (const engine::TokenEvent& ev : events) {
+    if (ev.token >= 0) tokens.push_back(ev.token);
+  }
+  return tokens;
+}
+
+int ProcessThreads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+class RemoteTokenSourceTest : public ::testing::Test {
+ protected:
+  RemoteTokenSourceTest() : clock_(absl::FromUnixSeconds(1'700'000'000)) {}
+
+  // Admission (off: the least-loaded pair) and the source, no timer thread.
+  void Start(RemoteTokenSourceOptions options = {}) {
+    admission::AdmissionOptions admission_options;
+    admission_options.enabled = false;
+    admission_ = std::make_unique<admission::AdmissionController>(
+        admission_options, admission::QosConfig::SingleDefaultClass(), &clock_);
+    options.clock = &clock_;
+    options.timer_thread = false;
+    source_ = std::make_unique<RemoteTokenSource>(admission_.get(), options);
+  }
+
+  // Reports `worker`'s load (role both) and tells the source its address.
+  void AddWorker(const std::string& id, const FakeWorker& worker, int running = 0) {
+    admission::WorkerLoadReport load;
+    load.worker_id = id;
+    load.incarnation = 1;
+    load.running_sequences = running;
+    load.kv_blocks_free = 1000;
+    load.kv_blocks_total = 1000;
+    ASSERT_THAT(admission_->UpdateLoad(load), IsOk());
+    source_->SetWorkerAddress(id, worker.address());
+  }
+
+  static engine::EngineRequest Request(const std::string& id) {
+    engine::EngineRequest r;
+    r.id = id;
+    r.prompt = {1, 2, 3};
+    r.max_tokens = 3;
+    return r;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<admission::AdmissionController> admission_;
+  std::unique_ptr<RemoteTokenSource> source_;
+};
+
+TEST_F(RemoteTokenSourceTest, RelaysThePrefillsFirstTokenThenTheDecodeStreamWithPlacement) {
+  Start();
+  FakeWorker worker(/*capacity=*/4);
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), (std::vector<int32_t>{kFirstToken, 8, 9}));
+  for (size_t i = 0; i + 1 < got.size(); ++i) EXPECT_EQ(got[i].output_index, i);
+  const engine::TokenEvent& end = got.back();
+  EXPECT_EQ(end.finish, engine::FinishReason::kLength);
+  ASSERT_TRUE(end.placement.has_value());
+  EXPECT_EQ(end.placement->prefill_worker_id, "w1");
+  EXPECT_EQ(end.placement->decode_worker_id, "w1");
+  EXPECT_EQ(end.placement->prefill, absl::Milliseconds(5));
+  EXPECT_EQ(end.placement->kv_transfer, absl::Milliseconds(2));
+  ASSERT_TRUE(end.placement->queued.has_value());
+  EXPECT_GE(*end.placement->queued, absl::Milliseconds(3));
+}
+
+TEST_F(RemoteTokenSourceTest, AWorkersResourceExhaustedReachesTheClientWithItsRetryInfo) {
+  Start();
+  FakeWorker worker(/*capacity=*/4);
+  worker.prefill.set_failure(ResourceExhaustedWithRetry("prefill queue full", absl::Seconds(3)));
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+
+  const engine::TokenEvent end = events.AwaitEnd().back();
+  EXPECT_EQ(end.finish, engine::FinishReason::kError);
+  EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(GetRetryDelay(end.error), absl::Seconds(3));
+  EXPECT_TRUE(absl::StrContains(end.error.message(),
+                                absl::StrCat("Prefill on ", worker.address(), ": prefill queue full")))
+      << end.error;
+  // The decode call was cancelled: its reservation is free again.
+  worker.decode.AwaitNoneReserved();
+}
+
+TEST_F(RemoteTokenSourceTest, AWorkersInvalidArgumentReachesTheClientWithItsField) {
+  Start();
+  FakeWorker worker(/*capacity=*/4);
+  worker.prefill.set_failure(InvalidArgumentForField("sampling.top_k", "must not be negative"));
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+
+  const engine::TokenEvent end = events.AwaitEnd().back();
+  EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(GetBadRequestField(end.error), "sampling.top_k");
+}
+
+TEST_F(RemoteTokenSourceTest, ARequestFindingTheKvCacheFullWaitsAndIsServedWhenRoomFrees) {
+  RemoteTokenSourceOptions options;
+  options.kv_retry_interval = absl::Milliseconds(100);
+  Start(options);
+  FakeWorker worker(/*capacity=*/1);
+  AddWorker("w1", worker);
+  worker.decode.set_hold(true);
+  Events first;
+  ASSERT_THAT(source_->Submit(Request("r1"), first.Callback()), IsOk());
+  worker.decode.AwaitHeld(1);
+
+  Events second;
+  ASSERT_THAT(source_->Submit(Request("r2"), second.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+  EXPECT_EQ(source_->num_waiting_kv(), 1);
+  EXPECT_FALSE(second.ended());
+
+  worker.decode.ReleaseHeld();  // The first request ends; its blocks free.
+  EXPECT_EQ(first.AwaitEnd().back().finish, engine::FinishReason::kLength);
+  clock_.Advance(absl::Milliseconds(100));
+  source_->RunTimersForTesting();
+
+  const std::vector<engine::TokenEvent> got = second.AwaitEnd();
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  EXPECT_EQ(Tokens(got), (std::vector<int32_t>{kFirstToken, 8, 9}));
+  EXPECT_EQ(source_->num_waiting_kv(), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, AWaitingRequestGoesToAnotherDecodeWorkerWithRoom) {
+  Start();
+  FakeWorker full(/*capacity=*/0);
+  FakeWorker roomy(/*capacity=*/4);
+  AddWorker("full", full, /*running=*/0);
+  AddWorker("roomy", roomy, /*running=*/8);  // Busier: admission picks `full` first.
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+
+  AddWorker("full", full, /*running=*/16);  // Now the busier one.
+  clock_.Advance(absl::Seconds(1));
+  source_->RunTimersForTesting();
+
+  const engine::TokenEvent end = events.AwaitEnd().back();
+  EXPECT_EQ(end.finish, engine::FinishReason::kLength);
+  EXPECT_EQ(end.placement->decode_worker_id, "roomy");
+}
+
+TEST_F(RemoteTokenSourceTest, AWaitEndsWithResourceExhaustedAndRetryInfoAtItsLimit) {
+  RemoteTokenSourceOptions options;
+  options.max_kv_wait = absl::Seconds(5);
+  options.kv_full_retry_after = absl::Seconds(2);
+  Start(options);
+  FakeWorker worker(/*capacity=*/0);
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+
+  clock_.Advance(absl::Seconds(4));
+  AddWorker("w1", worker);  // Fresh load: the retry finds the cache still full.
+  source_->RunTimersForTesting();
+  source_->AwaitWaitingKvForTesting(1);
+  EXPECT_FALSE(events.ended());
+
+  clock_.Advance(absl::Seconds(2));
+  source_->RunTimersForTesting();
+  const engine::TokenEvent end = events.AwaitEnd().back();
+  EXPECT_EQ(end.finish, engine::FinishReason::kError);
+  EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(GetRetryDelay(end.error), absl::Seconds(2));
+  EXPECT_TRUE(absl::StrContains(end.error.message(), "KV room")) << end.error;
+  EXPECT_EQ(source_->num_waiting_kv(), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, TheClientsDeadlineBoundsTheWait) {
+  Start();
+  FakeWorker worker(/*capacity=*/0);
+  AddWorker("w1", worker);
+  engine::EngineRequest request = Request("r1");
+  request.time_limit = absl::Seconds(1);
+  Events events;
+  ASSERT_THAT(source_->Submit(std::move(request), events.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+
+  clock_.Advance(absl::Milliseconds(1500));
+  source_->RunTimersForTesting();
+  EXPECT_THAT(events.AwaitEnd().back().error, StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_F(RemoteTokenSourceTest, AbortEndsAWaitAtOnce) {
+  Start();
+  FakeWorker worker(/*capacity=*/0);
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+
+  source_->Abort("r1");
+  EXPECT_EQ(events.AwaitEnd().back().finish, engine::FinishReason::kAborted);
+  EXPECT_EQ(source_->num_waiting_kv(), 0);
+  EXPECT_EQ(source_->num_in_flight(), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, AbortCancelsTheCallsInFlightAndFreesTheReservation) {
+  Start();
+  FakeWorker worker(/*capacity=*/4);
+  worker.decode.set_hold(true);
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+  worker.decode.AwaitHeld(1);
+  events.AwaitTokens(1);
+
+  source_->Abort("r1");
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kAborted);
+  EXPECT_EQ(Tokens(got), (std::vector<int32_t>{kFirstToken}));
+  worker.decode.AwaitNoneReserved();
+}
+
+TEST_F(RemoteTokenSourceTest, TheThreadCountDoesNotGrowWithStreamsInFlight) {
+  Start();
+  FakeWorker worker(/*capacity=*/1024);
+  worker.decode.set_hold(true);
+  AddWorker("w1", worker);
+  std::vector<std::unique_ptr<Events>> events;
+  auto submit = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      events.push_back(std::make_unique<Events>());
+      ASSERT_THAT(source_->Submit(Request(absl::StrCat("r", events.size())),
+                                  events.back()->Callback()),
+                  IsOk());
+    }
+  };
+  submit(1);
+  worker.decode.AwaitHeld(1);
+  const int threads_at_1 = ProcessThreads();
+  submit(511);
+  worker.decode.AwaitHeld(512);
+  const int threads_at_512 = ProcessThreads();
+  std::printf("process threads: %d with 1 stream in flight, %d with 512\n", threads_at_1,
+              threads_at_512);
+  EXPECT_EQ(source_->num_in_flight(), 512);
+  // gRPC's callback pools may grow a little under load; never per request.
+  EXPECT_LE(threads_at_512, threads_at_1 + 16);
+
+  worker.decode.ReleaseHeld();
+  for (auto& e : events) EXPECT_EQ(e->AwaitEnd().back().finish, engine::FinishReason::kLength);
+}
+
+}  // namespace
+}  // namespace trident::router
