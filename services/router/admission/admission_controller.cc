@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
 #include "common/status/error_details.h"
+#include "common/status/status_macros.h"
 
 namespace trident::router::admission {
 namespace {
@@ -634,7 +635,9 @@ void AdmissionController::Release(AdmissionId id) {
   --num_in_flight_;
 }
 
-absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequest& request) {
+namespace {
+
+absl::Status ValidateAdmissionRequest(const AdmissionRequest& request) {
   if (request.prompt_tokens <= 0) {
     return absl::InvalidArgumentError("AdmissionRequest.prompt_tokens: must be positive");
   }
@@ -647,179 +650,228 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   if (request.tpot.has_value() && *request.tpot <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("AdmissionRequest.tpot: must be positive");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// What one Admit call weighs, resolved once.
+struct AdmissionController::AdmitScope {
+  const AdmissionRequest& request;
+  int klass = 0;
+  double ttft_target = kInf;
+  double tpot_target = kInf;
+  double margin = 1;
+  int64_t n = 0;  // Prompt tokens.
+  int64_t need_blocks = 0;
+  double queue_capacity = 0;
+  double now = 0;
+  double transfer = 0;  // Predicted KV transfer seconds.
+};
+
+absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequest& request) {
+  TRIDENT_RETURN_IF_ERROR(ValidateAdmissionRequest(request));
   const int klass = qos_.Find(request.qos_class);
   if (klass < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("AdmissionRequest.qos_class: unknown class \"", request.qos_class, "\""));
   }
   const QosClass& qos = qos_.classes[klass];
-  const double ttft_target = ToSeconds(request.ttft.has_value() ? request.ttft : qos.default_ttft);
-  const double tpot_target = ToSeconds(request.tpot.has_value() ? request.tpot : qos.default_tpot);
-  const double margin = options_.slo_margin;
-  const int64_t n = request.prompt_tokens;
-  const int64_t need_blocks =
+  AdmitScope scope{.request = request, .klass = klass};
+  scope.ttft_target = ToSeconds(request.ttft.has_value() ? request.ttft : qos.default_ttft);
+  scope.tpot_target = ToSeconds(request.tpot.has_value() ? request.tpot : qos.default_tpot);
+  scope.margin = options_.slo_margin;
+  scope.n = request.prompt_tokens;
+  scope.need_blocks =
       CeilDiv(request.prompt_tokens + request.max_output_tokens, options_.kv_block_size_tokens);
-  const double queue_capacity = static_cast<double>(options_.prefill_queue_capacity_tokens);
+  scope.queue_capacity = static_cast<double>(options_.prefill_queue_capacity_tokens);
 
   AdmissionDecision decision;
   decision.qos_class_index = klass;
-  if (options_.enabled) decision.ttft_target = request.ttft.has_value() ? request.ttft : qos.default_ttft;
-  const double now = NowSeconds();
+  if (options_.enabled) {
+    decision.ttft_target = request.ttft.has_value() ? request.ttft : qos.default_ttft;
+  }
+  scope.now = NowSeconds();
   absl::MutexLock lock(&mu_);
-  const double transfer = transfer_.PredictSeconds(n);
+  scope.transfer = transfer_.PredictSeconds(scope.n);
 
-  // Prefill candidates.
-  int num_prefill = 0;
   double best_pass_ttft = kInf;
   double best_any_ttft = kInf;
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    Worker& w = *workers_[i];
-    PrefillEval& e = prefill_scratch_[i];
-    e = PrefillEval();
-    if (w.report.role == WorkerRole::kDecode || !Eligible(w, now)) continue;
-    e.eligible = true;
-    ++num_prefill;
-    PrefillBacklog(w, now, &e.forecast, &e.backlog_tokens);
-    e.transfer = transfer;
-    e.forecast.request_work = w.prefill_model.PredictSeconds(n) + transfer;
-    e.scale = TtftScale(w, now);
-    e.ttft = e.forecast.At(e.scale);
-    best_any_ttft = std::min(best_any_ttft, e.ttft);
-    const double b = w.prefill_model.seconds_per_token();
-    const double queued = e.backlog_tokens + n;
-    const double class_room =
-        queue_capacity - UnusedReservedByOthers(w.class_prefill_tokens, queue_capacity, klass);
-    if (queued > queue_capacity) {
-      e.stage = kStageTtft;
-      e.retry = (queued - queue_capacity) * b;
-    } else if (queued > class_room) {
-      e.stage = kStagePrefillClass;
-      e.retry = (queued - class_room) * b;
-    } else if (e.ttft > ttft_target * margin) {
-      e.stage = kStageTtft;
-      e.retry = e.ttft - ttft_target * margin;
-    } else {
-      best_pass_ttft = std::min(best_pass_ttft, e.ttft);
-    }
-  }
-
-  // A prefill candidate's forecast for a decode worker: no transfer when it
-  // is the same worker.
-  const auto forecast_for = [](const PrefillEval& e, bool colocated) {
-    TtftForecast forecast = e.forecast;
-    if (colocated) forecast.request_work -= e.transfer;
-    return forecast;
-  };
-
-  // Decode candidates, forecast at T: when this request would join a batch.
-  int num_decode = 0;
-  const double t = now + (std::isfinite(best_pass_ttft) ? best_pass_ttft : best_any_ttft);
+  const int num_prefill = EvaluatePrefill(scope, &best_pass_ttft, &best_any_ttft);
+  // Decode candidates are forecast at T: when this request would join a
+  // batch.
+  const double t =
+      scope.now + (std::isfinite(best_pass_ttft) ? best_pass_ttft : best_any_ttft);
   int best_decode = -1;
   int decode_stage = kStagePassed;
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    Worker& w = *workers_[i];
-    DecodeEval& e = decode_scratch_[i];
-    e = DecodeEval();
-    if (w.report.role == WorkerRole::kPrefill || !Eligible(w, now)) continue;
-    e.eligible = true;
-    ++num_decode;
-    ForecastDecode(w, now, t, &e);
-    e.tpot_scale = TpotScale(w, now);
-    e.tpot =
-        e.tpot_scale * w.decode_model.PredictSeconds(static_cast<int64_t>(e.batch) + 1,
-                                                     static_cast<int64_t>(e.context_tokens) + n);
-    const double limit = std::min(tpot_target, e.min_tpot_target) * margin;
-    e.slack = limit - e.tpot;
-    const double kv_total = w.report.kv_blocks_total;
-    if (e.free_blocks < need_blocks) {
-      e.stage = kStageKv;
-    } else if (e.free_blocks - UnusedReservedByOthers(w.class_kv_blocks, kv_total, klass) <
-               need_blocks) {
-      e.stage = kStageDecodeClass;
-    } else if (e.tpot > limit) {
-      e.stage = kStageTpot;
-    }
-    if (e.stage != kStagePassed) {
-      decode_stage = std::max(decode_stage, e.stage);
-      continue;
-    }
-    if (best_decode < 0) {
-      best_decode = static_cast<int>(i);
-      continue;
-    }
-    const DecodeEval& best = decode_scratch_[best_decode];
-    // Most slack first; with no target (infinite slack), the fastest.
-    if (e.slack > best.slack || (e.slack == best.slack && e.tpot < best.tpot)) {
-      best_decode = static_cast<int>(i);
-    }
-  }
-
+  const int num_decode = EvaluateDecode(scope, t, &best_decode, &decode_stage);
   if (num_prefill == 0 || num_decode == 0) {
     decision.reason = RejectReason::kNoWorkers;
     decision.retry_after = options_.default_retry_after;
     return decision;
   }
-
-  if (!options_.enabled) {
-    // Admission off: the least-loaded pair, whatever the predictions.
-    int decode = -1;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      const DecodeEval& e = decode_scratch_[i];
-      if (!e.eligible) continue;
-      if (decode < 0 || e.batch < decode_scratch_[decode].batch ||
-          (e.batch == decode_scratch_[decode].batch &&
-           e.free_blocks > decode_scratch_[decode].free_blocks)) {
-        decode = static_cast<int>(i);
-      }
-    }
-    int prefill = -1;
-    double ttft = kInf;
-    TtftForecast forecast;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      const PrefillEval& e = prefill_scratch_[i];
-      if (!e.eligible) continue;
-      const TtftForecast forecast_i = forecast_for(e, static_cast<int>(i) == decode);
-      const double ttft_i = forecast_i.At(e.scale);
-      if (prefill < 0 || ttft_i < ttft) {
-        prefill = static_cast<int>(i);
-        ttft = ttft_i;
-        forecast = forecast_i;
-      }
-    }
-    const DecodeEval& d = decode_scratch_[decode];
-    const double tpot = d.tpot;
-    decision.admitted = true;
-    decision.id = AddRecord(request, klass, prefill, decode, now, now + ttft, tpot, tpot_target,
-                            need_blocks, forecast, tpot / d.tpot_scale);
-    decision.prefill_worker_id = workers_[prefill]->id;
-    decision.decode_worker_id = workers_[decode]->id;
-    decision.predicted_ttft = ToDuration(ttft);
-    decision.predicted_tpot = ToDuration(tpot);
-    return decision;
-  }
+  if (!options_.enabled) return AdmitLeastLoaded(scope, decision);
 
   decision.predicted_ttft = ToDuration(best_any_ttft);
   if (best_decode < 0) {
-    // Early rejection on the decode side, before any prefill is spent.
-    double best_tpot = kInf;
-    double wait = kInf;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      const DecodeEval& e = decode_scratch_[i];
-      if (!e.eligible) continue;
-      best_tpot = std::min(best_tpot, e.tpot);
-      const double limit = std::min(tpot_target, e.min_tpot_target) * margin;
-      const double w = DecodeWaitSeconds(*workers_[i], e, now, t, n, need_blocks, klass, limit);
-      if (w >= 0) wait = std::min(wait, w);
-    }
-    decision.reason = decode_stage == kStageKv            ? RejectReason::kKvCapacity
-                      : decode_stage == kStageDecodeClass ? RejectReason::kClassCapacity
-                                                          : RejectReason::kTpot;
-    decision.retry_after = ClampRetry(wait);
-    decision.predicted_tpot = ToDuration(best_tpot);
+    RejectOnDecode(scope, t, decode_stage, &decision);
     return decision;
   }
   decision.predicted_tpot = ToDuration(decode_scratch_[best_decode].tpot);
+  ChoosePrefill(scope, best_decode, &decision);
+  return decision;
+}
 
+TtftForecast AdmissionController::ForecastFor(const PrefillEval& e,
+                                                                   bool colocated) {
+  // No transfer when the prefill worker is the decode worker itself.
+  TtftForecast forecast = e.forecast;
+  if (colocated) forecast.request_work -= e.transfer;
+  return forecast;
+}
+
+int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_ttft,
+                                         double* best_any_ttft) {
+  int num_prefill = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = *workers_[i];
+    PrefillEval& e = prefill_scratch_[i];
+    e = PrefillEval();
+    if (w.report.role == WorkerRole::kDecode || !Eligible(w, s.now)) continue;
+    e.eligible = true;
+    ++num_prefill;
+    PrefillBacklog(w, s.now, &e.forecast, &e.backlog_tokens);
+    e.transfer = s.transfer;
+    e.forecast.request_work = w.prefill_model.PredictSeconds(s.n) + s.transfer;
+    e.scale = TtftScale(w, s.now);
+    e.ttft = e.forecast.At(e.scale);
+    *best_any_ttft = std::min(*best_any_ttft, e.ttft);
+    const double b = w.prefill_model.seconds_per_token();
+    const double queued = e.backlog_tokens + s.n;
+    const double class_room =
+        s.queue_capacity -
+        UnusedReservedByOthers(w.class_prefill_tokens, s.queue_capacity, s.klass);
+    if (queued > s.queue_capacity) {
+      e.stage = kStageTtft;
+      e.retry = (queued - s.queue_capacity) * b;
+    } else if (queued > class_room) {
+      e.stage = kStagePrefillClass;
+      e.retry = (queued - class_room) * b;
+    } else if (e.ttft > s.ttft_target * s.margin) {
+      e.stage = kStageTtft;
+      e.retry = e.ttft - s.ttft_target * s.margin;
+    } else {
+      *best_pass_ttft = std::min(*best_pass_ttft, e.ttft);
+    }
+  }
+  return num_prefill;
+}
+
+int AdmissionController::EvaluateDecode(const AdmitScope& s, double t, int* best_decode,
+                                        int* decode_stage) {
+  int num_decode = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = *workers_[i];
+    DecodeEval& e = decode_scratch_[i];
+    e = DecodeEval();
+    if (w.report.role == WorkerRole::kPrefill || !Eligible(w, s.now)) continue;
+    e.eligible = true;
+    ++num_decode;
+    ForecastDecode(w, s.now, t, &e);
+    e.tpot_scale = TpotScale(w, s.now);
+    e.tpot = e.tpot_scale *
+             w.decode_model.PredictSeconds(static_cast<int64_t>(e.batch) + 1,
+                                           static_cast<int64_t>(e.context_tokens) + s.n);
+    const double limit = std::min(s.tpot_target, e.min_tpot_target) * s.margin;
+    e.slack = limit - e.tpot;
+    const double kv_total = w.report.kv_blocks_total;
+    if (e.free_blocks < s.need_blocks) {
+      e.stage = kStageKv;
+    } else if (e.free_blocks - UnusedReservedByOthers(w.class_kv_blocks, kv_total, s.klass) <
+               s.need_blocks) {
+      e.stage = kStageDecodeClass;
+    } else if (e.tpot > limit) {
+      e.stage = kStageTpot;
+    }
+    if (e.stage != kStagePassed) {
+      *decode_stage = std::max(*decode_stage, e.stage);
+      continue;
+    }
+    if (*best_decode < 0) {
+      *best_decode = static_cast<int>(i);
+      continue;
+    }
+    const DecodeEval& best = decode_scratch_[*best_decode];
+    // Most slack first; with no target (infinite slack), the fastest.
+    if (e.slack > best.slack || (e.slack == best.slack && e.tpot < best.tpot)) {
+      *best_decode = static_cast<int>(i);
+    }
+  }
+  return num_decode;
+}
+
+AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
+                                                        AdmissionDecision decision) {
+  // Admission off: the least-loaded pair, whatever the predictions.
+  int decode = -1;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const DecodeEval& e = decode_scratch_[i];
+    if (!e.eligible) continue;
+    if (decode < 0 || e.batch < decode_scratch_[decode].batch ||
+        (e.batch == decode_scratch_[decode].batch &&
+         e.free_blocks > decode_scratch_[decode].free_blocks)) {
+      decode = static_cast<int>(i);
+    }
+  }
+  int prefill = -1;
+  double ttft = kInf;
+  TtftForecast forecast;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const PrefillEval& e = prefill_scratch_[i];
+    if (!e.eligible) continue;
+    const TtftForecast forecast_i = ForecastFor(e, static_cast<int>(i) == decode);
+    const double ttft_i = forecast_i.At(e.scale);
+    if (prefill < 0 || ttft_i < ttft) {
+      prefill = static_cast<int>(i);
+      ttft = ttft_i;
+      forecast = forecast_i;
+    }
+  }
+  const DecodeEval& d = decode_scratch_[decode];
+  const double tpot = d.tpot;
+  decision.admitted = true;
+  decision.id = AddRecord(s.request, s.klass, prefill, decode, s.now, s.now + ttft, tpot,
+                          s.tpot_target, s.need_blocks, forecast, tpot / d.tpot_scale);
+  decision.prefill_worker_id = workers_[prefill]->id;
+  decision.decode_worker_id = workers_[decode]->id;
+  decision.predicted_ttft = ToDuration(ttft);
+  decision.predicted_tpot = ToDuration(tpot);
+  return decision;
+}
+
+void AdmissionController::RejectOnDecode(const AdmitScope& s, double t, int decode_stage,
+                                         AdmissionDecision* decision) {
+  // Early rejection on the decode side, before any prefill is spent.
+  double best_tpot = kInf;
+  double wait = kInf;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const DecodeEval& e = decode_scratch_[i];
+    if (!e.eligible) continue;
+    best_tpot = std::min(best_tpot, e.tpot);
+    const double limit = std::min(s.tpot_target, e.min_tpot_target) * s.margin;
+    const double w =
+        DecodeWaitSeconds(*workers_[i], e, s.now, t, s.n, s.need_blocks, s.klass, limit);
+    if (w >= 0) wait = std::min(wait, w);
+  }
+  decision->reason = decode_stage == kStageKv            ? RejectReason::kKvCapacity
+                     : decode_stage == kStageDecodeClass ? RejectReason::kClassCapacity
+                                                         : RejectReason::kTpot;
+  decision->retry_after = ClampRetry(wait);
+  decision->predicted_tpot = ToDuration(best_tpot);
+}
+
+void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
+                                        AdmissionDecision* decision) {
   // The prefill worker with the least TTFT among those meeting it, with no
   // transfer when it is the decode worker itself.
   int best_prefill = -1;
@@ -833,12 +885,12 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     int stage = e.stage;
     double ttft = e.ttft;
     double retry = e.retry;
-    const TtftForecast forecast = forecast_for(e, static_cast<int>(i) == best_decode);
+    const TtftForecast forecast = ForecastFor(e, static_cast<int>(i) == best_decode);
     if (static_cast<int>(i) == best_decode) {
       ttft = forecast.At(e.scale);
-      if (stage == kStageTtft && e.backlog_tokens + n <= queue_capacity) {
-        stage = ttft > ttft_target * margin ? kStageTtft : kStagePassed;
-        retry = ttft - ttft_target * margin;
+      if (stage == kStageTtft && e.backlog_tokens + s.n <= s.queue_capacity) {
+        stage = ttft > s.ttft_target * s.margin ? kStageTtft : kStagePassed;
+        retry = ttft - s.ttft_target * s.margin;
       }
     }
     if (stage != kStagePassed) {
@@ -853,21 +905,20 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     }
   }
   if (best_prefill < 0) {
-    decision.reason =
+    decision->reason =
         prefill_stage == kStagePrefillClass ? RejectReason::kClassCapacity : RejectReason::kTtft;
-    decision.retry_after = ClampRetry(wait);
-    return decision;
+    decision->retry_after = ClampRetry(wait);
+    return;
   }
-
-  decision.admitted = true;
+  decision->admitted = true;
   const DecodeEval& chosen = decode_scratch_[best_decode];
-  decision.id =
-      AddRecord(request, klass, best_prefill, best_decode, now, now + best_ttft, chosen.tpot,
-                tpot_target, need_blocks, best_forecast, chosen.tpot / chosen.tpot_scale);
-  decision.prefill_worker_id = workers_[best_prefill]->id;
-  decision.decode_worker_id = workers_[best_decode]->id;
-  decision.predicted_ttft = ToDuration(best_ttft);
-  return decision;
+  decision->id =
+      AddRecord(s.request, s.klass, best_prefill, best_decode, s.now, s.now + best_ttft,
+                chosen.tpot, s.tpot_target, s.need_blocks, best_forecast,
+                chosen.tpot / chosen.tpot_scale);
+  decision->prefill_worker_id = workers_[best_prefill]->id;
+  decision->decode_worker_id = workers_[best_decode]->id;
+  decision->predicted_ttft = ToDuration(best_ttft);
 }
 
 }  // namespace trident::router::admission

@@ -295,6 +295,26 @@ class AdmissionController {
   struct Record;
   struct PrefillEval;
   struct DecodeEval;
+  struct AdmitScope;
+
+  // Admit's steps. Each prefill (decode) candidate's evaluation goes to
+  // prefill_scratch_ (decode_scratch_); they return the number of eligible
+  // candidates.
+  int EvaluatePrefill(const AdmitScope& scope, double* best_pass_ttft, double* best_any_ttft)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int EvaluateDecode(const AdmitScope& scope, double t, int* best_decode, int* decode_stage)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admission off: the least-loaded pair.
+  AdmissionDecision AdmitLeastLoaded(const AdmitScope& scope, AdmissionDecision decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No decode worker passes: the reason and when to retry.
+  void RejectOnDecode(const AdmitScope& scope, double t, int decode_stage,
+                      AdmissionDecision* decision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The prefill worker for `best_decode`, or the TTFT rejection.
+  void ChoosePrefill(const AdmitScope& scope, int best_decode, AdmissionDecision* decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A prefill candidate's forecast, without the transfer when `colocated`.
+  static TtftForecast ForecastFor(const PrefillEval& e, bool colocated);
 
   double NowSeconds() const;
   bool Eligible(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
