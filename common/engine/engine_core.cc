@@ -191,20 +191,65 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   if (!HasWork()) return events;
   int32_t budget = options_.max_batch_tokens;
   bool preempted = false;
+  // 1. Running sequences, oldest first; 2. waiting ones, unless a running
+  // sequence had to be preempted.
+  std::vector<Sequence*> scheduled = ScheduleRunning(&budget, &preempted);
+  if (!preempted) AdmitWaiting(&budget, &scheduled);
+  if (scheduled.empty()) {
+    // Nothing fits: only possible when a running sequence alone was preempted
+    // for want of blocks, which Validate rules out; report rather than spin.
+    return absl::InternalError("engine step scheduled no work");
+  }
 
-  // 1. Running sequences, oldest first.
+  // 3. Forward.
+  int32_t rows = 0;
+  const std::vector<backend::StepSequence> batch = BuildBatch(scheduled, &rows);
+  std::vector<sampling::SampledToken> sampled_rows;
+  const absl::Status status = Forward(scheduled, batch, rows, &sampled_rows);
+  if (!status.ok()) {
+    for (Sequence* seq : scheduled) {
+      TokenEvent ev;
+      ev.request_id = seq->request.id;
+      ev.output_index = seq->num_outputs;
+      ev.finish = FinishReason::kError;
+      events.push_back(std::move(ev));
+      Abort(seq->request.id);
+    }
+    TRIDENT_LOG(ERROR) << "forward pass failed; failing its " << scheduled.size()
+                       << " sequences: " << status;
+    return events;
+  }
+
+  // 4. Sample and check stops.
+  int32_t row = 0;
+  std::vector<std::string> finished;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Sequence& seq = *scheduled[i];
+    seq.num_computed += seq.chunk;
+    seq.chunk = 0;
+    if (!batch[i].want_logits) continue;
+    TokenEvent ev = SampleNext(seq, row, &sampled_rows);
+    ++row;
+    if (ev.finish != FinishReason::kNone) finished.push_back(seq.request.id);
+    events.push_back(std::move(ev));
+  }
+  for (const std::string& id : finished) Abort(id);
+  return events;
+}
+
+std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(int32_t* budget, bool* preempted) {
   std::vector<Sequence*> scheduled;
-  for (auto it = running_.begin(); it != running_.end() && budget > 0;) {
+  for (auto it = running_.begin(); it != running_.end() && *budget > 0;) {
     Sequence& seq = **it;
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
-    const int32_t chunk = std::min(remaining, budget);
+    const int32_t chunk = std::min(remaining, *budget);
     bool ok = EnsureBlocks(seq, seq.num_computed + chunk);
     while (!ok) {
       // Preempt the newest running sequence; it may be this one. Prefill-only
       // sequences own their whole prompt's blocks and are never victims.
       auto victim = std::prev(running_.end());
       while (victim != it && (*victim)->request.prefill_only) --victim;
-      preempted = true;
+      *preempted = true;
       if (victim == it) {
         Preempt(victim);
         it = running_.end();
@@ -215,37 +260,34 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     }
     if (!ok) break;
     seq.chunk = chunk;
-    budget -= chunk;
+    *budget -= chunk;
     scheduled.push_back(&seq);
     ++it;
   }
+  return scheduled;
+}
 
-  // 2. Admit waiting sequences.
-  while (!preempted && budget > 0 && !waiting_.empty() &&
+void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled) {
+  while (*budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
-    const int32_t chunk = std::min(remaining, budget);
+    const int32_t chunk = std::min(remaining, *budget);
     // A prefill-only sequence takes its whole prompt's blocks up front.
     const int32_t reserve = seq.request.prefill_only ? seq.prompt_len : seq.num_computed + chunk;
     if (!EnsureBlocks(seq, reserve)) break;
     seq.chunk = chunk;
-    budget -= chunk;
-    scheduled.push_back(&seq);
+    *budget -= chunk;
+    scheduled->push_back(&seq);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+}
 
-  if (scheduled.empty()) {
-    // Nothing fits: only possible when a running sequence alone was preempted
-    // for want of blocks, which Validate rules out; report rather than spin.
-    return absl::InternalError("engine step scheduled no work");
-  }
-
-  // 3. Forward.
+std::vector<backend::StepSequence> EngineCore::BuildBatch(const std::vector<Sequence*>& scheduled,
+                                                          int32_t* rows) {
   std::vector<backend::StepSequence> batch;
   batch.reserve(scheduled.size());
-  int32_t rows = 0;
   int32_t step_tokens = 0;
   int32_t prefill_tokens = 0;
   int32_t decode_sequences = 0;
@@ -263,7 +305,7 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     s.start_position = seq->num_computed;
     s.block_table = seq->blocks;
     s.want_logits = seq->num_computed + seq->chunk == static_cast<int32_t>(seq->tokens.size());
-    rows += s.want_logits ? 1 : 0;
+    *rows += s.want_logits ? 1 : 0;
     step_tokens += seq->chunk;
     batch.push_back(s);
   }
@@ -271,6 +313,12 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   stats_.last_step_tokens = step_tokens;
   stats_.last_step_prefill_tokens = prefill_tokens;
   stats_.last_step_decode_sequences = decode_sequences;
+  return batch;
+}
+
+absl::Status EngineCore::Forward(const std::vector<Sequence*>& scheduled,
+                                 const std::vector<backend::StepSequence>& batch, int32_t rows,
+                                 std::vector<sampling::SampledToken>* sampled_rows) {
   // Prompts whose last chunk runs now report each layer as it completes.
   struct LayerWatcher {
     std::function<void(int32_t, const std::vector<int32_t>&)> fn;
@@ -295,10 +343,8 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
       for (const LayerWatcher& w : watchers) w.fn(layer, w.blocks);
     });
   }
-  const bool device_sampling = backend_->samples_on_device();
-  std::vector<sampling::SampledToken> sampled_rows;
   absl::Status status;
-  if (device_sampling) {
+  if (backend_->samples_on_device()) {
     std::vector<backend::RowSampling> row_params;
     row_params.reserve(static_cast<size_t>(rows));
     for (size_t i = 0; i < scheduled.size(); ++i) {
@@ -306,75 +352,53 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
       const Sequence& seq = *scheduled[i];
       row_params.push_back({&seq.request.sampling, seq.penalties.get(), seq.num_outputs});
     }
-    sampled_rows.resize(static_cast<size_t>(rows));
-    status = backend_->ForwardSample(batch, row_params, absl::MakeSpan(sampled_rows));
+    sampled_rows->resize(static_cast<size_t>(rows));
+    status = backend_->ForwardSample(batch, row_params, absl::MakeSpan(*sampled_rows));
   } else {
     logits_.resize(static_cast<size_t>(rows) * vocab_size_);
     status = backend_->Forward(batch, logits_.data());
   }
   if (!watchers.empty()) backend_->set_layer_observer(nullptr);
-  if (!status.ok()) {
-    for (Sequence* seq : scheduled) {
-      TokenEvent ev;
-      ev.request_id = seq->request.id;
-      ev.output_index = seq->num_outputs;
-      ev.finish = FinishReason::kError;
-      events.push_back(std::move(ev));
-      Abort(seq->request.id);
-    }
-    TRIDENT_LOG(ERROR) << "forward pass failed; failing its " << scheduled.size()
-                       << " sequences: " << status;
-    return events;
-  }
+  return status;
+}
 
-  // 4. Sample and check stops.
-  int32_t row = 0;
-  std::vector<std::string> finished;
-  for (size_t i = 0; i < scheduled.size(); ++i) {
-    Sequence& seq = *scheduled[i];
-    seq.num_computed += seq.chunk;
-    seq.chunk = 0;
-    if (!batch[i].want_logits) continue;
-    sampling::SampledToken sampled;
-    if (device_sampling) {
-      sampled = std::move(sampled_rows[static_cast<size_t>(row)]);
-    } else {
-      const float* row_logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
-      sampled = sampler_.Sample(absl::MakeConstSpan(row_logits, vocab_size_), seq.request.sampling,
-                                *seq.penalties, seq.num_outputs);
-    }
-    ++row;
-    TokenEvent ev;
-    ev.request_id = seq.request.id;
-    ev.token = sampled.token;
-    ev.logprob = sampled.logprob;
-    ev.top_logprobs = std::move(sampled.top_logprobs);
-    ev.output_index = seq.num_outputs;
-    seq.tokens.push_back(sampled.token);
-    seq.penalties->AddOutputToken(sampled.token);
-    ++seq.num_outputs;
-    ++stats_.generated_tokens_total;
-    const auto& stops = seq.request.stop_token_ids;
-    if (std::find(stops.begin(), stops.end(), sampled.token) != stops.end()) {
-      ev.finish = FinishReason::kStop;
-      ev.matched_stop_token = sampled.token;
-    } else if (seq.num_outputs >= seq.request.max_tokens ||
-               static_cast<int32_t>(seq.tokens.size()) >= backend_->max_model_len()) {
-      ev.finish = FinishReason::kLength;
-    }
-    if (ev.finish == FinishReason::kNone && seq.request.prefill_only) {
-      // Hand the prompt's blocks over; the sequence ends here.
-      ev.finish = FinishReason::kPrefilled;
-      seq.blocks.resize(static_cast<size_t>((seq.prompt_len + block_size_ - 1) / block_size_));
-      ev.prefilled_blocks = seq.blocks;
-      prefilled_[seq.request.id] = std::move(seq.blocks);
-      seq.blocks.clear();
-    }
-    if (ev.finish != FinishReason::kNone) finished.push_back(seq.request.id);
-    events.push_back(std::move(ev));
+TokenEvent EngineCore::SampleNext(Sequence& seq, int32_t row,
+                                  std::vector<sampling::SampledToken>* sampled_rows) {
+  sampling::SampledToken sampled;
+  if (backend_->samples_on_device()) {
+    sampled = std::move((*sampled_rows)[static_cast<size_t>(row)]);
+  } else {
+    const float* row_logits = logits_.data() + static_cast<size_t>(row) * vocab_size_;
+    sampled = sampler_.Sample(absl::MakeConstSpan(row_logits, vocab_size_), seq.request.sampling,
+                              *seq.penalties, seq.num_outputs);
   }
-  for (const std::string& id : finished) Abort(id);
-  return events;
+  TokenEvent ev;
+  ev.request_id = seq.request.id;
+  ev.token = sampled.token;
+  ev.logprob = sampled.logprob;
+  ev.top_logprobs = std::move(sampled.top_logprobs);
+  ev.output_index = seq.num_outputs;
+  seq.tokens.push_back(sampled.token);
+  seq.penalties->AddOutputToken(sampled.token);
+  ++seq.num_outputs;
+  ++stats_.generated_tokens_total;
+  const auto& stops = seq.request.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), sampled.token) != stops.end()) {
+    ev.finish = FinishReason::kStop;
+    ev.matched_stop_token = sampled.token;
+  } else if (seq.num_outputs >= seq.request.max_tokens ||
+             static_cast<int32_t>(seq.tokens.size()) >= backend_->max_model_len()) {
+    ev.finish = FinishReason::kLength;
+  }
+  if (ev.finish == FinishReason::kNone && seq.request.prefill_only) {
+    // Hand the prompt's blocks over; the sequence ends here.
+    ev.finish = FinishReason::kPrefilled;
+    seq.blocks.resize(static_cast<size_t>((seq.prompt_len + block_size_ - 1) / block_size_));
+    ev.prefilled_blocks = seq.blocks;
+    prefilled_[seq.request.id] = std::move(seq.blocks);
+    seq.blocks.clear();
+  }
+  return ev;
 }
 
 EngineStats EngineCore::stats() const {

@@ -129,6 +129,23 @@ class EngineCore {
   void FreeBlocks(Sequence& seq);
   void Preempt(std::list<SeqPtr>::iterator it);
 
+  // Step's parts. The running sequences' next chunks within `budget`,
+  // preempting the newest for blocks (sets `preempted`).
+  std::vector<Sequence*> ScheduleRunning(int32_t* budget, bool* preempted);
+  // Admits waiting sequences while budget, slots and blocks last.
+  void AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled);
+  // The backend's view of the step; `rows` counts the sequences that sample.
+  std::vector<backend::StepSequence> BuildBatch(const std::vector<Sequence*>& scheduled,
+                                                int32_t* rows);
+  // Runs the forward pass (sampling on the device where the backend does),
+  // reporting prompts' layers as they complete.
+  absl::Status Forward(const std::vector<Sequence*>& scheduled,
+                       const std::vector<backend::StepSequence>& batch, int32_t rows,
+                       std::vector<sampling::SampledToken>* sampled_rows);
+  // Samples `seq`'s next token from `row` and decides whether it finishes.
+  TokenEvent SampleNext(Sequence& seq, int32_t row,
+                        std::vector<sampling::SampledToken>* sampled_rows);
+
   backend::ModelBackend* backend_;
   kv::BlockAllocator* allocator_;
   EngineOptions options_;
