@@ -242,18 +242,51 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     TRIDENT_RETURN_IF_ERROR(cpu::ConfigureCpuThreads(options_.num_threads, options_.pin_threads));
     threads_configured_for_ = std::this_thread::get_id();
   }
-  const int64_t h = config_.hidden_size;
-  const int32_t nq = config_.num_attention_heads;
-  const int32_t nkv = config_.num_key_value_heads;
-  const int32_t hd = config_.head_dim;
-  const int64_t q_out = static_cast<int64_t>(nq) * hd;
-  const int64_t kv_out = static_cast<int64_t>(nkv) * hd;
-  const int64_t qkv_width = q_out + 2 * kv_out;
-  const int64_t inter = config_.intermediate_size;
-  const int32_t bs = kv_spec_.block_size;
-
   int64_t total = 0;
   int64_t rows = 0;
+  TRIDENT_RETURN_IF_ERROR(ValidateBatch(batch, &total, &rows));
+  if (total == 0) return absl::OkStatus();
+  const int64_t h = config_.hidden_size;
+  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
+  const int64_t inter = config_.intermediate_size;
+  Grow(x_, total * h);
+  Grow(hn_, total * h);
+  Grow(qkv_, total * (q_out + 2 * kv_out));
+  Grow(attn_, total * q_out);
+  Grow(tmp_, total * h);
+  Grow(gate_up_, total * 2 * inter);
+  Grow(act_, total * inter);
+  Grow(positions_, total);
+  Grow(slots_, total);
+
+  std::vector<kernels::cpu::AttentionSequence> seqs;
+  TRIDENT_RETURN_IF_ERROR(Embed(batch, &seqs));
+  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) RunLayer(l, total, seqs);
+  // Final residual add and norm, then the head, for the wanted rows only.
+  if (rows == 0) return absl::OkStatus();
+  Grow(last_, rows * h);
+  // Compact the wanted rows of the residual and the last delta to the front
+  // (each moves to a row at or before its own, so in place is safe).
+  int64_t r = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].want_logits) continue;
+    const int64_t src = seqs[i].query_row + seqs[i].query_len - 1;
+    if (src != r) {
+      std::memmove(&x_[r * h], &x_[src * h], h * sizeof(float));
+      std::memmove(&tmp_[r * h], &tmp_[src * h], h * sizeof(float));
+    }
+    ++r;
+  }
+  kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), final_norm_.data(), rows, h,
+                           config_.rms_norm_eps, last_.data());
+  lm_head_->Forward(last_.data(), rows, logits);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ValidateBatch(absl::Span<const StepSequence> batch, int64_t* total,
+                                       int64_t* rows) const {
+  const int32_t bs = kv_spec_.block_size;
   for (const StepSequence& s : batch) {
     const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
     if (s.tokens.empty() || s.start_position < 0 || end > max_model_len_) {
@@ -271,23 +304,17 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
             absl::StrCat("block id ", b, " outside the cache of ", kv_spec_.num_blocks, " blocks"));
       }
     }
-    total += static_cast<int64_t>(s.tokens.size());
-    rows += s.want_logits ? 1 : 0;
+    *total += static_cast<int64_t>(s.tokens.size());
+    *rows += s.want_logits ? 1 : 0;
   }
-  if (total == 0) return absl::OkStatus();
+  return absl::OkStatus();
+}
 
-  Grow(x_, total * h);
-  Grow(hn_, total * h);
-  Grow(qkv_, total * qkv_width);
-  Grow(attn_, total * q_out);
-  Grow(tmp_, total * h);
-  Grow(gate_up_, total * 2 * inter);
-  Grow(act_, total * inter);
-  Grow(positions_, total);
-  Grow(slots_, total);
-
-  std::vector<kernels::cpu::AttentionSequence> seqs;
-  seqs.reserve(batch.size());
+absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch,
+                               std::vector<kernels::cpu::AttentionSequence>* seqs) {
+  const int64_t h = config_.hidden_size;
+  const int32_t bs = kv_spec_.block_size;
+  seqs->reserve(batch.size());
   int64_t row = 0;
   for (const StepSequence& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i) {
@@ -307,62 +334,54 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     a.context_len = s.start_position + static_cast<int32_t>(s.tokens.size());
     a.query_len = static_cast<int32_t>(s.tokens.size());
     a.query_row = row;
-    seqs.push_back(a);
+    seqs->push_back(a);
     row += static_cast<int64_t>(s.tokens.size());
   }
+  return absl::OkStatus();
+}
 
+void CpuBackend::RunLayer(int32_t l, int64_t total,
+                          const std::vector<kernels::cpu::AttentionSequence>& seqs) {
+  const int64_t h = config_.hidden_size;
+  const int32_t nq = config_.num_attention_heads;
+  const int32_t nkv = config_.num_key_value_heads;
+  const int32_t hd = config_.head_dim;
+  const int64_t q_out = static_cast<int64_t>(nq) * hd;
+  const int64_t kv_out = static_cast<int64_t>(nkv) * hd;
+  const int64_t qkv_width = q_out + 2 * kv_out;
+  const int64_t inter = config_.intermediate_size;
   const float eps = config_.rms_norm_eps;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
-    Layer& layer = layers_[l];
-    if (l == 0) {
-      kernels::cpu::RmsNorm(x_.data(), layer.input_norm.data(), total, h, eps, hn_.data());
-    } else {
-      kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.input_norm.data(), total, h, eps,
-                               hn_.data());
-    }
-    layer.qkv->Forward(hn_.data(), total, qkv_.data());
-    float* q = qkv_.data();
-    float* k = q + q_out;
-    float* v = k + kv_out;
-    kernels::cpu::ApplyRope(q, qkv_width, nq, k, qkv_width, nkv, hd, positions_.data(), total,
-                            inv_freq_.data());
-    kernels::cpu::PagedKv kv;
-    kv.base = kv_cache_->LayerBase(l);
-    kv.dtype = kv_spec_.dtype;
-    kv.block_size = bs;
-    kv.num_kv_heads = nkv;
-    kv.head_dim = hd;
-    kv.block_stride_elems = kv_spec_.block_stride_elements();
-    kv.value_offset_elems = kv_spec_.value_offset_elements();
-    kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
-    if (layer_observer()) layer_observer()(l);
-    kernels::cpu::PagedAttention(kv, q, qkv_width, nq, seqs, scale, attn_.data(), q_out);
-    layer.o->Forward(attn_.data(), total, tmp_.data());
-    kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,
+  Layer& layer = layers_[l];
+  if (l == 0) {
+    kernels::cpu::RmsNorm(x_.data(), layer.input_norm.data(), total, h, eps, hn_.data());
+  } else {
+    kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.input_norm.data(), total, h, eps,
                              hn_.data());
-    layer.gate_up->Forward(hn_.data(), total, gate_up_.data());
-    kernels::cpu::SiluMulReference(gate_up_.data(), act_.data(), total, inter);
-    layer.down->Forward(act_.data(), total, tmp_.data());
   }
-  // Final residual add and norm, then the head, for the wanted rows only.
-  if (rows == 0) return absl::OkStatus();
-  Grow(last_, rows * h);
-  // Compact the wanted rows of the residual and the last delta to the front
-  // (each moves to a row at or before its own, so in place is safe).
-  int64_t r = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].want_logits) continue;
-    const int64_t src = seqs[i].query_row + seqs[i].query_len - 1;
-    if (src != r) {
-      std::memmove(&x_[r * h], &x_[src * h], h * sizeof(float));
-      std::memmove(&tmp_[r * h], &tmp_[src * h], h * sizeof(float));
-    }
-    ++r;
-  }
-  kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), final_norm_.data(), rows, h, eps, last_.data());
-  lm_head_->Forward(last_.data(), rows, logits);
-  return absl::OkStatus();
+  layer.qkv->Forward(hn_.data(), total, qkv_.data());
+  float* q = qkv_.data();
+  float* k = q + q_out;
+  float* v = k + kv_out;
+  kernels::cpu::ApplyRope(q, qkv_width, nq, k, qkv_width, nkv, hd, positions_.data(), total,
+                          inv_freq_.data());
+  kernels::cpu::PagedKv kv;
+  kv.base = kv_cache_->LayerBase(l);
+  kv.dtype = kv_spec_.dtype;
+  kv.block_size = kv_spec_.block_size;
+  kv.num_kv_heads = nkv;
+  kv.head_dim = hd;
+  kv.block_stride_elems = kv_spec_.block_stride_elements();
+  kv.value_offset_elems = kv_spec_.value_offset_elements();
+  kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
+  if (layer_observer()) layer_observer()(l);
+  kernels::cpu::PagedAttention(kv, q, qkv_width, nq, seqs, scale, attn_.data(), q_out);
+  layer.o->Forward(attn_.data(), total, tmp_.data());
+  kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,
+                           hn_.data());
+  layer.gate_up->Forward(hn_.data(), total, gate_up_.data());
+  kernels::cpu::SiluMulReference(gate_up_.data(), act_.data(), total, inter);
+  layer.down->Forward(act_.data(), total, tmp_.data());
 }
 
 }  // namespace trident::backend

@@ -21,6 +21,7 @@
 #include "common/numeric/dtype.h"
 #include "common/time/clock.h"
 #include "kernels/cpu/linear/linear.h"
+#include "kernels/cpu/paged_attention/paged_attention.h"
 
 namespace trident::backend {
 
@@ -78,6 +79,17 @@ class CpuBackend : public ModelBackend {
     std::unique_ptr<kernels::cpu::Linear> gate_up;
     std::unique_ptr<kernels::cpu::Linear> down;
   };
+
+  // Forward's steps: every sequence inside the context window, the cache
+  // and the vocabulary (INVALID_ARGUMENT naming what is not), counting its
+  // tokens and logit rows; the embeddings, positions and KV slots of every
+  // token; one decoder layer over all of them.
+  absl::Status ValidateBatch(absl::Span<const StepSequence> batch, int64_t* total,
+                             int64_t* rows) const;
+  absl::Status Embed(absl::Span<const StepSequence> batch,
+                     std::vector<kernels::cpu::AttentionSequence>* seqs);
+  void RunLayer(int32_t layer, int64_t total,
+                const std::vector<kernels::cpu::AttentionSequence>& seqs);
 
   CpuBackend() = default;
   absl::Status Load(const std::string& model_dir);
