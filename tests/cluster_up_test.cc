@@ -12,13 +12,13 @@
 #include "common/grpc/health_client.h"
 #include "common/http/http_client.h"
 #include "common/process/subprocess.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
 #include "tools/cli/cluster.h"
 
 namespace trident {
@@ -54,8 +54,8 @@ absl::StatusOr<std::set<std::string>> ListServicesByReflection(const std::string
   using ::grpc::reflection::v1alpha::ServerReflection;
   using ::grpc::reflection::v1alpha::ServerReflectionRequest;
   using ::grpc::reflection::v1alpha::ServerReflectionResponse;
-  auto stub = ServerReflection::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      ServerReflection::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   auto stream = stub->ServerReflectionInfo(&context);
@@ -139,8 +139,7 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   const json targets = WaitForHealthyTargets(state->PrometheusUrl(), expected_services.size());
   std::set<std::string> scraped_jobs;
   for (const json& target : targets) scraped_jobs.insert(target["labels"]["job"]);
-  EXPECT_EQ(scraped_jobs,
-            (std::set<std::string>{"router", "worker", "attention", "controller"}));
+  EXPECT_EQ(scraped_jobs, (std::set<std::string>{"router", "worker", "attention", "controller"}));
   auto up = http::Get(state->PrometheusUrl() + "/api/v1/query?query=" + http::UrlEncode("up"));
   ASSERT_THAT(up, IsOk());
   const json result = json::parse(up->body, nullptr, false)["data"]["result"];
@@ -161,8 +160,7 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   for (const cli::ProcessRecord& record : state->processes) {
     EXPECT_FALSE(IsRunning(record.pid)) << record.name;
   }
-  EXPECT_THAT(cli::LoadState(state_dir),
-              ::trident::testing::StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(cli::LoadState(state_dir), ::trident::testing::StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

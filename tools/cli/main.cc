@@ -21,9 +21,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/logging/log.h"
+#include "common/model/generate/model_gen.h"
 #include "tools/cli/cluster.h"
 #include "tools/cli/generate.h"
-#include "tools/make_model/model_gen.h"
 
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the cluster's state, logs and Prometheus data. Default: "
@@ -115,10 +115,10 @@ int Up() {
     // A small generated model, written once and reused.
     model = absl::StrCat(options.state_dir, "/models/llama3-tiny");
     if (access((model + "/config.json").c_str(), F_OK) != 0) {
-      absl::StatusOr<trident::make_model::ModelSpec> spec =
-          trident::make_model::PresetSpec("llama3-tiny");
+      absl::StatusOr<trident::model::generate::ModelSpec> spec =
+          trident::model::generate::PresetSpec("llama3-tiny");
       absl::Status written =
-          spec.ok() ? trident::make_model::WriteModel(*spec, model) : spec.status();
+          spec.ok() ? trident::model::generate::WriteModel(*spec, model) : spec.status();
       if (!written.ok()) {
         std::fprintf(stderr, "trident up: generating the default model: %s\n",
                      std::string(written.message()).c_str());
