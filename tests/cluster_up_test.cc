@@ -1,6 +1,9 @@
-// End to end: `trident up` starts the whole cluster on loopback with a real
-// Prometheus; every service answers grpc.health.v1 and server reflection, and
-// Prometheus scrapes every /metrics with up == 1. Then `trident down` stops it.
+// End to end: `trident up` starts the whole disaggregated cluster on loopback
+// (a prefill and a decode worker behind the router) with a real Prometheus;
+// every service answers grpc.health.v1 and server reflection, a generation
+// streams through the router, `trident status` shows the workers' roles, and
+// Prometheus scrapes every /metrics with up == 1. Then `trident down` stops
+// it.
 
 #include <memory>
 #include <set>
@@ -12,24 +15,27 @@
 #include "common/grpc/health_client.h"
 #include "common/http/http_client.h"
 #include "common/process/subprocess.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
 #include "tools/cli/cluster.h"
+#include "tools/cli/generate.h"
 
 namespace trident {
 namespace {
 
 using ::testing::Contains;
+using ::testing::ContainsRegex;
 using ::testing::IsSupersetOf;
 using ::trident::testing::IsOk;
 using ::trident::testing::RunfilePath;
 using ::trident::testing::TestTmpPath;
 using json = nlohmann::json;
+namespace v1 = ::trident::v1;
 
 // Runs `trident <args...>` and returns its exit code.
 int RunTrident(const std::vector<std::string>& args, const std::string& log) {
@@ -54,8 +60,8 @@ absl::StatusOr<std::set<std::string>> ListServicesByReflection(const std::string
   using ::grpc::reflection::v1alpha::ServerReflection;
   using ::grpc::reflection::v1alpha::ServerReflectionRequest;
   using ::grpc::reflection::v1alpha::ServerReflectionResponse;
-  auto stub = ServerReflection::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      ServerReflection::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   auto stream = stub->ServerReflectionInfo(&context);
@@ -98,10 +104,8 @@ json WaitForHealthyTargets(const std::string& prometheus_url, size_t expected) {
 TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   const std::string state_dir = TestTmpPath("cluster");
   const std::string log = TestTmpPath("trident.log");
-  ASSERT_EQ(RunTrident({"up", "--state_dir=" + state_dir, "--scrape_interval=500ms",
-                        "--workers=prefill,decode"},
-                       log),
-            0);
+  // The default cluster: one prefill and one decode worker.
+  ASSERT_EQ(RunTrident({"up", "--state_dir=" + state_dir, "--scrape_interval=500ms"}, log), 0);
   absl::StatusOr<cli::ClusterState> state = cli::LoadState(state_dir);
   ASSERT_THAT(state, IsOk());
 
@@ -130,17 +134,34 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
     EXPECT_THAT(*listed, IsSupersetOf(services)) << name;
     EXPECT_THAT(*listed, Contains("grpc.health.v1.Health")) << name;
   }
-  absl::StatusOr<std::set<std::string>> router_services =
-      ListServicesByReflection(state->Find("router")->GrpcAddress(state->host));
-  ASSERT_THAT(router_services, IsOk());
-  EXPECT_THAT(*router_services, Contains("trident.v1.Generation"));
 
-  // 3. Prometheus scrapes every service's /metrics: targets up, and up == 1.
+  // 3. A generation streams through the router: prefill on worker-0, KV to
+  // worker-1 over UCX, decode there.
+  absl::StatusOr<cli::GenerateSummary> generated =
+      cli::StreamGeneration({.address = state->RouterAddress(),
+                             .prompt = "Once upon a time",
+                             .max_tokens = 8,
+                             .ignore_eos = true,
+                             .timeout = absl::Seconds(60)},
+                            /*out=*/nullptr);
+  ASSERT_THAT(generated, IsOk());
+  EXPECT_EQ(generated->tokens, 8);
+  EXPECT_FALSE(generated->text.empty());
+  EXPECT_EQ(generated->complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(generated->complete.usage().completion_tokens(), 8);
+  // `trident generate` goes through the router by default.
+  const std::string generate_log = TestTmpPath("generate.log");
+  EXPECT_EQ(RunTrident({"generate", "Once upon a time", "--state_dir=" + state_dir,
+                        "--max_tokens=4", "--ignore_eos"},
+                       generate_log),
+            0);
+  EXPECT_THAT(TailOfFile(generate_log), ContainsRegex("4 generated, finish length"));
+
+  // 4. Prometheus scrapes every service's /metrics: targets up, and up == 1.
   const json targets = WaitForHealthyTargets(state->PrometheusUrl(), expected_services.size());
   std::set<std::string> scraped_jobs;
   for (const json& target : targets) scraped_jobs.insert(target["labels"]["job"]);
-  EXPECT_EQ(scraped_jobs,
-            (std::set<std::string>{"router", "worker", "attention", "controller"}));
+  EXPECT_EQ(scraped_jobs, (std::set<std::string>{"router", "worker", "attention", "controller"}));
   auto up = http::Get(state->PrometheusUrl() + "/api/v1/query?query=" + http::UrlEncode("up"));
   ASSERT_THAT(up, IsOk());
   const json result = json::parse(up->body, nullptr, false)["data"]["result"];
@@ -155,14 +176,21 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   EXPECT_EQ(json::parse(build_info->body, nullptr, false)["data"]["result"].size(), 1u)
       << build_info->body;
 
-  // `trident status` agrees, and `trident down` stops every process.
-  EXPECT_EQ(RunTrident({"status", "--state_dir=" + state_dir}, log), 0);
+  // `trident status` agrees, and shows each worker's role and load.
+  const std::string status_log = TestTmpPath("status.log");
+  EXPECT_EQ(RunTrident({"status", "--state_dir=" + state_dir}, status_log), 0);
+  const std::string status = TailOfFile(status_log, 1 << 16);
+  EXPECT_THAT(status, ContainsRegex("\nworker-0 +prefill +serving +[0-9]+ +[0-9]+ +[0-9.]+%"))
+      << status;
+  EXPECT_THAT(status, ContainsRegex("\nworker-1 +decode +serving +[0-9]+ +[0-9]+ +[0-9.]+%"))
+      << status;
+
+  // `trident down` stops every process.
   EXPECT_EQ(RunTrident({"down", "--state_dir=" + state_dir}, log), 0);
   for (const cli::ProcessRecord& record : state->processes) {
     EXPECT_FALSE(IsRunning(record.pid)) << record.name;
   }
-  EXPECT_THAT(cli::LoadState(state_dir),
-              ::trident::testing::StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(cli::LoadState(state_dir), ::trident::testing::StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

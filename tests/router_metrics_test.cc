@@ -17,12 +17,12 @@
 #include "absl/time/clock.h"
 #include "absl/types/optional.h"
 #include "common/http/http_client.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixture_models.h"
-#include "tests/testing/runfiles.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
 

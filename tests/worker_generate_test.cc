@@ -17,16 +17,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc/status.h"
+#include "common/model/generate/model_gen.h"
 #include "common/process/subprocess.h"
 #include "common/status/error_details.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "common/tokenizer/unicode.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
 #include "trident/v1/generation.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -57,9 +57,9 @@ class WorkerGenerateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_dir_ = new std::string(TestTmpPath("llama3-tiny"));
-    auto spec = make_model::PresetSpec("llama3-tiny");
+    auto spec = model::generate::PresetSpec("llama3-tiny");
     ASSERT_THAT(spec.status(), IsOk());
-    ASSERT_THAT(make_model::WriteModel(*spec, *model_dir_), IsOk());
+    ASSERT_THAT(model::generate::WriteModel(*spec, *model_dir_), IsOk());
     log_ = new std::string(TestTmpPath("worker.log"));
     absl::StatusOr<SpawnedProcess> spawned =
         Spawn({.argv = {RunfilePath("services/worker/worker"), "--host=127.0.0.1", "--port=0",

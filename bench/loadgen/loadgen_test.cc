@@ -13,12 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/status/error_details.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "common/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
 
 namespace trident::loadgen {
 namespace {

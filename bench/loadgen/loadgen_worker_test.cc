@@ -16,13 +16,13 @@
 #include "absl/time/time.h"
 #include "bench/loadgen/loadgen.h"
 #include "bench/loadgen/runner.h"
+#include "common/model/generate/model_gen.h"
 #include "common/process/subprocess.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
 
 namespace trident::loadgen {
 namespace {
@@ -39,9 +39,9 @@ class LoadgenWorkerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     std::printf("seed=%llu\n", static_cast<unsigned long long>(kSeed));
     const std::string model_dir = TestTmpPath("llama3-tiny");
-    absl::StatusOr<make_model::ModelSpec> spec = make_model::PresetSpec("llama3-tiny");
+    absl::StatusOr<model::generate::ModelSpec> spec = model::generate::PresetSpec("llama3-tiny");
     ASSERT_THAT(spec.status(), IsOk());
-    ASSERT_THAT(make_model::WriteModel(*spec, model_dir), IsOk());
+    ASSERT_THAT(model::generate::WriteModel(*spec, model_dir), IsOk());
     log_ = new std::string(TestTmpPath("worker.log"));
     absl::StatusOr<SpawnedProcess> spawned =
         Spawn({.argv = {RunfilePath("services/worker/worker"), "--host=127.0.0.1", "--port=0",

@@ -10,9 +10,9 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "common/model/generate/model_gen.h"
 #include "common/status/status_macros.h"
 #include "gtest/gtest.h"
-#include "tools/make_model/model_gen.h"
 
 namespace trident::testing {
 
@@ -20,8 +20,9 @@ namespace trident::testing {
 // (its config.json).
 inline absl::Status EnsureFixtureModel(const std::string& preset, const std::string& dir) {
   if (std::ifstream(dir + "/config.json").good()) return absl::OkStatus();
-  TRIDENT_ASSIGN_OR_RETURN(const make_model::ModelSpec spec, make_model::PresetSpec(preset));
-  return make_model::WriteModel(spec, dir);
+  TRIDENT_ASSIGN_OR_RETURN(const model::generate::ModelSpec spec,
+                           model::generate::PresetSpec(preset));
+  return model::generate::WriteModel(spec, dir);
 }
 
 // The test name suffix of a (model preset, UCX transport) parameter:

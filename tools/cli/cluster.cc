@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +21,7 @@
 #include "common/grpc/health_client.h"
 #include "common/http/http_client.h"
 #include "common/logging/log.h"
+#include "common/model/generate/model_gen.h"
 #include "common/process/subprocess.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -247,6 +249,83 @@ absl::StatusOr<ProcessRecord> StartPrometheus(const ClusterOptions& options,
   return record;
 }
 
+// Creates the state directory and its logs/; kFailedPrecondition if a
+// cluster started from it is still running.
+absl::Status PrepareStateDir(const ClusterOptions& options) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state_dir is empty");
+  std::error_code error;
+  fs::create_directories(options.state_dir + "/logs", error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", options.state_dir, "/logs: ", error.message()));
+  }
+  if (absl::StatusOr<ClusterState> existing = LoadState(options.state_dir); existing.ok()) {
+    for (const ProcessRecord& p : existing->processes) {
+      if (IsRunning(p.pid)) {
+        return absl::FailedPreconditionError(absl::StrCat("a cluster is already running from ",
+                                                          options.state_dir, " (", p.name, ", pid ",
+                                                          p.pid, "); run `trident down` first"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// options.model_dir, or the default model, generated on first use.
+absl::StatusOr<std::string> ModelDir(const ClusterOptions& options) {
+  if (!options.model_dir.empty()) return options.model_dir;
+  const std::string dir = options.state_dir + "/models/llama3-tiny";
+  if (access((dir + "/config.json").c_str(), F_OK) == 0) return dir;
+  TRIDENT_ASSIGN_OR_RETURN(const model::generate::ModelSpec spec,
+                           model::generate::PresetSpec("llama3-tiny"));
+  TRIDENT_RETURN_IF_ERROR(model::generate::WriteModel(spec, dir));
+  TRIDENT_LOG(INFO) << "generated a random-weight llama3-tiny model in " << dir;
+  return dir;
+}
+
+// A worker's flags: its role and id, the model, and a UCX KV transport, which
+// a `both` worker would otherwise leave off (the router sends it KV too);
+// then the user's flags, which override these.
+std::vector<std::string> WorkerFlags(const ClusterOptions& options, const std::string& role,
+                                     const std::string& name, const std::string& model_dir) {
+  std::vector<std::string> flags = {absl::StrCat("--role=", role),
+                                    absl::StrCat("--worker_id=", name),
+                                    absl::StrCat("--model=", model_dir), "--kv_transport=ucx"};
+  flags.insert(flags.end(), options.worker_flags.begin(), options.worker_flags.end());
+  return flags;
+}
+
+// The router serves at once but routes only to workers it has a load report
+// from; its load streams connect in the background, so this polls its
+// /metrics until every worker shows there.
+absl::Status WaitForRouterWorkers(const ClusterState& state, const ProcessRecord& router,
+                                  const std::vector<std::string>& worker_ids,
+                                  absl::Duration timeout) {
+  const std::string url = absl::StrCat("http://", state.host, ":", router.metrics_port, "/metrics");
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    absl::StatusOr<http::HttpResponse> response = http::Get(url, absl::Seconds(2));
+    if (response.ok() && response->status_code == 200 &&
+        RouterHasLoadOf(response->body, worker_ids)) {
+      return absl::OkStatus();
+    }
+    if (!IsRunning(router.pid)) {
+      return absl::FailedPreconditionError(absl::StrCat("the router exited; its log (",
+                                                        router.log_path, ") ends with:\n",
+                                                        TailOfFile(router.log_path)));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the router has no load report from some of ", absl::StrJoin(worker_ids, ", "), " after ",
+          absl::FormatDuration(timeout), "; its log (", router.log_path, ") ends with:\n",
+          TailOfFile(router.log_path)));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
+}
+
 }  // namespace
 
 std::string ProcessRecord::GrpcAddress(const std::string& host) const {
@@ -258,6 +337,11 @@ const ProcessRecord* ClusterState::Find(const std::string& name) const {
     if (p.name == name) return &p;
   }
   return nullptr;
+}
+
+std::string ClusterState::RouterAddress() const {
+  const ProcessRecord* router = Find("router");
+  return router == nullptr ? "" : router->GrpcAddress(host);
 }
 
 std::string ClusterState::PrometheusUrl() const {
@@ -292,29 +376,50 @@ std::string PrometheusConfig(const ClusterState& state, absl::Duration scrape_in
   return out.str();
 }
 
-absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
-  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state_dir is empty");
-  std::error_code error;
-  fs::create_directories(options.state_dir + "/logs", error);
-  if (error) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", options.state_dir, "/logs: ", error.message()));
-  }
-  if (absl::StatusOr<ClusterState> existing = LoadState(options.state_dir); existing.ok()) {
-    for (const ProcessRecord& p : existing->processes) {
-      if (IsRunning(p.pid)) {
-        return absl::FailedPreconditionError(absl::StrCat("a cluster is already running from ",
-                                                          options.state_dir, " (", p.name, ", pid ",
-                                                          p.pid, "); run `trident down` first"));
-      }
-    }
-  }
-  for (const std::string& role : options.worker_roles) {
+absl::Status ValidateWorkerRoles(const std::vector<std::string>& roles) {
+  bool can_prefill = false;
+  bool can_decode = false;
+  for (const std::string& role : roles) {
     if (role != "prefill" && role != "decode" && role != "both") {
       return absl::InvalidArgumentError(
           absl::StrCat("--workers: each entry must be prefill, decode or both; got '", role, "'"));
     }
+    can_prefill = can_prefill || role != "decode";
+    can_decode = can_decode || role != "prefill";
   }
+  if (!can_prefill || !can_decode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers=", absl::StrJoin(roles, ","),
+        ": the router needs a worker that can prefill (prefill or both) and one that can "
+        "decode (decode or both)"));
+  }
+  return absl::OkStatus();
+}
+
+RouterWorkers RouterWorkersOf(const ClusterState& state) {
+  RouterWorkers workers;
+  for (const ProcessRecord& p : state.processes) {
+    if (p.component != "worker") continue;
+    if (p.role == "prefill" || p.role == "both")
+      workers.prefill.push_back(p.GrpcAddress(state.host));
+    if (p.role == "decode" || p.role == "both") workers.decode.push_back(p.GrpcAddress(state.host));
+  }
+  return workers;
+}
+
+bool RouterHasLoadOf(const std::string& metrics_text, const std::vector<std::string>& worker_ids) {
+  for (const std::string& id : worker_ids) {
+    const std::string series =
+        absl::StrCat("trident_router_worker_running_sequences{worker=\"", id, "\"}");
+    if (!absl::StrContains(metrics_text, series)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
+  TRIDENT_RETURN_IF_ERROR(PrepareStateDir(options));
+  TRIDENT_RETURN_IF_ERROR(ValidateWorkerRoles(options.worker_roles));
+  TRIDENT_ASSIGN_OR_RETURN(const std::string model_dir, ModelDir(options));
 
   ClusterState state{.host = options.host};
   auto start = [&](const std::string& component, const std::string& name,
@@ -330,19 +435,24 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
     TRIDENT_RETURN_IF_ERROR(
         start("controller", "controller",
               {absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)}));
-    const std::string controller = state.Find("controller")->GrpcAddress(options.host);
-    TRIDENT_RETURN_IF_ERROR(
-        start("attention", "attention-0", {absl::StrCat("--controller_address=", controller)}));
+    TRIDENT_RETURN_IF_ERROR(start("attention", "attention-0", {}));
+    std::vector<std::string> worker_ids;
     for (size_t i = 0; i < options.worker_roles.size(); ++i) {
-      std::vector<std::string> flags = {absl::StrCat("--role=", options.worker_roles[i]),
-                                        absl::StrCat("--controller_address=", controller)};
-      flags.insert(flags.end(), options.worker_flags.begin(), options.worker_flags.end());
-      TRIDENT_RETURN_IF_ERROR(start("worker", absl::StrCat("worker-", i), flags));
-      state.processes.back().role = options.worker_roles[i];
+      const std::string& role = options.worker_roles[i];
+      worker_ids.push_back(absl::StrCat("worker-", i));
+      TRIDENT_RETURN_IF_ERROR(start("worker", worker_ids.back(),
+                                    WorkerFlags(options, role, worker_ids.back(), model_dir)));
+      state.processes.back().role = role;
       TRIDENT_RETURN_IF_ERROR(WriteState(options.state_dir, state));
     }
+    const RouterWorkers workers = RouterWorkersOf(state);
     TRIDENT_RETURN_IF_ERROR(
-        start("router", "router", {absl::StrCat("--controller_address=", controller)}));
+        start("router", "router",
+              {absl::StrCat("--model=", model_dir),
+               absl::StrCat("--prefill_workers=", absl::StrJoin(workers.prefill, ",")),
+               absl::StrCat("--decode_workers=", absl::StrJoin(workers.decode, ","))}));
+    TRIDENT_RETURN_IF_ERROR(
+        WaitForRouterWorkers(state, *state.Find("router"), worker_ids, options.ready_timeout));
     TRIDENT_ASSIGN_OR_RETURN(ProcessRecord prometheus,
                              StartPrometheus(options, state, prometheus_port));
     state.processes.push_back(prometheus);
@@ -350,6 +460,7 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
   }();
   if (!status.ok()) {
     StopAll(state.processes, options.drain_timeout + absl::Seconds(2));
+    std::error_code error;
     fs::remove(StatePath(options.state_dir), error);
     return status;
   }
@@ -386,34 +497,6 @@ absl::Status Down(const std::string& state_dir, absl::Duration timeout) {
   std::error_code error;
   fs::remove(StatePath(state_dir), error);
   return absl::OkStatus();
-}
-
-std::vector<ProcessStatus> CheckStatus(const ClusterState& state) {
-  std::vector<ProcessStatus> statuses;
-  for (const ProcessRecord& record : state.processes) {
-    ProcessStatus status{.record = record, .running = IsRunning(record.pid)};
-    if (!status.running) {
-      status.health = "DOWN";
-    } else if (record.component == "prometheus") {
-      absl::StatusOr<http::HttpResponse> response =
-          http::Get(absl::StrCat(state.PrometheusUrl(), "/-/ready"), absl::Seconds(2));
-      status.health = response.ok() && response->status_code == 200 ? "SERVING" : "NOT_READY";
-    } else {
-      absl::StatusOr<ServingStatus> health =
-          CheckHealth(record.GrpcAddress(state.host), "", absl::Seconds(2));
-      status.health = health.ok() ? std::string(ServingStatusName(*health))
-                                  : std::string(absl::StatusCodeToString(health.status().code()));
-    }
-    statuses.push_back(status);
-  }
-  return statuses;
-}
-
-bool AllServing(const std::vector<ProcessStatus>& statuses) {
-  for (const ProcessStatus& s : statuses) {
-    if (!s.running || s.health != "SERVING") return false;
-  }
-  return !statuses.empty();
 }
 
 }  // namespace trident::cli

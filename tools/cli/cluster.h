@@ -3,8 +3,8 @@
 
 // A whole Trident cluster on this machine: the controller, an attention
 // service, workers and the router, each its own process on loopback, plus a
-// real Prometheus server scraping every /metrics. `trident up`, `down` and
-// `status` are thin wrappers around these functions.
+// real Prometheus server scraping every /metrics. `trident up` and `down` are
+// thin wrappers around these functions (`status`: cluster_status.h).
 //
 // The cluster's state (pids, ports, logs) lives in `<state_dir>/cluster.json`;
 // logs in `<state_dir>/logs/`, Prometheus's data in `<state_dir>/prometheus/`.
@@ -31,9 +31,18 @@ struct ClusterOptions {
   std::string prometheus_bin = "prometheus";
   // Address every process binds.
   std::string host = "127.0.0.1";
-  // One worker is started per entry: "prefill", "decode" or "both".
-  std::vector<std::string> worker_roles = {"both"};
-  // Extra flags passed to every worker (e.g. --model=...).
+  // The model every worker and the router serve (the router reads only its
+  // config and tokenizer). Empty: a random-weight llama3-tiny model,
+  // generated once into <state_dir>/models/llama3-tiny.
+  std::string model_dir;
+  // One worker is started per entry: "prefill", "decode" or "both" (which
+  // serves either half of a request, or both halves). At least one worker
+  // must be able to prefill (prefill or both) and one to decode (decode or
+  // both). Every worker sits behind the router, KV moving over UCX.
+  std::vector<std::string> worker_roles = {"prefill", "decode"};
+  // Extra flags passed to every worker after the cluster's own (e.g.
+  // --dtype=bf16); a flag given twice takes the later value. --role,
+  // --worker_id and --model are the cluster's to set.
   std::vector<std::string> worker_flags;
   // How often Prometheus scrapes each service.
   absl::Duration scrape_interval = absl::Seconds(1);
@@ -51,7 +60,9 @@ struct ProcessRecord {
   int grpc_port = 0;     // 0 for Prometheus.
   int metrics_port = 0;  // Prometheus: its HTTP port.
   std::string log_path;
-  // Workers: "prefill", "decode" or "both"; empty for other components.
+  // Workers: the role started with ("prefill", "decode" or "both"; the
+  // controller may change it later); empty for other components. A worker's
+  // id (its load reports, GenerateComplete.placement) is its name.
   std::string role;
 
   std::string GrpcAddress(const std::string& host) const;
@@ -64,35 +75,46 @@ struct ClusterState {
 
   const ProcessRecord* Find(const std::string& name) const;
   std::string PrometheusUrl() const;
+  // host:port of the router's Generation API; empty without a router.
+  std::string RouterAddress() const;
 };
 
-// Starts the cluster and returns once every service reports SERVING through
-// grpc.health.v1 and Prometheus is ready. On failure, whatever was started is
-// stopped again and the error names the process and quotes its log.
-// kFailedPrecondition if a cluster is already running in `state_dir`.
+// Whether `roles` (ClusterOptions::worker_roles) names only known roles and
+// can serve: kInvalidArgument, naming what is wrong, otherwise.
+absl::Status ValidateWorkerRoles(const std::vector<std::string>& roles);
+
+// The router's --prefill_workers and --decode_workers: the addresses of the
+// workers started in a role that can prefill (prefill, both) and of those
+// that can decode (decode, both), in start order. A `both` worker is in both
+// lists; the router may then pick it for both halves of a request.
+struct RouterWorkers {
+  std::vector<std::string> prefill;
+  std::vector<std::string> decode;
+};
+RouterWorkers RouterWorkersOf(const ClusterState& state);
+
+// Whether a router's /metrics text shows a load report from each of
+// `worker_ids` (a trident_router_worker_running_sequences series labelled
+// with the id): the router then knows every worker it may route to.
+bool RouterHasLoadOf(const std::string& metrics_text, const std::vector<std::string>& worker_ids);
+
+// Starts the cluster (controller, attention service, workers, then the
+// router with the workers' addresses, then Prometheus) and returns once every
+// service reports SERVING through grpc.health.v1, the router has a load
+// report from every worker and Prometheus is ready. On failure, whatever was
+// started is stopped again and the error names the process and quotes its
+// log. kFailedPrecondition if a cluster is already running in `state_dir`;
+// kInvalidArgument for roles ValidateWorkerRoles refuses.
 absl::StatusOr<ClusterState> Up(const ClusterOptions& options);
 
 // Reads `<state_dir>/cluster.json`. kNotFound if no cluster was started there.
 absl::StatusOr<ClusterState> LoadState(const std::string& state_dir);
 
-// Sends SIGTERM to every process (router first, Prometheus last), waits up to
-// `timeout` for each and SIGKILLs those still running, then removes the state
-// file. kNotFound if no cluster was started in `state_dir`.
+// Sends SIGTERM to every process in reverse start order (Prometheus, the
+// router, the workers, ...), waits up to `timeout` for each and SIGKILLs
+// those still running, then removes the state file. kNotFound if no cluster was started in
+// `state_dir`.
 absl::Status Down(const std::string& state_dir, absl::Duration timeout = absl::Seconds(10));
-
-// One line a process for `trident status`.
-struct ProcessStatus {
-  ProcessRecord record;
-  bool running = false;
-  // "SERVING", "NOT_SERVING", ..., or the error that the health check got.
-  std::string health;
-};
-
-// Checks every process: alive, and its health (Prometheus: /-/ready).
-std::vector<ProcessStatus> CheckStatus(const ClusterState& state);
-
-// Whether every process is running and SERVING (Prometheus: ready).
-bool AllServing(const std::vector<ProcessStatus>& statuses);
 
 // The Prometheus scrape configuration for `state`'s services.
 std::string PrometheusConfig(const ClusterState& state, absl::Duration scrape_interval);

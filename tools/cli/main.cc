@@ -1,11 +1,9 @@
 // trident: the command-line front end of a Trident cluster on this machine.
 //
 //   trident up        start controller, attention, workers, router and Prometheus
-//   trident status    show every process, its address and its health
+//   trident status    show every process and its health, and each worker's load
 //   trident down      drain and stop them all
-//   trident generate  stream a generation from the cluster
-
-#include <unistd.h>
+//   trident generate  stream a generation through the router
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,12 +16,11 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/logging/log.h"
 #include "tools/cli/cluster.h"
+#include "tools/cli/cluster_status.h"
 #include "tools/cli/generate.h"
-#include "tools/make_model/model_gen.h"
 
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the cluster's state, logs and Prometheus data. Default: "
@@ -32,17 +29,19 @@ ABSL_FLAG(std::string, bin_dir, "",
           "Directory holding the router, worker, attention and controller binaries. Default: "
           "found next to this binary.");
 ABSL_FLAG(std::string, prometheus_bin, "prometheus", "The Prometheus server binary.");
-ABSL_FLAG(std::string, workers, "both",
-          "Comma-separated roles, one worker each: prefill, decode or both.");
+ABSL_FLAG(std::string, workers, "prefill,decode",
+          "Comma-separated roles, one worker each: prefill, decode or both (colocated; it also "
+          "serves either half of a request). The router is given every worker; at least one "
+          "must be able to prefill and one to decode.");
 ABSL_FLAG(std::string, model, "",
-          "Model directory passed to every worker as --model. Default: a small random-weight "
+          "Model directory every worker and the router serve. Default: a small random-weight "
           "llama3-tiny model generated once into <state_dir>/models.");
 ABSL_FLAG(
     std::string, worker_flags, "",
     "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
 ABSL_FLAG(std::string, address, "",
-          "generate: host:port of a Generation endpoint. Default: the first worker in role "
-          "'both' of the cluster in --state_dir.");
+          "generate: host:port of a Generation endpoint. Default: the router of the cluster in "
+          "--state_dir.");
 ABSL_FLAG(int32_t, max_tokens, 64, "generate: most tokens to generate.");
 ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0: greedy).");
 ABSL_FLAG(int64_t, seed, -1, "generate: sampling seed (-1: random).");
@@ -58,16 +57,20 @@ namespace {
 constexpr char kUsage[] = R"(trident: run a Trident cluster on this machine.
 
 Usage:
-  trident up [--workers=both] [--model=DIR] [--state_dir=DIR]
-      Starts the controller, an attention service, the workers and the router,
-      each as its own process on 127.0.0.1, and a Prometheus server scraping
-      them; returns once all report SERVING and prints where each listens.
+  trident up [--workers=prefill,decode] [--model=DIR] [--state_dir=DIR]
+      Starts the controller, an attention service, the workers (one per
+      role listed; KV moves between them over UCX) and the router in front
+      of them, each as its own process on 127.0.0.1, and a Prometheus server
+      scraping them; returns once all report SERVING and the router knows
+      every worker, and prints where each listens.
   trident generate "PROMPT" [--max_tokens=64] [--temperature=0] [--address=HOST:PORT]
-      Streams a generation of PROMPT to stdout as the tokens arrive, then
-      prints the token count, time to first token and speed to stderr.
+      Streams a generation of PROMPT through the router to stdout as the
+      tokens arrive, then prints the token counts, where the request ran
+      (prefill and decode worker) and its timings to stderr.
   trident status [--state_dir=DIR]
-      Shows each process, its addresses and its health. Exits 1 unless all
-      are SERVING.
+      Shows each process, its addresses and its health, and each worker's
+      role, running and waiting sequences and KV cache usage. Exits 1
+      unless all are SERVING.
   trident down [--state_dir=DIR]
       Drains and stops every process of the cluster.
 
@@ -90,17 +93,7 @@ std::string StateDir() {
 
 void PrintStatus(const trident::cli::ClusterState& state,
                  const std::vector<trident::cli::ProcessStatus>& statuses) {
-  std::printf("%-12s %-8s %-22s %-30s %s\n", "PROCESS", "PID", "GRPC", "METRICS", "HEALTH");
-  for (const trident::cli::ProcessStatus& s : statuses) {
-    const trident::cli::ProcessRecord& r = s.record;
-    const std::string grpc = r.grpc_port > 0 ? r.GrpcAddress(state.host) : "-";
-    const std::string metrics =
-        r.component == "prometheus"
-            ? absl::StrCat("http://", state.host, ":", r.metrics_port)
-            : absl::StrCat("http://", state.host, ":", r.metrics_port, "/metrics");
-    std::printf("%-12s %-8d %-22s %-30s %s\n", r.name.c_str(), static_cast<int>(r.pid),
-                grpc.c_str(), metrics.c_str(), s.health.c_str());
-  }
+  std::fputs(trident::cli::FormatStatus(state, statuses).c_str(), stdout);
   std::fflush(stdout);
 }
 
@@ -109,29 +102,9 @@ int Up() {
   options.state_dir = StateDir();
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   options.prometheus_bin = absl::GetFlag(FLAGS_prometheus_bin);
+  options.model_dir = absl::GetFlag(FLAGS_model);
   options.worker_roles = absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty());
-  std::string model = absl::GetFlag(FLAGS_model);
-  if (model.empty()) {
-    // A small generated model, written once and reused.
-    model = absl::StrCat(options.state_dir, "/models/llama3-tiny");
-    if (access((model + "/config.json").c_str(), F_OK) != 0) {
-      absl::StatusOr<trident::make_model::ModelSpec> spec =
-          trident::make_model::PresetSpec("llama3-tiny");
-      absl::Status written =
-          spec.ok() ? trident::make_model::WriteModel(*spec, model) : spec.status();
-      if (!written.ok()) {
-        std::fprintf(stderr, "trident up: generating the default model: %s\n",
-                     std::string(written.message()).c_str());
-        return 1;
-      }
-      std::printf("Generated a random-weight llama3-tiny model in %s\n", model.c_str());
-    }
-  }
-  options.worker_flags.push_back(absl::StrCat("--model=", model));
-  for (absl::string_view flag :
-       absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty())) {
-    options.worker_flags.emplace_back(flag);
-  }
+  options.worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
   options.scrape_interval = absl::GetFlag(FLAGS_scrape_interval);
   options.ready_timeout = absl::GetFlag(FLAGS_ready_timeout);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
@@ -142,22 +115,14 @@ int Up() {
   }
   std::printf("Trident is up (state in %s).\n\n", options.state_dir.c_str());
   PrintStatus(*state, trident::cli::CheckStatus(*state));
-  // Generation is served by the workers in role `both` (colocated); the
-  // router's Generation service fronts prefill/decode pairs.
-  std::string generation = state->Find("router")->GrpcAddress(state->host) + " (router)";
-  for (const trident::cli::ProcessRecord& p : state->processes) {
-    if (p.component == "worker" && p.role == "both") {
-      generation = absl::StrCat(p.GrpcAddress(state->host), " (", p.name, ", role both)");
-      break;
-    }
-  }
+  const std::string state_flag = absl::GetFlag(FLAGS_state_dir).empty()
+                                     ? ""
+                                     : absl::StrCat(" --state_dir=", options.state_dir);
   std::printf(
-      "\nGeneration API (trident.v1.Generation): %s\nTry: trident generate \"Once upon a "
-      "time\"\nPrometheus: %s\nLogs: %s/logs\nStop with: trident down%s\n",
-      generation.c_str(), state->PrometheusUrl().c_str(), options.state_dir.c_str(),
-      absl::GetFlag(FLAGS_state_dir).empty()
-          ? ""
-          : absl::StrCat(" --state_dir=", options.state_dir).c_str());
+      "\nGeneration API (trident.v1.Generation): %s (router)\nTry: trident generate \"Once upon "
+      "a time\"%s\nPrometheus: %s\nLogs: %s/logs\nStop with: trident down%s\n",
+      state->RouterAddress().c_str(), state_flag.c_str(), state->PrometheusUrl().c_str(),
+      options.state_dir.c_str(), state_flag.c_str());
   return 0;
 }
 
@@ -172,16 +137,9 @@ int Generate(const std::string& prompt) {
                    std::string(state.status().message()).c_str());
       return 1;
     }
-    for (const trident::cli::ProcessRecord& p : state->processes) {
-      if (p.component == "worker" && p.role == "both") {
-        options.address = p.GrpcAddress(state->host);
-        break;
-      }
-    }
+    options.address = state->RouterAddress();
     if (options.address.empty()) {
-      std::fprintf(stderr,
-                   "trident generate: the cluster has no worker in role 'both' to serve "
-                   "generations; pass --address\n");
+      std::fprintf(stderr, "trident generate: the cluster has no router; pass --address\n");
       return 1;
     }
   }
@@ -193,22 +151,12 @@ int Generate(const std::string& prompt) {
   absl::StatusOr<trident::cli::GenerateSummary> summary =
       trident::cli::StreamGeneration(options, stdout);
   std::printf("\n");
+  std::fflush(stdout);
   if (!summary.ok()) {
     std::fprintf(stderr, "trident generate: %s\n", summary.status().ToString().c_str());
     return 1;
   }
-  const trident::v1::GenerateComplete& c = summary->complete;
-  auto seconds = [](const google::protobuf::Duration& d) {
-    return static_cast<double>(d.seconds()) + d.nanos() * 1e-9;
-  };
-  const double decode = seconds(c.timings().decode());
-  std::fprintf(stderr,
-               "[%s: %d prompt tokens, %d generated, finish %s, time to first token %.1f ms, "
-               "%.1f tokens/s decode]\n",
-               c.request_id().c_str(), c.usage().prompt_tokens(), c.usage().completion_tokens(),
-               trident::v1::FinishReason_Name(c.finish_reason()).c_str(),
-               seconds(c.timings().time_to_first_token()) * 1e3,
-               decode > 0 ? (c.usage().completion_tokens() - 1) / decode : 0.0);
+  std::fputs(trident::cli::FormatCompletion(summary->complete).c_str(), stderr);
   return 0;
 }
 

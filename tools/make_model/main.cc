@@ -10,7 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
 #include "common/logging/log.h"
-#include "tools/make_model/model_gen.h"
+#include "common/model/generate/model_gen.h"
 
 ABSL_FLAG(std::string, preset, "llama3-tiny",
           "Model shape: llama3-tiny, qwen2-tiny, mistral-tiny, llama-100m or llama3-8b.");
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make_model: --out_dir is required\n");
     return 2;
   }
-  auto spec = trident::make_model::PresetSpec(absl::GetFlag(FLAGS_preset));
+  auto spec = trident::model::generate::PresetSpec(absl::GetFlag(FLAGS_preset));
   if (!spec.ok()) {
     std::fprintf(stderr, "make_model: %s\n", std::string(spec.status().message()).c_str());
     return 2;
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_max_shard_mb) >= 0) {
     spec->max_shard_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_shard_mb)) << 20;
   }
-  absl::Status status = trident::make_model::WriteModel(*spec, absl::GetFlag(FLAGS_out_dir));
+  absl::Status status = trident::model::generate::WriteModel(*spec, absl::GetFlag(FLAGS_out_dir));
   if (!status.ok()) {
     std::fprintf(stderr, "make_model: %s\n", status.ToString().c_str());
     return 1;

@@ -1,62 +1,18 @@
-// Deterministic random-weight Llama-family model directories in Hugging Face
-// layout (config.json, generation_config.json, safetensors, tokenizer.json,
-// tokenizer_config.json), for tests, the local cluster and benchmarks.
-//
-// Every tensor is drawn from its own stream, seeded by (seed, tensor name),
-// so the same spec always gives byte-identical files.
+// Forwarding header: the model generator is common/model/generate/model_gen.h.
+// Kept only for tests/overload_test.cc; include the new header instead.
 
 #ifndef TRIDENT_TOOLS_MAKE_MODEL_MODEL_GEN_H_
 #define TRIDENT_TOOLS_MAKE_MODEL_MODEL_GEN_H_
 
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "common/numeric/dtype.h"
+#include "common/model/generate/model_gen.h"
 
 namespace trident::make_model {
 
-enum class Family { kLlama3, kQwen2, kMistral };
-
-struct ModelSpec {
-  std::string preset;
-  Family family = Family::kLlama3;
-  // head_dim 64, as the CUDA attention kernels need (64 or 128).
-  int32_t hidden_size = 256;
-  int32_t num_layers = 2;
-  int32_t num_heads = 4;
-  int32_t num_kv_heads = 2;
-  int32_t head_dim = 64;
-  int32_t intermediate_size = 704;
-  // Rows of the embedding and lm_head; 0 = the tokenizer's size. Larger
-  // values pad the vocabulary as many released models do.
-  int32_t vocab_size = 0;
-  // Tokens the generated tokenizer learns (bytes and specials included).
-  int32_t tokenizer_vocab_size = 512;
-  int32_t max_position_embeddings = 2048;
-  double rope_theta = 500000.0;
-  bool llama3_rope_scaling = true;
-  int32_t rope_original_max_position = 256;
-  bool tie_word_embeddings = true;
-  float rms_norm_eps = 1e-5f;
-  numeric::DType dtype = numeric::DType::kF32;
-  uint64_t seed = 0;
-  // 0 writes model.safetensors; otherwise shards of at most this many bytes
-  // with model.safetensors.index.json.
-  uint64_t max_shard_bytes = 0;
-};
-
-// Names: llama3-tiny (the default of `trident up` and the tests),
-// qwen2-tiny, mistral-tiny, llama-100m (the CPU benchmark model),
-// llama3-8b (the shape of Llama-3-8B, for GPU benchmarks).
-absl::StatusOr<ModelSpec> PresetSpec(const std::string& name);
-std::vector<std::string> PresetNames();
-
-// Writes the model into `out_dir` (created if missing). Logs progress for
-// large models.
-absl::Status WriteModel(const ModelSpec& spec, const std::string& out_dir);
+using ::trident::model::generate::Family;
+using ::trident::model::generate::ModelSpec;
+using ::trident::model::generate::PresetNames;
+using ::trident::model::generate::PresetSpec;
+using ::trident::model::generate::WriteModel;
 
 }  // namespace trident::make_model
 

@@ -15,11 +15,11 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
+#include "common/model/generate/model_gen.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
 
 namespace trident::backend {
 namespace {
@@ -49,9 +49,9 @@ std::map<std::string, std::vector<int32_t>> Drain(engine::EngineCore& core) {
 
 TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
   const std::string dir = TestTmpPath("mistral-tiny");
-  auto spec = make_model::PresetSpec("mistral-tiny");
+  auto spec = model::generate::PresetSpec("mistral-tiny");
   ASSERT_THAT(spec.status(), IsOk());
-  ASSERT_THAT(make_model::WriteModel(*spec, dir), IsOk());
+  ASSERT_THAT(model::generate::WriteModel(*spec, dir), IsOk());
 
   const uint32_t seed = 1121;
   std::printf("seed %u\n", seed);

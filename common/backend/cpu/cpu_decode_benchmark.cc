@@ -26,7 +26,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/cpu/threads.h"
 #include "common/logging/log.h"
-#include "tools/make_model/model_gen.h"
+#include "common/model/generate/model_gen.h"
 
 namespace trident::backend {
 namespace {
@@ -34,13 +34,13 @@ namespace {
 std::string ModelDir() {
   const char* dir = std::getenv("TRIDENT_BENCH_DIR");
   const std::string base = dir != nullptr ? dir : "/tmp";
-  const std::string model = base + "/trident-llama-100m";
-  if (access((model + "/config.json").c_str(), F_OK) != 0) {
-    auto spec = make_model::PresetSpec("llama-100m");
+  const std::string model_dir = base + "/trident-llama-100m";
+  if (access((model_dir + "/config.json").c_str(), F_OK) != 0) {
+    auto spec = model::generate::PresetSpec("llama-100m");
     TRIDENT_CHECK_OK(spec.status());
-    TRIDENT_CHECK_OK(make_model::WriteModel(*spec, model));
+    TRIDENT_CHECK_OK(model::generate::WriteModel(*spec, model_dir));
   }
-  return model;
+  return model_dir;
 }
 
 // Read bandwidth of this machine with every thread streaming its part of a
@@ -97,7 +97,8 @@ void BM_Decode(benchmark::State& state, numeric::DType dtype) {
   // DRAM (a 1 GiB stream) for reference, and the ceiling for the weights'
   // own working set, which large last-level caches may partly hold.
   const double dram = MeasureReadBandwidth(size_t{1} << 30);
-  const double bandwidth = MeasureReadBandwidth(static_cast<size_t>(backend.weight_bytes_per_step()));
+  const double bandwidth =
+      MeasureReadBandwidth(static_cast<size_t>(backend.weight_bytes_per_step()));
   const int32_t batch = static_cast<int32_t>(state.range(0));
   const int32_t context = 256;
   const int32_t bs = backend.kv_capacity().block_size;
@@ -139,9 +140,17 @@ void BM_Decode(benchmark::State& state, numeric::DType dtype) {
 }
 
 BENCHMARK_CAPTURE(BM_Decode, f32, numeric::DType::kF32)
-    ->Arg(1)->Arg(8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(8)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Decode, bf16, numeric::DType::kBF16)
-    ->Arg(1)->Arg(8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(8)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace trident::backend

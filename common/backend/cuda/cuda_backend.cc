@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/backend/cuda/cuda_kv_copier.h"
+#include "common/backend/cuda/sampling_batch.h"
 #include "common/backend/rope_config.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
@@ -29,7 +30,6 @@
 #include "kernels/cuda/rms_norm/rms_norm.h"
 #include "kernels/cuda/rope/rope.h"
 #include "kernels/cuda/sampling/sampling.h"
-#include "kernels/cuda/sampling/sampling_batch.h"
 #include "kernels/cuda/silu_mul/silu_mul.h"
 
 namespace trident::backend {
@@ -151,7 +151,7 @@ struct CudaBackend::Impl {
 
   // GPU sampling: per-row parameters and penalty lists (pinned staging and
   // device copies, grown on demand), the sampler's workspace and outputs.
-  kc::SamplingBatchBuilder sample_batch;
+  SamplingBatchBuilder sample_batch;
   DeviceBuffer sample_ws;
   DeviceBuffer sample_in;  // rows, then seen tokens, then output counts
   void* host_sample_in = nullptr;

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/generate/model_gen.h"
 #include "common/status/status_macros.h"
+#include "common/testing/runfiles.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/runfiles.h"
-#include "tools/make_model/model_gen.h"
 
 namespace trident::backend::testing {
 namespace {
@@ -64,8 +64,8 @@ absl::StatusOr<HfFixture> LoadHfFixture(const std::string& preset) {
     return absl::InvalidArgumentError(dir + "/logits.bin is longer than reference.json says");
   }
   f.model_dir = ::trident::testing::TestTmpPath(preset);
-  TRIDENT_ASSIGN_OR_RETURN(make_model::ModelSpec spec, make_model::PresetSpec(preset));
-  TRIDENT_RETURN_IF_ERROR(make_model::WriteModel(spec, f.model_dir));
+  TRIDENT_ASSIGN_OR_RETURN(model::generate::ModelSpec spec, model::generate::PresetSpec(preset));
+  TRIDENT_RETURN_IF_ERROR(model::generate::WriteModel(spec, f.model_dir));
   for (const auto& [name, digest] : ref["files"].items()) {
     if (Fnv1a64(ReadFile(f.model_dir + "/" + name)) != digest["fnv1a64"].get<std::string>()) {
       return absl::FailedPreconditionError(absl::StrCat(

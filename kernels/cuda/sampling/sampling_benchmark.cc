@@ -14,10 +14,8 @@
 
 #include "benchmark/benchmark.h"
 #include "common/numeric/dtype.h"
-#include "common/sampling/sampler.h"
-#include "common/sampling/sampling_params.h"
 #include "kernels/cuda/sampling/sampling.h"
-#include "kernels/cuda/sampling/sampling_batch.h"
+#include "kernels/cuda/sampling/sampling_row.h"
 #include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
@@ -44,17 +42,17 @@ struct Launch {
         std::memcpy(host.data() + 2 * i, &bits, 2);
       }
     }
-    SamplingBatchBuilder builder;
+    std::vector<SamplingRow> host_rows(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
-      sampling::SamplingParams params;
+      SamplingRow& row = host_rows[static_cast<size_t>(r)];
       if (mode == kGreedy) {
-        params.temperature = 0.0f;
+        row.temperature = 0.0f;
       } else {
-        params.top_k = 50;
-        params.top_p = 0.9f;
+        row.top_k = 50;
+        row.top_p = 0.9f;
       }
-      params.seed = static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull;
-      builder.Add(params, sampling::PenaltyState(), 100);
+      row.seed = static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull;
+      row.output_position = 100;
     }
     workspace_bytes = SampleWorkspaceBytes(rows, kVocab);
     cudaMalloc(&logits, logits_bytes);
@@ -63,7 +61,7 @@ struct Launch {
     cudaMalloc(&tokens, rows * sizeof(int32_t));
     cudaMalloc(&workspace, workspace_bytes);
     cudaMemcpy(logits, host.data(), logits_bytes, cudaMemcpyHostToDevice);
-    cudaMemcpy(params, builder.rows().data(), rows * sizeof(SamplingRow), cudaMemcpyHostToDevice);
+    cudaMemcpy(params, host_rows.data(), rows * sizeof(SamplingRow), cudaMemcpyHostToDevice);
     args = SampleArgs{
         .logits = logits,
         .logits_dtype = dtype,

@@ -2,9 +2,10 @@
 #define TRIDENT_KERNELS_CUDA_SAMPLING_SAMPLING_ROW_H_
 
 // The per-row parameters of the GPU sampler (kernels/cuda/sampling/sampling.h)
-// as plain structs: the host builds them (SamplingBatchBuilder), copies them
-// to the device byte for byte, and the kernel reads them there. No CUDA
-// header is needed to build or fill them.
+// as plain structs: the host builds them (the CUDA backend, from the engine's
+// sampling parameters: common/backend/cuda/sampling_batch.h), copies them to
+// the device byte for byte, and the kernel reads them there. No CUDA header
+// is needed to build or fill them.
 
 #include <cstdint>
 #include <type_traits>

@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/backend/cuda/sampling_batch.h"
 #include "common/numeric/dtype.h"
 #include "common/sampling/philox.h"
 #include "common/sampling/sampler.h"
@@ -36,7 +37,6 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/sampling/sampling_batch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -98,7 +98,7 @@ float RoundToBf16(float x) { return numeric::Bf16ToFloat(numeric::FloatToBf16(x)
 // (the padding holds 1e30, which must never be read).
 void RunOnGpu(const std::vector<RowCase>& rows, int32_t vocab, numeric::DType dtype, int64_t stride,
               GpuOutput& out) {
-  SamplingBatchBuilder builder;
+  backend::SamplingBatchBuilder builder;
   for (const RowCase& row : rows) builder.Add(row.params, row.penalties, row.position);
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const size_t element = numeric::ElementSize(dtype);

@@ -4,8 +4,8 @@
 // BPE with byte fallback (Llama 2 / Mistral / TinyLlama style).
 // Deterministic: the same style and size always give the same bytes.
 
-#ifndef TRIDENT_TOOLS_MAKE_MODEL_TOKENIZER_GEN_TOKENIZER_GEN_H_
-#define TRIDENT_TOOLS_MAKE_MODEL_TOKENIZER_GEN_TOKENIZER_GEN_H_
+#ifndef TRIDENT_COMMON_MODEL_GENERATE_TOKENIZER_GEN_H_
+#define TRIDENT_COMMON_MODEL_GENERATE_TOKENIZER_GEN_H_
 
 #include <cstdint>
 #include <string>
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace trident::make_model {
+namespace trident::model::generate {
 
 enum class TokenizerStyle { kLlama3, kQwen2, kLlama2 };
 
@@ -38,6 +38,6 @@ absl::StatusOr<GeneratedTokenizer> GenerateTokenizer(TokenizerStyle style, int32
 // The training corpus (also handy as test text).
 const std::string& TrainingCorpus();
 
-}  // namespace trident::make_model
+}  // namespace trident::model::generate
 
-#endif  // TRIDENT_TOOLS_MAKE_MODEL_TOKENIZER_GEN_TOKENIZER_GEN_H_
+#endif  // TRIDENT_COMMON_MODEL_GENERATE_TOKENIZER_GEN_H_

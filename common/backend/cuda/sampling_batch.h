@@ -1,5 +1,5 @@
-#ifndef TRIDENT_KERNELS_CUDA_SAMPLING_SAMPLING_BATCH_H_
-#define TRIDENT_KERNELS_CUDA_SAMPLING_SAMPLING_BATCH_H_
+#ifndef TRIDENT_COMMON_BACKEND_CUDA_SAMPLING_BATCH_H_
+#define TRIDENT_COMMON_BACKEND_CUDA_SAMPLING_BATCH_H_
 
 // Builds the host-side arrays of one GPU sampling launch (SampleArgs in
 // kernels/cuda/sampling/sampling.h) from the CPU sampler's types: one
@@ -15,7 +15,7 @@
 #include "common/sampling/sampling_params.h"
 #include "kernels/cuda/sampling/sampling_row.h"
 
-namespace trident::kernels::cuda {
+namespace trident::backend {
 
 // Thread-compatible. Reuses its vectors' capacity across Clear() calls.
 class SamplingBatchBuilder {
@@ -32,9 +32,11 @@ class SamplingBatchBuilder {
   void Add(const sampling::SamplingParams& params, const sampling::PenaltyState& penalties,
            int64_t output_position);
 
-  const std::vector<SamplingRow>& rows() const { return rows_; }
+  const std::vector<kernels::cuda::SamplingRow>& rows() const { return rows_; }
   const std::vector<int32_t>& seen_tokens() const { return seen_tokens_; }
-  const std::vector<SamplingTokenCount>& output_counts() const { return output_counts_; }
+  const std::vector<kernels::cuda::SamplingTokenCount>& output_counts() const {
+    return output_counts_;
+  }
   int64_t num_rows() const { return static_cast<int64_t>(rows_.size()); }
   // The largest top_logprobs of any row: SampleArgs::max_top_logprobs.
   int32_t max_top_logprobs() const { return max_top_logprobs_; }
@@ -42,17 +44,18 @@ class SamplingBatchBuilder {
   bool any_logprobs() const { return any_logprobs_; }
 
  private:
-  std::vector<SamplingRow> rows_;
+  std::vector<kernels::cuda::SamplingRow> rows_;
   std::vector<int32_t> seen_tokens_;
-  std::vector<SamplingTokenCount> output_counts_;
+  std::vector<kernels::cuda::SamplingTokenCount> output_counts_;
   int32_t max_top_logprobs_ = 0;
   bool any_logprobs_ = false;
 };
 
 // The row for one sequence with its CSR ranges empty: the parameter mapping
 // Add uses.
-SamplingRow MakeSamplingRow(const sampling::SamplingParams& params, int64_t output_position);
+kernels::cuda::SamplingRow MakeSamplingRow(const sampling::SamplingParams& params,
+                                           int64_t output_position);
 
-}  // namespace trident::kernels::cuda
+}  // namespace trident::backend
 
-#endif  // TRIDENT_KERNELS_CUDA_SAMPLING_SAMPLING_BATCH_H_
+#endif  // TRIDENT_COMMON_BACKEND_CUDA_SAMPLING_BATCH_H_

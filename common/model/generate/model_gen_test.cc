@@ -1,4 +1,4 @@
-#include "tools/make_model/model_gen.h"
+#include "common/model/generate/model_gen.h"
 
 #include <fstream>
 #include <iterator>
@@ -6,15 +6,15 @@
 
 #include "common/model/checkpoint.h"
 #include "common/model/config.h"
+#include "common/model/generate/tokenizer_gen.h"
 #include "common/model/llama_weights.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/runfiles.h"
-#include "tools/make_model/tokenizer_gen/tokenizer_gen.h"
 
-namespace trident::make_model {
+namespace trident::model::generate {
 namespace {
 
 using ::trident::testing::IsOk;
@@ -83,4 +83,4 @@ TEST(ModelGenTest, UnknownPresetAndBadSizes) {
 }
 
 }  // namespace
-}  // namespace trident::make_model
+}  // namespace trident::model::generate

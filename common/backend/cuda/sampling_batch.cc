@@ -1,8 +1,10 @@
-#include "kernels/cuda/sampling/sampling_batch.h"
+#include "common/backend/cuda/sampling_batch.h"
 
 #include <algorithm>
 
-namespace trident::kernels::cuda {
+namespace trident::backend {
+
+using ::trident::kernels::cuda::SamplingRow;
 
 SamplingRow MakeSamplingRow(const sampling::SamplingParams& params, int64_t output_position) {
   SamplingRow row;
@@ -49,4 +51,4 @@ void SamplingBatchBuilder::Add(const sampling::SamplingParams& params,
   rows_.push_back(row);
 }
 
-}  // namespace trident::kernels::cuda
+}  // namespace trident::backend

@@ -1,4 +1,4 @@
-#include "tools/make_model/model_gen.h"
+#include "common/model/generate/model_gen.h"
 
 #include <sys/stat.h>
 
@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging/log.h"
+#include "common/model/generate/tokenizer_gen.h"
 #include "common/model/safetensors_writer.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "tools/make_model/tokenizer_gen/tokenizer_gen.h"
 
-namespace trident::make_model {
+namespace trident::model::generate {
 namespace {
 
 using numeric::DType;
@@ -309,4 +309,4 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
   return absl::OkStatus();
 }
 
-}  // namespace trident::make_model
+}  // namespace trident::model::generate

@@ -1,4 +1,4 @@
-#include "tools/make_model/tokenizer_gen/tokenizer_gen.h"
+#include "common/model/generate/tokenizer_gen.h"
 
 #include <algorithm>
 #include <map>
@@ -10,7 +10,7 @@
 #include "common/tokenizer/unicode.h"
 #include "nlohmann/json.hpp"
 
-namespace trident::make_model {
+namespace trident::model::generate {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -380,4 +380,4 @@ absl::StatusOr<GeneratedTokenizer> GenerateTokenizer(TokenizerStyle style, int32
   return ByteLevel(style, vocab_size);
 }
 
-}  // namespace trident::make_model
+}  // namespace trident::model::generate

@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "tools/make_model/tokenizer_gen/tokenizer_gen.h"
+#include "common/model/generate/tokenizer_gen.h"
 
-namespace trident::make_model {
+namespace trident::model::generate {
 
 const std::string& TrainingCorpus() {
   static const std::string* corpus = new std::string(
@@ -53,4 +53,4 @@ const std::string& TrainingCorpus() {
   return *corpus;
 }
 
-}  // namespace trident::make_model
+}  // namespace trident::model::generate

@@ -1,4 +1,4 @@
-#include "kernels/cuda/sampling/sampling_batch.h"
+#include "common/backend/cuda/sampling_batch.h"
 
 #include <cstdint>
 #include <vector>
@@ -8,11 +8,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace trident::kernels::cuda {
+namespace trident::backend {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+using ::trident::kernels::cuda::SamplingRow;
+using ::trident::kernels::cuda::SamplingTokenCount;
 
 sampling::PenaltyState Penalties(const std::vector<int32_t>& prompt,
                                  const std::vector<int32_t>& output) {
@@ -130,4 +132,4 @@ TEST(SamplingBatchBuilderTest, ClearForgetsRowsAndMaxima) {
 }
 
 }  // namespace
-}  // namespace trident::kernels::cuda
+}  // namespace trident::backend

@@ -1,0 +1,45 @@
+// `trident status`: every process of a local cluster (cluster.h), whether it
+// runs and serves, and for each worker its live role, sequences and KV cache.
+
+#ifndef TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_
+#define TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/cli/cluster.h"
+#include "tools/cli/worker_load.h"
+
+namespace trident::cli {
+
+// One process's status.
+struct ProcessStatus {
+  ProcessRecord record;
+  bool running = false;
+  // "SERVING", "NOT_SERVING", ..., or the error that the health check got.
+  std::string health;
+  // Workers: the first sample of the load stream (worker_load.h), or why it
+  // could not be read in `load_error`.
+  std::optional<WorkerLoadSummary> load;
+  std::string load_error;
+};
+
+// Checks every process: alive, its health (Prometheus: /-/ready) and, for a
+// running worker, its load. Blocks for up to a few seconds per process that
+// does not answer.
+std::vector<ProcessStatus> CheckStatus(const ClusterState& state);
+
+// Whether every process is running and SERVING (Prometheus: ready).
+bool AllServing(const std::vector<ProcessStatus>& statuses);
+
+// The tables `trident status` prints: one line per process (name, pid,
+// addresses, health), then one per worker (role, with a role change in
+// progress as "old->new", state, running and waiting sequences, KV cache
+// usage). A worker whose load could not be read shows its start role and
+// the error.
+std::string FormatStatus(const ClusterState& state, const std::vector<ProcessStatus>& statuses);
+
+}  // namespace trident::cli
+
+#endif  // TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_

@@ -1,0 +1,118 @@
+#include "tools/cli/cluster_status.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A process whose pid and gRPC port are `port` and metrics port `port + 1`.
+ProcessRecord Process(const std::string& name, const std::string& component, int port,
+                      const std::string& role = "") {
+  return {.name = name,
+          .component = component,
+          .pid = port,
+          .grpc_port = port,
+          .metrics_port = port + 1,
+          .role = role};
+}
+
+ClusterState State() {
+  ClusterState state{.host = "127.0.0.1"};
+  state.processes = {Process("worker-0", "worker", 7, "prefill"),
+                     Process("worker-1", "worker", 9, "both"), Process("router", "router", 11)};
+  return state;
+}
+
+std::vector<ProcessStatus> Statuses(const ClusterState& state) {
+  std::vector<ProcessStatus> statuses;
+  for (const ProcessRecord& r : state.processes) {
+    statuses.push_back({.record = r, .running = true, .health = "SERVING"});
+  }
+  return statuses;
+}
+
+// The line of `text` that starts with `name`.
+std::string LineOf(const std::string& text, const std::string& name, size_t from = 0) {
+  const size_t begin = text.find("\n" + name + " ", from);
+  if (begin == std::string::npos) return "";
+  return text.substr(begin + 1, text.find('\n', begin + 1) - begin - 1);
+}
+
+TEST(FormatStatusTest, ShowsEveryProcessThenEachWorkersRoleSequencesAndKvCache) {
+  const ClusterState state = State();
+  std::vector<ProcessStatus> statuses = Statuses(state);
+  statuses[0].load = WorkerLoadSummary{.worker_id = "worker-0",
+                                       .role = "prefill",
+                                       .state = "serving",
+                                       .running_sequences = 0,
+                                       .waiting_sequences = 4,
+                                       .kv_cache_usage_ratio = 0.125};
+  statuses[1].load = WorkerLoadSummary{.worker_id = "worker-1",
+                                       .role = "both",
+                                       .pending_role = "decode",
+                                       .state = "draining",
+                                       .running_sequences = 3};
+  const std::string text = FormatStatus(state, statuses);
+
+  EXPECT_THAT(LineOf(text, "router"), HasSubstr("127.0.0.1:11"));
+  EXPECT_THAT(LineOf(text, "router"), HasSubstr("http://127.0.0.1:12/metrics"));
+  EXPECT_THAT(LineOf(text, "router"), HasSubstr("SERVING"));
+  const size_t workers = text.find("\nWORKER ");
+  ASSERT_NE(workers, std::string::npos) << text;
+  EXPECT_THAT(text.substr(workers), HasSubstr("RUNNING"));
+  EXPECT_THAT(text.substr(workers), Not(HasSubstr("router")));
+  EXPECT_THAT(LineOf(text, "worker-0", workers),
+              testing::MatchesRegex("worker-0 +prefill +serving +0 +4 +12.5%"));
+  EXPECT_THAT(LineOf(text, "worker-1", workers),
+              testing::MatchesRegex("worker-1 +both->decode +draining +3 +0 +0.0%"));
+}
+
+TEST(FormatStatusTest, AWorkerWithoutLoadShowsItsStartRoleAndWhy) {
+  const ClusterState state = State();
+  std::vector<ProcessStatus> statuses = Statuses(state);
+  statuses[0].load_error = "DEADLINE_EXCEEDED: slow";
+  statuses[1].running = false;
+  statuses[1].health = "DOWN";
+  const std::string text = FormatStatus(state, statuses);
+  const size_t workers = text.find("\nWORKER ");
+  ASSERT_NE(workers, std::string::npos) << text;
+  EXPECT_THAT(LineOf(text, "worker-0", workers), HasSubstr("prefill?"));
+  EXPECT_THAT(LineOf(text, "worker-0", workers), HasSubstr("DEADLINE_EXCEEDED: slow"));
+  EXPECT_THAT(LineOf(text, "worker-1", workers), HasSubstr("not running"));
+}
+
+TEST(FormatStatusTest, NoWorkerTableWithoutWorkers) {
+  ClusterState state{.host = "127.0.0.1"};
+  state.processes = {Process("controller", "controller", 1)};
+  EXPECT_THAT(FormatStatus(state, Statuses(state)), Not(HasSubstr("WORKER")));
+}
+
+TEST(AllServingTest, NeedsEveryProcessRunningAndServing) {
+  const ClusterState state = State();
+  std::vector<ProcessStatus> statuses = Statuses(state);
+  EXPECT_TRUE(AllServing(statuses));
+  statuses[2].health = "NOT_SERVING";
+  EXPECT_FALSE(AllServing(statuses));
+  EXPECT_FALSE(AllServing({}));
+}
+
+TEST(CheckStatusTest, AProcessThatIsGoneIsDownWithNoLoad) {
+  ClusterState state{.host = "127.0.0.1"};
+  // pid_max is at most 2^22 on Linux, so no process has this pid.
+  state.processes = {{.name = "worker-0", .component = "worker", .pid = 1 << 30, .role = "decode"}};
+  const std::vector<ProcessStatus> statuses = CheckStatus(state);
+  ASSERT_EQ(statuses.size(), 1u);
+  EXPECT_FALSE(statuses[0].running);
+  EXPECT_EQ(statuses[0].health, "DOWN");
+  EXPECT_FALSE(statuses[0].load.has_value());
+}
+
+}  // namespace
+}  // namespace trident::cli
