@@ -20,7 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/overload_scenario.h"
-#include "tests/testing/runfiles.h"
+#include "common/testing/runfiles.h"
 
 namespace trident {
 namespace {

@@ -28,7 +28,7 @@
 #include "common/transport/ucx_worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/runfiles.h"
+#include "common/testing/runfiles.h"
 
 namespace trident::transport {
 namespace {

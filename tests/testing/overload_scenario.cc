@@ -14,7 +14,7 @@
 #include "common/status/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/testing/service_process.h"
-#include "tools/make_model/model_gen.h"
+#include "common/model/generate/model_gen.h"
 #include "trident/v1/generation.grpc.pb.h"
 
 namespace trident::testing {
@@ -25,8 +25,8 @@ namespace v1 = ::trident::v1;
 // A model large enough that the workers' compute, not the RPCs around it,
 // is what saturates the CPU: llama3-tiny's layout at 512 hidden, 4 layers
 // (12M parameters, ~5 ms per decode step on one core).
-make_model::ModelSpec OverloadModelSpec() {
-  make_model::ModelSpec spec = *make_model::PresetSpec("llama3-tiny");
+model::generate::ModelSpec OverloadModelSpec() {
+  model::generate::ModelSpec spec = *model::generate::PresetSpec("llama3-tiny");
   spec.preset = "llama3-small";
   spec.hidden_size = 512;
   spec.num_layers = 4;
@@ -139,7 +139,7 @@ class OverloadCluster {
 
   absl::Status StartWorkers() {
     model_dir_ = absl::StrCat(options_.scratch_dir, "/llama3-small");
-    TRIDENT_RETURN_IF_ERROR(make_model::WriteModel(OverloadModelSpec(), model_dir_));
+    TRIDENT_RETURN_IF_ERROR(model::generate::WriteModel(OverloadModelSpec(), model_dir_));
     std::vector<std::string> prefill, decode;
     for (const char* name : {"prefill-0", "prefill-1", "decode-0", "decode-1"}) {
       const bool is_prefill = absl::string_view(name).substr(0, 7) == "prefill";
