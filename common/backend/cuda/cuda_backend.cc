@@ -264,6 +264,12 @@ struct CudaBackend::Impl {
                              absl::Span<sampling::SampledToken> out);
   // Enqueues the whole step on `stream` from the device metadata.
   absl::Status Enqueue(const StepShape& shape);
+  // Enqueue's steps: `rows` rows of the residual stream normed into hn;
+  // layer `l`'s rope, KV append and paged attention of this step's q into
+  // attn; the final norm and the LM head into logits.
+  absl::Status Norm(const DeviceBuffer& weight, int64_t rows);
+  absl::Status EnqueueAttention(int32_t l, const StepShape& shape);
+  absl::Status EnqueueHead(const StepShape& shape);
   // Replays (capturing on first use) the decode graph for `shape`.
   absl::Status LaunchGraph(const StepShape& shape);
 };
@@ -415,16 +421,12 @@ absl::Status CudaBackend::Impl::AllocateWorkspaceAndKv() {
 
 absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
   const int64_t h = config.hidden_size;
-  const int32_t nq = config.num_attention_heads;
-  const int32_t nkv = config.num_key_value_heads;
-  const int32_t hd = config.head_dim;
-  const int64_t q_out = int64_t{nq} * hd;
-  const int64_t kv_out = int64_t{nkv} * hd;
+  const int64_t q_out = int64_t{config.num_attention_heads} * config.head_dim;
+  const int64_t kv_out = int64_t{config.num_key_value_heads} * config.head_dim;
   const int64_t qkv_w = q_out + 2 * kv_out;
   const int64_t inter = config.intermediate_size;
   const int64_t total = shape.total;
   const float eps = config.rms_norm_eps;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // y (f32) = x·Wᵀ + bias, or y += x·Wᵀ + bias with `accumulate`.
   auto linear = [&](const void* x, int64_t k, const DeviceBuffer& w, const DeviceBuffer& bias,
                     float* y, int64_t n, bool accumulate) {
@@ -432,19 +434,6 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     g.y_dtype = DType::kF32;
     g.accumulate = accumulate;
     return gemm->Run(g, stream);
-  };
-  auto norm = [&](const DeviceBuffer& weight) {
-    kc::RmsNormArgs a;
-    a.x = residual.get();
-    a.x_dtype = DType::kF32;
-    a.x_stride = h;
-    a.weight = weight.get<float>();
-    a.out = hn.get();
-    a.out_stride = h;
-    a.rows = total;
-    a.dim = h;
-    a.eps = eps;
-    return kc::LaunchRmsNorm(a, stream);
   };
 
   // A bf16 embedding goes to tmp, and layer 0's fused add+norm starts the
@@ -457,9 +446,95 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
         {dmeta.tokens, total, embedding.get(), config.vocab_size, h, tmp.get()}, stream));
   }
+  for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
+    Layer& layer = layers[l];
+    if (l == 0 && !f32_embedding) {
+      TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/true,
+                                         layer.input_norm.get<float>(), total, h, eps, hn.get(),
+                                         stream));
+    } else {
+      TRIDENT_RETURN_IF_ERROR(Norm(layer.input_norm, total));
+    }
+    TRIDENT_RETURN_IF_ERROR(
+        linear(hn.get(), h, layer.qkv, layer.qkv_bias, qkv32.get<float>(), qkv_w, false));
+    TRIDENT_RETURN_IF_ERROR(EnqueueAttention(l, shape));
+    TRIDENT_RETURN_IF_ERROR(
+        linear(attn.get(), q_out, layer.o, layer.o_bias, residual.get<float>(), h, true));
+    TRIDENT_RETURN_IF_ERROR(Norm(layer.post_norm, total));
+    TRIDENT_RETURN_IF_ERROR(linear(hn.get(), h, layer.gate_up, layer.gate_up_bias,
+                                   gate_up32.get<float>(), 2 * inter, false));
+    kc::SiluMulArgs silu{gate_up32.get(), 2 * inter, act.get(), inter, total, inter};
+    silu.gate_up_dtype = DType::kF32;
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
+    TRIDENT_RETURN_IF_ERROR(
+        linear(act.get(), inter, layer.down, layer.down_bias, residual.get<float>(), h, true));
+  }
+  return EnqueueHead(shape);
+}
+
+absl::Status CudaBackend::Impl::Norm(const DeviceBuffer& weight, int64_t rows) {
+  kc::RmsNormArgs a;
+  a.x = residual.get();
+  a.x_dtype = DType::kF32;
+  a.x_stride = config.hidden_size;
+  a.weight = weight.get<float>();
+  a.out = hn.get();
+  a.out_stride = config.hidden_size;
+  a.rows = rows;
+  a.dim = config.hidden_size;
+  a.eps = config.rms_norm_eps;
+  return kc::LaunchRmsNorm(a, stream);
+}
+
+absl::Status CudaBackend::Impl::EnqueueAttention(int32_t l, const StepShape& shape) {
+  const int32_t nq = config.num_attention_heads;
+  const int32_t nkv = config.num_key_value_heads;
+  const int32_t hd = config.head_dim;
+  const int64_t q_out = int64_t{nq} * hd;
+  const int64_t kv_out = int64_t{nkv} * hd;
+  const int64_t qkv_w = q_out + 2 * kv_out;
+  kc::RopeQkvArgs rope;
+  rope.in = qkv32.get<float>();
+  rope.in_stride = qkv_w;
+  rope.out = qkv.get();
+  rope.out_stride = qkv_w;
+  rope.num_q_heads = nq;
+  rope.num_kv_heads = nkv;
+  rope.head_dim = hd;
+  rope.positions = dmeta.positions;
+  rope.num_tokens = shape.total;
+  rope.inv_freq = inv_freq.get<float>();
+  TRIDENT_RETURN_IF_ERROR(kc::LaunchRopeQkv(rope, stream));
+  void* layer_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
+  kc::KvAppendArgs append;
+  append.kv.base = layer_base;
+  append.kv.num_blocks = kv_spec.num_blocks;
+  append.kv.block_size = kv_spec.block_size;
+  append.kv.num_kv_heads = nkv;
+  append.kv.head_dim = hd;
+  append.kv.block_stride_elems = kv_spec.block_stride_elements();
+  append.kv.value_offset_elems = kv_spec.value_offset_elements();
+  append.k = qkv.get<char>() + q_out * 2;
+  append.k_stride = qkv_w;
+  append.v = qkv.get<char>() + (q_out + kv_out) * 2;
+  append.v_stride = qkv_w;
+  append.slots = dmeta.slots;
+  append.num_tokens = shape.total;
+  TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
+  if (layer_observer != nullptr && !shape.all_decode) {
+    // Runs once the device has written this layer's KV (stream order).
+    if (layer_marks.size() != layers.size()) {
+      layer_marks.clear();
+      for (int32_t i = 0; i < static_cast<int32_t>(layers.size()); ++i) {
+        layer_marks.emplace_back(this, i);
+      }
+    }
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaLaunchHostFunc(stream, &Impl::LayerDone, &layer_marks[l]), "layer mark"));
+  }
   // The fields decode and prefill attention share: this step's q, output,
   // one layer's paged KV and the block tables.
-  auto paged_args = [&](auto& a, void* layer_base) {
+  auto paged_args = [&](auto& a) {
     a.q = qkv.get();
     a.q_stride = qkv_w;
     a.out = attn.get();
@@ -475,90 +550,32 @@ absl::Status CudaBackend::Impl::Enqueue(const StepShape& shape) {
     a.max_blocks_per_seq = shape.table_stride;
     a.context_lens = dmeta.context_lens;
     a.batch = shape.num_seqs;
-    a.scale = scale;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   };
-  for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
-    Layer& layer = layers[l];
-    if (l == 0 && !f32_embedding) {
-      TRIDENT_RETURN_IF_ERROR(AddRmsNorm(residual.get<float>(), tmp.get(), /*replace=*/true,
-                                         layer.input_norm.get<float>(), total, h, eps, hn.get(),
-                                         stream));
-    } else {
-      TRIDENT_RETURN_IF_ERROR(norm(layer.input_norm));
-    }
-    TRIDENT_RETURN_IF_ERROR(
-        linear(hn.get(), h, layer.qkv, layer.qkv_bias, qkv32.get<float>(), qkv_w, false));
-    kc::RopeQkvArgs rope;
-    rope.in = qkv32.get<float>();
-    rope.in_stride = qkv_w;
-    rope.out = qkv.get();
-    rope.out_stride = qkv_w;
-    rope.num_q_heads = nq;
-    rope.num_kv_heads = nkv;
-    rope.head_dim = hd;
-    rope.positions = dmeta.positions;
-    rope.num_tokens = total;
-    rope.inv_freq = inv_freq.get<float>();
-    TRIDENT_RETURN_IF_ERROR(kc::LaunchRopeQkv(rope, stream));
-    void* layer_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
-    kc::KvAppendArgs append;
-    append.kv.base = layer_base;
-    append.kv.num_blocks = kv_spec.num_blocks;
-    append.kv.block_size = kv_spec.block_size;
-    append.kv.num_kv_heads = nkv;
-    append.kv.head_dim = hd;
-    append.kv.block_stride_elems = kv_spec.block_stride_elements();
-    append.kv.value_offset_elems = kv_spec.value_offset_elements();
-    append.k = qkv.get<char>() + q_out * 2;
-    append.k_stride = qkv_w;
-    append.v = qkv.get<char>() + (q_out + kv_out) * 2;
-    append.v_stride = qkv_w;
-    append.slots = dmeta.slots;
-    append.num_tokens = total;
-    TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
-    if (layer_observer != nullptr && !shape.all_decode) {
-      // Runs once the device has written this layer's KV (stream order).
-      if (layer_marks.size() != layers.size()) {
-        layer_marks.clear();
-        for (int32_t i = 0; i < static_cast<int32_t>(layers.size()); ++i) {
-          layer_marks.emplace_back(this, i);
-        }
-      }
-      TRIDENT_RETURN_IF_ERROR(
-          CudaCheck(cudaLaunchHostFunc(stream, &Impl::LayerDone, &layer_marks[l]), "layer mark"));
-    }
-    if (shape.all_decode) {
-      kc::PagedDecodeArgs a;
-      paged_args(a, layer_base);
-      TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
-                                                             decode_workspace.bytes(), stream));
-    } else {
-      kc::PagedPrefillArgs a;
-      paged_args(a, layer_base);
-      a.query_lens = dmeta.query_lens;
-      a.query_starts = dmeta.query_starts;
-      a.max_query_len = shape.max_query;
-      TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedPrefillAttention(a, stream));
-    }
-    TRIDENT_RETURN_IF_ERROR(
-        linear(attn.get(), q_out, layer.o, layer.o_bias, residual.get<float>(), h, true));
-    TRIDENT_RETURN_IF_ERROR(norm(layer.post_norm));
-    TRIDENT_RETURN_IF_ERROR(linear(hn.get(), h, layer.gate_up, layer.gate_up_bias,
-                                   gate_up32.get<float>(), 2 * inter, false));
-    kc::SiluMulArgs silu{gate_up32.get(), 2 * inter, act.get(), inter, total, inter};
-    silu.gate_up_dtype = DType::kF32;
-    TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
-    TRIDENT_RETURN_IF_ERROR(
-        linear(act.get(), inter, layer.down, layer.down_bias, residual.get<float>(), h, true));
+  if (shape.all_decode) {
+    kc::PagedDecodeArgs a;
+    paged_args(a);
+    return kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
+                                          decode_workspace.bytes(), stream);
   }
+  kc::PagedPrefillArgs a;
+  paged_args(a);
+  a.query_lens = dmeta.query_lens;
+  a.query_starts = dmeta.query_starts;
+  a.max_query_len = shape.max_query;
+  return kc::LaunchPagedPrefillAttention(a, stream);
+}
+
+absl::Status CudaBackend::Impl::EnqueueHead(const StepShape& shape) {
   if (shape.head_rows == 0) return absl::OkStatus();
-  TRIDENT_RETURN_IF_ERROR(norm(final_norm));
+  const int64_t h = config.hidden_size;
+  TRIDENT_RETURN_IF_ERROR(Norm(final_norm, shape.total));
   const void* head_in = hn.get();
   if (shape.gather) {
     // The wanted rows of the normed hidden states, gathered like an embedding
     // lookup with row ids for token ids.
-    TRIDENT_RETURN_IF_ERROR(
-        kc::LaunchEmbedding({dmeta.rows, shape.head_rows, hn.get(), total, h, last.get()}, stream));
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
+        {dmeta.rows, shape.head_rows, hn.get(), shape.total, h, last.get()}, stream));
     head_in = last.get();
   }
   // fp32 logits: bf16 would round near-ties (an ulp is 1/16 at 10) before
