@@ -131,6 +131,28 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const PlannedRequest& p
   return request;
 }
 
+namespace {
+
+// The served model's limits, waiting up to the connect timeout for the
+// target to come up.
+absl::StatusOr<v1::ModelInfoResponse> FetchModelInfo(const RunOptions& options,
+                                                     v1::Generation::Stub& stub) {
+  v1::ModelInfoResponse info;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
+  context.set_wait_for_ready(true);
+  v1::ModelInfoRequest request;
+  request.set_model(options.model);
+  const absl::Status status = FromGrpcStatus(stub.ModelInfo(&context, request, &info));
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("ModelInfo from ", options.target, ": ", status.message()));
+  }
+  return info;
+}
+
+}  // namespace
+
 absl::StatusOr<RunResult> RunLoad(const RunOptions& options) {
   if (options.max_in_flight < 1) {
     return absl::InvalidArgumentError(
@@ -152,19 +174,7 @@ absl::StatusOr<RunResult> RunLoad(const RunOptions& options) {
         grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args)));
   }
 
-  v1::ModelInfoResponse info;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
-    context.set_wait_for_ready(true);
-    v1::ModelInfoRequest request;
-    request.set_model(options.model);
-    const absl::Status status = FromGrpcStatus(stubs[0]->ModelInfo(&context, request, &info));
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("ModelInfo from ", options.target, ": ", status.message()));
-    }
-  }
+  TRIDENT_ASSIGN_OR_RETURN(const v1::ModelInfoResponse info, FetchModelInfo(options, *stubs[0]));
   TRIDENT_RETURN_IF_ERROR(CheckScheduleFitsModel(schedule, info));
   PromptVocabulary vocab{.vocab_size = info.vocab_size()};
   vocab.excluded_ids.assign(info.eos_token_ids().begin(), info.eos_token_ids().end());
