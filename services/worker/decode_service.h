@@ -15,7 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
-#include "services/worker/kv_reservations.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"

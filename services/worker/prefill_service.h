@@ -23,7 +23,7 @@
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
 #include "services/worker/kv_sender.h"
-#include "services/worker/lease_keeper.h"
+#include "services/worker/kv_handoff/lease_keeper.h"
 #include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"

@@ -12,7 +12,7 @@
 #include "common/status/status_macros.h"
 #include "common/time/clock.h"
 #include "common/transport/ucx_worker.h"
-#include "services/worker/kv_reservations.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
 
 namespace trident::worker::testing {
 namespace {

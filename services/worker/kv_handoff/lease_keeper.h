@@ -1,5 +1,5 @@
-#ifndef TRIDENT_SERVICES_WORKER_LEASE_KEEPER_H_
-#define TRIDENT_SERVICES_WORKER_LEASE_KEEPER_H_
+#ifndef TRIDENT_SERVICES_WORKER_KV_HANDOFF_LEASE_KEEPER_H_
+#define TRIDENT_SERVICES_WORKER_KV_HANDOFF_LEASE_KEEPER_H_
 
 // The prefill side's hold on KV reservations: a decode worker frees a
 // reservation whose lease ends before its CommitKv, so a prompt that waits in
@@ -89,4 +89,4 @@ class LeaseKeeper {
 
 }  // namespace trident::worker
 
-#endif  // TRIDENT_SERVICES_WORKER_LEASE_KEEPER_H_
+#endif  // TRIDENT_SERVICES_WORKER_KV_HANDOFF_LEASE_KEEPER_H_

@@ -18,8 +18,8 @@
 // Thread-safe. Callbacks run on the thread that causes the outcome (Commit,
 // ExpireLeases, Release or Await itself), outside the lock.
 
-#ifndef TRIDENT_SERVICES_WORKER_KV_RESERVATIONS_H_
-#define TRIDENT_SERVICES_WORKER_KV_RESERVATIONS_H_
+#ifndef TRIDENT_SERVICES_WORKER_KV_HANDOFF_KV_RESERVATIONS_H_
+#define TRIDENT_SERVICES_WORKER_KV_HANDOFF_KV_RESERVATIONS_H_
 
 #include <cstdint>
 #include <functional>
@@ -187,4 +187,4 @@ class KvReservations {
 
 }  // namespace trident::worker
 
-#endif  // TRIDENT_SERVICES_WORKER_KV_RESERVATIONS_H_
+#endif  // TRIDENT_SERVICES_WORKER_KV_HANDOFF_KV_RESERVATIONS_H_

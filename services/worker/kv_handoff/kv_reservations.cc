@@ -1,4 +1,4 @@
-#include "services/worker/kv_reservations.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
 
 #include <utility>
 

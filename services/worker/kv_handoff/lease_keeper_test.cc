@@ -1,4 +1,4 @@
-#include "services/worker/lease_keeper.h"
+#include "services/worker/kv_handoff/lease_keeper.h"
 
 #include <string>
 #include <vector>
