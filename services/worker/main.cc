@@ -18,8 +18,10 @@
 #include "services/worker/decode_service.h"
 #include "services/worker/generation_service.h"
 #include "services/worker/prefill_service.h"
-#include "services/worker/transfer_metrics.h"
-#include "services/worker/ucx_kv.h"
+#include "common/transport/kv/transfer_metrics.h"
+#include "common/transport/kv/ucx_kv.h"
+#include "services/worker/kv_handoff/engine_block_source.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/worker_model.h"
 #include "services/worker/worker_services.h"
 
@@ -144,8 +146,19 @@ int main(int argc, char** argv) {
         // FAILED_PRECONDITION; Decode without a reservation serves role
         // `both`, Prefill without a destination computes and discards.
         // The KV transport: registers the backend's KV pool with UCX.
+        // KV reservations, on the engine's blocks: the Decode service serves
+        // them, the KV transport writes received KV messages into them.
+        std::unique_ptr<trident::worker::EngineBlockSource> blocks;
+        std::unique_ptr<trident::worker::KvReservations> reservations;
+        if (model != nullptr) {
+          blocks = std::make_unique<trident::worker::EngineBlockSource>(model->engine.get());
+          trident::worker::KvReservationOptions reservation_options;
+          reservation_options.block_size = absl::GetFlag(FLAGS_kv_block_size);
+          reservations = std::make_unique<trident::worker::KvReservations>(
+              blocks.get(), &clock, reservation_options);
+        }
         std::unique_ptr<trident::transport::UcxWorker> ucx;
-        std::unique_ptr<trident::worker::UcxKv> ucx_kv;
+        std::unique_ptr<trident::transport::UcxKv> ucx_kv;
         std::string kv_transport = absl::GetFlag(FLAGS_kv_transport);
         if (kv_transport != "ucx" && kv_transport != "none" && kv_transport != "auto") {
           return trident::InvalidArgumentForField(
@@ -165,7 +178,8 @@ int main(int argc, char** argv) {
           ucx = std::move(*created);
           absl::StatusOr<trident::backend::KvMemory> memory = model->engine->backend().kv_memory();
           if (!memory.ok()) return memory.status();
-          trident::worker::UcxKvOptions kv_options;
+          trident::transport::UcxKvOptions kv_options;
+          kv_options.sink = reservations.get();
           kv_options.receive_threads = absl::GetFlag(FLAGS_kv_receive_threads);
           kv_options.receive_fetches = absl::GetFlag(FLAGS_kv_receive_fetches);
           const int32_t lanes = absl::GetFlag(FLAGS_kv_lanes);
@@ -183,8 +197,8 @@ int main(int argc, char** argv) {
             kv_options.staging_slot_bytes =
                 std::min<uint64_t>(kv_options.staging_slot_bytes, kv_options.staging_bytes);
           }
-          absl::StatusOr<std::unique_ptr<trident::worker::UcxKv>> kv =
-              trident::worker::UcxKv::Create(ucx.get(), *memory, identity.worker_id,
+          absl::StatusOr<std::unique_ptr<trident::transport::UcxKv>> kv =
+              trident::transport::UcxKv::Create(ucx.get(), *memory, identity.worker_id,
                                              identity.incarnation, std::move(kv_options));
           if (!kv.ok()) return kv.status();
           ucx_kv = std::move(*kv);
@@ -202,11 +216,11 @@ int main(int argc, char** argv) {
                             << ", " << num_lanes << " message lane" << (num_lanes == 1 ? "" : "s");
         }
         // KV-transfer metrics: the prefill side sends through a metered sender.
-        trident::worker::KvTransferMetrics kv_metrics(runtime.registry());
-        std::unique_ptr<trident::worker::MeteredKvSender> metered_kv;
+        trident::transport::KvTransferMetrics kv_metrics(runtime.registry());
+        std::unique_ptr<trident::transport::MeteredKvSender> metered_kv;
         if (ucx_kv != nullptr) {
           metered_kv =
-              std::make_unique<trident::worker::MeteredKvSender>(ucx_kv.get(), &kv_metrics, &clock);
+              std::make_unique<trident::transport::MeteredKvSender>(ucx_kv.get(), &kv_metrics, &clock);
         }
         // The role, shared by every service below and changed by SetRole.
         trident::worker::WorkerRoleOptions role_options;
@@ -231,9 +245,9 @@ int main(int argc, char** argv) {
           decode_options.incarnation = identity.incarnation;
           decode_options.address = absl::GetFlag(FLAGS_advertise_address);
           decode_options.worker_role = &worker_role;
-          decode_options.reservations.block_size = absl::GetFlag(FLAGS_kv_block_size);
           decode = std::make_unique<trident::worker::DecodeService>(
-              model->engine.get(), model->info, ucx_kv.get(), &clock, decode_options);
+              model->engine.get(), model->info, reservations.get(), ucx_kv.get(), &clock,
+              decode_options);
           services.push_back({decode.get(), trident::v1::Decode::service_full_name()});
           trident::worker::PrefillServiceOptions prefill_options;
           prefill_options.worker_id = identity.worker_id;
@@ -248,13 +262,13 @@ int main(int argc, char** argv) {
           services.push_back({&unserved_prefill, trident::v1::Prefill::service_full_name()});
         }
         std::unique_ptr<trident::worker::LoadStreams> loads;
-        std::unique_ptr<trident::worker::PeriodicSampler> kv_sampler;
+        std::unique_ptr<trident::transport::PeriodicSampler> kv_sampler;
         if (model != nullptr) {
           trident::engine::Engine* engine = model->engine.get();
-          const trident::worker::KvReservations* reservations = &decode->reservations();
+          const trident::worker::KvReservations* held = reservations.get();
           const trident::worker::WorkerRole* current_role = &worker_role;
           loads = std::make_unique<trident::worker::LoadStreams>(
-              [identity, engine, reservations, current_role] {
+              [identity, engine, reservations = held, current_role] {
                 trident::worker::WorkerIdentity now = identity;
                 const trident::worker::WorkerRole::State state = current_role->state();
                 now.role = state.role;
@@ -263,8 +277,8 @@ int main(int argc, char** argv) {
                     now, engine->stats(), reservations->blocks_held(),
                     reservations->num_reservations(), absl::Now());
               });
-          kv_sampler = std::make_unique<trident::worker::PeriodicSampler>(
-              absl::Milliseconds(250), [reservations, &kv_metrics, kv = ucx_kv.get()] {
+          kv_sampler = std::make_unique<trident::transport::PeriodicSampler>(
+              absl::Milliseconds(250), [reservations = held, &kv_metrics, kv = ucx_kv.get()] {
                 kv_metrics.SetReservations(reservations->num_reservations(),
                                            reservations->blocks_held());
                 if (kv != nullptr) kv_metrics.SetDroppedMessages(kv->dropped_messages());

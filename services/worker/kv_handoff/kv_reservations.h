@@ -15,6 +15,11 @@
 // An Await registered before the outcome is called exactly once, with the
 // outcome; one registered after a COMPLETE commit takes the blocks at once.
 //
+// KV that arrives as messages (transport::KvWriteMode::kMessage) comes in
+// through transport::KvMessageSink, which this implements: the worker
+// server hands the same KvReservations to the DecodeService (the control
+// plane above) and to the KV transport (common/transport/kv) below.
+//
 // Thread-safe. Callbacks run on the thread that causes the outcome (Commit,
 // ExpireLeases, Release or Await itself), outside the lock.
 
@@ -35,6 +40,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/time/clock.h"
+#include "common/transport/kv/kv_message_sink.h"
 
 namespace trident::worker {
 
@@ -75,10 +81,15 @@ struct KvHandOff {
   std::vector<int32_t> blocks;
 };
 
-class KvReservations {
+class KvReservations final : public transport::KvMessageSink {
  public:
+  // `blocks` and `clock` (not owned) must outlive this.
   KvReservations(BlockSource* blocks, const Clock* clock, KvReservationOptions options);
-  ~KvReservations();
+  // Frees the blocks of every reservation still held.
+  ~KvReservations() override;
+
+  KvReservations(const KvReservations&) = delete;
+  KvReservations& operator=(const KvReservations&) = delete;
 
   struct Reservation {
     uint64_t id = 0;
@@ -128,7 +139,8 @@ class KvReservations {
   // message is dropped). A commit hands the blocks off even while a write
   // runs: that takes a sender that sent more than its commit counts.
   absl::Status WriteMessage(
-      uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write);
+      uint64_t id,
+      absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) override;
 
   // WriteMessage in two halves, for a write that completes later (a UCX
   // fetch straight into the blocks): BeginMessage checks the reservation as
@@ -136,9 +148,9 @@ class KvReservations {
   // from it is returned and nothing is pinned) and pins the reservation;
   // EndMessage unpins it and counts `wrote` bytes (an error: none). Every OK
   // BeginMessage needs exactly one EndMessage.
-  absl::Status BeginMessage(uint64_t id,
-                            absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check);
-  void EndMessage(uint64_t id, const absl::StatusOr<int64_t>& wrote);
+  absl::Status BeginMessage(
+      uint64_t id, absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check) override;
+  void EndMessage(uint64_t id, const absl::StatusOr<int64_t>& wrote) override;
 
   // Waits until `bytes` bytes of messages have arrived for reservation `id`
   // (OK), it stops accepting writes (NOT_FOUND), or `deadline` passes

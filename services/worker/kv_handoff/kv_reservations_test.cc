@@ -1,9 +1,15 @@
 #include "services/worker/kv_handoff/kv_reservations.h"
 
+#include <algorithm>
 #include <optional>
+#include <vector>
 
+#include "absl/time/clock.h"
+#include "common/kv/kv_layout.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/testing/status_matchers.h"
+#include "common/transport/kv/fake_kv_receiver.h"
+#include "common/transport/kv/fake_kv_sender.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -360,6 +366,53 @@ TEST(KvReservationsTest, AReservationEndingDuringAMessageWriteFreesItsBlocksAfte
   EXPECT_EQ(free_during, free_before + 1);
   EXPECT_EQ(f.source.num_free(), free_before + 2);
   EXPECT_EQ(f.reservations.blocks_held(), 0);
+}
+
+
+// The reservations are the transport's KvMessageSink: KV sent as messages
+// lands in a live reservation's blocks and counts towards its commit; once
+// the reservation is released, its messages are dropped.
+TEST(KvReservationsTest, TakesTheTransportsMessagesWhileTheReservationLives) {
+  Fixture f;
+  const kv::KvCacheSpec spec = {.num_layers = 2,
+                                .num_kv_heads = 1,
+                                .head_dim = 8,
+                                .block_size = 4,
+                                .dtype = numeric::DType::kF32,
+                                .num_blocks = 32};
+  std::vector<uint8_t> local(spec.TotalBytes());
+  for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<uint8_t>(i % 253 + 1);
+  transport::FakeKvReceiver receiver("decode-0", 1, spec, &f.reservations);
+  transport::FakeKvSender sender(spec, local.data());
+  sender.AddPeer(&receiver);
+  auto send = [&](const KvReservations::Reservation& r) {
+    trident::v1::KvDestination d;
+    EXPECT_THAT(receiver.Describe(&d), IsOk());
+    d.set_reservation_id(r.id);
+    d.set_num_tokens(6);
+    for (int32_t b : r.blocks) d.add_block_ids(b);
+    auto transfer = sender.Open(d);
+    EXPECT_THAT(transfer.status(), IsOk());
+    for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
+      (*transfer)->SendLayer(layer, {0, 1}, [](absl::Status s) { EXPECT_THAT(s, IsOk()); });
+    }
+    return (*transfer)->message_bytes();
+  };
+  auto kept = f.reservations.Reserve("kept", 6, absl::ZeroDuration());
+  auto released = f.reservations.Reserve("released", 6, absl::ZeroDuration());
+  ASSERT_THAT(kept.status(), IsOk());
+  ASSERT_THAT(released.status(), IsOk());
+  ASSERT_TRUE(f.reservations.Release(released->id));
+
+  const int64_t kept_bytes = send(*kept);
+  send(*released);
+
+  EXPECT_THAT(f.reservations.AwaitBytes(kept->id, kept_bytes, absl::Now()), IsOk());
+  EXPECT_EQ(receiver.dropped_messages(), 2);  // One message per layer.
+  const uint64_t stride = spec.block_stride_bytes();
+  EXPECT_TRUE(std::equal(local.begin() + spec.KeyOffsetBytes(1, 1),
+                         local.begin() + spec.KeyOffsetBytes(1, 1) + stride,
+                         receiver.pool().begin() + spec.KeyOffsetBytes(1, kept->blocks[1])));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // blocks, non-contiguous on both sides. ucx_kv_cuda_test runs the staged
 // path on device pools.
 
-#include "services/worker/ucx_kv.h"
+#include "common/transport/kv/ucx_kv.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -17,13 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/host_kv_copier.h"
 #include "common/testing/status_matchers.h"
-#include "common/transport/kv_writer.h"
+#include "common/transport/kv/kv_writer.h"
 #include "common/transport/ucx_worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/worker/ucx_kv_testing.h"
+#include "common/transport/kv/ucx_kv_testing.h"
 
-namespace trident::worker {
+namespace trident::transport {
 namespace {
 
 using ::testing::HasSubstr;
@@ -97,7 +97,7 @@ TEST_P(UcxKvTest, HostPathRegistersThePoolAndWritesExactly) {
 
   EXPECT_FALSE(result->sender_staged);
   EXPECT_FALSE(result->receiver_staged);
-  EXPECT_NE(result->destination.regions(0).rkey(), transport::kMessagesOnlyRkey);
+  EXPECT_NE(result->destination.regions(0).rkey(), kMessagesOnlyRkey);
   EXPECT_EQ(result->destination.endpoint().memory_type(), trident::v1::MEMORY_TYPE_HOST);
   EXPECT_EQ(result->message_bytes, 3 * 38 * int64_t{1024});
   EXPECT_EQ(result->dropped_messages, 0);
@@ -122,7 +122,7 @@ TEST_P(UcxKvTest, StagedBothSidesWritesExactlyThroughTheCopiers) {
 
   EXPECT_TRUE(result->sender_staged);
   EXPECT_TRUE(result->receiver_staged);
-  EXPECT_EQ(result->destination.regions(0).rkey(), transport::kMessagesOnlyRkey);
+  EXPECT_EQ(result->destination.regions(0).rkey(), kMessagesOnlyRkey);
   EXPECT_EQ(result->message_bytes, 3 * 38 * int64_t{1024});
   EXPECT_EQ(result->bytes_sent, result->message_bytes);
   EXPECT_GE(result->messages, 3 * 38 / 3);
@@ -237,11 +237,11 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTest, ::testing::Values("posix", "tcp"
 class UcxKvCreateTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto worker = transport::UcxWorker::Create({.transports = "tcp", .name = "kv"});
+    auto worker = UcxWorker::Create({.transports = "tcp", .name = "kv"});
     if (!worker.ok()) GTEST_SKIP() << worker.status();
     worker_ = *std::move(worker);
   }
-  std::unique_ptr<transport::UcxWorker> worker_;
+  std::unique_ptr<UcxWorker> worker_;
 };
 
 TEST_F(UcxKvCreateTest, StagingWithoutACopierIsAFailedPrecondition) {
@@ -316,4 +316,4 @@ TEST_F(UcxKvCreateTest, StagedSendLayerRefusesBadBlocksWithoutSending) {
 }
 
 }  // namespace
-}  // namespace trident::worker
+}  // namespace trident::transport

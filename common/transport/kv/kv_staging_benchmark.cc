@@ -5,7 +5,8 @@
 // One iteration is one whole transfer: reserve on the receiver, SendLayer
 // for all 32 layers (each layer copied device -> pinned slots, then sent as
 // 4 MiB KV messages), until the receiver has copied every byte in
-// (KvReservations::AwaitBytes).
+// (FakeKvMessageSink::AwaitBytes, standing in for the decode worker's
+// reservations).
 //
 // Over posix the messages go by rendezvous: a device (or staged) pool's
 // receiver fetches each into a pinned receive buffer and copies it in on its
@@ -33,7 +34,7 @@
 // and prints every path's GB/s next to them. Goal: cuda_* >= 0.8 of one
 // pair. --transports=LIST sets UCX_TLS (default posix).
 //
-//   bazel run -c opt //services/worker:kv_staging_benchmark   (GPU machine)
+//   bazel run -c opt //common/transport/kv:kv_staging_benchmark   (GPU machine)
 
 #include <cstdint>
 #include <cstdio>
@@ -54,10 +55,10 @@
 #include "common/backend/cuda/cuda_kv_copier.h"
 #include "common/kv/kv_layout.h"
 #include "common/transport/ucx_perftest.h"
-#include "services/worker/ucx_kv_cuda_testing.h"
-#include "services/worker/ucx_kv_testing.h"
+#include "common/transport/kv/ucx_kv_cuda_testing.h"
+#include "common/transport/kv/ucx_kv_testing.h"
 
-namespace trident::worker {
+namespace trident::transport {
 namespace {
 
 using FromHost = backend::CudaKvCopierOptions::FromHost;
@@ -171,12 +172,12 @@ BENCHMARK(BM_StagedKvTransfer)
 // GB/s of `ucx_perftest -t ucp_am_bw` run as `pairs` pairs of processes at
 // once (their sum), or 0 after printing why not.
 double PerftestAmBw(const std::string& perftest, int pairs) {
-  const transport::PerftestOptions options = {
+  const PerftestOptions options = {
       .test = "ucp_am_bw", .transport = Transports(), .message_bytes = kMessageBytes};
   std::vector<absl::StatusOr<double>> results(pairs, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int i = 0; i < pairs; ++i) {
-    threads.emplace_back([&, i] { results[i] = transport::RunUcxPerftest(perftest, options); });
+    threads.emplace_back([&, i] { results[i] = RunUcxPerftest(perftest, options); });
   }
   for (std::thread& thread : threads) thread.join();
   double sum = 0;
@@ -192,7 +193,7 @@ double PerftestAmBw(const std::string& perftest, int pairs) {
 }
 
 void PrintComparison() {
-  const std::string perftest = transport::FindUcxPerftest();
+  const std::string perftest = FindUcxPerftest();
   if (perftest.empty()) {
     std::printf("\nucx_perftest not found ($UCX_PERFTEST, PATH): no comparison\n");
     return;
@@ -222,7 +223,7 @@ void PrintComparison() {
 }
 
 }  // namespace
-}  // namespace trident::worker
+}  // namespace trident::transport
 
 int main(int argc, char** argv) {
   // Ours: --transports=LIST (UCX_TLS syntax); the rest are the library's.
@@ -230,7 +231,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (absl::StartsWith(arg, "--transports=")) {
-      trident::worker::Transports() = std::string(arg.substr(strlen("--transports=")));
+      trident::transport::Transports() = std::string(arg.substr(strlen("--transports=")));
     } else {
       argv[kept++] = argv[i];
     }
@@ -239,7 +240,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
-  trident::worker::PrintComparison();
+  trident::transport::PrintComparison();
   benchmark::Shutdown();
   return 0;
 }

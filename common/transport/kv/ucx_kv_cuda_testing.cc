@@ -1,4 +1,4 @@
-#include "services/worker/ucx_kv_cuda_testing.h"
+#include "common/transport/kv/ucx_kv_cuda_testing.h"
 
 #include <cuda_runtime_api.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace trident::worker::testing {
+namespace trident::transport::testing {
 namespace {
 
 class CudaTestPool final : public TestPool {
@@ -69,4 +69,4 @@ absl::StatusOr<std::unique_ptr<TestPool>> NewCudaTestPool(
   return std::unique_ptr<TestPool>(new CudaTestPool(spec, device, base, copier_options));
 }
 
-}  // namespace trident::worker::testing
+}  // namespace trident::transport::testing

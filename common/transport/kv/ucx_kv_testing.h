@@ -2,11 +2,12 @@
 // UcxWorker in this process), from blocks of a sender pool into a
 // reservation of a receiver pool, through the production path: Describe ->
 // Open -> SendLayer for every layer -> the receiver's message handler ->
-// KvReservations::AwaitBytes. Pools are abstract so the same check runs on
+// the receiver's byte count (a FakeKvMessageSink standing in for the decode
+// worker's reservations). Pools are abstract so the same check runs on
 // host memory (ucx_kv_test) and on CUDA device memory (ucx_kv_cuda_test).
 
-#ifndef TRIDENT_SERVICES_WORKER_UCX_KV_TESTING_H_
-#define TRIDENT_SERVICES_WORKER_UCX_KV_TESTING_H_
+#ifndef TRIDENT_COMMON_TRANSPORT_KV_UCX_KV_TESTING_H_
+#define TRIDENT_COMMON_TRANSPORT_KV_UCX_KV_TESTING_H_
 
 #include <cstdint>
 #include <functional>
@@ -19,10 +20,10 @@
 #include "common/backend/model_backend.h"
 #include "common/kv/kv_layout.h"
 #include "gtest/gtest.h"
-#include "services/worker/ucx_kv.h"
+#include "common/transport/kv/ucx_kv.h"
 #include "trident/v1/worker.pb.h"
 
-namespace trident::worker::testing {
+namespace trident::transport::testing {
 
 // A KV pool a test can fill and read back whole.
 class TestPool {
@@ -128,6 +129,6 @@ std::vector<uint8_t> RandomPoolBytes(const kv::KvCacheSpec& spec, uint32_t seed)
 // consecutive ids kept (so that collation and splitting both happen).
 std::vector<int32_t> ScatteredBlocks(int32_t count, int32_t num_blocks, uint32_t seed);
 
-}  // namespace trident::worker::testing
+}  // namespace trident::transport::testing
 
-#endif  // TRIDENT_SERVICES_WORKER_UCX_KV_TESTING_H_
+#endif  // TRIDENT_COMMON_TRANSPORT_KV_UCX_KV_TESTING_H_

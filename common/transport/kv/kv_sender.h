@@ -1,9 +1,20 @@
-// How a prefill worker writes a sequence's KV into blocks a decode worker
-// reserved (trident.v1.KvDestination). The UCX implementation posts
-// one-sided puts (common/transport); tests use an in-process one.
+// The sending side of the KV data plane: how a prefill worker writes a
+// sequence's KV, layer by layer, into blocks a decode worker reserved for it
+// (a trident.v1.KvDestination from Decode.ReserveKv). UcxKv (ucx_kv.h) is
+// the implementation over UCX; MeteredKvSender (transfer_metrics.h) wraps
+// any KvSender with metrics; FakeKvSender (fake_kv_sender.h) copies in
+// process into a FakeKvReceiver, for tests.
+//
+//   KvSender::Connect(destination)   optional, ahead of the prompt's compute
+//   KvSender::Open(destination)  ->  KvTransfer
+//   KvTransfer::SendLayer(l, ...)    for each layer, as it is computed
+//   (every `done` ran)           ->  CommitKv over the control plane, which
+//                                    carries KvTransfer::message_bytes()
+//
+// Implementations are thread-safe; a KvTransfer is thread-compatible.
 
-#ifndef TRIDENT_SERVICES_WORKER_KV_SENDER_H_
-#define TRIDENT_SERVICES_WORKER_KV_SENDER_H_
+#ifndef TRIDENT_COMMON_TRANSPORT_KV_KV_SENDER_H_
+#define TRIDENT_COMMON_TRANSPORT_KV_KV_SENDER_H_
 
 #include <cstdint>
 #include <functional>
@@ -15,7 +26,7 @@
 #include "absl/types/span.h"
 #include "trident/v1/worker.pb.h"
 
-namespace trident::worker {
+namespace trident::transport {
 
 // One sequence's transfer. Thread-compatible: one caller posts layers.
 class KvTransfer {
@@ -26,6 +37,7 @@ class KvTransfer {
   // when the writes completed or failed (UNAVAILABLE for a dead peer).
   virtual void SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
                          std::function<void(absl::Status)> done) = 0;
+  // Bytes whose writes completed, and writes (puts or messages) posted.
   virtual int64_t bytes_sent() const = 0;
   virtual int32_t messages() const = 0;
   // The transport lane, as the transport names it ("tcp", "posix", ...).
@@ -35,6 +47,7 @@ class KvTransfer {
   virtual int64_t message_bytes() const = 0;
 };
 
+// Thread-safe: several transfers may be opened and run at once.
 class KvSender {
  public:
   virtual ~KvSender() = default;
@@ -54,6 +67,6 @@ class KvSender {
   }
 };
 
-}  // namespace trident::worker
+}  // namespace trident::transport
 
-#endif  // TRIDENT_SERVICES_WORKER_KV_SENDER_H_
+#endif  // TRIDENT_COMMON_TRANSPORT_KV_KV_SENDER_H_

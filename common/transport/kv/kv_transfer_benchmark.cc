@@ -8,7 +8,7 @@
 // with the same transport and message size as two processes on loopback, and
 // prints both rates and their ratio.
 //
-//   bazel run -c opt //common/transport:kv_transfer_benchmark
+//   bazel run -c opt //common/transport/kv:kv_transfer_benchmark
 
 #include <algorithm>
 #include <cstdint>
@@ -28,7 +28,7 @@
 #include "benchmark/benchmark.h"
 #include "common/kv/kv_cache.h"
 #include "common/kv/kv_layout.h"
-#include "common/transport/kv_writer.h"
+#include "common/transport/kv/kv_writer.h"
 #include "common/transport/ucx_perftest.h"
 #include "common/transport/ucx_worker.h"
 

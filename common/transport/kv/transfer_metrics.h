@@ -31,8 +31,8 @@
 //       of a transfer that ended (its sender died, or its reservation was
 //       released or expired), ones that failed to arrive, invalid ones.
 
-#ifndef TRIDENT_SERVICES_WORKER_TRANSFER_METRICS_H_
-#define TRIDENT_SERVICES_WORKER_TRANSFER_METRICS_H_
+#ifndef TRIDENT_COMMON_TRANSPORT_KV_TRANSFER_METRICS_H_
+#define TRIDENT_COMMON_TRANSPORT_KV_TRANSFER_METRICS_H_
 
 #include <cstdint>
 #include <functional>
@@ -54,9 +54,9 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "services/worker/kv_sender.h"
+#include "common/transport/kv/kv_sender.h"
 
-namespace trident::worker {
+namespace trident::transport {
 
 // How a transfer ended (the `outcome` label).
 enum class KvTransferOutcome { kOk, kError, kIncomplete, kOpenError };
@@ -142,6 +142,6 @@ class PeriodicSampler {
   std::thread thread_;
 };
 
-}  // namespace trident::worker
+}  // namespace trident::transport
 
-#endif  // TRIDENT_SERVICES_WORKER_TRANSFER_METRICS_H_
+#endif  // TRIDENT_COMMON_TRANSPORT_KV_TRANSFER_METRICS_H_

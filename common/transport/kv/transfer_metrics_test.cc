@@ -1,4 +1,4 @@
-#include "services/worker/transfer_metrics.h"
+#include "common/transport/kv/transfer_metrics.h"
 
 #include <functional>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 
-namespace trident::worker {
+namespace trident::transport {
 namespace {
 
 using ::testing::DoubleNear;
@@ -238,4 +238,4 @@ TEST(KvTransferOutcomeTest, Names) {
 }
 
 }  // namespace
-}  // namespace trident::worker
+}  // namespace trident::transport

@@ -1,4 +1,4 @@
-#include "services/worker/ucx_kv_testing.h"
+#include "common/transport/kv/ucx_kv_testing.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,11 +10,10 @@
 #include "absl/time/clock.h"
 #include "common/backend/host_kv_copier.h"
 #include "common/status/status_macros.h"
-#include "common/time/clock.h"
+#include "common/transport/kv/fake_kv_message_sink.h"
 #include "common/transport/ucx_worker.h"
-#include "services/worker/kv_handoff/kv_reservations.h"
 
-namespace trident::worker::testing {
+namespace trident::transport::testing {
 namespace {
 
 class HostTestPool final : public TestPool {
@@ -43,25 +42,9 @@ class HostTestPool final : public TestPool {
   std::vector<uint8_t> bytes_;
 };
 
-// Hands out the blocks it was last told to.
-class FixedBlocks final : public BlockSource {
- public:
-  void Set(std::vector<int32_t> blocks) { blocks_ = std::move(blocks); }
-  absl::StatusOr<std::vector<int32_t>> Reserve(int32_t num_blocks) override {
-    if (num_blocks != static_cast<int32_t>(blocks_.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("test reserves ", num_blocks, " blocks; set up for ", blocks_.size()));
-    }
-    return blocks_;
-  }
-  absl::Status Free(absl::Span<const int32_t>) override { return absl::OkStatus(); }
-
- private:
-  std::vector<int32_t> blocks_;
-};
-
-absl::StatusOr<UcxKvOptions> OptionsFor(const Side& side) {
+absl::StatusOr<UcxKvOptions> OptionsFor(const Side& side, KvMessageSink* sink) {
   UcxKvOptions options;
+  options.sink = sink;
   if (side.copier) {
     TRIDENT_ASSIGN_OR_RETURN(options.copier, side.pool->NewCopier());
   }
@@ -83,12 +66,11 @@ std::unique_ptr<TestPool> NewHostTestPool(const kv::KvCacheSpec& spec) {
 // Declared in the order they must be destroyed last-first: the UcxKv
 // before their workers, the receiver before the reservations it writes.
 struct KvTransferPair::State {
-  std::unique_ptr<transport::UcxWorker> receiver_worker;
-  std::unique_ptr<transport::UcxWorker> sender_worker;
+  std::unique_ptr<UcxWorker> receiver_worker;
+  std::unique_ptr<UcxWorker> sender_worker;
   kv::KvCacheSpec spec;
-  FixedBlocks source;
-  FakeClock clock;  // Never moves: leases cannot end.
-  std::unique_ptr<KvReservations> reservations;
+  FakeKvMessageSink reservations;
+  uint64_t next_reservation = 1;
   std::unique_ptr<UcxKv> receiver;
   std::unique_ptr<UcxKv> sender;
 };
@@ -103,7 +85,7 @@ absl::StatusOr<std::unique_ptr<KvTransferPair>> KvTransferPair::Create(
     const Side& receiver) {
   auto state = std::make_unique<State>();
   state->spec = spec;
-  auto receiver_worker = transport::UcxWorker::Create({.transports = transports, .name = "decode"});
+  auto receiver_worker = UcxWorker::Create({.transports = transports, .name = "decode"});
   if (!receiver_worker.ok()) {
     return absl::UnavailableError(
         absl::StrCat("UCX transport '", transports,
@@ -112,18 +94,14 @@ absl::StatusOr<std::unique_ptr<KvTransferPair>> KvTransferPair::Create(
   state->receiver_worker = *std::move(receiver_worker);
   TRIDENT_ASSIGN_OR_RETURN(
       state->sender_worker,
-      transport::UcxWorker::Create({.transports = transports, .name = "prefill"}));
-  KvReservationOptions reservation_options;
-  reservation_options.block_size = spec.block_size;
-  state->reservations =
-      std::make_unique<KvReservations>(&state->source, &state->clock, reservation_options);
-  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions receiver_options, OptionsFor(receiver));
+      UcxWorker::Create({.transports = transports, .name = "prefill"}));
+  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions receiver_options,
+                           OptionsFor(receiver, &state->reservations));
   TRIDENT_ASSIGN_OR_RETURN(
       state->receiver,
       UcxKv::Create(state->receiver_worker.get(), receiver.pool->memory(), "decode-0",
                     /*incarnation=*/7, std::move(receiver_options)));
-  state->receiver->AcceptMessagesFor(state->reservations.get());
-  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions sender_options, OptionsFor(sender));
+  TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions sender_options, OptionsFor(sender, /*sink=*/nullptr));
   TRIDENT_ASSIGN_OR_RETURN(
       state->sender, UcxKv::Create(state->sender_worker.get(), sender.pool->memory(), "prefill-0",
                                    /*incarnation=*/9, std::move(sender_options)));
@@ -134,9 +112,14 @@ absl::StatusOr<TransferResult> KvTransferPair::Transfer(int32_t num_tokens,
                                                         const std::vector<int32_t>& local_blocks,
                                                         const std::vector<int32_t>& remote_blocks) {
   State& s = *state_;
-  s.source.Set(remote_blocks);
-  TRIDENT_ASSIGN_OR_RETURN(KvReservations::Reservation reservation,
-                           s.reservations->Reserve("request-0", num_tokens, absl::Minutes(5)));
+  const int32_t blocks_needed = (num_tokens + s.spec.block_size - 1) / s.spec.block_size;
+  if (static_cast<int32_t>(remote_blocks.size()) != blocks_needed) {
+    return absl::InvalidArgumentError(absl::StrCat(num_tokens, " tokens take ", blocks_needed,
+                                                   " blocks; the test gave ",
+                                                   remote_blocks.size()));
+  }
+  const uint64_t reservation = s.next_reservation++;
+  s.reservations.Add(reservation, remote_blocks);
   TransferResult result;
   result.sender_staged = s.sender->staged();
   result.receiver_staged = s.receiver->staged();
@@ -144,9 +127,9 @@ absl::StatusOr<TransferResult> KvTransferPair::Transfer(int32_t num_tokens,
   TRIDENT_RETURN_IF_ERROR(s.receiver->Describe(&d));
   d.set_decode_worker_id("decode-0");
   d.set_decode_incarnation(7);
-  d.set_reservation_id(reservation.id);
+  d.set_reservation_id(reservation);
   d.set_num_tokens(num_tokens);
-  for (int32_t b : reservation.blocks) d.add_block_ids(b);
+  for (int32_t b : remote_blocks) d.add_block_ids(b);
 
   absl::Status status = [&]() -> absl::Status {
     TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<KvTransfer> transfer, s.sender->Open(d));
@@ -170,19 +153,15 @@ absl::StatusOr<TransferResult> KvTransferPair::Transfer(int32_t num_tokens,
       mu.Await(absl::Condition(&drained));
     }
     TRIDENT_RETURN_IF_ERROR(first_error);
-    TRIDENT_RETURN_IF_ERROR(s.reservations->AwaitBytes(reservation.id, transfer->message_bytes(),
+    TRIDENT_RETURN_IF_ERROR(s.reservations.AwaitBytes(reservation, transfer->message_bytes(),
                                                        absl::Now() + absl::Minutes(1)));
     result.message_bytes = transfer->message_bytes();
     result.bytes_sent = transfer->bytes_sent();
     result.messages = transfer->messages();
     return absl::OkStatus();
   }();
-  KvCommit aborted;
-  aborted.outcome = KvOutcome::kAborted;
-  aborted.error = "test done";
-  const absl::Status ended = s.reservations->Commit(reservation.id, aborted);
+  s.reservations.End(reservation);
   TRIDENT_RETURN_IF_ERROR(status);
-  TRIDENT_RETURN_IF_ERROR(ended);
   result.dropped_messages = s.receiver->dropped_messages();
   result.messages_by_lane = s.receiver->messages_by_lane();
   return result;
@@ -257,4 +236,4 @@ std::vector<int32_t> ScatteredBlocks(int32_t count, int32_t num_blocks, uint32_t
   return ids;
 }
 
-}  // namespace trident::worker::testing
+}  // namespace trident::transport::testing

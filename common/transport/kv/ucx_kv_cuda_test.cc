@@ -5,7 +5,7 @@
 // CudaKvCopier on both sides, for both ways of copying messages in, over
 // shared memory and tcp.
 //
-//   bazel test //services/worker:ucx_kv_cuda_test   (GPU machine)
+//   bazel test //common/transport/kv:ucx_kv_cuda_test   (GPU machine)
 
 #include <cstdint>
 #include <cstdio>
@@ -17,14 +17,14 @@
 
 #include "common/backend/cuda/cuda_kv_copier.h"
 #include "common/testing/status_matchers.h"
-#include "common/transport/kv_writer.h"
+#include "common/transport/kv/kv_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/worker/ucx_kv.h"
-#include "services/worker/ucx_kv_cuda_testing.h"
-#include "services/worker/ucx_kv_testing.h"
+#include "common/transport/kv/ucx_kv.h"
+#include "common/transport/kv/ucx_kv_cuda_testing.h"
+#include "common/transport/kv/ucx_kv_testing.h"
 
-namespace trident::worker {
+namespace trident::transport {
 namespace {
 
 using ::trident::testing::IsOk;
@@ -98,7 +98,7 @@ TEST_P(UcxKvCudaTest, StagedTransferBetweenDevicePoolsIsByteExact) {
 
   EXPECT_TRUE(result->sender_staged);
   EXPECT_TRUE(result->receiver_staged);
-  EXPECT_EQ(result->destination.regions(0).rkey(), transport::kMessagesOnlyRkey);
+  EXPECT_EQ(result->destination.regions(0).rkey(), kMessagesOnlyRkey);
   EXPECT_EQ(result->destination.regions(0).memory_type(), trident::v1::MEMORY_TYPE_CUDA);
   EXPECT_EQ(result->destination.endpoint().memory_type(), trident::v1::MEMORY_TYPE_HOST);
   EXPECT_EQ(result->message_bytes, static_cast<int64_t>(Spec().num_layers * 63 * block));
@@ -121,4 +121,4 @@ INSTANTIATE_TEST_SUITE_P(Staged, UcxKvCudaTest,
                          });
 
 }  // namespace
-}  // namespace trident::worker
+}  // namespace trident::transport

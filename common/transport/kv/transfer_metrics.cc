@@ -1,10 +1,10 @@
-#include "services/worker/transfer_metrics.h"
+#include "common/transport/kv/transfer_metrics.h"
 
 #include <utility>
 
 #include "common/logging/log.h"
 
-namespace trident::worker {
+namespace trident::transport {
 namespace {
 
 constexpr char kUnknownLane[] = "unknown";
@@ -215,4 +215,4 @@ PeriodicSampler::~PeriodicSampler() {
   thread_.join();
 }
 
-}  // namespace trident::worker
+}  // namespace trident::transport

@@ -1,4 +1,4 @@
-#include "common/transport/kv_writer.h"
+#include "common/transport/kv/kv_writer.h"
 
 #include <algorithm>
 #include <cstdint>

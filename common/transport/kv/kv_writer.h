@@ -1,5 +1,5 @@
-#ifndef TRIDENT_COMMON_TRANSPORT_KV_WRITER_H_
-#define TRIDENT_COMMON_TRANSPORT_KV_WRITER_H_
+#ifndef TRIDENT_COMMON_TRANSPORT_KV_KV_WRITER_H_
+#define TRIDENT_COMMON_TRANSPORT_KV_KV_WRITER_H_
 
 // Writes one sequence's KV cache, layer by layer, from this process's paged
 // KV cache into the blocks a decode worker reserved for it (a
@@ -221,4 +221,4 @@ class KvWriter {
 
 }  // namespace trident::transport
 
-#endif  // TRIDENT_COMMON_TRANSPORT_KV_WRITER_H_
+#endif  // TRIDENT_COMMON_TRANSPORT_KV_KV_WRITER_H_
