@@ -2,7 +2,7 @@
 // cannot reach the pool's memory themselves: CUDA device memory when UCX was
 // built without CUDA support. The transport stages a layer's blocks through
 // host buffers: CopyToHost on the sending side, CopyFromHost on the
-// receiving side (services/worker/ucx_kv.h).
+// receiving side (common/transport/kv/ucx_kv.h).
 //
 //   pool (device) --CopyToHost--> staging (host) --UCX--> receive buffer
 //   (host) --CopyFromHost--> pool (device)

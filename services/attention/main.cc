@@ -12,9 +12,6 @@
 ABSL_FLAG(int, numa_node, -1,
           "NUMA node whose cores and memory this process uses; -1 leaves placement to the OS.");
 
-ABSL_FLAG(std::string, controller_address, "",
-          "host:port of the controller to register with; empty: run standalone.");
-
 int main(int argc, char** argv) {
   return trident::RunServiceMain(
       argc, argv, {.component = "attention", .grpc_port = 50053, .metrics_port = 9403},

@@ -83,33 +83,18 @@ struct DecodeCall {
 
 }  // namespace
 
-class DecodeService::EngineBlocks final : public BlockSource {
- public:
-  explicit EngineBlocks(engine::Engine* engine) : engine_(engine) {}
-  absl::StatusOr<std::vector<int32_t>> Reserve(int32_t n) override {
-    return engine_->ReserveBlocks(n);
-  }
-  absl::Status Free(absl::Span<const int32_t> blocks) override {
-    return engine_->FreeBlocks(blocks);
-  }
-
- private:
-  engine::Engine* engine_;
-};
-
 DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
-                             KvExporter* exporter, const Clock* clock, DecodeServiceOptions options)
+                             KvReservations* reservations, transport::KvReceiver* receiver,
+                             const Clock* clock, DecodeServiceOptions options)
     : engine_(engine),
       model_info_(model_info),
-      exporter_(exporter),
+      reservations_(reservations),
+      receiver_(receiver),
       clock_(clock),
       options_(std::move(options)),
       own_role_(options_.worker_role == nullptr ? std::make_unique<WorkerRole>(options_.role, clock)
                                                 : nullptr),
-      role_(options_.worker_role != nullptr ? options_.worker_role : own_role_.get()),
-      blocks_(std::make_unique<EngineBlocks>(engine)),
-      reservations_(std::make_unique<KvReservations>(blocks_.get(), clock, options_.reservations)) {
-  if (exporter_ != nullptr) exporter_->AcceptMessagesFor(reservations_.get());
+      role_(options_.worker_role != nullptr ? options_.worker_role : own_role_.get()) {
   lease_checker_ = std::thread([this] {
     absl::MutexLock lock(&mu_);
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
@@ -127,7 +112,6 @@ void DecodeService::ExpireLeases() {
 }
 
 DecodeService::~DecodeService() {
-  if (exporter_ != nullptr) exporter_->AcceptMessagesFor(nullptr);
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -172,7 +156,7 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
   auto run = [&]() -> absl::Status {
     TRIDENT_ASSIGN_OR_RETURN(WorkerRole::Work work,
                              role_->Admit(Capability::kDecode, request->request_id()));
-    if (exporter_ == nullptr) {
+    if (receiver_ == nullptr) {
       return absl::FailedPreconditionError(
           "this worker has no KV transport: it cannot receive a prefill worker's KV");
     }
@@ -196,12 +180,12 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
         KvReservations::Reservation r,
         reservations_->Reserve(request->request_id(), request->num_tokens(), lease));
     v1::KvDestination* d = response->mutable_destination();
-    if (absl::Status s = exporter_->Describe(d); !s.ok()) {
+    if (absl::Status s = receiver_->Describe(d); !s.ok()) {
       reservations_->Release(r.id);
       return s;
     }
     // A role change that gives up waiting for it releases it.
-    KvReservations* reservations = reservations_.get();
+    KvReservations* reservations = reservations_;
     work.SetAbortHook(
         [reservations, id = r.id](const absl::Status&) { reservations->Release(id); });
     {
@@ -312,7 +296,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
   call->engine = engine_;
   call->request_id = request->request_id();
   const uint64_t reservation = request->reservation_id();
-  KvReservations* reservations = reservations_.get();
+  KvReservations* reservations = reservations_;
   auto* reactor = new ChannelReactor<v1::DecodeResponse>(
       /*on_cancel=*/
       [call, reservation, reservations] {

@@ -3,6 +3,11 @@
 // KvReservations) and the Decode stream, which waits for the reservation's
 // hand-off, then continues the sequence in the engine from its first token
 // (or, without a reservation in role `both`, runs the whole request).
+//
+// The service owns neither the reservations nor the KV transport: the
+// worker server (worker_server.h) owns both and hands the same
+// KvReservations to this service and, as its KvMessageSink, to the
+// transport, whose KvReceiver describes the pool in ReserveKv replies.
 
 #ifndef TRIDENT_SERVICES_WORKER_DECODE_SERVICE_H_
 #define TRIDENT_SERVICES_WORKER_DECODE_SERVICE_H_
@@ -15,23 +20,13 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
-#include "services/worker/kv_reservations.h"
+#include "common/transport/kv/kv_receiver.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
 namespace trident::worker {
-
-// How peers reach this worker's KV pool over the transport: fills a
-// KvDestination's endpoint, layout and regions.
-class KvExporter {
- public:
-  virtual ~KvExporter() = default;
-  virtual absl::Status Describe(trident::v1::KvDestination* destination) const = 0;
-  // Where writes that arrive as messages go (KvReservations::WriteMessage);
-  // null stops delivering them. The DecodeService sets it for its lifetime.
-  virtual void AcceptMessagesFor(KvReservations* reservations) {}
-};
 
 struct DecodeServiceOptions {
   std::string worker_id;
@@ -43,7 +38,6 @@ struct DecodeServiceOptions {
   // service's own, fixed at `role`.
   WorkerRole* worker_role = nullptr;
   trident::v1::Role role = trident::v1::ROLE_DECODE;
-  KvReservationOptions reservations;
   // How long a COMPLETE commit waits for KV messages still on their way
   // (CommitKvRequest.message_bytes) before failing with DATA_LOSS.
   absl::Duration message_arrival_timeout = absl::Seconds(10);
@@ -54,10 +48,14 @@ struct DecodeServiceOptions {
 // Thread-safe.
 class DecodeService final : public trident::v1::Decode::CallbackService {
  public:
-  // `engine`, `exporter` (may be null: ReserveKv then answers
-  // FAILED_PRECONDITION) and `clock` must outlive the service.
+  // `engine`, `reservations` (whose blocks come from `engine`), `receiver`
+  // (may be null: no KV transport, ReserveKv then answers
+  // FAILED_PRECONDITION) and `clock` are not owned and must outlive the
+  // service. Starts the lease checker.
   DecodeService(engine::Engine* engine, const trident::v1::ModelInfoResponse& model_info,
-                KvExporter* exporter, const Clock* clock, DecodeServiceOptions options);
+                KvReservations* reservations, transport::KvReceiver* receiver, const Clock* clock,
+                DecodeServiceOptions options);
+  // Stops the lease checker.
   ~DecodeService() override;
 
   grpc::ServerUnaryReactor* ReserveKv(grpc::CallbackServerContext* context,
@@ -82,7 +80,6 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   void ExpireLeases();
 
  private:
-  class EngineBlocks;
   absl::Status CheckIncarnation(uint64_t incarnation) const;
   // The work of reservation `id` (admitted by ReserveKv), for its Decode
   // call to carry on; inactive if there is none.
@@ -93,13 +90,12 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
 
   engine::Engine* const engine_;
   const trident::v1::ModelInfoResponse model_info_;
-  KvExporter* const exporter_;
+  KvReservations* const reservations_;
+  transport::KvReceiver* const receiver_;
   const Clock* const clock_;
   const DecodeServiceOptions options_;
   std::unique_ptr<WorkerRole> own_role_;
   WorkerRole* const role_;
-  std::unique_ptr<EngineBlocks> blocks_;
-  std::unique_ptr<KvReservations> reservations_;
   absl::Mutex work_mu_;
   // Reservations awaiting their Decode call, by id.
   absl::flat_hash_map<uint64_t, WorkerRole::Work> reservation_work_ ABSL_GUARDED_BY(work_mu_);

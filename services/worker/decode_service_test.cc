@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/worker/decode_kv_testing.h"
 
 namespace trident::worker {
 namespace {
@@ -31,16 +32,6 @@ constexpr uint64_t kIncarnation = 77;
 std::unique_ptr<backend::FakeModelBackend> Fake() {
   return std::make_unique<backend::FakeModelBackend>(kVocab, kBlocks, kBlockSize, 128);
 }
-
-class FakeExporter final : public KvExporter {
- public:
-  absl::Status Describe(v1::KvDestination* d) const override {
-    d->mutable_endpoint()->set_owner_id("decode-0");
-    d->mutable_endpoint()->set_incarnation(kIncarnation);
-    d->mutable_layout()->set_block_size_tokens(kBlockSize);
-    return absl::OkStatus();
-  }
-};
 
 engine::EngineRequest Greedy(std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
   engine::EngineRequest r;
@@ -69,9 +60,11 @@ class DecodeServiceTest : public ::testing::Test {
     options.incarnation = kIncarnation;
     options.address = "127.0.0.1:1";
     options.role = v1::ROLE_DECODE;
-    options.reservations.block_size = kBlockSize;
     options.lease_check_interval = absl::Milliseconds(10);
-    service_ = std::make_unique<DecodeService>(engine_.get(), info, &exporter_, &clock_, options);
+    kv_ = std::make_unique<DecodeKvForTests>(engine_.get(), &clock_, "decode-0", kIncarnation,
+                                             kBlockSize, kBlocks);
+    service_ = std::make_unique<DecodeService>(engine_.get(), info, &kv_->reservations,
+                                               &kv_->receiver, &clock_, options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -142,11 +135,11 @@ class DecodeServiceTest : public ::testing::Test {
   }
 
   RealClock clock_;
-  FakeExporter exporter_;
   backend::FakeModelBackend* decode_kv_ = nullptr;
   backend::FakeModelBackend* prefill_kv_ = nullptr;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<engine::Engine> prefill_;
+  std::unique_ptr<DecodeKvForTests> kv_;
   std::unique_ptr<DecodeService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Decode::Stub> stub_;

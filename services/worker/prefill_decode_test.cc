@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/worker/decode_kv_testing.h"
 #include "services/worker/decode_service.h"
 #include "services/worker/prefill_service.h"
 
@@ -38,24 +39,16 @@ std::unique_ptr<backend::FakeModelBackend> Fake() {
   return std::make_unique<backend::FakeModelBackend>(kVocab, kBlocks, kBlockSize, 128);
 }
 
-class FakeExporter final : public KvExporter {
- public:
-  absl::Status Describe(v1::KvDestination* d) const override {
-    d->mutable_endpoint()->set_owner_id("decode");
-    return absl::OkStatus();
-  }
-};
-
 // Copies blocks between two fakes (one "layer"); can be told to fail.
-class CopyingSender final : public KvSender {
+class CopyingSender final : public transport::KvSender {
  public:
   CopyingSender(backend::FakeModelBackend* from, backend::FakeModelBackend* to)
       : from_(from), to_(to) {}
   int32_t num_layers() const override { return 1; }
-  absl::StatusOr<std::unique_ptr<KvTransfer>> Open(const v1::KvDestination& d) override {
+  absl::StatusOr<std::unique_ptr<transport::KvTransfer>> Open(const v1::KvDestination& d) override {
     Note("open");
     if (fail_) return absl::UnavailableError("peer decode is unreachable");
-    return std::unique_ptr<KvTransfer>(new Transfer(this, d));
+    return std::unique_ptr<transport::KvTransfer>(new Transfer(this, d));
   }
   absl::Status Connect(const v1::KvDestination& d) override {
     Note("connect");
@@ -78,7 +71,7 @@ class CopyingSender final : public KvSender {
   }
 
  private:
-  class Transfer final : public KvTransfer {
+  class Transfer final : public transport::KvTransfer {
    public:
     Transfer(CopyingSender* s, const v1::KvDestination& d)
         : s_(s), dst_(d.block_ids().begin(), d.block_ids().end()) {}
@@ -137,9 +130,10 @@ class PrefillDecodeTest : public ::testing::Test {
     d.worker_id = "decode";
     d.incarnation = kIncarnation;
     d.role = v1::ROLE_DECODE;
-    d.reservations.block_size = kBlockSize;
-    decode_service_ =
-        std::make_unique<DecodeService>(decode_engine_.get(), info, &exporter_, clock_ptr_, d);
+    decode_kv_ = std::make_unique<DecodeKvForTests>(decode_engine_.get(), clock_ptr_, "decode",
+                                                    kIncarnation, kBlockSize, kBlocks);
+    decode_service_ = std::make_unique<DecodeService>(
+        decode_engine_.get(), info, &decode_kv_->reservations, &decode_kv_->receiver, clock_ptr_, d);
     decode_server_ = Serve(decode_service_.get(), &decode_port);
     decode_address_ = absl::StrCat("127.0.0.1:", decode_port);
     PrefillServiceOptions p = prefill_options_;
@@ -256,10 +250,10 @@ class PrefillDecodeTest : public ::testing::Test {
   // SetUp.
   const Clock* clock_ptr_ = &clock_;
   PrefillServiceOptions prefill_options_;
-  FakeExporter exporter_;
   std::unique_ptr<CopyingSender> sender_;
   std::unique_ptr<engine::Engine> prefill_engine_;
   std::unique_ptr<engine::Engine> decode_engine_;
+  std::unique_ptr<DecodeKvForTests> decode_kv_;
   std::unique_ptr<DecodeService> decode_service_;
   std::unique_ptr<PrefillService> prefill_service_;
   std::unique_ptr<grpc::Server> decode_server_;

@@ -39,7 +39,7 @@ struct PrefillService::Call {
   WorkerRole::Work work;
 
   // The KV transfer; transfer-thread only, except the counters below.
-  std::unique_ptr<KvTransfer> transfer;
+  std::unique_ptr<transport::KvTransfer> transfer;
   absl::Status open_error;  // Why the transfer could not start.
   int32_t layers_posted = 0;
   absl::Time transfer_start;
@@ -50,7 +50,8 @@ struct PrefillService::Call {
 };
 
 PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
-                               KvSender* sender, const Clock* clock, PrefillServiceOptions options)
+                               transport::KvSender* sender, const Clock* clock,
+                               PrefillServiceOptions options)
     : engine_(engine),
       model_info_(model_info),
       sender_(sender),
@@ -160,7 +161,8 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
       return;
     }
     call->transfer_start = clock_->Now();
-    absl::StatusOr<std::unique_ptr<KvTransfer>> opened = sender_->Open(call->destination);
+    absl::StatusOr<std::unique_ptr<transport::KvTransfer>> opened =
+        sender_->Open(call->destination);
     if (!opened.ok()) {
       call->open_error = opened.status();
       return;
@@ -237,7 +239,7 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   drained = true;
   if (!sent.ok()) return fail(sent);
   const absl::Time start = call->transfer_start;
-  const std::unique_ptr<KvTransfer>& transfer = call->transfer;
+  const std::unique_ptr<transport::KvTransfer>& transfer = call->transfer;
   v1::PrefillResponse progress;
   progress.mutable_progress()->set_layers_sent(sender_->num_layers());
   progress.mutable_progress()->set_sent_bytes(transfer->bytes_sent());

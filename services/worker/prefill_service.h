@@ -22,8 +22,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/engine/engine.h"
 #include "common/time/clock.h"
-#include "services/worker/kv_sender.h"
-#include "services/worker/lease_keeper.h"
+#include "common/transport/kv/kv_sender.h"
+#include "services/worker/kv_handoff/lease_keeper.h"
 #include "services/worker/worker_role.h"
 #include "trident/v1/generation.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
@@ -59,7 +59,7 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   // `engine`, `sender` (may be null: requests with a destination then fail
   // with FAILED_PRECONDITION) and `clock` must outlive the service.
   PrefillService(engine::Engine* engine, const trident::v1::ModelInfoResponse& model_info,
-                 KvSender* sender, const Clock* clock, PrefillServiceOptions options);
+                 transport::KvSender* sender, const Clock* clock, PrefillServiceOptions options);
   // Finishes the queued transfers (aborting them) and joins the thread.
   ~PrefillService() override;
 
@@ -96,7 +96,7 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
 
   engine::Engine* const engine_;
   const trident::v1::ModelInfoResponse model_info_;
-  KvSender* const sender_;
+  transport::KvSender* const sender_;
   const Clock* const clock_;
   const PrefillServiceOptions options_;
   std::unique_ptr<WorkerRole> own_role_;

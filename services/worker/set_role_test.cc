@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/worker/decode_kv_testing.h"
 #include "services/worker/decode_service.h"
 #include "common/frontend/generation_service.h"
 #include "services/worker/role_call_gate.h"
@@ -66,14 +67,6 @@ class GatedBackend final : public backend::FakeModelBackend {
   int entered_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class FakeExporter final : public KvExporter {
- public:
-  absl::Status Describe(v1::KvDestination* d) const override {
-    d->mutable_layout()->set_block_size_tokens(kBlockSize);
-    return absl::OkStatus();
-  }
-};
-
 struct Stream {
   std::vector<int32_t> tokens;
   bool completed = false;
@@ -110,9 +103,10 @@ class SetRoleTest : public ::testing::Test {
     decode_options.worker_id = "worker-0";
     decode_options.incarnation = kIncarnation;
     decode_options.worker_role = role_.get();
-    decode_options.reservations.block_size = kBlockSize;
-    decode_ =
-        std::make_unique<DecodeService>(engine_.get(), info, &exporter_, &clock_, decode_options);
+    kv_ = std::make_unique<DecodeKvForTests>(engine_.get(), &clock_, "worker-0", kIncarnation,
+                                             kBlockSize, kBlocks);
+    decode_ = std::make_unique<DecodeService>(engine_.get(), info, &kv_->reservations,
+                                              &kv_->receiver, &clock_, decode_options);
     PrefillServiceOptions prefill_options;
     prefill_options.worker_id = "worker-0";
     prefill_options.worker_role = role_.get();
@@ -267,10 +261,10 @@ class SetRoleTest : public ::testing::Test {
   }
 
   RealClock clock_;
-  FakeExporter exporter_;
   std::unique_ptr<WorkerRole> role_;
   GatedBackend* gate_ = nullptr;
   std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<DecodeKvForTests> kv_;
   std::unique_ptr<DecodeService> decode_;
   std::unique_ptr<PrefillService> prefill_;
   std::unique_ptr<RoleCallGate> generation_gate_;

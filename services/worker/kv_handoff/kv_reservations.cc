@@ -1,0 +1,338 @@
+#include "services/worker/kv_handoff/kv_reservations.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+
+namespace trident::worker {
+namespace {
+
+using Waiter = std::function<void(absl::StatusOr<KvHandOff>)>;
+
+// Callbacks collected under the lock and run after it is released.
+class Deferred {
+ public:
+  void Add(Waiter waiter, absl::StatusOr<KvHandOff> result) {
+    if (waiter) calls_.emplace_back(std::move(waiter), std::move(result));
+  }
+  ~Deferred() {
+    for (auto& [waiter, result] : calls_) waiter(std::move(result));
+  }
+
+ private:
+  std::vector<std::pair<Waiter, absl::StatusOr<KvHandOff>>> calls_;
+};
+
+// What a waiter receives for a FINISHED or ABORTED commit.
+absl::StatusOr<KvHandOff> OutcomeFor(KvCommit commit) {
+  if (commit.outcome == KvOutcome::kAborted) {
+    return absl::AbortedError(
+        absl::StrCat("the prefill side aborted the KV transfer: ", commit.error));
+  }
+  return KvHandOff{std::move(commit), {}};
+}
+
+}  // namespace
+
+KvReservations::KvReservations(BlockSource* blocks, const Clock* clock,
+                               KvReservationOptions options)
+    : source_(blocks), clock_(clock), options_(options) {}
+
+KvReservations::~KvReservations() {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, entry] : entries_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    Waiter waiter = std::move(entries_[id].waiter);
+    Erase(id, /*take_blocks=*/false);
+    deferred.Add(std::move(waiter), absl::UnavailableError("the worker is shutting down"));
+  }
+}
+
+std::vector<int32_t> KvReservations::Erase(uint64_t id, bool take_blocks) {
+  auto it = entries_.find(id);
+  std::vector<int32_t> blocks = std::move(it->second.blocks);
+  const int writers = it->second.writers;
+  entries_.erase(it);
+  if (!take_blocks && writers > 0) {
+    // Message writes still copy into them: free them after the last.
+    parked_[id] = {std::move(blocks), writers};
+    return {};
+  }
+  if (!take_blocks && !blocks.empty()) {
+    if (absl::Status s = source_->Free(blocks); !s.ok()) {
+      TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
+    }
+    blocks.clear();
+  }
+  return blocks;
+}
+
+absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(const std::string& request_id,
+                                                                    int32_t num_tokens,
+                                                                    absl::Duration lease) {
+  if (request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
+  if (num_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens is ", num_tokens, "; want >= 1"));
+  }
+  if (lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
+  }
+  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
+  lease = std::min(lease, options_.max_lease);
+  const int32_t num_blocks = (num_tokens + options_.block_size - 1) / options_.block_size;
+  auto blocks = source_->Reserve(num_blocks);
+  if (!blocks.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no room for ", num_blocks, " KV blocks: ", blocks.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  Reservation r;
+  r.id = next_id_++;
+  r.blocks = *blocks;
+  r.lease = lease;
+  r.expires = clock_->Now() + lease;
+  Entry& e = entries_[r.id];
+  e.request_id = request_id;
+  e.blocks = std::move(*blocks);
+  e.expires = r.expires;
+  return r;
+}
+
+absl::StatusOr<absl::Time> KvReservations::Renew(uint64_t id, absl::Duration lease) {
+  if (lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
+  }
+  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
+  lease = std::min(lease, options_.max_lease);
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  const absl::Time now = clock_->Now();
+  if (it == entries_.end() || it->second.committed || it->second.expires <= now) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation ", id, " is unknown, committed or expired"));
+  }
+  it->second.expires = now + lease;
+  return it->second.expires;
+}
+
+absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
+  if (commit.outcome != KvOutcome::kAborted && commit.first_token < 0) {
+    return absl::InvalidArgumentError("first_token is required unless the outcome is ABORTED");
+  }
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("reservation ", id, " is unknown or expired"));
+  }
+  Entry& e = it->second;
+  if (e.committed) {
+    return absl::AlreadyExistsError(absl::StrCat("reservation ", id, " is already committed"));
+  }
+  if (e.expires <= clock_->Now()) {
+    Waiter waiter = std::move(e.waiter);
+    Erase(id, /*take_blocks=*/false);
+    deferred.Add(std::move(waiter),
+                 absl::AbortedError(absl::StrCat("the lease of reservation ", id,
+                                                 " ended before the KV was committed")));
+    return absl::NotFoundError(absl::StrCat("reservation ", id, " expired"));
+  }
+  if (e.released) {
+    // Nobody will decode it: free the blocks now.
+    Erase(id, /*take_blocks=*/false);
+    return absl::OkStatus();
+  }
+  if (commit.outcome != KvOutcome::kComplete) {
+    // The KV is not needed: free the blocks. A waiting decode learns the
+    // outcome now; one that arrives later finds it in the entry, which stays
+    // (without blocks) until then or the lease's end.
+    if (absl::Status s = source_->Free(e.blocks); !s.ok()) {
+      TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
+    }
+    e.blocks.clear();
+    if (e.waiter) {
+      Waiter waiter = std::move(e.waiter);
+      entries_.erase(it);
+      deferred.Add(std::move(waiter), OutcomeFor(std::move(commit)));
+      return absl::OkStatus();
+    }
+    e.committed = true;
+    e.commit = std::move(commit);
+    return absl::OkStatus();
+  }
+  if (e.waiter) {
+    Waiter waiter = std::move(e.waiter);
+    KvHandOff hand_off{std::move(commit), Erase(id, /*take_blocks=*/true)};
+    deferred.Add(std::move(waiter), std::move(hand_off));
+    return absl::OkStatus();
+  }
+  e.committed = true;
+  e.commit = std::move(commit);
+  return absl::OkStatus();
+}
+
+bool KvReservations::Release(uint64_t id) {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.released) return false;
+  Entry& e = it->second;
+  if (e.committed) {
+    // The writer is done and nobody took the blocks: free them.
+    Erase(id, /*take_blocks=*/false);
+    return true;
+  }
+  // The writer may still be writing: keep the blocks until its commit or the
+  // lease's end.
+  e.released = true;
+  deferred.Add(std::move(e.waiter),
+               absl::AbortedError(absl::StrCat("reservation ", id, " was released")));
+  e.waiter = nullptr;
+  return true;
+}
+
+void KvReservations::Await(uint64_t id, Waiter done) {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    deferred.Add(std::move(done),
+                 absl::NotFoundError(absl::StrCat("reservation ", id, " is unknown or expired")));
+    return;
+  }
+  Entry& e = it->second;
+  if (e.waiter) {
+    deferred.Add(std::move(done), absl::FailedPreconditionError(absl::StrCat(
+                                      "reservation ", id, " already has a decode waiting on it")));
+    return;
+  }
+  if (e.released) {
+    deferred.Add(std::move(done),
+                 absl::AbortedError(absl::StrCat("reservation ", id, " was released")));
+    return;
+  }
+  if (e.committed) {
+    KvCommit commit = std::move(e.commit);
+    std::vector<int32_t> blocks = Erase(id, /*take_blocks=*/true);
+    if (commit.outcome == KvOutcome::kComplete) {
+      deferred.Add(std::move(done), KvHandOff{std::move(commit), std::move(blocks)});
+    } else {
+      deferred.Add(std::move(done), OutcomeFor(std::move(commit)));
+    }
+    return;
+  }
+  e.waiter = std::move(done);
+}
+
+int KvReservations::ExpireLeases() {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<uint64_t> ended;
+  for (const auto& [id, e] : entries_) {
+    if (e.expires <= now) ended.push_back(id);
+  }
+  for (uint64_t id : ended) {
+    Waiter waiter = std::move(entries_[id].waiter);
+    const std::string request_id = entries_[id].request_id;
+    Erase(id, /*take_blocks=*/false);
+    TRIDENT_LOG(WARNING) << "KV reservation " << id << " (request " << request_id
+                         << ") expired before its hand-off";
+    deferred.Add(std::move(waiter),
+                 absl::AbortedError(absl::StrCat("the lease of reservation ", id,
+                                                 " ended before the KV was committed")));
+  }
+  return static_cast<int>(ended.size());
+}
+
+absl::Status KvReservations::WriteMessage(
+    uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) {
+  std::vector<int32_t> blocks;
+  TRIDENT_RETURN_IF_ERROR(BeginMessage(id, [&](absl::Span<const int32_t> held) {
+    blocks.assign(held.begin(), held.end());
+    return absl::OkStatus();
+  }));
+  // Without the lock: the reservation is pinned.
+  absl::StatusOr<int64_t> wrote = write(blocks);
+  EndMessage(id, wrote);
+  return wrote.status();
+}
+
+absl::Status KvReservations::BeginMessage(
+    uint64_t id, absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.committed || it->second.released ||
+      it->second.expires <= clock_->Now()) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation ", id, " is unknown, committed, released or expired"));
+  }
+  TRIDENT_RETURN_IF_ERROR(check(it->second.blocks));
+  ++it->second.writers;
+  return absl::OkStatus();
+}
+
+void KvReservations::EndMessage(uint64_t id, const absl::StatusOr<int64_t>& wrote) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) {
+    --it->second.writers;
+    if (wrote.ok()) it->second.message_bytes += *wrote;
+  } else if (auto parked = parked_.find(id); parked != parked_.end()) {
+    // The reservation ended meanwhile; the last write frees its blocks.
+    if (--parked->second.second == 0) {
+      if (absl::Status s = source_->Free(parked->second.first); !s.ok()) {
+        TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
+      }
+      parked_.erase(parked);
+    }
+  }
+}
+
+absl::Status KvReservations::AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  int64_t arrived = 0;
+  bool writable = true;
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = entries_.find(id);
+    writable = it != entries_.end() && !it->second.committed && !it->second.released;
+    arrived = writable ? it->second.message_bytes : 0;
+    return !writable || arrived >= bytes;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (!writable) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation ", id, " is unknown, committed, released or expired"));
+  }
+  if (arrived < bytes) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "only ", arrived, " of the ", bytes, " KV bytes sent for reservation ", id, " arrived"));
+  }
+  return absl::OkStatus();
+}
+
+bool KvReservations::IsPending(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  return it != entries_.end() && !it->second.released;
+}
+
+int32_t KvReservations::blocks_held() const {
+  absl::MutexLock lock(&mu_);
+  int32_t n = 0;
+  for (const auto& [id, e] : entries_) n += static_cast<int32_t>(e.blocks.size());
+  for (const auto& [id, parked] : parked_) n += static_cast<int32_t>(parked.first.size());
+  return n;
+}
+
+int32_t KvReservations::num_reservations() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(entries_.size());
+}
+
+}  // namespace trident::worker

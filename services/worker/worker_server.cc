@@ -1,0 +1,201 @@
+#include "services/worker/worker_server.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging/log.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+WorkerIdentity IdentityFor(const WorkerServerOptions& options) {
+  WorkerIdentity identity;
+  identity.worker_id =
+      options.worker_id.empty() ? absl::StrCat("worker-", getpid()) : options.worker_id;
+  identity.incarnation = options.incarnation != 0 ? options.incarnation
+                                                  : (absl::Uniform<uint64_t>(absl::BitGen()) | 1);
+  identity.role = options.role;
+  return identity;
+}
+
+bool WantsUcx(const WorkerServerOptions& options) {
+  switch (options.kv_transport) {
+    case KvTransportKind::kUcx:
+      return true;
+    case KvTransportKind::kNone:
+      return false;
+    case KvTransportKind::kAuto:
+      return options.role != v1::ROLE_BOTH;
+  }
+  return false;
+}
+
+void LogKvTransport(const transport::UcxOptions& ucx, const backend::KvMemory& memory,
+                    const transport::UcxKv& kv, uint64_t staging_bytes, int lanes) {
+  TRIDENT_LOG(INFO) << "KV transport: UCX"
+                    << (ucx.transports.empty() ? std::string()
+                                               : absl::StrCat(" over ", ucx.transports))
+                    << ", " << memory.bytes / (1 << 20) << " MiB of KV "
+                    << (kv.staged()
+                            ? absl::StrCat("in device memory, staged through ", staging_bytes >> 20,
+                                           " MiB of pinned host memory (UCX has no "
+                                           "CUDA support)")
+                            : std::string("registered"))
+                    << ", " << lanes << " message lane" << (lanes == 1 ? "" : "s");
+}
+
+}  // namespace
+
+absl::StatusOr<KvTransportKind> ParseKvTransport(absl::string_view text) {
+  if (text == "auto") return KvTransportKind::kAuto;
+  if (text == "ucx") return KvTransportKind::kUcx;
+  if (text == "none") return KvTransportKind::kNone;
+  return InvalidArgumentForField(
+      "--kv_transport", absl::StrCat("expected 'ucx', 'none' or 'auto', got '", text, "'"));
+}
+
+WorkerServer::WorkerServer(WorkerServerOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &own_clock_),
+      identity_(IdentityFor(options_)) {}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(WorkerServerOptions options,
+                                                                   prometheus::Registry* registry) {
+  std::unique_ptr<WorkerServer> server(new WorkerServer(std::move(options)));
+  TRIDENT_LOG(INFO) << "worker " << server->identity_.worker_id << " on "
+                    << (server->options_.model.cuda_device < 0
+                            ? std::string("cpu")
+                            : absl::StrCat("cuda:", server->options_.model.cuda_device))
+                    << ", role " << v1::Role_Name(server->options_.role);
+  TRIDENT_RETURN_IF_ERROR(server->LoadModel(registry));
+  TRIDENT_RETURN_IF_ERROR(server->StartKvTransport());
+  server->BuildServices(registry);
+  server->StartLoadReports();
+  return server;
+}
+
+WorkerServer::~WorkerServer() {
+  if (model_ != nullptr) model_->engine->Shutdown();
+}
+
+absl::Status WorkerServer::LoadModel(prometheus::Registry* registry) {
+  if (options_.model.model_dir.empty()) {
+    TRIDENT_LOG(WARNING) << "no model given: this worker serves no generations";
+    return absl::OkStatus();
+  }
+  TRIDENT_ASSIGN_OR_RETURN(model_, LoadWorkerModel(options_.model, registry));
+  // The reservations' blocks come out of the engine's pool.
+  blocks_ = std::make_unique<EngineBlockSource>(model_->engine.get());
+  reservations_ = std::make_unique<KvReservations>(
+      blocks_.get(), clock_, KvReservationOptions{.block_size = options_.model.kv_block_size});
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServer::StartKvTransport() {
+  if (model_ == nullptr || !WantsUcx(options_)) return absl::OkStatus();
+  transport::UcxOptions ucx_options;
+  ucx_options.transports = options_.ucx_transports;
+  ucx_options.name = identity_.worker_id;
+  TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(ucx_options));
+  TRIDENT_ASSIGN_OR_RETURN(const backend::KvMemory memory, model_->engine->backend().kv_memory());
+  transport::UcxKvOptions kv_options;
+  kv_options.sink = reservations_.get();
+  kv_options.receive_threads = options_.kv_receive_threads;
+  kv_options.receive_fetches = options_.kv_receive_fetches;
+  kv_options.lanes = options_.kv_lanes != 0 ? options_.kv_lanes : (memory.device ? 2 : 1);
+  const int lanes = kv_options.lanes;
+  if (memory.device) {
+    // Stages the pool when UCX cannot register it, and copies KV messages
+    // (tcp, shared memory) into it either way.
+    TRIDENT_ASSIGN_OR_RETURN(kv_options.copier, model_->engine->backend().CreateKvCopier());
+    kv_options.staging_bytes = options_.kv_staging_bytes;
+    kv_options.staging_slot_bytes =
+        std::min<uint64_t>(kv_options.staging_slot_bytes, kv_options.staging_bytes);
+  }
+  TRIDENT_ASSIGN_OR_RETURN(
+      kv_, transport::UcxKv::Create(ucx_.get(), memory, identity_.worker_id, identity_.incarnation,
+                                    std::move(kv_options)));
+  LogKvTransport(ucx_options, memory, *kv_, options_.kv_staging_bytes, lanes);
+  return absl::OkStatus();
+}
+
+void WorkerServer::BuildServices(prometheus::Registry* registry) {
+  // KV-transfer metrics: the prefill side sends through a metered sender.
+  kv_metrics_ = std::make_unique<transport::KvTransferMetrics>(*registry);
+  if (kv_ != nullptr) {
+    metered_kv_ =
+        std::make_unique<transport::MeteredKvSender>(kv_.get(), kv_metrics_.get(), clock_);
+  }
+  WorkerRoleOptions role_options;
+  role_options.has_kv_transport = model_ == nullptr || kv_ != nullptr;
+  role_options.registry = registry;
+  role_ = std::make_unique<WorkerRole>(options_.role, clock_, role_options);
+  if (model_ == nullptr) return;
+  // The public Generation API, served in role `both` (Generate answers
+  // FAILED_PRECONDITION in the other roles).
+  generation_gate_ = std::make_unique<RoleCallGate>(role_.get());
+  generation_ = std::make_unique<frontend::GenerationService>(
+      model_->engine.get(), model_->tokenizer.get(), model_->info, clock_,
+      generation_gate_.get());
+  DecodeServiceOptions decode_options;
+  decode_options.worker_id = identity_.worker_id;
+  decode_options.incarnation = identity_.incarnation;
+  decode_options.address = options_.advertise_address;
+  decode_options.worker_role = role_.get();
+  decode_ = std::make_unique<DecodeService>(model_->engine.get(), model_->info, reservations_.get(),
+                                            kv_.get(), clock_, decode_options);
+  PrefillServiceOptions prefill_options;
+  prefill_options.worker_id = identity_.worker_id;
+  prefill_options.worker_role = role_.get();
+  prefill_options.testonly_stall_after_layers = options_.testonly_stall_kv_transfer_after_layers;
+  prefill_ = std::make_unique<PrefillService>(model_->engine.get(), model_->info, metered_kv_.get(),
+                                              clock_, prefill_options);
+}
+
+void WorkerServer::StartLoadReports() {
+  if (model_ != nullptr) {
+    // Load reports: engine figures, this process's identity and role.
+    engine::Engine* engine = model_->engine.get();
+    const KvReservations* reservations = reservations_.get();
+    const WorkerRole* role = role_.get();
+    loads_ = std::make_unique<LoadStreams>([identity = identity_, engine, reservations, role] {
+      WorkerIdentity now = identity;
+      const WorkerRole::State state = role->state();
+      now.role = state.role;
+      now.pending_role = state.pending_role;
+      return WorkerLoadFromStats(now, engine->stats(), reservations->blocks_held(),
+                                 reservations->num_reservations(), absl::Now());
+    });
+    kv_sampler_ = std::make_unique<transport::PeriodicSampler>(
+        options_.kv_metrics_interval, [reservations, metrics = kv_metrics_.get(), kv = kv_.get()] {
+          metrics->SetReservations(reservations->num_reservations(), reservations->blocks_held());
+          if (kv != nullptr) metrics->SetDroppedMessages(kv->dropped_messages());
+        });
+  }
+  control_ = std::make_unique<WorkerControlService>(engine(), loads_.get(), role_.get());
+}
+
+std::vector<RegisteredService> WorkerServer::services() {
+  std::vector<RegisteredService> services;
+  if (model_ != nullptr) {
+    services.push_back({generation_.get(), v1::Generation::service_full_name()});
+    services.push_back({decode_.get(), v1::Decode::service_full_name()});
+    services.push_back({prefill_.get(), v1::Prefill::service_full_name()});
+  } else {
+    services.push_back({&unserved_decode_, v1::Decode::service_full_name()});
+    services.push_back({&unserved_prefill_, v1::Prefill::service_full_name()});
+  }
+  services.push_back({control_.get(), v1::WorkerControl::service_full_name()});
+  return services;
+}
+
+}  // namespace trident::worker

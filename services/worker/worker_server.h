@@ -1,0 +1,171 @@
+// A worker process's parts, wired together: the model and its engine, the
+// role, the KV reservations, the KV data plane and the gRPC services over
+// them. main.cc fills WorkerServerOptions from its flags and serves
+// services(); tests build one on a small generated model and serve it on
+// port 0.
+//
+// What it owns, built top to bottom and destroyed bottom to top (the engine
+// is shut down first):
+//
+//   WorkerModel                tokenizer, engine     (none without a model)
+//   WorkerRole                 shared by every service, changed by SetRole
+//   KvReservations             on the engine's blocks (EngineBlockSource)
+//   UcxWorker, UcxKv           the KV data plane; received KV messages go
+//                              into the reservations (its KvMessageSink)
+//   MeteredKvSender            UcxKv's sending side, with metrics
+//   services                   Generation (with a model), Decode (the
+//                              reservations; UcxKv as KvReceiver), Prefill
+//                              (the metered sender), WorkerControl (load
+//                              streams), and the KV metrics sampler
+//
+// Without a model, Decode and Prefill answer UNIMPLEMENTED and Generation is
+// not served. Without a KV transport (kv_transport none, or auto in role
+// both), ReserveKv and Prefill with a destination answer FAILED_PRECONDITION
+// and the role stays `both`.
+
+#ifndef TRIDENT_SERVICES_WORKER_WORKER_SERVER_H_
+#define TRIDENT_SERVICES_WORKER_WORKER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/grpc/server.h"
+#include "common/time/clock.h"
+#include "common/transport/kv/transfer_metrics.h"
+#include "common/transport/kv/ucx_kv.h"
+#include "common/transport/ucx_worker.h"
+#include "prometheus/registry.h"
+#include "services/worker/decode_service.h"
+#include "services/worker/kv_handoff/engine_block_source.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
+#include "services/worker/load_streams.h"
+#include "common/frontend/generation_service.h"
+#include "services/worker/prefill_service.h"
+#include "services/worker/worker_model.h"
+#include "services/worker/role_call_gate.h"
+#include "services/worker/worker_role.h"
+#include "services/worker/worker_services.h"
+#include "trident/v1/cluster.pb.h"
+
+namespace trident::worker {
+
+// How KV moves between prefill and decode workers.
+enum class KvTransportKind {
+  // UCX for roles prefill and decode, none for role both.
+  kAuto,
+  // The UCX data plane (common/transport/kv/ucx_kv.h).
+  kUcx,
+  // None: no disaggregation.
+  kNone,
+};
+
+// Parses "auto", "ucx" or "none"; INVALID_ARGUMENT naming --kv_transport.
+absl::StatusOr<KvTransportKind> ParseKvTransport(absl::string_view text);
+
+struct WorkerServerOptions {
+  // The initial role; WorkerControl.SetRole changes it at run time.
+  trident::v1::Role role = trident::v1::ROLE_BOTH;
+  // The model to load (model.model_dir; empty: none) and where it runs
+  // (model.cuda_device).
+  WorkerModelOptions model;
+  // Reported in load samples and KV endpoints; empty: "worker-<pid>".
+  std::string worker_id;
+  // This process's incarnation (TransportEndpoint.incarnation); 0: a random
+  // odd number.
+  uint64_t incarnation = 0;
+  // host:port peers use to reach this worker (KvDestination.decode_address);
+  // empty: peers use the address they know it by.
+  std::string advertise_address;
+  KvTransportKind kv_transport = KvTransportKind::kAuto;
+  // UCX_TLS of the KV data plane's workers; empty: UCX's own choice.
+  std::string ucx_transports = "^sysv";
+  // A KV pool in device memory that UCX cannot register is staged through
+  // this much pinned host memory (UcxKvOptions::staging_bytes).
+  uint64_t kv_staging_bytes = uint64_t{256} << 20;
+  // UcxKvOptions::lanes; 0: 2 for a KV pool on a GPU, else 1.
+  int32_t kv_lanes = 0;
+  // UcxKvOptions::receive_threads and receive_fetches.
+  int32_t kv_receive_threads = 2;
+  int32_t kv_receive_fetches = 4;
+  // PrefillServiceOptions::testonly_stall_after_layers (fault injection).
+  int32_t testonly_stall_kv_transfer_after_layers = -1;
+  // How often the KV reservation gauges and the dropped-message counter are
+  // sampled.
+  absl::Duration kv_metrics_interval = absl::Milliseconds(250);
+  // Not owned; must outlive the server. Null: a RealClock of its own.
+  Clock* clock = nullptr;
+};
+
+// Thread-safe: every part is; the accessors return what was built at Create.
+class WorkerServer {
+ public:
+  // Loads the model, sets up the KV data plane and builds the services.
+  // `registry` (not owned; must outlive the server) takes the worker's
+  // metrics. Errors: LoadWorkerModel's (INVALID_ARGUMENT,
+  // FAILED_PRECONDITION naming the file or option), UcxWorker::Create's and
+  // UcxKv::Create's (the UCX transports, the KV pool), the backend's for its
+  // KV memory.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(WorkerServerOptions options,
+                                                              prometheus::Registry* registry);
+
+  // Shuts the engine down (failing what is still in it), then destroys the
+  // parts in the reverse order of the file comment's table. Stop serving
+  // services() first.
+  ~WorkerServer();
+
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  // The gRPC services to serve: Decode, Prefill, WorkerControl, and
+  // Generation with a model. They live as long as this.
+  std::vector<RegisteredService> services();
+
+  const WorkerIdentity& identity() const { return identity_; }
+  WorkerRole& role() { return *role_; }
+  // Null without a model.
+  engine::Engine* engine() const { return model_ != nullptr ? model_->engine.get() : nullptr; }
+  // Null without a model.
+  const KvReservations* reservations() const { return reservations_.get(); }
+  // Null without a KV transport.
+  const transport::UcxKv* kv_transport() const { return kv_.get(); }
+
+ private:
+  explicit WorkerServer(WorkerServerOptions options);
+
+  // Create's steps, in order.
+  absl::Status LoadModel(prometheus::Registry* registry);
+  absl::Status StartKvTransport();
+  void BuildServices(prometheus::Registry* registry);
+  void StartLoadReports();
+
+  const WorkerServerOptions options_;
+  RealClock own_clock_;
+  Clock* const clock_;
+  WorkerIdentity identity_;
+  std::unique_ptr<WorkerModel> model_;
+  std::unique_ptr<WorkerRole> role_;
+  std::unique_ptr<EngineBlockSource> blocks_;
+  std::unique_ptr<KvReservations> reservations_;
+  std::unique_ptr<transport::UcxWorker> ucx_;
+  std::unique_ptr<transport::UcxKv> kv_;
+  std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
+  std::unique_ptr<transport::MeteredKvSender> metered_kv_;
+  std::unique_ptr<RoleCallGate> generation_gate_;
+  std::unique_ptr<frontend::GenerationService> generation_;
+  std::unique_ptr<DecodeService> decode_;
+  std::unique_ptr<PrefillService> prefill_;
+  UnservedDecodeService unserved_decode_;
+  UnservedPrefillService unserved_prefill_;
+  std::unique_ptr<LoadStreams> loads_;
+  std::unique_ptr<transport::PeriodicSampler> kv_sampler_;
+  std::unique_ptr<WorkerControlService> control_;
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_WORKER_SERVER_H_

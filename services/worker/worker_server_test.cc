@@ -1,0 +1,233 @@
+// WorkerServer in this process, serving on 127.0.0.1:0 with a generated
+// model (make_model's llama3-tiny): a colocated worker generates; a prefill
+// worker hands a prompt's KV over UCX (tcp) to a second worker, whose
+// reservations the server wired into the transport, and the tokens that
+// worker decodes equal its own generation's; without a model, Decode is
+// unimplemented.
+
+#include "services/worker/worker_server.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc/server.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "tests/testing/fixture_models.h"
+#include "common/testing/runfiles.h"
+#include "trident/v1/generation.grpc.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+constexpr int32_t kMaxTokens = 6;
+const std::vector<int32_t> kPrompt = {5, 17, 42, 99, 3, 250, 7, 64, 12};
+
+// A WorkerServer and the gRPC server serving it.
+struct Served {
+  prometheus::Registry registry;
+  std::unique_ptr<WorkerServer> worker;
+  std::unique_ptr<GrpcServer> grpc;
+  std::shared_ptr<grpc::Channel> channel;
+  std::string address;
+
+  ~Served() {
+    if (grpc != nullptr) grpc->Drain(absl::Now());
+  }
+};
+
+// Options for a worker on the fixture model (empty `model_dir`: none).
+WorkerServerOptions OptionsFor(const std::string& model_dir, v1::Role role, std::string id) {
+  WorkerServerOptions options;
+  options.role = role;
+  options.worker_id = std::move(id);
+  options.model.model_dir = model_dir;
+  options.model.cpu_threads = 1;
+  options.model.pin_threads = false;
+  options.model.kv_cache_bytes = int64_t{16} << 20;
+  options.ucx_transports = "tcp";
+  return options;
+}
+
+absl::Status Serve(WorkerServerOptions options, Served& served) {
+  TRIDENT_ASSIGN_OR_RETURN(served.worker,
+                           WorkerServer::Create(std::move(options), &served.registry));
+  TRIDENT_ASSIGN_OR_RETURN(
+      served.grpc, GrpcServer::Start({.host = "127.0.0.1", .port = 0}, served.worker->services()));
+  served.address = absl::StrCat("127.0.0.1:", served.grpc->port());
+  served.channel = grpc::CreateChannel(served.address, grpc::InsecureChannelCredentials());
+  return absl::OkStatus();
+}
+
+std::string FixtureModel() {
+  const std::string dir = ::trident::testing::TestTmpPath("llama3-tiny");
+  EXPECT_THAT(::trident::testing::EnsureFixtureModel("llama3-tiny", dir), IsOk());
+  return dir;
+}
+
+v1::SamplingParams Greedy() {
+  v1::SamplingParams sampling;
+  sampling.set_temperature(0);
+  sampling.set_max_tokens(kMaxTokens);
+  return sampling;
+}
+
+// Reads a stream of T to its end; appends the tokens `tokens_of` finds in
+// each message.
+template <typename T, typename Reader, typename TokensOf>
+grpc::Status ReadTokens(Reader& reader, TokensOf tokens_of, std::vector<int32_t>* tokens) {
+  T message;
+  while (reader->Read(&message)) {
+    for (int32_t t : tokens_of(message)) tokens->push_back(t);
+  }
+  return reader->Finish();
+}
+
+// Generate on `served` (role both): the prompt's greedy tokens.
+std::vector<int32_t> Generate(Served& served) {
+  v1::GenerateRequest request;
+  for (int32_t t : kPrompt) request.mutable_token_ids()->add_ids(t);
+  *request.mutable_sampling() = Greedy();
+  request.mutable_stop()->set_ignore_eos(true);
+  grpc::ClientContext context;
+  auto reader = v1::Generation::NewStub(served.channel)->Generate(&context, request);
+  std::vector<int32_t> tokens;
+  const grpc::Status status = ReadTokens<v1::GenerateResponse>(
+      reader, [](const v1::GenerateResponse& r) { return r.chunk().token_ids(); }, &tokens);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return tokens;
+}
+
+TEST(WorkerServerTest, ColocatedWorkerServesGenerationAndReportsItsLoad) {
+  Served served;
+  ASSERT_THAT(Serve(OptionsFor(FixtureModel(), v1::ROLE_BOTH, "both-0"), served), IsOk());
+
+  EXPECT_THAT(Generate(served), SizeIs(kMaxTokens));
+
+  EXPECT_EQ(served.worker->kv_transport(), nullptr);  // auto: none in role both.
+  grpc::ClientContext context;
+  v1::GetLoadRequest request;
+  auto loads = v1::WorkerControl::NewStub(served.channel)->GetLoad(&context, request);
+  v1::WorkerLoad load;
+  ASSERT_TRUE(loads->Read(&load));
+  context.TryCancel();
+  EXPECT_EQ(load.worker_id(), "both-0");
+  EXPECT_EQ(load.role(), v1::ROLE_BOTH);
+  EXPECT_EQ(load.incarnation(), served.worker->identity().incarnation);
+}
+
+// The router's part, played here: reserve on `decode`, prefill on `prefill`
+// into the reservation, decode it.
+std::vector<int32_t> PrefillThenDecode(Served& prefill, Served& decode, std::string* lane) {
+  v1::ReserveKvRequest reserve;
+  reserve.set_request_id("r1");
+  reserve.set_num_tokens(static_cast<int32_t>(kPrompt.size()));
+  v1::ReserveKvResponse reserved;
+  grpc::ClientContext reserve_context;
+  const grpc::Status reserve_status =
+      v1::Decode::NewStub(decode.channel)->ReserveKv(&reserve_context, reserve, &reserved);
+  EXPECT_TRUE(reserve_status.ok()) << reserve_status.error_message();
+  EXPECT_EQ(decode.worker->reservations()->num_reservations(), 1);
+  v1::PrefillRequest p;
+  p.set_request_id("r1");
+  p.mutable_prompt_token_ids()->Add(kPrompt.begin(), kPrompt.end());
+  *p.mutable_sampling() = Greedy();
+  p.mutable_stop()->set_ignore_eos(true);
+  *p.mutable_destination() = reserved.destination();
+  p.mutable_destination()->set_decode_address(decode.address);
+  v1::DecodeRequest d;
+  d.set_request_id("r1");
+  d.set_reservation_id(reserved.destination().reservation_id());
+  d.set_decode_incarnation(reserved.destination().decode_incarnation());
+  *d.mutable_prompt_token_ids() = p.prompt_token_ids();
+  *d.mutable_sampling() = p.sampling();
+  *d.mutable_stop() = p.stop();
+
+  grpc::ClientContext decode_context;
+  auto decoding = v1::Decode::NewStub(decode.channel)->Decode(&decode_context, d);
+  grpc::ClientContext prefill_context;
+  auto prefilling = v1::Prefill::NewStub(prefill.channel)->Prefill(&prefill_context, p);
+  std::vector<int32_t> tokens;
+  const grpc::Status prefilled = ReadTokens<v1::PrefillResponse>(
+      prefilling,
+      [lane](const v1::PrefillResponse& r) {
+        if (r.has_transfer_done()) *lane = r.transfer_done().lane();
+        return r.first_token().token_ids();
+      },
+      &tokens);
+  EXPECT_TRUE(prefilled.ok()) << "prefill: " << prefilled.error_message();
+  const grpc::Status decoded = ReadTokens<v1::DecodeResponse>(
+      decoding, [](const v1::DecodeResponse& r) { return r.chunk().token_ids(); }, &tokens);
+  EXPECT_TRUE(decoded.ok()) << "decode: " << decoded.error_message();
+  return tokens;
+}
+
+TEST(WorkerServerTest, KvReachesTheReservationsThroughTheTransportTheServerWired) {
+  const std::string model = FixtureModel();
+  Served decode;
+  WorkerServerOptions decode_options = OptionsFor(model, v1::ROLE_BOTH, "decode-0");
+  decode_options.kv_transport = KvTransportKind::kUcx;
+  ASSERT_THAT(Serve(std::move(decode_options), decode), IsOk());
+  Served prefill;
+  ASSERT_THAT(Serve(OptionsFor(model, v1::ROLE_PREFILL, "prefill-0"), prefill), IsOk());
+  ASSERT_NE(decode.worker->kv_transport(), nullptr);
+  ASSERT_NE(prefill.worker->kv_transport(), nullptr);  // auto: ucx in role prefill.
+
+  std::string lane;
+  const std::vector<int32_t> handed_over = PrefillThenDecode(prefill, decode, &lane);
+
+  EXPECT_EQ(handed_over, Generate(decode));
+  EXPECT_EQ(lane, "tcp");
+  EXPECT_EQ(decode.worker->reservations()->num_reservations(), 0);
+  EXPECT_EQ(decode.worker->kv_transport()->dropped_messages(), 0);
+}
+
+TEST(WorkerServerTest, WithoutAModelDecodeIsUnimplementedAndGenerationUnserved) {
+  Served served;
+  ASSERT_THAT(Serve(OptionsFor(/*model_dir=*/"", v1::ROLE_DECODE, "empty-0"), served), IsOk());
+
+  EXPECT_EQ(served.worker->engine(), nullptr);
+  for (const RegisteredService& service : served.worker->services()) {
+    EXPECT_NE(service.name, v1::Generation::service_full_name());
+  }
+  grpc::ClientContext context;
+  v1::ReserveKvRequest request;
+  request.set_request_id("r1");
+  request.set_num_tokens(4);
+  v1::ReserveKvResponse response;
+  EXPECT_EQ(
+      v1::Decode::NewStub(served.channel)->ReserveKv(&context, request, &response).error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST(WorkerServerTest, AnUnknownKvTransportIsInvalidNamingTheFlag) {
+  EXPECT_THAT(ParseKvTransport("rdma"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--kv_transport")));
+  EXPECT_THAT(ParseKvTransport("none"), IsOk());
+}
+
+TEST(WorkerServerTest, ModelOptionsTheLoaderRefusesFailCreateWithItsError) {
+  WorkerServerOptions options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.dtype = "f8";
+  prometheus::Registry registry;
+
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--dtype")));
+}
+
+}  // namespace
+}  // namespace trident::worker
