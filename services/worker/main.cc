@@ -80,6 +80,9 @@ ABSL_FLAG(int32_t, kv_receive_fetches, 4,
 ABSL_FLAG(int32_t, testonly_stall_kv_transfer_after_layers, -1,
           "Fault injection for tests: each KV transfer stops after this many layers until "
           "cancelled. -1: off.");
+ABSL_FLAG(std::string, testonly_stall_kv_transfer_to, "",
+          "With --testonly_stall_kv_transfer_after_layers: only transfers to the decode worker "
+          "of this id stall; empty: every transfer.");
 namespace trident::worker {
 namespace {
 
@@ -113,6 +116,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.kv_receive_fetches = absl::GetFlag(FLAGS_kv_receive_fetches);
   options.testonly_stall_kv_transfer_after_layers =
       absl::GetFlag(FLAGS_testonly_stall_kv_transfer_after_layers);
+  options.testonly_stall_kv_transfer_to = absl::GetFlag(FLAGS_testonly_stall_kv_transfer_to);
   return options;
 }
 

@@ -38,7 +38,8 @@ struct PrefillService::Call {
   // Admitted by the worker's role; ends with the call.
   WorkerRole::Work work;
 
-  // The KV transfer; transfer-thread only, except the counters below.
+  // The KV transfer; on the destination's queue only, except the counters
+  // below.
   std::unique_ptr<transport::KvTransfer> transfer;
   absl::Status open_error;  // Why the transfer could not start.
   int32_t layers_posted = 0;
@@ -63,21 +64,6 @@ PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoRespon
       leases_(clock, [this](const v1::KvDestination& destination, absl::Duration lease) {
         return Renew(destination, lease);
       }) {
-  transfer_thread_ = std::thread([this] {
-    while (true) {
-      std::function<void()> job;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]()
-                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
-        mu_.Await(absl::Condition(&ready));
-        if (jobs_.empty()) return;  // stopping, and nothing left
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  });
   if (options_.lease_renew_period > absl::ZeroDuration()) {
     renew_thread_ = std::thread([this] {
       while (true) {
@@ -95,17 +81,47 @@ PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoRespon
 }
 
 PrefillService::~PrefillService() {
+  std::vector<DestinationQueue*> queues;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    for (auto& [address, queue] : queues_) queues.push_back(queue.get());
   }
-  transfer_thread_.join();
+  // Each queue finishes its jobs first; no queue is added once stopping.
+  for (DestinationQueue* queue : queues) queue->thread.join();
   if (renew_thread_.joinable()) renew_thread_.join();
+  absl::MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return commits_in_flight_ == 0; };
+  mu_.Await(absl::Condition(&settled));
 }
 
-void PrefillService::Enqueue(std::function<void()> job) {
+void PrefillService::Enqueue(const Call& call, std::function<void()> job) {
+  const std::string key = call.has_destination ? call.destination.decode_address() : "";
   absl::MutexLock lock(&mu_);
-  jobs_.push_back(std::move(job));
+  std::unique_ptr<DestinationQueue>& queue = queues_[key];
+  if (queue == nullptr) {
+    queue = std::make_unique<DestinationQueue>();
+    DestinationQueue* q = queue.get();
+    q->thread = std::thread([this, q] { RunQueue(q); });
+  }
+  queue->jobs.push_back(std::move(job));
+}
+
+void PrefillService::RunQueue(DestinationQueue* queue) {
+  while (true) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue->jobs.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue->jobs.empty()) return;  // Stopping, and nothing left.
+      job = std::move(queue->jobs.front());
+      queue->jobs.pop_front();
+    }
+    job();
+  }
 }
 
 std::shared_ptr<v1::Decode::Stub> PrefillService::StubFor(const std::string& address) {
@@ -136,18 +152,53 @@ absl::StatusOr<absl::Duration> PrefillService::Renew(const v1::KvDestination& de
   return DurationFromProto(response.lease_remaining());
 }
 
-absl::Status PrefillService::Commit(const Call& call, const v1::CommitKvRequest& request) {
-  leases_.Remove(call.lease_key);
-  auto stub = StubFor(call.destination.decode_address());
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.commit_timeout));
-  v1::CommitKvResponse response;
-  const grpc::Status status = stub->CommitKv(&context, request, &response);
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(
-      static_cast<absl::StatusCode>(status.error_code()),
-      absl::StrCat("CommitKv to ", call.destination.decode_worker_id(), " at ",
-                   call.destination.decode_address(), ": ", status.error_message()));
+v1::CommitKvRequest PrefillService::CommitRequest(const Call& call,
+                                                 v1::CommitOutcome outcome) const {
+  v1::CommitKvRequest commit;
+  commit.set_decode_incarnation(call.destination.decode_incarnation());
+  commit.set_reservation_id(call.destination.reservation_id());
+  commit.set_request_id(call.request_id);
+  commit.set_outcome(outcome);
+  return commit;
+}
+
+void PrefillService::Commit(const std::shared_ptr<Call>& call, v1::CommitKvRequest request,
+                            std::function<void(absl::Status)> done) {
+  leases_.Remove(call->lease_key);
+  struct Pending {
+    std::shared_ptr<v1::Decode::Stub> stub;
+    grpc::ClientContext context;
+    v1::CommitKvRequest request;
+    v1::CommitKvResponse response;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->stub = StubFor(call->destination.decode_address());
+  pending->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.commit_timeout));
+  pending->request = std::move(request);
+  {
+    absl::MutexLock lock(&mu_);
+    ++commits_in_flight_;
+  }
+  pending->stub->async()->CommitKv(
+      &pending->context, &pending->request, &pending->response,
+      [this, pending, call, done = std::move(done)](grpc::Status status) {
+        absl::Status result;
+        if (!status.ok()) {
+          result = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                absl::StrCat("CommitKv to ", call->destination.decode_worker_id(),
+                                             " at ", call->destination.decode_address(), ": ",
+                                             status.error_message()));
+        }
+        done(result);
+        absl::MutexLock lock(&mu_);
+        --commits_in_flight_;
+      });
+}
+
+bool PrefillService::StallsTransferTo(const Call& call, int32_t layer) const {
+  return layer == options_.testonly_stall_after_layers &&
+         (options_.testonly_stall_to_decode_worker.empty() ||
+          options_.testonly_stall_to_decode_worker == call.destination.decode_worker_id());
 }
 
 void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
@@ -169,7 +220,7 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
     }
     call->transfer = *std::move(opened);
   }
-  if (layer == options_.testonly_stall_after_layers) {
+  if (StallsTransferTo(*call, layer)) {
     TRIDENT_LOG(WARNING) << "request " << call->request_id << ": KV transfer stalled after "
                          << layer << " layers (--testonly_stall_kv_transfer_after_layers)";
     // Test-only: poll for the cancellation that is never signalled otherwise.
@@ -194,7 +245,8 @@ absl::Status PrefillService::DrainSends(Call& call) {
     return call.pending_sends == 0;
   };
   // Bounded: sends to a peer that died can stay pending inside the
-  // transport (seen over shared memory), and this thread serves every call.
+  // transport (seen over shared memory), and this destination's queue
+  // serves its other calls.
   if (!call.sends_mu.AwaitWithTimeout(absl::Condition(&drained), options_.drain_timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
         call.pending_sends, " KV sends to decode worker ", call.destination.decode_worker_id(),
@@ -203,71 +255,75 @@ absl::Status PrefillService::DrainSends(Call& call) {
   return call.send_error;
 }
 
+void PrefillService::FailTransfer(const std::shared_ptr<Call>& call, const absl::Status& why) {
+  v1::CommitKvRequest aborted = CommitRequest(*call, v1::COMMIT_OUTCOME_ABORTED);
+  aborted.set_error_message(std::string(why.message()));
+  const std::string id = call->request_id;
+  Commit(call, std::move(aborted), [id](absl::Status s) {
+    if (!s.ok()) TRIDENT_LOG(WARNING) << "request " << id << ": " << s;
+  });
+  engine_->ReleasePrefilled(call->request_id);
+  call->channel->Close(absl::AbortedError(
+      absl::StrCat("the KV transfer of request ", call->request_id, " failed: ", why.message())));
+}
+
 void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks) {
-  v1::CommitKvRequest commit;
-  commit.set_decode_incarnation(call->destination.decode_incarnation());
-  commit.set_reservation_id(call->destination.reservation_id());
-  commit.set_request_id(call->request_id);
-  SetProtoDuration(call->first_token_time - call->submitted, commit.mutable_prefill_time());
-  // Ends the call: abandons the reservation and frees the prompt's blocks
-  // here, once the layers already posted are done (unless that wait itself
-  // failed).
-  bool drained = false;
-  auto fail = [&](const absl::Status& why) {
+  // A failure ends the call once the layers already posted are done (unless
+  // that wait itself failed): then the reservation is abandoned and the
+  // prompt's blocks freed here.
+  auto fail = [&](const absl::Status& why, bool drained) {
     if (!drained) DrainSends(*call).IgnoreError();
-    v1::CommitKvRequest aborted = commit;
-    aborted.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
-    aborted.set_error_message(std::string(why.message()));
-    if (absl::Status s = Commit(*call, aborted); !s.ok()) {
-      TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
-    }
-    engine_->ReleasePrefilled(call->request_id);
-    call->channel->Close(absl::AbortedError(
-        absl::StrCat("the KV transfer of request ", call->request_id, " failed: ", why.message())));
+    FailTransfer(call, why);
   };
-  if (call->cancelled.load()) return fail(absl::CancelledError("the router cancelled the call"));
+  const absl::Status cancelled = absl::CancelledError("the router cancelled the call");
+  if (call->cancelled.load()) return fail(cancelled, false);
   // Layers the backend did not report as they completed go now.
   for (int32_t layer = call->layers_posted; layer < sender_->num_layers(); ++layer) {
     SendLayer(call, layer, blocks);
     if (!call->open_error.ok() || call->cancelled.load()) break;
   }
-  if (!call->open_error.ok()) return fail(call->open_error);
-  if (call->cancelled.load()) return fail(absl::CancelledError("the router cancelled the call"));
+  if (!call->open_error.ok()) return fail(call->open_error, false);
+  if (call->cancelled.load()) return fail(cancelled, false);
   // Every posted write must finish before the blocks can be freed or the
   // reservation handed over.
   const absl::Status sent = DrainSends(*call);
-  drained = true;
-  if (!sent.ok()) return fail(sent);
+  if (!sent.ok()) return fail(sent, true);
   const absl::Time start = call->transfer_start;
-  const std::unique_ptr<transport::KvTransfer>& transfer = call->transfer;
+  transport::KvTransfer* transfer = call->transfer.get();
   v1::PrefillResponse progress;
   progress.mutable_progress()->set_layers_sent(sender_->num_layers());
   progress.mutable_progress()->set_sent_bytes(transfer->bytes_sent());
   call->channel->Push(std::move(progress));
 
-  commit.set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
+  v1::CommitKvRequest commit = CommitRequest(*call, v1::COMMIT_OUTCOME_COMPLETE);
+  SetProtoDuration(call->first_token_time - call->submitted, commit.mutable_prefill_time());
   commit.set_num_tokens(call->prompt_tokens);
   commit.set_message_bytes(transfer->message_bytes());
   *commit.mutable_first_token() = call->first_token;
-  const absl::Duration transfer_time = clock_->Now() - start;
-  SetProtoDuration(transfer_time, commit.mutable_transfer_time());
-  const absl::Status committed = Commit(*call, commit);
-  // After CommitKv (accepted or not) this side never touches the blocks again.
-  engine_->ReleasePrefilled(call->request_id);
-  if (!committed.ok()) {
-    call->channel->Close(absl::AbortedError(committed.message()));
-    return;
-  }
-  v1::PrefillResponse done;
-  v1::KvTransferDone* d = done.mutable_transfer_done();
-  d->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
-  d->set_sent_bytes(transfer->bytes_sent());
-  d->set_messages(transfer->messages());
-  SetProtoDuration(clock_->Now() - start, d->mutable_transfer_time());
-  *d->mutable_prefill_time() = commit.prefill_time();
-  d->set_lane(transfer->lane());
-  call->channel->Push(std::move(done));
-  call->channel->Close(absl::OkStatus());
+  SetProtoDuration(clock_->Now() - start, commit.mutable_transfer_time());
+  const google::protobuf::Duration prefill_time = commit.prefill_time();
+  engine::Engine* engine = engine_;
+  const Clock* clock = clock_;
+  Commit(call, std::move(commit),
+         [call, engine, clock, start, transfer, prefill_time](absl::Status committed) {
+           // After CommitKv (accepted or not) this side never touches the
+           // blocks again.
+           engine->ReleasePrefilled(call->request_id);
+           if (!committed.ok()) {
+             call->channel->Close(absl::AbortedError(committed.message()));
+             return;
+           }
+           v1::PrefillResponse done;
+           v1::KvTransferDone* d = done.mutable_transfer_done();
+           d->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
+           d->set_sent_bytes(transfer->bytes_sent());
+           d->set_messages(transfer->messages());
+           SetProtoDuration(clock->Now() - start, d->mutable_transfer_time());
+           *d->mutable_prefill_time() = prefill_time;
+           d->set_lane(transfer->lane());
+           call->channel->Push(std::move(done));
+           call->channel->Close(absl::OkStatus());
+         });
 }
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
@@ -284,51 +340,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
       /*on_done=*/nullptr);
   call->channel = reactor->channel();
 
-  auto prepare = [&]() -> absl::StatusOr<engine::EngineRequest> {
-    // A role change that gives up waiting for this call ends it as a
-    // cancellation does, telling the router why.
-    std::weak_ptr<Call> weak = call;
-    TRIDENT_ASSIGN_OR_RETURN(call->work, role_->Admit(Capability::kPrefill, request->request_id(),
-                                                      [weak, engine](const absl::Status& why) {
-                                                        std::shared_ptr<Call> c = weak.lock();
-                                                        if (c == nullptr) return;
-                                                        c->channel->Close(why);
-                                                        c->cancelled.store(true);
-                                                        if (c->in_engine.load())
-                                                          engine->Abort(c->request_id);
-                                                      }));
-    TRIDENT_ASSIGN_OR_RETURN(
-        engine::EngineRequest er,
-        frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
-                               request->sampling(), request->stop(), request->options(),
-                               model_info_));
-    er.prefill_only = true;
-    if (request->has_destination()) {
-      const v1::KvDestination& d = request->destination();
-      if (sender_ == nullptr) {
-        return absl::FailedPreconditionError(
-            "this worker has no KV transport: it cannot write KV to a decode worker");
-      }
-      if (d.reservation_id() == 0 || d.decode_address().empty()) {
-        return InvalidArgumentForField("destination",
-                                       "needs a reservation_id and a decode_address");
-      }
-      if (d.num_tokens() != static_cast<int32_t>(er.prompt.size())) {
-        return InvalidArgumentForField("destination.num_tokens",
-                                       absl::StrCat("is ", d.num_tokens(), " but the prompt has ",
-                                                    er.prompt.size(), " tokens"));
-      }
-      const int32_t block_size = engine_->backend().kv_capacity().block_size;
-      const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
-      if (d.block_ids_size() != want) {
-        return InvalidArgumentForField(
-            "destination.block_ids",
-            absl::StrCat("has ", d.block_ids_size(), " blocks; the prompt needs ", want));
-      }
-    }
-    return er;
-  };
-  absl::StatusOr<engine::EngineRequest> prepared = prepare();
+  absl::StatusOr<engine::EngineRequest> prepared = PrepareRequest(call, *request);
   if (!prepared.ok()) {
     call->in_engine.store(false);
     call->channel->Close(prepared.status());
@@ -338,32 +350,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   call->has_destination = request->has_destination();
   if (call->has_destination) {
     call->destination = request->destination();
-    // Kept alive while the prompt waits, computes and transfers; if it is
-    // gone, the call stops now rather than after its compute.
-    std::weak_ptr<Call> weak = call;
-    call->lease_key = leases_.Add(request->destination(), [weak, engine](const absl::Status& why) {
-      std::shared_ptr<Call> c = weak.lock();
-      if (c == nullptr) return;
-      TRIDENT_LOG(WARNING) << "request " << c->request_id << ": " << why;
-      c->channel->Close(why);
-      c->cancelled.store(true);
-      if (c->in_engine.load()) engine->Abort(c->request_id);
-    });
-    // Each layer goes as soon as the backend reports it computed, while the
-    // later layers compute (layer-wise overlap); Transfer sends the rest.
-    PrefillService* service = this;
-    prepared->on_layer_done = [service, call](int32_t layer, const std::vector<int32_t>& blocks) {
-      service->Enqueue([service, call, layer, blocks] { service->SendLayer(call, layer, blocks); });
-    };
-    // Connect to the decode worker (the first time) while the prompt
-    // computes, rather than when its first layer is ready. A failure shows
-    // again in Open.
-    Enqueue([service, call] {
-      if (call->cancelled.load()) return;
-      if (absl::Status s = service->sender_->Connect(call->destination); !s.ok()) {
-        TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
-      }
-    });
+    WatchDestination(call, &*prepared);
   }
   call->submitted = clock_->Now();
   const bool logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;
@@ -371,96 +358,9 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   v1::PrefillResponse started;
   started.mutable_started();
   call->channel->Push(std::move(started));
-  const Clock* clock = clock_;
-  PrefillService* self = this;
-  absl::Status submitted = engine_->Submit(
-      *std::move(prepared), [call, clock, self, engine, logprobs](const engine::TokenEvent& ev) {
-        // The first event is the last: the prompt is computed (kPrefilled),
-        // the first token ended the request, or it failed.
-        call->in_engine.store(false);
-        const bool has_token = ev.finish != engine::FinishReason::kAborted &&
-                               ev.finish != engine::FinishReason::kError && ev.token >= 0;
-        if (has_token) {
-          call->first_token_time = clock->Now();
-          v1::TokenChunk& chunk = call->first_token;
-          chunk.set_request_id(call->request_id);
-          chunk.add_token_ids(ev.token);
-          if (logprobs) {
-            frontend::AppendLogprobs(ev, &chunk);
-          }
-          v1::PrefillResponse first;
-          *first.mutable_first_token() = chunk;
-          call->channel->Push(std::move(first));
-        }
-        switch (ev.finish) {
-          case engine::FinishReason::kPrefilled: {
-            if (!call->has_destination) {
-              // Computed and discarded (warm-up, benchmarks).
-              engine->ReleasePrefilled(call->request_id);
-              call->channel->Close(absl::OkStatus());
-              return;
-            }
-            std::vector<int32_t> blocks = ev.prefilled_blocks;
-            self->Enqueue([self, call, blocks = std::move(blocks)]() mutable {
-              self->Transfer(call, std::move(blocks));
-            });
-            return;
-          }
-          case engine::FinishReason::kStop:
-          case engine::FinishReason::kLength: {
-            const v1::FinishReason reason = ev.finish == engine::FinishReason::kStop
-                                                ? v1::FINISH_REASON_STOP
-                                                : v1::FINISH_REASON_LENGTH;
-            self->Enqueue([self, call, reason] {
-              if (call->has_destination) {
-                // Layers already on their way finish before the hand-off.
-                self->DrainSends(*call).IgnoreError();
-                v1::CommitKvRequest commit;
-                commit.set_decode_incarnation(call->destination.decode_incarnation());
-                commit.set_reservation_id(call->destination.reservation_id());
-                commit.set_request_id(call->request_id);
-                commit.set_outcome(v1::COMMIT_OUTCOME_FINISHED);
-                *commit.mutable_first_token() = call->first_token;
-                commit.set_finish_reason(reason);
-                if (absl::Status s = self->Commit(*call, commit); !s.ok()) {
-                  call->channel->Close(absl::AbortedError(s.message()));
-                  return;
-                }
-                v1::PrefillResponse done;
-                done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_FINISHED);
-                call->channel->Push(std::move(done));
-              }
-              v1::PrefillResponse complete;
-              v1::GenerateComplete* c = complete.mutable_complete();
-              c->set_request_id(call->request_id);
-              c->set_finish_reason(reason);
-              c->mutable_usage()->set_prompt_tokens(call->prompt_tokens);
-              c->mutable_usage()->set_completion_tokens(1);
-              call->channel->Push(std::move(complete));
-              call->channel->Close(absl::OkStatus());
-            });
-            return;
-          }
-          default: {
-            const absl::Status why = call->cancelled.load()
-                                         ? absl::CancelledError("the router cancelled the call")
-                                         : absl::InternalError("the engine failed the prefill");
-            self->Enqueue([self, call, why] {
-              if (call->has_destination) {
-                self->DrainSends(*call).IgnoreError();
-                v1::CommitKvRequest commit;
-                commit.set_decode_incarnation(call->destination.decode_incarnation());
-                commit.set_reservation_id(call->destination.reservation_id());
-                commit.set_request_id(call->request_id);
-                commit.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
-                commit.set_error_message(std::string(why.message()));
-                (void)self->Commit(*call, commit);
-              }
-              call->channel->Close(why);
-            });
-            return;
-          }
-        }
+  absl::Status submitted =
+      engine_->Submit(*std::move(prepared), [this, call, logprobs](const engine::TokenEvent& ev) {
+        OnPrefillEvent(call, logprobs, ev);
       });
   if (!submitted.ok()) {
     call->in_engine.store(false);
@@ -468,6 +368,172 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
     call->channel->Close(submitted);
   }
   return reactor;
+}
+
+absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
+    const std::shared_ptr<Call>& call, const v1::PrefillRequest& request) {
+  // A role change that gives up waiting for this call ends it as a
+  // cancellation does, telling the router why.
+  std::weak_ptr<Call> weak = call;
+  engine::Engine* engine = engine_;
+  TRIDENT_ASSIGN_OR_RETURN(call->work, role_->Admit(Capability::kPrefill, request.request_id(),
+                                                    [weak, engine](const absl::Status& why) {
+                                                      std::shared_ptr<Call> c = weak.lock();
+                                                      if (c == nullptr) return;
+                                                      c->channel->Close(why);
+                                                      c->cancelled.store(true);
+                                                      if (c->in_engine.load()) {
+                                                        engine->Abort(c->request_id);
+                                                      }
+                                                    }));
+  TRIDENT_ASSIGN_OR_RETURN(
+      engine::EngineRequest er,
+      frontend::EngineRequestFromProto(request.request_id(), request.prompt_token_ids(),
+                                       request.sampling(), request.stop(), request.options(),
+                                       model_info_));
+  er.prefill_only = true;
+  if (!request.has_destination()) return er;
+  const v1::KvDestination& d = request.destination();
+  if (sender_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no KV transport: it cannot write KV to a decode worker");
+  }
+  if (d.reservation_id() == 0 || d.decode_address().empty()) {
+    return InvalidArgumentForField("destination", "needs a reservation_id and a decode_address");
+  }
+  if (d.num_tokens() != static_cast<int32_t>(er.prompt.size())) {
+    return InvalidArgumentForField("destination.num_tokens",
+                                   absl::StrCat("is ", d.num_tokens(), " but the prompt has ",
+                                                er.prompt.size(), " tokens"));
+  }
+  const int32_t block_size = engine_->backend().kv_capacity().block_size;
+  const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
+  if (d.block_ids_size() != want) {
+    return InvalidArgumentForField(
+        "destination.block_ids",
+        absl::StrCat("has ", d.block_ids_size(), " blocks; the prompt needs ", want));
+  }
+  return er;
+}
+
+void PrefillService::WatchDestination(const std::shared_ptr<Call>& call,
+                                      engine::EngineRequest* request) {
+  // Kept alive while the prompt waits, computes and transfers; if it is
+  // gone, the call stops now rather than after its compute.
+  std::weak_ptr<Call> weak = call;
+  engine::Engine* engine = engine_;
+  call->lease_key = leases_.Add(call->destination, [weak, engine](const absl::Status& why) {
+    std::shared_ptr<Call> c = weak.lock();
+    if (c == nullptr) return;
+    TRIDENT_LOG(WARNING) << "request " << c->request_id << ": " << why;
+    c->channel->Close(why);
+    c->cancelled.store(true);
+    if (c->in_engine.load()) engine->Abort(c->request_id);
+  });
+  // Each layer goes as soon as the backend reports it computed, while the
+  // later layers compute (layer-wise overlap); Transfer sends the rest.
+  request->on_layer_done = [this, call](int32_t layer, const std::vector<int32_t>& blocks) {
+    Enqueue(*call, [this, call, layer, blocks] { SendLayer(call, layer, blocks); });
+  };
+  // Connect to the decode worker (the first time) while the prompt
+  // computes, rather than when its first layer is ready. A failure shows
+  // again in Open.
+  Enqueue(*call, [this, call] {
+    if (call->cancelled.load()) return;
+    if (absl::Status s = sender_->Connect(call->destination); !s.ok()) {
+      TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
+    }
+  });
+}
+
+void PrefillService::OnPrefillEvent(const std::shared_ptr<Call>& call, bool logprobs,
+                                    const engine::TokenEvent& ev) {
+  // The first event is the last: the prompt is computed (kPrefilled), the
+  // first token ended the request, or it failed.
+  call->in_engine.store(false);
+  const bool has_token = ev.finish != engine::FinishReason::kAborted &&
+                         ev.finish != engine::FinishReason::kError && ev.token >= 0;
+  if (has_token) {
+    call->first_token_time = clock_->Now();
+    v1::TokenChunk& chunk = call->first_token;
+    chunk.set_request_id(call->request_id);
+    chunk.add_token_ids(ev.token);
+    if (logprobs) frontend::AppendLogprobs(ev, &chunk);
+    v1::PrefillResponse first;
+    *first.mutable_first_token() = chunk;
+    call->channel->Push(std::move(first));
+  }
+  switch (ev.finish) {
+    case engine::FinishReason::kPrefilled: {
+      if (!call->has_destination) {
+        // Computed and discarded (warm-up, benchmarks).
+        engine_->ReleasePrefilled(call->request_id);
+        call->channel->Close(absl::OkStatus());
+        return;
+      }
+      std::vector<int32_t> blocks = ev.prefilled_blocks;
+      Enqueue(*call, [this, call, blocks = std::move(blocks)]() mutable {
+        Transfer(call, std::move(blocks));
+      });
+      return;
+    }
+    case engine::FinishReason::kStop:
+    case engine::FinishReason::kLength: {
+      const v1::FinishReason reason = ev.finish == engine::FinishReason::kStop
+                                          ? v1::FINISH_REASON_STOP
+                                          : v1::FINISH_REASON_LENGTH;
+      Enqueue(*call, [this, call, reason] { FinishAtFirstToken(call, reason); });
+      return;
+    }
+    default: {
+      const absl::Status why = call->cancelled.load()
+                                   ? absl::CancelledError("the router cancelled the call")
+                                   : absl::InternalError("the engine failed the prefill");
+      Enqueue(*call, [this, call, why] { AbortAfterEngineFailure(call, why); });
+      return;
+    }
+  }
+}
+
+void PrefillService::FinishAtFirstToken(const std::shared_ptr<Call>& call,
+                                        v1::FinishReason reason) {
+  auto complete = [call, reason] {
+    v1::PrefillResponse message;
+    v1::GenerateComplete* c = message.mutable_complete();
+    c->set_request_id(call->request_id);
+    c->set_finish_reason(reason);
+    c->mutable_usage()->set_prompt_tokens(call->prompt_tokens);
+    c->mutable_usage()->set_completion_tokens(1);
+    call->channel->Push(std::move(message));
+    call->channel->Close(absl::OkStatus());
+  };
+  if (!call->has_destination) return complete();
+  // Layers already on their way finish before the hand-off.
+  DrainSends(*call).IgnoreError();
+  v1::CommitKvRequest commit = CommitRequest(*call, v1::COMMIT_OUTCOME_FINISHED);
+  *commit.mutable_first_token() = call->first_token;
+  commit.set_finish_reason(reason);
+  Commit(call, std::move(commit), [call, complete](absl::Status s) {
+    if (!s.ok()) {
+      call->channel->Close(absl::AbortedError(s.message()));
+      return;
+    }
+    v1::PrefillResponse done;
+    done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_FINISHED);
+    call->channel->Push(std::move(done));
+    complete();
+  });
+}
+
+void PrefillService::AbortAfterEngineFailure(const std::shared_ptr<Call>& call,
+                                             const absl::Status& why) {
+  if (call->has_destination) {
+    DrainSends(*call).IgnoreError();
+    v1::CommitKvRequest commit = CommitRequest(*call, v1::COMMIT_OUTCOME_ABORTED);
+    commit.set_error_message(std::string(why.message()));
+    Commit(call, std::move(commit), [](absl::Status) {});
+  }
+  call->channel->Close(why);
 }
 
 }  // namespace trident::worker

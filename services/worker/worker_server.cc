@@ -157,6 +157,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   prefill_options.worker_id = identity_.worker_id;
   prefill_options.worker_role = role_.get();
   prefill_options.testonly_stall_after_layers = options_.testonly_stall_kv_transfer_after_layers;
+  prefill_options.testonly_stall_to_decode_worker = options_.testonly_stall_kv_transfer_to;
   prefill_ = std::make_unique<PrefillService>(model_->engine.get(), model_->info, metered_kv_.get(),
                                               clock_, prefill_options);
 }

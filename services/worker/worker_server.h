@@ -94,6 +94,8 @@ struct WorkerServerOptions {
   int32_t kv_receive_fetches = 4;
   // PrefillServiceOptions::testonly_stall_after_layers (fault injection).
   int32_t testonly_stall_kv_transfer_after_layers = -1;
+  // PrefillServiceOptions::testonly_stall_to_decode_worker.
+  std::string testonly_stall_kv_transfer_to;
   // How often the KV reservation gauges and the dropped-message counter are
   // sampled.
   absl::Duration kv_metrics_interval = absl::Milliseconds(250);
