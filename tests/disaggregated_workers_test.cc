@@ -23,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/disaggregated_call.h"
 #include "tests/testing/fixture_models.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
@@ -97,59 +98,14 @@ class DisaggregatedWorkersTest
   // The router's part: reserve, prefill into the reservation, decode.
   std::vector<int32_t> Disaggregated(const std::string& id, const std::vector<int32_t>& prompt,
                                      int32_t max_tokens, std::string* lane) {
-    auto decode = v1::Decode::NewStub(decode_.channel);
-    auto prefill = v1::Prefill::NewStub(prefill_.channel);
-    v1::ReserveKvRequest reserve;
-    reserve.set_request_id(id);
-    reserve.set_num_tokens(static_cast<int32_t>(prompt.size()));
-    reserve.set_max_total_tokens(static_cast<int32_t>(prompt.size()) + max_tokens);
-    v1::ReserveKvResponse reserved;
-    {
-      grpc::ClientContext context;
-      const grpc::Status s = decode->ReserveKv(&context, reserve, &reserved);
-      EXPECT_TRUE(s.ok()) << s.error_message();
-      if (!s.ok()) return {};
-    }
-    v1::KvDestination destination = reserved.destination();
-    destination.set_decode_address(decode_.address);
-    v1::DecodeRequest d;
-    d.set_request_id(id);
-    d.set_reservation_id(destination.reservation_id());
-    d.set_decode_incarnation(destination.decode_incarnation());
-    v1::PrefillRequest p;
-    p.set_request_id(id);
-    for (int32_t t : prompt) {
-      d.add_prompt_token_ids(t);
-      p.add_prompt_token_ids(t);
-    }
-    d.mutable_sampling()->set_temperature(0);
-    d.mutable_sampling()->set_max_tokens(max_tokens);
-    d.mutable_stop()->set_ignore_eos(true);
-    *p.mutable_sampling() = d.sampling();
-    *p.mutable_stop() = d.stop();
-    *p.mutable_destination() = destination;
-
-    grpc::ClientContext decode_context;
-    decode_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    auto decode_reader = decode->Decode(&decode_context, d);
-    grpc::ClientContext prefill_context;
-    prefill_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    auto prefill_reader = prefill->Prefill(&prefill_context, p);
-    std::vector<int32_t> tokens;
-    v1::PrefillResponse pr;
-    while (prefill_reader->Read(&pr)) {
-      for (int32_t t : pr.first_token().token_ids()) tokens.push_back(t);
-      if (pr.has_transfer_done()) *lane = pr.transfer_done().lane();
-    }
-    const grpc::Status ps = prefill_reader->Finish();
-    EXPECT_TRUE(ps.ok()) << "prefill: " << ps.error_message();
-    v1::DecodeResponse dr;
-    while (decode_reader->Read(&dr)) {
-      for (int32_t t : dr.chunk().token_ids()) tokens.push_back(t);
-    }
-    const grpc::Status ds = decode_reader->Finish();
-    EXPECT_TRUE(ds.ok()) << "decode: " << ds.error_message();
-    return tokens;
+    testing::DisaggregatedContexts contexts;
+    const testing::DisaggregatedResult result =
+        testing::GenerateDisaggregated(prefill_, decode_, id, prompt, max_tokens, &contexts);
+    EXPECT_TRUE(result.reserve_status.ok()) << result.reserve_status.error_message();
+    EXPECT_TRUE(result.prefill_status.ok()) << "prefill: " << result.prefill_status.error_message();
+    EXPECT_TRUE(result.decode_status.ok()) << "decode: " << result.decode_status.error_message();
+    *lane = result.lane;
+    return result.tokens;
   }
 
   std::string model_dir_;
