@@ -15,13 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc/server.h"
+#include "common/model/generate/model_gen.h"
+#include "common/status/status_macros.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
-#include "tests/testing/fixture_models.h"
-#include "common/testing/runfiles.h"
 #include "trident/v1/generation.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -73,9 +74,14 @@ absl::Status Serve(WorkerServerOptions options, Served& served) {
   return absl::OkStatus();
 }
 
+// A generated llama3-tiny (random weights, real tokenizer).
 std::string FixtureModel() {
   const std::string dir = ::trident::testing::TestTmpPath("llama3-tiny");
-  EXPECT_THAT(::trident::testing::EnsureFixtureModel("llama3-tiny", dir), IsOk());
+  absl::StatusOr<model::generate::ModelSpec> spec = model::generate::PresetSpec("llama3-tiny");
+  EXPECT_THAT(spec.status(), IsOk());
+  if (spec.ok()) {
+    EXPECT_THAT(model::generate::WriteModel(*spec, dir), IsOk());
+  }
   return dir;
 }
 
