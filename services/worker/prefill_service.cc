@@ -270,6 +270,81 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   call->channel->Close(absl::OkStatus());
 }
 
+absl::StatusOr<engine::EngineRequest> PrefillService::Prepare(const std::shared_ptr<Call>& call,
+                                                              const v1::PrefillRequest& request) {
+  // A role change that gives up waiting for this call ends it as a
+  // cancellation does, telling the router why.
+  std::weak_ptr<Call> weak = call;
+  engine::Engine* engine = engine_;
+  TRIDENT_ASSIGN_OR_RETURN(call->work, role_->Admit(Capability::kPrefill, request.request_id(),
+                                                    [weak, engine](const absl::Status& why) {
+                                                      std::shared_ptr<Call> c = weak.lock();
+                                                      if (c == nullptr) return;
+                                                      c->channel->Close(why);
+                                                      c->cancelled.store(true);
+                                                      if (c->in_engine.load())
+                                                        engine->Abort(c->request_id);
+                                                    }));
+  TRIDENT_ASSIGN_OR_RETURN(
+      engine::EngineRequest er,
+      EngineRequestFromProto(request.request_id(), request.prompt_token_ids(), request.sampling(),
+                             request.stop(), request.options(), model_info_));
+  er.prefill_only = true;
+  if (!request.has_destination()) return er;
+  const v1::KvDestination& d = request.destination();
+  if (sender_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no KV transport: it cannot write KV to a decode worker");
+  }
+  if (d.reservation_id() == 0 || d.decode_address().empty()) {
+    return InvalidArgumentForField("destination", "needs a reservation_id and a decode_address");
+  }
+  if (d.num_tokens() != static_cast<int32_t>(er.prompt.size())) {
+    return InvalidArgumentForField(
+        "destination.num_tokens",
+        absl::StrCat("is ", d.num_tokens(), " but the prompt has ", er.prompt.size(), " tokens"));
+  }
+  const int32_t block_size = engine_->backend().kv_capacity().block_size;
+  const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
+  if (d.block_ids_size() != want) {
+    return InvalidArgumentForField(
+        "destination.block_ids",
+        absl::StrCat("has ", d.block_ids_size(), " blocks; the prompt needs ", want));
+  }
+  return er;
+}
+
+void PrefillService::KeepDestination(const std::shared_ptr<Call>& call,
+                                     engine::EngineRequest& request) {
+  // Kept alive while the prompt waits, computes and transfers; if it is
+  // gone, the call stops now rather than after its compute.
+  std::weak_ptr<Call> weak = call;
+  engine::Engine* engine = engine_;
+  call->lease_key = leases_.Add(call->destination, [weak, engine](const absl::Status& why) {
+    std::shared_ptr<Call> c = weak.lock();
+    if (c == nullptr) return;
+    TRIDENT_LOG(WARNING) << "request " << c->request_id << ": " << why;
+    c->channel->Close(why);
+    c->cancelled.store(true);
+    if (c->in_engine.load()) engine->Abort(c->request_id);
+  });
+  // Each layer goes as soon as the backend reports it computed, while the
+  // later layers compute (layer-wise overlap); Transfer sends the rest.
+  PrefillService* service = this;
+  request.on_layer_done = [service, call](int32_t layer, const std::vector<int32_t>& blocks) {
+    service->Enqueue([service, call, layer, blocks] { service->SendLayer(call, layer, blocks); });
+  };
+  // Connect to the decode worker (the first time) while the prompt
+  // computes, rather than when its first layer is ready. A failure shows
+  // again in Open.
+  Enqueue([service, call] {
+    if (call->cancelled.load()) return;
+    if (absl::Status s = service->sender_->Connect(call->destination); !s.ok()) {
+      TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
+    }
+  });
+}
+
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
     grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
   auto call = std::make_shared<Call>();
@@ -284,51 +359,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
       /*on_done=*/nullptr);
   call->channel = reactor->channel();
 
-  auto prepare = [&]() -> absl::StatusOr<engine::EngineRequest> {
-    // A role change that gives up waiting for this call ends it as a
-    // cancellation does, telling the router why.
-    std::weak_ptr<Call> weak = call;
-    TRIDENT_ASSIGN_OR_RETURN(call->work, role_->Admit(Capability::kPrefill, request->request_id(),
-                                                      [weak, engine](const absl::Status& why) {
-                                                        std::shared_ptr<Call> c = weak.lock();
-                                                        if (c == nullptr) return;
-                                                        c->channel->Close(why);
-                                                        c->cancelled.store(true);
-                                                        if (c->in_engine.load())
-                                                          engine->Abort(c->request_id);
-                                                      }));
-    TRIDENT_ASSIGN_OR_RETURN(
-        engine::EngineRequest er,
-        EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
-                               request->sampling(), request->stop(), request->options(),
-                               model_info_));
-    er.prefill_only = true;
-    if (request->has_destination()) {
-      const v1::KvDestination& d = request->destination();
-      if (sender_ == nullptr) {
-        return absl::FailedPreconditionError(
-            "this worker has no KV transport: it cannot write KV to a decode worker");
-      }
-      if (d.reservation_id() == 0 || d.decode_address().empty()) {
-        return InvalidArgumentForField("destination",
-                                       "needs a reservation_id and a decode_address");
-      }
-      if (d.num_tokens() != static_cast<int32_t>(er.prompt.size())) {
-        return InvalidArgumentForField("destination.num_tokens",
-                                       absl::StrCat("is ", d.num_tokens(), " but the prompt has ",
-                                                    er.prompt.size(), " tokens"));
-      }
-      const int32_t block_size = engine_->backend().kv_capacity().block_size;
-      const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
-      if (d.block_ids_size() != want) {
-        return InvalidArgumentForField(
-            "destination.block_ids",
-            absl::StrCat("has ", d.block_ids_size(), " blocks; the prompt needs ", want));
-      }
-    }
-    return er;
-  };
-  absl::StatusOr<engine::EngineRequest> prepared = prepare();
+  absl::StatusOr<engine::EngineRequest> prepared = Prepare(call, *request);
   if (!prepared.ok()) {
     call->in_engine.store(false);
     call->channel->Close(prepared.status());
@@ -338,32 +369,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   call->has_destination = request->has_destination();
   if (call->has_destination) {
     call->destination = request->destination();
-    // Kept alive while the prompt waits, computes and transfers; if it is
-    // gone, the call stops now rather than after its compute.
-    std::weak_ptr<Call> weak = call;
-    call->lease_key = leases_.Add(request->destination(), [weak, engine](const absl::Status& why) {
-      std::shared_ptr<Call> c = weak.lock();
-      if (c == nullptr) return;
-      TRIDENT_LOG(WARNING) << "request " << c->request_id << ": " << why;
-      c->channel->Close(why);
-      c->cancelled.store(true);
-      if (c->in_engine.load()) engine->Abort(c->request_id);
-    });
-    // Each layer goes as soon as the backend reports it computed, while the
-    // later layers compute (layer-wise overlap); Transfer sends the rest.
-    PrefillService* service = this;
-    prepared->on_layer_done = [service, call](int32_t layer, const std::vector<int32_t>& blocks) {
-      service->Enqueue([service, call, layer, blocks] { service->SendLayer(call, layer, blocks); });
-    };
-    // Connect to the decode worker (the first time) while the prompt
-    // computes, rather than when its first layer is ready. A failure shows
-    // again in Open.
-    Enqueue([service, call] {
-      if (call->cancelled.load()) return;
-      if (absl::Status s = service->sender_->Connect(call->destination); !s.ok()) {
-        TRIDENT_LOG(WARNING) << "request " << call->request_id << ": " << s;
-      }
-    });
+    KeepDestination(call, *prepared);
   }
   call->submitted = clock_->Now();
   const bool logprobs = prepared->sampling.logprobs || prepared->sampling.top_logprobs > 0;
@@ -371,103 +377,109 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   v1::PrefillResponse started;
   started.mutable_started();
   call->channel->Push(std::move(started));
-  const Clock* clock = clock_;
-  PrefillService* self = this;
   absl::Status submitted = engine_->Submit(
-      *std::move(prepared), [call, clock, self, engine, logprobs](const engine::TokenEvent& ev) {
-        // The first event is the last: the prompt is computed (kPrefilled),
-        // the first token ended the request, or it failed.
-        call->in_engine.store(false);
-        const bool has_token = ev.finish != engine::FinishReason::kAborted &&
-                               ev.finish != engine::FinishReason::kError && ev.token >= 0;
-        if (has_token) {
-          call->first_token_time = clock->Now();
-          v1::TokenChunk& chunk = call->first_token;
-          chunk.set_request_id(call->request_id);
-          chunk.add_token_ids(ev.token);
-          if (logprobs) {
-            AppendLogprobs(ev, &chunk);
-          }
-          v1::PrefillResponse first;
-          *first.mutable_first_token() = chunk;
-          call->channel->Push(std::move(first));
-        }
-        switch (ev.finish) {
-          case engine::FinishReason::kPrefilled: {
-            if (!call->has_destination) {
-              // Computed and discarded (warm-up, benchmarks).
-              engine->ReleasePrefilled(call->request_id);
-              call->channel->Close(absl::OkStatus());
-              return;
-            }
-            std::vector<int32_t> blocks = ev.prefilled_blocks;
-            self->Enqueue([self, call, blocks = std::move(blocks)]() mutable {
-              self->Transfer(call, std::move(blocks));
-            });
-            return;
-          }
-          case engine::FinishReason::kStop:
-          case engine::FinishReason::kLength: {
-            const v1::FinishReason reason = ev.finish == engine::FinishReason::kStop
-                                                ? v1::FINISH_REASON_STOP
-                                                : v1::FINISH_REASON_LENGTH;
-            self->Enqueue([self, call, reason] {
-              if (call->has_destination) {
-                // Layers already on their way finish before the hand-off.
-                self->DrainSends(*call).IgnoreError();
-                v1::CommitKvRequest commit;
-                commit.set_decode_incarnation(call->destination.decode_incarnation());
-                commit.set_reservation_id(call->destination.reservation_id());
-                commit.set_request_id(call->request_id);
-                commit.set_outcome(v1::COMMIT_OUTCOME_FINISHED);
-                *commit.mutable_first_token() = call->first_token;
-                commit.set_finish_reason(reason);
-                if (absl::Status s = self->Commit(*call, commit); !s.ok()) {
-                  call->channel->Close(absl::AbortedError(s.message()));
-                  return;
-                }
-                v1::PrefillResponse done;
-                done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_FINISHED);
-                call->channel->Push(std::move(done));
-              }
-              v1::PrefillResponse complete;
-              v1::GenerateComplete* c = complete.mutable_complete();
-              c->set_request_id(call->request_id);
-              c->set_finish_reason(reason);
-              c->mutable_usage()->set_prompt_tokens(call->prompt_tokens);
-              c->mutable_usage()->set_completion_tokens(1);
-              call->channel->Push(std::move(complete));
-              call->channel->Close(absl::OkStatus());
-            });
-            return;
-          }
-          default: {
-            const absl::Status why = call->cancelled.load()
-                                         ? absl::CancelledError("the router cancelled the call")
-                                         : absl::InternalError("the engine failed the prefill");
-            self->Enqueue([self, call, why] {
-              if (call->has_destination) {
-                self->DrainSends(*call).IgnoreError();
-                v1::CommitKvRequest commit;
-                commit.set_decode_incarnation(call->destination.decode_incarnation());
-                commit.set_reservation_id(call->destination.reservation_id());
-                commit.set_request_id(call->request_id);
-                commit.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
-                commit.set_error_message(std::string(why.message()));
-                (void)self->Commit(*call, commit);
-              }
-              call->channel->Close(why);
-            });
-            return;
-          }
-        }
-      });
+      *std::move(prepared),
+      [this, call, logprobs](const engine::TokenEvent& ev) { OnPrefillEvent(call, logprobs, ev); });
   if (!submitted.ok()) {
     call->in_engine.store(false);
     leases_.Remove(call->lease_key);
     call->channel->Close(submitted);
   }
   return reactor;
+}
+
+void PrefillService::OnPrefillEvent(const std::shared_ptr<Call>& call, bool logprobs,
+                                    const engine::TokenEvent& ev) {
+  // The first event is the last: the prompt is computed (kPrefilled), the
+  // first token ended the request, or it failed.
+  call->in_engine.store(false);
+  const bool has_token = ev.finish != engine::FinishReason::kAborted &&
+                         ev.finish != engine::FinishReason::kError && ev.token >= 0;
+  if (has_token) {
+    call->first_token_time = clock_->Now();
+    v1::TokenChunk& chunk = call->first_token;
+    chunk.set_request_id(call->request_id);
+    chunk.add_token_ids(ev.token);
+    if (logprobs) {
+      AppendLogprobs(ev, &chunk);
+    }
+    v1::PrefillResponse first;
+    *first.mutable_first_token() = chunk;
+    call->channel->Push(std::move(first));
+  }
+  switch (ev.finish) {
+    case engine::FinishReason::kPrefilled: {
+      if (!call->has_destination) {
+        // Computed and discarded (warm-up, benchmarks).
+        engine_->ReleasePrefilled(call->request_id);
+        call->channel->Close(absl::OkStatus());
+        return;
+      }
+      std::vector<int32_t> blocks = ev.prefilled_blocks;
+      Enqueue([this, call, blocks = std::move(blocks)]() mutable {
+        Transfer(call, std::move(blocks));
+      });
+      return;
+    }
+    case engine::FinishReason::kStop:
+    case engine::FinishReason::kLength: {
+      const v1::FinishReason reason = ev.finish == engine::FinishReason::kStop
+                                          ? v1::FINISH_REASON_STOP
+                                          : v1::FINISH_REASON_LENGTH;
+      Enqueue([this, call, reason] { FinishAtFirstToken(*call, reason); });
+      return;
+    }
+    default: {
+      const absl::Status why = call->cancelled.load()
+                                   ? absl::CancelledError("the router cancelled the call")
+                                   : absl::InternalError("the engine failed the prefill");
+      Enqueue([this, call, why] { AbortCall(*call, why); });
+      return;
+    }
+  }
+}
+
+void PrefillService::FinishAtFirstToken(Call& call, v1::FinishReason reason) {
+  if (call.has_destination) {
+    // Layers already on their way finish before the hand-off.
+    DrainSends(call).IgnoreError();
+    v1::CommitKvRequest commit;
+    commit.set_decode_incarnation(call.destination.decode_incarnation());
+    commit.set_reservation_id(call.destination.reservation_id());
+    commit.set_request_id(call.request_id);
+    commit.set_outcome(v1::COMMIT_OUTCOME_FINISHED);
+    *commit.mutable_first_token() = call.first_token;
+    commit.set_finish_reason(reason);
+    if (absl::Status s = Commit(call, commit); !s.ok()) {
+      call.channel->Close(absl::AbortedError(s.message()));
+      return;
+    }
+    v1::PrefillResponse done;
+    done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_FINISHED);
+    call.channel->Push(std::move(done));
+  }
+  v1::PrefillResponse complete;
+  v1::GenerateComplete* c = complete.mutable_complete();
+  c->set_request_id(call.request_id);
+  c->set_finish_reason(reason);
+  c->mutable_usage()->set_prompt_tokens(call.prompt_tokens);
+  c->mutable_usage()->set_completion_tokens(1);
+  call.channel->Push(std::move(complete));
+  call.channel->Close(absl::OkStatus());
+}
+
+void PrefillService::AbortCall(Call& call, const absl::Status& why) {
+  if (call.has_destination) {
+    DrainSends(call).IgnoreError();
+    v1::CommitKvRequest commit;
+    commit.set_decode_incarnation(call.destination.decode_incarnation());
+    commit.set_reservation_id(call.destination.reservation_id());
+    commit.set_request_id(call.request_id);
+    commit.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
+    commit.set_error_message(std::string(why.message()));
+    (void)Commit(call, commit);
+  }
+  call.channel->Close(why);
 }
 
 }  // namespace trident::worker

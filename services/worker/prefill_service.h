@@ -74,6 +74,24 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
 
  private:
   struct Call;
+  // Prefill's steps. Admits the call and converts the request; checks its
+  // destination (INVALID_ARGUMENT naming the field, FAILED_PRECONDITION
+  // without a KV transport).
+  absl::StatusOr<engine::EngineRequest> Prepare(const std::shared_ptr<Call>& call,
+                                                const trident::v1::PrefillRequest& request);
+  // Keeps the destination's lease, sends each layer as it is computed and
+  // connects to the decode worker while the prompt computes.
+  void KeepDestination(const std::shared_ptr<Call>& call, engine::EngineRequest& request);
+  // The engine's one event for the call (on the engine's thread): streams
+  // the first token, then hands the rest to the transfer thread.
+  void OnPrefillEvent(const std::shared_ptr<Call>& call, bool logprobs,
+                      const engine::TokenEvent& event);
+  // The first token ended the sequence: hands the reservation over as
+  // FINISHED and completes the call. On the transfer thread.
+  void FinishAtFirstToken(Call& call, trident::v1::FinishReason reason);
+  // The prefill failed or was cancelled: gives the reservation up (ABORTED)
+  // and ends the call with `why`. On the transfer thread.
+  void AbortCall(Call& call, const absl::Status& why);
   // Runs `job` on the transfer thread.
   void Enqueue(std::function<void()> job);
   // Posts layer `layer` of the call's KV (opening the transfer at the
