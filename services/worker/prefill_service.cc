@@ -19,6 +19,17 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
+// A CommitKv of `destination`'s reservation for request `request_id`; the
+// caller sets the outcome and what goes with it.
+v1::CommitKvRequest CommitRequestFor(const v1::KvDestination& destination,
+                                     const std::string& request_id) {
+  v1::CommitKvRequest commit;
+  commit.set_decode_incarnation(destination.decode_incarnation());
+  commit.set_reservation_id(destination.reservation_id());
+  commit.set_request_id(request_id);
+  return commit;
+}
+
 }  // namespace
 
 struct PrefillService::Call {
@@ -204,10 +215,7 @@ absl::Status PrefillService::DrainSends(Call& call) {
 }
 
 void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> blocks) {
-  v1::CommitKvRequest commit;
-  commit.set_decode_incarnation(call->destination.decode_incarnation());
-  commit.set_reservation_id(call->destination.reservation_id());
-  commit.set_request_id(call->request_id);
+  v1::CommitKvRequest commit = CommitRequestFor(call->destination, call->request_id);
   SetProtoDuration(call->first_token_time - call->submitted, commit.mutable_prefill_time());
   // Ends the call: abandons the reservation and frees the prompt's blocks
   // here, once the layers already posted are done (unless that wait itself
@@ -443,10 +451,7 @@ void PrefillService::FinishAtFirstToken(Call& call, v1::FinishReason reason) {
   if (call.has_destination) {
     // Layers already on their way finish before the hand-off.
     DrainSends(call).IgnoreError();
-    v1::CommitKvRequest commit;
-    commit.set_decode_incarnation(call.destination.decode_incarnation());
-    commit.set_reservation_id(call.destination.reservation_id());
-    commit.set_request_id(call.request_id);
+    v1::CommitKvRequest commit = CommitRequestFor(call.destination, call.request_id);
     commit.set_outcome(v1::COMMIT_OUTCOME_FINISHED);
     *commit.mutable_first_token() = call.first_token;
     commit.set_finish_reason(reason);
@@ -471,10 +476,7 @@ void PrefillService::FinishAtFirstToken(Call& call, v1::FinishReason reason) {
 void PrefillService::AbortCall(Call& call, const absl::Status& why) {
   if (call.has_destination) {
     DrainSends(call).IgnoreError();
-    v1::CommitKvRequest commit;
-    commit.set_decode_incarnation(call.destination.decode_incarnation());
-    commit.set_reservation_id(call.destination.reservation_id());
-    commit.set_request_id(call.request_id);
+    v1::CommitKvRequest commit = CommitRequestFor(call.destination, call.request_id);
     commit.set_outcome(v1::COMMIT_OUTCOME_ABORTED);
     commit.set_error_message(std::string(why.message()));
     (void)Commit(call, commit);
