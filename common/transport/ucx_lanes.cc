@@ -67,7 +67,8 @@ absl::StatusOr<std::vector<std::shared_ptr<Endpoint>>> UcxLanes::EndpointsTo(
 absl::StatusOr<std::vector<std::shared_ptr<Endpoint>>> UcxLanes::ConnectAll(
     const v1::TransportEndpoint& peer) const {
   const std::vector<UcxWorker*> lanes = workers();
-  const size_t n = std::min(lanes.size(), 1 + static_cast<size_t>(peer.lane_worker_addresses_size()));
+  const size_t n =
+      std::min(lanes.size(), 1 + static_cast<size_t>(peer.lane_worker_addresses_size()));
   std::vector<std::shared_ptr<Endpoint>> endpoints;
   for (size_t lane = 0; lane < n; ++lane) {
     TRIDENT_ASSIGN_OR_RETURN(

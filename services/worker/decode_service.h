@@ -73,8 +73,6 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   grpc::ServerWriteReactor<trident::v1::DecodeResponse>* Decode(
       grpc::CallbackServerContext* context, const trident::v1::DecodeRequest* request) override;
 
-  const KvReservations& reservations() const { return *reservations_; }
-
   // Frees the reservations whose lease ended; the lease checker's work
   // (every `lease_check_interval`), which tests on a fake clock call.
   void ExpireLeases();

@@ -197,7 +197,7 @@ TEST_F(DecodeServiceTest, ReservedKvCommittedByThePrefillSideIsDecodedToTheEnd) 
   EXPECT_EQ(complete.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(complete.usage().prompt_tokens(), 9);
   EXPECT_EQ(complete.usage().completion_tokens(), 8);
-  EXPECT_EQ(service_->reservations().num_reservations(), 0);
+  EXPECT_EQ(kv_->reservations.num_reservations(), 0);
   // Every block is back: all of them can be reserved at once.
   auto all = engine_->ReserveBlocks(kBlocks);
   ASSERT_THAT(all.status(), IsOk());
@@ -226,7 +226,7 @@ TEST_F(DecodeServiceTest, FinishedAndAbortedHandOffsEndTheDecodeStream) {
   const grpc::Status status = aborted->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(status.error_message(), HasSubstr("put failed on layer 2"));
-  EXPECT_EQ(service_->reservations().blocks_held(), 0);
+  EXPECT_EQ(kv_->reservations.blocks_held(), 0);
 }
 
 TEST_F(DecodeServiceTest, ALeaseThatEndsFailsTheWaitingDecodeAndFreesItsBlocks) {
@@ -240,7 +240,7 @@ TEST_F(DecodeServiceTest, ALeaseThatEndsFailsTheWaitingDecodeAndFreesItsBlocks) 
   const grpc::Status status = reader->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(status.error_message(), HasSubstr("lease"));
-  EXPECT_EQ(service_->reservations().blocks_held(), 0);
+  EXPECT_EQ(kv_->reservations.blocks_held(), 0);
   // The writer's late commit is refused.
   EXPECT_EQ(Commit(r.destination().reservation_id(), v1::COMMIT_OUTCOME_COMPLETE, 3).error_code(),
             grpc::StatusCode::NOT_FOUND);

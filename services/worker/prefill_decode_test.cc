@@ -132,8 +132,9 @@ class PrefillDecodeTest : public ::testing::Test {
     d.role = v1::ROLE_DECODE;
     decode_kv_ = std::make_unique<DecodeKvForTests>(decode_engine_.get(), clock_ptr_, "decode",
                                                     kIncarnation, kBlockSize, kBlocks);
-    decode_service_ = std::make_unique<DecodeService>(
-        decode_engine_.get(), info, &decode_kv_->reservations, &decode_kv_->receiver, clock_ptr_, d);
+    decode_service_ =
+        std::make_unique<DecodeService>(decode_engine_.get(), info, &decode_kv_->reservations,
+                                        &decode_kv_->receiver, clock_ptr_, d);
     decode_server_ = Serve(decode_service_.get(), &decode_port);
     decode_address_ = absl::StrCat("127.0.0.1:", decode_port);
     PrefillServiceOptions p = prefill_options_;
@@ -300,7 +301,7 @@ TEST_F(PrefillDecodeTest, AFailedTransferAbortsBothSidesAndFreesTheirBlocks) {
   EXPECT_EQ(out.prefill_status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(out.prefill_status.error_message(), HasSubstr("unreachable"));
   EXPECT_EQ(out.decode_status.error_code(), grpc::StatusCode::ABORTED);
-  EXPECT_EQ(decode_service_->reservations().blocks_held(), 0);
+  EXPECT_EQ(decode_kv_->reservations.blocks_held(), 0);
   // The early connect failed too; Open tried again and reported it.
   EXPECT_THAT(sender_->calls(), ::testing::ElementsAre("connect", "open"));
 }
@@ -356,7 +357,7 @@ class PrefillLeaseTest : public PrefillDecodeTest {
 
 TEST_F(PrefillLeaseTest, KeepsTheReservationPastItsLeaseUntilTheHandOff) {
   Start("long");
-  EXPECT_EQ(prefill_service_->leases_kept(), 1);
+  EXPECT_EQ(prefill_service_->LeasesKeptForTesting(), 1);
   EXPECT_EQ(prefill_service_->RenewDueLeases(), 0);  // 30 s left of 30.
   // Well past the reservation's original lease, renewed every 16 s.
   for (int i = 0; i < 4; ++i) {
@@ -364,7 +365,7 @@ TEST_F(PrefillLeaseTest, KeepsTheReservationPastItsLeaseUntilTheHandOff) {
     EXPECT_EQ(prefill_service_->RenewDueLeases(), 1) << "renewal " << i;
   }
   // The decode worker still holds the blocks: its lease was extended.
-  EXPECT_GT(decode_service_->reservations().blocks_held(), 0);
+  EXPECT_GT(decode_kv_->reservations.blocks_held(), 0);
   // The router gives up: the prefill stops, hands over ABORTED, and both
   // sides free everything (TearDown); the lease is no longer kept.
   prefill_context_.TryCancel();
@@ -378,9 +379,9 @@ TEST_F(PrefillLeaseTest, AReservationWhoseLeaseEndedStopsThePrefillAtOnce) {
   // renewal finds it gone.
   fake_clock_.Advance(absl::Seconds(31));
   decode_service_->ExpireLeases();
-  EXPECT_EQ(decode_service_->reservations().blocks_held(), 0);
+  EXPECT_EQ(decode_kv_->reservations.blocks_held(), 0);
   EXPECT_EQ(prefill_service_->RenewDueLeases(), 0);
-  EXPECT_EQ(prefill_service_->leases_kept(), 0);
+  EXPECT_EQ(prefill_service_->LeasesKeptForTesting(), 0);
   const grpc::Status status = Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(status.error_message(), HasSubstr("KV reservation on decode worker decode"));

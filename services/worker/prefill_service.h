@@ -77,7 +77,7 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   // thread's work. Returns how many were renewed.
   int RenewDueLeases() { return leases_.RenewDue(); }
   // KV reservations whose leases this worker keeps (calls not handed over).
-  int leases_kept() const { return leases_.size(); }
+  int LeasesKeptForTesting() const { return leases_.size(); }
 
  private:
   struct Call;

@@ -451,7 +451,7 @@ TEST_F(SetRoleTest, ReservationsAwaitingTheirDecodeAreDrainedThenReleased) {
   ASSERT_TRUE(result.status.ok()) << result.status.error_message();
   EXPECT_EQ(result.response.drained_sequences(), 2);
   EXPECT_EQ(result.response.aborted_sequences(), 0);
-  EXPECT_EQ(decode_->reservations().num_reservations(), 0);
+  EXPECT_EQ(kv_->reservations.num_reservations(), 0);
   ExpectAllBlocksFree();
 }
 
@@ -464,9 +464,9 @@ TEST_F(SetRoleTest, AReservationLeftAfterTheDrainIsReleased) {
   ASSERT_TRUE(result.status.ok()) << result.status.error_message();
   EXPECT_EQ(result.response.aborted_sequences(), 1);
   // Released: its writer's late commit frees the blocks it kept.
-  EXPECT_EQ(decode_->reservations().blocks_held(), 2);
+  EXPECT_EQ(kv_->reservations.blocks_held(), 2);
   ASSERT_TRUE(CommitKv(orphan.destination().reservation_id(), v1::COMMIT_OUTCOME_COMPLETE).ok());
-  EXPECT_EQ(decode_->reservations().num_reservations(), 0);
+  EXPECT_EQ(kv_->reservations.num_reservations(), 0);
   ExpectAllBlocksFree();
 }
 

@@ -182,7 +182,8 @@ void WorkerServer::StartLoadReports() {
           if (kv != nullptr) metrics->SetDroppedMessages(kv->dropped_messages());
         });
   }
-  control_ = std::make_unique<WorkerControlService>(engine(), loads_.get(), role_.get());
+  control_ = std::make_unique<WorkerControlService>(
+      model_ != nullptr ? model_->engine.get() : nullptr, loads_.get(), role_.get());
 }
 
 std::vector<RegisteredService> WorkerServer::services() {

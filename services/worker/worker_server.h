@@ -127,14 +127,16 @@ class WorkerServer {
   // Generation with a model. They live as long as this.
   std::vector<RegisteredService> services();
 
-  const WorkerIdentity& identity() const { return identity_; }
-  WorkerRole& role() { return *role_; }
+  // What a test checks. The identity load samples and KV endpoints carry.
+  const WorkerIdentity& IdentityForTesting() const { return identity_; }
   // Null without a model.
-  engine::Engine* engine() const { return model_ != nullptr ? model_->engine.get() : nullptr; }
+  const engine::Engine* EngineForTesting() const {
+    return model_ != nullptr ? model_->engine.get() : nullptr;
+  }
   // Null without a model.
-  const KvReservations* reservations() const { return reservations_.get(); }
+  const KvReservations* ReservationsForTesting() const { return reservations_.get(); }
   // Null without a KV transport.
-  const transport::UcxKv* kv_transport() const { return kv_.get(); }
+  const transport::UcxKv* KvTransportForTesting() const { return kv_.get(); }
 
  private:
   explicit WorkerServer(WorkerServerOptions options);

@@ -124,7 +124,7 @@ TEST(WorkerServerTest, ColocatedWorkerServesGenerationAndReportsItsLoad) {
 
   EXPECT_THAT(Generate(served), SizeIs(kMaxTokens));
 
-  EXPECT_EQ(served.worker->kv_transport(), nullptr);  // auto: none in role both.
+  EXPECT_EQ(served.worker->KvTransportForTesting(), nullptr);  // auto: none in role both.
   grpc::ClientContext context;
   v1::GetLoadRequest request;
   auto loads = v1::WorkerControl::NewStub(served.channel)->GetLoad(&context, request);
@@ -133,7 +133,7 @@ TEST(WorkerServerTest, ColocatedWorkerServesGenerationAndReportsItsLoad) {
   context.TryCancel();
   EXPECT_EQ(load.worker_id(), "both-0");
   EXPECT_EQ(load.role(), v1::ROLE_BOTH);
-  EXPECT_EQ(load.incarnation(), served.worker->identity().incarnation);
+  EXPECT_EQ(load.incarnation(), served.worker->IdentityForTesting().incarnation);
 }
 
 // The router's part, played here: reserve on `decode`, prefill on `prefill`
@@ -147,7 +147,7 @@ std::vector<int32_t> PrefillThenDecode(Served& prefill, Served& decode, std::str
   const grpc::Status reserve_status =
       v1::Decode::NewStub(decode.channel)->ReserveKv(&reserve_context, reserve, &reserved);
   EXPECT_TRUE(reserve_status.ok()) << reserve_status.error_message();
-  EXPECT_EQ(decode.worker->reservations()->num_reservations(), 1);
+  EXPECT_EQ(decode.worker->ReservationsForTesting()->num_reservations(), 1);
   v1::PrefillRequest p;
   p.set_request_id("r1");
   p.mutable_prompt_token_ids()->Add(kPrompt.begin(), kPrompt.end());
@@ -190,23 +190,23 @@ TEST(WorkerServerTest, KvReachesTheReservationsThroughTheTransportTheServerWired
   ASSERT_THAT(Serve(std::move(decode_options), decode), IsOk());
   Served prefill;
   ASSERT_THAT(Serve(OptionsFor(model, v1::ROLE_PREFILL, "prefill-0"), prefill), IsOk());
-  ASSERT_NE(decode.worker->kv_transport(), nullptr);
-  ASSERT_NE(prefill.worker->kv_transport(), nullptr);  // auto: ucx in role prefill.
+  ASSERT_NE(decode.worker->KvTransportForTesting(), nullptr);
+  ASSERT_NE(prefill.worker->KvTransportForTesting(), nullptr);  // auto: ucx in role prefill.
 
   std::string lane;
   const std::vector<int32_t> handed_over = PrefillThenDecode(prefill, decode, &lane);
 
   EXPECT_EQ(handed_over, Generate(decode));
   EXPECT_EQ(lane, "tcp");
-  EXPECT_EQ(decode.worker->reservations()->num_reservations(), 0);
-  EXPECT_EQ(decode.worker->kv_transport()->dropped_messages(), 0);
+  EXPECT_EQ(decode.worker->ReservationsForTesting()->num_reservations(), 0);
+  EXPECT_EQ(decode.worker->KvTransportForTesting()->dropped_messages(), 0);
 }
 
 TEST(WorkerServerTest, WithoutAModelDecodeIsUnimplementedAndGenerationUnserved) {
   Served served;
   ASSERT_THAT(Serve(OptionsFor(/*model_dir=*/"", v1::ROLE_DECODE, "empty-0"), served), IsOk());
 
-  EXPECT_EQ(served.worker->engine(), nullptr);
+  EXPECT_EQ(served.worker->EngineForTesting(), nullptr);
   for (const RegisteredService& service : served.worker->services()) {
     EXPECT_NE(service.name, v1::Generation::service_full_name());
   }

@@ -76,8 +76,9 @@ class FakeKvMessageSink final : public KvMessageSink {
   }
 
   absl::Status WriteMessage(
-      uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write)
-      override ABSL_LOCKS_EXCLUDED(mu_) {
+      uint64_t id,
+      absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<int32_t> blocks;
     {
       absl::MutexLock lock(&mu_);
@@ -91,9 +92,9 @@ class FakeKvMessageSink final : public KvMessageSink {
     return wrote.status();
   }
 
-  absl::Status BeginMessage(uint64_t id,
-                            absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check)
-      override ABSL_LOCKS_EXCLUDED(mu_) {
+  absl::Status BeginMessage(
+      uint64_t id, absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> check) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<const Entry*> entry = OpenEntry(id);
     if (!entry.ok()) return entry.status();

@@ -21,8 +21,7 @@ class FakeKvSender::Transfer final : public KvTransfer {
 
   void SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
                  std::function<void(absl::Status)> done) override {
-    if (absl::Status invalid =
-            CheckLayerBlocks(sender_->spec_, destination_, layer, local_blocks);
+    if (absl::Status invalid = CheckLayerBlocks(sender_->spec_, destination_, layer, local_blocks);
         !invalid.ok()) {
       done(std::move(invalid));
       return;
@@ -36,9 +35,8 @@ class FakeKvSender::Transfer final : public KvTransfer {
       done(peer.status());
       return;
     }
-    const std::vector<KvPut> messages =
-        SplitKvPuts(PlanLayerPuts(sender_->spec_, destination_, layer, local_blocks),
-                    sender_->message_bytes_);
+    const std::vector<KvPut> messages = SplitKvPuts(
+        PlanLayerPuts(sender_->spec_, destination_, layer, local_blocks), sender_->message_bytes_);
     for (const KvPut& m : messages) {
       const absl::string_view data(
           reinterpret_cast<const char*>(sender_->pool_) + m.local_offset_bytes, m.length_bytes);

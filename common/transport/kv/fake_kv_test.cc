@@ -4,6 +4,7 @@
 // the receiver without failing the send; a bad destination or an absent
 // peer fails Open.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,16 +62,34 @@ std::vector<absl::Status> SendAll(KvTransfer& transfer, const std::vector<int32_
   return statuses;
 }
 
-TEST(FakeKvTest, TransferLandsInTheReservedBlocksAndIsCounted) {
-  const std::vector<uint8_t> local = CountingPool();
+// A sender's pool and a receiver ("decode-0") whose messages go to `sink`,
+// the sender able to reach the receiver.
+struct Plane {
+  explicit Plane(uint64_t max_message_bytes = uint64_t{4} << 20)
+      : local(CountingPool()),
+        receiver("decode-0", 3, Spec(), &sink),
+        sender(Spec(), local.data(), max_message_bytes) {
+    sender.AddPeer(&receiver);
+  }
+
+  // Reserves `remote` for `num_tokens` in the sink and opens a transfer to it.
+  absl::StatusOr<std::unique_ptr<KvTransfer>> Open(uint64_t id, int32_t num_tokens,
+                                                   const std::vector<int32_t>& remote) {
+    sink.Add(id, remote);
+    return sender.Open(DestinationFor(receiver, id, num_tokens, remote));
+  }
+
+  const std::vector<uint8_t> local;
   FakeKvMessageSink sink;
-  FakeKvReceiver receiver("decode-0", 3, Spec(), &sink);
-  FakeKvSender sender(Spec(), local.data(), /*max_message_bytes=*/64);
-  sender.AddPeer(&receiver);
-  sink.Add(1, {6, 2});
+  FakeKvReceiver receiver;
+  FakeKvSender sender;
+};
+
+TEST(FakeKvTest, TransferLandsInTheReservedBlocksAndIsCounted) {
+  Plane plane(/*max_message_bytes=*/64);
   const std::vector<int32_t> local_blocks = {0, 5};
 
-  auto transfer = sender.Open(DestinationFor(receiver, 1, 7, {6, 2}));
+  auto transfer = plane.Open(1, 7, {6, 2});
   ASSERT_THAT(transfer.status(), IsOk());
   EXPECT_THAT(SendAll(**transfer, local_blocks), ::testing::Each(IsOk()));
 
@@ -78,36 +97,31 @@ TEST(FakeKvTest, TransferLandsInTheReservedBlocksAndIsCounted) {
   const uint64_t stride = spec.block_stride_bytes();
   EXPECT_EQ((*transfer)->message_bytes(), int64_t{2} * 2 * static_cast<int64_t>(stride));
   EXPECT_EQ((*transfer)->messages(), 4);  // One block per message.
-  EXPECT_THAT(sink.AwaitBytes(1, (*transfer)->message_bytes(), absl::Now()), IsOk());
+  EXPECT_THAT(plane.sink.AwaitBytes(1, (*transfer)->message_bytes(), absl::Now()), IsOk());
   std::vector<uint8_t> want(spec.TotalBytes(), 0);
   for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
     for (size_t i = 0; i < local_blocks.size(); ++i) {
       const int32_t remote = i == 0 ? 6 : 2;
-      std::copy_n(local.begin() + spec.KeyOffsetBytes(layer, local_blocks[i]), stride,
+      std::copy_n(plane.local.begin() + spec.KeyOffsetBytes(layer, local_blocks[i]), stride,
                   want.begin() + spec.KeyOffsetBytes(layer, remote));
     }
   }
-  EXPECT_EQ(receiver.pool(), want);
-  EXPECT_EQ(receiver.dropped_messages(), 0);
+  EXPECT_EQ(plane.receiver.pool(), want);
+  EXPECT_EQ(plane.receiver.dropped_messages(), 0);
 }
 
 TEST(FakeKvTest, MessagesOfAnEndedReservationAreDroppedWithoutFailingTheSend) {
-  const std::vector<uint8_t> local = CountingPool();
-  FakeKvMessageSink sink;
-  FakeKvReceiver receiver("decode-0", 3, Spec(), &sink);
-  FakeKvSender sender(Spec(), local.data());
-  sender.AddPeer(&receiver);
-  sink.Add(1, {4});
-  auto transfer = sender.Open(DestinationFor(receiver, 1, 4, {4}));
+  Plane plane;
+  auto transfer = plane.Open(1, 4, {4});
   ASSERT_THAT(transfer.status(), IsOk());
-  ASSERT_TRUE(sink.End(1));
+  ASSERT_TRUE(plane.sink.End(1));
 
   EXPECT_THAT(SendAll(**transfer, {3}), ::testing::Each(IsOk()));
 
-  EXPECT_EQ(receiver.dropped_messages(), 2);
-  EXPECT_EQ(sink.bytes(1), 0);
-  EXPECT_EQ(receiver.pool(), std::vector<uint8_t>(Spec().TotalBytes(), 0));
-  EXPECT_THAT(sink.AwaitBytes(1, (*transfer)->message_bytes(), absl::Now()),
+  EXPECT_EQ(plane.receiver.dropped_messages(), 2);
+  EXPECT_EQ(plane.sink.bytes(1), 0);
+  EXPECT_EQ(plane.receiver.pool(), std::vector<uint8_t>(Spec().TotalBytes(), 0));
+  EXPECT_THAT(plane.sink.AwaitBytes(1, (*transfer)->message_bytes(), absl::Now()),
               StatusIs(absl::StatusCode::kNotFound));
 }
 
@@ -129,41 +143,32 @@ TEST(FakeKvTest, AWriteOutsideTheReservationsBlocksIsRefused) {
 }
 
 TEST(FakeKvTest, OpenFailsForAnAbsentPeerAMismatchedLayoutAndAnInjectedError) {
-  const std::vector<uint8_t> local = CountingPool();
-  FakeKvMessageSink sink;
-  FakeKvReceiver receiver("decode-0", 3, Spec(), &sink);
-  FakeKvSender sender(Spec(), local.data());
-  const trident::v1::KvDestination d = DestinationFor(receiver, 1, 4, {4});
-
-  EXPECT_THAT(sender.Open(d).status(),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-0")));
-  sender.AddPeer(&receiver);
+  Plane plane;
+  const trident::v1::KvDestination d = DestinationFor(plane.receiver, 1, 4, {4});
   trident::v1::KvDestination other_layout = d;
   other_layout.mutable_layout()->set_head_dim(16);
-  EXPECT_THAT(sender.Open(other_layout).status(),
+
+  EXPECT_THAT(plane.sender.Open(other_layout).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("head_dim")));
-  sender.FailNext(absl::UnavailableError("link down"));
-  EXPECT_THAT(sender.Connect(d), StatusIs(absl::StatusCode::kUnavailable, "link down"));
-  EXPECT_THAT(sender.Connect(d), IsOk());
-  EXPECT_EQ(sender.opens(), 2);
-  EXPECT_EQ(sender.connects(), 2);
+  plane.sender.FailNext(absl::UnavailableError("link down"));
+  EXPECT_THAT(plane.sender.Connect(d), StatusIs(absl::StatusCode::kUnavailable, "link down"));
+  EXPECT_THAT(plane.sender.Connect(d), IsOk());
+  plane.sender.RemovePeer("decode-0");
+  EXPECT_THAT(plane.sender.Open(d).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("decode-0")));
+  EXPECT_EQ(plane.sender.opens(), 2);
+  EXPECT_EQ(plane.sender.connects(), 2);
 }
 
 TEST(FakeKvTest, LayersSentAfterThePeerDiedFailUnavailable) {
-  const std::vector<uint8_t> local = CountingPool();
-  FakeKvMessageSink sink;
-  FakeKvReceiver receiver("decode-0", 3, Spec(), &sink);
-  FakeKvSender sender(Spec(), local.data());
-  sender.AddPeer(&receiver);
-  sink.Add(1, {4});
-  auto transfer = sender.Open(DestinationFor(receiver, 1, 4, {4}));
+  Plane plane;
+  auto transfer = plane.Open(1, 4, {4});
   ASSERT_THAT(transfer.status(), IsOk());
 
-  sender.RemovePeer("decode-0");
+  plane.sender.RemovePeer("decode-0");
 
-  EXPECT_THAT(SendAll(**transfer, {3}),
-              ::testing::Each(StatusIs(absl::StatusCode::kUnavailable)));
-  EXPECT_EQ(sink.bytes(1), 0);
+  EXPECT_THAT(SendAll(**transfer, {3}), ::testing::Each(StatusIs(absl::StatusCode::kUnavailable)));
+  EXPECT_EQ(plane.sink.bytes(1), 0);
 }
 
 }  // namespace

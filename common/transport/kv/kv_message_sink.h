@@ -47,8 +47,7 @@ class KvMessageSink {
   // the reservation accepts no writes (unknown, ended, committed): the
   // receiver drops the message.
   virtual absl::Status WriteMessage(
-      uint64_t id,
-      absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) = 0;
+      uint64_t id, absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<const int32_t>)> write) = 0;
 
   // WriteMessage in two halves, for a write that completes later: checks the
   // reservation as WriteMessage does, runs `check` with its blocks (an error

@@ -27,8 +27,7 @@ absl::StatusOr<std::shared_ptr<StagingSlots>> StagingSlots::Create(backend::KvCo
   }
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<backend::HostBuffer> memory,
                            copier.AllocateHost(num_slots * slot_bytes));
-  return std::make_shared<StagingSlots>(std::move(memory), slot_bytes,
-                                        static_cast<int>(num_slots));
+  return std::make_shared<StagingSlots>(std::move(memory), slot_bytes, static_cast<int>(num_slots));
 }
 
 StagingSlots::StagingSlots(std::unique_ptr<backend::HostBuffer> memory, uint64_t slot_bytes,
@@ -126,8 +125,8 @@ absl::Status StagedKvTransfer::SendFromOneSlot(const std::vector<KvPut>& message
   std::vector<backend::KvRange> ranges;
   uint64_t slot_bytes = 0;
   for (size_t k = first; k < last; ++k) {
-    ranges.push_back({.offset_bytes = messages[k].local_offset_bytes,
-                      .length_bytes = messages[k].length_bytes});
+    ranges.push_back(
+        {.offset_bytes = messages[k].local_offset_bytes, .length_bytes = messages[k].length_bytes});
     slot_bytes += messages[k].length_bytes;
   }
   auto slot = std::make_shared<Slot>();

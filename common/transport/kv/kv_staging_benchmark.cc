@@ -54,9 +54,9 @@
 #include "benchmark/benchmark.h"
 #include "common/backend/cuda/cuda_kv_copier.h"
 #include "common/kv/kv_layout.h"
-#include "common/transport/ucx_perftest.h"
 #include "common/transport/kv/ucx_kv_cuda_testing.h"
 #include "common/transport/kv/ucx_kv_testing.h"
+#include "common/transport/ucx_perftest.h"
 
 namespace trident::transport {
 namespace {

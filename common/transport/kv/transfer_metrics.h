@@ -1,5 +1,5 @@
 // The worker's KV-transfer metrics (disaggregated serving), and how they are
-// fed without touching the services that move KV: MeteredKvSender wraps the
+// fed without touching the code that moves KV: MeteredKvSender wraps the
 // prefill side's KvSender and records every transfer it opens; a
 // PeriodicSampler reads the decode side's reservations into gauges.
 //
@@ -49,12 +49,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/time/clock.h"
+#include "common/transport/kv/kv_sender.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "common/transport/kv/kv_sender.h"
 
 namespace trident::transport {
 
@@ -85,8 +85,8 @@ class KvTransferMetrics {
 
   // The reservation gauges.
   void SetReservations(int32_t reservations, int32_t blocks);
-  // The receiver's running count of dropped KV messages (UcxKv::
-  // dropped_messages()); the counter follows it.
+  // The receiver's running count of dropped KV messages
+  // (KvReceiver::dropped_messages()); the counter follows it.
   void SetDroppedMessages(int64_t total);
 
  private:

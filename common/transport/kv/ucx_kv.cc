@@ -59,8 +59,8 @@ absl::Status ValidateReceiveOptions(const UcxKvOptions& options) {
 }  // namespace
 
 UcxKv::UcxKv(const backend::KvMemory& memory, std::string owner_id, uint64_t incarnation,
-             KvMessageSink* sink, std::unique_ptr<backend::KvCopier> copier,
-             uint64_t message_bytes, uint64_t max_message_bytes, int max_direct_fetches)
+             KvMessageSink* sink, std::unique_ptr<backend::KvCopier> copier, uint64_t message_bytes,
+             uint64_t max_message_bytes, int max_direct_fetches)
     : memory_(memory),
       owner_id_(std::move(owner_id)),
       incarnation_(incarnation),
@@ -86,10 +86,9 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(UcxWorker* ucx,
                            UcxLanes::Create(ucx, {.lanes = options.lanes}));
   const uint64_t message_bytes =
       staged ? KvMessageBytes(memory.spec.block_stride_bytes(), options.max_message_bytes) : 0;
-  std::unique_ptr<UcxKv> kv(new UcxKv(memory, std::move(owner_id), incarnation, options.sink,
-                                      std::move(options.copier), message_bytes,
-                                      options.max_message_bytes,
-                                      options.direct_fetches * options.lanes));
+  std::unique_ptr<UcxKv> kv(
+      new UcxKv(memory, std::move(owner_id), incarnation, options.sink, std::move(options.copier),
+                message_bytes, options.max_message_bytes, options.direct_fetches * options.lanes));
   kv->lanes_ = std::move(lanes);
   TRIDENT_RETURN_IF_ERROR(kv->SetUpPool(ucx, options, staged));
   TRIDENT_RETURN_IF_ERROR(kv->StartReceiving(options));
@@ -98,14 +97,14 @@ absl::StatusOr<std::unique_ptr<UcxKv>> UcxKv::Create(UcxWorker* ucx,
 
 absl::Status UcxKv::SetUpPool(UcxWorker* ucx, const UcxKvOptions& options, bool staged) {
   if (staged) {
-    TRIDENT_ASSIGN_OR_RETURN(staging_,
-                             StagingSlots::Create(*copier_, options.staging_bytes,
-                                                  options.staging_slot_bytes, message_bytes_));
+    TRIDENT_ASSIGN_OR_RETURN(
+        staging_, StagingSlots::Create(*copier_, options.staging_bytes, options.staging_slot_bytes,
+                                       message_bytes_));
     return absl::OkStatus();
   }
-  TRIDENT_ASSIGN_OR_RETURN(
-      region_, ucx->Register(memory_.base, memory_.bytes,
-                             memory_.device ? MemoryKind::kCuda : MemoryKind::kHost));
+  TRIDENT_ASSIGN_OR_RETURN(region_,
+                           ucx->Register(memory_.base, memory_.bytes,
+                                         memory_.device ? MemoryKind::kCuda : MemoryKind::kHost));
   return absl::OkStatus();
 }
 
@@ -163,9 +162,7 @@ UcxKv::~UcxKv() {
   {
     absl::MutexLock lock(&direct_mu_);
     direct_waiting_.clear();  // Releases their senders.
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(direct_mu_) {
-      return direct_fetches_ == 0;
-    };
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(direct_mu_) { return direct_fetches_ == 0; };
     direct_mu_.Await(absl::Condition(&idle));
   }
   region_.reset();
@@ -316,11 +313,10 @@ absl::StatusOr<std::unique_ptr<KvTransfer>> UcxKv::Open(const v1::KvDestination&
   }
   std::shared_ptr<Endpoint> main = endpoints.front();
   endpoints.erase(endpoints.begin());
-  TRIDENT_ASSIGN_OR_RETURN(
-      std::unique_ptr<KvWriter> writer,
-      KvWriter::Create(memory_.spec, memory_.base, main, destination,
-                       WriteModeFor(destination, main->lane()), max_message_bytes_,
-                       std::move(endpoints)));
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<KvWriter> writer,
+                           KvWriter::Create(memory_.spec, memory_.base, main, destination,
+                                            WriteModeFor(destination, main->lane()),
+                                            max_message_bytes_, std::move(endpoints)));
   return std::unique_ptr<KvTransfer>(new UcxTransfer(std::move(writer)));
 }
 

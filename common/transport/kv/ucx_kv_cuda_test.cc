@@ -18,11 +18,11 @@
 #include "common/backend/cuda/cuda_kv_copier.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/kv/kv_writer.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "common/transport/kv/ucx_kv.h"
 #include "common/transport/kv/ucx_kv_cuda_testing.h"
 #include "common/transport/kv/ucx_kv_testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 
 namespace trident::transport {
 namespace {

@@ -18,10 +18,10 @@
 #include "common/backend/host_kv_copier.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/kv/kv_writer.h"
+#include "common/transport/kv/ucx_kv_testing.h"
 #include "common/transport/ucx_worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/transport/kv/ucx_kv_testing.h"
 
 namespace trident::transport {
 namespace {

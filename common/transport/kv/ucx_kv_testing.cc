@@ -92,9 +92,8 @@ absl::StatusOr<std::unique_ptr<KvTransferPair>> KvTransferPair::Create(
                      "' is not usable here: ", receiver_worker.status().ToString()));
   }
   state->receiver_worker = *std::move(receiver_worker);
-  TRIDENT_ASSIGN_OR_RETURN(
-      state->sender_worker,
-      UcxWorker::Create({.transports = transports, .name = "prefill"}));
+  TRIDENT_ASSIGN_OR_RETURN(state->sender_worker,
+                           UcxWorker::Create({.transports = transports, .name = "prefill"}));
   TRIDENT_ASSIGN_OR_RETURN(UcxKvOptions receiver_options,
                            OptionsFor(receiver, &state->reservations));
   TRIDENT_ASSIGN_OR_RETURN(
@@ -154,7 +153,7 @@ absl::StatusOr<TransferResult> KvTransferPair::Transfer(int32_t num_tokens,
     }
     TRIDENT_RETURN_IF_ERROR(first_error);
     TRIDENT_RETURN_IF_ERROR(s.reservations.AwaitBytes(reservation, transfer->message_bytes(),
-                                                       absl::Now() + absl::Minutes(1)));
+                                                      absl::Now() + absl::Minutes(1)));
     result.message_bytes = transfer->message_bytes();
     result.bytes_sent = transfer->bytes_sent();
     result.messages = transfer->messages();

@@ -19,8 +19,8 @@
 #include "common/backend/kv_copier.h"
 #include "common/backend/model_backend.h"
 #include "common/kv/kv_layout.h"
-#include "gtest/gtest.h"
 #include "common/transport/kv/ucx_kv.h"
+#include "gtest/gtest.h"
 #include "trident/v1/worker.pb.h"
 
 namespace trident::transport::testing {

@@ -368,7 +368,6 @@ TEST(KvReservationsTest, AReservationEndingDuringAMessageWriteFreesItsBlocksAfte
   EXPECT_EQ(f.reservations.blocks_held(), 0);
 }
 
-
 // The reservations are the transport's KvMessageSink: KV sent as messages
 // lands in a live reservation's blocks and counts towards its commit; once
 // the reservation is released, its messages are dropped.
