@@ -42,13 +42,8 @@ using ::trident::testing::ServiceProcess;
 // alone in role both.
 absl::StatusOr<ServiceProcess> StartWorker(const std::string& model_dir, const std::string& role,
                                            const std::string& transport, const std::string& name) {
-  std::vector<std::string> argv = {RunfilePath("services/worker/worker"),
-                                   absl::StrCat("--role=", role),
-                                   absl::StrCat("--worker_id=", name),
-                                   "--pin_threads=false",
-                                   "--cpu_threads=1",
-                                   "--kv_cache_mb=16",
-                                   absl::StrCat("--model=", model_dir)};
+  std::vector<std::string> argv =
+      testing::SmallCpuWorkerArgv(RunfilePath("services/worker/worker"), model_dir, role, name);
   if (role != "both") argv.push_back(absl::StrCat("--ucx_transports=", transport));
   return testing::StartService(argv, TestTmpPath(absl::StrCat(name, "-", transport, ".log")));
 }

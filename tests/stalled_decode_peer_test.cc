@@ -26,28 +26,24 @@
 namespace trident {
 namespace {
 
-using ::trident::testing::DisaggregatedContexts;
-using ::trident::testing::DisaggregatedResult;
-using ::trident::testing::GenerateDisaggregated;
-using ::trident::testing::IsOk;
-using ::trident::testing::RunfilePath;
-using ::trident::testing::ServiceProcess;
-using ::trident::testing::TestTmpPath;
+using testing::DisaggregatedContexts;
+using testing::DisaggregatedResult;
+using testing::GenerateDisaggregated;
+using testing::IsOk;
+using testing::RunfilePath;
+using testing::ServiceProcess;
+using testing::TestTmpPath;
 
 constexpr int kRequests = 6;
 constexpr int32_t kMaxTokens = 8;
 
+// A worker in `role` with its KV over UCX's tcp transport.
 absl::StatusOr<ServiceProcess> StartWorker(const std::string& model_dir, const std::string& role,
                                            const std::string& name,
                                            std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {RunfilePath("services/worker/worker"),
-                                   absl::StrCat("--role=", role),
-                                   absl::StrCat("--worker_id=", name),
-                                   "--pin_threads=false",
-                                   "--cpu_threads=1",
-                                   "--kv_cache_mb=16",
-                                   "--ucx_transports=tcp",
-                                   absl::StrCat("--model=", model_dir)};
+  std::vector<std::string> argv =
+      testing::SmallCpuWorkerArgv(RunfilePath("services/worker/worker"), model_dir, role, name);
+  argv.push_back("--ucx_transports=tcp");
   argv.insert(argv.end(), extra.begin(), extra.end());
   return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
 }

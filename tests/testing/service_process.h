@@ -47,6 +47,21 @@ inline absl::StatusOr<ServiceProcess> StartService(std::vector<std::string> argv
   return p;
 }
 
+// The argv of a small CPU worker (`worker_bin`) in `role`, with id `name`,
+// on the model in `model_dir`: one unpinned thread and a 16 MiB KV cache.
+inline std::vector<std::string> SmallCpuWorkerArgv(const std::string& worker_bin,
+                                                   const std::string& model_dir,
+                                                   const std::string& role,
+                                                   const std::string& name) {
+  return {worker_bin,
+          absl::StrCat("--role=", role),
+          absl::StrCat("--worker_id=", name),
+          "--pin_threads=false",
+          "--cpu_threads=1",
+          "--kv_cache_mb=16",
+          absl::StrCat("--model=", model_dir)};
+}
+
 // SIGTERM and wait (up to 30 s).
 inline absl::Status StopService(ServiceProcess& p) {
   if (p.pid <= 0) return absl::OkStatus();
