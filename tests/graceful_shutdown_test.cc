@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/model/generate/model_gen.h"
 #include "common/process/subprocess.h"
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
@@ -32,14 +33,30 @@ using ::trident::testing::TestTmpPath;
 
 class GracefulShutdownTest : public ::testing::TestWithParam<std::string> {};
 
+// The flags `component` needs to start beyond the common ones: the router
+// reads a model's config and tokenizer and names its workers (none answer
+// here; it keeps trying them).
+std::vector<std::string> ComponentFlags(const std::string& component) {
+  if (component != "router") return {};
+  const std::string model_dir = TestTmpPath("llama3-tiny");
+  absl::StatusOr<model::generate::ModelSpec> spec = model::generate::PresetSpec("llama3-tiny");
+  EXPECT_THAT(spec.status(), IsOk());
+  if (spec.ok()) {
+    EXPECT_THAT(model::generate::WriteModel(*spec, model_dir), IsOk());
+  }
+  return {absl::StrCat("--model=", model_dir), "--prefill_workers=127.0.0.1:1",
+          "--decode_workers=127.0.0.1:1"};
+}
+
 TEST_P(GracefulShutdownTest, DrainsAndExitsZeroWithinFiveSeconds) {
   const std::string component = GetParam();
   const std::string log = TestTmpPath(component + ".log");
+  std::vector<std::string> argv = {
+      RunfilePath(absl::StrCat("services/", component, "/", component)), "--host=127.0.0.1",
+      "--port=0", "--metrics_port=0", "--drain_timeout=3s"};
+  for (std::string& flag : ComponentFlags(component)) argv.push_back(std::move(flag));
   absl::StatusOr<SpawnedProcess> spawned =
-      Spawn({.argv = {RunfilePath(absl::StrCat("services/", component, "/", component)),
-                      "--host=127.0.0.1", "--port=0", "--metrics_port=0", "--drain_timeout=3s"},
-             .log_path = log,
-             .wait_for_ready_line = true});
+      Spawn({.argv = argv, .log_path = log, .wait_for_ready_line = true});
   ASSERT_THAT(spawned, IsOk());
   const nlohmann::json ready = nlohmann::json::parse(spawned->ready_line);
   const std::string address = absl::StrCat("127.0.0.1:", ready["grpc_port"].get<int>());
