@@ -11,6 +11,12 @@
 #include "common/status/status_macros.h"
 
 namespace trident::engine {
+namespace {
+
+// How soon a core short of KV blocks steps again with no new input.
+constexpr absl::Duration kShortOfBlocksRecheck = absl::Milliseconds(2);
+
+}  // namespace
 
 Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options)
     : backend_(std::move(backend)),
@@ -128,7 +134,14 @@ void Engine::Loop() {
         return stopping_ || !inbox_.empty() || !aborts_.empty() || !prefilled_inbox_.empty() ||
                !releases_.empty();
       };
-      if (!core_->HasWork()) mu_.Await(absl::Condition(&has_input));
+      if (!core_->HasWork()) {
+        mu_.Await(absl::Condition(&has_input));
+      } else if (core_->short_of_blocks()) {
+        // Blocks held outside the core (KV reservations of this worker's
+        // decode side) come back without an input; look again soon rather
+        // than spin.
+        mu_.AwaitWithTimeout(absl::Condition(&has_input), kShortOfBlocksRecheck);
+      }
       inbox.swap(inbox_);
       aborts.swap(aborts_);
       prefilled.swap(prefilled_inbox_);

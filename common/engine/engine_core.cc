@@ -152,6 +152,22 @@ void EngineCore::FreeBlocks(Sequence& seq) {
   seq.blocks.clear();
 }
 
+bool EngineCore::FreeNewestWaitingBlocks() {
+  for (auto it = waiting_.rbegin(); it != waiting_.rend() && std::next(it) != waiting_.rend();
+       ++it) {
+    Sequence& seq = **it;
+    if (seq.blocks.empty()) continue;
+    FreeBlocks(seq);
+    seq.num_computed = 0;
+    seq.chunk = 0;
+    ++stats_.preemptions_total;
+    TRIDENT_LOG(DEBUG) << "freed the blocks of waiting request " << seq.request.id << " at "
+                       << seq.tokens.size() << " tokens";
+    return true;
+  }
+  return false;
+}
+
 void EngineCore::Preempt(std::list<SeqPtr>::iterator it) {
   SeqPtr seq = std::move(*it);
   running_.erase(it);
@@ -195,10 +211,19 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   // sequence had to be preempted.
   std::vector<Sequence*> scheduled = ScheduleRunning(&budget, &preempted);
   if (!preempted) AdmitWaiting(&budget, &scheduled);
+  // Nothing runs and the oldest waiting sequence lacks blocks: newer waiting
+  // sequences give theirs up (those handed over by a prefill worker hold
+  // their prompt's), to be recomputed when their turn comes, as a
+  // preempted one is.
+  while (scheduled.empty() && running_.empty() && FreeNewestWaitingBlocks()) {
+    AdmitWaiting(&budget, &scheduled);
+  }
+  short_of_blocks_ = scheduled.empty();
   if (scheduled.empty()) {
-    // Nothing fits: only possible when a running sequence alone was preempted
-    // for want of blocks, which Validate rules out; report rather than spin.
-    return absl::InternalError("engine step scheduled no work");
+    // Every free block is spoken for outside the running set (KV
+    // reservations, prompts handed over but not yet released): nothing can
+    // run until some come back. The caller waits for a change.
+    return events;
   }
 
   // 3. Forward.

@@ -111,10 +111,17 @@ class EngineCore {
   // Runs one forward pass (if there is work) and returns the tokens it
   // produced, finished requests included. An error from the backend fails
   // every sequence of the step (their events carry kError, and it is logged);
-  // the core stays usable. An error status means a broken invariant.
+  // the core stays usable. An error status means a broken invariant. When no
+  // sequence can get the blocks it needs (they are held outside the running
+  // set: KV reservations, prompts handed over and not yet released), it runs
+  // nothing, returns no events and short_of_blocks() is true until a step
+  // runs again.
   absl::StatusOr<std::vector<TokenEvent>> Step();
 
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  // The last Step ran nothing for want of KV blocks: stepping again only
+  // helps once blocks come back (a release, an abort) or work arrives.
+  bool short_of_blocks() const { return short_of_blocks_; }
   // Blocks handed over by kPrefilled events and not yet released.
   int32_t prefilled_blocks_held() const;
   EngineStats stats() const;
@@ -129,6 +136,9 @@ class EngineCore {
   void FreeBlocks(Sequence& seq);
   void Preempt(std::list<SeqPtr>::iterator it);
 
+  // Frees the blocks of the newest waiting sequence that holds any (never
+  // the oldest), which will be recomputed; false when none holds blocks.
+  bool FreeNewestWaitingBlocks();
   // Step's parts. The running sequences' next chunks within `budget`,
   // preempting the newest for blocks (sets `preempted`).
   std::vector<Sequence*> ScheduleRunning(int32_t* budget, bool* preempted);
@@ -161,6 +171,7 @@ class EngineCore {
   sampling::Sampler sampler_;
   std::vector<float> logits_;
   EngineStats stats_;
+  bool short_of_blocks_ = false;
 };
 
 }  // namespace trident::engine

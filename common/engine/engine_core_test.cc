@@ -459,3 +459,76 @@ TEST(EngineCoreTest, ContextWindowEndsGenerationWithLength) {
 
 }  // namespace
 }  // namespace trident::engine
+
+namespace trident::engine {
+namespace {
+
+TEST(EngineCoreShortOfBlocksTest, BlocksHeldElsewhereStepNothingWithoutAnError) {
+  Harness h(4, {});
+  auto held = h.allocator.Allocate(3);  // A KV reservation, say.
+  ASSERT_THAT(held.status(), IsOk());
+  ASSERT_THAT(h.core.Add(Greedy("r", {1, 2, 3, 4, 5, 6, 7, 8}, 4)), IsOk());  // 2 blocks first
+
+  auto events = h.core.Step();
+  ASSERT_THAT(events.status(), IsOk());
+  EXPECT_TRUE(events->empty());
+  EXPECT_TRUE(h.core.short_of_blocks());
+
+  ASSERT_THAT(h.allocator.Free(*held), IsOk());
+  std::map<std::string, FinishReason> reasons;
+  const auto out = h.RunToCompletion(&reasons);
+  EXPECT_FALSE(h.core.short_of_blocks());
+  EXPECT_THAT(out.at("r"), ElementsAreArray(ExpectedGreedy(h.backend, {1, 2, 3, 4, 5, 6, 7, 8}, 4)));
+  EXPECT_EQ(reasons.at("r"), FinishReason::kLength);
+}
+
+TEST(EngineCoreShortOfBlocksTest, ANewerHandedOverSequenceGivesUpItsBlocksForTheOldest) {
+  Harness h(4, {});
+  const std::vector<int32_t> oldest_prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_THAT(h.core.Add(Greedy("oldest", oldest_prompt, 4)), IsOk());  // Needs 2 blocks.
+  // A prompt handed over by a prefill worker (1 block) arrives after it.
+  const std::vector<int32_t> newer_prompt = {9, 10, 11, 12};
+  Harness prefill(4, {});
+  EngineRequest pr = Greedy("newer", newer_prompt, 3);
+  pr.prefill_only = true;
+  ASSERT_THAT(prefill.core.Add(pr), IsOk());
+  auto first = prefill.core.Step();
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_EQ((*first)[0].finish, FinishReason::kPrefilled);
+  const int32_t first_token = (*first)[0].token;
+  auto blocks = h.allocator.Allocate(1);
+  ASSERT_THAT(blocks.status(), IsOk());
+  h.backend.CopyKvBlocks(prefill.backend, (*first)[0].prefilled_blocks, *blocks);
+  ASSERT_THAT(h.core.AddPrefilled(Greedy("newer", newer_prompt, 3), *blocks, first_token), IsOk());
+  auto held = h.allocator.Allocate(2);  // Two blocks reserved elsewhere: 1 free.
+  ASSERT_THAT(held.status(), IsOk());
+
+  // The oldest runs: the newer sequence's block was freed for it.
+  auto events = h.core.Step();
+  ASSERT_THAT(events.status(), IsOk());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].request_id, "oldest");
+  EXPECT_EQ(h.core.stats().preemptions_total, 1);
+
+  // Once the reservation is gone both finish; the newer one, recomputed,
+  // continues exactly as it would have from its handed-over KV.
+  ASSERT_THAT(h.allocator.Free(*held), IsOk());
+  std::map<std::string, std::vector<int32_t>> out;
+  out["oldest"].push_back((*events)[0].token);
+  out["newer"].push_back(first_token);
+  while (h.core.HasWork()) {
+    auto step = h.core.Step();
+    ASSERT_THAT(step.status(), IsOk());
+    for (const TokenEvent& ev : *step) out[ev.request_id].push_back(ev.token);
+  }
+  EXPECT_THAT(out["oldest"], ElementsAreArray(ExpectedGreedy(h.backend, oldest_prompt, 4)));
+  std::vector<int32_t> history = newer_prompt;
+  history.push_back(first_token);
+  std::vector<int32_t> want = {first_token};
+  for (int32_t t : ExpectedGreedy(h.backend, history, 2)) want.push_back(t);
+  EXPECT_THAT(out["newer"], ElementsAreArray(want));
+  EXPECT_EQ(h.allocator.num_free(), 4);
+}
+
+}  // namespace
+}  // namespace trident::engine
