@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 runs=${1:-1}
 seed=${SEED:-20240611}
 out=${OUT:-$(mktemp -d)}
-bazel build -c opt //bench/overload //services/router //services/worker >&2
+# CPU workers: the CUDA backend is not needed (--config=cpu).
+bazel build -c opt --config=cpu //bench/overload //services/router //services/worker >&2
 for ((k = 0; k < runs; k++)); do
   dir="$out/run-$k"
   mkdir -p "$dir"
