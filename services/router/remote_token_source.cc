@@ -111,8 +111,7 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
       : source_(source),
         request_(std::move(request)),
         callback_(std::move(callback)),
-        arrival_(arrival),
-        observer_(source->options_.metrics, source->clock_, request_.qos_class, arrival) {}
+        arrival_(arrival) {}
 
   const engine::EngineRequest& request() const { return request_; }
   absl::Time arrival() const { return arrival_; }
@@ -196,7 +195,9 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
   const absl::Time arrival_;
 
   mutable absl::Mutex mu_;
-  RequestObserver observer_ ABSL_GUARDED_BY(mu_);
+  // From admission on (a request refused at the door is counted by the
+  // admission's decision alone); null before.
+  std::unique_ptr<RequestObserver> observer_ ABSL_GUARDED_BY(mu_);
   Route route_ ABSL_GUARDED_BY(mu_);
   absl::Time admitted_at_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
@@ -301,6 +302,11 @@ void RemoteTokenSource::Flight::Reserve(Route route) {
     absl::MutexLock lock(&mu_);
     route_ = std::move(route);
     admitted_at_ = source_->clock_->Now();
+    if (observer_ == nullptr) {
+      // Admitted and routed: from now on the request counts in flight.
+      observer_ = std::make_unique<RequestObserver>(source_->options_.metrics, source_->clock_,
+                                                    request_.qos_class, arrival_);
+    }
     proceed = !aborted_;
     if (!proceed) {
       EndLocked(absl::OkStatus());
@@ -365,7 +371,7 @@ bool RemoteTokenSource::Flight::OnReserved(const grpc::Status& status) {
 
 void RemoteTokenSource::Flight::SetWaiting(bool waiting) {
   absl::MutexLock lock(&mu_);
-  observer_.OnKvWait(waiting);
+  if (observer_ != nullptr) observer_->OnKvWait(waiting);
 }
 
 void RemoteTokenSource::Flight::EndWithoutCalls(
@@ -373,7 +379,7 @@ void RemoteTokenSource::Flight::EndWithoutCalls(
   std::shared_ptr<Flight> self = shared_from_this();
   {
     absl::MutexLock lock(&mu_);
-    if (rejected.has_value()) observer_.OnRejected(*rejected);
+    if (rejected.has_value() && observer_ != nullptr) observer_->OnRejected(*rejected);
     EndLocked(status);
     SettleLocked();
   }
@@ -446,7 +452,7 @@ void RemoteTokenSource::Flight::HandlePrefillLocked(const v1::PrefillResponse& p
     transfer_done_at_ = source_->clock_->Now();
     prefill_time_ = DurationFromProto(p.transfer_done().prefill_time());
     transfer_time_ = DurationFromProto(p.transfer_done().transfer_time());
-    observer_.OnPrefillDone();
+    if (observer_ != nullptr) observer_->OnPrefillDone();
   } else if (p.has_complete()) {
     // The first token ended the request.
     EmitCompleteLocked(p.complete());
@@ -501,7 +507,7 @@ void RemoteTokenSource::Flight::OnCallDone(Call call, const grpc::Status& status
       }
     }
     if (call == Call::kPrefill) {
-      observer_.OnPrefillDone();
+      if (observer_ != nullptr) observer_->OnPrefillDone();
       prefill_done_ = true;
       if (held_complete_.has_value() && failure_.ok()) EmitCompleteLocked(*held_complete_);
     }
@@ -564,8 +570,10 @@ void RemoteTokenSource::Flight::EmitLocked(engine::TokenEvent ev) {
     ++outputs_;
   }
   finished_ = ev.finish != engine::FinishReason::kNone;
-  if (ev.token >= 0 && !finished_) observer_.OnToken();
-  if (finished_) observer_.OnFinish(ev.finish);
+  if (observer_ != nullptr) {
+    if (ev.token >= 0 && !finished_) observer_->OnToken();
+    if (finished_) observer_->OnFinish(ev.finish);
+  }
   outbox_.push_back(std::move(ev));
 }
 

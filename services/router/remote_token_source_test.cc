@@ -20,6 +20,7 @@
 #include "common/grpc/stream_channel.h"
 #include "common/status/error_details.h"
 #include "common/testing/status_matchers.h"
+#include "common/telemetry/collected_series.h"
 #include "common/time/proto_time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -460,6 +461,53 @@ TEST_F(RemoteTokenSourceTest, AbortCancelsTheCallsInFlightAndFreesTheReservation
   EXPECT_EQ(got.back().finish, engine::FinishReason::kAborted);
   EXPECT_EQ(Tokens(got), (std::vector<int32_t>{kFirstToken}));
   worker.decode.AwaitNoneReserved();
+}
+
+double Counted(prometheus::Registry& registry, const std::string& name,
+               const prometheus::Labels& labels) {
+  return telemetry::FindSeries(registry, name, labels).value;
+}
+
+TEST_F(RemoteTokenSourceTest, ARequestRefusedAtTheDoorCountsAsRejectedOnly) {
+  prometheus::Registry registry;
+  RouterMetrics metrics(registry, admission::QosConfig::SingleDefaultClass());
+  RemoteTokenSourceOptions options;
+  options.metrics = &metrics;
+  Start(options);  // No worker has reported: admission refuses (no_workers).
+  Events events;
+  EXPECT_THAT(source_->Submit(Request("r1"), events.Callback()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+
+  const std::string requests = "trident_router_requests_total";
+  EXPECT_EQ(Counted(registry, requests, {{"class", "default"}, {"outcome", "rejected"}}), 1);
+  EXPECT_EQ(Counted(registry, requests, {{"class", "default"}, {"outcome", "error"}}), 0);
+  EXPECT_EQ(Counted(registry, "trident_router_requests_in_flight", {{"stage", "prefill"}}), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, AWaitRefusedAtItsLimitCountsAsRejectedForKvCapacity) {
+  prometheus::Registry registry;
+  RouterMetrics metrics(registry, admission::QosConfig::SingleDefaultClass());
+  RemoteTokenSourceOptions options;
+  options.metrics = &metrics;
+  options.max_kv_wait = absl::Seconds(1);
+  Start(options);
+  FakeWorker worker(/*capacity=*/0);
+  AddWorker("w1", worker);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+  EXPECT_EQ(Counted(registry, "trident_router_requests_waiting_kv", {}), 1);
+
+  clock_.Advance(absl::Seconds(2));
+  source_->RunTimersForTesting();
+  events.AwaitEnd();
+  const std::string requests = "trident_router_requests_total";
+  EXPECT_EQ(Counted(registry, "trident_router_requests_waiting_kv", {}), 0);
+  EXPECT_EQ(Counted(registry, requests, {{"class", "default"}, {"outcome", "rejected"}}), 1);
+  EXPECT_EQ(Counted(registry, requests, {{"class", "default"}, {"outcome", "error"}}), 0);
+  EXPECT_EQ(Counted(registry, "trident_router_requests_rejected_total",
+                    {{"class", "default"}, {"reason", "kv_capacity"}}),
+            1);
 }
 
 TEST_F(RemoteTokenSourceTest, TheThreadCountDoesNotGrowWithStreamsInFlight) {
