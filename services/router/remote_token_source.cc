@@ -329,10 +329,16 @@ void RemoteTokenSource::Flight::Reserve(Route route) {
     return;
   }
   stub->async()->ReserveKv(reserve_context_.get(), &reserve_request_, &reserve_response_,
-                           [self](grpc::Status status) {
+                           [self](grpc::Status status) mutable {
                              if (!self->OnReserved(status)) {
                                self->source_->WaitForKv(self, FromGrpcStatus(status));
                              }
+                             // The flight (and the call's context with it)
+                             // may end here, inside the callback; never as
+                             // gRPC destroys the callback object with the
+                             // call, where the context's unref would come
+                             // twice.
+                             self.reset();
                            });
 }
 

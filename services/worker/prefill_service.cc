@@ -181,7 +181,7 @@ void PrefillService::Commit(const std::shared_ptr<Call>& call, v1::CommitKvReque
   }
   pending->stub->async()->CommitKv(
       &pending->context, &pending->request, &pending->response,
-      [this, pending, call, done = std::move(done)](grpc::Status status) {
+      [this, pending, call, done = std::move(done)](grpc::Status status) mutable {
         absl::Status result;
         if (!status.ok()) {
           result = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -190,6 +190,10 @@ void PrefillService::Commit(const std::shared_ptr<Call>& call, v1::CommitKvReque
                                              status.error_message()));
         }
         done(result);
+        // The call's context goes here, inside the callback, not with the
+        // callback object: gRPC destroys that as it tears the call down, and
+        // a context destroyed then unrefs the call a second time.
+        pending.reset();
         absl::MutexLock lock(&mu_);
         --commits_in_flight_;
       });
