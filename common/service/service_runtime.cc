@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc/callback_queue_anchor.h"
 #include "common/logging/log.h"
 #include "common/process/shutdown_signal.h"
 #include "nlohmann/json.hpp"
@@ -113,6 +114,9 @@ int RunServiceMain(int argc, char** argv, const ServiceDefaults& defaults,
   absl::SetProgramUsageMessage(absl::StrCat("Trident ", defaults.component,
                                             " service.\nUsage: ", defaults.component, " [flags]"));
   absl::ParseCommandLine(argc, argv);
+  // The callback API's shared queue lives as long as the process, so that it
+  // is never torn down (and rebuilt) while calls come and go.
+  AnchorCallbackCompletionQueue();
   log::InitLoggingFromFlags();
 
   absl::StatusOr<std::unique_ptr<ServiceRuntime>> runtime = ServiceRuntime::Create(defaults);

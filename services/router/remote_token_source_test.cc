@@ -362,6 +362,7 @@ TEST_F(RemoteTokenSourceTest, ARequestFindingTheKvCacheFullWaitsAndIsServedWhenR
 
   worker.decode.ReleaseHeld();  // The first request ends; its blocks free.
   EXPECT_EQ(first.AwaitEnd().back().finish, engine::FinishReason::kLength);
+  worker.decode.AwaitNoneReserved();
   clock_.Advance(absl::Milliseconds(100));
   source_->RunTimersForTesting();
 
