@@ -11,12 +11,6 @@
 #include "common/status/status_macros.h"
 
 namespace trident::engine {
-namespace {
-
-// How soon a core short of KV blocks steps again with no new input.
-constexpr absl::Duration kShortOfBlocksRecheck = absl::Milliseconds(2);
-
-}  // namespace
 
 Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options)
     : backend_(std::move(backend)),
@@ -46,7 +40,11 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveBlocks(int32_t num_blocks) {
 }
 
 absl::Status Engine::FreeBlocks(absl::Span<const int32_t> blocks) {
-  return allocator_->Free(blocks);
+  TRIDENT_RETURN_IF_ERROR(allocator_->Free(blocks));
+  // A core short of blocks waits for these.
+  absl::MutexLock lock(&mu_);
+  blocks_freed_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status Engine::SubmitPrefilled(EngineRequest request, std::vector<int32_t> blocks,
@@ -132,16 +130,12 @@ void Engine::Loop() {
       absl::MutexLock lock(&mu_);
       auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !inbox_.empty() || !aborts_.empty() || !prefilled_inbox_.empty() ||
-               !releases_.empty();
+               !releases_.empty() || blocks_freed_;
       };
-      if (!core_->HasWork()) {
-        mu_.Await(absl::Condition(&has_input));
-      } else if (core_->short_of_blocks()) {
-        // Blocks held outside the core (KV reservations of this worker's
-        // decode side) come back without an input; look again soon rather
-        // than spin.
-        mu_.AwaitWithTimeout(absl::Condition(&has_input), kShortOfBlocksRecheck);
-      }
+      // A core short of KV blocks steps again once some come back (a
+      // release, an abort, FreeBlocks) or work arrives.
+      if (!core_->HasWork() || core_->short_of_blocks()) mu_.Await(absl::Condition(&has_input));
+      blocks_freed_ = false;
       inbox.swap(inbox_);
       aborts.swap(aborts_);
       prefilled.swap(prefilled_inbox_);

@@ -41,7 +41,8 @@ class Engine final : public TokenSource {
 
   // Disaggregated decode. ReserveBlocks takes `num_blocks` KV blocks for a
   // sequence whose prompt KV another worker will write (RESOURCE_EXHAUSTED
-  // when fewer are free); FreeBlocks returns reserved blocks nobody used.
+  // when fewer are free); FreeBlocks returns reserved blocks nobody used,
+  // and wakes a loop whose sequences wait for blocks.
   // Both are safe from any thread.
   absl::StatusOr<std::vector<int32_t>> ReserveBlocks(int32_t num_blocks);
   absl::Status FreeBlocks(absl::Span<const int32_t> blocks);
@@ -89,6 +90,8 @@ class Engine final : public TokenSource {
   };
   std::vector<Prefilled> prefilled_inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> releases_ ABSL_GUARDED_BY(mu_);
+  // FreeBlocks returned blocks since the loop last looked.
+  bool blocks_freed_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, TokenCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const EngineStats&)> observer_ ABSL_GUARDED_BY(mu_);

@@ -442,6 +442,7 @@ EngineStats EngineCore::stats() const {
   s.waiting = static_cast<int32_t>(waiting_.size());
   s.blocks_free = allocator_->num_free();
   s.blocks_total = allocator_->num_total();
+  s.short_of_blocks = short_of_blocks_;
   return s;
 }
 

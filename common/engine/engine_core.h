@@ -67,6 +67,9 @@ struct EngineStats {
   int64_t queued_prefill_tokens = 0;
   // Sum of the context lengths of running sequences past their prompt.
   int64_t batch_context_tokens = 0;
+  // The last step ran nothing for want of KV blocks (EngineCore::
+  // short_of_blocks).
+  bool short_of_blocks = false;
   // Filled in by the Engine shell, which times steps (EWMA over recent
   // steps): prompt tokens per second of steps that computed prompts, and
   // the duration of decode-only steps. 0 before any such step.

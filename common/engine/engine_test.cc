@@ -168,3 +168,29 @@ TEST(EngineTest, ShutdownAbortsLiveRequestsAndRefusesNewOnes) {
 
 }  // namespace
 }  // namespace trident::engine
+
+namespace trident::engine {
+namespace {
+
+TEST(EngineShortOfBlocksTest, ARequestWaitingForReservedBlocksRunsOnceTheyAreFreed) {
+  Engine engine(Fake(), {});  // 32 blocks of 4 tokens.
+  auto reserved = engine.ReserveBlocks(31);  // Held for other workers' prompts.
+  ASSERT_THAT(reserved.status(), IsOk());
+  absl::Notification short_of_blocks;
+  engine.SetStatsObserver([&short_of_blocks](const EngineStats& stats) {
+    if (stats.short_of_blocks && !short_of_blocks.HasBeenNotified()) short_of_blocks.Notify();
+  });
+  Collector c;
+  ASSERT_THAT(engine.Submit(Greedy("r", {1, 2, 3, 4, 5, 6, 7, 8}, 4), c.Callback()), IsOk());
+  short_of_blocks.WaitForNotification();  // 2 blocks wanted, 1 free: it waits.
+  EXPECT_FALSE(c.done.HasBeenNotified());
+
+  // Nothing else arrives: freeing the reservation alone wakes the engine.
+  ASSERT_THAT(engine.FreeBlocks(*reserved), IsOk());
+  c.done.WaitForNotification();
+  EXPECT_EQ(c.finish(), FinishReason::kLength);
+  EXPECT_EQ(c.size(), 4u);
+}
+
+}  // namespace
+}  // namespace trident::engine

@@ -727,7 +727,8 @@ absl::Status RemoteTokenSource::Route(const std::shared_ptr<Flight>& flight, boo
   const admission::AdmissionRequest ask = flight->AdmissionAsk();
   absl::StatusOr<admission::AdmissionDecision> decision = admission_->Admit(ask);
   if (!decision.ok()) {
-    if (metrics != nullptr) metrics->OnSubmitError(ask.qos_class);
+    // A retry's failure is counted by the request's observer when it ends.
+    if (metrics != nullptr && first_attempt) metrics->OnSubmitError(ask.qos_class);
     return decision.status();
   }
   if (first_attempt) {

@@ -242,7 +242,6 @@ void RequestObserver::OnFinish(engine::FinishReason reason) {
 
 void RequestObserver::OnRejected(admission::RejectReason reason) {
   if (finished_) return;
-  OnKvWait(false);
   if (metrics_ != nullptr) {
     metrics_->classes_[class_index_].rejected[static_cast<int>(reason)]->Increment();
   }
