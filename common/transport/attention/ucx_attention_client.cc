@@ -1,0 +1,221 @@
+#include "common/transport/attention/ucx_attention_client.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+
+namespace trident::transport::attention {
+namespace {
+
+absl::Status CheckCall(const AttentionCall& call) {
+  if (call.handles.empty() || call.handles.size() != call.positions.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("an attention call needs one position per handle (",
+                                                   call.handles.size(), " handles, ",
+                                                   call.positions.size(), " positions)"));
+  }
+  if (call.q == nullptr || call.k == nullptr || call.v == nullptr || call.out == nullptr) {
+    return absl::InvalidArgumentError("an attention call needs q, k, v and out");
+  }
+  if (call.num_q_heads <= 0 || call.num_kv_heads <= 0 || call.head_dim <= 0 ||
+      call.num_q_heads % call.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad attention shape: ", call.num_q_heads, " q heads, ", call.num_kv_heads,
+        " kv heads, head_dim ", call.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+// The request's data: the sequence table, then each sequence's [q | k | v].
+std::shared_ptr<std::vector<uint64_t>> PackRequest(const AttentionCall& call,
+                                                   const RequestHeader& header) {
+  const size_t bytes = RequestDataBytes(header);
+  auto buffer = std::make_shared<std::vector<uint64_t>>((bytes + 7) / 8);
+  char* data = reinterpret_cast<char*>(buffer->data());
+  auto* entries = reinterpret_cast<SequenceEntry*>(data);
+  for (size_t i = 0; i < call.handles.size(); ++i) {
+    entries[i] = SequenceEntry{.handle = call.handles[i], .position = call.positions[i]};
+  }
+  char* row = data + sizeof(SequenceEntry) * call.handles.size();
+  const size_t element = WireElementSize(header.dtype);
+  const size_t q_elems = static_cast<size_t>(call.num_q_heads) * call.head_dim;
+  const size_t kv_elems = static_cast<size_t>(call.num_kv_heads) * call.head_dim;
+  for (size_t i = 0; i < call.handles.size(); ++i) {
+    ToWire(header.dtype, call.q + i * call.q_stride, row, q_elems);
+    row += q_elems * element;
+    ToWire(header.dtype, call.k + i * call.k_stride, row, kv_elems);
+    row += kv_elems * element;
+    ToWire(header.dtype, call.v + i * call.v_stride, row, kv_elems);
+    row += kv_elems * element;
+  }
+  return buffer;
+}
+
+}  // namespace
+
+// The RemoteAttention of one service: its endpoints and the shared client.
+class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
+ public:
+  ServiceChannel(UcxAttentionClient* client, std::string service_id,
+                 std::vector<std::shared_ptr<Endpoint>> endpoints)
+      : client_(client), service_id_(std::move(service_id)), endpoints_(std::move(endpoints)) {}
+
+  absl::StatusOr<Ticket> Start(const AttentionCall& call) override {
+    TRIDENT_RETURN_IF_ERROR(CheckCall(call));
+    const int lane = static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) %
+                                      endpoints_.size());
+    const std::shared_ptr<Endpoint>& endpoint = endpoints_[lane];
+    if (endpoint->failed()) {
+      return absl::UnavailableError(
+          absl::StrCat("attention service ", service_id_, " is unreachable"));
+    }
+    RequestHeader header{.dtype = call.dtype,
+                         .owner_incarnation = client_->owner_incarnation_,
+                         .layer = call.layer,
+                         .num_sequences = static_cast<int32_t>(call.handles.size()),
+                         .num_q_heads = call.num_q_heads,
+                         .num_kv_heads = call.num_kv_heads,
+                         .head_dim = call.head_dim,
+                         .lane = lane};
+    std::shared_ptr<std::vector<uint64_t>> data = PackRequest(call, header);
+    header.request_id = client_->AddPending(call);
+    const uint64_t request_id = header.request_id;
+    UcxAttentionClient* client = client_;
+    std::string service_id = service_id_;
+    endpoint->Send(
+        kAttentionRequestMessageId, EncodeRequestHeader(header), data->data(),
+        RequestDataBytes(header),
+        [client, request_id, data, service_id](absl::Status status) {
+          if (!status.ok()) {
+            client->Fail(request_id,
+                         absl::UnavailableError(absl::StrCat("attention request to ", service_id,
+                                                             " failed: ", status.message())));
+          }
+        });
+    client_->requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    return request_id;
+  }
+
+  absl::Status Wait(Ticket ticket, absl::Duration timeout) override {
+    return client_->Wait(ticket, timeout);
+  }
+
+ private:
+  UcxAttentionClient* const client_;
+  const std::string service_id_;
+  const std::vector<std::shared_ptr<Endpoint>> endpoints_;
+  std::atomic<uint64_t> next_lane_{0};
+};
+
+absl::StatusOr<std::unique_ptr<UcxAttentionClient>> UcxAttentionClient::Create(
+    UcxLanes* lanes, uint64_t owner_incarnation) {
+  auto client =
+      std::unique_ptr<UcxAttentionClient>(new UcxAttentionClient(lanes, owner_incarnation));
+  UcxAttentionClient* raw = client.get();
+  for (UcxWorker* worker : lanes->workers()) {
+    TRIDENT_RETURN_IF_ERROR(worker->SetMessageHandler(
+        kAttentionReplyMessageId,
+        [raw](absl::string_view header, absl::string_view data) { raw->OnReply(header, data); }));
+  }
+  return client;
+}
+
+UcxAttentionClient::~UcxAttentionClient() {
+  for (UcxWorker* worker : lanes_->workers()) {
+    worker->SetMessageHandler(kAttentionReplyMessageId,
+                              [](absl::string_view, absl::string_view) {})
+        .IgnoreError();
+  }
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  for (auto& [id, pending] : pending_) {
+    if (pending.done) continue;
+    pending.done = true;
+    pending.status = absl::UnavailableError("the attention client was shut down");
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RemoteAttention>> UcxAttentionClient::ForService(
+    const trident::v1::TransportEndpoint& service) {
+  TRIDENT_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Endpoint>> endpoints,
+                           lanes_->EndpointsTo(service));
+  return std::make_unique<ServiceChannel>(this, service.owner_id(), std::move(endpoints));
+}
+
+uint64_t UcxAttentionClient::AddPending(const AttentionCall& call) {
+  const uint64_t id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  Pending& pending = pending_[id];
+  pending.out = call.out;
+  pending.out_stride = call.out_stride;
+  pending.num_sequences = static_cast<int32_t>(call.handles.size());
+  pending.row_elements = int64_t{call.num_q_heads} * call.head_dim;
+  pending.dtype = call.dtype;
+  if (closed_) {
+    pending.done = true;
+    pending.status = absl::UnavailableError("the attention client was shut down");
+  }
+  return id;
+}
+
+void UcxAttentionClient::Fail(uint64_t request_id, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(request_id);
+  if (it == pending_.end() || it->second.done) return;
+  it->second.done = true;
+  it->second.status = std::move(status);
+}
+
+void UcxAttentionClient::OnReply(absl::string_view header, absl::string_view data) {
+  absl::StatusOr<ReplyView> reply = DecodeReply(header, data.size());
+  if (!reply.ok()) {
+    bad_replies_.fetch_add(1, std::memory_order_relaxed);
+    TRIDENT_LOG(WARNING) << "dropped an attention reply: " << reply.status();
+    return;
+  }
+  const ReplyHeader& h = reply->header;
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(h.request_id);
+  if (it == pending_.end() || it->second.done) return;  // Given up on, or failed first.
+  Pending& pending = it->second;
+  pending.done = true;
+  if (h.status_code != 0) {
+    pending.status = absl::Status(static_cast<absl::StatusCode>(h.status_code),
+                                  absl::StrCat("attention service: ", reply->error));
+    return;
+  }
+  if (h.num_sequences != pending.num_sequences ||
+      int64_t{h.num_q_heads} * h.head_dim != pending.row_elements || h.dtype != pending.dtype) {
+    bad_replies_.fetch_add(1, std::memory_order_relaxed);
+    pending.status = absl::InternalError("the attention reply's shape does not match its request");
+    return;
+  }
+  const size_t row_bytes = static_cast<size_t>(pending.row_elements) * WireElementSize(h.dtype);
+  for (int32_t i = 0; i < h.num_sequences; ++i) {
+    FromWire(h.dtype, data.data() + i * row_bytes, pending.out + i * pending.out_stride,
+             static_cast<size_t>(pending.row_elements));
+  }
+  pending.status = absl::OkStatus();
+}
+
+absl::Status UcxAttentionClient::Wait(uint64_t request_id, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto it = pending_.find(request_id);
+  if (it == pending_.end()) {
+    return absl::NotFoundError(absl::StrCat("no attention request ", request_id, " is pending"));
+  }
+  const Pending* pending = &it->second;
+  mu_.AwaitWithTimeout(absl::Condition(&pending->done), timeout);
+  absl::Status status =
+      pending->done
+          ? pending->status
+          : absl::DeadlineExceededError(absl::StrCat("the attention service did not answer within ",
+                                                     absl::FormatDuration(timeout)));
+  pending_.erase(it);
+  return status;
+}
+
+}  // namespace trident::transport::attention

@@ -1,0 +1,198 @@
+#include "common/transport/attention/ucx_attention_server.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+
+namespace trident::transport::attention {
+
+absl::StatusOr<std::unique_ptr<UcxAttentionServer>> UcxAttentionServer::Create(
+    UcxLanes* lanes, AttentionComputer* computer, UcxAttentionServerOptions options) {
+  auto server = std::unique_ptr<UcxAttentionServer>(
+      new UcxAttentionServer(lanes, computer, std::move(options)));
+  UcxAttentionServer* raw = server.get();
+  server->dispatcher_ = std::thread([raw] { raw->DispatchLoop(); });
+  for (UcxWorker* worker : lanes->workers()) {
+    TRIDENT_RETURN_IF_ERROR(worker->SetMessageHandler(
+        kAttentionRequestMessageId,
+        [raw](absl::string_view header, absl::string_view data) { raw->OnRequest(header, data); }));
+  }
+  return server;
+}
+
+UcxAttentionServer::~UcxAttentionServer() {
+  for (UcxWorker* worker : lanes_->workers()) {
+    worker->SetMessageHandler(kAttentionRequestMessageId,
+                              [](absl::string_view, absl::string_view) {})
+        .IgnoreError();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  dispatcher_.join();
+}
+
+absl::Status UcxAttentionServer::AddPeer(const trident::v1::TransportEndpoint& client) {
+  TRIDENT_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Endpoint>> endpoints,
+                           lanes_->EndpointsTo(client));
+  absl::MutexLock lock(&mu_);
+  for (auto it = routes_.begin(); it != routes_.end();) {
+    if (it->second.owner_id == client.owner_id() && it->first != client.incarnation()) {
+      routes_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  routes_[client.incarnation()] = Route{.owner_id = client.owner_id(),
+                                        .endpoints = std::move(endpoints)};
+  return absl::OkStatus();
+}
+
+void UcxAttentionServer::RemovePeer(uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  routes_.erase(incarnation);
+}
+
+std::vector<std::pair<std::string, uint64_t>> UcxAttentionServer::TakeFailedPeers() {
+  std::vector<std::pair<std::string, uint64_t>> failed;
+  absl::MutexLock lock(&mu_);
+  for (auto& [incarnation, route] : routes_) {
+    if (route.reported_failed) continue;
+    for (const std::shared_ptr<Endpoint>& endpoint : route.endpoints) {
+      if (!endpoint->failed()) continue;
+      route.reported_failed = true;
+      failed.emplace_back(route.owner_id, incarnation);
+      break;
+    }
+  }
+  return failed;
+}
+
+AttentionServerCounters UcxAttentionServer::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
+}
+
+void UcxAttentionServer::OnRequest(absl::string_view header, absl::string_view data) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  std::unique_ptr<Job> job;
+  if (!spare_.empty()) {
+    job = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    job = std::make_unique<Job>();
+  }
+  job->header.assign(header.data(), header.size());
+  job->data.resize((data.size() + 7) / 8);
+  if (!data.empty()) std::memcpy(job->data.data(), data.data(), data.size());
+  job->data_bytes = data.size();
+  job->arrived = absl::Now();
+  counters_.bytes_in += static_cast<int64_t>(data.size());
+  queue_.push_back(std::move(job));
+}
+
+void UcxAttentionServer::DispatchLoop() {
+  while (true) {
+    std::unique_ptr<Job> job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](UcxAttentionServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+            return s->stopping_ || !s->queue_.empty();
+          },
+          this));
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Serve(*job);
+    absl::MutexLock lock(&mu_);
+    if (spare_.size() < 16) spare_.push_back(std::move(job));
+  }
+}
+
+void UcxAttentionServer::Serve(Job& job) {
+  absl::string_view data(reinterpret_cast<const char*>(job.data.data()), job.data_bytes);
+  absl::StatusOr<RequestView> request = DecodeRequest(job.header, data);
+  if (!request.ok()) {
+    // Answer it if the header names its requester, so that it need not time
+    // out; else it can only be dropped.
+    RequestHeader h;
+    const bool readable = job.header.size() == sizeof(RequestHeader) &&
+                          (std::memcpy(&h, job.header.data(), sizeof(h)), h.magic == kRequestMagic);
+    bool replied = false;
+    if (readable) {
+      ReplyHeader reply{.dtype = WireDType::kF32,
+                        .request_id = h.request_id,
+                        .status_code = static_cast<int32_t>(absl::StatusCode::kInvalidArgument)};
+      replied = Reply(h.owner_incarnation, h.lane,
+                      EncodeReplyHeader(reply, request.status().message()), nullptr, 0);
+    }
+    TRIDENT_LOG(WARNING) << "bad attention request: " << request.status();
+    absl::MutexLock lock(&mu_);
+    ++counters_.bad_messages;
+    if (replied) ++counters_.errors; else ++counters_.dropped;
+    return;
+  }
+  const RequestHeader& h = request->header;
+  const absl::Time started = absl::Now();
+  ReplyHeader reply{.dtype = h.dtype,
+                    .request_id = h.request_id,
+                    .num_sequences = h.num_sequences,
+                    .num_q_heads = h.num_q_heads,
+                    .head_dim = h.head_dim};
+  const size_t reply_bytes = ReplyDataBytes(reply);
+  auto rows = std::make_shared<std::vector<uint64_t>>((reply_bytes + 7) / 8);
+  absl::Status status = computer_->Compute(*request, reinterpret_cast<char*>(rows->data()));
+  const absl::Time computed = absl::Now();
+  reply.status_code = static_cast<int32_t>(status.code());
+  const bool replied =
+      status.ok() ? Reply(h.owner_incarnation, h.lane, EncodeReplyHeader(reply, ""), rows,
+                          reply_bytes)
+                  : Reply(h.owner_incarnation, h.lane, EncodeReplyHeader(reply, status.message()),
+                          nullptr, 0);
+  if (options_.on_request) {
+    options_.on_request(AttentionRequestRecord{.layer = h.layer,
+                                               .num_sequences = h.num_sequences,
+                                               .queued = started - job.arrived,
+                                               .compute = computed - started,
+                                               .status = status});
+  }
+  absl::MutexLock lock(&mu_);
+  if (!replied) {
+    ++counters_.dropped;
+  } else if (status.ok()) {
+    ++counters_.requests;
+    counters_.sequences += h.num_sequences;
+    counters_.bytes_out += static_cast<int64_t>(reply_bytes);
+  } else {
+    ++counters_.errors;
+  }
+}
+
+bool UcxAttentionServer::Reply(uint64_t incarnation, int32_t lane, std::string header,
+                               std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes) {
+  std::shared_ptr<Endpoint> endpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = routes_.find(incarnation);
+    if (it == routes_.end() || it->second.endpoints.empty()) return false;
+    const std::vector<std::shared_ptr<Endpoint>>& endpoints = it->second.endpoints;
+    endpoint = endpoints[lane >= 0 && lane < static_cast<int32_t>(endpoints.size()) ? lane : 0];
+  }
+  const void* bytes = data ? static_cast<const void*>(data->data()) : nullptr;
+  endpoint->Send(kAttentionReplyMessageId, std::move(header), bytes, data_bytes,
+                 [data](absl::Status status) {
+                   if (!status.ok()) {
+                     TRIDENT_LOG(WARNING)
+                         << "attention reply not delivered: " << status;
+                   }
+                 });
+  return true;
+}
+
+}  // namespace trident::transport::attention
