@@ -2,43 +2,152 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/reactors.h"
+#include "common/status/status_macros.h"
+#include "common/time/proto_time.h"
 
 namespace trident::attention {
 namespace {
 
-absl::Status NotServedYet(absl::string_view method, absl::string_view missing) {
-  return absl::UnimplementedError(absl::StrCat(
-      "trident.v1.Attention/", method, " is not served by this attention build: it needs ",
-      missing));
+absl::StatusOr<numeric::DType> DTypeFromProto(trident::v1::DType dtype) {
+  switch (dtype) {
+    case trident::v1::DTYPE_FLOAT32: return numeric::DType::kF32;
+    case trident::v1::DTYPE_FLOAT16: return numeric::DType::kF16;
+    case trident::v1::DTYPE_BFLOAT16: return numeric::DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype must be DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16, got ",
+                       trident::v1::DType_Name(dtype)));
+  }
 }
 
-constexpr absl::string_view kNeedsKvStore =
-    "the NUMA-local KV store, the CPU attention kernels and the UCX transport";
+trident::v1::DType DTypeToProto(numeric::DType dtype) {
+  switch (dtype) {
+    case numeric::DType::kF32: return trident::v1::DTYPE_FLOAT32;
+    case numeric::DType::kF16: return trident::v1::DTYPE_FLOAT16;
+    case numeric::DType::kBF16: return trident::v1::DTYPE_BFLOAT16;
+  }
+  return trident::v1::DTYPE_UNSPECIFIED;
+}
 
 }  // namespace
+
+absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceRequest& request) {
+  TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, DTypeFromProto(request.dtype()));
+  SequenceSpec spec{.owner_id = request.owner_id(),
+                    .owner_incarnation = request.owner_incarnation(),
+                    .sequence_id = request.sequence_id(),
+                    .num_layers = request.num_layers(),
+                    .num_q_heads = request.num_attention_heads(),
+                    .num_kv_heads = request.num_kv_heads(),
+                    .head_dim = request.head_dim(),
+                    .dtype = dtype,
+                    .capacity_tokens = request.capacity_tokens(),
+                    .block_size = request.block_size_tokens() == 0 ? 16
+                                                                   : request.block_size_tokens()};
+  if (request.has_idle_timeout()) {
+    spec.idle_timeout = DurationFromProto(request.idle_timeout());
+    if (spec.idle_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("idle_timeout must be positive when set");
+    }
+  }
+  return spec;
+}
 
 grpc::ServerUnaryReactor* AttentionService::Connect(grpc::CallbackServerContext* context,
                                                     const trident::v1::ConnectRequest* request,
                                                     trident::v1::ConnectResponse* response) {
-  return FinishUnary(context, NotServedYet("Connect", "the UCX transport"));
+  const trident::v1::TransportEndpoint& client = request->client();
+  absl::StatusOr<int> freed = parts_.store->Connect(client.owner_id(), client.incarnation());
+  if (!freed.ok()) return FinishUnary(context, freed.status());
+  if (client.ucx_worker_address().empty()) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError("client.ucx_worker_address must be set"));
+  }
+  absl::Status routed = parts_.data_plane->AddPeer(client);
+  if (!routed.ok()) {
+    return FinishUnary(context, absl::UnavailableError(absl::StrCat(
+                                    "cannot reach owner ", client.owner_id(),
+                                    " over UCX for its replies: ", routed.message())));
+  }
+  *response->mutable_server() = parts_.endpoint;
+  response->set_numa_node(parts_.numa_node);
+  response->set_isa(parts_.isa);
+  SetProtoDuration(parts_.store->options().reconnect_grace, response->mutable_reconnect_grace());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AttentionService::AdmitSequence(
     grpc::CallbackServerContext* context, const trident::v1::AdmitSequenceRequest* request,
     trident::v1::AdmitSequenceResponse* response) {
-  return FinishUnary(context, NotServedYet("AdmitSequence", kNeedsKvStore));
+  absl::StatusOr<SequenceSpec> spec = SpecFromProto(*request);
+  if (!spec.ok()) return FinishUnary(context, spec.status());
+  absl::StatusOr<AdmittedSequence> admitted = parts_.store->Admit(*spec);
+  if (!admitted.ok()) return FinishUnary(context, admitted.status());
+  const SequenceLayout& layout = admitted->layout;
+  response->set_handle(admitted->handle);
+  *response->mutable_endpoint() = parts_.endpoint;
+  trident::v1::KvLayout* kv = response->mutable_layout();
+  kv->set_num_layers(layout.num_layers);
+  kv->set_num_kv_heads(layout.num_kv_heads);
+  kv->set_head_dim(layout.head_dim);
+  kv->set_dtype(DTypeToProto(layout.dtype));
+  kv->set_block_size_tokens(layout.block_size);
+  kv->set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
+  kv->set_layer_stride_bytes(layout.layer_stride_bytes);
+  kv->set_block_stride_bytes(layout.block_stride_bytes);
+  kv->set_value_offset_bytes(layout.value_offset_bytes);
+  if (parts_.kv_region != nullptr) {
+    trident::v1::KvRegion* region = response->add_regions();
+    region->set_base_address(reinterpret_cast<uint64_t>(admitted->data));
+    region->set_length_bytes(admitted->reserved_bytes);
+    region->set_rkey(parts_.kv_region->packed_rkey());
+    region->set_memory_type(trident::v1::MEMORY_TYPE_HOST);
+  }
+  response->set_capacity_tokens(layout.capacity_tokens);
+  response->set_reserved_bytes(static_cast<int64_t>(admitted->reserved_bytes));
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AttentionService::ReleaseSequence(
     grpc::CallbackServerContext* context, const trident::v1::ReleaseSequenceRequest* request,
     trident::v1::ReleaseSequenceResponse* response) {
-  return FinishUnary(context, NotServedYet("ReleaseSequence", kNeedsKvStore));
+  absl::StatusOr<int64_t> freed =
+      parts_.store->Release(request->owner_id(), request->owner_incarnation(), request->handle());
+  if (!freed.ok()) return FinishUnary(context, freed.status());
+  response->set_released(*freed > 0);
+  response->set_freed_bytes(*freed);
+  return FinishUnary(context, absl::OkStatus());
+}
+
+trident::v1::AttentionStats AttentionService::Stats() const {
+  trident::v1::AttentionStats stats;
+  stats.set_service_id(parts_.endpoint.owner_id());
+  stats.set_incarnation(parts_.endpoint.incarnation());
+  stats.set_numa_node(parts_.numa_node);
+  stats.set_isa(parts_.isa);
+  for (const std::string& feature : parts_.cpu_features) stats.add_cpu_features(feature);
+  stats.set_threads(parts_.threads);
+  const SequenceStoreStats store = parts_.store->Stats();
+  stats.set_held_bytes(store.held_bytes);
+  stats.set_capacity_bytes(store.capacity_bytes);
+  stats.set_sequences(store.sequences);
+  stats.set_held_tokens(store.held_tokens);
+  stats.set_sessions(store.sessions);
+  if (parts_.data_plane_stats) {
+    const DataPlaneStats data_plane = parts_.data_plane_stats();
+    stats.set_attention_requests_total(data_plane.requests);
+    if (data_plane.requests > 0) {
+      SetProtoDuration(data_plane.mean_request_time, stats.mutable_attention_request_time());
+    }
+  }
+  return stats;
 }
 
 grpc::ServerUnaryReactor* AttentionService::GetStats(
     grpc::CallbackServerContext* context, const trident::v1::GetAttentionStatsRequest* request,
     trident::v1::AttentionStats* response) {
-  return FinishUnary(context, NotServedYet("GetStats", kNeedsKvStore));
+  *response = Stats();
+  return FinishUnary(context, absl::OkStatus());
 }
 
 }  // namespace trident::attention

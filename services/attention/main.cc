@@ -1,16 +1,32 @@
-// The CPU attention service: holds offloaded sequences' KV in NUMA-local DRAM
-// and computes their decode attention.
+// The CPU attention service: holds offloaded sequences' KV in the DRAM of
+// one NUMA node and computes their decode attention. Flags only; the parts
+// are in attention_server.h.
 
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/logging/log.h"
 #include "common/service/service_runtime.h"
-#include "services/attention/attention_service.h"
+#include "common/status/status_macros.h"
+#include "services/attention/attention_server.h"
 
 ABSL_FLAG(int, numa_node, -1,
-          "NUMA node whose cores and memory this process uses; -1 leaves placement to the OS.");
+          "NUMA node whose cores and memory this process uses; -1: the node of its first "
+          "allowed CPU.");
+ABSL_FLAG(std::string, service_id, "",
+          "Id of this service in stats and endpoints; empty: attention-<pid>.");
+ABSL_FLAG(int64_t, kv_budget_mb, 1024,
+          "DRAM for offloaded sequences' KV, in MiB; admission beyond it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, ucx_transports, "^sysv",
+          "UCX_TLS for the attention data plane (e.g. 'tcp', 'posix', 'rc_x'); empty: UCX's "
+          "default.");
+ABSL_FLAG(int32_t, lanes, 1, "UCX workers (each with a progress thread) taking requests.");
+ABSL_FLAG(absl::Duration, reconnect_grace, absl::Seconds(10),
+          "How long an unreachable decode worker's sequences are kept for it to reconnect.");
+ABSL_FLAG(absl::Duration, default_idle_timeout, absl::Minutes(10),
+          "A sequence no request names for this long is freed (when its admission set none).");
 
 int main(int argc, char** argv) {
   return trident::RunServiceMain(
@@ -21,9 +37,16 @@ int main(int argc, char** argv) {
           return absl::InvalidArgumentError(
               absl::StrCat("--numa_node: must be -1 or a node number, got ", numa_node));
         }
-        TRIDENT_LOG(INFO) << "attention service, NUMA node "
-                          << (numa_node < 0 ? std::string("unbound") : absl::StrCat(numa_node));
-        trident::attention::AttentionService attention;
-        return runtime.Serve({{&attention, trident::v1::Attention::service_full_name()}});
+        trident::attention::AttentionServerOptions options;
+        options.service_id = absl::GetFlag(FLAGS_service_id);
+        options.numa_node = numa_node < 0 ? 0 : numa_node;
+        options.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mb) << 20;
+        options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
+        options.lanes = absl::GetFlag(FLAGS_lanes);
+        options.store.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
+        options.store.default_idle_timeout = absl::GetFlag(FLAGS_default_idle_timeout);
+        TRIDENT_ASSIGN_OR_RETURN(auto server, trident::attention::AttentionServer::Create(
+                                                  options, &runtime.registry()));
+        return runtime.Serve(server->services());
       });
 }

@@ -1,0 +1,110 @@
+#include "services/attention/attention_metrics.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace trident::attention {
+namespace {
+
+// 20 us to ~1.3 s, doubling.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  std::vector<double> bounds;
+  for (double b = 20e-6; b < 1.5; b *= 2) bounds.push_back(b);
+  return bounds;
+}
+
+prometheus::Histogram::BucketBoundaries SequenceBuckets() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+}
+
+prometheus::Counter& CounterOf(prometheus::Registry& registry, const std::string& name,
+                               const std::string& help,
+                               const std::map<std::string, std::string>& labels = {}) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+prometheus::Gauge& GaugeOf(prometheus::Registry& registry, const std::string& name,
+                           const std::string& help,
+                           const std::map<std::string, std::string>& labels = {}) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+void Follow(prometheus::Counter& counter, int64_t total, int64_t* last) {
+  if (total > *last) counter.Increment(static_cast<double>(total - *last));
+  *last = total;
+}
+
+}  // namespace
+
+AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::string& isa,
+                                   int numa_node, int threads)
+    : sequences_(GaugeOf(registry, "trident_attention_sequences", "Sequences whose KV is held.")),
+      held_tokens_(GaugeOf(registry, "trident_attention_held_tokens",
+                           "Tokens of KV held, over all sequences.")),
+      held_bytes_(GaugeOf(registry, "trident_attention_held_bytes",
+                          "DRAM reserved for sequences' KV.")),
+      capacity_bytes_(GaugeOf(registry, "trident_attention_capacity_bytes",
+                              "The DRAM budget for KV on this NUMA node.")),
+      sessions_(GaugeOf(registry, "trident_attention_sessions",
+                        "Decode workers with an open session.")),
+      requests_ok_(CounterOf(registry, "trident_attention_requests_total",
+                             "Per-layer attention requests, by outcome.", {{"outcome", "ok"}})),
+      requests_error_(CounterOf(registry, "trident_attention_requests_total",
+                                "Per-layer attention requests, by outcome.",
+                                {{"outcome", "error"}})),
+      bad_messages_(CounterOf(registry, "trident_attention_bad_messages_total",
+                              "Malformed data-plane messages (answered with an error or dropped).")),
+      kernel_seconds_(prometheus::BuildHistogram()
+                          .Name("trident_attention_kernel_seconds")
+                          .Help("Time to compute one per-layer request (append and attention).")
+                          .Register(registry)
+                          .Add({}, SecondsBuckets())),
+      queue_seconds_(prometheus::BuildHistogram()
+                         .Name("trident_attention_queue_seconds")
+                         .Help("Time a per-layer request waited between arrival and compute.")
+                         .Register(registry)
+                         .Add({}, SecondsBuckets())),
+      request_sequences_(prometheus::BuildHistogram()
+                             .Name("trident_attention_request_sequences")
+                             .Help("Sequences per per-layer request.")
+                             .Register(registry)
+                             .Add({}, SequenceBuckets())),
+      bytes_read_(CounterOf(registry, "trident_attention_bytes_read_total",
+                            "KV bytes the attention kernel read.")),
+      freed_released_(CounterOf(registry, "trident_attention_freed_sequences_total",
+                                "Sequences freed, by cause.", {{"cause", "released"}})),
+      freed_session_ended_(CounterOf(registry, "trident_attention_freed_sequences_total",
+                                     "Sequences freed, by cause.", {{"cause", "session_ended"}})),
+      freed_idle_(CounterOf(registry, "trident_attention_freed_sequences_total",
+                            "Sequences freed, by cause.", {{"cause", "idle"}})) {
+  GaugeOf(registry, "trident_attention_info",
+          "The attention service's kernel instruction set, NUMA node and threads.",
+          {{"isa", isa}, {"numa_node", absl::StrCat(numa_node)}, {"threads", absl::StrCat(threads)}})
+      .Set(1);
+}
+
+void AttentionMetrics::Record(const transport::attention::AttentionRequestRecord& record) {
+  (record.status.ok() ? requests_ok_ : requests_error_).Increment();
+  kernel_seconds_.Observe(absl::ToDoubleSeconds(record.compute));
+  queue_seconds_.Observe(absl::ToDoubleSeconds(record.queued));
+  request_sequences_.Observe(record.num_sequences);
+}
+
+void AttentionMetrics::Sample(const SequenceStoreStats& store,
+                              const transport::attention::AttentionServerCounters& data_plane,
+                              int64_t kv_bytes_read) {
+  sequences_.Set(store.sequences);
+  held_tokens_.Set(static_cast<double>(store.held_tokens));
+  held_bytes_.Set(static_cast<double>(store.held_bytes));
+  capacity_bytes_.Set(static_cast<double>(store.capacity_bytes));
+  sessions_.Set(store.sessions);
+  Follow(bad_messages_, data_plane.bad_messages, &last_bad_messages_);
+  Follow(bytes_read_, kv_bytes_read, &last_bytes_read_);
+  Follow(freed_released_, store.released, &last_released_);
+  Follow(freed_session_ended_, store.freed_session_ended, &last_session_ended_);
+  Follow(freed_idle_, store.freed_idle, &last_idle_);
+}
+
+}  // namespace trident::attention

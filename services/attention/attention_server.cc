@@ -1,0 +1,102 @@
+#include "services/attention/attention_server.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+#include "services/attention/kv_store/heap_kv_pool.h"
+
+namespace trident::attention {
+
+absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
+    const AttentionServerOptions& options, prometheus::Registry* registry) {
+  if (options.kv_budget_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the KV budget must be positive, got ", options.kv_budget_bytes, " bytes"));
+  }
+  if (options.lanes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("lanes must be >= 1, got ", options.lanes));
+  }
+  auto server = std::unique_ptr<AttentionServer>(new AttentionServer(options));
+  TRIDENT_RETURN_IF_ERROR(server->Start(registry));
+  return server;
+}
+
+absl::Status AttentionServer::Start(prometheus::Registry* registry) {
+  if (options_.service_id.empty()) options_.service_id = absl::StrCat("attention-", getpid());
+  if (options_.incarnation == 0) {
+    options_.incarnation = absl::Uniform<uint64_t>(absl::BitGen()) | 1;
+  }
+  clock_ = options_.clock != nullptr ? options_.clock : Clock::Real();
+  pool_ = std::make_unique<HeapKvPool>(static_cast<size_t>(options_.kv_budget_bytes));
+  store_ = std::make_unique<SequenceStore>(pool_.get(), clock_, options_.store);
+  computer_ = std::make_unique<KvAttentionComputer>(
+      store_.get(), Executor{.threads = 1, .run = [](const auto& fn) { fn(0); }});
+  TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(transport::UcxOptions{
+                                     .transports = options_.ucx_transports,
+                                     .name = options_.service_id}));
+  TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx_.get(), {.lanes = options_.lanes}));
+  metrics_ = std::make_unique<AttentionMetrics>(*registry, "reference", options_.numa_node, 1);
+  transport::attention::UcxAttentionServerOptions data_plane_options;
+  data_plane_options.on_request = [this](const transport::attention::AttentionRequestRecord& r) {
+    metrics_->Record(r);
+    absl::MutexLock lock(&stats_mu_);
+    mean_request_time_ = mean_request_time_ == absl::ZeroDuration()
+                             ? r.compute
+                             : 0.9 * mean_request_time_ + 0.1 * r.compute;
+  };
+  TRIDENT_ASSIGN_OR_RETURN(data_plane_, transport::attention::UcxAttentionServer::Create(
+                                            lanes_.get(), computer_.get(),
+                                            std::move(data_plane_options)));
+  AttentionServiceParts parts;
+  parts.store = store_.get();
+  parts.data_plane = data_plane_.get();
+  parts.endpoint.set_owner_id(options_.service_id);
+  parts.endpoint.set_incarnation(options_.incarnation);
+  parts.endpoint.set_memory_type(trident::v1::MEMORY_TYPE_HOST);
+  lanes_->DescribeAddresses(&parts.endpoint);
+  parts.numa_node = options_.numa_node;
+  parts.threads = 1;
+  parts.data_plane_stats = [this] {
+    DataPlaneStats stats;
+    stats.requests = data_plane_->counters().requests;
+    absl::MutexLock lock(&stats_mu_);
+    stats.mean_request_time = mean_request_time_;
+    return stats;
+  };
+  service_ = std::make_unique<AttentionService>(std::move(parts));
+  TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": KV budget "
+                    << options_.kv_budget_bytes / (1 << 20) << " MiB, " << options_.lanes
+                    << " UCX lane(s) (" << options_.ucx_transports << ")";
+  housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  return absl::OkStatus();
+}
+
+AttentionServer::~AttentionServer() {
+  stop_.Notify();
+  if (housekeeping_.joinable()) housekeeping_.join();
+  data_plane_.reset();
+  service_.reset();
+}
+
+std::vector<RegisteredService> AttentionServer::services() {
+  return {{service_.get(), trident::v1::Attention::service_full_name()}};
+}
+
+void AttentionServer::Housekeep() {
+  for (const auto& [owner_id, incarnation] : data_plane_->TakeFailedPeers()) {
+    store_->OwnerUnreachable(owner_id, incarnation);
+  }
+  store_->Sweep();
+  metrics_->Sample(store_->Stats(), data_plane_->counters(), computer_->kv_bytes_read());
+}
+
+void AttentionServer::HousekeepingLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.housekeeping_interval)) Housekeep();
+}
+
+}  // namespace trident::attention

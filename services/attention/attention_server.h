@@ -1,0 +1,107 @@
+// An attention service process's parts, wired together. main.cc fills
+// AttentionServerOptions from its flags and serves services(); tests build
+// one in process and serve it on port 0.
+//
+//   KvPool                 the KV budget (NUMA-bound arena where available)
+//   SequenceStore          sessions, sequences, grace, idle timeouts
+//   KvAttentionComputer    append + decode attention, on the kernel threads
+//   UcxWorker, UcxLanes    the data plane's workers
+//   UcxAttentionServer     per-layer requests in, o out
+//   AttentionService       the gRPC control plane
+//   housekeeping thread    every housekeeping_interval: owners whose UCX
+//                          endpoints failed become unreachable (their grace
+//                          starts), expired sessions and idle sequences are
+//                          freed, metrics are sampled
+//
+// Destroyed in reverse: the housekeeping thread stops first, then the data
+// plane (no request runs after), then the store frees what is left.
+
+#ifndef TRIDENT_SERVICES_ATTENTION_ATTENTION_SERVER_H_
+#define TRIDENT_SERVICES_ATTENTION_ATTENTION_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/grpc/server.h"
+#include "common/time/clock.h"
+#include "common/transport/attention/ucx_attention_server.h"
+#include "common/transport/ucx_lanes.h"
+#include "common/transport/ucx_worker.h"
+#include "prometheus/registry.h"
+#include "services/attention/attention_metrics.h"
+#include "services/attention/attention_service.h"
+#include "services/attention/kv_attention_computer.h"
+#include "services/attention/kv_store/kv_pool.h"
+#include "services/attention/kv_store/sequence_store.h"
+
+namespace trident::attention {
+
+struct AttentionServerOptions {
+  // Reported in stats and endpoints; empty: "attention-<pid>".
+  std::string service_id;
+  // This process's incarnation; 0: a random odd number.
+  uint64_t incarnation = 0;
+  // The NUMA node the process was bound to (reported; main binds).
+  int32_t numa_node = 0;
+  // DRAM for sequences' KV.
+  int64_t kv_budget_bytes = int64_t{1} << 30;
+  // UCX_TLS of the data plane's workers; empty: UCX's default.
+  std::string ucx_transports = "^sysv";
+  // Data-plane lanes (UcxLanes).
+  int32_t lanes = 1;
+  SequenceStoreOptions store;
+  absl::Duration housekeeping_interval = absl::Milliseconds(250);
+  // Time for the store; null: the real clock.
+  Clock* clock = nullptr;
+};
+
+class AttentionServer {
+ public:
+  // Builds every part and starts the data plane and housekeeping. Errors of
+  // UcxWorker::Create and the pool's allocation, INVALID_ARGUMENT for a
+  // non-positive budget or lane count.
+  static absl::StatusOr<std::unique_ptr<AttentionServer>> Create(
+      const AttentionServerOptions& options, prometheus::Registry* registry);
+  ~AttentionServer();
+
+  AttentionServer(const AttentionServer&) = delete;
+  AttentionServer& operator=(const AttentionServer&) = delete;
+
+  std::vector<RegisteredService> services();
+  AttentionService& service() { return *service_; }
+  SequenceStore& store() { return *store_; }
+
+  // One housekeeping pass, as the thread runs it.
+  void Housekeep();
+
+ private:
+  explicit AttentionServer(AttentionServerOptions options) : options_(std::move(options)) {}
+  absl::Status Start(prometheus::Registry* registry);
+  void HousekeepingLoop();
+
+  AttentionServerOptions options_;
+  Clock* clock_ = nullptr;
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<SequenceStore> store_;
+  std::unique_ptr<KvAttentionComputer> computer_;
+  std::unique_ptr<transport::UcxWorker> ucx_;
+  std::unique_ptr<transport::UcxLanes> lanes_;
+  std::unique_ptr<AttentionMetrics> metrics_;
+  std::unique_ptr<transport::attention::UcxAttentionServer> data_plane_;
+  std::unique_ptr<AttentionService> service_;
+  // Mean request time, exponentially weighted; written by the dispatcher.
+  absl::Mutex stats_mu_;
+  absl::Duration mean_request_time_ ABSL_GUARDED_BY(stats_mu_);
+  absl::Notification stop_;
+  std::thread housekeeping_;
+};
+
+}  // namespace trident::attention
+
+#endif  // TRIDENT_SERVICES_ATTENTION_ATTENTION_SERVER_H_

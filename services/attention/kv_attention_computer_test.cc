@@ -1,0 +1,164 @@
+#include "services/attention/kv_attention_computer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "common/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/attention/kv_store/heap_kv_pool.h"
+
+namespace trident::attention {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+using transport::attention::RequestHeader;
+using transport::attention::RequestView;
+using transport::attention::SequenceEntry;
+using transport::attention::WireDType;
+
+constexpr int32_t kLayers = 2, kQHeads = 4, kKvHeads = 2, kHeadDim = 16;
+constexpr int32_t kQ = kQHeads * kHeadDim, kKv = kKvHeads * kHeadDim, kRow = kQ + 2 * kKv;
+constexpr uint64_t kIncarnation = 3;
+
+// Plain attention over the rows a sequence was sent, as the decoder computes it.
+std::vector<float> Reference(const std::vector<std::vector<float>>& rows_sent, int32_t layer_rows) {
+  const std::vector<float>& last = rows_sent.back();
+  std::vector<float> o(kQ, 0.0f);
+  for (int32_t qh = 0; qh < kQHeads; ++qh) {
+    const int32_t kvh = qh / (kQHeads / kKvHeads);
+    std::vector<double> scores;
+    double max_score = -1e300;
+    for (const std::vector<float>& r : rows_sent) {
+      double dot = 0;
+      for (int d = 0; d < kHeadDim; ++d) dot += last[qh * kHeadDim + d] * r[kQ + kvh * kHeadDim + d];
+      scores.push_back(dot / std::sqrt(double{kHeadDim}));
+      max_score = std::max(max_score, scores.back());
+    }
+    double sum = 0;
+    for (double& s : scores) sum += s = std::exp(s - max_score);
+    for (size_t t = 0; t < rows_sent.size(); ++t) {
+      for (int d = 0; d < kHeadDim; ++d) {
+        o[qh * kHeadDim + d] +=
+            static_cast<float>(scores[t] / sum * rows_sent[t][kQ + kKv + kvh * kHeadDim + d]);
+      }
+    }
+  }
+  (void)layer_rows;
+  return o;
+}
+
+class KvAttentionComputerTest : public ::testing::TestWithParam<numeric::DType> {
+ protected:
+  void SetUp() override {
+    ASSERT_THAT(store_.Connect("w0", kIncarnation), IsOk());
+  }
+  uint64_t Admit(const std::string& id, int32_t capacity) {
+    auto admitted = store_.Admit(SequenceSpec{
+        .owner_id = "w0", .owner_incarnation = kIncarnation, .sequence_id = id,
+        .num_layers = kLayers, .num_q_heads = kQHeads, .num_kv_heads = kKvHeads,
+        .head_dim = kHeadDim, .dtype = GetParam(), .capacity_tokens = capacity,
+        .block_size = 16});
+    EXPECT_THAT(admitted.status(), IsOk());
+    return admitted.ok() ? admitted->handle : 0;
+  }
+  // Sends one request for `handles` at `positions` with `rows` (one per
+  // sequence), returning the status and o.
+  absl::Status Send(int32_t layer, const std::vector<uint64_t>& handles,
+                    const std::vector<int32_t>& positions,
+                    const std::vector<std::vector<float>>& rows, std::vector<float>* o,
+                    uint64_t incarnation = kIncarnation) {
+    RequestHeader h{.dtype = WireDType::kF32, .owner_incarnation = incarnation, .layer = layer,
+                    .num_sequences = static_cast<int32_t>(handles.size()),
+                    .num_q_heads = kQHeads, .num_kv_heads = kKvHeads, .head_dim = kHeadDim};
+    std::vector<uint64_t> data((RequestDataBytes(h) + 7) / 8);
+    auto* entries = reinterpret_cast<SequenceEntry*>(data.data());
+    float* row = reinterpret_cast<float*>(entries + handles.size());
+    for (size_t i = 0; i < handles.size(); ++i) {
+      entries[i] = SequenceEntry{.handle = handles[i], .position = positions[i]};
+      std::copy(rows[i].begin(), rows[i].end(), row + i * kRow);
+    }
+    auto view = transport::attention::DecodeRequest(
+        transport::attention::EncodeRequestHeader(h),
+        absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h)));
+    if (!view.ok()) return view.status();
+    o->assign(handles.size() * kQ, -7.0f);
+    return computer_.Compute(*view, reinterpret_cast<char*>(o->data()));
+  }
+  std::vector<float> RandomRow() {
+    std::vector<float> row(kRow);
+    for (float& x : row) x = dist_(rng_);
+    return row;
+  }
+
+  std::mt19937 rng_{20261124};
+  std::uniform_real_distribution<float> dist_{-1.0f, 1.0f};
+  FakeClock clock_;
+  HeapKvPool pool_{64 << 20};
+  SequenceStore store_{&pool_, &clock_};
+  KvAttentionComputer computer_{&store_, Executor{.threads = 3, .run = [](const auto& fn) {
+                                                     for (int t = 0; t < 3; ++t) fn(t);
+                                                   }}};
+};
+
+TEST_P(KvAttentionComputerTest, DecodesEachSequenceOverEverythingAppendedToIt) {
+  std::printf("seed 20261124\n");
+  const uint64_t a = Admit("a", 40), b = Admit("b", 40);
+  std::vector<std::vector<float>> sent_a[kLayers], sent_b[kLayers];
+  // b joins at step 17 (a block boundary passed), a runs 35 steps.
+  for (int32_t step = 0; step < 35; ++step) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      std::vector<uint64_t> handles = {a};
+      std::vector<int32_t> positions = {step};
+      std::vector<std::vector<float>> rows = {RandomRow()};
+      sent_a[layer].push_back(rows[0]);
+      if (step >= 17) {
+        handles.push_back(b);
+        positions.push_back(step - 17);
+        rows.push_back(RandomRow());
+        sent_b[layer].push_back(rows[1]);
+      }
+      std::vector<float> o;
+      ASSERT_THAT(Send(layer, handles, positions, rows, &o), IsOk());
+      const double tolerance = GetParam() == numeric::DType::kF32 ? 1e-5 : 2e-2;
+      std::vector<float> want = Reference(sent_a[layer], 0);
+      for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[j], want[j], tolerance) << step << " " << j;
+      if (step >= 17) {
+        want = Reference(sent_b[layer], 0);
+        for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[kQ + j], want[j], tolerance) << step;
+      }
+    }
+  }
+  EXPECT_EQ(store_.Stats().held_tokens, 35 + 18);
+  EXPECT_GT(computer_.kv_bytes_read(), 0);
+}
+
+TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {
+  const uint64_t a = Admit("a", 16);
+  std::vector<float> o;
+  const std::vector<std::vector<float>> two = {RandomRow(), RandomRow()};
+  EXPECT_THAT(Send(0, {a, a + 100}, {0, 0}, two, &o), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(Send(0, {a}, {16}, {two[0]}, &o), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Send(kLayers, {a}, {0}, {two[0]}, &o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 2")));
+  EXPECT_THAT(Send(0, {a}, {0}, {two[0]}, &o, kIncarnation + 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(o[0], -7.0f);
+  // Nothing stayed pinned: a release frees the memory at once.
+  ASSERT_THAT(store_.Release("w0", kIncarnation, a), IsOk());
+  EXPECT_EQ(pool_.used_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvDTypes, KvAttentionComputerTest,
+                         ::testing::Values(numeric::DType::kF32, numeric::DType::kBF16),
+                         [](const auto& info) {
+                           return std::string(numeric::DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace trident::attention
