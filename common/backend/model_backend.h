@@ -14,13 +14,27 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/backend/kv_copier.h"
 #include "common/kv/kv_layout.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
+#include "common/transport/attention/remote_attention.h"
 
 namespace trident::backend {
+
+// Where a CPU-resident sequence's KV lives: an attention service holds it
+// and computes its attention (common/transport/attention).
+struct RemoteKv {
+  // Null: the sequence is resident in the backend's own KV cache.
+  transport::attention::RemoteAttention* service = nullptr;
+  // The sequence's handle at the service (AdmitSequenceResponse.handle).
+  uint64_t handle = 0;
+};
 
 // One sequence's share of a forward step.
 struct StepSequence {
@@ -34,7 +48,38 @@ struct StepSequence {
   // Whether the logits of the last token are wanted (false for the
   // non-final chunks of a chunked prefill).
   bool want_logits = false;
+  // Set for a CPU-resident sequence: one decode token, no blocks of ours;
+  // each layer sends its q, k, v to the service and takes o back. Backends
+  // without offload refuse it (supports_remote_attention()).
+  RemoteKv remote;
 };
+
+// A forward step failed because an attention service did not answer (it
+// died, or timed out): the status carries this payload (type URL
+// kRemoteAttentionFailureUrl), naming the service, so that the engine can
+// move that service's sequences back into the backend's own cache (a
+// recompute) instead of failing them.
+inline constexpr char kRemoteAttentionFailureUrl[] = "trident.backend/remote-attention-failure";
+
+// UNAVAILABLE (whatever `cause` was) naming `service` in the payload.
+inline absl::Status RemoteAttentionFailure(const transport::attention::RemoteAttention* service,
+                                           const absl::Status& cause) {
+  absl::Status status = absl::UnavailableError(
+      absl::StrCat("attention service failed: ", cause.message()));
+  status.SetPayload(kRemoteAttentionFailureUrl,
+                    absl::Cord(absl::StrCat(reinterpret_cast<uintptr_t>(service))));
+  return status;
+}
+
+// The service a failed forward step names, or null when the failure is not
+// an attention service's.
+inline const transport::attention::RemoteAttention* FailedRemoteAttention(
+    const absl::Status& status) {
+  absl::optional<absl::Cord> payload = status.GetPayload(kRemoteAttentionFailureUrl);
+  uintptr_t address = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &address)) return nullptr;
+  return reinterpret_cast<const transport::attention::RemoteAttention*>(address);
+}
 
 // How to sample one wanted row, for backends that sample on the device.
 struct RowSampling {
@@ -98,6 +143,13 @@ class ModelBackend {
     return absl::UnimplementedError("this backend's KV pool needs no copier");
   }
 
+  // Whether Forward takes StepSequences with `remote` set.
+  virtual bool supports_remote_attention() const { return false; }
+
+  // How long a forward step waits for an attention service's answer before
+  // it fails the step (kRemoteAttentionFailureUrl).
+  void set_remote_attention_timeout(absl::Duration timeout) { remote_timeout_ = timeout; }
+
   // Whether ForwardSample is implemented: the backend samples where the
   // logits are (the GPU) and only tokens and logprobs reach the host.
   virtual bool samples_on_device() const { return false; }
@@ -128,8 +180,10 @@ class ModelBackend {
 
  protected:
   const std::function<void(int32_t)>& layer_observer() const { return layer_observer_; }
+  absl::Duration remote_timeout() const { return remote_timeout_; }
 
  private:
+  absl::Duration remote_timeout_ = absl::Seconds(5);
   std::function<void(int32_t)> layer_observer_;
 };
 

@@ -260,9 +260,10 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
   Grow(positions_, total);
   Grow(slots_, total);
 
-  std::vector<kernels::cpu::AttentionSequence> seqs;
-  TRIDENT_RETURN_IF_ERROR(Embed(batch, &seqs));
-  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) RunLayer(l, total, seqs);
+  TRIDENT_RETURN_IF_ERROR(Embed(batch));
+  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    TRIDENT_RETURN_IF_ERROR(RunLayer(l, total));
+  }
   // Final residual add and norm, then the head, for the wanted rows only.
   if (rows == 0) return absl::OkStatus();
   Grow(last_, rows * h);
@@ -271,7 +272,7 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
   int64_t r = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!batch[i].want_logits) continue;
-    const int64_t src = seqs[i].query_row + seqs[i].query_len - 1;
+    const int64_t src = seqs_[i].query_row + seqs_[i].query_len - 1;
     if (src != r) {
       std::memmove(&x_[r * h], &x_[src * h], h * sizeof(float));
       std::memmove(&tmp_[r * h], &tmp_[src * h], h * sizeof(float));
@@ -294,6 +295,15 @@ absl::Status CpuBackend::ValidateBatch(absl::Span<const StepSequence> batch, int
                                                      ", ", end, "), outside the context window of ",
                                                      max_model_len_));
     }
+    if (s.remote.service != nullptr) {
+      if (s.tokens.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a CPU-resident sequence decodes one token a step, not ", s.tokens.size()));
+      }
+      *total += 1;
+      *rows += s.want_logits ? 1 : 0;
+      continue;
+    }
     if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
       return absl::InvalidArgumentError(absl::StrCat("block table of ", s.block_table.size(),
                                                      " blocks cannot hold ", end, " positions"));
@@ -310,13 +320,20 @@ absl::Status CpuBackend::ValidateBatch(absl::Span<const StepSequence> batch, int
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch,
-                               std::vector<kernels::cpu::AttentionSequence>* seqs) {
+absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch) {
   const int64_t h = config_.hidden_size;
   const int32_t bs = kv_spec_.block_size;
-  seqs->reserve(batch.size());
+  seqs_.clear();
+  local_seqs_.clear();
+  for (RemoteGroup& group : remote_groups_) {
+    group.rows.clear();
+    group.handles.clear();
+    group.positions.clear();
+    group.started = false;
+  }
   int64_t row = 0;
   for (const StepSequence& s : batch) {
+    const bool remote = s.remote.service != nullptr;
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       const int32_t token = s.tokens[i];
       if (token < 0 || token >= config_.vocab_size) {
@@ -325,7 +342,9 @@ absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch,
       }
       const int32_t pos = s.start_position + static_cast<int32_t>(i);
       positions_[row + i] = pos;
-      slots_[row + i] = static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
+      // A CPU-resident sequence's KV goes to its service, not our cache.
+      slots_[row + i] =
+          remote ? -1 : static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
       std::memcpy(&x_[(row + i) * h], &embedding_[static_cast<int64_t>(token) * h],
                   h * sizeof(float));
     }
@@ -334,14 +353,81 @@ absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch,
     a.context_len = s.start_position + static_cast<int32_t>(s.tokens.size());
     a.query_len = static_cast<int32_t>(s.tokens.size());
     a.query_row = row;
-    seqs->push_back(a);
+    seqs_.push_back(a);
+    if (remote) {
+      auto group = std::find_if(remote_groups_.begin(), remote_groups_.end(),
+                                [&](const RemoteGroup& g) { return g.service == s.remote.service; });
+      if (group == remote_groups_.end()) {
+        remote_groups_.emplace_back();
+        group = remote_groups_.end() - 1;
+        group->service = s.remote.service;
+      }
+      group->rows.push_back(row);
+      group->handles.push_back(s.remote.handle);
+      group->positions.push_back(s.start_position);
+    } else {
+      local_seqs_.push_back(a);
+    }
     row += static_cast<int64_t>(s.tokens.size());
+  }
+  // Groups of services this step does not use are dropped.
+  remote_groups_.erase(std::remove_if(remote_groups_.begin(), remote_groups_.end(),
+                                      [](const RemoteGroup& g) { return g.rows.empty(); }),
+                       remote_groups_.end());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::StartRemoteAttention(int32_t layer) {
+  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
+  const int64_t qkv_width = q_out + 2 * kv_out;
+  for (RemoteGroup& g : remote_groups_) {
+    const size_t n = g.rows.size();
+    g.q.resize(n * q_out);
+    g.k.resize(n * kv_out);
+    g.v.resize(n * kv_out);
+    g.out.resize(n * q_out);
+    for (size_t i = 0; i < n; ++i) {
+      const float* qkv = &qkv_[g.rows[i] * qkv_width];
+      std::memcpy(&g.q[i * q_out], qkv, q_out * sizeof(float));
+      std::memcpy(&g.k[i * kv_out], qkv + q_out, kv_out * sizeof(float));
+      std::memcpy(&g.v[i * kv_out], qkv + q_out + kv_out, kv_out * sizeof(float));
+    }
+    transport::attention::AttentionCall call{
+        .layer = layer, .num_q_heads = config_.num_attention_heads,
+        .num_kv_heads = config_.num_key_value_heads, .head_dim = config_.head_dim,
+        .dtype = kv_spec_.dtype == numeric::DType::kF32 ? transport::attention::WireDType::kF32
+                                                        : transport::attention::WireDType::kBF16,
+        .handles = g.handles, .positions = g.positions, .q = g.q.data(), .q_stride = q_out,
+        .k = g.k.data(), .k_stride = kv_out, .v = g.v.data(), .v_stride = kv_out,
+        .out = g.out.data(), .out_stride = q_out};
+    absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket = g.service->Start(call);
+    if (!ticket.ok()) return RemoteAttentionFailure(g.service, ticket.status());
+    g.ticket = *ticket;
+    g.started = true;
   }
   return absl::OkStatus();
 }
 
-void CpuBackend::RunLayer(int32_t l, int64_t total,
-                          const std::vector<kernels::cpu::AttentionSequence>& seqs) {
+absl::Status CpuBackend::FinishRemoteAttention() {
+  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
+  absl::Status first_error;
+  for (RemoteGroup& g : remote_groups_) {
+    if (!g.started) continue;
+    g.started = false;
+    absl::Status waited = g.service->Wait(g.ticket, remote_timeout());
+    if (!waited.ok()) {
+      if (first_error.ok()) first_error = RemoteAttentionFailure(g.service, waited);
+      continue;
+    }
+    for (size_t i = 0; i < g.rows.size(); ++i) {
+      std::memcpy(&attn_[g.rows[i] * q_out], &g.out[i * q_out], q_out * sizeof(float));
+    }
+  }
+  return first_error;
+}
+
+absl::Status CpuBackend::RunLayer(int32_t l, int64_t total) {
   const int64_t h = config_.hidden_size;
   const int32_t nq = config_.num_attention_heads;
   const int32_t nkv = config_.num_key_value_heads;
@@ -373,15 +459,24 @@ void CpuBackend::RunLayer(int32_t l, int64_t total,
   kv.head_dim = hd;
   kv.block_stride_elems = kv_spec_.block_stride_elements();
   kv.value_offset_elems = kv_spec_.value_offset_elements();
+  // CPU-resident sequences' attention runs at their services while ours
+  // runs here.
+  absl::Status remote = StartRemoteAttention(l);
   kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
   if (layer_observer()) layer_observer()(l);
-  kernels::cpu::PagedAttention(kv, q, qkv_width, nq, seqs, scale, attn_.data(), q_out);
+  if (!local_seqs_.empty()) {
+    kernels::cpu::PagedAttention(kv, q, qkv_width, nq, local_seqs_, scale, attn_.data(), q_out);
+  }
+  absl::Status finished = FinishRemoteAttention();
+  TRIDENT_RETURN_IF_ERROR(remote);
+  TRIDENT_RETURN_IF_ERROR(finished);
   layer.o->Forward(attn_.data(), total, tmp_.data());
   kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,
                            hn_.data());
   layer.gate_up->Forward(hn_.data(), total, gate_up_.data());
   kernels::cpu::SiluMulReference(gate_up_.data(), act_.data(), total, inter);
   layer.down->Forward(act_.data(), total, tmp_.data());
+  return absl::OkStatus();
 }
 
 }  // namespace trident::backend

@@ -64,6 +64,7 @@ class CpuBackend : public ModelBackend {
   std::string Describe() const override;
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
   bool reports_layer_progress() const override { return true; }
+  bool supports_remote_attention() const override { return true; }
 
   const model::ModelConfig& config() const { return config_; }
   // Bytes of weights read by one decode step (every packed matmul weight
@@ -86,10 +87,13 @@ class CpuBackend : public ModelBackend {
   // token; one decoder layer over all of them.
   absl::Status ValidateBatch(absl::Span<const StepSequence> batch, int64_t* total,
                              int64_t* rows) const;
-  absl::Status Embed(absl::Span<const StepSequence> batch,
-                     std::vector<kernels::cpu::AttentionSequence>* seqs);
-  void RunLayer(int32_t layer, int64_t total,
-                const std::vector<kernels::cpu::AttentionSequence>& seqs);
+  absl::Status Embed(absl::Span<const StepSequence> batch);
+  absl::Status RunLayer(int32_t layer, int64_t total);
+  // A layer's attention for the step's CPU-resident sequences: their q, k,
+  // v rows go to their services (one request each), whose answers land in
+  // their rows of attn_. `wait` false starts them; true takes the answers.
+  absl::Status StartRemoteAttention(int32_t layer);
+  absl::Status FinishRemoteAttention();
 
   CpuBackend() = default;
   absl::Status Load(const std::string& model_dir);
@@ -101,6 +105,22 @@ class CpuBackend : public ModelBackend {
   int32_t max_model_len_ = 0;
   int64_t weight_bytes_per_step_ = 0;
   std::vector<Layer> layers_;
+  // The step's sequences as the attention kernel sees them: all of them
+  // (batch order), and those resident here.
+  std::vector<kernels::cpu::AttentionSequence> seqs_;
+  std::vector<kernels::cpu::AttentionSequence> local_seqs_;
+  // The step's CPU-resident sequences, grouped by service (one request per
+  // service and layer), with their rows, handles and positions.
+  struct RemoteGroup {
+    transport::attention::RemoteAttention* service = nullptr;
+    std::vector<int64_t> rows;
+    std::vector<uint64_t> handles;
+    std::vector<int32_t> positions;
+    std::vector<float> q, k, v, out;  // Gathered rows; o before the scatter.
+    transport::attention::RemoteAttention::Ticket ticket = 0;
+    bool started = false;
+  };
+  std::vector<RemoteGroup> remote_groups_;
   // fp32 embedding rows [vocab, hidden].
   std::vector<float> embedding_;
   std::vector<float> final_norm_;

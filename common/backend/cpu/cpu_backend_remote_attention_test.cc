@@ -1,0 +1,158 @@
+// CPU-resident sequences on the CPU backend: a sequence whose KV an
+// attention service holds (here FakeRemoteAttention, in process) decodes to
+// the same logits as one resident in the backend's cache, alone and mixed in
+// one batch with resident ones; a dead service fails the step with a status
+// that names it.
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/model_backend.h"
+#include "common/model/generate/model_gen.h"
+#include "common/testing/runfiles.h"
+#include "common/testing/status_matchers.h"
+#include "common/transport/attention/fake_remote_attention.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::backend {
+namespace {
+
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+using transport::attention::FakeRemoteAttention;
+
+class CpuBackendRemoteAttentionTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = ::trident::testing::TestTmpPath(GetParam());
+    auto spec = model::generate::PresetSpec(GetParam());
+    ASSERT_THAT(spec.status(), IsOk());
+    ASSERT_THAT(model::generate::WriteModel(*spec, dir_), IsOk());
+    CpuBackendOptions options;
+    options.kv_cache_bytes = int64_t{8} << 20;
+    options.pin_threads = false;
+    options.num_threads = 1;
+    auto backend = CpuBackend::Create(dir_, options);
+    ASSERT_THAT(backend.status(), IsOk());
+    backend_ = *std::move(backend);
+    const model::ModelConfig& c = backend_->config();
+    fake_ = std::make_unique<FakeRemoteAttention>(c.num_hidden_layers, c.num_attention_heads,
+                                                  c.num_key_value_heads, c.head_dim);
+  }
+
+  // Runs one step of `batch`, returning one logits row per sequence.
+  std::vector<std::vector<float>> Step(const std::vector<StepSequence>& batch) {
+    std::vector<float> logits(batch.size() * backend_->vocab_size());
+    EXPECT_THAT(backend_->Forward(batch, logits.data()), IsOk());
+    std::vector<std::vector<float>> rows;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      rows.emplace_back(logits.begin() + i * backend_->vocab_size(),
+                        logits.begin() + (i + 1) * backend_->vocab_size());
+    }
+    return rows;
+  }
+
+  static int32_t Argmax(const std::vector<float>& row) {
+    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  }
+
+  // Copies positions [0, n) of a sequence in `blocks` out of the backend's
+  // cache into the fake (a migration to the service).
+  void Migrate(const std::vector<int32_t>& blocks, int32_t n, uint64_t handle) {
+    auto memory = backend_->kv_memory();
+    ASSERT_THAT(memory.status(), IsOk());
+    const kv::KvCacheSpec& spec = memory->spec;
+    ASSERT_EQ(spec.dtype, numeric::DType::kF32);
+    const char* base = static_cast<const char*>(memory->base);
+    std::vector<float> k(spec.num_kv_heads * spec.head_dim), v(k.size());
+    for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
+      for (int32_t p = 0; p < n; ++p) {
+        const int32_t block = blocks[p / spec.block_size], slot = p % spec.block_size;
+        for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
+          const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * 4;
+          std::memcpy(&k[h * spec.head_dim], base + spec.KeyOffsetBytes(layer, block) + within,
+                      spec.head_dim * 4);
+          std::memcpy(&v[h * spec.head_dim], base + spec.ValueOffsetBytes(layer, block) + within,
+                      spec.head_dim * 4);
+        }
+        fake_->WriteKv(handle, layer, p, k.data(), v.data());
+      }
+    }
+  }
+
+  std::string dir_;
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<FakeRemoteAttention> fake_;
+};
+
+TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesAsAResidentOneDoes) {
+  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 42, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                       16, 77, 78};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  // Two copies of the same sequence: A stays resident (blocks 0-2), B is
+  // prefilled into blocks 3-5 and then migrated to the service.
+  const std::vector<int32_t> blocks_a = {0, 1, 2}, blocks_b = {3, 4, 5};
+  auto prefill = Step({StepSequence{.tokens = prompt, .block_table = blocks_a, .want_logits = true},
+                       StepSequence{.tokens = prompt, .block_table = blocks_b, .want_logits = true}});
+  ASSERT_EQ(prefill[0], prefill[1]);
+  const uint64_t handle = fake_->Admit();
+  Migrate(blocks_b, n, handle);
+  int32_t token = Argmax(prefill[0]);
+  for (int32_t step = 0; step < 20; ++step) {
+    const int32_t position = n + step;
+    std::vector<int32_t> tokens = {token};
+    auto rows = Step({StepSequence{.tokens = tokens, .start_position = position,
+                                   .block_table = blocks_a, .want_logits = true},
+                      StepSequence{.tokens = tokens, .start_position = position,
+                                   .want_logits = true, .remote = {fake_.get(), handle}}});
+    for (size_t j = 0; j < rows[0].size(); ++j) {
+      ASSERT_NEAR(rows[1][j], rows[0][j], 1e-4) << "step " << step << " logit " << j;
+    }
+    ASSERT_EQ(Argmax(rows[1]), Argmax(rows[0])) << step;
+    token = Argmax(rows[0]);
+  }
+  EXPECT_EQ(fake_->requests(), 20 * backend_->config().num_hidden_layers);
+}
+
+TEST_P(CpuBackendRemoteAttentionTest, ADeadServiceFailsTheStepNamingIt) {
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const std::vector<int32_t> blocks = {0};
+  Step({StepSequence{.tokens = prompt, .block_table = blocks, .want_logits = true}});
+  const uint64_t handle = fake_->Admit();
+  Migrate(blocks, 3, handle);
+  fake_->Kill();
+  const std::vector<int32_t> token = {4};
+  std::vector<float> logits(backend_->vocab_size());
+  const std::vector<StepSequence> batch = {StepSequence{
+      .tokens = token, .start_position = 3, .want_logits = true, .remote = {fake_.get(), handle}}};
+  absl::Status status = backend_->Forward(batch, logits.data());
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(FailedRemoteAttention(status), fake_.get());
+  EXPECT_EQ(FailedRemoteAttention(absl::UnavailableError("other")), nullptr);
+}
+
+TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesOneTokenAStep) {
+  const std::vector<int32_t> two = {4, 5};
+  std::vector<float> logits(2 * backend_->vocab_size());
+  const std::vector<StepSequence> batch = {
+      StepSequence{.tokens = two, .start_position = 3, .want_logits = true,
+                   .remote = {fake_.get(), fake_->Admit()}}};
+  EXPECT_THAT(backend_->Forward(batch, logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("one token")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CpuBackendRemoteAttentionTest,
+                         ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace trident::backend
