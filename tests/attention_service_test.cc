@@ -205,6 +205,54 @@ TEST_P(AttentionServiceTest, DecodesOverUcxAsAPlainComputationDoes) {
   EXPECT_EQ(Stats().held_bytes(), 0);
 }
 
+TEST_P(AttentionServiceTest, AppendedPromptKvIsAttendedByTheNextDecodeStep) {
+  absl::StatusOr<Owner> owner = Connect("decode-0", 11);
+  ASSERT_THAT(owner.status(), IsOk());
+  auto a = Admit(*owner, "a", 64);
+  ASSERT_THAT(a.status(), IsOk());
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  constexpr int32_t kPrompt = 37;  // Three blocks, the last partial.
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    std::vector<float> k(kPrompt * kKv), v(kPrompt * kKv);
+    for (float& x : k) x = dist(rng);
+    for (float& x : v) x = dist(rng);
+    const std::vector<uint64_t> handles(kPrompt, a->handle());
+    std::vector<int32_t> positions(kPrompt);
+    for (int32_t p = 0; p < kPrompt; ++p) positions[p] = p;
+    auto ticket = owner->service->StartAppend(
+        {.layer = layer, .num_kv_heads = kKvHeads, .head_dim = kHeadDim,
+         .dtype = WireDType::kF32, .handles = handles, .positions = positions, .k = k.data(),
+         .k_stride = kKv, .v = v.data(), .v_stride = kKv});
+    ASSERT_THAT(ticket.status(), IsOk());
+    ASSERT_THAT(owner->service->Wait(*ticket, absl::Seconds(30)), IsOk());
+    // Decode position kPrompt over the appended prompt and the new token.
+    std::vector<float> q(kQ), nk(kKv), nv(kKv), out(kQ);
+    for (float& x : q) x = dist(rng);
+    for (float& x : nk) x = dist(rng);
+    for (float& x : nv) x = dist(rng);
+    const std::vector<uint64_t> one = {a->handle()};
+    const std::vector<int32_t> at = {kPrompt};
+    auto decode = owner->service->Start(
+        {.layer = layer, .num_q_heads = kQHeads, .num_kv_heads = kKvHeads, .head_dim = kHeadDim,
+         .dtype = WireDType::kF32, .handles = one, .positions = at, .q = q.data(),
+         .q_stride = kQ, .k = nk.data(), .k_stride = kKv, .v = nv.data(), .v_stride = kKv,
+         .out = out.data(), .out_stride = kQ});
+    ASSERT_THAT(decode.status(), IsOk());
+    ASSERT_THAT(owner->service->Wait(*decode, absl::Seconds(30)), IsOk());
+    std::vector<std::vector<float>> ks, vs;
+    for (int32_t p = 0; p < kPrompt; ++p) {
+      ks.emplace_back(k.begin() + p * kKv, k.begin() + (p + 1) * kKv);
+      vs.emplace_back(v.begin() + p * kKv, v.begin() + (p + 1) * kKv);
+    }
+    ks.push_back(nk);
+    vs.push_back(nv);
+    const std::vector<float> want = Reference(q.data(), ks, vs);
+    for (int j = 0; j < kQ; ++j) ASSERT_NEAR(out[j], want[j], 1e-5) << "layer " << layer;
+  }
+  EXPECT_EQ(Stats().held_tokens(), kPrompt + 1);
+}
+
 TEST_P(AttentionServiceTest, BadRequestsGetTheirErrorsAndTheServiceGoesOn) {
   absl::StatusOr<Owner> owner = Connect("decode-0", 11);
   ASSERT_THAT(owner.status(), IsOk());

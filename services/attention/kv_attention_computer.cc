@@ -65,7 +65,9 @@ absl::Status KvAttentionComputer::Compute(const RequestView& request, char* repl
   absl::Cleanup unpin = [this] { store_->Unpin(handles_); };
   TRIDENT_RETURN_IF_ERROR(CheckShapes(request));
   Append(request);
-  Attend(request, reply_rows);
+  if ((request.header.flags & transport::attention::kAppendOnly) == 0) {
+    Attend(request, reply_rows);
+  }
   return absl::OkStatus();
 }
 
@@ -73,7 +75,8 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
   const transport::attention::RequestHeader& h = request.header;
   for (const PinnedSequence& s : pinned_) {
     const SequenceLayout& l = *s.layout;
-    if (l.num_q_heads != h.num_q_heads || l.num_kv_heads != h.num_kv_heads ||
+    const bool append_only = (h.flags & transport::attention::kAppendOnly) != 0;
+    if ((!append_only && l.num_q_heads != h.num_q_heads) || l.num_kv_heads != h.num_kv_heads ||
         l.head_dim != h.head_dim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence handle ", s.handle, " was admitted with ", l.num_q_heads, " q heads, ",
@@ -92,14 +95,15 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
 void KvAttentionComputer::Append(const RequestView& request) {
   const transport::attention::RequestHeader& h = request.header;
   const int64_t row = QkvRowElements(h);
-  const int64_t q_elems = int64_t{h.num_q_heads} * h.head_dim;
+  const bool append_only = (h.flags & transport::attention::kAppendOnly) != 0;
+  const int64_t q_elems = append_only ? 0 : int64_t{h.num_q_heads} * h.head_dim;
   const int64_t kv_elems = int64_t{h.num_kv_heads} * h.head_dim;
   const size_t element = WireElementSize(h.dtype);
   q_.resize(static_cast<size_t>(h.num_sequences) * q_elems);
   std::vector<float> kv(2 * kv_elems);
   for (int32_t i = 0; i < h.num_sequences; ++i) {
     const char* wire = request.rows + i * row * element;
-    FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);
+    if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);
     FromWire(h.dtype, wire + q_elems * element, kv.data(), 2 * kv_elems);
     const PinnedSequence& s = pinned_[i];
     const SequenceLayout& l = *s.layout;

@@ -47,6 +47,7 @@ size_t RequestDataBytes(const RequestHeader& h) {
 }
 
 size_t ReplyDataBytes(const ReplyHeader& h) {
+  if ((h.flags & kAppendOnly) != 0) return 0;
   return static_cast<size_t>(h.num_sequences) * h.num_q_heads * h.head_dim *
          WireElementSize(h.dtype);
 }
@@ -65,6 +66,9 @@ absl::StatusOr<RequestView> DecodeRequest(absl::string_view header, absl::string
                                                    ", version ", h.version, ")"));
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
+  if ((h.flags & ~kAppendOnly) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown request flags ", int{h.flags}));
+  }
   TRIDENT_RETURN_IF_ERROR(CheckShape(h));
   if (data.size() != RequestDataBytes(h)) {
     return absl::InvalidArgumentError(absl::StrCat("request data is ", data.size(),
@@ -95,7 +99,11 @@ absl::StatusOr<ReplyView> DecodeReply(absl::string_view header, size_t data_byte
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
   view.error = std::string(header.substr(sizeof(ReplyHeader)));
-  if (h.status_code == 0) {
+  if (h.status_code == 0 && (h.flags & kAppendOnly) != 0) {
+    if (data_bytes != 0) {
+      return absl::InvalidArgumentError("an append-only reply carries no data");
+    }
+  } else if (h.status_code == 0) {
     TRIDENT_RETURN_IF_ERROR(InRange("num_sequences", h.num_sequences, 1, kMaxSequencesPerRequest));
     TRIDENT_RETURN_IF_ERROR(InRange("num_q_heads", h.num_q_heads, 1, kMaxHeads));
     TRIDENT_RETURN_IF_ERROR(InRange("head_dim", h.head_dim, 1, kMaxHeadDim));

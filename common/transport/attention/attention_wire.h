@@ -14,7 +14,12 @@
 //             in request order; an error: empty.
 //
 // The service appends each k/v at its position, attends over positions
-// [0, position] of the sequence, and answers o. Integers are little-endian
+// [0, position] of the sequence, and answers o.
+//
+// An append-only request (flags & kAppendOnly) carries [k | v] rows only,
+// and may name a sequence once per token: it writes KV (a prompt's, or a
+// sequence's migrated from a decode worker's cache) without attending, and
+// its OK reply has no data. Integers are little-endian
 // (both ends are x86-64); the structs are copied byte for byte.
 //
 // Decoding checks every size against the header and the data length, so a
@@ -46,6 +51,9 @@ inline constexpr size_t kMaxErrorBytes = 256;
 inline constexpr int32_t kMaxSequencesPerRequest = 4096;
 inline constexpr int32_t kMaxHeads = 1024;
 inline constexpr int32_t kMaxHeadDim = 256;
+
+// RequestHeader.flags and ReplyHeader.flags.
+inline constexpr uint8_t kAppendOnly = 1;
 
 // Element format of q, k, v and o on the wire.
 enum class WireDType : uint8_t { kF32 = 1, kBF16 = 3 };
@@ -94,9 +102,10 @@ static_assert(sizeof(ReplyHeader) == 32);
 size_t WireElementSize(WireDType dtype);
 absl::string_view WireDTypeName(WireDType dtype);
 
-// Elements of one sequence's [q | k | v] row.
+// Elements of one entry's row: [q | k | v], or [k | v] when append-only.
 inline int64_t QkvRowElements(const RequestHeader& h) {
-  return int64_t{h.num_q_heads + 2 * h.num_kv_heads} * h.head_dim;
+  const int32_t q_heads = (h.flags & kAppendOnly) != 0 ? 0 : h.num_q_heads;
+  return int64_t{q_heads + 2 * h.num_kv_heads} * h.head_dim;
 }
 // Bytes of a request's data, and of an OK reply's data.
 size_t RequestDataBytes(const RequestHeader& header);

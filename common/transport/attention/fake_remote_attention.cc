@@ -19,7 +19,11 @@ uint64_t FakeRemoteAttention::Admit() {
 void FakeRemoteAttention::WriteKv(uint64_t handle, int32_t layer, int32_t position,
                                   const float* k, const float* v) {
   absl::MutexLock lock(&mu_);
-  Sequence& s = sequences_.at(handle);
+  StoreLocked(sequences_.at(handle), layer, position, k, v);
+}
+
+void FakeRemoteAttention::StoreLocked(Sequence& s, int32_t layer, int32_t position,
+                                      const float* k, const float* v) {
   const size_t n = static_cast<size_t>(num_kv_heads_) * head_dim_;
   if (s.k[layer].size() <= static_cast<size_t>(position)) {
     s.k[layer].resize(position + 1);
@@ -113,6 +117,26 @@ absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::Start(const Attenti
     Attend(s, call.layer, position, call.q + i * call.q_stride, call.out + i * call.out_stride);
   }
   answer = absl::OkStatus();
+  return ticket;
+}
+
+absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::StartAppend(
+    const KvAppendCall& call) {
+  absl::MutexLock lock(&mu_);
+  if (dead_) return absl::UnavailableError("the fake attention service was killed");
+  ++requests_;
+  const Ticket ticket = next_ticket_++;
+  absl::Status& answer = answers_[ticket];
+  answer = absl::OkStatus();
+  for (size_t i = 0; i < call.handles.size(); ++i) {
+    auto it = sequences_.find(call.handles[i]);
+    if (it == sequences_.end()) {
+      answer = absl::NotFoundError(absl::StrCat("sequence handle ", call.handles[i], " is not held"));
+      return ticket;
+    }
+    StoreLocked(it->second, call.layer, call.positions[i], call.k + i * call.k_stride,
+                call.v + i * call.v_stride);
+  }
   return ticket;
 }
 

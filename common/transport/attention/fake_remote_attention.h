@@ -37,6 +37,7 @@ class FakeRemoteAttention final : public RemoteAttention {
   int64_t requests() const ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<Ticket> Start(const AttentionCall& call) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Ticket> StartAppend(const KvAppendCall& call) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Wait(Ticket ticket, absl::Duration timeout) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -44,6 +45,8 @@ class FakeRemoteAttention final : public RemoteAttention {
     // [layer][position] -> k row, v row.
     std::vector<std::vector<std::vector<float>>> k, v;
   };
+  void StoreLocked(Sequence& s, int32_t layer, int32_t position, const float* k, const float* v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Attend(const Sequence& s, int32_t layer, int32_t position, const float* q, float* out) const;
 
   const int32_t num_layers_, num_q_heads_, num_kv_heads_, head_dim_;

@@ -49,6 +49,24 @@ struct AttentionCall {
   int64_t out_stride = 0;
 };
 
+// Writes KV without attending (a prompt's, or a migrated sequence's): entry
+// i stores k and v of token positions[i] of sequence handles[i] in `layer`.
+// A sequence may appear once per token.
+struct KvAppendCall {
+  int32_t layer = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  WireDType dtype = WireDType::kF32;
+  absl::Span<const uint64_t> handles;
+  absl::Span<const int32_t> positions;
+  // Entry i's rows (num_kv_heads * head_dim floats each). Read during
+  // StartAppend only.
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+};
+
 // Thread-safe.
 class RemoteAttention {
  public:
@@ -60,6 +78,9 @@ class RemoteAttention {
   // INVALID_ARGUMENT for a malformed call; UNAVAILABLE when the service is
   // known to be gone.
   virtual absl::StatusOr<Ticket> Start(const AttentionCall& call) = 0;
+
+  // Sends an append-only request; Wait's OK means the KV is written.
+  virtual absl::StatusOr<Ticket> StartAppend(const KvAppendCall& call) = 0;
 
   // Waits for the request's reply: OK once call.out holds o. The service's
   // error as it reported it (NOT_FOUND for an unknown handle,

@@ -29,7 +29,20 @@ absl::Status CheckCall(const AttentionCall& call) {
   return absl::OkStatus();
 }
 
-// The request's data: the sequence table, then each sequence's [q | k | v].
+absl::Status CheckAppend(const KvAppendCall& call) {
+  if (call.handles.empty() || call.handles.size() != call.positions.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("an append needs one position per handle (",
+                                                   call.handles.size(), " handles, ",
+                                                   call.positions.size(), " positions)"));
+  }
+  if (call.k == nullptr || call.v == nullptr || call.num_kv_heads <= 0 || call.head_dim <= 0) {
+    return absl::InvalidArgumentError("an append needs k, v and a shape");
+  }
+  return absl::OkStatus();
+}
+
+// The request's data: the sequence table, then each sequence's [q | k | v]
+// ([k | v] for an append: call.q null).
 std::shared_ptr<std::vector<uint64_t>> PackRequest(const AttentionCall& call,
                                                    const RequestHeader& header) {
   const size_t bytes = RequestDataBytes(header);
@@ -44,8 +57,10 @@ std::shared_ptr<std::vector<uint64_t>> PackRequest(const AttentionCall& call,
   const size_t q_elems = static_cast<size_t>(call.num_q_heads) * call.head_dim;
   const size_t kv_elems = static_cast<size_t>(call.num_kv_heads) * call.head_dim;
   for (size_t i = 0; i < call.handles.size(); ++i) {
-    ToWire(header.dtype, call.q + i * call.q_stride, row, q_elems);
-    row += q_elems * element;
+    if (call.q != nullptr) {
+      ToWire(header.dtype, call.q + i * call.q_stride, row, q_elems);
+      row += q_elems * element;
+    }
     ToWire(header.dtype, call.k + i * call.k_stride, row, kv_elems);
     row += kv_elems * element;
     ToWire(header.dtype, call.v + i * call.v_stride, row, kv_elems);
@@ -65,6 +80,26 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
 
   absl::StatusOr<Ticket> Start(const AttentionCall& call) override {
     TRIDENT_RETURN_IF_ERROR(CheckCall(call));
+    return Send(call, 0);
+  }
+
+  absl::StatusOr<Ticket> StartAppend(const KvAppendCall& append) override {
+    TRIDENT_RETURN_IF_ERROR(CheckAppend(append));
+    const AttentionCall call{.layer = append.layer, .num_q_heads = append.num_kv_heads,
+                             .num_kv_heads = append.num_kv_heads, .head_dim = append.head_dim,
+                             .dtype = append.dtype, .handles = append.handles,
+                             .positions = append.positions, .k = append.k,
+                             .k_stride = append.k_stride, .v = append.v,
+                             .v_stride = append.v_stride};
+    return Send(call, kAppendOnly);
+  }
+
+  absl::Status Wait(Ticket ticket, absl::Duration timeout) override {
+    return client_->Wait(ticket, timeout);
+  }
+
+ private:
+  absl::StatusOr<Ticket> Send(const AttentionCall& call, uint8_t flags) {
     const int lane = static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) %
                                       endpoints_.size());
     const std::shared_ptr<Endpoint>& endpoint = endpoints_[lane];
@@ -73,6 +108,7 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
           absl::StrCat("attention service ", service_id_, " is unreachable"));
     }
     RequestHeader header{.dtype = call.dtype,
+                         .flags = flags,
                          .owner_incarnation = client_->owner_incarnation_,
                          .layer = call.layer,
                          .num_sequences = static_cast<int32_t>(call.handles.size()),
@@ -99,11 +135,6 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
     return request_id;
   }
 
-  absl::Status Wait(Ticket ticket, absl::Duration timeout) override {
-    return client_->Wait(ticket, timeout);
-  }
-
- private:
   UcxAttentionClient* const client_;
   const std::string service_id_;
   const std::vector<std::shared_ptr<Endpoint>> endpoints_;
@@ -185,6 +216,12 @@ void UcxAttentionClient::OnReply(absl::string_view header, absl::string_view dat
   if (h.status_code != 0) {
     pending.status = absl::Status(static_cast<absl::StatusCode>(h.status_code),
                                   absl::StrCat("attention service: ", reply->error));
+    return;
+  }
+  if ((h.flags & kAppendOnly) != 0 || pending.out == nullptr) {
+    pending.status = ((h.flags & kAppendOnly) != 0) == (pending.out == nullptr)
+                         ? absl::OkStatus()
+                         : absl::InternalError("an append's reply for an attention request");
     return;
   }
   if (h.num_sequences != pending.num_sequences ||

@@ -141,6 +141,7 @@ void UcxAttentionServer::Serve(Job& job) {
   const RequestHeader& h = request->header;
   const absl::Time started = absl::Now();
   ReplyHeader reply{.dtype = h.dtype,
+                    .flags = h.flags,
                     .request_id = h.request_id,
                     .num_sequences = h.num_sequences,
                     .num_q_heads = h.num_q_heads,
