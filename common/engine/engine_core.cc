@@ -21,6 +21,9 @@ struct EngineCore::Sequence {
   std::unique_ptr<sampling::PenaltyState> penalties;
   // This step's chunk (set while a step is built).
   int32_t chunk = 0;
+  // Set while the sequence is CPU-resident: an attention service holds its
+  // KV (it holds no blocks then).
+  backend::RemoteKv remote;
 };
 
 EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
@@ -136,6 +139,7 @@ int32_t EngineCore::prefilled_blocks_held() const {
 }
 
 bool EngineCore::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
+  if (seq.remote.service != nullptr) return true;  // Its KV grows at the service.
   const int32_t needed = (num_tokens + block_size_ - 1) / block_size_;
   const int32_t missing = needed - static_cast<int32_t>(seq.blocks.size());
   if (missing <= 0) return true;
@@ -185,6 +189,7 @@ bool EngineCore::Abort(const std::string& id) {
   if (live == live_.end()) return false;
   Sequence* target = live->second;
   live_.erase(live);
+  DropRemote(*target);
   for (auto it = running_.begin(); it != running_.end(); ++it) {
     if (it->get() == target) {
       FreeBlocks(**it);
@@ -231,6 +236,18 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   const std::vector<backend::StepSequence> batch = BuildBatch(scheduled, &rows);
   std::vector<sampling::SampledToken> sampled_rows;
   const absl::Status status = Forward(scheduled, batch, rows, &sampled_rows);
+  const transport::attention::RemoteAttention* failed_service =
+      status.ok() ? nullptr : backend::FailedRemoteAttention(status);
+  if (failed_service != nullptr) {
+    // An attention service is gone: its sequences come back here and are
+    // recomputed; the step is retried without them (its outputs stand:
+    // nothing was sampled).
+    const int demoted = DemoteRemote(failed_service);
+    TRIDENT_LOG(WARNING) << status.message() << "; its " << demoted
+                         << " sequences are recomputed here";
+    for (Sequence* seq : scheduled) seq->chunk = 0;
+    return events;
+  }
   if (!status.ok()) {
     for (Sequence* seq : scheduled) {
       TokenEvent ev;
@@ -273,7 +290,11 @@ std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(int32_t* budget, 
       // Preempt the newest running sequence; it may be this one. Prefill-only
       // sequences own their whole prompt's blocks and are never victims.
       auto victim = std::prev(running_.end());
-      while (victim != it && (*victim)->request.prefill_only) --victim;
+      // CPU-resident ones hold no blocks: preempting them frees nothing.
+      while (victim != it &&
+             ((*victim)->request.prefill_only || (*victim)->remote.service != nullptr)) {
+        --victim;
+      }
       *preempted = true;
       if (victim == it) {
         Preempt(victim);
@@ -329,6 +350,7 @@ std::vector<backend::StepSequence> EngineCore::BuildBatch(const std::vector<Sequ
     s.tokens = absl::MakeConstSpan(seq->tokens).subspan(seq->num_computed, seq->chunk);
     s.start_position = seq->num_computed;
     s.block_table = seq->blocks;
+    s.remote = seq->remote;
     s.want_logits = seq->num_computed + seq->chunk == static_cast<int32_t>(seq->tokens.size());
     *rows += s.want_logits ? 1 : 0;
     step_tokens += seq->chunk;
@@ -426,6 +448,75 @@ TokenEvent EngineCore::SampleNext(Sequence& seq, int32_t row,
   return ev;
 }
 
+void EngineCore::DropRemote(Sequence& seq) {
+  if (seq.remote.service == nullptr) return;
+  const backend::RemoteKv remote = seq.remote;
+  seq.remote = backend::RemoteKv{};
+  ++stats_.remote_released_total;
+  if (remote_listener_) remote_listener_(seq.request.id, remote);
+}
+
+int EngineCore::DemoteRemote(const transport::attention::RemoteAttention* service) {
+  int demoted = 0;
+  for (auto it = running_.begin(); it != running_.end();) {
+    auto next = std::next(it);
+    if ((*it)->remote.service == service) {
+      DropRemote(**it);
+      ++stats_.remote_demoted_total;
+      Preempt(it);
+      ++demoted;
+    }
+    it = next;
+  }
+  for (auto& seq : waiting_) {
+    if (seq->remote.service != service) continue;
+    DropRemote(*seq);
+    ++stats_.remote_demoted_total;
+    seq->num_computed = 0;
+    ++demoted;
+  }
+  return demoted;
+}
+
+std::vector<OffloadCandidate> EngineCore::OffloadCandidates() const {
+  std::vector<OffloadCandidate> candidates;
+  for (const SeqPtr& seq : running_) {
+    if (seq->remote.service != nullptr || seq->request.prefill_only) continue;
+    // Decoding: every token but the last (its KV comes with the next step)
+    // is in the cache.
+    if (seq->num_computed + 1 != static_cast<int32_t>(seq->tokens.size()) ||
+        seq->num_computed < seq->prompt_len) {
+      continue;
+    }
+    candidates.push_back(OffloadCandidate{
+        .id = seq->request.id,
+        .blocks = seq->blocks,
+        .num_computed = seq->num_computed,
+        .max_len = seq->prompt_len + seq->request.max_tokens,
+        .arrival = seq->arrival});
+  }
+  return candidates;
+}
+
+absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv remote) {
+  auto live = live_.find(id);
+  if (live == live_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not live"));
+  Sequence& seq = *live->second;
+  if (remote.service == nullptr) return absl::InvalidArgumentError("no attention service named");
+  if (seq.remote.service != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("request ", id, " is CPU-resident already"));
+  }
+  if (seq.num_computed + 1 != static_cast<int32_t>(seq.tokens.size()) ||
+      seq.num_computed < seq.prompt_len) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("request ", id, " is not between decode steps"));
+  }
+  FreeBlocks(seq);
+  seq.remote = remote;
+  ++stats_.remote_moves_total;
+  return absl::OkStatus();
+}
+
 EngineStats EngineCore::stats() const {
   EngineStats s = stats_;
   s.queued_prefill_tokens = 0;
@@ -434,9 +525,15 @@ EngineStats EngineCore::stats() const {
     s.queued_prefill_tokens += std::max(0, seq.prompt_len - seq.num_computed);
   };
   for (const auto& seq : waiting_) add(*seq);
+  s.remote_running = 0;
+  s.remote_tokens = 0;
   for (const auto& seq : running_) {
     add(*seq);
     if (seq->num_computed >= seq->prompt_len) s.batch_context_tokens += seq->num_computed;
+    if (seq->remote.service != nullptr) {
+      ++s.remote_running;
+      s.remote_tokens += seq->num_computed;
+    }
   }
   s.running = static_cast<int32_t>(running_.size());
   s.waiting = static_cast<int32_t>(waiting_.size());

@@ -70,11 +70,31 @@ struct EngineStats {
   // The last step ran nothing for want of KV blocks (EngineCore::
   // short_of_blocks).
   bool short_of_blocks = false;
+  // CPU-resident sequences (offload): running now, and their KV tokens.
+  int32_t remote_running = 0;
+  int64_t remote_tokens = 0;
+  // Moves to a service, copies released (finished, aborted, demoted), and
+  // sequences brought back because their service failed.
+  int64_t remote_moves_total = 0;
+  int64_t remote_released_total = 0;
+  int64_t remote_demoted_total = 0;
   // Filled in by the Engine shell, which times steps (EWMA over recent
   // steps): prompt tokens per second of steps that computed prompts, and
   // the duration of decode-only steps. 0 before any such step.
   double prefill_tokens_per_second = 0;
   double decode_step_seconds = 0;
+};
+
+// A resident decoding sequence that could move to an attention service
+// (EngineCore::OffloadCandidates).
+struct OffloadCandidate {
+  std::string id;
+  // Its blocks (token order), holding positions [0, num_computed).
+  std::vector<int32_t> blocks;
+  int32_t num_computed = 0;
+  // Prompt plus max_tokens: the most positions it can reach.
+  int32_t max_len = 0;
+  uint64_t arrival = 0;
 };
 
 class EngineCore {
@@ -102,6 +122,25 @@ class EngineCore {
   // ALREADY_EXISTS for a live id; on error the blocks stay the caller's.
   absl::Status AddPrefilled(EngineRequest request, std::vector<int32_t> blocks,
                             int32_t first_token);
+
+  // CPU-resident sequences (NEO-style offload). A sequence moves to an
+  // attention service between decode steps, after its caller copied
+  // positions [0, num_computed) of its KV there: MoveToRemote frees its
+  // blocks, and from then on each step names `remote` for it (the backend
+  // sends its q/k/v and takes o). NOT_FOUND for an id not live;
+  // FAILED_PRECONDITION if it is not between decode steps or is remote
+  // already; INVALID_ARGUMENT for an empty `remote`.
+  absl::Status MoveToRemote(const std::string& id, backend::RemoteKv remote);
+  // Resident sequences between decode steps, oldest first.
+  std::vector<OffloadCandidate> OffloadCandidates() const;
+  // Called (on the stepping thread) when a CPU-resident sequence no longer
+  // needs its copy at the service: it finished, was aborted, or its service
+  // failed (a step's forward named it: its sequences come back and are
+  // recomputed here, as preempted ones are).
+  void set_remote_listener(
+      std::function<void(const std::string& id, const backend::RemoteKv& remote)> listener) {
+    remote_listener_ = std::move(listener);
+  }
 
   // Frees the blocks a kPrefilled event handed over. Returns false when `id`
   // holds none.
@@ -138,6 +177,10 @@ class EngineCore {
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
   void FreeBlocks(Sequence& seq);
   void Preempt(std::list<SeqPtr>::iterator it);
+  // Forgets `seq`'s remote copy, telling the listener.
+  void DropRemote(Sequence& seq);
+  // Brings every sequence of `service` back for recompute; returns how many.
+  int DemoteRemote(const transport::attention::RemoteAttention* service);
 
   // Frees the blocks of the newest waiting sequence that holds any (never
   // the oldest), which will be recomputed; false when none holds blocks.
@@ -174,6 +217,7 @@ class EngineCore {
   sampling::Sampler sampler_;
   std::vector<float> logits_;
   EngineStats stats_;
+  std::function<void(const std::string&, const backend::RemoteKv&)> remote_listener_;
   bool short_of_blocks_ = false;
 };
 

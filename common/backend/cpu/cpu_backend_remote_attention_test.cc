@@ -6,16 +6,20 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/model_backend.h"
+#include "common/engine/engine_core.h"
+#include "common/kv/paged_block_allocator.h"
 #include "common/model/generate/model_gen.h"
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/attention/fake_remote_attention.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -144,6 +148,64 @@ TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesOneTokenAStep) {
                    .remote = {fake_.get(), fake_->Admit()}}};
   EXPECT_THAT(backend_->Forward(batch, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("one token")));
+}
+
+// Through the engine: requests decode for a while resident, then move to
+// the service (their KV copied, their blocks freed), then the service dies
+// and they are recomputed here; every request ends with the tokens it has
+// when it never leaves, and every block comes back.
+TEST_P(CpuBackendRemoteAttentionTest, TheEngineMovesSequencesOutAndBackWithTheSameTokens) {
+  std::vector<engine::EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    engine::EngineRequest r;
+    r.id = absl::StrCat("r", i);
+    for (int k = 0; k < 20 + 7 * i; ++k) r.prompt.push_back((k * 31 + i * 7) % 400 + 1);
+    r.max_tokens = 24;
+    r.sampling.temperature = 0;
+    requests.push_back(r);
+  }
+  const auto run = [&](bool offload) {
+    kv::PagedBlockAllocator allocator(backend_->kv_capacity().num_blocks);
+    engine::EngineCore core(backend_.get(), &allocator, {});
+    std::vector<std::string> released;
+    core.set_remote_listener([&](const std::string& id, const RemoteKv& remote) {
+      EXPECT_EQ(remote.service, fake_.get());
+      released.push_back(id);
+    });
+    for (const auto& r : requests) EXPECT_THAT(core.Add(r), IsOk());
+    std::map<std::string, std::vector<int32_t>> out;
+    for (int step = 0; core.HasWork(); ++step) {
+      if (offload && step == 6) {
+        for (const engine::OffloadCandidate& c : core.OffloadCandidates()) {
+          const uint64_t handle = fake_->Admit();
+          Migrate(c.blocks, c.num_computed, handle);
+          EXPECT_THAT(core.MoveToRemote(c.id, RemoteKv{fake_.get(), handle}), IsOk());
+        }
+        EXPECT_EQ(core.stats().remote_running, 4);
+      }
+      if (offload && step == 14) fake_->Kill();
+      auto events = core.Step();
+      EXPECT_THAT(events.status(), IsOk());
+      if (!events.ok()) break;
+      for (const auto& ev : *events) {
+        EXPECT_NE(ev.finish, engine::FinishReason::kError) << ev.request_id;
+        out[ev.request_id].push_back(ev.token);
+      }
+    }
+    EXPECT_EQ(allocator.num_free(), allocator.num_total());
+    if (offload) {
+      EXPECT_EQ(core.stats().remote_moves_total, 4);
+      EXPECT_EQ(core.stats().remote_demoted_total, 4);
+      EXPECT_EQ(released.size(), 4u);
+    }
+    return out;
+  };
+  const auto resident = run(false);
+  const auto moved = run(true);
+  for (const auto& r : requests) {
+    EXPECT_EQ(moved.at(r.id), resident.at(r.id)) << r.id;
+    EXPECT_EQ(resident.at(r.id).size(), 24u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CpuBackendRemoteAttentionTest,
