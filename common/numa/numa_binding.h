@@ -63,8 +63,9 @@ absl::Status BindProcessToNode(const NumaTopology& topology, int node,
 absl::StatusOr<ThreadMemoryPolicy> GetThreadMemoryPolicy();
 
 // The node holding the page at `address` (get_mempolicy with MPOL_F_NODE |
-// MPOL_F_ADDR). The kernel faults the page in first if it is not present yet,
-// so the answer is where it is (or has just been) placed. Without NUMA
+// MPOL_F_ADDR). Ask about written pages only: for a page not present the
+// kernel maps it for reading first, which for untouched anonymous memory is
+// the shared zero page, and answers with that page's node. Without NUMA
 // support, 0. kInvalidArgument if `address` is not mapped; kInternal for any
 // other failure.
 absl::StatusOr<int> NodeOfAddress(const void* address);
