@@ -50,8 +50,8 @@ std::map<std::string, std::string> SmapsOf(const void* base) {
   std::string line;
   while (std::getline(in, line)) {
     const std::string first_word = line.substr(0, line.find(' '));
-    const bool header = first_word.find('-') != std::string::npos &&
-                        first_word.find(':') == std::string::npos;
+    const bool header =
+        first_word.find('-') != std::string::npos && first_word.find(':') == std::string::npos;
     if (header) {
       if (inside) break;
       inside = absl::StartsWith(line, start);
@@ -132,8 +132,8 @@ TEST(NumaArenaTest, AdvisesHugePagesUnlessAskedNotTo) {
 
 TEST(NumaArenaTest, RangesAreWritableAndCoalesceBackToOne) {
   const NumaTopology topology = ReadTopology();
-  absl::StatusOr<std::unique_ptr<NumaArena>> arena = NumaArena::Create(
-      topology, {.node = topology.DefaultNode(), .capacity_bytes = 1 << 20});
+  absl::StatusOr<std::unique_ptr<NumaArena>> arena =
+      NumaArena::Create(topology, {.node = topology.DefaultNode(), .capacity_bytes = 1 << 20});
   ASSERT_THAT(arena, IsOk());
   NumaArena& kv = **arena;
   std::vector<ByteRange> ranges;
@@ -150,8 +150,8 @@ TEST(NumaArenaTest, RangesAreWritableAndCoalesceBackToOne) {
   for (int i = 0; i < 16; i += 2) ASSERT_THAT(kv.Free(ranges[i]), IsOk());
   EXPECT_EQ(kv.num_free_ranges(), 8);
   EXPECT_EQ(kv.largest_free_range(), 64 << 10);
-  EXPECT_THAT(kv.Allocate(128 << 10), StatusIs(absl::StatusCode::kResourceExhausted,
-                                               HasSubstr("524288 bytes free")));
+  EXPECT_THAT(kv.Allocate(128 << 10),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("524288 bytes free")));
   for (int i = 1; i < 16; i += 2) ASSERT_THAT(kv.Free(ranges[i]), IsOk());
   EXPECT_EQ(kv.num_free_ranges(), 1);
   EXPECT_EQ(kv.largest_free_range(), kv.capacity_bytes());
@@ -176,8 +176,8 @@ TEST(NumaArenaTest, LockedArenaIsCreated) {
 TEST(NumaArenaTest, RejectsUnknownNodesBadSizesAndMoreThanTheNodeHolds) {
   const NumaTopology topology = ReadTopology();
   const int node = topology.DefaultNode();
-  EXPECT_THAT(NumaArena::Create(topology, {.node = topology.nodes().back().id + 1,
-                                           .capacity_bytes = 1 << 20}),
+  EXPECT_THAT(NumaArena::Create(
+                  topology, {.node = topology.nodes().back().id + 1, .capacity_bytes = 1 << 20}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
   EXPECT_THAT(NumaArena::Create(topology, {.node = node, .capacity_bytes = 0}),
               StatusIs(absl::StatusCode::kInvalidArgument));

@@ -71,8 +71,7 @@ std::vector<int> ReadSiblings(int cpu, const std::vector<int>& all_cpus) {
   }
   siblings.clear();
   for (int other : all_cpus) {
-    const std::string other_dir =
-        absl::StrCat("/sys/devices/system/cpu/cpu", other, "/topology/");
+    const std::string other_dir = absl::StrCat("/sys/devices/system/cpu/cpu", other, "/topology/");
     int other_package = 0;
     int other_core = 0;
     if (ReadInt(other_dir + "physical_package_id", &other_package) &&
@@ -146,8 +145,7 @@ absl::StatusOr<NumaTopology> NumaTopology::Read() {
   return FromDescription(description);
 }
 
-absl::StatusOr<NumaTopology> NumaTopology::FromDescription(
-    const MachineDescription& description) {
+absl::StatusOr<NumaTopology> NumaTopology::FromDescription(const MachineDescription& description) {
   if (description.allowed_cpus.empty()) {
     return absl::InvalidArgumentError("NumaTopology: the affinity mask holds no CPU");
   }
@@ -160,8 +158,7 @@ absl::StatusOr<NumaTopology> NumaTopology::FromDescription(
   for (const auto& [node, cpus] : node_cpus) {
     for (int cpu : cpus) {
       if (!topology.node_of_cpu_.emplace(cpu, node).second) {
-        return absl::InvalidArgumentError(absl::StrCat("NumaTopology: CPU ", cpu,
-                                                       " is in nodes ",
+        return absl::InvalidArgumentError(absl::StrCat("NumaTopology: CPU ", cpu, " is in nodes ",
                                                        topology.node_of_cpu_[cpu], " and ", node));
       }
     }
@@ -206,17 +203,16 @@ absl::StatusOr<const NumaNode*> NumaTopology::Node(int node) const {
   for (const NumaNode& candidate : nodes_) {
     if (candidate.id == node) return &candidate;
   }
-  return absl::InvalidArgumentError(absl::StrCat("NUMA node ", node,
-                                                 " does not exist; this machine has node(s) ",
-                                                 NodeIdsForMessage()));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "NUMA node ", node, " does not exist; this machine has node(s) ", NodeIdsForMessage()));
 }
 
 absl::StatusOr<std::vector<int>> NumaTopology::Cpus(int node) const {
   absl::StatusOr<const NumaNode*> found = Node(node);
   if (!found.ok()) return found.status();
   if ((*found)->cpus.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NUMA node ", node, " has no CPU in this process's affinity mask"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("NUMA node ", node, " has no CPU in this process's affinity mask"));
   }
   return (*found)->cpus;
 }
@@ -225,8 +221,8 @@ absl::StatusOr<std::vector<int>> NumaTopology::PhysicalCores(int node) const {
   absl::StatusOr<const NumaNode*> found = Node(node);
   if (!found.ok()) return found.status();
   if ((*found)->physical_cores.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NUMA node ", node, " has no CPU in this process's affinity mask"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("NUMA node ", node, " has no CPU in this process's affinity mask"));
   }
   return (*found)->physical_cores;
 }

@@ -11,7 +11,7 @@
 //   TRIDENT_ASSIGN_OR_RETURN(std::vector<int> cores, topology.PhysicalCores(node));
 //
 // A machine or kernel without NUMA support (libnuma's numa_available() < 0)
-// reads as one node, 0, holding every CPU.
+// reads as one node, 0, holding every CPU of the affinity mask.
 //
 // The topology is a snapshot: CPUs hot-plugged or an affinity mask changed
 // after `Read()` are not seen. NumaTopology is a value (copyable); its const
@@ -42,7 +42,8 @@ struct NumaNode {
 struct MachineDescription {
   bool numa_available = false;
   // Every CPU of each existing node (ignoring the affinity mask). When
-  // `numa_available` is false this is ignored and node 0 holds every CPU.
+  // `numa_available` is false this is ignored and node 0 holds the CPUs of
+  // `allowed_cpus`.
   std::map<int, std::vector<int>> node_cpus;
   // A CPU's SMT siblings including itself (thread_siblings_list). A CPU
   // missing here counts as a core of its own.

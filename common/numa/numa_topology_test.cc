@@ -76,8 +76,8 @@ TEST(NumaTopologyTest, ReadMatchesSysfsAndTheAffinityMask) {
   std::vector<int> all_node_cpus;
   for (const NumaNode& node : topology->nodes()) {
     if (topology->numa_available()) {
-      const std::vector<int> sysfs = ReadCpuList(
-          absl::StrCat("/sys/devices/system/node/node", node.id, "/cpulist"));
+      const std::vector<int> sysfs =
+          ReadCpuList(absl::StrCat("/sys/devices/system/node/node", node.id, "/cpulist"));
       EXPECT_EQ(node.cpus, Intersect(sysfs, mask)) << "node " << node.id;
     }
     all_node_cpus.insert(all_node_cpus.end(), node.cpus.begin(), node.cpus.end());
@@ -91,8 +91,8 @@ TEST(NumaTopologyTest, ReadMatchesSysfsAndTheAffinityMask) {
       EXPECT_EQ(Intersect(siblings, mask).front(), cpu);
     }
     for (int cpu : node.cpus) {
-      EXPECT_TRUE(cores.contains(ReadCpuList(absl::StrCat(
-          "/sys/devices/system/cpu/cpu", cpu, "/topology/thread_siblings_list"))))
+      EXPECT_TRUE(cores.contains(ReadCpuList(
+          absl::StrCat("/sys/devices/system/cpu/cpu", cpu, "/topology/thread_siblings_list"))))
           << "the core of CPU " << cpu << " has no representative";
     }
   }
@@ -162,8 +162,8 @@ TEST(NumaTopologyTest, MemoryOnlyNodeExistsWithoutCpus) {
   ASSERT_EQ(topology->nodes().size(), 3u);
   EXPECT_EQ(topology->nodes().back().id, 3);
   EXPECT_THAT(topology->PhysicalCores(3), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(topology->Node(2), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          HasSubstr("node(s) 0, 1, 3")));
+  EXPECT_THAT(topology->Node(2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node(s) 0, 1, 3")));
 }
 
 TEST(NumaTopologyTest, WithoutNumaSupportOneNodeHoldsEveryCpu) {

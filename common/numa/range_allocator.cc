@@ -46,8 +46,8 @@ absl::StatusOr<ByteRange> RangeAllocator::Allocate(int64_t bytes) {
   auto best = free_by_length_.lower_bound({length, 0});
   if (best == free_by_length_.end()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot allocate ", bytes, " bytes in a ", capacity_bytes_, "-byte arena: ",
-        capacity_bytes_ - used_bytes_, " bytes free, largest free range ",
+        "cannot allocate ", bytes, " bytes in a ", capacity_bytes_,
+        "-byte arena: ", capacity_bytes_ - used_bytes_, " bytes free, largest free range ",
         free_by_length_.empty() ? 0 : free_by_length_.rbegin()->first, " bytes (",
         free_by_offset_.size(), " free ranges)"));
   }
@@ -64,8 +64,8 @@ absl::Status RangeAllocator::Free(ByteRange range) {
   absl::MutexLock lock(&mu_);
   auto allocated = allocated_.find(range.offset);
   if (allocated == allocated_.end() || allocated->second != range.length) {
-    return absl::InvalidArgumentError(absl::StrCat("Free: [", range.offset, ", +", range.length,
-                                                   ") is not an allocated range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Free: [", range.offset, ", +", range.length, ") is not an allocated range"));
   }
   allocated_.erase(allocated);
   used_bytes_ -= range.length;

@@ -77,16 +77,15 @@ class RangeAllocator {
 
  private:
   void InsertFreeLocked(int64_t offset, int64_t length) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseFreeLocked(std::map<int64_t, int64_t>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseFreeLocked(std::map<int64_t, int64_t>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t capacity_bytes_;
   const int64_t alignment_bytes_;
 
   mutable absl::Mutex mu_;
-  std::map<int64_t, int64_t> free_by_offset_ ABSL_GUARDED_BY(mu_);          // offset -> length
+  std::map<int64_t, int64_t> free_by_offset_ ABSL_GUARDED_BY(mu_);             // offset -> length
   std::set<std::pair<int64_t, int64_t>> free_by_length_ ABSL_GUARDED_BY(mu_);  // (length, offset)
-  std::map<int64_t, int64_t> allocated_ ABSL_GUARDED_BY(mu_);                // offset -> length
+  std::map<int64_t, int64_t> allocated_ ABSL_GUARDED_BY(mu_);                  // offset -> length
   int64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -62,8 +62,8 @@ TEST(RangeAllocatorTest, FullArenaIsResourceExhaustedWithTheByteCounts) {
   ASSERT_THAT(ranges.Allocate(kUnit), IsOk());
   EXPECT_EQ(ranges.largest_free_range(), 0);
   EXPECT_EQ(ranges.num_free_ranges(), 0);
-  EXPECT_THAT(ranges.Allocate(1), StatusIs(absl::StatusCode::kResourceExhausted,
-                                           HasSubstr("0 bytes free")));
+  EXPECT_THAT(ranges.Allocate(1),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("0 bytes free")));
 }
 
 TEST(RangeAllocatorTest, FragmentedFreeSpaceCannotServeALargerRangeUntilCoalesced) {

@@ -80,9 +80,8 @@ absl::StatusOr<cpu_set_t> CallerAffinity() {
 absl::Status ValidateOptions(const SpinPoolOptions& options) {
   if (options.cpus.empty()) return absl::InvalidArgumentError("SpinPool: no CPUs given");
   if (options.spin_window < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SpinPool: spin_window ", absl::FormatDuration(options.spin_window),
-                     " is negative"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SpinPool: spin_window ", absl::FormatDuration(options.spin_window), " is negative"));
   }
   absl::StatusOr<cpu_set_t> mask = CallerAffinity();
   if (!mask.ok()) return mask.status();
@@ -114,26 +113,33 @@ absl::StatusOr<std::unique_ptr<SpinPool>> SpinPool::Create(SpinPoolOptions optio
   if (absl::Status valid = ValidateOptions(options); !valid.ok()) return valid;
   std::unique_ptr<SpinPool> pool(new SpinPool(options.cpus, options.spin_window));
   const int n = pool->num_threads();
-  std::vector<int> errors(n, 0);
-  absl::BlockingCounter started(n);
+  // Shared with the workers: the last of them may still be inside
+  // DecrementCount when Wait returns here.
+  struct Startup {
+    explicit Startup(int n) : started(n), errors(n, 0) {}
+    absl::BlockingCounter started;
+    std::vector<int> errors;  // errno of each worker's binding, 0 if bound.
+  };
+  auto startup = std::make_shared<Startup>(n);
   pool->workers_.reserve(n);
   for (int i = 0; i < n; ++i) {
     const std::string name = absl::StrCat(options.name, "/", i).substr(0, 15);
-    pool->workers_.emplace_back([pool = pool.get(), i, name, &errors, &started] {
+    pool->workers_.emplace_back([pool = pool.get(), i, name, startup] {
       pthread_setname_np(pthread_self(), name.c_str());
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(pool->cpus_[i], &one);
-      if (sched_setaffinity(0, sizeof(one), &one) != 0) errors[i] = errno;
-      started.DecrementCount();
+      if (sched_setaffinity(0, sizeof(one), &one) != 0) startup->errors[i] = errno;
+      startup->started.DecrementCount();
       pool->WorkerLoop(i);
     });
   }
-  started.Wait();
+  startup->started.Wait();
   for (int i = 0; i < n; ++i) {
-    if (errors[i] != 0) {
+    if (startup->errors[i] != 0) {
       return absl::InternalError(absl::StrCat("SpinPool: binding worker ", i, " to CPU ",
-                                              pool->cpus_[i], ": ", std::strerror(errors[i])));
+                                              pool->cpus_[i], ": ",
+                                              std::strerror(startup->errors[i])));
     }
   }
   TRIDENT_LOG(INFO) << "SpinPool " << options.name << ": " << n << " workers on CPUs "
@@ -148,10 +154,10 @@ absl::StatusOr<std::unique_ptr<SpinPool>> SpinPool::CreateOnNode(const NumaTopol
   absl::StatusOr<std::vector<int>> cores = topology.PhysicalCores(node);
   if (!cores.ok()) return cores.status();
   if (num_threads < 0 || num_threads > static_cast<int>(cores->size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SpinPool: ", num_threads, " threads asked for on NUMA node ", node, ", which has ",
-        cores->size(), " physical cores in the affinity mask (CPUs ", absl::StrJoin(*cores, ","),
-        "; SMT siblings are not used)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SpinPool: ", num_threads, " threads asked for on NUMA node ", node,
+                     ", which has ", cores->size(), " physical cores in the affinity mask (CPUs ",
+                     absl::StrJoin(*cores, ","), "; SMT siblings are not used)"));
   }
   if (num_threads > 0) cores->resize(num_threads);
   SpinPoolOptions options;
@@ -175,9 +181,9 @@ void SpinPool::WaitForChange(const std::atomic<uint32_t>& word, uint32_t seen,
                              std::atomic<int>& sleepers, bool count_sleeps) {
   if (spin_window_ > absl::ZeroDuration()) {
     const bool forever = spin_window_ == absl::InfiniteDuration();
-    const auto deadline = std::chrono::steady_clock::now() +
-                          (forever ? std::chrono::nanoseconds(0)
-                                   : absl::ToChronoNanoseconds(spin_window_));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        (forever ? std::chrono::nanoseconds(0) : absl::ToChronoNanoseconds(spin_window_));
     for (int spins = 1;; ++spins) {
       if (word.load(std::memory_order_acquire) != seen) return;
       CpuRelax();

@@ -108,8 +108,8 @@ class SpinPool {
   void WorkerLoop(int index);
   // Returns once `word` differs from `seen`: spins for `spin_window_`, then
   // blocks on the futex of `word`. `sleepers` counts the waiters blocking.
-  void WaitForChange(const std::atomic<uint32_t>& word, uint32_t seen,
-                     std::atomic<int>& sleepers, bool count_sleeps);
+  void WaitForChange(const std::atomic<uint32_t>& word, uint32_t seen, std::atomic<int>& sleepers,
+                     bool count_sleeps);
   void Stop();
 
   const std::vector<int> cpus_;
@@ -126,8 +126,8 @@ class SpinPool {
   alignas(64) std::atomic<uint32_t> generation_{0};
   alignas(64) std::atomic<int> pending_{0};
   alignas(64) std::atomic<uint32_t> finished_{0};
-  alignas(64) std::atomic<int> num_sleeping_{0};     // Workers blocked on `generation_`.
-  std::atomic<int> caller_sleeping_{0};              // 1 while Run blocks on `finished_`.
+  alignas(64) std::atomic<int> num_sleeping_{0};  // Workers blocked on `generation_`.
+  std::atomic<int> caller_sleeping_{0};           // 1 while Run blocks on `finished_`.
   std::atomic<int64_t> num_worker_sleeps_{0};
 
   std::vector<std::thread> workers_;

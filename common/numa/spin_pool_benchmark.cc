@@ -70,9 +70,9 @@ void RunSpinPool(benchmark::State& state, absl::Duration spin_window) {
   (*pool)->Run([](int) {});  // Workers are up and past their first wake-up.
   const int64_t sleeps_before = (*pool)->num_worker_sleeps();
   for (auto _ : state) (*pool)->Run([](int) {});
-  state.counters["worker_sleeps_per_run"] = benchmark::Counter(
-      static_cast<double>((*pool)->num_worker_sleeps() - sleeps_before) /
-      static_cast<double>(state.iterations()));
+  state.counters["worker_sleeps_per_run"] =
+      benchmark::Counter(static_cast<double>((*pool)->num_worker_sleeps() - sleeps_before) /
+                         static_cast<double>(state.iterations()));
   UnpinCaller();
 }
 

@@ -82,7 +82,7 @@ TEST(SpinPoolTest, RunsEveryIndexExactlyOncePerRunOver10000Runs) {
   std::unique_ptr<SpinPool> pool = PoolOnDefaultNode(absl::Milliseconds(5));
   ASSERT_NE(pool, nullptr);
   const int n = pool->num_threads();
-  std::vector<int> counts(n, 0);   // Each written only by its worker.
+  std::vector<int> counts(n, 0);  // Each written only by its worker.
   std::vector<int> last_run(n, -1);
   for (int run = 0; run < 10000; ++run) {
     pool->Run([&](int thread) {
