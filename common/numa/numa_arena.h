@@ -23,7 +23,9 @@
 // start-up rather than mid-decode. Who touches only changes how fast: pages
 // are zeroed by the touching CPU, so pass the node's SpinPool to spread the
 // work over its cores; without one the calling thread touches everything
-// (bind it to the node first, e.g. BindProcessToNode).
+// (bind it to the node first, e.g. BindProcessToNode). Without NUMA support
+// (`topology.numa_available()` false) there is no mbind and node 0 is all
+// memory.
 //
 // Huge pages: the mapping is aligned to 2 MiB and advised MADV_HUGEPAGE, so
 // with transparent huge pages in `always` or `madvise` mode it is backed by
@@ -60,16 +62,19 @@ struct NumaArenaOptions {
   // pages).
   bool huge_pages = true;
   // mlock the mapping. Fails creation with kResourceExhausted beyond
-  // RLIMIT_MEMLOCK.
+  // RLIMIT_MEMLOCK (for a process without CAP_IPC_LOCK).
   bool lock = false;
-  // Threads that touch the pages at creation, each a slice, if given (not
-  // owned; used only during Create). Its workers should run on `node`.
+  // Threads that touch the pages at creation, each a slice of whole 2 MiB
+  // blocks, if given: Create calls `prefault_pool->Run` once (so it must not
+  // be called from inside a Run of that pool). Not owned; used only during
+  // Create. Its workers should run on `node`.
   SpinPool* prefault_pool = nullptr;
 };
 
 class NumaArena {
  public:
-  // Maps, binds, advises, optionally locks and pre-faults the arena.
+  // Maps, binds, advises, pre-faults and optionally locks the arena (a failed
+  // MADV_HUGEPAGE only logs a warning).
   //
   // Returns kInvalidArgument if `options.node` does not exist in `topology`
   // (naming the nodes that do), if `capacity_bytes` <= 0 or
