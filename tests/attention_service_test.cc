@@ -5,14 +5,22 @@
 // errors; the budget holds; a decode worker that vanishes loses its
 // sequences after the grace period, and all memory is free at the end.
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/numa/numa_topology.h"
 #include "absl/time/clock.h"
 #include "common/process/subprocess.h"
 #include "common/testing/runfiles.h"
@@ -317,6 +325,60 @@ TEST_P(AttentionServiceTest, AVanishedOwnersSequencesAreFreedAfterTheGrace) {
   absl::StatusOr<Owner> again = Connect("decode-0", 13);
   ASSERT_THAT(again.status(), IsOk());
   EXPECT_THAT(Admit(*again, "a", 64).status(), IsOk());
+}
+
+// The service's KV memory is one mapping bound to its node, every page of
+// it there (/proc/PID/numa_maps: "bind:N" and the pages per node), and
+// every one of its threads may run only on that node's CPUs.
+TEST_P(AttentionServiceTest, ItsMemoryAndThreadsAreOnItsNode) {
+  const trident::v1::AttentionStats stats = Stats();
+  const int node = stats.numa_node();
+  EXPECT_GE(stats.threads(), 1);
+  EXPECT_EQ(stats.capacity_bytes(), 4 << 20);
+  std::ifstream maps(absl::StrCat("/proc/", service_.pid, "/numa_maps"));
+  std::string line;
+  int64_t bound_pages = 0;
+  while (std::getline(maps, line)) {
+    if (line.find(absl::StrCat(" bind:", node, " ")) == std::string::npos) continue;
+    // Pages on each node: "N<node>=<pages>"; none may be elsewhere.
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      if (!absl::ConsumePrefix(&field, "N")) continue;
+      std::pair<std::string, std::string> kv = absl::StrSplit(field, '=');
+      int on = -1;
+      int64_t pages = 0;
+      ASSERT_TRUE(absl::SimpleAtoi(kv.first, &on) && absl::SimpleAtoi(kv.second, &pages)) << line;
+      EXPECT_EQ(on, node) << line;
+      bound_pages += pages;
+    }
+  }
+  // Pre-faulted: the whole budget is present (4 KiB pages, or 2 MiB ones
+  // counted as 512 each).
+  EXPECT_GE(bound_pages * 4096, int64_t{4} << 20);
+  // Every thread's affinity lies within the node's CPUs.
+  absl::StatusOr<numa::NumaTopology> topology = numa::NumaTopology::Read();
+  ASSERT_THAT(topology.status(), IsOk());
+  const std::vector<int> node_cpus = topology->Cpus(node).value();
+  int threads = 0;
+  for (const auto& task : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", service_.pid, "/task"))) {
+    std::ifstream status(task.path() / "status");
+    while (std::getline(status, line)) {
+      if (!absl::StartsWith(line, "Cpus_allowed_list:")) continue;
+      ++threads;
+      for (absl::string_view range :
+           absl::StrSplit(absl::StripAsciiWhitespace(line.substr(18)), ',')) {
+        std::pair<std::string, std::string> ends = absl::StrSplit(range, '-');
+        int low = 0, high = 0;
+        ASSERT_TRUE(absl::SimpleAtoi(ends.first, &low)) << line;
+        if (ends.second.empty() || !absl::SimpleAtoi(ends.second, &high)) high = low;
+        for (int cpu = low; cpu <= high; ++cpu) {
+          EXPECT_NE(std::find(node_cpus.begin(), node_cpus.end(), cpu), node_cpus.end())
+              << task.path() << ": " << line;
+        }
+      }
+    }
+  }
+  EXPECT_GT(threads, stats.threads());
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, AttentionServiceTest, ::testing::Values("tcp", "posix"),

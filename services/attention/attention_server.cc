@@ -8,7 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
-#include "services/attention/kv_store/heap_kv_pool.h"
+#include "absl/strings/str_join.h"
+#include "common/numa/numa_arena.h"
+#include "common/numa/numa_topology.h"
+#include "services/attention/kv_store/arena_kv_pool.h"
 
 namespace trident::attention {
 
@@ -32,15 +35,15 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
     options_.incarnation = absl::Uniform<uint64_t>(absl::BitGen()) | 1;
   }
   clock_ = options_.clock != nullptr ? options_.clock : Clock::Real();
-  pool_ = std::make_unique<HeapKvPool>(static_cast<size_t>(options_.kv_budget_bytes));
-  store_ = std::make_unique<SequenceStore>(pool_.get(), clock_, options_.store);
+  TRIDENT_RETURN_IF_ERROR(StartKvMemory());
+  store_ = std::make_unique<SequenceStore>(kv_pool_.get(), clock_, options_.store);
+  numa::SpinPool* pool = pool_.get();
   computer_ = std::make_unique<KvAttentionComputer>(
-      store_.get(), Executor{.threads = 1, .run = [](const auto& fn) { fn(0); }});
-  TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(transport::UcxOptions{
-                                     .transports = options_.ucx_transports,
-                                     .name = options_.service_id}));
+      store_.get(), Executor{.threads = pool->num_threads(),
+                             .run = [pool](const std::function<void(int)>& fn) { pool->Run(fn); }});
   TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx_.get(), {.lanes = options_.lanes}));
-  metrics_ = std::make_unique<AttentionMetrics>(*registry, "reference", options_.numa_node, 1);
+  metrics_ = std::make_unique<AttentionMetrics>(*registry, "reference", numa_node_,
+                                                pool->num_threads());
   transport::attention::UcxAttentionServerOptions data_plane_options;
   data_plane_options.on_request = [this](const transport::attention::AttentionRequestRecord& r) {
     metrics_->Record(r);
@@ -59,8 +62,9 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   parts.endpoint.set_incarnation(options_.incarnation);
   parts.endpoint.set_memory_type(trident::v1::MEMORY_TYPE_HOST);
   lanes_->DescribeAddresses(&parts.endpoint);
-  parts.numa_node = options_.numa_node;
-  parts.threads = 1;
+  parts.numa_node = numa_node_;
+  parts.threads = pool->num_threads();
+  parts.kv_region = kv_region_.get();
   parts.data_plane_stats = [this] {
     DataPlaneStats stats;
     stats.requests = data_plane_->counters().requests;
@@ -69,10 +73,33 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
     return stats;
   };
   service_ = std::make_unique<AttentionService>(std::move(parts));
-  TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": KV budget "
+  TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": NUMA node "
+                    << numa_node_ << ", " << pool->num_threads() << " kernel threads on CPUs "
+                    << absl::StrJoin(pool->threads(), ",") << ", KV budget "
                     << options_.kv_budget_bytes / (1 << 20) << " MiB, " << options_.lanes
                     << " UCX lane(s) (" << options_.ucx_transports << ")";
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status AttentionServer::StartKvMemory() {
+  TRIDENT_ASSIGN_OR_RETURN(const numa::NumaTopology topology, numa::NumaTopology::Read());
+  numa_node_ = options_.numa_node >= 0 ? options_.numa_node : topology.DefaultNode();
+  TRIDENT_ASSIGN_OR_RETURN(pool_, numa::SpinPool::CreateOnNode(topology, numa_node_,
+                                                               options_.threads,
+                                                               options_.spin_window));
+  TRIDENT_ASSIGN_OR_RETURN(
+      std::unique_ptr<numa::NumaArena> arena,
+      numa::NumaArena::Create(topology, {.node = numa_node_,
+                                         .capacity_bytes = options_.kv_budget_bytes,
+                                         .prefault_pool = pool_.get()}));
+  void* base = arena->base();
+  const size_t bytes = static_cast<size_t>(arena->capacity_bytes());
+  kv_pool_ = std::make_unique<ArenaKvPool>(std::move(arena));
+  TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(transport::UcxOptions{
+                                     .transports = options_.ucx_transports,
+                                     .name = options_.service_id}));
+  TRIDENT_ASSIGN_OR_RETURN(kv_region_, ucx_->Register(base, bytes, transport::MemoryKind::kHost));
   return absl::OkStatus();
 }
 
@@ -81,6 +108,8 @@ AttentionServer::~AttentionServer() {
   if (housekeeping_.joinable()) housekeeping_.join();
   data_plane_.reset();
   service_.reset();
+  store_.reset();
+  kv_region_.reset();
 }
 
 std::vector<RegisteredService> AttentionServer::services() {

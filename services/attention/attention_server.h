@@ -2,7 +2,10 @@
 // AttentionServerOptions from its flags and serves services(); tests build
 // one in process and serve it on port 0.
 //
-//   KvPool                 the KV budget (NUMA-bound arena where available)
+//   SpinPool               kernel threads pinned one per physical core of
+//                          the node, spinning between layers
+//   KvPool                 the KV budget: a NUMA-bound arena on the node,
+//                          pre-faulted by those threads, registered with UCX
 //   SequenceStore          sessions, sequences, grace, idle timeouts
 //   KvAttentionComputer    append + decode attention, on the kernel threads
 //   UcxWorker, UcxLanes    the data plane's workers
@@ -29,6 +32,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/grpc/server.h"
+#include "common/numa/spin_pool.h"
 #include "common/time/clock.h"
 #include "common/transport/attention/ucx_attention_server.h"
 #include "common/transport/ucx_lanes.h"
@@ -47,8 +51,15 @@ struct AttentionServerOptions {
   std::string service_id;
   // This process's incarnation; 0: a random odd number.
   uint64_t incarnation = 0;
-  // The NUMA node the process was bound to (reported; main binds).
-  int32_t numa_node = 0;
+  // The NUMA node whose memory holds the KV and whose cores compute; -1:
+  // the node of the process's first allowed CPU. (main.cc also binds the
+  // process to it.)
+  int32_t numa_node = -1;
+  // Kernel threads, each pinned to one physical core of the node; 0: one
+  // per physical core the affinity mask allows there.
+  int32_t threads = 0;
+  // How long idle kernel threads spin for the next layer before they sleep.
+  absl::Duration spin_window = absl::Milliseconds(5);
   // DRAM for sequences' KV.
   int64_t kv_budget_bytes = int64_t{1} << 30;
   // UCX_TLS of the data plane's workers; empty: UCX's default.
@@ -76,6 +87,9 @@ class AttentionServer {
   std::vector<RegisteredService> services();
   AttentionService& service() { return *service_; }
   SequenceStore& store() { return *store_; }
+  // The node, and the CPU each kernel thread is pinned to.
+  int32_t numa_node() const { return numa_node_; }
+  const std::vector<int>& kernel_cpus() const { return pool_->threads(); }
 
   // One housekeeping pass, as the thread runs it.
   void Housekeep();
@@ -83,11 +97,16 @@ class AttentionServer {
  private:
   explicit AttentionServer(AttentionServerOptions options) : options_(std::move(options)) {}
   absl::Status Start(prometheus::Registry* registry);
+  // The node, the kernel threads, the arena and its UCX registration.
+  absl::Status StartKvMemory();
   void HousekeepingLoop();
 
   AttentionServerOptions options_;
   Clock* clock_ = nullptr;
-  std::unique_ptr<KvPool> pool_;
+  int32_t numa_node_ = 0;
+  std::unique_ptr<numa::SpinPool> pool_;
+  std::unique_ptr<KvPool> kv_pool_;
+  std::unique_ptr<transport::MemoryRegion> kv_region_;
   std::unique_ptr<SequenceStore> store_;
   std::unique_ptr<KvAttentionComputer> computer_;
   std::unique_ptr<transport::UcxWorker> ucx_;

@@ -10,6 +10,8 @@
 #include "common/logging/log.h"
 #include "common/service/service_runtime.h"
 #include "common/status/status_macros.h"
+#include "common/numa/numa_binding.h"
+#include "common/numa/numa_topology.h"
 #include "services/attention/attention_server.h"
 
 ABSL_FLAG(int, numa_node, -1,
@@ -25,6 +27,11 @@ ABSL_FLAG(std::string, ucx_transports, "^sysv",
 ABSL_FLAG(int32_t, lanes, 1, "UCX workers (each with a progress thread) taking requests.");
 ABSL_FLAG(absl::Duration, reconnect_grace, absl::Seconds(10),
           "How long an unreachable decode worker's sequences are kept for it to reconnect.");
+ABSL_FLAG(int32_t, threads, 0,
+          "Attention kernel threads, each pinned to one physical core of the node; 0: every "
+          "physical core the affinity mask allows there.");
+ABSL_FLAG(absl::Duration, spin_window, absl::Milliseconds(5),
+          "How long idle kernel threads spin for the next layer before sleeping.");
 ABSL_FLAG(absl::Duration, default_idle_timeout, absl::Minutes(10),
           "A sequence no request names for this long is freed (when its admission set none).");
 
@@ -37,9 +44,17 @@ int main(int argc, char** argv) {
           return absl::InvalidArgumentError(
               absl::StrCat("--numa_node: must be -1 or a node number, got ", numa_node));
         }
+        // Memory policy and affinity first: the threads started from here on
+        // (UCX's, the kernel pool's) inherit them.
+        TRIDENT_ASSIGN_OR_RETURN(const trident::numa::NumaTopology topology,
+                                 trident::numa::NumaTopology::Read());
+        const int node = numa_node >= 0 ? numa_node : topology.DefaultNode();
+        TRIDENT_RETURN_IF_ERROR(trident::numa::BindProcessToNode(topology, node));
         trident::attention::AttentionServerOptions options;
         options.service_id = absl::GetFlag(FLAGS_service_id);
-        options.numa_node = numa_node < 0 ? 0 : numa_node;
+        options.numa_node = node;
+        options.threads = absl::GetFlag(FLAGS_threads);
+        options.spin_window = absl::GetFlag(FLAGS_spin_window);
         options.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mb) << 20;
         options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
         options.lanes = absl::GetFlag(FLAGS_lanes);

@@ -144,7 +144,15 @@ absl::StatusOr<AdmittedSequence> SequenceStore::Admit(const SequenceSpec& spec) 
   }
   // The memory is taken outside the lock (a NUMA pool may fault pages in);
   // the session is checked again below.
-  TRIDENT_ASSIGN_OR_RETURN(KvSpan span, pool_->Allocate(LayoutBytes(layout)));
+  absl::StatusOr<KvSpan> allocated = pool_->Allocate(LayoutBytes(layout));
+  if (!allocated.ok()) {
+    return absl::Status(allocated.status().code(),
+                        absl::StrCat("the KV memory budget cannot hold sequence '",
+                                     spec.sequence_id, "' (", LayoutBytes(layout), " bytes for ",
+                                     layout.capacity_tokens, " tokens): ",
+                                     allocated.status().message()));
+  }
+  const KvSpan span = *allocated;
   absl::MutexLock lock(&mu_);
   absl::Status still_valid = CheckSession(spec.owner_id, spec.owner_incarnation);
   Session* session = still_valid.ok() ? &sessions_[spec.owner_id] : nullptr;
