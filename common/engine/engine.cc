@@ -18,6 +18,10 @@ Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions opt
           std::make_unique<kv::PagedBlockAllocator>(backend_->kv_capacity().num_blocks))),
       core_(std::make_unique<EngineCore>(backend_.get(), allocator_.get(), options)) {
   stats_ = core_->stats();
+  core_->set_remote_listener([this](const std::string& id, const backend::RemoteKv& remote) {
+    StepHook* hook = hook_.load(std::memory_order_acquire);
+    if (hook != nullptr) hook->OnRemoteReleased(id, remote);
+  });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -193,6 +197,8 @@ void Engine::Loop() {
     std::optional<std::vector<TokenEvent>> stepped;
     double seconds = 0;
     if (core_->HasWork()) {
+      StepHook* hook = hook_.load(std::memory_order_acquire);
+      if (hook != nullptr) hook->BeforeStep(*core_);
       const auto start = std::chrono::steady_clock::now();
       auto step = core_->Step();
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

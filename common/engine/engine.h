@@ -6,6 +6,7 @@
 #ifndef TRIDENT_COMMON_ENGINE_ENGINE_H_
 #define TRIDENT_COMMON_ENGINE_ENGINE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +23,20 @@
 #include "common/kv/block_allocator.h"
 
 namespace trident::engine {
+
+// Work the engine's owner does on the loop thread around steps: NEO-style
+// offload moves sequences to attention services before a step, and
+// releases their service copies when the engine no longer needs them.
+class StepHook {
+ public:
+  virtual ~StepHook() = default;
+  // Before each step that has work, with the core (not thread-safe: only
+  // here may the hook touch it).
+  virtual void BeforeStep(EngineCore& core) = 0;
+  // A CPU-resident sequence's service copy is no longer needed (it
+  // finished, was aborted, or its service failed).
+  virtual void OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) = 0;
+};
 
 class Engine final : public TokenSource {
  public:
@@ -65,10 +80,16 @@ class Engine final : public TokenSource {
 
   EngineStats stats() const;
   const backend::ModelBackend& backend() const { return *backend_; }
+  // For setting the backend up before work needs it (e.g. the remote
+  // attention timeout, before SetStepHook): the loop thread owns it after.
+  backend::ModelBackend& backend_for_setup() { return *backend_; }
 
   // Called on the loop thread with fresh stats after every iteration (for
   // metrics); must be quick.
   void SetStatsObserver(std::function<void(const EngineStats&)> observer);
+  // Installs (or, with null, removes) the step hook. Thread-safe; the hook
+  // must stay valid until it is removed or the engine shut down.
+  void SetStepHook(StepHook* hook) { hook_.store(hook, std::memory_order_release); }
 
  private:
   void Loop();
@@ -98,6 +119,7 @@ class Engine final : public TokenSource {
   // Step timing, touched only by the loop thread.
   double prefill_tokens_per_second_ = 0;
   double decode_step_seconds_ = 0;
+  std::atomic<StepHook*> hook_{nullptr};
   std::thread thread_;
 };
 

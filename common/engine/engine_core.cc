@@ -24,6 +24,9 @@ struct EngineCore::Sequence {
   // Set while the sequence is CPU-resident: an attention service holds its
   // KV (it holds no blocks then).
   backend::RemoteKv remote;
+  // The last attention service it moved to (placement), even if it came
+  // back.
+  std::string attention_service_id;
 };
 
 EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
@@ -445,6 +448,11 @@ TokenEvent EngineCore::SampleNext(Sequence& seq, int32_t row,
     prefilled_[seq.request.id] = std::move(seq.blocks);
     seq.blocks.clear();
   }
+  if (ev.finish != FinishReason::kNone && !seq.attention_service_id.empty()) {
+    RequestPlacement placement;
+    placement.attention_service_id = seq.attention_service_id;
+    ev.placement = std::move(placement);
+  }
   return ev;
 }
 
@@ -498,7 +506,8 @@ std::vector<OffloadCandidate> EngineCore::OffloadCandidates() const {
   return candidates;
 }
 
-absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv remote) {
+absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv remote,
+                                      std::string service_id) {
   auto live = live_.find(id);
   if (live == live_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not live"));
   Sequence& seq = *live->second;
@@ -513,6 +522,7 @@ absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv r
   }
   FreeBlocks(seq);
   seq.remote = remote;
+  seq.attention_service_id = std::move(service_id);
   ++stats_.remote_moves_total;
   return absl::OkStatus();
 }

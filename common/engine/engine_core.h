@@ -130,7 +130,10 @@ class EngineCore {
   // sends its q/k/v and takes o). NOT_FOUND for an id not live;
   // FAILED_PRECONDITION if it is not between decode steps or is remote
   // already; INVALID_ARGUMENT for an empty `remote`.
-  absl::Status MoveToRemote(const std::string& id, backend::RemoteKv remote);
+  // `service_id` names the service in the request's placement (on its
+  // finishing event).
+  absl::Status MoveToRemote(const std::string& id, backend::RemoteKv remote,
+                            std::string service_id = "");
   // Resident sequences between decode steps, oldest first.
   std::vector<OffloadCandidate> OffloadCandidates() const;
   // Called (on the stepping thread) when a CPU-resident sequence no longer

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/flags/flag.h"
@@ -77,6 +78,21 @@ ABSL_FLAG(int32_t, kv_receive_fetches, 4,
           "KV messages per lane a GPU (or staged) KV cache fetches at once into its receive "
           "buffers; the rest wait their turn, so that fetches end one after another and the "
           "copy into the cache follows each.");
+ABSL_FLAG(std::vector<std::string>, attention_services, {},
+          "CPU attention services (host:port, comma-separated) that this decode worker moves "
+          "long-context sequences to (NEO-style offload); empty: none.");
+ABSL_FLAG(int32_t, offload_min_context_tokens, 2048,
+          "With --attention_services: a decoding sequence whose context reaches this many tokens "
+          "moves to a CPU attention service; 0: never for its length alone.");
+ABSL_FLAG(double, offload_low_watermark, 0.05,
+          "With --attention_services: while less than this share of the KV cache is free, the "
+          "longest resident sequences move to CPU attention services instead of being "
+          "preempted; 0: never for lack of blocks.");
+ABSL_FLAG(int32_t, offload_max_moves_per_step, 4,
+          "Most sequences moved to attention services before one decode step.");
+ABSL_FLAG(absl::Duration, attention_timeout, absl::Seconds(5),
+          "How long a decode step waits for an attention service before its sequences come back "
+          "here and are recomputed.");
 ABSL_FLAG(int32_t, testonly_stall_kv_transfer_after_layers, -1,
           "Fault injection for tests: each KV transfer stops after this many layers until "
           "cancelled. -1: off.");
@@ -117,6 +133,11 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.testonly_stall_kv_transfer_after_layers =
       absl::GetFlag(FLAGS_testonly_stall_kv_transfer_after_layers);
   options.testonly_stall_kv_transfer_to = absl::GetFlag(FLAGS_testonly_stall_kv_transfer_to);
+  options.attention_services = absl::GetFlag(FLAGS_attention_services);
+  options.offload_policy.min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
+  options.offload_policy.low_watermark = absl::GetFlag(FLAGS_offload_low_watermark);
+  options.offload_policy.max_moves = absl::GetFlag(FLAGS_offload_max_moves_per_step);
+  options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
   return options;
 }
 

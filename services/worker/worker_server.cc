@@ -78,13 +78,17 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(WorkerServerO
                     << ", role " << v1::Role_Name(server->options_.role);
   TRIDENT_RETURN_IF_ERROR(server->LoadModel(registry));
   TRIDENT_RETURN_IF_ERROR(server->StartKvTransport());
+  TRIDENT_RETURN_IF_ERROR(server->StartOffload());
   server->BuildServices(registry);
   server->StartLoadReports();
   return server;
 }
 
 WorkerServer::~WorkerServer() {
-  if (model_ != nullptr) model_->engine->Shutdown();
+  if (model_ != nullptr) {
+    model_->engine->Shutdown();
+    model_->engine->SetStepHook(nullptr);
+  }
 }
 
 absl::Status WorkerServer::LoadModel(prometheus::Registry* registry) {
@@ -101,11 +105,14 @@ absl::Status WorkerServer::LoadModel(prometheus::Registry* registry) {
 }
 
 absl::Status WorkerServer::StartKvTransport() {
-  if (model_ == nullptr || !WantsUcx(options_)) return absl::OkStatus();
+  if (model_ == nullptr) return absl::OkStatus();
   transport::UcxOptions ucx_options;
   ucx_options.transports = options_.ucx_transports;
   ucx_options.name = identity_.worker_id;
-  TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(ucx_options));
+  if (WantsUcx(options_) || !options_.attention_services.empty()) {
+    TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(ucx_options));
+  }
+  if (!WantsUcx(options_)) return absl::OkStatus();
   TRIDENT_ASSIGN_OR_RETURN(const backend::KvMemory memory, model_->engine->backend().kv_memory());
   transport::UcxKvOptions kv_options;
   kv_options.sink = reservations_.get();
@@ -125,6 +132,22 @@ absl::Status WorkerServer::StartKvTransport() {
       kv_, transport::UcxKv::Create(ucx_.get(), memory, identity_.worker_id, identity_.incarnation,
                                     std::move(kv_options)));
   LogKvTransport(ucx_options, memory, *kv_, options_.kv_staging_bytes, lanes);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServer::StartOffload() {
+  if (model_ == nullptr || options_.attention_services.empty()) return absl::OkStatus();
+  AttentionOffloadOptions offload;
+  offload.services = options_.attention_services;
+  offload.worker_id = identity_.worker_id;
+  offload.incarnation = identity_.incarnation;
+  offload.num_q_heads = model_->info.num_attention_heads();
+  offload.policy = options_.offload_policy;
+  offload.attention_timeout = options_.attention_timeout;
+  TRIDENT_ASSIGN_OR_RETURN(offload_,
+                           AttentionOffload::Create(std::move(offload), ucx_.get(),
+                                                    &model_->engine->backend_for_setup()));
+  model_->engine->SetStepHook(offload_.get());
   return absl::OkStatus();
 }
 

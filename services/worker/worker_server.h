@@ -13,6 +13,8 @@
 //   UcxWorker, UcxKv           the KV data plane; received KV messages go
 //                              into the reservations (its KvMessageSink)
 //   MeteredKvSender            UcxKv's sending side, with metrics
+//   AttentionOffload           with attention services: the engine's step
+//                              hook moving sequences to them
 //   services                   Generation (with a model), Decode (the
 //                              reservations; UcxKv as KvReceiver), Prefill
 //                              (the metered sender), WorkerControl (load
@@ -44,6 +46,8 @@
 #include "services/worker/kv_handoff/engine_block_source.h"
 #include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/load_streams.h"
+#include "services/worker/offload/attention_offload.h"
+#include "services/worker/offload/offload_policy.h"
 #include "common/frontend/generation_service.h"
 #include "services/worker/prefill_service.h"
 #include "services/worker/worker_model.h"
@@ -96,6 +100,13 @@ struct WorkerServerOptions {
   int32_t testonly_stall_kv_transfer_after_layers = -1;
   // PrefillServiceOptions::testonly_stall_to_decode_worker.
   std::string testonly_stall_kv_transfer_to;
+  // CPU attention services (host:port) to offload decode attention to;
+  // empty: none (services/worker/offload).
+  std::vector<std::string> attention_services;
+  OffloadPolicyOptions offload_policy;
+  // The longest a decode step waits for a service's answer before its
+  // sequences are recomputed here.
+  absl::Duration attention_timeout = absl::Seconds(5);
   // How often the KV reservation gauges and the dropped-message counter are
   // sampled.
   absl::Duration kv_metrics_interval = absl::Milliseconds(250);
@@ -144,6 +155,7 @@ class WorkerServer {
   // Create's steps, in order.
   absl::Status LoadModel(prometheus::Registry* registry);
   absl::Status StartKvTransport();
+  absl::Status StartOffload();
   void BuildServices(prometheus::Registry* registry);
   void StartLoadReports();
 
@@ -157,6 +169,7 @@ class WorkerServer {
   std::unique_ptr<KvReservations> reservations_;
   std::unique_ptr<transport::UcxWorker> ucx_;
   std::unique_ptr<transport::UcxKv> kv_;
+  std::unique_ptr<AttentionOffload> offload_;
   std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
   std::unique_ptr<transport::MeteredKvSender> metered_kv_;
   std::unique_ptr<RoleCallGate> generation_gate_;

@@ -1,0 +1,300 @@
+#include "services/worker/offload/attention_offload.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+v1::DType ProtoDType(numeric::DType dtype) {
+  switch (dtype) {
+    case numeric::DType::kF32: return v1::DTYPE_FLOAT32;
+    case numeric::DType::kF16: return v1::DTYPE_FLOAT16;
+    case numeric::DType::kBF16: return v1::DTYPE_BFLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+AttentionOffload::AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend)
+    : options_(std::move(options)), backend_(backend) {}
+
+absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
+    AttentionOffloadOptions options, transport::UcxWorker* ucx, backend::ModelBackend* backend) {
+  if (options.services.empty()) {
+    return absl::InvalidArgumentError("offload needs at least one attention service");
+  }
+  if (!backend->supports_remote_attention()) {
+    return absl::InvalidArgumentError(
+        "this backend cannot compute attention at a service (no remote attention)");
+  }
+  auto offload = std::unique_ptr<AttentionOffload>(new AttentionOffload(std::move(options), backend));
+  TRIDENT_RETURN_IF_ERROR(offload->Start(ucx));
+  return offload;
+}
+
+absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
+  TRIDENT_ASSIGN_OR_RETURN(memory_, backend_->kv_memory());
+  if (memory_.device) {
+    return absl::InvalidArgumentError(
+        "offload copies KV from a host KV pool; this backend's pool is in device memory");
+  }
+  wire_dtype_ = memory_.spec.dtype == numeric::DType::kBF16 ? transport::attention::WireDType::kBF16
+                                                            : transport::attention::WireDType::kF32;
+  backend_->set_remote_attention_timeout(options_.attention_timeout);
+  TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx, {.lanes = 1}));
+  TRIDENT_ASSIGN_OR_RETURN(client_, transport::attention::UcxAttentionClient::Create(
+                                        lanes_.get(), options_.incarnation));
+  endpoint_.set_owner_id(options_.worker_id);
+  endpoint_.set_incarnation(options_.incarnation);
+  endpoint_.set_memory_type(v1::MEMORY_TYPE_HOST);
+  lanes_->DescribeAddresses(&endpoint_);
+  for (const std::string& address : options_.services) {
+    auto service = std::make_unique<Service>();
+    service->address = address;
+    service->stub = v1::Attention::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    absl::Status connected = Connect(*service);
+    if (!connected.ok()) {
+      TRIDENT_LOG(WARNING) << "attention service " << address
+                           << " not reachable yet (retrying): " << connected;
+    }
+    services_.push_back(std::move(service));
+  }
+  housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  return absl::OkStatus();
+}
+
+AttentionOffload::~AttentionOffload() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (housekeeping_.joinable()) housekeeping_.join();
+}
+
+absl::Status AttentionOffload::Connect(Service& service) {
+  v1::ConnectRequest request;
+  *request.mutable_client() = endpoint_;
+  v1::ConnectResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  absl::Status status = FromGrpc(service.stub->Connect(&context, request, &response));
+  std::unique_ptr<transport::attention::RemoteAttention> channel;
+  if (status.ok()) {
+    absl::StatusOr<std::unique_ptr<transport::attention::RemoteAttention>> made =
+        client_->ForService(response.server());
+    status = made.status();
+    if (made.ok()) channel = *std::move(made);
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    service.connected = false;
+    service.next_attempt = absl::Now() + options_.reconnect_interval;
+    return status;
+  }
+  // The old channel stays: sequences still named by the engine may point at
+  // it until their step fails and they come back.
+  if (service.channel != nullptr) retired_.push_back(std::move(service.channel));
+  service.channel = std::move(channel);
+  service.service_id = response.server().owner_id();
+  service.connected = true;
+  service.sequences = 0;
+  ++stats_.services_connected;
+  TRIDENT_LOG(INFO) << "offloading to attention service " << service.service_id << " at "
+                    << service.address << " (NUMA node " << response.numa_node() << ", "
+                    << v1::Isa_Name(response.isa()) << ")";
+  return absl::OkStatus();
+}
+
+AttentionOffload::Service* AttentionOffload::PickService() {
+  absl::MutexLock lock(&mu_);
+  Service* best = nullptr;
+  for (const auto& service : services_) {
+    if (!service->connected) continue;
+    if (best == nullptr || service->sequences < best->sequences) best = service.get();
+  }
+  return best;
+}
+
+void AttentionOffload::BeforeStep(engine::EngineCore& core) {
+  const std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
+  if (candidates.empty()) return;
+  const engine::EngineStats stats = core.stats();
+  const std::vector<std::string> chosen =
+      ChooseOffloads(candidates, {stats.blocks_free, stats.blocks_total}, options_.policy);
+  for (const std::string& id : chosen) {
+    Service* service = PickService();
+    if (service == nullptr) return;  // None connected: everything stays here.
+    const auto candidate = std::find_if(candidates.begin(), candidates.end(),
+                                        [&](const auto& c) { return c.id == id; });
+    absl::Status moved = Move(core, *candidate, *service);
+    if (!moved.ok()) {
+      TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << moved;
+      absl::MutexLock lock(&mu_);
+      ++stats_.move_failures;
+      if (absl::IsUnavailable(moved) || absl::IsDeadlineExceeded(moved)) {
+        service->connected = false;
+        service->next_attempt = absl::Now() + options_.reconnect_interval;
+      }
+    }
+  }
+}
+
+absl::Status AttentionOffload::Move(engine::EngineCore& core,
+                                    const engine::OffloadCandidate& candidate, Service& service) {
+  const kv::KvCacheSpec& spec = memory_.spec;
+  v1::AdmitSequenceRequest request;
+  request.set_owner_id(options_.worker_id);
+  request.set_owner_incarnation(options_.incarnation);
+  request.set_sequence_id(candidate.id);
+  request.set_num_layers(spec.num_layers);
+  request.set_num_attention_heads(options_.num_q_heads);
+  request.set_num_kv_heads(spec.num_kv_heads);
+  request.set_head_dim(spec.head_dim);
+  request.set_dtype(ProtoDType(spec.dtype));
+  request.set_capacity_tokens(candidate.max_len);
+  request.set_block_size_tokens(spec.block_size);
+  v1::AdmitSequenceResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  TRIDENT_RETURN_IF_ERROR(FromGrpc(service.stub->AdmitSequence(&context, request, &response)));
+  transport::attention::RemoteAttention* channel;
+  {
+    absl::MutexLock lock(&mu_);
+    channel = service.channel.get();
+  }
+  absl::Status status = CopyKv(candidate, *channel, response.handle());
+  if (status.ok()) {
+    status = core.MoveToRemote(candidate.id, backend::RemoteKv{channel, response.handle()},
+                               service.service_id);
+  }
+  if (!status.ok()) {
+    ReleaseAt(service, response.handle()).IgnoreError();
+    return status;
+  }
+  absl::MutexLock lock(&mu_);
+  ++service.sequences;
+  ++stats_.moves;
+  stats_.migrated_tokens += candidate.num_computed;
+  return absl::OkStatus();
+}
+
+absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
+                                      transport::attention::RemoteAttention& channel,
+                                      uint64_t handle) {
+  const kv::KvCacheSpec& spec = memory_.spec;
+  const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
+  const size_t element = spec.element_size_bytes();
+  const char* base = static_cast<const char*>(memory_.base);
+  std::vector<transport::attention::RemoteAttention::Ticket> tickets;
+  for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
+    for (int32_t first = 0; first < candidate.num_computed; first += kMigrationChunkTokens) {
+      const int32_t n = std::min(kMigrationChunkTokens, candidate.num_computed - first);
+      k_rows_.resize(n * row);
+      v_rows_.resize(n * row);
+      handles_.assign(n, handle);
+      positions_.resize(n);
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t p = first + i;
+        positions_[i] = p;
+        const int32_t block = candidate.blocks[p / spec.block_size];
+        const int32_t slot = p % spec.block_size;
+        for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
+          const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * element;
+          numeric::ToFloat(spec.dtype, base + spec.KeyOffsetBytes(layer, block) + within,
+                           &k_rows_[i * row + h * spec.head_dim], spec.head_dim);
+          numeric::ToFloat(spec.dtype, base + spec.ValueOffsetBytes(layer, block) + within,
+                           &v_rows_[i * row + h * spec.head_dim], spec.head_dim);
+        }
+      }
+      TRIDENT_ASSIGN_OR_RETURN(
+          auto ticket,
+          channel.StartAppend({.layer = layer, .num_kv_heads = spec.num_kv_heads,
+                               .head_dim = spec.head_dim, .dtype = wire_dtype_,
+                               .handles = handles_, .positions = positions_,
+                               .k = k_rows_.data(), .k_stride = row, .v = v_rows_.data(),
+                               .v_stride = row}));
+      tickets.push_back(ticket);
+    }
+  }
+  absl::Status first_error;
+  for (auto ticket : tickets) {
+    absl::Status waited = channel.Wait(ticket, options_.attention_timeout);
+    if (first_error.ok()) first_error = waited;
+  }
+  return first_error;
+}
+
+void AttentionOffload::OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& service : services_) {
+    if (service->channel.get() != remote.service) continue;
+    service->sequences = std::max(0, service->sequences - 1);
+    releases_.push_back(Release{service.get(), remote.handle});
+    return;
+  }
+  // A retired channel's service restarted or failed: its copy is gone.
+}
+
+absl::Status AttentionOffload::ReleaseAt(Service& service, uint64_t handle) {
+  v1::ReleaseSequenceRequest request;
+  request.set_owner_id(options_.worker_id);
+  request.set_owner_incarnation(options_.incarnation);
+  request.set_handle(handle);
+  v1::ReleaseSequenceResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  return FromGrpc(service.stub->ReleaseSequence(&context, request, &response));
+}
+
+void AttentionOffload::HousekeepingLoop() {
+  while (true) {
+    std::deque<Release> releases;
+    std::vector<Service*> reconnect;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](AttentionOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                    self->mu_) { return self->stopping_ || !self->releases_.empty(); },
+                               this),
+                           absl::Milliseconds(200));
+      if (stopping_) return;
+      releases.swap(releases_);
+      const absl::Time now = absl::Now();
+      for (const auto& service : services_) {
+        if (!service->connected && service->next_attempt <= now) reconnect.push_back(service.get());
+      }
+    }
+    for (const Release& release : releases) {
+      absl::Status released = ReleaseAt(*release.service, release.handle);
+      absl::MutexLock lock(&mu_);
+      if (released.ok()) ++stats_.releases;
+    }
+    for (Service* service : reconnect) Connect(*service).IgnoreError();
+  }
+}
+
+AttentionOffloadStats AttentionOffload::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace trident::worker

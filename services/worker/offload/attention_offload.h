@@ -1,0 +1,148 @@
+// The decode worker's side of NEO-style offload: the engine's StepHook that
+// moves resident sequences to CPU attention services and releases their
+// copies there.
+//
+// Before each step (engine loop thread): the policy (offload_policy.h)
+// picks sequences; each is admitted at the service with the fewest
+// sequences (AdmitSequence, its whole max length reserved), its KV copied
+// there layer by layer (append-only requests over the attention data plane,
+// <= kMigrationChunkTokens tokens each), then EngineCore::MoveToRemote frees
+// its blocks. A sequence that cannot move (the service's budget is full, it
+// fails) stays resident; nothing is lost.
+//
+// A service copy no longer needed (finished, aborted, or its service
+// failed: the engine then recomputes those sequences here) is released by a
+// housekeeping thread, which also reconnects to services that failed
+// (every reconnect_interval), so that the engine loop never waits on them.
+//
+//   AttentionOffload
+//    ├─ UcxLanes (1 lane on the worker's UCX worker) + UcxAttentionClient
+//    └─ per service: gRPC stub, RemoteAttention channel, state
+//
+// Thread-safe: BeforeStep and OnRemoteReleased run on the engine loop
+// thread, stats() anywhere.
+
+#ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
+#define TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/backend/model_backend.h"
+#include "common/engine/engine.h"
+#include "common/transport/attention/ucx_attention_client.h"
+#include "common/transport/ucx_lanes.h"
+#include "common/transport/ucx_worker.h"
+#include "services/worker/offload/offload_policy.h"
+#include "trident/v1/attention.grpc.pb.h"
+
+namespace trident::worker {
+
+struct AttentionOffloadOptions {
+  // host:port of each attention service's gRPC endpoint.
+  std::vector<std::string> services;
+  std::string worker_id;
+  uint64_t incarnation = 0;
+  // The model's query heads (AdmitSequence's num_attention_heads).
+  int32_t num_q_heads = 0;
+  OffloadPolicyOptions policy;
+  // Deadline of each control RPC (Connect, AdmitSequence, ReleaseSequence),
+  // and the longest a layer waits for a service's answer.
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  absl::Duration attention_timeout = absl::Seconds(5);
+  absl::Duration reconnect_interval = absl::Seconds(2);
+};
+
+struct AttentionOffloadStats {
+  int32_t services_connected = 0;
+  int64_t moves = 0;            // Sequences moved to a service.
+  int64_t move_failures = 0;    // Moves that did not happen (budget, failures).
+  int64_t releases = 0;         // Service copies released.
+  int64_t migrated_tokens = 0;  // KV tokens copied by moves.
+};
+
+class AttentionOffload final : public engine::StepHook {
+ public:
+  // Connects to every service it can (one that cannot be reached now is
+  // retried later); `ucx` (the worker's, not owned) and `backend` must
+  // outlive this. INVALID_ARGUMENT for no services or a backend without
+  // remote attention or without a host KV pool; UcxLanes' errors.
+  static absl::StatusOr<std::unique_ptr<AttentionOffload>> Create(
+      AttentionOffloadOptions options, transport::UcxWorker* ucx,
+      backend::ModelBackend* backend);
+  // Stops the housekeeping thread; copies not yet released are freed by
+  // their services when this worker's session ends (its grace period).
+  ~AttentionOffload() override;
+
+  void BeforeStep(engine::EngineCore& core) override;
+  void OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) override;
+
+  AttentionOffloadStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Tokens per append request of a move.
+  static constexpr int32_t kMigrationChunkTokens = 512;
+
+ private:
+  struct Service {
+    std::string address;
+    std::unique_ptr<trident::v1::Attention::Stub> stub;
+    std::unique_ptr<transport::attention::RemoteAttention> channel;
+    std::string service_id;  // Its ConnectResponse.server.owner_id.
+    bool connected = false;
+    absl::Time next_attempt = absl::InfinitePast();
+    int32_t sequences = 0;  // Held for us, as far as we know.
+  };
+  struct Release {
+    Service* service = nullptr;
+    uint64_t handle = 0;
+  };
+
+  AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend);
+  absl::Status Start(transport::UcxWorker* ucx);
+  // Connect: the session and the data-plane channel.
+  absl::Status Connect(Service& service) ABSL_LOCKS_EXCLUDED(mu_);
+  // A connected service with the fewest sequences; null when none.
+  Service* PickService() ABSL_LOCKS_EXCLUDED(mu_);
+  // Admits `candidate` at `service`, copies its KV and moves it.
+  absl::Status Move(engine::EngineCore& core, const engine::OffloadCandidate& candidate,
+                    Service& service);
+  // Copies positions [0, num_computed) of the candidate's KV to `handle`.
+  absl::Status CopyKv(const engine::OffloadCandidate& candidate,
+                      transport::attention::RemoteAttention& channel, uint64_t handle);
+  absl::Status ReleaseAt(Service& service, uint64_t handle);
+  void HousekeepingLoop();
+
+  const AttentionOffloadOptions options_;
+  backend::ModelBackend* const backend_;
+  backend::KvMemory memory_;
+  transport::attention::WireDType wire_dtype_ = transport::attention::WireDType::kF32;
+  std::unique_ptr<transport::UcxLanes> lanes_;
+  std::unique_ptr<transport::attention::UcxAttentionClient> client_;
+  trident::v1::TransportEndpoint endpoint_;
+  std::vector<std::unique_ptr<Service>> services_;
+  // Channels of earlier connections, kept while the engine may name them.
+  std::vector<std::unique_ptr<transport::attention::RemoteAttention>> retired_
+      ABSL_GUARDED_BY(mu_);
+  // Scratch of CopyKv (engine loop thread only).
+  std::vector<float> k_rows_, v_rows_;
+  std::vector<uint64_t> handles_;
+  std::vector<int32_t> positions_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Release> releases_ ABSL_GUARDED_BY(mu_);
+  AttentionOffloadStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread housekeeping_;
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
