@@ -298,20 +298,14 @@ TEST_P(AttentionServiceTest, BadRequestsGetTheirErrorsAndTheServiceGoesOn) {
 }
 
 TEST_P(AttentionServiceTest, AVanishedOwnersSequencesAreFreedAfterTheGrace) {
-  if (std::string(GetParam()) == "posix") {
-    // Over shared memory UCX sees a peer die by its pid, and this owner
-    // lives in the test's own process: only a killed process shows it (the
-    // offload integration test kills a decode worker).
-    GTEST_SKIP() << "a shared-memory peer's death shows only when its process dies";
-  }
   {
     absl::StatusOr<Owner> owner = Connect("decode-0", 11);
     ASSERT_THAT(owner.status(), IsOk());
     ASSERT_THAT(Admit(*owner, "a", 64).status(), IsOk());
     ASSERT_THAT(Admit(*owner, "b", 64).status(), IsOk());
     EXPECT_EQ(Stats().sequences(), 2);
-  }  // Its UCX worker is gone: the service's endpoints to it fail.
-  // UCX notices within a few keepalive intervals, then the grace (1 s) runs.
+  }  // Its UCX worker is gone: the service's endpoints to it fail (tcp), or
+  // its liveness probes go unanswered (shared memory), then the grace runs.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   trident::v1::AttentionStats stats = Stats();
   while ((stats.sequences() > 0 || stats.held_bytes() > 0) && absl::Now() < deadline) {

@@ -117,6 +117,7 @@ std::vector<RegisteredService> AttentionServer::services() {
 }
 
 void AttentionServer::Housekeep() {
+  data_plane_->ProbePeers(clock_->Now(), options_.peer_probe_timeout);
   for (const auto& [owner_id, incarnation] : data_plane_->TakeFailedPeers()) {
     store_->OwnerUnreachable(owner_id, incarnation);
   }

@@ -14,7 +14,8 @@
 //   housekeeping thread    every housekeeping_interval: owners whose UCX
 //                          endpoints failed become unreachable (their grace
 //                          starts), expired sessions and idle sequences are
-//                          freed, metrics are sampled
+//                          freed, metrics are sampled; owners are probed
+//                          (an unanswered probe counts as a failure)
 //
 // Destroyed in reverse: the housekeeping thread stops first, then the data
 // plane (no request runs after), then the store frees what is left.
@@ -68,6 +69,9 @@ struct AttentionServerOptions {
   int32_t lanes = 1;
   SequenceStoreOptions store;
   absl::Duration housekeeping_interval = absl::Milliseconds(250);
+  // An owner that has not answered a liveness probe for this long counts as
+  // unreachable (its grace starts).
+  absl::Duration peer_probe_timeout = absl::Seconds(3);
   // Time for the store; null: the real clock.
   Clock* clock = nullptr;
 };

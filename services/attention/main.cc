@@ -32,6 +32,9 @@ ABSL_FLAG(int32_t, threads, 0,
           "physical core the affinity mask allows there.");
 ABSL_FLAG(absl::Duration, spin_window, absl::Milliseconds(5),
           "How long idle kernel threads spin for the next layer before sleeping.");
+ABSL_FLAG(absl::Duration, peer_probe_timeout, absl::Seconds(3),
+          "A decode worker that has not answered a liveness probe for this long counts as "
+          "unreachable (its --reconnect_grace starts).");
 ABSL_FLAG(absl::Duration, default_idle_timeout, absl::Minutes(10),
           "A sequence no request names for this long is freed (when its admission set none).");
 
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
         options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
         options.lanes = absl::GetFlag(FLAGS_lanes);
         options.store.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
+        options.peer_probe_timeout = absl::GetFlag(FLAGS_peer_probe_timeout);
         options.store.default_idle_timeout = absl::GetFlag(FLAGS_default_idle_timeout);
         TRIDENT_ASSIGN_OR_RETURN(auto server, trident::attention::AttentionServer::Create(
                                                   options, &runtime.registry()));

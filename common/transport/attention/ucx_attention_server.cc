@@ -56,11 +56,43 @@ void UcxAttentionServer::RemovePeer(uint64_t incarnation) {
   routes_.erase(incarnation);
 }
 
+void UcxAttentionServer::ProbePeers(absl::Time now, absl::Duration timeout) {
+  std::vector<std::pair<std::shared_ptr<Endpoint>, std::shared_ptr<Probe>>> to_send;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [incarnation, route] : routes_) {
+      if (route.endpoints.empty() || route.probe_timed_out) continue;
+      if (route.probe != nullptr && !route.probe->answered.load()) {
+        if (now - route.probe->sent >= timeout) {
+          route.probe_timed_out = true;
+          TRIDENT_LOG(WARNING) << "owner " << route.owner_id << " (incarnation " << incarnation
+                               << ") has not answered a probe for "
+                               << absl::FormatDuration(now - route.probe->sent);
+        }
+        continue;
+      }
+      route.probe = std::make_shared<Probe>();
+      route.probe->sent = now;
+      to_send.emplace_back(route.endpoints.front(), route.probe);
+    }
+  }
+  for (auto& [endpoint, probe] : to_send) {
+    endpoint->Handshake([probe](absl::Status status) {
+      if (status.ok()) probe->answered.store(true);
+    });
+  }
+}
+
 std::vector<std::pair<std::string, uint64_t>> UcxAttentionServer::TakeFailedPeers() {
   std::vector<std::pair<std::string, uint64_t>> failed;
   absl::MutexLock lock(&mu_);
   for (auto& [incarnation, route] : routes_) {
     if (route.reported_failed) continue;
+    if (route.probe_timed_out) {
+      route.reported_failed = true;
+      failed.emplace_back(route.owner_id, incarnation);
+      continue;
+    }
     for (const std::shared_ptr<Endpoint>& endpoint : route.endpoints) {
       if (!endpoint->failed()) continue;
       route.reported_failed = true;

@@ -96,8 +96,15 @@ class UcxAttentionServer {
   absl::Status AddPeer(const trident::v1::TransportEndpoint& client) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the route of `incarnation`, if any.
   void RemovePeer(uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  // Probes every route's owner (Endpoint::Handshake on its first lane) and
+  // counts as failed one whose last probe has gone unanswered for
+  // `timeout`: over shared memory UCX 1.13 may never see a peer process
+  // die, and an owner that holds sequences here must not hold them forever.
+  // Call periodically (the service's housekeeping); `now` from its clock.
+  void ProbePeers(absl::Time now, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // The (owner id, incarnation) of routes whose endpoints have failed (the
-  // peer died or is unreachable), each reported once.
+  // peer died or is unreachable) or whose probe timed out, each reported
+  // once.
   std::vector<std::pair<std::string, uint64_t>> TakeFailedPeers() ABSL_LOCKS_EXCLUDED(mu_);
 
   AttentionServerCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -109,10 +116,16 @@ class UcxAttentionServer {
     size_t data_bytes = 0;
     absl::Time arrived;
   };
+  struct Probe {
+    absl::Time sent;
+    std::atomic<bool> answered{false};
+  };
   struct Route {
     std::string owner_id;
     std::vector<std::shared_ptr<Endpoint>> endpoints;
     bool reported_failed = false;
+    bool probe_timed_out = false;
+    std::shared_ptr<Probe> probe;  // The last one sent; null before the first.
   };
 
   UcxAttentionServer(UcxLanes* lanes, AttentionComputer* computer,

@@ -1,0 +1,247 @@
+// NEO-style offload across processes (CPU backend, fp32): a prefill worker,
+// two decode workers (one offloading every sequence to a CPU attention
+// service after its first decode step, one not) and the attention service,
+// over UCX shared memory or tcp.
+//
+//  * Greedy tokens with offload equal those without, for every fixture model.
+//  * The service's memory is all released at the end, after a cancel, and
+//    after the decode worker is killed (its grace period).
+//  * Killing the attention service mid-stream lets every request finish
+//    with the same tokens (its sequences are recomputed on the worker).
+
+#include <signal.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/testing/runfiles.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/disaggregated_call.h"
+#include "tests/testing/fixture_models.h"
+#include "tests/testing/service_process.h"
+#include "trident/v1/attention.grpc.pb.h"
+
+namespace trident {
+namespace {
+
+using testing::DisaggregatedContexts;
+using testing::DisaggregatedResult;
+using testing::GenerateDisaggregated;
+using testing::IsOk;
+using testing::RunfilePath;
+using testing::ServiceProcess;
+using testing::TestTmpPath;
+namespace v1 = ::trident::v1;
+
+constexpr int32_t kMaxTokens = 24;
+constexpr int kRequests = 4;
+// Long enough that a request is still decoding when the test acts on it.
+constexpr int32_t kLongTokens = 1500;
+
+std::vector<int32_t> Prompt(int i) {
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < 20 + 9 * i; ++t) prompt.push_back(1 + (7 * i + 3 * t) % 200);
+  return prompt;
+}
+
+struct Param {
+  const char* model;
+  const char* transport;
+};
+
+class OffloadTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    model_dir_ = TestTmpPath(GetParam().model);
+    ASSERT_THAT(testing::EnsureFixtureModel(GetParam().model, model_dir_), IsOk());
+    ASSERT_THAT(StartAttention(), IsOk());
+    auto prefill = StartWorker("prefill", "prefill-0", {});
+    ASSERT_THAT(prefill.status(), IsOk());
+    prefill_ = *std::move(prefill);
+    auto resident = StartWorker("decode", "decode-resident", {});
+    ASSERT_THAT(resident.status(), IsOk());
+    resident_ = *std::move(resident);
+    ASSERT_THAT(StartOffloadingWorker(), IsOk());
+  }
+
+  void TearDown() override {
+    for (ServiceProcess* p : {&offloading_, &resident_, &prefill_, &attention_}) {
+      testing::StopService(*p).IgnoreError();
+    }
+  }
+
+  absl::Status StartAttention() {
+    auto attention = testing::StartService(
+        {RunfilePath("services/attention/attention"),
+         absl::StrCat("--ucx_transports=", GetParam().transport), "--kv_budget_mb=16",
+         "--reconnect_grace=1s", "--threads=1", "--spin_window=0s"},
+        TestTmpPath(absl::StrCat("attention-", attention_starts_++, ".log")));
+    if (!attention.ok()) return attention.status();
+    attention_ = *std::move(attention);
+    stub_ = v1::Attention::NewStub(attention_.channel);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ServiceProcess> StartWorker(const std::string& role, const std::string& name,
+                                             std::vector<std::string> extra) {
+    std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
+        RunfilePath("services/worker/worker"), model_dir_, role, name);
+    argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+  }
+
+  absl::Status StartOffloadingWorker() {
+    auto offloading = StartWorker(
+        "decode", "decode-offloading",
+        {absl::StrCat("--attention_services=", attention_.address),
+         "--offload_min_context_tokens=1", "--attention_timeout=3s"});
+    if (!offloading.ok()) return offloading.status();
+    offloading_ = *std::move(offloading);
+    return absl::OkStatus();
+  }
+
+  v1::AttentionStats Stats() {
+    v1::AttentionStats stats;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    stub_->GetStats(&context, v1::GetAttentionStatsRequest(), &stats);
+    return stats;
+  }
+
+  // Polls the service (another process) until it holds nothing.
+  v1::AttentionStats StatsOnceEmpty() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    v1::AttentionStats stats = Stats();
+    while ((stats.sequences() > 0 || stats.held_bytes() > 0) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+      stats = Stats();
+    }
+    return stats;
+  }
+
+  std::vector<std::vector<int32_t>> RunAll(const ServiceProcess& decode, const std::string& tag) {
+    std::vector<std::vector<int32_t>> tokens(kRequests);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kRequests; ++i) {
+      threads.emplace_back([&, i] {
+        DisaggregatedContexts contexts;
+        const DisaggregatedResult r = GenerateDisaggregated(
+            prefill_, decode, absl::StrCat(tag, "-", i), Prompt(i), kMaxTokens, &contexts);
+        EXPECT_TRUE(r.ok()) << tag << " " << i << ": " << r.reserve_status.error_message()
+                            << " / " << r.prefill_status.error_message() << " / "
+                            << r.decode_status.error_message();
+        tokens[i] = r.tokens;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return tokens;
+  }
+
+  std::string model_dir_;
+  int attention_starts_ = 0;
+  ServiceProcess attention_, prefill_, resident_, offloading_;
+  std::unique_ptr<v1::Attention::Stub> stub_;
+};
+
+TEST_P(OffloadTest, OffloadedRequestsMatchResidentOnesAndFreeTheirMemory) {
+  const auto resident = RunAll(resident_, "resident");
+  const auto offloaded = RunAll(offloading_, "offloaded");
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(resident[i].size(), kMaxTokens) << i;
+    EXPECT_EQ(offloaded[i], resident[i]) << "request " << i;
+  }
+  const v1::AttentionStats stats = StatsOnceEmpty();
+  EXPECT_GT(stats.attention_requests_total(), 0) << "nothing was offloaded";
+  EXPECT_EQ(stats.sequences(), 0);
+  EXPECT_EQ(stats.held_bytes(), 0);
+  std::printf("%s over %s: %lld attention requests served\n", GetParam().model,
+              GetParam().transport, static_cast<long long>(stats.attention_requests_total()));
+}
+
+TEST_P(OffloadTest, ACancelledRequestReleasesItsCopy) {
+  DisaggregatedContexts contexts;
+  absl::Notification first;
+  bool moved = false;
+  std::thread canceller([&] {
+    first.WaitForNotification();
+    // Wait for the sequence to have moved, then cancel.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!(moved = Stats().sequences() > 0) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    contexts.Cancel();
+  });
+  const DisaggregatedResult r = GenerateDisaggregated(prefill_, offloading_, "cancelled",
+                                                      Prompt(3), kLongTokens, &contexts, &first);
+  if (!first.HasBeenNotified()) first.Notify();
+  canceller.join();
+  EXPECT_TRUE(moved) << "the request never moved: " << r.decode_status.error_message();
+  EXPECT_EQ(r.decode_status.error_code(), grpc::StatusCode::CANCELLED);
+  const v1::AttentionStats stats = StatsOnceEmpty();
+  EXPECT_EQ(stats.sequences(), 0);
+  EXPECT_EQ(stats.held_bytes(), 0);
+}
+
+TEST_P(OffloadTest, AKilledDecodeWorkersSequencesAreFreedAfterTheGrace) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      DisaggregatedContexts contexts;
+      GenerateDisaggregated(prefill_, offloading_, absl::StrCat("doomed-", i), Prompt(i),
+                            kLongTokens, &contexts);
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (Stats().sequences() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(Stats().sequences(), 2);
+  kill(offloading_.pid, SIGKILL);
+  for (std::thread& t : threads) t.join();
+  offloading_.pid = -1;
+  const v1::AttentionStats stats = StatsOnceEmpty();
+  EXPECT_EQ(stats.sequences(), 0);
+  EXPECT_EQ(stats.held_bytes(), 0);
+  EXPECT_EQ(stats.sessions(), 0);
+}
+
+TEST_P(OffloadTest, KillingTheAttentionServiceCostsNoRequest) {
+  const auto resident = RunAll(resident_, "resident");
+  std::vector<std::vector<int32_t>> offloaded(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      DisaggregatedContexts contexts;
+      const DisaggregatedResult r = GenerateDisaggregated(
+          prefill_, offloading_, absl::StrCat("survivor-", i), Prompt(i), kMaxTokens, &contexts);
+      EXPECT_TRUE(r.ok()) << i << ": " << r.decode_status.error_message();
+      offloaded[i] = r.tokens;
+    });
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (Stats().sequences() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  kill(attention_.pid, SIGKILL);
+  attention_.pid = -1;
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(offloaded[i], resident[i]) << "request " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ModelsAndTransports, OffloadTest,
+    ::testing::Values(Param{"llama3-tiny", "posix"}, Param{"qwen2-tiny", "posix"},
+                      Param{"mistral-tiny", "posix"}, Param{"llama3-tiny", "tcp"}),
+    [](const auto& info) {
+      std::string name = absl::StrCat(info.param.model, "_", info.param.transport);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+}  // namespace
+}  // namespace trident
