@@ -242,6 +242,8 @@ ThreadScratch ScratchOf(const DecodeAttention::State& s, int32_t t, float** acc)
   p += RoundToLines(static_cast<size_t>(RoundUp16(s.max_group)) * decode_internal::kTileTokens * 4);
   scratch.pad = reinterpret_cast<uint16_t*>(p);
   p += RoundToLines(16 * kMaxHeadDim * 2);
+  scratch.corr = reinterpret_cast<float*>(p);
+  p += RoundToLines(RoundUp16(s.max_group) * 4);
   *acc = reinterpret_cast<float*>(p);
   return scratch;
 }
@@ -451,7 +453,8 @@ absl::StatusOr<std::unique_ptr<DecodeAttention>> DecodeAttention::Create(
       RoundToLines(padded_group_dims * 2) + RoundToLines(group_dims * 4) +
       RoundToLines(static_cast<size_t>(RoundUp16(options.max_q_heads)) *
                    decode_internal::kTileTokens * 4) +
-      RoundToLines(16 * kMaxHeadDim * 2) + RoundToLines((group_dims + 2 * options.max_q_heads) * 4);
+      RoundToLines(16 * kMaxHeadDim * 2) + RoundToLines(RoundUp16(options.max_q_heads) * 4) +
+      RoundToLines((group_dims + 2 * options.max_q_heads) * 4);
   state->slot_floats =
       static_cast<int64_t>(RoundToLines((group_dims + 2 * options.max_q_heads) * 4) / 4);
   // A thread's token range cuts at most two (sequence, kv head) pairs: its

@@ -20,6 +20,7 @@ struct ThreadScratch {
   float* q32 = nullptr;     // max_group * max_head_dim floats.
   float* p = nullptr;       // max_group * kTileTokens floats (AMX: 16-col padded tiles).
   uint16_t* pad = nullptr;  // 16 * 256 bf16: a zero-padded partial K tile (AMX).
+  float* corr = nullptr;    // max_group floats, 16-padded: per-row accumulator rescale.
 };
 
 // One contiguous token range [token_begin, token_end) of one (sequence, kv
