@@ -72,7 +72,6 @@ absl::StatusOr<DecodeIsa> ResolveIsa(DecodeIsa requested) {
     }
     return requested;
   }
-  // AVX512-BF16 before AMX: see kAutoPrefersAmx.
   for (DecodeIsa isa : {DecodeIsa::kAvx512Bf16, DecodeIsa::kAvx2}) {
     if (DecodeIsaAvailable(isa)) return isa;
   }

@@ -29,15 +29,30 @@ using avx512::BlockLoop;
 using avx512::Bf16Scores;
 using avx512::WideScores;
 
-TRIDENT_AVX512 void SegmentF32(const SegmentArgs& a) {
-  BlockLoop<WideScores<float>>(a);
+// Instantiated for the common head dims (constant row offsets and unrolled
+// dim loops) and for any multiple of 16.
+template <template <int> class Scores>
+TRIDENT_AVX512 void ByHeadDim(const SegmentArgs& a) {
+  switch (a.head_dim) {
+    case 64:
+      return BlockLoop<Scores<64>>(a);
+    case 128:
+      return BlockLoop<Scores<128>>(a);
+    case 256:
+      return BlockLoop<Scores<256>>(a);
+    default:
+      return BlockLoop<Scores<0>>(a);
+  }
 }
-TRIDENT_AVX512 void SegmentF16(const SegmentArgs& a) {
-  BlockLoop<WideScores<avx512::Half>>(a);
-}
-TRIDENT_AVX512 void SegmentBf16(const SegmentArgs& a) {
-  BlockLoop<Bf16Scores>(a);
-}
+
+template <int kD>
+using F32Scores = WideScores<float, kD>;
+template <int kD>
+using F16Scores = WideScores<avx512::Half, kD>;
+
+TRIDENT_AVX512 void SegmentF32(const SegmentArgs& a) { ByHeadDim<F32Scores>(a); }
+TRIDENT_AVX512 void SegmentF16(const SegmentArgs& a) { ByHeadDim<F16Scores>(a); }
+TRIDENT_AVX512 void SegmentBf16(const SegmentArgs& a) { ByHeadDim<Bf16Scores>(a); }
 
 }  // namespace
 

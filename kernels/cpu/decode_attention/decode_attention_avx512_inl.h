@@ -130,10 +130,11 @@ TRIDENT_AVX512 void PvTile(const T* v, int64_t head_dim, int32_t n, const float*
   }
 }
 
-template <int kRows, typename T>
-TRIDENT_AVX512 void PvRows(const T* v, int64_t head_dim, int32_t n, const float* const* p_rows,
+template <int kRows, int kD, typename T>
+TRIDENT_AVX512 void PvRows(const T* v, int64_t runtime_dim, int32_t n, const float* const* p_rows,
                            int64_t p_token_stride, const float* corr, float* acc,
                            int64_t acc_stride) {
+  const int64_t head_dim = kD > 0 ? kD : runtime_dim;
   int64_t dim = 0;
   for (; dim + 64 <= head_dim; dim += 64) {
     PvTile<kRows, 4>(v + dim, head_dim, n, p_rows, p_token_stride, corr, acc + dim, acc_stride);
@@ -154,7 +155,7 @@ TRIDENT_AVX512 void PvRows(const T* v, int64_t head_dim, int32_t n, const float*
 // P·V of one tile for every row of the group, four rows at a time (so each
 // widened V vector feeds four FMAs). `p_row(g)` is row g's first weight,
 // weights of consecutive tokens p_token_stride apart.
-template <typename T, typename PRow>
+template <int kD, typename T, typename PRow>
 TRIDENT_AVX512 void PvGroup(const SegmentArgs& a, const T* v, int32_t n, PRow p_row,
                             int64_t p_token_stride) {
   const float* corr = a.scratch.corr;
@@ -165,16 +166,16 @@ TRIDENT_AVX512 void PvGroup(const SegmentArgs& a, const T* v, int32_t n, PRow p_
     float* acc = a.acc + g * a.acc_stride;
     switch (count) {
       case 4:
-        PvRows<4>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
+        PvRows<4, kD>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
         break;
       case 3:
-        PvRows<3>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
+        PvRows<3, kD>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
         break;
       case 2:
-        PvRows<2>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
+        PvRows<2, kD>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
         break;
       default:
-        PvRows<1>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
+        PvRows<1, kD>(v, a.head_dim, n, rows, p_token_stride, corr + g, acc, a.acc_stride);
         break;
     }
   }
@@ -193,8 +194,10 @@ TRIDENT_AVX512 inline void PrefetchBlock(const T* k, int64_t value_offset, int64
 
 // Scores of kv rows of bf16 K against q rounded to bf16: vdpbf16ps over pairs
 // of dims, 16 tokens per Reduce16. Rows: [group][kTileTokens] in scratch.p.
+template <int kD>
 struct Bf16Scores {
   using Elem = Bf16;
+  static constexpr int kHeadDim = kD;
 
   // q * scale to bf16, rows padded with zeros to a multiple of 32 dims.
   TRIDENT_AVX512 static void Prepare(const SegmentArgs& a) {
@@ -214,11 +217,21 @@ struct Bf16Scores {
 
   // Dot products of q16 (padded row) with 16 K rows starting at k; rows at
   // or past `valid` repeat row valid - 1 (their lanes are masked later).
-  TRIDENT_AVX512 static __m512 Dot16(const uint16_t* q16, const Bf16* k, int32_t head_dim,
+  TRIDENT_AVX512 static __m512 Dot16(const uint16_t* q16, const Bf16* k, int32_t runtime_dim,
                                      int32_t valid) {
+    const int32_t head_dim = kD > 0 ? kD : runtime_dim;
     __m512 acc[16];
     for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
     const int64_t stride = head_dim;
+    if (valid == 16 && head_dim % 32 == 0) {  // Full tile: constant row offsets.
+      for (int32_t d = 0; d < head_dim; d += 32) {
+        const __m512bh q = (__m512bh)_mm512_loadu_si512(q16 + d);
+        for (int t = 0; t < 16; ++t) {
+          acc[t] = _mm512_dpbf16_ps(acc[t], q, (__m512bh)_mm512_loadu_si512(k + t * stride + d));
+        }
+      }
+      return Reduce16(acc);
+    }
     const int32_t full = head_dim / 32 * 32;
     for (int32_t d = 0; d < full; d += 32) {
       const __m512bh q = (__m512bh)_mm512_loadu_si512(q16 + d);
@@ -253,14 +266,15 @@ struct Bf16Scores {
 
   TRIDENT_AVX512 static void Pv(const SegmentArgs& a, const Bf16* v, int32_t n) {
     const float* p = a.scratch.p;
-    PvGroup(a, v, n, [p](int32_t g) { return p + g * kTileTokens; }, 1);
+    PvGroup<kD>(a, v, n, [p](int32_t g) { return p + g * kTileTokens; }, 1);
   }
 };
 
 // Scores of f32 or f16 K rows against fp32 q (scaled): FMA over 16 dims.
-template <typename T>
+template <typename T, int kD>
 struct WideScores {
   using Elem = T;
+  static constexpr int kHeadDim = kD;
 
   TRIDENT_AVX512 static void Prepare(const SegmentArgs& a) {
     const int64_t count = static_cast<int64_t>(a.group) * a.head_dim;
@@ -270,11 +284,21 @@ struct WideScores {
     }
   }
 
-  TRIDENT_AVX512 static __m512 Dot16(const float* q, const T* k, int32_t head_dim,
+  TRIDENT_AVX512 static __m512 Dot16(const float* q, const T* k, int32_t runtime_dim,
                                      int32_t valid) {
+    const int32_t head_dim = kD > 0 ? kD : runtime_dim;
     __m512 acc[16];
     for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
     const int64_t stride = head_dim;
+    if (valid == 16) {  // Full tile: constant row offsets.
+      for (int32_t d = 0; d < head_dim; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        for (int t = 0; t < 16; ++t) {
+          acc[t] = _mm512_fmadd_ps(qv, Load16(k + t * stride + d), acc[t]);
+        }
+      }
+      return Reduce16(acc);
+    }
     for (int32_t d = 0; d < head_dim; d += 16) {
       const __m512 qv = _mm512_loadu_ps(q + d);
       for (int t = 0; t < 16; ++t) {
@@ -297,7 +321,7 @@ struct WideScores {
 
   TRIDENT_AVX512 static void Pv(const SegmentArgs& a, const T* v, int32_t n) {
     const float* p = a.scratch.p;
-    PvGroup(a, v, n, [p](int32_t g) { return p + g * kTileTokens; }, 1);
+    PvGroup<kD>(a, v, n, [p](int32_t g) { return p + g * kTileTokens; }, 1);
   }
 };
 
