@@ -429,6 +429,9 @@ bool DecodeIsaAvailable(DecodeIsa isa) {
     case DecodeIsa::kAvx512Bf16:
       return avx512_bf16;
     case DecodeIsa::kAmx:
+#ifdef TRIDENT_DECODE_ATTENTION_AMX_EMULATION
+      return avx512_bf16;  // Tiles emulated in scalar code (tests only).
+#endif
       return avx512_bf16 && f.amx_tile && f.amx_bf16;
   }
   return false;

@@ -39,6 +39,66 @@ namespace {
 
 using avx512::Bf16;
 
+#ifdef TRIDENT_DECODE_ATTENTION_AMX_EMULATION
+// Test-only (:decode_attention_amx_emulation): scalar stand-ins for the tile
+// instructions, so the packing, padding and [token][q head] indexing of this
+// file run on CPUs without AMX. Tiles are 16 rows x 64 bytes, as configured.
+struct EmulatedTiles {
+  alignas(64) unsigned char rows[8][16][64];
+};
+thread_local EmulatedTiles tiles;
+
+void EmulatedLoad(int tile, const void* base, long stride) {
+  for (int r = 0; r < 16; ++r) {
+    std::memcpy(tiles.rows[tile][r], static_cast<const char*>(base) + r * stride, 64);
+  }
+}
+
+void EmulatedStore(int tile, void* base, long stride) {
+  for (int r = 0; r < 16; ++r) {
+    std::memcpy(static_cast<char*>(base) + r * stride, tiles.rows[tile][r], 64);
+  }
+}
+
+float Bf16At(int tile, int row, int index) {
+  uint16_t bits;
+  std::memcpy(&bits, tiles.rows[tile][row] + 2 * index, 2);
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// C[m][n] += sum_k A[m][2k] B[k][2n] + A[m][2k + 1] B[k][2n + 1].
+void EmulatedDpbf16ps(int c, int a, int b) {
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 16; ++n) {
+      float sum;
+      std::memcpy(&sum, tiles.rows[c][m] + 4 * n, 4);
+      for (int k = 0; k < 16; ++k) {
+        sum += Bf16At(a, m, 2 * k) * Bf16At(b, k, 2 * n) +
+               Bf16At(a, m, 2 * k + 1) * Bf16At(b, k, 2 * n + 1);
+      }
+      std::memcpy(tiles.rows[c][m] + 4 * n, &sum, 4);
+    }
+  }
+}
+
+#undef _tile_loadd
+#undef _tile_stored
+#undef _tile_zero
+#undef _tile_dpbf16ps
+#define _tile_loadd(tile, base, stride) EmulatedLoad(tile, base, stride)
+#define _tile_stored(tile, base, stride) EmulatedStore(tile, base, stride)
+#define _tile_zero(tile) std::memset(tiles.rows[tile], 0, sizeof(tiles.rows[tile]))
+#define _tile_dpbf16ps(c, a, b) EmulatedDpbf16ps(c, a, b)
+void LoadTileConfig(const void*) {}
+void ReleaseTiles() {}
+#else
+TRIDENT_AMX inline void LoadTileConfig(const void* config) { _tile_loadconfig(config); }
+TRIDENT_AMX inline void ReleaseTiles() { _tile_release(); }
+#endif  // TRIDENT_DECODE_ATTENTION_AMX_EMULATION
+
 // The `ldtilecfg` operand: palette 1, every tile used as 16 rows x 64 bytes.
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -54,10 +114,10 @@ TRIDENT_AMX void BeginRun() {
     config.colsb[i] = 64;
     config.rows[i] = 16;
   }
-  _tile_loadconfig(&config);
+  LoadTileConfig(&config);
 }
 
-TRIDENT_AMX void EndRun() { _tile_release(); }
+TRIDENT_AMX void EndRun() { ReleaseTiles(); }
 
 // GCC's tileloadd asm names no memory input, so stores it must observe (the
 // packed q, the padded K copy) are fenced from it for the compiler.
@@ -226,6 +286,9 @@ TRIDENT_AMX void SegmentBf16(const SegmentArgs& a) {
 }  // namespace
 
 bool RequestAmxPermission() {
+#ifdef TRIDENT_DECODE_ATTENTION_AMX_EMULATION
+  return true;
+#endif
   constexpr int kArchReqXcompPerm = 0x1023;
   constexpr int kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
