@@ -94,11 +94,13 @@ CpuFeatures Detect() {
     const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
     const bool tile_state = (xcr0 & (3ull << 17)) == (3ull << 17);
     features.fma = avx && ymm_state && (ecx & (1u << 12)) != 0;
+    features.f16c = avx && ymm_state && (ecx & (1u << 29)) != 0;
     unsigned max_subleaf = 0;
     if (__get_cpuid_count(7, 0, &max_subleaf, &ebx, &ecx, &edx)) {
       features.avx2 = avx && ymm_state && (ebx & (1u << 5)) != 0;
       features.avx512f = zmm_state && (ebx & (1u << 16)) != 0;
-      features.amx_bf16 = tile_state && (edx & (1u << 22)) != 0 && (edx & (1u << 24)) != 0;
+      features.amx_tile = tile_state && (edx & (1u << 24)) != 0;
+      features.amx_bf16 = features.amx_tile && (edx & (1u << 22)) != 0;
       if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) {
         features.avx512_bf16 = features.avx512f && (eax & (1u << 5)) != 0;
       }
@@ -119,8 +121,10 @@ std::string CpuFeaturesString(const CpuFeatures& features) {
   std::string out;
   for (const auto& [present, name] : {std::pair<bool, const char*>{features.avx2, "avx2"},
                                       {features.fma, "fma"},
+                                      {features.f16c, "f16c"},
                                       {features.avx512f, "avx512f"},
                                       {features.avx512_bf16, "avx512_bf16"},
+                                      {features.amx_tile, "amx_tile"},
                                       {features.amx_bf16, "amx_bf16"}}) {
     if (present) absl::StrAppend(&out, out.empty() ? "" : " ", name);
   }

@@ -11,15 +11,18 @@ namespace trident::cpu {
 
 // An instruction set counts as present only when both the CPU reports it
 // (cpuid) and the operating system saves its registers (XCR0 via xgetbv), so a
-// kernel may use it whenever the flag is true. `amx_bf16` additionally needs a
-// per-process permission request on Linux (arch_prctl(ARCH_REQ_XCOMP_PERM)),
-// which oneDNN makes itself before using AMX.
+// kernel may use it whenever the flag is true. `amx_tile` and `amx_bf16`
+// additionally need a per-process permission request on Linux
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)), which oneDNN makes
+// itself before using AMX and //kernels/cpu/decode_attention makes in Create().
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
+  bool f16c = false;  // vcvtph2ps / vcvtps2ph.
   bool avx512f = false;
   bool avx512_bf16 = false;
-  bool amx_bf16 = false;
+  bool amx_tile = false;  // Tile registers, ldtilecfg, tileloadd.
+  bool amx_bf16 = false;  // tdpbf16ps; implies amx_tile.
   // Distinct (package, core) pairs among the online CPUs, from
   // /sys/devices/system/cpu/cpu*/topology; equal to `logical_cpus` where the
   // topology cannot be read.

@@ -12,10 +12,14 @@ TEST(CpuFeaturesTest, AgreesWithTheCompilersCpuDetection) {
   __builtin_cpu_init();
   EXPECT_EQ(features.avx2, static_cast<bool>(__builtin_cpu_supports("avx2")));
   EXPECT_EQ(features.fma, static_cast<bool>(__builtin_cpu_supports("fma")));
+  EXPECT_EQ(features.f16c, static_cast<bool>(__builtin_cpu_supports("f16c")));
   EXPECT_EQ(features.avx512f, static_cast<bool>(__builtin_cpu_supports("avx512f")));
   // Every bf16 or AMX machine has AVX-512.
   if (features.avx512_bf16 || features.amx_bf16) {
     EXPECT_TRUE(features.avx512f);
+  }
+  if (features.amx_bf16) {
+    EXPECT_TRUE(features.amx_tile);
   }
   if (features.avx512f) {
     EXPECT_TRUE(features.avx2);
