@@ -328,6 +328,8 @@ TEST_P(AttentionServiceTest, ItsMemoryAndThreadsAreOnItsNode) {
   const trident::v1::AttentionStats stats = Stats();
   const int node = stats.numa_node();
   EXPECT_GE(stats.threads(), 1);
+  EXPECT_NE(stats.isa(), trident::v1::ISA_UNSPECIFIED);
+  EXPECT_THAT(stats.cpu_features(), ::testing::Contains("avx2"));
   EXPECT_EQ(stats.capacity_bytes(), 4 << 20);
   std::ifstream maps(absl::StrCat("/proc/", service_.pid, "/numa_maps"));
   std::string line;

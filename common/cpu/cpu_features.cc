@@ -134,4 +134,16 @@ std::string CpuFeaturesString(const CpuFeatures& features) {
   return out;
 }
 
+std::vector<std::string> CpuFeatureNames(const CpuFeatures& f) {
+  std::vector<std::string> names;
+  const std::pair<bool, const char*> all[] = {
+      {f.avx2, "avx2"},         {f.fma, "fma"},           {f.f16c, "f16c"},
+      {f.avx512f, "avx512f"},   {f.avx512_bf16, "avx512_bf16"},
+      {f.amx_tile, "amx_tile"}, {f.amx_bf16, "amx_bf16"}};
+  for (const auto& [present, name] : all) {
+    if (present) names.emplace_back(name);
+  }
+  return names;
+}
+
 }  // namespace trident::cpu

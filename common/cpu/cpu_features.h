@@ -6,6 +6,7 @@
 #define TRIDENT_COMMON_CPU_CPU_FEATURES_H_
 
 #include <string>
+#include <vector>
 
 namespace trident::cpu {
 
@@ -34,6 +35,11 @@ struct CpuFeatures {
 
 // Detected on the first call; later calls return the same object. Thread-safe.
 const CpuFeatures& GetCpuFeatures();
+
+// The features present, by the names the Linux kernel gives them in
+// /proc/cpuinfo ("avx2", "fma", "f16c", "avx512f", "avx512_bf16",
+// "amx_tile", "amx_bf16"), in that order.
+std::vector<std::string> CpuFeatureNames(const CpuFeatures& features);
 
 // One line for logs, e.g. "avx2 fma avx512f; 16 physical cores, 32 logical CPUs".
 std::string CpuFeaturesString(const CpuFeatures& features);

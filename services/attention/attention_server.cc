@@ -6,6 +6,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/cpu/cpu_features.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
 #include "absl/strings/str_join.h"
@@ -14,6 +15,29 @@
 #include "services/attention/kv_store/arena_kv_pool.h"
 
 namespace trident::attention {
+namespace {
+
+trident::v1::Isa IsaToProto(kernels::cpu::DecodeIsa isa) {
+  switch (isa) {
+    case kernels::cpu::DecodeIsa::kAvx2: return trident::v1::ISA_AVX2;
+    case kernels::cpu::DecodeIsa::kAvx512Bf16: return trident::v1::ISA_AVX512_BF16;
+    case kernels::cpu::DecodeIsa::kAmx: return trident::v1::ISA_AMX;
+    case kernels::cpu::DecodeIsa::kAuto: break;
+  }
+  return trident::v1::ISA_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<kernels::cpu::DecodeIsa> ParseIsa(absl::string_view text) {
+  for (kernels::cpu::DecodeIsa isa :
+       {kernels::cpu::DecodeIsa::kAuto, kernels::cpu::DecodeIsa::kAvx2,
+        kernels::cpu::DecodeIsa::kAvx512Bf16, kernels::cpu::DecodeIsa::kAmx}) {
+    if (text == kernels::cpu::DecodeIsaName(isa)) return isa;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--attention_isa: expected auto, avx2, avx512_bf16 or amx, got '", text, "'"));
+}
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     const AttentionServerOptions& options, prometheus::Registry* registry) {
@@ -38,11 +62,16 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   TRIDENT_RETURN_IF_ERROR(StartKvMemory());
   store_ = std::make_unique<SequenceStore>(kv_pool_.get(), clock_, options_.store);
   numa::SpinPool* pool = pool_.get();
-  computer_ = std::make_unique<KvAttentionComputer>(
-      store_.get(), Executor{.threads = pool->num_threads(),
-                             .run = [pool](const std::function<void(int)>& fn) { pool->Run(fn); }});
+  TRIDENT_ASSIGN_OR_RETURN(
+      computer_,
+      KvAttentionComputer::Create(
+          store_.get(),
+          Executor{.threads = pool->num_threads(),
+                   .run = [pool](const std::function<void(int)>& fn) { pool->Run(fn); }},
+          options_.isa));
+  const std::string isa(kernels::cpu::DecodeIsaName(computer_->isa()));
   TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx_.get(), {.lanes = options_.lanes}));
-  metrics_ = std::make_unique<AttentionMetrics>(*registry, "reference", numa_node_,
+  metrics_ = std::make_unique<AttentionMetrics>(*registry, isa, numa_node_,
                                                 pool->num_threads());
   transport::attention::UcxAttentionServerOptions data_plane_options;
   data_plane_options.on_request = [this](const transport::attention::AttentionRequestRecord& r) {
@@ -65,6 +94,8 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   parts.numa_node = numa_node_;
   parts.threads = pool->num_threads();
   parts.kv_region = kv_region_.get();
+  parts.isa = IsaToProto(computer_->isa());
+  parts.cpu_features = cpu::CpuFeatureNames(cpu::GetCpuFeatures());
   parts.data_plane_stats = [this] {
     DataPlaneStats stats;
     stats.requests = data_plane_->counters().requests;
@@ -74,7 +105,7 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   };
   service_ = std::make_unique<AttentionService>(std::move(parts));
   TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": NUMA node "
-                    << numa_node_ << ", " << pool->num_threads() << " kernel threads on CPUs "
+                    << numa_node_ << ", " << pool->num_threads() << " " << isa << " kernel threads on CPUs "
                     << absl::StrJoin(pool->threads(), ",") << ", KV budget "
                     << options_.kv_budget_bytes / (1 << 20) << " MiB, " << options_.lanes
                     << " UCX lane(s) (" << options_.ucx_transports << ")";

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "common/grpc/server.h"
 #include "common/numa/spin_pool.h"
+#include "kernels/cpu/decode_attention/decode_attention.h"
 #include "common/time/clock.h"
 #include "common/transport/attention/ucx_attention_server.h"
 #include "common/transport/ucx_lanes.h"
@@ -59,6 +60,8 @@ struct AttentionServerOptions {
   // Kernel threads, each pinned to one physical core of the node; 0: one
   // per physical core the affinity mask allows there.
   int32_t threads = 0;
+  // The kernel's instruction set (kAuto: the best this CPU has).
+  kernels::cpu::DecodeIsa isa = kernels::cpu::DecodeIsa::kAuto;
   // How long idle kernel threads spin for the next layer before they sleep.
   absl::Duration spin_window = absl::Milliseconds(5);
   // DRAM for sequences' KV.
@@ -75,6 +78,10 @@ struct AttentionServerOptions {
   // Time for the store; null: the real clock.
   Clock* clock = nullptr;
 };
+
+// "auto", "avx2", "avx512_bf16" or "amx"; INVALID_ARGUMENT naming
+// --attention_isa otherwise.
+absl::StatusOr<kernels::cpu::DecodeIsa> ParseIsa(absl::string_view text);
 
 class AttentionServer {
  public:

@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/numeric/dtype.h"
+#include "common/logging/log.h"
 #include "common/status/status_macros.h"
 
 namespace trident::attention {
@@ -19,37 +20,41 @@ using transport::attention::RequestView;
 using transport::attention::ToWire;
 using transport::attention::WireElementSize;
 
-// Stores n floats as `dtype` elements at dst.
-void StoreElements(numeric::DType dtype, const float* src, char* dst, int64_t n) {
-  switch (dtype) {
-    case numeric::DType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return;
-    case numeric::DType::kBF16:
-      numeric::FloatToBf16(src, reinterpret_cast<uint16_t*>(dst), n);
-      return;
-    case numeric::DType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        reinterpret_cast<uint16_t*>(dst)[i] = numeric::FloatToHalf(src[i]);
-      }
-      return;
-  }
-}
-
-// Element (head, token t of the block, dim 0) of K in layer `layer`.
-char* KAt(const PinnedSequence& s, int32_t layer, int32_t position, int32_t head) {
-  const SequenceLayout& l = *s.layout;
-  const int32_t block = position / l.block_size;
-  const int32_t slot = position % l.block_size;
-  return s.data + layer * l.layer_stride_bytes + block * l.block_stride_bytes +
-         (static_cast<int64_t>(head) * l.block_size + slot) * l.head_dim *
-             numeric::ElementSize(l.dtype);
+// K of token `position`'s block in `layer` (the kernel's DecodeSequence::kv
+// and DecodeKvAppend::kv address layer 0 of a block run).
+char* LayerBase(const PinnedSequence& s, int32_t layer) {
+  return s.data + layer * s.layout->layer_stride_bytes;
 }
 
 }  // namespace
 
-KvAttentionComputer::KvAttentionComputer(SequenceStore* store, Executor executor)
-    : store_(store), executor_(std::move(executor)) {}
+absl::StatusOr<std::unique_ptr<KvAttentionComputer>> KvAttentionComputer::Create(
+    SequenceStore* store, Executor executor, kernels::cpu::DecodeIsa isa) {
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cpu::DecodeAttention> kernel,
+                           kernels::cpu::DecodeAttention::Create(
+                               {.max_threads = executor.threads,
+                                .max_sequences = kMaxSequences,
+                                .max_q_heads = kMaxQHeads,
+                                .max_head_dim = transport::attention::kMaxHeadDim,
+                                .isa = isa}));
+  return std::unique_ptr<KvAttentionComputer>(
+      new KvAttentionComputer(store, std::move(executor), std::move(kernel)));
+}
+
+KvAttentionComputer::KvAttentionComputer(SequenceStore* store, Executor executor,
+                                         std::unique_ptr<kernels::cpu::DecodeAttention> kernel)
+    : store_(store), executor_(std::move(executor)), kernel_(std::move(kernel)) {}
+
+kernels::cpu::DecodeKvLayout KvAttentionComputer::KernelLayout(const SequenceLayout& layout) {
+  const int64_t element = static_cast<int64_t>(numeric::ElementSize(layout.dtype));
+  return kernels::cpu::DecodeKvLayout{
+      .dtype = layout.dtype,
+      .num_kv_heads = layout.num_kv_heads,
+      .head_dim = layout.head_dim,
+      .block_size = layout.block_size,
+      .block_stride_elems = static_cast<int64_t>(layout.block_stride_bytes) / element,
+      .value_offset_elems = static_cast<int64_t>(layout.value_offset_bytes) / element};
+}
 
 absl::Status KvAttentionComputer::Compute(const RequestView& request, char* reply_rows) {
   const int32_t n = request.header.num_sequences;
@@ -65,10 +70,8 @@ absl::Status KvAttentionComputer::Compute(const RequestView& request, char* repl
   absl::Cleanup unpin = [this] { store_->Unpin(handles_); };
   TRIDENT_RETURN_IF_ERROR(CheckShapes(request));
   Append(request);
-  if ((request.header.flags & transport::attention::kAppendOnly) == 0) {
-    Attend(request, reply_rows);
-  }
-  return absl::OkStatus();
+  if ((request.header.flags & transport::attention::kAppendOnly) != 0) return absl::OkStatus();
+  return Attend(request, reply_rows);
 }
 
 absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const {
@@ -82,6 +85,12 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
           "sequence handle ", s.handle, " was admitted with ", l.num_q_heads, " q heads, ",
           l.num_kv_heads, " kv heads and head_dim ", l.head_dim, "; the request has ",
           h.num_q_heads, ", ", h.num_kv_heads, " and ", h.head_dim));
+    }
+    const SequenceLayout& first = *pinned_.front().layout;
+    if (l.dtype != first.dtype || l.block_size != first.block_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence handles ", pinned_.front().handle, " and ", s.handle,
+          " differ in KV dtype or block size; one request must not mix them"));
     }
     if (h.layer < 0 || h.layer >= l.num_layers) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", h.layer, " of sequence handle ",
@@ -99,68 +108,51 @@ void KvAttentionComputer::Append(const RequestView& request) {
   const int64_t q_elems = append_only ? 0 : int64_t{h.num_q_heads} * h.head_dim;
   const int64_t kv_elems = int64_t{h.num_kv_heads} * h.head_dim;
   const size_t element = WireElementSize(h.dtype);
-  q_.resize(static_cast<size_t>(h.num_sequences) * q_elems);
-  std::vector<float> kv(2 * kv_elems);
-  for (int32_t i = 0; i < h.num_sequences; ++i) {
+  const size_t n = static_cast<size_t>(h.num_sequences);
+  q_.resize(n * q_elems);
+  k_.resize(n * kv_elems);
+  v_.resize(n * kv_elems);
+  appends_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
     const char* wire = request.rows + i * row * element;
     if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);
-    FromWire(h.dtype, wire + q_elems * element, kv.data(), 2 * kv_elems);
-    const PinnedSequence& s = pinned_[i];
-    const SequenceLayout& l = *s.layout;
-    for (int32_t head = 0; head < h.num_kv_heads; ++head) {
-      char* k = KAt(s, h.layer, positions_[i], head);
-      StoreElements(l.dtype, &kv[head * h.head_dim], k, h.head_dim);
-      StoreElements(l.dtype, &kv[kv_elems + head * h.head_dim], k + l.value_offset_bytes,
-                    h.head_dim);
-    }
+    FromWire(h.dtype, wire + q_elems * element, &k_[i * kv_elems], kv_elems);
+    FromWire(h.dtype, wire + (q_elems + kv_elems) * element, &v_[i * kv_elems], kv_elems);
+    appends_[i] = kernels::cpu::DecodeKvAppend{.kv = LayerBase(pinned_[i], h.layer),
+                                               .position = positions_[i],
+                                               .k = &k_[i * kv_elems],
+                                               .v = &v_[i * kv_elems]};
   }
+  // CheckShapes made the layouts agree and the positions fit.
+  TRIDENT_CHECK_OK(
+      kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_.front().layout), appends_));
 }
 
-void KvAttentionComputer::Attend(const RequestView& request, char* reply_rows) {
+absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply_rows) {
   const transport::attention::RequestHeader& h = request.header;
   const int64_t q_elems = int64_t{h.num_q_heads} * h.head_dim;
-  const int32_t group = h.num_q_heads / h.num_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
-  o_.assign(static_cast<size_t>(h.num_sequences) * q_elems, 0.0f);
-  const int32_t n = h.num_sequences;
-  executor_.run([&](int thread) {
-    std::vector<float> key(h.head_dim), value(h.head_dim), scores;
-    for (int32_t i = thread; i < n; i += executor_.threads) {
-      const PinnedSequence& s = pinned_[i];
-      const SequenceLayout& l = *s.layout;
-      const int32_t context = positions_[i] + 1;
-      scores.resize(context);
-      for (int32_t qh = 0; qh < h.num_q_heads; ++qh) {
-        const int32_t kvh = qh / group;
-        const float* q = &q_[i * q_elems + qh * h.head_dim];
-        float max_score = -INFINITY;
-        for (int32_t t = 0; t < context; ++t) {
-          numeric::ToFloat(l.dtype, KAt(s, h.layer, t, kvh), key.data(), h.head_dim);
-          float dot = 0;
-          for (int32_t d = 0; d < h.head_dim; ++d) dot += q[d] * key[d];
-          scores[t] = dot * scale;
-          max_score = std::max(max_score, scores[t]);
-        }
-        float sum = 0;
-        for (int32_t t = 0; t < context; ++t) sum += scores[t] = std::exp(scores[t] - max_score);
-        float* o = &o_[i * q_elems + qh * h.head_dim];
-        for (int32_t t = 0; t < context; ++t) {
-          numeric::ToFloat(l.dtype, KAt(s, h.layer, t, kvh) + l.value_offset_bytes, value.data(),
-                           h.head_dim);
-          const float p = scores[t] / sum;
-          for (int32_t d = 0; d < h.head_dim; ++d) o[d] += p * value[d];
-        }
-      }
-    }
-  });
+  const size_t n = static_cast<size_t>(h.num_sequences);
+  o_.resize(n * q_elems);
+  sequences_.resize(n);
   int64_t bytes = 0;
-  for (int32_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const SequenceLayout& l = *pinned_[i].layout;
+    sequences_[i] = kernels::cpu::DecodeSequence{.kv = LayerBase(pinned_[i], h.layer),
+                                                 .context_len = positions_[i] + 1,
+                                                 .q = &q_[i * q_elems],
+                                                 .o = &o_[i * q_elems]};
     bytes += int64_t{positions_[i] + 1} * 2 * h.num_kv_heads * h.head_dim *
              static_cast<int64_t>(numeric::ElementSize(l.dtype));
   }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
+  TRIDENT_RETURN_IF_ERROR(kernel_->Plan(KernelLayout(*pinned_.front().layout), h.num_q_heads,
+                                        scale, sequences_, executor_.threads));
+  kernels::cpu::DecodeAttention* kernel = kernel_.get();
+  executor_.run([kernel](int thread) { kernel->Run(thread); });
+  executor_.run([kernel](int thread) { kernel->Merge(thread); });
   kv_bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
   ToWire(h.dtype, o_.data(), reply_rows, o_.size());
+  return absl::OkStatus();
 }
 
 }  // namespace trident::attention

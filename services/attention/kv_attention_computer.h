@@ -17,10 +17,13 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/transport/attention/ucx_attention_server.h"
+#include "kernels/cpu/decode_attention/decode_attention.h"
 #include "services/attention/kv_store/sequence_store.h"
 
 namespace trident::attention {
@@ -34,8 +37,15 @@ struct Executor {
 
 class KvAttentionComputer final : public transport::attention::AttentionComputer {
  public:
-  // `store` must outlive the computer.
-  KvAttentionComputer(SequenceStore* store, Executor executor);
+  // Most sequences, and q heads, one request may carry.
+  static constexpr int32_t kMaxSequences = 1024;
+  static constexpr int32_t kMaxQHeads = 128;
+
+  // `store` must outlive the computer. The kernel's errors
+  // (FAILED_PRECONDITION for an ISA this CPU lacks).
+  static absl::StatusOr<std::unique_ptr<KvAttentionComputer>> Create(
+      SequenceStore* store, Executor executor,
+      kernels::cpu::DecodeIsa isa = kernels::cpu::DecodeIsa::kAuto);
 
   absl::Status Compute(const transport::attention::RequestView& request,
                        char* reply_rows) override;
@@ -43,11 +53,17 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
   // KV bytes the kernel read, over every request so far.
   // Thread-safe.
   int64_t kv_bytes_read() const { return kv_bytes_read_.load(std::memory_order_relaxed); }
+  // The kernel's instruction set.
+  kernels::cpu::DecodeIsa isa() const { return kernel_->isa(); }
 
  private:
+  KvAttentionComputer(SequenceStore* store, Executor executor,
+                      std::unique_ptr<kernels::cpu::DecodeAttention> kernel);
   absl::Status CheckShapes(const transport::attention::RequestView& request) const;
   void Append(const transport::attention::RequestView& request);
-  void Attend(const transport::attention::RequestView& request, char* reply_rows);
+  absl::Status Attend(const transport::attention::RequestView& request, char* reply_rows);
+  // The kernel's view of a sequence's KV geometry.
+  static kernels::cpu::DecodeKvLayout KernelLayout(const SequenceLayout& layout);
 
   SequenceStore* const store_;
   const Executor executor_;
@@ -55,8 +71,10 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
   std::vector<uint64_t> handles_;
   std::vector<int32_t> positions_;
   std::vector<PinnedSequence> pinned_;
-  std::vector<float> q_;
-  std::vector<float> o_;
+  const std::unique_ptr<kernels::cpu::DecodeAttention> kernel_;
+  std::vector<float> q_, k_, v_, o_;
+  std::vector<kernels::cpu::DecodeKvAppend> appends_;
+  std::vector<kernels::cpu::DecodeSequence> sequences_;
   std::atomic<int64_t> kv_bytes_read_{0};
 };
 

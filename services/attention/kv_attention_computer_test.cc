@@ -1,10 +1,13 @@
 #include "services/attention/kv_attention_computer.h"
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "common/time/clock.h"
 #include "gmock/gmock.h"
@@ -53,16 +56,32 @@ std::vector<float> Reference(const std::vector<std::vector<float>>& rows_sent, i
   return o;
 }
 
-class KvAttentionComputerTest : public ::testing::TestWithParam<numeric::DType> {
+struct Param {
+  numeric::DType dtype;
+  kernels::cpu::DecodeIsa isa;
+};
+
+class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
+    if (!kernels::cpu::DecodeIsaAvailable(GetParam().isa)) {
+      GTEST_SKIP() << "this CPU lacks " << kernels::cpu::DecodeIsaName(GetParam().isa);
+    }
     ASSERT_THAT(store_.Connect("w0", kIncarnation), IsOk());
+    auto computer = KvAttentionComputer::Create(
+        &store_, Executor{.threads = 3, .run = [](const std::function<void(int)>& fn) {
+                            for (int t = 0; t < 3; ++t) fn(t);
+                          }},
+        GetParam().isa);
+    ASSERT_THAT(computer.status(), IsOk());
+    computer_ = *std::move(computer);
+    EXPECT_EQ(computer_->isa(), GetParam().isa);
   }
   uint64_t Admit(const std::string& id, int32_t capacity) {
     auto admitted = store_.Admit(SequenceSpec{
         .owner_id = "w0", .owner_incarnation = kIncarnation, .sequence_id = id,
         .num_layers = kLayers, .num_q_heads = kQHeads, .num_kv_heads = kKvHeads,
-        .head_dim = kHeadDim, .dtype = GetParam(), .capacity_tokens = capacity,
+        .head_dim = kHeadDim, .dtype = GetParam().dtype, .capacity_tokens = capacity,
         .block_size = 16});
     EXPECT_THAT(admitted.status(), IsOk());
     return admitted.ok() ? admitted->handle : 0;
@@ -88,7 +107,7 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<numeric::DType> 
         absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h)));
     if (!view.ok()) return view.status();
     o->assign(handles.size() * kQ, -7.0f);
-    return computer_.Compute(*view, reinterpret_cast<char*>(o->data()));
+    return computer_->Compute(*view, reinterpret_cast<char*>(o->data()));
   }
   std::vector<float> RandomRow() {
     std::vector<float> row(kRow);
@@ -101,9 +120,7 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<numeric::DType> 
   FakeClock clock_;
   HeapKvPool pool_{64 << 20};
   SequenceStore store_{&pool_, &clock_};
-  KvAttentionComputer computer_{&store_, Executor{.threads = 3, .run = [](const auto& fn) {
-                                                     for (int t = 0; t < 3; ++t) fn(t);
-                                                   }}};
+  std::unique_ptr<KvAttentionComputer> computer_;
 };
 
 TEST_P(KvAttentionComputerTest, DecodesEachSequenceOverEverythingAppendedToIt) {
@@ -125,7 +142,7 @@ TEST_P(KvAttentionComputerTest, DecodesEachSequenceOverEverythingAppendedToIt) {
       }
       std::vector<float> o;
       ASSERT_THAT(Send(layer, handles, positions, rows, &o), IsOk());
-      const double tolerance = GetParam() == numeric::DType::kF32 ? 1e-5 : 2e-2;
+      const double tolerance = GetParam().dtype == numeric::DType::kF32 ? 1e-5 : 2e-2;
       std::vector<float> want = Reference(sent_a[layer], 0);
       for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[j], want[j], tolerance) << step << " " << j;
       if (step >= 17) {
@@ -135,7 +152,7 @@ TEST_P(KvAttentionComputerTest, DecodesEachSequenceOverEverythingAppendedToIt) {
     }
   }
   EXPECT_EQ(store_.Stats().held_tokens, 35 + 18);
-  EXPECT_GT(computer_.kv_bytes_read(), 0);
+  EXPECT_GT(computer_->kv_bytes_read(), 0);
 }
 
 TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {
@@ -154,11 +171,17 @@ TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {
   EXPECT_EQ(pool_.used_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(KvDTypes, KvAttentionComputerTest,
-                         ::testing::Values(numeric::DType::kF32, numeric::DType::kBF16),
-                         [](const auto& info) {
-                           return std::string(numeric::DTypeName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    KvDTypesAndIsas, KvAttentionComputerTest,
+    ::testing::Values(Param{numeric::DType::kF32, kernels::cpu::DecodeIsa::kAvx2},
+                      Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAvx2},
+                      Param{numeric::DType::kF32, kernels::cpu::DecodeIsa::kAvx512Bf16},
+                      Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAvx512Bf16},
+                      Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAmx}),
+    [](const auto& info) {
+      return absl::StrCat(numeric::DTypeName(info.param.dtype), "_",
+                          kernels::cpu::DecodeIsaName(info.param.isa));
+    });
 
 }  // namespace
 }  // namespace trident::attention

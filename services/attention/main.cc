@@ -30,6 +30,9 @@ ABSL_FLAG(absl::Duration, reconnect_grace, absl::Seconds(10),
 ABSL_FLAG(int32_t, threads, 0,
           "Attention kernel threads, each pinned to one physical core of the node; 0: every "
           "physical core the affinity mask allows there.");
+ABSL_FLAG(std::string, attention_isa, "auto",
+          "Instruction set of the attention kernel: auto (the best this CPU has), avx2, "
+          "avx512_bf16 or amx; one the CPU lacks fails start-up.");
 ABSL_FLAG(absl::Duration, spin_window, absl::Milliseconds(5),
           "How long idle kernel threads spin for the next layer before sleeping.");
 ABSL_FLAG(absl::Duration, peer_probe_timeout, absl::Seconds(3),
@@ -58,6 +61,8 @@ int main(int argc, char** argv) {
         options.numa_node = node;
         options.threads = absl::GetFlag(FLAGS_threads);
         options.spin_window = absl::GetFlag(FLAGS_spin_window);
+        TRIDENT_ASSIGN_OR_RETURN(options.isa,
+                                 trident::attention::ParseIsa(absl::GetFlag(FLAGS_attention_isa)));
         options.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mb) << 20;
         options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
         options.lanes = absl::GetFlag(FLAGS_lanes);
