@@ -149,6 +149,18 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   EXPECT_FALSE(generated->text.empty());
   EXPECT_EQ(generated->complete.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(generated->complete.usage().completion_tokens(), 8);
+  // A generation whose context passes 64 tokens moves to the attention
+  // service (trident up's --offload_min_context_tokens), and says so.
+  absl::StatusOr<cli::GenerateSummary> offloaded =
+      cli::StreamGeneration({.address = state->RouterAddress(),
+                             .prompt = "Once upon a time",
+                             .max_tokens = 80,
+                             .ignore_eos = true,
+                             .timeout = absl::Seconds(60)},
+                            /*out=*/nullptr);
+  ASSERT_THAT(offloaded, IsOk());
+  EXPECT_EQ(offloaded->tokens, 80);
+  EXPECT_EQ(offloaded->complete.placement().attention_service_id(), "attention-0");
   // `trident generate` goes through the router by default.
   const std::string generate_log = TestTmpPath("generate.log");
   EXPECT_EQ(RunTrident({"generate", "Once upon a time", "--state_dir=" + state_dir,

@@ -564,6 +564,7 @@ void RemoteTokenSource::Flight::EmitCompleteLocked(const v1::GenerateComplete& c
                              complete.error_message());
   }
   end.placement = PlacementLocked();
+  end.placement->attention_service_id = complete.placement().attention_service_id();
   EmitLocked(std::move(end));
 }
 

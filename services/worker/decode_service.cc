@@ -65,13 +65,19 @@ struct DecodeCall {
       return;
     }
     Complete(frontend::FinishReasonToProto(ev.finish),
-             ev.finish == engine::FinishReason::kStop ? ev.matched_stop_token : -1);
+             ev.finish == engine::FinishReason::kStop ? ev.matched_stop_token : -1,
+             ev.placement.has_value() ? ev.placement->attention_service_id : "");
   }
 
-  void Complete(v1::FinishReason reason, int32_t stop_token) {
+  // `attention_service_id`: where its decode attention ran, if offloaded.
+  void Complete(v1::FinishReason reason, int32_t stop_token,
+                const std::string& attention_service_id = "") {
     v1::DecodeResponse r;
     v1::GenerateComplete* c = r.mutable_complete();
     c->set_request_id(request_id);
+    if (!attention_service_id.empty()) {
+      c->mutable_placement()->set_attention_service_id(attention_service_id);
+    }
     c->set_finish_reason(reason);
     if (stop_token >= 0) c->set_stop_token_id(stop_token);
     c->mutable_usage()->set_prompt_tokens(prompt_tokens);

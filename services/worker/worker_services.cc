@@ -124,6 +124,7 @@ WorkerLoad WorkerLoadFromStats(const WorkerIdentity& identity, const engine::Eng
     SetProtoDuration(absl::Seconds(stats.decode_step_seconds), load.mutable_decode_step_time());
   }
   load.set_batch_context_tokens(stats.batch_context_tokens);
+  load.set_cpu_attention_sequences(stats.remote_running);
   return load;
 }
 

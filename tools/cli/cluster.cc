@@ -287,10 +287,17 @@ absl::StatusOr<std::string> ModelDir(const ClusterOptions& options) {
 // a `both` worker would otherwise leave off (the router sends it KV too);
 // then the user's flags, which override these.
 std::vector<std::string> WorkerFlags(const ClusterOptions& options, const std::string& role,
-                                     const std::string& name, const std::string& model_dir) {
+                                     const std::string& name, const std::string& model_dir,
+                                     const std::string& attention_address) {
   std::vector<std::string> flags = {absl::StrCat("--role=", role),
                                     absl::StrCat("--worker_id=", name),
                                     absl::StrCat("--model=", model_dir), "--kv_transport=ucx"};
+  if (role != "prefill" && !attention_address.empty()) {
+    // Decode-capable workers move long sequences to the attention service.
+    flags.push_back(absl::StrCat("--attention_services=", attention_address));
+    flags.push_back(
+        absl::StrCat("--offload_min_context_tokens=", options.offload_min_context_tokens));
+  }
   flags.insert(flags.end(), options.worker_flags.begin(), options.worker_flags.end());
   return flags;
 }
@@ -435,13 +442,18 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
     TRIDENT_RETURN_IF_ERROR(
         start("controller", "controller",
               {absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)}));
-    TRIDENT_RETURN_IF_ERROR(start("attention", "attention-0", {}));
+    TRIDENT_RETURN_IF_ERROR(
+        start("attention", "attention-0",
+              {"--service_id=attention-0", absl::StrCat("--threads=", options.attention_threads),
+               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb)}));
+    const std::string attention_address = state.processes.back().GrpcAddress(state.host);
     std::vector<std::string> worker_ids;
     for (size_t i = 0; i < options.worker_roles.size(); ++i) {
       const std::string& role = options.worker_roles[i];
       worker_ids.push_back(absl::StrCat("worker-", i));
       TRIDENT_RETURN_IF_ERROR(start("worker", worker_ids.back(),
-                                    WorkerFlags(options, role, worker_ids.back(), model_dir)));
+                                    WorkerFlags(options, role, worker_ids.back(), model_dir,
+                                                attention_address)));
       state.processes.back().role = role;
       TRIDENT_RETURN_IF_ERROR(WriteState(options.state_dir, state));
     }

@@ -44,6 +44,13 @@ struct ClusterOptions {
   // --dtype=bf16); a flag given twice takes the later value. --role,
   // --worker_id and --model are the cluster's to set.
   std::vector<std::string> worker_flags;
+  // Decode-capable workers offload to the cluster's attention service every
+  // sequence whose context reaches this many tokens (--offload_min_context_
+  // tokens); 0: offload only for lack of KV blocks.
+  int32_t offload_min_context_tokens = 64;
+  // The attention service's kernel threads (--threads) and KV budget.
+  int32_t attention_threads = 1;
+  int64_t attention_kv_budget_mb = 256;
   // How often Prometheus scrapes each service.
   absl::Duration scrape_interval = absl::Seconds(1);
   // How long each process may take to become ready.

@@ -10,6 +10,7 @@
 
 #include "tools/cli/cluster.h"
 #include "tools/cli/worker_load.h"
+#include "trident/v1/attention.pb.h"
 
 namespace trident::cli {
 
@@ -23,6 +24,8 @@ struct ProcessStatus {
   // could not be read in `load_error`.
   std::optional<WorkerLoadSummary> load;
   std::string load_error;
+  // Attention services: their GetStats, or why it could not be read.
+  std::optional<trident::v1::AttentionStats> attention;
 };
 
 // Checks every process: alive, its health (Prometheus: /-/ready) and, for a
@@ -36,8 +39,10 @@ bool AllServing(const std::vector<ProcessStatus>& statuses);
 // The tables `trident status` prints: one line per process (name, pid,
 // addresses, health), then one per worker (role, with a role change in
 // progress as "old->new", state, running and waiting sequences, KV cache
-// usage). A worker whose load could not be read shows its start role and
-// the error.
+// usage, sequences whose attention runs on a CPU attention service), then
+// one per attention service (NUMA node, ISA and threads, sequences, tokens
+// and KV memory held of its budget, sessions, requests served). A worker
+// whose load could not be read shows its start role and the error.
 std::string FormatStatus(const ClusterState& state, const std::vector<ProcessStatus>& statuses);
 
 }  // namespace trident::cli

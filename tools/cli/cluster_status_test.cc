@@ -58,7 +58,8 @@ TEST(FormatStatusTest, ShowsEveryProcessThenEachWorkersRoleSequencesAndKvCache) 
                                        .role = "both",
                                        .pending_role = "decode",
                                        .state = "draining",
-                                       .running_sequences = 3};
+                                       .running_sequences = 3,
+                                       .cpu_attention_sequences = 2};
   const std::string text = FormatStatus(state, statuses);
 
   EXPECT_THAT(LineOf(text, "router"), HasSubstr("127.0.0.1:11"));
@@ -69,9 +70,32 @@ TEST(FormatStatusTest, ShowsEveryProcessThenEachWorkersRoleSequencesAndKvCache) 
   EXPECT_THAT(text.substr(workers), HasSubstr("RUNNING"));
   EXPECT_THAT(text.substr(workers), Not(HasSubstr("router")));
   EXPECT_THAT(LineOf(text, "worker-0", workers),
-              testing::MatchesRegex("worker-0 +prefill +serving +0 +4 +12.5%"));
+              testing::MatchesRegex("worker-0 +prefill +serving +0 +4 +12.5% +0"));
   EXPECT_THAT(LineOf(text, "worker-1", workers),
-              testing::MatchesRegex("worker-1 +both->decode +draining +3 +0 +0.0%"));
+              testing::MatchesRegex("worker-1 +both->decode +draining +3 +0 +0.0% +2"));
+}
+
+TEST(FormatStatusTest, ShowsWhatEachAttentionServiceHolds) {
+  ClusterState state{.host = "127.0.0.1"};
+  state.processes = {Process("attention-0", "attention", 7), Process("attention-1", "attention", 9)};
+  std::vector<ProcessStatus> statuses = Statuses(state);
+  trident::v1::AttentionStats stats;
+  stats.set_numa_node(1);
+  stats.set_isa(trident::v1::ISA_AVX512_BF16);
+  stats.set_threads(16);
+  stats.set_sequences(3);
+  stats.set_held_tokens(12345);
+  stats.set_held_bytes(int64_t{96} << 20);
+  stats.set_capacity_bytes(int64_t{1024} << 20);
+  stats.set_sessions(2);
+  stats.set_attention_requests_total(4200);
+  statuses[0].attention = stats;
+  const std::string text = FormatStatus(state, statuses);
+  const size_t table = text.find("\nATTENTION ");
+  ASSERT_NE(table, std::string::npos) << text;
+  EXPECT_THAT(LineOf(text, "attention-0", table),
+              testing::MatchesRegex("attention-0 +1 avx512_bf16 +16 +3 +12345 +96.0/1024.0 +2 +4200"));
+  EXPECT_THAT(LineOf(text, "attention-1", table), HasSubstr("stats unknown"));
 }
 
 TEST(FormatStatusTest, AWorkerWithoutLoadShowsItsStartRoleAndWhy) {

@@ -39,6 +39,12 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(
     std::string, worker_flags, "",
     "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
+ABSL_FLAG(int32_t, offload_min_context_tokens, 64,
+          "up: decode workers move each sequence whose context reaches this many tokens to the "
+          "CPU attention service (its decode attention runs there); 0: only when their KV "
+          "cache runs short.");
+ABSL_FLAG(int32_t, attention_threads, 1,
+          "up: kernel threads of the attention service (one per physical core at most).");
 ABSL_FLAG(std::string, address, "",
           "generate: host:port of a Generation endpoint. Default: the router of the cluster in "
           "--state_dir.");
@@ -105,6 +111,8 @@ int Up() {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.worker_roles = absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty());
   options.worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
+  options.offload_min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
+  options.attention_threads = absl::GetFlag(FLAGS_attention_threads);
   options.scrape_interval = absl::GetFlag(FLAGS_scrape_interval);
   options.ready_timeout = absl::GetFlag(FLAGS_ready_timeout);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

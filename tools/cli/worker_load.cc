@@ -33,6 +33,7 @@ WorkerLoadSummary SummarizeWorkerLoad(const trident::v1::WorkerLoad& load) {
   summary.state = ShortName(trident::v1::ServingState_Name(load.state()), "SERVING_STATE_");
   summary.running_sequences = load.running_sequences();
   summary.waiting_sequences = load.waiting_sequences();
+  summary.cpu_attention_sequences = load.cpu_attention_sequences();
   if (load.kv_blocks_total() > 0) {
     summary.kv_cache_usage_ratio =
         static_cast<double>(load.kv_blocks_used()) / static_cast<double>(load.kv_blocks_total());

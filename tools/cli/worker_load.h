@@ -26,6 +26,9 @@ struct WorkerLoadSummary {
   std::string state;
   int32_t running_sequences = 0;
   int32_t waiting_sequences = 0;
+  // Running sequences whose decode attention runs on a CPU attention
+  // service.
+  int32_t cpu_attention_sequences = 0;
   // KV blocks in use (sequences and reservations) over the pool's size; 0
   // for an empty pool.
   double kv_cache_usage_ratio = 0;
