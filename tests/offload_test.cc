@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/http/http_client.h"
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -163,6 +164,14 @@ TEST_P(OffloadTest, OffloadedRequestsMatchResidentOnesAndFreeTheirMemory) {
   EXPECT_GT(stats.attention_requests_total(), 0) << "nothing was offloaded";
   EXPECT_EQ(stats.sequences(), 0);
   EXPECT_EQ(stats.held_bytes(), 0);
+  // The worker counts its moves.
+  absl::StatusOr<http::HttpResponse> metrics = http::Get(
+      absl::StrCat("http://127.0.0.1:", offloading_.metrics_port, "/metrics"), absl::Seconds(5));
+  ASSERT_THAT(metrics.status(), IsOk());
+  EXPECT_THAT(metrics->body, ::testing::ContainsRegex(absl::StrCat(
+                                 "trident_worker_offload_decisions_total\\{decision=\"moved\"\\} ",
+                                 kRequests)));
+  EXPECT_THAT(metrics->body, ::testing::HasSubstr("trident_worker_cpu_attention_sequences 0"));
   std::printf("%s over %s: %lld attention requests served\n", GetParam().model,
               GetParam().transport, static_cast<long long>(stats.attention_requests_total()));
 }

@@ -222,13 +222,17 @@ void Engine::Loop() {
       } else if (s.last_step_decode_sequences > 0) {
         decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
       }
-      Deliver(*stepped);
     }
     s.prefill_tokens_per_second = prefill_tokens_per_second_;
     s.decode_step_seconds = decode_step_seconds_;
-    absl::MutexLock lock(&mu_);
-    stats_ = s;
-    if (observer_) observer_(stats_);
+    {
+      // Published before the step's tokens are delivered: a caller holding a
+      // request's last token sees the stats of the step that made it.
+      absl::MutexLock lock(&mu_);
+      stats_ = s;
+      if (observer_) observer_(stats_);
+    }
+    if (stepped.has_value()) Deliver(*stepped);
   }
   absl::MutexLock lock(&mu_);
   stats_ = core_->stats();

@@ -62,7 +62,25 @@ struct EngineMetrics {
                   .Name("trident_worker_engine_steps_total")
                   .Help("Forward passes run by the engine.")
                   .Register(r)
-                  .Add({})) {}
+                  .Add({})),
+        cpu_sequences(prometheus::BuildGauge()
+                          .Name("trident_worker_cpu_attention_sequences")
+                          .Help("Running sequences whose decode attention runs on a CPU "
+                                "attention service (their KV held there).")
+                          .Register(r)
+                          .Add({})),
+        cpu_tokens(prometheus::BuildGauge()
+                       .Name("trident_worker_cpu_attention_tokens")
+                       .Help("KV tokens of the CPU-resident sequences.")
+                       .Register(r)
+                       .Add({})),
+        offload_family(prometheus::BuildCounter()
+                           .Name("trident_worker_offload_decisions_total")
+                           .Help("Sequences moved to CPU attention services (moved), and brought "
+                                 "back for recompute because their service failed (demoted).")
+                           .Register(r)),
+        offload_moved(offload_family.Add({{"decision", "moved"}})),
+        offload_demoted(offload_family.Add({{"decision", "demoted"}})) {}
 
   void Update(const engine::EngineStats& s) {
     running.Set(s.running);
@@ -75,6 +93,11 @@ struct EngineMetrics {
         static_cast<double>(s.generated_tokens_total - last.generated_tokens_total));
     preemptions.Increment(static_cast<double>(s.preemptions_total - last.preemptions_total));
     steps.Increment(static_cast<double>(s.steps_total - last.steps_total));
+    cpu_sequences.Set(s.remote_running);
+    cpu_tokens.Set(static_cast<double>(s.remote_tokens));
+    offload_moved.Increment(static_cast<double>(s.remote_moves_total - last.remote_moves_total));
+    offload_demoted.Increment(
+        static_cast<double>(s.remote_demoted_total - last.remote_demoted_total));
     last = s;
   }
 
@@ -86,6 +109,11 @@ struct EngineMetrics {
   prometheus::Counter& generated_tokens;
   prometheus::Counter& preemptions;
   prometheus::Counter& steps;
+  prometheus::Gauge& cpu_sequences;
+  prometheus::Gauge& cpu_tokens;
+  prometheus::Family<prometheus::Counter>& offload_family;
+  prometheus::Counter& offload_moved;
+  prometheus::Counter& offload_demoted;
   engine::EngineStats last;
 };
 

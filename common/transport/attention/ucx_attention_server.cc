@@ -156,18 +156,21 @@ void UcxAttentionServer::Serve(Job& job) {
     RequestHeader h;
     const bool readable = job.header.size() == sizeof(RequestHeader) &&
                           (std::memcpy(&h, job.header.data(), sizeof(h)), h.magic == kRequestMagic);
-    bool replied = false;
-    if (readable) {
+    std::shared_ptr<Endpoint> endpoint = readable ? RouteTo(h.owner_incarnation, h.lane) : nullptr;
+    TRIDENT_LOG(WARNING) << "bad attention request: " << request.status();
+    {
+      // Counted before the reply goes out, so that a requester that has its
+      // answer also sees it counted.
+      absl::MutexLock lock(&mu_);
+      ++counters_.bad_messages;
+      if (endpoint) ++counters_.errors; else ++counters_.dropped;
+    }
+    if (endpoint) {
       ReplyHeader reply{.dtype = WireDType::kF32,
                         .request_id = h.request_id,
                         .status_code = static_cast<int32_t>(absl::StatusCode::kInvalidArgument)};
-      replied = Reply(h.owner_incarnation, h.lane,
-                      EncodeReplyHeader(reply, request.status().message()), nullptr, 0);
+      SendReply(*endpoint, EncodeReplyHeader(reply, request.status().message()), nullptr, 0);
     }
-    TRIDENT_LOG(WARNING) << "bad attention request: " << request.status();
-    absl::MutexLock lock(&mu_);
-    ++counters_.bad_messages;
-    if (replied) ++counters_.errors; else ++counters_.dropped;
     return;
   }
   const RequestHeader& h = request->header;
@@ -183,11 +186,6 @@ void UcxAttentionServer::Serve(Job& job) {
   absl::Status status = computer_->Compute(*request, reinterpret_cast<char*>(rows->data()));
   const absl::Time computed = absl::Now();
   reply.status_code = static_cast<int32_t>(status.code());
-  const bool replied =
-      status.ok() ? Reply(h.owner_incarnation, h.lane, EncodeReplyHeader(reply, ""), rows,
-                          reply_bytes)
-                  : Reply(h.owner_incarnation, h.lane, EncodeReplyHeader(reply, status.message()),
-                          nullptr, 0);
   if (options_.on_request) {
     options_.on_request(AttentionRequestRecord{.layer = h.layer,
                                                .num_sequences = h.num_sequences,
@@ -195,37 +193,47 @@ void UcxAttentionServer::Serve(Job& job) {
                                                .compute = computed - started,
                                                .status = status});
   }
-  absl::MutexLock lock(&mu_);
-  if (!replied) {
-    ++counters_.dropped;
-  } else if (status.ok()) {
-    ++counters_.requests;
-    counters_.sequences += h.num_sequences;
-    counters_.bytes_out += static_cast<int64_t>(reply_bytes);
+  std::shared_ptr<Endpoint> endpoint = RouteTo(h.owner_incarnation, h.lane);
+  {
+    // Counted before the reply goes out (see above).
+    absl::MutexLock lock(&mu_);
+    if (!endpoint) {
+      ++counters_.dropped;
+    } else if (status.ok()) {
+      ++counters_.requests;
+      counters_.sequences += h.num_sequences;
+      counters_.bytes_out += static_cast<int64_t>(reply_bytes);
+    } else {
+      ++counters_.errors;
+    }
+  }
+  if (!endpoint) return;
+  if (status.ok()) {
+    SendReply(*endpoint, EncodeReplyHeader(reply, ""), std::move(rows), reply_bytes);
   } else {
-    ++counters_.errors;
+    SendReply(*endpoint, EncodeReplyHeader(reply, status.message()), nullptr, 0);
   }
 }
 
-bool UcxAttentionServer::Reply(uint64_t incarnation, int32_t lane, std::string header,
-                               std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes) {
-  std::shared_ptr<Endpoint> endpoint;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = routes_.find(incarnation);
-    if (it == routes_.end() || it->second.endpoints.empty()) return false;
-    const std::vector<std::shared_ptr<Endpoint>>& endpoints = it->second.endpoints;
-    endpoint = endpoints[lane >= 0 && lane < static_cast<int32_t>(endpoints.size()) ? lane : 0];
-  }
+std::shared_ptr<Endpoint> UcxAttentionServer::RouteTo(uint64_t incarnation, int32_t lane) {
+  absl::MutexLock lock(&mu_);
+  auto it = routes_.find(incarnation);
+  if (it == routes_.end() || it->second.endpoints.empty()) return nullptr;
+  const std::vector<std::shared_ptr<Endpoint>>& endpoints = it->second.endpoints;
+  return endpoints[lane >= 0 && lane < static_cast<int32_t>(endpoints.size()) ? lane : 0];
+}
+
+void UcxAttentionServer::SendReply(Endpoint& endpoint, std::string header,
+                                   std::shared_ptr<std::vector<uint64_t>> data,
+                                   size_t data_bytes) {
   const void* bytes = data ? static_cast<const void*>(data->data()) : nullptr;
-  endpoint->Send(kAttentionReplyMessageId, std::move(header), bytes, data_bytes,
+  endpoint.Send(kAttentionReplyMessageId, std::move(header), bytes, data_bytes,
                  [data](absl::Status status) {
                    if (!status.ok()) {
                      TRIDENT_LOG(WARNING)
                          << "attention reply not delivered: " << status;
                    }
                  });
-  return true;
 }
 
 }  // namespace trident::transport::attention

@@ -134,10 +134,11 @@ class UcxAttentionServer {
   void OnRequest(absl::string_view header, absl::string_view data) ABSL_LOCKS_EXCLUDED(mu_);
   void DispatchLoop();
   void Serve(Job& job);
-  // Sends a reply to the route of `incarnation` on `lane`; false if none.
-  bool Reply(uint64_t incarnation, int32_t lane, std::string header,
-             std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The endpoint of the route of `incarnation` on `lane`; null if none.
+  std::shared_ptr<Endpoint> RouteTo(uint64_t incarnation, int32_t lane) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends a reply (the data is kept alive until UCX is done with it).
+  static void SendReply(Endpoint& endpoint, std::string header,
+                        std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes);
 
   UcxLanes* const lanes_;
   AttentionComputer* const computer_;
