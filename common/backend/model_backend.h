@@ -52,6 +52,23 @@ struct StepSequence {
   // each layer sends its q, k, v to the service and takes o back. Backends
   // without offload refuse it (supports_remote_attention()).
   RemoteKv remote;
+  // Asymmetric pipelining (supports_pipelining()): the sequences with
+  // sub_batch 1, all CPU-resident, form a second sub-batch whose layers
+  // interleave with sub-batch 0's, so that their attention at the service
+  // runs while the backend computes sub-batch 0's layer. 0 everywhere: one
+  // batch, whose CPU-resident sequences' attention overlaps only the local
+  // attention.
+  int32_t sub_batch = 0;
+};
+
+// Time spent on CPU-resident sequences' attention requests, summed over
+// every request since the backend was made: from each request's start to
+// its answer (round_trip), and of that the time the forward pass stood
+// waiting for it (exposed; the rest was hidden under the backend's work).
+struct RemoteAttentionTiming {
+  int64_t requests = 0;
+  double round_trip_seconds = 0;
+  double exposed_seconds = 0;
 };
 
 // A forward step failed because an attention service did not answer (it
@@ -64,8 +81,8 @@ inline constexpr char kRemoteAttentionFailureUrl[] = "trident.backend/remote-att
 // UNAVAILABLE (whatever `cause` was) naming `service` in the payload.
 inline absl::Status RemoteAttentionFailure(const transport::attention::RemoteAttention* service,
                                            const absl::Status& cause) {
-  absl::Status status = absl::UnavailableError(
-      absl::StrCat("attention service failed: ", cause.message()));
+  absl::Status status =
+      absl::UnavailableError(absl::StrCat("attention service failed: ", cause.message()));
   status.SetPayload(kRemoteAttentionFailureUrl,
                     absl::Cord(absl::StrCat(reinterpret_cast<uintptr_t>(service))));
   return status;
@@ -145,6 +162,12 @@ class ModelBackend {
 
   // Whether Forward takes StepSequences with `remote` set.
   virtual bool supports_remote_attention() const { return false; }
+  // Whether Forward runs StepSequence::sub_batch 1 as a pipelined second
+  // sub-batch (else it refuses sub_batch other than 0).
+  virtual bool supports_pipelining() const { return false; }
+  // Totals so far (zero for backends without remote attention). Called on
+  // the forward's thread.
+  virtual RemoteAttentionTiming remote_attention_timing() const { return {}; }
 
   // How long a forward step waits for an attention service's answer before
   // it fails the step (kRemoteAttentionFailureUrl).

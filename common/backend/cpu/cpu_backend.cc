@@ -242,97 +242,133 @@ absl::Status CpuBackend::Forward(absl::Span<const StepSequence> batch, float* lo
     TRIDENT_RETURN_IF_ERROR(cpu::ConfigureCpuThreads(options_.num_threads, options_.pin_threads));
     threads_configured_for_ = std::this_thread::get_id();
   }
-  int64_t total = 0;
-  int64_t rows = 0;
-  TRIDENT_RETURN_IF_ERROR(ValidateBatch(batch, &total, &rows));
-  if (total == 0) return absl::OkStatus();
+  TRIDENT_RETURN_IF_ERROR(SplitBatch(batch));
+  if (passes_[0].batch.empty()) return absl::OkStatus();
+  for (int p = 0; p < num_passes_; ++p) TRIDENT_RETURN_IF_ERROR(Embed(passes_[p]));
+  Pass& main = passes_[0];
+  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (num_passes_ == 1) {
+      absl::Status begun = BeginLayer(main, l);
+      if (layer_observer()) layer_observer()(l);
+      AttendLocal(main, l);
+      absl::Status ended = EndLayer(main, l);
+      TRIDENT_RETURN_IF_ERROR(begun);
+      TRIDENT_RETURN_IF_ERROR(ended);
+      continue;
+    }
+    // Pipelined: the second sub-batch's requests go out first and are
+    // answered while the first sub-batch's whole layer runs here.
+    Pass& cpu = passes_[1];
+    absl::Status cpu_begun = BeginLayer(cpu, l);
+    absl::Status begun = BeginLayer(main, l);
+    if (layer_observer()) layer_observer()(l);
+    AttendLocal(main, l);
+    absl::Status ended = EndLayer(main, l);
+    absl::Status cpu_ended = EndLayer(cpu, l);
+    for (const absl::Status* status : {&cpu_begun, &begun, &ended, &cpu_ended}) {
+      TRIDENT_RETURN_IF_ERROR(*status);
+    }
+  }
+  if (num_passes_ == 1) {
+    Head(main, logits);
+    return absl::OkStatus();
+  }
+  // Each pass's logit rows, scattered into batch order.
+  const int64_t vocab = config_.vocab_size;
+  for (int p = 0; p < num_passes_; ++p) {
+    Pass& pass = passes_[p];
+    Grow(pass.logits, pass.rows * vocab);
+    Head(pass, pass.logits.data());
+    for (int64_t r = 0; r < pass.rows; ++r) {
+      std::memcpy(logits + pass.logit_rows[r] * vocab, &pass.logits[r * vocab],
+                  vocab * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SplitBatch(absl::Span<const StepSequence> batch) {
+  for (Pass& pass : passes_) {
+    pass.batch.clear();
+    pass.logit_rows.clear();
+    pass.total = 0;
+    pass.rows = 0;
+  }
+  int64_t logit_row = 0;
+  for (const StepSequence& s : batch) {
+    TRIDENT_RETURN_IF_ERROR(ValidateSequence(s));
+    Pass& pass = passes_[s.sub_batch];
+    pass.batch.push_back(s);
+    pass.total += static_cast<int64_t>(s.tokens.size());
+    if (s.want_logits) {
+      pass.logit_rows.push_back(logit_row++);
+      ++pass.rows;
+    }
+  }
+  // A second sub-batch alone is just a batch.
+  if (passes_[0].batch.empty()) std::swap(passes_[0], passes_[1]);
+  num_passes_ = passes_[1].batch.empty() ? 1 : 2;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ValidateSequence(const StepSequence& s) const {
+  const int32_t bs = kv_spec_.block_size;
+  const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+  if (s.tokens.empty() || s.start_position < 0 || end > max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [", s.start_position,
+                                                   ", ", end, "), outside the context window of ",
+                                                   max_model_len_));
+  }
+  if (s.sub_batch != 0 && (s.sub_batch != 1 || s.remote.service == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sub-batch ", s.sub_batch,
+                     ": only CPU-resident sequences may form sub-batch 1, and there is no other"));
+  }
+  if (s.remote.service != nullptr) {
+    if (s.tokens.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a CPU-resident sequence decodes one token a step, not ", s.tokens.size()));
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
+    return absl::InvalidArgumentError(absl::StrCat("block table of ", s.block_table.size(),
+                                                   " blocks cannot hold ", end, " positions"));
+  }
+  for (int32_t b : s.block_table) {
+    if (b < 0 || b >= kv_spec_.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block id ", b, " outside the cache of ", kv_spec_.num_blocks, " blocks"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Embed(Pass& pass) {
   const int64_t h = config_.hidden_size;
   const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
   const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
-  const int64_t inter = config_.intermediate_size;
-  Grow(x_, total * h);
-  Grow(hn_, total * h);
-  Grow(qkv_, total * (q_out + 2 * kv_out));
-  Grow(attn_, total * q_out);
-  Grow(tmp_, total * h);
-  Grow(gate_up_, total * 2 * inter);
-  Grow(act_, total * inter);
-  Grow(positions_, total);
-  Grow(slots_, total);
-
-  TRIDENT_RETURN_IF_ERROR(Embed(batch));
-  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
-    TRIDENT_RETURN_IF_ERROR(RunLayer(l, total));
-  }
-  // Final residual add and norm, then the head, for the wanted rows only.
-  if (rows == 0) return absl::OkStatus();
-  Grow(last_, rows * h);
-  // Compact the wanted rows of the residual and the last delta to the front
-  // (each moves to a row at or before its own, so in place is safe).
-  int64_t r = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].want_logits) continue;
-    const int64_t src = seqs_[i].query_row + seqs_[i].query_len - 1;
-    if (src != r) {
-      std::memmove(&x_[r * h], &x_[src * h], h * sizeof(float));
-      std::memmove(&tmp_[r * h], &tmp_[src * h], h * sizeof(float));
-    }
-    ++r;
-  }
-  kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), final_norm_.data(), rows, h,
-                           config_.rms_norm_eps, last_.data());
-  lm_head_->Forward(last_.data(), rows, logits);
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::ValidateBatch(absl::Span<const StepSequence> batch, int64_t* total,
-                                       int64_t* rows) const {
+  const int64_t total = pass.total;
+  Grow(pass.x, total * h);
+  Grow(pass.hn, total * h);
+  Grow(pass.qkv, total * (q_out + 2 * kv_out));
+  Grow(pass.attn, total * q_out);
+  Grow(pass.tmp, total * h);
+  Grow(pass.gate_up, total * 2 * config_.intermediate_size);
+  Grow(pass.act, total * config_.intermediate_size);
+  Grow(pass.positions, total);
+  Grow(pass.slots, total);
   const int32_t bs = kv_spec_.block_size;
-  for (const StepSequence& s : batch) {
-    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
-    if (s.tokens.empty() || s.start_position < 0 || end > max_model_len_) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence spans positions [", s.start_position,
-                                                     ", ", end, "), outside the context window of ",
-                                                     max_model_len_));
-    }
-    if (s.remote.service != nullptr) {
-      if (s.tokens.size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "a CPU-resident sequence decodes one token a step, not ", s.tokens.size()));
-      }
-      *total += 1;
-      *rows += s.want_logits ? 1 : 0;
-      continue;
-    }
-    if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
-      return absl::InvalidArgumentError(absl::StrCat("block table of ", s.block_table.size(),
-                                                     " blocks cannot hold ", end, " positions"));
-    }
-    for (int32_t b : s.block_table) {
-      if (b < 0 || b >= kv_spec_.num_blocks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("block id ", b, " outside the cache of ", kv_spec_.num_blocks, " blocks"));
-      }
-    }
-    *total += static_cast<int64_t>(s.tokens.size());
-    *rows += s.want_logits ? 1 : 0;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch) {
-  const int64_t h = config_.hidden_size;
-  const int32_t bs = kv_spec_.block_size;
-  seqs_.clear();
-  local_seqs_.clear();
-  for (RemoteGroup& group : remote_groups_) {
+  pass.seqs.clear();
+  pass.local_seqs.clear();
+  for (RemoteGroup& group : pass.remote_groups) {
     group.rows.clear();
     group.handles.clear();
     group.positions.clear();
     group.started = false;
   }
   int64_t row = 0;
-  for (const StepSequence& s : batch) {
+  for (const StepSequence& s : pass.batch) {
     const bool remote = s.remote.service != nullptr;
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       const int32_t token = s.tokens[i];
@@ -341,11 +377,11 @@ absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch) {
             absl::StrCat("token id ", token, " outside the vocabulary of ", config_.vocab_size));
       }
       const int32_t pos = s.start_position + static_cast<int32_t>(i);
-      positions_[row + i] = pos;
+      pass.positions[row + i] = pos;
       // A CPU-resident sequence's KV goes to its service, not our cache.
-      slots_[row + i] =
+      pass.slots[row + i] =
           remote ? -1 : static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
-      std::memcpy(&x_[(row + i) * h], &embedding_[static_cast<int64_t>(token) * h],
+      std::memcpy(&pass.x[(row + i) * h], &embedding_[static_cast<int64_t>(token) * h],
                   h * sizeof(float));
     }
     kernels::cpu::AttentionSequence a;
@@ -353,54 +389,65 @@ absl::Status CpuBackend::Embed(absl::Span<const StepSequence> batch) {
     a.context_len = s.start_position + static_cast<int32_t>(s.tokens.size());
     a.query_len = static_cast<int32_t>(s.tokens.size());
     a.query_row = row;
-    seqs_.push_back(a);
+    pass.seqs.push_back(a);
     if (remote) {
-      auto group = std::find_if(remote_groups_.begin(), remote_groups_.end(),
-                                [&](const RemoteGroup& g) { return g.service == s.remote.service; });
-      if (group == remote_groups_.end()) {
-        remote_groups_.emplace_back();
-        group = remote_groups_.end() - 1;
+      auto group =
+          std::find_if(pass.remote_groups.begin(), pass.remote_groups.end(),
+                       [&](const RemoteGroup& g) { return g.service == s.remote.service; });
+      if (group == pass.remote_groups.end()) {
+        pass.remote_groups.emplace_back();
+        group = pass.remote_groups.end() - 1;
         group->service = s.remote.service;
       }
       group->rows.push_back(row);
       group->handles.push_back(s.remote.handle);
       group->positions.push_back(s.start_position);
     } else {
-      local_seqs_.push_back(a);
+      pass.local_seqs.push_back(a);
     }
     row += static_cast<int64_t>(s.tokens.size());
   }
   // Groups of services this step does not use are dropped.
-  remote_groups_.erase(std::remove_if(remote_groups_.begin(), remote_groups_.end(),
-                                      [](const RemoteGroup& g) { return g.rows.empty(); }),
-                       remote_groups_.end());
+  pass.remote_groups.erase(std::remove_if(pass.remote_groups.begin(), pass.remote_groups.end(),
+                                          [](const RemoteGroup& g) { return g.rows.empty(); }),
+                           pass.remote_groups.end());
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::StartRemoteAttention(int32_t layer) {
+absl::Status CpuBackend::StartRemoteAttention(Pass& pass, int32_t layer) {
   const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
   const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
   const int64_t qkv_width = q_out + 2 * kv_out;
-  for (RemoteGroup& g : remote_groups_) {
+  for (RemoteGroup& g : pass.remote_groups) {
     const size_t n = g.rows.size();
     g.q.resize(n * q_out);
     g.k.resize(n * kv_out);
     g.v.resize(n * kv_out);
     g.out.resize(n * q_out);
     for (size_t i = 0; i < n; ++i) {
-      const float* qkv = &qkv_[g.rows[i] * qkv_width];
+      const float* qkv = &pass.qkv[g.rows[i] * qkv_width];
       std::memcpy(&g.q[i * q_out], qkv, q_out * sizeof(float));
       std::memcpy(&g.k[i * kv_out], qkv + q_out, kv_out * sizeof(float));
       std::memcpy(&g.v[i * kv_out], qkv + q_out + kv_out, kv_out * sizeof(float));
     }
-    transport::attention::AttentionCall call{
-        .layer = layer, .num_q_heads = config_.num_attention_heads,
-        .num_kv_heads = config_.num_key_value_heads, .head_dim = config_.head_dim,
-        .dtype = kv_spec_.dtype == numeric::DType::kF32 ? transport::attention::WireDType::kF32
-                                                        : transport::attention::WireDType::kBF16,
-        .handles = g.handles, .positions = g.positions, .q = g.q.data(), .q_stride = q_out,
-        .k = g.k.data(), .k_stride = kv_out, .v = g.v.data(), .v_stride = kv_out,
-        .out = g.out.data(), .out_stride = q_out};
+    transport::attention::AttentionCall call{.layer = layer,
+                                             .num_q_heads = config_.num_attention_heads,
+                                             .num_kv_heads = config_.num_key_value_heads,
+                                             .head_dim = config_.head_dim,
+                                             .dtype = kv_spec_.dtype == numeric::DType::kF32
+                                                          ? transport::attention::WireDType::kF32
+                                                          : transport::attention::WireDType::kBF16,
+                                             .handles = g.handles,
+                                             .positions = g.positions,
+                                             .q = g.q.data(),
+                                             .q_stride = q_out,
+                                             .k = g.k.data(),
+                                             .k_stride = kv_out,
+                                             .v = g.v.data(),
+                                             .v_stride = kv_out,
+                                             .out = g.out.data(),
+                                             .out_stride = q_out};
+    g.started_at = absl::Now();
     absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket = g.service->Start(call);
     if (!ticket.ok()) return RemoteAttentionFailure(g.service, ticket.status());
     g.ticket = *ticket;
@@ -409,25 +456,30 @@ absl::Status CpuBackend::StartRemoteAttention(int32_t layer) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::FinishRemoteAttention() {
+absl::Status CpuBackend::FinishRemoteAttention(Pass& pass) {
   const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
   absl::Status first_error;
-  for (RemoteGroup& g : remote_groups_) {
+  for (RemoteGroup& g : pass.remote_groups) {
     if (!g.started) continue;
     g.started = false;
+    const absl::Time waiting = absl::Now();
     absl::Status waited = g.service->Wait(g.ticket, remote_timeout());
+    const absl::Time answered = absl::Now();
+    ++remote_timing_.requests;
+    remote_timing_.round_trip_seconds += absl::ToDoubleSeconds(answered - g.started_at);
+    remote_timing_.exposed_seconds += absl::ToDoubleSeconds(answered - waiting);
     if (!waited.ok()) {
       if (first_error.ok()) first_error = RemoteAttentionFailure(g.service, waited);
       continue;
     }
     for (size_t i = 0; i < g.rows.size(); ++i) {
-      std::memcpy(&attn_[g.rows[i] * q_out], &g.out[i * q_out], q_out * sizeof(float));
+      std::memcpy(&pass.attn[g.rows[i] * q_out], &g.out[i * q_out], q_out * sizeof(float));
     }
   }
   return first_error;
 }
 
-absl::Status CpuBackend::RunLayer(int32_t l, int64_t total) {
+absl::Status CpuBackend::BeginLayer(Pass& pass, int32_t l) {
   const int64_t h = config_.hidden_size;
   const int32_t nq = config_.num_attention_heads;
   const int32_t nkv = config_.num_key_value_heads;
@@ -435,48 +487,89 @@ absl::Status CpuBackend::RunLayer(int32_t l, int64_t total) {
   const int64_t q_out = static_cast<int64_t>(nq) * hd;
   const int64_t kv_out = static_cast<int64_t>(nkv) * hd;
   const int64_t qkv_width = q_out + 2 * kv_out;
-  const int64_t inter = config_.intermediate_size;
   const float eps = config_.rms_norm_eps;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t total = pass.total;
   Layer& layer = layers_[l];
   if (l == 0) {
-    kernels::cpu::RmsNorm(x_.data(), layer.input_norm.data(), total, h, eps, hn_.data());
+    kernels::cpu::RmsNorm(pass.x.data(), layer.input_norm.data(), total, h, eps, pass.hn.data());
   } else {
-    kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.input_norm.data(), total, h, eps,
-                             hn_.data());
+    kernels::cpu::AddRmsNorm(pass.x.data(), pass.tmp.data(), layer.input_norm.data(), total, h, eps,
+                             pass.hn.data());
   }
-  layer.qkv->Forward(hn_.data(), total, qkv_.data());
-  float* q = qkv_.data();
+  layer.qkv->Forward(pass.hn.data(), total, pass.qkv.data());
+  float* q = pass.qkv.data();
   float* k = q + q_out;
   float* v = k + kv_out;
-  kernels::cpu::ApplyRope(q, qkv_width, nq, k, qkv_width, nkv, hd, positions_.data(), total,
+  kernels::cpu::ApplyRope(q, qkv_width, nq, k, qkv_width, nkv, hd, pass.positions.data(), total,
                           inv_freq_.data());
+  // CPU-resident sequences' attention runs at their services while ours
+  // runs here.
+  absl::Status remote = StartRemoteAttention(pass, l);
+  if (!pass.local_seqs.empty()) {
+    kernels::cpu::AppendKv(LayerKv(l), k, qkv_width, v, qkv_width, pass.slots.data(), total);
+  }
+  return remote;
+}
+
+kernels::cpu::PagedKv CpuBackend::LayerKv(int32_t l) const {
   kernels::cpu::PagedKv kv;
   kv.base = kv_cache_->LayerBase(l);
   kv.dtype = kv_spec_.dtype;
   kv.block_size = kv_spec_.block_size;
-  kv.num_kv_heads = nkv;
-  kv.head_dim = hd;
+  kv.num_kv_heads = config_.num_key_value_heads;
+  kv.head_dim = config_.head_dim;
   kv.block_stride_elems = kv_spec_.block_stride_elements();
   kv.value_offset_elems = kv_spec_.value_offset_elements();
-  // CPU-resident sequences' attention runs at their services while ours
-  // runs here.
-  absl::Status remote = StartRemoteAttention(l);
-  kernels::cpu::AppendKv(kv, k, qkv_width, v, qkv_width, slots_.data(), total);
-  if (layer_observer()) layer_observer()(l);
-  if (!local_seqs_.empty()) {
-    kernels::cpu::PagedAttention(kv, q, qkv_width, nq, local_seqs_, scale, attn_.data(), q_out);
-  }
-  absl::Status finished = FinishRemoteAttention();
-  TRIDENT_RETURN_IF_ERROR(remote);
-  TRIDENT_RETURN_IF_ERROR(finished);
-  layer.o->Forward(attn_.data(), total, tmp_.data());
-  kernels::cpu::AddRmsNorm(x_.data(), tmp_.data(), layer.post_norm.data(), total, h, eps,
-                           hn_.data());
-  layer.gate_up->Forward(hn_.data(), total, gate_up_.data());
-  kernels::cpu::SiluMulReference(gate_up_.data(), act_.data(), total, inter);
-  layer.down->Forward(act_.data(), total, tmp_.data());
+  return kv;
+}
+
+void CpuBackend::AttendLocal(Pass& pass, int32_t l) {
+  if (pass.local_seqs.empty()) return;
+  const int32_t nq = config_.num_attention_heads;
+  const int32_t hd = config_.head_dim;
+  const int64_t q_out = static_cast<int64_t>(nq) * hd;
+  const int64_t qkv_width = q_out + 2 * static_cast<int64_t>(config_.num_key_value_heads) * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  kernels::cpu::PagedAttention(LayerKv(l), pass.qkv.data(), qkv_width, nq, pass.local_seqs, scale,
+                               pass.attn.data(), q_out);
+}
+
+absl::Status CpuBackend::EndLayer(Pass& pass, int32_t l) {
+  TRIDENT_RETURN_IF_ERROR(FinishRemoteAttention(pass));
+  const int64_t h = config_.hidden_size;
+  const int64_t inter = config_.intermediate_size;
+  const float eps = config_.rms_norm_eps;
+  const int64_t total = pass.total;
+  Layer& layer = layers_[l];
+  layer.o->Forward(pass.attn.data(), total, pass.tmp.data());
+  kernels::cpu::AddRmsNorm(pass.x.data(), pass.tmp.data(), layer.post_norm.data(), total, h, eps,
+                           pass.hn.data());
+  layer.gate_up->Forward(pass.hn.data(), total, pass.gate_up.data());
+  kernels::cpu::SiluMulReference(pass.gate_up.data(), pass.act.data(), total, inter);
+  layer.down->Forward(pass.act.data(), total, pass.tmp.data());
   return absl::OkStatus();
+}
+
+void CpuBackend::Head(Pass& pass, float* logits) {
+  // Final residual add and norm, then the head, for the wanted rows only.
+  if (pass.rows == 0) return;
+  const int64_t h = config_.hidden_size;
+  Grow(pass.last, pass.rows * h);
+  // Compact the wanted rows of the residual and the last delta to the front
+  // (each moves to a row at or before its own, so in place is safe).
+  int64_t r = 0;
+  for (size_t i = 0; i < pass.batch.size(); ++i) {
+    if (!pass.batch[i].want_logits) continue;
+    const int64_t src = pass.seqs[i].query_row + pass.seqs[i].query_len - 1;
+    if (src != r) {
+      std::memmove(&pass.x[r * h], &pass.x[src * h], h * sizeof(float));
+      std::memmove(&pass.tmp[r * h], &pass.tmp[src * h], h * sizeof(float));
+    }
+    ++r;
+  }
+  kernels::cpu::AddRmsNorm(pass.x.data(), pass.tmp.data(), final_norm_.data(), pass.rows, h,
+                           config_.rms_norm_eps, pass.last.data());
+  lm_head_->Forward(pass.last.data(), pass.rows, logits);
 }
 
 }  // namespace trident::backend

@@ -65,6 +65,8 @@ class CpuBackend : public ModelBackend {
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
   bool reports_layer_progress() const override { return true; }
   bool supports_remote_attention() const override { return true; }
+  bool supports_pipelining() const override { return true; }
+  RemoteAttentionTiming remote_attention_timing() const override { return remote_timing_; }
 
   const model::ModelConfig& config() const { return config_; }
   // Bytes of weights read by one decode step (every packed matmul weight
@@ -81,19 +83,56 @@ class CpuBackend : public ModelBackend {
     std::unique_ptr<kernels::cpu::Linear> down;
   };
 
+  // The step's state for one pass over the layers: the whole batch, or one
+  // of the two sub-batches of a pipelined step (StepSequence::sub_batch).
+  struct RemoteGroup {
+    transport::attention::RemoteAttention* service = nullptr;
+    std::vector<int64_t> rows;
+    std::vector<uint64_t> handles;
+    std::vector<int32_t> positions;
+    std::vector<float> q, k, v, out;  // Gathered rows; o before the scatter.
+    transport::attention::RemoteAttention::Ticket ticket = 0;
+    bool started = false;
+    absl::Time started_at;
+  };
+  struct Pass {
+    std::vector<StepSequence> batch;
+    // Per sequence of `batch` with want_logits: its row in the caller's
+    // logits.
+    std::vector<int64_t> logit_rows;
+    int64_t total = 0;  // token rows
+    int64_t rows = 0;   // logit rows
+    // The pass's sequences as the attention kernel sees them: all of them
+    // (batch order), and those resident here.
+    std::vector<kernels::cpu::AttentionSequence> seqs, local_seqs;
+    // Its CPU-resident sequences grouped by service (one request per
+    // service and layer), with their rows, handles and positions.
+    std::vector<RemoteGroup> remote_groups;
+    // Activations, grown as needed.
+    std::vector<float> x, hn, qkv, attn, tmp, gate_up, act, last, logits;
+    std::vector<int32_t> positions;
+    std::vector<int64_t> slots;
+  };
+
   // Forward's steps: every sequence inside the context window, the cache
-  // and the vocabulary (INVALID_ARGUMENT naming what is not), counting its
-  // tokens and logit rows; the embeddings, positions and KV slots of every
-  // token; one decoder layer over all of them.
-  absl::Status ValidateBatch(absl::Span<const StepSequence> batch, int64_t* total,
-                             int64_t* rows) const;
-  absl::Status Embed(absl::Span<const StepSequence> batch);
-  absl::Status RunLayer(int32_t layer, int64_t total);
-  // A layer's attention for the step's CPU-resident sequences: their q, k,
+  // and the vocabulary (INVALID_ARGUMENT naming what is not), split into
+  // passes; per pass the embeddings, positions and KV slots of every token;
+  // a decoder layer in three parts (up to the attention, which starts the
+  // remote requests; the local attention; the rest, which takes their
+  // answers); the head.
+  absl::Status SplitBatch(absl::Span<const StepSequence> batch);
+  absl::Status ValidateSequence(const StepSequence& s) const;
+  absl::Status Embed(Pass& pass);
+  absl::Status BeginLayer(Pass& pass, int32_t layer);
+  void AttendLocal(Pass& pass, int32_t layer);
+  absl::Status EndLayer(Pass& pass, int32_t layer);
+  void Head(Pass& pass, float* logits);
+  // A layer's attention for the pass's CPU-resident sequences: their q, k,
   // v rows go to their services (one request each), whose answers land in
-  // their rows of attn_. `wait` false starts them; true takes the answers.
-  absl::Status StartRemoteAttention(int32_t layer);
-  absl::Status FinishRemoteAttention();
+  // their rows of attn.
+  absl::Status StartRemoteAttention(Pass& pass, int32_t layer);
+  kernels::cpu::PagedKv LayerKv(int32_t layer) const;
+  absl::Status FinishRemoteAttention(Pass& pass);
 
   CpuBackend() = default;
   absl::Status Load(const std::string& model_dir);
@@ -105,22 +144,10 @@ class CpuBackend : public ModelBackend {
   int32_t max_model_len_ = 0;
   int64_t weight_bytes_per_step_ = 0;
   std::vector<Layer> layers_;
-  // The step's sequences as the attention kernel sees them: all of them
-  // (batch order), and those resident here.
-  std::vector<kernels::cpu::AttentionSequence> seqs_;
-  std::vector<kernels::cpu::AttentionSequence> local_seqs_;
-  // The step's CPU-resident sequences, grouped by service (one request per
-  // service and layer), with their rows, handles and positions.
-  struct RemoteGroup {
-    transport::attention::RemoteAttention* service = nullptr;
-    std::vector<int64_t> rows;
-    std::vector<uint64_t> handles;
-    std::vector<int32_t> positions;
-    std::vector<float> q, k, v, out;  // Gathered rows; o before the scatter.
-    transport::attention::RemoteAttention::Ticket ticket = 0;
-    bool started = false;
-  };
-  std::vector<RemoteGroup> remote_groups_;
+  // passes_[0] runs alone, or with passes_[1] (a pipelined step).
+  Pass passes_[2];
+  int num_passes_ = 1;
+  RemoteAttentionTiming remote_timing_;
   // fp32 embedding rows [vocab, hidden].
   std::vector<float> embedding_;
   std::vector<float> final_norm_;
@@ -128,11 +155,6 @@ class CpuBackend : public ModelBackend {
   std::vector<float> inv_freq_;
   kv::KvCacheSpec kv_spec_;
   std::unique_ptr<kv::HostKvCache> kv_cache_;
-
-  // Scratch, grown as needed.
-  std::vector<float> x_, hn_, qkv_, attn_, tmp_, gate_up_, act_, last_;
-  std::vector<int32_t> positions_;
-  std::vector<int64_t> slots_;
 };
 
 }  // namespace trident::backend

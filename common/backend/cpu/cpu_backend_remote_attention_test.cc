@@ -1,8 +1,8 @@
 // CPU-resident sequences on the CPU backend: a sequence whose KV an
 // attention service holds (here FakeRemoteAttention, in process) decodes to
 // the same logits as one resident in the backend's cache, alone and mixed in
-// one batch with resident ones; a dead service fails the step with a status
-// that names it.
+// one batch with resident ones, and as a pipelined second sub-batch; a dead
+// service fails the step with a status that names it.
 
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/engine_core.h"
@@ -19,16 +20,15 @@
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/attention/fake_remote_attention.h"
-#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace trident::backend {
 namespace {
 
+using transport::attention::FakeRemoteAttention;
 using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
-using transport::attention::FakeRemoteAttention;
 
 class CpuBackendRemoteAttentionTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -95,14 +95,15 @@ class CpuBackendRemoteAttentionTest : public ::testing::TestWithParam<std::strin
 };
 
 TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesAsAResidentOneDoes) {
-  const std::vector<int32_t> prompt = {5, 17, 99, 3, 250, 42, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                       16, 77, 78};
+  const std::vector<int32_t> prompt = {5,  17, 99, 3,  250, 42, 7,  8,  9,
+                                       10, 11, 12, 13, 14,  15, 16, 77, 78};
   const int32_t n = static_cast<int32_t>(prompt.size());
   // Two copies of the same sequence: A stays resident (blocks 0-2), B is
   // prefilled into blocks 3-5 and then migrated to the service.
   const std::vector<int32_t> blocks_a = {0, 1, 2}, blocks_b = {3, 4, 5};
-  auto prefill = Step({StepSequence{.tokens = prompt, .block_table = blocks_a, .want_logits = true},
-                       StepSequence{.tokens = prompt, .block_table = blocks_b, .want_logits = true}});
+  auto prefill =
+      Step({StepSequence{.tokens = prompt, .block_table = blocks_a, .want_logits = true},
+            StepSequence{.tokens = prompt, .block_table = blocks_b, .want_logits = true}});
   ASSERT_EQ(prefill[0], prefill[1]);
   const uint64_t handle = fake_->Admit();
   Migrate(blocks_b, n, handle);
@@ -110,10 +111,14 @@ TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesAsAResidentOneDoes) 
   for (int32_t step = 0; step < 20; ++step) {
     const int32_t position = n + step;
     std::vector<int32_t> tokens = {token};
-    auto rows = Step({StepSequence{.tokens = tokens, .start_position = position,
-                                   .block_table = blocks_a, .want_logits = true},
-                      StepSequence{.tokens = tokens, .start_position = position,
-                                   .want_logits = true, .remote = {fake_.get(), handle}}});
+    auto rows = Step({StepSequence{.tokens = tokens,
+                                   .start_position = position,
+                                   .block_table = blocks_a,
+                                   .want_logits = true},
+                      StepSequence{.tokens = tokens,
+                                   .start_position = position,
+                                   .want_logits = true,
+                                   .remote = {fake_.get(), handle}}});
     for (size_t j = 0; j < rows[0].size(); ++j) {
       ASSERT_NEAR(rows[1][j], rows[0][j], 1e-4) << "step " << step << " logit " << j;
     }
@@ -121,6 +126,83 @@ TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesAsAResidentOneDoes) 
     token = Argmax(rows[0]);
   }
   EXPECT_EQ(fake_->requests(), 20 * backend_->config().num_hidden_layers);
+}
+
+TEST_P(CpuBackendRemoteAttentionTest, APipelinedSubBatchDecodesAsTheWholeBatchDoes) {
+  const std::vector<int32_t> prompt = {5,  17, 99, 3,  250, 42, 7,  8,  9,
+                                       10, 11, 12, 13, 14,  15, 16, 77, 78};
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  // Three copies: A resident, B and C at the service; C alone in the second
+  // sub-batch, listed first so that its logits must be put back in place.
+  const std::vector<int32_t> blocks_a = {0, 1, 2}, blocks_b = {3, 4, 5}, blocks_c = {6, 7, 8};
+  auto prefill = Step({StepSequence{.tokens = prompt, .block_table = blocks_a, .want_logits = true},
+                       StepSequence{.tokens = prompt, .block_table = blocks_b},
+                       StepSequence{.tokens = prompt, .block_table = blocks_c}});
+  const uint64_t hb = fake_->Admit(), hc = fake_->Admit();
+  Migrate(blocks_b, n, hb);
+  Migrate(blocks_c, n, hc);
+  ASSERT_TRUE(backend_->supports_pipelining());
+  const RemoteAttentionTiming before = backend_->remote_attention_timing();
+  int32_t token = Argmax(prefill[0]);
+  for (int32_t step = 0; step < 10; ++step) {
+    const int32_t position = n + step;
+    std::vector<int32_t> tokens = {token};
+    auto rows = Step({StepSequence{.tokens = tokens,
+                                   .start_position = position,
+                                   .want_logits = true,
+                                   .remote = {fake_.get(), hc},
+                                   .sub_batch = 1},
+                      StepSequence{.tokens = tokens,
+                                   .start_position = position,
+                                   .block_table = blocks_a,
+                                   .want_logits = true},
+                      StepSequence{.tokens = tokens,
+                                   .start_position = position,
+                                   .want_logits = true,
+                                   .remote = {fake_.get(), hb}}});
+    for (size_t j = 0; j < rows[1].size(); ++j) {
+      ASSERT_NEAR(rows[0][j], rows[1][j], 1e-4) << "step " << step << " logit " << j;
+      ASSERT_NEAR(rows[2][j], rows[1][j], 1e-4) << "step " << step << " logit " << j;
+    }
+    token = Argmax(rows[1]);
+  }
+  // Two requests per layer (one per sub-batch), each timed.
+  const int32_t layers = backend_->config().num_hidden_layers;
+  const RemoteAttentionTiming after = backend_->remote_attention_timing();
+  EXPECT_EQ(fake_->requests(), 2 * 10 * layers);
+  EXPECT_EQ(after.requests - before.requests, 2 * 10 * layers);
+  EXPECT_GE(after.round_trip_seconds - before.round_trip_seconds,
+            after.exposed_seconds - before.exposed_seconds);
+  // A second sub-batch alone is a plain batch.
+  std::vector<int32_t> tokens = {token};
+  auto alone = Step({StepSequence{.tokens = tokens,
+                                  .start_position = n + 10,
+                                  .want_logits = true,
+                                  .remote = {fake_.get(), hc},
+                                  .sub_batch = 1}});
+  EXPECT_EQ(alone.size(), 1u);
+  EXPECT_EQ(fake_->requests(), 2 * 10 * layers + layers);
+}
+
+TEST_P(CpuBackendRemoteAttentionTest, OnlyCpuResidentSequencesFormTheSecondSubBatch) {
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const std::vector<int32_t> blocks = {0};
+  std::vector<float> logits(backend_->vocab_size());
+  EXPECT_THAT(
+      backend_->Forward(
+          {StepSequence{
+              .tokens = prompt, .block_table = blocks, .want_logits = true, .sub_batch = 1}},
+          logits.data()),
+      StatusIs(absl::StatusCode::kInvalidArgument));
+  const uint64_t handle = fake_->Admit();
+  std::vector<int32_t> token = {4};
+  EXPECT_THAT(backend_->Forward({StepSequence{.tokens = token,
+                                              .start_position = 0,
+                                              .want_logits = true,
+                                              .remote = {fake_.get(), handle},
+                                              .sub_batch = 2}},
+                                logits.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_P(CpuBackendRemoteAttentionTest, ADeadServiceFailsTheStepNamingIt) {
@@ -143,9 +225,10 @@ TEST_P(CpuBackendRemoteAttentionTest, ADeadServiceFailsTheStepNamingIt) {
 TEST_P(CpuBackendRemoteAttentionTest, ARemoteSequenceDecodesOneTokenAStep) {
   const std::vector<int32_t> two = {4, 5};
   std::vector<float> logits(2 * backend_->vocab_size());
-  const std::vector<StepSequence> batch = {
-      StepSequence{.tokens = two, .start_position = 3, .want_logits = true,
-                   .remote = {fake_.get(), fake_->Admit()}}};
+  const std::vector<StepSequence> batch = {StepSequence{.tokens = two,
+                                                        .start_position = 3,
+                                                        .want_logits = true,
+                                                        .remote = {fake_.get(), fake_->Admit()}}};
   EXPECT_THAT(backend_->Forward(batch, logits.data()),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("one token")));
 }
