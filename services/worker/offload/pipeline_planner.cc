@@ -1,0 +1,118 @@
+#include "services/worker/offload/pipeline_planner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace trident::worker {
+
+CostCurve::CostCurve(std::vector<std::pair<double, double>> points) : points_(std::move(points)) {
+  std::sort(points_.begin(), points_.end());
+}
+
+double CostCurve::At(double size) const {
+  if (points_.empty()) return 0;
+  if (points_.size() == 1 || size <= points_.front().first) return points_.front().second;
+  size_t i = 1;
+  while (i + 1 < points_.size() && points_[i].first < size) ++i;
+  const auto& [x0, y0] = points_[i - 1];
+  const auto& [x1, y1] = points_[i];
+  const double y = y0 + (y1 - y0) * (size - x0) / (x1 - x0);
+  return std::max(0.0, y);
+}
+
+absl::StatusOr<PipelineMode> ParsePipelineMode(absl::string_view name) {
+  if (name == "auto") return PipelineMode::kAuto;
+  if (name == "always") return PipelineMode::kAlways;
+  if (name == "never") return PipelineMode::kNever;
+  return absl::InvalidArgumentError(
+      absl::StrCat("pipelining mode \"", name, "\": expected auto, always or never"));
+}
+
+namespace {
+
+struct Estimate {
+  double seconds = 0;
+  double hidden = 0;  // seconds of CPU attention (round trip included) hidden
+  double cpu = 0;     // seconds of CPU attention in all
+};
+
+// The model of the header comment for the first `k` CPU sequences (by
+// `order`) in the second sub-batch.
+Estimate EstimateStep(const StepShape& shape, const StepCosts& costs,
+                      const std::vector<size_t>& order, size_t k) {
+  const size_t c = order.size();
+  int64_t second_context = 0, first_context = 0;
+  for (size_t i = 0; i < c; ++i) {
+    (i < k ? second_context : first_context) += shape.cpu_contexts[order[i]];
+  }
+  auto cpu = [&](size_t n, int64_t context) {
+    return n == 0 ? 0.0
+                  : costs.cpu_attention.At(static_cast<double>(context)) + costs.round_trip_seconds;
+  };
+  const double local =
+      shape.local_context_tokens > 0
+          ? costs.local_attention.At(static_cast<double>(shape.local_context_tokens))
+          : 0.0;
+  const double first_cpu = cpu(c - k, first_context);
+  const double first = costs.linear.At(static_cast<double>(shape.local_tokens + (c - k))) +
+                       std::max(local, first_cpu);
+  Estimate e;
+  e.cpu = first_cpu + cpu(k, second_context);
+  e.hidden = std::min(first_cpu, local);
+  if (k == 0) {
+    e.seconds = first;
+    return e;
+  }
+  const double second_cpu = cpu(k, second_context);
+  e.seconds = costs.linear.At(static_cast<double>(k)) + std::max(first, second_cpu);
+  e.hidden += std::min(second_cpu, first);
+  return e;
+}
+
+}  // namespace
+
+PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, PipelineMode mode) {
+  const size_t c = shape.cpu_contexts.size();
+  PipelinePlan plan;
+  plan.second.assign(c, false);
+  // Shortest contexts first (the most sequences under a given time), and
+  // longest first (the most work hidden when the first sub-batch is long).
+  std::vector<size_t> ascending(c);
+  std::iota(ascending.begin(), ascending.end(), 0);
+  std::stable_sort(ascending.begin(), ascending.end(), [&](size_t a, size_t b) {
+    return shape.cpu_contexts[a] < shape.cpu_contexts[b];
+  });
+  const std::vector<size_t> descending(ascending.rbegin(), ascending.rend());
+  const Estimate sequential = EstimateStep(shape, costs, ascending, 0);
+  plan.sequential_seconds = sequential.seconds;
+  size_t best = 0;
+  const std::vector<size_t>* best_order = &ascending;
+  Estimate chosen = sequential;
+  // A second sub-batch needs a first one: something must stay behind.
+  const size_t most = shape.local_tokens > 0 ? c : (c > 0 ? c - 1 : 0);
+  if (mode == PipelineMode::kAlways) {
+    best = most;
+    chosen = EstimateStep(shape, costs, ascending, best);
+  } else if (mode == PipelineMode::kAuto) {
+    for (const std::vector<size_t>* order :
+         {static_cast<const std::vector<size_t>*>(&ascending), &descending}) {
+      for (size_t k = 1; k <= most; ++k) {
+        const Estimate e = EstimateStep(shape, costs, *order, k);
+        if (e.seconds < chosen.seconds) {
+          chosen = e;
+          best = k;
+          best_order = order;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < best; ++i) plan.second[(*best_order)[i]] = true;
+  plan.pipelined = static_cast<int32_t>(best);
+  plan.planned_seconds = chosen.seconds;
+  plan.hidden_fraction = chosen.cpu > 0 ? chosen.hidden / chosen.cpu : 0;
+  return plan;
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,93 @@
+// Load-aware scheduling of a decode step with CPU-resident sequences (NEO's
+// asymmetric pipelining): a pure function of the step's shape and cost
+// tables measured at start-up, tested without an engine.
+//
+// A step is modelled per layer. Unpipelined, every sequence is in one batch
+// and the CPU sequences' attention (with its round trip) overlaps only the
+// local attention:
+//
+//   T_seq = linear(N + C) + max(local_attention(L), cpu(C) + round_trip)
+//
+// Pipelined, k CPU sequences form a second sub-batch whose attention at the
+// service runs while the backend computes the first sub-batch's whole
+// layer; the price is a second pass over the layer's weights:
+//
+//   T_A    = linear(N + C - k) + max(local_attention(L), cpu(C - k) + rt)
+//   T_pipe = linear(k) + max(T_A, cpu(k) + rt)
+//
+// (N local tokens, L their context tokens, C the CPU sequences; cpu(S) the
+// service's time for the context tokens of S.) The planner picks the k (0:
+// unpipelined) with the least estimated time; the second sub-batch takes
+// the CPU sequences with the shortest contexts first, so that the most of
+// them hide under the first sub-batch's work. Every CPU sequence runs every
+// step, hidden or not: none starves.
+
+#ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_PIPELINE_PLANNER_H_
+#define TRIDENT_SERVICES_WORKER_OFFLOAD_PIPELINE_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace trident::worker {
+
+// Seconds as a piecewise-linear function of one size (tokens), through
+// measured points; extrapolated along the last segment (flat below the
+// first point).
+class CostCurve {
+ public:
+  CostCurve() = default;
+  // Points need not be sorted; sizes must be distinct and >= 0.
+  explicit CostCurve(std::vector<std::pair<double, double>> points);
+  double At(double size) const;
+  bool empty() const { return points_.empty(); }
+  const std::vector<std::pair<double, double>>& points() const { return points_; }
+
+ private:
+  std::vector<std::pair<double, double>> points_;
+};
+
+// Per-layer costs of one decode step.
+struct StepCosts {
+  // The backend's linear layers (everything but attention) vs batch tokens.
+  CostCurve linear;
+  // The backend's attention vs the context tokens of its resident sequences.
+  CostCurve local_attention;
+  // An attention service's time vs the context tokens of one request.
+  CostCurve cpu_attention;
+  // Transport of one request and its answer, beyond the service's compute.
+  double round_trip_seconds = 0;
+};
+
+enum class PipelineMode { kAuto, kAlways, kNever };
+absl::StatusOr<PipelineMode> ParsePipelineMode(absl::string_view name);
+
+struct StepShape {
+  int64_t local_tokens = 0;          // token rows of resident sequences
+  int64_t local_context_tokens = 0;  // context of resident sequences
+  // Context tokens of each CPU-resident sequence.
+  std::vector<int64_t> cpu_contexts;
+};
+
+struct PipelinePlan {
+  // For each entry of StepShape::cpu_contexts: whether it goes to the second
+  // sub-batch.
+  std::vector<bool> second;
+  int32_t pipelined = 0;  // how many do
+  // Estimated per-layer seconds, unpipelined and as planned.
+  double sequential_seconds = 0;
+  double planned_seconds = 0;
+  // Estimated share of the CPU sequences' attention time (round trip
+  // included) hidden under the backend's work, as planned.
+  double hidden_fraction = 0;
+};
+
+PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, PipelineMode mode);
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_OFFLOAD_PIPELINE_PLANNER_H_

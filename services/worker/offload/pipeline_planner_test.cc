@@ -1,0 +1,112 @@
+#include "services/worker/offload/pipeline_planner.h"
+
+#include <cstdio>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace trident::worker {
+namespace {
+
+constexpr double kMs = 1e-3;
+
+// A compute-bound backend: 2 ms of weights per layer pass plus 0.05 ms per
+// token; its attention 1 ms per 100k context tokens; the service 0.15 ms
+// per 1k context tokens, 0.1 ms round trip.
+StepCosts ComputeBound() {
+  StepCosts c;
+  c.linear = CostCurve({{1, 2.05 * kMs}, {1024, (2 + 0.05 * 1024) * kMs}});
+  c.local_attention = CostCurve({{0, 0}, {100000, 1 * kMs}});
+  c.cpu_attention = CostCurve({{0, 0.02 * kMs}, {1000, 0.17 * kMs}});
+  c.round_trip_seconds = 0.1 * kMs;
+  return c;
+}
+
+TEST(CostCurveTest, InterpolatesBetweenPointsAndExtrapolatesTheLastSegment) {
+  const CostCurve curve({{100, 2}, {0, 1}, {200, 4}});
+  EXPECT_DOUBLE_EQ(curve.At(-5), 1);
+  EXPECT_DOUBLE_EQ(curve.At(50), 1.5);
+  EXPECT_DOUBLE_EQ(curve.At(150), 3);
+  EXPECT_DOUBLE_EQ(curve.At(300), 6);
+  EXPECT_DOUBLE_EQ(CostCurve({{10, 7}}).At(1000), 7);
+  EXPECT_DOUBLE_EQ(CostCurve().At(3), 0);
+}
+
+TEST(PipelinePlannerTest, ParsesModes) {
+  EXPECT_EQ(*ParsePipelineMode("auto"), PipelineMode::kAuto);
+  EXPECT_EQ(*ParsePipelineMode("always"), PipelineMode::kAlways);
+  EXPECT_EQ(*ParsePipelineMode("never"), PipelineMode::kNever);
+  EXPECT_FALSE(ParsePipelineMode("sometimes").ok());
+}
+
+TEST(PipelinePlannerTest, NoCpuSequencesNothingToPipeline) {
+  const PipelinePlan plan = PlanPipeline({.local_tokens = 64, .local_context_tokens = 4096},
+                                         ComputeBound(), PipelineMode::kAlways);
+  EXPECT_EQ(plan.pipelined, 0);
+  EXPECT_TRUE(plan.second.empty());
+  EXPECT_EQ(plan.hidden_fraction, 0);
+}
+
+TEST(PipelinePlannerTest, ABigComputeBoundBatchHidesTheCpuAttention) {
+  // 256 resident tokens, 64 CPU sequences of 1k context: one batch costs
+  // their ~10 ms of service time on top of the 15 ms linear layers; half of
+  // them in a second sub-batch hide under the first sub-batch's layer.
+  StepShape shape{.local_tokens = 256, .local_context_tokens = 256 * 2048};
+  shape.cpu_contexts.assign(64, 1024);
+  const PipelinePlan plan = PlanPipeline(shape, ComputeBound(), PipelineMode::kAuto);
+  std::printf("sequential %.3f ms, planned %.3f ms with %d of 64 pipelined, %.2f hidden\n",
+              plan.sequential_seconds / kMs, plan.planned_seconds / kMs, plan.pipelined,
+              plan.hidden_fraction);
+  EXPECT_GT(plan.pipelined, 0);
+  EXPECT_LT(plan.planned_seconds, plan.sequential_seconds);
+  EXPECT_GT(plan.hidden_fraction, 0.5);
+  int32_t marked = 0;
+  for (bool b : plan.second) marked += b ? 1 : 0;
+  EXPECT_EQ(marked, plan.pipelined);
+}
+
+TEST(PipelinePlannerTest, AMemoryBoundBackendDoesNotPayForASecondWeightPass) {
+  // Linear time flat in the batch (weights read once a pass): a second
+  // sub-batch costs a whole pass more than the attention it would hide.
+  StepCosts costs = ComputeBound();
+  costs.linear = CostCurve({{1, 3 * kMs}, {512, 3.1 * kMs}});
+  StepShape shape{.local_tokens = 8, .local_context_tokens = 8 * 1024};
+  shape.cpu_contexts = {4096, 8192};
+  const PipelinePlan plan = PlanPipeline(shape, costs, PipelineMode::kAuto);
+  EXPECT_EQ(plan.pipelined, 0);
+  EXPECT_DOUBLE_EQ(plan.planned_seconds, plan.sequential_seconds);
+  EXPECT_EQ(PlanPipeline(shape, costs, PipelineMode::kAlways).pipelined, 2);
+  EXPECT_EQ(PlanPipeline(shape, costs, PipelineMode::kNever).pipelined, 0);
+}
+
+TEST(PipelinePlannerTest, WithoutResidentWorkOneCpuSequenceStaysInTheFirstSubBatch) {
+  StepShape shape;
+  shape.cpu_contexts = {100, 200, 300};
+  const PipelinePlan plan = PlanPipeline(shape, ComputeBound(), PipelineMode::kAlways);
+  EXPECT_EQ(plan.pipelined, 2);
+  EXPECT_EQ(plan.second.size(), 3u);
+  EXPECT_FALSE(plan.second[2]) << "the longest stays first";
+  StepShape one;
+  one.cpu_contexts = {100};
+  EXPECT_EQ(PlanPipeline(one, ComputeBound(), PipelineMode::kAlways).pipelined, 0);
+}
+
+TEST(PipelinePlannerTest, ThePlanIsNeverWorseThanTheSequentialEstimate) {
+  std::mt19937 rng(11);
+  std::printf("seed 11\n");
+  std::uniform_int_distribution<int> tokens(0, 512), seqs(0, 48), context(1, 32768);
+  for (int trial = 0; trial < 500; ++trial) {
+    StepShape shape{.local_tokens = tokens(rng)};
+    shape.local_context_tokens = shape.local_tokens * int64_t{context(rng)};
+    shape.cpu_contexts.resize(seqs(rng));
+    for (int64_t& c : shape.cpu_contexts) c = context(rng);
+    const PipelinePlan plan = PlanPipeline(shape, ComputeBound(), PipelineMode::kAuto);
+    ASSERT_LE(plan.planned_seconds, plan.sequential_seconds) << trial;
+    ASSERT_EQ(plan.second.size(), shape.cpu_contexts.size());
+    ASSERT_GE(plan.hidden_fraction, 0);
+    ASSERT_LE(plan.hidden_fraction, 1);
+  }
+}
+
+}  // namespace
+}  // namespace trident::worker
