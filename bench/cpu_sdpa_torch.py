@@ -107,6 +107,22 @@ def run_shape(batch, context, min_time, native_gqa):
     return seconds, gbps, layers
 
 
+def has_native_gqa():
+    """Whether SDPA takes enable_gqa (torch 2.5+). Its signature is not
+    introspectable on some builds (a builtin), so try a tiny call."""
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (ValueError, TypeError):
+        pass
+    q = torch.zeros(1, 4, 1, 16)
+    kv = torch.zeros(1, 2, 1, 16)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        return True
+    except TypeError:
+        return False
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds per shape")
@@ -118,7 +134,7 @@ def main():
 
     threads = physical_cores()
     torch.set_num_threads(threads)
-    native_gqa = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    native_gqa = has_native_gqa()
     print(f"torch {torch.__version__}, {threads} threads, "
           f"gqa={'native' if native_gqa else 'expanded (repeat_interleave, 4x bytes read)'}")
     print(f"{'batch':>6} {'context':>8} {'layers':>6} {'ms':>10} {'GB/s':>8}")

@@ -198,6 +198,7 @@ void Engine::Loop() {
     double seconds = 0;
     if (core_->HasWork()) {
       StepHook* hook = hook_.load(std::memory_order_acquire);
+      core_->set_batch_planner(hook);
       if (hook != nullptr) hook->BeforeStep(*core_);
       const auto start = std::chrono::steady_clock::now();
       auto step = core_->Step();

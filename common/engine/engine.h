@@ -27,9 +27,12 @@ namespace trident::engine {
 // Work the engine's owner does on the loop thread around steps: NEO-style
 // offload moves sequences to attention services before a step, and
 // releases their service copies when the engine no longer needs them.
-class StepHook {
+// It may also plan each batch's pipelining (BatchPlanner; by default every
+// batch runs as one).
+class StepHook : public BatchPlanner {
  public:
-  virtual ~StepHook() = default;
+  ~StepHook() override = default;
+  void PlanBatch(absl::Span<backend::StepSequence> batch) override { (void)batch; }
   // Before each step that has work, with the core (not thread-safe: only
   // here may the hook touch it).
   virtual void BeforeStep(EngineCore& core) = 0;

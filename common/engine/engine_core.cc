@@ -236,7 +236,12 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
 
   // 3. Forward.
   int32_t rows = 0;
-  const std::vector<backend::StepSequence> batch = BuildBatch(scheduled, &rows);
+  std::vector<backend::StepSequence> batch = BuildBatch(scheduled, &rows);
+  if (planner_ != nullptr && backend_->supports_pipelining() &&
+      std::any_of(batch.begin(), batch.end(),
+                  [](const backend::StepSequence& s) { return s.remote.service != nullptr; })) {
+    planner_->PlanBatch(absl::MakeSpan(batch));
+  }
   std::vector<sampling::SampledToken> sampled_rows;
   const absl::Status status = Forward(scheduled, batch, rows, &sampled_rows);
   const transport::attention::RemoteAttention* failed_service =

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "absl/types/span.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/request.h"
 #include "common/kv/block_allocator.h"
@@ -97,6 +98,16 @@ struct OffloadCandidate {
   uint64_t arrival = 0;
 };
 
+// Chooses how a step's batch runs: which CPU-resident sequences form a
+// second, pipelined sub-batch (backend::StepSequence::sub_batch). Called on
+// the loop thread after the batch is built, only when it has CPU-resident
+// sequences and the backend supports_pipelining(); must be quick.
+class BatchPlanner {
+ public:
+  virtual ~BatchPlanner() = default;
+  virtual void PlanBatch(absl::Span<backend::StepSequence> batch) = 0;
+};
+
 class EngineCore {
  public:
   // `backend` and `allocator` must outlive the core; the allocator must
@@ -140,6 +151,8 @@ class EngineCore {
   // needs its copy at the service: it finished, was aborted, or its service
   // failed (a step's forward named it: its sequences come back and are
   // recomputed here, as preempted ones are).
+  // Null: every batch runs as one.
+  void set_batch_planner(BatchPlanner* planner) { planner_ = planner; }
   void set_remote_listener(
       std::function<void(const std::string& id, const backend::RemoteKv& remote)> listener) {
     remote_listener_ = std::move(listener);
@@ -221,6 +234,7 @@ class EngineCore {
   std::vector<float> logits_;
   EngineStats stats_;
   std::function<void(const std::string&, const backend::RemoteKv&)> remote_listener_;
+  BatchPlanner* planner_ = nullptr;
   bool short_of_blocks_ = false;
 };
 
