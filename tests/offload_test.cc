@@ -56,6 +56,8 @@ std::vector<int32_t> Prompt(int i) {
 struct Param {
   const char* model;
   const char* transport;
+  // --offload_pipeline of the offloading worker.
+  const char* pipeline;
 };
 
 class OffloadTest : public ::testing::TestWithParam<Param> {
@@ -93,18 +95,18 @@ class OffloadTest : public ::testing::TestWithParam<Param> {
 
   absl::StatusOr<ServiceProcess> StartWorker(const std::string& role, const std::string& name,
                                              std::vector<std::string> extra) {
-    std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
-        RunfilePath("services/worker/worker"), model_dir_, role, name);
+    std::vector<std::string> argv =
+        testing::SmallCpuWorkerArgv(RunfilePath("services/worker/worker"), model_dir_, role, name);
     argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
     argv.insert(argv.end(), extra.begin(), extra.end());
     return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
   }
 
   absl::Status StartOffloadingWorker() {
-    auto offloading = StartWorker(
-        "decode", "decode-offloading",
-        {absl::StrCat("--attention_services=", attention_.address),
-         "--offload_min_context_tokens=1", "--attention_timeout=3s"});
+    auto offloading = StartWorker("decode", "decode-offloading",
+                                  {absl::StrCat("--attention_services=", attention_.address),
+                                   "--offload_min_context_tokens=1", "--attention_timeout=3s",
+                                   absl::StrCat("--offload_pipeline=", GetParam().pipeline)});
     if (!offloading.ok()) return offloading.status();
     offloading_ = *std::move(offloading);
     return absl::OkStatus();
@@ -137,8 +139,8 @@ class OffloadTest : public ::testing::TestWithParam<Param> {
         DisaggregatedContexts contexts;
         const DisaggregatedResult r = GenerateDisaggregated(
             prefill_, decode, absl::StrCat(tag, "-", i), Prompt(i), kMaxTokens, &contexts);
-        EXPECT_TRUE(r.ok()) << tag << " " << i << ": " << r.reserve_status.error_message()
-                            << " / " << r.prefill_status.error_message() << " / "
+        EXPECT_TRUE(r.ok()) << tag << " " << i << ": " << r.reserve_status.error_message() << " / "
+                            << r.prefill_status.error_message() << " / "
                             << r.decode_status.error_message();
         tokens[i] = r.tokens;
       });
@@ -168,10 +170,20 @@ TEST_P(OffloadTest, OffloadedRequestsMatchResidentOnesAndFreeTheirMemory) {
   absl::StatusOr<http::HttpResponse> metrics = http::Get(
       absl::StrCat("http://127.0.0.1:", offloading_.metrics_port, "/metrics"), absl::Seconds(5));
   ASSERT_THAT(metrics.status(), IsOk());
-  EXPECT_THAT(metrics->body, ::testing::ContainsRegex(absl::StrCat(
-                                 "trident_worker_offload_decisions_total\\{decision=\"moved\"\\} ",
-                                 kRequests)));
+  EXPECT_THAT(metrics->body,
+              ::testing::ContainsRegex(absl::StrCat(
+                  "trident_worker_offload_decisions_total\\{decision=\"moved\"\\} ", kRequests)));
   EXPECT_THAT(metrics->body, ::testing::HasSubstr("trident_worker_cpu_attention_sequences 0"));
+  // Pipelined steps (two sub-batches) exactly where asked for; either way
+  // the tokens above are the resident worker's.
+  const std::string pipelined = "trident_worker_pipelined_steps_total ";
+  if (std::string(GetParam().pipeline) == "always") {
+    EXPECT_THAT(metrics->body, ::testing::ContainsRegex(pipelined + "[1-9]"));
+  } else if (std::string(GetParam().pipeline) == "never") {
+    EXPECT_THAT(metrics->body, ::testing::HasSubstr(pipelined + "0\n"));
+  }
+  EXPECT_THAT(metrics->body, ::testing::ContainsRegex(
+                                 "trident_worker_cpu_attention_seconds_total [0-9.e-]*[1-9]"));
   std::printf("%s over %s: %lld attention requests served\n", GetParam().model,
               GetParam().transport, static_cast<long long>(stats.attention_requests_total()));
 }
@@ -189,8 +201,8 @@ TEST_P(OffloadTest, ACancelledRequestReleasesItsCopy) {
     }
     contexts.Cancel();
   });
-  const DisaggregatedResult r = GenerateDisaggregated(prefill_, offloading_, "cancelled",
-                                                      Prompt(3), kLongTokens, &contexts, &first);
+  const DisaggregatedResult r = GenerateDisaggregated(prefill_, offloading_, "cancelled", Prompt(3),
+                                                      kLongTokens, &contexts, &first);
   if (!first.HasBeenNotified()) first.Notify();
   canceller.join();
   EXPECT_TRUE(moved) << "the request never moved: " << r.decode_status.error_message();
@@ -242,15 +254,18 @@ TEST_P(OffloadTest, KillingTheAttentionServiceCostsNoRequest) {
   for (int i = 0; i < kRequests; ++i) EXPECT_EQ(offloaded[i], resident[i]) << "request " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModelsAndTransports, OffloadTest,
-    ::testing::Values(Param{"llama3-tiny", "posix"}, Param{"qwen2-tiny", "posix"},
-                      Param{"mistral-tiny", "posix"}, Param{"llama3-tiny", "tcp"}),
-    [](const auto& info) {
-      std::string name = absl::StrCat(info.param.model, "_", info.param.transport);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, OffloadTest,
+                         ::testing::Values(Param{"llama3-tiny", "posix", "auto"},
+                                           Param{"qwen2-tiny", "posix", "always"},
+                                           Param{"mistral-tiny", "posix", "never"},
+                                           Param{"llama3-tiny", "tcp", "always"}),
+                         [](const auto& info) {
+                           std::string name =
+                               absl::StrCat(info.param.model, "_", info.param.transport, "_",
+                                            info.param.pipeline);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace trident

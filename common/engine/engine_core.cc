@@ -241,6 +241,10 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
       std::any_of(batch.begin(), batch.end(),
                   [](const backend::StepSequence& s) { return s.remote.service != nullptr; })) {
     planner_->PlanBatch(absl::MakeSpan(batch));
+    if (std::any_of(batch.begin(), batch.end(),
+                    [](const backend::StepSequence& s) { return s.sub_batch != 0; })) {
+      ++stats_.pipelined_steps_total;
+    }
   }
   std::vector<sampling::SampledToken> sampled_rows;
   const absl::Status status = Forward(scheduled, batch, rows, &sampled_rows);
@@ -555,6 +559,9 @@ EngineStats EngineCore::stats() const {
   s.blocks_free = allocator_->num_free();
   s.blocks_total = allocator_->num_total();
   s.short_of_blocks = short_of_blocks_;
+  const backend::RemoteAttentionTiming timing = backend_->remote_attention_timing();
+  s.remote_round_trip_seconds_total = timing.round_trip_seconds;
+  s.remote_exposed_seconds_total = timing.exposed_seconds;
   return s;
 }
 

@@ -79,6 +79,13 @@ struct EngineStats {
   int64_t remote_moves_total = 0;
   int64_t remote_released_total = 0;
   int64_t remote_demoted_total = 0;
+  // Steps run with a pipelined second sub-batch (BatchPlanner), and the
+  // backend's time on CPU-resident sequences' requests: from each request's
+  // start to its answer, and of that the time the step stood waiting (the
+  // rest was hidden under the backend's work).
+  int64_t pipelined_steps_total = 0;
+  double remote_round_trip_seconds_total = 0;
+  double remote_exposed_seconds_total = 0;
   // Filled in by the Engine shell, which times steps (EWMA over recent
   // steps): prompt tokens per second of steps that computed prompts, and
   // the duration of decode-only steps. 0 before any such step.

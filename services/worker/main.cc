@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
@@ -90,6 +90,11 @@ ABSL_FLAG(double, offload_low_watermark, 0.05,
           "preempted; 0: never for lack of blocks.");
 ABSL_FLAG(int32_t, offload_max_moves_per_step, 4,
           "Most sequences moved to attention services before one decode step.");
+ABSL_FLAG(std::string, offload_pipeline, "auto",
+          "With --attention_services: asymmetric pipelining of decode steps (a second "
+          "sub-batch of CPU-resident sequences whose attention runs at the service while this "
+          "worker computes the first). auto: each step as the cost tables measured at start-up "
+          "say is fastest; always: every CPU-resident sequence in the second sub-batch; never.");
 ABSL_FLAG(absl::Duration, attention_timeout, absl::Seconds(5),
           "How long a decode step waits for an attention service before its sequences come back "
           "here and are recomputed.");
@@ -138,6 +143,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.offload_policy.low_watermark = absl::GetFlag(FLAGS_offload_low_watermark);
   options.offload_policy.max_moves = absl::GetFlag(FLAGS_offload_max_moves_per_step);
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
+  options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   return options;
 }
 

@@ -1,5 +1,6 @@
 #include "services/worker/worker_model.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,7 +81,31 @@ struct EngineMetrics {
                                  "back for recompute because their service failed (demoted).")
                            .Register(r)),
         offload_moved(offload_family.Add({{"decision", "moved"}})),
-        offload_demoted(offload_family.Add({{"decision", "demoted"}})) {}
+        offload_demoted(offload_family.Add({{"decision", "demoted"}})),
+        pipelined_steps(prometheus::BuildCounter()
+                            .Name("trident_worker_pipelined_steps_total")
+                            .Help("Decode steps run as two sub-batches, the second's CPU "
+                                  "attention under the first's work (asymmetric pipelining).")
+                            .Register(r)
+                            .Add({})),
+        cpu_round_trip(prometheus::BuildCounter()
+                           .Name("trident_worker_cpu_attention_seconds_total")
+                           .Help("Time from each CPU attention request's start to its answer, "
+                                 "summed.")
+                           .Register(r)
+                           .Add({})),
+        cpu_exposed(prometheus::BuildCounter()
+                        .Name("trident_worker_cpu_attention_exposed_seconds_total")
+                        .Help("Of trident_worker_cpu_attention_seconds_total, the time steps "
+                              "stood waiting for the answers (not hidden under other work).")
+                        .Register(r)
+                        .Add({})),
+        cpu_hidden(prometheus::BuildGauge()
+                       .Name("trident_worker_cpu_attention_hidden_ratio")
+                       .Help("Share of CPU attention time hidden under the worker's own work, "
+                             "over the last step that had any.")
+                       .Register(r)
+                       .Add({})) {}
 
   void Update(const engine::EngineStats& s) {
     running.Set(s.running);
@@ -98,6 +123,14 @@ struct EngineMetrics {
     offload_moved.Increment(static_cast<double>(s.remote_moves_total - last.remote_moves_total));
     offload_demoted.Increment(
         static_cast<double>(s.remote_demoted_total - last.remote_demoted_total));
+    pipelined_steps.Increment(
+        static_cast<double>(s.pipelined_steps_total - last.pipelined_steps_total));
+    const double round_trip =
+        s.remote_round_trip_seconds_total - last.remote_round_trip_seconds_total;
+    const double exposed = s.remote_exposed_seconds_total - last.remote_exposed_seconds_total;
+    cpu_round_trip.Increment(std::max(0.0, round_trip));
+    cpu_exposed.Increment(std::max(0.0, exposed));
+    if (round_trip > 0) cpu_hidden.Set(std::clamp(1.0 - exposed / round_trip, 0.0, 1.0));
     last = s;
   }
 
@@ -114,6 +147,10 @@ struct EngineMetrics {
   prometheus::Family<prometheus::Counter>& offload_family;
   prometheus::Counter& offload_moved;
   prometheus::Counter& offload_demoted;
+  prometheus::Counter& pipelined_steps;
+  prometheus::Counter& cpu_round_trip;
+  prometheus::Counter& cpu_exposed;
+  prometheus::Gauge& cpu_hidden;
   engine::EngineStats last;
 };
 
@@ -177,7 +214,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   }
 
   const numeric::DType served = options.cuda_device >= 0 ? numeric::DType::kBF16 : dtype;
-  model->info = frontend::ModelInfoFor(c, *model->tokenizer, options.model_dir, options.model_name,
+  model->info =
+      frontend::ModelInfoFor(c, *model->tokenizer, options.model_dir, options.model_name,
                              backend->max_model_len(), backend->kv_capacity().block_size, served);
 
   engine::EngineOptions eo;

@@ -144,6 +144,7 @@ absl::Status WorkerServer::StartOffload() {
   offload.num_q_heads = model_->info.num_attention_heads();
   offload.policy = options_.offload_policy;
   offload.attention_timeout = options_.attention_timeout;
+  TRIDENT_ASSIGN_OR_RETURN(offload.pipeline, ParsePipelineMode(options_.offload_pipeline));
   TRIDENT_ASSIGN_OR_RETURN(offload_,
                            AttentionOffload::Create(std::move(offload), ucx_.get(),
                                                     &model_->engine->backend_for_setup()));

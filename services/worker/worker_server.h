@@ -104,6 +104,8 @@ struct WorkerServerOptions {
   // empty: none (services/worker/offload).
   std::vector<std::string> attention_services;
   OffloadPolicyOptions offload_policy;
+  // auto, always or never (--offload_pipeline).
+  std::string offload_pipeline = "auto";
   // The longest a decode step waits for a service's answer before its
   // sequences are recomputed here.
   absl::Duration attention_timeout = absl::Seconds(5);

@@ -24,9 +24,12 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 
 v1::DType ProtoDType(numeric::DType dtype) {
   switch (dtype) {
-    case numeric::DType::kF32: return v1::DTYPE_FLOAT32;
-    case numeric::DType::kF16: return v1::DTYPE_FLOAT16;
-    case numeric::DType::kBF16: return v1::DTYPE_BFLOAT16;
+    case numeric::DType::kF32:
+      return v1::DTYPE_FLOAT32;
+    case numeric::DType::kF16:
+      return v1::DTYPE_FLOAT16;
+    case numeric::DType::kBF16:
+      return v1::DTYPE_BFLOAT16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -45,7 +48,8 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
     return absl::InvalidArgumentError(
         "this backend cannot compute attention at a service (no remote attention)");
   }
-  auto offload = std::unique_ptr<AttentionOffload>(new AttentionOffload(std::move(options), backend));
+  auto offload =
+      std::unique_ptr<AttentionOffload>(new AttentionOffload(std::move(options), backend));
   TRIDENT_RETURN_IF_ERROR(offload->Start(ucx));
   return offload;
 }
@@ -62,6 +66,18 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
   TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx, {.lanes = 1}));
   TRIDENT_ASSIGN_OR_RETURN(client_, transport::attention::UcxAttentionClient::Create(
                                         lanes_.get(), options_.incarnation));
+  if (options_.pipeline == PipelineMode::kAuto) {
+    absl::StatusOr<BackendCosts> costs = MeasureBackendCosts(*backend_);
+    if (costs.ok()) {
+      backend_costs_ = *std::move(costs);
+      TRIDENT_LOG(INFO) << "pipelining cost table: linear layers "
+                        << backend_costs_.linear.At(1) * 1e6 << " us a layer at 1 token, "
+                        << backend_costs_.linear.At(64) * 1e6 << " us at 64";
+    } else {
+      TRIDENT_LOG(WARNING) << "no pipelining: the backend's costs were not measured: "
+                           << costs.status();
+    }
+  }
   endpoint_.set_owner_id(options_.worker_id);
   endpoint_.set_incarnation(options_.incarnation);
   endpoint_.set_memory_type(v1::MEMORY_TYPE_HOST);
@@ -69,12 +85,20 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
   for (const std::string& address : options_.services) {
     auto service = std::make_unique<Service>();
     service->address = address;
-    service->stub = v1::Attention::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    service->stub =
+        v1::Attention::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     absl::Status connected = Connect(*service);
     if (!connected.ok()) {
       TRIDENT_LOG(WARNING) << "attention service " << address
                            << " not reachable yet (retrying): " << connected;
+    } else if (options_.pipeline == PipelineMode::kAuto) {
+      // Before the engine's hook is installed: the channel is ours alone.
+      absl::Status calibrated = Calibrate(*service);
+      if (!calibrated.ok()) {
+        TRIDENT_LOG(WARNING) << "attention service " << address
+                             << ": its costs were not measured (no pipelining to it): "
+                             << calibrated;
+      }
     }
     services_.push_back(std::move(service));
   }
@@ -124,6 +148,88 @@ absl::Status AttentionOffload::Connect(Service& service) {
   return absl::OkStatus();
 }
 
+absl::Status AttentionOffload::Calibrate(Service& service) {
+  const int32_t context = std::min(2048, backend_->max_model_len());
+  TRIDENT_ASSIGN_OR_RETURN(
+      uint64_t handle, Admit(service, absl::StrCat("calibration-", options_.worker_id), context));
+  ServiceProbe probe{.channel = service.channel.get(),
+                     .num_q_heads = options_.num_q_heads,
+                     .num_kv_heads = memory_.spec.num_kv_heads,
+                     .head_dim = memory_.spec.head_dim,
+                     .dtype = wire_dtype_,
+                     .max_context = context,
+                     .timeout = options_.attention_timeout};
+  absl::StatusOr<ServiceCosts> costs = MeasureServiceCosts(probe, handle);
+  ReleaseAt(service, handle).IgnoreError();
+  TRIDENT_RETURN_IF_ERROR(costs.status());
+  TRIDENT_LOG(INFO) << "attention service " << service.service_id << ": round trip "
+                    << costs->round_trip_seconds * 1e6 << " us, attention over " << context
+                    << " tokens " << costs->attention.At(context) * 1e6 << " us more";
+  absl::MutexLock lock(&mu_);
+  service.costs = *std::move(costs);
+  service.calibrated = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> AttentionOffload::Admit(Service& service, const std::string& id,
+                                                 int32_t capacity) {
+  const kv::KvCacheSpec& spec = memory_.spec;
+  v1::AdmitSequenceRequest request;
+  request.set_owner_id(options_.worker_id);
+  request.set_owner_incarnation(options_.incarnation);
+  request.set_sequence_id(id);
+  request.set_num_layers(spec.num_layers);
+  request.set_num_attention_heads(options_.num_q_heads);
+  request.set_num_kv_heads(spec.num_kv_heads);
+  request.set_head_dim(spec.head_dim);
+  request.set_dtype(ProtoDType(spec.dtype));
+  request.set_capacity_tokens(capacity);
+  request.set_block_size_tokens(spec.block_size);
+  v1::AdmitSequenceResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.rpc_timeout);
+  TRIDENT_RETURN_IF_ERROR(FromGrpc(service.stub->AdmitSequence(&context, request, &response)));
+  return response.handle();
+}
+
+void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
+  StepCosts costs{.linear = backend_costs_.linear,
+                  .local_attention = backend_costs_.local_attention};
+  {
+    // The slowest calibrated service speaks for all (a step waits for each).
+    absl::MutexLock lock(&mu_);
+    for (const auto& service : services_) {
+      if (!service->calibrated) continue;
+      if (costs.cpu_attention.empty() ||
+          service->costs.attention.At(4096) > costs.cpu_attention.At(4096)) {
+        costs.cpu_attention = service->costs.attention;
+      }
+      costs.round_trip_seconds =
+          std::max(costs.round_trip_seconds, service->costs.round_trip_seconds);
+    }
+  }
+  shape_ = StepShape{};
+  for (const backend::StepSequence& s : batch) {
+    const int64_t context = s.start_position + static_cast<int64_t>(s.tokens.size());
+    if (s.remote.service != nullptr) {
+      shape_.cpu_contexts.push_back(context);
+    } else {
+      shape_.local_tokens += static_cast<int64_t>(s.tokens.size());
+      shape_.local_context_tokens += context;
+    }
+  }
+  const PipelinePlan plan = PlanPipeline(shape_, costs, options_.pipeline);
+  size_t cpu = 0;
+  for (backend::StepSequence& s : batch) {
+    if (s.remote.service == nullptr) continue;
+    s.sub_batch = plan.second[cpu++] ? 1 : 0;
+  }
+  absl::MutexLock lock(&mu_);
+  ++stats_.planned_steps;
+  if (plan.pipelined > 0) ++stats_.pipelined_steps;
+  stats_.last_hidden_fraction = plan.hidden_fraction;
+}
+
 AttentionOffload::Service* AttentionOffload::PickService() {
   absl::MutexLock lock(&mu_);
   Service* best = nullptr;
@@ -160,34 +266,19 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
 
 absl::Status AttentionOffload::Move(engine::EngineCore& core,
                                     const engine::OffloadCandidate& candidate, Service& service) {
-  const kv::KvCacheSpec& spec = memory_.spec;
-  v1::AdmitSequenceRequest request;
-  request.set_owner_id(options_.worker_id);
-  request.set_owner_incarnation(options_.incarnation);
-  request.set_sequence_id(candidate.id);
-  request.set_num_layers(spec.num_layers);
-  request.set_num_attention_heads(options_.num_q_heads);
-  request.set_num_kv_heads(spec.num_kv_heads);
-  request.set_head_dim(spec.head_dim);
-  request.set_dtype(ProtoDType(spec.dtype));
-  request.set_capacity_tokens(candidate.max_len);
-  request.set_block_size_tokens(spec.block_size);
-  v1::AdmitSequenceResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
-  TRIDENT_RETURN_IF_ERROR(FromGrpc(service.stub->AdmitSequence(&context, request, &response)));
+  TRIDENT_ASSIGN_OR_RETURN(const uint64_t handle, Admit(service, candidate.id, candidate.max_len));
   transport::attention::RemoteAttention* channel;
   {
     absl::MutexLock lock(&mu_);
     channel = service.channel.get();
   }
-  absl::Status status = CopyKv(candidate, *channel, response.handle());
+  absl::Status status = CopyKv(candidate, *channel, handle);
   if (status.ok()) {
-    status = core.MoveToRemote(candidate.id, backend::RemoteKv{channel, response.handle()},
-                               service.service_id);
+    status =
+        core.MoveToRemote(candidate.id, backend::RemoteKv{channel, handle}, service.service_id);
   }
   if (!status.ok()) {
-    ReleaseAt(service, response.handle()).IgnoreError();
+    ReleaseAt(service, handle).IgnoreError();
     return status;
   }
   absl::MutexLock lock(&mu_);
@@ -225,13 +316,16 @@ absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
                            &v_rows_[i * row + h * spec.head_dim], spec.head_dim);
         }
       }
-      TRIDENT_ASSIGN_OR_RETURN(
-          auto ticket,
-          channel.StartAppend({.layer = layer, .num_kv_heads = spec.num_kv_heads,
-                               .head_dim = spec.head_dim, .dtype = wire_dtype_,
-                               .handles = handles_, .positions = positions_,
-                               .k = k_rows_.data(), .k_stride = row, .v = v_rows_.data(),
-                               .v_stride = row}));
+      TRIDENT_ASSIGN_OR_RETURN(auto ticket, channel.StartAppend({.layer = layer,
+                                                                 .num_kv_heads = spec.num_kv_heads,
+                                                                 .head_dim = spec.head_dim,
+                                                                 .dtype = wire_dtype_,
+                                                                 .handles = handles_,
+                                                                 .positions = positions_,
+                                                                 .k = k_rows_.data(),
+                                                                 .k_stride = row,
+                                                                 .v = v_rows_.data(),
+                                                                 .v_stride = row}));
       tickets.push_back(ticket);
     }
   }
@@ -271,11 +365,13 @@ void AttentionOffload::HousekeepingLoop() {
     std::vector<Service*> reconnect;
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](AttentionOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                                    self->mu_) { return self->stopping_ || !self->releases_.empty(); },
-                               this),
-                           absl::Milliseconds(200));
+      mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](AttentionOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                return self->stopping_ || !self->releases_.empty();
+              },
+              this),
+          absl::Milliseconds(200));
       if (stopping_) return;
       releases.swap(releases_);
       const absl::Time now = absl::Now();

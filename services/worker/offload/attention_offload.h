@@ -41,7 +41,9 @@
 #include "common/transport/attention/ucx_attention_client.h"
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
+#include "services/worker/offload/cost_tables.h"
 #include "services/worker/offload/offload_policy.h"
+#include "services/worker/offload/pipeline_planner.h"
 #include "trident/v1/attention.grpc.pb.h"
 
 namespace trident::worker {
@@ -54,6 +56,10 @@ struct AttentionOffloadOptions {
   // The model's query heads (AdmitSequence's num_attention_heads).
   int32_t num_q_heads = 0;
   OffloadPolicyOptions policy;
+  // Asymmetric pipelining of decode steps with CPU-resident sequences:
+  // kAuto plans each step from cost tables measured at start-up (the
+  // backend's, and each service's at its first connection).
+  PipelineMode pipeline = PipelineMode::kAuto;
   // Deadline of each control RPC (Connect, AdmitSequence, ReleaseSequence),
   // and the longest a layer waits for a service's answer.
   absl::Duration rpc_timeout = absl::Seconds(5);
@@ -67,6 +73,10 @@ struct AttentionOffloadStats {
   int64_t move_failures = 0;    // Moves that did not happen (budget, failures).
   int64_t releases = 0;         // Service copies released.
   int64_t migrated_tokens = 0;  // KV tokens copied by moves.
+  int64_t planned_steps = 0;    // Steps with CPU-resident sequences planned.
+  int64_t pipelined_steps = 0;  // Of those, run with a second sub-batch.
+  // The planner's estimate for the last planned step.
+  double last_hidden_fraction = 0;
 };
 
 class AttentionOffload final : public engine::StepHook {
@@ -75,15 +85,17 @@ class AttentionOffload final : public engine::StepHook {
   // retried later); `ucx` (the worker's, not owned) and `backend` must
   // outlive this. INVALID_ARGUMENT for no services or a backend without
   // remote attention or without a host KV pool; UcxLanes' errors.
-  static absl::StatusOr<std::unique_ptr<AttentionOffload>> Create(
-      AttentionOffloadOptions options, transport::UcxWorker* ucx,
-      backend::ModelBackend* backend);
+  static absl::StatusOr<std::unique_ptr<AttentionOffload>> Create(AttentionOffloadOptions options,
+                                                                  transport::UcxWorker* ucx,
+                                                                  backend::ModelBackend* backend);
   // Stops the housekeeping thread; copies not yet released are freed by
   // their services when this worker's session ends (its grace period).
   ~AttentionOffload() override;
 
   void BeforeStep(engine::EngineCore& core) override;
   void OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) override;
+  // Marks the CPU-resident sequences of the second sub-batch (PlanPipeline).
+  void PlanBatch(absl::Span<backend::StepSequence> batch) override;
 
   AttentionOffloadStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -99,6 +111,8 @@ class AttentionOffload final : public engine::StepHook {
     bool connected = false;
     absl::Time next_attempt = absl::InfinitePast();
     int32_t sequences = 0;  // Held for us, as far as we know.
+    bool calibrated = false;
+    ServiceCosts costs;  // Measured at its first connection.
   };
   struct Release {
     Service* service = nullptr;
@@ -118,6 +132,11 @@ class AttentionOffload final : public engine::StepHook {
   absl::Status CopyKv(const engine::OffloadCandidate& candidate,
                       transport::attention::RemoteAttention& channel, uint64_t handle);
   absl::Status ReleaseAt(Service& service, uint64_t handle);
+  // AdmitSequence for `id` with room for `capacity` tokens; its handle.
+  absl::StatusOr<uint64_t> Admit(Service& service, const std::string& id, int32_t capacity);
+  // The service's cost table (MeasureServiceCosts on a calibration
+  // sequence, released after).
+  absl::Status Calibrate(Service& service);
   void HousekeepingLoop();
 
   const AttentionOffloadOptions options_;
@@ -129,8 +148,10 @@ class AttentionOffload final : public engine::StepHook {
   trident::v1::TransportEndpoint endpoint_;
   std::vector<std::unique_ptr<Service>> services_;
   // Channels of earlier connections, kept while the engine may name them.
-  std::vector<std::unique_ptr<transport::attention::RemoteAttention>> retired_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<transport::attention::RemoteAttention>> retired_ ABSL_GUARDED_BY(mu_);
+  // The backend's cost table; the planner's inputs (engine loop thread).
+  BackendCosts backend_costs_;
+  StepShape shape_;
   // Scratch of CopyKv (engine loop thread only).
   std::vector<float> k_rows_, v_rows_;
   std::vector<uint64_t> handles_;

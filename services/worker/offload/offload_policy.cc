@@ -8,9 +8,8 @@ std::vector<std::string> ChooseOffloads(const std::vector<engine::OffloadCandida
                                         PoolOccupancy pool, const OffloadPolicyOptions& options) {
   std::vector<const engine::OffloadCandidate*> longest;
   for (const engine::OffloadCandidate& c : candidates) longest.push_back(&c);
-  std::stable_sort(longest.begin(), longest.end(), [](const auto* a, const auto* b) {
-    return a->num_computed > b->num_computed;
-  });
+  std::stable_sort(longest.begin(), longest.end(),
+                   [](const auto* a, const auto* b) { return a->num_computed > b->num_computed; });
   std::vector<std::string> chosen;
   std::vector<bool> taken(longest.size(), false);
   int64_t free = pool.blocks_free;
@@ -29,8 +28,8 @@ std::vector<std::string> ChooseOffloads(const std::vector<engine::OffloadCandida
     return options.low_watermark > 0 && pool.blocks_total > 0 &&
            static_cast<double>(free) < options.low_watermark * pool.blocks_total;
   };
-  for (size_t i = 0; i < longest.size() && static_cast<int32_t>(chosen.size()) < options.max_moves &&
-                     short_of_blocks();
+  for (size_t i = 0; i < longest.size() &&
+                     static_cast<int32_t>(chosen.size()) < options.max_moves && short_of_blocks();
        ++i) {
     if (!taken[i]) take(i);
   }

@@ -1,0 +1,139 @@
+#include "services/worker/offload/cost_tables.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status/status_macros.h"
+
+namespace trident::worker {
+namespace {
+
+// Best of `repeats` runs of fn (seconds): the least disturbed one.
+template <typename Fn>
+absl::StatusOr<double> Fastest(int repeats, Fn fn) {
+  double best = 0;
+  for (int i = 0; i < repeats; ++i) {
+    const absl::Time start = absl::Now();
+    TRIDENT_RETURN_IF_ERROR(fn());
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    best = i == 0 ? seconds : std::min(best, seconds);
+  }
+  return best;
+}
+
+// One forward pass of `n` sequences of one token at position `position`,
+// sequence i on its own run of blocks.
+absl::StatusOr<double> TimeDecodeBatch(backend::ModelBackend& backend, int32_t n,
+                                       int32_t position) {
+  const int32_t bs = backend.kv_capacity().block_size;
+  const int32_t per_seq = position / bs + 1;
+  std::vector<std::vector<int32_t>> tables(n);
+  for (int32_t i = 0; i < n; ++i) {
+    tables[i].resize(per_seq);
+    std::iota(tables[i].begin(), tables[i].end(), i * per_seq);
+  }
+  static const int32_t kToken = 1;
+  std::vector<backend::StepSequence> batch(n);
+  for (int32_t i = 0; i < n; ++i) {
+    batch[i].tokens = absl::MakeConstSpan(&kToken, 1);
+    batch[i].start_position = position;
+    batch[i].block_table = tables[i];
+  }
+  return Fastest(3, [&] { return backend.Forward(batch, nullptr); });
+}
+
+}  // namespace
+
+absl::StatusOr<BackendCosts> MeasureBackendCosts(backend::ModelBackend& backend) {
+  const backend::KvCapacity capacity = backend.kv_capacity();
+  absl::StatusOr<backend::KvMemory> memory = backend.kv_memory();
+  const int32_t layers = memory.ok() ? std::max(1, memory->spec.num_layers) : 1;
+  BackendCosts costs;
+  std::vector<std::pair<double, double>> linear;
+  for (int32_t n : {1, 4, 16, 64, 256}) {
+    if (n > capacity.num_blocks) break;
+    TRIDENT_ASSIGN_OR_RETURN(double seconds, TimeDecodeBatch(backend, n, 0));
+    linear.emplace_back(n, seconds / layers);
+  }
+  if (linear.empty()) return absl::FailedPreconditionError("no KV block to measure with");
+  costs.linear = CostCurve(linear);
+  // Attention: 4 sequences at growing contexts, less their linear time.
+  std::vector<std::pair<double, double>> attention = {{0, 0}};
+  const int32_t n = std::min(4, capacity.num_blocks);
+  const int32_t longest =
+      std::min(backend.max_model_len() - 1, capacity.num_blocks / n * capacity.block_size - 1);
+  for (int32_t context : {256, 1024, 4096, 16384}) {
+    if (context > longest) break;
+    TRIDENT_ASSIGN_OR_RETURN(double seconds, TimeDecodeBatch(backend, n, context));
+    const double above = seconds / layers - costs.linear.At(n);
+    attention.emplace_back(static_cast<double>(n) * (context + 1), std::max(0.0, above));
+  }
+  costs.local_attention = CostCurve(attention);
+  return costs;
+}
+
+absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint64_t handle) {
+  using transport::attention::AttentionCall;
+  const int64_t q_row = int64_t{probe.num_q_heads} * probe.head_dim;
+  const int64_t kv_row = int64_t{probe.num_kv_heads} * probe.head_dim;
+  // Small finite values: any KV attends to something finite.
+  std::vector<float> k(static_cast<size_t>(kv_row) * 512, 0.01f), v(k.size(), 0.02f);
+  std::vector<uint64_t> handles(512, handle);
+  std::vector<int32_t> positions(512);
+  // Layer 0 only: each request names one layer.
+  for (int32_t first = 0; first < probe.max_context; first += 512) {
+    const int32_t count = std::min(512, probe.max_context - first);
+    for (int32_t i = 0; i < count; ++i) positions[i] = first + i;
+    TRIDENT_ASSIGN_OR_RETURN(
+        auto ticket,
+        probe.channel->StartAppend({.layer = 0,
+                                    .num_kv_heads = probe.num_kv_heads,
+                                    .head_dim = probe.head_dim,
+                                    .dtype = probe.dtype,
+                                    .handles = absl::MakeConstSpan(handles).subspan(0, count),
+                                    .positions = absl::MakeConstSpan(positions).subspan(0, count),
+                                    .k = k.data(),
+                                    .k_stride = kv_row,
+                                    .v = v.data(),
+                                    .v_stride = kv_row}));
+    TRIDENT_RETURN_IF_ERROR(probe.channel->Wait(ticket, probe.timeout));
+  }
+  std::vector<float> q(q_row, 0.01f), out(q_row);
+  auto time_at = [&](int32_t position) {
+    const std::vector<uint64_t> one_handle = {handle};
+    const std::vector<int32_t> one_position = {position};
+    return Fastest(5, [&]() -> absl::Status {
+      TRIDENT_ASSIGN_OR_RETURN(
+          auto ticket, probe.channel->Start(AttentionCall{.layer = 0,
+                                                          .num_q_heads = probe.num_q_heads,
+                                                          .num_kv_heads = probe.num_kv_heads,
+                                                          .head_dim = probe.head_dim,
+                                                          .dtype = probe.dtype,
+                                                          .handles = one_handle,
+                                                          .positions = one_position,
+                                                          .q = q.data(),
+                                                          .q_stride = q_row,
+                                                          .k = k.data(),
+                                                          .k_stride = kv_row,
+                                                          .v = v.data(),
+                                                          .v_stride = kv_row,
+                                                          .out = out.data(),
+                                                          .out_stride = q_row}));
+      return probe.channel->Wait(ticket, probe.timeout);
+    });
+  };
+  ServiceCosts costs;
+  TRIDENT_ASSIGN_OR_RETURN(costs.round_trip_seconds, time_at(0));
+  std::vector<std::pair<double, double>> points = {{0, 0}};
+  for (int32_t context = 256; context <= probe.max_context; context *= 4) {
+    TRIDENT_ASSIGN_OR_RETURN(double seconds, time_at(context - 1));
+    points.emplace_back(context, std::max(0.0, seconds - costs.round_trip_seconds));
+  }
+  costs.attention = CostCurve(points);
+  return costs;
+}
+
+}  // namespace trident::worker

@@ -1,0 +1,57 @@
+// The cost tables the pipeline planner reads (pipeline_planner.h), measured
+// at start-up on the real backend and the real attention service:
+//
+//   MeasureBackendCosts: forward passes of synthetic decode batches on the
+//     backend's own KV pool (before it serves anything: their KV is
+//     scratch): per-layer time of the linear layers vs batch tokens (1-token
+//     sequences), and of the attention vs context tokens (what a batch with
+//     long contexts adds over the same batch with short ones).
+//   MeasureServiceCosts: a calibration sequence admitted at the service,
+//     filled by append-only requests, then timed attention requests at
+//     growing contexts: the round trip at one token, and the service's time
+//     above it vs context tokens. The sequence is released after.
+
+#ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_COST_TABLES_H_
+#define TRIDENT_SERVICES_WORKER_OFFLOAD_COST_TABLES_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/backend/model_backend.h"
+#include "common/transport/attention/remote_attention.h"
+#include "services/worker/offload/pipeline_planner.h"
+
+namespace trident::worker {
+
+struct BackendCosts {
+  CostCurve linear;
+  CostCurve local_attention;
+};
+
+// Runs a few forward passes. REQUIRES: no sequence is in the backend's KV
+// pool (its blocks are overwritten); called on a thread that may drive the
+// backend. Errors of Forward.
+absl::StatusOr<BackendCosts> MeasureBackendCosts(backend::ModelBackend& backend);
+
+struct ServiceCosts {
+  CostCurve attention;  // seconds above the round trip vs context tokens
+  double round_trip_seconds = 0;
+};
+
+// What the calibration needs of the model and the service: the sequence is
+// admitted by `admit` (returns its handle, capacity >= max_context) and
+// released by `release`.
+struct ServiceProbe {
+  transport::attention::RemoteAttention* channel = nullptr;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  transport::attention::WireDType dtype = transport::attention::WireDType::kBF16;
+  int32_t max_context = 2048;
+  absl::Duration timeout = absl::Seconds(5);
+};
+absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint64_t handle);
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_OFFLOAD_COST_TABLES_H_
