@@ -25,15 +25,11 @@ using ::trident::testing::IsOk;
 using ::trident::testing::IsOkAndHolds;
 using ::trident::testing::StatusIs;
 
+// The calling thread's mask.
 std::vector<int> ThreadAffinity() {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  EXPECT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
-  }
-  return cpus;
+  absl::StatusOr<std::vector<int>> cpus = AllowedCpus();
+  EXPECT_TRUE(cpus.ok()) << cpus.status();
+  return cpus.ok() ? *cpus : std::vector<int>{};
 }
 
 const long kPageBytes = sysconf(_SC_PAGESIZE);

@@ -83,19 +83,6 @@ std::vector<int> ReadSiblings(int cpu, const std::vector<int>& all_cpus) {
   return siblings;
 }
 
-absl::StatusOr<std::vector<int>> AllowedCpus() {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) {
-    return absl::InternalError(absl::StrCat("sched_getaffinity: ", std::strerror(errno)));
-  }
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
-  }
-  return cpus;
-}
-
 // Every existing node's CPUs, from libnuma. REQUIRES: numa_available() >= 0.
 absl::StatusOr<std::map<int, std::vector<int>>> NodeCpusFromLibnuma() {
   std::map<int, std::vector<int>> node_cpus;
@@ -119,6 +106,19 @@ absl::StatusOr<std::map<int, std::vector<int>>> NodeCpusFromLibnuma() {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> AllowedCpus() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) {
+    return absl::InternalError(absl::StrCat("sched_getaffinity: ", std::strerror(errno)));
+  }
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
 
 absl::StatusOr<NumaTopology> NumaTopology::Read() {
   MachineDescription description;

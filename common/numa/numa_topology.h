@@ -52,6 +52,10 @@ struct MachineDescription {
   std::vector<int> allowed_cpus;
 };
 
+// The CPUs of the calling thread's affinity mask (sched_getaffinity), in
+// CPU order. kInternal if it cannot be read.
+absl::StatusOr<std::vector<int>> AllowedCpus();
+
 class NumaTopology {
  public:
   // Reads the topology of this machine for this process: nodes from libnuma
