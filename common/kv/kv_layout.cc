@@ -73,7 +73,8 @@ absl::StatusOr<numeric::DType> FromProtoDType(trident::v1::DType dtype) {
       return numeric::DType::kBF16;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("unsupported dtype ", static_cast<int>(dtype)));
+          absl::StrCat("dtype must be DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16, got ",
+                       trident::v1::DType_Name(dtype)));
   }
 }
 

@@ -2,48 +2,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/reactors.h"
+#include "common/kv/kv_layout.h"
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
 
 namespace trident::attention {
-namespace {
-
-absl::StatusOr<numeric::DType> DTypeFromProto(trident::v1::DType dtype) {
-  switch (dtype) {
-    case trident::v1::DTYPE_FLOAT32: return numeric::DType::kF32;
-    case trident::v1::DTYPE_FLOAT16: return numeric::DType::kF16;
-    case trident::v1::DTYPE_BFLOAT16: return numeric::DType::kBF16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype must be DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16, got ",
-                       trident::v1::DType_Name(dtype)));
-  }
-}
-
-trident::v1::DType DTypeToProto(numeric::DType dtype) {
-  switch (dtype) {
-    case numeric::DType::kF32: return trident::v1::DTYPE_FLOAT32;
-    case numeric::DType::kF16: return trident::v1::DTYPE_FLOAT16;
-    case numeric::DType::kBF16: return trident::v1::DTYPE_BFLOAT16;
-  }
-  return trident::v1::DTYPE_UNSPECIFIED;
-}
-
-}  // namespace
 
 absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceRequest& request) {
-  TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, DTypeFromProto(request.dtype()));
-  SequenceSpec spec{.owner_id = request.owner_id(),
-                    .owner_incarnation = request.owner_incarnation(),
-                    .sequence_id = request.sequence_id(),
-                    .num_layers = request.num_layers(),
-                    .num_q_heads = request.num_attention_heads(),
-                    .num_kv_heads = request.num_kv_heads(),
-                    .head_dim = request.head_dim(),
-                    .dtype = dtype,
-                    .capacity_tokens = request.capacity_tokens(),
-                    .block_size = request.block_size_tokens() == 0 ? 16
-                                                                   : request.block_size_tokens()};
+  TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, kv::FromProtoDType(request.dtype()));
+  SequenceSpec spec{
+      .owner_id = request.owner_id(),
+      .owner_incarnation = request.owner_incarnation(),
+      .sequence_id = request.sequence_id(),
+      .num_layers = request.num_layers(),
+      .num_q_heads = request.num_attention_heads(),
+      .num_kv_heads = request.num_kv_heads(),
+      .head_dim = request.head_dim(),
+      .dtype = dtype,
+      .capacity_tokens = request.capacity_tokens(),
+      .block_size = request.block_size_tokens() == 0 ? 16 : request.block_size_tokens()};
   if (request.has_idle_timeout()) {
     spec.idle_timeout = DurationFromProto(request.idle_timeout());
     if (spec.idle_timeout <= absl::ZeroDuration()) {
@@ -65,9 +42,9 @@ grpc::ServerUnaryReactor* AttentionService::Connect(grpc::CallbackServerContext*
   }
   absl::Status routed = parts_.data_plane->AddPeer(client);
   if (!routed.ok()) {
-    return FinishUnary(context, absl::UnavailableError(absl::StrCat(
-                                    "cannot reach owner ", client.owner_id(),
-                                    " over UCX for its replies: ", routed.message())));
+    return FinishUnary(context, absl::UnavailableError(
+                                    absl::StrCat("cannot reach owner ", client.owner_id(),
+                                                 " over UCX for its replies: ", routed.message())));
   }
   *response->mutable_server() = parts_.endpoint;
   response->set_numa_node(parts_.numa_node);
@@ -90,7 +67,7 @@ grpc::ServerUnaryReactor* AttentionService::AdmitSequence(
   kv->set_num_layers(layout.num_layers);
   kv->set_num_kv_heads(layout.num_kv_heads);
   kv->set_head_dim(layout.head_dim);
-  kv->set_dtype(DTypeToProto(layout.dtype));
+  kv->set_dtype(kv::ToProtoDType(layout.dtype));
   kv->set_block_size_tokens(layout.block_size);
   kv->set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
   kv->set_layer_stride_bytes(layout.layer_stride_bytes);

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/status.h"
+#include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -14,24 +16,8 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-v1::DType ProtoDType(numeric::DType dtype) {
-  switch (dtype) {
-    case numeric::DType::kF32:
-      return v1::DTYPE_FLOAT32;
-    case numeric::DType::kF16:
-      return v1::DTYPE_FLOAT16;
-    case numeric::DType::kBF16:
-      return v1::DTYPE_BFLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
 }
 
 }  // namespace
@@ -102,6 +88,19 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
     }
     services_.push_back(std::move(service));
   }
+  // The planner's inputs, fixed from here on: the backend's table and the
+  // slowest calibrated service's (a step waits for each service).
+  step_costs_ =
+      StepCosts{.linear = backend_costs_.linear, .local_attention = backend_costs_.local_attention};
+  for (const auto& service : services_) {
+    if (!service->calibrated) continue;
+    if (step_costs_.cpu_attention.empty() ||
+        service->costs.attention.At(4096) > step_costs_.cpu_attention.At(4096)) {
+      step_costs_.cpu_attention = service->costs.attention;
+    }
+    step_costs_.round_trip_seconds =
+        std::max(step_costs_.round_trip_seconds, service->costs.round_trip_seconds);
+  }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   return absl::OkStatus();
 }
@@ -120,7 +119,7 @@ absl::Status AttentionOffload::Connect(Service& service) {
   v1::ConnectResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
-  absl::Status status = FromGrpc(service.stub->Connect(&context, request, &response));
+  absl::Status status = FromGrpcStatus(service.stub->Connect(&context, request, &response));
   std::unique_ptr<transport::attention::RemoteAttention> channel;
   if (status.ok()) {
     absl::StatusOr<std::unique_ptr<transport::attention::RemoteAttention>> made =
@@ -165,7 +164,6 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
   TRIDENT_LOG(INFO) << "attention service " << service.service_id << ": round trip "
                     << costs->round_trip_seconds * 1e6 << " us, attention over " << context
                     << " tokens " << costs->attention.At(context) * 1e6 << " us more";
-  absl::MutexLock lock(&mu_);
   service.costs = *std::move(costs);
   service.calibrated = true;
   return absl::OkStatus();
@@ -182,32 +180,18 @@ absl::StatusOr<uint64_t> AttentionOffload::Admit(Service& service, const std::st
   request.set_num_attention_heads(options_.num_q_heads);
   request.set_num_kv_heads(spec.num_kv_heads);
   request.set_head_dim(spec.head_dim);
-  request.set_dtype(ProtoDType(spec.dtype));
+  request.set_dtype(kv::ToProtoDType(spec.dtype));
   request.set_capacity_tokens(capacity);
   request.set_block_size_tokens(spec.block_size);
   v1::AdmitSequenceResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
-  TRIDENT_RETURN_IF_ERROR(FromGrpc(service.stub->AdmitSequence(&context, request, &response)));
+  TRIDENT_RETURN_IF_ERROR(
+      FromGrpcStatus(service.stub->AdmitSequence(&context, request, &response)));
   return response.handle();
 }
 
 void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
-  StepCosts costs{.linear = backend_costs_.linear,
-                  .local_attention = backend_costs_.local_attention};
-  {
-    // The slowest calibrated service speaks for all (a step waits for each).
-    absl::MutexLock lock(&mu_);
-    for (const auto& service : services_) {
-      if (!service->calibrated) continue;
-      if (costs.cpu_attention.empty() ||
-          service->costs.attention.At(4096) > costs.cpu_attention.At(4096)) {
-        costs.cpu_attention = service->costs.attention;
-      }
-      costs.round_trip_seconds =
-          std::max(costs.round_trip_seconds, service->costs.round_trip_seconds);
-    }
-  }
   shape_ = StepShape{};
   for (const backend::StepSequence& s : batch) {
     const int64_t context = s.start_position + static_cast<int64_t>(s.tokens.size());
@@ -218,7 +202,7 @@ void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
       shape_.local_context_tokens += context;
     }
   }
-  const PipelinePlan plan = PlanPipeline(shape_, costs, options_.pipeline);
+  const PipelinePlan plan = PlanPipeline(shape_, step_costs_, options_.pipeline);
   size_t cpu = 0;
   for (backend::StepSequence& s : batch) {
     if (s.remote.service == nullptr) continue;
@@ -356,7 +340,7 @@ absl::Status AttentionOffload::ReleaseAt(Service& service, uint64_t handle) {
   v1::ReleaseSequenceResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
-  return FromGrpc(service.stub->ReleaseSequence(&context, request, &response));
+  return FromGrpcStatus(service.stub->ReleaseSequence(&context, request, &response));
 }
 
 void AttentionOffload::HousekeepingLoop() {

@@ -111,8 +111,9 @@ class AttentionOffload final : public engine::StepHook {
     bool connected = false;
     absl::Time next_attempt = absl::InfinitePast();
     int32_t sequences = 0;  // Held for us, as far as we know.
+    // Measured at its first connection, during Start (not changed after).
     bool calibrated = false;
-    ServiceCosts costs;  // Measured at its first connection.
+    ServiceCosts costs;
   };
   struct Release {
     Service* service = nullptr;
@@ -149,8 +150,10 @@ class AttentionOffload final : public engine::StepHook {
   std::vector<std::unique_ptr<Service>> services_;
   // Channels of earlier connections, kept while the engine may name them.
   std::vector<std::unique_ptr<transport::attention::RemoteAttention>> retired_ ABSL_GUARDED_BY(mu_);
-  // The backend's cost table; the planner's inputs (engine loop thread).
+  // Cost tables measured in Start, and the planner's inputs from them;
+  // shape_ is scratch of PlanBatch (engine loop thread).
   BackendCosts backend_costs_;
+  StepCosts step_costs_;
   StepShape shape_;
   // Scratch of CopyKv (engine loop thread only).
   std::vector<float> k_rows_, v_rows_;
