@@ -361,12 +361,13 @@ absl::Status CpuBackend::Embed(Pass& pass) {
   const int32_t bs = kv_spec_.block_size;
   pass.seqs.clear();
   pass.local_seqs.clear();
-  for (RemoteGroup& group : pass.remote_groups) {
-    group.rows.clear();
-    group.handles.clear();
-    group.positions.clear();
-    group.started = false;
-  }
+  pass.remote.set_shape({.num_q_heads = config_.num_attention_heads,
+                         .num_kv_heads = config_.num_key_value_heads,
+                         .head_dim = config_.head_dim,
+                         .wire = kv_spec_.dtype == numeric::DType::kF32
+                                     ? transport::attention::WireDType::kF32
+                                     : transport::attention::WireDType::kBF16});
+  pass.remote.Clear();
   int64_t row = 0;
   for (const StepSequence& s : pass.batch) {
     const bool remote = s.remote.service != nullptr;
@@ -391,92 +392,13 @@ absl::Status CpuBackend::Embed(Pass& pass) {
     a.query_row = row;
     pass.seqs.push_back(a);
     if (remote) {
-      auto group =
-          std::find_if(pass.remote_groups.begin(), pass.remote_groups.end(),
-                       [&](const RemoteGroup& g) { return g.service == s.remote.service; });
-      if (group == pass.remote_groups.end()) {
-        pass.remote_groups.emplace_back();
-        group = pass.remote_groups.end() - 1;
-        group->service = s.remote.service;
-      }
-      group->rows.push_back(row);
-      group->handles.push_back(s.remote.handle);
-      group->positions.push_back(s.start_position);
+      pass.remote.Add(s.remote, s.start_position, row);
     } else {
       pass.local_seqs.push_back(a);
     }
     row += static_cast<int64_t>(s.tokens.size());
   }
-  // Groups of services this step does not use are dropped.
-  pass.remote_groups.erase(std::remove_if(pass.remote_groups.begin(), pass.remote_groups.end(),
-                                          [](const RemoteGroup& g) { return g.rows.empty(); }),
-                           pass.remote_groups.end());
   return absl::OkStatus();
-}
-
-absl::Status CpuBackend::StartRemoteAttention(Pass& pass, int32_t layer) {
-  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
-  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
-  const int64_t qkv_width = q_out + 2 * kv_out;
-  for (RemoteGroup& g : pass.remote_groups) {
-    const size_t n = g.rows.size();
-    g.q.resize(n * q_out);
-    g.k.resize(n * kv_out);
-    g.v.resize(n * kv_out);
-    g.out.resize(n * q_out);
-    for (size_t i = 0; i < n; ++i) {
-      const float* qkv = &pass.qkv[g.rows[i] * qkv_width];
-      std::memcpy(&g.q[i * q_out], qkv, q_out * sizeof(float));
-      std::memcpy(&g.k[i * kv_out], qkv + q_out, kv_out * sizeof(float));
-      std::memcpy(&g.v[i * kv_out], qkv + q_out + kv_out, kv_out * sizeof(float));
-    }
-    transport::attention::AttentionCall call{.layer = layer,
-                                             .num_q_heads = config_.num_attention_heads,
-                                             .num_kv_heads = config_.num_key_value_heads,
-                                             .head_dim = config_.head_dim,
-                                             .dtype = kv_spec_.dtype == numeric::DType::kF32
-                                                          ? transport::attention::WireDType::kF32
-                                                          : transport::attention::WireDType::kBF16,
-                                             .handles = g.handles,
-                                             .positions = g.positions,
-                                             .q = g.q.data(),
-                                             .q_stride = q_out,
-                                             .k = g.k.data(),
-                                             .k_stride = kv_out,
-                                             .v = g.v.data(),
-                                             .v_stride = kv_out,
-                                             .out = g.out.data(),
-                                             .out_stride = q_out};
-    g.started_at = absl::Now();
-    absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket = g.service->Start(call);
-    if (!ticket.ok()) return RemoteAttentionFailure(g.service, ticket.status());
-    g.ticket = *ticket;
-    g.started = true;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::FinishRemoteAttention(Pass& pass) {
-  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
-  absl::Status first_error;
-  for (RemoteGroup& g : pass.remote_groups) {
-    if (!g.started) continue;
-    g.started = false;
-    const absl::Time waiting = absl::Now();
-    absl::Status waited = g.service->Wait(g.ticket, remote_timeout());
-    const absl::Time answered = absl::Now();
-    ++remote_timing_.requests;
-    remote_timing_.round_trip_seconds += absl::ToDoubleSeconds(answered - g.started_at);
-    remote_timing_.exposed_seconds += absl::ToDoubleSeconds(answered - waiting);
-    if (!waited.ok()) {
-      if (first_error.ok()) first_error = RemoteAttentionFailure(g.service, waited);
-      continue;
-    }
-    for (size_t i = 0; i < g.rows.size(); ++i) {
-      std::memcpy(&pass.attn[g.rows[i] * q_out], &g.out[i * q_out], q_out * sizeof(float));
-    }
-  }
-  return first_error;
 }
 
 absl::Status CpuBackend::BeginLayer(Pass& pass, int32_t l) {
@@ -504,7 +426,7 @@ absl::Status CpuBackend::BeginLayer(Pass& pass, int32_t l) {
                           inv_freq_.data());
   // CPU-resident sequences' attention runs at their services while ours
   // runs here.
-  absl::Status remote = StartRemoteAttention(pass, l);
+  absl::Status remote = pass.remote.Start(l, numeric::DType::kF32, q, qkv_width);
   if (!pass.local_seqs.empty()) {
     kernels::cpu::AppendKv(LayerKv(l), k, qkv_width, v, qkv_width, pass.slots.data(), total);
   }
@@ -535,7 +457,10 @@ void CpuBackend::AttendLocal(Pass& pass, int32_t l) {
 }
 
 absl::Status CpuBackend::EndLayer(Pass& pass, int32_t l) {
-  TRIDENT_RETURN_IF_ERROR(FinishRemoteAttention(pass));
+  TRIDENT_RETURN_IF_ERROR(pass.remote.Finish(remote_timeout(), numeric::DType::kF32,
+                                             pass.attn.data(),
+                                             int64_t{config_.num_attention_heads} * config_.head_dim,
+                                             remote_timing_));
   const int64_t h = config_.hidden_size;
   const int64_t inter = config_.intermediate_size;
   const float eps = config_.rms_norm_eps;

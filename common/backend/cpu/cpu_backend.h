@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/model_backend.h"
+#include "common/backend/remote_rows.h"
 #include "common/kv/kv_cache.h"
 #include "common/model/config.h"
 #include "common/numeric/dtype.h"
@@ -85,16 +86,6 @@ class CpuBackend : public ModelBackend {
 
   // The step's state for one pass over the layers: the whole batch, or one
   // of the two sub-batches of a pipelined step (StepSequence::sub_batch).
-  struct RemoteGroup {
-    transport::attention::RemoteAttention* service = nullptr;
-    std::vector<int64_t> rows;
-    std::vector<uint64_t> handles;
-    std::vector<int32_t> positions;
-    std::vector<float> q, k, v, out;  // Gathered rows; o before the scatter.
-    transport::attention::RemoteAttention::Ticket ticket = 0;
-    bool started = false;
-    absl::Time started_at;
-  };
   struct Pass {
     std::vector<StepSequence> batch;
     // Per sequence of `batch` with want_logits: its row in the caller's
@@ -105,9 +96,9 @@ class CpuBackend : public ModelBackend {
     // The pass's sequences as the attention kernel sees them: all of them
     // (batch order), and those resident here.
     std::vector<kernels::cpu::AttentionSequence> seqs, local_seqs;
-    // Its CPU-resident sequences grouped by service (one request per
-    // service and layer), with their rows, handles and positions.
-    std::vector<RemoteGroup> remote_groups;
+    // Its CPU-resident rows, grouped by service (one request per service
+    // and layer).
+    RemoteRows remote;
     // Activations, grown as needed.
     std::vector<float> x, hn, qkv, attn, tmp, gate_up, act, last, logits;
     std::vector<int32_t> positions;
@@ -127,12 +118,7 @@ class CpuBackend : public ModelBackend {
   void AttendLocal(Pass& pass, int32_t layer);
   absl::Status EndLayer(Pass& pass, int32_t layer);
   void Head(Pass& pass, float* logits);
-  // A layer's attention for the pass's CPU-resident sequences: their q, k,
-  // v rows go to their services (one request each), whose answers land in
-  // their rows of attn.
-  absl::Status StartRemoteAttention(Pass& pass, int32_t layer);
   kernels::cpu::PagedKv LayerKv(int32_t layer) const;
-  absl::Status FinishRemoteAttention(Pass& pass);
 
   CpuBackend() = default;
   absl::Status Load(const std::string& model_dir);

@@ -1,0 +1,123 @@
+#include "common/backend/remote_rows.h"
+
+#include <algorithm>
+#include <cstring>
+
+
+namespace trident::backend {
+namespace {
+
+using numeric::DType;
+
+// Converts n elements of `dtype` at `src` to f32.
+void ToF32(DType dtype, const void* src, float* dst, int64_t n) {
+  numeric::ToFloat(dtype, src, dst, static_cast<size_t>(n));
+}
+
+void FromF32(const float* src, DType dtype, void* dst, int64_t n) {
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    numeric::FloatToBf16(src, static_cast<uint16_t*>(dst), static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
+void RemoteRows::Clear() {
+  for (Group& g : groups_) {
+    g.rows.clear();
+    g.handles.clear();
+    g.positions.clear();
+    g.started = false;
+  }
+  num_rows_ = 0;
+}
+
+void RemoteRows::Add(const RemoteKv& remote, int32_t position, int64_t row) {
+  auto group = std::find_if(groups_.begin(), groups_.end(),
+                            [&](const Group& g) { return g.service == remote.service; });
+  if (group == groups_.end()) {
+    // Reuse a group whose service this step does not use.
+    group = std::find_if(groups_.begin(), groups_.end(),
+                         [](const Group& g) { return g.rows.empty(); });
+    if (group == groups_.end()) {
+      groups_.emplace_back();
+      group = groups_.end() - 1;
+    }
+    group->service = remote.service;
+  }
+  group->rows.push_back(row);
+  group->handles.push_back(remote.handle);
+  group->positions.push_back(position);
+  ++num_rows_;
+}
+
+absl::Status RemoteRows::Start(int32_t layer, DType dtype, const void* qkv, int64_t qkv_stride) {
+  const int64_t q_out = int64_t{shape_.num_q_heads} * shape_.head_dim;
+  const int64_t kv_out = int64_t{shape_.num_kv_heads} * shape_.head_dim;
+  const size_t element = numeric::ElementSize(dtype);
+  for (Group& g : groups_) {
+    if (g.rows.empty()) continue;
+    const int64_t n = static_cast<int64_t>(g.rows.size());
+    g.q.resize(n * q_out);
+    g.k.resize(n * kv_out);
+    g.v.resize(n * kv_out);
+    g.out.resize(n * q_out);
+    for (int64_t i = 0; i < n; ++i) {
+      const char* row = static_cast<const char*>(qkv) + g.rows[i] * qkv_stride * element;
+      ToF32(dtype, row, &g.q[i * q_out], q_out);
+      ToF32(dtype, row + q_out * element, &g.k[i * kv_out], kv_out);
+      ToF32(dtype, row + (q_out + kv_out) * element, &g.v[i * kv_out], kv_out);
+    }
+    transport::attention::AttentionCall call{.layer = layer,
+                                             .num_q_heads = shape_.num_q_heads,
+                                             .num_kv_heads = shape_.num_kv_heads,
+                                             .head_dim = shape_.head_dim,
+                                             .dtype = shape_.wire,
+                                             .handles = g.handles,
+                                             .positions = g.positions,
+                                             .q = g.q.data(),
+                                             .q_stride = q_out,
+                                             .k = g.k.data(),
+                                             .k_stride = kv_out,
+                                             .v = g.v.data(),
+                                             .v_stride = kv_out,
+                                             .out = g.out.data(),
+                                             .out_stride = q_out};
+    g.started_at = absl::Now();
+    absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket = g.service->Start(call);
+    if (!ticket.ok()) return RemoteAttentionFailure(g.service, ticket.status());
+    g.ticket = *ticket;
+    g.started = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteRows::Finish(absl::Duration timeout, DType dtype, void* out, int64_t out_stride,
+                                RemoteAttentionTiming& timing) {
+  const int64_t q_out = int64_t{shape_.num_q_heads} * shape_.head_dim;
+  const size_t element = numeric::ElementSize(dtype);
+  absl::Status first_error;
+  for (Group& g : groups_) {
+    if (!g.started) continue;
+    g.started = false;
+    const absl::Time waiting = absl::Now();
+    absl::Status waited = g.service->Wait(g.ticket, timeout);
+    const absl::Time answered = absl::Now();
+    ++timing.requests;
+    timing.round_trip_seconds += absl::ToDoubleSeconds(answered - g.started_at);
+    timing.exposed_seconds += absl::ToDoubleSeconds(answered - waiting);
+    if (!waited.ok()) {
+      if (first_error.ok()) first_error = RemoteAttentionFailure(g.service, waited);
+      continue;
+    }
+    for (size_t i = 0; i < g.rows.size(); ++i) {
+      FromF32(&g.out[i * q_out], dtype, static_cast<char*>(out) + g.rows[i] * out_stride * element,
+              q_out);
+    }
+  }
+  return first_error;
+}
+
+}  // namespace trident::backend
