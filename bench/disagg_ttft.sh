@@ -28,46 +28,16 @@ rate=${RATE:-0.5}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
-tool() {
-  if [[ -x "$bin/$1" ]]; then echo "$bin/$1"; elif [[ -x "$bin/$(basename "$1")" ]]; then
-    echo "$bin/$(basename "$1")"; else basename "$1"; fi
-}
+pids=()
+source "$(dirname "$0")/common.sh"
 if [[ ! -f "$model_dir/config.json" ]]; then
   "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
 fi
 fraction=0.9
 [[ "$prefill_device" == "$decode_device" ]] && fraction=0.44
 
-pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-
-# start NAME BINARY FLAGS...: runs a service on free ports and sets
-# PORT_<NAME> once it is serving.
-start() {
-  local name=$1 binary=$2
-  shift 2
-  local ready="$out/$name.ready"
-  rm -f "$ready"
-  "$binary" --host=127.0.0.1 --port=0 --metrics_port=0 --ready_fd=3 "$@" \
-      3>"$ready" >"$out/$name.log" 2>&1 &
-  pids+=($!)
-  local waited=0
-  until [[ -s "$ready" ]]; do
-    if ! kill -0 "${pids[-1]}" 2>/dev/null; then
-      echo "$name exited; its log:" >&2
-      tail -20 "$out/$name.log" >&2
-      exit 1
-    fi
-    sleep 0.5
-    waited=$((waited + 1))
-    if ((waited > 600)); then echo "$name not ready after 300 s" >&2; exit 1; fi
-  done
-  local port
-  port=$(sed -E 's/.*"grpc_port":([0-9]+).*/\1/' "$ready")
-  printf -v "PORT_${name}" '%s' "$port"
-  echo "$name serving on 127.0.0.1:$port" >&2
-}
 
 worker() {
   local name=$1 role=$2 device=$3
@@ -99,7 +69,7 @@ EOF
 echo "model $model_dir, prompt $prompt tokens, prefill on $prefill_device, decode on $decode_device"
 worker both both "$prefill_device" --kv_transport=none
 load colocated "$PORT_both" | tee "$out/colocated.summary"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
+stop
 
 read -r -a disagg_flags <<<"${DISAGG_FLAGS:-}"
 worker prefill prefill "$prefill_device" "${disagg_flags[@]}"

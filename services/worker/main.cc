@@ -35,6 +35,10 @@ ABSL_FLAG(int64_t, kv_cache_mb, 512, "CPU backend: host memory for the paged KV 
 ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "CUDA backend: share of the device's memory for weights, workspace and the KV cache "
           "(the KV cache gets what the rest leaves).");
+ABSL_FLAG(int32_t, gpu_kv_cache_tokens, 0,
+          "CUDA backend: cap the KV cache at this many tokens (0: whatever "
+          "--gpu_memory_fraction leaves); with --attention_services, sequences beyond it are "
+          "offloaded to the CPU instead of waiting.");
 ABSL_FLAG(bool, cuda_graphs, true,
           "CUDA backend: replay decode steps from CUDA graphs captured per batch-size bucket "
           "(false: launch every kernel every step).");
@@ -118,6 +122,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_device = device.kind == Device::Kind::kCuda ? device.ordinal : -1;
   model.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   model.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);
   model.model_name = absl::GetFlag(FLAGS_model_name);
   model.dtype = absl::GetFlag(FLAGS_dtype);
   model.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);

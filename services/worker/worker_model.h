@@ -26,6 +26,9 @@ struct WorkerModelOptions {
   int32_t cuda_device = -1;
   // CUDA: share of the device's memory for weights, workspace and KV cache.
   double gpu_memory_fraction = 0.9;
+  // CUDA: caps the KV cache at this many tokens (0: what the memory
+  // fraction leaves).
+  int32_t gpu_kv_cache_tokens = 0;
   // CUDA: replay decode steps from CUDA graphs.
   bool cuda_graphs = true;
   // Name reported by ModelInfo; empty: the directory's last component.

@@ -50,12 +50,19 @@ struct CudaBackendOptions {
   // Sample on the GPU (ForwardSample; kernels/cuda/sampling): only tokens
   // and logprobs cross to the host. False: logits go to the host sampler.
   bool device_sampling = true;
+  // Caps the KV pool at this many tokens (0: whatever the memory budget
+  // leaves), to serve a workload that does not fit (offload benchmarks).
+  int32_t kv_cache_tokens = 0;
   // Decode attention kernel variant (kernels/cuda/paged_decode_attention);
   // -1: its default.
   int32_t decode_variant = -1;
   // For load-progress reporting; nullptr means the real clock.
   Clock* clock = nullptr;
 };
+
+namespace cuda_internal {
+struct Impl;
+}  // namespace cuda_internal
 
 class CudaBackend : public ModelBackend {
  public:
@@ -77,6 +84,15 @@ class CudaBackend : public ModelBackend {
   // positions or block ids; INTERNAL for CUDA errors.
   absl::Status Forward(absl::Span<const StepSequence> batch, float* logits) override;
   bool samples_on_device() const override;
+  // CPU-resident sequences (StepSequence::remote): after each layer's RoPE
+  // their q/k/v rows are copied to the host and sent to their services,
+  // and their o comes back before the o projection; such steps run without
+  // graphs. A second sub-batch of them (sub_batch 1) runs interleaved with
+  // the first, layer by layer, so that its requests are in flight while
+  // the GPU runs the first's layer.
+  bool supports_remote_attention() const override { return true; }
+  bool supports_pipelining() const override { return true; }
+  RemoteAttentionTiming remote_attention_timing() const override;
   // Layer progress through cudaLaunchHostFunc after each layer's KV append.
   bool reports_layer_progress() const override { return true; }
   absl::Status ForwardSample(absl::Span<const StepSequence> batch,
@@ -86,9 +102,8 @@ class CudaBackend : public ModelBackend {
   const model::ModelConfig& config() const;
 
  private:
-  struct Impl;
-  explicit CudaBackend(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit CudaBackend(std::unique_ptr<cuda_internal::Impl> impl);
+  std::unique_ptr<cuda_internal::Impl> impl_;
 };
 
 }  // namespace trident::backend

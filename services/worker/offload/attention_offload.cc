@@ -43,8 +43,8 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
 absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
   TRIDENT_ASSIGN_OR_RETURN(memory_, backend_->kv_memory());
   if (memory_.device) {
-    return absl::InvalidArgumentError(
-        "offload copies KV from a host KV pool; this backend's pool is in device memory");
+    // Migrations stage each layer's blocks through host memory.
+    TRIDENT_ASSIGN_OR_RETURN(copier_, backend_->CreateKvCopier());
   }
   wire_dtype_ = memory_.spec.dtype == numeric::DType::kBF16 ? transport::attention::WireDType::kBF16
                                                             : transport::attention::WireDType::kF32;
@@ -272,16 +272,47 @@ absl::Status AttentionOffload::Move(engine::EngineCore& core,
   return absl::OkStatus();
 }
 
+absl::Status AttentionOffload::StageLayer(const engine::OffloadCandidate& candidate,
+                                          int32_t layer) {
+  const kv::KvCacheSpec& spec = memory_.spec;
+  const int32_t count = (candidate.num_computed + spec.block_size - 1) / spec.block_size;
+  block_data_.resize(count);
+  if (copier_ == nullptr) {
+    for (int32_t i = 0; i < count; ++i) {
+      block_data_[i] = static_cast<const char*>(memory_.base) +
+                       spec.KeyOffsetBytes(layer, candidate.blocks[i]);
+    }
+    return absl::OkStatus();
+  }
+  // A block's K and V of one layer are contiguous: one range per block.
+  ranges_.clear();
+  for (int32_t i = 0; i < count; ++i) {
+    ranges_.push_back({spec.KeyOffsetBytes(layer, candidate.blocks[i]), spec.block_stride_bytes()});
+  }
+  const size_t needed = static_cast<size_t>(count) * spec.block_stride_bytes();
+  if (staging_ == nullptr || staging_->size_bytes() < needed) {
+    staging_.reset();
+    TRIDENT_ASSIGN_OR_RETURN(staging_, copier_->AllocateHost(needed));
+  }
+  TRIDENT_RETURN_IF_ERROR(copier_->CopyToHost(ranges_, staging_->data()));
+  for (int32_t i = 0; i < count; ++i) {
+    block_data_[i] = staging_->data() + static_cast<size_t>(i) * spec.block_stride_bytes();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
                                       transport::attention::RemoteAttention& channel,
                                       uint64_t handle) {
   const kv::KvCacheSpec& spec = memory_.spec;
   const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
   const size_t element = spec.element_size_bytes();
-  const char* base = static_cast<const char*>(memory_.base);
   std::vector<transport::attention::RemoteAttention::Ticket> tickets;
-  for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
-    for (int32_t first = 0; first < candidate.num_computed; first += kMigrationChunkTokens) {
+  absl::Status first_error;
+  for (int32_t layer = 0; layer < spec.num_layers && first_error.ok(); ++layer) {
+    first_error = StageLayer(candidate, layer);
+    for (int32_t first = 0; first < candidate.num_computed && first_error.ok();
+         first += kMigrationChunkTokens) {
       const int32_t n = std::min(kMigrationChunkTokens, candidate.num_computed - first);
       k_rows_.resize(n * row);
       v_rows_.resize(n * row);
@@ -290,30 +321,35 @@ absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
       for (int32_t i = 0; i < n; ++i) {
         const int32_t p = first + i;
         positions_[i] = p;
-        const int32_t block = candidate.blocks[p / spec.block_size];
+        const char* block = block_data_[p / spec.block_size];
         const int32_t slot = p % spec.block_size;
         for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
           const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * element;
-          numeric::ToFloat(spec.dtype, base + spec.KeyOffsetBytes(layer, block) + within,
-                           &k_rows_[i * row + h * spec.head_dim], spec.head_dim);
-          numeric::ToFloat(spec.dtype, base + spec.ValueOffsetBytes(layer, block) + within,
+          numeric::ToFloat(spec.dtype, block + within, &k_rows_[i * row + h * spec.head_dim],
+                           spec.head_dim);
+          numeric::ToFloat(spec.dtype, block + spec.value_offset_bytes() + within,
                            &v_rows_[i * row + h * spec.head_dim], spec.head_dim);
         }
       }
-      TRIDENT_ASSIGN_OR_RETURN(auto ticket, channel.StartAppend({.layer = layer,
-                                                                 .num_kv_heads = spec.num_kv_heads,
-                                                                 .head_dim = spec.head_dim,
-                                                                 .dtype = wire_dtype_,
-                                                                 .handles = handles_,
-                                                                 .positions = positions_,
-                                                                 .k = k_rows_.data(),
-                                                                 .k_stride = row,
-                                                                 .v = v_rows_.data(),
-                                                                 .v_stride = row}));
-      tickets.push_back(ticket);
+      absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket =
+          channel.StartAppend({.layer = layer,
+                               .num_kv_heads = spec.num_kv_heads,
+                               .head_dim = spec.head_dim,
+                               .dtype = wire_dtype_,
+                               .handles = handles_,
+                               .positions = positions_,
+                               .k = k_rows_.data(),
+                               .k_stride = row,
+                               .v = v_rows_.data(),
+                               .v_stride = row});
+      if (ticket.ok()) {
+        tickets.push_back(*ticket);
+      } else {
+        first_error = ticket.status();
+      }
     }
   }
-  absl::Status first_error;
+  // Every append sent is waited for, even after a failure.
   for (auto ticket : tickets) {
     absl::Status waited = channel.Wait(ticket, options_.attention_timeout);
     if (first_error.ok()) first_error = waited;

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/backend/kv_copier.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/engine.h"
 #include "common/transport/attention/ucx_attention_client.h"
@@ -129,6 +130,10 @@ class AttentionOffload final : public engine::StepHook {
   // Admits `candidate` at `service`, copies its KV and moves it.
   absl::Status Move(engine::EngineCore& core, const engine::OffloadCandidate& candidate,
                     Service& service);
+  // Points block_data_[i] at block i of the candidate in `layer` (K, then
+  // V value_offset_bytes on), in host memory: the pool's own, or staged
+  // through copier_ for a device pool.
+  absl::Status StageLayer(const engine::OffloadCandidate& candidate, int32_t layer);
   // Copies positions [0, num_computed) of the candidate's KV to `handle`.
   absl::Status CopyKv(const engine::OffloadCandidate& candidate,
                       transport::attention::RemoteAttention& channel, uint64_t handle);
@@ -155,7 +160,12 @@ class AttentionOffload final : public engine::StepHook {
   BackendCosts backend_costs_;
   StepCosts step_costs_;
   StepShape shape_;
+  // A device pool's copier (null for a host pool) and its staging.
+  std::unique_ptr<backend::KvCopier> copier_;
+  std::unique_ptr<backend::HostBuffer> staging_;
   // Scratch of CopyKv (engine loop thread only).
+  std::vector<const char*> block_data_;
+  std::vector<backend::KvRange> ranges_;
   std::vector<float> k_rows_, v_rows_;
   std::vector<uint64_t> handles_;
   std::vector<int32_t> positions_;

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# NEO-style offload end to end on one GPU: a worker (role both) whose KV
+# pool is capped to hold CAP sequences serves 2 x CAP requests that arrive
+# at once, GPU-only (the rest wait for blocks) and with a CPU attention
+# service on this host taking the sequences the pool cannot hold
+# (asymmetric pipelining, --offload_pipeline). Same model, same run, per
+# cap: output tokens/s, TPOT, goodput and how many requests met the TPOT
+# SLO; the service's measured attention bandwidth; and the ideal gain that
+# bandwidth allows: 1 + (CPU KV bytes per step it can hide under a
+# GPU-only step) / (GPU KV bytes per step).
+#
+#   bench/offload.sh [MODEL_DIR] [DEVICE]
+#
+# MODEL_DIR (default /tmp/llama3-8b) is written with make_model's llama3-8b
+# preset (random bf16 weights) when it has no config.json. Environment:
+# CAPS (sequences the GPU pool holds, "2 4 8"), PROMPT_TOKENS (2048),
+# OUTPUT_TOKENS (128), TPOT_SLO_MS (50), PIPELINE (auto), ATTN_THREADS (12),
+# OUT, BIN_DIR.
+set -euo pipefail
+model_dir=${1:-/tmp/llama3-8b}
+device=${2:-cuda:0}
+caps=${CAPS:-2 4 8}
+prompt=${PROMPT_TOKENS:-2048}
+output=${OUTPUT_TOKENS:-128}
+slo=${TPOT_SLO_MS:-50}
+pipeline=${PIPELINE:-auto}
+threads=${ATTN_THREADS:-12}
+out=${OUT:-$(mktemp -d)}
+bin=${BIN_DIR:-bazel-bin}
+mkdir -p "$out"
+pids=()
+source "$(dirname "$0")/common.sh"
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+if [[ ! -f "$model_dir/config.json" ]]; then
+  "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
+fi
+# Per token of context: K and V of every layer, bf16.
+kv_per_token=$(python3 -c "
+import json; c = json.load(open('$model_dir/config.json'))
+hd = c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']
+print(c['num_hidden_layers'] * 2 * c['num_key_value_heads'] * hd * 2)")
+max_len=$((prompt + output + 16))
+per_seq=$(((max_len + 15) / 16 * 16))
+
+run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.json
+  local label=$1 cap=$2
+  shift 2
+  start worker "$(tool services/worker/worker)" --model="$model_dir" --role=both \
+      --device="$device" --worker_id="$label" --gpu_kv_cache_tokens=$((cap * per_seq)) \
+      --max_model_len="$max_len" --max_batch_tokens="$((prompt * 2))" "$@"
+  "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_worker" --rate=1000 \
+      --num_requests=$((2 * cap)) --prompt_tokens="fixed:$prompt" \
+      --output_tokens="fixed:$output" --tpot_slo_ms="$slo" --seed=1 --progress=false \
+      --json_out="$out/$label.json" >"$out/$label.txt" 2>&1
+  for m in trident_worker_offload_decisions_total trident_worker_pipelined_steps_total \
+      trident_worker_cpu_attention_seconds_total trident_worker_cpu_attention_exposed_seconds_total; do
+    echo "$m $(metric "$METRICS_worker" "$m")"
+  done >"$out/$label.metrics"
+  stop
+}
+
+echo "model $model_dir on $device; $prompt-token prompts, $output output tokens, TPOT SLO $slo ms"
+for cap in $caps; do
+  run "gpu-$cap" "$cap"
+  start attention "$(tool services/attention/attention)" --kv_budget_mb=$((4 * cap * per_seq * kv_per_token >> 20)) \
+      --threads="$threads"
+  run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
+      --offload_min_context_tokens=0 --offload_pipeline="$pipeline"
+  for m in trident_attention_bytes_read_total trident_attention_kernel_seconds_sum \
+      trident_attention_requests_total; do
+    echo "$m $(metric "$METRICS_attention" "$m")"
+  done >"$out/attention-$cap.metrics"
+  stop
+  python3 - "$out" "$cap" "$prompt" "$output" "$kv_per_token" <<'PY'
+import json, sys
+out, cap, prompt, output, kv_tok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+def load(label):
+    r = json.load(open(f"{out}/{label}.json"))
+    m = dict(l.split() for l in open(f"{out}/{label}.metrics"))
+    return r, {k: float(v) for k, v in m.items()}
+def metrics(path):
+    return {k: float(v) for k, v in (l.split() for l in open(path))}
+g, gm = load(f"gpu-{cap}")
+o, om = load(f"offload-{cap}")
+a = metrics(f"{out}/attention-{cap}.metrics")
+for label, r in (("gpu-only", g), ("offload", o)):
+    q, t = r["requests"], r["throughput"]
+    tpot = r["latency_ms"]["tpot"]
+    print(f"cap {cap:3d} {label:>9}: {t['output_tokens_per_s']:8.1f} output tok/s, TPOT p50 "
+          f"{tpot['p50']:6.1f} p90 {tpot['p90']:6.1f} ms, goodput {t['goodput_rps']:.3f} req/s, "
+          f"TPOT SLO met {r['slo']['met']}/{2 * cap}, completed {q['completed']}, failed {q['failed']}")
+cpu_bw = a["trident_attention_bytes_read_total"] / max(a["trident_attention_kernel_seconds_sum"], 1e-9)
+# GPU-only: `cap` sequences decode per step at mean context prompt + output/2.
+ctx = prompt + output / 2
+step = g["latency_ms"]["tpot"]["p50"] / 1e3
+gpu_bytes = cap * ctx * kv_tok
+hidden = min(cap * ctx * kv_tok, cpu_bw * step)
+ideal = 1 + hidden / gpu_bytes
+gain = o["throughput"]["output_tokens_per_s"] / max(g["throughput"]["output_tokens_per_s"], 1e-9)
+hid = 1 - om.get("trident_worker_cpu_attention_exposed_seconds_total", 0) / max(
+    om.get("trident_worker_cpu_attention_seconds_total", 0), 1e-9)
+print(f"cap {cap:3d}: offload/GPU-only {gain:.2f}x, ideal {ideal:.2f}x -> {gain / ideal:.2f} of ideal; "
+      f"service attention {cpu_bw / 1e9:.1f} GB/s; {int(om.get('trident_worker_offload_decisions_total', 0))} "
+      f"offload decisions, {int(om.get('trident_worker_pipelined_steps_total', 0))} pipelined steps, "
+      f"CPU attention hidden {100 * hid:.0f}%")
+PY
+done
+echo "logs and reports in $out"

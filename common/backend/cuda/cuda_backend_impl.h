@@ -1,0 +1,305 @@
+// The CUDA backend's state and step machinery (cuda_backend.h has the
+// contract). Private to the package: cuda_backend.cc loads the model and
+// sizes the memory; cuda_step.cc stages and enqueues forward steps.
+//
+// A step's sequences are split into passes (sub-batches). Pass 0 carries
+// every sequence unless the step is pipelined, when pass 1 carries the
+// CPU-resident sequences marked sub_batch 1. Within a pass, the sequences
+// whose KV is resident here come first and the CPU-resident ones last, so
+// that their rows form one contiguous slab: after each layer's RoPE the
+// slab's q/k/v go to pinned host memory in one copy, and their attention
+// outputs come back in one copy.
+
+#ifndef TRIDENT_COMMON_BACKEND_CUDA_CUDA_BACKEND_IMPL_H_
+#define TRIDENT_COMMON_BACKEND_CUDA_CUDA_BACKEND_IMPL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/backend/cuda/cuda_backend.h"
+#include "common/backend/cuda/sampling_batch.h"
+#include "common/backend/remote_rows.h"
+#include "common/kv/kv_layout.h"
+#include "common/model/checkpoint.h"
+#include "common/model/load_progress.h"
+#include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
+
+namespace trident::backend::cuda_internal {
+
+namespace kc = ::trident::kernels::cuda;
+
+inline absl::Status CudaCheck(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(err)));
+}
+
+// Owns one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  absl::Status Allocate(size_t bytes, const char* what) {
+    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) {
+      ptr_ = nullptr;
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of device memory for ", what));
+    }
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Owns one page-locked host allocation.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  absl::Status Allocate(size_t bytes, const char* what) {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    if (cudaMallocHost(&ptr_, bytes) != cudaSuccess) {
+      ptr_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory for ", what));
+    }
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Step metadata, host and device alike: slots [T] int64; tokens, positions
+// [T] int32; logit rows, context lens, query lens, query starts [S] int32;
+// then the block tables, [S][table_stride] int32 with a per-step stride.
+// Only the used prefix is copied each step.
+struct MetaView {
+  int64_t* slots = nullptr;
+  int32_t* tokens = nullptr;
+  int32_t* positions = nullptr;
+  int32_t* rows = nullptr;
+  int32_t* context_lens = nullptr;
+  int32_t* query_lens = nullptr;
+  int32_t* query_starts = nullptr;
+  int32_t* tables = nullptr;
+};
+MetaView ViewMeta(void* base, int64_t max_tokens, int64_t max_seqs);
+size_t MetaBytes(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_seq);
+
+// The shape of one pass's device work: everything the enqueueing needs that
+// is not in the metadata buffer.
+struct StepShape {
+  int64_t total = 0;  // token rows
+  int32_t num_seqs = 0;
+  // Sequences [0, local_seqs) and rows [0, local_tokens) are resident here;
+  // rows [local_tokens, total) are CPU-resident (one per sequence).
+  int32_t local_seqs = 0;
+  int64_t local_tokens = 0;
+  bool all_decode = false;  // every resident sequence runs one token
+  int32_t max_query = 0;
+  int32_t table_stride = 0;
+  kc::DecodePlan plan;
+  int64_t head_rows = 0;  // rows of logits
+  bool gather = false;    // head rows are meta.rows of the token rows
+  int64_t remote_rows() const { return total - local_tokens; }
+};
+
+// One pass's activations, metadata and CPU-resident rows.
+struct Pass {
+  // Capacity: passes[0] takes max_batch_tokens, passes[1] (decode rows
+  // only) max_batch_sequences.
+  int64_t max_tokens = 0;
+  int64_t max_seqs = 0;
+  DeviceBuffer residual;          // f32 [T][hidden]
+  DeviceBuffer qkv32, gate_up32;  // f32 projections
+  DeviceBuffer hn, qkv, attn, tmp, act;  // bf16
+  DeviceBuffer meta;
+  PinnedBuffer host_meta;
+  MetaView hmeta, dmeta;
+  // This step's sequences (indices into the caller's batch) in pass order:
+  // those resident here first.
+  std::vector<int32_t> order;
+  StepShape shape;
+  // The CPU-resident rows: their q/k/v (bf16 qkv rows) land in
+  // host_remote_qkv once qkv_ready fires; their o (bf16) goes back from
+  // host_remote_o.
+  RemoteRows remote;
+  PinnedBuffer host_remote_qkv, host_remote_o;
+  cudaEvent_t qkv_ready = nullptr;
+  // First row of the shared logits buffer that this pass's head writes.
+  int64_t logits_row0 = 0;
+
+  ~Pass() {
+    if (qkv_ready != nullptr) cudaEventDestroy(qkv_ready);
+  }
+};
+
+struct Impl {
+  // The engine's layer observer during a forward with one; null otherwise.
+  const std::function<void(int32_t)>* layer_observer = nullptr;
+  // cudaLaunchHostFunc payloads: (this, layer) for each layer.
+  std::vector<std::pair<Impl*, int32_t>> layer_marks;
+  static void CUDART_CB LayerDone(void* mark);
+
+  model::ModelConfig config;
+  CudaBackendOptions options;
+  int32_t max_model_len = 0;
+  int32_t num_sms = 132;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<kc::Gemm> gemm;
+
+  struct Layer {
+    DeviceBuffer input_norm, post_norm;                      // f32 [hidden]
+    DeviceBuffer qkv, o, gate_up, down;                      // bf16
+    DeviceBuffer qkv_bias, o_bias, gate_up_bias, down_bias;  // f32 (the GEMM output type)
+  };
+  std::vector<Layer> layers;
+  // [vocab][hidden], f32 when the checkpoint stores it in f32 (lookups read
+  // one row per token, so keeping it exact costs no bandwidth), else bf16.
+  DeviceBuffer embedding;
+  bool f32_embedding = false;
+  DeviceBuffer lm_head;     // bf16 [vocab][hidden]; empty when tied to a bf16 embedding
+  DeviceBuffer final_norm;  // f32 [hidden]
+  DeviceBuffer inv_freq;    // f32 [head_dim / 2]
+  // The pool holds num_blocks + 1 blocks; the last is the scratch block that
+  // padding sequences of a graph-replayed step write.
+  kv::KvCacheSpec kv_spec;
+  int32_t scratch_block = 0;
+  DeviceBuffer kv_pool;
+
+  Pass passes[2];
+  int num_passes = 1;
+  // Row r of this step's logits (pass order) is the caller's wanted row
+  // row_origin[r].
+  std::vector<int32_t> row_origin;
+  DeviceBuffer last, logits;  // bf16 [S][hidden], f32 [S][vocab]
+  DeviceBuffer decode_workspace;
+  PinnedBuffer host_logits;
+
+  // CPU-resident sequences' attention: the wait for an answer, and totals.
+  absl::Duration remote_timeout = absl::Seconds(5);
+  RemoteAttentionTiming remote_timing;
+
+  // GPU sampling: per-row parameters and penalty lists (pinned staging and
+  // device copies, grown on demand), the sampler's workspace and outputs.
+  SamplingBatchBuilder sample_batch;
+  DeviceBuffer sample_ws;
+  DeviceBuffer sample_in;  // rows, then seen tokens, then output counts
+  PinnedBuffer host_sample_in;
+  DeviceBuffer sample_out;  // tokens [S], logprobs [S], top ids / logprobs [S][20]
+  PinnedBuffer host_sample_out;
+
+  // Decode graphs by (padded batch, splits, table stride).
+  std::map<std::tuple<int32_t, int32_t, int32_t>, cudaGraphExec_t> graphs;
+
+  ~Impl() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
+    return kc::PlanDecodeVariant(
+        batch, config.num_key_value_heads, config.head_dim, max_context, num_sms,
+        options.decode_variant >= 0 ? options.decode_variant : kc::kDefaultDecodeVariant);
+  }
+  const void* head() const { return lm_head.get() != nullptr ? lm_head.get() : embedding.get(); }
+  int64_t q_out() const { return int64_t{config.num_attention_heads} * config.head_dim; }
+  int64_t kv_out() const { return int64_t{config.num_key_value_heads} * config.head_dim; }
+  int64_t qkv_width() const { return q_out() + 2 * kv_out(); }
+
+  // Loading (cuda_backend.cc).
+  absl::Status Load(const std::string& dir);
+  absl::Status UploadBf16(model::Checkpoint& ckpt, const std::vector<std::string>& names,
+                          DeviceBuffer* out, model::LoadProgress& progress);
+  absl::Status UploadF32(model::Checkpoint& ckpt, const std::vector<std::string>& names,
+                         DeviceBuffer* out, model::LoadProgress& progress);
+  absl::Status AllocateWorkspaceAndKv();
+  absl::Status AllocatePass(Pass& pass, int64_t max_tokens, int64_t max_seqs);
+
+  // Steps (cuda_step.cc).
+  // Validates the batch, splits it into passes, stages their metadata and
+  // enqueues the step (graph replay, launches, or layer by layer with the
+  // CPU-resident rows' requests); returns the number of logit rows, in
+  // pass order (row_origin maps them to the caller's).
+  absl::StatusOr<int64_t> Run(absl::Span<const StepSequence> batch);
+  absl::Status Forward(absl::Span<const StepSequence> batch, float* logits_out);
+  absl::Status ForwardSample(absl::Span<const StepSequence> batch,
+                             absl::Span<const RowSampling> rows,
+                             absl::Span<sampling::SampledToken> out);
+  absl::Status StageSampling(absl::Span<const RowSampling> rows, size_t* in_bytes,
+                             size_t* seen_at, size_t* counts_at);
+  absl::Status Validate(const StepSequence& s) const;
+  absl::Status Split(absl::Span<const StepSequence> batch);
+  // Fills the pass's metadata and shape; `graphable`: a decode step with
+  // no CPU-resident rows may be padded for a graph.
+  absl::StatusOr<bool> Stage(Pass& pass, absl::Span<const StepSequence> batch, bool graphable);
+  // A whole step of one pass from its device metadata.
+  absl::Status Enqueue(Pass& pass);
+  // Its parts: the embedding; a layer up to the attention (norm, qkv, RoPE,
+  // the resident rows' KV append, the CPU-resident rows' copy to the host);
+  // the resident rows' paged attention; the rest of the layer (the
+  // CPU-resident rows' o copied in, o projection, MLP); the head.
+  absl::Status EnqueueEmbedding(Pass& pass);
+  absl::Status EnqueuePreAttention(Pass& pass, int32_t layer);
+  absl::Status EnqueueLocalAttention(Pass& pass, int32_t layer);
+  absl::Status EnqueuePostAttention(Pass& pass, int32_t layer);
+  absl::Status EnqueueHead(Pass& pass);
+  absl::Status Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows);
+  // Layer by layer with the passes' remote requests (and, with two passes,
+  // pass 1's requests in flight while pass 0's layer runs).
+  absl::Status RunLayers();
+  absl::Status SendRemote(Pass& pass, int32_t layer);
+  absl::Status ReceiveRemote(Pass& pass);
+  // Replays (capturing on first use) the decode graph for passes[0].
+  absl::Status LaunchGraph(Pass& pass);
+};
+
+}  // namespace trident::backend::cuda_internal
+
+#endif  // TRIDENT_COMMON_BACKEND_CUDA_CUDA_BACKEND_IMPL_H_
