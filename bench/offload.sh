@@ -87,9 +87,11 @@ a = metrics(f"{out}/attention-{cap}.metrics")
 for label, r in (("gpu-only", g), ("offload", o)):
     q, t = r["requests"], r["throughput"]
     tpot = r["latency_ms"]["tpot"]
+    ttft = r["latency_ms"]["ttft"]
     print(f"cap {cap:3d} {label:>9}: {t['output_tokens_per_s']:8.1f} output tok/s, TPOT p50 "
-          f"{tpot['p50']:6.1f} p90 {tpot['p90']:6.1f} ms, goodput {t['goodput_rps']:.3f} req/s, "
-          f"TPOT SLO met {r['slo']['met']}/{2 * cap}, completed {q['completed']}, failed {q['failed']}")
+          f"{tpot['p50']:6.1f} p90 {tpot['p90']:6.1f} ms, TTFT p50 {ttft['p50']:7.1f} p90 "
+          f"{ttft['p90']:7.1f} ms, goodput {t['goodput_rps']:.3f} req/s, TPOT SLO met "
+          f"{r['slo']['met']}/{2 * cap}, completed {q['completed']}, failed {q['failed']}")
 cpu_bw = a["trident_attention_bytes_read_total"] / max(a["trident_attention_kernel_seconds_sum"], 1e-9)
 # GPU-only: `cap` sequences decode per step at mean context prompt + output/2.
 ctx = prompt + output / 2

@@ -132,9 +132,10 @@ struct DecodeAttentionOptions {
 // calling thread and releases the tiles before it returns.
 class DecodeAttention {
  public:
-  // Validates `options` and allocates all scratch. kAuto picks kAmx or
-  // kAvx512Bf16 or kAvx2, the best the CPU has (AMX only where it measured
-  // faster than AVX512-BF16, see the .cc); a forced ISA is used as given.
+  // Validates `options` and allocates all scratch. kAuto picks kAmx (when
+  // the CPU has it and the kernel grants the tile permission; it measured
+  // faster than AVX512-BF16, see the .cc), else kAvx512Bf16, else kAvx2; a
+  // forced ISA is used as given.
   //
   // kInvalidArgument naming the field for a non-positive limit or a head_dim
   // limit not a multiple of 16 or above 256; kFailedPrecondition when the CPU
