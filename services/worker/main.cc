@@ -99,6 +99,10 @@ ABSL_FLAG(std::string, offload_pipeline, "auto",
           "sub-batch of CPU-resident sequences whose attention runs at the service while this "
           "worker computes the first). auto: each step as the cost tables measured at start-up "
           "say is fastest; always: every CPU-resident sequence in the second sub-batch; never.");
+ABSL_FLAG(bool, offload_keep_throughput, false,
+          "With --attention_services: move a sequence to a service only while the start-up "
+          "cost tables say the decode step keeps its throughput with it (the step with one "
+          "sequence more no slower per sequence); the rest wait for blocks as without offload.");
 ABSL_FLAG(absl::Duration, attention_timeout, absl::Seconds(5),
           "How long a decode step waits for an attention service before its sequences come back "
           "here and are recomputed.");
@@ -149,6 +153,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.offload_policy.max_moves = absl::GetFlag(FLAGS_offload_max_moves_per_step);
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
+  options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
   return options;
 }
 

@@ -145,6 +145,7 @@ absl::Status WorkerServer::StartOffload() {
   offload.policy = options_.offload_policy;
   offload.attention_timeout = options_.attention_timeout;
   TRIDENT_ASSIGN_OR_RETURN(offload.pipeline, ParsePipelineMode(options_.offload_pipeline));
+  offload.keep_throughput = options_.offload_keep_throughput;
   TRIDENT_ASSIGN_OR_RETURN(offload_,
                            AttentionOffload::Create(std::move(offload), ucx_.get(),
                                                     &model_->engine->backend_for_setup()));

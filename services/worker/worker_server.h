@@ -106,6 +106,8 @@ struct WorkerServerOptions {
   OffloadPolicyOptions offload_policy;
   // auto, always or never (--offload_pipeline).
   std::string offload_pipeline = "auto";
+  // AttentionOffloadOptions::keep_throughput (--offload_keep_throughput).
+  bool offload_keep_throughput = false;
   // The longest a decode step waits for a service's answer before its
   // sequences are recomputed here.
   absl::Duration attention_timeout = absl::Seconds(5);

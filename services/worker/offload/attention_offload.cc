@@ -230,11 +230,20 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   const engine::EngineStats stats = core.stats();
   const std::vector<std::string> chosen =
       ChooseOffloads(candidates, {stats.blocks_free, stats.blocks_total}, options_.policy);
+  // The last planned step, grown by each move made here.
+  StepShape next = shape_;
   for (const std::string& id : chosen) {
     Service* service = PickService();
     if (service == nullptr) return;  // None connected: everything stays here.
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
                                         [&](const auto& c) { return c.id == id; });
+    if (options_.keep_throughput &&
+        !MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate->num_computed)) {
+      absl::MutexLock lock(&mu_);
+      ++stats_.moves_held;
+      continue;
+    }
+    next.cpu_contexts.push_back(candidate->num_computed);
     absl::Status moved = Move(core, *candidate, *service);
     if (!moved.ok()) {
       TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << moved;

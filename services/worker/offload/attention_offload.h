@@ -61,6 +61,10 @@ struct AttentionOffloadOptions {
   // kAuto plans each step from cost tables measured at start-up (the
   // backend's, and each service's at its first connection).
   PipelineMode pipeline = PipelineMode::kAuto;
+  // Move a sequence only while the cost tables say the step keeps its
+  // throughput with it (MoveKeepsThroughput); the rest wait for blocks as
+  // without offload. Off: every sequence the policy chooses moves.
+  bool keep_throughput = false;
   // Deadline of each control RPC (Connect, AdmitSequence, ReleaseSequence),
   // and the longest a layer waits for a service's answer.
   absl::Duration rpc_timeout = absl::Seconds(5);
@@ -72,6 +76,7 @@ struct AttentionOffloadStats {
   int32_t services_connected = 0;
   int64_t moves = 0;            // Sequences moved to a service.
   int64_t move_failures = 0;    // Moves that did not happen (budget, failures).
+  int64_t moves_held = 0;       // Moves keep_throughput refused.
   int64_t releases = 0;         // Service copies released.
   int64_t migrated_tokens = 0;  // KV tokens copied by moves.
   int64_t planned_steps = 0;    // Steps with CPU-resident sequences planned.

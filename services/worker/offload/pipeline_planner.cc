@@ -115,4 +115,16 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
   return plan;
 }
 
+bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
+                         int64_t context) {
+  const double sequences =
+      static_cast<double>(shape.local_tokens) + static_cast<double>(shape.cpu_contexts.size());
+  if (costs.cpu_attention.empty() || costs.linear.empty() || sequences == 0) return true;
+  const double before = PlanPipeline(shape, costs, mode).planned_seconds;
+  StepShape after_shape = shape;
+  after_shape.cpu_contexts.push_back(context);
+  const double after = PlanPipeline(after_shape, costs, mode).planned_seconds;
+  return after * sequences <= before * (sequences + 1);
+}
+
 }  // namespace trident::worker

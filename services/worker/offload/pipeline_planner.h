@@ -88,6 +88,15 @@ struct PipelinePlan {
 
 PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, PipelineMode mode);
 
+// Whether one more CPU-resident sequence of `context` tokens keeps the
+// step's throughput: a sequence moved out lets a waiting one take its
+// blocks, so the batch grows by one; the move pays when the planned step
+// with it, per sequence, is no slower than the planned step without it
+// ((B + 1) sequences in `after` seconds against B in `before`). True when
+// the costs were not measured (nothing to judge by) or the batch is empty.
+bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
+                         int64_t context);
+
 }  // namespace trident::worker
 
 #endif  // TRIDENT_SERVICES_WORKER_OFFLOAD_PIPELINE_PLANNER_H_

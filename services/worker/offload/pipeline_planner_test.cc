@@ -108,5 +108,38 @@ TEST(PipelinePlannerTest, ThePlanIsNeverWorseThanTheSequentialEstimate) {
   }
 }
 
+TEST(MoveKeepsThroughputTest, MovesOnlyWhatTheStepCanCarry) {
+  // 8 resident decode rows of 2k context; the compute-bound backend's
+  // layer is ~2.4 ms, and the service attends 1k tokens in 0.17 ms.
+  StepShape shape;
+  shape.local_tokens = 8;
+  shape.local_context_tokens = 8 * 2048;
+  const StepCosts fast = ComputeBound();
+  // A 2k-token sequence (~0.4 ms at the service) hides under the layer.
+  EXPECT_TRUE(MoveKeepsThroughput(shape, fast, PipelineMode::kAuto, 2048));
+  // A 64k-token one (~10 ms) would stretch the step far past 9/8 of it.
+  EXPECT_FALSE(MoveKeepsThroughput(shape, fast, PipelineMode::kAuto, 65536));
+  // A service ten times slower cannot carry even the short one.
+  StepCosts slow = fast;
+  slow.cpu_attention = CostCurve({{0, 0.2 * kMs}, {1000, 1.7 * kMs}});
+  EXPECT_FALSE(MoveKeepsThroughput(shape, slow, PipelineMode::kAuto, 2048));
+  // Each move counts the ones before it: the CPU share fills up.
+  int moved = 0;
+  while (moved < 100 && MoveKeepsThroughput(shape, fast, PipelineMode::kAuto, 2048)) {
+    shape.cpu_contexts.push_back(2048);
+    ++moved;
+  }
+  std::printf("2k-token sequences the compute-bound step carries beside 8 resident: %d\n", moved);
+  EXPECT_GT(moved, 0);
+  EXPECT_LT(moved, 100);
+}
+
+TEST(MoveKeepsThroughputTest, WithoutMeasuredCostsEveryMoveIsAllowed) {
+  StepShape shape;
+  shape.local_tokens = 4;
+  EXPECT_TRUE(MoveKeepsThroughput(shape, StepCosts{}, PipelineMode::kAuto, 1 << 20));
+  EXPECT_TRUE(MoveKeepsThroughput(StepShape{}, ComputeBound(), PipelineMode::kAuto, 1 << 20));
+}
+
 }  // namespace
 }  // namespace trident::worker
