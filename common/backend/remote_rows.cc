@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+
 
 namespace trident::backend {
 namespace {
@@ -23,6 +25,19 @@ void FromF32(const float* src, DType dtype, void* dst, int64_t n) {
 }
 
 }  // namespace
+
+absl::Status ValidateOffloadFields(const StepSequence& s) {
+  if (s.sub_batch != 0 && (s.sub_batch != 1 || s.remote.service == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sub-batch ", s.sub_batch,
+                     ": only CPU-resident sequences may form sub-batch 1, and there is no other"));
+  }
+  if (s.remote.service != nullptr && s.tokens.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a CPU-resident sequence decodes one token a step, not ", s.tokens.size()));
+  }
+  return absl::OkStatus();
+}
 
 void RemoteRows::Clear() {
   for (Group& g : groups_) {

@@ -26,6 +26,12 @@
 
 namespace trident::backend {
 
+// The offload fields of one step sequence, as the offloading backends take
+// them: sub_batch 1 only for CPU-resident sequences (and nothing above 1),
+// and a CPU-resident sequence decodes one token a step. INVALID_ARGUMENT
+// saying which.
+absl::Status ValidateOffloadFields(const StepSequence& s);
+
 class RemoteRows {
  public:
   struct Shape {

@@ -319,18 +319,8 @@ absl::Status CpuBackend::ValidateSequence(const StepSequence& s) const {
                                                    ", ", end, "), outside the context window of ",
                                                    max_model_len_));
   }
-  if (s.sub_batch != 0 && (s.sub_batch != 1 || s.remote.service == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sub-batch ", s.sub_batch,
-                     ": only CPU-resident sequences may form sub-batch 1, and there is no other"));
-  }
-  if (s.remote.service != nullptr) {
-    if (s.tokens.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a CPU-resident sequence decodes one token a step, not ", s.tokens.size()));
-    }
-    return absl::OkStatus();
-  }
+  TRIDENT_RETURN_IF_ERROR(ValidateOffloadFields(s));
+  if (s.remote.service != nullptr) return absl::OkStatus();
   if (static_cast<int64_t>(s.block_table.size()) * bs < end) {
     return absl::InvalidArgumentError(absl::StrCat("block table of ", s.block_table.size(),
                                                    " blocks cannot hold ", end, " positions"));

@@ -76,18 +76,8 @@ absl::Status Impl::Validate(const StepSequence& s) const {
       return absl::InvalidArgumentError(absl::StrCat("token id ", token, " outside the vocabulary"));
     }
   }
-  if (s.sub_batch != 0 && (s.sub_batch != 1 || s.remote.service == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sub-batch ", s.sub_batch,
-                     ": only CPU-resident sequences may form sub-batch 1, and there is no other"));
-  }
-  if (s.remote.service != nullptr) {
-    if (s.tokens.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a CPU-resident sequence decodes one token a step, not ", s.tokens.size()));
-    }
-    return absl::OkStatus();
-  }
+  TRIDENT_RETURN_IF_ERROR(ValidateOffloadFields(s));
+  if (s.remote.service != nullptr) return absl::OkStatus();
   const int64_t needed = (end + bs - 1) / bs;
   if (static_cast<int64_t>(s.block_table.size()) < needed) {
     return absl::InvalidArgumentError("block table too short for the sequence");
