@@ -47,27 +47,33 @@ inline absl::Status CudaCheck(cudaError_t err, const char* what) {
   return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(err)));
 }
 
-// Owns one device allocation.
-class DeviceBuffer {
+// Owns one CUDA allocation: device memory (DeviceBuffer) or page-locked
+// host memory (PinnedBuffer).
+template <bool kPinnedHost>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  CudaBuffer() = default;
+  CudaBuffer(CudaBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
     o.ptr_ = nullptr;
     o.bytes_ = 0;
   }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
     return *this;
   }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
+  ~CudaBuffer() { Free(); }
+  // Replaces what it held with `bytes` new bytes.
   absl::Status Allocate(size_t bytes, const char* what) {
-    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) {
+    Free();
+    const cudaError_t err = kPinnedHost ? cudaMallocHost(&ptr_, bytes) : cudaMalloc(&ptr_, bytes);
+    if (err != cudaSuccess) {
       ptr_ = nullptr;
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of device memory for ", what));
+      const char* kind = kPinnedHost ? "pinned host" : "device";
+      return kPinnedHost ? absl::ResourceExhaustedError(absl::StrCat(
+                               "cannot allocate ", bytes, " bytes of ", kind, " memory for ", what))
+                         : absl::FailedPreconditionError(absl::StrCat(
+                               "cannot allocate ", bytes, " bytes of ", kind, " memory for ", what));
     }
     bytes_ = bytes;
     return absl::OkStatus();
@@ -79,41 +85,17 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
 
  private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Owns one page-locked host allocation.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  }
-  absl::Status Allocate(size_t bytes, const char* what) {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  void Free() {
+    if (ptr_ != nullptr) kPinnedHost ? cudaFreeHost(ptr_) : cudaFree(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
-    if (cudaMallocHost(&ptr_, bytes) != cudaSuccess) {
-      ptr_ = nullptr;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of pinned host memory for ", what));
-    }
-    bytes_ = bytes;
-    return absl::OkStatus();
   }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
 
- private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+using DeviceBuffer = CudaBuffer<false>;
+using PinnedBuffer = CudaBuffer<true>;
 
 // Step metadata, host and device alike: slots [T] int64; tokens, positions
 // [T] int32; logit rows, context lens, query lens, query starts [S] int32;
@@ -218,6 +200,7 @@ struct Impl {
   // Row r of this step's logits (pass order) is the caller's wanted row
   // row_origin[r].
   std::vector<int32_t> row_origin;
+  std::vector<int32_t> wanted_index;  // Split's scratch: batch index -> caller's row
   DeviceBuffer last, logits;  // bf16 [S][hidden], f32 [S][vocab]
   DeviceBuffer decode_workspace;
   PinnedBuffer host_logits;

@@ -19,6 +19,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/backend/model_backend.h"
 #include "common/backend/testing/hf_fixture.h"
+#include "common/backend/testing/offload_scenario.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/numeric/dtype.h"
@@ -83,28 +84,14 @@ class CudaRemoteAttentionTest : public ::testing::TestWithParam<std::string> {
 
   // Copies positions [0, n) of a sequence in `blocks` out of the device
   // cache into the fake (a migration to the service).
-  void Migrate(const std::vector<int32_t>& blocks, int32_t n, uint64_t handle) {
+  void Migrate(absl::Span<const int32_t> blocks, int32_t n, uint64_t handle) {
     auto memory = backend_->kv_memory();
     ASSERT_THAT(memory.status(), IsOk());
-    const kv::KvCacheSpec& spec = memory->spec;
-    ASSERT_EQ(spec.dtype, numeric::DType::kBF16);
+    ASSERT_EQ(memory->spec.dtype, numeric::DType::kBF16);
     std::vector<char> pool(memory->bytes);
     ASSERT_EQ(cudaMemcpy(pool.data(), memory->base, memory->bytes, cudaMemcpyDeviceToHost),
               cudaSuccess);
-    std::vector<float> k(spec.num_kv_heads * spec.head_dim), v(k.size());
-    for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
-      for (int32_t p = 0; p < n; ++p) {
-        const int32_t block = blocks[p / spec.block_size], slot = p % spec.block_size;
-        for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
-          const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * 2;
-          numeric::ToFloat(spec.dtype, pool.data() + spec.KeyOffsetBytes(layer, block) + within,
-                           &k[h * spec.head_dim], spec.head_dim);
-          numeric::ToFloat(spec.dtype, pool.data() + spec.ValueOffsetBytes(layer, block) + within,
-                           &v[h * spec.head_dim], spec.head_dim);
-        }
-        fake_->WriteKv(handle, layer, p, k.data(), v.data());
-      }
-    }
+    testing::MigrateToFake(pool.data(), memory->spec, blocks, n, handle, *fake_);
   }
 
   std::unique_ptr<CudaBackend> backend_;
@@ -237,52 +224,27 @@ TEST_P(CudaRemoteAttentionTest, BadSubBatchesAndADeadServiceFailCleanly) {
 // never-moved run's on nearly every position (bf16 rounding may flip a
 // near-tie, after which a sequence continues differently).
 TEST_P(CudaRemoteAttentionTest, TheEngineMovesSequencesOutAndBack) {
-  std::vector<engine::EngineRequest> requests;
-  for (int i = 0; i < 4; ++i) {
-    engine::EngineRequest r;
-    r.id = absl::StrCat("r", i);
-    for (int k = 0; k < 20 + 7 * i; ++k) r.prompt.push_back((k * 31 + i * 7) % 400 + 1);
-    r.max_tokens = 24;
-    r.sampling.temperature = 0;
-    requests.push_back(r);
-  }
-  const auto run = [&](bool offload) {
-    kv::PagedBlockAllocator allocator(backend_->kv_capacity().num_blocks);
-    engine::EngineCore core(backend_.get(), &allocator, {});
-    for (const auto& r : requests) EXPECT_THAT(core.Add(r), IsOk());
-    std::map<std::string, std::vector<int32_t>> out;
-    for (int step = 0; core.HasWork(); ++step) {
-      if (offload && step == 6) {
-        for (const engine::OffloadCandidate& c : core.OffloadCandidates()) {
-          const uint64_t handle = fake_->Admit();
-          Migrate(c.blocks, c.num_computed, handle);
-          EXPECT_THAT(core.MoveToRemote(c.id, RemoteKv{fake_.get(), handle}), IsOk());
-        }
-        EXPECT_EQ(core.stats().remote_running, 4);
-      }
-      if (offload && step == 14) fake_->Kill();
-      auto events = core.Step();
-      EXPECT_THAT(events.status(), IsOk());
-      if (!events.ok()) break;
-      for (const auto& ev : *events) {
-        EXPECT_NE(ev.finish, engine::FinishReason::kError) << ev.request_id;
-        out[ev.request_id].push_back(ev.token);
-      }
-    }
-    EXPECT_EQ(allocator.num_free(), allocator.num_total());
-    if (offload) {
-      EXPECT_EQ(core.stats().remote_moves_total, 4);
-      EXPECT_EQ(core.stats().remote_demoted_total, 4);
-    }
-    return out;
+  const auto requests = testing::OffloadScenarioRequests();
+  const auto migrate = [&](absl::Span<const int32_t> blocks, int32_t n, uint64_t handle) {
+    Migrate(blocks, n, handle);
   };
-  const auto resident = run(false);
-  const auto moved = run(true);
+  const auto resident = testing::RunOffloadScenario(*backend_, *fake_, requests, false, migrate);
+  const auto moved = testing::RunOffloadScenario(*backend_, *fake_, requests, true, migrate);
+  for (const auto* run : {&resident, &moved}) {
+    EXPECT_EQ(run->step_errors, 0);
+    EXPECT_EQ(run->blocks_leaked, 0);
+  }
+  EXPECT_EQ(moved.moves_failed, 0);
+  EXPECT_EQ(moved.remote_at_move, 4);
+  EXPECT_EQ(moved.stats.remote_moves_total, 4);
+  EXPECT_EQ(moved.stats.remote_demoted_total, 4);
   int same = 0, total = 0;
   for (const auto& r : requests) {
-    ASSERT_EQ(resident.at(r.id).size(), 24u);
-    ASSERT_EQ(moved.at(r.id).size(), 24u);
-    for (size_t i = 0; i < 24; ++i) same += moved.at(r.id)[i] == resident.at(r.id)[i] ? 1 : 0;
+    ASSERT_EQ(resident.tokens.at(r.id).size(), 24u);
+    ASSERT_EQ(moved.tokens.at(r.id).size(), 24u);
+    for (size_t i = 0; i < 24; ++i) {
+      same += moved.tokens.at(r.id)[i] == resident.tokens.at(r.id)[i] ? 1 : 0;
+    }
     total += 24;
   }
   std::printf("%s through the engine: %d/%d tokens as never moved\n", GetParam().c_str(), same,

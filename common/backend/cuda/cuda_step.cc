@@ -110,7 +110,7 @@ absl::Status Impl::Split(absl::Span<const StepSequence> batch) {
   if (passes[0].order.empty()) std::swap(passes[0].order, passes[1].order);
   num_passes = passes[1].order.empty() ? 1 : 2;
   // Where each wanted row goes in the caller's order.
-  std::vector<int32_t> wanted_index(batch.size(), -1);
+  wanted_index.assign(batch.size(), -1);
   int32_t wanted = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].want_logits) wanted_index[i] = wanted++;
@@ -548,7 +548,6 @@ absl::Status Impl::StageSampling(absl::Span<const RowSampling> rows, size_t* in_
     const size_t capacity = std::max(*in_bytes * 2, size_t{1} << 20);
     TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "step"));
     TRIDENT_RETURN_IF_ERROR(host_sample_in.Allocate(capacity, "sampler inputs"));
-    sample_in = DeviceBuffer();
     TRIDENT_RETURN_IF_ERROR(sample_in.Allocate(capacity, "sampler inputs"));
   }
   char* hin = host_sample_in.get<char>();
