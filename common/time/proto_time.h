@@ -29,6 +29,10 @@ inline void SetProtoTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
 }
 
+inline absl::Time TimeFromProto(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
 }  // namespace trident
 
 #endif  // TRIDENT_COMMON_TIME_PROTO_TIME_H_
