@@ -5,6 +5,7 @@
 #include "absl/strings/strip.h"
 #include "grpcpp/grpcpp.h"
 #include "trident/v1/attention.grpc.pb.h"
+#include "trident/v1/controller.grpc.pb.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/grpc/health_client.h"
@@ -56,6 +57,96 @@ std::optional<trident::v1::AttentionStats> ReadAttentionStats(const std::string&
   return stats;
 }
 
+void ReadController(const std::string& address, ProcessStatus& status) {
+  auto stub = trident::v1::Controller::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  trident::v1::GetControllerStatusRequest request;
+  request.set_max_decisions(1);
+  trident::v1::ControllerStatus controller;
+  grpc::Status s = stub->GetStatus(&context, request, &controller);
+  if (!s.ok()) {
+    status.controller_error = absl::StrCat("GetStatus: ", s.error_message());
+    return;
+  }
+  status.controller = controller;
+  grpc::ClientContext topology_context;
+  topology_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  trident::v1::Topology topology;
+  s = stub->GetTopology(&topology_context, trident::v1::GetTopologyRequest(), &topology);
+  if (!s.ok()) {
+    status.controller_error = absl::StrCat("GetTopology: ", s.error_message());
+    return;
+  }
+  status.topology = topology;
+}
+
+std::string StateName(trident::v1::ServingState state) {
+  std::string name = trident::v1::ServingState_Name(state);
+  absl::string_view view = name;
+  absl::ConsumePrefix(&view, "SERVING_STATE_");
+  return absl::AsciiStrToLower(std::string(view));
+}
+
+std::string RoleText(trident::v1::Role role) {
+  std::string name = trident::v1::Role_Name(role);
+  absl::string_view view = name;
+  absl::ConsumePrefix(&view, "ROLE_");
+  return absl::AsciiStrToLower(std::string(view));
+}
+
+std::string PressureText(absl::string_view role, const trident::v1::RolePressure& p) {
+  return absl::StrFormat("%s %.2f (forecast %.2f, %s, %d worker%s)", role, p.observed(),
+                         p.forecast(), p.dominant().empty() ? "-" : p.dominant(), p.workers(),
+                         p.workers() == 1 ? "" : "s");
+}
+
+// The controller's section: members, pressure, last decision.
+std::string ControllerSection(const ProcessStatus& s) {
+  std::string out = "\nCONTROLLER\n";
+  if (!s.controller.has_value()) {
+    return absl::StrCat(out, "  status unknown: ",
+                        s.running ? s.controller_error : std::string("not running"), "\n");
+  }
+  const trident::v1::ControllerStatus& c = *s.controller;
+  absl::StrAppendFormat(&out, "  incarnation %d, decisions every %s from %s, %d flip%s%s\n",
+                        c.controller_incarnation(),
+                        absl::FormatDuration(absl::Seconds(c.decision_interval().seconds()) +
+                                             absl::Nanoseconds(c.decision_interval().nanos())),
+                        c.prometheus_url().empty() ? "no Prometheus" : c.prometheus_url(),
+                        c.flips_total(), c.flips_total() == 1 ? "" : "s",
+                        c.pending_flip_worker_id().empty()
+                            ? ""
+                            : absl::StrCat(", flipping ", c.pending_flip_worker_id()));
+  if (s.topology.has_value()) {
+    for (const trident::v1::WorkerEntry& w : s.topology->workers()) {
+      absl::StrAppendFormat(
+          &out, "  member %-12s %-16s %s\n", w.registration().worker_id(),
+          w.pending_role() == trident::v1::ROLE_UNSPECIFIED
+              ? RoleText(w.role())
+              : absl::StrCat(RoleText(w.role()), "->", RoleText(w.pending_role())),
+          StateName(w.state()));
+    }
+    for (const trident::v1::AttentionServiceEntry& a : s.topology->attention_services()) {
+      absl::StrAppendFormat(&out, "  member %-12s %-16s %s\n", a.registration().service_id(),
+                            "attention", StateName(a.state()));
+    }
+  }
+  if (c.decisions_size() == 0) return absl::StrCat(out, "  no decision yet\n");
+  const trident::v1::RoleDecision& d = c.decisions(0);
+  absl::StrAppendFormat(&out, "  pressure %s; %s\n", PressureText("prefill", d.prefill()),
+                        PressureText("decode", d.decode()));
+  absl::StrAppendFormat(&out, "  last decision at %s: %s (%s): %s\n",
+                        absl::FormatTime("%H:%M:%S", absl::FromUnixSeconds(d.time().seconds()),
+                                         absl::LocalTimeZone()),
+                        d.flip() ? absl::StrCat("flip ", d.worker_id(), " ", RoleText(d.from_role()),
+                                                "->", RoleText(d.to_role()))
+                                 : std::string("hold"),
+                        d.reason(), d.detail());
+  return out;
+}
+
 }  // namespace
 
 std::vector<ProcessStatus> CheckStatus(const ClusterState& state) {
@@ -73,6 +164,9 @@ std::vector<ProcessStatus> CheckStatus(const ClusterState& state) {
           CheckHealth(record.GrpcAddress(state.host), "", absl::Seconds(2));
       status.health = health.ok() ? std::string(ServingStatusName(*health))
                                   : std::string(absl::StatusCodeToString(health.status().code()));
+    }
+    if (status.running && record.component == "controller") {
+      ReadController(record.GrpcAddress(state.host), status);
     }
     if (status.running && record.component == "attention") {
       status.attention = ReadAttentionStats(record.GrpcAddress(state.host));
@@ -102,6 +196,7 @@ std::string FormatStatus(const ClusterState& state, const std::vector<ProcessSta
       absl::StrFormat("%-12s %-8s %-22s %-38s %s\n", "PROCESS", "PID", "GRPC", "METRICS", "HEALTH");
   std::string workers;
   std::string attention;
+  std::string controller;
   for (const ProcessStatus& s : statuses) {
     const ProcessRecord& r = s.record;
     const std::string grpc = r.grpc_port > 0 ? r.GrpcAddress(state.host) : "-";
@@ -111,6 +206,7 @@ std::string FormatStatus(const ClusterState& state, const std::vector<ProcessSta
                           grpc, metrics, s.health);
     if (r.component == "worker") workers += WorkerRow(s);
     if (r.component == "attention") attention += AttentionRow(s);
+    if (r.component == "controller") controller += ControllerSection(s);
   }
   if (!workers.empty()) {
     absl::StrAppendFormat(&out, "\n%-12s %-16s %-10s %7s %7s %9s %9s\n", "WORKER", "ROLE",
@@ -123,7 +219,7 @@ std::string FormatStatus(const ClusterState& state, const std::vector<ProcessSta
                           "SESSIONS", "REQUESTS");
     out += attention;
   }
-  return out;
+  return out + controller;
 }
 
 }  // namespace trident::cli

@@ -11,6 +11,7 @@
 #include "tools/cli/cluster.h"
 #include "tools/cli/worker_load.h"
 #include "trident/v1/attention.pb.h"
+#include "trident/v1/controller.pb.h"
 
 namespace trident::cli {
 
@@ -26,6 +27,11 @@ struct ProcessStatus {
   std::string load_error;
   // Attention services: their GetStats, or why it could not be read.
   std::optional<trident::v1::AttentionStats> attention;
+  // The controller: its status (GetStatus) and topology, or why they could
+  // not be read.
+  std::optional<trident::v1::ControllerStatus> controller;
+  std::optional<trident::v1::Topology> topology;
+  std::string controller_error;
 };
 
 // Checks every process: alive, its health (Prometheus: /-/ready) and, for a
@@ -42,7 +48,9 @@ bool AllServing(const std::vector<ProcessStatus>& statuses);
 // usage, sequences whose attention runs on a CPU attention service), then
 // one per attention service (NUMA node, ISA and threads, sequences, tokens
 // and KV memory held of its budget, sessions, requests served). A worker
-// whose load could not be read shows its start role and the error.
+// whose load could not be read shows its start role and the error. Last, the
+// controller: its members as it sees them (role, state), each role's
+// pressure and forecast, and its last decision with the reason.
 std::string FormatStatus(const ClusterState& state, const std::vector<ProcessStatus>& statuses);
 
 }  // namespace trident::cli

@@ -118,6 +118,46 @@ TEST(FormatStatusTest, NoWorkerTableWithoutWorkers) {
   EXPECT_THAT(FormatStatus(state, Statuses(state)), Not(HasSubstr("WORKER")));
 }
 
+TEST(FormatStatusTest, ShowsTheControllersMembersPressureAndLastDecision) {
+  ClusterState state{.host = "127.0.0.1"};
+  state.processes = {Process("controller", "controller", 1)};
+  std::vector<ProcessStatus> statuses = Statuses(state);
+  trident::v1::ControllerStatus controller;
+  controller.set_controller_incarnation(12);
+  controller.set_prometheus_url("http://127.0.0.1:9090");
+  controller.mutable_decision_interval()->set_seconds(10);
+  controller.set_flips_total(1);
+  trident::v1::RoleDecision* d = controller.add_decisions();
+  d->set_flip(true);
+  d->set_reason("decode_pressure");
+  d->set_worker_id("worker-0");
+  d->set_from_role(trident::v1::ROLE_PREFILL);
+  d->set_to_role(trident::v1::ROLE_DECODE);
+  d->set_detail("decode needs a worker");
+  d->mutable_prefill()->set_observed(0.2);
+  d->mutable_decode()->set_observed(1.5);
+  d->mutable_decode()->set_forecast(1.6);
+  d->mutable_decode()->set_dominant("tpot_p90");
+  d->mutable_decode()->set_workers(1);
+  trident::v1::Topology topology;
+  trident::v1::WorkerEntry* w = topology.add_workers();
+  w->mutable_registration()->set_worker_id("worker-0");
+  w->set_role(trident::v1::ROLE_PREFILL);
+  w->set_pending_role(trident::v1::ROLE_DECODE);
+  w->set_state(trident::v1::SERVING_STATE_DRAINING);
+  statuses[0].controller = controller;
+  statuses[0].topology = topology;
+  const std::string text = FormatStatus(state, statuses);
+  EXPECT_THAT(text, HasSubstr("incarnation 12, decisions every 10s from http://127.0.0.1:9090, 1 flip"));
+  EXPECT_THAT(text, HasSubstr("member worker-0     prefill->decode  draining"));
+  EXPECT_THAT(text, HasSubstr("decode 1.50 (forecast 1.60, tpot_p90, 1 worker)"));
+  EXPECT_THAT(text, HasSubstr("flip worker-0 prefill->decode (decode_pressure): decode needs"));
+  statuses[0].controller.reset();
+  statuses[0].controller_error = "GetStatus: connection refused";
+  EXPECT_THAT(FormatStatus(state, statuses),
+              HasSubstr("status unknown: GetStatus: connection refused"));
+}
+
 TEST(AllServingTest, NeedsEveryProcessRunningAndServing) {
   const ClusterState state = State();
   std::vector<ProcessStatus> statuses = Statuses(state);
