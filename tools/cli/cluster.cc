@@ -118,7 +118,8 @@ json ToJson(const ClusterState& state) {
                          {"grpc_port", p.grpc_port},
                          {"metrics_port", p.metrics_port},
                          {"log", p.log_path},
-                         {"role", p.role}});
+                         {"role", p.role},
+                         {"argv", p.argv}});
   }
   return {{"host", state.host}, {"processes", processes}};
 }
@@ -152,21 +153,16 @@ void StopAll(const std::vector<ProcessRecord>& processes, absl::Duration timeout
   }
 }
 
-absl::StatusOr<ProcessRecord> StartService(const ClusterOptions& options,
-                                           const std::string& component, const std::string& name,
-                                           std::vector<std::string> extra_flags) {
-  TRIDENT_ASSIGN_OR_RETURN(const std::string binary, FindServiceBinary(options, component));
-  ProcessRecord record{.name = name, .component = component};
-  record.log_path = absl::StrCat(options.state_dir, "/logs/", name, ".log");
-  std::vector<std::string> argv = {
-      binary, absl::StrCat("--host=", options.host), "--port=0", "--metrics_port=0",
-      absl::StrCat("--drain_timeout=", absl::FormatDuration(options.drain_timeout))};
-  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  absl::StatusOr<SpawnedProcess> spawned = Spawn({.argv = argv,
+// Spawns `record.argv`, waits for its ready line and health, and fills in
+// its pid and ports.
+absl::Status SpawnService(const std::string& host, absl::Duration ready_timeout,
+                          ProcessRecord& record) {
+  const std::string& name = record.name;
+  absl::StatusOr<SpawnedProcess> spawned = Spawn({.argv = record.argv,
                                                   .log_path = record.log_path,
                                                   .new_session = true,
                                                   .wait_for_ready_line = true,
-                                                  .ready_timeout = options.ready_timeout});
+                                                  .ready_timeout = ready_timeout});
   if (!spawned.ok()) {
     return absl::Status(spawned.status().code(),
                         absl::StrCat("starting ", name, ": ", spawned.status().message()));
@@ -184,15 +180,30 @@ absl::StatusOr<ProcessRecord> StartService(const ClusterOptions& options,
   // The ready line is written once serving; confirm it the way a load
   // balancer would, through the standard health service.
   absl::StatusOr<ServingStatus> health =
-      CheckHealth(record.GrpcAddress(options.host), "", absl::Seconds(10));
+      CheckHealth(record.GrpcAddress(host), "", absl::Seconds(10));
   if (!health.ok() || *health != ServingStatus::kServing) {
     kill(record.pid, SIGKILL);
     return absl::UnavailableError(absl::StrCat(
         name, " reported ready but its health check says ",
         health.ok() ? std::string(ServingStatusName(*health)) : health.status().ToString()));
   }
-  TRIDENT_LOG(INFO) << name << " SERVING on " << record.GrpcAddress(options.host)
+  TRIDENT_LOG(INFO) << name << " SERVING on " << record.GrpcAddress(host)
                     << ", metrics on port " << record.metrics_port << " (pid " << record.pid << ")";
+  return absl::OkStatus();
+}
+
+// `port`: the gRPC port (0: the system picks one).
+absl::StatusOr<ProcessRecord> StartService(const ClusterOptions& options,
+                                           const std::string& component, const std::string& name,
+                                           std::vector<std::string> extra_flags, int port = 0) {
+  TRIDENT_ASSIGN_OR_RETURN(const std::string binary, FindServiceBinary(options, component));
+  ProcessRecord record{.name = name, .component = component};
+  record.log_path = absl::StrCat(options.state_dir, "/logs/", name, ".log");
+  record.argv = {binary, absl::StrCat("--host=", options.host), absl::StrCat("--port=", port),
+                 "--metrics_port=0",
+                 absl::StrCat("--drain_timeout=", absl::FormatDuration(options.drain_timeout))};
+  record.argv.insert(record.argv.end(), extra_flags.begin(), extra_flags.end());
+  TRIDENT_RETURN_IF_ERROR(SpawnService(options.host, options.ready_timeout, record));
   return record;
 }
 
@@ -430,8 +441,8 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
 
   ClusterState state{.host = options.host};
   auto start = [&](const std::string& component, const std::string& name,
-                   std::vector<std::string> flags) -> absl::Status {
-    absl::StatusOr<ProcessRecord> record = StartService(options, component, name, flags);
+                   std::vector<std::string> flags, int port = 0) -> absl::Status {
+    absl::StatusOr<ProcessRecord> record = StartService(options, component, name, flags, port);
     if (!record.ok()) return record.status();
     state.processes.push_back(*record);
     return WriteState(options.state_dir, state);
@@ -439,9 +450,13 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
 
   absl::Status status = [&]() -> absl::Status {
     TRIDENT_ASSIGN_OR_RETURN(const int prometheus_port, PickFreePort(options.host));
-    TRIDENT_RETURN_IF_ERROR(
-        start("controller", "controller",
-              {absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)}));
+    // The controller keeps its port across restarts: members find it again.
+    TRIDENT_ASSIGN_OR_RETURN(const int controller_port, PickFreePort(options.host));
+    std::vector<std::string> controller_flags = {
+        absl::StrCat("--prometheus_url=http://", options.host, ":", prometheus_port)};
+    controller_flags.insert(controller_flags.end(), options.controller_flags.begin(),
+                            options.controller_flags.end());
+    TRIDENT_RETURN_IF_ERROR(start("controller", "controller", controller_flags, controller_port));
     TRIDENT_RETURN_IF_ERROR(
         start("attention", "attention-0",
               {"--service_id=attention-0", absl::StrCat("--threads=", options.attention_threads),
@@ -498,9 +513,35 @@ absl::StatusOr<ClusterState> LoadState(const std::string& state_dir) {
                                .grpc_port = p.value("grpc_port", 0),
                                .metrics_port = p.value("metrics_port", 0),
                                .log_path = p.value("log", ""),
-                               .role = p.value("role", "")});
+                               .role = p.value("role", ""),
+                               .argv = p.value("argv", std::vector<std::string>())});
   }
   return state;
+}
+
+absl::StatusOr<ProcessRecord> RestartProcess(const std::string& state_dir,
+                                             const std::string& name,
+                                             absl::Duration ready_timeout) {
+  TRIDENT_ASSIGN_OR_RETURN(ClusterState state, LoadState(state_dir));
+  ProcessRecord* record = nullptr;
+  for (ProcessRecord& p : state.processes) {
+    if (p.name == name) record = &p;
+  }
+  if (record == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no process '", name, "' in the cluster of ",
+                                            state_dir));
+  }
+  if (record->argv.empty() || record->component == "prometheus") {
+    return absl::FailedPreconditionError(absl::StrCat(name, " cannot be restarted"));
+  }
+  if (IsRunning(record->pid)) {
+    kill(record->pid, SIGKILL);
+    (void)WaitForExit(record->pid, absl::Seconds(10));
+  }
+  TRIDENT_RETURN_IF_ERROR(SpawnService(state.host, ready_timeout, *record));
+  const ProcessRecord restarted = *record;
+  TRIDENT_RETURN_IF_ERROR(WriteState(state_dir, state));
+  return restarted;
 }
 
 absl::Status Down(const std::string& state_dir, absl::Duration timeout) {

@@ -57,6 +57,9 @@ struct ClusterOptions {
   absl::Duration ready_timeout = absl::Seconds(120);
   // Passed to every service as --drain_timeout.
   absl::Duration drain_timeout = absl::Seconds(3);
+  // Extra flags for the controller (e.g. its policy's --decision_interval),
+  // after the cluster's own.
+  std::vector<std::string> controller_flags;
 };
 
 // One process of the cluster.
@@ -71,6 +74,8 @@ struct ProcessRecord {
   // controller may change it later); empty for other components. A worker's
   // id (its load reports, GenerateComplete.placement) is its name.
   std::string role;
+  // The command line it was started with (RestartProcess runs it again).
+  std::vector<std::string> argv;
 
   std::string GrpcAddress(const std::string& host) const;
 };
@@ -116,6 +121,15 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options);
 
 // Reads `<state_dir>/cluster.json`. kNotFound if no cluster was started there.
 absl::StatusOr<ClusterState> LoadState(const std::string& state_dir);
+
+// Starts the process `name` of the cluster in `state_dir` again with the
+// command line it was started with, once its old process has exited
+// (SIGKILLed if still running), and records the new pid. The controller
+// keeps its address (it is started on a fixed port, so that members and
+// routers find it again); a process started on port 0 gets new ports.
+// kNotFound for an unknown name.
+absl::StatusOr<ProcessRecord> RestartProcess(const std::string& state_dir, const std::string& name,
+                                             absl::Duration ready_timeout = absl::Seconds(60));
 
 // Sends SIGTERM to every process in reverse start order (Prometheus, the
 // router, the workers, ...), waits up to `timeout` for each and SIGKILLs
