@@ -15,6 +15,8 @@
 # preset (random bf16 weights) when it has no config.json. Environment:
 # CAPS (sequences the GPU pool holds, "2 4 8"), PROMPT_TOKENS (2048),
 # OUTPUT_TOKENS (128), TPOT_SLO_MS (50), PIPELINE (auto), ATTN_THREADS (12),
+# KEEP_THROUGHPUT (false: the offload run's --offload_keep_throughput, which
+# moves a sequence only while the planned step stays as fast per sequence),
 # OUT, BIN_DIR.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
@@ -25,6 +27,7 @@ output=${OUTPUT_TOKENS:-128}
 slo=${TPOT_SLO_MS:-50}
 pipeline=${PIPELINE:-auto}
 threads=${ATTN_THREADS:-12}
+keep=${KEEP_THROUGHPUT:-false}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
@@ -60,13 +63,15 @@ run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.jso
   stop
 }
 
-echo "model $model_dir on $device; $prompt-token prompts, $output output tokens, TPOT SLO $slo ms"
+echo "model $model_dir on $device; $prompt-token prompts, $output output tokens, TPOT SLO $slo ms;" \
+  "offload pipeline $pipeline, keep throughput $keep"
 for cap in $caps; do
   run "gpu-$cap" "$cap"
   start attention "$(tool services/attention/attention)" --kv_budget_mb=$((4 * cap * per_seq * kv_per_token >> 20)) \
       --threads="$threads"
   run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
-      --offload_min_context_tokens=0 --offload_pipeline="$pipeline"
+      --offload_min_context_tokens=0 --offload_pipeline="$pipeline" \
+      --offload_keep_throughput="$keep"
   for m in trident_attention_bytes_read_total trident_attention_kernel_seconds_sum \
       trident_attention_requests_total; do
     echo "$m $(metric "$METRICS_attention" "$m")"
