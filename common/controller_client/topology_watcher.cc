@@ -159,9 +159,13 @@ void TopologyWatcher::Run() {
       // A retry loop meets the same error again and again: log each new one.
       std::string text = ended.ToString();
       if (healthy || text != last_logged) {
-        TRIDENT_LOG(WARNING) << text << "; keeping topology version " << status_.version
-                             << " (controller incarnation " << status_.controller_incarnation
-                             << ") and reconnecting with backoff";
+        TRIDENT_LOG(WARNING) << text << "; "
+                             << (last_.has_value()
+                                     ? absl::StrCat("keeping topology version ", status_.version,
+                                                    " (controller incarnation ",
+                                                    status_.controller_incarnation, ")")
+                                     : std::string("no topology yet"))
+                             << "; reconnecting with backoff";
         last_logged = std::move(text);
       }
       auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
