@@ -250,9 +250,8 @@ absl::StatusOr<ControllerMember::Registration> ControllerMember::Register() {
                                                    ": ", error.message()));
   }
   const absl::Duration asked = DurationFromProto(response.heartbeat_interval());
-  registration.interval = asked > absl::ZeroDuration()
-                              ? std::max(asked, kMinHeartbeatInterval)
-                              : options_.default_heartbeat_interval;
+  registration.interval = asked > absl::ZeroDuration() ? std::max(asked, kMinHeartbeatInterval)
+                                                       : options_.default_heartbeat_interval;
   registration.stall_timeout =
       std::max(options_.stalled_write_timeout, DurationFromProto(response.dead_after()));
   {
@@ -284,8 +283,7 @@ absl::StatusOr<ControllerMember::Registration> ControllerMember::Register() {
   return registration;
 }
 
-ControllerMember::StreamEnd ControllerMember::RunHeartbeatStream(
-    const Registration& registration) {
+ControllerMember::StreamEnd ControllerMember::RunHeartbeatStream(const Registration& registration) {
   HeartbeatStreamState state;
   auto* reactor = new HeartbeatReactor(this, &state);
   const absl::Time opened = absl::Now();
@@ -337,16 +335,16 @@ ControllerMember::StreamEnd ControllerMember::RunHeartbeatStream(
   StreamEnd end;
   end.healthy = absl::Now() - opened >= 2 * registration.interval;
   if (stalled) {
-    end.status = absl::DeadlineExceededError(
-        absl::StrCat("Heartbeat to ", options_.controller_address, ": a heartbeat was not sent within ",
-                     absl::FormatDuration(registration.stall_timeout), "; reconnecting"));
+    end.status = absl::DeadlineExceededError(absl::StrCat(
+        "Heartbeat to ", options_.controller_address, ": a heartbeat was not sent within ",
+        absl::FormatDuration(registration.stall_timeout), "; reconnecting"));
   } else {
     const absl::Status error = FromGrpcStatus(state.final_status);
-    end.status = error.ok() ? absl::UnavailableError("the controller ended the heartbeat stream")
-                            : error;
-    end.status = absl::Status(end.status.code(), absl::StrCat("Heartbeat to ",
-                                                              options_.controller_address, ": ",
-                                                              end.status.message()));
+    end.status =
+        error.ok() ? absl::UnavailableError("the controller ended the heartbeat stream") : error;
+    end.status = absl::Status(
+        end.status.code(),
+        absl::StrCat("Heartbeat to ", options_.controller_address, ": ", end.status.message()));
   }
   return end;
 }
@@ -388,9 +386,8 @@ void ControllerMember::Deregister(const Registration& registration) {
     return;
   }
   const absl::Status error = FromGrpcStatus(status);
-  RecordError(absl::Status(error.code(), absl::StrCat("Deregister at ",
-                                                      options_.controller_address, ": ",
-                                                      error.message())),
+  RecordError(absl::Status(error.code(), absl::StrCat("Deregister at ", options_.controller_address,
+                                                      ": ", error.message())),
               /*retrying=*/false);
 }
 

@@ -78,8 +78,8 @@ TEST(ControllerMemberTest, RegistersThenHeartbeatsAtTheInterval) {
       [](const FakeControllerState& s) { return s.Member("w1").heartbeats >= 6; }, kWait));
   // The member counts a heartbeat once its write completes, which may be
   // after the controller read it.
-  ASSERT_TRUE(member->Await(
-      [](const ControllerMemberStatus& s) { return s.heartbeats_sent >= 6; }, kWait));
+  ASSERT_TRUE(
+      member->Await([](const ControllerMemberStatus& s) { return s.heartbeats_sent >= 6; }, kWait));
 
   const FakeControllerState state = server->controller().state();
   const FakeMemberRecord& record = state.Member("w1");

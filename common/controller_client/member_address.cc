@@ -41,8 +41,7 @@ std::string HostName() {
 }
 
 MemberAddresses AdvertisedAddresses(absl::string_view advertise_address,
-                                    absl::string_view bind_host, int grpc_port,
-                                    int metrics_port) {
+                                    absl::string_view bind_host, int grpc_port, int metrics_port) {
   MemberAddresses addresses;
   if (!advertise_address.empty()) {
     addresses.address = std::string(advertise_address);

@@ -222,8 +222,8 @@ absl::Status TopologyWatcher::RunStream(bool* delivered) {
   status_.connected = false;
   const absl::Status error = FromGrpcStatus(state.final_status);
   if (error.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "WatchTopology at ", options_.controller_address, ": the controller ended the stream"));
+    return absl::UnavailableError(absl::StrCat("WatchTopology at ", options_.controller_address,
+                                               ": the controller ended the stream"));
   }
   return absl::Status(error.code(), absl::StrCat("WatchTopology at ", options_.controller_address,
                                                  ": ", error.message()));

@@ -82,8 +82,8 @@ TEST(TopologyWatcherTest, DeliversTheCurrentTopologyThenEachChange) {
   auto watcher = StartWatcher(server->address(), &recorder);
   ASSERT_NE(watcher, nullptr);
 
-  ASSERT_TRUE(watcher->Await([](const TopologyWatcherStatus& s) { return s.topologies >= 1; },
-                             kWait));
+  ASSERT_TRUE(
+      watcher->Await([](const TopologyWatcherStatus& s) { return s.topologies >= 1; }, kWait));
   EXPECT_TRUE(watcher->connected());
   ASSERT_TRUE(watcher->last().has_value());
   EXPECT_EQ(WorkerIds(*watcher->last()), std::vector<std::string>{"w1"});
@@ -91,8 +91,8 @@ TEST(TopologyWatcherTest, DeliversTheCurrentTopologyThenEachChange) {
 
   ASSERT_TRUE(server->controller().AddMember(Worker("w2")).ok());
 
-  ASSERT_TRUE(watcher->Await(
-      [](const TopologyWatcherStatus& s) { return s.topologies >= 2; }, kWait));
+  ASSERT_TRUE(
+      watcher->Await([](const TopologyWatcherStatus& s) { return s.topologies >= 2; }, kWait));
   const std::vector<v1::Topology> seen = recorder.seen();
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(WorkerIds(seen[1]), (std::vector<std::string>{"w1", "w2"}));
@@ -109,8 +109,8 @@ TEST(TopologyWatcherTest, KeepsTheLastTopologyWhileDownThenFollowsARestartedCont
   Recorder recorder;
   auto watcher = StartWatcher(server->address(), &recorder);
   ASSERT_NE(watcher, nullptr);
-  ASSERT_TRUE(watcher->Await([](const TopologyWatcherStatus& s) { return s.topologies >= 1; },
-                             kWait));
+  ASSERT_TRUE(
+      watcher->Await([](const TopologyWatcherStatus& s) { return s.topologies >= 1; }, kWait));
   const uint64_t version = watcher->last()->version();
 
   server.reset();  // The controller goes away.
@@ -150,8 +150,8 @@ TEST(TopologyWatcherTest, ReportsDisconnectedWhileTheControllerNeverAnswered) {
   auto watcher = StartWatcher(absl::StrCat("127.0.0.1:", port), &recorder);
   ASSERT_NE(watcher, nullptr);
 
-  ASSERT_TRUE(watcher->Await([](const TopologyWatcherStatus& s) { return s.disconnects >= 2; },
-                             kWait));
+  ASSERT_TRUE(
+      watcher->Await([](const TopologyWatcherStatus& s) { return s.disconnects >= 2; }, kWait));
   EXPECT_FALSE(watcher->connected());
   EXPECT_FALSE(watcher->last().has_value());
   EXPECT_THAT(watcher->status().last_error, StatusIs(absl::StatusCode::kUnavailable));
@@ -165,9 +165,8 @@ TEST(TopologyWatcherTest, StopEndsTheStream) {
   Recorder recorder;
   auto watcher = StartWatcher(server->address(), &recorder);
   ASSERT_NE(watcher, nullptr);
-  ASSERT_TRUE(
-      server->controller().Await([](const FakeControllerState& s) { return s.open_watch_streams == 1; },
-                                 kWait));
+  ASSERT_TRUE(server->controller().Await(
+      [](const FakeControllerState& s) { return s.open_watch_streams == 1; }, kWait));
 
   watcher->Stop();
 

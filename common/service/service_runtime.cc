@@ -84,9 +84,8 @@ absl::Status ServiceRuntime::Serve(std::vector<RegisteredService> services,
   TRIDENT_LOG(INFO) << defaults_.component << " serving gRPC on " << options.host << ":"
                     << (*server)->port() << ", /metrics on port " << metrics_->port();
   if (hooks.on_serving) {
-    hooks.on_serving({.host = options.host,
-                      .grpc_port = (*server)->port(),
-                      .metrics_port = metrics_->port()});
+    hooks.on_serving(
+        {.host = options.host, .grpc_port = (*server)->port(), .metrics_port = metrics_->port()});
   }
   absl::Status ready = ReportReady(absl::GetFlag(FLAGS_ready_fd), defaults_.component,
                                    (*server)->port(), metrics_->port());

@@ -1,7 +1,7 @@
 #include "services/attention/attention_membership.h"
 
-#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace trident::attention {
 

@@ -6,12 +6,12 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/cpu/cpu_features.h"
 #include "common/logging/log.h"
-#include "common/status/status_macros.h"
-#include "absl/strings/str_join.h"
 #include "common/numa/numa_arena.h"
 #include "common/numa/numa_topology.h"
+#include "common/status/status_macros.h"
 #include "services/attention/attention_membership.h"
 #include "services/attention/kv_store/arena_kv_pool.h"
 
@@ -149,8 +149,7 @@ std::vector<RegisteredService> AttentionServer::services() {
   return {{service_.get(), trident::v1::Attention::service_full_name()}};
 }
 
-absl::Status AttentionServer::JoinController(
-    const controller_client::MemberAddresses& addresses) {
+absl::Status AttentionServer::JoinController(const controller_client::MemberAddresses& addresses) {
   if (options_.controller_address.empty() || member_ != nullptr) return absl::OkStatus();
   const AttentionFacts facts{.service_id = options_.service_id,
                              .incarnation = options_.incarnation,

@@ -9,10 +9,10 @@
 #include "absl/time/time.h"
 #include "common/controller_client/member_address.h"
 #include "common/logging/log.h"
-#include "common/service/service_runtime.h"
-#include "common/status/status_macros.h"
 #include "common/numa/numa_binding.h"
 #include "common/numa/numa_topology.h"
+#include "common/service/service_runtime.h"
+#include "common/status/status_macros.h"
 #include "services/attention/attention_server.h"
 
 ABSL_FLAG(int, numa_node, -1,

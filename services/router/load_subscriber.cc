@@ -89,9 +89,8 @@ std::vector<std::string> LoadSubscriber::addresses() const {
 
 void LoadSubscriber::Run(Worker* worker) {
   bool down_reported = false;
-  auto ending = [this, worker]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || worker->removed;
-  };
+  auto ending = [this, worker]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || worker->removed; };
   while (true) {
     grpc::ClientContext context;
     {

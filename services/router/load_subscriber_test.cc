@@ -159,8 +159,8 @@ TEST(LoadSubscriberTest, SetAddressesStartsNewStreamsAndRetiresRemovedOnes) {
   EXPECT_EQ(subscriber.addresses(), std::vector<std::string>{two.address()});
   {
     absl::MutexLock lock(&seen.mu);
-    EXPECT_EQ(seen.downs[one.address()], std::vector<absl::StatusCode>{
-                                             absl::StatusCode::kCancelled});
+    EXPECT_EQ(seen.downs[one.address()],
+              std::vector<absl::StatusCode>{absl::StatusCode::kCancelled});
     EXPECT_TRUE(seen.downs[two.address()].empty());
   }
   const int one_loads = seen.LoadsOf(one.address());

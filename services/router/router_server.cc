@@ -109,18 +109,15 @@ void RouterServer::StartLoadStreams() {
   std::vector<std::string> initial = StaticAddresses(options_);
   {
     absl::MutexLock lock(&addresses_mu_);
-    addresses_ =
-        std::make_unique<WorkerAddressSet>(initial, options_.controller_restart_grace);
+    addresses_ = std::make_unique<WorkerAddressSet>(initial, options_.controller_restart_grace);
   }
   LoadCallbacks callbacks;
   callbacks.on_load = [this](const std::string& address, const v1::WorkerLoad& load) {
     OnLoad(address, load);
   };
-  callbacks.on_down = [this](const std::string& address, const absl::Status&) {
-    OnDown(address);
-  };
-  loads_ = std::make_unique<LoadSubscriber>(std::move(initial), std::move(callbacks),
-                                            options_.load);
+  callbacks.on_down = [this](const std::string& address, const absl::Status&) { OnDown(address); };
+  loads_ =
+      std::make_unique<LoadSubscriber>(std::move(initial), std::move(callbacks), options_.load);
 }
 
 absl::Status RouterServer::StartTopologyWatch() {
@@ -130,19 +127,17 @@ absl::Status RouterServer::StartTopologyWatch() {
   watch.watcher_id = options_.router_id;
   watch.backoff = options_.controller_backoff;
   watch.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  TRIDENT_ASSIGN_OR_RETURN(
-      watcher_, controller_client::TopologyWatcher::Create(
-                    std::move(watch), [this](const v1::Topology& t) { OnTopology(t); }));
+  TRIDENT_ASSIGN_OR_RETURN(watcher_,
+                           controller_client::TopologyWatcher::Create(
+                               std::move(watch), [this](const v1::Topology& t) { OnTopology(t); }));
   watcher_->Start();
-  TRIDENT_LOG(INFO) << "following the workers of the controller at "
-                    << options_.controller_address;
+  TRIDENT_LOG(INFO) << "following the workers of the controller at " << options_.controller_address;
   return absl::OkStatus();
 }
 
 void RouterServer::OnLoad(const std::string& address, const v1::WorkerLoad& load) {
   remote_->SetWorkerAddress(load.worker_id(), address);
-  absl::StatusOr<admission::WorkerLoadReport> report =
-      admission::WorkerLoadReportFromProto(load);
+  absl::StatusOr<admission::WorkerLoadReport> report = admission::WorkerLoadReportFromProto(load);
   if (!report.ok()) {
     TRIDENT_LOG(WARNING) << "bad load report from " << address << ": " << report.status();
     return;

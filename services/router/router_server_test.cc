@@ -111,8 +111,7 @@ TEST(RouterServerTest, FollowsTheControllersLiveWorkersBesideTheStaticOnes) {
   ASSERT_NE(watcher, nullptr);
 
   ASSERT_TRUE(watcher->Await(
-      [](const controller_client::TopologyWatcherStatus& s) { return s.topologies >= 1; },
-      kWait));
+      [](const controller_client::TopologyWatcherStatus& s) { return s.topologies >= 1; }, kWait));
   EXPECT_THAT((*router)->WorkerAddresses(),
               ElementsAre("127.0.0.1:1", "127.0.0.1:2", worker.address()));
   // The topology's worker is admitted on its own load stream.

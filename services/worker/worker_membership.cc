@@ -4,8 +4,7 @@ namespace trident::worker {
 
 namespace v1 = ::trident::v1;
 
-v1::RegisterRequest WorkerRegisterRequest(const WorkerIdentity& identity,
-                                          const WorkerFacts& facts,
+v1::RegisterRequest WorkerRegisterRequest(const WorkerIdentity& identity, const WorkerFacts& facts,
                                           const controller_client::MemberAddresses& addresses) {
   v1::RegisterRequest request;
   v1::WorkerRegistration* worker = request.mutable_worker();
@@ -28,7 +27,7 @@ v1::RegisterRequest WorkerRegisterRequest(const WorkerIdentity& identity,
 
 void FillWorkerHeartbeat(const v1::WorkerLoad& load, v1::HeartbeatRequest* request) {
   request->set_state(load.state() == v1::SERVING_STATE_DRAINING ? v1::SERVING_STATE_DRAINING
-                                                                 : v1::SERVING_STATE_SERVING);
+                                                                : v1::SERVING_STATE_SERVING);
   *request->mutable_worker_load() = load;
 }
 

@@ -193,8 +193,8 @@ void WorkerServer::StartLoadReports() {
   if (model_ != nullptr) {
     loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); });
     kv_sampler_ = std::make_unique<transport::PeriodicSampler>(
-        options_.kv_metrics_interval, [reservations = reservations_.get(),
-                                       metrics = kv_metrics_.get(), kv = kv_.get()] {
+        options_.kv_metrics_interval,
+        [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get()] {
           metrics->SetReservations(reservations->num_reservations(), reservations->blocks_held());
           if (kv != nullptr) metrics->SetDroppedMessages(kv->dropped_messages());
         });

@@ -233,10 +233,10 @@ TEST(WorkerServerTest, JoinsTheControllerWithItsRegistrationAndLoadThenLeavesIt)
   options.controller_backoff = {.initial = absl::Milliseconds(10), .max = absl::Milliseconds(100)};
   ASSERT_THAT(Serve(std::move(options), served), IsOk());
 
-  ASSERT_THAT(served.worker->JoinController({.address = served.address,
-                                             .metrics_address = "127.0.0.1:9402",
-                                             .node_name = "node-a"}),
-              IsOk());
+  ASSERT_THAT(
+      served.worker->JoinController(
+          {.address = served.address, .metrics_address = "127.0.0.1:9402", .node_name = "node-a"}),
+      IsOk());
 
   ASSERT_TRUE(fake.Await(
       [](const controller_client::FakeControllerState& s) {

@@ -453,8 +453,7 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
     TRIDENT_RETURN_IF_ERROR(
         start("attention", "attention-0",
               {"--service_id=attention-0", absl::StrCat("--threads=", options.attention_threads),
-               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb),
-               controller_flag}));
+               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb), controller_flag}));
     const std::string attention_address = state.processes.back().GrpcAddress(state.host);
     std::vector<std::string> worker_ids;
     for (size_t i = 0; i < options.worker_roles.size(); ++i) {
@@ -467,12 +466,11 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
       TRIDENT_RETURN_IF_ERROR(WriteState(options.state_dir, state));
     }
     const RouterWorkers workers = RouterWorkersOf(state);
-    TRIDENT_RETURN_IF_ERROR(
-        start("router", "router",
-              {absl::StrCat("--model=", model_dir),
-               absl::StrCat("--prefill_workers=", absl::StrJoin(workers.prefill, ",")),
-               absl::StrCat("--decode_workers=", absl::StrJoin(workers.decode, ",")),
-               controller_flag}));
+    TRIDENT_RETURN_IF_ERROR(start(
+        "router", "router",
+        {absl::StrCat("--model=", model_dir),
+         absl::StrCat("--prefill_workers=", absl::StrJoin(workers.prefill, ",")),
+         absl::StrCat("--decode_workers=", absl::StrJoin(workers.decode, ",")), controller_flag}));
     TRIDENT_RETURN_IF_ERROR(
         WaitForRouterWorkers(state, *state.Find("router"), worker_ids, options.ready_timeout));
     TRIDENT_ASSIGN_OR_RETURN(ProcessRecord prometheus,

@@ -257,8 +257,7 @@ void FakeController::Forget(const std::string& member_id) {
   }
 }
 
-absl::Status FakeController::SetWorkerState(const std::string& worker_id,
-                                            v1::ServingState state) {
+absl::Status FakeController::SetWorkerState(const std::string& worker_id, v1::ServingState state) {
   absl::MutexLock lock(&mu_);
   for (v1::WorkerEntry& entry : *state_.topology.mutable_workers()) {
     if (entry.registration().worker_id() != worker_id) continue;
@@ -297,8 +296,8 @@ absl::Status FakeController::RegisterLocked(const v1::RegisterRequest& request) 
   if (absl::Status valid = MemberIdentity(request, &id, &incarnation); !valid.ok()) return valid;
   FakeMemberRecord& record = state_.members[id];
   if (record.registered && incarnation < record.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "member ", id, ": incarnation ", incarnation, " is older than ", record.incarnation));
+    return absl::FailedPreconditionError(absl::StrCat("member ", id, ": incarnation ", incarnation,
+                                                      " is older than ", record.incarnation));
   }
   const bool changed = !record.registered || incarnation != record.incarnation;
   record.registered = true;
@@ -342,11 +341,10 @@ absl::Status FakeController::HeartbeatLocked(const v1::HeartbeatRequest& request
   record.last_heartbeat = request;
   for (v1::WorkerEntry& entry : *state_.topology.mutable_workers()) {
     if (entry.registration().worker_id() != request.member_id()) continue;
-    const bool changed = (request.state() != v1::SERVING_STATE_UNSPECIFIED &&
-                          request.state() != entry.state()) ||
-                         (request.has_worker_load() && request.worker_load().role() !=
-                                                           v1::ROLE_UNSPECIFIED &&
-                          request.worker_load().role() != entry.role());
+    const bool changed =
+        (request.state() != v1::SERVING_STATE_UNSPECIFIED && request.state() != entry.state()) ||
+        (request.has_worker_load() && request.worker_load().role() != v1::ROLE_UNSPECIFIED &&
+         request.worker_load().role() != entry.role());
     if (!changed) break;
     if (request.state() != v1::SERVING_STATE_UNSPECIFIED) entry.set_state(request.state());
     if (request.worker_load().role() != v1::ROLE_UNSPECIFIED) {

@@ -78,8 +78,8 @@ class FakeController final : public trident::v1::Controller::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const trident::v1::RegisterRequest* request,
                                      trident::v1::RegisterResponse* response) override;
-  grpc::ServerBidiReactor<trident::v1::HeartbeatRequest, trident::v1::HeartbeatResponse>*
-  Heartbeat(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<trident::v1::HeartbeatRequest, trident::v1::HeartbeatResponse>* Heartbeat(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Deregister(grpc::CallbackServerContext* context,
                                        const trident::v1::DeregisterRequest* request,
                                        trident::v1::DeregisterResponse* response) override;
@@ -141,8 +141,8 @@ class FakeController final : public trident::v1::Controller::CallbackService {
 class FakeControllerServer {
  public:
   // Serves on `port` (0: a free one). UNAVAILABLE if it cannot bind.
-  static absl::StatusOr<std::unique_ptr<FakeControllerServer>> Start(
-      FakeControllerOptions options, int port = 0);
+  static absl::StatusOr<std::unique_ptr<FakeControllerServer>> Start(FakeControllerOptions options,
+                                                                     int port = 0);
   // Shuts down (see Shutdown()).
   ~FakeControllerServer();
 
