@@ -74,7 +74,8 @@ absl::StatusOr<std::unique_ptr<ServiceRuntime>> ServiceRuntime::Create(
   return std::unique_ptr<ServiceRuntime>(new ServiceRuntime(defaults, *std::move(metrics)));
 }
 
-absl::Status ServiceRuntime::Serve(std::vector<RegisteredService> services) {
+absl::Status ServiceRuntime::Serve(std::vector<RegisteredService> services,
+                                   const ServeHooks& hooks) {
   GrpcServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = PortFlag(absl::GetFlag(FLAGS_port), defaults_.grpc_port);
@@ -82,6 +83,10 @@ absl::Status ServiceRuntime::Serve(std::vector<RegisteredService> services) {
   if (!server.ok()) return server.status();
   TRIDENT_LOG(INFO) << defaults_.component << " serving gRPC on " << options.host << ":"
                     << (*server)->port() << ", /metrics on port " << metrics_->port();
+  if (hooks.on_serving) {
+    hooks.on_serving(
+        {.host = options.host, .grpc_port = (*server)->port(), .metrics_port = metrics_->port()});
+  }
   absl::Status ready = ReportReady(absl::GetFlag(FLAGS_ready_fd), defaults_.component,
                                    (*server)->port(), metrics_->port());
   if (!ready.ok()) {
@@ -92,6 +97,7 @@ absl::Status ServiceRuntime::Serve(std::vector<RegisteredService> services) {
   const int signal_number = WaitForShutdownSignal();
   const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   TRIDENT_LOG(INFO) << "signal " << signal_number << ": draining for at most " << drain_timeout;
+  if (hooks.on_drain) hooks.on_drain();
   const absl::Time start = absl::Now();
   (*server)->Drain(start + drain_timeout);
   TRIDENT_LOG(INFO) << defaults_.component << " drained in " << (absl::Now() - start);

@@ -35,6 +35,25 @@
 
 namespace trident {
 
+// Where a serving process is bound, for ServeHooks::on_serving.
+struct ServingPorts {
+  // The --host flag: the address bound, possibly a wildcard (0.0.0.0).
+  std::string host;
+  int grpc_port = 0;
+  int metrics_port = 0;
+};
+
+// What a service runs around its serving life (e.g. joining and leaving the
+// controller's membership). Both run on the main thread.
+struct ServeHooks {
+  // Once the gRPC server serves, with the bound ports, before readiness is
+  // reported.
+  std::function<void(const ServingPorts&)> on_serving;
+  // After the shutdown signal, before the drain starts: calls in flight
+  // still finish after it.
+  std::function<void()> on_drain;
+};
+
 struct ServiceDefaults {
   // Lower-case component name: "router", "worker", "attention", "controller".
   std::string component;
@@ -52,10 +71,11 @@ class ServiceRuntime {
   prometheus::Registry& registry() { return metrics_->registry(); }
   const std::string& component() const { return defaults_.component; }
 
-  // Starts the gRPC server with `services`, reports readiness, then blocks
-  // until SIGTERM or SIGINT, drains (see GrpcServer::Drain) and returns OK.
-  // Returns an error at once if the server cannot start.
-  absl::Status Serve(std::vector<RegisteredService> services);
+  // Starts the gRPC server with `services`, runs hooks.on_serving, reports
+  // readiness, then blocks until SIGTERM or SIGINT, runs hooks.on_drain,
+  // drains (see GrpcServer::Drain) and returns OK. Returns an error at once
+  // if the server cannot start.
+  absl::Status Serve(std::vector<RegisteredService> services, const ServeHooks& hooks = {});
 
  private:
   ServiceRuntime(ServiceDefaults defaults, std::unique_ptr<telemetry::MetricsServer> metrics)

@@ -6,12 +6,13 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/cpu/cpu_features.h"
 #include "common/logging/log.h"
-#include "common/status/status_macros.h"
-#include "absl/strings/str_join.h"
 #include "common/numa/numa_arena.h"
 #include "common/numa/numa_topology.h"
+#include "common/status/status_macros.h"
+#include "services/attention/attention_membership.h"
 #include "services/attention/kv_store/arena_kv_pool.h"
 
 namespace trident::attention {
@@ -135,6 +136,7 @@ absl::Status AttentionServer::StartKvMemory() {
 }
 
 AttentionServer::~AttentionServer() {
+  LeaveController();
   stop_.Notify();
   if (housekeeping_.joinable()) housekeeping_.join();
   data_plane_.reset();
@@ -145,6 +147,35 @@ AttentionServer::~AttentionServer() {
 
 std::vector<RegisteredService> AttentionServer::services() {
   return {{service_.get(), trident::v1::Attention::service_full_name()}};
+}
+
+absl::Status AttentionServer::JoinController(const controller_client::MemberAddresses& addresses) {
+  if (options_.controller_address.empty() || member_ != nullptr) return absl::OkStatus();
+  const AttentionFacts facts{.service_id = options_.service_id,
+                             .incarnation = options_.incarnation,
+                             .numa_node = numa_node_,
+                             .isa = IsaToProto(computer_->isa()),
+                             .threads = pool_->num_threads(),
+                             .capacity_bytes = options_.kv_budget_bytes};
+  controller_client::ControllerMemberOptions member;
+  member.controller_address = options_.controller_address;
+  member.build_registration = [facts, addresses] {
+    return AttentionRegisterRequest(facts, addresses);
+  };
+  member.fill_heartbeat = [store = store_.get()](trident::v1::HeartbeatRequest* request) {
+    FillAttentionHeartbeat(store->Stats(), request);
+  };
+  member.backoff = options_.controller_backoff;
+  member.seed = options_.incarnation;
+  TRIDENT_ASSIGN_OR_RETURN(member_, controller_client::ControllerMember::Create(std::move(member)));
+  member_->Start();
+  TRIDENT_LOG(INFO) << "joining the controller at " << options_.controller_address << " as "
+                    << options_.service_id << " at " << addresses.address;
+  return absl::OkStatus();
+}
+
+void AttentionServer::LeaveController() {
+  if (member_ != nullptr) member_->Stop();
 }
 
 void AttentionServer::Housekeep() {

@@ -16,9 +16,13 @@
 //                          starts), expired sessions and idle sequences are
 //                          freed, metrics are sampled; owners are probed
 //                          (an unanswered probe counts as a failure)
+//   ControllerMember       with a controller address, once serving
+//                          (JoinController): registration and heartbeats
+//                          carrying the store's load
 //
-// Destroyed in reverse: the housekeeping thread stops first, then the data
-// plane (no request runs after), then the store frees what is left.
+// Destroyed in reverse: the controller membership ends first, then the
+// housekeeping thread stops, then the data plane (no request runs after),
+// then the store frees what is left.
 
 #ifndef TRIDENT_SERVICES_ATTENTION_ATTENTION_SERVER_H_
 #define TRIDENT_SERVICES_ATTENTION_ATTENTION_SERVER_H_
@@ -32,13 +36,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/controller_client/backoff.h"
+#include "common/controller_client/controller_member.h"
+#include "common/controller_client/member_address.h"
 #include "common/grpc/server.h"
 #include "common/numa/spin_pool.h"
-#include "kernels/cpu/decode_attention/decode_attention.h"
 #include "common/time/clock.h"
 #include "common/transport/attention/ucx_attention_server.h"
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
+#include "kernels/cpu/decode_attention/decode_attention.h"
 #include "prometheus/registry.h"
 #include "services/attention/attention_metrics.h"
 #include "services/attention/attention_service.h"
@@ -77,6 +84,11 @@ struct AttentionServerOptions {
   absl::Duration peer_probe_timeout = absl::Seconds(3);
   // Time for the store; null: the real clock.
   Clock* clock = nullptr;
+  // host:port of the controller (trident.v1.Controller) to register with
+  // and heartbeat to once serving (JoinController); empty: none.
+  std::string controller_address;
+  // Retry bounds of the controller client.
+  controller_client::BackoffOptions controller_backoff;
 };
 
 // "auto", "avx2", "avx512_bf16" or "amx"; INVALID_ARGUMENT naming
@@ -105,6 +117,23 @@ class AttentionServer {
   // One housekeeping pass, as the thread runs it.
   void Housekeep();
 
+  // With options.controller_address: registers with the controller as
+  // reached at `addresses` (the gRPC server now serving services()), then
+  // heartbeats the store's load (held and capacity bytes, sequences) until
+  // LeaveController; retries in the background while the controller is
+  // unreachable. Without a controller address, does nothing. Errors:
+  // INVALID_ARGUMENT from ControllerMember::Create. Call once.
+  absl::Status JoinController(const controller_client::MemberAddresses& addresses);
+
+  // Deregisters (bounded by a short deadline) and stops heartbeating;
+  // nothing if not joined. Idempotent.
+  void LeaveController();
+
+  // Null unless joined.
+  const controller_client::ControllerMember* ControllerMemberForTesting() const {
+    return member_.get();
+  }
+
  private:
   explicit AttentionServer(AttentionServerOptions options) : options_(std::move(options)) {}
   absl::Status Start(prometheus::Registry* registry);
@@ -130,6 +159,8 @@ class AttentionServer {
   absl::Duration mean_request_time_ ABSL_GUARDED_BY(stats_mu_);
   absl::Notification stop_;
   std::thread housekeeping_;
+  // Last: its thread reads the store, so it goes first.
+  std::unique_ptr<controller_client::ControllerMember> member_;
 };
 
 }  // namespace trident::attention

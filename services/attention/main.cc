@@ -7,11 +7,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/controller_client/member_address.h"
 #include "common/logging/log.h"
-#include "common/service/service_runtime.h"
-#include "common/status/status_macros.h"
 #include "common/numa/numa_binding.h"
 #include "common/numa/numa_topology.h"
+#include "common/service/service_runtime.h"
+#include "common/status/status_macros.h"
 #include "services/attention/attention_server.h"
 
 ABSL_FLAG(int, numa_node, -1,
@@ -38,6 +39,15 @@ ABSL_FLAG(absl::Duration, spin_window, absl::Milliseconds(5),
 ABSL_FLAG(absl::Duration, peer_probe_timeout, absl::Seconds(3),
           "A decode worker that has not answered a liveness probe for this long counts as "
           "unreachable (its --reconnect_grace starts).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port this service registers with the controller (decode workers reach it "
+          "there; its host also names the /metrics endpoint); empty: --host (or, when that is "
+          "a wildcard, the host name) with the bound ports.");
+ABSL_FLAG(std::string, controller_address, "",
+          "host:port of the controller: once serving, the service registers there (id, "
+          "incarnation, --advertise_address, NUMA node, ISA, threads, KV budget; node name from "
+          "$NODE_NAME, else the host name) and heartbeats its load, re-registering when the "
+          "controller restarts, and deregisters on shutdown. Empty: no controller.");
 ABSL_FLAG(absl::Duration, default_idle_timeout, absl::Minutes(10),
           "A sequence no request names for this long is freed (when its admission set none).");
 
@@ -69,8 +79,18 @@ int main(int argc, char** argv) {
         options.store.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
         options.peer_probe_timeout = absl::GetFlag(FLAGS_peer_probe_timeout);
         options.store.default_idle_timeout = absl::GetFlag(FLAGS_default_idle_timeout);
+        options.controller_address = absl::GetFlag(FLAGS_controller_address);
         TRIDENT_ASSIGN_OR_RETURN(auto server, trident::attention::AttentionServer::Create(
                                                   options, &runtime.registry()));
-        return runtime.Serve(server->services());
+        trident::ServeHooks hooks;
+        hooks.on_serving = [&server](const trident::ServingPorts& ports) {
+          const absl::Status joined =
+              server->JoinController(trident::controller_client::AdvertisedAddresses(
+                  absl::GetFlag(FLAGS_advertise_address), ports.host, ports.grpc_port,
+                  ports.metrics_port));
+          if (!joined.ok()) TRIDENT_LOG(ERROR) << "not joining the controller: " << joined;
+        };
+        hooks.on_drain = [&server] { server->LeaveController(); };
+        return runtime.Serve(server->services(), hooks);
       });
 }

@@ -48,6 +48,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Topology> {
  public:
   WatchReactor(Membership* membership, const v1::WatchTopologyRequest& request)
       : membership_(membership) {
+    // Headers at once, so that a watcher whose first topology is skipped
+    // (it has it already) knows it is connected.
+    StartSendInitialMetadata();
     listener_ = membership_->AddListener([this](const v1::Topology& t) { Offer(t); });
     const v1::Topology now = membership_->Snapshot();
     if (request.known_controller_incarnation() == now.controller_incarnation() &&

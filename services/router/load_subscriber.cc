@@ -1,5 +1,6 @@
 #include "services/router/load_subscriber.h"
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,43 +14,88 @@ struct LoadSubscriber::Worker {
   std::unique_ptr<trident::v1::WorkerControl::Stub> stub;
   // The stream in progress, for cancellation (guarded by the owner's mu_).
   grpc::ClientContext* context = nullptr;
+  // No longer followed: the thread ends (guarded by the owner's mu_).
+  bool removed = false;
   std::thread thread;
 };
 
 LoadSubscriber::LoadSubscriber(std::vector<std::string> addresses, LoadCallbacks callbacks,
                                LoadSubscriberOptions options)
     : callbacks_(std::move(callbacks)), options_(options) {
-  for (std::string& address : addresses) {
-    auto w = std::make_unique<Worker>();
-    w->address = std::move(address);
-    w->stub = trident::v1::WorkerControl::NewStub(
-        grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials()));
-    workers_.push_back(std::move(w));
-  }
-  for (auto& w : workers_) {
-    Worker* worker = w.get();
-    worker->thread = std::thread([this, worker] { Run(worker); });
-  }
+  absl::MutexLock lock(&mu_);
+  for (const std::string& address : addresses) AddLocked(address);
 }
 
 LoadSubscriber::~LoadSubscriber() {
+  absl::MutexLock set_lock(&set_mu_);
+  std::map<std::string, std::unique_ptr<Worker>> workers;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (auto& w : workers_) {
+    for (auto& [address, w] : workers_) {
       if (w->context != nullptr) w->context->TryCancel();
     }
+    workers.swap(workers_);
   }
-  for (auto& w : workers_) w->thread.join();
+  for (auto& [address, w] : workers) w->thread.join();
+}
+
+void LoadSubscriber::AddLocked(const std::string& address) {
+  if (workers_.count(address) > 0) return;
+  auto w = std::make_unique<Worker>();
+  w->address = address;
+  w->stub = trident::v1::WorkerControl::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  Worker* worker = w.get();
+  workers_.emplace(address, std::move(w));
+  worker->thread = std::thread([this, worker] { Run(worker); });
+}
+
+void LoadSubscriber::SetAddresses(const std::vector<std::string>& addresses) {
+  absl::MutexLock set_lock(&set_mu_);
+  const std::set<std::string> wanted(addresses.begin(), addresses.end());
+  std::vector<std::unique_ptr<Worker>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (wanted.count(it->first) > 0) {
+        ++it;
+        continue;
+      }
+      it->second->removed = true;
+      if (it->second->context != nullptr) it->second->context->TryCancel();
+      removed.push_back(std::move(it->second));
+      it = workers_.erase(it);
+    }
+    for (const std::string& address : wanted) AddLocked(address);
+  }
+  for (auto& w : removed) {
+    w->thread.join();
+    TRIDENT_LOG(INFO) << "no longer following the load of " << w->address;
+    if (callbacks_.on_down) {
+      callbacks_.on_down(w->address, absl::CancelledError(absl::StrCat(
+                                         w->address, " is no longer in the worker set")));
+    }
+  }
+}
+
+std::vector<std::string> LoadSubscriber::addresses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [address, w] : workers_) out.push_back(address);
+  return out;
 }
 
 void LoadSubscriber::Run(Worker* worker) {
   bool down_reported = false;
+  auto ending = [this, worker]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || worker->removed; };
   while (true) {
     grpc::ClientContext context;
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (ending()) return;
       worker->context = &context;
     }
     trident::v1::GetLoadRequest request;
@@ -69,7 +115,7 @@ void LoadSubscriber::Run(Worker* worker) {
     const grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
     worker->context = nullptr;
-    if (stopping_) return;
+    if (ending()) return;
     if (!down_reported) {
       down_reported = true;
       const absl::Status why(
@@ -80,9 +126,8 @@ void LoadSubscriber::Run(Worker* worker) {
       if (callbacks_.on_down) callbacks_.on_down(worker->address, why);
       mu_.Lock();
     }
-    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-    mu_.AwaitWithTimeout(absl::Condition(&stop), options_.retry);
-    if (stopping_) return;
+    mu_.AwaitWithTimeout(absl::Condition(&ending), options_.retry);
+    if (ending()) return;
   }
 }
 

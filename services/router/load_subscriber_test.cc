@@ -1,7 +1,10 @@
 #include "services/router/load_subscriber.h"
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -16,10 +19,11 @@ namespace v1 = ::trident::v1;
 
 // A worker's WorkerControl with load streams whose samples count up.
 struct FakeWorker {
-  explicit FakeWorker(int port_wanted = 0)
-      : loads([this] {
+  explicit FakeWorker(int port_wanted = 0, std::string id = "w1")
+      : worker_id(std::move(id)),
+        loads([this] {
           v1::WorkerLoad load;
-          load.set_worker_id("w1");
+          load.set_worker_id(worker_id);
           load.set_running_sequences(samples.fetch_add(1));
           return load;
         }),
@@ -33,6 +37,9 @@ struct FakeWorker {
   // Cancels the open load streams at once (they never end by themselves).
   ~FakeWorker() { server->Shutdown(std::chrono::system_clock::now()); }
 
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+
+  const std::string worker_id;
   std::atomic<int> samples{0};
   worker::LoadStreams loads;
   worker::WorkerControlService control;
@@ -92,6 +99,81 @@ TEST(LoadSubscriberTest, DeliversSamplesReportsAnOutageAndReconnects) {
     mu.Await(absl::Condition(&more));
     EXPECT_EQ(downs, 1);
   }
+}
+
+// What the callbacks saw, by address.
+struct Seen {
+  absl::Mutex mu;
+  std::map<std::string, int> loads ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::vector<absl::StatusCode>> downs ABSL_GUARDED_BY(mu);
+  // Loads of an address counted when its first down arrived.
+  std::map<std::string, int> loads_at_down ABSL_GUARDED_BY(mu);
+
+  LoadCallbacks callbacks() {
+    LoadCallbacks callbacks;
+    callbacks.on_load = [this](const std::string& address, const v1::WorkerLoad&) {
+      absl::MutexLock lock(&mu);
+      ++loads[address];
+    };
+    callbacks.on_down = [this](const std::string& address, const absl::Status& why) {
+      absl::MutexLock lock(&mu);
+      if (downs[address].empty()) loads_at_down[address] = loads[address];
+      downs[address].push_back(why.code());
+    };
+    return callbacks;
+  }
+
+  // Waits until `address` has delivered at least `n` loads in all.
+  bool AwaitLoads(const std::string& address, int n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return loads[address] >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+  }
+  int LoadsOf(const std::string& address) {
+    absl::MutexLock lock(&mu);
+    return loads[address];
+  }
+};
+
+TEST(LoadSubscriberTest, SetAddressesStartsNewStreamsAndRetiresRemovedOnes) {
+  FakeWorker one(0, "w1");
+  FakeWorker two(0, "w2");
+  ASSERT_NE(one.server, nullptr);
+  ASSERT_NE(two.server, nullptr);
+  Seen seen;
+  LoadSubscriberOptions options;
+  options.interval = absl::Milliseconds(10);
+  options.retry = absl::Milliseconds(20);
+  LoadSubscriber subscriber({}, seen.callbacks(), options);
+  EXPECT_TRUE(subscriber.addresses().empty());
+
+  subscriber.SetAddresses({one.address()});
+  ASSERT_TRUE(seen.AwaitLoads(one.address(), 2));
+  subscriber.SetAddresses({one.address(), two.address(), two.address()});
+  ASSERT_TRUE(seen.AwaitLoads(two.address(), 2));
+  EXPECT_EQ(subscriber.addresses().size(), 2u);
+
+  subscriber.SetAddresses({two.address()});
+
+  // Removed: reported down once, as no longer wanted, and silent after.
+  EXPECT_EQ(subscriber.addresses(), std::vector<std::string>{two.address()});
+  {
+    absl::MutexLock lock(&seen.mu);
+    EXPECT_EQ(seen.downs[one.address()],
+              std::vector<absl::StatusCode>{absl::StatusCode::kCancelled});
+    EXPECT_TRUE(seen.downs[two.address()].empty());
+  }
+  const int one_loads = seen.LoadsOf(one.address());
+  ASSERT_TRUE(seen.AwaitLoads(two.address(), seen.LoadsOf(two.address()) + 3));
+  EXPECT_EQ(seen.LoadsOf(one.address()), one_loads);
+  {
+    absl::MutexLock lock(&seen.mu);
+    EXPECT_EQ(seen.loads_at_down[one.address()], one_loads);
+  }
+
+  // Added again: followed again.
+  subscriber.SetAddresses({one.address(), two.address()});
+  ASSERT_TRUE(seen.AwaitLoads(one.address(), one_loads + 2));
 }
 
 }  // namespace

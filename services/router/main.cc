@@ -3,32 +3,18 @@
 // half a worker in role `both` serves; behind it, each request is admitted
 // against its SLO (services/router/admission) on the live load of the
 // workers, then runs on a (decode, prefill) pair: ReserveKv, Prefill into
-// the reservation, Decode (RemoteTokenSource).
+// the reservation, Decode (RemoteTokenSource). Flags only; the parts are in
+// router_server.h.
 
-#include <algorithm>
-#include <map>
-#include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/frontend/generation_service.h"
-#include "common/frontend/model_info.h"
-#include "common/logging/log.h"
-#include "common/model/config.h"
+#include "common/controller_client/member_address.h"
 #include "common/service/service_runtime.h"
-#include "common/status/error_details.h"
-#include "common/time/clock.h"
-#include "common/tokenizer/tokenizer.h"
-#include "services/router/admission/admission_controller.h"
-#include "services/router/admission/qos_config.h"
-#include "services/router/admission/worker_load_proto.h"
-#include "services/router/load_subscriber.h"
-#include "services/router/remote_token_source.h"
-#include "services/router/router_metrics.h"
+#include "common/status/status_macros.h"
+#include "services/router/router_server.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model directory (config.json, tokenizer.json) the workers serve; the router reads "
@@ -37,8 +23,18 @@ ABSL_FLAG(std::string, model_name, "", "Name ModelInfo reports; empty: the direc
 ABSL_FLAG(int32_t, max_model_len, 0,
           "Longest prompt + output accepted; 0: the model's max_position_embeddings. Keep it "
           "at or below the workers' own limit.");
-ABSL_FLAG(std::string, prefill_workers, "", "Comma-separated host:port of prefill workers.");
-ABSL_FLAG(std::string, decode_workers, "", "Comma-separated host:port of decode workers.");
+ABSL_FLAG(std::string, prefill_workers, "",
+          "Comma-separated host:port of prefill workers, always followed. Optional with "
+          "--controller_address.");
+ABSL_FLAG(std::string, decode_workers, "",
+          "Comma-separated host:port of decode workers, always followed. Optional with "
+          "--controller_address.");
+ABSL_FLAG(std::string, controller_address, "",
+          "host:port of the controller: the router follows its topology (WatchTopology) and "
+          "subscribes to the load of every worker there that is not DEAD, besides "
+          "--prefill_workers/--decode_workers; while the controller is unreachable it keeps "
+          "the last topology's workers and reconnects with backoff. Empty: the static lists "
+          "only.");
 ABSL_FLAG(std::string, qos_config, "",
           "QoS classes (JSON; see services/router/admission/qos_config.h); empty: one default "
           "class without targets.");
@@ -68,111 +64,33 @@ std::vector<std::string> SplitList(const std::string& text) {
   return out;
 }
 
+trident::router::RouterServerOptions OptionsFromFlags() {
+  trident::router::RouterServerOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  options.model_name = absl::GetFlag(FLAGS_model_name);
+  options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  options.prefill_workers = SplitList(absl::GetFlag(FLAGS_prefill_workers));
+  options.decode_workers = SplitList(absl::GetFlag(FLAGS_decode_workers));
+  options.qos_config_path = absl::GetFlag(FLAGS_qos_config);
+  options.admission = absl::GetFlag(FLAGS_admission);
+  options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
+  options.load.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
+  options.kv_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
+  options.max_kv_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_kv_wait_ms));
+  options.controller_address = absl::GetFlag(FLAGS_controller_address);
+  options.router_id = trident::controller_client::HostName();
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return trident::RunServiceMain(
       argc, argv, {.component = "router", .grpc_port = 50051, .metrics_port = 9401},
       [](trident::ServiceRuntime& runtime) -> absl::Status {
-        namespace admission = trident::router::admission;
-        const std::string model_dir = absl::GetFlag(FLAGS_model);
-        if (model_dir.empty()) {
-          return trident::InvalidArgumentForField(
-              "--model", "name the model directory the workers serve (config.json, tokenizer.json)");
-        }
-        absl::StatusOr<trident::model::ModelConfig> config =
-            trident::model::LoadModelConfig(model_dir);
-        if (!config.ok()) return config.status();
-        absl::StatusOr<std::unique_ptr<trident::tokenizer::Tokenizer>> tokenizer =
-            trident::tokenizer::Tokenizer::FromDirectory(model_dir);
-        if (!tokenizer.ok()) return tokenizer.status();
-        int32_t max_len = config->max_position_embeddings;
-        if (absl::GetFlag(FLAGS_max_model_len) > 0) {
-          max_len = std::min(max_len, absl::GetFlag(FLAGS_max_model_len));
-        }
-        const trident::v1::ModelInfoResponse info = trident::frontend::ModelInfoFor(
-            *config, **tokenizer, model_dir, absl::GetFlag(FLAGS_model_name), max_len,
-            /*kv_block_size=*/16, trident::numeric::DType::kBF16);
-
-        admission::QosConfig qos = admission::QosConfig::SingleDefaultClass();
-        if (!absl::GetFlag(FLAGS_qos_config).empty()) {
-          absl::StatusOr<admission::QosConfig> loaded =
-              admission::LoadQosConfigFile(absl::GetFlag(FLAGS_qos_config));
-          if (!loaded.ok()) return loaded.status();
-          qos = std::move(*loaded);
-        }
-        admission::AdmissionOptions admission_options;
-        admission_options.enabled = absl::GetFlag(FLAGS_admission);
-        if (absl::GetFlag(FLAGS_slo_margin) <= 0 || absl::GetFlag(FLAGS_slo_margin) > 1) {
-          return trident::InvalidArgumentForField("--slo_margin", "must be in (0, 1]");
-        }
-        admission_options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
-        trident::RealClock clock;
-        admission::AdmissionController controller(admission_options, qos, &clock);
-        if (absl::GetFlag(FLAGS_kv_lease_ms) <= 0) {
-          return trident::InvalidArgumentForField("--kv_lease_ms", "must be positive");
-        }
-        trident::router::RouterMetrics metrics(runtime.registry(), qos);
-        trident::router::RemoteTokenSourceOptions remote_options;
-        remote_options.reserve_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
-        if (absl::GetFlag(FLAGS_max_kv_wait_ms) < 0) {
-          return trident::InvalidArgumentForField("--max_kv_wait_ms", "must not be negative");
-        }
-        remote_options.max_kv_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_kv_wait_ms));
-        remote_options.metrics = &metrics;
-        remote_options.clock = &clock;
-        trident::router::RemoteTokenSource remote(&controller, remote_options);
-
-        std::set<std::string> addresses;
-        for (const std::string& a : SplitList(absl::GetFlag(FLAGS_prefill_workers))) {
-          addresses.insert(a);
-        }
-        for (const std::string& a : SplitList(absl::GetFlag(FLAGS_decode_workers))) {
-          addresses.insert(a);
-        }
-        if (addresses.empty()) {
-          return trident::InvalidArgumentForField(
-              "--prefill_workers", "name at least one prefill and one decode worker");
-        }
-        // Worker id by address, learned from the load streams.
-        absl::Mutex ids_mu;
-        std::map<std::string, std::string> ids;
-        trident::router::LoadCallbacks callbacks;
-        callbacks.on_load = [&](const std::string& address, const trident::v1::WorkerLoad& load) {
-          {
-            absl::MutexLock lock(&ids_mu);
-            ids[address] = load.worker_id();
-          }
-          remote.SetWorkerAddress(load.worker_id(), address);
-          absl::StatusOr<admission::WorkerLoadReport> report =
-              admission::WorkerLoadReportFromProto(load);
-          if (!report.ok()) {
-            TRIDENT_LOG(WARNING) << "bad load report from " << address << ": " << report.status();
-            return;
-          }
-          if (absl::Status s = controller.UpdateLoad(*report); !s.ok()) {
-            TRIDENT_LOG(WARNING) << "load report from " << address << ": " << s;
-            return;
-          }
-          metrics.UpdateWorkerLoad(*report);
-        };
-        callbacks.on_down = [&](const std::string& address, const absl::Status&) {
-          std::string id;
-          {
-            absl::MutexLock lock(&ids_mu);
-            id = ids[address];
-          }
-          if (!id.empty()) {
-            controller.RemoveWorker(id);
-            metrics.RemoveWorker(id);
-          }
-        };
-        trident::router::LoadSubscriberOptions load_options;
-        load_options.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
-        trident::router::LoadSubscriber loads(
-            std::vector<std::string>(addresses.begin(), addresses.end()), callbacks, load_options);
-
-        trident::frontend::GenerationService generation(&remote, tokenizer->get(), info, &clock);
-        return runtime.Serve({{&generation, trident::v1::Generation::service_full_name()}});
+        TRIDENT_ASSIGN_OR_RETURN(
+            std::unique_ptr<trident::router::RouterServer> server,
+            trident::router::RouterServer::Create(OptionsFromFlags(), &runtime.registry()));
+        return runtime.Serve(server->services());
       });
 }

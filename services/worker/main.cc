@@ -10,6 +10,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
+#include "common/controller_client/member_address.h"
+#include "common/logging/log.h"
 #include "common/service/service_runtime.h"
 #include "common/status/status_macros.h"
 #include "services/worker/worker_server.h"
@@ -54,8 +56,15 @@ ABSL_FLAG(int32_t, max_model_len, 0,
 ABSL_FLAG(std::string, worker_id, "",
           "Id this worker reports in load samples and KV endpoints; empty: worker-<pid>.");
 ABSL_FLAG(std::string, advertise_address, "",
-          "host:port peers use to reach this worker (KvDestination.decode_address); empty: "
-          "peers use the address they know it by.");
+          "host:port peers use to reach this worker (KvDestination.decode_address) and that it "
+          "registers with the controller (its host also names the /metrics endpoint there); "
+          "empty: peers use the address they know it by, and the controller gets --host (or, "
+          "when that is a wildcard, the host name) with the bound ports.");
+ABSL_FLAG(std::string, controller_address, "",
+          "host:port of the controller: once serving, the worker registers there (id, "
+          "incarnation, --advertise_address, device, model, role, capacity; node name from "
+          "$NODE_NAME, else the host name) and heartbeats its load, re-registering when the "
+          "controller restarts, and deregisters on shutdown. Empty: no controller.");
 ABSL_FLAG(std::string, kv_transport, "auto",
           "How KV moves between prefill and decode workers: 'ucx' (one-sided puts into the "
           "decode worker's registered KV pool), 'none' (no disaggregation: ReserveKv and "
@@ -154,6 +163,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
+  options.controller_address = absl::GetFlag(FLAGS_controller_address);
   return options;
 }
 
@@ -169,6 +179,15 @@ int main(int argc, char** argv) {
         TRIDENT_ASSIGN_OR_RETURN(
             std::unique_ptr<trident::worker::WorkerServer> server,
             trident::worker::WorkerServer::Create(std::move(options), &runtime.registry()));
-        return runtime.Serve(server->services());
+        trident::ServeHooks hooks;
+        hooks.on_serving = [&server](const trident::ServingPorts& ports) {
+          const absl::Status joined =
+              server->JoinController(trident::controller_client::AdvertisedAddresses(
+                  absl::GetFlag(FLAGS_advertise_address), ports.host, ports.grpc_port,
+                  ports.metrics_port));
+          if (!joined.ok()) TRIDENT_LOG(ERROR) << "not joining the controller: " << joined;
+        };
+        hooks.on_drain = [&server] { server->LeaveController(); };
+        return runtime.Serve(server->services(), hooks);
       });
 }

@@ -11,6 +11,7 @@
 #include "common/logging/log.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "services/worker/worker_membership.h"
 
 namespace trident::worker {
 namespace {
@@ -85,6 +86,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(WorkerServerO
 }
 
 WorkerServer::~WorkerServer() {
+  LeaveController();
   if (model_ != nullptr) {
     model_->engine->Shutdown();
     model_->engine->SetStepHook(nullptr);
@@ -189,26 +191,66 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
 
 void WorkerServer::StartLoadReports() {
   if (model_ != nullptr) {
-    // Load reports: engine figures, this process's identity and role.
-    engine::Engine* engine = model_->engine.get();
-    const KvReservations* reservations = reservations_.get();
-    const WorkerRole* role = role_.get();
-    loads_ = std::make_unique<LoadStreams>([identity = identity_, engine, reservations, role] {
-      WorkerIdentity now = identity;
-      const WorkerRole::State state = role->state();
-      now.role = state.role;
-      now.pending_role = state.pending_role;
-      return WorkerLoadFromStats(now, engine->stats(), reservations->blocks_held(),
-                                 reservations->num_reservations(), absl::Now());
-    });
+    loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); });
     kv_sampler_ = std::make_unique<transport::PeriodicSampler>(
-        options_.kv_metrics_interval, [reservations, metrics = kv_metrics_.get(), kv = kv_.get()] {
+        options_.kv_metrics_interval,
+        [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get()] {
           metrics->SetReservations(reservations->num_reservations(), reservations->blocks_held());
           if (kv != nullptr) metrics->SetDroppedMessages(kv->dropped_messages());
         });
   }
   control_ = std::make_unique<WorkerControlService>(
       model_ != nullptr ? model_->engine.get() : nullptr, loads_.get(), role_.get());
+}
+
+v1::WorkerLoad WorkerServer::SampleLoad() const {
+  WorkerIdentity now = identity_;
+  const WorkerRole::State state = role_->state();
+  now.role = state.role;
+  now.pending_role = state.pending_role;
+  if (model_ == nullptr) {
+    return WorkerLoadFromStats(now, engine::EngineStats(), 0, 0, absl::Now());
+  }
+  return WorkerLoadFromStats(now, model_->engine->stats(), reservations_->blocks_held(),
+                             reservations_->num_reservations(), absl::Now());
+}
+
+absl::Status WorkerServer::JoinController(const controller_client::MemberAddresses& addresses) {
+  if (options_.controller_address.empty() || member_ != nullptr) return absl::OkStatus();
+  controller_client::ControllerMemberOptions member;
+  member.controller_address = options_.controller_address;
+  member.build_registration = [this, addresses] {
+    WorkerIdentity now = identity_;
+    now.role = role_->role();
+    WorkerFacts facts;
+    facts.device = options_.model.cuda_device < 0
+                       ? std::string("cpu")
+                       : absl::StrCat("cuda:", options_.model.cuda_device);
+    facts.kv_block_size_tokens = options_.model.kv_block_size;
+    facts.max_batch_sequences = options_.model.max_running;
+    facts.max_prefill_batch_tokens = options_.model.max_batch_tokens;
+    if (model_ != nullptr) {
+      facts.model = model_->info.model();
+      facts.max_context_tokens = model_->info.max_context_tokens();
+      facts.kv_blocks_total = model_->engine->stats().blocks_total;
+    }
+    return WorkerRegisterRequest(now, facts, addresses);
+  };
+  member.fill_heartbeat = [this](v1::HeartbeatRequest* request) {
+    FillWorkerHeartbeat(SampleLoad(), request);
+  };
+  member.backoff = options_.controller_backoff;
+  // Workers restarted together should not retry in step.
+  member.seed = identity_.incarnation;
+  TRIDENT_ASSIGN_OR_RETURN(member_, controller_client::ControllerMember::Create(std::move(member)));
+  member_->Start();
+  TRIDENT_LOG(INFO) << "joining the controller at " << options_.controller_address << " as "
+                    << identity_.worker_id << " at " << addresses.address;
+  return absl::OkStatus();
+}
+
+void WorkerServer::LeaveController() {
+  if (member_ != nullptr) member_->Stop();
 }
 
 std::vector<RegisteredService> WorkerServer::services() {

@@ -19,6 +19,9 @@
 //                              reservations; UcxKv as KvReceiver), Prefill
 //                              (the metered sender), WorkerControl (load
 //                              streams), and the KV metrics sampler
+//   ControllerMember           with a controller address, once serving
+//                              (JoinController): registration and
+//                              heartbeats carrying the load samples
 //
 // Without a model, Decode and Prefill answer UNIMPLEMENTED and Generation is
 // not served. Without a KV transport (kv_transport none, or auto in role
@@ -36,6 +39,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/controller_client/backoff.h"
+#include "common/controller_client/controller_member.h"
+#include "common/controller_client/member_address.h"
+#include "common/frontend/generation_service.h"
 #include "common/grpc/server.h"
 #include "common/time/clock.h"
 #include "common/transport/kv/transfer_metrics.h"
@@ -48,10 +55,9 @@
 #include "services/worker/load_streams.h"
 #include "services/worker/offload/attention_offload.h"
 #include "services/worker/offload/offload_policy.h"
-#include "common/frontend/generation_service.h"
 #include "services/worker/prefill_service.h"
-#include "services/worker/worker_model.h"
 #include "services/worker/role_call_gate.h"
+#include "services/worker/worker_model.h"
 #include "services/worker/worker_role.h"
 #include "services/worker/worker_services.h"
 #include "trident/v1/cluster.pb.h"
@@ -111,6 +117,11 @@ struct WorkerServerOptions {
   // The longest a decode step waits for a service's answer before its
   // sequences are recomputed here.
   absl::Duration attention_timeout = absl::Seconds(5);
+  // host:port of the controller (trident.v1.Controller) to register with
+  // and heartbeat to once serving (JoinController); empty: none.
+  std::string controller_address;
+  // Retry bounds of the controller client.
+  controller_client::BackoffOptions controller_backoff;
   // How often the KV reservation gauges and the dropped-message counter are
   // sampled.
   absl::Duration kv_metrics_interval = absl::Milliseconds(250);
@@ -130,9 +141,9 @@ class WorkerServer {
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(WorkerServerOptions options,
                                                               prometheus::Registry* registry);
 
-  // Shuts the engine down (failing what is still in it), then destroys the
-  // parts in the reverse order of the file comment's table. Stop serving
-  // services() first.
+  // Leaves the controller, shuts the engine down (failing what is still in
+  // it), then destroys the parts in the reverse order of the file comment's
+  // table. Stop serving services() first.
   ~WorkerServer();
 
   WorkerServer(const WorkerServer&) = delete;
@@ -141,6 +152,30 @@ class WorkerServer {
   // The gRPC services to serve: Decode, Prefill, WorkerControl, and
   // Generation with a model. They live as long as this.
   std::vector<RegisteredService> services();
+
+  // With options.controller_address: registers with the controller as
+  // reached at `addresses` (the gRPC server now serving services()), in
+  // the role now in effect and with the capacity of the loaded model, then
+  // heartbeats the load sample GetLoad streams (state SERVING, DRAINING
+  // while a role change drains) until LeaveController. Retries in the
+  // background while the controller is unreachable; role directives on the
+  // heartbeat stream are logged, not applied (the controller calls
+  // WorkerControl.SetRole). Without a controller address, does nothing.
+  // Errors: INVALID_ARGUMENT from ControllerMember::Create. Call once.
+  absl::Status JoinController(const controller_client::MemberAddresses& addresses);
+
+  // Deregisters from the controller (bounded by a short deadline) and stops
+  // heartbeating; nothing if not joined. Idempotent.
+  void LeaveController();
+
+  // A load sample: the engine's figures (none without a model), this
+  // process's identity and role. What GetLoad streams and heartbeats carry.
+  trident::v1::WorkerLoad SampleLoad() const;
+
+  // Null unless joined.
+  const controller_client::ControllerMember* ControllerMemberForTesting() const {
+    return member_.get();
+  }
 
   // What a test checks. The identity load samples and KV endpoints carry.
   const WorkerIdentity& IdentityForTesting() const { return identity_; }
@@ -185,6 +220,8 @@ class WorkerServer {
   std::unique_ptr<LoadStreams> loads_;
   std::unique_ptr<transport::PeriodicSampler> kv_sampler_;
   std::unique_ptr<WorkerControlService> control_;
+  // Last: its thread samples the parts above, so it goes first.
+  std::unique_ptr<controller_client::ControllerMember> member_;
 };
 
 }  // namespace trident::worker

@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/controller_client/member_address.h"
+#include "common/controller_client/testing/fake_controller.h"
 #include "common/grpc/server.h"
 #include "common/model/generate/model_gen.h"
 #include "common/status/status_macros.h"
@@ -218,6 +220,62 @@ TEST(WorkerServerTest, WithoutAModelDecodeIsUnimplementedAndGenerationUnserved) 
   EXPECT_EQ(
       v1::Decode::NewStub(served.channel)->ReserveKv(&context, request, &response).error_code(),
       grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST(WorkerServerTest, JoinsTheControllerWithItsRegistrationAndLoadThenLeavesIt) {
+  absl::StatusOr<std::unique_ptr<controller_client::FakeControllerServer>> controller =
+      controller_client::FakeControllerServer::Start({.controller_incarnation = 3});
+  ASSERT_THAT(controller.status(), IsOk());
+  controller_client::FakeController& fake = (*controller)->controller();
+  Served served;
+  WorkerServerOptions options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "both-0");
+  options.controller_address = (*controller)->address();
+  options.controller_backoff = {.initial = absl::Milliseconds(10), .max = absl::Milliseconds(100)};
+  ASSERT_THAT(Serve(std::move(options), served), IsOk());
+
+  ASSERT_THAT(
+      served.worker->JoinController(
+          {.address = served.address, .metrics_address = "127.0.0.1:9402", .node_name = "node-a"}),
+      IsOk());
+
+  ASSERT_TRUE(fake.Await(
+      [](const controller_client::FakeControllerState& s) {
+        return s.Member("both-0").heartbeats >= 2;
+      },
+      absl::Seconds(30)));
+  const controller_client::FakeMemberRecord record = fake.state().Member("both-0");
+  const v1::WorkerRegistration& registration = record.last_registration.worker();
+  EXPECT_EQ(registration.incarnation(), served.worker->IdentityForTesting().incarnation);
+  EXPECT_EQ(registration.address(), served.address);
+  EXPECT_EQ(registration.metrics_address(), "127.0.0.1:9402");
+  EXPECT_EQ(registration.node_name(), "node-a");
+  EXPECT_EQ(registration.device(), "cpu");
+  EXPECT_EQ(registration.model(), "llama3-tiny");
+  EXPECT_EQ(registration.role(), v1::ROLE_BOTH);
+  EXPECT_GT(registration.capacity().kv_blocks_total(), 0);
+  EXPECT_GT(registration.capacity().max_context_tokens(), 0);
+  EXPECT_EQ(record.last_heartbeat.state(), v1::SERVING_STATE_SERVING);
+  EXPECT_EQ(record.last_heartbeat.worker_load().worker_id(), "both-0");
+  EXPECT_EQ(record.last_heartbeat.worker_load().incarnation(), registration.incarnation());
+  EXPECT_EQ(record.last_heartbeat.worker_load().kv_blocks_total(),
+            registration.capacity().kv_blocks_total());
+
+  served.worker->LeaveController();
+
+  EXPECT_EQ(fake.state().Member("both-0").deregistrations, 1);
+  EXPECT_TRUE(served.worker->ControllerMemberForTesting()->status().deregistered);
+}
+
+TEST(WorkerServerTest, WithoutAControllerAddressJoiningDoesNothing) {
+  Served served;
+  ASSERT_THAT(Serve(OptionsFor(/*model_dir=*/"", v1::ROLE_DECODE, "alone-0"), served), IsOk());
+
+  EXPECT_THAT(served.worker->JoinController({.address = served.address}), IsOk());
+
+  EXPECT_EQ(served.worker->ControllerMemberForTesting(), nullptr);
+  // The sample heartbeats would carry still describes the worker.
+  EXPECT_EQ(served.worker->SampleLoad().worker_id(), "alone-0");
+  EXPECT_EQ(served.worker->SampleLoad().role(), v1::ROLE_DECODE);
 }
 
 TEST(WorkerServerTest, AnUnknownKvTransportIsInvalidNamingTheFlag) {

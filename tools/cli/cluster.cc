@@ -294,15 +294,18 @@ absl::StatusOr<std::string> ModelDir(const ClusterOptions& options) {
   return dir;
 }
 
-// A worker's flags: its role and id, the model, and a UCX KV transport, which
-// a `both` worker would otherwise leave off (the router sends it KV too);
-// then the user's flags, which override these.
+// A worker's flags: its role and id, the model, a UCX KV transport, which a
+// `both` worker would otherwise leave off (the router sends it KV too), and
+// the controller to register with; then the user's flags, which override
+// these.
 std::vector<std::string> WorkerFlags(const ClusterOptions& options, const std::string& role,
                                      const std::string& name, const std::string& model_dir,
-                                     const std::string& attention_address) {
+                                     const std::string& attention_address,
+                                     const std::string& controller_address) {
   std::vector<std::string> flags = {absl::StrCat("--role=", role),
                                     absl::StrCat("--worker_id=", name),
-                                    absl::StrCat("--model=", model_dir), "--kv_transport=ucx"};
+                                    absl::StrCat("--model=", model_dir), "--kv_transport=ucx",
+                                    absl::StrCat("--controller_address=", controller_address)};
   if (role != "prefill" && !attention_address.empty()) {
     // Decode-capable workers move long sequences to the attention service.
     flags.push_back(absl::StrCat("--attention_services=", attention_address));
@@ -457,10 +460,15 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
     controller_flags.insert(controller_flags.end(), options.controller_flags.begin(),
                             options.controller_flags.end());
     TRIDENT_RETURN_IF_ERROR(start("controller", "controller", controller_flags, controller_port));
+    // Every member registers with the controller and the router follows its
+    // topology; the router also keeps the static worker lists, so that the
+    // cluster serves even while the controller is down.
+    const std::string controller_address = state.processes.back().GrpcAddress(state.host);
+    const std::string controller_flag = absl::StrCat("--controller_address=", controller_address);
     TRIDENT_RETURN_IF_ERROR(
         start("attention", "attention-0",
               {"--service_id=attention-0", absl::StrCat("--threads=", options.attention_threads),
-               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb)}));
+               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb), controller_flag}));
     const std::string attention_address = state.processes.back().GrpcAddress(state.host);
     std::vector<std::string> worker_ids;
     for (size_t i = 0; i < options.worker_roles.size(); ++i) {
@@ -468,16 +476,16 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
       worker_ids.push_back(absl::StrCat("worker-", i));
       TRIDENT_RETURN_IF_ERROR(start("worker", worker_ids.back(),
                                     WorkerFlags(options, role, worker_ids.back(), model_dir,
-                                                attention_address)));
+                                                attention_address, controller_address)));
       state.processes.back().role = role;
       TRIDENT_RETURN_IF_ERROR(WriteState(options.state_dir, state));
     }
     const RouterWorkers workers = RouterWorkersOf(state);
-    TRIDENT_RETURN_IF_ERROR(
-        start("router", "router",
-              {absl::StrCat("--model=", model_dir),
-               absl::StrCat("--prefill_workers=", absl::StrJoin(workers.prefill, ",")),
-               absl::StrCat("--decode_workers=", absl::StrJoin(workers.decode, ","))}));
+    TRIDENT_RETURN_IF_ERROR(start(
+        "router", "router",
+        {absl::StrCat("--model=", model_dir),
+         absl::StrCat("--prefill_workers=", absl::StrJoin(workers.prefill, ",")),
+         absl::StrCat("--decode_workers=", absl::StrJoin(workers.decode, ",")), controller_flag}));
     TRIDENT_RETURN_IF_ERROR(
         WaitForRouterWorkers(state, *state.Find("router"), worker_ids, options.ready_timeout));
     TRIDENT_ASSIGN_OR_RETURN(ProcessRecord prometheus,

@@ -116,6 +116,18 @@ as float64, which %v would print as 1e+06); null entries are left out.
 {{- end }}
 
 {{/*
+The controller's gRPC address (its Service's DNS name), which workers,
+attention services and routers get as --controller_address when the
+controller is enabled; empty otherwise. Takes the root context.
+*/}}
+{{- define "trident.controllerAddress" -}}
+{{- if .Values.controller.enabled }}
+{{- $name := include "trident.componentName" (dict "root" . "role" "controller") }}
+{{- printf "%s.%s.svc.%s:%d" $name .Release.Namespace .Values.clusterDomain (int64 .Values.controller.port) }}
+{{- end }}
+{{- end }}
+
+{{/*
 Comma-separated gRPC addresses of a StatefulSet's pods, through its headless
 Service: (dict "root" $ "role" "decode" "replicas" 2 "port" 50052).
 */}}
@@ -179,7 +191,11 @@ prometheus.io/path: /metrics
 {{- end }}
 {{- end }}
 
-{{/* Environment of every container: the pod's name and namespace, then the role's env. */}}
+{{/*
+Environment of every container: the pod's name and namespace, the node's
+name (NODE_NAME: members register it with the controller), then the role's
+env.
+*/}}
 {{- define "trident.env" -}}
 - name: POD_NAME
   valueFrom:
@@ -189,6 +205,10 @@ prometheus.io/path: /metrics
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
 {{- with .spec.env }}
 {{ toYaml . }}
 {{- end }}

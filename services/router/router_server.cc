@@ -1,0 +1,200 @@
+#include "services/router/router_server.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/frontend/model_info.h"
+#include "common/logging/log.h"
+#include "common/model/config.h"
+#include "common/status/error_details.h"
+#include "common/status/status_macros.h"
+#include "services/router/admission/qos_config.h"
+#include "services/router/admission/worker_load_proto.h"
+
+namespace trident::router {
+
+namespace v1 = ::trident::v1;
+
+namespace {
+
+std::vector<std::string> StaticAddresses(const RouterServerOptions& options) {
+  std::set<std::string> all(options.prefill_workers.begin(), options.prefill_workers.end());
+  all.insert(options.decode_workers.begin(), options.decode_workers.end());
+  return {all.begin(), all.end()};
+}
+
+absl::Status Validate(const RouterServerOptions& options) {
+  if (options.model_dir.empty()) {
+    return InvalidArgumentForField(
+        "--model", "name the model directory the workers serve (config.json, tokenizer.json)");
+  }
+  if (options.slo_margin <= 0 || options.slo_margin > 1) {
+    return InvalidArgumentForField("--slo_margin", "must be in (0, 1]");
+  }
+  if (options.kv_lease <= absl::ZeroDuration()) {
+    return InvalidArgumentForField("--kv_lease_ms", "must be positive");
+  }
+  if (options.max_kv_wait < absl::ZeroDuration()) {
+    return InvalidArgumentForField("--max_kv_wait_ms", "must not be negative");
+  }
+  if (StaticAddresses(options).empty() && options.controller_address.empty()) {
+    return InvalidArgumentForField(
+        "--prefill_workers",
+        "name at least one prefill and one decode worker, or a --controller_address whose "
+        "topology names them");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RouterServer::RouterServer(RouterServerOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &own_clock_) {}
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerOptions options,
+                                                                   prometheus::Registry* registry) {
+  TRIDENT_RETURN_IF_ERROR(Validate(options));
+  std::unique_ptr<RouterServer> server(new RouterServer(std::move(options)));
+  TRIDENT_RETURN_IF_ERROR(server->LoadFrontend());
+  TRIDENT_RETURN_IF_ERROR(server->BuildAdmission(registry));
+  server->StartLoadStreams();
+  TRIDENT_RETURN_IF_ERROR(server->StartTopologyWatch());
+  server->generation_ = std::make_unique<frontend::GenerationService>(
+      server->remote_.get(), server->tokenizer_.get(), server->info_, server->clock_);
+  return server;
+}
+
+RouterServer::~RouterServer() {
+  // The watcher's callback changes the load streams, whose callbacks reach
+  // admission, the metrics and the source: stop them in that order.
+  watcher_.reset();
+  loads_.reset();
+}
+
+absl::Status RouterServer::LoadFrontend() {
+  TRIDENT_ASSIGN_OR_RETURN(const model::ModelConfig config,
+                           model::LoadModelConfig(options_.model_dir));
+  TRIDENT_ASSIGN_OR_RETURN(tokenizer_, tokenizer::Tokenizer::FromDirectory(options_.model_dir));
+  int32_t max_len = config.max_position_embeddings;
+  if (options_.max_model_len > 0) max_len = std::min(max_len, options_.max_model_len);
+  info_ = frontend::ModelInfoFor(config, *tokenizer_, options_.model_dir, options_.model_name,
+                                 max_len, /*kv_block_size=*/16, numeric::DType::kBF16);
+  return absl::OkStatus();
+}
+
+absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
+  admission::QosConfig qos = admission::QosConfig::SingleDefaultClass();
+  if (!options_.qos_config_path.empty()) {
+    TRIDENT_ASSIGN_OR_RETURN(qos, admission::LoadQosConfigFile(options_.qos_config_path));
+  }
+  admission::AdmissionOptions admission_options;
+  admission_options.enabled = options_.admission;
+  admission_options.slo_margin = options_.slo_margin;
+  admission_ = std::make_unique<admission::AdmissionController>(admission_options, qos, clock_);
+  metrics_ = std::make_unique<RouterMetrics>(*registry, qos);
+  RemoteTokenSourceOptions remote_options;
+  remote_options.reserve_lease = options_.kv_lease;
+  remote_options.max_kv_wait = options_.max_kv_wait;
+  remote_options.metrics = metrics_.get();
+  remote_options.clock = clock_;
+  remote_ = std::make_unique<RemoteTokenSource>(admission_.get(), remote_options);
+  return absl::OkStatus();
+}
+
+void RouterServer::StartLoadStreams() {
+  std::vector<std::string> initial = StaticAddresses(options_);
+  {
+    absl::MutexLock lock(&addresses_mu_);
+    addresses_ = std::make_unique<WorkerAddressSet>(initial, options_.controller_restart_grace);
+  }
+  LoadCallbacks callbacks;
+  callbacks.on_load = [this](const std::string& address, const v1::WorkerLoad& load) {
+    OnLoad(address, load);
+  };
+  callbacks.on_down = [this](const std::string& address, const absl::Status&) { OnDown(address); };
+  loads_ =
+      std::make_unique<LoadSubscriber>(std::move(initial), std::move(callbacks), options_.load);
+}
+
+absl::Status RouterServer::StartTopologyWatch() {
+  if (options_.controller_address.empty()) return absl::OkStatus();
+  controller_client::TopologyWatcherOptions watch;
+  watch.controller_address = options_.controller_address;
+  watch.watcher_id = options_.router_id;
+  watch.backoff = options_.controller_backoff;
+  watch.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  TRIDENT_ASSIGN_OR_RETURN(watcher_,
+                           controller_client::TopologyWatcher::Create(
+                               std::move(watch), [this](const v1::Topology& t) { OnTopology(t); }));
+  watcher_->Start();
+  TRIDENT_LOG(INFO) << "following the workers of the controller at " << options_.controller_address;
+  return absl::OkStatus();
+}
+
+void RouterServer::OnLoad(const std::string& address, const v1::WorkerLoad& load) {
+  remote_->SetWorkerAddress(load.worker_id(), address);
+  absl::StatusOr<admission::WorkerLoadReport> report = admission::WorkerLoadReportFromProto(load);
+  if (!report.ok()) {
+    TRIDENT_LOG(WARNING) << "bad load report from " << address << ": " << report.status();
+    return;
+  }
+  if (absl::Status s = admission_->UpdateLoad(*report); !s.ok()) {
+    TRIDENT_LOG(WARNING) << "load report from " << address << ": " << s;
+    return;
+  }
+  metrics_->UpdateWorkerLoad(*report);
+  absl::MutexLock lock(&ids_mu_);
+  ids_[address] = load.worker_id();
+}
+
+void RouterServer::OnDown(const std::string& address) {
+  std::string id;
+  {
+    absl::MutexLock lock(&ids_mu_);
+    auto it = ids_.find(address);
+    if (it != ids_.end()) id = it->second;
+  }
+  if (id.empty()) return;
+  admission_->RemoveWorker(id);
+  metrics_->RemoveWorker(id);
+  // This address's stream is over: no OnLoad for it runs concurrently.
+  absl::MutexLock lock(&ids_mu_);
+  ids_.erase(address);
+}
+
+void RouterServer::OnTopology(const v1::Topology& topology) {
+  std::vector<std::string> wanted;
+  {
+    absl::MutexLock lock(&addresses_mu_);
+    wanted = addresses_->Update(topology, clock_->Now());
+  }
+  TRIDENT_LOG(INFO) << "topology " << topology.version() << " (controller incarnation "
+                    << topology.controller_incarnation() << "): following "
+                    << absl::StrJoin(wanted, ",");
+  loads_->SetAddresses(wanted);
+}
+
+std::vector<RegisteredService> RouterServer::services() {
+  return {{generation_.get(), v1::Generation::service_full_name()}};
+}
+
+std::vector<std::string> RouterServer::WorkerAddresses() const { return loads_->addresses(); }
+
+std::map<std::string, std::string> RouterServer::LiveWorkers() const {
+  absl::MutexLock lock(&ids_mu_);
+  return ids_;
+}
+
+bool RouterServer::AwaitLiveWorkers(
+    const std::function<bool(const std::map<std::string, std::string>&)>& condition,
+    absl::Duration timeout) const {
+  absl::MutexLock lock(&ids_mu_);
+  auto holds = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ids_mu_) { return condition(ids_); };
+  return ids_mu_.AwaitWithTimeout(absl::Condition(&holds), timeout);
+}
+
+}  // namespace trident::router
