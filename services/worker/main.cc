@@ -108,6 +108,11 @@ ABSL_FLAG(std::string, offload_pipeline, "auto",
           "sub-batch of CPU-resident sequences whose attention runs at the service while this "
           "worker computes the first). auto: each step as the cost tables measured at start-up "
           "say is fastest; always: every CPU-resident sequence in the second sub-batch; never.");
+ABSL_FLAG(absl::Duration, role_change_announce, absl::Milliseconds(300),
+          "On a role change, how long the worker keeps accepting the work it is about to lose "
+          "while its load samples announce the change, so that routers (which learn roles from "
+          "them every --load_interval_ms, 100ms by default) stop sending it first; part of the "
+          "drain timeout.");
 ABSL_FLAG(bool, offload_keep_throughput, false,
           "With --attention_services: move a sequence to a service only while the start-up "
           "cost tables say the decode step keeps its throughput with it (the step with one "
@@ -163,6 +168,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
+  options.role_change_announce = absl::GetFlag(FLAGS_role_change_announce);
   options.controller_address = absl::GetFlag(FLAGS_controller_address);
   return options;
 }

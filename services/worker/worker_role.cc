@@ -161,13 +161,15 @@ absl::StatusOr<WorkerRole::Work> WorkerRole::Admit(Capability capability,
         absl::StrCat("this worker's role is ", v1::Role_Name(role_), ", which does not serve ",
                      CapabilityName(capability)));
   }
-  if (LosingLocked(capability)) {
+  if (LosingLocked(capability) && !announcing_) {
     return absl::UnavailableError(absl::StrCat(
         "this worker is draining its ", CapabilityName(capability), " work for a role change from ",
         v1::Role_Name(role_), " to ", v1::Role_Name(pending_role_), "; try another worker"));
   }
   const uint64_t id = next_work_id_++;
   work_[id] = Entry{capability, std::string(request_id), std::move(abort)};
+  // Admitted while a change announces itself: drained with the rest.
+  if (announcing_ && LosingLocked(capability)) ++change_in_flight_;
   return Work(anchor_, id);
 }
 
@@ -226,6 +228,7 @@ absl::StatusOr<WorkerRole::Started> WorkerRole::BeginChange(const RoleChange& ch
   change_id_ = next_change_id_++;
   change_ = change;
   change_start_ = clock_->Now();
+  announcing_ = options_.announce > absl::ZeroDuration();
   cut_short_ = false;
   pending_role_ = change.role;
   change_in_flight_ = LosingInFlightLocked();
@@ -266,6 +269,12 @@ RoleChangeResult WorkerRole::FinishChange(uint64_t change_id) {
   result.role = change.role;
   auto drained = [this]()
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return LosingInFlightLocked() == 0; };
+  if (announcing_) {
+    // Still admitting while routers learn of the change from load samples.
+    WaitLocked([] { return false; }, start + std::min(options_.announce, change.drain_timeout),
+               /*cut_short_ends=*/true);
+    announcing_ = false;
+  }
   const int32_t initially = change_in_flight_;
   WaitLocked(drained, start + change.drain_timeout, /*cut_short_ends=*/true);
   why = absl::AbortedError(absl::StrCat(

@@ -80,6 +80,12 @@ struct WorkerRoleOptions {
   // False when the worker has no KV transport: roles prefill and decode
   // cannot move KV, so only role both may be set.
   bool has_kv_transport = true;
+  // How long a change keeps admitting the work it is about to lose while it
+  // announces itself (load samples show the pending role and DRAINING), so
+  // that routers, which learn roles from those samples, stop sending that
+  // work before the worker refuses it. Part of the drain timeout. Set it to
+  // a few of the routers' load intervals.
+  absl::Duration announce = absl::ZeroDuration();
   // After aborting, how long to wait for the aborted work to end before
   // switching anyway (a prefill transfer that must still send its CommitKv).
   absl::Duration abort_grace = absl::Seconds(15);
@@ -155,7 +161,7 @@ class WorkerRole {
 
   // Admits new work needing `capability` for request `request_id` (logs).
   // FAILED_PRECONDITION when the role lacks the capability; UNAVAILABLE
-  // while a change drains it away.
+  // while a change drains it away (after its announce period).
   absl::StatusOr<Work> Admit(Capability capability, absl::string_view request_id,
                              AbortHook abort = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -196,6 +202,9 @@ class WorkerRole {
   };
   // Whether `capability` is being drained away by the change in progress.
   bool LosingLocked(Capability capability) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A change is announcing itself: the capabilities it loses are still
+  // admitted.
+  bool announcing_ ABSL_GUARDED_BY(mu_) = false;
   int32_t LosingInFlightLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `done` holds, the clock reaches `deadline`, or (if
   // `cut_short_ends`) the drain is cut short.

@@ -104,6 +104,33 @@ TEST(RoleHasTest, MapsRolesToCapabilities) {
   }
 }
 
+TEST(WorkerRoleTest, AChangeAnnouncesItselfBeforeRefusingWork) {
+  FakeClock clock;
+  WorkerRoleOptions options;
+  options.announce = absl::Seconds(1);
+  options.clock_recheck_interval = absl::Milliseconds(1);
+  WorkerRole role(v1::ROLE_PREFILL, &clock, options);
+  absl::StatusOr<WorkerRole::Started> started =
+      role.BeginChange({.role = v1::ROLE_DECODE, .drain_timeout = absl::Seconds(30)});
+  ASSERT_THAT(started, IsOk());
+  // The pending role shows at once; prefill is still admitted meanwhile.
+  EXPECT_EQ(role.state().pending_role, v1::ROLE_DECODE);
+  absl::StatusOr<WorkerRole::Work> work = role.Admit(Capability::kPrefill, "late");
+  ASSERT_THAT(work, IsOk());
+  RoleChangeResult result;
+  std::thread finish([&] { result = role.FinishChange(started->change_id); });
+  clock.Advance(absl::Seconds(2));
+  // The announce is over; the work admitted during it is drained, not
+  // aborted.
+  work->End();
+  finish.join();
+  EXPECT_EQ(result.role, v1::ROLE_DECODE);
+  EXPECT_EQ(result.drained_sequences, 1);
+  EXPECT_EQ(result.aborted_sequences, 0);
+  EXPECT_THAT(role.Admit(Capability::kPrefill, "after"),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
 TEST(WorkerRoleTest, AdmitsOnlyWhatTheRoleServes) {
   FakeClock clock;
   WorkerRole role(v1::ROLE_DECODE, &clock);

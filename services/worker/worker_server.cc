@@ -165,6 +165,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   WorkerRoleOptions role_options;
   role_options.has_kv_transport = model_ == nullptr || kv_ != nullptr;
   role_options.registry = registry;
+  role_options.announce = options_.role_change_announce;
   role_ = std::make_unique<WorkerRole>(options_.role, clock_, role_options);
   if (model_ == nullptr) return;
   // The public Generation API, served in role `both` (Generate answers

@@ -112,6 +112,8 @@ struct WorkerServerOptions {
   OffloadPolicyOptions offload_policy;
   // auto, always or never (--offload_pipeline).
   std::string offload_pipeline = "auto";
+  // WorkerRoleOptions::announce (--role_change_announce).
+  absl::Duration role_change_announce = absl::ZeroDuration();
   // AttentionOffloadOptions::keep_throughput (--offload_keep_throughput).
   bool offload_keep_throughput = false;
   // The longest a decode step waits for a service's answer before its

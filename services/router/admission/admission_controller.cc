@@ -306,6 +306,15 @@ bool AdmissionController::Eligible(const Worker& worker, double now) const {
          now - worker.received <= absl::ToDoubleSeconds(options_.stale_after);
 }
 
+const DecodeModel& AdmissionController::DecodeModelOf(const Worker& worker) const {
+  if (worker.decode_model.num_samples() >= kWarmDecodeSamples) return worker.decode_model;
+  const DecodeModel* best = &worker.decode_model;
+  for (const auto& peer : workers_) {
+    if (peer->decode_model.num_samples() > best->num_samples()) best = &peer->decode_model;
+  }
+  return best->num_samples() >= kWarmDecodeSamples ? *best : worker.decode_model;
+}
+
 void AdmissionController::PrefillBacklog(const Worker& worker, double now, TtftForecast* forecast,
                                          double* tokens) const {
   const double a = worker.prefill_model.fixed_seconds();
@@ -441,7 +450,7 @@ double AdmissionController::DecodeWaitSeconds(const Worker& worker, const Decode
     const bool kv_ok =
         free_blocks - UnusedReservedByOthers(class_scratch_, capacity, klass) >= need_blocks;
     const bool tpot_ok =
-        eval.tpot_scale * worker.decode_model.PredictSeconds(
+        eval.tpot_scale * DecodeModelOf(worker).PredictSeconds(
                               static_cast<int64_t>(std::max(batch, 0.0)) + 1,
                               static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <=
         tpot_limit;
@@ -780,7 +789,7 @@ int AdmissionController::EvaluateDecode(const AdmitScope& s, double t, int* best
     ForecastDecode(w, s.now, t, &e);
     e.tpot_scale = TpotScale(w, s.now);
     e.tpot = e.tpot_scale *
-             w.decode_model.PredictSeconds(static_cast<int64_t>(e.batch) + 1,
+             DecodeModelOf(w).PredictSeconds(static_cast<int64_t>(e.batch) + 1,
                                            static_cast<int64_t>(e.context_tokens) + s.n);
     const double limit = std::min(s.tpot_target, e.min_tpot_target) * s.margin;
     e.slack = limit - e.tpot;

@@ -318,6 +318,12 @@ class AdmissionController {
 
   double NowSeconds() const;
   bool Eligible(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's decode model; while it has fewer than kWarmDecodeSamples
+  // of its own (it never decoded, e.g. it just switched from prefill), the
+  // best-sampled peer's, which is closer than the prior: with the prior a
+  // cold worker may never be chosen, and so never measured.
+  const DecodeModel& DecodeModelOf(const Worker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kWarmDecodeSamples = 4;
   Record* FindRecord(AdmissionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The backlog part of `worker`'s TTFT forecast now (all but request_work),
   // and the prompt tokens still queued there at the fitted rate.

@@ -107,6 +107,25 @@ TEST(AdmissionControllerTest, PicksDecodeWithMostSlackThenFastestPrefill) {
   EXPECT_EQ(cluster.controller().num_in_flight(), 1);
 }
 
+TEST(AdmissionControllerTest, AColdDecodeWorkerIsPredictedWithItsMeasuredPeersModel) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  // d0 has decoded: its steps take 2 ms, far below the 10 ms prior.
+  for (int i = 0; i < 8; ++i) {
+    WorkerLoadReport warm = DecodeLoad("d0", /*running=*/2);
+    warm.decode_step_time = absl::Milliseconds(2);
+    cluster.Load(warm);
+  }
+  // d1 just switched to decode: no steps of its own, idle.
+  cluster.Load(DecodeLoad("d1", /*running=*/0));
+  const AdmissionDecision decision =
+      cluster.Admit(Request(100, 100, absl::Seconds(1), absl::InfiniteDuration()));
+  ASSERT_TRUE(decision.admitted);
+  // With the prior d1 would look 5x slower than d0 and never be chosen.
+  EXPECT_EQ(decision.decode_worker_id, "d1");
+  EXPECT_LT(absl::ToDoubleSeconds(decision.predicted_tpot), 0.005);
+}
+
 TEST(AdmissionControllerTest, RejectsTtftViolationWithPositiveRetryAfter) {
   Cluster cluster;
   // 20,000 queued tokens: 2 s of backlog on the only prefill worker.
