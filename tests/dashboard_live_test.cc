@@ -238,6 +238,8 @@ TEST(DashboardLiveTest, EveryPanelHasDataFromALoadedCluster) {
   options.state_dir = state_dir;
   options.worker_flags = {"--pin_threads=false", "--cpu_threads=1"};
   options.scrape_interval = absl::Seconds(1);
+  // Decisions every 2 s: the controller's forecast needs 3 of them.
+  options.controller_flags = {"--decision_interval=2s"};
   options.ready_timeout = absl::Seconds(180);
   absl::StatusOr<cli::ClusterState> cluster = cli::Up(options);
   ASSERT_THAT(cluster, IsOk());

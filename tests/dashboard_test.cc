@@ -104,7 +104,7 @@ TEST(DashboardTest, EachDashboardChartsWhatTheIssueAsksOfIt) {
       {"controller.json",
        {"trident_controller_pressure", "trident_controller_role_flips_total",
         "trident_controller_decision_total", "trident_controller_members",
-        "trident_controller_flip_pending"}},
+        "trident_controller_flip_pending", "trident_controller_flip_failures_total"}},
   };
   for (const auto& [source, metrics] : wanted) {
     const Dashboard* d = Find(dashboards, source);
