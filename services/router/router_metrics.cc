@@ -86,6 +86,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
                    .Name("trident_router_tpot_seconds")
                    .Help("Mean time per output token after the first, per finished request.")
                    .Register(r);
+  auto& itl = prometheus::BuildHistogram()
+                  .Name("trident_router_itl_seconds")
+                  .Help(
+                      "Inter-token latency: the gap between consecutive output tokens of a "
+                      "request at the router.")
+                  .Register(r);
   auto& e2e = prometheus::BuildHistogram()
                   .Name("trident_router_e2e_seconds")
                   .Help("Arrival at the router to the final event, per finished request.")
@@ -131,6 +137,7 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
     }
     pc.ttft = &ttft.Add({{"class", name}}, TtftBuckets());
     pc.tpot = &tpot.Add({{"class", name}}, TpotBuckets());
+    pc.itl = &itl.Add({{"class", name}}, TpotBuckets());
     pc.e2e = &e2e.Add({{"class", name}}, E2eBuckets());
     for (int d = 0; d < 2; ++d) {
       const std::string decision = d == 0 ? "admitted" : "rejected";
@@ -213,6 +220,8 @@ void RequestObserver::OnToken() {
     if (metrics_ != nullptr) {
       metrics_->classes_[class_index_].ttft->Observe(absl::ToDoubleSeconds(now - arrival_));
     }
+  } else if (metrics_ != nullptr) {
+    metrics_->classes_[class_index_].itl->Observe(absl::ToDoubleSeconds(now - last_token_));
   }
   last_token_ = now;
   ++tokens_;

@@ -20,6 +20,11 @@
 //       Time per output token after the first: (last token - first token) /
 //       (outputs - 1), one observation per request that finished ok with at
 //       least two tokens.
+//   trident_router_itl_seconds{class}                        histogram
+//       Inter-token latency: the gap between consecutive output tokens of a
+//       request as they arrive at the router (tokens arriving in one message
+//       have gaps near 0), one observation per token after the first, for
+//       every request. TPOT buckets.
 //   trident_router_e2e_seconds{class}                        histogram
 //       Arrival to the final event, for requests that finished ok.
 //   trident_router_requests_in_flight{stage}                 gauge
@@ -126,6 +131,7 @@ class RouterMetrics {
     std::array<prometheus::Counter*, 5> rejected{};  // By admission::RejectReason.
     prometheus::Histogram* ttft = nullptr;
     prometheus::Histogram* tpot = nullptr;
+    prometheus::Histogram* itl = nullptr;
     prometheus::Histogram* e2e = nullptr;
     // [0] admitted, [1] rejected.
     std::array<prometheus::Histogram*, 2> predicted_ttft{};
@@ -159,7 +165,8 @@ class RequestObserver {
   RequestObserver(const RequestObserver&) = delete;
   RequestObserver& operator=(const RequestObserver&) = delete;
 
-  // An output token arrived (the first one observes TTFT).
+  // An output token arrived (the first one observes TTFT, each later one
+  // the gap since the previous one: ITL).
   void OnToken();
   // The KV is on the decode worker (or the prefill is over): stage decode.
   void OnPrefillDone();

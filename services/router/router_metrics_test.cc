@@ -68,7 +68,7 @@ TEST_F(RouterMetricsTest, EverySeriesOfEveryClassExistsAtZero) {
                 0);
     }
     for (const std::string h : {"trident_router_ttft_seconds", "trident_router_tpot_seconds",
-                                "trident_router_e2e_seconds"}) {
+                                "trident_router_itl_seconds", "trident_router_e2e_seconds"}) {
       const Series s = Find(registry_, h, {{"class", klass}});
       EXPECT_TRUE(s.found) << h << " " << klass;
       EXPECT_EQ(s.count, 0u);
@@ -121,6 +121,11 @@ TEST_F(RouterMetricsTest, AFinishedRequestRecordsTtftTpotE2eAndItsStages) {
   const Series tpot = Find(registry_, "trident_router_tpot_seconds", {{"class", "batch"}});
   EXPECT_EQ(tpot.count, 1u);
   EXPECT_THAT(tpot.sum, DoubleNear(0.23 / 4, 1e-9));
+  // Four gaps after the first token: 0.08 s (the prefill hand-over between),
+  // then 0.05 s each.
+  const Series itl = Find(registry_, "trident_router_itl_seconds", {{"class", "batch"}});
+  EXPECT_EQ(itl.count, 4u);
+  EXPECT_THAT(itl.sum, DoubleNear(0.23, 1e-9));
   const Series e2e = Find(registry_, "trident_router_e2e_seconds", {{"class", "batch"}});
   EXPECT_EQ(e2e.count, 1u);
   EXPECT_THAT(e2e.sum, DoubleNear(0.45, 1e-9));
@@ -142,7 +147,7 @@ TEST_F(RouterMetricsTest, AOneTokenRequestHasNoTpot) {
   EXPECT_EQ(InFlight("prefill"), 0);
 }
 
-TEST_F(RouterMetricsTest, CancelledAndFailedRequestsCountButObserveOnlyTtft) {
+TEST_F(RouterMetricsTest, CancelledAndFailedRequestsCountButObserveOnlyTtftAndItl) {
   {
     RequestObserver cancelled(&metrics_, &clock_, "batch", clock_.Now());
     clock_.Advance(absl::Milliseconds(100));
@@ -167,6 +172,10 @@ TEST_F(RouterMetricsTest, CancelledAndFailedRequestsCountButObserveOnlyTtft) {
   EXPECT_EQ(Requests("batch", "ok"), 0);
   EXPECT_EQ(Find(registry_, "trident_router_ttft_seconds", {{"class", "batch"}}).count, 1u);
   EXPECT_EQ(Find(registry_, "trident_router_tpot_seconds", {{"class", "batch"}}).count, 0u);
+  // The cancelled request's second token came 0.1 s after its first.
+  const Series itl = Find(registry_, "trident_router_itl_seconds", {{"class", "batch"}});
+  EXPECT_EQ(itl.count, 1u);
+  EXPECT_THAT(itl.sum, DoubleNear(0.1, 1e-9));
   EXPECT_EQ(Find(registry_, "trident_router_e2e_seconds", {{"class", "batch"}}).count, 0u);
   EXPECT_EQ(InFlight("prefill"), 0);
   EXPECT_EQ(InFlight("decode"), 0);

@@ -123,6 +123,16 @@ WorkerRole::WorkerRole(v1::Role initial, const Clock* clock, WorkerRoleOptions o
         changes_total_[from][to] = &family.Add({{"from", RoleLabel(from)}, {"to", RoleLabel(to)}});
       }
     }
+    auto& roles = prometheus::BuildGauge()
+                      .Name("trident_worker_role")
+                      .Help(
+                          "1 for the role this worker serves in (prefill, decode, both), 0 for "
+                          "the others.")
+                      .Register(*options_.registry);
+    for (v1::Role role : {v1::ROLE_PREFILL, v1::ROLE_DECODE, v1::ROLE_BOTH}) {
+      role_gauges_[role] = &roles.Add({{"role", RoleLabel(role)}});
+    }
+    SetRoleGauges(initial);
   }
 }
 
@@ -305,6 +315,8 @@ RoleChangeResult WorkerRole::FinishChange(uint64_t change_id) {
     }
   }
   role_ = change.role;
+  // Under mu_, so that the gauges of two changes in a row end in order.
+  SetRoleGauges(role_);
   pending_role_ = v1::ROLE_UNSPECIFIED;
   change_id_ = 0;
   cut_short_ = false;
@@ -319,6 +331,12 @@ RoleChangeResult WorkerRole::FinishChange(uint64_t change_id) {
                     << absl::FormatDuration(result.drain_time) << ": " << result.drained_sequences
                     << " drained, " << result.aborted_sequences << " aborted";
   return result;
+}
+
+void WorkerRole::SetRoleGauges(v1::Role role) {
+  for (size_t r = 0; r < role_gauges_.size(); ++r) {
+    if (role_gauges_[r] != nullptr) role_gauges_[r]->Set(static_cast<size_t>(role) == r ? 1 : 0);
+  }
 }
 
 void WorkerRole::CutDrainShort(uint64_t change_id) {

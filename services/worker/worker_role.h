@@ -38,6 +38,7 @@
 #include "absl/types/optional.h"
 #include "common/time/clock.h"
 #include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "trident/v1/cluster.pb.h"
 
@@ -94,8 +95,10 @@ struct WorkerRoleOptions {
   // clock it sleeps until the deadline (infinite: no extra wake-ups); tests
   // driving a FakeClock set a short interval so that Advance() is noticed.
   absl::Duration clock_recheck_interval = absl::InfiniteDuration();
-  // Where trident_worker_role_changes_total{from, to} is registered; may be
-  // null (no metric).
+  // Where trident_worker_role_changes_total{from, to} and
+  // trident_worker_role{role} (1 for the role in effect, 0 for the other
+  // two of prefill, decode, both; it changes when a change switches) are
+  // registered; may be null (no metrics).
   prometheus::Registry* registry = nullptr;
 };
 
@@ -212,6 +215,8 @@ class WorkerRole {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndWork(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   void SetAbortHook(uint64_t id, AbortHook hook) ABSL_LOCKS_EXCLUDED(mu_);
+  // trident_worker_role{role}: 1 for `role`, 0 for the others.
+  void SetRoleGauges(trident::v1::Role role);
 
   const Clock* const clock_;
   const WorkerRoleOptions options_;
@@ -219,6 +224,9 @@ class WorkerRole {
   // trident_worker_role_changes_total{from, to}, indexed by Role values;
   // resolved at construction (null without a registry, and for from == to).
   std::array<std::array<prometheus::Counter*, 4>, 4> changes_total_{};
+  // trident_worker_role{role}, indexed by Role values; null without a
+  // registry, and for ROLE_UNSPECIFIED.
+  std::array<prometheus::Gauge*, 4> role_gauges_{};
 
   mutable absl::Mutex mu_;
   trident::v1::Role role_ ABSL_GUARDED_BY(mu_);

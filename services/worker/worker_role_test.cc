@@ -1,5 +1,6 @@
 #include "services/worker/worker_role.h"
 
+#include <array>
 #include <memory>
 #include <string>
 #include <thread>
@@ -9,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/status/error_details.h"
+#include "common/telemetry/collected_series.h"
 #include "common/testing/status_matchers.h"
 #include "common/time/clock.h"
 #include "gmock/gmock.h"
@@ -218,6 +220,41 @@ TEST(WorkerRoleTest, SwitchesAtOnceWhenIdleAndCountsTheChange) {
     }
   }
   EXPECT_EQ(changes, 1);
+}
+
+// trident_worker_role{role}: prefill, decode, both.
+std::array<double, 3> RoleGauges(prometheus::Registry& registry) {
+  std::array<double, 3> values{};
+  const std::array<std::string, 3> roles = {"prefill", "decode", "both"};
+  for (size_t i = 0; i < roles.size(); ++i) {
+    const telemetry::CollectedSeries s =
+        telemetry::FindSeries(registry, "trident_worker_role", {{"role", roles[i]}});
+    EXPECT_TRUE(s.found) << roles[i];
+    values[i] = s.value;
+  }
+  return values;
+}
+
+TEST(WorkerRoleTest, RoleGaugeIsOneForTheRoleInEffectAndMovesWhenAChangeSwitches) {
+  FakeClock clock;
+  prometheus::Registry registry;
+  WorkerRoleOptions options = FakeClockOptions();
+  options.registry = &registry;
+  WorkerRole role(v1::ROLE_DECODE, &clock, options);
+  EXPECT_EQ(RoleGauges(registry), (std::array<double, 3>{0, 1, 0}));
+
+  FakeCall call(role, Capability::kDecode, "r1");
+  auto started = role.BeginChange(To(v1::ROLE_BOTH));
+  ASSERT_THAT(started.status(), IsOk());
+  ASSERT_NE(started->change_id, 0u);
+  // Draining is not switching: still decode.
+  EXPECT_EQ(RoleGauges(registry), (std::array<double, 3>{0, 1, 0}));
+  call.End();
+  EXPECT_EQ(role.FinishChange(started->change_id).role, v1::ROLE_BOTH);
+  EXPECT_EQ(RoleGauges(registry), (std::array<double, 3>{0, 0, 1}));
+
+  ASSERT_THAT(role.SetRole(To(v1::ROLE_PREFILL)).status(), IsOk());
+  EXPECT_EQ(RoleGauges(registry), (std::array<double, 3>{1, 0, 0}));
 }
 
 TEST(WorkerRoleTest, DrainRefusesNewWorkOfTheLostCapabilityAndWaitsForWorkInFlight) {

@@ -1,0 +1,151 @@
+#include "services/worker/engine_metrics.h"
+
+#include <algorithm>
+
+namespace trident::worker {
+namespace {
+
+std::vector<double> PowersOfTwo(double last) {
+  std::vector<double> buckets;
+  for (double b = 1; b <= last; b *= 2) buckets.push_back(b);
+  return buckets;
+}
+
+}  // namespace
+
+std::vector<double> IterationTokensBuckets() { return PowersOfTwo(16384); }
+
+std::vector<double> IterationDecodeSequencesBuckets() { return PowersOfTwo(1024); }
+
+EngineMetrics::EngineMetrics(prometheus::Registry& r)
+    : running_(prometheus::BuildGauge()
+                   .Name("trident_worker_num_requests_running")
+                   .Help("Requests in the running batch.")
+                   .Register(r)
+                   .Add({})),
+      waiting_(prometheus::BuildGauge()
+                   .Name("trident_worker_num_requests_waiting")
+                   .Help("Requests waiting to be scheduled (including preempted ones).")
+                   .Register(r)
+                   .Add({})),
+      kv_usage_(prometheus::BuildGauge()
+                    .Name("trident_worker_kv_cache_usage_ratio")
+                    .Help("Fraction of KV cache blocks in use.")
+                    .Register(r)
+                    .Add({})),
+      kv_blocks_total_(prometheus::BuildGauge()
+                           .Name("trident_worker_kv_blocks_total")
+                           .Help("KV cache blocks in the pool.")
+                           .Register(r)
+                           .Add({})),
+      prompt_tokens_(prometheus::BuildCounter()
+                         .Name("trident_worker_prompt_tokens_total")
+                         .Help("Prompt tokens accepted.")
+                         .Register(r)
+                         .Add({})),
+      generated_tokens_(prometheus::BuildCounter()
+                            .Name("trident_worker_generation_tokens_total")
+                            .Help("Tokens generated.")
+                            .Register(r)
+                            .Add({})),
+      preemptions_(prometheus::BuildCounter()
+                       .Name("trident_worker_preemptions_total")
+                       .Help("Sequences preempted (freed and recomputed later) for want of KV "
+                             "blocks.")
+                       .Register(r)
+                       .Add({})),
+      steps_(prometheus::BuildCounter()
+                 .Name("trident_worker_engine_steps_total")
+                 .Help("Forward passes run by the engine.")
+                 .Register(r)
+                 .Add({})),
+      iteration_tokens_(prometheus::BuildHistogram()
+                            .Name("trident_worker_iteration_tokens")
+                            .Help("Tokens per forward pass (prompt chunks and decode tokens).")
+                            .Register(r)
+                            .Add({}, IterationTokensBuckets())),
+      iteration_decode_sequences_(
+          prometheus::BuildHistogram()
+              .Name("trident_worker_iteration_decode_sequences")
+              .Help("One-token decode sequences per forward pass, for passes that had any.")
+              .Register(r)
+              .Add({}, IterationDecodeSequencesBuckets())),
+      cpu_sequences_(prometheus::BuildGauge()
+                         .Name("trident_worker_cpu_attention_sequences")
+                         .Help("Running sequences whose decode attention runs on a CPU "
+                               "attention service (their KV held there).")
+                         .Register(r)
+                         .Add({})),
+      cpu_tokens_(prometheus::BuildGauge()
+                      .Name("trident_worker_cpu_attention_tokens")
+                      .Help("KV tokens of the CPU-resident sequences.")
+                      .Register(r)
+                      .Add({})),
+      offload_family_(prometheus::BuildCounter()
+                          .Name("trident_worker_offload_decisions_total")
+                          .Help("Sequences moved to CPU attention services (moved), and brought "
+                                "back for recompute because their service failed (demoted).")
+                          .Register(r)),
+      offload_moved_(offload_family_.Add({{"decision", "moved"}})),
+      offload_demoted_(offload_family_.Add({{"decision", "demoted"}})),
+      pipelined_steps_(prometheus::BuildCounter()
+                           .Name("trident_worker_pipelined_steps_total")
+                           .Help("Decode steps run as two sub-batches, the second's CPU "
+                                 "attention under the first's work (asymmetric pipelining).")
+                           .Register(r)
+                           .Add({})),
+      cpu_round_trip_(prometheus::BuildCounter()
+                          .Name("trident_worker_cpu_attention_seconds_total")
+                          .Help("Time from each CPU attention request's start to its answer, "
+                                "summed.")
+                          .Register(r)
+                          .Add({})),
+      cpu_exposed_(prometheus::BuildCounter()
+                       .Name("trident_worker_cpu_attention_exposed_seconds_total")
+                       .Help("Of trident_worker_cpu_attention_seconds_total, the time steps "
+                             "stood waiting for the answers (not hidden under other work).")
+                       .Register(r)
+                       .Add({})),
+      cpu_hidden_(prometheus::BuildGauge()
+                      .Name("trident_worker_cpu_attention_hidden_ratio")
+                      .Help("Share of CPU attention time hidden under the worker's own work, "
+                            "over the last step that had any.")
+                      .Register(r)
+                      .Add({})) {}
+
+void EngineMetrics::Update(const engine::EngineStats& s) {
+  running_.Set(s.running);
+  waiting_.Set(s.waiting);
+  kv_blocks_total_.Set(s.blocks_total);
+  kv_usage_.Set(s.blocks_total > 0 ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total
+                                   : 0.0);
+  prompt_tokens_.Increment(static_cast<double>(s.prompt_tokens_total - last_.prompt_tokens_total));
+  generated_tokens_.Increment(
+      static_cast<double>(s.generated_tokens_total - last_.generated_tokens_total));
+  preemptions_.Increment(static_cast<double>(s.preemptions_total - last_.preemptions_total));
+  steps_.Increment(static_cast<double>(s.steps_total - last_.steps_total));
+  if (s.steps_total > last_.steps_total) {
+    // One observation per call: the observer runs after every iteration,
+    // which runs at most one step.
+    iteration_tokens_.Observe(s.last_step_tokens);
+    if (s.last_step_decode_sequences > 0) {
+      iteration_decode_sequences_.Observe(s.last_step_decode_sequences);
+    }
+  }
+  cpu_sequences_.Set(s.remote_running);
+  cpu_tokens_.Set(static_cast<double>(s.remote_tokens));
+  offload_moved_.Increment(static_cast<double>(s.remote_moves_total - last_.remote_moves_total));
+  offload_demoted_.Increment(
+      static_cast<double>(s.remote_demoted_total - last_.remote_demoted_total));
+  pipelined_steps_.Increment(
+      static_cast<double>(s.pipelined_steps_total - last_.pipelined_steps_total));
+  const double round_trip =
+      s.remote_round_trip_seconds_total - last_.remote_round_trip_seconds_total;
+  const double exposed = s.remote_exposed_seconds_total - last_.remote_exposed_seconds_total;
+  cpu_round_trip_.Increment(std::max(0.0, round_trip));
+  cpu_exposed_.Increment(std::max(0.0, exposed));
+  if (round_trip > 0) cpu_hidden_.Set(std::clamp(1.0 - exposed / round_trip, 0.0, 1.0));
+  last_ = s;
+}
+
+}  // namespace trident::worker

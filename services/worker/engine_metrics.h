@@ -1,0 +1,89 @@
+// The worker's engine metrics (trident_worker_*), fed by the engine's stats
+// after every iteration (engine::Engine::SetStatsObserver). They are the
+// vLLM-equivalent set the dashboards chart:
+//
+//   trident_worker_num_requests_running             gauge     requests in the running batch
+//   trident_worker_num_requests_waiting             gauge     requests waiting to be scheduled
+//   trident_worker_kv_cache_usage_ratio             gauge     KV blocks in use / blocks in the pool
+//   trident_worker_kv_blocks_total                  gauge     KV blocks in the pool
+//   trident_worker_prompt_tokens_total              counter   prompt tokens accepted
+//   trident_worker_generation_tokens_total          counter   tokens generated
+//   trident_worker_preemptions_total                counter   sequences preempted for KV blocks
+//   trident_worker_engine_steps_total               counter   forward passes
+//   trident_worker_iteration_tokens                 histogram tokens per forward pass (batch size
+//                                                             in tokens), one observation a step
+//   trident_worker_iteration_decode_sequences       histogram one-token decode sequences per step,
+//                                                             for steps that had any
+//   trident_worker_cpu_attention_sequences          gauge     sequences whose attention runs at a
+//                                                             CPU attention service
+//   trident_worker_cpu_attention_tokens             gauge     their KV tokens
+//   trident_worker_offload_decisions_total{decision} counter  moved, demoted
+//   trident_worker_pipelined_steps_total            counter   steps run as two sub-batches
+//   trident_worker_cpu_attention_seconds_total      counter   CPU attention round trips, summed
+//   trident_worker_cpu_attention_exposed_seconds_total counter of those, the time steps waited
+//   trident_worker_cpu_attention_hidden_ratio       gauge     share hidden, over the last step
+//                                                             that had any
+
+#ifndef TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_
+#define TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_
+
+#include <vector>
+
+#include "common/engine/engine_core.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace trident::worker {
+
+// Buckets of trident_worker_iteration_tokens: powers of two, 1 to 16384
+// (--max_batch_tokens defaults to 2048).
+std::vector<double> IterationTokensBuckets();
+// Buckets of trident_worker_iteration_decode_sequences: powers of two, 1 to
+// 1024 (--max_running defaults to 256).
+std::vector<double> IterationDecodeSequencesBuckets();
+
+// Thread-compatible: Update runs on the engine's loop thread only (the
+// prometheus-cpp metrics themselves are thread-safe to scrape).
+class EngineMetrics {
+ public:
+  // Registers every family in `registry`, which must outlive this.
+  explicit EngineMetrics(prometheus::Registry& registry);
+
+  EngineMetrics(const EngineMetrics&) = delete;
+  EngineMetrics& operator=(const EngineMetrics&) = delete;
+
+  // Brings the metrics up to `stats`: gauges take its values, counters grow
+  // by its totals' increase since the previous call, and the iteration
+  // histograms observe the last step when `stats.steps_total` advanced.
+  void Update(const engine::EngineStats& stats);
+
+ private:
+  prometheus::Gauge& running_;
+  prometheus::Gauge& waiting_;
+  prometheus::Gauge& kv_usage_;
+  prometheus::Gauge& kv_blocks_total_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generated_tokens_;
+  prometheus::Counter& preemptions_;
+  prometheus::Counter& steps_;
+  prometheus::Histogram& iteration_tokens_;
+  prometheus::Histogram& iteration_decode_sequences_;
+  prometheus::Gauge& cpu_sequences_;
+  prometheus::Gauge& cpu_tokens_;
+  prometheus::Family<prometheus::Counter>& offload_family_;
+  prometheus::Counter& offload_moved_;
+  prometheus::Counter& offload_demoted_;
+  prometheus::Counter& pipelined_steps_;
+  prometheus::Counter& cpu_round_trip_;
+  prometheus::Counter& cpu_exposed_;
+  prometheus::Gauge& cpu_hidden_;
+  // The stats of the previous Update.
+  engine::EngineStats last_;
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_

@@ -1,0 +1,124 @@
+#include "services/worker/engine_metrics.h"
+
+#include <string>
+#include <vector>
+
+#include "common/engine/engine_core.h"
+#include "common/telemetry/collected_series.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+
+namespace trident::worker {
+namespace {
+
+using ::testing::DoubleEq;
+using ::trident::telemetry::CollectedSeries;
+using ::trident::telemetry::FindSeries;
+
+// The cumulative count of bucket `le` of histogram `name` (no labels).
+double BucketCount(prometheus::Registry& registry, const std::string& name, double le) {
+  for (const prometheus::MetricFamily& family : registry.Collect()) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& m : family.metric) {
+      for (const prometheus::ClientMetric::Bucket& b : m.histogram.bucket) {
+        if (b.upper_bound == le) return static_cast<double>(b.cumulative_count);
+      }
+    }
+  }
+  ADD_FAILURE() << "no bucket le=" << le << " in " << name;
+  return -1;
+}
+
+TEST(EngineMetricsTest, EverySeriesExistsAtZeroBeforeAnyStep) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(registry);
+  for (const std::string name :
+       {"trident_worker_num_requests_running", "trident_worker_num_requests_waiting",
+        "trident_worker_kv_cache_usage_ratio", "trident_worker_prompt_tokens_total",
+        "trident_worker_generation_tokens_total", "trident_worker_engine_steps_total",
+        "trident_worker_iteration_tokens", "trident_worker_iteration_decode_sequences"}) {
+    const CollectedSeries s = FindSeries(registry, name, {});
+    EXPECT_TRUE(s.found) << name;
+    EXPECT_EQ(s.value, 0) << name;
+    EXPECT_EQ(s.count, 0u) << name;
+  }
+}
+
+TEST(EngineMetricsTest, IterationHistogramsObserveEachStepOnce) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(registry);
+  engine::EngineStats stats;
+  // A prefill step of 100 prompt tokens.
+  stats.steps_total = 1;
+  stats.last_step_tokens = 100;
+  stats.last_step_prefill_tokens = 100;
+  stats.last_step_decode_sequences = 0;
+  metrics.Update(stats);
+  // An iteration that ran no step (same steps_total) observes nothing.
+  metrics.Update(stats);
+  // A decode step of 3 sequences, then one of 20 prompt tokens + 5 decodes.
+  stats.steps_total = 2;
+  stats.last_step_tokens = 3;
+  stats.last_step_prefill_tokens = 0;
+  stats.last_step_decode_sequences = 3;
+  metrics.Update(stats);
+  stats.steps_total = 3;
+  stats.last_step_tokens = 25;
+  stats.last_step_prefill_tokens = 20;
+  stats.last_step_decode_sequences = 5;
+  metrics.Update(stats);
+
+  const CollectedSeries tokens = FindSeries(registry, "trident_worker_iteration_tokens", {});
+  EXPECT_EQ(tokens.count, 3u);
+  EXPECT_THAT(tokens.sum, DoubleEq(128));
+  EXPECT_EQ(BucketCount(registry, "trident_worker_iteration_tokens", 4), 1);
+  EXPECT_EQ(BucketCount(registry, "trident_worker_iteration_tokens", 32), 2);
+  EXPECT_EQ(BucketCount(registry, "trident_worker_iteration_tokens", 128), 3);
+  // The prefill-only step is not a decode batch.
+  const CollectedSeries decodes =
+      FindSeries(registry, "trident_worker_iteration_decode_sequences", {});
+  EXPECT_EQ(decodes.count, 2u);
+  EXPECT_THAT(decodes.sum, DoubleEq(8));
+  EXPECT_EQ(BucketCount(registry, "trident_worker_iteration_decode_sequences", 4), 1);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_engine_steps_total", {}).value, 3);
+}
+
+TEST(EngineMetricsTest, GaugesFollowTheLatestStatsAndCountersTheirIncrease) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(registry);
+  engine::EngineStats stats;
+  stats.running = 4;
+  stats.waiting = 2;
+  stats.blocks_total = 10;
+  stats.blocks_free = 4;
+  stats.prompt_tokens_total = 50;
+  stats.generated_tokens_total = 7;
+  metrics.Update(stats);
+  stats.running = 1;
+  stats.waiting = 0;
+  stats.blocks_free = 9;
+  stats.prompt_tokens_total = 60;
+  stats.generated_tokens_total = 12;
+  metrics.Update(stats);
+
+  EXPECT_EQ(FindSeries(registry, "trident_worker_num_requests_running", {}).value, 1);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_num_requests_waiting", {}).value, 0);
+  EXPECT_THAT(FindSeries(registry, "trident_worker_kv_cache_usage_ratio", {}).value, DoubleEq(0.1));
+  EXPECT_EQ(FindSeries(registry, "trident_worker_prompt_tokens_total", {}).value, 60);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_generation_tokens_total", {}).value, 12);
+}
+
+TEST(EngineMetricsTest, BucketsArePowersOfTwoCoveringTheDefaultLimits) {
+  for (const std::vector<double>& buckets :
+       {IterationTokensBuckets(), IterationDecodeSequencesBuckets()}) {
+    ASSERT_FALSE(buckets.empty());
+    EXPECT_EQ(buckets.front(), 1);
+    for (size_t i = 1; i < buckets.size(); ++i) EXPECT_EQ(buckets[i], 2 * buckets[i - 1]);
+  }
+  EXPECT_GE(IterationTokensBuckets().back(), 2048);          // --max_batch_tokens.
+  EXPECT_GE(IterationDecodeSequencesBuckets().back(), 256);  // --max_running.
+}
+
+}  // namespace
+}  // namespace trident::worker
