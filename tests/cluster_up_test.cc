@@ -196,6 +196,13 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
       << status;
   EXPECT_THAT(status, ContainsRegex("\nworker-1 +decode +serving +[0-9]+ +[0-9]+ +[0-9.]+%"))
       << status;
+  // The controller's view: every member registered, with its role.
+  EXPECT_THAT(status, ContainsRegex("CONTROLLER\n  incarnation [0-9]+, decisions every 10s from "
+                                    "http://127.0.0.1:[0-9]+"))
+      << status;
+  EXPECT_THAT(status, ContainsRegex("member worker-0 +prefill +serving")) << status;
+  EXPECT_THAT(status, ContainsRegex("member worker-1 +decode +serving")) << status;
+  EXPECT_THAT(status, ContainsRegex("member attention-0 +attention +serving")) << status;
 
   // `trident down` stops every process.
   EXPECT_EQ(RunTrident({"down", "--state_dir=" + state_dir}, log), 0);
