@@ -43,7 +43,11 @@ class WorkerSetRoleTest : public ::testing::Test {
         testing::StartService({RunfilePath("services/worker/worker"), absl::StrCat("--role=", role),
                                absl::StrCat("--worker_id=", name), "--kv_transport=ucx",
                                "--ucx_transports=tcp", "--pin_threads=false", "--cpu_threads=1",
-                               "--kv_cache_mb=16", absl::StrCat("--model=", model_dir)},
+                               "--kv_cache_mb=16", absl::StrCat("--model=", model_dir),
+                               // Refusals at once: the announce period is
+                               // covered by worker_role_test and
+                               // controller_live_test.
+                               "--role_change_announce=0s"},
                               TestTmpPath(absl::StrCat(name, ".log")));
     ASSERT_THAT(started, IsOk());
     worker_ = *started;
