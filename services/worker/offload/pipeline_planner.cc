@@ -117,11 +117,13 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
 
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
                          int64_t context) {
+  StepShape steady = shape;
+  if (shape.local_sequences > 0) steady.local_tokens = shape.local_sequences;
   const double sequences =
-      static_cast<double>(shape.local_tokens) + static_cast<double>(shape.cpu_contexts.size());
+      static_cast<double>(steady.local_tokens) + static_cast<double>(steady.cpu_contexts.size());
   if (costs.cpu_attention.empty() || costs.linear.empty() || sequences == 0) return true;
-  const double before = PlanPipeline(shape, costs, mode).planned_seconds;
-  StepShape after_shape = shape;
+  const double before = PlanPipeline(steady, costs, mode).planned_seconds;
+  StepShape after_shape = steady;
   after_shape.cpu_contexts.push_back(context);
   const double after = PlanPipeline(after_shape, costs, mode).planned_seconds;
   return after * sequences <= before * (sequences + 1);

@@ -69,6 +69,7 @@ absl::StatusOr<PipelineMode> ParsePipelineMode(absl::string_view name);
 struct StepShape {
   int64_t local_tokens = 0;          // token rows of resident sequences
   int64_t local_context_tokens = 0;  // context of resident sequences
+  int64_t local_sequences = 0;       // resident sequences (0: one per token row)
   // Context tokens of each CPU-resident sequence.
   std::vector<int64_t> cpu_contexts;
 };
@@ -92,8 +93,11 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
 // step's throughput: a sequence moved out lets a waiting one take its
 // blocks, so the batch grows by one; the move pays when the planned step
 // with it, per sequence, is no slower than the planned step without it
-// ((B + 1) sequences in `after` seconds against B in `before`). True when
-// the costs were not measured (nothing to judge by) or the batch is empty.
+// ((B + 1) sequences in `after` seconds against B in `before`). Judged on
+// the decode step the batch settles into (one token per resident sequence),
+// not on a step that carries prompt chunks: a move made while a prompt is
+// computed lasts for every decode step after it. True when the costs were
+// not measured (nothing to judge by) or the batch is empty.
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
                          int64_t context);
 

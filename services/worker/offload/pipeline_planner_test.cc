@@ -134,6 +134,22 @@ TEST(MoveKeepsThroughputTest, MovesOnlyWhatTheStepCanCarry) {
   EXPECT_LT(moved, 100);
 }
 
+TEST(MoveKeepsThroughputTest, JudgesTheDecodeStepNotAStepCarryingAPromptChunk) {
+  // 4 resident sequences of 2k context, one of them computing a 2048-token
+  // prompt chunk this step: 2051 token rows. Against that long step a CPU
+  // sequence looks free; on the decode steps that follow (4 rows) it is not.
+  StepCosts costs = ComputeBound();
+  costs.cpu_attention = CostCurve({{0, 0.1 * kMs}, {2048, 1.5 * kMs}});
+  StepShape prefilling;
+  prefilling.local_tokens = 3 + 2048;
+  prefilling.local_context_tokens = 4 * 2048;
+  StepShape decoding = prefilling;
+  decoding.local_tokens = 4;
+  EXPECT_FALSE(MoveKeepsThroughput(decoding, costs, PipelineMode::kAuto, 2048));
+  prefilling.local_sequences = 4;
+  EXPECT_FALSE(MoveKeepsThroughput(prefilling, costs, PipelineMode::kAuto, 2048));
+}
+
 TEST(MoveKeepsThroughputTest, WithoutMeasuredCostsEveryMoveIsAllowed) {
   StepShape shape;
   shape.local_tokens = 4;
