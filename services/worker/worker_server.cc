@@ -195,9 +195,13 @@ void WorkerServer::StartLoadReports() {
     loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); });
     kv_sampler_ = std::make_unique<transport::PeriodicSampler>(
         options_.kv_metrics_interval,
-        [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get()] {
+        [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get(),
+         engine_metrics = model_->metrics.get(), offload = offload_.get()] {
           metrics->SetReservations(reservations->num_reservations(), reservations->blocks_held());
           if (kv != nullptr) metrics->SetDroppedMessages(kv->dropped_messages());
+          if (engine_metrics != nullptr && offload != nullptr) {
+            engine_metrics->SetOffloadHeld(offload->stats().moves_held);
+          }
         });
   }
   control_ = std::make_unique<WorkerControlService>(
