@@ -35,14 +35,16 @@
 #include "common/process/subprocess.h"
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
+#include "common/time/proto_time.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/service_process.h"
 #include "tools/cli/cluster.h"
+#include "tools/cli/cluster_status.h"
 #include "tools/cli/generate.h"
 #include "trident/v1/attention.grpc.pb.h"
-#include "trident/v1/controller.grpc.pb.h"
-#include "trident/v1/worker.grpc.pb.h"
+#include "trident/v1/controller.pb.h"
 
 namespace trident {
 namespace {
@@ -149,64 +151,6 @@ void ExpectAllAnswered(const std::vector<Outcome>& outcomes, const std::string& 
               outcomes.size(), most);
 }
 
-class ControllerClient {
- public:
-  explicit ControllerClient(const std::string& address)
-      : stub_(v1::Controller::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
-
-  absl::StatusOr<v1::ControllerStatus> Status(int max_decisions = 1000) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    v1::GetControllerStatusRequest request;
-    request.set_max_decisions(max_decisions);
-    v1::ControllerStatus status;
-    grpc::Status s = stub_->GetStatus(&context, request, &status);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-    return status;
-  }
-
-  absl::StatusOr<v1::Topology> Topology() {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    v1::Topology topology;
-    grpc::Status s = stub_->GetTopology(&context, v1::GetTopologyRequest(), &topology);
-    if (!s.ok()) return absl::UnavailableError(s.error_message());
-    return topology;
-  }
-
-  // Waits until the controller has made `count` decisions on real signals
-  // (any reason but the ones that say the signals were unreadable, or
-  // that the policy is still gathering them). Returns them, newest first.
-  absl::StatusOr<v1::ControllerStatus> AwaitInformedDecisions(int count, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    absl::Duration backoff = absl::Milliseconds(100);
-    while (true) {
-      absl::StatusOr<v1::ControllerStatus> status = Status();
-      if (status.ok()) {
-        int informed = 0;
-        for (const v1::RoleDecision& d : status->decisions()) {
-          if (d.reason() != "metrics_unavailable" && d.reason() != "series_missing" &&
-              d.reason() != "metrics_error" && d.reason() != "warming_up") {
-            ++informed;
-          }
-        }
-        if (informed >= count) return status;
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "fewer than ", count, " informed decisions; last status: ",
-            status.ok() ? status->DebugString() : status.status().ToString()));
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(1));
-    }
-  }
-
- private:
-  std::unique_ptr<v1::Controller::Stub> stub_;
-};
-
 // Polls until `done` holds or the deadline passes.
 template <typename Predicate>
 bool Eventually(Predicate done, absl::Duration timeout) {
@@ -220,6 +164,50 @@ bool Eventually(Predicate done, absl::Duration timeout) {
   return true;
 }
 
+// The controller's status and topology, as `trident status` reads them.
+class ControllerClient {
+ public:
+  explicit ControllerClient(std::string address) : address_(std::move(address)) {}
+
+  absl::StatusOr<v1::ControllerStatus> Status(int max_decisions = 1000) {
+    absl::StatusOr<cli::ControllerView> view = cli::ReadController(address_, max_decisions);
+    if (!view.ok()) return view.status();
+    return std::move(view->status);
+  }
+
+  absl::StatusOr<v1::Topology> Topology() {
+    absl::StatusOr<cli::ControllerView> view = cli::ReadController(address_, 1);
+    if (!view.ok()) return view.status();
+    return std::move(view->topology);
+  }
+
+  // Waits until the controller has made `count` decisions on real signals
+  // (any reason but the ones that say the signals were unreadable, or that
+  // the policy is still gathering them). Returns them, newest first.
+  absl::StatusOr<v1::ControllerStatus> AwaitInformedDecisions(int count, absl::Duration timeout) {
+    absl::StatusOr<v1::ControllerStatus> status;
+    const bool informed = Eventually(
+        [&] {
+          status = Status();
+          if (!status.ok()) return false;
+          int n = 0;
+          for (const v1::RoleDecision& d : status->decisions()) {
+            n += d.reason() != "metrics_unavailable" && d.reason() != "series_missing" &&
+                 d.reason() != "metrics_error" && d.reason() != "warming_up";
+          }
+          return n >= count;
+        },
+        timeout);
+    if (informed) return status;
+    return absl::DeadlineExceededError(absl::StrCat(
+        "fewer than ", count, " informed decisions; last status: ",
+        status.ok() ? status->DebugString() : status.status().ToString()));
+  }
+
+ private:
+  const std::string address_;
+};
+
 bool AllMembersServing(ControllerClient& controller, uint64_t incarnation) {
   absl::StatusOr<v1::Topology> topology = controller.Topology();
   if (!topology.ok() || topology->controller_incarnation() != incarnation) return false;
@@ -228,21 +216,6 @@ bool AllMembersServing(ControllerClient& controller, uint64_t incarnation) {
     if (w.state() != v1::SERVING_STATE_SERVING) return false;
   }
   return topology->attention_services(0).state() == v1::SERVING_STATE_SERVING;
-}
-
-// The worker's KV pool all free and no reservation open, within `timeout`.
-bool KvAllFree(const std::string& address, absl::Duration timeout) {
-  auto stub = v1::WorkerControl::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  return Eventually(
-      [&] {
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-        v1::KvStats stats;
-        return stub->GetKvStats(&context, v1::GetKvStatsRequest(), &stats).ok() &&
-               stats.blocks_free() == stats.blocks_total() && stats.reservations_open() == 0;
-      },
-      timeout);
 }
 
 bool AttentionEmpty(const std::string& address, absl::Duration timeout) {
@@ -265,8 +238,7 @@ void PrintTimeline(const v1::ControllerStatus& status, absl::Time start) {
               static_cast<long long>(status.flips_total()));
   for (int i = status.decisions_size() - 1; i >= 0; --i) {
     const v1::RoleDecision& d = status.decisions(i);
-    const double t = absl::ToDoubleSeconds(absl::FromUnixSeconds(d.time().seconds()) +
-                                           absl::Nanoseconds(d.time().nanos()) - start);
+    const double t = absl::ToDoubleSeconds(TimeFromProto(d.time()) - start);
     if (d.flip() || i == 0) {
       std::printf("  t=%6.1fs %s %s: prefill %.2f decode %.2f: %s\n", t,
                   d.flip() ? "FLIP" : "hold", d.reason().c_str(), d.prefill().observed(),
@@ -404,7 +376,10 @@ TEST_F(ControllerLiveTest, ShiftFlipsAWorkerRestartFlipsNone) {
   ASSERT_THAT(now, IsOk());
   for (const cli::ProcessRecord& p : now->processes) {
     if (p.component == "worker") {
-      EXPECT_TRUE(KvAllFree(p.GrpcAddress(now->host), absl::Seconds(60))) << p.name;
+      EXPECT_TRUE(testing::AllKvBlocksFree(
+          grpc::CreateChannel(p.GrpcAddress(now->host), grpc::InsecureChannelCredentials()),
+          absl::Seconds(60)))
+          << p.name;
     }
     if (p.component == "attention") {
       EXPECT_TRUE(AttentionEmpty(p.GrpcAddress(now->host), absl::Seconds(60))) << p.name;

@@ -5,7 +5,8 @@
 // is trusted, as for every Trident service), with its reconnect backoff set
 // to the client's own bounds. gRPC's default (1 s growing to 120 s) would
 // leave a channel refusing calls for up to two minutes after a controller
-// came back, whatever the client's backoff says.
+// came back, whatever the client's backoff says. Keepalive pings find a
+// controller whose host vanished without closing the connection.
 
 #include <memory>
 #include <string>
@@ -14,6 +15,10 @@
 #include "grpcpp/grpcpp.h"
 
 namespace trident::controller_client {
+
+// How often an idle controller connection is pinged; a ping unanswered for
+// 5 s closes it and the client reconnects.
+inline constexpr int kKeepaliveTimeMs = 10'000;
 
 std::shared_ptr<grpc::Channel> ControllerChannel(const std::string& address,
                                                  const BackoffOptions& backoff);

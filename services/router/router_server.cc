@@ -136,7 +136,15 @@ absl::Status RouterServer::StartTopologyWatch() {
 }
 
 void RouterServer::OnLoad(const std::string& address, const v1::WorkerLoad& load) {
-  remote_->SetWorkerAddress(load.worker_id(), address);
+  bool known = false;
+  {
+    absl::MutexLock lock(&ids_mu_);
+    auto it = ids_.find(address);
+    known = it != ids_.end() && it->second == load.worker_id();
+  }
+  // Only for an address not yet known to serve this worker: every sample
+  // would otherwise take the request path's lock to write it again.
+  if (!known) remote_->SetWorkerAddress(load.worker_id(), address);
   absl::StatusOr<admission::WorkerLoadReport> report = admission::WorkerLoadReportFromProto(load);
   if (!report.ok()) {
     TRIDENT_LOG(WARNING) << "bad load report from " << address << ": " << report.status();
@@ -154,16 +162,20 @@ void RouterServer::OnLoad(const std::string& address, const v1::WorkerLoad& load
 void RouterServer::OnDown(const std::string& address) {
   std::string id;
   {
+    // This address's stream is over: no OnLoad for it runs concurrently.
     absl::MutexLock lock(&ids_mu_);
     auto it = ids_.find(address);
-    if (it != ids_.end()) id = it->second;
+    if (it == ids_.end()) return;
+    id = it->second;
+    ids_.erase(it);
+    // The worker is still reached under another address (e.g. a static one
+    // and the name it advertised): it stays.
+    for (const auto& [other, other_id] : ids_) {
+      if (other_id == id) return;
+    }
   }
-  if (id.empty()) return;
   admission_->RemoveWorker(id);
   metrics_->RemoveWorker(id);
-  // This address's stream is over: no OnLoad for it runs concurrently.
-  absl::MutexLock lock(&ids_mu_);
-  ids_.erase(address);
 }
 
 void RouterServer::OnTopology(const v1::Topology& topology) {

@@ -83,13 +83,11 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                       .Add({})),
       offload_family_(prometheus::BuildCounter()
                           .Name("trident_worker_offload_decisions_total")
-                          .Help("Sequences moved to CPU attention services (moved), brought "
-                                "back for recompute because their service failed (demoted), "
-                                "and moves the placement guard refused (held).")
+                          .Help("Sequences moved to CPU attention services (moved), and brought "
+                                "back for recompute because their service failed (demoted).")
                           .Register(r)),
       offload_moved_(offload_family_.Add({{"decision", "moved"}})),
       offload_demoted_(offload_family_.Add({{"decision", "demoted"}})),
-      offload_held_(offload_family_.Add({{"decision", "held"}})),
       pipelined_steps_(prometheus::BuildCounter()
                            .Name("trident_worker_pipelined_steps_total")
                            .Help("Decode steps run as two sub-batches, the second's CPU "
@@ -148,11 +146,6 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   cpu_exposed_.Increment(std::max(0.0, exposed));
   if (round_trip > 0) cpu_hidden_.Set(std::clamp(1.0 - exposed / round_trip, 0.0, 1.0));
   last_ = s;
-}
-
-void EngineMetrics::SetOffloadHeld(int64_t total) {
-  const int64_t before = offload_held_total_.exchange(total);
-  if (total > before) offload_held_.Increment(static_cast<double>(total - before));
 }
 
 }  // namespace trident::worker

@@ -27,8 +27,6 @@
 #ifndef TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_
 #define TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_
 
-#include <atomic>
-#include <cstdint>
 #include <vector>
 
 #include "common/engine/engine_core.h"
@@ -62,11 +60,6 @@ class EngineMetrics {
   // histograms observe the last step when `stats.steps_total` advanced.
   void Update(const engine::EngineStats& stats);
 
-  // Brings trident_worker_offload_decisions_total{decision="held"} up to
-  // `total`: moves the offload's placement guard refused
-  // (AttentionOffloadStats::moves_held). Thread-safe.
-  void SetOffloadHeld(int64_t total);
-
  private:
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
@@ -83,8 +76,6 @@ class EngineMetrics {
   prometheus::Family<prometheus::Counter>& offload_family_;
   prometheus::Counter& offload_moved_;
   prometheus::Counter& offload_demoted_;
-  prometheus::Counter& offload_held_;
-  std::atomic<int64_t> offload_held_total_{0};
   prometheus::Counter& pipelined_steps_;
   prometheus::Counter& cpu_round_trip_;
   prometheus::Counter& cpu_exposed_;

@@ -1,6 +1,5 @@
 #include "services/worker/engine_metrics.h"
 
-#include <map>
 #include <string>
 #include <vector>
 
@@ -108,17 +107,6 @@ TEST(EngineMetricsTest, GaugesFollowTheLatestStatsAndCountersTheirIncrease) {
   EXPECT_THAT(FindSeries(registry, "trident_worker_kv_cache_usage_ratio", {}).value, DoubleEq(0.1));
   EXPECT_EQ(FindSeries(registry, "trident_worker_prompt_tokens_total", {}).value, 60);
   EXPECT_EQ(FindSeries(registry, "trident_worker_generation_tokens_total", {}).value, 12);
-}
-
-TEST(EngineMetricsTest, HeldMovesCountTheirIncreaseOnly) {
-  prometheus::Registry registry;
-  EngineMetrics metrics(registry);
-  const std::map<std::string, std::string> held = {{"decision", "held"}};
-  EXPECT_EQ(FindSeries(registry, "trident_worker_offload_decisions_total", held).value, 0);
-  metrics.SetOffloadHeld(3);
-  metrics.SetOffloadHeld(3);
-  metrics.SetOffloadHeld(5);
-  EXPECT_EQ(FindSeries(registry, "trident_worker_offload_decisions_total", held).value, 5);
 }
 
 TEST(EngineMetricsTest, BucketsArePowersOfTwoCoveringTheDefaultLimits) {

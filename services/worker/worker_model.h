@@ -15,7 +15,6 @@
 #include "common/numeric/dtype.h"
 #include "common/tokenizer/tokenizer.h"
 #include "prometheus/registry.h"
-#include "services/worker/engine_metrics.h"
 #include "trident/v1/generation.pb.h"
 
 namespace trident::worker {
@@ -52,8 +51,6 @@ struct WorkerModel {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<engine::Engine> engine;
   trident::v1::ModelInfoResponse info;
-  // The engine's metrics; null without a registry.
-  std::shared_ptr<EngineMetrics> metrics;
 };
 
 // INVALID_ARGUMENT / FAILED_PRECONDITION for a bad model directory or

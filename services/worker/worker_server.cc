@@ -18,6 +18,10 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
+Device DeviceOf(const WorkerModelOptions& model) {
+  return model.cuda_device < 0 ? Device{} : Device{Device::Kind::kCuda, model.cuda_device};
+}
+
 WorkerIdentity IdentityFor(const WorkerServerOptions& options) {
   WorkerIdentity identity;
   identity.worker_id =
@@ -73,10 +77,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(WorkerServerO
                                                                    prometheus::Registry* registry) {
   std::unique_ptr<WorkerServer> server(new WorkerServer(std::move(options)));
   TRIDENT_LOG(INFO) << "worker " << server->identity_.worker_id << " on "
-                    << (server->options_.model.cuda_device < 0
-                            ? std::string("cpu")
-                            : absl::StrCat("cuda:", server->options_.model.cuda_device))
-                    << ", role " << v1::Role_Name(server->options_.role);
+                    << DeviceOf(server->options_.model).ToString() << ", role " << v1::Role_Name(server->options_.role);
   TRIDENT_RETURN_IF_ERROR(server->LoadModel(registry));
   TRIDENT_RETURN_IF_ERROR(server->StartKvTransport());
   TRIDENT_RETURN_IF_ERROR(server->StartOffload());
@@ -195,13 +196,9 @@ void WorkerServer::StartLoadReports() {
     loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); });
     kv_sampler_ = std::make_unique<transport::PeriodicSampler>(
         options_.kv_metrics_interval,
-        [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get(),
-         engine_metrics = model_->metrics.get(), offload = offload_.get()] {
+        [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get()] {
           metrics->SetReservations(reservations->num_reservations(), reservations->blocks_held());
           if (kv != nullptr) metrics->SetDroppedMessages(kv->dropped_messages());
-          if (engine_metrics != nullptr && offload != nullptr) {
-            engine_metrics->SetOffloadHeld(offload->stats().moves_held);
-          }
         });
   }
   control_ = std::make_unique<WorkerControlService>(
@@ -228,9 +225,7 @@ absl::Status WorkerServer::JoinController(const controller_client::MemberAddress
     WorkerIdentity now = identity_;
     now.role = role_->role();
     WorkerFacts facts;
-    facts.device = options_.model.cuda_device < 0
-                       ? std::string("cpu")
-                       : absl::StrCat("cuda:", options_.model.cuda_device);
+    facts.device = DeviceOf(options_.model).ToString();
     facts.kv_block_size_tokens = options_.model.kv_block_size;
     facts.max_batch_sequences = options_.model.max_running;
     facts.max_prefill_batch_tokens = options_.model.max_batch_tokens;

@@ -36,6 +36,16 @@ absl::StatusOr<std::string> StringField(const json& object, const char* key,
   return value.get<std::string>();
 }
 
+// False when absent; kInvalidArgument for a value that is not a boolean.
+absl::StatusOr<bool> BoolField(const json& object, const char* key, const std::string& where) {
+  if (!object.is_object() || !object.contains(key) || object[key].is_null()) return false;
+  const json& value = object[key];
+  if (!value.is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": \"", key, "\" is not a boolean"));
+  }
+  return value.get<bool>();
+}
+
 absl::StatusOr<int64_t> IntField(const json& object, const char* key, const std::string& where) {
   if (!object.is_object() || !object.contains(key) || object[key].is_null()) return 0;
   const json& value = object[key];
@@ -67,7 +77,7 @@ absl::StatusOr<DashboardVariable> ParseVariable(const json& v, const std::string
   }
   TRIDENT_ASSIGN_OR_RETURN(variable.datasource_uid, DatasourceUid(v, where));
   TRIDENT_ASSIGN_OR_RETURN(variable.all_value, StringField(v, "allValue", where));
-  variable.include_all = v.value("includeAll", false);
+  TRIDENT_ASSIGN_OR_RETURN(variable.include_all, BoolField(v, "includeAll", where));
   if (v.contains("current") && v["current"].is_object() && v["current"].contains("value")) {
     const json& value = v["current"]["value"];
     if (value.is_string()) variable.current = value.get<std::string>();
@@ -83,7 +93,7 @@ absl::StatusOr<DashboardTarget> ParseTarget(const json& t, const std::string& wh
   TRIDENT_ASSIGN_OR_RETURN(target.ref_id, StringField(t, "refId", where));
   TRIDENT_ASSIGN_OR_RETURN(target.expr, StringField(t, "expr", where));
   TRIDENT_ASSIGN_OR_RETURN(target.datasource_uid, DatasourceUid(t, where));
-  target.instant = t.value("instant", false);
+  TRIDENT_ASSIGN_OR_RETURN(target.instant, BoolField(t, "instant", where));
   return target;
 }
 

@@ -71,6 +71,13 @@ TEST(GrafanaDashboardTest, RejectsTextThatIsNotADashboard) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"id\" is not an integer")));
   EXPECT_THAT(ParseDashboard(R"({"panels": [{"id": 1, "targets": [{"expr": 5}]}]})", "a.json"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets[0]")));
+  EXPECT_THAT(
+      ParseDashboard(R"({"panels": [{"id": 1, "targets": [{"expr": "up", "instant": "yes"}]}]})",
+                     "a.json"),
+      StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseDashboard(R"({"templating": {"list": [{"name": "w", "includeAll": 1}]}})",
+                             "a.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(GrafanaDashboardTest, LintNamesEveryBrokenRule) {

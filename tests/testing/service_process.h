@@ -73,9 +73,9 @@ inline absl::Status StopService(ServiceProcess& p) {
 
 // Reads the worker's load samples until every KV block is free and no
 // reservation holds any (true), or until `timeout` (false).
-inline bool AllKvBlocksFree(const ServiceProcess& worker,
+inline bool AllKvBlocksFree(const std::shared_ptr<grpc::Channel>& worker,
                             absl::Duration timeout = absl::Seconds(20)) {
-  auto stub = trident::v1::WorkerControl::NewStub(worker.channel);
+  auto stub = trident::v1::WorkerControl::NewStub(worker);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   trident::v1::GetLoadRequest request;
@@ -89,6 +89,11 @@ inline bool AllKvBlocksFree(const ServiceProcess& worker,
     }
   }
   return false;
+}
+
+inline bool AllKvBlocksFree(const ServiceProcess& worker,
+                            absl::Duration timeout = absl::Seconds(20)) {
+  return AllKvBlocksFree(worker.channel, timeout);
 }
 
 }  // namespace trident::testing

@@ -9,11 +9,21 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/grpc/health_client.h"
+#include "common/grpc/status.h"
+#include "common/time/proto_time.h"
 #include "common/http/http_client.h"
 #include "common/process/subprocess.h"
 
 namespace trident::cli {
 namespace {
+
+// A proto enum value's name without `prefix`, lower case: "serving",
+// "decode", "amx".
+std::string ShortName(const std::string& full, absl::string_view prefix) {
+  absl::string_view view = full;
+  absl::ConsumePrefix(&view, prefix);
+  return absl::AsciiStrToLower(std::string(view));
+}
 
 std::string WorkerRow(const ProcessStatus& s) {
   if (!s.load.has_value()) {
@@ -35,11 +45,9 @@ std::string AttentionRow(const ProcessStatus& s) {
                            s.running ? "stats unknown" : "not running");
   }
   const trident::v1::AttentionStats& a = *s.attention;
-  const std::string isa_name = trident::v1::Isa_Name(a.isa());
-  absl::string_view isa = isa_name;
-  absl::ConsumePrefix(&isa, "ISA_");
   return absl::StrFormat("%-12s %4d %-12s %7d %9d %10lld %9.1f/%-7.1f %8d %10lld\n",
-                         s.record.name, a.numa_node(), absl::AsciiStrToLower(std::string(isa)), a.threads(),
+                         s.record.name, a.numa_node(), ShortName(trident::v1::Isa_Name(a.isa()), "ISA_"),
+                         a.threads(),
                          a.sequences(), static_cast<long long>(a.held_tokens()),
                          a.held_bytes() / 1048576.0, a.capacity_bytes() / 1048576.0, a.sessions(),
                          static_cast<long long>(a.attention_requests_total()));
@@ -57,43 +65,12 @@ std::optional<trident::v1::AttentionStats> ReadAttentionStats(const std::string&
   return stats;
 }
 
-void ReadController(const std::string& address, ProcessStatus& status) {
-  auto stub = trident::v1::Controller::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  trident::v1::GetControllerStatusRequest request;
-  request.set_max_decisions(1);
-  trident::v1::ControllerStatus controller;
-  grpc::Status s = stub->GetStatus(&context, request, &controller);
-  if (!s.ok()) {
-    status.controller_error = absl::StrCat("GetStatus: ", s.error_message());
-    return;
-  }
-  status.controller = controller;
-  grpc::ClientContext topology_context;
-  topology_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  trident::v1::Topology topology;
-  s = stub->GetTopology(&topology_context, trident::v1::GetTopologyRequest(), &topology);
-  if (!s.ok()) {
-    status.controller_error = absl::StrCat("GetTopology: ", s.error_message());
-    return;
-  }
-  status.topology = topology;
-}
-
 std::string StateName(trident::v1::ServingState state) {
-  std::string name = trident::v1::ServingState_Name(state);
-  absl::string_view view = name;
-  absl::ConsumePrefix(&view, "SERVING_STATE_");
-  return absl::AsciiStrToLower(std::string(view));
+  return ShortName(trident::v1::ServingState_Name(state), "SERVING_STATE_");
 }
 
 std::string RoleText(trident::v1::Role role) {
-  std::string name = trident::v1::Role_Name(role);
-  absl::string_view view = name;
-  absl::ConsumePrefix(&view, "ROLE_");
-  return absl::AsciiStrToLower(std::string(view));
+  return ShortName(trident::v1::Role_Name(role), "ROLE_");
 }
 
 std::string PressureText(absl::string_view role, const trident::v1::RolePressure& p) {
@@ -112,8 +89,7 @@ std::string ControllerSection(const ProcessStatus& s) {
   const trident::v1::ControllerStatus& c = *s.controller;
   absl::StrAppendFormat(&out, "  incarnation %d, decisions every %s from %s, %d flip%s%s\n",
                         c.controller_incarnation(),
-                        absl::FormatDuration(absl::Seconds(c.decision_interval().seconds()) +
-                                             absl::Nanoseconds(c.decision_interval().nanos())),
+                        absl::FormatDuration(DurationFromProto(c.decision_interval())),
                         c.prometheus_url().empty() ? "no Prometheus" : c.prometheus_url(),
                         c.flips_total(), c.flips_total() == 1 ? "" : "s",
                         c.pending_flip_worker_id().empty()
@@ -138,8 +114,7 @@ std::string ControllerSection(const ProcessStatus& s) {
   absl::StrAppendFormat(&out, "  pressure %s; %s\n", PressureText("prefill", d.prefill()),
                         PressureText("decode", d.decode()));
   absl::StrAppendFormat(&out, "  last decision at %s: %s (%s): %s\n",
-                        absl::FormatTime("%H:%M:%S", absl::FromUnixSeconds(d.time().seconds()),
-                                         absl::LocalTimeZone()),
+                        absl::FormatTime("%H:%M:%S", TimeFromProto(d.time()), absl::LocalTimeZone()),
                         d.flip() ? absl::StrCat("flip ", d.worker_id(), " ", RoleText(d.from_role()),
                                                 "->", RoleText(d.to_role()))
                                  : std::string("hold"),
@@ -148,6 +123,29 @@ std::string ControllerSection(const ProcessStatus& s) {
 }
 
 }  // namespace
+
+absl::StatusOr<ControllerView> ReadController(const std::string& address, int32_t max_decisions,
+                                              absl::Duration timeout) {
+  auto stub = trident::v1::Controller::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  ControllerView view;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  trident::v1::GetControllerStatusRequest request;
+  request.set_max_decisions(max_decisions);
+  if (absl::Status s = FromGrpcStatus(stub->GetStatus(&context, request, &view.status));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("GetStatus: ", s.message()));
+  }
+  grpc::ClientContext topology_context;
+  topology_context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (absl::Status s = FromGrpcStatus(stub->GetTopology(
+          &topology_context, trident::v1::GetTopologyRequest(), &view.topology));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("GetTopology: ", s.message()));
+  }
+  return view;
+}
 
 std::vector<ProcessStatus> CheckStatus(const ClusterState& state) {
   std::vector<ProcessStatus> statuses;
@@ -166,7 +164,14 @@ std::vector<ProcessStatus> CheckStatus(const ClusterState& state) {
                                   : std::string(absl::StatusCodeToString(health.status().code()));
     }
     if (status.running && record.component == "controller") {
-      ReadController(record.GrpcAddress(state.host), status);
+      absl::StatusOr<ControllerView> view =
+          ReadController(record.GrpcAddress(state.host), /*max_decisions=*/1);
+      if (view.ok()) {
+        status.controller = std::move(view->status);
+        status.topology = std::move(view->topology);
+      } else {
+        status.controller_error = std::string(view.status().message());
+      }
     }
     if (status.running && record.component == "attention") {
       status.attention = ReadAttentionStats(record.GrpcAddress(state.host));

@@ -4,10 +4,13 @@
 #ifndef TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_
 #define TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "tools/cli/cluster.h"
 #include "tools/cli/worker_load.h"
 #include "trident/v1/attention.pb.h"
@@ -33,6 +36,16 @@ struct ProcessStatus {
   std::optional<trident::v1::Topology> topology;
   std::string controller_error;
 };
+
+// What the controller at `address` says: GetStatus (its newest
+// `max_decisions` decisions) and GetTopology, each within `timeout`. The
+// first call's error, its code kept and its message naming the call.
+struct ControllerView {
+  trident::v1::ControllerStatus status;
+  trident::v1::Topology topology;
+};
+absl::StatusOr<ControllerView> ReadController(const std::string& address, int32_t max_decisions,
+                                              absl::Duration timeout = absl::Seconds(2));
 
 // Checks every process: alive, its health (Prometheus: /-/ready) and, for a
 // running worker, its load. Blocks for up to a few seconds per process that

@@ -439,6 +439,7 @@ double AdmissionController::DecodeWaitSeconds(const Worker& worker, const Decode
   double context = eval.context_tokens;
   double free_blocks = eval.free_blocks;
   const double capacity = worker.report.kv_blocks_total;
+  const DecodeModel& model = DecodeModelOf(worker);
   for (const auto& [finish, slot] : finish_scratch_) {
     const Record& r = records_[slot];
     const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
@@ -450,7 +451,7 @@ double AdmissionController::DecodeWaitSeconds(const Worker& worker, const Decode
     const bool kv_ok =
         free_blocks - UnusedReservedByOthers(class_scratch_, capacity, klass) >= need_blocks;
     const bool tpot_ok =
-        eval.tpot_scale * DecodeModelOf(worker).PredictSeconds(
+        eval.tpot_scale * model.PredictSeconds(
                               static_cast<int64_t>(std::max(batch, 0.0)) + 1,
                               static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <=
         tpot_limit;

@@ -200,7 +200,6 @@ void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
     } else {
       shape_.local_tokens += static_cast<int64_t>(s.tokens.size());
       shape_.local_context_tokens += context;
-      ++shape_.local_sequences;
     }
   }
   const PipelinePlan plan = PlanPipeline(shape_, step_costs_, options_.pipeline);
@@ -225,34 +224,17 @@ AttentionOffload::Service* AttentionOffload::PickService() {
   return best;
 }
 
-namespace {
-
-// The decode step the running batch settles into, from the engine's counts:
-// one token per resident sequence, and the CPU-resident ones at their mean
-// context. Judging moves on it (not on the last planned step, which exists
-// only while some sequence is CPU-resident and may carry a prompt chunk)
-// weighs the first move like every other.
-StepShape SteadyDecodeShape(const engine::EngineStats& stats) {
-  StepShape shape;
-  const int64_t remote = std::max(0, stats.remote_running);
-  const int64_t local = std::max<int64_t>(0, stats.running - remote);
-  shape.local_tokens = local;
-  shape.local_sequences = local;
-  shape.local_context_tokens = std::max<int64_t>(0, stats.batch_context_tokens - stats.remote_tokens);
-  for (int64_t i = 0; i < remote; ++i) shape.cpu_contexts.push_back(stats.remote_tokens / remote);
-  return shape;
-}
-
-}  // namespace
-
 void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   const std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   if (candidates.empty()) return;
   const engine::EngineStats stats = core.stats();
   const std::vector<std::string> chosen =
       ChooseOffloads(candidates, {stats.blocks_free, stats.blocks_total}, options_.policy);
-  // The decode step, grown by each move made here.
-  StepShape next = SteadyDecodeShape(stats);
+  // The decode step (not the last planned one: that exists only once some
+  // sequence is CPU-resident, and may carry a prompt chunk), grown by each
+  // move made here.
+  StepShape next = SteadyDecodeShape(stats.running, stats.remote_running,
+                                     stats.batch_context_tokens, stats.remote_tokens);
   for (const std::string& id : chosen) {
     Service* service = PickService();
     if (service == nullptr) return;  // None connected: everything stays here.

@@ -117,16 +117,24 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
 
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
                          int64_t context) {
-  StepShape steady = shape;
-  if (shape.local_sequences > 0) steady.local_tokens = shape.local_sequences;
   const double sequences =
-      static_cast<double>(steady.local_tokens) + static_cast<double>(steady.cpu_contexts.size());
+      static_cast<double>(shape.local_tokens) + static_cast<double>(shape.cpu_contexts.size());
   if (costs.cpu_attention.empty() || costs.linear.empty() || sequences == 0) return true;
-  const double before = PlanPipeline(steady, costs, mode).planned_seconds;
-  StepShape after_shape = steady;
+  const double before = PlanPipeline(shape, costs, mode).planned_seconds;
+  StepShape after_shape = shape;
   after_shape.cpu_contexts.push_back(context);
   const double after = PlanPipeline(after_shape, costs, mode).planned_seconds;
   return after * sequences <= before * (sequences + 1);
+}
+
+StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
+                            int64_t batch_context_tokens, int64_t remote_tokens) {
+  StepShape shape;
+  const int64_t remote = std::max(0, remote_running);
+  shape.local_tokens = std::max<int64_t>(0, running - remote);
+  shape.local_context_tokens = std::max<int64_t>(0, batch_context_tokens - remote_tokens);
+  shape.cpu_contexts.assign(remote, remote > 0 ? remote_tokens / remote : 0);
+  return shape;
 }
 
 }  // namespace trident::worker

@@ -69,7 +69,6 @@ absl::StatusOr<PipelineMode> ParsePipelineMode(absl::string_view name);
 struct StepShape {
   int64_t local_tokens = 0;          // token rows of resident sequences
   int64_t local_context_tokens = 0;  // context of resident sequences
-  int64_t local_sequences = 0;       // resident sequences (0: one per token row)
   // Context tokens of each CPU-resident sequence.
   std::vector<int64_t> cpu_contexts;
 };
@@ -89,15 +88,21 @@ struct PipelinePlan {
 
 PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, PipelineMode mode);
 
+// The decode step a running batch settles into, from the engine's counts
+// (EngineStats: running and CPU-resident sequences, the context of those
+// past their prompt, the CPU-resident ones' tokens): one token per resident
+// sequence, and the CPU-resident ones at their mean context.
+StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
+                            int64_t batch_context_tokens, int64_t remote_tokens);
+
 // Whether one more CPU-resident sequence of `context` tokens keeps the
 // step's throughput: a sequence moved out lets a waiting one take its
 // blocks, so the batch grows by one; the move pays when the planned step
 // with it, per sequence, is no slower than the planned step without it
-// ((B + 1) sequences in `after` seconds against B in `before`). Judged on
-// the decode step the batch settles into (one token per resident sequence),
-// not on a step that carries prompt chunks: a move made while a prompt is
-// computed lasts for every decode step after it. True when the costs were
-// not measured (nothing to judge by) or the batch is empty.
+// ((B + 1) sequences in `after` seconds against B in `before`). Judge it on
+// SteadyDecodeShape, not on a step that carries prompt chunks: a move made
+// while a prompt is computed lasts for every decode step after it. True when
+// the costs were not measured (nothing to judge by) or the batch is empty.
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
                          int64_t context);
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <random>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace trident::worker {
@@ -136,18 +137,23 @@ TEST(MoveKeepsThroughputTest, MovesOnlyWhatTheStepCanCarry) {
 
 TEST(MoveKeepsThroughputTest, JudgesTheDecodeStepNotAStepCarryingAPromptChunk) {
   // 4 resident sequences of 2k context, one of them computing a 2048-token
-  // prompt chunk this step: 2051 token rows. Against that long step a CPU
-  // sequence looks free; on the decode steps that follow (4 rows) it is not.
+  // prompt chunk this step (2051 token rows); no CPU-resident one yet. The
+  // steady decode step has 4 rows, and a 2k-token CPU sequence cannot hide
+  // under it.
   StepCosts costs = ComputeBound();
   costs.cpu_attention = CostCurve({{0, 0.1 * kMs}, {2048, 1.5 * kMs}});
-  StepShape prefilling;
-  prefilling.local_tokens = 3 + 2048;
-  prefilling.local_context_tokens = 4 * 2048;
-  StepShape decoding = prefilling;
-  decoding.local_tokens = 4;
-  EXPECT_FALSE(MoveKeepsThroughput(decoding, costs, PipelineMode::kAuto, 2048));
-  prefilling.local_sequences = 4;
-  EXPECT_FALSE(MoveKeepsThroughput(prefilling, costs, PipelineMode::kAuto, 2048));
+  const StepShape steady = SteadyDecodeShape(/*running=*/4, /*remote_running=*/0,
+                                             /*batch_context_tokens=*/3 * 2048,
+                                             /*remote_tokens=*/0);
+  EXPECT_EQ(steady.local_tokens, 4);
+  EXPECT_EQ(steady.local_context_tokens, 3 * 2048);
+  EXPECT_TRUE(steady.cpu_contexts.empty());
+  EXPECT_FALSE(MoveKeepsThroughput(steady, costs, PipelineMode::kAuto, 2048));
+  // CPU-resident sequences enter at their mean context.
+  const StepShape mixed = SteadyDecodeShape(6, 2, 4 * 2048 + 3000, 3000);
+  EXPECT_EQ(mixed.local_tokens, 4);
+  EXPECT_EQ(mixed.local_context_tokens, 4 * 2048);
+  EXPECT_THAT(mixed.cpu_contexts, ::testing::ElementsAre(1500, 1500));
 }
 
 TEST(MoveKeepsThroughputTest, WithoutMeasuredCostsEveryMoveIsAllowed) {
