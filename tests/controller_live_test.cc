@@ -22,11 +22,9 @@
 
 #include <signal.h>
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +37,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/router_load.h"
 #include "tests/testing/service_process.h"
 #include "tools/cli/cluster.h"
 #include "tools/cli/cluster_status.h"
@@ -56,93 +55,30 @@ using ::trident::testing::TestTmpPath;
 
 constexpr absl::Duration kPhaseDeadline = absl::Minutes(3);
 
-struct Outcome {
-  bool ok = false;
-  std::string error;
-  int32_t tokens = 0;
-  int32_t expected = 0;
-  int32_t usage_tokens = 0;
-  std::string text;
-  std::string decode_worker;
-  absl::Time finished;
-};
+using testing::GenerationOutcome;
+using testing::RouterLoad;
 
-// Client threads sending one traffic mix through the router until stopped.
-class Load {
- public:
-  Load(std::string router, std::string prompt, int32_t max_tokens, int threads)
-      : router_(std::move(router)), prompt_(std::move(prompt)), max_tokens_(max_tokens) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
-  }
-  ~Load() { Stop(); }
-
-  // Stops sending; returns once every request in flight is answered.
-  std::vector<Outcome> Stop() {
-    stop_ = true;
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-    absl::MutexLock lock(&mu_);
-    return outcomes_;
-  }
-
-  int64_t answered() {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(outcomes_.size());
-  }
-
-  // Requests answered after `time` whose decode ran on `worker`.
-  int64_t DecodedOnSince(const std::string& worker, absl::Time time) {
-    absl::MutexLock lock(&mu_);
-    int64_t n = 0;
-    for (const Outcome& o : outcomes_) n += o.ok && o.finished > time && o.decode_worker == worker;
-    return n;
-  }
-
- private:
-  void Run() {
-    while (!stop_) {
-      absl::StatusOr<cli::GenerateSummary> summary =
-          cli::StreamGeneration({.address = router_,
-                                 .prompt = prompt_,
-                                 .max_tokens = max_tokens_,
-                                 .ignore_eos = true,
-                                 .timeout = absl::Minutes(2)},
-                                /*out=*/nullptr);
-      Outcome outcome{.expected = max_tokens_, .finished = absl::Now()};
-      if (summary.ok()) {
-        outcome.ok = true;
-        outcome.tokens = summary->tokens;
-        outcome.usage_tokens = summary->complete.usage().completion_tokens();
-        outcome.text = summary->text;
-        outcome.decode_worker = summary->complete.placement().decode_worker_id();
-      } else {
-        outcome.error = summary.status().ToString();
-      }
-      absl::MutexLock lock(&mu_);
-      outcomes_.push_back(std::move(outcome));
-    }
-  }
-
-  const std::string router_;
-  const std::string prompt_;
-  const int32_t max_tokens_;
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-  absl::Mutex mu_;
-  std::vector<Outcome> outcomes_ ABSL_GUARDED_BY(mu_);
-};
+// Client threads sending one greedy prompt through the router until stopped.
+std::unique_ptr<RouterLoad> Mix(const std::string& router, const std::string& prompt,
+                                int32_t max_tokens, int clients) {
+  return std::make_unique<RouterLoad>(router, clients, [prompt, max_tokens](int, int) {
+    return cli::GenerateOptions{.prompt = prompt,
+                                .max_tokens = max_tokens,
+                                .ignore_eos = true,
+                                .timeout = absl::Minutes(2)};
+  });
+}
 
 // Every request answered OK with exactly its tokens; the texts of one mix
 // (greedy, one prompt) printed with how many agree with the most common.
-void ExpectAllAnswered(const std::vector<Outcome>& outcomes, const std::string& phase) {
+void ExpectAllAnswered(const std::vector<GenerationOutcome>& outcomes, const std::string& phase) {
   ASSERT_FALSE(outcomes.empty()) << phase << ": no request was sent";
   std::map<std::string, int> texts;
-  for (const Outcome& o : outcomes) {
+  for (const GenerationOutcome& o : outcomes) {
     EXPECT_TRUE(o.ok) << phase << ": " << o.error;
     if (!o.ok) continue;
-    EXPECT_EQ(o.tokens, o.expected) << phase << ": tokens lost or repeated";
-    EXPECT_EQ(o.usage_tokens, o.expected) << phase;
+    EXPECT_EQ(o.tokens, o.max_tokens) << phase << ": tokens lost or repeated";
+    EXPECT_EQ(o.usage_tokens, o.max_tokens) << phase;
     ++texts[o.text];
   }
   int most = 0;
@@ -294,7 +230,7 @@ TEST_F(ControllerLiveTest, ShiftFlipsAWorkerRestartFlipsNone) {
       "were long while the answers were short, so the prefill workers were busy all day";
 
   // 1. Prompt-heavy: informed decisions, no flip.
-  auto prompt_heavy = std::make_unique<Load>(state_.RouterAddress(), long_prompt, 1, 3);
+  auto prompt_heavy = Mix(state_.RouterAddress(), long_prompt, 1, 3);
   absl::StatusOr<v1::ControllerStatus> status =
       controller.AwaitInformedDecisions(4, kPhaseDeadline);
   ASSERT_THAT(status, IsOk());
@@ -328,7 +264,7 @@ TEST_F(ControllerLiveTest, ShiftFlipsAWorkerRestartFlipsNone) {
 
   // 3. Generation-heavy: decode pressure moves one prefill worker.
   const absl::Time shift = absl::Now();
-  auto generation_heavy = std::make_unique<Load>(state_.RouterAddress(), "Once", 48, 3);
+  auto generation_heavy = Mix(state_.RouterAddress(), "Once", 48, 3);
   ASSERT_TRUE(Eventually(
       [&] {
         absl::StatusOr<v1::ControllerStatus> s = controller.Status(1);
@@ -359,11 +295,15 @@ TEST_F(ControllerLiveTest, ShiftFlipsAWorkerRestartFlipsNone) {
       kPhaseDeadline));
   // The router sends decode work to the worker in its new role.
   const absl::Time flipped_at = absl::Now();
-  EXPECT_TRUE(Eventually([&] { return generation_heavy->DecodedOnSince(flipped, flipped_at) >= 3; },
-                         kPhaseDeadline))
+  auto decoded_on_flipped = [&] {
+    return generation_heavy->Count([&](const GenerationOutcome& o) {
+      return o.ok && o.finished > flipped_at && o.decode_worker == flipped;
+    });
+  };
+  EXPECT_TRUE(Eventually([&] { return decoded_on_flipped() >= 3; }, kPhaseDeadline))
       << "no request decoded on " << flipped << " after its flip";
   std::printf("%lld requests decoded on %s after its flip\n",
-              static_cast<long long>(generation_heavy->DecodedOnSince(flipped, flipped_at)),
+              static_cast<long long>(decoded_on_flipped()),
               flipped.c_str());
   ExpectAllAnswered(generation_heavy->Stop(), "generation-heavy");
   status = controller.Status();

@@ -10,7 +10,6 @@
 // each unknown metric.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -18,7 +17,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,6 +36,7 @@
 #include "services/controller/prometheus/metrics_source.h"
 #include "services/controller/prometheus/prometheus_client.h"
 #include "tests/testing/grafana_dashboard.h"
+#include "tests/testing/router_load.h"
 #include "tools/cli/cluster.h"
 #include "tools/cli/generate.h"
 
@@ -71,62 +70,14 @@ constexpr int32_t kLongTokens = 80;
 constexpr int32_t kShortTokens = 8;
 constexpr int kClients = 3;
 
-// Clients streaming generations through the router until stopped, each
-// alternating a short generation and a long one (offloaded). Deterministic:
-// client c's n-th prompt is fixed. Thread-safe.
-class RouterLoad {
- public:
-  RouterLoad(std::string address, int clients) : address_(std::move(address)) {
-    for (int c = 0; c < clients; ++c) threads_.emplace_back([this, c] { Run(c); });
-  }
-  ~RouterLoad() { Stop(); }
-
-  void Stop() {
-    stop_.store(true);
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-
-  int64_t ok() const { return ok_.load(); }
-  int64_t offloaded() const { return offloaded_.load(); }
-  int64_t failed() const { return failed_.load(); }
-  std::string last_error() const {
-    absl::MutexLock lock(&mu_);
-    return last_error_;
-  }
-
- private:
-  void Run(int client) {
-    for (int n = 0; !stop_.load(); ++n) {
-      const bool long_one = n % 2 == 1;
-      absl::StatusOr<cli::GenerateSummary> summary = cli::StreamGeneration(
-          {.address = address_,
-           .prompt = absl::StrCat("Client ", client, " tells story ", n, ": once upon a time"),
-           .max_tokens = long_one ? kLongTokens : kShortTokens,
-           .ignore_eos = true,
-           .timeout = absl::Seconds(120)},
-          /*out=*/nullptr);
-      if (!summary.ok()) {
-        failed_.fetch_add(1);
-        absl::MutexLock lock(&mu_);
-        last_error_ = summary.status().ToString();
-        continue;
-      }
-      ok_.fetch_add(1);
-      if (!summary->complete.placement().attention_service_id().empty()) offloaded_.fetch_add(1);
-    }
-  }
-
-  const std::string address_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int64_t> ok_{0};
-  std::atomic<int64_t> offloaded_{0};
-  std::atomic<int64_t> failed_{0};
-  mutable absl::Mutex mu_;
-  std::string last_error_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
-};
+// Client c's n-th generation: a short one, then a long one (offloaded), in
+// turn. Deterministic: its prompt is fixed.
+cli::GenerateOptions StoryRequest(int client, int n) {
+  return {.prompt = absl::StrCat("Client ", client, " tells story ", n, ": once upon a time"),
+          .max_tokens = n % 2 == 1 ? kLongTokens : kShortTokens,
+          .ignore_eos = true,
+          .timeout = absl::Seconds(120)};
+}
 
 // One query of one panel (or a variable's values).
 struct PanelQuery {
@@ -250,7 +201,7 @@ TEST(DashboardLiveTest, EveryPanelHasDataFromALoadedCluster) {
   ASSERT_THAT(prometheus, IsOk());
 
   const absl::Time load_start = absl::Now();
-  RouterLoad load(cluster->RouterAddress(), kClients);
+  testing::RouterLoad load(cluster->RouterAddress(), kClients, StoryRequest);
   std::vector<PanelQuery> pending = QueriesOf(*dashboards);
   std::vector<PanelQuery> answered;
   // Prometheus gets data only by scraping, so this polls it: each round asks
@@ -276,11 +227,16 @@ TEST(DashboardLiveTest, EveryPanelHasDataFromALoadedCluster) {
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
   load.Stop();
+  const int64_t ok = load.Count([](const testing::GenerationOutcome& o) { return o.ok; });
+  const int64_t failed = load.answered() - ok;
+  const int64_t offloaded = load.Count([](const testing::GenerationOutcome& o) {
+    return o.ok && !o.attention_service.empty();
+  });
   const absl::Duration took = absl::Now() - load_start;
 
   std::cout << answered.size() << " queries had data, " << pending.size() << " did not, after "
-            << absl::FormatDuration(took) << "; load: " << load.ok() << " generations ("
-            << load.offloaded() << " offloaded), " << load.failed() << " failed" << std::endl;
+            << absl::FormatDuration(took) << "; load: " << ok << " generations (" << offloaded
+            << " offloaded), " << failed << " failed" << std::endl;
   for (const PanelQuery& query : pending) {
     ADD_FAILURE() << "no data: " << query.where << "\n  " << query.promql << "\n  ("
                   << query.last_answer << ")";
@@ -296,9 +252,9 @@ TEST(DashboardLiveTest, EveryPanelHasDataFromALoadedCluster) {
   }
   EXPECT_TRUE(unknown.empty()) << "metrics the dashboards name that Prometheus never scraped:\n  "
                                << absl::StrJoin(unknown, "\n  ");
-  EXPECT_GT(load.ok(), 0) << load.last_error();
-  EXPECT_GT(load.offloaded(), 0) << "no generation moved to the attention service";
-  EXPECT_EQ(load.failed(), 0) << load.last_error();
+  EXPECT_GT(ok, 0) << load.last_error();
+  EXPECT_GT(offloaded, 0) << "no generation moved to the attention service";
+  EXPECT_EQ(failed, 0) << load.last_error();
 }
 
 }  // namespace
