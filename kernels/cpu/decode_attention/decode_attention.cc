@@ -117,6 +117,14 @@ absl::Status ValidateLayout(const DecodeKvLayout& l, int32_t max_head_dim) {
         "layout.head_dim is ", l.head_dim, "; must be a multiple of 16 in [16, ",
         std::min(max_head_dim, kMaxHeadDim), "]"));
   }
+  if (l.packing == DecodeKvPacking::kPairs && (l.dtype != DType::kBF16 || l.block_size % 32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout.packing pairs needs bf16 and a block_size multiple of 32; got ",
+                     numeric::DTypeName(l.dtype), " and ", l.block_size));
+  }
+  if (l.packing != DecodeKvPacking::kRows && l.packing != DecodeKvPacking::kPairs) {
+    return absl::InvalidArgumentError("layout.packing must be kRows or kPairs");
+  }
   const int64_t half = static_cast<int64_t>(l.num_kv_heads) * l.block_size * l.head_dim;
   if (l.value_offset_elems < half) {
     return absl::InvalidArgumentError(
@@ -132,20 +140,19 @@ absl::Status ValidateLayout(const DecodeKvLayout& l, int32_t max_head_dim) {
   return absl::OkStatus();
 }
 
-// A contiguous token range of one (sequence, kv head), run by one thread.
+// A contiguous token range of one sequence, all its kv heads, run by one
+// thread.
 struct Segment {
   int32_t seq;
-  int32_t kv_head;
   int32_t token_begin;
   int32_t token_end;
   int32_t slot;  // Partial slot, or -1 when the segment is the whole context.
 };
 
-// A (sequence, kv head) cut between threads: partial slots
-// [first_slot, first_slot + num_slots) hold its pieces.
+// A sequence cut between threads: partial slots [first_slot, first_slot +
+// num_slots) hold its pieces (every q head).
 struct Split {
   int32_t seq;
-  int32_t kv_head;
   int32_t first_slot;
   int32_t num_slots;
 };
@@ -179,20 +186,19 @@ struct DecodeAttention::State {
 
 namespace {
 
-// Cuts the batch's work, (sequence, kv head) units of context_len tokens laid
-// end to end, into `num_threads` contiguous ranges of about total / threads
-// tokens each. A cut inside a unit moves to the nearest block boundary.
+// Cuts the batch's work, the sequences' tokens laid end to end (every kv
+// head of a token together), into `num_threads` contiguous ranges of about
+// total / threads tokens each. A cut inside a sequence moves to the nearest
+// block boundary.
 void SplitWork(DecodeAttention::State& s, int32_t num_threads) {
   s.segments.clear();
   s.splits.clear();
   s.thread_first_segment.clear();
-  const int32_t heads = s.layout.num_kv_heads;
   const int32_t bs = s.layout.block_size;
-  const int64_t units = static_cast<int64_t>(s.seqs.size()) * heads;
-  auto unit_len = [&](int64_t u) -> int64_t { return s.seqs[u / heads].context_len; };
+  const int64_t units = static_cast<int64_t>(s.seqs.size());
+  auto unit_len = [&](int64_t u) -> int64_t { return s.seqs[u].context_len; };
   int64_t total = 0;
   for (const DecodeSequence& q : s.seqs) total += q.context_len;
-  total *= heads;
 
   int64_t cut_unit = 0, cut_prefix = 0;  // Cursor finding range ends.
   int64_t unit = 0, prefix = 0;          // Cursor emitting segments.
@@ -216,15 +222,14 @@ void SplitWork(DecodeAttention::State& s, int32_t num_threads) {
       while (prefix + unit_len(unit) <= pos) prefix += unit_len(unit++);
       const int64_t len = unit_len(unit);
       const int64_t seg_end = std::min(end, prefix + len);
-      Segment seg{static_cast<int32_t>(unit / heads), static_cast<int32_t>(unit % heads),
-                  static_cast<int32_t>(pos - prefix), static_cast<int32_t>(seg_end - prefix), -1};
+      Segment seg{static_cast<int32_t>(unit), static_cast<int32_t>(pos - prefix),
+                  static_cast<int32_t>(seg_end - prefix), -1};
       if (seg.token_begin != 0 || seg.token_end != len) {
         seg.slot = next_slot++;
-        if (!s.splits.empty() && s.splits.back().seq == seg.seq &&
-            s.splits.back().kv_head == seg.kv_head) {
+        if (!s.splits.empty() && s.splits.back().seq == seg.seq) {
           ++s.splits.back().num_slots;
         } else {
-          s.splits.push_back(Split{seg.seq, seg.kv_head, seg.slot, 1});
+          s.splits.push_back(Split{seg.seq, seg.slot, 1});
         }
       }
       s.segments.push_back(seg);
@@ -270,9 +275,10 @@ void Finalize(const float* acc, int64_t acc_stride, const float* max, const floa
 void DecodeAttention::Run(int32_t thread_index) {
   const State& s = *state_;
   const DecodeKvLayout& l = s.layout;
-  const SegmentFn fn = l.dtype == DType::kBF16  ? s.kernels.bf16
-                       : l.dtype == DType::kF16 ? s.kernels.f16
-                                                : s.kernels.f32;
+  const SegmentFn fn = l.packing == DecodeKvPacking::kPairs ? s.kernels.bf16_pairs
+                       : l.dtype == DType::kBF16             ? s.kernels.bf16
+                       : l.dtype == DType::kF16              ? s.kernels.f16
+                                                             : s.kernels.f32;
   const int32_t first = s.thread_first_segment[thread_index];
   const int32_t last = s.thread_first_segment[thread_index + 1];
   if (first == last) return;
@@ -293,19 +299,36 @@ void DecodeAttention::Run(int32_t thread_index) {
   for (int32_t i = first; i < last; ++i) {
     const Segment& seg = s.segments[i];
     const DecodeSequence& q = s.seqs[seg.seq];
-    args.k = static_cast<const char*>(q.kv) + seg.kv_head * head_elems * elem_bytes;
-    args.token_begin = seg.token_begin;
-    args.token_end = seg.token_end;
-    args.q = q.q + seg.kv_head * group_dims;
     float* acc = seg.slot < 0 ? whole_acc : s.Slot(seg.slot);
-    args.acc = acc;
-    args.max = acc + static_cast<int64_t>(s.max_group) * s.max_head_dim;
-    args.sum = args.max + s.max_group;
-    fn(args);
+    float* max = acc + static_cast<int64_t>(s.max_group) * s.max_head_dim;
+    float* sum = max + s.max_group;
+    // kPairs: one block of every kv head in turn, so that the thread reads
+    // the sequence's K and V as two forward streams (a kv head's share of a
+    // block is only 8 KiB); kRows: each kv head's whole range in turn.
+    const int32_t chunk = l.packing == DecodeKvPacking::kPairs
+                              ? l.block_size
+                              : seg.token_end - seg.token_begin;
+    auto head_k = [&](int32_t h) {
+      return static_cast<const char*>(q.kv) + h * head_elems * elem_bytes;
+    };
+    for (int32_t c = seg.token_begin; c < seg.token_end; c += chunk) {
+      args.token_begin = c;
+      args.token_end = std::min(c + chunk, seg.token_end);
+      args.resume = c != seg.token_begin;
+      for (int32_t h = 0; h < l.num_kv_heads; ++h) {
+        args.k = head_k(h);
+        const bool last_head = h + 1 == l.num_kv_heads;
+        args.next_k = head_k(last_head ? 0 : h + 1);
+        args.next_token = !last_head ? c : args.token_end < seg.token_end ? args.token_end : -1;
+        args.q = q.q + h * group_dims;
+        args.acc = acc + static_cast<int64_t>(h) * s.group * args.acc_stride;
+        args.max = max + h * s.group;
+        args.sum = sum + h * s.group;
+        fn(args);
+      }
+    }
     if (seg.slot < 0) {
-      Finalize(args.acc, args.acc_stride, args.max, args.sum, s.group, l.head_dim,
-               q.o + seg.kv_head * group_dims,
-               q.lse == nullptr ? nullptr : q.lse + seg.kv_head * s.group);
+      Finalize(acc, args.acc_stride, max, sum, s.num_q_heads, l.head_dim, q.o, q.lse);
     }
   }
   if (s.kernels.end_run != nullptr) s.kernels.end_run();
@@ -313,28 +336,27 @@ void DecodeAttention::Run(int32_t thread_index) {
 
 void DecodeAttention::Merge(int32_t thread_index) {
   const State& s = *state_;
-  const int64_t items = static_cast<int64_t>(s.splits.size()) * s.group;
+  const int64_t items = static_cast<int64_t>(s.splits.size()) * s.num_q_heads;
   const int64_t first = items * thread_index / s.num_threads;
   const int64_t last = items * (thread_index + 1) / s.num_threads;
   const int32_t d = s.layout.head_dim;
   const int64_t group_dims = static_cast<int64_t>(s.max_group) * s.max_head_dim;
   for (int64_t item = first; item < last; ++item) {
-    const Split& split = s.splits[item / s.group];
-    const int32_t g = static_cast<int32_t>(item % s.group);
+    const Split& split = s.splits[item / s.num_q_heads];
+    const int32_t head = static_cast<int32_t>(item % s.num_q_heads);
     float max = -std::numeric_limits<float>::infinity();
     for (int32_t i = 0; i < split.num_slots; ++i) {
-      max = std::max(max, s.Slot(split.first_slot + i)[group_dims + g]);
+      max = std::max(max, s.Slot(split.first_slot + i)[group_dims + head]);
     }
     const DecodeSequence& q = s.seqs[split.seq];
-    const int32_t head = split.kv_head * s.group + g;
     float* o = q.o + static_cast<int64_t>(head) * d;
     float sum = 0.0f;
     std::fill_n(o, d, 0.0f);
     for (int32_t i = 0; i < split.num_slots; ++i) {
       const float* slot = s.Slot(split.first_slot + i);
-      const float weight = std::exp(slot[group_dims + g] - max);
-      sum += slot[group_dims + s.max_group + g] * weight;
-      const float* acc = slot + static_cast<int64_t>(g) * s.max_head_dim;
+      const float weight = std::exp(slot[group_dims + head] - max);
+      sum += slot[group_dims + s.max_group + head] * weight;
+      const float* acc = slot + static_cast<int64_t>(head) * s.max_head_dim;
       for (int32_t j = 0; j < d; ++j) o[j] += acc[j] * weight;
     }
     const float inv = 1.0f / sum;
@@ -380,6 +402,21 @@ absl::Status AppendDecodeKv(const DecodeKvLayout& layout,
   }
   const int64_t elem_bytes = static_cast<int64_t>(numeric::ElementSize(layout.dtype));
   const int32_t d = layout.head_dim;
+  if (layout.packing == DecodeKvPacking::kPairs) {  // bf16: element by element.
+    for (const DecodeKvAppend& t : tokens) {
+      uint16_t* kv = static_cast<uint16_t*>(t.kv);
+      for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+        for (int32_t j = 0; j < d; ++j) {
+          const int64_t src = static_cast<int64_t>(h) * d + j;
+          kv[DecodeKvElementOffset(layout, t.position, h, j, false)] =
+              numeric::FloatToBf16(t.k[src]);
+          kv[DecodeKvElementOffset(layout, t.position, h, j, true)] =
+              numeric::FloatToBf16(t.v[src]);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   for (const DecodeKvAppend& t : tokens) {
     const int64_t block = t.position / layout.block_size;
     const int64_t slot = t.position % layout.block_size;
@@ -407,6 +444,22 @@ absl::Status AppendDecodeKv(const DecodeKvLayout& layout,
     }
   }
   return absl::OkStatus();
+}
+
+int64_t DecodeKvElementOffset(const DecodeKvLayout& layout, int32_t token, int32_t head,
+                              int32_t dim, bool value) {
+  const int64_t bs = layout.block_size;
+  const int64_t t = token % bs;
+  const int64_t d = layout.head_dim;
+  const int64_t tile = (token / bs) * layout.block_stride_elems + head * bs * d +
+                       (value ? layout.value_offset_elems : 0);
+  if (layout.packing == DecodeKvPacking::kRows) return tile + t * d + dim;
+  return value ? tile + (t / 2) * 2 * d + 2 * dim + t % 2
+               : tile + (dim / 2) * 2 * bs + 2 * t + dim % 2;
+}
+
+absl::string_view DecodeKvPackingName(DecodeKvPacking packing) {
+  return packing == DecodeKvPacking::kPairs ? "pairs" : "rows";
 }
 
 absl::string_view DecodeIsaName(DecodeIsa isa) {
@@ -478,8 +531,7 @@ absl::StatusOr<std::unique_ptr<DecodeAttention>> DecodeAttention::Create(
   // The pad tile is zero in its unused rows and columns; see the AMX kernel.
   std::fill_n(state->thread_scratch.get(), state->thread_bytes * options.max_threads, 0);
   state->seqs.reserve(options.max_sequences);
-  state->segments.reserve(static_cast<size_t>(options.max_sequences) * options.max_q_heads +
-                          options.max_threads);
+  state->segments.reserve(static_cast<size_t>(options.max_sequences) + options.max_threads);
   state->thread_first_segment.reserve(options.max_threads + 1);
   state->splits.reserve(max_slots);
   return std::unique_ptr<DecodeAttention>(new DecodeAttention(options, *isa, std::move(state)));

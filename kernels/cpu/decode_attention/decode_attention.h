@@ -12,15 +12,28 @@
 //   seq.kv + b * block_stride_elems
 //   |
 //   v
-//   [ K: [num_kv_heads][block_size][head_dim] ] ... [ V: same shape ] ...
-//   ^ block b                                       ^ + value_offset_elems
+//   [ K: [num_kv_heads][block_size * head_dim] ] ... [ V: same shape ] ...
+//   ^ block b                                         ^ + value_offset_elems
 //
-// so element (kv head h, token t, dim d) of K is at
-//   seq.kv + (t / block_size) * block_stride_elems
-//          + (h * block_size + t % block_size) * head_dim + d
-// and the matching V element `value_offset_elems` further on. Elements are
-// bf16 (the product), f32 or f16; all math is fp32 (bf16 q·K uses bf16
-// products with fp32 accumulation, see DecodeIsa).
+// Each kv head's block_size * head_dim elements of K (and of V) are ordered
+// by `DecodeKvPacking`:
+//
+//   kRows   K and V: [block_size][head_dim], a token's row contiguous. Every
+//           dtype. Element (h, t, d) of K is at
+//             seq.kv + (t / block_size) * block_stride_elems
+//                    + (h * block_size + t % block_size) * head_dim + d.
+//   kPairs  bf16 only, block_size a multiple of 32: the order vdpbf16ps and
+//           AMX-BF16 tiles consume without repacking (32-bit words of two
+//           bf16), so neither q·K nor P·V needs a horizontal reduction or a
+//           widening step:
+//             K: [head_dim / 2][block_size][2]: word (i, t) = K[t][2i, 2i+1]
+//             V: [block_size / 2][head_dim][2]: word (j, d) = V[2j, 2j+1][d]
+//
+// DecodeKvElementOffset() computes either; V elements sit
+// `value_offset_elems` after their K. Elements are bf16 (the product), f32 or
+// f16; all math is fp32 (bf16 uses bf16 products with fp32 accumulation: q
+// rounded to bf16 for q·K, and with kPairs the softmax weights rounded to
+// bf16 for P·V, as GPU flash-attention kernels do).
 //
 // Math, for every sequence s and q head h (kv head h / group, group =
 // num_q_heads / num_kv_heads), over the tokens t < context_len:
@@ -32,13 +45,17 @@
 // Two outputs of disjoint token ranges merge exactly: with M = max(lse1, lse2),
 //   o = (o1 e^(lse1 - M) + o2 e^(lse2 - M)) / (e^(lse1 - M) + e^(lse2 - M)).
 //
-// Work split (flash decoding): the (sequence, kv head, token) work of the
-// batch is laid out in order and cut into `num_threads` contiguous ranges of
-// about equal token counts, cut at block boundaries. Each thread runs an fp32
-// online softmax over its ranges with all q heads of a kv head together (so a
-// KV byte is read once), prefetching the next block. A (sequence, kv head)
-// that one thread covers whole is finalized by that thread in Run(); one that
-// is cut leaves partials that Merge() combines with a log-sum-exp merge.
+// Work split (flash decoding): the batch's tokens, sequence after sequence
+// (every kv head of a token together), are cut into `num_threads`
+// contiguous ranges of about equal token counts, cut at block boundaries.
+// Each thread runs an fp32 online softmax over its ranges with all q heads of
+// a kv head together (so a KV byte is read once). With kPairs it walks a
+// range block by block, every kv head of a block in turn, so that it reads
+// the range's K and V as two forward streams, and prefetches the next tile
+// of its stream; with kRows it walks each kv head's whole range in turn,
+// prefetching the next block. A sequence that one thread covers whole is
+// finalized by that thread in Run(); one that is cut leaves partials that
+// Merge() combines with a log-sum-exp merge.
 //
 // Threading: the caller owns the threads. The service runs
 //
@@ -69,11 +86,12 @@ namespace trident::kernels::cpu {
 //
 //   kAvx2        AVX2 + FMA + F16C: every dtype widened to fp32, 8-wide FMA.
 //   kAvx512Bf16  AVX-512 (F, BW, DQ, VL) + AVX512-BF16: bf16 q·K with
-//                vdpbf16ps (q rounded to bf16, fp32 accumulation), P·V in
-//                fp32 FMA; f32 and f16 KV widened to fp32, 16-wide FMA.
-//   kAmx         kAvx512Bf16 plus AMX-BF16 tiles for the bf16 q·K (scores
-//                S^T = K_block x q^T, K tiles loaded straight from the cache
-//                rows); P·V and the f32/f16 paths are kAvx512Bf16's.
+//                vdpbf16ps (q rounded to bf16, fp32 accumulation); P·V in
+//                fp32 FMA for kRows, vdpbf16ps for kPairs; f32 and f16 KV
+//                widened to fp32, 16-wide FMA.
+//   kAmx         kAvx512Bf16 plus AMX-BF16 tiles for the bf16 q·K of kRows
+//                (scores S^T = K_block x q^T, K tiles loaded straight from
+//                the cache rows); everything else is kAvx512Bf16's.
 //   kAuto        the fastest path the CPU has (see Create()).
 enum class DecodeIsa { kAuto, kAvx2, kAvx512Bf16, kAmx };
 
@@ -86,19 +104,31 @@ absl::string_view DecodeIsaName(DecodeIsa isa);
 // requests.
 bool DecodeIsaAvailable(DecodeIsa isa);
 
+// Element order inside one kv head's share of a block; see the file comment.
+enum class DecodeKvPacking { kRows, kPairs };
+
+// "rows", "pairs".
+absl::string_view DecodeKvPackingName(DecodeKvPacking packing);
+
 // One layer's KV geometry, shared by every sequence of a call. Offsets and
 // strides count elements of `dtype`, not bytes.
 struct DecodeKvLayout {
   numeric::DType dtype = numeric::DType::kBF16;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;    // A multiple of 16, at most 256.
-  int32_t block_size = 0;  // Tokens per block.
+  int32_t block_size = 0;  // Tokens per block; a multiple of 32 for kPairs.
   // From block b to block b + 1: at least value_offset_elems + one half
   // (num_kv_heads * block_size * head_dim).
   int64_t block_stride_elems = 0;
   // From a block's K to its V: at least one half.
   int64_t value_offset_elems = 0;
+  DecodeKvPacking packing = DecodeKvPacking::kRows;
 };
+
+// Offset, in elements from the sequence-layer's start, of element (token,
+// kv head, dim) of K (`value` false) or V. No validation.
+int64_t DecodeKvElementOffset(const DecodeKvLayout& layout, int32_t token, int32_t head,
+                              int32_t dim, bool value);
 
 // One sequence of the batch. Pointers are borrowed for the duration of one
 // Plan/Run/Merge cycle; q must stay unchanged and o, lse untouched by others

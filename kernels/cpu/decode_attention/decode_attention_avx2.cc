@@ -174,7 +174,7 @@ template <typename T>
 TRIDENT_AVX2 void Segment(const SegmentArgs& a) {
   const int64_t count = static_cast<int64_t>(a.group) * a.head_dim;
   for (int64_t i = 0; i < count; ++i) a.scratch.q32[i] = a.q[i] * a.scale;
-  for (int32_t g = 0; g < a.group; ++g) {
+  for (int32_t g = 0; g < a.group && !a.resume; ++g) {
     a.max[g] = -std::numeric_limits<float>::infinity();
     a.sum[g] = 0.0f;
     std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);
@@ -212,6 +212,113 @@ TRIDENT_AVX2 void Segment(const SegmentArgs& a) {
   }
 }
 
+// ---- DecodeKvPacking::kPairs (bf16) ----
+// A 32-bit word of the pair layout holds two bf16: the low one widened by a
+// shift, the high one by masking the low half. Exact fp32 math, as above.
+
+TRIDENT_AVX2 inline __m256 LowBf16(__m256i words) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+}
+TRIDENT_AVX2 inline __m256 HighBf16(__m256i words) {
+  return _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(-65536)));
+}
+TRIDENT_AVX2 inline __m256i Load8Words(const uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Scores of the tile's 32 tokens (s[r][c]: tokens 8c..8c+7) for kRows q heads
+// (scaled fp32 rows of q32 from row g).
+template <int kRows>
+TRIDENT_AVX2 void PairScores(const SegmentArgs& a, const PairTile& tile, int32_t g,
+                             __m256 (*s)[4]) {
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < 4; ++c) s[r][c] = _mm256_setzero_ps();
+  }
+  const float* q = a.scratch.q32 + static_cast<int64_t>(g) * a.head_dim;
+  for (int32_t i = 0; i < a.head_dim / 2; ++i) {
+    for (int c = 0; c < 4; ++c) {
+      const __m256i w = Load8Words(tile.k + i * tile.k_row + 16 * c);
+      const __m256 lo = LowBf16(w);
+      const __m256 hi = HighBf16(w);
+      for (int r = 0; r < kRows; ++r) {
+        const float* qr = q + r * a.head_dim + 2 * i;
+        s[r][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(qr), lo, s[r][c]);
+        s[r][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(qr + 1), hi, s[r][c]);
+      }
+    }
+  }
+}
+
+// acc[r][0, 16) = acc * corr[r] + sum_t p[r][t] * V[t][0, 16) over n tokens
+// of the tile's V at the first dim (the odd token of a last half pair, past
+// n, is never read into the sum).
+template <int kRows>
+TRIDENT_AVX2 void PairPvTile(const uint16_t* v, int32_t head_dim, int32_t n, const float* p,
+                             const float* corr, float* acc, int64_t acc_stride) {
+  __m256 sum[kRows][2];
+  for (int r = 0; r < kRows; ++r) {
+    const __m256 c = _mm256_set1_ps(corr[r]);
+    for (int j = 0; j < 2; ++j) {
+      sum[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + 8 * j), c);
+    }
+  }
+  for (int32_t t = 0; t < n; t += 2) {
+    for (int j = 0; j < 2; ++j) {
+      const __m256i w = Load8Words(v + static_cast<int64_t>(t) * head_dim + 16 * j);
+      const __m256 lo = LowBf16(w);
+      for (int r = 0; r < kRows; ++r) {
+        sum[r][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kTileTokens + t), lo, sum[r][j]);
+      }
+      if (t + 1 < n) {
+        const __m256 hi = HighBf16(w);
+        for (int r = 0; r < kRows; ++r) {
+          sum[r][j] =
+              _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kTileTokens + t + 1), hi, sum[r][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(acc + r * acc_stride + 8 * j, sum[r][j]);
+  }
+}
+
+// One tile for kRows (<= 2) q heads from g: scores, softmax, P·V.
+template <int kRows>
+TRIDENT_AVX2 void PairRows(const SegmentArgs& a, const PairTile& tile, int32_t n, int32_t g) {
+  __m256 s[kRows][4];
+  PairScores<kRows>(a, tile, g, s);
+  for (int r = 0; r < kRows; ++r) {
+    SoftmaxRow(s[r], n, a.max + g + r, a.sum + g + r, a.scratch.p + (g + r) * kTileTokens,
+               a.scratch.corr + g + r);
+  }
+  for (int32_t d = 0; d < a.head_dim; d += 16) {
+    PairPvTile<kRows>(tile.v + 2 * d, a.head_dim, n, a.scratch.p + g * kTileTokens,
+                      a.scratch.corr + g, a.acc + g * a.acc_stride + d, a.acc_stride);
+  }
+}
+
+TRIDENT_AVX2 void PairSegment(const SegmentArgs& a) {
+  const int64_t count = static_cast<int64_t>(a.group) * a.head_dim;
+  for (int64_t i = 0; i < count; ++i) a.scratch.q32[i] = a.q[i] * a.scale;
+  for (int32_t g = 0; g < a.group && !a.resume; ++g) {
+    a.max[g] = -std::numeric_limits<float>::infinity();
+    a.sum[g] = 0.0f;
+    std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);
+  }
+  for (int32_t t = a.token_begin; t < a.token_end; t += kTileTokens) {
+    const PairTile tile = PairTileAt(a, t);
+    const int32_t n = std::min(kTileTokens, a.token_end - t);
+    for (int32_t g = 0; g < a.group; g += 2) {
+      if (g + 1 < a.group) {
+        PairRows<2>(a, tile, n, g);
+      } else {
+        PairRows<1>(a, tile, n, g);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 IsaKernels Avx2Kernels() {
@@ -219,6 +326,7 @@ IsaKernels Avx2Kernels() {
   k.f32 = Segment<float>;
   k.bf16 = Segment<Bf16>;
   k.f16 = Segment<Half>;
+  k.bf16_pairs = PairSegment;
   return k;
 }
 

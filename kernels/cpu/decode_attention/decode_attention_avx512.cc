@@ -1,5 +1,7 @@
 // AVX-512 segment kernels: bf16 KV with AVX512-BF16 (vdpbf16ps) for q·K,
-// f32 and f16 KV widened to fp32; P·V in fp32 FMA for every dtype.
+// f32 and f16 KV widened to fp32; P·V in fp32 FMA for every dtype of
+// DecodeKvPacking::kRows (the kPairs kernel is
+// decode_attention_avx512_pairs_inl.h).
 //
 // Every function here carries TRIDENT_AVX512 (per-function target
 // attributes, no -m flags), so nothing compiled from this file runs unless
@@ -20,6 +22,7 @@
 #include <limits>
 
 #include "kernels/cpu/decode_attention/decode_attention_avx512_inl.h"
+#include "kernels/cpu/decode_attention/decode_attention_avx512_pairs_inl.h"
 #include "kernels/cpu/decode_attention/decode_attention_internal.h"
 
 namespace trident::kernels::cpu::decode_internal {
@@ -53,6 +56,7 @@ using F16Scores = WideScores<avx512::Half, kD>;
 TRIDENT_AVX512 void SegmentF32(const SegmentArgs& a) { ByHeadDim<F32Scores>(a); }
 TRIDENT_AVX512 void SegmentF16(const SegmentArgs& a) { ByHeadDim<F16Scores>(a); }
 TRIDENT_AVX512 void SegmentBf16(const SegmentArgs& a) { ByHeadDim<Bf16Scores>(a); }
+TRIDENT_AVX512 void SegmentBf16Pairs(const SegmentArgs& a) { avx512::PairSegment(a); }
 
 }  // namespace
 
@@ -61,6 +65,7 @@ IsaKernels Avx512Bf16Kernels() {
   k.f32 = SegmentF32;
   k.bf16 = SegmentBf16;
   k.f16 = SegmentF16;
+  k.bf16_pairs = SegmentBf16Pairs;
   return k;
 }
 

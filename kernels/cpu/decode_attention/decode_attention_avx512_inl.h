@@ -330,7 +330,7 @@ struct WideScores {
 template <typename Scores>
 TRIDENT_AVX512 void BlockLoop(const SegmentArgs& a) {
   using T = typename Scores::Elem;
-  for (int32_t g = 0; g < a.group; ++g) {
+  for (int32_t g = 0; g < a.group && !a.resume; ++g) {
     a.max[g] = -std::numeric_limits<float>::infinity();
     a.sum[g] = 0.0f;
     std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);

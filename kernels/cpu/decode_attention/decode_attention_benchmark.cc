@@ -1,6 +1,7 @@
-// Bandwidth of bf16 decode attention (32 q / 8 kv heads, head_dim 128,
-// blocks of 16) per ISA path, against a plain streaming read measured in the
-// same run with the same threads. Threads: one per physical core of the
+// Bandwidth of bf16 decode attention (32 q / 8 kv heads, head_dim 128) per
+// ISA path and KV packing (rows: blocks of 16 tokens; pairs: the VNNI-pair
+// packing the attention service stores, blocks of 32), against a plain
+// streaming read measured in the same run with the same threads. Threads: one per physical core of the
 // affinity mask (//common/cpu:threads GetCpuPlacement), pinned, spinning
 // between phases as the service's pool does; each iteration is Plan, Run on
 // every thread, Merge on every thread.
@@ -17,7 +18,7 @@
 // speed (of_ceiling above 1 means faster than DRAM can feed it).
 //
 //   bazel run --config=cpu -c opt //kernels/cpu/decode_attention:decode_attention_benchmark --
-//     --benchmark_filter='isa:2/batch:8/'
+//     --benchmark_filter='isa:2/batch:8/.*pairs:1'
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "common/cpu/cpu_features.h"
 #include "common/cpu/threads.h"
@@ -49,7 +51,6 @@ namespace {
 constexpr int32_t kQHeads = 32;
 constexpr int32_t kKvHeads = 8;
 constexpr int32_t kHeadDim = 128;
-constexpr int32_t kBlockSize = 16;
 constexpr int64_t kTokenBytes = 2LL * kKvHeads * kHeadDim * 2;  // K + V, bf16.
 
 // Bytes the KV copies (and the ceiling's buffer) span: 4x the last-level
@@ -191,6 +192,9 @@ void BM_DecodeAttention(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(1));
   const int32_t context = static_cast<int32_t>(state.range(2));
   const bool hot = state.range(3) != 0;
+  const DecodeKvPacking packing =
+      state.range(4) != 0 ? DecodeKvPacking::kPairs : DecodeKvPacking::kRows;
+  const int32_t block_size = packing == DecodeKvPacking::kPairs ? 32 : 16;
   SpinPool& pool = Pool();
   const double ceiling = CeilingGbps();
   absl::StatusOr<std::unique_ptr<DecodeAttention>> created =
@@ -204,16 +208,17 @@ void BM_DecodeAttention(benchmark::State& state) {
     return;
   }
   DecodeAttention& kernel = **created;
-  state.SetLabel(std::string(DecodeIsaName(kernel.isa())));
+  state.SetLabel(absl::StrCat(DecodeIsaName(kernel.isa()), " ", DecodeKvPackingName(packing)));
 
-  const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * kHeadDim;
+  const int64_t half = static_cast<int64_t>(kKvHeads) * block_size * kHeadDim;
   const DecodeKvLayout layout{.dtype = numeric::DType::kBF16,
                               .num_kv_heads = kKvHeads,
                               .head_dim = kHeadDim,
-                              .block_size = kBlockSize,
+                              .block_size = block_size,
                               .block_stride_elems = 2 * half,
-                              .value_offset_elems = half};
-  const int64_t blocks = (context + kBlockSize - 1) / kBlockSize;
+                              .value_offset_elems = half,
+                              .packing = packing};
+  const int64_t blocks = (context + block_size - 1) / block_size;
   const int64_t seq_bytes = blocks * 2 * half * 2;
   const int64_t layer_bytes = seq_bytes * batch;
   const int layers =
@@ -261,22 +266,24 @@ void BM_DecodeAttention(benchmark::State& state) {
 }
 
 // Batch 1-32 x context 2k-32k where one layer's KV stays <= 1 GiB, for every
-// ISA path this CPU has.
+// ISA path this CPU has and both packings.
 void Shapes(benchmark::internal::Benchmark* b) {
-  for (DecodeIsa isa : {DecodeIsa::kAvx2, DecodeIsa::kAvx512Bf16, DecodeIsa::kAmx}) {
-    if (!DecodeIsaAvailable(isa)) continue;
-    for (int64_t batch : {1, 4, 8, 32}) {
-      for (int64_t context : {2048, 8192, 32768}) {
-        if (batch * context * kTokenBytes > (1LL << 30)) continue;
-        b->Args({static_cast<int64_t>(isa), batch, context, 0});
+  for (int64_t pairs : {0, 1}) {
+    for (DecodeIsa isa : {DecodeIsa::kAvx2, DecodeIsa::kAvx512Bf16, DecodeIsa::kAmx}) {
+      if (!DecodeIsaAvailable(isa)) continue;
+      for (int64_t batch : {1, 4, 8, 32}) {
+        for (int64_t context : {2048, 8192, 32768}) {
+          if (batch * context * kTokenBytes > (1LL << 30)) continue;
+          b->Args({static_cast<int64_t>(isa), batch, context, 0, pairs});
+        }
       }
+      b->Args({static_cast<int64_t>(isa), 1, 2048, 1, pairs});
     }
-    b->Args({static_cast<int64_t>(isa), 1, 2048, 1});
   }
 }
 
 BENCHMARK(BM_DecodeAttention)
-    ->ArgNames({"isa", "batch", "context", "hot"})
+    ->ArgNames({"isa", "batch", "context", "hot", "pairs"})
     ->Apply(Shapes)
     ->UseRealTime();
 

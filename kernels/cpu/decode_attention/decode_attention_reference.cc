@@ -12,10 +12,7 @@ namespace trident::kernels::cpu {
 
 float ReadDecodeKvElement(const DecodeKvLayout& layout, const void* kv, int32_t token,
                           int32_t head, int32_t dim, bool value) {
-  const int64_t elem = (token / layout.block_size) * layout.block_stride_elems +
-                       (static_cast<int64_t>(head) * layout.block_size +
-                        token % layout.block_size) * layout.head_dim +
-                       dim + (value ? layout.value_offset_elems : 0);
+  const int64_t elem = DecodeKvElementOffset(layout, token, head, dim, value);
   switch (layout.dtype) {
     case numeric::DType::kF32:
       return static_cast<const float*>(kv)[elem];

@@ -47,14 +47,22 @@ std::string ShapeString(const Shape& s) {
 
 // Strides with slack (unused elements between K and V and between blocks), so
 // the kernel must use them rather than assume a packed block.
-DecodeKvLayout LayoutFor(DType dtype, const Shape& s) {
+DecodeKvLayout LayoutFor(DType dtype, const Shape& s,
+                         DecodeKvPacking packing = DecodeKvPacking::kRows) {
   const int64_t half = static_cast<int64_t>(s.num_kv_heads) * s.block_size * s.head_dim;
   return DecodeKvLayout{.dtype = dtype,
                         .num_kv_heads = s.num_kv_heads,
                         .head_dim = s.head_dim,
                         .block_size = s.block_size,
                         .block_stride_elems = 2 * half + 96,
-                        .value_offset_elems = half + 32};
+                        .value_offset_elems = half + 32,
+                        .packing = packing};
+}
+
+// The shape with its block size rounded up to what `packing` needs.
+Shape ForPacking(Shape s, DecodeKvPacking packing) {
+  if (packing == DecodeKvPacking::kPairs) s.block_size = (s.block_size + 31) / 32 * 32;
+  return s;
 }
 
 // Random KV for every sequence (values in [-1, 1), stored in the layout's
@@ -68,6 +76,9 @@ struct Batch {
   std::vector<DecodeSequence> seqs, ref_seqs;
 };
 
+// Random values everywhere, then NaN in every K and V element of the last
+// block's tokens past the context: stale cache bytes the kernel must not let
+// into its sums.
 void FillKv(const DecodeKvLayout& layout, int32_t context_len, std::mt19937& rng,
             std::vector<char>* kv) {
   const int64_t blocks = (context_len + layout.block_size - 1) / layout.block_size;
@@ -86,11 +97,28 @@ void FillKv(const DecodeKvLayout& layout, int32_t context_len, std::mt19937& rng
       std::memcpy(dst, &bits, 2);
     }
   }
+  const float nan = std::nanf("");
+  const uint16_t nan16 = layout.dtype == DType::kBF16 ? 0x7fc0 : 0x7e00;
+  for (int32_t t = context_len; t < blocks * layout.block_size; ++t) {
+    for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+      for (int32_t d = 0; d < layout.head_dim; ++d) {
+        for (bool value : {false, true}) {
+          char* dst = kv->data() + DecodeKvElementOffset(layout, t, h, d, value) * elem;
+          if (layout.dtype == DType::kF32) {
+            std::memcpy(dst, &nan, 4);
+          } else {
+            std::memcpy(dst, &nan16, 2);
+          }
+        }
+      }
+    }
+  }
 }
 
-Batch MakeBatch(DType dtype, const Shape& s, uint32_t seed) {
+Batch MakeBatch(DType dtype, const Shape& s, uint32_t seed,
+                DecodeKvPacking packing = DecodeKvPacking::kRows) {
   Batch b;
-  b.layout = LayoutFor(dtype, s);
+  b.layout = LayoutFor(dtype, s, packing);
   b.num_q_heads = s.num_q_heads;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> q_dist(-2.0f, 2.0f);
@@ -120,7 +148,8 @@ Batch MakeBatch(DType dtype, const Shape& s, uint32_t seed) {
 
 // Absolute tolerance on o (values in [-1, 1]) and lse. f32 and f16 KV are
 // computed exactly in fp32; bf16 KV rounds q to bf16 for the q·K products
-// (relative 2^-9 per element), which moves scores by ~1e-3.
+// (relative 2^-9 per element), which moves scores by ~1e-3, and with kPairs
+// the softmax weights to bf16 for P·V (relative 2^-9 per weight).
 float Tolerance(DType dtype) { return dtype == DType::kBF16 ? 4e-3f : 2e-5f; }
 
 void ExpectMatches(const Batch& b, float tolerance) {
@@ -149,8 +178,17 @@ const Shape kShapes[] = {
     {1, 1, 128, 16, {3000}, 7},             // MHA row, one sequence cut 7 ways.
 };
 
-class DecodeAttentionTest : public ::testing::TestWithParam<std::tuple<DecodeIsa, DType>> {
+class DecodeAttentionTest
+    : public ::testing::TestWithParam<std::tuple<DecodeIsa, DType, DecodeKvPacking>> {
  protected:
+  DType dtype() const { return std::get<1>(GetParam()); }
+  DecodeKvPacking packing() const { return std::get<2>(GetParam()); }
+  // A batch of `shape` (block size adapted to the packing) in the parameter's
+  // dtype and packing.
+  Batch MakeParamBatch(const Shape& shape, uint32_t seed) const {
+    return MakeBatch(dtype(), ForPacking(shape, packing()), seed, packing());
+  }
+
   // The kernel for the parameter's ISA, or null after GTEST_SKIP.
   std::unique_ptr<DecodeAttention> MakeKernel(int32_t max_threads = 8) {
     const DecodeIsa isa = std::get<0>(GetParam());
@@ -181,9 +219,10 @@ TEST_P(DecodeAttentionTest, MatchesReferenceOnEdgeAndServingShapes) {
   std::unique_ptr<DecodeAttention> kernel = MakeKernel();
   ASSERT_NE(kernel, nullptr);
   uint32_t seed = kSeed;
-  for (const Shape& shape : kShapes) {
+  for (const Shape& original : kShapes) {
+    const Shape shape = ForPacking(original, packing());
     SCOPED_TRACE(absl::StrCat(ShapeString(shape), " seed=", seed));
-    Batch b = MakeBatch(dtype, shape, seed++);
+    Batch b = MakeParamBatch(shape, seed++);
     const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
     ASSERT_THAT(RunDecodeAttentionOmp(*kernel, b.layout, b.num_q_heads, scale, b.seqs,
                                       shape.num_threads),
@@ -198,9 +237,9 @@ TEST_P(DecodeAttentionTest, ThreadCountsGiveTheSameResult) {
   const DType dtype = std::get<1>(GetParam());
   std::unique_ptr<DecodeAttention> kernel = MakeKernel();
   ASSERT_NE(kernel, nullptr);
-  const Shape shape{32, 8, 128, 16, {1, 700, 17, 300}, 1};
+  const Shape shape = ForPacking({32, 8, 128, 16, {1, 700, 17, 300}, 1}, packing());
   SCOPED_TRACE(absl::StrCat(ShapeString(shape), " seed=", kSeed));
-  Batch b = MakeBatch(dtype, shape, kSeed);
+  Batch b = MakeParamBatch(shape, kSeed);
   DecodeAttentionReference(b.layout, b.num_q_heads, 0.1f, b.ref_seqs);
   for (int32_t threads : {1, 2, 3, 7}) {
     SCOPED_TRACE(absl::StrCat("threads=", threads));
@@ -215,9 +254,9 @@ TEST_P(DecodeAttentionTest, OutputsOfTwoHalvesMergeByLseIntoTheWhole) {
   const DType dtype = std::get<1>(GetParam());
   std::unique_ptr<DecodeAttention> kernel = MakeKernel();
   ASSERT_NE(kernel, nullptr);
-  const Shape shape{16, 4, 128, 16, {1000}, 3};
+  const Shape shape = ForPacking({16, 4, 128, 16, {1000}, 3}, packing());
   SCOPED_TRACE(absl::StrCat(ShapeString(shape), " seed=", kSeed));
-  Batch b = MakeBatch(dtype, shape, kSeed);
+  Batch b = MakeParamBatch(shape, kSeed);
   // The first 25 blocks, and the rest: a sequence starting at block 25.
   const int32_t first_len = 25 * shape.block_size;
   const size_t elem = numeric::ElementSize(dtype);
@@ -243,9 +282,11 @@ TEST_P(DecodeAttentionTest, OutputsOfTwoHalvesMergeByLseIntoTheWhole) {
   }
 }
 
-std::string ParamName(const ::testing::TestParamInfo<std::tuple<DecodeIsa, DType>>& info) {
+std::string ParamName(
+    const ::testing::TestParamInfo<std::tuple<DecodeIsa, DType, DecodeKvPacking>>& info) {
   return absl::StrCat(DecodeIsaName(std::get<0>(info.param)), "_",
-                      numeric::DTypeName(std::get<1>(info.param)));
+                      numeric::DTypeName(std::get<1>(info.param)), "_",
+                      DecodeKvPackingName(std::get<2>(info.param)));
 }
 
 INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, DecodeAttentionTest,
@@ -253,14 +294,25 @@ INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, DecodeAttentionTest,
                                                               DecodeIsa::kAvx512Bf16,
                                                               DecodeIsa::kAmx),
                                             ::testing::Values(DType::kF32, DType::kBF16,
-                                                              DType::kF16)),
+                                                              DType::kF16),
+                                            ::testing::Values(DecodeKvPacking::kRows)),
+                         ParamName);
+
+INSTANTIATE_TEST_SUITE_P(IsasPairs, DecodeAttentionTest,
+                         ::testing::Combine(::testing::Values(DecodeIsa::kAvx2,
+                                                              DecodeIsa::kAvx512Bf16,
+                                                              DecodeIsa::kAmx),
+                                            ::testing::Values(DType::kBF16),
+                                            ::testing::Values(DecodeKvPacking::kPairs)),
                          ParamName);
 
 TEST(DecodeAttentionAppendTest, StoresTokensInTheLayoutAndTouchesNothingElse) {
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    SCOPED_TRACE(numeric::DTypeName(dtype));
-    const Shape shape{8, 2, 32, 16, {}, 1};
-    const DecodeKvLayout layout = LayoutFor(dtype, shape);
+  for (const auto& [dtype, packing] :
+       {std::pair{DType::kF32, DecodeKvPacking::kRows}, {DType::kBF16, DecodeKvPacking::kRows},
+        {DType::kF16, DecodeKvPacking::kRows}, {DType::kBF16, DecodeKvPacking::kPairs}}) {
+    SCOPED_TRACE(absl::StrCat(numeric::DTypeName(dtype), " ", DecodeKvPackingName(packing)));
+    const Shape shape = ForPacking({8, 2, 32, 16, {}, 1}, packing);
+    const DecodeKvLayout layout = LayoutFor(dtype, shape, packing);
     const size_t elem = numeric::ElementSize(dtype);
     std::vector<std::vector<char>> caches(2, std::vector<char>(
                                                  4 * layout.block_stride_elems * elem, 0x5a));
@@ -391,6 +443,12 @@ TEST(DecodeAttentionPlanTest, RejectsInvalidArgumentsNamingTheField) {
     l.head_dim = head_dim;
     expect_invalid(l, 8, 0.1f, b.seqs, 1, "layout.head_dim");
   }
+  l = b.layout;
+  l.packing = DecodeKvPacking::kPairs;  // Block size 16.
+  expect_invalid(l, 8, 0.1f, b.seqs, 1, "layout.packing");
+  l.block_size = 32;
+  l.dtype = DType::kF32;
+  expect_invalid(l, 8, 0.1f, b.seqs, 1, "layout.packing");
   l = b.layout;
   l.value_offset_elems = 2 * 16 * 64 - 1;
   expect_invalid(l, 8, 0.1f, b.seqs, 1, "layout.value_offset_elems");
