@@ -102,7 +102,11 @@ class AttentionServiceTest : public ::testing::TestWithParam<const char*> {
 
   absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(const Owner& owner,
                                                            const std::string& id,
-                                                           int32_t capacity) {
+                                                           int32_t capacity,
+                                                           trident::v1::DType dtype =
+                                                               trident::v1::DTYPE_FLOAT32,
+                                                           trident::v1::KvBlockLayout layout =
+                                                               trident::v1::KV_BLOCK_LAYOUT_UNSPECIFIED) {
     trident::v1::AdmitSequenceRequest request;
     request.set_owner_id(owner.endpoint.owner_id());
     request.set_owner_incarnation(owner.endpoint.incarnation());
@@ -111,7 +115,8 @@ class AttentionServiceTest : public ::testing::TestWithParam<const char*> {
     request.set_num_attention_heads(kQHeads);
     request.set_num_kv_heads(kKvHeads);
     request.set_head_dim(kHeadDim);
-    request.set_dtype(trident::v1::DTYPE_FLOAT32);
+    request.set_dtype(dtype);
+    request.set_block_layout(layout);
     request.set_capacity_tokens(capacity);
     trident::v1::AdmitSequenceResponse response;
     grpc::ClientContext context;
@@ -269,6 +274,28 @@ TEST_P(AttentionServiceTest, BadRequestsGetTheirErrorsAndTheServiceGoesOn) {
   EXPECT_THAT(Admit(*owner, "a", 16).status(), StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_THAT(Admit(*owner, "huge", 1 << 20).status(),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("budget")));
+  EXPECT_THAT(Admit(*owner, "token-major", 16, trident::v1::DTYPE_BFLOAT16,
+                    trident::v1::KV_BLOCK_LAYOUT_TOKEN_HEAD_DIM)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_layout")));
+  EXPECT_THAT(Admit(*owner, "f32-pairs", 16, trident::v1::DTYPE_FLOAT32,
+                    trident::v1::KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bf16")));
+  auto pairs = Admit(*owner, "bf16", 16, trident::v1::DTYPE_BFLOAT16);
+  ASSERT_THAT(pairs.status(), IsOk());
+  EXPECT_EQ(pairs->layout().block_layout(), trident::v1::KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS);
+  EXPECT_EQ(pairs->layout().block_size_tokens(), 32);
+  EXPECT_EQ(pairs->capacity_tokens(), 32);
+  {
+    trident::v1::ReleaseSequenceRequest release;
+    release.set_owner_id(owner->endpoint.owner_id());
+    release.set_owner_incarnation(owner->endpoint.incarnation());
+    release.set_handle(pairs->handle());
+    trident::v1::ReleaseSequenceResponse released;
+    grpc::ClientContext context;
+    ASSERT_THAT(ToStatus(stub_->ReleaseSequence(&context, release, &released)), IsOk());
+  }
   std::vector<float> q(kQ, 0.5f), kv(kKv, 0.25f), out(kQ, -9);
   const auto call = [&](std::vector<uint64_t>* handles, std::vector<int32_t>* positions,
                         int32_t layer) {

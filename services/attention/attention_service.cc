@@ -20,7 +20,23 @@ absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceReque
       .head_dim = request.head_dim(),
       .dtype = dtype,
       .capacity_tokens = request.capacity_tokens(),
-      .block_size = request.block_size_tokens() == 0 ? 16 : request.block_size_tokens()};
+      .block_size = request.block_size_tokens()};
+  switch (request.block_layout()) {
+    case trident::v1::KV_BLOCK_LAYOUT_UNSPECIFIED:
+      spec.packing = KvPacking::kAuto;
+      break;
+    case trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM:
+      spec.packing = KvPacking::kRows;
+      break;
+    case trident::v1::KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS:
+      spec.packing = KvPacking::kPairs;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block_layout ", trident::v1::KvBlockLayout_Name(request.block_layout()),
+          " is not served; ask for KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM, "
+          "KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS or leave it unspecified"));
+  }
   if (request.has_idle_timeout()) {
     spec.idle_timeout = DurationFromProto(request.idle_timeout());
     if (spec.idle_timeout <= absl::ZeroDuration()) {
@@ -69,7 +85,9 @@ grpc::ServerUnaryReactor* AttentionService::AdmitSequence(
   kv->set_head_dim(layout.head_dim);
   kv->set_dtype(kv::ToProtoDType(layout.dtype));
   kv->set_block_size_tokens(layout.block_size);
-  kv->set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
+  kv->set_block_layout(layout.packing == KvPacking::kPairs
+                           ? trident::v1::KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS
+                           : trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
   kv->set_layer_stride_bytes(layout.layer_stride_bytes);
   kv->set_block_stride_bytes(layout.block_stride_bytes);
   kv->set_value_offset_bytes(layout.value_offset_bytes);

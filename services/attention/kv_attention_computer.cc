@@ -53,7 +53,9 @@ kernels::cpu::DecodeKvLayout KvAttentionComputer::KernelLayout(const SequenceLay
       .head_dim = layout.head_dim,
       .block_size = layout.block_size,
       .block_stride_elems = static_cast<int64_t>(layout.block_stride_bytes) / element,
-      .value_offset_elems = static_cast<int64_t>(layout.value_offset_bytes) / element};
+      .value_offset_elems = static_cast<int64_t>(layout.value_offset_bytes) / element,
+      .packing = layout.packing == KvPacking::kPairs ? kernels::cpu::DecodeKvPacking::kPairs
+                                                     : kernels::cpu::DecodeKvPacking::kRows};
 }
 
 absl::Status KvAttentionComputer::Compute(const RequestView& request, char* reply_rows) {
@@ -87,10 +89,11 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
           h.num_q_heads, ", ", h.num_kv_heads, " and ", h.head_dim));
     }
     const SequenceLayout& first = *pinned_.front().layout;
-    if (l.dtype != first.dtype || l.block_size != first.block_size) {
+    if (l.dtype != first.dtype || l.block_size != first.block_size ||
+        l.packing != first.packing) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence handles ", pinned_.front().handle, " and ", s.handle,
-          " differ in KV dtype or block size; one request must not mix them"));
+          " differ in KV dtype, block size or block layout; one request must not mix them"));
     }
     if (h.layer < 0 || h.layer >= l.num_layers) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", h.layer, " of sequence handle ",

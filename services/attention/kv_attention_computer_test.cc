@@ -59,6 +59,7 @@ std::vector<float> Reference(const std::vector<std::vector<float>>& rows_sent, i
 struct Param {
   numeric::DType dtype;
   kernels::cpu::DecodeIsa isa;
+  KvPacking packing = KvPacking::kAuto;  // bf16: pairs.
 };
 
 class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
@@ -82,7 +83,7 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
         .owner_id = "w0", .owner_incarnation = kIncarnation, .sequence_id = id,
         .num_layers = kLayers, .num_q_heads = kQHeads, .num_kv_heads = kKvHeads,
         .head_dim = kHeadDim, .dtype = GetParam().dtype, .capacity_tokens = capacity,
-        .block_size = 16});
+        .packing = GetParam().packing});
     EXPECT_THAT(admitted.status(), IsOk());
     return admitted.ok() ? admitted->handle : 0;
   }
@@ -160,7 +161,7 @@ TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {
   std::vector<float> o;
   const std::vector<std::vector<float>> two = {RandomRow(), RandomRow()};
   EXPECT_THAT(Send(0, {a, a + 100}, {0, 0}, two, &o), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(Send(0, {a}, {16}, {two[0]}, &o), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Send(0, {a}, {1000}, {two[0]}, &o), StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_THAT(Send(kLayers, {a}, {0}, {two[0]}, &o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 2")));
   EXPECT_THAT(Send(0, {a}, {0}, {two[0]}, &o, kIncarnation + 1),
@@ -177,10 +178,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAvx2},
                       Param{numeric::DType::kF32, kernels::cpu::DecodeIsa::kAvx512Bf16},
                       Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAvx512Bf16},
-                      Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAmx}),
+                      Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAmx},
+                      Param{numeric::DType::kBF16, kernels::cpu::DecodeIsa::kAvx512Bf16,
+                            KvPacking::kRows}),
     [](const auto& info) {
       return absl::StrCat(numeric::DTypeName(info.param.dtype), "_",
-                          kernels::cpu::DecodeIsaName(info.param.isa));
+                          kernels::cpu::DecodeIsaName(info.param.isa),
+                          info.param.packing == KvPacking::kRows ? "_rows" : "");
     });
 
 }  // namespace

@@ -30,7 +30,23 @@ absl::StatusOr<SequenceLayout> LayoutFor(const SequenceSpec& spec) {
   TRIDENT_RETURN_IF_ERROR(Positive("num_kv_heads", spec.num_kv_heads));
   TRIDENT_RETURN_IF_ERROR(Positive("head_dim", spec.head_dim));
   TRIDENT_RETURN_IF_ERROR(Positive("capacity_tokens", spec.capacity_tokens));
-  TRIDENT_RETURN_IF_ERROR(Positive("block_size_tokens", spec.block_size));
+  if (spec.block_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size_tokens must be >= 0 (0: the service's choice), got ",
+                     spec.block_size));
+  }
+  KvPacking packing = spec.packing;
+  if (packing == KvPacking::kAuto) {
+    packing = spec.dtype == numeric::DType::kBF16 ? KvPacking::kPairs : KvPacking::kRows;
+  }
+  if (packing == KvPacking::kPairs && spec.dtype != numeric::DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_layout KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS needs bf16 KV, got ",
+                     numeric::DTypeName(spec.dtype)));
+  }
+  int32_t block_size = spec.block_size;
+  if (block_size == 0) block_size = packing == KvPacking::kPairs ? 32 : 16;
+  if (packing == KvPacking::kPairs) block_size = (block_size + 31) / 32 * 32;
   if (spec.num_q_heads % spec.num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_attention_heads (", spec.num_q_heads,
@@ -40,7 +56,7 @@ absl::StatusOr<SequenceLayout> LayoutFor(const SequenceSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "head_dim must be a multiple of 16 and at most ", kMaxHeadDim, ", got ", spec.head_dim));
   }
-  if (spec.block_size > kMaxBlockSize) {
+  if (block_size > kMaxBlockSize) {
     return absl::InvalidArgumentError(absl::StrCat("block_size_tokens must be at most ",
                                                    kMaxBlockSize, ", got ", spec.block_size));
   }
@@ -54,10 +70,11 @@ absl::StatusOr<SequenceLayout> LayoutFor(const SequenceSpec& spec) {
   layout.num_kv_heads = spec.num_kv_heads;
   layout.head_dim = spec.head_dim;
   layout.dtype = spec.dtype;
-  layout.block_size = spec.block_size;
-  const int64_t blocks = (int64_t{spec.capacity_tokens} + spec.block_size - 1) / spec.block_size;
-  layout.capacity_tokens = static_cast<int32_t>(blocks * spec.block_size);
-  layout.value_offset_bytes = static_cast<uint64_t>(spec.num_kv_heads) * spec.block_size *
+  layout.block_size = block_size;
+  layout.packing = packing;
+  const int64_t blocks = (int64_t{spec.capacity_tokens} + block_size - 1) / block_size;
+  layout.capacity_tokens = static_cast<int32_t>(blocks * block_size);
+  layout.value_offset_bytes = static_cast<uint64_t>(spec.num_kv_heads) * block_size *
                               spec.head_dim * numeric::ElementSize(spec.dtype);
   layout.block_stride_bytes = 2 * layout.value_offset_bytes;
   layout.layer_stride_bytes = static_cast<uint64_t>(blocks) * layout.block_stride_bytes;

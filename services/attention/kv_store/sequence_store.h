@@ -19,10 +19,12 @@
 // Memory layout of a sequence: one contiguous range of the pool,
 //   layer l, block b: K at data + l * layer_stride_bytes + b * block_stride_bytes,
 //                     V value_offset_bytes after its K,
-// each of K and V [num_kv_heads][block_size][head_dim] (HEAD_TOKEN_DIM) of the
-// sequence's dtype; block b holds tokens [b * block_size, (b + 1) * block_size).
-// This is the layout kernels/cpu/decode_attention reads and the one
-// AdmitSequenceResponse.layout publishes for writers.
+// each of K and V num_kv_heads shares of block_size * head_dim elements of
+// the sequence's dtype, ordered by `packing` (kRows: HEAD_TOKEN_DIM; kPairs:
+// HEAD_VNNI_PAIRS, bf16 in blocks of a multiple of 32); block b holds tokens
+// [b * block_size, (b + 1) * block_size). This is the layout
+// kernels/cpu/decode_attention reads and the one AdmitSequenceResponse.layout
+// publishes for writers.
 //
 // Thread-safe. Time comes from the injected clock only.
 
@@ -55,6 +57,11 @@ struct SequenceStoreOptions {
   absl::Duration default_idle_timeout = absl::Minutes(10);
 };
 
+// Element order inside a block (kernels/cpu/decode_attention's
+// DecodeKvPacking); kAuto asks for the store's choice: kPairs for bf16,
+// kRows otherwise.
+enum class KvPacking { kAuto, kRows, kPairs };
+
 // What AdmitSequence asks for (trident.v1.AdmitSequenceRequest, decoded).
 struct SequenceSpec {
   std::string owner_id;
@@ -66,7 +73,10 @@ struct SequenceSpec {
   int32_t head_dim = 0;
   numeric::DType dtype = numeric::DType::kBF16;
   int32_t capacity_tokens = 0;
-  int32_t block_size = 16;
+  // 0: the store's choice (32 for kPairs, else 16); kPairs rounds up to a
+  // multiple of 32.
+  int32_t block_size = 0;
+  KvPacking packing = KvPacking::kAuto;
   // Zero: the store's default.
   absl::Duration idle_timeout = absl::ZeroDuration();
 };
@@ -79,6 +89,7 @@ struct SequenceLayout {
   int32_t head_dim = 0;
   numeric::DType dtype = numeric::DType::kBF16;
   int32_t block_size = 16;
+  KvPacking packing = KvPacking::kRows;  // Never kAuto.
   int32_t capacity_tokens = 0;  // Whole blocks.
   uint64_t layer_stride_bytes = 0;
   uint64_t block_stride_bytes = 0;

@@ -28,7 +28,8 @@ SequenceSpec Spec(const std::string& owner, uint64_t incarnation, const std::str
                       .head_dim = 16,
                       .dtype = numeric::DType::kBF16,
                       .capacity_tokens = capacity_tokens,
-                      .block_size = 16};
+                      .block_size = 16,
+                      .packing = KvPacking::kRows};
 }
 
 // 2 layers x 3 blocks x (K + V) x 2 heads x 16 tokens x 16 dims x 2 bytes.
@@ -58,6 +59,43 @@ TEST_F(SequenceStoreTest, AdmitLaysOutWholeBlocksOfEveryLayer) {
   EXPECT_EQ(stats.sequences, 1);
   EXPECT_EQ(stats.held_bytes, static_cast<int64_t>(kSpecBytes));
   EXPECT_EQ(stats.sessions, 1);
+}
+
+TEST_F(SequenceStoreTest, Bf16DefaultsToVnniPairsInBlocksOf32AndOthersToRowsOf16) {
+  ASSERT_THAT(store_.Connect("w0", 7), IsOk());
+  SequenceSpec spec = Spec("w0", 7, "pairs");
+  spec.packing = KvPacking::kAuto;
+  spec.block_size = 0;
+  absl::StatusOr<AdmittedSequence> pairs = store_.Admit(spec);
+  ASSERT_THAT(pairs, IsOk());
+  EXPECT_EQ(pairs->layout.packing, KvPacking::kPairs);
+  EXPECT_EQ(pairs->layout.block_size, 32);
+  EXPECT_EQ(pairs->layout.capacity_tokens, 64);
+  EXPECT_EQ(pairs->layout.value_offset_bytes, 2u * 32 * 16 * 2);
+
+  spec.sequence_id = "pairs-40";
+  spec.block_size = 40;  // Rounded up to a multiple of 32.
+  absl::StatusOr<AdmittedSequence> rounded = store_.Admit(spec);
+  ASSERT_THAT(rounded, IsOk());
+  EXPECT_EQ(rounded->layout.block_size, 64);
+
+  spec.sequence_id = "f32";
+  spec.dtype = numeric::DType::kF32;
+  spec.block_size = 0;
+  spec.capacity_tokens = 8;
+  absl::StatusOr<AdmittedSequence> rows = store_.Admit(spec);
+  ASSERT_THAT(rows, IsOk());
+  EXPECT_EQ(rows->layout.packing, KvPacking::kRows);
+  EXPECT_EQ(rows->layout.block_size, 16);
+
+  spec.sequence_id = "f32-pairs";
+  spec.packing = KvPacking::kPairs;
+  EXPECT_THAT(store_.Admit(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs bf16")));
+  spec.packing = KvPacking::kAuto;
+  spec.block_size = -1;
+  EXPECT_THAT(store_.Admit(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_size_tokens")));
 }
 
 TEST_F(SequenceStoreTest, AdmitNeedsASessionOfTheSameIncarnation) {

@@ -182,7 +182,8 @@ absl::StatusOr<uint64_t> AttentionOffload::Admit(Service& service, const std::st
   request.set_head_dim(spec.head_dim);
   request.set_dtype(kv::ToProtoDType(spec.dtype));
   request.set_capacity_tokens(capacity);
-  request.set_block_size_tokens(spec.block_size);
+  // Block size and element order are the service's choice (bf16: the VNNI
+  // pairs its kernel reads fastest); the worker only appends through it.
   v1::AdmitSequenceResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
