@@ -120,17 +120,43 @@ TRIDENT_AVX2 void SoftmaxRow(__m256* s, int32_t n, float* max, float* sum, float
   *corr = c;
 }
 
-// acc[r][0, 16) = acc * corr[r] + sum_t p[r][t] * v[t][0, 16) for kRows rows.
-template <int kRows, typename T>
-TRIDENT_AVX2 void PvTile(const T* v, int64_t head_dim, int32_t n, const float* p,
-                         const float* corr, float* acc, int64_t acc_stride) {
-  __m256 sum[kRows][2];
+// sum[r][0, 2) = 16 floats of accumulator row r, scaled by corr[r].
+template <int kRows>
+TRIDENT_AVX2 inline void LoadScaledAcc(const float* acc, int64_t acc_stride, const float* corr,
+                                       __m256 (*sum)[2]) {
   for (int r = 0; r < kRows; ++r) {
     const __m256 c = _mm256_set1_ps(corr[r]);
     for (int j = 0; j < 2; ++j) {
       sum[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + 8 * j), c);
     }
   }
+}
+
+template <int kRows>
+TRIDENT_AVX2 inline void StoreAcc(__m256 (*sum)[2], float* acc, int64_t acc_stride) {
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(acc + r * acc_stride + 8 * j, sum[r][j]);
+  }
+}
+
+// q * scale into scratch.q32 and, unless resuming, a fresh online-softmax
+// state for every row of the group.
+inline void StartSegment(const SegmentArgs& a) {
+  const int64_t count = static_cast<int64_t>(a.group) * a.head_dim;
+  for (int64_t i = 0; i < count; ++i) a.scratch.q32[i] = a.q[i] * a.scale;
+  for (int32_t g = 0; g < a.group && !a.resume; ++g) {
+    a.max[g] = -std::numeric_limits<float>::infinity();
+    a.sum[g] = 0.0f;
+    std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);
+  }
+}
+
+// acc[r][0, 16) = acc * corr[r] + sum_t p[r][t] * v[t][0, 16) for kRows rows.
+template <int kRows, typename T>
+TRIDENT_AVX2 void PvTile(const T* v, int64_t head_dim, int32_t n, const float* p,
+                         const float* corr, float* acc, int64_t acc_stride) {
+  __m256 sum[kRows][2];
+  LoadScaledAcc<kRows>(acc, acc_stride, corr, sum);
   for (int32_t t = 0; t < n; ++t) {
     const __m256 v0 = Load8(v + t * head_dim);
     const __m256 v1 = Load8(v + t * head_dim + 8);
@@ -140,9 +166,7 @@ TRIDENT_AVX2 void PvTile(const T* v, int64_t head_dim, int32_t n, const float* p
       sum[r][1] = _mm256_fmadd_ps(pr, v1, sum[r][1]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(acc + r * acc_stride + 8 * j, sum[r][j]);
-  }
+  StoreAcc<kRows>(sum, acc, acc_stride);
 }
 
 template <typename T>
@@ -172,13 +196,7 @@ TRIDENT_AVX2 void Pv(const SegmentArgs& a, const T* v, int32_t n) {
 
 template <typename T>
 TRIDENT_AVX2 void Segment(const SegmentArgs& a) {
-  const int64_t count = static_cast<int64_t>(a.group) * a.head_dim;
-  for (int64_t i = 0; i < count; ++i) a.scratch.q32[i] = a.q[i] * a.scale;
-  for (int32_t g = 0; g < a.group && !a.resume; ++g) {
-    a.max[g] = -std::numeric_limits<float>::infinity();
-    a.sum[g] = 0.0f;
-    std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);
-  }
+  StartSegment(a);
   const T* k0 = static_cast<const T*>(a.k);
   const int32_t bs = a.block_size;
   const int64_t head_bytes = static_cast<int64_t>(bs) * a.head_dim * sizeof(T);
@@ -256,12 +274,7 @@ template <int kRows>
 TRIDENT_AVX2 void PairPvTile(const uint16_t* v, int32_t head_dim, int32_t n, const float* p,
                              const float* corr, float* acc, int64_t acc_stride) {
   __m256 sum[kRows][2];
-  for (int r = 0; r < kRows; ++r) {
-    const __m256 c = _mm256_set1_ps(corr[r]);
-    for (int j = 0; j < 2; ++j) {
-      sum[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * acc_stride + 8 * j), c);
-    }
-  }
+  LoadScaledAcc<kRows>(acc, acc_stride, corr, sum);
   for (int32_t t = 0; t < n; t += 2) {
     for (int j = 0; j < 2; ++j) {
       const __m256i w = Load8Words(v + static_cast<int64_t>(t) * head_dim + 16 * j);
@@ -278,9 +291,7 @@ TRIDENT_AVX2 void PairPvTile(const uint16_t* v, int32_t head_dim, int32_t n, con
       }
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int j = 0; j < 2; ++j) _mm256_storeu_ps(acc + r * acc_stride + 8 * j, sum[r][j]);
-  }
+  StoreAcc<kRows>(sum, acc, acc_stride);
 }
 
 // One tile for kRows (<= 2) q heads from g: scores, softmax, P·V.
@@ -299,13 +310,7 @@ TRIDENT_AVX2 void PairRows(const SegmentArgs& a, const PairTile& tile, int32_t n
 }
 
 TRIDENT_AVX2 void PairSegment(const SegmentArgs& a) {
-  const int64_t count = static_cast<int64_t>(a.group) * a.head_dim;
-  for (int64_t i = 0; i < count; ++i) a.scratch.q32[i] = a.q[i] * a.scale;
-  for (int32_t g = 0; g < a.group && !a.resume; ++g) {
-    a.max[g] = -std::numeric_limits<float>::infinity();
-    a.sum[g] = 0.0f;
-    std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);
-  }
+  StartSegment(a);
   for (int32_t t = a.token_begin; t < a.token_end; t += kTileTokens) {
     const PairTile tile = PairTileAt(a, t);
     const int32_t n = std::min(kTileTokens, a.token_end - t);
