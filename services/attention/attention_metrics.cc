@@ -58,7 +58,15 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
                               "Malformed data-plane messages (answered with an error or dropped).")),
       kernel_seconds_(prometheus::BuildHistogram()
                           .Name("trident_attention_kernel_seconds")
-                          .Help("Time to compute one per-layer request (append and attention).")
+                          .Help("Time to compute one per-layer attention request (its "
+                                "k/v appends included; append-only requests are "
+                                "trident_attention_append_seconds).")
+                          .Register(registry)
+                          .Add({}, SecondsBuckets())),
+      append_seconds_(prometheus::BuildHistogram()
+                          .Name("trident_attention_append_seconds")
+                          .Help("Time to store one append-only request (a migrated "
+                                "sequence's k/v rows), no attention.")
                           .Register(registry)
                           .Add({}, SecondsBuckets())),
       queue_seconds_(prometheus::BuildHistogram()
@@ -87,7 +95,8 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
 
 void AttentionMetrics::Record(const transport::attention::AttentionRequestRecord& record) {
   (record.status.ok() ? requests_ok_ : requests_error_).Increment();
-  kernel_seconds_.Observe(absl::ToDoubleSeconds(record.compute));
+  (record.append_only ? append_seconds_ : kernel_seconds_)
+      .Observe(absl::ToDoubleSeconds(record.compute));
   queue_seconds_.Observe(absl::ToDoubleSeconds(record.queued));
   request_sequences_.Observe(record.num_sequences);
 }

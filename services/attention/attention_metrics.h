@@ -7,7 +7,8 @@
 //   trident_attention_sessions                  gauge    owners with a session
 //   trident_attention_requests_total{outcome}   counter  per-layer requests: ok, error
 //   trident_attention_bad_messages_total        counter  malformed requests
-//   trident_attention_kernel_seconds            histogram one request's compute
+//   trident_attention_kernel_seconds            histogram one attention request's compute
+//   trident_attention_append_seconds            histogram one append-only request's compute
 //   trident_attention_queue_seconds             histogram arrival to compute
 //   trident_attention_request_sequences         histogram sequences per request
 //   trident_attention_bytes_read_total          counter  KV bytes the kernel read
@@ -55,6 +56,7 @@ class AttentionMetrics {
   prometheus::Counter& requests_error_;
   prometheus::Counter& bad_messages_;
   prometheus::Histogram& kernel_seconds_;
+  prometheus::Histogram& append_seconds_;
   prometheus::Histogram& queue_seconds_;
   prometheus::Histogram& request_sequences_;
   prometheus::Counter& bytes_read_;

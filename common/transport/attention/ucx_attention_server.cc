@@ -191,6 +191,7 @@ void UcxAttentionServer::Serve(Job& job) {
                                                .num_sequences = h.num_sequences,
                                                .queued = started - job.arrived,
                                                .compute = computed - started,
+                                               .append_only = (h.flags & kAppendOnly) != 0,
                                                .status = status});
   }
   std::shared_ptr<Endpoint> endpoint = RouteTo(h.owner_incarnation, h.lane);

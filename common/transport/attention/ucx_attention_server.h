@@ -67,6 +67,7 @@ struct AttentionRequestRecord {
   int32_t num_sequences = 0;
   absl::Duration queued;   // Arrival to the start of Compute.
   absl::Duration compute;  // Compute itself.
+  bool append_only = false;  // kAppendOnly: k/v stored, no attention.
   absl::Status status;
 };
 
