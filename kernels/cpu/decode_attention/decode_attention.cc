@@ -46,15 +46,15 @@ absl::Status ValidateOptions(const DecodeAttentionOptions& o) {
                       : absl::InvalidArgumentError(
                             absl::StrCat("options.", field, " is ", value, "; must be >= 1"));
   };
-  for (const auto& [field, value] : {std::pair<absl::string_view, int32_t>{"max_threads",
-                                                                            o.max_threads},
-                                     {"max_sequences", o.max_sequences},
-                                     {"max_q_heads", o.max_q_heads}}) {
+  for (const auto& [field, value] :
+       {std::pair<absl::string_view, int32_t>{"max_threads", o.max_threads},
+        {"max_sequences", o.max_sequences},
+        {"max_q_heads", o.max_q_heads}}) {
     if (absl::Status s = positive(field, value); !s.ok()) return s;
   }
   if (o.max_head_dim < 16 || o.max_head_dim > kMaxHeadDim || o.max_head_dim % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "options.max_head_dim is ", o.max_head_dim, "; must be a multiple of 16 in [16, 256]"));
+    return absl::InvalidArgumentError(absl::StrCat("options.max_head_dim is ", o.max_head_dim,
+                                                   "; must be a multiple of 16 in [16, 256]"));
   }
   return absl::OkStatus();
 }
@@ -113,9 +113,9 @@ absl::Status ValidateLayout(const DecodeKvLayout& l, int32_t max_head_dim) {
         absl::StrCat("layout.block_size is ", l.block_size, "; must be >= 1"));
   }
   if (l.head_dim < 16 || l.head_dim > std::min(max_head_dim, kMaxHeadDim) || l.head_dim % 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layout.head_dim is ", l.head_dim, "; must be a multiple of 16 in [16, ",
-        std::min(max_head_dim, kMaxHeadDim), "]"));
+    return absl::InvalidArgumentError(absl::StrCat("layout.head_dim is ", l.head_dim,
+                                                   "; must be a multiple of 16 in [16, ",
+                                                   std::min(max_head_dim, kMaxHeadDim), "]"));
   }
   if (l.packing == DecodeKvPacking::kPairs && (l.dtype != DType::kBF16 || l.block_size % 32)) {
     return absl::InvalidArgumentError(
@@ -132,10 +132,9 @@ absl::Status ValidateLayout(const DecodeKvLayout& l, int32_t max_head_dim) {
                      "; must be >= num_kv_heads * block_size * head_dim = ", half));
   }
   if (l.block_stride_elems < l.value_offset_elems + half) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.block_stride_elems is ", l.block_stride_elems,
-                     "; must be >= value_offset_elems + ", half, " = ",
-                     l.value_offset_elems + half));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout.block_stride_elems is ", l.block_stride_elems, "; must be >= value_offset_elems + ",
+        half, " = ", l.value_offset_elems + half));
   }
   return absl::OkStatus();
 }
@@ -276,9 +275,9 @@ void DecodeAttention::Run(int32_t thread_index) {
   const State& s = *state_;
   const DecodeKvLayout& l = s.layout;
   const SegmentFn fn = l.packing == DecodeKvPacking::kPairs ? s.kernels.bf16_pairs
-                       : l.dtype == DType::kBF16             ? s.kernels.bf16
-                       : l.dtype == DType::kF16              ? s.kernels.f16
-                                                             : s.kernels.f32;
+                       : l.dtype == DType::kBF16            ? s.kernels.bf16
+                       : l.dtype == DType::kF16             ? s.kernels.f16
+                                                            : s.kernels.f32;
   const int32_t first = s.thread_first_segment[thread_index];
   const int32_t last = s.thread_first_segment[thread_index + 1];
   if (first == last) return;
@@ -305,9 +304,8 @@ void DecodeAttention::Run(int32_t thread_index) {
     // kPairs: one block of every kv head in turn, so that the thread reads
     // the sequence's K and V as two forward streams (a kv head's share of a
     // block is only 8 KiB); kRows: each kv head's whole range in turn.
-    const int32_t chunk = l.packing == DecodeKvPacking::kPairs
-                              ? l.block_size
-                              : seg.token_end - seg.token_begin;
+    const int32_t chunk =
+        l.packing == DecodeKvPacking::kPairs ? l.block_size : seg.token_end - seg.token_begin;
     auto head_k = [&](int32_t h) {
       return static_cast<const char*>(q.kv) + h * head_elems * elem_bytes;
     };
@@ -383,8 +381,7 @@ absl::Status RunDecodeAttentionOmp(DecodeAttention& kernel, const DecodeKvLayout
   return absl::OkStatus();
 }
 
-absl::Status AppendDecodeKv(const DecodeKvLayout& layout,
-                            absl::Span<const DecodeKvAppend> tokens) {
+absl::Status AppendDecodeKv(const DecodeKvLayout& layout, absl::Span<const DecodeKvAppend> tokens) {
   if (absl::Status s = ValidateLayout(layout, kMaxHeadDim); !s.ok()) return s;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const DecodeKvAppend& t = tokens[i];
@@ -402,17 +399,23 @@ absl::Status AppendDecodeKv(const DecodeKvLayout& layout,
   }
   const int64_t elem_bytes = static_cast<int64_t>(numeric::ElementSize(layout.dtype));
   const int32_t d = layout.head_dim;
-  if (layout.packing == DecodeKvPacking::kPairs) {  // bf16: element by element.
+  if (layout.packing == DecodeKvPacking::kPairs) {  // bf16, see DecodeKvElementOffset.
+    const int64_t bs = layout.block_size;
     for (const DecodeKvAppend& t : tokens) {
-      uint16_t* kv = static_cast<uint16_t*>(t.kv);
+      const int64_t slot = t.position % bs;
+      uint16_t* block =
+          static_cast<uint16_t*>(t.kv) + (t.position / bs) * layout.block_stride_elems;
       for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
-        for (int32_t j = 0; j < d; ++j) {
-          const int64_t src = static_cast<int64_t>(h) * d + j;
-          kv[DecodeKvElementOffset(layout, t.position, h, j, false)] =
-              numeric::FloatToBf16(t.k[src]);
-          kv[DecodeKvElementOffset(layout, t.position, h, j, true)] =
-              numeric::FloatToBf16(t.v[src]);
+        uint16_t* k = block + h * bs * d + 2 * slot;  // Word (0, slot).
+        uint16_t* v =
+            block + layout.value_offset_elems + h * bs * d + (slot / 2) * 2 * d + slot % 2;
+        const float* k_src = t.k + static_cast<int64_t>(h) * d;
+        const float* v_src = t.v + static_cast<int64_t>(h) * d;
+        for (int32_t j = 0; j < d; j += 2) {
+          k[j * bs] = numeric::FloatToBf16(k_src[j]);  // Word (j / 2, slot) at j / 2 * 2 * bs.
+          k[j * bs + 1] = numeric::FloatToBf16(k_src[j + 1]);
         }
+        for (int32_t j = 0; j < d; ++j) v[2 * j] = numeric::FloatToBf16(v_src[j]);
       }
     }
     return absl::OkStatus();
@@ -507,15 +510,15 @@ absl::StatusOr<std::unique_ptr<DecodeAttention>> DecodeAttention::Create(
   state->max_group = options.max_q_heads;
   state->max_head_dim = options.max_head_dim;
   const int64_t group_dims = static_cast<int64_t>(options.max_q_heads) * options.max_head_dim;
-  const int64_t padded_group_dims = static_cast<int64_t>(RoundUp16(options.max_q_heads)) *
-                                    options.max_head_dim;
+  const int64_t padded_group_dims =
+      static_cast<int64_t>(RoundUp16(options.max_q_heads)) * options.max_head_dim;
   // Thread region: q16, q32, p, pad, then acc, max, sum of a whole-context segment.
-  state->thread_bytes =
-      RoundToLines(padded_group_dims * 2) + RoundToLines(group_dims * 4) +
-      RoundToLines(static_cast<size_t>(RoundUp16(options.max_q_heads)) *
-                   decode_internal::kTileTokens * 4) +
-      RoundToLines(16 * kMaxHeadDim * 2) + RoundToLines(RoundUp16(options.max_q_heads) * 4) +
-      RoundToLines((group_dims + 2 * options.max_q_heads) * 4);
+  state->thread_bytes = RoundToLines(padded_group_dims * 2) + RoundToLines(group_dims * 4) +
+                        RoundToLines(static_cast<size_t>(RoundUp16(options.max_q_heads)) *
+                                     decode_internal::kTileTokens * 4) +
+                        RoundToLines(16 * kMaxHeadDim * 2) +
+                        RoundToLines(RoundUp16(options.max_q_heads) * 4) +
+                        RoundToLines((group_dims + 2 * options.max_q_heads) * 4);
   state->slot_floats =
       static_cast<int64_t>(RoundToLines((group_dims + 2 * options.max_q_heads) * 4) / 4);
   // A thread's token range cuts at most two (sequence, kv head) pairs: its
@@ -545,9 +548,8 @@ DecodeAttention::~DecodeAttention() = default;
 
 int32_t DecodeAttention::planned_threads() const { return state_->num_threads; }
 
-absl::Status DecodeAttention::Plan(const DecodeKvLayout& layout, int32_t num_q_heads,
-                                   float scale, absl::Span<const DecodeSequence> seqs,
-                                   int32_t num_threads) {
+absl::Status DecodeAttention::Plan(const DecodeKvLayout& layout, int32_t num_q_heads, float scale,
+                                   absl::Span<const DecodeSequence> seqs, int32_t num_threads) {
   State& s = *state_;
   s.num_threads = 0;
   if (absl::Status st = ValidateLayout(layout, options_.max_head_dim); !st.ok()) return st;
@@ -561,14 +563,13 @@ absl::Status DecodeAttention::Plan(const DecodeKvLayout& layout, int32_t num_q_h
     return absl::InvalidArgumentError(absl::StrCat("scale is ", scale, "; must be finite"));
   }
   if (num_threads < 1 || num_threads > options_.max_threads) {
-    return absl::InvalidArgumentError(absl::StrCat("num_threads is ", num_threads,
-                                                   "; must be in [1, options.max_threads = ",
-                                                   options_.max_threads, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_threads is ", num_threads,
+                     "; must be in [1, options.max_threads = ", options_.max_threads, "]"));
   }
   if (seqs.size() > static_cast<size_t>(options_.max_sequences)) {
-    return absl::InvalidArgumentError(absl::StrCat("seqs has ", seqs.size(),
-                                                   " sequences; options.max_sequences is ",
-                                                   options_.max_sequences));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seqs has ", seqs.size(), " sequences; options.max_sequences is ", options_.max_sequences));
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     const DecodeSequence& q = seqs[i];
