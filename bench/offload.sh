@@ -17,6 +17,8 @@
 # OUTPUT_TOKENS (128), TPOT_SLO_MS (50), PIPELINE (auto), ATTN_THREADS (12),
 # KEEP_THROUGHPUT (false: the offload run's --offload_keep_throughput, which
 # moves a sequence only while the planned step stays as fast per sequence),
+# MAX_STEP_MS (0: the offload run's --offload_max_step_time in ms, which
+# moves a sequence only while the planned decode step stays within it),
 # OUT, BIN_DIR.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
@@ -28,6 +30,7 @@ slo=${TPOT_SLO_MS:-50}
 pipeline=${PIPELINE:-auto}
 threads=${ATTN_THREADS:-12}
 keep=${KEEP_THROUGHPUT:-false}
+max_step_ms=${MAX_STEP_MS:-0}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
@@ -64,14 +67,14 @@ run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.jso
 }
 
 echo "model $model_dir on $device; $prompt-token prompts, $output output tokens, TPOT SLO $slo ms;" \
-  "offload pipeline $pipeline, keep throughput $keep"
+  "offload pipeline $pipeline, keep throughput $keep, max step ${max_step_ms} ms"
 for cap in $caps; do
   run "gpu-$cap" "$cap"
   start attention "$(tool services/attention/attention)" --kv_budget_mb=$((4 * cap * per_seq * kv_per_token >> 20)) \
       --threads="$threads"
   run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
       --offload_min_context_tokens=0 --offload_pipeline="$pipeline" \
-      --offload_keep_throughput="$keep"
+      --offload_keep_throughput="$keep" --offload_max_step_time="${max_step_ms}ms"
   for m in trident_attention_bytes_read_total trident_attention_kernel_seconds_sum \
       trident_attention_requests_total; do
     echo "$m $(metric "$METRICS_attention" "$m")"

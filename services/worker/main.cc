@@ -117,6 +117,11 @@ ABSL_FLAG(bool, offload_keep_throughput, false,
           "With --attention_services: move a sequence to a service only while the start-up "
           "cost tables say the decode step keeps its throughput with it (the step with one "
           "sequence more no slower per sequence); the rest wait for blocks as without offload.");
+ABSL_FLAG(absl::Duration, offload_max_step_time, absl::ZeroDuration(),
+          "With --attention_services: move a sequence to a service only while the start-up "
+          "cost tables say the decode step (one token of every sequence) stays within this with "
+          "it, and with a waiting sequence in its freed blocks: set it below the tightest TPOT "
+          "target. 0: no limit (capacity first).");
 ABSL_FLAG(absl::Duration, attention_timeout, absl::Seconds(5),
           "How long a decode step waits for an attention service before its sequences come back "
           "here and are recomputed.");
@@ -168,6 +173,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
+  options.offload_max_step_time = absl::GetFlag(FLAGS_offload_max_step_time);
   options.role_change_announce = absl::GetFlag(FLAGS_role_change_announce);
   options.controller_address = absl::GetFlag(FLAGS_controller_address);
   return options;

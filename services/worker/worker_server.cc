@@ -149,6 +149,7 @@ absl::Status WorkerServer::StartOffload() {
   offload.attention_timeout = options_.attention_timeout;
   TRIDENT_ASSIGN_OR_RETURN(offload.pipeline, ParsePipelineMode(options_.offload_pipeline));
   offload.keep_throughput = options_.offload_keep_throughput;
+  offload.max_step_time = options_.offload_max_step_time;
   TRIDENT_ASSIGN_OR_RETURN(offload_,
                            AttentionOffload::Create(std::move(offload), ucx_.get(),
                                                     &model_->engine->backend_for_setup()));

@@ -116,6 +116,8 @@ struct WorkerServerOptions {
   absl::Duration role_change_announce = absl::ZeroDuration();
   // AttentionOffloadOptions::keep_throughput (--offload_keep_throughput).
   bool offload_keep_throughput = false;
+  // AttentionOffloadOptions::max_step_time (--offload_max_step_time).
+  absl::Duration offload_max_step_time = absl::ZeroDuration();
   // The longest a decode step waits for a service's answer before its
   // sequences are recomputed here.
   absl::Duration attention_timeout = absl::Seconds(5);

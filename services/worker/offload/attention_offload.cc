@@ -241,13 +241,16 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     if (service == nullptr) return;  // None connected: everything stays here.
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
                                         [&](const auto& c) { return c.id == id; });
-    if (options_.keep_throughput &&
-        !MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate->num_computed)) {
+    const int64_t context = candidate->num_computed;
+    if ((options_.keep_throughput &&
+         !MoveKeepsThroughput(next, step_costs_, options_.pipeline, context)) ||
+        !MoveKeepsStepTime(next, step_costs_, options_.pipeline, context,
+                           absl::ToDoubleSeconds(options_.max_step_time))) {
       absl::MutexLock lock(&mu_);
       ++stats_.moves_held;
       continue;
     }
-    next.cpu_contexts.push_back(candidate->num_computed);
+    next.cpu_contexts.push_back(context);
     absl::Status moved = Move(core, *candidate, *service);
     if (!moved.ok()) {
       TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << moved;

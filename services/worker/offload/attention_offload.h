@@ -65,6 +65,11 @@ struct AttentionOffloadOptions {
   // throughput with it (MoveKeepsThroughput); the rest wait for blocks as
   // without offload. Off: every sequence the policy chooses moves.
   bool keep_throughput = false;
+  // Move a sequence only while the cost tables say the decode step (one
+  // token of every sequence) stays within this, with the moved sequence on
+  // the CPU and a waiting one in its blocks (MoveKeepsStepTime): the TPOT
+  // target offload must not break. Zero: no limit.
+  absl::Duration max_step_time = absl::ZeroDuration();
   // Deadline of each control RPC (Connect, AdmitSequence, ReleaseSequence),
   // and the longest a layer waits for a service's answer.
   absl::Duration rpc_timeout = absl::Seconds(5);
@@ -76,7 +81,7 @@ struct AttentionOffloadStats {
   int32_t services_connected = 0;
   int64_t moves = 0;            // Sequences moved to a service.
   int64_t move_failures = 0;    // Moves that did not happen (budget, failures).
-  int64_t moves_held = 0;       // Moves keep_throughput refused.
+  int64_t moves_held = 0;       // Moves keep_throughput or max_step_time refused.
   int64_t releases = 0;         // Service copies released.
   int64_t migrated_tokens = 0;  // KV tokens copied by moves.
   int64_t planned_steps = 0;    // Steps with CPU-resident sequences planned.

@@ -127,6 +127,16 @@ bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, Pipelin
   return after * sequences <= before * (sequences + 1);
 }
 
+bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
+                       int64_t context, double max_seconds) {
+  if (max_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
+  StepShape after = shape;
+  after.cpu_contexts.push_back(context);
+  after.local_tokens += 1;
+  after.local_context_tokens += context;
+  return PlanPipeline(after, costs, mode).planned_seconds <= max_seconds;
+}
+
 StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
                             int64_t batch_context_tokens, int64_t remote_tokens) {
   StepShape shape;

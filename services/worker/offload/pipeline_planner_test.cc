@@ -156,6 +156,33 @@ TEST(MoveKeepsThroughputTest, JudgesTheDecodeStepNotAStepCarryingAPromptChunk) {
   EXPECT_THAT(mixed.cpu_contexts, ::testing::ElementsAre(1500, 1500));
 }
 
+TEST(MoveKeepsStepTimeTest, MovesWhileTheStepStaysWithinTheTarget) {
+  StepCosts costs = ComputeBound();
+  costs.cpu_attention = CostCurve({{0, 0.1 * kMs}, {2048, 1.5 * kMs}});
+  StepShape shape = SteadyDecodeShape(/*running=*/4, /*remote_running=*/0,
+                                      /*batch_context_tokens=*/4 * 2048, /*remote_tokens=*/0);
+  const double step = PlanPipeline(shape, costs, PipelineMode::kAuto).planned_seconds;
+  // No target, or no measured costs: every move.
+  EXPECT_TRUE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, 0));
+  EXPECT_TRUE(MoveKeepsStepTime(shape, StepCosts{}, PipelineMode::kAuto, 2048, step));
+  // The current step as the target: a move (which adds work) never fits.
+  EXPECT_FALSE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, step));
+  // A target three steps long takes moves until it is full, each counting
+  // the ones before it.
+  int moved = 0;
+  while (moved < 100 &&
+         MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, 3 * step)) {
+    shape.cpu_contexts.push_back(2048);
+    shape.local_tokens += 1;
+    shape.local_context_tokens += 2048;
+    ++moved;
+  }
+  std::printf("2k-token moves within 3x a 4-sequence step (%.2f ms): %d\n", step / kMs, moved);
+  EXPECT_GT(moved, 0);
+  EXPECT_LT(moved, 100);
+  EXPECT_LE(PlanPipeline(shape, costs, PipelineMode::kAuto).planned_seconds, 3 * step);
+}
+
 TEST(MoveKeepsThroughputTest, WithoutMeasuredCostsEveryMoveIsAllowed) {
   StepShape shape;
   shape.local_tokens = 4;
