@@ -245,6 +245,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     if ((options_.keep_throughput &&
          !MoveKeepsThroughput(next, step_costs_, options_.pipeline, context)) ||
         !MoveKeepsStepTime(next, step_costs_, options_.pipeline, context,
+                           memory_.spec.num_layers,
                            absl::ToDoubleSeconds(options_.max_step_time))) {
       absl::MutexLock lock(&mu_);
       ++stats_.moves_held;

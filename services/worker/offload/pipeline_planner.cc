@@ -128,17 +128,18 @@ bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, Pipelin
 }
 
 bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                       int64_t context, double max_seconds) {
-  if (max_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
+                       int64_t context, int32_t num_layers, double max_step_seconds) {
+  if (max_step_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
   StepShape after = shape;
   after.cpu_contexts.push_back(context);
   after.local_tokens += 1;
   after.local_context_tokens += context;
-  return PlanPipeline(after, costs, mode).planned_seconds <= max_seconds;
+  // The cost tables, and so the plan, are per layer.
+  return PlanPipeline(after, costs, mode).planned_seconds * num_layers <= max_step_seconds;
 }
 
-StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
-                            int64_t batch_context_tokens, int64_t remote_tokens) {
+StepShape SteadyDecodeShape(int32_t running, int32_t remote_running, int64_t batch_context_tokens,
+                            int64_t remote_tokens) {
   StepShape shape;
   const int64_t remote = std::max(0, remote_running);
   shape.local_tokens = std::max<int64_t>(0, running - remote);

@@ -106,13 +106,14 @@ StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
                          int64_t context);
 
-// Whether the planned step stays within `max_seconds` (a decode step is one
-// token of every sequence: the TPOT target) after one more CPU-resident
-// sequence of `context` tokens and, in its freed blocks, one more resident
-// sequence of as many. Judge it on SteadyDecodeShape, as above. True when
-// max_seconds <= 0 (no target) or the costs were not measured.
+// Whether the planned step of `num_layers` layers stays within
+// `max_step_seconds` (a decode step is one token of every sequence: the TPOT
+// target) after one more CPU-resident sequence of `context` tokens and, in
+// its freed blocks, one more resident sequence of as many. Judge it on
+// SteadyDecodeShape, as above. True when max_step_seconds <= 0 (no target)
+// or the costs were not measured.
 bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                       int64_t context, double max_seconds);
+                       int64_t context, int32_t num_layers, double max_step_seconds);
 
 }  // namespace trident::worker
 

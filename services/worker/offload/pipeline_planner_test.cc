@@ -161,17 +161,19 @@ TEST(MoveKeepsStepTimeTest, MovesWhileTheStepStaysWithinTheTarget) {
   costs.cpu_attention = CostCurve({{0, 0.1 * kMs}, {2048, 1.5 * kMs}});
   StepShape shape = SteadyDecodeShape(/*running=*/4, /*remote_running=*/0,
                                       /*batch_context_tokens=*/4 * 2048, /*remote_tokens=*/0);
-  const double step = PlanPipeline(shape, costs, PipelineMode::kAuto).planned_seconds;
+  // The plan is per layer; the target is for a step of 32 layers.
+  constexpr int32_t kLayers = 32;
+  const double step = kLayers * PlanPipeline(shape, costs, PipelineMode::kAuto).planned_seconds;
   // No target, or no measured costs: every move.
-  EXPECT_TRUE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, 0));
-  EXPECT_TRUE(MoveKeepsStepTime(shape, StepCosts{}, PipelineMode::kAuto, 2048, step));
+  EXPECT_TRUE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, kLayers, 0));
+  EXPECT_TRUE(MoveKeepsStepTime(shape, StepCosts{}, PipelineMode::kAuto, 2048, kLayers, step));
   // The current step as the target: a move (which adds work) never fits.
-  EXPECT_FALSE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, step));
+  EXPECT_FALSE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, kLayers, step));
   // A target three steps long takes moves until it is full, each counting
   // the ones before it.
   int moved = 0;
   while (moved < 100 &&
-         MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, 3 * step)) {
+         MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, kLayers, 3 * step)) {
     shape.cpu_contexts.push_back(2048);
     shape.local_tokens += 1;
     shape.local_context_tokens += 2048;
@@ -180,7 +182,9 @@ TEST(MoveKeepsStepTimeTest, MovesWhileTheStepStaysWithinTheTarget) {
   std::printf("2k-token moves within 3x a 4-sequence step (%.2f ms): %d\n", step / kMs, moved);
   EXPECT_GT(moved, 0);
   EXPECT_LT(moved, 100);
-  EXPECT_LE(PlanPipeline(shape, costs, PipelineMode::kAuto).planned_seconds, 3 * step);
+  EXPECT_LE(kLayers * PlanPipeline(shape, costs, PipelineMode::kAuto).planned_seconds, 3 * step);
+  // Judged per layer, the same target would have taken every move.
+  EXPECT_TRUE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, 1, 3 * step));
 }
 
 TEST(MoveKeepsThroughputTest, WithoutMeasuredCostsEveryMoveIsAllowed) {
