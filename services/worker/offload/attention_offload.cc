@@ -236,6 +236,10 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   // move made here.
   StepShape next = SteadyDecodeShape(stats.running, stats.remote_running,
                                      stats.batch_context_tokens, stats.remote_tokens);
+  // The same, with each sequence moved here at the longest context it can
+  // reach: the step-time guard must hold until the end of its decode (a
+  // sequence is often chosen with part of its prompt computed).
+  StepShape longest = next;
   for (const std::string& id : chosen) {
     Service* service = PickService();
     if (service == nullptr) return;  // None connected: everything stays here.
@@ -244,7 +248,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     const int64_t context = candidate->num_computed;
     if ((options_.keep_throughput &&
          !MoveKeepsThroughput(next, step_costs_, options_.pipeline, context)) ||
-        !MoveKeepsStepTime(next, step_costs_, options_.pipeline, context,
+        !MoveKeepsStepTime(longest, step_costs_, options_.pipeline, candidate->max_len,
                            memory_.spec.num_layers,
                            absl::ToDoubleSeconds(options_.max_step_time))) {
       absl::MutexLock lock(&mu_);
@@ -252,6 +256,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
       continue;
     }
     next.cpu_contexts.push_back(context);
+    longest.cpu_contexts.push_back(candidate->max_len);
     absl::Status moved = Move(core, *candidate, *service);
     if (!moved.ok()) {
       TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << moved;
