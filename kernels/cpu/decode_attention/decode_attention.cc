@@ -421,11 +421,8 @@ absl::Status AppendDecodeKv(const DecodeKvLayout& layout, absl::Span<const Decod
     return absl::OkStatus();
   }
   for (const DecodeKvAppend& t : tokens) {
-    const int64_t block = t.position / layout.block_size;
-    const int64_t slot = t.position % layout.block_size;
     for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
-      const int64_t k_elem = block * layout.block_stride_elems +
-                             (static_cast<int64_t>(h) * layout.block_size + slot) * d;
+      const int64_t k_elem = DecodeKvElementOffset(layout, t.position, h, 0, false);
       for (const auto& [src, elem] :
            {std::pair<const float*, int64_t>{t.k + static_cast<int64_t>(h) * d, k_elem},
             {t.v + static_cast<int64_t>(h) * d, k_elem + layout.value_offset_elems}}) {

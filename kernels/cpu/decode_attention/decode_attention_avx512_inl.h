@@ -104,6 +104,25 @@ TRIDENT_AVX512 inline void SoftmaxRow(const __m512* s, int32_t n, float* max, fl
   *corr = c;
 }
 
+// sum[r][j] = 16 floats j of accumulator row r, scaled by corr[r].
+template <int kRows, int kChunks>
+TRIDENT_AVX512 inline void LoadScaledAcc(const float* acc, int64_t acc_stride, const float* corr,
+                                         __m512 (*sum)[kChunks]) {
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 c = _mm512_set1_ps(corr[r]);
+    for (int j = 0; j < kChunks; ++j) {
+      sum[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * acc_stride + 16 * j), c);
+    }
+  }
+}
+
+template <int kRows, int kChunks>
+TRIDENT_AVX512 inline void StoreAcc(__m512 (*sum)[kChunks], float* acc, int64_t acc_stride) {
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kChunks; ++j) _mm512_storeu_ps(acc + r * acc_stride + 16 * j, sum[r][j]);
+  }
+}
+
 // acc[r][dim0, dim0 + 16 * kChunks) = acc * corr[r] + sum_t p_r[t] * v[t]
 // for kRows rows and n tokens of V rows `v` (row stride head_dim).
 template <int kRows, int kChunks, typename T>
@@ -111,12 +130,7 @@ TRIDENT_AVX512 void PvTile(const T* v, int64_t head_dim, int32_t n, const float*
                            int64_t p_token_stride, const float* corr, float* acc,
                            int64_t acc_stride) {
   __m512 sum[kRows][kChunks];
-  for (int r = 0; r < kRows; ++r) {
-    const __m512 c = _mm512_set1_ps(corr[r]);
-    for (int j = 0; j < kChunks; ++j) {
-      sum[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * acc_stride + 16 * j), c);
-    }
-  }
+  LoadScaledAcc<kRows, kChunks>(acc, acc_stride, corr, sum);
   for (int32_t t = 0; t < n; ++t) {
     __m512 vv[kChunks];
     for (int j = 0; j < kChunks; ++j) vv[j] = Load16(v + t * head_dim + 16 * j);
@@ -125,9 +139,7 @@ TRIDENT_AVX512 void PvTile(const T* v, int64_t head_dim, int32_t n, const float*
       for (int j = 0; j < kChunks; ++j) sum[r][j] = _mm512_fmadd_ps(p, vv[j], sum[r][j]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int j = 0; j < kChunks; ++j) _mm512_storeu_ps(acc + r * acc_stride + 16 * j, sum[r][j]);
-  }
+  StoreAcc<kRows, kChunks>(sum, acc, acc_stride);
 }
 
 template <int kRows, int kD, typename T>

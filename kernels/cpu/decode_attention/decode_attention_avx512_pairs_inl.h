@@ -101,12 +101,7 @@ TRIDENT_AVX512 void PairPv(const uint16_t* v, int32_t head_dim, int32_t n,
                            const uint16_t* const* p16, const float* corr, float* acc,
                            int64_t acc_stride) {
   __m512 sum[kRows][kChunks];
-  for (int r = 0; r < kRows; ++r) {
-    const __m512 c = _mm512_set1_ps(corr[r]);
-    for (int j = 0; j < kChunks; ++j) {
-      sum[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * acc_stride + 16 * j), c);
-    }
-  }
+  LoadScaledAcc<kRows, kChunks>(acc, acc_stride, corr, sum);
   const int64_t row = 2 * static_cast<int64_t>(head_dim);
   const int32_t whole = n / 2;
   for (int32_t j = 0; j < whole; ++j) {
@@ -128,9 +123,7 @@ TRIDENT_AVX512 void PairPv(const uint16_t* v, int32_t head_dim, int32_t n,
       for (int c = 0; c < kChunks; ++c) sum[r][c] = _mm512_dpbf16_ps(sum[r][c], p, vv[c]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int j = 0; j < kChunks; ++j) _mm512_storeu_ps(acc + r * acc_stride + 16 * j, sum[r][j]);
-  }
+  StoreAcc<kRows, kChunks>(sum, acc, acc_stride);
 }
 
 // P·V of kRows q heads over every dim, four 16-dim vectors at a time.
