@@ -19,7 +19,8 @@
 # moves a sequence only while the planned step stays as fast per sequence),
 # MAX_STEP_MS (0: the offload run's --offload_max_step_time in ms, which
 # moves a sequence only while the planned decode step stays within it),
-# OUT, BIN_DIR.
+# BACKGROUND_MOVES (true: the offload run's --offload_background_moves, which
+# copies a move's KV while the engine keeps stepping), OUT, BIN_DIR.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 device=${2:-cuda:0}
@@ -31,6 +32,7 @@ pipeline=${PIPELINE:-auto}
 threads=${ATTN_THREADS:-12}
 keep=${KEEP_THROUGHPUT:-false}
 max_step_ms=${MAX_STEP_MS:-0}
+background=${BACKGROUND_MOVES:-true}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
@@ -59,22 +61,27 @@ run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.jso
       --num_requests=$((2 * cap)) --prompt_tokens="fixed:$prompt" \
       --output_tokens="fixed:$output" --tpot_slo_ms="$slo" --seed=1 --progress=false \
       --json_out="$out/$label.json" >"$out/$label.txt" 2>&1
-  for m in trident_worker_offload_decisions_total trident_worker_pipelined_steps_total \
-      trident_worker_cpu_attention_seconds_total trident_worker_cpu_attention_exposed_seconds_total; do
+  for m in 'trident_worker_offload_decisions_total{decision="moved"}' \
+      'trident_worker_offload_decisions_total{decision="held"}' trident_worker_pipelined_steps_total \
+      trident_worker_cpu_attention_seconds_total trident_worker_cpu_attention_exposed_seconds_total \
+      trident_worker_step_hook_seconds_total trident_worker_decode_step_seconds_sum \
+      trident_worker_decode_step_seconds_count; do
     echo "$m $(metric "$METRICS_worker" "$m")"
   done >"$out/$label.metrics"
   stop
 }
 
 echo "model $model_dir on $device; $prompt-token prompts, $output output tokens, TPOT SLO $slo ms;" \
-  "offload pipeline $pipeline, keep throughput $keep, max step ${max_step_ms} ms"
+  "offload pipeline $pipeline, keep throughput $keep, max step ${max_step_ms} ms," \
+  "background moves $background"
 for cap in $caps; do
   run "gpu-$cap" "$cap"
   start attention "$(tool services/attention/attention)" --kv_budget_mb=$((4 * cap * per_seq * kv_per_token >> 20)) \
       --threads="$threads"
   run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
       --offload_min_context_tokens=0 --offload_pipeline="$pipeline" \
-      --offload_keep_throughput="$keep" --offload_max_step_time="${max_step_ms}ms"
+      --offload_keep_throughput="$keep" --offload_max_step_time="${max_step_ms}ms" \
+      --offload_background_moves="$background"
   for m in trident_attention_bytes_read_total trident_attention_kernel_seconds_sum \
       trident_attention_requests_total; do
     echo "$m $(metric "$METRICS_attention" "$m")"
@@ -110,10 +117,17 @@ ideal = 1 + hidden / gpu_bytes
 gain = o["throughput"]["output_tokens_per_s"] / max(g["throughput"]["output_tokens_per_s"], 1e-9)
 hid = 1 - om.get("trident_worker_cpu_attention_exposed_seconds_total", 0) / max(
     om.get("trident_worker_cpu_attention_seconds_total", 0), 1e-9)
+moved = int(om.get('trident_worker_offload_decisions_total{decision="moved"}', 0))
+held = int(om.get('trident_worker_offload_decisions_total{decision="held"}', 0))
+def step_ms(m):
+    return 1e3 * m.get("trident_worker_decode_step_seconds_sum", 0) / max(
+        m.get("trident_worker_decode_step_seconds_count", 0), 1)
 print(f"cap {cap:3d}: offload/GPU-only {gain:.2f}x, ideal {ideal:.2f}x -> {gain / ideal:.2f} of ideal; "
-      f"service attention {cpu_bw / 1e9:.1f} GB/s; {int(om.get('trident_worker_offload_decisions_total', 0))} "
-      f"offload decisions, {int(om.get('trident_worker_pipelined_steps_total', 0))} pipelined steps, "
-      f"CPU attention hidden {100 * hid:.0f}%")
+      f"service attention {cpu_bw / 1e9:.1f} GB/s; {moved} moves, {held} held, "
+      f"{int(om.get('trident_worker_pipelined_steps_total', 0))} pipelined steps, "
+      f"CPU attention hidden {100 * hid:.0f}%; decode step mean {step_ms(gm):.1f} ms GPU-only, "
+      f"{step_ms(om):.1f} ms offload; loop stalled for moves "
+      f"{1e3 * om.get('trident_worker_step_hook_seconds_total', 0):.0f} ms")
 PY
 done
 echo "logs and reports in $out"

@@ -8,6 +8,9 @@
 //    after the decode worker is killed (its grace period).
 //  * Killing the attention service mid-stream lets every request finish
 //    with the same tokens (its sequences are recomputed on the worker).
+//  * A colocated worker whose KV pool is too small for its requests moves
+//    sequences out under pool pressure, copying their KV in the background
+//    while it keeps decoding, with the same tokens.
 
 #include <signal.h>
 
@@ -29,6 +32,7 @@
 #include "tests/testing/fixture_models.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/attention.grpc.pb.h"
+#include "trident/v1/generation.grpc.pb.h"
 
 namespace trident {
 namespace {
@@ -149,6 +153,41 @@ class OffloadTest : public ::testing::TestWithParam<Param> {
     return tokens;
   }
 
+  // Greedy generation of `max_tokens` for Prompt(i) on a colocated worker.
+  static std::vector<int32_t> GenerateColocated(const ServiceProcess& worker, int i,
+                                                int32_t max_tokens) {
+    v1::GenerateRequest request;
+    request.set_request_id(absl::StrCat("colocated-", i));
+    for (int32_t t : Prompt(i)) request.mutable_token_ids()->add_ids(t);
+    request.mutable_sampling()->set_temperature(0);
+    request.mutable_sampling()->set_max_tokens(max_tokens);
+    request.mutable_stop()->set_ignore_eos(true);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    auto reader = v1::Generation::NewStub(worker.channel)->Generate(&context, request);
+    std::vector<int32_t> tokens;
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      if (!response.has_chunk()) continue;
+      tokens.insert(tokens.end(), response.chunk().token_ids().begin(),
+                    response.chunk().token_ids().end());
+    }
+    const grpc::Status status = reader->Finish();
+    EXPECT_TRUE(status.ok()) << "request " << i << ": " << status.error_message();
+    return tokens;
+  }
+
+  static std::vector<std::vector<int32_t>> GenerateAllColocated(const ServiceProcess& worker,
+                                                                int32_t max_tokens) {
+    std::vector<std::vector<int32_t>> tokens(kRequests);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kRequests; ++i) {
+      threads.emplace_back([&, i] { tokens[i] = GenerateColocated(worker, i, max_tokens); });
+    }
+    for (std::thread& t : threads) t.join();
+    return tokens;
+  }
+
   std::string model_dir_;
   int attention_starts_ = 0;
   ServiceProcess attention_, prefill_, resident_, offloading_;
@@ -252,6 +291,43 @@ TEST_P(OffloadTest, KillingTheAttentionServiceCostsNoRequest) {
   attention_.pid = -1;
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < kRequests; ++i) EXPECT_EQ(offloaded[i], resident[i]) << "request " << i;
+}
+
+TEST_P(OffloadTest, PoolPressureMovesCopyInTheBackgroundAndKeepTheTokens) {
+  if (std::string(GetParam().model) != "llama3-tiny") {
+    GTEST_SKIP() << "one model per transport is enough here";
+  }
+  // llama3-tiny's KV is 2 KiB a token (f32): a 1 MiB pool holds 512 tokens,
+  // less than the requests' ~1000 at their end.
+  constexpr int32_t kTokens = 200;
+  auto resident = StartWorker("both", "both-resident", {});
+  ASSERT_THAT(resident.status(), IsOk());
+  auto offloading =
+      StartWorker("both", "both-offloading",
+                  {"--kv_cache_mb=1", absl::StrCat("--attention_services=", attention_.address),
+                   "--offload_min_context_tokens=0", "--offload_low_watermark=0.3",
+                   "--offload_background_moves=true", "--attention_timeout=3s",
+                   absl::StrCat("--offload_pipeline=", GetParam().pipeline)});
+  ASSERT_THAT(offloading.status(), IsOk());
+  const auto expected = GenerateAllColocated(*resident, kTokens);
+  const auto got = GenerateAllColocated(*offloading, kTokens);
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(expected[i].size(), kTokens) << i;
+    EXPECT_EQ(got[i], expected[i]) << "request " << i;
+  }
+  EXPECT_TRUE(testing::AllKvBlocksFree(*offloading));
+  const v1::AttentionStats stats = StatsOnceEmpty();
+  EXPECT_EQ(stats.sequences(), 0);
+  EXPECT_EQ(stats.held_bytes(), 0);
+  absl::StatusOr<http::HttpResponse> metrics = http::Get(
+      absl::StrCat("http://127.0.0.1:", offloading->metrics_port, "/metrics"), absl::Seconds(5));
+  ASSERT_THAT(metrics.status(), IsOk());
+  EXPECT_THAT(metrics->body,
+              ::testing::ContainsRegex(
+                  "trident_worker_offload_decisions_total\\{decision=\"moved\"\\} [1-9]"));
+  std::printf("%s over %s: %lld attention requests served under pool pressure\n", GetParam().model,
+              GetParam().transport, static_cast<long long>(stats.attention_requests_total()));
+  for (ServiceProcess* p : {&*offloading, &*resident}) testing::StopService(*p).IgnoreError();
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, OffloadTest,

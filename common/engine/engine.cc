@@ -199,7 +199,12 @@ void Engine::Loop() {
     if (core_->HasWork()) {
       StepHook* hook = hook_.load(std::memory_order_acquire);
       core_->set_batch_planner(hook);
-      if (hook != nullptr) hook->BeforeStep(*core_);
+      if (hook != nullptr) {
+        const auto hook_start = std::chrono::steady_clock::now();
+        hook->BeforeStep(*core_);
+        step_hook_seconds_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - hook_start).count();
+      }
       const auto start = std::chrono::steady_clock::now();
       auto step = core_->Step();
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -226,6 +231,8 @@ void Engine::Loop() {
     }
     s.prefill_tokens_per_second = prefill_tokens_per_second_;
     s.decode_step_seconds = decode_step_seconds_;
+    s.last_step_seconds = seconds;
+    s.step_hook_seconds_total = step_hook_seconds_;
     {
       // Published before the step's tokens are delivered: a caller holding a
       // request's last token sees the stats of the step that made it.

@@ -122,6 +122,7 @@ class Engine final : public TokenSource {
   // Step timing, touched only by the loop thread.
   double prefill_tokens_per_second_ = 0;
   double decode_step_seconds_ = 0;
+  double step_hook_seconds_ = 0;  // loop thread only
   std::atomic<StepHook*> hook_{nullptr};
   std::thread thread_;
 };

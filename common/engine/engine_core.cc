@@ -16,6 +16,8 @@ struct EngineCore::Sequence {
   // Positions whose KV is in the cache.
   int32_t num_computed = 0;
   std::vector<int32_t> blocks;
+  // How many times its blocks were freed (OffloadCandidate::residency).
+  uint32_t blocks_freed = 0;
   int32_t num_outputs = 0;
   uint64_t arrival = 0;
   std::unique_ptr<sampling::PenaltyState> penalties;
@@ -157,6 +159,7 @@ void EngineCore::FreeBlocks(Sequence& seq) {
   if (seq.blocks.empty()) return;
   TRIDENT_CHECK_OK(allocator_->Free(seq.blocks));
   seq.blocks.clear();
+  ++seq.blocks_freed;
 }
 
 bool EngineCore::FreeNewestWaitingBlocks() {
@@ -505,12 +508,12 @@ std::vector<OffloadCandidate> EngineCore::OffloadCandidates() const {
         seq->num_computed < seq->prompt_len) {
       continue;
     }
-    candidates.push_back(OffloadCandidate{
-        .id = seq->request.id,
-        .blocks = seq->blocks,
-        .num_computed = seq->num_computed,
-        .max_len = seq->prompt_len + seq->request.max_tokens,
-        .arrival = seq->arrival});
+    candidates.push_back(OffloadCandidate{.id = seq->request.id,
+                                          .blocks = seq->blocks,
+                                          .num_computed = seq->num_computed,
+                                          .max_len = seq->prompt_len + seq->request.max_tokens,
+                                          .arrival = seq->arrival,
+                                          .residency = seq->blocks_freed});
   }
   return candidates;
 }

@@ -79,6 +79,8 @@ struct EngineStats {
   int64_t remote_moves_total = 0;
   int64_t remote_released_total = 0;
   int64_t remote_demoted_total = 0;
+  // Moves the offload policy chose but a guard refused (NoteMoveHeld).
+  int64_t remote_held_total = 0;
   // Steps run with a pipelined second sub-batch (BatchPlanner), and the
   // backend's time on CPU-resident sequences' requests: from each request's
   // start to its answer, and of that the time the step stood waiting (the
@@ -91,6 +93,11 @@ struct EngineStats {
   // the duration of decode-only steps. 0 before any such step.
   double prefill_tokens_per_second = 0;
   double decode_step_seconds = 0;
+  // Also the Engine shell's: the last step's duration (0 before any), and
+  // the loop's time in the step hook before steps (offload moves copy KV
+  // there while every running sequence waits).
+  double last_step_seconds = 0;
+  double step_hook_seconds_total = 0;
 };
 
 // A resident decoding sequence that could move to an attention service
@@ -103,6 +110,10 @@ struct OffloadCandidate {
   // Prompt plus max_tokens: the most positions it can reach.
   int32_t max_len = 0;
   uint64_t arrival = 0;
+  // Changes whenever its blocks are freed (preempted, moved): a copy of its
+  // KV read from `blocks` while the engine ran on is whole only if the
+  // sequence is still a candidate with the same residency afterwards.
+  uint32_t residency = 0;
 };
 
 // Chooses how a step's batch runs: which CPU-resident sequences form a
@@ -154,6 +165,9 @@ class EngineCore {
                             std::string service_id = "");
   // Resident sequences between decode steps, oldest first.
   std::vector<OffloadCandidate> OffloadCandidates() const;
+  // Counts a move the offload policy chose and a guard refused
+  // (EngineStats::remote_held_total).
+  void NoteMoveHeld() { ++stats_.remote_held_total; }
   // Called (on the stepping thread) when a CPU-resident sequence no longer
   // needs its copy at the service: it finished, was aborted, or its service
   // failed (a step's forward named it: its sequences come back and are

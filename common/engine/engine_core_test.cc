@@ -478,7 +478,8 @@ TEST(EngineCoreShortOfBlocksTest, BlocksHeldElsewhereStepNothingWithoutAnError) 
   std::map<std::string, FinishReason> reasons;
   const auto out = h.RunToCompletion(&reasons);
   EXPECT_FALSE(h.core.short_of_blocks());
-  EXPECT_THAT(out.at("r"), ElementsAreArray(ExpectedGreedy(h.backend, {1, 2, 3, 4, 5, 6, 7, 8}, 4)));
+  EXPECT_THAT(out.at("r"),
+              ElementsAreArray(ExpectedGreedy(h.backend, {1, 2, 3, 4, 5, 6, 7, 8}, 4)));
   EXPECT_EQ(reasons.at("r"), FinishReason::kLength);
 }
 

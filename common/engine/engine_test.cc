@@ -173,7 +173,7 @@ namespace trident::engine {
 namespace {
 
 TEST(EngineShortOfBlocksTest, ARequestWaitingForReservedBlocksRunsOnceTheyAreFreed) {
-  Engine engine(Fake(), {});  // 32 blocks of 4 tokens.
+  Engine engine(Fake(), {});                 // 32 blocks of 4 tokens.
   auto reserved = engine.ReserveBlocks(31);  // Held for other workers' prompts.
   ASSERT_THAT(reserved.status(), IsOk());
   absl::Notification short_of_blocks;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/frontend/request_proto.h"
 #include "common/grpc/reactors.h"
 #include "common/grpc/stream_channel.h"
 #include "common/logging/log.h"
@@ -11,7 +12,6 @@
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
-#include "common/frontend/request_proto.h"
 
 namespace trident::worker {
 namespace {
@@ -348,8 +348,8 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
       }
     }
     return frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
-                                  request->sampling(), request->stop(), request->options(),
-                                  model_info_);
+                                            request->sampling(), request->stop(),
+                                            request->options(), model_info_);
   };
   absl::StatusOr<engine::EngineRequest> prepared = prepare();
   if (!prepared.ok()) {

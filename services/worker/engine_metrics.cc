@@ -17,6 +17,11 @@ std::vector<double> IterationTokensBuckets() { return PowersOfTwo(16384); }
 
 std::vector<double> IterationDecodeSequencesBuckets() { return PowersOfTwo(1024); }
 
+std::vector<double> DecodeStepSecondsBuckets() {
+  return {0.001, 0.002, 0.004, 0.006, 0.008, 0.012, 0.016, 0.024,
+          0.032, 0.048, 0.064, 0.096, 0.128, 0.256, 0.512, 1.024};
+}
+
 EngineMetrics::EngineMetrics(prometheus::Registry& r)
     : running_(prometheus::BuildGauge()
                    .Name("trident_worker_num_requests_running")
@@ -83,11 +88,25 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                       .Add({})),
       offload_family_(prometheus::BuildCounter()
                           .Name("trident_worker_offload_decisions_total")
-                          .Help("Sequences moved to CPU attention services (moved), and brought "
+                          .Help("Sequences moved to CPU attention services (moved), moves "
+                                "chosen but refused by a guard (held), and sequences brought "
                                 "back for recompute because their service failed (demoted).")
                           .Register(r)),
       offload_moved_(offload_family_.Add({{"decision", "moved"}})),
+      offload_held_(offload_family_.Add({{"decision", "held"}})),
       offload_demoted_(offload_family_.Add({{"decision", "demoted"}})),
+      step_hook_(prometheus::BuildCounter()
+                     .Name("trident_worker_step_hook_seconds_total")
+                     .Help("Time the engine loop spent before steps in its step hook (offload "
+                           "moves copy a sequence's KV there), while every running sequence "
+                           "waited.")
+                     .Register(r)
+                     .Add({})),
+      decode_step_(prometheus::BuildHistogram()
+                       .Name("trident_worker_decode_step_seconds")
+                       .Help("Duration of steps that ran only decode sequences (one token each).")
+                       .Register(r)
+                       .Add({}, DecodeStepSecondsBuckets())),
       pipelined_steps_(prometheus::BuildCounter()
                            .Name("trident_worker_pipelined_steps_total")
                            .Help("Decode steps run as two sub-batches, the second's CPU "
@@ -130,11 +149,14 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
     iteration_tokens_.Observe(s.last_step_tokens);
     if (s.last_step_decode_sequences > 0) {
       iteration_decode_sequences_.Observe(s.last_step_decode_sequences);
+      if (s.last_step_prefill_tokens == 0) decode_step_.Observe(s.last_step_seconds);
     }
   }
   cpu_sequences_.Set(s.remote_running);
   cpu_tokens_.Set(static_cast<double>(s.remote_tokens));
   offload_moved_.Increment(static_cast<double>(s.remote_moves_total - last_.remote_moves_total));
+  offload_held_.Increment(static_cast<double>(s.remote_held_total - last_.remote_held_total));
+  step_hook_.Increment(std::max(0.0, s.step_hook_seconds_total - last_.step_hook_seconds_total));
   offload_demoted_.Increment(
       static_cast<double>(s.remote_demoted_total - last_.remote_demoted_total));
   pipelined_steps_.Increment(

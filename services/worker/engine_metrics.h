@@ -17,7 +17,11 @@
 //   trident_worker_cpu_attention_sequences          gauge     sequences whose attention runs at a
 //                                                             CPU attention service
 //   trident_worker_cpu_attention_tokens             gauge     their KV tokens
-//   trident_worker_offload_decisions_total{decision} counter  moved, demoted
+//   trident_worker_offload_decisions_total{decision} counter  moved, held (a guard refused),
+//                                                             demoted
+//   trident_worker_step_hook_seconds_total          counter   loop time in the step hook before
+//                                                             steps (offload moves), all waiting
+//   trident_worker_decode_step_seconds              histogram duration of decode-only steps
 //   trident_worker_pipelined_steps_total            counter   steps run as two sub-batches
 //   trident_worker_cpu_attention_seconds_total      counter   CPU attention round trips, summed
 //   trident_worker_cpu_attention_exposed_seconds_total counter of those, the time steps waited
@@ -44,6 +48,8 @@ std::vector<double> IterationTokensBuckets();
 // Buckets of trident_worker_iteration_decode_sequences: powers of two, 1 to
 // 1024 (--max_running defaults to 256).
 std::vector<double> IterationDecodeSequencesBuckets();
+// Buckets of trident_worker_decode_step_seconds: 1 ms to ~1 s.
+std::vector<double> DecodeStepSecondsBuckets();
 
 // Thread-compatible: Update runs on the engine's loop thread only (the
 // prometheus-cpp metrics themselves are thread-safe to scrape).
@@ -75,7 +81,10 @@ class EngineMetrics {
   prometheus::Gauge& cpu_tokens_;
   prometheus::Family<prometheus::Counter>& offload_family_;
   prometheus::Counter& offload_moved_;
+  prometheus::Counter& offload_held_;
   prometheus::Counter& offload_demoted_;
+  prometheus::Counter& step_hook_;
+  prometheus::Histogram& decode_step_;
   prometheus::Counter& pipelined_steps_;
   prometheus::Counter& cpu_round_trip_;
   prometheus::Counter& cpu_exposed_;

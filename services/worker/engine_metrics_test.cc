@@ -109,6 +109,41 @@ TEST(EngineMetricsTest, GaugesFollowTheLatestStatsAndCountersTheirIncrease) {
   EXPECT_EQ(FindSeries(registry, "trident_worker_generation_tokens_total", {}).value, 12);
 }
 
+TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(registry);
+  engine::EngineStats stats;
+  // A decode-only step of 5 ms after 0.25 s of moves in the hook.
+  stats.steps_total = 1;
+  stats.last_step_tokens = 4;
+  stats.last_step_decode_sequences = 4;
+  stats.last_step_seconds = 0.005;
+  stats.remote_moves_total = 2;
+  stats.remote_held_total = 3;
+  stats.step_hook_seconds_total = 0.25;
+  metrics.Update(stats);
+  // A mixed step (prompt tokens): not a decode step.
+  stats.steps_total = 2;
+  stats.last_step_tokens = 104;
+  stats.last_step_prefill_tokens = 100;
+  stats.last_step_seconds = 0.3;
+  stats.remote_held_total = 4;
+  stats.step_hook_seconds_total = 0.5;
+  metrics.Update(stats);
+
+  const std::string decisions = "trident_worker_offload_decisions_total";
+  EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "moved"}}).value, 2);
+  EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "held"}}).value, 4);
+  EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "demoted"}}).value, 0);
+  EXPECT_THAT(FindSeries(registry, "trident_worker_step_hook_seconds_total", {}).value,
+              DoubleEq(0.5));
+  const CollectedSeries steps = FindSeries(registry, "trident_worker_decode_step_seconds", {});
+  EXPECT_EQ(steps.count, 1u);
+  EXPECT_THAT(steps.sum, DoubleEq(0.005));
+  EXPECT_EQ(BucketCount(registry, "trident_worker_decode_step_seconds", 0.004), 0);
+  EXPECT_EQ(BucketCount(registry, "trident_worker_decode_step_seconds", 0.006), 1);
+}
+
 TEST(EngineMetricsTest, BucketsArePowersOfTwoCoveringTheDefaultLimits) {
   for (const std::vector<double>& buckets :
        {IterationTokensBuckets(), IterationDecodeSequencesBuckets()}) {

@@ -113,6 +113,11 @@ ABSL_FLAG(absl::Duration, role_change_announce, absl::Milliseconds(300),
           "while its load samples announce the change, so that routers (which learn roles from "
           "them every --load_interval_ms, 100ms by default) stop sending it first; part of the "
           "drain timeout.");
+ABSL_FLAG(bool, offload_background_moves, true,
+          "Copy a pool-pressure move's KV to the attention service in the background while the "
+          "engine keeps stepping (the sequence moves once the copy is done); false: before the "
+          "step, while every running sequence waits. Long-context moves are always copied "
+          "before the step.");
 ABSL_FLAG(bool, offload_keep_throughput, false,
           "With --attention_services: move a sequence to a service only while the start-up "
           "cost tables say the decode step keeps its throughput with it (the step with one "
@@ -173,6 +178,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
+  options.offload_background_moves = absl::GetFlag(FLAGS_offload_background_moves);
   options.offload_max_step_time = absl::GetFlag(FLAGS_offload_max_step_time);
   options.role_change_announce = absl::GetFlag(FLAGS_role_change_announce);
   options.controller_address = absl::GetFlag(FLAGS_controller_address);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/frontend/request_proto.h"
 #include "common/grpc/status.h"
 #include "common/grpc/stream_channel.h"
 #include "common/logging/log.h"
@@ -12,7 +13,6 @@
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
 #include "grpcpp/grpcpp.h"
-#include "common/frontend/request_proto.h"
 
 namespace trident::worker {
 namespace {
@@ -153,7 +153,7 @@ absl::StatusOr<absl::Duration> PrefillService::Renew(const v1::KvDestination& de
 }
 
 v1::CommitKvRequest PrefillService::CommitRequest(const Call& call,
-                                                 v1::CommitOutcome outcome) const {
+                                                  v1::CommitOutcome outcome) const {
   v1::CommitKvRequest commit;
   commit.set_decode_incarnation(call.destination.decode_incarnation());
   commit.set_reservation_id(call.destination.reservation_id());
@@ -184,10 +184,10 @@ void PrefillService::Commit(const std::shared_ptr<Call>& call, v1::CommitKvReque
       [this, pending, call, done = std::move(done)](grpc::Status status) mutable {
         absl::Status result;
         if (!status.ok()) {
-          result = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                                absl::StrCat("CommitKv to ", call->destination.decode_worker_id(),
-                                             " at ", call->destination.decode_address(), ": ",
-                                             status.error_message()));
+          result = absl::Status(
+              static_cast<absl::StatusCode>(status.error_code()),
+              absl::StrCat("CommitKv to ", call->destination.decode_worker_id(), " at ",
+                           call->destination.decode_address(), ": ", status.error_message()));
         }
         done(result);
         // The call's context goes here, inside the callback, not with the
@@ -362,10 +362,9 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   v1::PrefillResponse started;
   started.mutable_started();
   call->channel->Push(std::move(started));
-  absl::Status submitted =
-      engine_->Submit(*std::move(prepared), [this, call, logprobs](const engine::TokenEvent& ev) {
-        OnPrefillEvent(call, logprobs, ev);
-      });
+  absl::Status submitted = engine_->Submit(
+      *std::move(prepared),
+      [this, call, logprobs](const engine::TokenEvent& ev) { OnPrefillEvent(call, logprobs, ev); });
   if (!submitted.ok()) {
     call->in_engine.store(false);
     leases_.Remove(call->lease_key);
@@ -390,11 +389,10 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
                                                         engine->Abort(c->request_id);
                                                       }
                                                     }));
-  TRIDENT_ASSIGN_OR_RETURN(
-      engine::EngineRequest er,
-      frontend::EngineRequestFromProto(request.request_id(), request.prompt_token_ids(),
-                                       request.sampling(), request.stop(), request.options(),
-                                       model_info_));
+  TRIDENT_ASSIGN_OR_RETURN(engine::EngineRequest er,
+                           frontend::EngineRequestFromProto(
+                               request.request_id(), request.prompt_token_ids(), request.sampling(),
+                               request.stop(), request.options(), model_info_));
   er.prefill_only = true;
   if (!request.has_destination()) return er;
   const v1::KvDestination& d = request.destination();
@@ -406,9 +404,9 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
     return InvalidArgumentForField("destination", "needs a reservation_id and a decode_address");
   }
   if (d.num_tokens() != static_cast<int32_t>(er.prompt.size())) {
-    return InvalidArgumentForField("destination.num_tokens",
-                                   absl::StrCat("is ", d.num_tokens(), " but the prompt has ",
-                                                er.prompt.size(), " tokens"));
+    return InvalidArgumentForField(
+        "destination.num_tokens",
+        absl::StrCat("is ", d.num_tokens(), " but the prompt has ", er.prompt.size(), " tokens"));
   }
   const int32_t block_size = engine_->backend().kv_capacity().block_size;
   const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;

@@ -121,7 +121,7 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   void FailTransfer(const std::shared_ptr<Call>& call, const absl::Status& why);
   // The commit request for the call's reservation, with `outcome`.
   trident::v1::CommitKvRequest CommitRequest(const Call& call,
-                                            trident::v1::CommitOutcome outcome) const;
+                                             trident::v1::CommitOutcome outcome) const;
   // Decode.CommitKv to the call's decode worker, without waiting; `done`
   // gets its result on a gRPC thread. The lease is no longer kept from
   // then on.
@@ -145,8 +145,7 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // By decode address ("" for calls without a destination).
-  absl::flat_hash_map<std::string, std::unique_ptr<DestinationQueue>> queues_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<DestinationQueue>> queues_ ABSL_GUARDED_BY(mu_);
   int commits_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<trident::v1::Decode::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);

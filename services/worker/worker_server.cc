@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(WorkerServerO
                                                                    prometheus::Registry* registry) {
   std::unique_ptr<WorkerServer> server(new WorkerServer(std::move(options)));
   TRIDENT_LOG(INFO) << "worker " << server->identity_.worker_id << " on "
-                    << DeviceOf(server->options_.model).ToString() << ", role " << v1::Role_Name(server->options_.role);
+                    << DeviceOf(server->options_.model).ToString() << ", role "
+                    << v1::Role_Name(server->options_.role);
   TRIDENT_RETURN_IF_ERROR(server->LoadModel(registry));
   TRIDENT_RETURN_IF_ERROR(server->StartKvTransport());
   TRIDENT_RETURN_IF_ERROR(server->StartOffload());
@@ -149,6 +150,7 @@ absl::Status WorkerServer::StartOffload() {
   offload.attention_timeout = options_.attention_timeout;
   TRIDENT_ASSIGN_OR_RETURN(offload.pipeline, ParsePipelineMode(options_.offload_pipeline));
   offload.keep_throughput = options_.offload_keep_throughput;
+  offload.background_moves = options_.offload_background_moves;
   offload.max_step_time = options_.offload_max_step_time;
   TRIDENT_ASSIGN_OR_RETURN(offload_,
                            AttentionOffload::Create(std::move(offload), ucx_.get(),
@@ -174,8 +176,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   // FAILED_PRECONDITION in the other roles).
   generation_gate_ = std::make_unique<RoleCallGate>(role_.get());
   generation_ = std::make_unique<frontend::GenerationService>(
-      model_->engine.get(), model_->tokenizer.get(), model_->info, clock_,
-      generation_gate_.get());
+      model_->engine.get(), model_->tokenizer.get(), model_->info, clock_, generation_gate_.get());
   DecodeServiceOptions decode_options;
   decode_options.worker_id = identity_.worker_id;
   decode_options.incarnation = identity_.incarnation;

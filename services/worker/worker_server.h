@@ -114,6 +114,8 @@ struct WorkerServerOptions {
   std::string offload_pipeline = "auto";
   // WorkerRoleOptions::announce (--role_change_announce).
   absl::Duration role_change_announce = absl::ZeroDuration();
+  // AttentionOffloadOptions::background_moves (--offload_background_moves).
+  bool offload_background_moves = true;
   // AttentionOffloadOptions::keep_throughput (--offload_keep_throughput).
   bool offload_keep_throughput = false;
   // AttentionOffloadOptions::max_step_time (--offload_max_step_time).

@@ -102,6 +102,7 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
         std::max(step_costs_.round_trip_seconds, service->costs.round_trip_seconds);
   }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  migrator_ = std::thread([this] { MigrationLoop(); });
   return absl::OkStatus();
 }
 
@@ -111,6 +112,9 @@ AttentionOffload::~AttentionOffload() {
     stopping_ = true;
   }
   if (housekeeping_.joinable()) housekeeping_.join();
+  // A copy under way ends first (each of its waits is bounded); its service
+  // copy, if any, goes with this worker's session.
+  if (migrator_.joinable()) migrator_.join();
 }
 
 absl::Status AttentionOffload::Connect(Service& service) {
@@ -226,48 +230,101 @@ AttentionOffload::Service* AttentionOffload::PickService() {
 }
 
 void AttentionOffload::BeforeStep(engine::EngineCore& core) {
-  const std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
-  if (candidates.empty()) return;
+  FinishMigration(core);
+  std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   const engine::EngineStats stats = core.stats();
-  const std::vector<std::string> chosen =
-      ChooseOffloads(candidates, {stats.blocks_free, stats.blocks_total}, options_.policy);
+  PoolOccupancy pool{stats.blocks_free, stats.blocks_total};
   // The decode step (not the last planned one: that exists only once some
   // sequence is CPU-resident, and may carry a prompt chunk), grown by each
-  // move made here.
+  // move made here. `longest` is the same with each sequence moved at the
+  // longest context it can reach: the step-time guard must hold until the
+  // end of its decode (a sequence is often chosen with part of its prompt
+  // computed).
   StepShape next = SteadyDecodeShape(stats.running, stats.remote_running,
                                      stats.batch_context_tokens, stats.remote_tokens);
-  // The same, with each sequence moved here at the longest context it can
-  // reach: the step-time guard must hold until the end of its decode (a
-  // sequence is often chosen with part of its prompt computed).
   StepShape longest = next;
-  for (const std::string& id : chosen) {
+  bool migrating = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (migration_ != nullptr) {
+      // Its blocks are as good as free, and it as good as moved (a waiting
+      // sequence takes its place here).
+      migrating = true;
+      const auto it = std::find_if(candidates.begin(), candidates.end(),
+                                   [&](const auto& c) { return c.id == migration_->candidate.id; });
+      if (it != candidates.end()) {
+        pool.blocks_free += static_cast<int32_t>(it->blocks.size());
+        next.cpu_contexts.push_back(it->num_computed);
+        longest.cpu_contexts.push_back(it->max_len);
+        candidates.erase(it);
+      }
+    }
+  }
+  if (candidates.empty()) return;
+  for (const OffloadChoice& choice : ChooseOffloads(candidates, pool, options_.policy)) {
     Service* service = PickService();
     if (service == nullptr) return;  // None connected: everything stays here.
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
-                                        [&](const auto& c) { return c.id == id; });
-    const int64_t context = candidate->num_computed;
-    if ((options_.keep_throughput &&
-         !MoveKeepsThroughput(next, step_costs_, options_.pipeline, context)) ||
-        !MoveKeepsStepTime(longest, step_costs_, options_.pipeline, candidate->max_len,
-                           memory_.spec.num_layers,
-                           absl::ToDoubleSeconds(options_.max_step_time))) {
+                                        [&](const auto& c) { return c.id == choice.id; });
+    const bool background = options_.background_moves && choice.rule == OffloadRule::kPoolPressure;
+    if (background && migrating) continue;  // One background move at a time.
+    double planned = 0;
+    if (!MayMove(*candidate, next, longest, &planned)) {
+      core.NoteMoveHeld();
       absl::MutexLock lock(&mu_);
       ++stats_.moves_held;
       continue;
     }
-    next.cpu_contexts.push_back(context);
+    next.cpu_contexts.push_back(candidate->num_computed);
     longest.cpu_contexts.push_back(candidate->max_len);
+    if (background) {
+      StartMigration(*candidate, *service, planned);
+      migrating = true;
+      continue;
+    }
+    const absl::Time start = absl::Now();
     absl::Status moved = Move(core, *candidate, *service);
-    if (!moved.ok()) {
-      TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << moved;
-      absl::MutexLock lock(&mu_);
-      ++stats_.move_failures;
-      if (absl::IsUnavailable(moved) || absl::IsDeadlineExceeded(moved)) {
-        service->connected = false;
-        service->next_attempt = absl::Now() + options_.reconnect_interval;
+    if (moved.ok()) {
+      LogMove(candidate->id, candidate->num_computed, *service, absl::Now() - start, planned,
+              longest.cpu_contexts.size(), /*background=*/false);
+    } else {
+      TRIDENT_LOG(WARNING) << "request " << candidate->id << " stays resident: " << moved;
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.move_failures;
       }
+      NoteFailure(*service, moved);
     }
   }
+}
+
+bool AttentionOffload::MayMove(const engine::OffloadCandidate& candidate, const StepShape& next,
+                               const StepShape& longest, double* planned) const {
+  *planned = PlannedStepSeconds(longest, step_costs_, options_.pipeline, candidate.max_len,
+                                memory_.spec.num_layers);
+  if (options_.keep_throughput &&
+      !MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate.num_computed)) {
+    return false;
+  }
+  return MoveKeepsStepTime(longest, step_costs_, options_.pipeline, candidate.max_len,
+                           memory_.spec.num_layers, absl::ToDoubleSeconds(options_.max_step_time));
+}
+
+void AttentionOffload::LogMove(const std::string& id, int32_t tokens, const Service& service,
+                               absl::Duration took, double planned_step_seconds,
+                               size_t cpu_resident, bool background) const {
+  TRIDENT_LOG(INFO) << "moved request " << id << " (" << tokens << " tokens) to attention service "
+                    << service.service_id << (background ? ", copied in the background," : "")
+                    << " in " << absl::ToDoubleMilliseconds(took)
+                    << " ms; planned decode step with it " << planned_step_seconds * 1e3 << " ms, "
+                    << cpu_resident << " CPU-resident";
+}
+
+void AttentionOffload::NoteFailure(Service& service, const absl::Status& status) {
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return;
+  absl::MutexLock lock(&mu_);
+  service.connected = false;
+  service.next_attempt = absl::Now() + options_.reconnect_interval;
 }
 
 absl::Status AttentionOffload::Move(engine::EngineCore& core,
@@ -278,7 +335,7 @@ absl::Status AttentionOffload::Move(engine::EngineCore& core,
     absl::MutexLock lock(&mu_);
     channel = service.channel.get();
   }
-  absl::Status status = CopyKv(candidate, *channel, handle);
+  absl::Status status = CopyKv(candidate, 0, *channel, handle, loop_scratch_);
   if (status.ok()) {
     status =
         core.MoveToRemote(candidate.id, backend::RemoteKv{channel, handle}, service.service_id);
@@ -294,63 +351,154 @@ absl::Status AttentionOffload::Move(engine::EngineCore& core,
   return absl::OkStatus();
 }
 
-absl::Status AttentionOffload::StageLayer(const engine::OffloadCandidate& candidate,
-                                          int32_t layer) {
+void AttentionOffload::StartMigration(const engine::OffloadCandidate& candidate, Service& service,
+                                      double planned_step_seconds) {
+  auto migration = std::make_unique<Migration>();
+  migration->candidate = candidate;
+  migration->service = &service;
+  migration->start = absl::Now();
+  migration->planned_step_seconds = planned_step_seconds;
+  absl::MutexLock lock(&mu_);
+  migration->channel = service.channel.get();
+  migration_ = std::move(migration);
+}
+
+void AttentionOffload::MigrationLoop() {
+  while (true) {
+    Migration* m;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](AttentionOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stopping_ || (self->migration_ != nullptr && !self->migration_->done);
+          },
+          this));
+      if (stopping_) return;
+      m = migration_.get();
+    }
+    // Only this thread touches *m until it is done.
+    absl::StatusOr<uint64_t> handle = Admit(*m->service, m->candidate.id, m->candidate.max_len);
+    absl::Status status = handle.status();
+    if (handle.ok()) {
+      m->handle = *handle;
+      m->admitted = true;
+      status = CopyKv(m->candidate, 0, *m->channel, *handle, migration_scratch_);
+    }
+    absl::MutexLock lock(&mu_);
+    m->status = status;
+    m->done = true;
+  }
+}
+
+void AttentionOffload::FinishMigration(engine::EngineCore& core) {
+  std::unique_ptr<Migration> m;
+  {
+    absl::MutexLock lock(&mu_);
+    if (migration_ == nullptr || !migration_->done) return;
+    m = std::move(migration_);
+  }
+  const std::string& id = m->candidate.id;
+  absl::Status status = m->status;
+  if (status.ok()) {
+    const std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
+    const auto now = std::find_if(candidates.begin(), candidates.end(),
+                                  [&](const auto& c) { return c.id == id; });
+    if (now == candidates.end() || now->residency != m->candidate.residency) {
+      // It finished, was aborted or lost its blocks meanwhile: the copy is
+      // of no use (and may be of reused blocks).
+      absl::MutexLock lock(&mu_);
+      ++stats_.migrations_dropped;
+      releases_.push_back(Release{m->service, m->handle});
+      return;
+    }
+    // The tokens it decoded here meanwhile, then the move.
+    status = CopyKv(*now, m->candidate.num_computed, *m->channel, m->handle, loop_scratch_);
+    if (status.ok()) {
+      status =
+          core.MoveToRemote(id, backend::RemoteKv{m->channel, m->handle}, m->service->service_id);
+    }
+    if (status.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++m->service->sequences;
+        ++stats_.moves;
+        stats_.migrated_tokens += now->num_computed;
+      }
+      LogMove(id, now->num_computed, *m->service, absl::Now() - m->start, m->planned_step_seconds,
+              core.stats().remote_running, /*background=*/true);
+      return;
+    }
+  }
+  TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << status;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.move_failures;
+    if (m->admitted) releases_.push_back(Release{m->service, m->handle});
+  }
+  NoteFailure(*m->service, status);
+}
+
+absl::Status AttentionOffload::StageLayer(const engine::OffloadCandidate& candidate, int32_t first,
+                                          int32_t last, int32_t layer, CopyScratch& scratch) {
   const kv::KvCacheSpec& spec = memory_.spec;
-  const int32_t count = (candidate.num_computed + spec.block_size - 1) / spec.block_size;
-  block_data_.resize(count);
+  const int32_t first_block = first / spec.block_size;
+  const int32_t count = (last + spec.block_size - 1) / spec.block_size - first_block;
+  scratch.block_data.resize(count);
   if (copier_ == nullptr) {
     for (int32_t i = 0; i < count; ++i) {
-      block_data_[i] = static_cast<const char*>(memory_.base) +
-                       spec.KeyOffsetBytes(layer, candidate.blocks[i]);
+      scratch.block_data[i] = static_cast<const char*>(memory_.base) +
+                              spec.KeyOffsetBytes(layer, candidate.blocks[first_block + i]);
     }
     return absl::OkStatus();
   }
   // A block's K and V of one layer are contiguous: one range per block.
-  ranges_.clear();
+  scratch.ranges.clear();
   for (int32_t i = 0; i < count; ++i) {
-    ranges_.push_back({spec.KeyOffsetBytes(layer, candidate.blocks[i]), spec.block_stride_bytes()});
+    scratch.ranges.push_back(
+        {spec.KeyOffsetBytes(layer, candidate.blocks[first_block + i]), spec.block_stride_bytes()});
   }
   const size_t needed = static_cast<size_t>(count) * spec.block_stride_bytes();
-  if (staging_ == nullptr || staging_->size_bytes() < needed) {
-    staging_.reset();
-    TRIDENT_ASSIGN_OR_RETURN(staging_, copier_->AllocateHost(needed));
+  if (scratch.staging == nullptr || scratch.staging->size_bytes() < needed) {
+    scratch.staging.reset();
+    TRIDENT_ASSIGN_OR_RETURN(scratch.staging, copier_->AllocateHost(needed));
   }
-  TRIDENT_RETURN_IF_ERROR(copier_->CopyToHost(ranges_, staging_->data()));
+  TRIDENT_RETURN_IF_ERROR(copier_->CopyToHost(scratch.ranges, scratch.staging->data()));
   for (int32_t i = 0; i < count; ++i) {
-    block_data_[i] = staging_->data() + static_cast<size_t>(i) * spec.block_stride_bytes();
+    scratch.block_data[i] =
+        scratch.staging->data() + static_cast<size_t>(i) * spec.block_stride_bytes();
   }
   return absl::OkStatus();
 }
 
-absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
+absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
                                       transport::attention::RemoteAttention& channel,
-                                      uint64_t handle) {
+                                      uint64_t handle, CopyScratch& scratch) {
   const kv::KvCacheSpec& spec = memory_.spec;
   const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
   const size_t element = spec.element_size_bytes();
+  const int32_t last = candidate.num_computed;
+  if (first >= last) return absl::OkStatus();
   std::vector<transport::attention::RemoteAttention::Ticket> tickets;
   absl::Status first_error;
   for (int32_t layer = 0; layer < spec.num_layers && first_error.ok(); ++layer) {
-    first_error = StageLayer(candidate, layer);
-    for (int32_t first = 0; first < candidate.num_computed && first_error.ok();
-         first += kMigrationChunkTokens) {
-      const int32_t n = std::min(kMigrationChunkTokens, candidate.num_computed - first);
-      k_rows_.resize(n * row);
-      v_rows_.resize(n * row);
-      handles_.assign(n, handle);
-      positions_.resize(n);
+    first_error = StageLayer(candidate, first, last, layer, scratch);
+    for (int32_t start = first; start < last && first_error.ok(); start += kMigrationChunkTokens) {
+      const int32_t n = std::min(kMigrationChunkTokens, last - start);
+      scratch.k_rows.resize(n * row);
+      scratch.v_rows.resize(n * row);
+      scratch.handles.assign(n, handle);
+      scratch.positions.resize(n);
       for (int32_t i = 0; i < n; ++i) {
-        const int32_t p = first + i;
-        positions_[i] = p;
-        const char* block = block_data_[p / spec.block_size];
+        const int32_t p = start + i;
+        scratch.positions[i] = p;
+        const char* block = scratch.block_data[p / spec.block_size - first / spec.block_size];
         const int32_t slot = p % spec.block_size;
         for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
           const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * element;
-          numeric::ToFloat(spec.dtype, block + within, &k_rows_[i * row + h * spec.head_dim],
+          numeric::ToFloat(spec.dtype, block + within, &scratch.k_rows[i * row + h * spec.head_dim],
                            spec.head_dim);
           numeric::ToFloat(spec.dtype, block + spec.value_offset_bytes() + within,
-                           &v_rows_[i * row + h * spec.head_dim], spec.head_dim);
+                           &scratch.v_rows[i * row + h * spec.head_dim], spec.head_dim);
         }
       }
       absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket =
@@ -358,11 +506,11 @@ absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
                                .num_kv_heads = spec.num_kv_heads,
                                .head_dim = spec.head_dim,
                                .dtype = wire_dtype_,
-                               .handles = handles_,
-                               .positions = positions_,
-                               .k = k_rows_.data(),
+                               .handles = scratch.handles,
+                               .positions = scratch.positions,
+                               .k = scratch.k_rows.data(),
                                .k_stride = row,
-                               .v = v_rows_.data(),
+                               .v = scratch.v_rows.data(),
                                .v_stride = row});
       if (ticket.ok()) {
         tickets.push_back(*ticket);

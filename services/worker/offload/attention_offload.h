@@ -10,6 +10,15 @@
 // its blocks. A sequence that cannot move (the service's budget is full, it
 // fails) stays resident; nothing is lost.
 //
+// A long-context move (placement) is copied before the step. A
+// pool-pressure move is copied in the background (one at a time, on the
+// migration thread) while the engine keeps stepping, the sequence still
+// decoding here: copying a long sequence's KV takes many decode steps, and
+// before the step every running sequence would wait for it. Once the copy
+// is done, the next BeforeStep appends the tokens decoded meanwhile and
+// moves the sequence; if it finished or lost its blocks (preempted) in
+// between, the service's copy is released instead.
+//
 // A service copy no longer needed (finished, aborted, or its service
 // failed: the engine then recomputes those sequences here) is released by a
 // housekeeping thread, which also reconnects to services that failed
@@ -61,6 +70,9 @@ struct AttentionOffloadOptions {
   // kAuto plans each step from cost tables measured at start-up (the
   // backend's, and each service's at its first connection).
   PipelineMode pipeline = PipelineMode::kAuto;
+  // Copy pool-pressure moves in the background (see the header comment);
+  // off: before the step, like long-context moves.
+  bool background_moves = true;
   // Move a sequence only while the cost tables say the step keeps its
   // throughput with it (MoveKeepsThroughput); the rest wait for blocks as
   // without offload. Off: every sequence the policy chooses moves.
@@ -84,6 +96,9 @@ struct AttentionOffloadStats {
   int64_t moves_held = 0;       // Moves keep_throughput or max_step_time refused.
   int64_t releases = 0;         // Service copies released.
   int64_t migrated_tokens = 0;  // KV tokens copied by moves.
+  // Background copies whose sequence finished or lost its blocks before
+  // they were done (their service copies are released).
+  int64_t migrations_dropped = 0;
   int64_t planned_steps = 0;    // Steps with CPU-resident sequences planned.
   int64_t pipelined_steps = 0;  // Of those, run with a second sub-batch.
   // The planner's estimate for the last planned step.
@@ -130,6 +145,29 @@ class AttentionOffload final : public engine::StepHook {
     Service* service = nullptr;
     uint64_t handle = 0;
   };
+  // Scratch of CopyKv: one for the engine loop thread, one for the
+  // migration thread.
+  struct CopyScratch {
+    std::vector<const char*> block_data;
+    std::vector<backend::KvRange> ranges;
+    std::unique_ptr<backend::HostBuffer> staging;
+    std::vector<float> k_rows, v_rows;
+    std::vector<uint64_t> handles;
+    std::vector<int32_t> positions;
+  };
+  // A background move: the candidate as chosen (its KV up to num_computed
+  // is copied), the service and, once admitted, the handle there.
+  struct Migration {
+    engine::OffloadCandidate candidate;
+    Service* service = nullptr;
+    transport::attention::RemoteAttention* channel = nullptr;
+    bool admitted = false;
+    uint64_t handle = 0;
+    absl::Time start;
+    double planned_step_seconds = 0;
+    bool done = false;
+    absl::Status status;
+  };
 
   AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend);
   absl::Status Start(transport::UcxWorker* ucx);
@@ -140,13 +178,34 @@ class AttentionOffload final : public engine::StepHook {
   // Admits `candidate` at `service`, copies its KV and moves it.
   absl::Status Move(engine::EngineCore& core, const engine::OffloadCandidate& candidate,
                     Service& service);
-  // Points block_data_[i] at block i of the candidate in `layer` (K, then
-  // V value_offset_bytes on), in host memory: the pool's own, or staged
-  // through copier_ for a device pool.
-  absl::Status StageLayer(const engine::OffloadCandidate& candidate, int32_t layer);
-  // Copies positions [0, num_computed) of the candidate's KV to `handle`.
-  absl::Status CopyKv(const engine::OffloadCandidate& candidate,
-                      transport::attention::RemoteAttention& channel, uint64_t handle);
+  // Whether the guards let `candidate` move (keep_throughput on `next`,
+  // max_step_time on `longest`); sets *planned to the planned decode step
+  // with it.
+  bool MayMove(const engine::OffloadCandidate& candidate, const StepShape& next,
+               const StepShape& longest, double* planned) const;
+  void LogMove(const std::string& id, int32_t tokens, const Service& service, absl::Duration took,
+               double planned_step_seconds, size_t cpu_resident, bool background) const;
+  // Hands `candidate` to the migration thread.
+  void StartMigration(const engine::OffloadCandidate& candidate, Service& service,
+                      double planned_step_seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  // When the background copy is done: appends what was decoded meanwhile
+  // and moves the sequence, or releases the copy. Engine loop thread.
+  void FinishMigration(engine::EngineCore& core) ABSL_LOCKS_EXCLUDED(mu_);
+  void MigrationLoop();
+  // Points scratch.block_data[i] at block first / block_size + i of the
+  // candidate in `layer` (K, then V value_offset_bytes on), for the blocks
+  // holding positions [first, last), in host memory: the pool's own, or
+  // staged through copier_ for a device pool.
+  absl::Status StageLayer(const engine::OffloadCandidate& candidate, int32_t first, int32_t last,
+                          int32_t layer, CopyScratch& scratch);
+  // Copies positions [first, candidate.num_computed) of the candidate's KV
+  // to `handle`.
+  absl::Status CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
+                      transport::attention::RemoteAttention& channel, uint64_t handle,
+                      CopyScratch& scratch);
+  // After a failed call to `service`: UNAVAILABLE and DEADLINE_EXCEEDED
+  // mark it disconnected (the housekeeping thread reconnects).
+  void NoteFailure(Service& service, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleaseAt(Service& service, uint64_t handle);
   // AdmitSequence for `id` with room for `capacity` tokens; its handle.
   absl::StatusOr<uint64_t> Admit(Service& service, const std::string& id, int32_t capacity);
@@ -170,21 +229,20 @@ class AttentionOffload final : public engine::StepHook {
   BackendCosts backend_costs_;
   StepCosts step_costs_;
   StepShape shape_;
-  // A device pool's copier (null for a host pool) and its staging.
+  // A device pool's copier (null for a host pool; thread-safe).
   std::unique_ptr<backend::KvCopier> copier_;
-  std::unique_ptr<backend::HostBuffer> staging_;
-  // Scratch of CopyKv (engine loop thread only).
-  std::vector<const char*> block_data_;
-  std::vector<backend::KvRange> ranges_;
-  std::vector<float> k_rows_, v_rows_;
-  std::vector<uint64_t> handles_;
-  std::vector<int32_t> positions_;
+  CopyScratch loop_scratch_;       // engine loop thread only
+  CopyScratch migration_scratch_;  // migration thread only
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Release> releases_ ABSL_GUARDED_BY(mu_);
   AttentionOffloadStats stats_ ABSL_GUARDED_BY(mu_);
+  // The background move, from StartMigration to FinishMigration (the
+  // migration thread works on it while it is not done).
+  std::unique_ptr<Migration> migration_ ABSL_GUARDED_BY(mu_);
   std::thread housekeeping_;
+  std::thread migrator_;
 };
 
 }  // namespace trident::worker

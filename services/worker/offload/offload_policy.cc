@@ -4,24 +4,24 @@
 
 namespace trident::worker {
 
-std::vector<std::string> ChooseOffloads(const std::vector<engine::OffloadCandidate>& candidates,
-                                        PoolOccupancy pool, const OffloadPolicyOptions& options) {
+std::vector<OffloadChoice> ChooseOffloads(const std::vector<engine::OffloadCandidate>& candidates,
+                                          PoolOccupancy pool, const OffloadPolicyOptions& options) {
   std::vector<const engine::OffloadCandidate*> longest;
   for (const engine::OffloadCandidate& c : candidates) longest.push_back(&c);
   std::stable_sort(longest.begin(), longest.end(),
                    [](const auto* a, const auto* b) { return a->num_computed > b->num_computed; });
-  std::vector<std::string> chosen;
+  std::vector<OffloadChoice> chosen;
   std::vector<bool> taken(longest.size(), false);
   int64_t free = pool.blocks_free;
-  const auto take = [&](size_t i) {
+  const auto take = [&](size_t i, OffloadRule rule) {
     taken[i] = true;
-    chosen.push_back(longest[i]->id);
+    chosen.push_back(OffloadChoice{longest[i]->id, rule});
     free += static_cast<int64_t>(longest[i]->blocks.size());
   };
   for (size_t i = 0; i < longest.size() && static_cast<int32_t>(chosen.size()) < options.max_moves;
        ++i) {
     if (options.min_context_tokens > 0 && longest[i]->num_computed >= options.min_context_tokens) {
-      take(i);
+      take(i, OffloadRule::kLongContext);
     }
   }
   const auto short_of_blocks = [&] {
@@ -31,7 +31,7 @@ std::vector<std::string> ChooseOffloads(const std::vector<engine::OffloadCandida
   for (size_t i = 0; i < longest.size() &&
                      static_cast<int32_t>(chosen.size()) < options.max_moves && short_of_blocks();
        ++i) {
-    if (!taken[i]) take(i);
+    if (!taken[i]) take(i, OffloadRule::kPoolPressure);
   }
   return chosen;
 }

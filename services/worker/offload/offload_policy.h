@@ -37,9 +37,17 @@ struct PoolOccupancy {
   int32_t blocks_total = 0;
 };
 
-// The ids to move, in order.
-std::vector<std::string> ChooseOffloads(const std::vector<engine::OffloadCandidate>& candidates,
-                                        PoolOccupancy pool, const OffloadPolicyOptions& options);
+// Which rule chose a move: long context (1) or pool pressure (2).
+enum class OffloadRule { kLongContext, kPoolPressure };
+
+struct OffloadChoice {
+  std::string id;
+  OffloadRule rule = OffloadRule::kLongContext;
+};
+
+// The sequences to move, in order.
+std::vector<OffloadChoice> ChooseOffloads(const std::vector<engine::OffloadCandidate>& candidates,
+                                          PoolOccupancy pool, const OffloadPolicyOptions& options);
 
 }  // namespace trident::worker
 

@@ -127,15 +127,21 @@ bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, Pipelin
   return after * sequences <= before * (sequences + 1);
 }
 
-bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                       int64_t context, int32_t num_layers, double max_step_seconds) {
-  if (max_step_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
+double PlannedStepSeconds(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
+                          int64_t context, int32_t num_layers) {
+  if (costs.cpu_attention.empty() || costs.linear.empty()) return 0;
   StepShape after = shape;
   after.cpu_contexts.push_back(context);
   after.local_tokens += 1;
   after.local_context_tokens += context;
   // The cost tables, and so the plan, are per layer.
-  return PlanPipeline(after, costs, mode).planned_seconds * num_layers <= max_step_seconds;
+  return PlanPipeline(after, costs, mode).planned_seconds * num_layers;
+}
+
+bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
+                       int64_t context, int32_t num_layers, double max_step_seconds) {
+  if (max_step_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
+  return PlannedStepSeconds(shape, costs, mode, context, num_layers) <= max_step_seconds;
 }
 
 StepShape SteadyDecodeShape(int32_t running, int32_t remote_running, int64_t batch_context_tokens,

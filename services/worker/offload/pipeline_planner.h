@@ -92,8 +92,8 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
 // (EngineStats: running and CPU-resident sequences, the context of those
 // past their prompt, the CPU-resident ones' tokens): one token per resident
 // sequence, and the CPU-resident ones at their mean context.
-StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
-                            int64_t batch_context_tokens, int64_t remote_tokens);
+StepShape SteadyDecodeShape(int32_t running, int32_t remote_running, int64_t batch_context_tokens,
+                            int64_t remote_tokens);
 
 // Whether one more CPU-resident sequence of `context` tokens keeps the
 // step's throughput: a sequence moved out lets a waiting one take its
@@ -105,6 +105,12 @@ StepShape SteadyDecodeShape(int32_t running, int32_t remote_running,
 // the costs were not measured (nothing to judge by) or the batch is empty.
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
                          int64_t context);
+
+// The planned step of `num_layers` layers, in seconds, after one more
+// CPU-resident sequence of `context` tokens and, in its freed blocks, one
+// more resident sequence of as many; 0 when the costs were not measured.
+double PlannedStepSeconds(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
+                          int64_t context, int32_t num_layers);
 
 // Whether the planned step of `num_layers` layers stays within
 // `max_step_seconds` (a decode step is one token of every sequence: the TPOT
