@@ -43,6 +43,11 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveBlocks(int32_t num_blocks) {
   return allocator_->Allocate(num_blocks);
 }
 
+void Engine::Wake() {
+  absl::MutexLock lock(&mu_);
+  blocks_freed_ = true;
+}
+
 absl::Status Engine::FreeBlocks(absl::Span<const int32_t> blocks) {
   TRIDENT_RETURN_IF_ERROR(allocator_->Free(blocks));
   // A core short of blocks waits for these.
@@ -123,6 +128,26 @@ void Engine::Deliver(const std::vector<TokenEvent>& events) {
   }
 }
 
+std::optional<std::vector<TokenEvent>> Engine::StepOnce(double* seconds) {
+  if (!core_->HasWork()) return std::nullopt;
+  StepHook* hook = hook_.load(std::memory_order_acquire);
+  core_->set_batch_planner(hook);
+  if (hook != nullptr) {
+    const auto hook_start = std::chrono::steady_clock::now();
+    hook->BeforeStep(*core_);
+    step_hook_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - hook_start).count();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto step = core_->Step();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!step.ok()) {
+    TRIDENT_LOG(ERROR) << "engine step failed: " << step.status();
+    return std::nullopt;
+  }
+  return *std::move(step);
+}
+
 void Engine::Loop() {
   while (true) {
     std::vector<EngineRequest> inbox;
@@ -194,26 +219,8 @@ void Engine::Loop() {
     }
     Deliver(events);
     if (stopping) break;
-    std::optional<std::vector<TokenEvent>> stepped;
     double seconds = 0;
-    if (core_->HasWork()) {
-      StepHook* hook = hook_.load(std::memory_order_acquire);
-      core_->set_batch_planner(hook);
-      if (hook != nullptr) {
-        const auto hook_start = std::chrono::steady_clock::now();
-        hook->BeforeStep(*core_);
-        step_hook_seconds_ +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - hook_start).count();
-      }
-      const auto start = std::chrono::steady_clock::now();
-      auto step = core_->Step();
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (step.ok()) {
-        stepped = std::move(*step);
-      } else {
-        TRIDENT_LOG(ERROR) << "engine step failed: " << step.status();
-      }
-    }
+    std::optional<std::vector<TokenEvent>> stepped = StepOnce(&seconds);
     // One walk over the sequences per iteration: the step's figures feed the
     // timing averages and the published snapshot.
     EngineStats s = core_->stats();

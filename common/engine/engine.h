@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +65,10 @@ class Engine final : public TokenSource {
   // Both are safe from any thread.
   absl::StatusOr<std::vector<int32_t>> ReserveBlocks(int32_t num_blocks);
   absl::Status FreeBlocks(absl::Span<const int32_t> blocks);
+  // Wakes a loop that waits for blocks, so that it steps (and calls its
+  // StepHook) again: for a hook whose background work has finished. Safe
+  // from any thread.
+  void Wake();
 
   // Queues a sequence whose prompt KV is in `blocks` (from ReserveBlocks)
   // and whose output 0 is `first_token`; the callback then receives outputs
@@ -96,6 +101,9 @@ class Engine final : public TokenSource {
 
  private:
   void Loop();
+  // The hook's BeforeStep, then a step when the core has work; its events,
+  // or nullopt when none ran (or it failed). *seconds: the step's duration.
+  std::optional<std::vector<TokenEvent>> StepOnce(double* seconds);
   void Deliver(const std::vector<TokenEvent>& events);
 
   std::unique_ptr<backend::ModelBackend> backend_;

@@ -151,6 +151,7 @@ absl::Status WorkerServer::StartOffload() {
   TRIDENT_ASSIGN_OR_RETURN(offload.pipeline, ParsePipelineMode(options_.offload_pipeline));
   offload.keep_throughput = options_.offload_keep_throughput;
   offload.background_moves = options_.offload_background_moves;
+  offload.wake = [engine = model_->engine.get()] { engine->Wake(); };
   offload.max_step_time = options_.offload_max_step_time;
   TRIDENT_ASSIGN_OR_RETURN(offload_,
                            AttentionOffload::Create(std::move(offload), ucx_.get(),

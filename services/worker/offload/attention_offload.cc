@@ -384,9 +384,12 @@ void AttentionOffload::MigrationLoop() {
       m->admitted = true;
       status = CopyKv(m->candidate, 0, *m->channel, *handle, migration_scratch_);
     }
-    absl::MutexLock lock(&mu_);
-    m->status = status;
-    m->done = true;
+    {
+      absl::MutexLock lock(&mu_);
+      m->status = status;
+      m->done = true;
+    }
+    if (options_.wake) options_.wake();
   }
 }
 

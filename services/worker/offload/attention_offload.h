@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -73,6 +74,9 @@ struct AttentionOffloadOptions {
   // Copy pool-pressure moves in the background (see the header comment);
   // off: before the step, like long-context moves.
   bool background_moves = true;
+  // Called (migration thread) when a background copy is done, so that an
+  // engine loop waiting for blocks steps again (engine::Engine::Wake).
+  std::function<void()> wake;
   // Move a sequence only while the cost tables say the step keeps its
   // throughput with it (MoveKeepsThroughput); the rest wait for blocks as
   // without offload. Off: every sequence the policy chooses moves.
