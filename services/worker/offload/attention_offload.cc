@@ -159,6 +159,7 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
                      .num_q_heads = options_.num_q_heads,
                      .num_kv_heads = memory_.spec.num_kv_heads,
                      .head_dim = memory_.spec.head_dim,
+                     .num_layers = memory_.spec.num_layers,
                      .dtype = wire_dtype_,
                      .max_context = context,
                      .timeout = options_.attention_timeout};

@@ -46,6 +46,8 @@ struct ServiceProbe {
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  // The sequence's layers, each filled to max_context and read in turn.
+  int32_t num_layers = 1;
   transport::attention::WireDType dtype = transport::attention::WireDType::kBF16;
   int32_t max_context = 2048;
   absl::Duration timeout = absl::Seconds(5);
