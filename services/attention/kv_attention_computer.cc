@@ -7,8 +7,8 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "common/numeric/dtype.h"
 #include "common/logging/log.h"
+#include "common/numeric/dtype.h"
 #include "common/status/status_macros.h"
 
 namespace trident::attention {
@@ -30,13 +30,13 @@ char* LayerBase(const PinnedSequence& s, int32_t layer) {
 
 absl::StatusOr<std::unique_ptr<KvAttentionComputer>> KvAttentionComputer::Create(
     SequenceStore* store, Executor executor, kernels::cpu::DecodeIsa isa) {
-  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<kernels::cpu::DecodeAttention> kernel,
-                           kernels::cpu::DecodeAttention::Create(
-                               {.max_threads = executor.threads,
-                                .max_sequences = kMaxSequences,
-                                .max_q_heads = kMaxQHeads,
-                                .max_head_dim = transport::attention::kMaxHeadDim,
-                                .isa = isa}));
+  TRIDENT_ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::cpu::DecodeAttention> kernel,
+      kernels::cpu::DecodeAttention::Create({.max_threads = executor.threads,
+                                             .max_sequences = kMaxSequences,
+                                             .max_q_heads = kMaxQHeads,
+                                             .max_head_dim = transport::attention::kMaxHeadDim,
+                                             .isa = isa}));
   return std::unique_ptr<KvAttentionComputer>(
       new KvAttentionComputer(store, std::move(executor), std::move(kernel)));
 }
@@ -67,8 +67,8 @@ absl::Status KvAttentionComputer::Compute(const RequestView& request, char* repl
     handles_[i] = request.sequences[i].handle;
     positions_[i] = request.sequences[i].position;
   }
-  TRIDENT_RETURN_IF_ERROR(store_->Pin(request.header.owner_incarnation, handles_, positions_,
-                                      absl::MakeSpan(pinned_)));
+  TRIDENT_RETURN_IF_ERROR(
+      store_->Pin(request.header.owner_incarnation, handles_, positions_, absl::MakeSpan(pinned_)));
   absl::Cleanup unpin = [this] { store_->Unpin(handles_); };
   TRIDENT_RETURN_IF_ERROR(CheckShapes(request));
   Append(request);
@@ -89,16 +89,15 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
           h.num_q_heads, ", ", h.num_kv_heads, " and ", h.head_dim));
     }
     const SequenceLayout& first = *pinned_.front().layout;
-    if (l.dtype != first.dtype || l.block_size != first.block_size ||
-        l.packing != first.packing) {
+    if (l.dtype != first.dtype || l.block_size != first.block_size || l.packing != first.packing) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence handles ", pinned_.front().handle, " and ", s.handle,
           " differ in KV dtype, block size or block layout; one request must not mix them"));
     }
     if (h.layer < 0 || h.layer >= l.num_layers) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", h.layer, " of sequence handle ",
-                                                     s.handle, " is outside its ",
-                                                     l.num_layers, " layers"));
+                                                     s.handle, " is outside its ", l.num_layers,
+                                                     " layers"));
     }
   }
   return absl::OkStatus();
@@ -116,19 +115,29 @@ void KvAttentionComputer::Append(const RequestView& request) {
   k_.resize(n * kv_elems);
   v_.resize(n * kv_elems);
   appends_.resize(n);
+  // bf16 on the wire into a bf16 store: the rows go in as they are.
+  const bool raw = h.dtype == transport::attention::WireDType::kBF16 &&
+                   pinned_.front().layout->dtype == numeric::DType::kBF16;
   for (size_t i = 0; i < n; ++i) {
     const char* wire = request.rows + i * row * element;
     if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);
-    FromWire(h.dtype, wire + q_elems * element, &k_[i * kv_elems], kv_elems);
-    FromWire(h.dtype, wire + (q_elems + kv_elems) * element, &v_[i * kv_elems], kv_elems);
-    appends_[i] = kernels::cpu::DecodeKvAppend{.kv = LayerBase(pinned_[i], h.layer),
-                                               .position = positions_[i],
-                                               .k = &k_[i * kv_elems],
-                                               .v = &v_[i * kv_elems]};
+    kernels::cpu::DecodeKvAppend& append = appends_[i];
+    append = kernels::cpu::DecodeKvAppend{.kv = LayerBase(pinned_[i], h.layer),
+                                          .position = positions_[i]};
+    const char* k_wire = wire + q_elems * element;
+    const char* v_wire = wire + (q_elems + kv_elems) * element;
+    if (raw) {
+      append.k_bf16 = reinterpret_cast<const uint16_t*>(k_wire);
+      append.v_bf16 = reinterpret_cast<const uint16_t*>(v_wire);
+      continue;
+    }
+    FromWire(h.dtype, k_wire, &k_[i * kv_elems], kv_elems);
+    FromWire(h.dtype, v_wire, &v_[i * kv_elems], kv_elems);
+    append.k = &k_[i * kv_elems];
+    append.v = &v_[i * kv_elems];
   }
   // CheckShapes made the layouts agree and the positions fit.
-  TRIDENT_CHECK_OK(
-      kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_.front().layout), appends_));
+  TRIDENT_CHECK_OK(kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_.front().layout), appends_));
 }
 
 absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply_rows) {
@@ -148,8 +157,8 @@ absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply
              static_cast<int64_t>(numeric::ElementSize(l.dtype));
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
-  TRIDENT_RETURN_IF_ERROR(kernel_->Plan(KernelLayout(*pinned_.front().layout), h.num_q_heads,
-                                        scale, sequences_, executor_.threads));
+  TRIDENT_RETURN_IF_ERROR(kernel_->Plan(KernelLayout(*pinned_.front().layout), h.num_q_heads, scale,
+                                        sequences_, executor_.threads));
   kernels::cpu::DecodeAttention* kernel = kernel_.get();
   executor_.run([kernel](int thread) { kernel->Run(thread); });
   executor_.run([kernel](int thread) { kernel->Merge(thread); });

@@ -1,9 +1,9 @@
 #include "services/attention/kv_attention_computer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -18,12 +18,12 @@ namespace trident::attention {
 namespace {
 
 using ::testing::HasSubstr;
-using ::trident::testing::IsOk;
-using ::trident::testing::StatusIs;
 using transport::attention::RequestHeader;
 using transport::attention::RequestView;
 using transport::attention::SequenceEntry;
 using transport::attention::WireDType;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
 
 constexpr int32_t kLayers = 2, kQHeads = 4, kKvHeads = 2, kHeadDim = 16;
 constexpr int32_t kQ = kQHeads * kHeadDim, kKv = kKvHeads * kHeadDim, kRow = kQ + 2 * kKv;
@@ -39,7 +39,8 @@ std::vector<float> Reference(const std::vector<std::vector<float>>& rows_sent, i
     double max_score = -1e300;
     for (const std::vector<float>& r : rows_sent) {
       double dot = 0;
-      for (int d = 0; d < kHeadDim; ++d) dot += last[qh * kHeadDim + d] * r[kQ + kvh * kHeadDim + d];
+      for (int d = 0; d < kHeadDim; ++d)
+        dot += last[qh * kHeadDim + d] * r[kQ + kvh * kHeadDim + d];
       scores.push_back(dot / std::sqrt(double{kHeadDim}));
       max_score = std::max(max_score, scores.back());
     }
@@ -69,21 +70,29 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
       GTEST_SKIP() << "this CPU lacks " << kernels::cpu::DecodeIsaName(GetParam().isa);
     }
     ASSERT_THAT(store_.Connect("w0", kIncarnation), IsOk());
-    auto computer = KvAttentionComputer::Create(
-        &store_, Executor{.threads = 3, .run = [](const std::function<void(int)>& fn) {
-                            for (int t = 0; t < 3; ++t) fn(t);
-                          }},
-        GetParam().isa);
+    auto computer =
+        KvAttentionComputer::Create(&store_,
+                                    Executor{.threads = 3,
+                                             .run =
+                                                 [](const std::function<void(int)>& fn) {
+                                                   for (int t = 0; t < 3; ++t) fn(t);
+                                                 }},
+                                    GetParam().isa);
     ASSERT_THAT(computer.status(), IsOk());
     computer_ = *std::move(computer);
     EXPECT_EQ(computer_->isa(), GetParam().isa);
   }
   uint64_t Admit(const std::string& id, int32_t capacity) {
-    auto admitted = store_.Admit(SequenceSpec{
-        .owner_id = "w0", .owner_incarnation = kIncarnation, .sequence_id = id,
-        .num_layers = kLayers, .num_q_heads = kQHeads, .num_kv_heads = kKvHeads,
-        .head_dim = kHeadDim, .dtype = GetParam().dtype, .capacity_tokens = capacity,
-        .packing = GetParam().packing});
+    auto admitted = store_.Admit(SequenceSpec{.owner_id = "w0",
+                                              .owner_incarnation = kIncarnation,
+                                              .sequence_id = id,
+                                              .num_layers = kLayers,
+                                              .num_q_heads = kQHeads,
+                                              .num_kv_heads = kKvHeads,
+                                              .head_dim = kHeadDim,
+                                              .dtype = GetParam().dtype,
+                                              .capacity_tokens = capacity,
+                                              .packing = GetParam().packing});
     EXPECT_THAT(admitted.status(), IsOk());
     return admitted.ok() ? admitted->handle : 0;
   }
@@ -92,23 +101,34 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
   absl::Status Send(int32_t layer, const std::vector<uint64_t>& handles,
                     const std::vector<int32_t>& positions,
                     const std::vector<std::vector<float>>& rows, std::vector<float>* o,
-                    uint64_t incarnation = kIncarnation) {
-    RequestHeader h{.dtype = WireDType::kF32, .owner_incarnation = incarnation, .layer = layer,
+                    uint64_t incarnation = kIncarnation, WireDType wire = WireDType::kF32) {
+    RequestHeader h{.dtype = wire,
+                    .owner_incarnation = incarnation,
+                    .layer = layer,
                     .num_sequences = static_cast<int32_t>(handles.size()),
-                    .num_q_heads = kQHeads, .num_kv_heads = kKvHeads, .head_dim = kHeadDim};
+                    .num_q_heads = kQHeads,
+                    .num_kv_heads = kKvHeads,
+                    .head_dim = kHeadDim};
     std::vector<uint64_t> data((RequestDataBytes(h) + 7) / 8);
     auto* entries = reinterpret_cast<SequenceEntry*>(data.data());
-    float* row = reinterpret_cast<float*>(entries + handles.size());
+    char* row = reinterpret_cast<char*>(entries + handles.size());
     for (size_t i = 0; i < handles.size(); ++i) {
       entries[i] = SequenceEntry{.handle = handles[i], .position = positions[i]};
-      std::copy(rows[i].begin(), rows[i].end(), row + i * kRow);
+      transport::attention::ToWire(wire, rows[i].data(), row + i * kRow * WireElementSize(wire),
+                                   kRow);
     }
     auto view = transport::attention::DecodeRequest(
         transport::attention::EncodeRequestHeader(h),
         absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h)));
     if (!view.ok()) return view.status();
     o->assign(handles.size() * kQ, -7.0f);
-    return computer_->Compute(*view, reinterpret_cast<char*>(o->data()));
+    if (wire == WireDType::kF32)
+      return computer_->Compute(*view, reinterpret_cast<char*>(o->data()));
+    // The reply comes in the request's format.
+    std::vector<char> reply(o->size() * WireElementSize(wire));
+    const absl::Status status = computer_->Compute(*view, reply.data());
+    if (status.ok()) transport::attention::FromWire(wire, reply.data(), o->data(), o->size());
+    return status;
   }
   std::vector<float> RandomRow() {
     std::vector<float> row(kRow);
@@ -128,22 +148,33 @@ TEST_P(KvAttentionComputerTest, DecodesEachSequenceOverEverythingAppendedToIt) {
   std::printf("seed 20261124\n");
   const uint64_t a = Admit("a", 40), b = Admit("b", 40);
   std::vector<std::vector<float>> sent_a[kLayers], sent_b[kLayers];
-  // b joins at step 17 (a block boundary passed), a runs 35 steps.
+  // b joins at step 17 (a block boundary passed), a runs 35 steps. Layer 0
+  // is sent f32, layer 1 bf16 (into a bf16 store: stored as it comes), the
+  // rows rounded to bf16 first so that the reference sees what was sent.
   for (int32_t step = 0; step < 35; ++step) {
     for (int32_t layer = 0; layer < kLayers; ++layer) {
+      const WireDType wire = layer % 2 == 0 ? WireDType::kF32 : WireDType::kBF16;
+      auto row = [&] {
+        std::vector<float> r = RandomRow();
+        if (wire == WireDType::kBF16) {
+          for (float& x : r) x = numeric::Bf16ToFloat(numeric::FloatToBf16(x));
+        }
+        return r;
+      };
       std::vector<uint64_t> handles = {a};
       std::vector<int32_t> positions = {step};
-      std::vector<std::vector<float>> rows = {RandomRow()};
+      std::vector<std::vector<float>> rows = {row()};
       sent_a[layer].push_back(rows[0]);
       if (step >= 17) {
         handles.push_back(b);
         positions.push_back(step - 17);
-        rows.push_back(RandomRow());
+        rows.push_back(row());
         sent_b[layer].push_back(rows[1]);
       }
       std::vector<float> o;
-      ASSERT_THAT(Send(layer, handles, positions, rows, &o), IsOk());
-      const double tolerance = GetParam().dtype == numeric::DType::kF32 ? 1e-5 : 2e-2;
+      ASSERT_THAT(Send(layer, handles, positions, rows, &o, kIncarnation, wire), IsOk());
+      const double tolerance =
+          GetParam().dtype == numeric::DType::kF32 && wire == WireDType::kF32 ? 1e-5 : 2e-2;
       std::vector<float> want = Reference(sent_a[layer], 0);
       for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[j], want[j], tolerance) << step << " " << j;
       if (step >= 17) {

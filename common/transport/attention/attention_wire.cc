@@ -43,7 +43,8 @@ absl::string_view WireDTypeName(WireDType dtype) {
 
 size_t RequestDataBytes(const RequestHeader& h) {
   return static_cast<size_t>(h.num_sequences) *
-         (sizeof(SequenceEntry) + static_cast<size_t>(QkvRowElements(h)) * WireElementSize(h.dtype));
+         (sizeof(SequenceEntry) +
+          static_cast<size_t>(QkvRowElements(h)) * WireElementSize(h.dtype));
 }
 
 size_t ReplyDataBytes(const ReplyHeader& h) {
@@ -62,8 +63,8 @@ absl::StatusOr<RequestView> DecodeRequest(absl::string_view header, absl::string
   const RequestHeader& h = view.header;
   if (h.magic != kRequestMagic || h.version != kWireVersion) {
     return absl::InvalidArgumentError(absl::StrCat("not an attention request of version ",
-                                                   kWireVersion, " (magic ", h.magic,
-                                                   ", version ", h.version, ")"));
+                                                   kWireVersion, " (magic ", h.magic, ", version ",
+                                                   h.version, ")"));
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
   if ((h.flags & ~kAppendOnly) != 0) {
@@ -71,9 +72,8 @@ absl::StatusOr<RequestView> DecodeRequest(absl::string_view header, absl::string
   }
   TRIDENT_RETURN_IF_ERROR(CheckShape(h));
   if (data.size() != RequestDataBytes(h)) {
-    return absl::InvalidArgumentError(absl::StrCat("request data is ", data.size(),
-                                                   " bytes; its header implies ",
-                                                   RequestDataBytes(h)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request data is ", data.size(), " bytes; its header implies ", RequestDataBytes(h)));
   }
   if (reinterpret_cast<uintptr_t>(data.data()) % alignof(SequenceEntry) != 0) {
     return absl::InvalidArgumentError("request data is not 8-byte aligned");
@@ -94,8 +94,8 @@ absl::StatusOr<ReplyView> DecodeReply(absl::string_view header, size_t data_byte
   std::memcpy(&view.header, header.data(), sizeof(ReplyHeader));
   const ReplyHeader& h = view.header;
   if (h.magic != kReplyMagic || h.version != kWireVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("not an attention reply of version ",
-                                                   kWireVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not an attention reply of version ", kWireVersion));
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
   view.error = std::string(header.substr(sizeof(ReplyHeader)));

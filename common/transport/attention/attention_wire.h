@@ -116,7 +116,7 @@ struct RequestView {
   RequestHeader header;
   absl::Span<const SequenceEntry> sequences;  // May be unaligned-safe copies:
   // sequences point into `data`, which UCX aligns to 8 bytes at least.
-  const char* rows = nullptr;                 // num_sequences x [q | k | v].
+  const char* rows = nullptr;  // num_sequences x [q | k | v].
 };
 
 // Decodes a request message. INVALID_ARGUMENT naming what is wrong: a bad

@@ -74,8 +74,11 @@ TEST(AttentionWireTest, RejectsInconsistentRequests) {
 }
 
 TEST(AttentionWireTest, RepliesCarryTheirErrorOrTheirRows) {
-  ReplyHeader ok{.dtype = WireDType::kF32, .request_id = 4, .num_sequences = 2,
-                 .num_q_heads = 8, .head_dim = 16};
+  ReplyHeader ok{.dtype = WireDType::kF32,
+                 .request_id = 4,
+                 .num_sequences = 2,
+                 .num_q_heads = 8,
+                 .head_dim = 16};
   absl::StatusOr<ReplyView> view = DecodeReply(EncodeReplyHeader(ok, ""), 2 * 8 * 16 * 4);
   ASSERT_THAT(view.status(), IsOk());
   EXPECT_EQ(view->header.request_id, 4u);

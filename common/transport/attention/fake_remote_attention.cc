@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/numeric/dtype.h"
 
 namespace trident::transport::attention {
 
@@ -16,14 +18,14 @@ uint64_t FakeRemoteAttention::Admit() {
   return handle;
 }
 
-void FakeRemoteAttention::WriteKv(uint64_t handle, int32_t layer, int32_t position,
-                                  const float* k, const float* v) {
+void FakeRemoteAttention::WriteKv(uint64_t handle, int32_t layer, int32_t position, const float* k,
+                                  const float* v) {
   absl::MutexLock lock(&mu_);
   StoreLocked(sequences_.at(handle), layer, position, k, v);
 }
 
-void FakeRemoteAttention::StoreLocked(Sequence& s, int32_t layer, int32_t position,
-                                      const float* k, const float* v) {
+void FakeRemoteAttention::StoreLocked(Sequence& s, int32_t layer, int32_t position, const float* k,
+                                      const float* v) {
   const size_t n = static_cast<size_t>(num_kv_heads_) * head_dim_;
   if (s.k[layer].size() <= static_cast<size_t>(position)) {
     s.k[layer].resize(position + 1);
@@ -53,8 +55,8 @@ int64_t FakeRemoteAttention::requests() const {
   return requests_;
 }
 
-void FakeRemoteAttention::Attend(const Sequence& s, int32_t layer, int32_t position,
-                                 const float* q, float* out) const {
+void FakeRemoteAttention::Attend(const Sequence& s, int32_t layer, int32_t position, const float* q,
+                                 float* out) const {
   const int32_t group = num_q_heads_ / num_kv_heads_;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   std::vector<double> scores(position + 1);
@@ -93,7 +95,8 @@ absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::Start(const Attenti
   for (size_t i = 0; i < call.handles.size(); ++i) {
     auto it = sequences_.find(call.handles[i]);
     if (it == sequences_.end()) {
-      answer = absl::NotFoundError(absl::StrCat("sequence handle ", call.handles[i], " is not held"));
+      answer =
+          absl::NotFoundError(absl::StrCat("sequence handle ", call.handles[i], " is not held"));
       return ticket;
     }
   }
@@ -120,8 +123,7 @@ absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::Start(const Attenti
   return ticket;
 }
 
-absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::StartAppend(
-    const KvAppendCall& call) {
+absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::StartAppend(const KvAppendCall& call) {
   absl::MutexLock lock(&mu_);
   if (dead_) return absl::UnavailableError("the fake attention service was killed");
   ++requests_;
@@ -131,8 +133,17 @@ absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::StartAppend(
   for (size_t i = 0; i < call.handles.size(); ++i) {
     auto it = sequences_.find(call.handles[i]);
     if (it == sequences_.end()) {
-      answer = absl::NotFoundError(absl::StrCat("sequence handle ", call.handles[i], " is not held"));
+      answer =
+          absl::NotFoundError(absl::StrCat("sequence handle ", call.handles[i], " is not held"));
       return ticket;
+    }
+    if (call.k_bf16 != nullptr) {
+      const size_t n = static_cast<size_t>(call.num_kv_heads) * call.head_dim;
+      std::vector<float> k(n), v(n);
+      numeric::Bf16ToFloat(call.k_bf16 + i * call.k_stride, k.data(), n);
+      numeric::Bf16ToFloat(call.v_bf16 + i * call.v_stride, v.data(), n);
+      StoreLocked(it->second, call.layer, call.positions[i], k.data(), v.data());
+      continue;
     }
     StoreLocked(it->second, call.layer, call.positions[i], call.k + i * call.k_stride,
                 call.v + i * call.v_stride);

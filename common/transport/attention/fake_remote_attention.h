@@ -21,7 +21,9 @@ class FakeRemoteAttention final : public RemoteAttention {
  public:
   FakeRemoteAttention(int32_t num_layers, int32_t num_q_heads, int32_t num_kv_heads,
                       int32_t head_dim)
-      : num_layers_(num_layers), num_q_heads_(num_q_heads), num_kv_heads_(num_kv_heads),
+      : num_layers_(num_layers),
+        num_q_heads_(num_q_heads),
+        num_kv_heads_(num_kv_heads),
         head_dim_(head_dim) {}
 
   // Holds a new sequence; returns its handle.

@@ -65,6 +65,10 @@ struct KvAppendCall {
   int64_t k_stride = 0;
   const float* v = nullptr;
   int64_t v_stride = 0;
+  // Instead of k and v, with dtype kBF16: the rows as bf16 bits (at
+  // k_bf16 + i * k_stride and v_bf16 + i * v_stride), sent as they are.
+  const uint16_t* k_bf16 = nullptr;
+  const uint16_t* v_bf16 = nullptr;
 };
 
 // Thread-safe.

@@ -13,18 +13,18 @@ namespace {
 
 absl::Status CheckCall(const AttentionCall& call) {
   if (call.handles.empty() || call.handles.size() != call.positions.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("an attention call needs one position per handle (",
-                                                   call.handles.size(), " handles, ",
-                                                   call.positions.size(), " positions)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an attention call needs one position per handle (", call.handles.size(),
+                     " handles, ", call.positions.size(), " positions)"));
   }
   if (call.q == nullptr || call.k == nullptr || call.v == nullptr || call.out == nullptr) {
     return absl::InvalidArgumentError("an attention call needs q, k, v and out");
   }
   if (call.num_q_heads <= 0 || call.num_kv_heads <= 0 || call.head_dim <= 0 ||
       call.num_q_heads % call.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad attention shape: ", call.num_q_heads, " q heads, ", call.num_kv_heads,
-        " kv heads, head_dim ", call.head_dim));
+    return absl::InvalidArgumentError(absl::StrCat("bad attention shape: ", call.num_q_heads,
+                                                   " q heads, ", call.num_kv_heads,
+                                                   " kv heads, head_dim ", call.head_dim));
   }
   return absl::OkStatus();
 }
@@ -35,16 +35,25 @@ absl::Status CheckAppend(const KvAppendCall& call) {
                                                    call.handles.size(), " handles, ",
                                                    call.positions.size(), " positions)"));
   }
-  if (call.k == nullptr || call.v == nullptr || call.num_kv_heads <= 0 || call.head_dim <= 0) {
-    return absl::InvalidArgumentError("an append needs k, v and a shape");
+  const bool f32 = call.k != nullptr && call.v != nullptr;
+  const bool bf16 = call.k_bf16 != nullptr && call.v_bf16 != nullptr;
+  if (f32 == bf16 || call.num_kv_heads <= 0 || call.head_dim <= 0) {
+    return absl::InvalidArgumentError(
+        "an append needs a shape and either k and v or k_bf16 and v_bf16");
+  }
+  if (bf16 && call.dtype != WireDType::kBF16) {
+    return absl::InvalidArgumentError("an append with bf16 rows must send bf16");
   }
   return absl::OkStatus();
 }
 
 // The request's data: the sequence table, then each sequence's [q | k | v]
-// ([k | v] for an append: call.q null).
+// ([k | v] for an append: call.q null). With `bf16_rows` (an append whose
+// rows are bf16 already), k and v come from its k_bf16 and v_bf16 as they
+// are.
 std::shared_ptr<std::vector<uint64_t>> PackRequest(const AttentionCall& call,
-                                                   const RequestHeader& header) {
+                                                   const RequestHeader& header,
+                                                   const KvAppendCall* bf16_rows = nullptr) {
   const size_t bytes = RequestDataBytes(header);
   auto buffer = std::make_shared<std::vector<uint64_t>>((bytes + 7) / 8);
   char* data = reinterpret_cast<char*>(buffer->data());
@@ -60,6 +69,13 @@ std::shared_ptr<std::vector<uint64_t>> PackRequest(const AttentionCall& call,
     if (call.q != nullptr) {
       ToWire(header.dtype, call.q + i * call.q_stride, row, q_elems);
       row += q_elems * element;
+    }
+    if (bf16_rows != nullptr) {
+      std::memcpy(row, bf16_rows->k_bf16 + i * bf16_rows->k_stride, kv_elems * element);
+      row += kv_elems * element;
+      std::memcpy(row, bf16_rows->v_bf16 + i * bf16_rows->v_stride, kv_elems * element);
+      row += kv_elems * element;
+      continue;
     }
     ToWire(header.dtype, call.k + i * call.k_stride, row, kv_elems);
     row += kv_elems * element;
@@ -85,13 +101,18 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
 
   absl::StatusOr<Ticket> StartAppend(const KvAppendCall& append) override {
     TRIDENT_RETURN_IF_ERROR(CheckAppend(append));
-    const AttentionCall call{.layer = append.layer, .num_q_heads = append.num_kv_heads,
-                             .num_kv_heads = append.num_kv_heads, .head_dim = append.head_dim,
-                             .dtype = append.dtype, .handles = append.handles,
-                             .positions = append.positions, .k = append.k,
-                             .k_stride = append.k_stride, .v = append.v,
+    const AttentionCall call{.layer = append.layer,
+                             .num_q_heads = append.num_kv_heads,
+                             .num_kv_heads = append.num_kv_heads,
+                             .head_dim = append.head_dim,
+                             .dtype = append.dtype,
+                             .handles = append.handles,
+                             .positions = append.positions,
+                             .k = append.k,
+                             .k_stride = append.k_stride,
+                             .v = append.v,
                              .v_stride = append.v_stride};
-    return Send(call, kAppendOnly);
+    return Send(call, kAppendOnly, append.k_bf16 != nullptr ? &append : nullptr);
   }
 
   absl::Status Wait(Ticket ticket, absl::Duration timeout) override {
@@ -99,9 +120,10 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
   }
 
  private:
-  absl::StatusOr<Ticket> Send(const AttentionCall& call, uint8_t flags) {
-    const int lane = static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) %
-                                      endpoints_.size());
+  absl::StatusOr<Ticket> Send(const AttentionCall& call, uint8_t flags,
+                              const KvAppendCall* bf16_rows = nullptr) {
+    const int lane =
+        static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) % endpoints_.size());
     const std::shared_ptr<Endpoint>& endpoint = endpoints_[lane];
     if (endpoint->failed()) {
       return absl::UnavailableError(
@@ -116,15 +138,14 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
                          .num_kv_heads = call.num_kv_heads,
                          .head_dim = call.head_dim,
                          .lane = lane};
-    std::shared_ptr<std::vector<uint64_t>> data = PackRequest(call, header);
+    std::shared_ptr<std::vector<uint64_t>> data = PackRequest(call, header, bf16_rows);
     header.request_id = client_->AddPending(call);
     const uint64_t request_id = header.request_id;
     UcxAttentionClient* client = client_;
     std::string service_id = service_id_;
     endpoint->Send(
         kAttentionRequestMessageId, EncodeRequestHeader(header), data->data(),
-        RequestDataBytes(header),
-        [client, request_id, data, service_id](absl::Status status) {
+        RequestDataBytes(header), [client, request_id, data, service_id](absl::Status status) {
           if (!status.ok()) {
             client->Fail(request_id,
                          absl::UnavailableError(absl::StrCat("attention request to ", service_id,
@@ -156,8 +177,7 @@ absl::StatusOr<std::unique_ptr<UcxAttentionClient>> UcxAttentionClient::Create(
 
 UcxAttentionClient::~UcxAttentionClient() {
   for (UcxWorker* worker : lanes_->workers()) {
-    worker->SetMessageHandler(kAttentionReplyMessageId,
-                              [](absl::string_view, absl::string_view) {})
+    worker->SetMessageHandler(kAttentionReplyMessageId, [](absl::string_view, absl::string_view) {})
         .IgnoreError();
   }
   absl::MutexLock lock(&mu_);
@@ -244,6 +264,8 @@ absl::Status UcxAttentionClient::Wait(uint64_t request_id, absl::Duration timeou
   if (it == pending_.end()) {
     return absl::NotFoundError(absl::StrCat("no attention request ", request_id, " is pending"));
   }
+  // The entry stays put (a node map) while the wait lets other threads add
+  // theirs, but `it` may not survive a rehash: erase by key.
   const Pending* pending = &it->second;
   mu_.AwaitWithTimeout(absl::Condition(&pending->done), timeout);
   absl::Status status =
@@ -251,7 +273,7 @@ absl::Status UcxAttentionClient::Wait(uint64_t request_id, absl::Duration timeou
           ? pending->status
           : absl::DeadlineExceededError(absl::StrCat("the attention service did not answer within ",
                                                      absl::FormatDuration(timeout)));
-  pending_.erase(it);
+  pending_.erase(request_id);
   return status;
 }
 

@@ -33,7 +33,7 @@ class UcxAttentionClient {
   // outlive the client). `owner_incarnation` is the caller's
   // TransportEndpoint.incarnation, the one its attention sessions use.
   static absl::StatusOr<std::unique_ptr<UcxAttentionClient>> Create(UcxLanes* lanes,
-                                                                   uint64_t owner_incarnation);
+                                                                    uint64_t owner_incarnation);
   // Fails every pending request (UNAVAILABLE) and stops taking replies.
   ~UcxAttentionClient();
 

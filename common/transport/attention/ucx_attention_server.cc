@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<UcxAttentionServer>> UcxAttentionServer::Create(
 
 UcxAttentionServer::~UcxAttentionServer() {
   for (UcxWorker* worker : lanes_->workers()) {
-    worker->SetMessageHandler(kAttentionRequestMessageId,
-                              [](absl::string_view, absl::string_view) {})
+    worker
+        ->SetMessageHandler(kAttentionRequestMessageId, [](absl::string_view, absl::string_view) {})
         .IgnoreError();
   }
   {
@@ -46,8 +46,8 @@ absl::Status UcxAttentionServer::AddPeer(const trident::v1::TransportEndpoint& c
       ++it;
     }
   }
-  routes_[client.incarnation()] = Route{.owner_id = client.owner_id(),
-                                        .endpoints = std::move(endpoints)};
+  routes_[client.incarnation()] =
+      Route{.owner_id = client.owner_id(), .endpoints = std::move(endpoints)};
   return absl::OkStatus();
 }
 
@@ -133,9 +133,8 @@ void UcxAttentionServer::DispatchLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](UcxAttentionServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-            return s->stopping_ || !s->queue_.empty();
-          },
+          +[](UcxAttentionServer* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stopping_ || !s->queue_.empty(); },
           this));
       if (stopping_) return;
       job = std::move(queue_.front());
@@ -163,7 +162,10 @@ void UcxAttentionServer::Serve(Job& job) {
       // answer also sees it counted.
       absl::MutexLock lock(&mu_);
       ++counters_.bad_messages;
-      if (endpoint) ++counters_.errors; else ++counters_.dropped;
+      if (endpoint)
+        ++counters_.errors;
+      else
+        ++counters_.dropped;
     }
     if (endpoint) {
       ReplyHeader reply{.dtype = WireDType::kF32,
@@ -225,16 +227,14 @@ std::shared_ptr<Endpoint> UcxAttentionServer::RouteTo(uint64_t incarnation, int3
 }
 
 void UcxAttentionServer::SendReply(Endpoint& endpoint, std::string header,
-                                   std::shared_ptr<std::vector<uint64_t>> data,
-                                   size_t data_bytes) {
+                                   std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes) {
   const void* bytes = data ? static_cast<const void*>(data->data()) : nullptr;
   endpoint.Send(kAttentionReplyMessageId, std::move(header), bytes, data_bytes,
-                 [data](absl::Status status) {
-                   if (!status.ok()) {
-                     TRIDENT_LOG(WARNING)
-                         << "attention reply not delivered: " << status;
-                   }
-                 });
+                [data](absl::Status status) {
+                  if (!status.ok()) {
+                    TRIDENT_LOG(WARNING) << "attention reply not delivered: " << status;
+                  }
+                });
 }
 
 }  // namespace trident::transport::attention

@@ -52,21 +52,21 @@ class AttentionComputer {
 
 // Counters since start.
 struct AttentionServerCounters {
-  int64_t requests = 0;          // Answered with o.
-  int64_t errors = 0;            // Answered with an error (bad messages included).
-  int64_t bad_messages = 0;      // Malformed: answered INVALID_ARGUMENT, or dropped.
-  int64_t dropped = 0;           // Not answerable (unreadable, or no route).
-  int64_t sequences = 0;         // Sequences of the requests answered with o.
-  int64_t bytes_in = 0;          // Request data received.
-  int64_t bytes_out = 0;         // Reply data sent.
+  int64_t requests = 0;      // Answered with o.
+  int64_t errors = 0;        // Answered with an error (bad messages included).
+  int64_t bad_messages = 0;  // Malformed: answered INVALID_ARGUMENT, or dropped.
+  int64_t dropped = 0;       // Not answerable (unreadable, or no route).
+  int64_t sequences = 0;     // Sequences of the requests answered with o.
+  int64_t bytes_in = 0;      // Request data received.
+  int64_t bytes_out = 0;     // Reply data sent.
 };
 
 // What the dispatcher saw of one request, for metrics.
 struct AttentionRequestRecord {
   int32_t layer = 0;
   int32_t num_sequences = 0;
-  absl::Duration queued;   // Arrival to the start of Compute.
-  absl::Duration compute;  // Compute itself.
+  absl::Duration queued;     // Arrival to the start of Compute.
+  absl::Duration compute;    // Compute itself.
   bool append_only = false;  // kAppendOnly: k/v stored, no attention.
   absl::Status status;
 };

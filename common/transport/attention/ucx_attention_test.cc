@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -45,6 +46,11 @@ class SumComputer final : public AttentionComputer {
     }
     const size_t element = WireElementSize(h.dtype);
     const int64_t row = QkvRowElements(h);
+    if ((h.flags & kAppendOnly) != 0) {  // Kept as they came; no reply rows.
+      absl::MutexLock lock(&mu_);
+      appended_.assign(request.rows, h.num_sequences * row * element);
+      return absl::OkStatus();
+    }
     std::vector<float> qkv(row);
     std::vector<float> out(kQElems);
     for (int32_t i = 0; i < h.num_sequences; ++i) {
@@ -65,8 +71,14 @@ class SumComputer final : public AttentionComputer {
     absl::MutexLock lock(&mu_);
     return layers_;
   }
+  // The rows of the last append-only request, as received.
+  std::string appended() {
+    absl::MutexLock lock(&mu_);
+    return appended_;
+  }
 
  private:
+  std::string appended_ ABSL_GUARDED_BY(mu_);
   absl::Mutex mu_;
   absl::Status fail_with_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> layers_ ABSL_GUARDED_BY(mu_);
@@ -129,11 +141,21 @@ struct Rows {
   }
   AttentionCall Call(int32_t layer, const std::vector<uint64_t>& handles,
                      const std::vector<int32_t>& positions, WireDType dtype) {
-    return AttentionCall{.layer = layer, .num_q_heads = kQHeads, .num_kv_heads = kKvHeads,
-                         .head_dim = kHeadDim, .dtype = dtype, .handles = handles,
-                         .positions = positions, .q = q.data(), .q_stride = kQElems,
-                         .k = k.data(), .k_stride = kKvElems, .v = v.data(),
-                         .v_stride = kKvElems, .out = out.data(), .out_stride = kQElems};
+    return AttentionCall{.layer = layer,
+                         .num_q_heads = kQHeads,
+                         .num_kv_heads = kKvHeads,
+                         .head_dim = kHeadDim,
+                         .dtype = dtype,
+                         .handles = handles,
+                         .positions = positions,
+                         .q = q.data(),
+                         .q_stride = kQElems,
+                         .k = k.data(),
+                         .k_stride = kKvElems,
+                         .v = v.data(),
+                         .v_stride = kKvElems,
+                         .out = out.data(),
+                         .out_stride = kQElems};
   }
   // What SumComputer answers for row i.
   float Expected(int i, int j, int32_t layer, uint64_t handle, int32_t position) const {
@@ -222,16 +244,19 @@ TEST_P(UcxAttentionTest, MalformedRequestsAreAnsweredOrDroppedNeverComputed) {
   auto endpoints = client_lanes_->EndpointsTo(Describe(*service_lanes_, "attention-0", 99));
   ASSERT_THAT(endpoints.status(), IsOk());
   // A readable header with a shape its data does not match: answered.
-  RequestHeader header{.request_id = 555, .owner_incarnation = kIncarnation, .num_sequences = 2,
-                       .num_q_heads = kQHeads, .num_kv_heads = kKvHeads, .head_dim = kHeadDim};
+  RequestHeader header{.request_id = 555,
+                       .owner_incarnation = kIncarnation,
+                       .num_sequences = 2,
+                       .num_q_heads = kQHeads,
+                       .num_kv_heads = kKvHeads,
+                       .head_dim = kHeadDim};
   const std::string short_data(40, 'x');
   absl::Notification sent_a, sent_b;
-  (*endpoints)[0]->Send(kAttentionRequestMessageId, EncodeRequestHeader(header),
-                        short_data.data(), short_data.size(),
-                        [&](absl::Status) { sent_a.Notify(); });
+  (*endpoints)[0]->Send(kAttentionRequestMessageId, EncodeRequestHeader(header), short_data.data(),
+                        short_data.size(), [&](absl::Status) { sent_a.Notify(); });
   // Garbage: dropped.
-  (*endpoints)[0]->Send(kAttentionRequestMessageId, "garbage", short_data.data(),
-                        short_data.size(), [&](absl::Status) { sent_b.Notify(); });
+  (*endpoints)[0]->Send(kAttentionRequestMessageId, "garbage", short_data.data(), short_data.size(),
+                        [&](absl::Status) { sent_b.Notify(); });
   sent_a.WaitForNotification();
   sent_b.WaitForNotification();
   // A good request after them, on the same lane, is served after them.
@@ -250,6 +275,77 @@ TEST_P(UcxAttentionTest, MalformedRequestsAreAnsweredOrDroppedNeverComputed) {
   EXPECT_EQ(counters.errors, 1);
   EXPECT_EQ(counters.requests, 2);
   EXPECT_EQ(computer_.layers(), (std::vector<int32_t>{0, 1}));
+}
+
+TEST_P(UcxAttentionTest, ThreadsSendingAndWaitingAtOnceEachGetTheirOwnAnswers) {
+  // A waiter's request stays findable while other threads add theirs (the
+  // pending table grows and rehashes under it).
+  std::unique_ptr<RemoteAttention> channel = Connect();
+  ASSERT_NE(channel, nullptr);
+  constexpr int kThreads = 4, kRequestsEach = 40;
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::vector<uint64_t> handles = {static_cast<uint64_t>(100 + t)};
+      for (int r = 0; r < kRequestsEach; ++r) {
+        Rows rows(1);
+        const std::vector<int32_t> positions = {r};
+        auto ticket = channel->Start(rows.Call(t, handles, positions, WireDType::kF32));
+        if (!ticket.ok() || !channel->Wait(*ticket, absl::Seconds(30)).ok() ||
+            rows.out[0] != rows.Expected(0, 0, t, handles[0], r)) {
+          ++wrong[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong, std::vector<int>(kThreads, 0));
+  EXPECT_EQ(server_->counters().requests, kThreads * kRequestsEach);
+}
+
+TEST_P(UcxAttentionTest, AppendsSendBf16RowsAsTheyAre) {
+  std::unique_ptr<RemoteAttention> channel = Connect();
+  ASSERT_NE(channel, nullptr);
+  const std::vector<uint64_t> handles = {5, 6};
+  const std::vector<int32_t> positions = {0, 1};
+  // Row i of k at i * 3 * kKvElems (a stride wider than the row).
+  std::vector<uint16_t> k(2 * 3 * kKvElems), v(k.size());
+  for (size_t j = 0; j < k.size(); ++j) {
+    k[j] = static_cast<uint16_t>(0x3f00 + j);
+    v[j] = static_cast<uint16_t>(0xbf00 + j);
+  }
+  KvAppendCall call{.layer = 1,
+                    .num_kv_heads = kKvHeads,
+                    .head_dim = kHeadDim,
+                    .dtype = WireDType::kBF16,
+                    .handles = handles,
+                    .positions = positions,
+                    .k_stride = 3 * kKvElems,
+                    .v_stride = 3 * kKvElems};
+  call.k_bf16 = k.data();
+  call.v_bf16 = v.data();
+  auto ticket = channel->StartAppend(call);
+  ASSERT_THAT(ticket.status(), IsOk());
+  ASSERT_THAT(channel->Wait(*ticket, absl::Seconds(30)), IsOk());
+  std::string want;
+  for (int i = 0; i < 2; ++i) {
+    for (const std::vector<uint16_t>* rows : {&k, &v}) {
+      want.append(reinterpret_cast<const char*>(rows->data() + i * 3 * kKvElems),
+                  kKvElems * sizeof(uint16_t));
+    }
+  }
+  EXPECT_EQ(computer_.appended(), want);
+  // bf16 rows go out as bf16 only, and one kind of row at a time.
+  call.dtype = WireDType::kF32;
+  EXPECT_THAT(channel->StartAppend(call).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must send bf16")));
+  call.dtype = WireDType::kBF16;
+  const std::vector<float> f32(k.size());
+  call.k = f32.data();
+  call.v = f32.data();
+  EXPECT_THAT(channel->StartAppend(call).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("either k and v")));
 }
 
 TEST_P(UcxAttentionTest, StartChecksTheCall) {

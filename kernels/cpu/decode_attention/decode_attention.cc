@@ -381,66 +381,110 @@ absl::Status RunDecodeAttentionOmp(DecodeAttention& kernel, const DecodeKvLayout
   return absl::OkStatus();
 }
 
+namespace {
+
+// What is wrong with entry `t` of AppendDecodeKv, or OK.
+absl::Status CheckAppendEntry(const DecodeKvLayout& layout, const DecodeKvAppend& t, size_t i) {
+  const bool f32 = t.k != nullptr || t.v != nullptr;
+  const bool bf16 = t.k_bf16 != nullptr || t.v_bf16 != nullptr;
+  const char* null_field = nullptr;
+  if (t.kv == nullptr) {
+    null_field = "kv";
+  } else if (bf16 && !f32) {
+    null_field = t.k_bf16 == nullptr ? "k_bf16" : t.v_bf16 == nullptr ? "v_bf16" : nullptr;
+  } else {
+    null_field = t.k == nullptr ? "k" : t.v == nullptr ? "v" : nullptr;
+  }
+  if (null_field != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "].", null_field, " is null"));
+  }
+  if (f32 && bf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens[", i, "] has both f32 (k, v) and bf16 (k_bf16, v_bf16) rows"));
+  }
+  if (bf16 && layout.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "] has bf16 rows for a ",
+                                                   numeric::DTypeName(layout.dtype), " layout"));
+  }
+  if (t.position < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens[", i, "].position is ", t.position, "; must be >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+uint16_t ToBf16Bits(float x) { return numeric::FloatToBf16(x); }
+uint16_t ToBf16Bits(uint16_t bits) { return bits; }
+
+// One token into the pair packing (bf16, see DecodeKvElementOffset), from
+// f32 or bf16 rows.
+template <typename Src>
+void AppendPairToken(const DecodeKvLayout& layout, const DecodeKvAppend& t, const Src* k_row,
+                     const Src* v_row) {
+  const int64_t bs = layout.block_size;
+  const int32_t d = layout.head_dim;
+  const int64_t slot = t.position % bs;
+  uint16_t* block = static_cast<uint16_t*>(t.kv) + (t.position / bs) * layout.block_stride_elems;
+  for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+    uint16_t* k = block + h * bs * d + 2 * slot;  // Word (0, slot).
+    uint16_t* v = block + layout.value_offset_elems + h * bs * d + (slot / 2) * 2 * d + slot % 2;
+    const Src* k_src = k_row + static_cast<int64_t>(h) * d;
+    const Src* v_src = v_row + static_cast<int64_t>(h) * d;
+    for (int32_t j = 0; j < d; j += 2) {
+      k[j * bs] = ToBf16Bits(k_src[j]);  // Word (j / 2, slot) at j / 2 * 2 * bs.
+      k[j * bs + 1] = ToBf16Bits(k_src[j + 1]);
+    }
+    for (int32_t j = 0; j < d; ++j) v[2 * j] = ToBf16Bits(v_src[j]);
+  }
+}
+
+// One token into the row packing, from f32 rows (converted) or bf16 rows
+// (a bf16 layout: copied).
+void AppendRowToken(const DecodeKvLayout& layout, const DecodeKvAppend& t) {
+  const int64_t elem_bytes = static_cast<int64_t>(numeric::ElementSize(layout.dtype));
+  const int32_t d = layout.head_dim;
+  for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+    const int64_t k_elem = DecodeKvElementOffset(layout, t.position, h, 0, false);
+    for (const bool value : {false, true}) {
+      char* dst = static_cast<char*>(t.kv) +
+                  (k_elem + (value ? layout.value_offset_elems : 0)) * elem_bytes;
+      const int64_t row = static_cast<int64_t>(h) * d;
+      if (t.k_bf16 != nullptr) {
+        std::memcpy(dst, (value ? t.v_bf16 : t.k_bf16) + row, sizeof(uint16_t) * d);
+        continue;
+      }
+      const float* src = (value ? t.v : t.k) + row;
+      switch (layout.dtype) {
+        case DType::kF32:
+          std::memcpy(dst, src, sizeof(float) * d);
+          break;
+        case DType::kBF16:
+          numeric::FloatToBf16(src, reinterpret_cast<uint16_t*>(dst), d);
+          break;
+        case DType::kF16:
+          for (int32_t j = 0; j < d; ++j) {
+            reinterpret_cast<uint16_t*>(dst)[j] = numeric::FloatToHalf(src[j]);
+          }
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status AppendDecodeKv(const DecodeKvLayout& layout, absl::Span<const DecodeKvAppend> tokens) {
   if (absl::Status s = ValidateLayout(layout, kMaxHeadDim); !s.ok()) return s;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const DecodeKvAppend& t = tokens[i];
-    const char* null_field = t.kv == nullptr  ? "kv"
-                             : t.k == nullptr ? "k"
-                             : t.v == nullptr ? "v"
-                                              : nullptr;
-    if (null_field != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "].", null_field, " is null"));
-    }
-    if (t.position < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokens[", i, "].position is ", t.position, "; must be >= 0"));
-    }
-  }
-  const int64_t elem_bytes = static_cast<int64_t>(numeric::ElementSize(layout.dtype));
-  const int32_t d = layout.head_dim;
-  if (layout.packing == DecodeKvPacking::kPairs) {  // bf16, see DecodeKvElementOffset.
-    const int64_t bs = layout.block_size;
-    for (const DecodeKvAppend& t : tokens) {
-      const int64_t slot = t.position % bs;
-      uint16_t* block =
-          static_cast<uint16_t*>(t.kv) + (t.position / bs) * layout.block_stride_elems;
-      for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
-        uint16_t* k = block + h * bs * d + 2 * slot;  // Word (0, slot).
-        uint16_t* v =
-            block + layout.value_offset_elems + h * bs * d + (slot / 2) * 2 * d + slot % 2;
-        const float* k_src = t.k + static_cast<int64_t>(h) * d;
-        const float* v_src = t.v + static_cast<int64_t>(h) * d;
-        for (int32_t j = 0; j < d; j += 2) {
-          k[j * bs] = numeric::FloatToBf16(k_src[j]);  // Word (j / 2, slot) at j / 2 * 2 * bs.
-          k[j * bs + 1] = numeric::FloatToBf16(k_src[j + 1]);
-        }
-        for (int32_t j = 0; j < d; ++j) v[2 * j] = numeric::FloatToBf16(v_src[j]);
-      }
-    }
-    return absl::OkStatus();
+    if (absl::Status s = CheckAppendEntry(layout, tokens[i], i); !s.ok()) return s;
   }
   for (const DecodeKvAppend& t : tokens) {
-    for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
-      const int64_t k_elem = DecodeKvElementOffset(layout, t.position, h, 0, false);
-      for (const auto& [src, elem] :
-           {std::pair<const float*, int64_t>{t.k + static_cast<int64_t>(h) * d, k_elem},
-            {t.v + static_cast<int64_t>(h) * d, k_elem + layout.value_offset_elems}}) {
-        char* dst = static_cast<char*>(t.kv) + elem * elem_bytes;
-        switch (layout.dtype) {
-          case DType::kF32:
-            std::memcpy(dst, src, sizeof(float) * d);
-            break;
-          case DType::kBF16:
-            numeric::FloatToBf16(src, reinterpret_cast<uint16_t*>(dst), d);
-            break;
-          case DType::kF16:
-            for (int32_t j = 0; j < d; ++j) {
-              reinterpret_cast<uint16_t*>(dst)[j] = numeric::FloatToHalf(src[j]);
-            }
-            break;
-        }
-      }
+    if (layout.packing != DecodeKvPacking::kPairs) {
+      AppendRowToken(layout, t);
+    } else if (t.k_bf16 != nullptr) {
+      AppendPairToken(layout, t, t.k_bf16, t.v_bf16);
+    } else {
+      AppendPairToken(layout, t, t.k, t.v);
     }
   }
   return absl::OkStatus();

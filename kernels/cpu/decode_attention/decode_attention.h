@@ -237,19 +237,25 @@ absl::Status RunDecodeAttentionOmp(DecodeAttention& kernel, const DecodeKvLayout
 struct DecodeKvAppend {
   void* kv = nullptr;
   int32_t position = 0;
+  // The token's k and v rows (num_kv_heads * head_dim each, head-major):
+  // f32, or instead bf16 bits in k_bf16 / v_bf16 (a bf16 layout only; stored
+  // as they are, without a conversion).
   const float* k = nullptr;
   const float* v = nullptr;
+  const uint16_t* k_bf16 = nullptr;
+  const uint16_t* v_bf16 = nullptr;
 };
 
 // Stores each token's k and v, converted to layout.dtype (bf16 and f16 round
 // to nearest even). Allocates nothing; runs on the calling thread (split
 // `tokens` across threads to parallelize: entries are independent).
 // kInvalidArgument naming the field for a bad layout (as in Plan) or an entry
-// with a null pointer or a negative position; nothing is written then.
+// with a null pointer (k and v, or k_bf16 and v_bf16, exactly one pair), bf16
+// rows for a layout that is not bf16, or a negative position; nothing is
+// written then.
 // REQUIRES: the block holding each position is allocated; entries write
 // distinct positions.
-absl::Status AppendDecodeKv(const DecodeKvLayout& layout,
-                            absl::Span<const DecodeKvAppend> tokens);
+absl::Status AppendDecodeKv(const DecodeKvLayout& layout, absl::Span<const DecodeKvAppend> tokens);
 
 }  // namespace trident::kernels::cpu
 

@@ -138,8 +138,8 @@ Batch MakeBatch(DType dtype, const Shape& s, uint32_t seed,
     b.lse[i].assign(s.num_q_heads, std::nanf(""));
     b.ref_o[i].assign(rows, 0.0f);
     b.ref_lse[i].assign(s.num_q_heads, 0.0f);
-    b.seqs.push_back(DecodeSequence{b.kv[i].data(), s.context_lens[i], b.q[i].data(),
-                                    b.o[i].data(), b.lse[i].data()});
+    b.seqs.push_back(DecodeSequence{b.kv[i].data(), s.context_lens[i], b.q[i].data(), b.o[i].data(),
+                                    b.lse[i].data()});
     b.ref_seqs.push_back(DecodeSequence{b.kv[i].data(), s.context_lens[i], b.q[i].data(),
                                         b.ref_o[i].data(), b.ref_lse[i].data()});
   }
@@ -166,16 +166,16 @@ void ExpectMatches(const Batch& b, float tolerance) {
 }
 
 const Shape kShapes[] = {
-    {8, 8, 64, 16, {1}, 1},                 // One token.
-    {8, 8, 64, 16, {16}, 2},                // Exactly one block.
-    {8, 8, 64, 16, {15, 16, 17}, 3},        // Block boundaries.
-    {32, 8, 128, 16, {1, 5000}, 7},         // GQA 4, mixed lengths, threads > cut points.
-    {8, 1, 128, 16, {100, 33}, 2},          // GQA 8 on one kv head.
+    {8, 8, 64, 16, {1}, 1},                  // One token.
+    {8, 8, 64, 16, {16}, 2},                 // Exactly one block.
+    {8, 8, 64, 16, {15, 16, 17}, 3},         // Block boundaries.
+    {32, 8, 128, 16, {1, 5000}, 7},          // GQA 4, mixed lengths, threads > cut points.
+    {8, 1, 128, 16, {100, 33}, 2},           // GQA 8 on one kv head.
     {32, 8, 128, 32, {31, 32, 33, 700}, 3},  // Larger blocks.
     {4, 2, 16, 7, {1, 6, 7, 8, 50}, 7},      // Odd block size, smallest head_dim.
-    {8, 2, 256, 16, {70, 129}, 2},          // Largest head_dim.
-    {40, 2, 64, 16, {90}, 3},               // Group of 20 (more than one AMX tile).
-    {1, 1, 128, 16, {3000}, 7},             // MHA row, one sequence cut 7 ways.
+    {8, 2, 256, 16, {70, 129}, 2},           // Largest head_dim.
+    {40, 2, 64, 16, {90}, 3},                // Group of 20 (more than one AMX tile).
+    {1, 1, 128, 16, {3000}, 7},              // MHA row, one sequence cut 7 ways.
 };
 
 class DecodeAttentionTest
@@ -206,11 +206,11 @@ class DecodeAttentionTest
   }
 };
 
-#define TRIDENT_SKIP_IF_UNAVAILABLE()                                                   \
-  if (!DecodeIsaAvailable(std::get<0>(GetParam()))) {                                   \
-    GTEST_SKIP() << "this CPU lacks " << DecodeIsaName(std::get<0>(GetParam()))         \
+#define TRIDENT_SKIP_IF_UNAVAILABLE()                                                 \
+  if (!DecodeIsaAvailable(std::get<0>(GetParam()))) {                                 \
+    GTEST_SKIP() << "this CPU lacks " << DecodeIsaName(std::get<0>(GetParam()))       \
                  << " (avx2: AVX2+FMA+F16C; avx512_bf16: AVX-512F+AVX512-BF16; amx: " \
-                    "AMX-TILE+AMX-BF16)";                                               \
+                    "AMX-TILE+AMX-BF16)";                                             \
   }
 
 TEST_P(DecodeAttentionTest, MatchesReferenceOnEdgeAndServingShapes) {
@@ -224,9 +224,9 @@ TEST_P(DecodeAttentionTest, MatchesReferenceOnEdgeAndServingShapes) {
     SCOPED_TRACE(absl::StrCat(ShapeString(shape), " seed=", seed));
     Batch b = MakeParamBatch(shape, seed++);
     const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-    ASSERT_THAT(RunDecodeAttentionOmp(*kernel, b.layout, b.num_q_heads, scale, b.seqs,
-                                      shape.num_threads),
-                IsOk());
+    ASSERT_THAT(
+        RunDecodeAttentionOmp(*kernel, b.layout, b.num_q_heads, scale, b.seqs, shape.num_threads),
+        IsOk());
     DecodeAttentionReference(b.layout, b.num_q_heads, scale, b.ref_seqs);
     ExpectMatches(b, Tolerance(dtype));
   }
@@ -264,8 +264,8 @@ TEST_P(DecodeAttentionTest, OutputsOfTwoHalvesMergeByLseIntoTheWhole) {
   std::vector<float> o1(rows), o2(rows), lse1(shape.num_q_heads), lse2(shape.num_q_heads);
   const DecodeSequence halves[] = {
       {b.kv[0].data(), first_len, b.q[0].data(), o1.data(), lse1.data()},
-      {b.kv[0].data() + 25 * b.layout.block_stride_elems * elem, 1000 - first_len,
-       b.q[0].data(), o2.data(), lse2.data()}};
+      {b.kv[0].data() + 25 * b.layout.block_stride_elems * elem, 1000 - first_len, b.q[0].data(),
+       o2.data(), lse2.data()}};
   const float scale = 0.125f;
   ASSERT_THAT(RunDecodeAttentionOmp(*kernel, b.layout, b.num_q_heads, scale, halves, 2), IsOk());
   DecodeAttentionReference(b.layout, b.num_q_heads, scale, b.ref_seqs);
@@ -289,33 +289,30 @@ std::string ParamName(
                       DecodeKvPackingName(std::get<2>(info.param)));
 }
 
-INSTANTIATE_TEST_SUITE_P(IsasAndDtypes, DecodeAttentionTest,
-                         ::testing::Combine(::testing::Values(DecodeIsa::kAvx2,
-                                                              DecodeIsa::kAvx512Bf16,
-                                                              DecodeIsa::kAmx),
-                                            ::testing::Values(DType::kF32, DType::kBF16,
-                                                              DType::kF16),
-                                            ::testing::Values(DecodeKvPacking::kRows)),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(
+    IsasAndDtypes, DecodeAttentionTest,
+    ::testing::Combine(::testing::Values(DecodeIsa::kAvx2, DecodeIsa::kAvx512Bf16, DecodeIsa::kAmx),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                       ::testing::Values(DecodeKvPacking::kRows)),
+    ParamName);
 
-INSTANTIATE_TEST_SUITE_P(IsasPairs, DecodeAttentionTest,
-                         ::testing::Combine(::testing::Values(DecodeIsa::kAvx2,
-                                                              DecodeIsa::kAvx512Bf16,
-                                                              DecodeIsa::kAmx),
-                                            ::testing::Values(DType::kBF16),
-                                            ::testing::Values(DecodeKvPacking::kPairs)),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(
+    IsasPairs, DecodeAttentionTest,
+    ::testing::Combine(::testing::Values(DecodeIsa::kAvx2, DecodeIsa::kAvx512Bf16, DecodeIsa::kAmx),
+                       ::testing::Values(DType::kBF16), ::testing::Values(DecodeKvPacking::kPairs)),
+    ParamName);
 
 TEST(DecodeAttentionAppendTest, StoresTokensInTheLayoutAndTouchesNothingElse) {
-  for (const auto& [dtype, packing] :
-       {std::pair{DType::kF32, DecodeKvPacking::kRows}, {DType::kBF16, DecodeKvPacking::kRows},
-        {DType::kF16, DecodeKvPacking::kRows}, {DType::kBF16, DecodeKvPacking::kPairs}}) {
+  for (const auto& [dtype, packing] : {std::pair{DType::kF32, DecodeKvPacking::kRows},
+                                       {DType::kBF16, DecodeKvPacking::kRows},
+                                       {DType::kF16, DecodeKvPacking::kRows},
+                                       {DType::kBF16, DecodeKvPacking::kPairs}}) {
     SCOPED_TRACE(absl::StrCat(numeric::DTypeName(dtype), " ", DecodeKvPackingName(packing)));
     const Shape shape = ForPacking({8, 2, 32, 16, {}, 1}, packing);
     const DecodeKvLayout layout = LayoutFor(dtype, shape, packing);
     const size_t elem = numeric::ElementSize(dtype);
-    std::vector<std::vector<char>> caches(2, std::vector<char>(
-                                                 4 * layout.block_stride_elems * elem, 0x5a));
+    std::vector<std::vector<char>> caches(
+        2, std::vector<char>(4 * layout.block_stride_elems * elem, 0x5a));
     const std::vector<char> untouched = caches[0];
     std::mt19937 rng(kSeed);
     std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
@@ -326,8 +323,8 @@ TEST(DecodeAttentionAppendTest, StoresTokensInTheLayoutAndTouchesNothingElse) {
     for (int i = 0; i < 4; ++i) {
       for (float& x : k[i]) x = dist(rng);
       for (float& x : v[i]) x = dist(rng);
-      tokens.push_back(DecodeKvAppend{caches[i % 2].data(), positions[i], k[i].data(),
-                                      v[i].data()});
+      tokens.push_back(
+          DecodeKvAppend{caches[i % 2].data(), positions[i], k[i].data(), v[i].data()});
     }
     ASSERT_THAT(AppendDecodeKv(layout, tokens), IsOk());
     auto rounded = [&](float x) {
@@ -355,6 +352,55 @@ TEST(DecodeAttentionAppendTest, StoresTokensInTheLayoutAndTouchesNothingElse) {
     }
     EXPECT_LE(changed, 2 * 2 * n * elem) << "more bytes changed than two tokens' k and v";
   }
+}
+
+TEST(DecodeAttentionAppendTest, Bf16RowsAreStoredAsTheirF32ValuesWouldBe) {
+  for (const DecodeKvPacking packing : {DecodeKvPacking::kRows, DecodeKvPacking::kPairs}) {
+    SCOPED_TRACE(DecodeKvPackingName(packing));
+    const Shape shape = ForPacking({8, 2, 32, 16, {}, 1}, packing);
+    const DecodeKvLayout layout = LayoutFor(DType::kBF16, shape, packing);
+    std::vector<char> from_f32(4 * layout.block_stride_elems * 2, 0x5a), from_bf16 = from_f32;
+    std::mt19937 rng(kSeed);
+    std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+    const size_t n = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
+    std::vector<float> k(n), v(n);
+    for (float& x : k) x = dist(rng);
+    for (float& x : v) x = dist(rng);
+    std::vector<uint16_t> k_bits(n), v_bits(n);
+    numeric::FloatToBf16(k.data(), k_bits.data(), n);
+    numeric::FloatToBf16(v.data(), v_bits.data(), n);
+    for (const int32_t position : {0, 1, 31, 32, 63}) {
+      ASSERT_THAT(AppendDecodeKv(layout, {{{from_f32.data(), position, k.data(), v.data()}}}),
+                  IsOk());
+      DecodeKvAppend bits{.kv = from_bf16.data(), .position = position};
+      bits.k_bf16 = k_bits.data();
+      bits.v_bf16 = v_bits.data();
+      ASSERT_THAT(AppendDecodeKv(layout, {{bits}}), IsOk());
+    }
+    EXPECT_EQ(from_bf16, from_f32);
+  }
+}
+
+TEST(DecodeAttentionAppendTest, RejectsMixedOrMisplacedBf16Rows) {
+  const DecodeKvLayout layout = LayoutFor(DType::kBF16, Shape{8, 2, 32, 16, {}, 1});
+  std::vector<char> cache(layout.block_stride_elems * 4);
+  std::vector<float> k(64), v(64);
+  std::vector<uint16_t> bits(64);
+  DecodeKvAppend mixed{.kv = cache.data(), .position = 0, .k = k.data(), .v = v.data()};
+  mixed.k_bf16 = bits.data();
+  mixed.v_bf16 = bits.data();
+  EXPECT_THAT(AppendDecodeKv(layout, {{mixed}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("both f32")));
+  DecodeKvAppend half{.kv = cache.data(), .position = 0};
+  half.k_bf16 = bits.data();
+  EXPECT_THAT(AppendDecodeKv(layout, {{half}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens[0].v_bf16")));
+  half.v_bf16 = bits.data();
+  const DecodeKvLayout f32 = LayoutFor(DType::kF32, Shape{8, 2, 32, 16, {}, 1});
+  std::vector<char> f32_cache(f32.block_stride_elems * 8);
+  half.kv = f32_cache.data();
+  EXPECT_THAT(AppendDecodeKv(f32, {{half}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bf16 rows for a f32")));
 }
 
 TEST(DecodeAttentionAppendTest, RejectsNullPointersAndNegativePositions) {
@@ -412,9 +458,9 @@ TEST(DecodeAttentionCreateTest, RejectsBadOptions) {
 
 TEST(DecodeAttentionPlanTest, RejectsInvalidArgumentsNamingTheField) {
   if (!DecodeIsaAvailable(DecodeIsa::kAvx2)) GTEST_SKIP() << "this CPU lacks avx2";
-  absl::StatusOr<std::unique_ptr<DecodeAttention>> created = DecodeAttention::Create(
-      DecodeAttentionOptions{.max_threads = 4, .max_sequences = 2, .max_q_heads = 16,
-                             .max_head_dim = 128});
+  absl::StatusOr<std::unique_ptr<DecodeAttention>> created =
+      DecodeAttention::Create(DecodeAttentionOptions{
+          .max_threads = 4, .max_sequences = 2, .max_q_heads = 16, .max_head_dim = 128});
   ASSERT_THAT(created.status(), IsOk());
   DecodeAttention& kernel = **created;
   const Shape shape{8, 2, 64, 16, {40}, 1};
@@ -461,8 +507,7 @@ TEST(DecodeAttentionPlanTest, RejectsInvalidArgumentsNamingTheField) {
   expect_invalid(b.layout, 8, 0.1f, b.seqs, 0, "num_threads");
   expect_invalid(b.layout, 8, 0.1f, b.seqs, 5, "num_threads");
   expect_invalid(b.layout, 8, 0.1f, {b.seqs[0], b.seqs[0], b.seqs[0]}, 1, "max_sequences");
-  for (const auto& [field, mutate] :
-       std::vector<std::pair<std::string, void (*)(DecodeSequence&)>>{
+  for (const auto& [field, mutate] : std::vector<std::pair<std::string, void (*)(DecodeSequence&)>>{
            {"seqs[1].kv", [](DecodeSequence& s) { s.kv = nullptr; }},
            {"seqs[1].q", [](DecodeSequence& s) { s.q = nullptr; }},
            {"seqs[1].o", [](DecodeSequence& s) { s.o = nullptr; }},

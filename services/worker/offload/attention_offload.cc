@@ -474,12 +474,49 @@ absl::Status AttentionOffload::StageLayer(const engine::OffloadCandidate& candid
   return absl::OkStatus();
 }
 
+bool AttentionOffload::GatherRows(int32_t first, int32_t start, int32_t n,
+                                  CopyScratch& scratch) const {
+  const kv::KvCacheSpec& spec = memory_.spec;
+  const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
+  const size_t element = spec.element_size_bytes();
+  // bf16 in the pool and on the wire: copied as they are.
+  const bool raw =
+      spec.dtype == numeric::DType::kBF16 && wire_dtype_ == transport::attention::WireDType::kBF16;
+  if (raw) {
+    scratch.k_bits.resize(n * row);
+    scratch.v_bits.resize(n * row);
+  } else {
+    scratch.k_rows.resize(n * row);
+    scratch.v_rows.resize(n * row);
+  }
+  scratch.positions.resize(n);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t p = start + i;
+    scratch.positions[i] = p;
+    const char* block = scratch.block_data[p / spec.block_size - first / spec.block_size];
+    const int32_t slot = p % spec.block_size;
+    for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
+      const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * element;
+      const int64_t at = i * row + h * spec.head_dim;
+      const char* k = block + within;
+      const char* v = block + spec.value_offset_bytes() + within;
+      if (raw) {
+        std::memcpy(&scratch.k_bits[at], k, spec.head_dim * element);
+        std::memcpy(&scratch.v_bits[at], v, spec.head_dim * element);
+      } else {
+        numeric::ToFloat(spec.dtype, k, &scratch.k_rows[at], spec.head_dim);
+        numeric::ToFloat(spec.dtype, v, &scratch.v_rows[at], spec.head_dim);
+      }
+    }
+  }
+  return raw;
+}
+
 absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
                                       transport::attention::RemoteAttention& channel,
                                       uint64_t handle, CopyScratch& scratch) {
   const kv::KvCacheSpec& spec = memory_.spec;
   const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
-  const size_t element = spec.element_size_bytes();
   const int32_t last = candidate.num_computed;
   if (first >= last) return absl::OkStatus();
   std::vector<transport::attention::RemoteAttention::Ticket> tickets;
@@ -488,34 +525,25 @@ absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
     first_error = StageLayer(candidate, first, last, layer, scratch);
     for (int32_t start = first; start < last && first_error.ok(); start += kMigrationChunkTokens) {
       const int32_t n = std::min(kMigrationChunkTokens, last - start);
-      scratch.k_rows.resize(n * row);
-      scratch.v_rows.resize(n * row);
+      const bool raw = GatherRows(first, start, n, scratch);
       scratch.handles.assign(n, handle);
-      scratch.positions.resize(n);
-      for (int32_t i = 0; i < n; ++i) {
-        const int32_t p = start + i;
-        scratch.positions[i] = p;
-        const char* block = scratch.block_data[p / spec.block_size - first / spec.block_size];
-        const int32_t slot = p % spec.block_size;
-        for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
-          const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * element;
-          numeric::ToFloat(spec.dtype, block + within, &scratch.k_rows[i * row + h * spec.head_dim],
-                           spec.head_dim);
-          numeric::ToFloat(spec.dtype, block + spec.value_offset_bytes() + within,
-                           &scratch.v_rows[i * row + h * spec.head_dim], spec.head_dim);
-        }
+      transport::attention::KvAppendCall call{.layer = layer,
+                                              .num_kv_heads = spec.num_kv_heads,
+                                              .head_dim = spec.head_dim,
+                                              .dtype = wire_dtype_,
+                                              .handles = scratch.handles,
+                                              .positions = scratch.positions,
+                                              .k_stride = row,
+                                              .v_stride = row};
+      if (raw) {
+        call.k_bf16 = scratch.k_bits.data();
+        call.v_bf16 = scratch.v_bits.data();
+      } else {
+        call.k = scratch.k_rows.data();
+        call.v = scratch.v_rows.data();
       }
       absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket =
-          channel.StartAppend({.layer = layer,
-                               .num_kv_heads = spec.num_kv_heads,
-                               .head_dim = spec.head_dim,
-                               .dtype = wire_dtype_,
-                               .handles = scratch.handles,
-                               .positions = scratch.positions,
-                               .k = scratch.k_rows.data(),
-                               .k_stride = row,
-                               .v = scratch.v_rows.data(),
-                               .v_stride = row});
+          channel.StartAppend(call);
       if (ticket.ok()) {
         tickets.push_back(*ticket);
       } else {

@@ -155,7 +155,8 @@ class AttentionOffload final : public engine::StepHook {
     std::vector<const char*> block_data;
     std::vector<backend::KvRange> ranges;
     std::unique_ptr<backend::HostBuffer> staging;
-    std::vector<float> k_rows, v_rows;
+    std::vector<float> k_rows, v_rows;     // f32 rows,
+    std::vector<uint16_t> k_bits, v_bits;  // or bf16 ones (GatherRows)
     std::vector<uint64_t> handles;
     std::vector<int32_t> positions;
   };
@@ -202,6 +203,11 @@ class AttentionOffload final : public engine::StepHook {
   // staged through copier_ for a device pool.
   absl::Status StageLayer(const engine::OffloadCandidate& candidate, int32_t first, int32_t last,
                           int32_t layer, CopyScratch& scratch);
+  // Gathers positions [start, start + n) from the staged blocks (staged
+  // from position `first` on) into token-major rows: bf16 bits when the
+  // pool and the wire are bf16 (scratch.k_bits, v_bits; returns true),
+  // else f32 (scratch.k_rows, v_rows; returns false).
+  bool GatherRows(int32_t first, int32_t start, int32_t n, CopyScratch& scratch) const;
   // Copies positions [first, candidate.num_computed) of the candidate's KV
   // to `handle`.
   absl::Status CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
