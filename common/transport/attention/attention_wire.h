@@ -45,6 +45,10 @@ inline constexpr uint16_t kAttentionRequestMessageId = 0x4151;  // "AQ"
 inline constexpr uint16_t kAttentionReplyMessageId = 0x4152;    // "AR"
 inline constexpr uint32_t kRequestMagic = 0x31514154;           // "TAQ1"
 inline constexpr uint32_t kReplyMagic = 0x31524154;             // "TAR1"
+// Requests with at least this much data go by rendezvous (the service
+// fetches them straight into its buffer, zero-copy where the transport
+// allows); smaller ones eagerly, in one message.
+inline constexpr size_t kRendezvousBytes = size_t{64} << 10;
 inline constexpr uint16_t kWireVersion = 1;
 inline constexpr size_t kMaxErrorBytes = 256;
 // Bounds that keep one message's sizes far from overflow.

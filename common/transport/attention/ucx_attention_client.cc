@@ -143,15 +143,17 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
     const uint64_t request_id = header.request_id;
     UcxAttentionClient* client = client_;
     std::string service_id = service_id_;
+    const size_t bytes = RequestDataBytes(header);
     endpoint->Send(
-        kAttentionRequestMessageId, EncodeRequestHeader(header), data->data(),
-        RequestDataBytes(header), [client, request_id, data, service_id](absl::Status status) {
+        kAttentionRequestMessageId, EncodeRequestHeader(header), data->data(), bytes,
+        [client, request_id, data, service_id](absl::Status status) {
           if (!status.ok()) {
             client->Fail(request_id,
                          absl::UnavailableError(absl::StrCat("attention request to ", service_id,
                                                              " failed: ", status.message())));
           }
-        });
+        },
+        /*rendezvous=*/bytes >= kRendezvousBytes);
     client_->requests_sent_.fetch_add(1, std::memory_order_relaxed);
     return request_id;
   }

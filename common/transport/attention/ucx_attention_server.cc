@@ -17,7 +17,10 @@ absl::StatusOr<std::unique_ptr<UcxAttentionServer>> UcxAttentionServer::Create(
   for (UcxWorker* worker : lanes->workers()) {
     TRIDENT_RETURN_IF_ERROR(worker->SetMessageHandler(
         kAttentionRequestMessageId,
-        [raw](absl::string_view header, absl::string_view data) { raw->OnRequest(header, data); }));
+        [raw](absl::string_view header, absl::string_view data) { raw->OnRequest(header, data); },
+        [raw](absl::string_view header, std::unique_ptr<IncomingMessage> message) {
+          raw->OnRendezvous(header, std::move(message));
+        }));
   }
   return server;
 }
@@ -31,6 +34,11 @@ UcxAttentionServer::~UcxAttentionServer() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    // A fetch ends OK, or UNAVAILABLE when its sender or the worker fails.
+    mu_.Await(absl::Condition(
+        +[](UcxAttentionServer* s)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->receiving_ == 0; },
+        this));
   }
   dispatcher_.join();
 }
@@ -108,16 +116,48 @@ AttentionServerCounters UcxAttentionServer::counters() const {
   return counters_;
 }
 
+std::unique_ptr<UcxAttentionServer::Job> UcxAttentionServer::TakeJob() {
+  if (spare_.empty()) return std::make_unique<Job>();
+  std::unique_ptr<Job> job = std::move(spare_.back());
+  spare_.pop_back();
+  return job;
+}
+
+void UcxAttentionServer::OnRendezvous(absl::string_view header,
+                                      std::unique_ptr<IncomingMessage> message) {
+  Job* job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;  // Dropping `message` releases its sender.
+    job = TakeJob().release();
+    ++receiving_;
+  }
+  job->header.assign(header.data(), header.size());
+  job->data.resize((message->length() + 7) / 8);
+  job->data_bytes = message->length();
+  IncomingMessage* raw = message.release();
+  // `raw` and `job` live until the fetch completes (its callback owns them).
+  raw->Receive(job->data.data(), [this, raw, job](absl::Status status) {
+    delete raw;
+    std::unique_ptr<Job> owned(job);
+    absl::MutexLock lock(&mu_);
+    --receiving_;
+    if (!status.ok()) {
+      TRIDENT_LOG(WARNING) << "an attention request was lost in transfer: " << status;
+      ++counters_.dropped;
+      return;
+    }
+    owned->arrived = absl::Now();
+    counters_.bytes_in += static_cast<int64_t>(owned->data_bytes);
+    ++counters_.rendezvous;
+    if (!stopping_) queue_.push_back(std::move(owned));
+  });
+}
+
 void UcxAttentionServer::OnRequest(absl::string_view header, absl::string_view data) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
-  std::unique_ptr<Job> job;
-  if (!spare_.empty()) {
-    job = std::move(spare_.back());
-    spare_.pop_back();
-  } else {
-    job = std::make_unique<Job>();
-  }
+  std::unique_ptr<Job> job = TakeJob();
   job->header.assign(header.data(), header.size());
   job->data.resize((data.size() + 7) / 8);
   if (!data.empty()) std::memcpy(job->data.data(), data.data(), data.size());

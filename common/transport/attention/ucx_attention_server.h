@@ -58,6 +58,7 @@ struct AttentionServerCounters {
   int64_t dropped = 0;       // Not answerable (unreadable, or no route).
   int64_t sequences = 0;     // Sequences of the requests answered with o.
   int64_t bytes_in = 0;      // Request data received.
+  int64_t rendezvous = 0;    // Requests fetched by rendezvous (large ones).
   int64_t bytes_out = 0;     // Reply data sent.
 };
 
@@ -133,6 +134,12 @@ class UcxAttentionServer {
                      UcxAttentionServerOptions options)
       : lanes_(lanes), computer_(computer), options_(std::move(options)) {}
   void OnRequest(absl::string_view header, absl::string_view data) ABSL_LOCKS_EXCLUDED(mu_);
+  // A large request sent by rendezvous: fetched straight into a job's
+  // buffer, then queued as OnRequest's are.
+  void OnRendezvous(absl::string_view header, std::unique_ptr<IncomingMessage> message)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A spare job or a new one.
+  std::unique_ptr<Job> TakeJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLoop();
   void Serve(Job& job);
   // The endpoint of the route of `incarnation` on `lane`; null if none.
@@ -148,6 +155,8 @@ class UcxAttentionServer {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::unique_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  // Rendezvous fetches under way (the destructor waits for them).
+  int32_t receiving_ ABSL_GUARDED_BY(mu_) = 0;
   // Spare jobs, to keep their buffers.
   std::vector<std::unique_ptr<Job>> spare_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Route> routes_ ABSL_GUARDED_BY(mu_);

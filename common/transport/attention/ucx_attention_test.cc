@@ -304,6 +304,33 @@ TEST_P(UcxAttentionTest, ThreadsSendingAndWaitingAtOnceEachGetTheirOwnAnswers) {
   EXPECT_EQ(server_->counters().requests, kThreads * kRequestsEach);
 }
 
+TEST_P(UcxAttentionTest, LargeRequestsGoByRendezvousAndArriveWhole) {
+  std::unique_ptr<RemoteAttention> channel = Connect();
+  ASSERT_NE(channel, nullptr);
+  // 1024 rows of 128 f32 elements (q, k, v): 512 KiB, past kRendezvousBytes.
+  constexpr int kRows = 1024;
+  Rows rows(kRows);
+  std::vector<uint64_t> handles(kRows);
+  std::vector<int32_t> positions(kRows);
+  for (int i = 0; i < kRows; ++i) {
+    handles[i] = 1000 + i;
+    positions[i] = i;
+  }
+  ASSERT_GE(static_cast<size_t>(kRows) * (kQElems + 2 * kKvElems) * sizeof(float),
+            kRendezvousBytes);
+  auto ticket = channel->Start(rows.Call(2, handles, positions, WireDType::kF32));
+  ASSERT_THAT(ticket.status(), IsOk());
+  ASSERT_THAT(channel->Wait(*ticket, absl::Seconds(30)), IsOk());
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kQElems; ++j) {
+      ASSERT_EQ(rows.out[i * kQElems + j], rows.Expected(i, j, 2, handles[i], positions[i]))
+          << "row " << i << " element " << j;
+    }
+  }
+  EXPECT_EQ(server_->counters().sequences, kRows);
+  EXPECT_EQ(server_->counters().rendezvous, 1);
+}
+
 TEST_P(UcxAttentionTest, AppendsSendBf16RowsAsTheyAre) {
   std::unique_ptr<RemoteAttention> channel = Connect();
   ASSERT_NE(channel, nullptr);

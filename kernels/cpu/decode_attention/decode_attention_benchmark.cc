@@ -1,10 +1,9 @@
 // Bandwidth of bf16 decode attention (32 q / 8 kv heads, head_dim 128) per
 // ISA path and KV packing (rows: blocks of 16 tokens; pairs: the VNNI-pair
 // packing the attention service stores, blocks of 32), against a plain
-// streaming read measured in the same run with the same threads. Threads: one per physical core of the
-// affinity mask (//common/cpu:threads GetCpuPlacement), pinned, spinning
-// between phases as the service's pool does; each iteration is Plan, Run on
-// every thread, Merge on every thread.
+// streaming read measured in the same run with the same threads. Threads: one per physical core of
+// the affinity mask (//common/cpu:threads GetCpuPlacement), pinned, spinning between phases as the
+// service's pool does; each iteration is Plan, Run on every thread, Merge on every thread.
 //
 // Every sequence's KV is a separate contiguous run of blocks per layer, and
 // iterations walk through enough layers that the working set is at least
@@ -18,6 +17,8 @@
 // one 8 MiB layer, which stays in the LLC: they measure the kernel's compute
 // speed against a DRAM read of WorkingSetBytes() (of_ceiling above 1 means
 // faster than DRAM can feed it).
+//
+// BM_AppendDecodeKv: the append path's speed on one thread (see there).
 //
 //   bazel run --config=cpu -c opt //kernels/cpu/decode_attention:decode_attention_benchmark --
 //     --benchmark_filter='isa:2/batch:8/.*pairs:1'
@@ -125,8 +126,7 @@ SpinPool& Pool() {
     absl::StatusOr<trident::cpu::CpuPlacement> placement = trident::cpu::GetCpuPlacement();
     std::vector<int> cpus = {0};
     if (placement.ok()) {
-      cpus.assign(placement->cpus.begin(),
-                  placement->cpus.begin() + placement->num_physical_cores);
+      cpus.assign(placement->cpus.begin(), placement->cpus.begin() + placement->num_physical_cores);
     }
     return new SpinPool(cpus);
   }();
@@ -170,8 +170,8 @@ double StreamingReadGbps(SpinPool& pool, const char* buffer, int64_t bytes, int 
   for (int pass = 0; pass <= passes; ++pass) {
     const auto start = std::chrono::steady_clock::now();
     pool.Run([&](int i) {
-      sinks[i * 8] += avx512 ? SumAvx512(buffer + i * slice, slice)
-                             : SumAvx2(buffer + i * slice, slice);
+      sinks[i * 8] +=
+          avx512 ? SumAvx512(buffer + i * slice, slice) : SumAvx2(buffer + i * slice, slice);
     });
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -244,8 +244,8 @@ void BM_DecodeAttention(benchmark::State& state) {
   // filled: the same pages, so the ratio does not depend on where they
   // landed (on some hosts a read varies by 30% from one allocation to the
   // next).
-  const double ceiling = hot ? DramCeilingGbps()
-                             : StreamingReadGbps(pool, kv.get(), layer_bytes * layers, 3);
+  const double ceiling =
+      hot ? DramCeilingGbps() : StreamingReadGbps(pool, kv.get(), layer_bytes * layers, 3);
   std::vector<float> q(static_cast<size_t>(batch) * kQHeads * kHeadDim, 0.01f);
   std::vector<float> o(q.size()), lse(static_cast<size_t>(batch) * kQHeads);
   std::vector<std::vector<DecodeSequence>> seqs(layers);
@@ -301,6 +301,56 @@ BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"isa", "batch", "context", "hot", "pairs"})
     ->Apply(Shapes)
     ->UseRealTime();
+
+// AppendDecodeKv on one thread: a migration's 512-token append of one
+// layer (32 blocks of 16 tokens or 16 of 32) into a bf16 store, from f32 or
+// bf16 rows. Counter: GB/s of K + V written (bf16).
+void BM_AppendDecodeKv(benchmark::State& state) {
+  const bool pairs = state.range(0) != 0;
+  const bool bf16_rows = state.range(1) != 0;
+  constexpr int32_t kTokens = 512;
+  const int32_t block_size = pairs ? 32 : 16;
+  const int64_t half = int64_t{kKvHeads} * block_size * kHeadDim;
+  const DecodeKvLayout layout{.dtype = numeric::DType::kBF16,
+                              .num_kv_heads = kKvHeads,
+                              .head_dim = kHeadDim,
+                              .block_size = block_size,
+                              .block_stride_elems = 2 * half,
+                              .value_offset_elems = half,
+                              .packing = pairs ? DecodeKvPacking::kPairs : DecodeKvPacking::kRows};
+  std::vector<uint16_t> cache(static_cast<size_t>(kTokens / block_size) * 2 * half);
+  const size_t row = static_cast<size_t>(kKvHeads) * kHeadDim;
+  std::vector<float> k(kTokens * row, 0.5f), v(k.size(), -0.25f);
+  std::vector<uint16_t> k_bits(k.size(), 0x3f00), v_bits(k.size(), 0xbe80);
+  std::vector<DecodeKvAppend> tokens(kTokens);
+  for (int32_t t = 0; t < kTokens; ++t) {
+    tokens[t] = DecodeKvAppend{.kv = cache.data(), .position = t};
+    if (bf16_rows) {
+      tokens[t].k_bf16 = &k_bits[t * row];
+      tokens[t].v_bf16 = &v_bits[t * row];
+    } else {
+      tokens[t].k = &k[t * row];
+      tokens[t].v = &v[t * row];
+    }
+  }
+  for (auto _ : state) {
+    if (absl::Status s = AppendDecodeKv(layout, tokens); !s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(cache.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kTokens) * kTokenBytes,
+                                              benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+BENCHMARK(BM_AppendDecodeKv)
+    ->ArgNames({"pairs", "bf16_rows"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1});
 
 }  // namespace
 }  // namespace trident::kernels::cpu
