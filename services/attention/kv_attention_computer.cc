@@ -136,8 +136,22 @@ void KvAttentionComputer::Append(const RequestView& request) {
     append.k = &k_[i * kv_elems];
     append.v = &v_[i * kv_elems];
   }
-  // CheckShapes made the layouts agree and the positions fit.
-  TRIDENT_CHECK_OK(kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_.front().layout), appends_));
+  // CheckShapes made the layouts agree and the positions fit. Entries are
+  // independent: a large append (a migration's chunk) is split over the
+  // threads, so that it holds the dispatcher (and the decode steps queued
+  // behind it) as briefly as it can.
+  const kernels::cpu::DecodeKvLayout layout = KernelLayout(*pinned_.front().layout);
+  const int threads = n >= kParallelAppendTokens ? std::max(1, executor_.threads) : 1;
+  if (threads == 1) {
+    TRIDENT_CHECK_OK(kernels::cpu::AppendDecodeKv(layout, appends_));
+    return;
+  }
+  executor_.run([&](int thread) {
+    const size_t begin = n * thread / threads, end = n * (thread + 1) / threads;
+    if (begin == end) return;
+    TRIDENT_CHECK_OK(kernels::cpu::AppendDecodeKv(
+        layout, absl::MakeConstSpan(appends_).subspan(begin, end - begin)));
+  });
 }
 
 absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply_rows) {

@@ -40,6 +40,8 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
   // Most sequences, and q heads, one request may carry.
   static constexpr int32_t kMaxSequences = 1024;
   static constexpr int32_t kMaxQHeads = 128;
+  // Requests with at least this many tokens append on every thread.
+  static constexpr size_t kParallelAppendTokens = 64;
 
   // `store` must outlive the computer. The kernel's errors
   // (FAILED_PRECONDITION for an ISA this CPU lacks).
@@ -47,8 +49,7 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
       SequenceStore* store, Executor executor,
       kernels::cpu::DecodeIsa isa = kernels::cpu::DecodeIsa::kAuto);
 
-  absl::Status Compute(const transport::attention::RequestView& request,
-                       char* reply_rows) override;
+  absl::Status Compute(const transport::attention::RequestView& request, char* reply_rows) override;
 
   // KV bytes the kernel read, over every request so far.
   // Thread-safe.

@@ -130,6 +130,31 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
     if (status.ok()) transport::attention::FromWire(wire, reply.data(), o->data(), o->size());
     return status;
   }
+  // An append-only request: token first + i of `handle` gets the k and v
+  // of rows[i] (their q part is not sent).
+  absl::Status AppendOnly(int32_t layer, uint64_t handle, int32_t first,
+                          const std::vector<std::vector<float>>& rows) {
+    RequestHeader h{.dtype = WireDType::kF32,
+                    .flags = transport::attention::kAppendOnly,
+                    .owner_incarnation = kIncarnation,
+                    .layer = layer,
+                    .num_sequences = static_cast<int32_t>(rows.size()),
+                    .num_q_heads = kQHeads,
+                    .num_kv_heads = kKvHeads,
+                    .head_dim = kHeadDim};
+    std::vector<uint64_t> data((RequestDataBytes(h) + 7) / 8);
+    auto* entries = reinterpret_cast<SequenceEntry*>(data.data());
+    float* kv = reinterpret_cast<float*>(entries + rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      entries[i] = SequenceEntry{.handle = handle, .position = first + static_cast<int32_t>(i)};
+      std::copy(rows[i].begin() + kQ, rows[i].end(), kv + i * 2 * kKv);
+    }
+    auto view = transport::attention::DecodeRequest(
+        transport::attention::EncodeRequestHeader(h),
+        absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h)));
+    if (!view.ok()) return view.status();
+    return computer_->Compute(*view, nullptr);
+  }
   std::vector<float> RandomRow() {
     std::vector<float> row(kRow);
     for (float& x : row) x = dist_(rng_);
@@ -185,6 +210,26 @@ TEST_P(KvAttentionComputerTest, DecodesEachSequenceOverEverythingAppendedToIt) {
   }
   EXPECT_EQ(store_.Stats().held_tokens, 35 + 18);
   EXPECT_GT(computer_->kv_bytes_read(), 0);
+}
+
+TEST_P(KvAttentionComputerTest, ALargeAppendSplitOverTheThreadsStoresEveryToken) {
+  // 100 tokens in one append-only request (a migration's chunk: split over
+  // the executor's 3 threads), then a decode step over all of them.
+  constexpr int32_t kTokens = 100;
+  static_assert(kTokens >= KvAttentionComputer::kParallelAppendTokens);
+  const uint64_t a = Admit("a", kTokens + 1);
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    std::vector<std::vector<float>> rows;
+    for (int32_t t = 0; t < kTokens; ++t) rows.push_back(RandomRow());
+    ASSERT_THAT(AppendOnly(layer, a, 0, rows), IsOk());
+    rows.push_back(RandomRow());
+    std::vector<float> o;
+    ASSERT_THAT(Send(layer, {a}, {kTokens}, {rows.back()}, &o), IsOk());
+    const double tolerance = GetParam().dtype == numeric::DType::kF32 ? 1e-5 : 2e-2;
+    const std::vector<float> want = Reference(rows, 0);
+    for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[j], want[j], tolerance) << layer << " " << j;
+  }
+  EXPECT_EQ(store_.Stats().held_tokens, kTokens + 1);
 }
 
 TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {
