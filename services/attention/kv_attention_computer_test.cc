@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -96,30 +98,49 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
     EXPECT_THAT(admitted.status(), IsOk());
     return admitted.ok() ? admitted->handle : 0;
   }
+  // A request's data: entry i names handles[i] at positions[i], and
+  // write_row(i, dst) writes its row.
+  static std::vector<uint64_t> Pack(const RequestHeader& h, const std::vector<uint64_t>& handles,
+                                    const std::vector<int32_t>& positions,
+                                    const std::function<void(size_t, char*)>& write_row) {
+    std::vector<uint64_t> data((RequestDataBytes(h) + 7) / 8);
+    auto* entries = reinterpret_cast<SequenceEntry*>(data.data());
+    char* rows = reinterpret_cast<char*>(entries + handles.size());
+    const size_t row_bytes = QkvRowElements(h) * WireElementSize(h.dtype);
+    for (size_t i = 0; i < handles.size(); ++i) {
+      entries[i] = SequenceEntry{.handle = handles[i], .position = positions[i]};
+      write_row(i, rows + i * row_bytes);
+    }
+    return data;
+  }
+  static absl::StatusOr<transport::attention::RequestView> View(const RequestHeader& h,
+                                                                const std::vector<uint64_t>& data) {
+    return transport::attention::DecodeRequest(
+        transport::attention::EncodeRequestHeader(h),
+        absl::string_view(reinterpret_cast<const char*>(data.data()), RequestDataBytes(h)));
+  }
+  static RequestHeader Header(int32_t layer, size_t sequences, WireDType wire,
+                              uint64_t incarnation = kIncarnation, uint8_t flags = 0) {
+    return RequestHeader{.dtype = wire,
+                         .flags = flags,
+                         .owner_incarnation = incarnation,
+                         .layer = layer,
+                         .num_sequences = static_cast<int32_t>(sequences),
+                         .num_q_heads = kQHeads,
+                         .num_kv_heads = kKvHeads,
+                         .head_dim = kHeadDim};
+  }
   // Sends one request for `handles` at `positions` with `rows` (one per
   // sequence), returning the status and o.
   absl::Status Send(int32_t layer, const std::vector<uint64_t>& handles,
                     const std::vector<int32_t>& positions,
                     const std::vector<std::vector<float>>& rows, std::vector<float>* o,
                     uint64_t incarnation = kIncarnation, WireDType wire = WireDType::kF32) {
-    RequestHeader h{.dtype = wire,
-                    .owner_incarnation = incarnation,
-                    .layer = layer,
-                    .num_sequences = static_cast<int32_t>(handles.size()),
-                    .num_q_heads = kQHeads,
-                    .num_kv_heads = kKvHeads,
-                    .head_dim = kHeadDim};
-    std::vector<uint64_t> data((RequestDataBytes(h) + 7) / 8);
-    auto* entries = reinterpret_cast<SequenceEntry*>(data.data());
-    char* row = reinterpret_cast<char*>(entries + handles.size());
-    for (size_t i = 0; i < handles.size(); ++i) {
-      entries[i] = SequenceEntry{.handle = handles[i], .position = positions[i]};
-      transport::attention::ToWire(wire, rows[i].data(), row + i * kRow * WireElementSize(wire),
-                                   kRow);
-    }
-    auto view = transport::attention::DecodeRequest(
-        transport::attention::EncodeRequestHeader(h),
-        absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h)));
+    const RequestHeader h = Header(layer, handles.size(), wire, incarnation);
+    const std::vector<uint64_t> data = Pack(h, handles, positions, [&](size_t i, char* dst) {
+      transport::attention::ToWire(wire, rows[i].data(), dst, kRow);
+    });
+    auto view = View(h, data);
     if (!view.ok()) return view.status();
     o->assign(handles.size() * kQ, -7.0f);
     if (wire == WireDType::kF32)
@@ -134,24 +155,15 @@ class KvAttentionComputerTest : public ::testing::TestWithParam<Param> {
   // of rows[i] (their q part is not sent).
   absl::Status AppendOnly(int32_t layer, uint64_t handle, int32_t first,
                           const std::vector<std::vector<float>>& rows) {
-    RequestHeader h{.dtype = WireDType::kF32,
-                    .flags = transport::attention::kAppendOnly,
-                    .owner_incarnation = kIncarnation,
-                    .layer = layer,
-                    .num_sequences = static_cast<int32_t>(rows.size()),
-                    .num_q_heads = kQHeads,
-                    .num_kv_heads = kKvHeads,
-                    .head_dim = kHeadDim};
-    std::vector<uint64_t> data((RequestDataBytes(h) + 7) / 8);
-    auto* entries = reinterpret_cast<SequenceEntry*>(data.data());
-    float* kv = reinterpret_cast<float*>(entries + rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      entries[i] = SequenceEntry{.handle = handle, .position = first + static_cast<int32_t>(i)};
-      std::copy(rows[i].begin() + kQ, rows[i].end(), kv + i * 2 * kKv);
-    }
-    auto view = transport::attention::DecodeRequest(
-        transport::attention::EncodeRequestHeader(h),
-        absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h)));
+    const RequestHeader h = Header(layer, rows.size(), WireDType::kF32, kIncarnation,
+                                   transport::attention::kAppendOnly);
+    std::vector<int32_t> positions(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) positions[i] = first + static_cast<int32_t>(i);
+    const std::vector<uint64_t> data =
+        Pack(h, std::vector<uint64_t>(rows.size(), handle), positions, [&](size_t i, char* dst) {
+          std::memcpy(dst, rows[i].data() + kQ, 2 * kKv * sizeof(float));
+        });
+    auto view = View(h, data);
     if (!view.ok()) return view.status();
     return computer_->Compute(*view, nullptr);
   }
