@@ -56,6 +56,18 @@ constexpr int32_t kKvHeads = 8;
 constexpr int32_t kHeadDim = 128;
 constexpr int64_t kTokenBytes = 2LL * kKvHeads * kHeadDim * 2;  // K + V, bf16.
 
+// The benchmark's bf16 KV layout: blocks of `block_size` tokens, K then V.
+DecodeKvLayout Bf16Layout(int32_t block_size, DecodeKvPacking packing) {
+  const int64_t half = int64_t{kKvHeads} * block_size * kHeadDim;
+  return DecodeKvLayout{.dtype = numeric::DType::kBF16,
+                        .num_kv_heads = kKvHeads,
+                        .head_dim = kHeadDim,
+                        .block_size = block_size,
+                        .block_stride_elems = 2 * half,
+                        .value_offset_elems = half,
+                        .packing = packing};
+}
+
 // Bytes the KV copies (and the ceiling's buffer) span: 4x the last-level
 // cache, at least 512 MiB (the GPU host's LLC is 300 MiB).
 int64_t WorkingSetBytes() {
@@ -219,14 +231,8 @@ void BM_DecodeAttention(benchmark::State& state) {
   DecodeAttention& kernel = **created;
   state.SetLabel(absl::StrCat(DecodeIsaName(kernel.isa()), " ", DecodeKvPackingName(packing)));
 
-  const int64_t half = static_cast<int64_t>(kKvHeads) * block_size * kHeadDim;
-  const DecodeKvLayout layout{.dtype = numeric::DType::kBF16,
-                              .num_kv_heads = kKvHeads,
-                              .head_dim = kHeadDim,
-                              .block_size = block_size,
-                              .block_stride_elems = 2 * half,
-                              .value_offset_elems = half,
-                              .packing = packing};
+  const DecodeKvLayout layout = Bf16Layout(block_size, packing);
+  const int64_t half = layout.value_offset_elems;
   const int64_t blocks = (context + block_size - 1) / block_size;
   const int64_t seq_bytes = blocks * 2 * half * 2;
   const int64_t layer_bytes = seq_bytes * batch;
@@ -310,14 +316,9 @@ void BM_AppendDecodeKv(benchmark::State& state) {
   const bool bf16_rows = state.range(1) != 0;
   constexpr int32_t kTokens = 512;
   const int32_t block_size = pairs ? 32 : 16;
-  const int64_t half = int64_t{kKvHeads} * block_size * kHeadDim;
-  const DecodeKvLayout layout{.dtype = numeric::DType::kBF16,
-                              .num_kv_heads = kKvHeads,
-                              .head_dim = kHeadDim,
-                              .block_size = block_size,
-                              .block_stride_elems = 2 * half,
-                              .value_offset_elems = half,
-                              .packing = pairs ? DecodeKvPacking::kPairs : DecodeKvPacking::kRows};
+  const DecodeKvLayout layout =
+      Bf16Layout(block_size, pairs ? DecodeKvPacking::kPairs : DecodeKvPacking::kRows);
+  const int64_t half = layout.value_offset_elems;
   std::vector<uint16_t> cache(static_cast<size_t>(kTokens / block_size) * 2 * half);
   const size_t row = static_cast<size_t>(kKvHeads) * kHeadDim;
   std::vector<float> k(kTokens * row, 0.5f), v(k.size(), -0.25f);
