@@ -1,5 +1,6 @@
 #include "common/transport/attention/ucx_attention_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -51,12 +52,15 @@ absl::Status CheckAppend(const KvAppendCall& call) {
 // ([k | v] for an append: call.q null). With `bf16_rows` (an append whose
 // rows are bf16 already), k and v come from its k_bf16 and v_bf16 as they
 // are.
-std::shared_ptr<std::vector<uint64_t>> PackRequest(const AttentionCall& call,
-                                                   const RequestHeader& header,
-                                                   const KvAppendCall* bf16_rows = nullptr) {
+// Every byte is written (the buffer is not zero-filled first: a migration
+// sends megabytes a request).
+std::shared_ptr<uint64_t[]> PackRequest(const AttentionCall& call, const RequestHeader& header,
+                                        const KvAppendCall* bf16_rows = nullptr) {
   const size_t bytes = RequestDataBytes(header);
-  auto buffer = std::make_shared<std::vector<uint64_t>>((bytes + 7) / 8);
-  char* data = reinterpret_cast<char*>(buffer->data());
+  const size_t words = (bytes + 7) / 8;
+  std::shared_ptr<uint64_t[]> buffer(new uint64_t[std::max<size_t>(words, 1)]);
+  if (words > 0) buffer[words - 1] = 0;  // The padding past `bytes`.
+  char* data = reinterpret_cast<char*>(buffer.get());
   auto* entries = reinterpret_cast<SequenceEntry*>(data);
   for (size_t i = 0; i < call.handles.size(); ++i) {
     entries[i] = SequenceEntry{.handle = call.handles[i], .position = call.positions[i]};
@@ -138,14 +142,14 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
                          .num_kv_heads = call.num_kv_heads,
                          .head_dim = call.head_dim,
                          .lane = lane};
-    std::shared_ptr<std::vector<uint64_t>> data = PackRequest(call, header, bf16_rows);
+    std::shared_ptr<uint64_t[]> data = PackRequest(call, header, bf16_rows);
     header.request_id = client_->AddPending(call);
     const uint64_t request_id = header.request_id;
     UcxAttentionClient* client = client_;
     std::string service_id = service_id_;
     const size_t bytes = RequestDataBytes(header);
     endpoint->Send(
-        kAttentionRequestMessageId, EncodeRequestHeader(header), data->data(), bytes,
+        kAttentionRequestMessageId, EncodeRequestHeader(header), data.get(), bytes,
         [client, request_id, data, service_id](absl::Status status) {
           if (!status.ok()) {
             client->Fail(request_id,
