@@ -102,7 +102,10 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
         std::max(step_costs_.round_trip_seconds, service->costs.round_trip_seconds);
   }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
-  migrator_ = std::thread([this] { MigrationLoop(); });
+  migration_scratch_.resize(std::max(1, options_.background_move_threads));
+  for (size_t slot = 0; slot < migration_scratch_.size(); ++slot) {
+    migrators_.emplace_back([this, slot] { MigrationLoop(migration_scratch_[slot]); });
+  }
   return absl::OkStatus();
 }
 
@@ -114,7 +117,7 @@ AttentionOffload::~AttentionOffload() {
   if (housekeeping_.joinable()) housekeeping_.join();
   // A copy under way ends first (each of its waits is bounded); its service
   // copy, if any, goes with this worker's session.
-  if (migrator_.joinable()) migrator_.join();
+  for (std::thread& migrator : migrators_) migrator.join();
 }
 
 absl::Status AttentionOffload::Connect(Service& service) {
@@ -231,7 +234,7 @@ AttentionOffload::Service* AttentionOffload::PickService() {
 }
 
 void AttentionOffload::BeforeStep(engine::EngineCore& core) {
-  FinishMigration(core);
+  FinishMigrations(core);
   std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   const engine::EngineStats stats = core.stats();
   PoolOccupancy pool{stats.blocks_free, stats.blocks_total};
@@ -244,21 +247,20 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   StepShape next = SteadyDecodeShape(stats.running, stats.remote_running,
                                      stats.batch_context_tokens, stats.remote_tokens);
   StepShape longest = next;
-  bool migrating = false;
+  size_t migrating = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (migration_ != nullptr) {
+    migrating = migrations_.size();
+    for (const auto& migration : migrations_) {
       // Its blocks are as good as free, and it as good as moved (a waiting
       // sequence takes its place here).
-      migrating = true;
       const auto it = std::find_if(candidates.begin(), candidates.end(),
-                                   [&](const auto& c) { return c.id == migration_->candidate.id; });
-      if (it != candidates.end()) {
-        pool.blocks_free += static_cast<int32_t>(it->blocks.size());
-        next.cpu_contexts.push_back(it->num_computed);
-        longest.cpu_contexts.push_back(it->max_len);
-        candidates.erase(it);
-      }
+                                   [&](const auto& c) { return c.id == migration->candidate.id; });
+      if (it == candidates.end()) continue;
+      pool.blocks_free += static_cast<int32_t>(it->blocks.size());
+      next.cpu_contexts.push_back(it->num_computed);
+      longest.cpu_contexts.push_back(it->max_len);
+      candidates.erase(it);
     }
   }
   if (candidates.empty()) return;
@@ -268,7 +270,10 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
                                         [&](const auto& c) { return c.id == choice.id; });
     const bool background = options_.background_moves && choice.rule == OffloadRule::kPoolPressure;
-    if (background && migrating) continue;  // One background move at a time.
+    if (background &&
+        migrating >= static_cast<size_t>(std::max(1, options_.background_move_threads))) {
+      continue;  // As many background moves at once as there are threads.
+    }
     double planned = 0;
     if (!MayMove(*candidate, next, longest, &planned)) {
       core.NoteMoveHeld();
@@ -280,7 +285,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     longest.cpu_contexts.push_back(candidate->max_len);
     if (background) {
       StartMigration(*candidate, *service, planned);
-      migrating = true;
+      ++migrating;
       continue;
     }
     const absl::Time start = absl::Now();
@@ -361,21 +366,27 @@ void AttentionOffload::StartMigration(const engine::OffloadCandidate& candidate,
   migration->planned_step_seconds = planned_step_seconds;
   absl::MutexLock lock(&mu_);
   migration->channel = service.channel.get();
-  migration_ = std::move(migration);
+  migrations_.push_back(std::move(migration));
 }
 
-void AttentionOffload::MigrationLoop() {
+void AttentionOffload::MigrationLoop(CopyScratch& scratch) {
   while (true) {
-    Migration* m;
+    Migration* m = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](AttentionOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return self->stopping_ || (self->migration_ != nullptr && !self->migration_->done);
-          },
-          this));
+      auto unstarted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Migration* {
+        for (const auto& migration : migrations_) {
+          if (!migration->started) return migration.get();
+        }
+        return nullptr;
+      };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || unstarted() != nullptr;
+      };
+      mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
-      m = migration_.get();
+      m = unstarted();
+      m->started = true;
     }
     // Only this thread touches *m until it is done.
     absl::StatusOr<uint64_t> handle = Admit(*m->service, m->candidate.id, m->candidate.max_len);
@@ -383,7 +394,7 @@ void AttentionOffload::MigrationLoop() {
     if (handle.ok()) {
       m->handle = *handle;
       m->admitted = true;
-      status = CopyKv(m->candidate, 0, *m->channel, *handle, migration_scratch_);
+      status = CopyKv(m->candidate, 0, *m->channel, *handle, scratch);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -394,13 +405,23 @@ void AttentionOffload::MigrationLoop() {
   }
 }
 
-void AttentionOffload::FinishMigration(engine::EngineCore& core) {
-  std::unique_ptr<Migration> m;
+void AttentionOffload::FinishMigrations(engine::EngineCore& core) {
+  std::vector<std::unique_ptr<Migration>> done;
   {
     absl::MutexLock lock(&mu_);
-    if (migration_ == nullptr || !migration_->done) return;
-    m = std::move(migration_);
+    for (auto it = migrations_.begin(); it != migrations_.end();) {
+      if ((*it)->done) {
+        done.push_back(std::move(*it));
+        it = migrations_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
+  for (std::unique_ptr<Migration>& m : done) FinishMigration(core, std::move(m));
+}
+
+void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr<Migration> m) {
   const std::string& id = m->candidate.id;
   absl::Status status = m->status;
   if (status.ok()) {

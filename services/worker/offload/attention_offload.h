@@ -11,10 +11,11 @@
 // fails) stays resident; nothing is lost.
 //
 // A long-context move (placement) is copied before the step. A
-// pool-pressure move is copied in the background (one at a time, on the
-// migration thread) while the engine keeps stepping, the sequence still
-// decoding here: copying a long sequence's KV takes many decode steps, and
-// before the step every running sequence would wait for it. Once the copy
+// pool-pressure move is copied in the background (background_move_threads
+// at once, each on a migration thread) while the engine keeps stepping,
+// the sequence still decoding here: copying a long sequence's KV takes many
+// decode steps, and before the step every running sequence would wait for
+// it. Once the copy
 // is done, the next BeforeStep appends the tokens decoded meanwhile and
 // moves the sequence; if it finished or lost its blocks (preempted) in
 // between, the service's copy is released instead.
@@ -74,6 +75,8 @@ struct AttentionOffloadOptions {
   // Copy pool-pressure moves in the background (see the header comment);
   // off: before the step, like long-context moves.
   bool background_moves = true;
+  // Background moves copied at once, each on a migration thread of its own.
+  int32_t background_move_threads = 2;
   // Called (migration thread) when a background copy is done, so that an
   // engine loop waiting for blocks steps again (engine::Engine::Wake).
   std::function<void()> wake;
@@ -166,6 +169,7 @@ class AttentionOffload final : public engine::StepHook {
     engine::OffloadCandidate candidate;
     Service* service = nullptr;
     transport::attention::RemoteAttention* channel = nullptr;
+    bool started = false;  // A migration thread has it.
     bool admitted = false;
     uint64_t handle = 0;
     absl::Time start;
@@ -193,10 +197,14 @@ class AttentionOffload final : public engine::StepHook {
   // Hands `candidate` to the migration thread.
   void StartMigration(const engine::OffloadCandidate& candidate, Service& service,
                       double planned_step_seconds) ABSL_LOCKS_EXCLUDED(mu_);
-  // When the background copy is done: appends what was decoded meanwhile
-  // and moves the sequence, or releases the copy. Engine loop thread.
-  void FinishMigration(engine::EngineCore& core) ABSL_LOCKS_EXCLUDED(mu_);
-  void MigrationLoop();
+  // For each background copy that is done: appends what was decoded
+  // meanwhile and moves the sequence, or releases the copy. Engine loop
+  // thread.
+  void FinishMigrations(engine::EngineCore& core) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishMigration(engine::EngineCore& core, std::unique_ptr<Migration> m)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A migration thread: copies the migrations no thread has taken yet.
+  void MigrationLoop(CopyScratch& scratch);
   // Points scratch.block_data[i] at block first / block_size + i of the
   // candidate in `layer` (K, then V value_offset_bytes on), for the blocks
   // holding positions [first, last), in host memory: the pool's own, or
@@ -241,18 +249,19 @@ class AttentionOffload final : public engine::StepHook {
   StepShape shape_;
   // A device pool's copier (null for a host pool; thread-safe).
   std::unique_ptr<backend::KvCopier> copier_;
-  CopyScratch loop_scratch_;       // engine loop thread only
-  CopyScratch migration_scratch_;  // migration thread only
+  CopyScratch loop_scratch_;  // engine loop thread only
+  // One per migration thread (sized in Start, before they run).
+  std::vector<CopyScratch> migration_scratch_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Release> releases_ ABSL_GUARDED_BY(mu_);
   AttentionOffloadStats stats_ ABSL_GUARDED_BY(mu_);
-  // The background move, from StartMigration to FinishMigration (the
-  // migration thread works on it while it is not done).
-  std::unique_ptr<Migration> migration_ ABSL_GUARDED_BY(mu_);
+  // Background moves, from StartMigration to FinishMigrations (a migration
+  // thread works on each while it is started and not done).
+  std::vector<std::unique_ptr<Migration>> migrations_ ABSL_GUARDED_BY(mu_);
   std::thread housekeeping_;
-  std::thread migrator_;
+  std::vector<std::thread> migrators_;
 };
 
 }  // namespace trident::worker
