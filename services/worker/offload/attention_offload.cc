@@ -202,7 +202,9 @@ absl::StatusOr<uint64_t> AttentionOffload::Admit(Service& service, const std::st
 
 void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
   shape_ = StepShape{};
+  bool decode_only = true;
   for (const backend::StepSequence& s : batch) {
+    decode_only = decode_only && s.tokens.size() == 1;
     const int64_t context = s.start_position + static_cast<int64_t>(s.tokens.size());
     if (s.remote.service != nullptr) {
       shape_.cpu_contexts.push_back(context);
@@ -212,6 +214,9 @@ void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
     }
   }
   const PipelinePlan plan = PlanPipeline(shape_, step_costs_, options_.pipeline);
+  // A step with prompt chunks keeps the answers waiting behind them: only
+  // decode steps teach the planner the service's speed (ObserveCpuCosts).
+  planned_cpu_step_seconds_ = decode_only ? plan.cpu_seconds * memory_.spec.num_layers : 0;
   size_t cpu = 0;
   for (backend::StepSequence& s : batch) {
     if (s.remote.service == nullptr) continue;
@@ -233,10 +238,22 @@ AttentionOffload::Service* AttentionOffload::PickService() {
   return best;
 }
 
+void AttentionOffload::ObserveCpuCosts(double round_trip_seconds_total) {
+  const double observed = round_trip_seconds_total - round_trip_seconds_seen_;
+  round_trip_seconds_seen_ = round_trip_seconds_total;
+  if (planned_cpu_step_seconds_ <= 0) return;
+  step_costs_.cpu_scale =
+      UpdateCpuScale(step_costs_.cpu_scale, observed, planned_cpu_step_seconds_);
+  planned_cpu_step_seconds_ = 0;
+  absl::MutexLock lock(&mu_);
+  stats_.cpu_cost_scale = step_costs_.cpu_scale;
+}
+
 void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   FinishMigrations(core);
-  std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   const engine::EngineStats stats = core.stats();
+  ObserveCpuCosts(stats.remote_round_trip_seconds_total);
+  std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   PoolOccupancy pool{stats.blocks_free, stats.blocks_total};
   // The decode step (not the last planned one: that exists only once some
   // sequence is CPU-resident, and may carry a prompt chunk), grown by each
@@ -323,7 +340,7 @@ void AttentionOffload::LogMove(const std::string& id, int32_t tokens, const Serv
                     << service.service_id << (background ? ", copied in the background," : "")
                     << " in " << absl::ToDoubleMilliseconds(took)
                     << " ms; planned decode step with it " << planned_step_seconds * 1e3 << " ms, "
-                    << cpu_resident << " CPU-resident";
+                    << cpu_resident << " CPU-resident, CPU cost scale " << step_costs_.cpu_scale;
 }
 
 void AttentionOffload::NoteFailure(Service& service, const absl::Status& status) {

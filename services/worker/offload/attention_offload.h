@@ -110,6 +110,9 @@ struct AttentionOffloadStats {
   int64_t pipelined_steps = 0;  // Of those, run with a second sub-batch.
   // The planner's estimate for the last planned step.
   double last_hidden_fraction = 0;
+  // StepCosts::cpu_scale: the service's observed time over the start-up
+  // table's, as the planner now uses it.
+  double cpu_cost_scale = 1.0;
 };
 
 class AttentionOffload final : public engine::StepHook {
@@ -127,7 +130,8 @@ class AttentionOffload final : public engine::StepHook {
 
   void BeforeStep(engine::EngineCore& core) override;
   void OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) override;
-  // Marks the CPU-resident sequences of the second sub-batch (PlanPipeline).
+  // Marks the CPU-resident sequences of the second sub-batch (PlanPipeline),
+  // and notes the CPU time planned for a decode-only step.
   void PlanBatch(absl::Span<backend::StepSequence> batch) override;
 
   AttentionOffloadStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -187,6 +191,10 @@ class AttentionOffload final : public engine::StepHook {
   // Admits `candidate` at `service`, copies its KV and moves it.
   absl::Status Move(engine::EngineCore& core, const engine::OffloadCandidate& candidate,
                     Service& service);
+  // Brings step_costs_.cpu_scale toward what the last planned decode step's
+  // CPU requests took (the engine's round-trip total, cumulative). Engine
+  // loop thread.
+  void ObserveCpuCosts(double round_trip_seconds_total);
   // Whether the guards let `candidate` move (keep_throughput on `next`,
   // max_step_time on `longest`); sets *planned to the planned decode step
   // with it.
@@ -247,6 +255,10 @@ class AttentionOffload final : public engine::StepHook {
   BackendCosts backend_costs_;
   StepCosts step_costs_;
   StepShape shape_;
+  // PlanBatch's CPU seconds for its step (0: not a decode-only step), and
+  // the engine's round-trip total as last seen (engine loop thread).
+  double planned_cpu_step_seconds_ = 0;
+  double round_trip_seconds_seen_ = 0;
   // A device pool's copier (null for a host pool; thread-safe).
   std::unique_ptr<backend::KvCopier> copier_;
   CopyScratch loop_scratch_;  // engine loop thread only

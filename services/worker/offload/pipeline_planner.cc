@@ -48,8 +48,10 @@ Estimate EstimateStep(const StepShape& shape, const StepCosts& costs,
     (i < k ? second_context : first_context) += shape.cpu_contexts[order[i]];
   }
   auto cpu = [&](size_t n, int64_t context) {
-    return n == 0 ? 0.0
-                  : costs.cpu_attention.At(static_cast<double>(context)) + costs.round_trip_seconds;
+    return n == 0
+               ? 0.0
+               : (costs.cpu_attention.At(static_cast<double>(context)) + costs.round_trip_seconds) *
+                     costs.cpu_scale;
   };
   const double local =
       shape.local_context_tokens > 0
@@ -112,6 +114,7 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
   plan.pipelined = static_cast<int32_t>(best);
   plan.planned_seconds = chosen.seconds;
   plan.hidden_fraction = chosen.cpu > 0 ? chosen.hidden / chosen.cpu : 0;
+  plan.cpu_seconds = chosen.cpu;
   return plan;
 }
 
@@ -142,6 +145,15 @@ bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineM
                        int64_t context, int32_t num_layers, double max_step_seconds) {
   if (max_step_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
   return PlannedStepSeconds(shape, costs, mode, context, num_layers) <= max_step_seconds;
+}
+
+double UpdateCpuScale(double scale, double observed, double planned) {
+  if (observed <= 0 || planned <= 0) return scale;
+  constexpr double kAlpha = 0.2;
+  // `planned` was at `scale`: the ratio at scale 1 is observed / planned
+  // times it.
+  const double sample = scale * observed / planned;
+  return std::clamp((1 - kAlpha) * scale + kAlpha * sample, 0.25, 8.0);
 }
 
 StepShape SteadyDecodeShape(int32_t running, int32_t remote_running, int64_t batch_context_tokens,

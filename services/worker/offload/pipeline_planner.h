@@ -61,6 +61,10 @@ struct StepCosts {
   CostCurve cpu_attention;
   // Transport of one request and its answer, beyond the service's compute.
   double round_trip_seconds = 0;
+  // What the CPU terms (cpu_attention + round_trip_seconds) are multiplied
+  // by: the observed service time over the planned one while serving
+  // (UpdateCpuScale), since a start-up probe alone can be off 2x.
+  double cpu_scale = 1.0;
 };
 
 enum class PipelineMode { kAuto, kAlways, kNever };
@@ -84,9 +88,18 @@ struct PipelinePlan {
   // Estimated share of the CPU sequences' attention time (round trip
   // included) hidden under the backend's work, as planned.
   double hidden_fraction = 0;
+  // Estimated per-layer seconds of the CPU sequences' requests (round
+  // trips included, hidden or not), as planned.
+  double cpu_seconds = 0;
 };
 
 PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, PipelineMode mode);
+
+// The next cpu_scale after a step whose CPU requests took `observed`
+// seconds in all against `planned` (PipelinePlan::cpu_seconds times the
+// layers, at `scale`): an average weighted 0.2 to the newest step, kept in
+// [0.25, 8]. `scale` unchanged when either is not positive.
+double UpdateCpuScale(double scale, double observed, double planned);
 
 // The decode step a running batch settles into, from the engine's counts
 // (EngineStats: running and CPU-resident sequences, the context of those

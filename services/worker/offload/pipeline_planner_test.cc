@@ -187,6 +187,50 @@ TEST(MoveKeepsStepTimeTest, MovesWhileTheStepStaysWithinTheTarget) {
   EXPECT_TRUE(MoveKeepsStepTime(shape, costs, PipelineMode::kAuto, 2048, 1, 3 * step));
 }
 
+TEST(CpuScaleTest, ObservedServiceTimeScalesTheCpuTermsAndTheGuardFollows) {
+  StepCosts costs = ComputeBound();
+  costs.cpu_attention = CostCurve({{0, 0.1 * kMs}, {2048, 1.5 * kMs}});
+  StepShape shape = SteadyDecodeShape(4, 0, 4 * 2048, 0);
+  shape.cpu_contexts.push_back(2048);
+  const PipelinePlan at_one = PlanPipeline(shape, costs, PipelineMode::kNever);
+  costs.cpu_scale = 2;
+  const PipelinePlan at_two = PlanPipeline(shape, costs, PipelineMode::kNever);
+  EXPECT_NEAR(at_two.cpu_seconds, 2 * at_one.cpu_seconds, 1e-12);
+  EXPECT_GT(at_two.planned_seconds, at_one.planned_seconds);
+  // A target the table's step meets, but not the step at twice the CPU
+  // time: the guard refuses once the scale says the service is slower.
+  constexpr int32_t kLayers = 32;
+  costs.cpu_scale = 1;
+  const double target = kLayers * (at_one.planned_seconds + at_two.planned_seconds) / 2;
+  StepShape before = shape;
+  before.cpu_contexts.clear();
+  before.local_tokens = 3;  // The move re-adds a resident sequence.
+  before.local_context_tokens = 3 * 2048;
+  EXPECT_TRUE(MoveKeepsStepTime(before, costs, PipelineMode::kNever, 2048, kLayers, target));
+  costs.cpu_scale = 2;
+  EXPECT_FALSE(MoveKeepsStepTime(before, costs, PipelineMode::kNever, 2048, kLayers, target));
+}
+
+TEST(CpuScaleTest, UpdatesTowardTheObservedRatioWithinBounds) {
+  // Observed twice the plan at scale 1: one step moves it a fifth of the way.
+  EXPECT_NEAR(UpdateCpuScale(1.0, 2.0, 1.0), 1.2, 1e-12);
+  // The plan was made at scale 2 and matched: the scale holds.
+  EXPECT_NEAR(UpdateCpuScale(2.0, 1.0, 1.0), 2.0, 1e-12);
+  // A service steadily 3x the table (1 s planned at scale 1, so `scale` s
+  // at the current scale; 3 s observed): the scale converges on 3.
+  double scale = 1.0;
+  for (int i = 0; i < 100; ++i) scale = UpdateCpuScale(scale, 3.0, 1.0 * scale);
+  EXPECT_NEAR(scale, 3.0, 1e-6);
+  // Nothing to learn from a step without CPU time; bounds hold.
+  EXPECT_EQ(UpdateCpuScale(1.5, 0, 1.0), 1.5);
+  EXPECT_EQ(UpdateCpuScale(1.5, 1.0, 0), 1.5);
+  scale = 1.0;
+  for (int i = 0; i < 100; ++i) scale = UpdateCpuScale(scale, 1000.0, 1e-3);
+  EXPECT_EQ(scale, 8.0);
+  for (int i = 0; i < 100; ++i) scale = UpdateCpuScale(scale, 1e-9, 1.0);
+  EXPECT_EQ(scale, 0.25);
+}
+
 TEST(MoveKeepsThroughputTest, WithoutMeasuredCostsEveryMoveIsAllowed) {
   StepShape shape;
   shape.local_tokens = 4;
