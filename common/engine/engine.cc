@@ -45,14 +45,14 @@ absl::StatusOr<std::vector<int32_t>> Engine::ReserveBlocks(int32_t num_blocks) {
 
 void Engine::Wake() {
   absl::MutexLock lock(&mu_);
-  blocks_freed_ = true;
+  woken_ = true;
 }
 
 absl::Status Engine::FreeBlocks(absl::Span<const int32_t> blocks) {
   TRIDENT_RETURN_IF_ERROR(allocator_->Free(blocks));
   // A core short of blocks waits for these.
   absl::MutexLock lock(&mu_);
-  blocks_freed_ = true;
+  woken_ = true;
   return absl::OkStatus();
 }
 
@@ -159,12 +159,13 @@ void Engine::Loop() {
       absl::MutexLock lock(&mu_);
       auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !inbox_.empty() || !aborts_.empty() || !prefilled_inbox_.empty() ||
-               !releases_.empty() || blocks_freed_;
+               !releases_.empty() || woken_;
       };
       // A core short of KV blocks steps again once some come back (a
-      // release, an abort, FreeBlocks) or work arrives.
+      // release, an abort, FreeBlocks), work arrives, or a hook's
+      // background work wakes it (Wake).
       if (!core_->HasWork() || core_->short_of_blocks()) mu_.Await(absl::Condition(&has_input));
-      blocks_freed_ = false;
+      woken_ = false;
       inbox.swap(inbox_);
       aborts.swap(aborts_);
       prefilled.swap(prefilled_inbox_);

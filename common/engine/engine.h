@@ -122,15 +122,16 @@ class Engine final : public TokenSource {
   };
   std::vector<Prefilled> prefilled_inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> releases_ ABSL_GUARDED_BY(mu_);
-  // FreeBlocks returned blocks since the loop last looked.
-  bool blocks_freed_ ABSL_GUARDED_BY(mu_) = false;
+  // FreeBlocks returned blocks, or Wake was called, since the loop last
+  // looked.
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, TokenCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const EngineStats&)> observer_ ABSL_GUARDED_BY(mu_);
   // Step timing, touched only by the loop thread.
   double prefill_tokens_per_second_ = 0;
   double decode_step_seconds_ = 0;
-  double step_hook_seconds_ = 0;  // loop thread only
+  double step_hook_seconds_ = 0;
   std::atomic<StepHook*> hook_{nullptr};
   std::thread thread_;
 };

@@ -518,6 +518,20 @@ std::vector<OffloadCandidate> EngineCore::OffloadCandidates() const {
   return candidates;
 }
 
+void EngineCore::NoteOffloadOutcome(OffloadOutcome outcome) {
+  switch (outcome) {
+    case OffloadOutcome::kHeld:
+      ++stats_.remote_held_total;
+      break;
+    case OffloadOutcome::kFailed:
+      ++stats_.remote_move_failures_total;
+      break;
+    case OffloadOutcome::kDropped:
+      ++stats_.remote_moves_dropped_total;
+      break;
+  }
+}
+
 absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv remote,
                                       std::string service_id) {
   auto live = live_.find(id);

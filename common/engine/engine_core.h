@@ -79,8 +79,13 @@ struct EngineStats {
   int64_t remote_moves_total = 0;
   int64_t remote_released_total = 0;
   int64_t remote_demoted_total = 0;
-  // Moves the offload policy chose but a guard refused (NoteMoveHeld).
+  // What else became of moves the offload policy chose
+  // (NoteOffloadOutcome): refused by a guard, failed (the sequence stayed
+  // resident), or dropped (copied in the background for a sequence that
+  // finished or lost its blocks first).
   int64_t remote_held_total = 0;
+  int64_t remote_move_failures_total = 0;
+  int64_t remote_moves_dropped_total = 0;
   // Steps run with a pipelined second sub-batch (BatchPlanner), and the
   // backend's time on CPU-resident sequences' requests: from each request's
   // start to its answer, and of that the time the step stood waiting (the
@@ -102,6 +107,10 @@ struct EngineStats {
 
 // A resident decoding sequence that could move to an attention service
 // (EngineCore::OffloadCandidates).
+// A chosen move that did not happen: refused by a guard, failed, or
+// dropped (EngineStats).
+enum class OffloadOutcome { kHeld, kFailed, kDropped };
+
 struct OffloadCandidate {
   std::string id;
   // Its blocks (token order), holding positions [0, num_computed).
@@ -165,9 +174,9 @@ class EngineCore {
                             std::string service_id = "");
   // Resident sequences between decode steps, oldest first.
   std::vector<OffloadCandidate> OffloadCandidates() const;
-  // Counts a move the offload policy chose and a guard refused
-  // (EngineStats::remote_held_total).
-  void NoteMoveHeld() { ++stats_.remote_held_total; }
+  // Counts what became of a move the offload policy chose, when it did not
+  // happen (EngineStats::remote_held_total and the two after it).
+  void NoteOffloadOutcome(OffloadOutcome outcome);
   // Called (on the stepping thread) when a CPU-resident sequence no longer
   // needs its copy at the service: it finished, was aborted, or its service
   // failed (a step's forward named it: its sequences come back and are

@@ -111,13 +111,16 @@ void KvAttentionComputer::Append(const RequestView& request) {
   const int64_t kv_elems = int64_t{h.num_kv_heads} * h.head_dim;
   const size_t element = WireElementSize(h.dtype);
   const size_t n = static_cast<size_t>(h.num_sequences);
-  q_.resize(n * q_elems);
-  k_.resize(n * kv_elems);
-  v_.resize(n * kv_elems);
-  appends_.resize(n);
-  // bf16 on the wire into a bf16 store: the rows go in as they are.
+  // bf16 on the wire into a bf16 store: the rows go in as they are, with no
+  // f32 copy of k and v.
   const bool raw = h.dtype == transport::attention::WireDType::kBF16 &&
                    pinned_.front().layout->dtype == numeric::DType::kBF16;
+  q_.resize(n * q_elems);
+  if (!raw) {
+    k_.resize(n * kv_elems);
+    v_.resize(n * kv_elems);
+  }
+  appends_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const char* wire = request.rows + i * row * element;
     if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);

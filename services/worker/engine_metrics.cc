@@ -88,12 +88,16 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                       .Add({})),
       offload_family_(prometheus::BuildCounter()
                           .Name("trident_worker_offload_decisions_total")
-                          .Help("Sequences moved to CPU attention services (moved), moves "
-                                "chosen but refused by a guard (held), and sequences brought "
-                                "back for recompute because their service failed (demoted).")
+                          .Help("Sequences moved to CPU attention services (moved); moves "
+                                "chosen but refused by a guard (held), that failed (failed), or "
+                                "whose background copy outlived the sequence (dropped); and "
+                                "sequences brought back for recompute because their service "
+                                "failed (demoted).")
                           .Register(r)),
       offload_moved_(offload_family_.Add({{"decision", "moved"}})),
       offload_held_(offload_family_.Add({{"decision", "held"}})),
+      offload_failed_(offload_family_.Add({{"decision", "failed"}})),
+      offload_dropped_(offload_family_.Add({{"decision", "dropped"}})),
       offload_demoted_(offload_family_.Add({{"decision", "demoted"}})),
       step_hook_(prometheus::BuildCounter()
                      .Name("trident_worker_step_hook_seconds_total")
@@ -156,6 +160,10 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   cpu_tokens_.Set(static_cast<double>(s.remote_tokens));
   offload_moved_.Increment(static_cast<double>(s.remote_moves_total - last_.remote_moves_total));
   offload_held_.Increment(static_cast<double>(s.remote_held_total - last_.remote_held_total));
+  offload_failed_.Increment(
+      static_cast<double>(s.remote_move_failures_total - last_.remote_move_failures_total));
+  offload_dropped_.Increment(
+      static_cast<double>(s.remote_moves_dropped_total - last_.remote_moves_dropped_total));
   step_hook_.Increment(std::max(0.0, s.step_hook_seconds_total - last_.step_hook_seconds_total));
   offload_demoted_.Increment(
       static_cast<double>(s.remote_demoted_total - last_.remote_demoted_total));

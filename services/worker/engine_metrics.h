@@ -18,7 +18,8 @@
 //                                                             CPU attention service
 //   trident_worker_cpu_attention_tokens             gauge     their KV tokens
 //   trident_worker_offload_decisions_total{decision} counter  moved, held (a guard refused),
-//                                                             demoted
+//                                                             failed, dropped (background copy
+//                                                             outlived its sequence), demoted
 //   trident_worker_step_hook_seconds_total          counter   loop time in the step hook before
 //                                                             steps (offload moves), all waiting
 //   trident_worker_decode_step_seconds              histogram duration of decode-only steps
@@ -82,6 +83,8 @@ class EngineMetrics {
   prometheus::Family<prometheus::Counter>& offload_family_;
   prometheus::Counter& offload_moved_;
   prometheus::Counter& offload_held_;
+  prometheus::Counter& offload_failed_;
+  prometheus::Counter& offload_dropped_;
   prometheus::Counter& offload_demoted_;
   prometheus::Counter& step_hook_;
   prometheus::Histogram& decode_step_;

@@ -120,6 +120,8 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   stats.last_step_seconds = 0.005;
   stats.remote_moves_total = 2;
   stats.remote_held_total = 3;
+  stats.remote_move_failures_total = 1;
+  stats.remote_moves_dropped_total = 2;
   stats.step_hook_seconds_total = 0.25;
   metrics.Update(stats);
   // A mixed step (prompt tokens): not a decode step.
@@ -134,6 +136,8 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   const std::string decisions = "trident_worker_offload_decisions_total";
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "moved"}}).value, 2);
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "held"}}).value, 4);
+  EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "failed"}}).value, 1);
+  EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "dropped"}}).value, 2);
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "demoted"}}).value, 0);
   EXPECT_THAT(FindSeries(registry, "trident_worker_step_hook_seconds_total", {}).value,
               DoubleEq(0.5));

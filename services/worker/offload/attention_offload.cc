@@ -147,7 +147,6 @@ absl::Status AttentionOffload::Connect(Service& service) {
   service.service_id = response.server().owner_id();
   service.connected = true;
   service.sequences = 0;
-  ++stats_.services_connected;
   TRIDENT_LOG(INFO) << "offloading to attention service " << service.service_id << " at "
                     << service.address << " (NUMA node " << response.numa_node() << ", "
                     << v1::Isa_Name(response.isa()) << ")";
@@ -222,10 +221,6 @@ void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
     if (s.remote.service == nullptr) continue;
     s.sub_batch = plan.second[cpu++] ? 1 : 0;
   }
-  absl::MutexLock lock(&mu_);
-  ++stats_.planned_steps;
-  if (plan.pipelined > 0) ++stats_.pipelined_steps;
-  stats_.last_hidden_fraction = plan.hidden_fraction;
 }
 
 AttentionOffload::Service* AttentionOffload::PickService() {
@@ -245,8 +240,6 @@ void AttentionOffload::ObserveCpuCosts(double round_trip_seconds_total) {
   step_costs_.cpu_scale =
       UpdateCpuScale(step_costs_.cpu_scale, observed, planned_cpu_step_seconds_);
   planned_cpu_step_seconds_ = 0;
-  absl::MutexLock lock(&mu_);
-  stats_.cpu_cost_scale = step_costs_.cpu_scale;
 }
 
 void AttentionOffload::BeforeStep(engine::EngineCore& core) {
@@ -293,9 +286,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     }
     double planned = 0;
     if (!MayMove(*candidate, next, longest, &planned)) {
-      core.NoteMoveHeld();
-      absl::MutexLock lock(&mu_);
-      ++stats_.moves_held;
+      core.NoteOffloadOutcome(engine::OffloadOutcome::kHeld);
       continue;
     }
     next.cpu_contexts.push_back(candidate->num_computed);
@@ -312,10 +303,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
               longest.cpu_contexts.size(), /*background=*/false);
     } else {
       TRIDENT_LOG(WARNING) << "request " << candidate->id << " stays resident: " << moved;
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.move_failures;
-      }
+      core.NoteOffloadOutcome(engine::OffloadOutcome::kFailed);
       NoteFailure(*service, moved);
     }
   }
@@ -323,14 +311,12 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
 
 bool AttentionOffload::MayMove(const engine::OffloadCandidate& candidate, const StepShape& next,
                                const StepShape& longest, double* planned) const {
-  *planned = PlannedStepSeconds(longest, step_costs_, options_.pipeline, candidate.max_len,
-                                memory_.spec.num_layers);
-  if (options_.keep_throughput &&
-      !MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate.num_computed)) {
-    return false;
-  }
-  return MoveKeepsStepTime(longest, step_costs_, options_.pipeline, candidate.max_len,
-                           memory_.spec.num_layers, absl::ToDoubleSeconds(options_.max_step_time));
+  const bool keeps_step_time = MoveKeepsStepTime(
+      longest, step_costs_, options_.pipeline, candidate.max_len, memory_.spec.num_layers,
+      absl::ToDoubleSeconds(options_.max_step_time), planned);
+  return keeps_step_time &&
+         (!options_.keep_throughput ||
+          MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate.num_computed));
 }
 
 void AttentionOffload::LogMove(const std::string& id, int32_t tokens, const Service& service,
@@ -369,8 +355,6 @@ absl::Status AttentionOffload::Move(engine::EngineCore& core,
   }
   absl::MutexLock lock(&mu_);
   ++service.sequences;
-  ++stats_.moves;
-  stats_.migrated_tokens += candidate.num_computed;
   return absl::OkStatus();
 }
 
@@ -448,8 +432,8 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
     if (now == candidates.end() || now->residency != m->candidate.residency) {
       // It finished, was aborted or lost its blocks meanwhile: the copy is
       // of no use (and may be of reused blocks).
+      core.NoteOffloadOutcome(engine::OffloadOutcome::kDropped);
       absl::MutexLock lock(&mu_);
-      ++stats_.migrations_dropped;
       releases_.push_back(Release{m->service, m->handle});
       return;
     }
@@ -463,8 +447,6 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
       {
         absl::MutexLock lock(&mu_);
         ++m->service->sequences;
-        ++stats_.moves;
-        stats_.migrated_tokens += now->num_computed;
       }
       LogMove(id, now->num_computed, *m->service, absl::Now() - m->start, m->planned_step_seconds,
               core.stats().remote_running, /*background=*/true);
@@ -472,9 +454,9 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
     }
   }
   TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << status;
+  core.NoteOffloadOutcome(engine::OffloadOutcome::kFailed);
   {
     absl::MutexLock lock(&mu_);
-    ++stats_.move_failures;
     if (m->admitted) releases_.push_back(Release{m->service, m->handle});
   }
   NoteFailure(*m->service, status);
@@ -640,17 +622,11 @@ void AttentionOffload::HousekeepingLoop() {
       }
     }
     for (const Release& release : releases) {
-      absl::Status released = ReleaseAt(*release.service, release.handle);
-      absl::MutexLock lock(&mu_);
-      if (released.ok()) ++stats_.releases;
+      // A service that cannot be reached frees it with this worker's session.
+      ReleaseAt(*release.service, release.handle).IgnoreError();
     }
     for (Service* service : reconnect) Connect(*service).IgnoreError();
   }
-}
-
-AttentionOffloadStats AttentionOffload::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
 }
 
 }  // namespace trident::worker

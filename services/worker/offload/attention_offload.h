@@ -29,8 +29,9 @@
 //    ├─ UcxLanes (1 lane on the worker's UCX worker) + UcxAttentionClient
 //    └─ per service: gRPC stub, RemoteAttention channel, state
 //
-// Thread-safe: BeforeStep and OnRemoteReleased run on the engine loop
-// thread, stats() anywhere.
+// BeforeStep, PlanBatch and OnRemoteReleased run on the engine loop thread;
+// what moves, and what became of moves that did not, is counted in the
+// engine's stats (EngineStats::remote_moves_total, remote_held_total, ...).
 
 #ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
 #define TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
@@ -96,25 +97,6 @@ struct AttentionOffloadOptions {
   absl::Duration reconnect_interval = absl::Seconds(2);
 };
 
-struct AttentionOffloadStats {
-  int32_t services_connected = 0;
-  int64_t moves = 0;            // Sequences moved to a service.
-  int64_t move_failures = 0;    // Moves that did not happen (budget, failures).
-  int64_t moves_held = 0;       // Moves keep_throughput or max_step_time refused.
-  int64_t releases = 0;         // Service copies released.
-  int64_t migrated_tokens = 0;  // KV tokens copied by moves.
-  // Background copies whose sequence finished or lost its blocks before
-  // they were done (their service copies are released).
-  int64_t migrations_dropped = 0;
-  int64_t planned_steps = 0;    // Steps with CPU-resident sequences planned.
-  int64_t pipelined_steps = 0;  // Of those, run with a second sub-batch.
-  // The planner's estimate for the last planned step.
-  double last_hidden_fraction = 0;
-  // StepCosts::cpu_scale: the service's observed time over the start-up
-  // table's, as the planner now uses it.
-  double cpu_cost_scale = 1.0;
-};
-
 class AttentionOffload final : public engine::StepHook {
  public:
   // Connects to every service it can (one that cannot be reached now is
@@ -133,8 +115,6 @@ class AttentionOffload final : public engine::StepHook {
   // Marks the CPU-resident sequences of the second sub-batch (PlanPipeline),
   // and notes the CPU time planned for a decode-only step.
   void PlanBatch(absl::Span<backend::StepSequence> batch) override;
-
-  AttentionOffloadStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Tokens per append request of a move.
   static constexpr int32_t kMigrationChunkTokens = 512;
@@ -268,7 +248,6 @@ class AttentionOffload final : public engine::StepHook {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Release> releases_ ABSL_GUARDED_BY(mu_);
-  AttentionOffloadStats stats_ ABSL_GUARDED_BY(mu_);
   // Background moves, from StartMigration to FinishMigrations (a migration
   // thread works on each while it is started and not done).
   std::vector<std::unique_ptr<Migration>> migrations_ ABSL_GUARDED_BY(mu_);

@@ -142,9 +142,12 @@ double PlannedStepSeconds(const StepShape& shape, const StepCosts& costs, Pipeli
 }
 
 bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                       int64_t context, int32_t num_layers, double max_step_seconds) {
-  if (max_step_seconds <= 0 || costs.cpu_attention.empty() || costs.linear.empty()) return true;
-  return PlannedStepSeconds(shape, costs, mode, context, num_layers) <= max_step_seconds;
+                       int64_t context, int32_t num_layers, double max_step_seconds,
+                       double* planned_seconds) {
+  const double planned = PlannedStepSeconds(shape, costs, mode, context, num_layers);
+  if (planned_seconds != nullptr) *planned_seconds = planned;
+  // No target, or no measured costs (planned 0): every move.
+  return max_step_seconds <= 0 || planned <= max_step_seconds;
 }
 
 double UpdateCpuScale(double scale, double observed, double planned) {

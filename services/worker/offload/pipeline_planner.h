@@ -131,8 +131,10 @@ double PlannedStepSeconds(const StepShape& shape, const StepCosts& costs, Pipeli
 // its freed blocks, one more resident sequence of as many. Judge it on
 // SteadyDecodeShape, as above. True when max_step_seconds <= 0 (no target)
 // or the costs were not measured.
+// With `planned_seconds`, also sets *planned_seconds to PlannedStepSeconds.
 bool MoveKeepsStepTime(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                       int64_t context, int32_t num_layers, double max_step_seconds);
+                       int64_t context, int32_t num_layers, double max_step_seconds,
+                       double* planned_seconds = nullptr);
 
 }  // namespace trident::worker
 
