@@ -43,19 +43,20 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
     : sequences_(GaugeOf(registry, "trident_attention_sequences", "Sequences whose KV is held.")),
       held_tokens_(GaugeOf(registry, "trident_attention_held_tokens",
                            "Tokens of KV held, over all sequences.")),
-      held_bytes_(GaugeOf(registry, "trident_attention_held_bytes",
-                          "DRAM reserved for sequences' KV.")),
+      held_bytes_(
+          GaugeOf(registry, "trident_attention_held_bytes", "DRAM reserved for sequences' KV.")),
       capacity_bytes_(GaugeOf(registry, "trident_attention_capacity_bytes",
                               "The DRAM budget for KV on this NUMA node.")),
-      sessions_(GaugeOf(registry, "trident_attention_sessions",
-                        "Decode workers with an open session.")),
+      sessions_(
+          GaugeOf(registry, "trident_attention_sessions", "Decode workers with an open session.")),
       requests_ok_(CounterOf(registry, "trident_attention_requests_total",
                              "Per-layer attention requests, by outcome.", {{"outcome", "ok"}})),
       requests_error_(CounterOf(registry, "trident_attention_requests_total",
                                 "Per-layer attention requests, by outcome.",
                                 {{"outcome", "error"}})),
-      bad_messages_(CounterOf(registry, "trident_attention_bad_messages_total",
-                              "Malformed data-plane messages (answered with an error or dropped).")),
+      bad_messages_(
+          CounterOf(registry, "trident_attention_bad_messages_total",
+                    "Malformed data-plane messages (answered with an error or dropped).")),
       kernel_seconds_(prometheus::BuildHistogram()
                           .Name("trident_attention_kernel_seconds")
                           .Help("Time to compute one per-layer attention request (its "
@@ -87,9 +88,10 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
                                      "Sequences freed, by cause.", {{"cause", "session_ended"}})),
       freed_idle_(CounterOf(registry, "trident_attention_freed_sequences_total",
                             "Sequences freed, by cause.", {{"cause", "idle"}})) {
-  GaugeOf(registry, "trident_attention_info",
-          "The attention service's kernel instruction set, NUMA node and threads.",
-          {{"isa", isa}, {"numa_node", absl::StrCat(numa_node)}, {"threads", absl::StrCat(threads)}})
+  GaugeOf(
+      registry, "trident_attention_info",
+      "The attention service's kernel instruction set, NUMA node and threads.",
+      {{"isa", isa}, {"numa_node", absl::StrCat(numa_node)}, {"threads", absl::StrCat(threads)}})
       .Set(1);
 }
 

@@ -29,10 +29,8 @@ TEST(AttentionMetricsTest, AppendOnlyRequestsStayOutOfTheKernelTime) {
   prometheus::Registry registry;
   AttentionMetrics metrics(registry, "avx2", 0, 4);
   metrics.Record({.layer = 0, .num_sequences = 2, .compute = absl::Milliseconds(3)});
-  metrics.Record({.layer = 0,
-                  .num_sequences = 1,
-                  .compute = absl::Milliseconds(40),
-                  .append_only = true});
+  metrics.Record(
+      {.layer = 0, .num_sequences = 1, .compute = absl::Milliseconds(40), .append_only = true});
   metrics.Record({.layer = 1, .num_sequences = 2, .compute = absl::Milliseconds(5)});
 
   const HistogramTotals kernel = Histogram(registry, "trident_attention_kernel_seconds");

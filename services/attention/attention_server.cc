@@ -20,10 +20,14 @@ namespace {
 
 trident::v1::Isa IsaToProto(kernels::cpu::DecodeIsa isa) {
   switch (isa) {
-    case kernels::cpu::DecodeIsa::kAvx2: return trident::v1::ISA_AVX2;
-    case kernels::cpu::DecodeIsa::kAvx512Bf16: return trident::v1::ISA_AVX512_BF16;
-    case kernels::cpu::DecodeIsa::kAmx: return trident::v1::ISA_AMX;
-    case kernels::cpu::DecodeIsa::kAuto: break;
+    case kernels::cpu::DecodeIsa::kAvx2:
+      return trident::v1::ISA_AVX2;
+    case kernels::cpu::DecodeIsa::kAvx512Bf16:
+      return trident::v1::ISA_AVX512_BF16;
+    case kernels::cpu::DecodeIsa::kAmx:
+      return trident::v1::ISA_AMX;
+    case kernels::cpu::DecodeIsa::kAuto:
+      break;
   }
   return trident::v1::ISA_UNSPECIFIED;
 }
@@ -36,8 +40,8 @@ absl::StatusOr<kernels::cpu::DecodeIsa> ParseIsa(absl::string_view text) {
         kernels::cpu::DecodeIsa::kAvx512Bf16, kernels::cpu::DecodeIsa::kAmx}) {
     if (text == kernels::cpu::DecodeIsaName(isa)) return isa;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--attention_isa: expected auto, avx2, avx512_bf16 or amx, got '", text, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--attention_isa: expected auto, avx2, avx512_bf16 or amx, got '", text, "'"));
 }
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
@@ -64,16 +68,15 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   store_ = std::make_unique<SequenceStore>(kv_pool_.get(), clock_, options_.store);
   numa::SpinPool* pool = pool_.get();
   TRIDENT_ASSIGN_OR_RETURN(
-      computer_,
-      KvAttentionComputer::Create(
-          store_.get(),
-          Executor{.threads = pool->num_threads(),
-                   .run = [pool](const std::function<void(int)>& fn) { pool->Run(fn); }},
-          options_.isa));
+      computer_, KvAttentionComputer::Create(
+                     store_.get(),
+                     Executor{.threads = pool->num_threads(),
+                              .run = [pool](const std::function<void(int)>& fn) { pool->Run(fn); }},
+                     options_.isa));
   const std::string isa(kernels::cpu::DecodeIsaName(computer_->isa()));
-  TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx_.get(), {.lanes = options_.lanes}));
-  metrics_ = std::make_unique<AttentionMetrics>(*registry, isa, numa_node_,
-                                                pool->num_threads());
+  TRIDENT_ASSIGN_OR_RETURN(lanes_,
+                           transport::UcxLanes::Create(ucx_.get(), {.lanes = options_.lanes}));
+  metrics_ = std::make_unique<AttentionMetrics>(*registry, isa, numa_node_, pool->num_threads());
   transport::attention::UcxAttentionServerOptions data_plane_options;
   data_plane_options.on_request = [this](const transport::attention::AttentionRequestRecord& r) {
     metrics_->Record(r);
@@ -82,9 +85,9 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
                              ? r.compute
                              : 0.9 * mean_request_time_ + 0.1 * r.compute;
   };
-  TRIDENT_ASSIGN_OR_RETURN(data_plane_, transport::attention::UcxAttentionServer::Create(
-                                            lanes_.get(), computer_.get(),
-                                            std::move(data_plane_options)));
+  TRIDENT_ASSIGN_OR_RETURN(
+      data_plane_, transport::attention::UcxAttentionServer::Create(lanes_.get(), computer_.get(),
+                                                                    std::move(data_plane_options)));
   AttentionServiceParts parts;
   parts.store = store_.get();
   parts.data_plane = data_plane_.get();
@@ -105,8 +108,8 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
     return stats;
   };
   service_ = std::make_unique<AttentionService>(std::move(parts));
-  TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": NUMA node "
-                    << numa_node_ << ", " << pool->num_threads() << " " << isa << " kernel threads on CPUs "
+  TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": NUMA node " << numa_node_
+                    << ", " << pool->num_threads() << " " << isa << " kernel threads on CPUs "
                     << absl::StrJoin(pool->threads(), ",") << ", KV budget "
                     << options_.kv_budget_bytes / (1 << 20) << " MiB, " << options_.lanes
                     << " UCX lane(s) (" << options_.ucx_transports << ")";
@@ -117,9 +120,9 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
 absl::Status AttentionServer::StartKvMemory() {
   TRIDENT_ASSIGN_OR_RETURN(const numa::NumaTopology topology, numa::NumaTopology::Read());
   numa_node_ = options_.numa_node >= 0 ? options_.numa_node : topology.DefaultNode();
-  TRIDENT_ASSIGN_OR_RETURN(pool_, numa::SpinPool::CreateOnNode(topology, numa_node_,
-                                                               options_.threads,
-                                                               options_.spin_window));
+  TRIDENT_ASSIGN_OR_RETURN(
+      pool_,
+      numa::SpinPool::CreateOnNode(topology, numa_node_, options_.threads, options_.spin_window));
   TRIDENT_ASSIGN_OR_RETURN(
       std::unique_ptr<numa::NumaArena> arena,
       numa::NumaArena::Create(topology, {.node = numa_node_,
@@ -128,9 +131,9 @@ absl::Status AttentionServer::StartKvMemory() {
   void* base = arena->base();
   const size_t bytes = static_cast<size_t>(arena->capacity_bytes());
   kv_pool_ = std::make_unique<ArenaKvPool>(std::move(arena));
-  TRIDENT_ASSIGN_OR_RETURN(ucx_, transport::UcxWorker::Create(transport::UcxOptions{
-                                     .transports = options_.ucx_transports,
-                                     .name = options_.service_id}));
+  TRIDENT_ASSIGN_OR_RETURN(
+      ucx_, transport::UcxWorker::Create(transport::UcxOptions{
+                .transports = options_.ucx_transports, .name = options_.service_id}));
   TRIDENT_ASSIGN_OR_RETURN(kv_region_, ucx_->Register(base, bytes, transport::MemoryKind::kHost));
   return absl::OkStatus();
 }

@@ -10,17 +10,16 @@ namespace trident::attention {
 
 absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceRequest& request) {
   TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, kv::FromProtoDType(request.dtype()));
-  SequenceSpec spec{
-      .owner_id = request.owner_id(),
-      .owner_incarnation = request.owner_incarnation(),
-      .sequence_id = request.sequence_id(),
-      .num_layers = request.num_layers(),
-      .num_q_heads = request.num_attention_heads(),
-      .num_kv_heads = request.num_kv_heads(),
-      .head_dim = request.head_dim(),
-      .dtype = dtype,
-      .capacity_tokens = request.capacity_tokens(),
-      .block_size = request.block_size_tokens()};
+  SequenceSpec spec{.owner_id = request.owner_id(),
+                    .owner_incarnation = request.owner_incarnation(),
+                    .sequence_id = request.sequence_id(),
+                    .num_layers = request.num_layers(),
+                    .num_q_heads = request.num_attention_heads(),
+                    .num_kv_heads = request.num_kv_heads(),
+                    .head_dim = request.head_dim(),
+                    .dtype = dtype,
+                    .capacity_tokens = request.capacity_tokens(),
+                    .block_size = request.block_size_tokens()};
   switch (request.block_layout()) {
     case trident::v1::KV_BLOCK_LAYOUT_UNSPECIFIED:
       spec.packing = KvPacking::kAuto;
@@ -32,10 +31,10 @@ absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceReque
       spec.packing = KvPacking::kPairs;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "block_layout ", trident::v1::KvBlockLayout_Name(request.block_layout()),
-          " is not served; ask for KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM, "
-          "KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS or leave it unspecified"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block_layout ", trident::v1::KvBlockLayout_Name(request.block_layout()),
+                       " is not served; ask for KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM, "
+                       "KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS or leave it unspecified"));
   }
   if (request.has_idle_timeout()) {
     spec.idle_timeout = DurationFromProto(request.idle_timeout());
@@ -78,6 +77,7 @@ grpc::ServerUnaryReactor* AttentionService::AdmitSequence(
   if (!admitted.ok()) return FinishUnary(context, admitted.status());
   const SequenceLayout& layout = admitted->layout;
   response->set_handle(admitted->handle);
+  response->set_write_key(admitted->write_key);
   *response->mutable_endpoint() = parts_.endpoint;
   trident::v1::KvLayout* kv = response->mutable_layout();
   kv->set_num_layers(layout.num_layers);

@@ -67,8 +67,11 @@ absl::Status KvAttentionComputer::Compute(const RequestView& request, char* repl
     handles_[i] = request.sequences[i].handle;
     positions_[i] = request.sequences[i].position;
   }
-  TRIDENT_RETURN_IF_ERROR(
-      store_->Pin(request.header.owner_incarnation, handles_, positions_, absl::MakeSpan(pinned_)));
+  const transport::attention::RequestHeader& h = request.header;
+  const SequenceStore::Access access{.owner_incarnation = h.owner_incarnation,
+                                     .write_key = h.write_key,
+                                     .attends = (h.flags & transport::attention::kAppendOnly) == 0};
+  TRIDENT_RETURN_IF_ERROR(store_->Pin(access, handles_, positions_, absl::MakeSpan(pinned_)));
   absl::Cleanup unpin = [this] { store_->Unpin(handles_); };
   TRIDENT_RETURN_IF_ERROR(CheckShapes(request));
   Append(request);

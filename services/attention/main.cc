@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
         options.peer_probe_timeout = absl::GetFlag(FLAGS_peer_probe_timeout);
         options.store.default_idle_timeout = absl::GetFlag(FLAGS_default_idle_timeout);
         options.controller_address = absl::GetFlag(FLAGS_controller_address);
-        TRIDENT_ASSIGN_OR_RETURN(auto server, trident::attention::AttentionServer::Create(
-                                                  options, &runtime.registry()));
+        TRIDENT_ASSIGN_OR_RETURN(
+            auto server, trident::attention::AttentionServer::Create(options, &runtime.registry()));
         trident::ServeHooks hooks;
         hooks.on_serving = [&server](const trident::ServingPorts& ports) {
           const absl::Status joined =

@@ -67,8 +67,15 @@ absl::StatusOr<RequestView> DecodeRequest(absl::string_view header, absl::string
                                                    h.version, ")"));
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
-  if ((h.flags & ~kAppendOnly) != 0) {
+  if ((h.flags & ~(kAppendOnly | kPromptWrite)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("unknown request flags ", int{h.flags}));
+  }
+  const bool prompt_write = (h.flags & kPromptWrite) != 0;
+  if (prompt_write && ((h.flags & kAppendOnly) == 0 || h.write_key == 0)) {
+    return absl::InvalidArgumentError("a prompt write must be append-only and carry a write key");
+  }
+  if (!prompt_write && h.write_key != 0) {
+    return absl::InvalidArgumentError("only a prompt write carries a write key");
   }
   TRIDENT_RETURN_IF_ERROR(CheckShape(h));
   if (data.size() != RequestDataBytes(h)) {

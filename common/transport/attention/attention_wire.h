@@ -19,7 +19,12 @@
 // An append-only request (flags & kAppendOnly) carries [k | v] rows only,
 // and may name a sequence once per token: it writes KV (a prompt's, or a
 // sequence's migrated from a decode worker's cache) without attending, and
-// its OK reply has no data. Integers are little-endian
+// its OK reply has no data. A prompt write (flags kAppendOnly | kPromptWrite)
+// is an append-only request from a session other than the owner's (the
+// prefill worker that computed the prompt): it names sequences by handle
+// and carries their write key (AdmitSequenceResponse.write_key) in place of
+// the owner's incarnation, and is refused once the owner has attended.
+// Integers are little-endian
 // (both ends are x86-64); the structs are copied byte for byte.
 //
 // Decoding checks every size against the header and the data length, so a
@@ -49,7 +54,7 @@ inline constexpr uint32_t kReplyMagic = 0x31524154;             // "TAR1"
 // fetches them straight into its buffer, zero-copy where the transport
 // allows); smaller ones eagerly, in one message.
 inline constexpr size_t kRendezvousBytes = size_t{64} << 10;
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kMaxErrorBytes = 256;
 // Bounds that keep one message's sizes far from overflow.
 inline constexpr int32_t kMaxSequencesPerRequest = 4096;
@@ -58,6 +63,8 @@ inline constexpr int32_t kMaxHeadDim = 256;
 
 // RequestHeader.flags and ReplyHeader.flags.
 inline constexpr uint8_t kAppendOnly = 1;
+// With kAppendOnly: a prompt write, authorized by RequestHeader.write_key.
+inline constexpr uint8_t kPromptWrite = 2;
 
 // Element format of q, k, v and o on the wire.
 enum class WireDType : uint8_t { kF32 = 1, kBF16 = 3 };
@@ -79,8 +86,10 @@ struct RequestHeader {
   int32_t head_dim = 0;
   // The requester's lane the request came from; the reply goes back on it.
   int32_t lane = 0;
+  // kPromptWrite: the sequences' write key; else 0.
+  uint64_t write_key = 0;
 };
-static_assert(sizeof(RequestHeader) == 48);
+static_assert(sizeof(RequestHeader) == 56);
 
 struct SequenceEntry {
   uint64_t handle = 0;   // AdmitSequenceResponse.handle.

@@ -53,7 +53,7 @@ TEST(AttentionWireTest, RejectsInconsistentRequests) {
   EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(RequestDataBytes(h) - 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("its header implies")));
   EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h).substr(1), bytes(RequestDataBytes(h))),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header is 47 bytes")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header is 55 bytes")));
   h.num_q_heads = 7;
   EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiple")));
@@ -71,6 +71,33 @@ TEST(AttentionWireTest, RejectsInconsistentRequests) {
   h = Header(kMaxSequencesPerRequest + 1);
   EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_sequences")));
+}
+
+TEST(AttentionWireTest, OnlyAppendOnlyPromptWritesCarryAWriteKey) {
+  std::vector<uint64_t> data(4096);
+  const auto bytes = [&](const RequestHeader& h) {
+    return absl::string_view(reinterpret_cast<char*>(data.data()), RequestDataBytes(h));
+  };
+  RequestHeader h = Header(2);
+  h.flags = kAppendOnly | kPromptWrite;
+  h.write_key = 0xfeedULL << 32;
+  absl::StatusOr<RequestView> view = DecodeRequest(EncodeRequestHeader(h), bytes(h));
+  ASSERT_THAT(view.status(), IsOk());
+  EXPECT_EQ(view->header.write_key, 0xfeedULL << 32);
+  h.write_key = 0;
+  EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(h)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carry a write key")));
+  h.flags = kPromptWrite;
+  h.write_key = 3;
+  EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(h)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be append-only")));
+  h.flags = kAppendOnly;
+  EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(h)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only a prompt write")));
+  h.flags = 4;
+  h.write_key = 0;
+  EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(h)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown request flags 4")));
 }
 
 TEST(AttentionWireTest, RepliesCarryTheirErrorOrTheirRows) {

@@ -69,6 +69,10 @@ struct KvAppendCall {
   // k_bf16 + i * k_stride and v_bf16 + i * v_stride), sent as they are.
   const uint16_t* k_bf16 = nullptr;
   const uint16_t* v_bf16 = nullptr;
+  // Nonzero: a prompt write from a session that does not own the sequences
+  // (the prefill worker that computed the prompt), authorized by their
+  // write key (AdmitSequenceResponse.write_key).
+  uint64_t write_key = 0;
 };
 
 // Thread-safe.

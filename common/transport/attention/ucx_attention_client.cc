@@ -116,7 +116,8 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
                              .k_stride = append.k_stride,
                              .v = append.v,
                              .v_stride = append.v_stride};
-    return Send(call, kAppendOnly, append.k_bf16 != nullptr ? &append : nullptr);
+    const uint8_t flags = append.write_key != 0 ? (kAppendOnly | kPromptWrite) : kAppendOnly;
+    return Send(call, flags, append.k_bf16 != nullptr ? &append : nullptr, append.write_key);
   }
 
   absl::Status Wait(Ticket ticket, absl::Duration timeout) override {
@@ -125,7 +126,7 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
 
  private:
   absl::StatusOr<Ticket> Send(const AttentionCall& call, uint8_t flags,
-                              const KvAppendCall* bf16_rows = nullptr) {
+                              const KvAppendCall* bf16_rows = nullptr, uint64_t write_key = 0) {
     const int lane =
         static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) % endpoints_.size());
     const std::shared_ptr<Endpoint>& endpoint = endpoints_[lane];
@@ -141,7 +142,8 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
                          .num_q_heads = call.num_q_heads,
                          .num_kv_heads = call.num_kv_heads,
                          .head_dim = call.head_dim,
-                         .lane = lane};
+                         .lane = lane,
+                         .write_key = write_key};
     std::shared_ptr<uint64_t[]> data = PackRequest(call, header, bf16_rows);
     header.request_id = client_->AddPending(call);
     const uint64_t request_id = header.request_id;

@@ -1,6 +1,7 @@
 #include "services/attention/kv_store/sequence_store.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,9 +32,8 @@ absl::StatusOr<SequenceLayout> LayoutFor(const SequenceSpec& spec) {
   TRIDENT_RETURN_IF_ERROR(Positive("head_dim", spec.head_dim));
   TRIDENT_RETURN_IF_ERROR(Positive("capacity_tokens", spec.capacity_tokens));
   if (spec.block_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block_size_tokens must be >= 0 (0: the service's choice), got ",
-                     spec.block_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_size_tokens must be >= 0 (0: the service's choice), got ", spec.block_size));
   }
   KvPacking packing = spec.packing;
   if (packing == KvPacking::kAuto) {
@@ -48,13 +48,13 @@ absl::StatusOr<SequenceLayout> LayoutFor(const SequenceSpec& spec) {
   if (block_size == 0) block_size = packing == KvPacking::kPairs ? 32 : 16;
   if (packing == KvPacking::kPairs) block_size = (block_size + 31) / 32 * 32;
   if (spec.num_q_heads % spec.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_attention_heads (", spec.num_q_heads,
-                     ") must be a multiple of num_kv_heads (", spec.num_kv_heads, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("num_attention_heads (", spec.num_q_heads,
+                                                   ") must be a multiple of num_kv_heads (",
+                                                   spec.num_kv_heads, ")"));
   }
   if (spec.head_dim % 16 != 0 || spec.head_dim > kMaxHeadDim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim must be a multiple of 16 and at most ", kMaxHeadDim, ", got ", spec.head_dim));
+    return absl::InvalidArgumentError(absl::StrCat("head_dim must be a multiple of 16 and at most ",
+                                                   kMaxHeadDim, ", got ", spec.head_dim));
   }
   if (block_size > kMaxBlockSize) {
     return absl::InvalidArgumentError(absl::StrCat("block_size_tokens must be at most ",
@@ -93,8 +93,7 @@ SequenceStore::~SequenceStore() {
   for (auto& [handle, sequence] : sequences_) pool_->Free(sequence->span);
 }
 
-absl::Status SequenceStore::CheckSession(const std::string& owner_id,
-                                         uint64_t incarnation) const {
+absl::Status SequenceStore::CheckSession(const std::string& owner_id, uint64_t incarnation) const {
   auto it = sessions_.find(owner_id);
   if (it == sessions_.end()) {
     return absl::FailedPreconditionError(
@@ -120,8 +119,8 @@ absl::StatusOr<int> SequenceStore::Connect(const std::string& owner_id, uint64_t
   int freed = 0;
   if (it != sessions_.end()) {
     freed = EndSessionLocked(owner_id);
-    TRIDENT_LOG(INFO) << "owner " << owner_id << " connected with a new incarnation "
-                      << incarnation << ": its old session's " << freed << " sequences freed";
+    TRIDENT_LOG(INFO) << "owner " << owner_id << " connected with a new incarnation " << incarnation
+                      << ": its old session's " << freed << " sequences freed";
   }
   sessions_[owner_id].incarnation = incarnation;
   return freed;
@@ -154,28 +153,27 @@ absl::StatusOr<AdmittedSequence> SequenceStore::Admit(const SequenceSpec& spec) 
     absl::MutexLock lock(&mu_);
     TRIDENT_RETURN_IF_ERROR(CheckSession(spec.owner_id, spec.owner_incarnation));
     if (sessions_[spec.owner_id].handles_by_sequence_id.contains(spec.sequence_id)) {
-      return absl::AlreadyExistsError(absl::StrCat("owner '", spec.owner_id,
-                                                   "' already has sequence '", spec.sequence_id,
-                                                   "'"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "owner '", spec.owner_id, "' already has sequence '", spec.sequence_id, "'"));
     }
   }
   // The memory is taken outside the lock (a NUMA pool may fault pages in);
   // the session is checked again below.
   absl::StatusOr<KvSpan> allocated = pool_->Allocate(LayoutBytes(layout));
   if (!allocated.ok()) {
-    return absl::Status(allocated.status().code(),
-                        absl::StrCat("the KV memory budget cannot hold sequence '",
-                                     spec.sequence_id, "' (", LayoutBytes(layout), " bytes for ",
-                                     layout.capacity_tokens, " tokens): ",
-                                     allocated.status().message()));
+    return absl::Status(
+        allocated.status().code(),
+        absl::StrCat("the KV memory budget cannot hold sequence '", spec.sequence_id, "' (",
+                     LayoutBytes(layout), " bytes for ", layout.capacity_tokens,
+                     " tokens): ", allocated.status().message()));
   }
   const KvSpan span = *allocated;
   absl::MutexLock lock(&mu_);
   absl::Status still_valid = CheckSession(spec.owner_id, spec.owner_incarnation);
   Session* session = still_valid.ok() ? &sessions_[spec.owner_id] : nullptr;
   if (still_valid.ok() && session->handles_by_sequence_id.contains(spec.sequence_id)) {
-    still_valid = absl::AlreadyExistsError(absl::StrCat(
-        "owner '", spec.owner_id, "' already has sequence '", spec.sequence_id, "'"));
+    still_valid = absl::AlreadyExistsError(
+        absl::StrCat("owner '", spec.owner_id, "' already has sequence '", spec.sequence_id, "'"));
   }
   if (!still_valid.ok()) {
     pool_->Free(span);
@@ -183,16 +181,18 @@ absl::StatusOr<AdmittedSequence> SequenceStore::Admit(const SequenceSpec& spec) 
   }
   auto sequence = std::make_unique<Sequence>();
   sequence->handle = next_handle_++;
+  sequence->write_key =
+      absl::Uniform<uint64_t>(absl::IntervalClosed, keys_, 1, std::numeric_limits<uint64_t>::max());
   sequence->owner_id = spec.owner_id;
   sequence->owner_incarnation = spec.owner_incarnation;
   sequence->sequence_id = spec.sequence_id;
   sequence->layout = layout;
   sequence->span = span;
   sequence->last_used = clock_->Now();
-  sequence->idle_timeout = spec.idle_timeout > absl::ZeroDuration()
-                               ? spec.idle_timeout
-                               : options_.default_idle_timeout;
+  sequence->idle_timeout =
+      spec.idle_timeout > absl::ZeroDuration() ? spec.idle_timeout : options_.default_idle_timeout;
   AdmittedSequence admitted{.handle = sequence->handle,
+                            .write_key = sequence->write_key,
                             .layout = layout,
                             .data = span.data,
                             .reserved_bytes = span.bytes};
@@ -216,11 +216,18 @@ int64_t SequenceStore::FreeLocked(uint64_t handle, FreeCause cause) {
   Sequence& sequence = *it->second;
   const int64_t bytes = static_cast<int64_t>(sequence.span.bytes);
   auto session = sessions_.find(sequence.owner_id);
-  if (session != sessions_.end()) session->second.handles_by_sequence_id.erase(sequence.sequence_id);
+  if (session != sessions_.end())
+    session->second.handles_by_sequence_id.erase(sequence.sequence_id);
   switch (cause) {
-    case FreeCause::kReleased: ++released_; break;
-    case FreeCause::kSessionEnded: ++freed_session_ended_; break;
-    case FreeCause::kIdle: ++freed_idle_; break;
+    case FreeCause::kReleased:
+      ++released_;
+      break;
+    case FreeCause::kSessionEnded:
+      ++freed_session_ended_;
+      break;
+    case FreeCause::kIdle:
+      ++freed_idle_;
+      break;
   }
   if (sequence.pins > 0) {
     sequence.freed = true;
@@ -241,7 +248,7 @@ int SequenceStore::EndSessionLocked(const std::string& owner_id) {
   return static_cast<int>(handles.size());
 }
 
-absl::Status SequenceStore::Pin(uint64_t owner_incarnation, absl::Span<const uint64_t> handles,
+absl::Status SequenceStore::Pin(const Access& access, absl::Span<const uint64_t> handles,
                                 absl::Span<const int32_t> positions,
                                 absl::Span<PinnedSequence> out) {
   const absl::Time now = clock_->Now();
@@ -252,10 +259,20 @@ absl::Status SequenceStore::Pin(uint64_t owner_incarnation, absl::Span<const uin
       return absl::NotFoundError(absl::StrCat("sequence handle ", handles[i], " is not held"));
     }
     const Sequence& sequence = *it->second;
-    if (sequence.owner_incarnation != owner_incarnation) {
+    if (access.write_key != 0) {
+      if (sequence.write_key != access.write_key) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("wrong write key for sequence handle ", handles[i]));
+      }
+      if (sequence.attended) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("sequence handle ", handles[i],
+                         " takes no more prompt writes: its owner has attended"));
+      }
+    } else if (sequence.owner_incarnation != access.owner_incarnation) {
       return absl::FailedPreconditionError(
           absl::StrCat("sequence handle ", handles[i], " belongs to incarnation ",
-                       sequence.owner_incarnation, ", not ", owner_incarnation));
+                       sequence.owner_incarnation, ", not ", access.owner_incarnation));
     }
     if (positions[i] < 0 || positions[i] >= sequence.layout.capacity_tokens) {
       return absl::OutOfRangeError(absl::StrCat("position ", positions[i], " of sequence handle ",
@@ -266,6 +283,7 @@ absl::Status SequenceStore::Pin(uint64_t owner_incarnation, absl::Span<const uin
   for (size_t i = 0; i < handles.size(); ++i) {
     Sequence& sequence = *sequences_[handles[i]];
     ++sequence.pins;
+    sequence.attended = sequence.attended || access.attends;
     sequence.tokens = std::max(sequence.tokens, positions[i] + 1);
     sequence.last_used = now;
     out[i] = PinnedSequence{
@@ -297,8 +315,8 @@ int SequenceStore::Sweep() {
   }
   for (const std::string& owner_id : ended) {
     const int count = EndSessionLocked(owner_id);
-    TRIDENT_LOG(WARNING) << "owner " << owner_id << " did not reconnect within its grace: "
-                         << count << " sequences freed";
+    TRIDENT_LOG(WARNING) << "owner " << owner_id << " did not reconnect within its grace: " << count
+                         << " sequences freed";
     freed += count;
   }
   std::vector<uint64_t> idle;
@@ -309,9 +327,9 @@ int SequenceStore::Sweep() {
     }
   }
   for (uint64_t handle : idle) {
-    TRIDENT_LOG(WARNING) << "sequence handle " << handle << " ('"
-                         << sequences_[handle]->sequence_id << "' of "
-                         << sequences_[handle]->owner_id << ") idle past its timeout: freed";
+    TRIDENT_LOG(WARNING) << "sequence handle " << handle << " ('" << sequences_[handle]->sequence_id
+                         << "' of " << sequences_[handle]->owner_id
+                         << ") idle past its timeout: freed";
     FreeLocked(handle, FreeCause::kIdle);
   }
   return freed + static_cast<int>(idle.size());

@@ -38,6 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -90,7 +91,7 @@ struct SequenceLayout {
   numeric::DType dtype = numeric::DType::kBF16;
   int32_t block_size = 16;
   KvPacking packing = KvPacking::kRows;  // Never kAuto.
-  int32_t capacity_tokens = 0;  // Whole blocks.
+  int32_t capacity_tokens = 0;           // Whole blocks.
   uint64_t layer_stride_bytes = 0;
   uint64_t block_stride_bytes = 0;
   uint64_t value_offset_bytes = 0;
@@ -99,6 +100,10 @@ struct SequenceLayout {
 // An admitted sequence, as AdmitSequence answers it.
 struct AdmittedSequence {
   uint64_t handle = 0;
+  // Lets a session other than the owner's (the prefill worker computing
+  // the prompt) append to the sequence until the owner first attends.
+  // Random, nonzero.
+  uint64_t write_key = 0;
   SequenceLayout layout;
   char* data = nullptr;  // Layer 0, block 0's K.
   size_t reserved_bytes = 0;
@@ -148,8 +153,7 @@ class SequenceStore {
   // The owner's transport failed: its session ends at now + reconnect_grace
   // unless it connects again first. No effect for an unknown owner or
   // another incarnation.
-  void OwnerUnreachable(const std::string& owner_id, uint64_t incarnation)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void OwnerUnreachable(const std::string& owner_id, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reserves memory for a sequence's whole capacity.
   //   INVALID_ARGUMENT     a field is invalid (named).
@@ -165,15 +169,29 @@ class SequenceStore {
   absl::StatusOr<int64_t> Release(const std::string& owner_id, uint64_t incarnation,
                                   uint64_t handle) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Pins the sequences a data-plane request names, for `owner_incarnation`
-  // (the requester's), and notes that each now holds `positions[i] + 1`
-  // tokens and was used now. All or none:
+  // Who pins sequences, and for what (a data-plane request's header).
+  struct Access {
+    // The requester's incarnation: it must own every sequence, unless
+    // write_key is set.
+    uint64_t owner_incarnation = 0;
+    // Nonzero: a prompt write, allowed on sequences with this write key
+    // whose owner has not attended yet, whoever sends it.
+    uint64_t write_key = 0;
+    // An attention request (not append-only): from then on the sequence
+    // takes no prompt writes.
+    bool attends = false;
+  };
+  // Pins the sequences a data-plane request names, for `access`, and notes
+  // that each now holds `positions[i] + 1` tokens and was used now. All or
+  // none:
   //   NOT_FOUND            a handle is unknown (freed, or never admitted).
-  //   FAILED_PRECONDITION  a handle belongs to another owner incarnation.
+  //   FAILED_PRECONDITION  a handle belongs to another owner incarnation;
+  //                        a prompt write with the wrong key, or after the
+  //                        owner attended.
   //   OUT_OF_RANGE         a position is negative or past the capacity.
   // REQUIRES: out.size() == handles.size() == positions.size(); every
   // successful Pin is matched by one Unpin of the same handles.
-  absl::Status Pin(uint64_t owner_incarnation, absl::Span<const uint64_t> handles,
+  absl::Status Pin(const Access& access, absl::Span<const uint64_t> handles,
                    absl::Span<const int32_t> positions, absl::Span<PinnedSequence> out)
       ABSL_LOCKS_EXCLUDED(mu_);
   void Unpin(absl::Span<const uint64_t> handles) ABSL_LOCKS_EXCLUDED(mu_);
@@ -201,6 +219,8 @@ class SequenceStore {
     absl::Duration idle_timeout;
     int pins = 0;
     bool freed = false;  // Freed while pinned: memory goes at the last Unpin.
+    uint64_t write_key = 0;
+    bool attended = false;  // No more prompt writes.
   };
   struct Session {
     uint64_t incarnation = 0;
@@ -223,6 +243,7 @@ class SequenceStore {
 
   mutable absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::BitGen keys_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   // Every sequence with memory, freed-while-pinned ones included.
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);

@@ -114,14 +114,14 @@ TEST_F(SequenceStoreTest, RejectsBadShapesNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_kv_heads")));
   spec = Spec("w0", 7, "r1");
   spec.head_dim = 24;
-  EXPECT_THAT(store_.Admit(spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr("head_dim")));
+  EXPECT_THAT(store_.Admit(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head_dim")));
   spec = Spec("w0", 7, "");
-  EXPECT_THAT(store_.Admit(spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr("sequence_id")));
+  EXPECT_THAT(store_.Admit(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sequence_id")));
   spec = Spec("w0", 7, "r1", /*capacity_tokens=*/0);
-  EXPECT_THAT(store_.Admit(spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr("capacity_tokens")));
+  EXPECT_THAT(store_.Admit(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("capacity_tokens")));
   EXPECT_EQ(pool_.used_bytes(), 0u);
 }
 
@@ -180,8 +180,7 @@ TEST_F(SequenceStoreTest, UnreachableOwnerLosesItsSequencesAfterTheGrace) {
   EXPECT_EQ(store_.Sweep(), 1);
   EXPECT_EQ(pool_.used_bytes(), 0u);
   EXPECT_EQ(store_.Stats().sessions, 0);
-  EXPECT_THAT(store_.Admit(Spec("w0", 7, "r2")),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store_.Admit(Spec("w0", 7, "r2")), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(SequenceStoreTest, ReconnectWithinTheGraceKeepsTheSequences) {
@@ -202,18 +201,59 @@ TEST_F(SequenceStoreTest, PinChecksHandlesIncarnationAndPosition) {
   ASSERT_THAT(a, IsOk());
   std::vector<PinnedSequence> out(1);
   const std::vector<uint64_t> handles = {a->handle};
-  EXPECT_THAT(store_.Pin(7, handles, std::vector<int32_t>{48}, absl::MakeSpan(out)),
-              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("capacity of 48")));
-  EXPECT_THAT(store_.Pin(8, handles, std::vector<int32_t>{0}, absl::MakeSpan(out)),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(store_.Pin(7, std::vector<uint64_t>{a->handle + 1}, std::vector<int32_t>{0},
-                         absl::MakeSpan(out)),
+  EXPECT_THAT(
+      store_.Pin({.owner_incarnation = 7}, handles, std::vector<int32_t>{48}, absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("capacity of 48")));
+  EXPECT_THAT(
+      store_.Pin({.owner_incarnation = 8}, handles, std::vector<int32_t>{0}, absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(store_.Pin({.owner_incarnation = 7}, std::vector<uint64_t>{a->handle + 1},
+                         std::vector<int32_t>{0}, absl::MakeSpan(out)),
               StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_THAT(store_.Pin(7, handles, std::vector<int32_t>{46}, absl::MakeSpan(out)), IsOk());
+  ASSERT_THAT(
+      store_.Pin({.owner_incarnation = 7}, handles, std::vector<int32_t>{46}, absl::MakeSpan(out)),
+      IsOk());
   EXPECT_EQ(out[0].data, a->data);
   EXPECT_EQ(out[0].layout->capacity_tokens, 48);
   store_.Unpin(handles);
   EXPECT_EQ(store_.Stats().held_tokens, 47);
+}
+
+TEST_F(SequenceStoreTest, PromptWritesNeedTheKeyAndEndWhenTheOwnerAttends) {
+  ASSERT_THAT(store_.Connect("w0", 7), IsOk());
+  absl::StatusOr<AdmittedSequence> a = store_.Admit(Spec("w0", 7, "r1"));
+  absl::StatusOr<AdmittedSequence> b = store_.Admit(Spec("w0", 7, "r2"));
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_NE(a->write_key, 0u);
+  EXPECT_NE(a->write_key, b->write_key);
+  std::vector<PinnedSequence> out(1);
+  const std::vector<uint64_t> handles = {a->handle};
+  const std::vector<int32_t> at = {5};
+  // Another session (incarnation 9) writes the prompt with the key.
+  EXPECT_THAT(store_.Pin({.owner_incarnation = 9, .write_key = b->write_key}, handles, at,
+                         absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("wrong write key")));
+  ASSERT_THAT(store_.Pin({.owner_incarnation = 9, .write_key = a->write_key}, handles, at,
+                         absl::MakeSpan(out)),
+              IsOk());
+  store_.Unpin(handles);
+  // The owner's append-only requests (migrations) leave the key valid...
+  ASSERT_THAT(store_.Pin({.owner_incarnation = 7}, handles, at, absl::MakeSpan(out)), IsOk());
+  store_.Unpin(handles);
+  ASSERT_THAT(store_.Pin({.owner_incarnation = 9, .write_key = a->write_key}, handles, at,
+                         absl::MakeSpan(out)),
+              IsOk());
+  store_.Unpin(handles);
+  // ...its first attention ends it.
+  ASSERT_THAT(store_.Pin({.owner_incarnation = 7, .attends = true}, handles,
+                         std::vector<int32_t>{6}, absl::MakeSpan(out)),
+              IsOk());
+  store_.Unpin(handles);
+  EXPECT_THAT(store_.Pin({.owner_incarnation = 9, .write_key = a->write_key}, handles, at,
+                         absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("has attended")));
+  EXPECT_EQ(store_.Stats().held_tokens, 7);
 }
 
 TEST_F(SequenceStoreTest, ReleaseWhilePinnedFreesAtTheLastUnpin) {
@@ -222,12 +262,15 @@ TEST_F(SequenceStoreTest, ReleaseWhilePinnedFreesAtTheLastUnpin) {
   ASSERT_THAT(a, IsOk());
   const std::vector<uint64_t> handles = {a->handle};
   std::vector<PinnedSequence> out(1);
-  ASSERT_THAT(store_.Pin(7, handles, std::vector<int32_t>{0}, absl::MakeSpan(out)), IsOk());
+  ASSERT_THAT(
+      store_.Pin({.owner_incarnation = 7}, handles, std::vector<int32_t>{0}, absl::MakeSpan(out)),
+      IsOk());
   EXPECT_THAT(store_.Release("w0", 7, a->handle), IsOkAndHolds(kSpecBytes));
   EXPECT_EQ(pool_.used_bytes(), kSpecBytes);  // Still computing on it.
   EXPECT_EQ(store_.Stats().sequences, 0);
-  EXPECT_THAT(store_.Pin(7, handles, std::vector<int32_t>{0}, absl::MakeSpan(out)),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(
+      store_.Pin({.owner_incarnation = 7}, handles, std::vector<int32_t>{0}, absl::MakeSpan(out)),
+      StatusIs(absl::StatusCode::kNotFound));
   store_.Unpin(handles);
   EXPECT_EQ(pool_.used_bytes(), 0u);
   EXPECT_EQ(store_.Stats().held_bytes, 0);
@@ -242,8 +285,8 @@ TEST_F(SequenceStoreTest, IdleSequencesAreFreedButNotWhilePinned) {
   ASSERT_THAT(a, IsOk());
   ASSERT_THAT(b, IsOk());
   std::vector<PinnedSequence> out(1);
-  ASSERT_THAT(store_.Pin(7, std::vector<uint64_t>{a->handle}, std::vector<int32_t>{0},
-                         absl::MakeSpan(out)),
+  ASSERT_THAT(store_.Pin({.owner_incarnation = 7}, std::vector<uint64_t>{a->handle},
+                         std::vector<int32_t>{0}, absl::MakeSpan(out)),
               IsOk());
   clock_.Advance(absl::Seconds(3));
   EXPECT_EQ(store_.Sweep(), 0);
