@@ -1,5 +1,6 @@
 #include "services/worker/kv_handoff/kv_reservations.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,28 +48,49 @@ KvReservations::~KvReservations() {
   for (const auto& [id, entry] : entries_) ids.push_back(id);
   for (uint64_t id : ids) {
     Waiter waiter = std::move(entries_[id].waiter);
-    Erase(id, /*take_blocks=*/false);
+    Erase(id, /*take=*/false);
     deferred.Add(std::move(waiter), absl::UnavailableError("the worker is shutting down"));
   }
 }
 
-std::vector<int32_t> KvReservations::Erase(uint64_t id, bool take_blocks) {
-  auto it = entries_.find(id);
-  std::vector<int32_t> blocks = std::move(it->second.blocks);
-  const int writers = it->second.writers;
-  entries_.erase(it);
-  if (!take_blocks && writers > 0) {
-    // Message writes still copy into them: free them after the last.
-    parked_[id] = {std::move(blocks), writers};
-    return {};
-  }
-  if (!take_blocks && !blocks.empty()) {
-    if (absl::Status s = source_->Free(blocks); !s.ok()) {
+void KvReservations::FreeHeld(uint64_t id, Entry& e) {
+  if (!e.blocks.empty()) {
+    if (absl::Status s = source_->Free(e.blocks); !s.ok()) {
       TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
     }
-    blocks.clear();
+    e.blocks.clear();
   }
-  return blocks;
+  if (e.remote.has_value()) {
+    if (e.remote->release) e.remote->release();
+    e.remote.reset();
+  }
+}
+
+KvReservations::Held KvReservations::Erase(uint64_t id, bool take) {
+  auto it = entries_.find(id);
+  Entry& e = it->second;
+  Held held;
+  if (take) {
+    held = Held{std::move(e.blocks), std::move(e.remote)};
+  } else if (e.writers > 0) {
+    // Message writes still copy into the blocks: free them after the last.
+    parked_[id] = {std::move(e.blocks), e.writers};
+    e.blocks.clear();
+    FreeHeld(id, e);
+  } else {
+    FreeHeld(id, e);
+  }
+  entries_.erase(it);
+  return held;
+}
+
+absl::StatusOr<absl::Duration> KvReservations::LeaseFor(absl::Duration lease) const {
+  if (lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
+  }
+  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
+  return std::min(lease, options_.max_lease);
 }
 
 absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(const std::string& request_id,
@@ -78,12 +100,7 @@ absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(const std::s
   if (num_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_tokens is ", num_tokens, "; want >= 1"));
   }
-  if (lease < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
-  }
-  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
-  lease = std::min(lease, options_.max_lease);
+  TRIDENT_ASSIGN_OR_RETURN(lease, LeaseFor(lease));
   const int32_t num_blocks = (num_tokens + options_.block_size - 1) / options_.block_size;
   auto blocks = source_->Reserve(num_blocks);
   if (!blocks.ok()) {
@@ -103,13 +120,28 @@ absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(const std::s
   return r;
 }
 
-absl::StatusOr<absl::Time> KvReservations::Renew(uint64_t id, absl::Duration lease) {
-  if (lease < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lease ", absl::FormatDuration(lease), " is negative"));
+absl::StatusOr<KvReservations::Reservation> KvReservations::ReserveRemote(
+    const std::string& request_id, RemotePlacement placement, absl::Duration lease) {
+  absl::StatusOr<absl::Duration> granted = LeaseFor(lease);
+  if (request_id.empty() || !granted.ok()) {
+    if (placement.release) placement.release();
+    return request_id.empty() ? absl::InvalidArgumentError("request_id must not be empty")
+                              : granted.status();
   }
-  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
-  lease = std::min(lease, options_.max_lease);
+  absl::MutexLock lock(&mu_);
+  Reservation r;
+  r.id = next_id_++;
+  r.lease = *granted;
+  r.expires = clock_->Now() + r.lease;
+  Entry& e = entries_[r.id];
+  e.request_id = request_id;
+  e.remote = std::move(placement);
+  e.expires = r.expires;
+  return r;
+}
+
+absl::StatusOr<absl::Time> KvReservations::Renew(uint64_t id, absl::Duration lease) {
+  TRIDENT_ASSIGN_OR_RETURN(lease, LeaseFor(lease));
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   const absl::Time now = clock_->Now();
@@ -137,7 +169,7 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
   }
   if (e.expires <= clock_->Now()) {
     Waiter waiter = std::move(e.waiter);
-    Erase(id, /*take_blocks=*/false);
+    Erase(id, /*take=*/false);
     deferred.Add(std::move(waiter),
                  absl::AbortedError(absl::StrCat("the lease of reservation ", id,
                                                  " ended before the KV was committed")));
@@ -145,17 +177,14 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
   }
   if (e.released) {
     // Nobody will decode it: free the blocks now.
-    Erase(id, /*take_blocks=*/false);
+    Erase(id, /*take=*/false);
     return absl::OkStatus();
   }
   if (commit.outcome != KvOutcome::kComplete) {
     // The KV is not needed: free the blocks. A waiting decode learns the
     // outcome now; one that arrives later finds it in the entry, which stays
     // (without blocks) until then or the lease's end.
-    if (absl::Status s = source_->Free(e.blocks); !s.ok()) {
-      TRIDENT_LOG(ERROR) << "freeing reservation " << id << "'s blocks: " << s;
-    }
-    e.blocks.clear();
+    FreeHeld(id, e);
     if (e.waiter) {
       Waiter waiter = std::move(e.waiter);
       entries_.erase(it);
@@ -168,8 +197,9 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
   }
   if (e.waiter) {
     Waiter waiter = std::move(e.waiter);
-    KvHandOff hand_off{std::move(commit), Erase(id, /*take_blocks=*/true)};
-    deferred.Add(std::move(waiter), std::move(hand_off));
+    Held held = Erase(id, /*take=*/true);
+    deferred.Add(std::move(waiter),
+                 KvHandOff{std::move(commit), std::move(held.blocks), std::move(held.remote)});
     return absl::OkStatus();
   }
   e.committed = true;
@@ -185,7 +215,7 @@ bool KvReservations::Release(uint64_t id) {
   Entry& e = it->second;
   if (e.committed) {
     // The writer is done and nobody took the blocks: free them.
-    Erase(id, /*take_blocks=*/false);
+    Erase(id, /*take=*/false);
     return true;
   }
   // The writer may still be writing: keep the blocks until its commit or the
@@ -219,9 +249,10 @@ void KvReservations::Await(uint64_t id, Waiter done) {
   }
   if (e.committed) {
     KvCommit commit = std::move(e.commit);
-    std::vector<int32_t> blocks = Erase(id, /*take_blocks=*/true);
+    Held held = Erase(id, /*take=*/true);
     if (commit.outcome == KvOutcome::kComplete) {
-      deferred.Add(std::move(done), KvHandOff{std::move(commit), std::move(blocks)});
+      deferred.Add(std::move(done),
+                   KvHandOff{std::move(commit), std::move(held.blocks), std::move(held.remote)});
     } else {
       deferred.Add(std::move(done), OutcomeFor(std::move(commit)));
     }
@@ -241,7 +272,7 @@ int KvReservations::ExpireLeases() {
   for (uint64_t id : ended) {
     Waiter waiter = std::move(entries_[id].waiter);
     const std::string request_id = entries_[id].request_id;
-    Erase(id, /*take_blocks=*/false);
+    Erase(id, /*take=*/false);
     TRIDENT_LOG(WARNING) << "KV reservation " << id << " (request " << request_id
                          << ") expired before its hand-off";
     deferred.Add(std::move(waiter),
@@ -272,6 +303,11 @@ absl::Status KvReservations::BeginMessage(
       it->second.expires <= clock_->Now()) {
     return absl::NotFoundError(
         absl::StrCat("reservation ", id, " is unknown, committed, released or expired"));
+  }
+  if (it->second.remote.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("reservation ", id, "'s KV is at attention service ",
+                     it->second.remote->service_id, ", not in this worker's blocks"));
   }
   TRIDENT_RETURN_IF_ERROR(check(it->second.blocks));
   ++it->second.writers;

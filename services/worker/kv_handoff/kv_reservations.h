@@ -15,6 +15,11 @@
 // An Await registered before the outcome is called exactly once, with the
 // outcome; one registered after a COMPLETE commit takes the blocks at once.
 //
+// A reservation may instead hold KV placed at a CPU attention service
+// (ReserveRemote: a CPU-resident sequence whose prompt the prefill worker
+// writes there): it has no blocks, and its placement is handed off as
+// blocks are, or released (RemotePlacement::release) when it ends untaken.
+//
 // KV that arrives as messages (transport::KvWriteMode::kMessage) comes in
 // through transport::KvMessageSink, which this implements: the worker
 // server hands the same KvReservations to the DecodeService (the control
@@ -28,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/backend/model_backend.h"
 #include "common/time/clock.h"
 #include "common/transport/kv/kv_message_sink.h"
 
@@ -74,11 +81,24 @@ struct KvCommit {
   int32_t finish_reason = 0;
 };
 
+// KV at a CPU attention service, held by a reservation instead of blocks.
+struct RemotePlacement {
+  // The sequence there, as the engine names it.
+  backend::RemoteKv kv;
+  std::string service_id;
+  // Frees the service's sequence; run once (under the reservations' lock:
+  // it must not call back into them) when the reservation ends without
+  // its hand-off being taken.
+  std::function<void()> release;
+};
+
 // What Await's callback receives: the commit, and for kComplete the blocks
-// (now the callback's to hand to the engine or free).
+// or the remote placement (now the callback's to hand to the engine or
+// free).
 struct KvHandOff {
   KvCommit commit;
   std::vector<int32_t> blocks;
+  std::optional<RemotePlacement> remote;
 };
 
 class KvReservations final : public transport::KvMessageSink {
@@ -103,6 +123,11 @@ class KvReservations final : public transport::KvMessageSink {
   // RESOURCE_EXHAUSTED when the blocks are not free.
   absl::StatusOr<Reservation> Reserve(const std::string& request_id, int32_t num_tokens,
                                       absl::Duration lease);
+  // A reservation holding `placement` instead of blocks (its `blocks` are
+  // empty). INVALID_ARGUMENT as Reserve; on an error `placement` is
+  // released.
+  absl::StatusOr<Reservation> ReserveRemote(const std::string& request_id,
+                                            RemotePlacement placement, absl::Duration lease);
 
   // Extends the lease from now; returns the new end. NOT_FOUND for an unknown,
   // committed, or expired reservation.
@@ -181,10 +206,19 @@ class KvReservations final : public transport::KvMessageSink {
     int writers = 0;
     KvCommit commit;
     std::function<void(absl::StatusOr<KvHandOff>)> waiter;
+    std::optional<RemotePlacement> remote;
   };
-  // Removes `it`, freeing its blocks unless `take_blocks`; returns the blocks
+  struct Held {
+    std::vector<int32_t> blocks;
+    std::optional<RemotePlacement> remote;
+  };
+  // The lease asked for, defaulted and capped; INVALID_ARGUMENT if negative.
+  absl::StatusOr<absl::Duration> LeaseFor(absl::Duration lease) const;
+  // Frees what `e` holds (blocks, remote placement).
+  void FreeHeld(uint64_t id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `it`, freeing what it holds unless `take`; returns what was
   // taken.
-  std::vector<int32_t> Erase(uint64_t id, bool take_blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Held Erase(uint64_t id, bool take) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   BlockSource* const source_;
   const Clock* const clock_;

@@ -64,6 +64,62 @@ KvCommit Complete(int32_t token) {
   return c;
 }
 
+// A placement at a CPU attention service that counts its releases.
+RemotePlacement Placement(uint64_t handle, int* released) {
+  return RemotePlacement{.kv = backend::RemoteKv{.handle = handle},
+                         .service_id = "cpu0",
+                         .release = [released] { ++*released; }};
+}
+
+TEST(KvReservationsTest, ARemotePlacementIsHandedOffOrReleasedExactlyOnce) {
+  Fixture f;
+  int released = 0;
+  // Committed COMPLETE: the decode takes the placement, nothing released.
+  auto taken = f.reservations.ReserveRemote("a", Placement(7, &released), absl::ZeroDuration());
+  ASSERT_THAT(taken.status(), IsOk());
+  EXPECT_TRUE(taken->blocks.empty());
+  EXPECT_EQ(f.source.num_free(), 32);
+  Result result;
+  f.reservations.Await(taken->id, result.Callback());
+  ASSERT_THAT(f.reservations.Commit(taken->id, Complete(3)), IsOk());
+  ASSERT_EQ(result.calls, 1);
+  ASSERT_THAT(result.value->status(), IsOk());
+  ASSERT_TRUE((*result.value)->remote.has_value());
+  EXPECT_EQ((*result.value)->remote->kv.handle, 7u);
+  EXPECT_EQ((*result.value)->remote->service_id, "cpu0");
+  EXPECT_TRUE((*result.value)->blocks.empty());
+  EXPECT_EQ(released, 0);
+  // Aborted, released after the writer's commit, expired: released once each.
+  auto aborted = f.reservations.ReserveRemote("b", Placement(8, &released), absl::ZeroDuration());
+  ASSERT_THAT(aborted.status(), IsOk());
+  KvCommit abort;
+  abort.outcome = KvOutcome::kAborted;
+  ASSERT_THAT(f.reservations.Commit(aborted->id, abort), IsOk());
+  EXPECT_EQ(released, 1);
+  auto given_up = f.reservations.ReserveRemote("c", Placement(9, &released), absl::ZeroDuration());
+  ASSERT_THAT(given_up.status(), IsOk());
+  EXPECT_TRUE(f.reservations.Release(given_up->id));
+  EXPECT_EQ(released, 1);  // The writer may still be writing.
+  ASSERT_THAT(f.reservations.Commit(given_up->id, Complete(3)), IsOk());
+  EXPECT_EQ(released, 2);
+  auto expiring = f.reservations.ReserveRemote("d", Placement(10, &released), absl::Seconds(1));
+  ASSERT_THAT(expiring.status(), IsOk());
+  f.clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 1);
+  EXPECT_EQ(released, 3);
+  // No KV message lands in a remote reservation.
+  auto remote = f.reservations.ReserveRemote("e", Placement(11, &released), absl::ZeroDuration());
+  ASSERT_THAT(remote.status(), IsOk());
+  EXPECT_THAT(
+      f.reservations.WriteMessage(
+          remote->id, [](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> { return 1; }),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("attention service cpu0")));
+  // A bad request releases the placement it was given.
+  EXPECT_THAT(f.reservations.ReserveRemote("", Placement(12, &released), absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(released, 4);
+}
+
 TEST(KvReservationsTest, CommitHandsTheBlocksToTheWaitingDecode) {
   Fixture f;
   auto r = f.reservations.Reserve("req", 9, absl::ZeroDuration());  // 3 blocks of 4

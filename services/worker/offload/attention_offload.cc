@@ -1,7 +1,6 @@
 #include "services/worker/offload/attention_offload.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,13 +40,9 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
 }
 
 absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
-  TRIDENT_ASSIGN_OR_RETURN(memory_, backend_->kv_memory());
-  if (memory_.device) {
-    // Migrations stage each layer's blocks through host memory.
-    TRIDENT_ASSIGN_OR_RETURN(copier_, backend_->CreateKvCopier());
-  }
-  wire_dtype_ = memory_.spec.dtype == numeric::DType::kBF16 ? transport::attention::WireDType::kBF16
-                                                            : transport::attention::WireDType::kF32;
+  TRIDENT_ASSIGN_OR_RETURN(kv_copier_, ServiceKvCopier::Create(*backend_));
+  memory_ = kv_copier_->memory();
+  wire_dtype_ = kv_copier_->wire_dtype();
   backend_->set_remote_attention_timeout(options_.attention_timeout);
   TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx, {.lanes = 1}));
   TRIDENT_ASSIGN_OR_RETURN(client_, transport::attention::UcxAttentionClient::Create(
@@ -462,121 +457,14 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
   NoteFailure(*m->service, status);
 }
 
-absl::Status AttentionOffload::StageLayer(const engine::OffloadCandidate& candidate, int32_t first,
-                                          int32_t last, int32_t layer, CopyScratch& scratch) {
-  const kv::KvCacheSpec& spec = memory_.spec;
-  const int32_t first_block = first / spec.block_size;
-  const int32_t count = (last + spec.block_size - 1) / spec.block_size - first_block;
-  scratch.block_data.resize(count);
-  if (copier_ == nullptr) {
-    for (int32_t i = 0; i < count; ++i) {
-      scratch.block_data[i] = static_cast<const char*>(memory_.base) +
-                              spec.KeyOffsetBytes(layer, candidate.blocks[first_block + i]);
-    }
-    return absl::OkStatus();
-  }
-  // A block's K and V of one layer are contiguous: one range per block.
-  scratch.ranges.clear();
-  for (int32_t i = 0; i < count; ++i) {
-    scratch.ranges.push_back(
-        {spec.KeyOffsetBytes(layer, candidate.blocks[first_block + i]), spec.block_stride_bytes()});
-  }
-  const size_t needed = static_cast<size_t>(count) * spec.block_stride_bytes();
-  if (scratch.staging == nullptr || scratch.staging->size_bytes() < needed) {
-    scratch.staging.reset();
-    TRIDENT_ASSIGN_OR_RETURN(scratch.staging, copier_->AllocateHost(needed));
-  }
-  TRIDENT_RETURN_IF_ERROR(copier_->CopyToHost(scratch.ranges, scratch.staging->data()));
-  for (int32_t i = 0; i < count; ++i) {
-    scratch.block_data[i] =
-        scratch.staging->data() + static_cast<size_t>(i) * spec.block_stride_bytes();
-  }
-  return absl::OkStatus();
-}
-
-bool AttentionOffload::GatherRows(int32_t first, int32_t start, int32_t n,
-                                  CopyScratch& scratch) const {
-  const kv::KvCacheSpec& spec = memory_.spec;
-  const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
-  const size_t element = spec.element_size_bytes();
-  // bf16 in the pool and on the wire: copied as they are.
-  const bool raw =
-      spec.dtype == numeric::DType::kBF16 && wire_dtype_ == transport::attention::WireDType::kBF16;
-  if (raw) {
-    scratch.k_bits.resize(n * row);
-    scratch.v_bits.resize(n * row);
-  } else {
-    scratch.k_rows.resize(n * row);
-    scratch.v_rows.resize(n * row);
-  }
-  scratch.positions.resize(n);
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t p = start + i;
-    scratch.positions[i] = p;
-    const char* block = scratch.block_data[p / spec.block_size - first / spec.block_size];
-    const int32_t slot = p % spec.block_size;
-    for (int32_t h = 0; h < spec.num_kv_heads; ++h) {
-      const uint64_t within = (uint64_t(h) * spec.block_size + slot) * spec.head_dim * element;
-      const int64_t at = i * row + h * spec.head_dim;
-      const char* k = block + within;
-      const char* v = block + spec.value_offset_bytes() + within;
-      if (raw) {
-        std::memcpy(&scratch.k_bits[at], k, spec.head_dim * element);
-        std::memcpy(&scratch.v_bits[at], v, spec.head_dim * element);
-      } else {
-        numeric::ToFloat(spec.dtype, k, &scratch.k_rows[at], spec.head_dim);
-        numeric::ToFloat(spec.dtype, v, &scratch.v_rows[at], spec.head_dim);
-      }
-    }
-  }
-  return raw;
-}
-
 absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
                                       transport::attention::RemoteAttention& channel,
-                                      uint64_t handle, CopyScratch& scratch) {
-  const kv::KvCacheSpec& spec = memory_.spec;
-  const int64_t row = int64_t{spec.num_kv_heads} * spec.head_dim;
-  const int32_t last = candidate.num_computed;
-  if (first >= last) return absl::OkStatus();
-  std::vector<transport::attention::RemoteAttention::Ticket> tickets;
-  absl::Status first_error;
-  for (int32_t layer = 0; layer < spec.num_layers && first_error.ok(); ++layer) {
-    first_error = StageLayer(candidate, first, last, layer, scratch);
-    for (int32_t start = first; start < last && first_error.ok(); start += kMigrationChunkTokens) {
-      const int32_t n = std::min(kMigrationChunkTokens, last - start);
-      const bool raw = GatherRows(first, start, n, scratch);
-      scratch.handles.assign(n, handle);
-      transport::attention::KvAppendCall call{.layer = layer,
-                                              .num_kv_heads = spec.num_kv_heads,
-                                              .head_dim = spec.head_dim,
-                                              .dtype = wire_dtype_,
-                                              .handles = scratch.handles,
-                                              .positions = scratch.positions,
-                                              .k_stride = row,
-                                              .v_stride = row};
-      if (raw) {
-        call.k_bf16 = scratch.k_bits.data();
-        call.v_bf16 = scratch.v_bits.data();
-      } else {
-        call.k = scratch.k_rows.data();
-        call.v = scratch.v_rows.data();
-      }
-      absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket =
-          channel.StartAppend(call);
-      if (ticket.ok()) {
-        tickets.push_back(*ticket);
-      } else {
-        first_error = ticket.status();
-      }
-    }
-  }
-  // Every append sent is waited for, even after a failure.
-  for (auto ticket : tickets) {
-    absl::Status waited = channel.Wait(ticket, options_.attention_timeout);
-    if (first_error.ok()) first_error = waited;
-  }
-  return first_error;
+                                      uint64_t handle, CopyScratch& scratch) const {
+  return kv_copier_->Copy({.blocks = candidate.blocks,
+                           .first = first,
+                           .last = candidate.num_computed,
+                           .handle = handle},
+                          channel, options_.attention_timeout, scratch);
 }
 
 void AttentionOffload::OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) {

@@ -48,7 +48,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/backend/kv_copier.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/engine.h"
 #include "common/transport/attention/ucx_attention_client.h"
@@ -57,6 +56,7 @@
 #include "services/worker/offload/cost_tables.h"
 #include "services/worker/offload/offload_policy.h"
 #include "services/worker/offload/pipeline_planner.h"
+#include "services/worker/offload/service_kv_copier.h"
 #include "trident/v1/attention.grpc.pb.h"
 
 namespace trident::worker {
@@ -117,7 +117,7 @@ class AttentionOffload final : public engine::StepHook {
   void PlanBatch(absl::Span<backend::StepSequence> batch) override;
 
   // Tokens per append request of a move.
-  static constexpr int32_t kMigrationChunkTokens = 512;
+  static constexpr int32_t kMigrationChunkTokens = ServiceKvCopier::kChunkTokens;
 
  private:
   struct Service {
@@ -136,17 +136,7 @@ class AttentionOffload final : public engine::StepHook {
     Service* service = nullptr;
     uint64_t handle = 0;
   };
-  // Scratch of CopyKv: one for the engine loop thread, one for the
-  // migration thread.
-  struct CopyScratch {
-    std::vector<const char*> block_data;
-    std::vector<backend::KvRange> ranges;
-    std::unique_ptr<backend::HostBuffer> staging;
-    std::vector<float> k_rows, v_rows;     // f32 rows,
-    std::vector<uint16_t> k_bits, v_bits;  // or bf16 ones (GatherRows)
-    std::vector<uint64_t> handles;
-    std::vector<int32_t> positions;
-  };
+  using CopyScratch = ServiceKvCopier::Scratch;
   // A background move: the candidate as chosen (its KV up to num_computed
   // is copied), the service and, once admitted, the handle there.
   struct Migration {
@@ -193,22 +183,11 @@ class AttentionOffload final : public engine::StepHook {
       ABSL_LOCKS_EXCLUDED(mu_);
   // A migration thread: copies the migrations no thread has taken yet.
   void MigrationLoop(CopyScratch& scratch);
-  // Points scratch.block_data[i] at block first / block_size + i of the
-  // candidate in `layer` (K, then V value_offset_bytes on), for the blocks
-  // holding positions [first, last), in host memory: the pool's own, or
-  // staged through copier_ for a device pool.
-  absl::Status StageLayer(const engine::OffloadCandidate& candidate, int32_t first, int32_t last,
-                          int32_t layer, CopyScratch& scratch);
-  // Gathers positions [start, start + n) from the staged blocks (staged
-  // from position `first` on) into token-major rows: bf16 bits when the
-  // pool and the wire are bf16 (scratch.k_bits, v_bits; returns true),
-  // else f32 (scratch.k_rows, v_rows; returns false).
-  bool GatherRows(int32_t first, int32_t start, int32_t n, CopyScratch& scratch) const;
   // Copies positions [first, candidate.num_computed) of the candidate's KV
   // to `handle`.
   absl::Status CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
                       transport::attention::RemoteAttention& channel, uint64_t handle,
-                      CopyScratch& scratch);
+                      CopyScratch& scratch) const;
   // After a failed call to `service`: UNAVAILABLE and DEADLINE_EXCEEDED
   // mark it disconnected (the housekeeping thread reconnects).
   void NoteFailure(Service& service, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -222,6 +201,8 @@ class AttentionOffload final : public engine::StepHook {
 
   const AttentionOffloadOptions options_;
   backend::ModelBackend* const backend_;
+  // Copies KV to services; memory_ and wire_dtype_ are its.
+  std::unique_ptr<ServiceKvCopier> kv_copier_;
   backend::KvMemory memory_;
   transport::attention::WireDType wire_dtype_ = transport::attention::WireDType::kF32;
   std::unique_ptr<transport::UcxLanes> lanes_;
@@ -239,8 +220,6 @@ class AttentionOffload final : public engine::StepHook {
   // the engine's round-trip total as last seen (engine loop thread).
   double planned_cpu_step_seconds_ = 0;
   double round_trip_seconds_seen_ = 0;
-  // A device pool's copier (null for a host pool; thread-safe).
-  std::unique_ptr<backend::KvCopier> copier_;
   CopyScratch loop_scratch_;  // engine loop thread only
   // One per migration thread (sized in Start, before they run).
   std::vector<CopyScratch> migration_scratch_;
