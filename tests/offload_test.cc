@@ -11,6 +11,10 @@
 //  * A colocated worker whose KV pool is too small for its requests moves
 //    sequences out under pool pressure, copying their KV in the background
 //    while it keeps decoding, with the same tokens.
+//  * A decode worker places long prompts, and prompts its pool cannot hold,
+//    on the service at reservation: the prefill worker writes their KV
+//    there, and they decode there from their first step, with the same
+//    tokens.
 
 #include <signal.h>
 
@@ -328,6 +332,61 @@ TEST_P(OffloadTest, PoolPressureMovesCopyInTheBackgroundAndKeepTheTokens) {
   std::printf("%s over %s: %lld attention requests served under pool pressure\n", GetParam().model,
               GetParam().transport, static_cast<long long>(stats.attention_requests_total()));
   for (ServiceProcess* p : {&*offloading, &*resident}) testing::StopService(*p).IgnoreError();
+}
+
+TEST_P(OffloadTest, PromptsPlacedOnTheServiceAreWrittenThereByThePrefillWorker) {
+  if (std::string(GetParam().model) != "llama3-tiny") {
+    GTEST_SKIP() << "one model per transport is enough here";
+  }
+  // A 1 MiB pool holds 512 tokens of this model (2 KiB each); prompts whose
+  // sequences may reach 1000 tokens go to the CPU at reservation.
+  auto placing =
+      StartWorker("decode", "decode-placing",
+                  {"--kv_cache_mb=1", absl::StrCat("--attention_services=", attention_.address),
+                   "--offload_min_context_tokens=1000", "--attention_timeout=3s",
+                   absl::StrCat("--offload_pipeline=", GetParam().pipeline)});
+  ASSERT_THAT(placing.status(), IsOk());
+  ServiceProcess placing_worker = *std::move(placing);
+  auto long_prompt = [](int32_t n) {
+    std::vector<int32_t> prompt;
+    for (int32_t t = 0; t < n; ++t) prompt.push_back(1 + (11 * t) % 200);
+    return prompt;
+  };
+  // Short: in the pool. Beyond the pool (below the threshold): placed
+  // because the blocks are short. Past the threshold: placed as long.
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(0), long_prompt(700),
+                                                     long_prompt(1100)};
+  const std::vector<bool> on_cpu = {false, true, true};
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    DisaggregatedContexts reference_contexts;
+    const DisaggregatedResult reference =
+        GenerateDisaggregated(prefill_, resident_, absl::StrCat("reference-", i), prompts[i],
+                              kMaxTokens, &reference_contexts);
+    ASSERT_TRUE(reference.ok()) << i;
+    DisaggregatedContexts contexts;
+    contexts.allow_cpu_attention = true;
+    const DisaggregatedResult r = GenerateDisaggregated(
+        prefill_, placing_worker, absl::StrCat("placed-", i), prompts[i], kMaxTokens, &contexts);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.reserve_status.error_message() << " / "
+                        << r.prefill_status.error_message() << " / "
+                        << r.decode_status.error_message();
+    EXPECT_EQ(r.tokens, reference.tokens) << "prompt " << i;
+    EXPECT_EQ(r.tokens.size(), kMaxTokens) << i;
+    EXPECT_EQ(r.placed_on_cpu, on_cpu[i]) << i;
+    EXPECT_EQ(!r.attention_service_id.empty(), on_cpu[i]) << i;
+    EXPECT_EQ(r.lane == "attention", on_cpu[i]) << i << ": KV went over " << r.lane;
+  }
+  const v1::AttentionStats stats = StatsOnceEmpty();
+  EXPECT_EQ(stats.sequences(), 0);
+  EXPECT_EQ(stats.held_bytes(), 0);
+  absl::StatusOr<http::HttpResponse> metrics = http::Get(
+      absl::StrCat("http://127.0.0.1:", placing_worker.metrics_port, "/metrics"), absl::Seconds(5));
+  ASSERT_THAT(metrics.status(), IsOk());
+  EXPECT_THAT(metrics->body, ::testing::HasSubstr(
+                                 "trident_worker_offload_decisions_total{decision=\"placed\"} 2"));
+  EXPECT_THAT(metrics->body,
+              ::testing::HasSubstr("trident_worker_offload_decisions_total{decision=\"moved\"} 0"));
+  testing::StopService(placing_worker).IgnoreError();
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, OffloadTest,

@@ -58,7 +58,6 @@ absl::Status Engine::FreeBlocks(absl::Span<const int32_t> blocks) {
 
 absl::Status Engine::SubmitPrefilled(EngineRequest request, std::vector<int32_t> blocks,
                                      int32_t first_token, TokenCallback callback) {
-  TRIDENT_RETURN_IF_ERROR(core_->Validate(request));
   const int32_t block_size = backend_->kv_capacity().block_size;
   const size_t want = (request.prompt.size() + block_size - 1) / block_size;
   if (blocks.size() != want) {
@@ -66,17 +65,34 @@ absl::Status Engine::SubmitPrefilled(EngineRequest request, std::vector<int32_t>
                                                    " tokens needs ", want, " KV blocks, got ",
                                                    blocks.size()));
   }
-  if (first_token < 0 || first_token >= backend_->vocab_size()) {
+  return QueuePrefilled({std::move(request), std::move(blocks), first_token}, std::move(callback));
+}
+
+absl::Status Engine::SubmitPrefilledRemote(EngineRequest request, backend::RemoteKv remote,
+                                           std::string service_id, int32_t first_token,
+                                           TokenCallback callback) {
+  if (remote.service == nullptr) return absl::InvalidArgumentError("no attention service named");
+  if (!backend_->supports_remote_attention()) {
+    return absl::FailedPreconditionError("this backend cannot compute attention at a service");
+  }
+  return QueuePrefilled({std::move(request), {}, first_token, remote, std::move(service_id)},
+                        std::move(callback));
+}
+
+absl::Status Engine::QueuePrefilled(Prefilled prefilled, TokenCallback callback) {
+  TRIDENT_RETURN_IF_ERROR(core_->Validate(prefilled.request, prefilled.remote.service != nullptr));
+  if (prefilled.first_token < 0 || prefilled.first_token >= backend_->vocab_size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("first token ", first_token, " outside the vocabulary"));
+        absl::StrCat("first token ", prefilled.first_token, " outside the vocabulary"));
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
-  if (callbacks_.contains(request.id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
+  if (callbacks_.contains(prefilled.request.id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request ", prefilled.request.id, " is already running"));
   }
-  callbacks_[request.id] = std::move(callback);
-  prefilled_inbox_.push_back({std::move(request), std::move(blocks), first_token});
+  callbacks_[prefilled.request.id] = std::move(callback);
+  prefilled_inbox_.push_back(std::move(prefilled));
   return absl::OkStatus();
 }
 
@@ -189,11 +205,16 @@ void Engine::Loop() {
     for (Prefilled& p : prefilled) {
       const std::string id = p.request.id;
       std::vector<int32_t> blocks = p.blocks;
-      absl::Status status =
-          core_->AddPrefilled(std::move(p.request), std::move(p.blocks), p.first_token);
+      const backend::RemoteKv remote = p.remote;
+      absl::Status status = core_->AddPrefilled(std::move(p.request), std::move(p.blocks),
+                                                p.first_token, remote, std::move(p.service_id));
       if (!status.ok()) {
         TRIDENT_LOG(WARNING) << "prefilled request " << id << " rejected: " << status;
         TRIDENT_CHECK_OK(allocator_->Free(blocks));
+        if (StepHook* hook = hook_.load(std::memory_order_acquire);
+            hook != nullptr && remote.service != nullptr) {
+          hook->OnRemoteReleased(id, remote);
+        }
         TokenEvent ev;
         ev.request_id = id;
         ev.finish = FinishReason::kError;

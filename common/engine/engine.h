@@ -78,6 +78,12 @@ class Engine final : public TokenSource {
   // and the engine frees the blocks.
   absl::Status SubmitPrefilled(EngineRequest request, std::vector<int32_t> blocks,
                                int32_t first_token, TokenCallback callback);
+  // The same for a sequence whose prompt KV is at an attention service
+  // (`remote`, from its owner's admission there): it runs CPU-resident.
+  // If the loop refuses it, the step hook's OnRemoteReleased gets it back.
+  absl::Status SubmitPrefilledRemote(EngineRequest request, backend::RemoteKv remote,
+                                     std::string service_id, int32_t first_token,
+                                     TokenCallback callback);
 
   // Disaggregated prefill: frees the blocks a kPrefilled event handed over
   // (after their KV has been sent). Safe from any thread.
@@ -119,7 +125,11 @@ class Engine final : public TokenSource {
     EngineRequest request;
     std::vector<int32_t> blocks;
     int32_t first_token = 0;
+    backend::RemoteKv remote;
+    std::string service_id;
   };
+  // SubmitPrefilled's checks after the block count, and the queueing.
+  absl::Status QueuePrefilled(Prefilled prefilled, TokenCallback callback) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Prefilled> prefilled_inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> releases_ ABSL_GUARDED_BY(mu_);
   // FreeBlocks returned blocks, or Wake was called, since the loop last

@@ -49,7 +49,11 @@ EngineCore::~EngineCore() {
   for (auto& [id, blocks] : prefilled_) TRIDENT_CHECK_OK(allocator_->Free(blocks));
 }
 
-absl::Status EngineCore::Validate(const EngineRequest& request) const {
+bool EngineCore::FitsCache(int64_t total_tokens) const {
+  return (total_tokens + block_size_ - 1) / block_size_ <= allocator_->num_total();
+}
+
+absl::Status EngineCore::Validate(const EngineRequest& request, bool remote) const {
   if (request.prompt.empty()) {
     return absl::InvalidArgumentError("prompt has no tokens");
   }
@@ -71,7 +75,7 @@ absl::Status EngineCore::Validate(const EngineRequest& request) const {
         ") exceeds the context window of ", backend_->max_model_len(), " tokens"));
   }
   const int64_t blocks_needed = (total + block_size_ - 1) / block_size_;
-  if (blocks_needed > allocator_->num_total()) {
+  if (!remote && !FitsCache(total)) {
     return absl::InvalidArgumentError(absl::StrCat("prompt + max_tokens needs ", blocks_needed,
                                                    " KV blocks but the cache has ",
                                                    allocator_->num_total()));
@@ -97,13 +101,16 @@ absl::Status EngineCore::Add(EngineRequest request) {
 }
 
 absl::Status EngineCore::AddPrefilled(EngineRequest request, std::vector<int32_t> blocks,
-                                      int32_t first_token) {
-  TRIDENT_RETURN_IF_ERROR(Validate(request));
+                                      int32_t first_token, backend::RemoteKv remote,
+                                      std::string service_id) {
+  TRIDENT_RETURN_IF_ERROR(Validate(request, remote.service != nullptr));
   if (live_.contains(request.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
   }
   const int32_t prompt_len = static_cast<int32_t>(request.prompt.size());
-  const size_t want = static_cast<size_t>((prompt_len + block_size_ - 1) / block_size_);
+  const size_t want = remote.service != nullptr
+                          ? 0
+                          : static_cast<size_t>((prompt_len + block_size_ - 1) / block_size_);
   if (blocks.size() != want) {
     return absl::InvalidArgumentError(absl::StrCat("a prompt of ", prompt_len, " tokens needs ",
                                                    want, " KV blocks, got ", blocks.size()));
@@ -118,6 +125,9 @@ absl::Status EngineCore::AddPrefilled(EngineRequest request, std::vector<int32_t
   seq->prompt_len = prompt_len;
   seq->num_computed = prompt_len;
   seq->blocks = std::move(blocks);
+  seq->remote = remote;
+  seq->attention_service_id = std::move(service_id);
+  if (remote.service != nullptr) ++stats_.remote_placed_total;
   seq->num_outputs = 1;
   seq->arrival = next_arrival_++;
   seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
@@ -257,7 +267,7 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     // An attention service is gone: its sequences come back here and are
     // recomputed; the step is retried without them (its outputs stand:
     // nothing was sampled).
-    const int demoted = DemoteRemote(failed_service);
+    const int demoted = DemoteRemote(failed_service, &events);
     TRIDENT_LOG(WARNING) << status.message() << "; its " << demoted
                          << " sequences are recomputed here";
     for (Sequence* seq : scheduled) seq->chunk = 0;
@@ -476,24 +486,40 @@ void EngineCore::DropRemote(Sequence& seq) {
   if (remote_listener_) remote_listener_(seq.request.id, remote);
 }
 
-int EngineCore::DemoteRemote(const transport::attention::RemoteAttention* service) {
+int EngineCore::DemoteRemote(const transport::attention::RemoteAttention* service,
+                             std::vector<TokenEvent>* events) {
   int demoted = 0;
+  std::vector<std::string> unfittable;
+  auto demote = [&](Sequence& seq) {
+    DropRemote(seq);
+    ++stats_.remote_demoted_total;
+    ++demoted;
+    if (!FitsCache(seq.prompt_len + int64_t{seq.request.max_tokens})) {
+      unfittable.push_back(seq.request.id);
+    }
+  };
   for (auto it = running_.begin(); it != running_.end();) {
     auto next = std::next(it);
     if ((*it)->remote.service == service) {
-      DropRemote(**it);
-      ++stats_.remote_demoted_total;
+      demote(**it);
       Preempt(it);
-      ++demoted;
     }
     it = next;
   }
   for (auto& seq : waiting_) {
     if (seq->remote.service != service) continue;
-    DropRemote(*seq);
-    ++stats_.remote_demoted_total;
+    demote(*seq);
     seq->num_computed = 0;
-    ++demoted;
+  }
+  for (const std::string& id : unfittable) {
+    TokenEvent ev;
+    ev.request_id = id;
+    ev.output_index = live_.at(id)->num_outputs;
+    ev.finish = FinishReason::kError;
+    events->push_back(std::move(ev));
+    TRIDENT_LOG(WARNING) << "request " << id
+                         << " lost its attention service and cannot fit this worker's KV cache";
+    Abort(id);
   }
   return demoted;
 }

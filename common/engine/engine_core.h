@@ -77,6 +77,9 @@ struct EngineStats {
   // Moves to a service, copies released (finished, aborted, demoted), and
   // sequences brought back because their service failed.
   int64_t remote_moves_total = 0;
+  // Sequences that joined CPU-resident, their prompt written at the
+  // service by the prefill worker (AddPrefilled with a remote placement).
+  int64_t remote_placed_total = 0;
   int64_t remote_released_total = 0;
   int64_t remote_demoted_total = 0;
   // What else became of moves the offload policy chose
@@ -146,7 +149,9 @@ class EngineCore {
   // (safe to call from any thread). INVALID_ARGUMENT for an empty prompt, a
   // token outside the vocabulary, max_tokens < 1, or prompt + max_tokens
   // beyond the context window or the whole KV cache.
-  absl::Status Validate(const EngineRequest& request) const;
+  // `remote`: the sequence's KV is at an attention service (CPU-placed), so
+  // it need not fit this worker's KV cache.
+  absl::Status Validate(const EngineRequest& request, bool remote = false) const;
 
   // Queues a request; ALREADY_EXISTS when its id is live.
   absl::Status Add(EngineRequest request);
@@ -158,8 +163,11 @@ class EngineCore {
   // The next step decodes output 1. Validate's errors, plus INVALID_ARGUMENT
   // for a wrong block count or a first token outside the vocabulary, and
   // ALREADY_EXISTS for a live id; on error the blocks stay the caller's.
-  absl::Status AddPrefilled(EngineRequest request, std::vector<int32_t> blocks,
-                            int32_t first_token);
+  // With `remote` set, the prompt's KV is at that attention service instead
+  // (a CPU-placed sequence, `blocks` empty): the sequence is CPU-resident
+  // from its first decode step, as if moved there (MoveToRemote).
+  absl::Status AddPrefilled(EngineRequest request, std::vector<int32_t> blocks, int32_t first_token,
+                            backend::RemoteKv remote = {}, std::string service_id = "");
 
   // CPU-resident sequences (NEO-style offload). A sequence moves to an
   // attention service between decode steps, after its caller copied
@@ -226,7 +234,12 @@ class EngineCore {
   // Forgets `seq`'s remote copy, telling the listener.
   void DropRemote(Sequence& seq);
   // Brings every sequence of `service` back for recompute; returns how many.
-  int DemoteRemote(const transport::attention::RemoteAttention* service);
+  // Those that can never fit this worker's KV cache (placed on the CPU for
+  // that reason) end instead: an kError event each in `events`.
+  int DemoteRemote(const transport::attention::RemoteAttention* service,
+                   std::vector<TokenEvent>* events);
+  // Whether a sequence of `total_tokens` can ever fit the KV cache.
+  bool FitsCache(int64_t total_tokens) const;
 
   // Frees the blocks of the newest waiting sequence that holds any (never
   // the oldest), which will be recomputed; false when none holds blocks.

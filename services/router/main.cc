@@ -46,6 +46,9 @@ ABSL_FLAG(double, slo_margin, 0.85,
           "Admission admits a request only if its predicted TTFT and TPOT are within this "
           "fraction of its targets: headroom for step-time noise the cost models do not see.");
 ABSL_FLAG(int32_t, load_interval_ms, 100, "Interval of the workers' load streams.");
+ABSL_FLAG(bool, allow_cpu_attention, true,
+          "Let decode workers with CPU attention services place a request's KV there: "
+          "long-context requests, or any when their GPU KV pool is full.");
 ABSL_FLAG(int32_t, kv_lease_ms, 30000,
           "Lease of each KV reservation on a decode worker: blocks whose prefill worker never "
           "commits (it died) return to the pool when it ends.");
@@ -76,6 +79,7 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
   options.load.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
   options.kv_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
+  options.allow_cpu_attention = absl::GetFlag(FLAGS_allow_cpu_attention);
   options.max_kv_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_kv_wait_ms));
   options.controller_address = absl::GetFlag(FLAGS_controller_address);
   options.router_id = trident::controller_client::HostName();

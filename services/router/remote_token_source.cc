@@ -146,8 +146,8 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
   // Ends a request that never (or no longer) has a call in flight: its
   // final event carries `status` (kError), or kAborted when it is OK;
   // `rejected`: counted as refused for that reason.
-  void EndWithoutCalls(const absl::Status& status,
-                       absl::optional<admission::RejectReason> rejected) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndWithoutCalls(const absl::Status& status, absl::optional<admission::RejectReason> rejected)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the calls in flight; the request then ends as aborted.
   void Abort() ABSL_LOCKS_EXCLUDED(mu_);
   bool aborted() const ABSL_LOCKS_EXCLUDED(mu_) {
@@ -318,6 +318,7 @@ void RemoteTokenSource::Flight::Reserve(Route route) {
                                             request_.max_tokens);
       SetProtoDuration(source_->options_.reserve_lease, reserve_request_.mutable_lease());
       reserve_request_.set_qos_class(request_.qos_class);
+      reserve_request_.set_allow_cpu_attention(source_->options_.allow_cpu_attention);
       reserve_response_.Clear();
       reserve_context_ = std::make_unique<grpc::ClientContext>();
       reserve_context_->set_deadline(DeadlineIn(source_->options_.reserve_timeout));
@@ -380,8 +381,8 @@ void RemoteTokenSource::Flight::SetWaiting(bool waiting) {
   if (observer_ != nullptr) observer_->OnKvWait(waiting);
 }
 
-void RemoteTokenSource::Flight::EndWithoutCalls(
-    const absl::Status& status, absl::optional<admission::RejectReason> rejected) {
+void RemoteTokenSource::Flight::EndWithoutCalls(const absl::Status& status,
+                                                absl::optional<admission::RejectReason> rejected) {
   std::shared_ptr<Flight> self = shared_from_this();
   {
     absl::MutexLock lock(&mu_);
@@ -503,9 +504,8 @@ void RemoteTokenSource::Flight::OnCallDone(Call call, const grpc::Status& status
         status.error_code() != grpc::StatusCode::CANCELLED) {
       // The first failure is reported; the other call is cancelled, and
       // its worker frees the sequence's KV.
-      failure_ = call == Call::kPrefill
-                     ? WorkerStatus("Prefill", route_.prefill_address, status)
-                     : WorkerStatus("Decode", route_.decode_address, status);
+      failure_ = call == Call::kPrefill ? WorkerStatus("Prefill", route_.prefill_address, status)
+                                        : WorkerStatus("Decode", route_.decode_address, status);
       if (call == Call::kPrefill) {
         cancels.push_back([this] { decode_->Cancel(); });
       } else {
@@ -614,8 +614,8 @@ void RemoteTokenSource::Flight::EndLocked(const absl::Status& status) {
   engine::TokenEvent ev;
   ev.request_id = request_.id;
   ev.output_index = outputs_;
-  ev.finish = aborted_ || status.ok() ? engine::FinishReason::kAborted
-                                      : engine::FinishReason::kError;
+  ev.finish =
+      aborted_ || status.ok() ? engine::FinishReason::kAborted : engine::FinishReason::kError;
   if (ev.finish == engine::FinishReason::kError) ev.error = status;
   ev.placement = PlacementLocked();
   EmitLocked(std::move(ev));
@@ -653,9 +653,10 @@ void RemoteTokenSource::Flight::SettleLocked() {
                      << absl::ToDoubleMilliseconds(route_.predicted_tpot) << "; actual ttft_ms "
                      << ms(first_token_at_) << " transfer_done_ms " << ms(transfer_done_at_)
                      << " tpot_ms "
-                     << (outputs_ > 1 ? absl::ToDoubleMilliseconds(last_token_at_ - first_token_at_) /
-                                            (outputs_ - 1)
-                                      : 0.0)
+                     << (outputs_ > 1
+                             ? absl::ToDoubleMilliseconds(last_token_at_ - first_token_at_) /
+                                   (outputs_ - 1)
+                             : 0.0)
                      << " reserved_ms " << ms(reserved_at_);
 }
 

@@ -56,6 +56,10 @@ namespace trident::router {
 struct RemoteTokenSourceOptions {
   // Lease asked for each KV reservation.
   absl::Duration reserve_lease = absl::Seconds(30);
+  // Whether decode workers may place a request's KV on a CPU attention
+  // service (ReserveKvRequest.allow_cpu_attention): its long-context
+  // requests, or any when their GPU pool is full.
+  bool allow_cpu_attention = true;
   // Deadline of each worker call (the whole prefill, the whole decode).
   absl::Duration call_timeout = absl::Minutes(10);
   // Deadline of one ReserveKv call.

@@ -19,8 +19,8 @@
 #include "common/grpc/reactors.h"
 #include "common/grpc/stream_channel.h"
 #include "common/status/error_details.h"
-#include "common/testing/status_matchers.h"
 #include "common/telemetry/collected_series.h"
+#include "common/testing/status_matchers.h"
 #include "common/time/proto_time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -323,8 +323,8 @@ TEST_F(RemoteTokenSourceTest, AWorkersResourceExhaustedReachesTheClientWithItsRe
   EXPECT_EQ(end.finish, engine::FinishReason::kError);
   EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(GetRetryDelay(end.error), absl::Seconds(3));
-  EXPECT_TRUE(absl::StrContains(end.error.message(),
-                                absl::StrCat("Prefill on ", worker.address(), ": prefill queue full")))
+  EXPECT_TRUE(absl::StrContains(
+      end.error.message(), absl::StrCat("Prefill on ", worker.address(), ": prefill queue full")))
       << end.error;
   // The decode call was cancelled: its reservation is free again.
   worker.decode.AwaitNoneReserved();
@@ -520,9 +520,9 @@ TEST_F(RemoteTokenSourceTest, TheThreadCountDoesNotGrowWithStreamsInFlight) {
   auto submit = [&](int n) {
     for (int i = 0; i < n; ++i) {
       events.push_back(std::make_unique<Events>());
-      ASSERT_THAT(source_->Submit(Request(absl::StrCat("r", events.size())),
-                                  events.back()->Callback()),
-                  IsOk());
+      ASSERT_THAT(
+          source_->Submit(Request(absl::StrCat("r", events.size())), events.back()->Callback()),
+          IsOk());
     }
   };
   submit(1);

@@ -118,8 +118,9 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
   in_flight_[static_cast<int>(RequestStage::kDecode)] = &in_flight.Add({{"stage", "decode"}});
   waiting_kv_ = &prometheus::BuildGauge()
                      .Name("trident_router_requests_waiting_kv")
-                     .Help("Admitted requests waiting for KV room on a decode worker whose cache "
-                           "was full.")
+                     .Help(
+                         "Admitted requests waiting for KV room on a decode worker whose cache "
+                         "was full.")
                      .Register(r)
                      .Add({});
 

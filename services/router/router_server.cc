@@ -98,6 +98,7 @@ absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
   metrics_ = std::make_unique<RouterMetrics>(*registry, qos);
   RemoteTokenSourceOptions remote_options;
   remote_options.reserve_lease = options_.kv_lease;
+  remote_options.allow_cpu_attention = options_.allow_cpu_attention;
   remote_options.max_kv_wait = options_.max_kv_wait;
   remote_options.metrics = metrics_.get();
   remote_options.clock = clock_;

@@ -73,6 +73,8 @@ struct RouterServerOptions {
   LoadSubscriberOptions load;
   // Lease of each KV reservation; > 0.
   absl::Duration kv_lease = absl::Seconds(30);
+  // RemoteTokenSourceOptions::allow_cpu_attention (--allow_cpu_attention).
+  bool allow_cpu_attention = true;
   // Longest wait for KV room on a full decode worker; >= 0.
   absl::Duration max_kv_wait = absl::Seconds(60);
   // host:port of the controller whose topology names the workers; empty:

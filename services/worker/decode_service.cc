@@ -182,14 +182,8 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
     }
     TRIDENT_ASSIGN_OR_RETURN(absl::Duration lease,
                              LeaseFrom(request->has_lease(), request->lease(), "lease"));
-    TRIDENT_ASSIGN_OR_RETURN(
-        KvReservations::Reservation r,
-        reservations_->Reserve(request->request_id(), request->num_tokens(), lease));
     v1::KvDestination* d = response->mutable_destination();
-    if (absl::Status s = receiver_->Describe(d); !s.ok()) {
-      reservations_->Release(r.id);
-      return s;
-    }
+    TRIDENT_ASSIGN_OR_RETURN(KvReservations::Reservation r, Reserve(*request, lease, d));
     // A role change that gives up waiting for it releases it.
     KvReservations* reservations = reservations_;
     work.SetAbortHook(
@@ -210,6 +204,50 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
     return absl::OkStatus();
   };
   return FinishUnary(context, run());
+}
+
+absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
+    const v1::ReserveKvRequest& request, absl::Duration lease, v1::KvDestination* destination) {
+  const int32_t max_total = request.max_total_tokens() != 0 ? request.max_total_tokens()
+                                                            : model_info_.max_context_tokens();
+  const bool may_place = request.allow_cpu_attention() && options_.placer != nullptr;
+  if (may_place && options_.placer->PlacesOnCpu(max_total)) {
+    absl::StatusOr<KvReservations::Reservation> r = ReserveAtService(request, lease, destination);
+    if (r.ok()) return r;
+    TRIDENT_LOG(WARNING) << "request " << request.request_id()
+                         << " stays in this worker's KV blocks: " << r.status();
+  }
+  absl::StatusOr<KvReservations::Reservation> r =
+      reservations_->Reserve(request.request_id(), request.num_tokens(), lease);
+  if (!r.ok()) {
+    // The pool is full: an attention service may hold it instead.
+    if (may_place && absl::IsResourceExhausted(r.status())) {
+      absl::StatusOr<KvReservations::Reservation> placed =
+          ReserveAtService(request, lease, destination);
+      if (placed.ok()) return placed;
+    }
+    return r.status();
+  }
+  if (absl::Status s = receiver_->Describe(destination); !s.ok()) {
+    reservations_->Release(r->id);
+    return s;
+  }
+  return r;
+}
+
+absl::StatusOr<KvReservations::Reservation> DecodeService::ReserveAtService(
+    const v1::ReserveKvRequest& request, absl::Duration lease, v1::KvDestination* destination) {
+  const int32_t capacity = request.max_total_tokens() != 0 ? request.max_total_tokens()
+                                                           : model_info_.max_context_tokens();
+  v1::KvDestination placed;
+  TRIDENT_ASSIGN_OR_RETURN(
+      RemotePlacement placement,
+      options_.placer->Place(request.request_id(), request.num_tokens(), capacity, &placed));
+  TRIDENT_ASSIGN_OR_RETURN(
+      KvReservations::Reservation r,
+      reservations_->ReserveRemote(request.request_id(), std::move(placement), lease));
+  destination->MergeFrom(placed);
+  return r;
 }
 
 grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* context,
@@ -384,6 +422,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
     if (call->channel->ended()) {
       // The client left while the KV arrived.
       if (!hand_off->blocks.empty()) (void)engine->FreeBlocks(hand_off->blocks);
+      if (hand_off->remote.has_value() && hand_off->remote->release) hand_off->remote->release();
       return;
     }
     // The first token, sampled by the prefill worker, counts as output 0.
@@ -395,9 +434,25 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
     }
     v1::DecodeResponse joined;
     SetProtoDuration(clock->Now() - waiting_since, joined.mutable_joined()->mutable_waited());
+    if (hand_off->remote.has_value()) {
+      joined.mutable_joined()->set_cpu_resident(true);
+      joined.mutable_joined()->set_attention_service_id(hand_off->remote->service_id);
+    }
     call->channel->Push(std::move(joined));
-    std::vector<int32_t> blocks = hand_off->blocks;
     call->in_engine.store(true);
+    if (hand_off->remote.has_value()) {
+      // CPU-placed: the prompt's KV is at the attention service.
+      RemotePlacement& remote = *hand_off->remote;
+      absl::Status s =
+          engine->SubmitPrefilledRemote(*request_for_engine, remote.kv, remote.service_id,
+                                        hand_off->commit.first_token, on_token);
+      if (!s.ok()) {
+        if (remote.release) remote.release();
+        call->channel->Close(s);
+      }
+      return;
+    }
+    std::vector<int32_t> blocks = hand_off->blocks;
     absl::Status s = engine->SubmitPrefilled(*request_for_engine, std::move(hand_off->blocks),
                                              hand_off->commit.first_token, on_token);
     if (!s.ok()) {

@@ -43,6 +43,11 @@ struct DecodeServiceOptions {
   absl::Duration message_arrival_timeout = absl::Seconds(10);
   // How often leases are checked for expiry.
   absl::Duration lease_check_interval = absl::Milliseconds(100);
+  // Places prompts at CPU attention services (the worker's offload; must
+  // outlive the service). Null: every reservation is in this worker's
+  // blocks. With one, a request that allows CPU attention goes there when
+  // it is long (PromptPlacer::PlacesOnCpu) or the blocks are short.
+  PromptPlacer* placer = nullptr;
 };
 
 // Thread-safe.
@@ -79,6 +84,15 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
 
  private:
   absl::Status CheckIncarnation(uint64_t incarnation) const;
+  // ReserveKv's reservation: in this worker's blocks (described by the
+  // receiver) or at an attention service (described by the placer), filling
+  // `destination`'s where-to-write fields.
+  absl::StatusOr<KvReservations::Reservation> Reserve(const trident::v1::ReserveKvRequest& request,
+                                                      absl::Duration lease,
+                                                      trident::v1::KvDestination* destination);
+  absl::StatusOr<KvReservations::Reservation> ReserveAtService(
+      const trident::v1::ReserveKvRequest& request, absl::Duration lease,
+      trident::v1::KvDestination* destination);
   // The work of reservation `id` (admitted by ReserveKv), for its Decode
   // call to carry on; inactive if there is none.
   WorkerRole::Work TakeReservationWork(uint64_t id);

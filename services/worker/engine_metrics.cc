@@ -88,13 +88,16 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                       .Add({})),
       offload_family_(prometheus::BuildCounter()
                           .Name("trident_worker_offload_decisions_total")
-                          .Help("Sequences moved to CPU attention services (moved); moves "
-                                "chosen but refused by a guard (held), that failed (failed), or "
+                          .Help("Sequences moved to CPU attention services (moved), or "
+                                "placed there at admission with their prompt written there by "
+                                "the prefill worker (placed); moves chosen but refused by a guard "
+                                "(held), that failed (failed), or "
                                 "whose background copy outlived the sequence (dropped); and "
                                 "sequences brought back for recompute because their service "
                                 "failed (demoted).")
                           .Register(r)),
       offload_moved_(offload_family_.Add({{"decision", "moved"}})),
+      offload_placed_(offload_family_.Add({{"decision", "placed"}})),
       offload_held_(offload_family_.Add({{"decision", "held"}})),
       offload_failed_(offload_family_.Add({{"decision", "failed"}})),
       offload_dropped_(offload_family_.Add({{"decision", "dropped"}})),
@@ -159,6 +162,7 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   cpu_sequences_.Set(s.remote_running);
   cpu_tokens_.Set(static_cast<double>(s.remote_tokens));
   offload_moved_.Increment(static_cast<double>(s.remote_moves_total - last_.remote_moves_total));
+  offload_placed_.Increment(static_cast<double>(s.remote_placed_total - last_.remote_placed_total));
   offload_held_.Increment(static_cast<double>(s.remote_held_total - last_.remote_held_total));
   offload_failed_.Increment(
       static_cast<double>(s.remote_move_failures_total - last_.remote_move_failures_total));

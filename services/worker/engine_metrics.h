@@ -82,6 +82,7 @@ class EngineMetrics {
   prometheus::Gauge& cpu_tokens_;
   prometheus::Family<prometheus::Counter>& offload_family_;
   prometheus::Counter& offload_moved_;
+  prometheus::Counter& offload_placed_;
   prometheus::Counter& offload_held_;
   prometheus::Counter& offload_failed_;
   prometheus::Counter& offload_dropped_;

@@ -167,6 +167,21 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
     metered_kv_ =
         std::make_unique<transport::MeteredKvSender>(kv_.get(), kv_metrics_.get(), clock_);
   }
+  if (model_ != nullptr && ucx_ != nullptr) {
+    // The prefill side writes CPU-placed prompts straight into attention
+    // services (sharing the offload's data-plane client when there is one).
+    SharedAttentionClient shared;
+    if (offload_ != nullptr) shared = {offload_->client(), offload_->endpoint()};
+    absl::StatusOr<std::unique_ptr<PromptKvSender>> prompt_kv = PromptKvSender::Create(
+        {.worker_id = identity_.worker_id, .incarnation = identity_.incarnation}, metered_kv_.get(),
+        ucx_.get(), model_->engine->backend(), std::move(shared));
+    if (prompt_kv.ok()) {
+      prompt_kv_ = *std::move(prompt_kv);
+    } else {
+      TRIDENT_LOG(WARNING) << "this worker cannot write prompts to attention services: "
+                           << prompt_kv.status();
+    }
+  }
   WorkerRoleOptions role_options;
   role_options.has_kv_transport = model_ == nullptr || kv_ != nullptr;
   role_options.registry = registry;
@@ -183,6 +198,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   decode_options.incarnation = identity_.incarnation;
   decode_options.address = options_.advertise_address;
   decode_options.worker_role = role_.get();
+  decode_options.placer = offload_.get();
   decode_ = std::make_unique<DecodeService>(model_->engine.get(), model_->info, reservations_.get(),
                                             kv_.get(), clock_, decode_options);
   PrefillServiceOptions prefill_options;
@@ -190,8 +206,11 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   prefill_options.worker_role = role_.get();
   prefill_options.testonly_stall_after_layers = options_.testonly_stall_kv_transfer_after_layers;
   prefill_options.testonly_stall_to_decode_worker = options_.testonly_stall_kv_transfer_to;
-  prefill_ = std::make_unique<PrefillService>(model_->engine.get(), model_->info, metered_kv_.get(),
-                                              clock_, prefill_options);
+  transport::KvSender* sender = prompt_kv_ != nullptr
+                                    ? static_cast<transport::KvSender*>(prompt_kv_.get())
+                                    : metered_kv_.get();
+  prefill_ = std::make_unique<PrefillService>(model_->engine.get(), model_->info, sender, clock_,
+                                              prefill_options);
 }
 
 void WorkerServer::StartLoadReports() {

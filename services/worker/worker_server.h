@@ -13,6 +13,9 @@
 //   UcxWorker, UcxKv           the KV data plane; received KV messages go
 //                              into the reservations (its KvMessageSink)
 //   MeteredKvSender            UcxKv's sending side, with metrics
+//   PromptKvSender             the prefill side's sender: CPU-placed
+//                              prompts to attention services, the rest
+//                              through the metered sender
 //   AttentionOffload           with attention services: the engine's step
 //                              hook moving sequences to them
 //   services                   Generation (with a model), Decode (the
@@ -55,6 +58,7 @@
 #include "services/worker/load_streams.h"
 #include "services/worker/offload/attention_offload.h"
 #include "services/worker/offload/offload_policy.h"
+#include "services/worker/offload/prompt_kv_sender.h"
 #include "services/worker/prefill_service.h"
 #include "services/worker/role_call_gate.h"
 #include "services/worker/worker_model.h"
@@ -217,6 +221,7 @@ class WorkerServer {
   std::unique_ptr<AttentionOffload> offload_;
   std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
   std::unique_ptr<transport::MeteredKvSender> metered_kv_;
+  std::unique_ptr<PromptKvSender> prompt_kv_;
   std::unique_ptr<RoleCallGate> generation_gate_;
   std::unique_ptr<frontend::GenerationService> generation_;
   std::unique_ptr<DecodeService> decode_;

@@ -28,6 +28,10 @@ struct DisaggregatedResult {
   grpc::Status decode_status;
   // The lane the KV went over (KvTransferDone.lane).
   std::string lane;
+  // Where the decode worker placed the sequence (KvDestination and
+  // SequenceJoined): on a CPU attention service, and which.
+  bool placed_on_cpu = false;
+  std::string attention_service_id;
   // From the Prefill call to its first token, and to the decode stream's
   // end.
   absl::Duration time_to_first_token = absl::InfiniteDuration();
@@ -47,6 +51,8 @@ struct DisaggregatedContexts {
     prefill.TryCancel();
     decode.TryCancel();
   }
+  // ReserveKvRequest.allow_cpu_attention of the call.
+  bool allow_cpu_attention = false;
   grpc::ClientContext prefill;
   grpc::ClientContext decode;
 };
@@ -54,13 +60,10 @@ struct DisaggregatedContexts {
 // Greedy generation of `max_tokens` tokens (EOS ignored) for `prompt`,
 // prefilled on `prefill` and decoded on `decode`. Blocks until both calls
 // end; `first_token` (optional) is notified when the first token arrives.
-inline DisaggregatedResult GenerateDisaggregated(const ServiceProcess& prefill,
-                                                 const ServiceProcess& decode,
-                                                 const std::string& id,
-                                                 const std::vector<int32_t>& prompt,
-                                                 int32_t max_tokens,
-                                                 DisaggregatedContexts* contexts,
-                                                 absl::Notification* first_token = nullptr) {
+inline DisaggregatedResult GenerateDisaggregated(
+    const ServiceProcess& prefill, const ServiceProcess& decode, const std::string& id,
+    const std::vector<int32_t>& prompt, int32_t max_tokens, DisaggregatedContexts* contexts,
+    absl::Notification* first_token = nullptr) {
   namespace v1 = ::trident::v1;
   DisaggregatedResult result;
   auto decode_stub = v1::Decode::NewStub(decode.channel);
@@ -69,6 +72,7 @@ inline DisaggregatedResult GenerateDisaggregated(const ServiceProcess& prefill,
   reserve.set_request_id(id);
   reserve.set_num_tokens(static_cast<int32_t>(prompt.size()));
   reserve.set_max_total_tokens(static_cast<int32_t>(prompt.size()) + max_tokens);
+  reserve.set_allow_cpu_attention(contexts->allow_cpu_attention);
   v1::ReserveKvResponse reserved;
   {
     grpc::ClientContext context;
@@ -77,6 +81,7 @@ inline DisaggregatedResult GenerateDisaggregated(const ServiceProcess& prefill,
     if (!result.reserve_status.ok()) return result;
   }
   v1::KvDestination destination = reserved.destination();
+  result.placed_on_cpu = destination.cpu_resident();
   destination.set_decode_address(decode.address);
   v1::DecodeRequest d;
   d.set_request_id(id);
@@ -113,6 +118,7 @@ inline DisaggregatedResult GenerateDisaggregated(const ServiceProcess& prefill,
   if (!result.prefill_status.ok()) contexts->decode.TryCancel();
   v1::DecodeResponse dr;
   while (decode_reader->Read(&dr)) {
+    if (dr.has_joined()) result.attention_service_id = dr.joined().attention_service_id();
     for (int32_t t : dr.chunk().token_ids()) result.tokens.push_back(t);
   }
   result.decode_status = decode_reader->Finish();

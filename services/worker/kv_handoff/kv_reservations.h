@@ -48,6 +48,7 @@
 #include "common/backend/model_backend.h"
 #include "common/time/clock.h"
 #include "common/transport/kv/kv_message_sink.h"
+#include "trident/v1/worker.pb.h"
 
 namespace trident::worker {
 
@@ -90,6 +91,24 @@ struct RemotePlacement {
   // it must not call back into them) when the reservation ends without
   // its hand-off being taken.
   std::function<void()> release;
+};
+
+// Places prompts' KV at CPU attention services (the decode worker's
+// offload, AttentionOffload). Thread-safe.
+class PromptPlacer {
+ public:
+  virtual ~PromptPlacer() = default;
+  // Whether a sequence that may reach `max_total_tokens` goes to the CPU at
+  // admission (the offload's long-context rule).
+  virtual bool PlacesOnCpu(int32_t max_total_tokens) const = 0;
+  // Admits sequence `request_id` at a service with room for
+  // `capacity_tokens`, and fills `destination`'s endpoint, layout, regions
+  // and cpu_resident fields for the prompt's writer. The service's errors
+  // (RESOURCE_EXHAUSTED: its budget is full); UNAVAILABLE when no service
+  // is connected.
+  virtual absl::StatusOr<RemotePlacement> Place(const std::string& request_id,
+                                                int32_t num_tokens, int32_t capacity_tokens,
+                                                trident::v1::KvDestination* destination) = 0;
 };
 
 // What Await's callback receives: the commit, and for kComplete the blocks

@@ -22,7 +22,12 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 }  // namespace
 
 AttentionOffload::AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend)
-    : options_(std::move(options)), backend_(backend) {}
+    : options_(std::move(options)),
+      backend_(backend),
+      release_sink_(std::make_shared<ReleaseSink>()) {
+  absl::MutexLock lock(&release_sink_->mu);
+  release_sink_->offload = this;
+}
 
 absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
     AttentionOffloadOptions options, transport::UcxWorker* ucx, backend::ModelBackend* backend) {
@@ -106,6 +111,11 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
 
 AttentionOffload::~AttentionOffload() {
   {
+    // Placements released from now on go with this worker's session.
+    absl::MutexLock lock(&release_sink_->mu);
+    release_sink_->offload = nullptr;
+  }
+  {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
@@ -151,7 +161,9 @@ absl::Status AttentionOffload::Connect(Service& service) {
 absl::Status AttentionOffload::Calibrate(Service& service) {
   const int32_t context = std::min(2048, backend_->max_model_len());
   TRIDENT_ASSIGN_OR_RETURN(
-      uint64_t handle, Admit(service, absl::StrCat("calibration-", options_.worker_id), context));
+      const v1::AdmitSequenceResponse admitted,
+      Admit(service, absl::StrCat("calibration-", options_.worker_id), context));
+  const uint64_t handle = admitted.handle();
   ServiceProbe probe{.channel = service.channel.get(),
                      .num_q_heads = options_.num_q_heads,
                      .num_kv_heads = memory_.spec.num_kv_heads,
@@ -171,8 +183,9 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> AttentionOffload::Admit(Service& service, const std::string& id,
-                                                 int32_t capacity) {
+absl::StatusOr<v1::AdmitSequenceResponse> AttentionOffload::Admit(Service& service,
+                                                                  const std::string& id,
+                                                                  int32_t capacity) {
   const kv::KvCacheSpec& spec = memory_.spec;
   v1::AdmitSequenceRequest request;
   request.set_owner_id(options_.worker_id);
@@ -191,7 +204,51 @@ absl::StatusOr<uint64_t> AttentionOffload::Admit(Service& service, const std::st
   SetDeadline(context, options_.rpc_timeout);
   TRIDENT_RETURN_IF_ERROR(
       FromGrpcStatus(service.stub->AdmitSequence(&context, request, &response)));
-  return response.handle();
+  return response;
+}
+
+bool AttentionOffload::PlacesOnCpu(int32_t max_total_tokens) const {
+  return options_.policy.min_context_tokens > 0 &&
+         max_total_tokens >= options_.policy.min_context_tokens;
+}
+
+absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& request_id,
+                                                        int32_t num_tokens, int32_t capacity_tokens,
+                                                        v1::KvDestination* destination) {
+  Service* service = PickService();
+  if (service == nullptr) return absl::UnavailableError("no attention service is connected");
+  absl::StatusOr<v1::AdmitSequenceResponse> admitted = Admit(*service, request_id, capacity_tokens);
+  if (!admitted.ok()) {
+    NoteFailure(*service, admitted.status());
+    return admitted.status();
+  }
+  RemotePlacement placement;
+  {
+    absl::MutexLock lock(&mu_);
+    placement.kv = backend::RemoteKv{service->channel.get(), admitted->handle()};
+    placement.service_id = service->service_id;
+    ++service->sequences;
+  }
+  // Until the engine takes it, the reservation releases it (the
+  // housekeeping thread calls the service).
+  placement.release = [sink = release_sink_, kv = placement.kv] {
+    absl::MutexLock lock(&sink->mu);
+    if (sink->offload != nullptr) sink->offload->OnRemoteReleased("", kv);
+  };
+  *destination->mutable_endpoint() = admitted->endpoint();
+  *destination->mutable_layout() = admitted->layout();
+  *destination->mutable_regions() = admitted->regions();
+  const int32_t block_size = std::max(1, admitted->layout().block_size_tokens());
+  for (int32_t b = 0; b * block_size < num_tokens; ++b) destination->add_block_ids(b);
+  destination->set_cpu_resident(true);
+  destination->set_attention_service_id(placement.service_id);
+  destination->set_attention_address(service->address);
+  destination->set_attention_handle(admitted->handle());
+  destination->set_attention_write_key(admitted->write_key());
+  TRIDENT_LOG(INFO) << "placed request " << request_id << " (" << num_tokens
+                    << " prompt tokens, up to " << capacity_tokens << ") at attention service "
+                    << placement.service_id << "; its prefill worker writes the prompt there";
+  return placement;
 }
 
 void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
@@ -333,7 +390,9 @@ void AttentionOffload::NoteFailure(Service& service, const absl::Status& status)
 
 absl::Status AttentionOffload::Move(engine::EngineCore& core,
                                     const engine::OffloadCandidate& candidate, Service& service) {
-  TRIDENT_ASSIGN_OR_RETURN(const uint64_t handle, Admit(service, candidate.id, candidate.max_len));
+  TRIDENT_ASSIGN_OR_RETURN(const v1::AdmitSequenceResponse admitted,
+                           Admit(service, candidate.id, candidate.max_len));
+  const uint64_t handle = admitted.handle();
   transport::attention::RemoteAttention* channel;
   {
     absl::MutexLock lock(&mu_);
@@ -385,12 +444,13 @@ void AttentionOffload::MigrationLoop(CopyScratch& scratch) {
       m->started = true;
     }
     // Only this thread touches *m until it is done.
-    absl::StatusOr<uint64_t> handle = Admit(*m->service, m->candidate.id, m->candidate.max_len);
-    absl::Status status = handle.status();
-    if (handle.ok()) {
-      m->handle = *handle;
+    absl::StatusOr<v1::AdmitSequenceResponse> admitted =
+        Admit(*m->service, m->candidate.id, m->candidate.max_len);
+    absl::Status status = admitted.status();
+    if (admitted.ok()) {
+      m->handle = admitted->handle();
       m->admitted = true;
-      status = CopyKv(m->candidate, 0, *m->channel, *handle, scratch);
+      status = CopyKv(m->candidate, 0, *m->channel, m->handle, scratch);
     }
     {
       absl::MutexLock lock(&mu_);

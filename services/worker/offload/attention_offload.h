@@ -53,6 +53,7 @@
 #include "common/transport/attention/ucx_attention_client.h"
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
+#include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/offload/cost_tables.h"
 #include "services/worker/offload/offload_policy.h"
 #include "services/worker/offload/pipeline_planner.h"
@@ -97,7 +98,7 @@ struct AttentionOffloadOptions {
   absl::Duration reconnect_interval = absl::Seconds(2);
 };
 
-class AttentionOffload final : public engine::StepHook {
+class AttentionOffload final : public engine::StepHook, public PromptPlacer {
  public:
   // Connects to every service it can (one that cannot be reached now is
   // retried later); `ucx` (the worker's, not owned) and `backend` must
@@ -115,6 +116,18 @@ class AttentionOffload final : public engine::StepHook {
   // Marks the CPU-resident sequences of the second sub-batch (PlanPipeline),
   // and notes the CPU time planned for a decode-only step.
   void PlanBatch(absl::Span<backend::StepSequence> batch) override;
+
+  // PromptPlacer: a long-context prompt (Decode.ReserveKv) admitted at the
+  // service with the fewest sequences; its prefill worker writes it there.
+  bool PlacesOnCpu(int32_t max_total_tokens) const override;
+  absl::StatusOr<RemotePlacement> Place(const std::string& request_id, int32_t num_tokens,
+                                        int32_t capacity_tokens,
+                                        trident::v1::KvDestination* destination) override;
+
+  // The attention data plane's client and this worker's endpoint, for the
+  // prefill side's PromptKvSender to share.
+  transport::attention::UcxAttentionClient* client() const { return client_.get(); }
+  const trident::v1::TransportEndpoint& endpoint() const { return endpoint_; }
 
   // Tokens per append request of a move.
   static constexpr int32_t kMigrationChunkTokens = ServiceKvCopier::kChunkTokens;
@@ -150,6 +163,13 @@ class AttentionOffload final : public engine::StepHook {
     double planned_step_seconds = 0;
     bool done = false;
     absl::Status status;
+  };
+
+  // Lets placements held by reservations (which may outlive this) release
+  // their service copies through this offload while it lives.
+  struct ReleaseSink {
+    absl::Mutex mu;
+    AttentionOffload* offload ABSL_GUARDED_BY(mu) = nullptr;
   };
 
   AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend);
@@ -192,8 +212,9 @@ class AttentionOffload final : public engine::StepHook {
   // mark it disconnected (the housekeeping thread reconnects).
   void NoteFailure(Service& service, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleaseAt(Service& service, uint64_t handle);
-  // AdmitSequence for `id` with room for `capacity` tokens; its handle.
-  absl::StatusOr<uint64_t> Admit(Service& service, const std::string& id, int32_t capacity);
+  // AdmitSequence for `id` with room for `capacity` tokens.
+  absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(Service& service, const std::string& id,
+                                                           int32_t capacity);
   // The service's cost table (MeasureServiceCosts on a calibration
   // sequence, released after).
   absl::Status Calibrate(Service& service);
@@ -232,6 +253,7 @@ class AttentionOffload final : public engine::StepHook {
   std::vector<std::unique_ptr<Migration>> migrations_ ABSL_GUARDED_BY(mu_);
   std::thread housekeeping_;
   std::vector<std::thread> migrators_;
+  const std::shared_ptr<ReleaseSink> release_sink_;
 };
 
 }  // namespace trident::worker
