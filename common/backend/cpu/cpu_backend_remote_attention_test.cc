@@ -245,6 +245,70 @@ TEST_P(CpuBackendRemoteAttentionTest, TheEngineMovesSequencesOutAndBackWithTheSa
   }
 }
 
+// A sequence placed at a service at admission (its prompt written there,
+// AddPrefilled with a remote placement) need not fit this worker's cache:
+// it decodes there with the tokens a resident run gives, and when its
+// service dies it cannot come back, so it ends with an error instead of
+// waiting forever for blocks.
+TEST_P(CpuBackendRemoteAttentionTest, APlacedSequenceNeedNotFitTheCacheAndEndsIfItsServiceDies) {
+  engine::EngineRequest r;
+  r.id = "placed";
+  for (int32_t t = 0; t < 100; ++t) r.prompt.push_back(1 + (7 * t) % 200);
+  r.max_tokens = 12;
+  r.sampling.temperature = 0;
+  // Reference: resident in a cache that holds it; its prompt's KV goes to
+  // the fake after the prefill step, as a prefill worker would write it.
+  kv::PagedBlockAllocator big(backend_->kv_capacity().num_blocks);
+  engine::EngineCore reference(backend_.get(), &big, {});
+  ASSERT_THAT(reference.Add(r), IsOk());
+  std::vector<int32_t> expected;
+  const uint64_t handle = fake_->Admit();
+  while (reference.HasWork()) {
+    auto events = reference.Step();
+    ASSERT_THAT(events.status(), IsOk());
+    for (const auto& ev : *events) expected.push_back(ev.token);
+    if (expected.size() == 1) {
+      const auto candidates = reference.OffloadCandidates();
+      ASSERT_EQ(candidates.size(), 1u);
+      Migrate(candidates[0].blocks, candidates[0].num_computed, handle);
+    }
+  }
+  ASSERT_EQ(expected.size(), 12u);
+
+  // A backend of the same model whose 128 KiB cache holds < 112 tokens.
+  CpuBackendOptions options;
+  options.kv_cache_bytes = int64_t{128} << 10;
+  options.pin_threads = false;
+  options.num_threads = 1;
+  auto small_backend = CpuBackend::Create(dir_, options);
+  ASSERT_THAT(small_backend.status(), IsOk());
+  const int32_t blocks = (*small_backend)->kv_capacity().num_blocks;
+  ASSERT_LT(blocks * (*small_backend)->kv_capacity().block_size, 112);
+  kv::PagedBlockAllocator small(blocks);
+  engine::EngineCore core(small_backend->get(), &small, {});
+  int released = 0;
+  core.set_remote_listener([&](const std::string&, const RemoteKv&) { ++released; });
+  EXPECT_THAT(core.Add(r), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(core.AddPrefilled(r, {}, expected[0], RemoteKv{fake_.get(), handle}, "cpu0"), IsOk());
+  EXPECT_EQ(core.stats().remote_placed_total, 1);
+  std::vector<int32_t> tokens = {expected[0]};
+  for (int step = 0; step < 5; ++step) {
+    auto events = core.Step();
+    ASSERT_THAT(events.status(), IsOk());
+    for (const auto& ev : *events) tokens.push_back(ev.token);
+  }
+  EXPECT_EQ(tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 6));
+  fake_->Kill();
+  auto events = core.Step();
+  ASSERT_THAT(events.status(), IsOk());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].request_id, "placed");
+  EXPECT_EQ((*events)[0].finish, engine::FinishReason::kError);
+  EXPECT_FALSE(core.HasWork());
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(small.num_free(), blocks);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CpuBackendRemoteAttentionTest,
                          ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny"),
                          [](const auto& info) {
