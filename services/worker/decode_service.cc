@@ -87,6 +87,57 @@ struct DecodeCall {
   }
 };
 
+// The rest of a Decode call once its reservation's hand-off came: the
+// sequence joins the engine (its blocks, or its placement at an attention
+// service), or the call ends with the hand-off's outcome.
+void JoinAfterHandOff(DecodeCall& call, engine::Engine* engine, absl::Duration waited,
+                      const engine::EngineRequest& request, const engine::TokenCallback& on_token,
+                      absl::StatusOr<KvHandOff> hand_off) {
+  if (!hand_off.ok()) {
+    call.channel->Close(hand_off.status());
+    return;
+  }
+  if (call.channel->ended()) {
+    // The client left while the KV arrived.
+    if (!hand_off->blocks.empty()) (void)engine->FreeBlocks(hand_off->blocks);
+    if (hand_off->remote.has_value() && hand_off->remote->release) hand_off->remote->release();
+    return;
+  }
+  // The first token, sampled by the prefill worker, counts as output 0.
+  call.completion_tokens.store(1);
+  if (hand_off->commit.outcome == KvOutcome::kFinished) {
+    const auto reason = static_cast<v1::FinishReason>(hand_off->commit.finish_reason);
+    call.Complete(reason == v1::FINISH_REASON_UNSPECIFIED ? v1::FINISH_REASON_STOP : reason, -1);
+    return;
+  }
+  v1::DecodeResponse joined;
+  SetProtoDuration(waited, joined.mutable_joined()->mutable_waited());
+  if (hand_off->remote.has_value()) {
+    joined.mutable_joined()->set_cpu_resident(true);
+    joined.mutable_joined()->set_attention_service_id(hand_off->remote->service_id);
+  }
+  call.channel->Push(std::move(joined));
+  call.in_engine.store(true);
+  if (hand_off->remote.has_value()) {
+    // CPU-placed: the prompt's KV is at the attention service.
+    RemotePlacement& remote = *hand_off->remote;
+    absl::Status s = engine->SubmitPrefilledRemote(request, remote.kv, remote.service_id,
+                                                   hand_off->commit.first_token, on_token);
+    if (!s.ok()) {
+      if (remote.release) remote.release();
+      call.channel->Close(s);
+    }
+    return;
+  }
+  std::vector<int32_t> blocks = hand_off->blocks;
+  absl::Status s = engine->SubmitPrefilled(request, std::move(hand_off->blocks),
+                                           hand_off->commit.first_token, on_token);
+  if (!s.ok()) {
+    (void)engine->FreeBlocks(blocks);
+    call.channel->Close(s);
+  }
+}
+
 }  // namespace
 
 DecodeService::DecodeService(engine::Engine* engine, const v1::ModelInfoResponse& model_info,
@@ -415,50 +466,8 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
   auto request_for_engine = std::make_shared<engine::EngineRequest>(*std::move(prepared));
   reservations_->Await(reservation, [call, engine, clock, waiting_since, request_for_engine,
                                      on_token](absl::StatusOr<KvHandOff> hand_off) {
-    if (!hand_off.ok()) {
-      call->channel->Close(hand_off.status());
-      return;
-    }
-    if (call->channel->ended()) {
-      // The client left while the KV arrived.
-      if (!hand_off->blocks.empty()) (void)engine->FreeBlocks(hand_off->blocks);
-      if (hand_off->remote.has_value() && hand_off->remote->release) hand_off->remote->release();
-      return;
-    }
-    // The first token, sampled by the prefill worker, counts as output 0.
-    call->completion_tokens.store(1);
-    if (hand_off->commit.outcome == KvOutcome::kFinished) {
-      const auto reason = static_cast<v1::FinishReason>(hand_off->commit.finish_reason);
-      call->Complete(reason == v1::FINISH_REASON_UNSPECIFIED ? v1::FINISH_REASON_STOP : reason, -1);
-      return;
-    }
-    v1::DecodeResponse joined;
-    SetProtoDuration(clock->Now() - waiting_since, joined.mutable_joined()->mutable_waited());
-    if (hand_off->remote.has_value()) {
-      joined.mutable_joined()->set_cpu_resident(true);
-      joined.mutable_joined()->set_attention_service_id(hand_off->remote->service_id);
-    }
-    call->channel->Push(std::move(joined));
-    call->in_engine.store(true);
-    if (hand_off->remote.has_value()) {
-      // CPU-placed: the prompt's KV is at the attention service.
-      RemotePlacement& remote = *hand_off->remote;
-      absl::Status s =
-          engine->SubmitPrefilledRemote(*request_for_engine, remote.kv, remote.service_id,
-                                        hand_off->commit.first_token, on_token);
-      if (!s.ok()) {
-        if (remote.release) remote.release();
-        call->channel->Close(s);
-      }
-      return;
-    }
-    std::vector<int32_t> blocks = hand_off->blocks;
-    absl::Status s = engine->SubmitPrefilled(*request_for_engine, std::move(hand_off->blocks),
-                                             hand_off->commit.first_token, on_token);
-    if (!s.ok()) {
-      (void)engine->FreeBlocks(blocks);
-      call->channel->Close(s);
-    }
+    JoinAfterHandOff(*call, engine, clock->Now() - waiting_since, *request_for_engine, on_token,
+                     std::move(hand_off));
   });
   return reactor;
 }
