@@ -40,9 +40,10 @@ ABSL_FLAG(
     std::string, worker_flags, "",
     "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
 ABSL_FLAG(int32_t, offload_min_context_tokens, 64,
-          "up: decode workers move each sequence whose context reaches this many tokens to the "
-          "CPU attention service (its decode attention runs there); 0: only when their KV "
-          "cache runs short.");
+          "up: decode workers place each request whose prompt plus max_tokens reaches this many "
+          "tokens on the CPU attention service (the prefill worker writes its prompt there) and "
+          "move sequences that grow past it there (their decode attention runs there); 0: only "
+          "when their KV cache runs short.");
 ABSL_FLAG(int32_t, attention_threads, 1,
           "up: kernel threads of the attention service (one per physical core at most).");
 ABSL_FLAG(std::string, address, "",
