@@ -16,7 +16,10 @@
 # WARMUP_S (3), RATE (0.5 requests/s, spaced almost evenly so that requests
 # never overlap), OUT (a directory for logs and JSON reports), BIN_DIR (the
 # built programs; else bazel-bin, else PATH), DISAGG_FLAGS (more flags for
-# the prefill and decode workers, e.g. --kv_lanes=1).
+# the prefill and decode workers, e.g. --kv_lanes=1), PLACED=1 (a third
+# run: the decode worker with a CPU attention service on ATTENTION_THREADS
+# (12) cores places every prompt there at reservation, and the prefill
+# worker writes its KV there layer by layer instead of into GPU blocks).
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 prefill_device=${2:-cuda:0}
@@ -79,6 +82,29 @@ start router "$(tool services/router/router)" --model="$model_dir" \
     --load_interval_ms=50 --admission=false --max_model_len=$((prompt + 64)) --log_level=debug
 load disaggregated "$PORT_router" | tee "$out/disaggregated.summary"
 grep -h "lane" "$out"/prefill.log "$out"/decode.log | head -3 || true
+if [[ "${PLACED:-0}" == 1 ]]; then
+  stop  # router
+  stop  # decode
+  start attention "$(tool services/attention/attention)" \
+      --kv_budget_mb=$(( (prompt + 64) * 256 >> 10 )) --threads="${ATTENTION_THREADS:-12}"
+  worker decode decode "$decode_device" "${disagg_flags[@]}" \
+      --attention_services="127.0.0.1:$PORT_attention" --offload_min_context_tokens=1
+  start router "$(tool services/router/router)" --model="$model_dir" \
+      --prefill_workers="127.0.0.1:$PORT_prefill" --decode_workers="127.0.0.1:$PORT_decode" \
+      --load_interval_ms=50 --admission=false --max_model_len=$((prompt + 64)) --log_level=debug
+  load placed "$PORT_router" | tee "$out/placed.summary"
+  echo "placed at the service: $(grep -c 'placed request' "$out/decode.log" || true) requests;" \
+      "prompt-writer sessions: $(grep -c 'writing CPU-placed prompts' "$out/prefill.log" || true)"
+  python3 - "$out/disaggregated.json" "$out/placed.json" <<'EOF'
+import json, sys
+def p50(path, name):
+    return json.load(open(path))["latency_ms"][name]["p50"]
+d, p = p50(sys.argv[1], "ttft"), p50(sys.argv[2], "ttft")
+d2, p2 = p50(sys.argv[1], "e2e"), p50(sys.argv[2], "e2e")
+print(f"placed on the CPU vs GPU decode: TTFT p50 {p:.1f} vs {d:.1f} ms; "
+      f"second token p50 {p2:.1f} vs {d2:.1f} ms")
+EOF
+fi
 python3 - "$out/colocated.json" "$out/disaggregated.json" <<'EOF'
 import json, sys
 def p50(path, name):
