@@ -339,12 +339,17 @@ TEST_P(OffloadTest, PromptsPlacedOnTheServiceAreWrittenThereByThePrefillWorker) 
     GTEST_SKIP() << "one model per transport is enough here";
   }
   // A 1 MiB pool holds 512 tokens of this model (2 KiB each); prompts whose
-  // sequences may reach 1000 tokens go to the CPU at reservation.
-  auto placing =
-      StartWorker("decode", "decode-placing",
-                  {"--kv_cache_mb=1", absl::StrCat("--attention_services=", attention_.address),
-                   "--offload_min_context_tokens=1000", "--attention_timeout=3s",
-                   absl::StrCat("--offload_pipeline=", GetParam().pipeline)});
+  // sequences may reach 1000 tokens go to the CPU at reservation. Its blocks
+  // (and its prefill worker's) are 8 tokens, the service's 16: the prompt is
+  // written in rows whatever either side's blocks.
+  auto prefill8 = StartWorker("prefill", "prefill-8", {"--kv_block_size=8"});
+  ASSERT_THAT(prefill8.status(), IsOk());
+  ServiceProcess prefill_worker = *std::move(prefill8);
+  auto placing = StartWorker("decode", "decode-placing",
+                             {"--kv_cache_mb=1", "--kv_block_size=8",
+                              absl::StrCat("--attention_services=", attention_.address),
+                              "--offload_min_context_tokens=1000", "--attention_timeout=3s",
+                              absl::StrCat("--offload_pipeline=", GetParam().pipeline)});
   ASSERT_THAT(placing.status(), IsOk());
   ServiceProcess placing_worker = *std::move(placing);
   auto long_prompt = [](int32_t n) {
@@ -365,8 +370,9 @@ TEST_P(OffloadTest, PromptsPlacedOnTheServiceAreWrittenThereByThePrefillWorker) 
     ASSERT_TRUE(reference.ok()) << i;
     DisaggregatedContexts contexts;
     contexts.allow_cpu_attention = true;
-    const DisaggregatedResult r = GenerateDisaggregated(
-        prefill_, placing_worker, absl::StrCat("placed-", i), prompts[i], kMaxTokens, &contexts);
+    const DisaggregatedResult r =
+        GenerateDisaggregated(prefill_worker, placing_worker, absl::StrCat("placed-", i),
+                              prompts[i], kMaxTokens, &contexts);
     ASSERT_TRUE(r.ok()) << i << ": " << r.reserve_status.error_message() << " / "
                         << r.prefill_status.error_message() << " / "
                         << r.decode_status.error_message();
@@ -387,6 +393,7 @@ TEST_P(OffloadTest, PromptsPlacedOnTheServiceAreWrittenThereByThePrefillWorker) 
   EXPECT_THAT(metrics->body,
               ::testing::HasSubstr("trident_worker_offload_decisions_total{decision=\"moved\"} 0"));
   testing::StopService(placing_worker).IgnoreError();
+  testing::StopService(prefill_worker).IgnoreError();
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, OffloadTest,

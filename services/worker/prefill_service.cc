@@ -1,5 +1,6 @@
 #include "services/worker/prefill_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -408,7 +409,10 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
         "destination.num_tokens",
         absl::StrCat("is ", d.num_tokens(), " but the prompt has ", er.prompt.size(), " tokens"));
   }
-  const int32_t block_size = engine_->backend().kv_capacity().block_size;
+  // Blocks of this worker's size, or of the attention service's layout for
+  // a CPU-placed prompt (written there in rows, whatever its blocks).
+  const int32_t block_size = d.cpu_resident() ? std::max(1, d.layout().block_size_tokens())
+                                              : engine_->backend().kv_capacity().block_size;
   const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
   if (d.block_ids_size() != want) {
     return InvalidArgumentForField(
