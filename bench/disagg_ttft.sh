@@ -120,7 +120,8 @@ python3 - "$out/router.log" <<'EOF'
 import re, statistics, sys
 rows = [l for l in open(sys.argv[1]) if "actual ttft_ms" in l]
 def ms(name):
-    v = [float(re.search(name + r" ([0-9.]+)", l).group(1)) for l in rows]
+    found = (re.search(name + r" ([0-9.]+)", l) for l in rows)
+    v = [float(m.group(1)) for m in found if m]
     return statistics.median(v) if v else float("nan")
 print(f"router timeline p50 over {len(rows)} requests: first token {ms('actual ttft_ms'):.1f} ms, "
       f"transfer done {ms('transfer_done_ms'):.1f} ms, second token {ms('second_token_ms'):.1f} ms")
