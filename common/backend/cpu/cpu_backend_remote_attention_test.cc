@@ -38,16 +38,21 @@ class CpuBackendRemoteAttentionTest : public ::testing::TestWithParam<std::strin
     auto spec = model::generate::PresetSpec(GetParam());
     ASSERT_THAT(spec.status(), IsOk());
     ASSERT_THAT(model::generate::WriteModel(*spec, dir_), IsOk());
-    CpuBackendOptions options;
-    options.kv_cache_bytes = int64_t{8} << 20;
-    options.pin_threads = false;
-    options.num_threads = 1;
-    auto backend = CpuBackend::Create(dir_, options);
+    auto backend = MakeBackend(int64_t{8} << 20);
     ASSERT_THAT(backend.status(), IsOk());
     backend_ = *std::move(backend);
     const model::ModelConfig& c = backend_->config();
     fake_ = std::make_unique<FakeRemoteAttention>(c.num_hidden_layers, c.num_attention_heads,
                                                   c.num_key_value_heads, c.head_dim);
+  }
+
+  // A backend of the test's model with a KV cache of `kv_cache_bytes`.
+  absl::StatusOr<std::unique_ptr<CpuBackend>> MakeBackend(int64_t kv_cache_bytes) const {
+    CpuBackendOptions options;
+    options.kv_cache_bytes = kv_cache_bytes;
+    options.pin_threads = false;
+    options.num_threads = 1;
+    return CpuBackend::Create(dir_, options);
   }
 
   // Runs one step of `batch`, returning one logits row per sequence.
@@ -276,11 +281,7 @@ TEST_P(CpuBackendRemoteAttentionTest, APlacedSequenceNeedNotFitTheCacheAndEndsIf
   ASSERT_EQ(expected.size(), 12u);
 
   // A backend of the same model whose 128 KiB cache holds < 112 tokens.
-  CpuBackendOptions options;
-  options.kv_cache_bytes = int64_t{128} << 10;
-  options.pin_threads = false;
-  options.num_threads = 1;
-  auto small_backend = CpuBackend::Create(dir_, options);
+  auto small_backend = MakeBackend(int64_t{128} << 10);
   ASSERT_THAT(small_backend.status(), IsOk());
   const int32_t blocks = (*small_backend)->kv_capacity().num_blocks;
   ASSERT_LT(blocks * (*small_backend)->kv_capacity().block_size, 112);
