@@ -362,12 +362,14 @@ TEST_P(OffloadTest, PromptsPlacedOnTheServiceAreWrittenThereByThePrefillWorker) 
   const std::vector<std::vector<int32_t>> prompts = {Prompt(0), long_prompt(700),
                                                      long_prompt(1100)};
   const std::vector<bool> on_cpu = {false, true, true};
+  std::vector<std::vector<int32_t>> references;
   for (size_t i = 0; i < prompts.size(); ++i) {
     DisaggregatedContexts reference_contexts;
     const DisaggregatedResult reference =
         GenerateDisaggregated(prefill_, resident_, absl::StrCat("reference-", i), prompts[i],
                               kMaxTokens, &reference_contexts);
     ASSERT_TRUE(reference.ok()) << i;
+    references.push_back(reference.tokens);
     DisaggregatedContexts contexts;
     contexts.allow_cpu_attention = true;
     const DisaggregatedResult r =
@@ -393,6 +395,28 @@ TEST_P(OffloadTest, PromptsPlacedOnTheServiceAreWrittenThereByThePrefillWorker) 
   EXPECT_THAT(metrics->body,
               ::testing::HasSubstr("trident_worker_offload_decisions_total{decision=\"moved\"} 0"));
   testing::StopService(placing_worker).IgnoreError();
+  // With a step-time target no placement can meet (--offload_max_step_time;
+  // the planner has costs only with --offload_pipeline=auto), the long
+  // prompt stays in a worker's blocks, with the same tokens.
+  if (std::string(GetParam().pipeline) == "auto") {
+    auto guarded =
+        StartWorker("decode", "decode-guarded",
+                    {"--kv_block_size=8", absl::StrCat("--attention_services=", attention_.address),
+                     "--offload_min_context_tokens=1000", "--offload_max_step_time=1us",
+                     "--attention_timeout=3s", "--offload_pipeline=auto"});
+    ASSERT_THAT(guarded.status(), IsOk());
+    ServiceProcess guarded_worker = *std::move(guarded);
+    DisaggregatedContexts contexts;
+    contexts.allow_cpu_attention = true;
+    const DisaggregatedResult r = GenerateDisaggregated(prefill_worker, guarded_worker, "guarded",
+                                                        prompts[2], kMaxTokens, &contexts);
+    ASSERT_TRUE(r.ok()) << r.reserve_status.error_message() << " / "
+                        << r.prefill_status.error_message() << " / "
+                        << r.decode_status.error_message();
+    EXPECT_FALSE(r.placed_on_cpu);
+    EXPECT_EQ(r.tokens, references[2]);
+    testing::StopService(guarded_worker).IgnoreError();
+  }
   testing::StopService(prefill_worker).IgnoreError();
 }
 

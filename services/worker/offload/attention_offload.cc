@@ -101,6 +101,10 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
     step_costs_.round_trip_seconds =
         std::max(step_costs_.round_trip_seconds, service->costs.round_trip_seconds);
   }
+  {
+    absl::MutexLock lock(&mu_);
+    placement_costs_ = step_costs_;
+  }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   migration_scratch_.resize(std::max(1, options_.background_move_threads));
   for (size_t slot = 0; slot < migration_scratch_.size(); ++slot) {
@@ -215,6 +219,7 @@ bool AttentionOffload::PlacesOnCpu(int32_t max_total_tokens) const {
 absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& request_id,
                                                         int32_t num_tokens, int32_t capacity_tokens,
                                                         v1::KvDestination* destination) {
+  TRIDENT_RETURN_IF_ERROR(CheckPlacementStepTime(capacity_tokens));
   Service* service = PickService();
   if (service == nullptr) return absl::UnavailableError("no attention service is connected");
   absl::StatusOr<v1::AdmitSequenceResponse> admitted = Admit(*service, request_id, capacity_tokens);
@@ -228,12 +233,21 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
     placement.kv = backend::RemoteKv{service->channel.get(), admitted->handle()};
     placement.service_id = service->service_id;
     ++service->sequences;
+    unjoined_placements_.emplace_back(admitted->handle(), capacity_tokens);
   }
   // Until the engine takes it, the reservation releases it (the
   // housekeeping thread calls the service).
   placement.release = [sink = release_sink_, kv = placement.kv] {
     absl::MutexLock lock(&sink->mu);
-    if (sink->offload != nullptr) sink->offload->OnRemoteReleased("", kv);
+    if (sink->offload == nullptr) return;
+    {
+      absl::MutexLock offload_lock(&sink->offload->mu_);
+      auto& unjoined = sink->offload->unjoined_placements_;
+      unjoined.erase(std::remove_if(unjoined.begin(), unjoined.end(),
+                                    [&](const auto& p) { return p.first == kv.handle; }),
+                     unjoined.end());
+    }
+    sink->offload->OnRemoteReleased("", kv);
   };
   *destination->mutable_endpoint() = admitted->endpoint();
   *destination->mutable_layout() = admitted->layout();
@@ -249,6 +263,31 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
                     << " prompt tokens, up to " << capacity_tokens << ") at attention service "
                     << placement.service_id << "; its prefill worker writes the prompt there";
   return placement;
+}
+
+absl::Status AttentionOffload::CheckPlacementStepTime(int32_t capacity_tokens) {
+  const double max_step = absl::ToDoubleSeconds(options_.max_step_time);
+  if (max_step <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  StepShape shape = placement_shape_;
+  for (const auto& [handle, context] : unjoined_placements_) shape.cpu_contexts.push_back(context);
+  double planned = 0;
+  if (MoveKeepsStepTime(shape, placement_costs_, options_.pipeline, capacity_tokens,
+                        memory_.spec.num_layers, max_step, &planned)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("placing it on a CPU attention service would make the decode step ",
+                   planned * 1e3, " ms, over --offload_max_step_time ", max_step * 1e3, " ms"));
+}
+
+void AttentionOffload::NotePlacementsJoined(int64_t placed_total) {
+  const int64_t joined = placed_total - placed_seen_;
+  placed_seen_ = placed_total;
+  absl::MutexLock lock(&mu_);
+  for (int64_t i = 0; i < joined && !unjoined_placements_.empty(); ++i) {
+    unjoined_placements_.pop_front();
+  }
 }
 
 void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
@@ -298,6 +337,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   FinishMigrations(core);
   const engine::EngineStats stats = core.stats();
   ObserveCpuCosts(stats.remote_round_trip_seconds_total);
+  NotePlacementsJoined(stats.remote_placed_total);
   std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   PoolOccupancy pool{stats.blocks_free, stats.blocks_total};
   // The decode step (not the last planned one: that exists only once some
@@ -324,6 +364,8 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
       longest.cpu_contexts.push_back(it->max_len);
       candidates.erase(it);
     }
+    placement_shape_ = longest;
+    placement_costs_ = step_costs_;
   }
   if (candidates.empty()) return;
   for (const OffloadChoice& choice : ChooseOffloads(candidates, pool, options_.policy)) {

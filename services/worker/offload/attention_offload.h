@@ -119,6 +119,9 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
 
   // PromptPlacer: a long-context prompt (Decode.ReserveKv) admitted at the
   // service with the fewest sequences; its prefill worker writes it there.
+  // With max_step_time, Place refuses (RESOURCE_EXHAUSTED) a sequence if
+  // the decode step planned with it at its longest, beside the CPU-resident
+  // ones and the placements not yet joined, would exceed it.
   bool PlacesOnCpu(int32_t max_total_tokens) const override;
   absl::StatusOr<RemotePlacement> Place(const std::string& request_id, int32_t num_tokens,
                                         int32_t capacity_tokens,
@@ -219,6 +222,12 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // sequence, released after).
   absl::Status Calibrate(Service& service);
   void HousekeepingLoop();
+  // Place's step-time guard; OK when the step with the placement stays
+  // within max_step_time.
+  absl::Status CheckPlacementStepTime(int32_t capacity_tokens) ABSL_LOCKS_EXCLUDED(mu_);
+  // The engine's count of joined placements is now `placed_total`: as many
+  // of the oldest unjoined placements as it grew by have joined.
+  void NotePlacementsJoined(int64_t placed_total) ABSL_LOCKS_EXCLUDED(mu_);
 
   const AttentionOffloadOptions options_;
   backend::ModelBackend* const backend_;
@@ -241,6 +250,8 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // the engine's round-trip total as last seen (engine loop thread).
   double planned_cpu_step_seconds_ = 0;
   double round_trip_seconds_seen_ = 0;
+  // The engine's placed-sequence count as last seen (engine loop thread).
+  int64_t placed_seen_ = 0;
   CopyScratch loop_scratch_;  // engine loop thread only
   // One per migration thread (sized in Start, before they run).
   std::vector<CopyScratch> migration_scratch_;
@@ -248,6 +259,13 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Release> releases_ ABSL_GUARDED_BY(mu_);
+  // What Place's step-time guard judges: the decode step as the last
+  // BeforeStep planned it (CPU-resident sequences at their contexts then,
+  // background moves at their longest), its costs, and the placements not
+  // yet joined to the engine (handle, longest context), oldest first.
+  StepShape placement_shape_ ABSL_GUARDED_BY(mu_);
+  StepCosts placement_costs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, int64_t>> unjoined_placements_ ABSL_GUARDED_BY(mu_);
   // Background moves, from StartMigration to FinishMigrations (a migration
   // thread works on each while it is started and not done).
   std::vector<std::unique_ptr<Migration>> migrations_ ABSL_GUARDED_BY(mu_);
