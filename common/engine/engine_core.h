@@ -89,6 +89,9 @@ struct EngineStats {
   int64_t remote_held_total = 0;
   int64_t remote_move_failures_total = 0;
   int64_t remote_moves_dropped_total = 0;
+  // The offload planner's CPU cost scale (observed over planned CPU
+  // attention time, NoteCpuCostScale); 1 without offload.
+  double cpu_cost_scale = 1.0;
   // Steps run with a pipelined second sub-batch (BatchPlanner), and the
   // backend's time on CPU-resident sequences' requests: from each request's
   // start to its answer, and of that the time the step stood waiting (the
@@ -185,6 +188,8 @@ class EngineCore {
   // Counts what became of a move the offload policy chose, when it did not
   // happen (EngineStats::remote_held_total and the two after it).
   void NoteOffloadOutcome(OffloadOutcome outcome);
+  // The offload planner's current CPU cost scale, for the stats.
+  void NoteCpuCostScale(double scale) { stats_.cpu_cost_scale = scale; }
   // Called (on the stepping thread) when a CPU-resident sequence no longer
   // needs its copy at the service: it finished, was aborted, or its service
   // failed (a step's forward named it: its sequences come back and are

@@ -137,7 +137,14 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                       .Help("Share of CPU attention time hidden under the worker's own work, "
                             "over the last step that had any.")
                       .Register(r)
-                      .Add({})) {}
+                      .Add({})),
+      cpu_cost_scale_(prometheus::BuildGauge()
+                          .Name("trident_worker_offload_cpu_cost_scale")
+                          .Help("The offload planner's CPU attention costs over its start-up "
+                                "table: observed request time over planned, averaged over recent "
+                                "decode steps (1 without offload).")
+                          .Register(r)
+                          .Add({})) {}
 
 void EngineMetrics::Update(const engine::EngineStats& s) {
   running_.Set(s.running);
@@ -178,6 +185,7 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   const double exposed = s.remote_exposed_seconds_total - last_.remote_exposed_seconds_total;
   cpu_round_trip_.Increment(std::max(0.0, round_trip));
   cpu_exposed_.Increment(std::max(0.0, exposed));
+  cpu_cost_scale_.Set(s.cpu_cost_scale);
   if (round_trip > 0) cpu_hidden_.Set(std::clamp(1.0 - exposed / round_trip, 0.0, 1.0));
   last_ = s;
 }

@@ -93,6 +93,7 @@ class EngineMetrics {
   prometheus::Counter& cpu_round_trip_;
   prometheus::Counter& cpu_exposed_;
   prometheus::Gauge& cpu_hidden_;
+  prometheus::Gauge& cpu_cost_scale_;
   // The stats of the previous Update.
   engine::EngineStats last_;
 };

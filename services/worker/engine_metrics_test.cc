@@ -123,6 +123,7 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   stats.remote_move_failures_total = 1;
   stats.remote_moves_dropped_total = 2;
   stats.step_hook_seconds_total = 0.25;
+  stats.cpu_cost_scale = 1.7;
   metrics.Update(stats);
   // A mixed step (prompt tokens): not a decode step.
   stats.steps_total = 2;
@@ -141,6 +142,8 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "demoted"}}).value, 0);
   EXPECT_THAT(FindSeries(registry, "trident_worker_step_hook_seconds_total", {}).value,
               DoubleEq(0.5));
+  EXPECT_THAT(FindSeries(registry, "trident_worker_offload_cpu_cost_scale", {}).value,
+              DoubleEq(1.7));
   const CollectedSeries steps = FindSeries(registry, "trident_worker_decode_step_seconds", {});
   EXPECT_EQ(steps.count, 1u);
   EXPECT_THAT(steps.sum, DoubleEq(0.005));

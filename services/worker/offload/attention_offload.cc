@@ -276,6 +276,7 @@ absl::Status AttentionOffload::CheckPlacementStepTime(int32_t capacity_tokens) {
                         memory_.spec.num_layers, max_step, &planned)) {
     return absl::OkStatus();
   }
+  placements_held_.fetch_add(1, std::memory_order_relaxed);
   return absl::ResourceExhaustedError(
       absl::StrCat("placing it on a CPU attention service would make the decode step ",
                    planned * 1e3, " ms, over --offload_max_step_time ", max_step * 1e3, " ms"));
@@ -338,6 +339,11 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   const engine::EngineStats stats = core.stats();
   ObserveCpuCosts(stats.remote_round_trip_seconds_total);
   NotePlacementsJoined(stats.remote_placed_total);
+  core.NoteCpuCostScale(step_costs_.cpu_scale);
+  // Placements the step-time guard refused (Decode.ReserveKv threads).
+  for (int64_t held = placements_held_.exchange(0); held > 0; --held) {
+    core.NoteOffloadOutcome(engine::OffloadOutcome::kHeld);
+  }
   std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
   PoolOccupancy pool{stats.blocks_free, stats.blocks_total};
   // The decode step (not the last planned one: that exists only once some

@@ -36,6 +36,7 @@
 #ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
 #define TRIDENT_SERVICES_WORKER_OFFLOAD_ATTENTION_OFFLOAD_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -252,6 +253,9 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   double round_trip_seconds_seen_ = 0;
   // The engine's placed-sequence count as last seen (engine loop thread).
   int64_t placed_seen_ = 0;
+  // Placements refused by the step-time guard, not yet counted in the
+  // engine's offload decisions (BeforeStep counts them as held).
+  std::atomic<int64_t> placements_held_{0};
   CopyScratch loop_scratch_;  // engine loop thread only
   // One per migration thread (sized in Start, before they run).
   std::vector<CopyScratch> migration_scratch_;
