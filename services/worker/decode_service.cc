@@ -263,7 +263,8 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
                                                             : model_info_.max_context_tokens();
   const bool may_place = request.allow_cpu_attention() && options_.placer != nullptr;
   if (may_place && options_.placer->PlacesOnCpu(max_total)) {
-    absl::StatusOr<KvReservations::Reservation> r = ReserveAtService(request, lease, destination);
+    absl::StatusOr<KvReservations::Reservation> r =
+        ReserveAtService(request, max_total, lease, destination);
     if (r.ok()) return r;
     TRIDENT_LOG(WARNING) << "request " << request.request_id()
                          << " stays in this worker's KV blocks: " << r.status();
@@ -274,7 +275,7 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
     // The pool is full: an attention service may hold it instead.
     if (may_place && absl::IsResourceExhausted(r.status())) {
       absl::StatusOr<KvReservations::Reservation> placed =
-          ReserveAtService(request, lease, destination);
+          ReserveAtService(request, max_total, lease, destination);
       if (placed.ok()) return placed;
     }
     return r.status();
@@ -287,9 +288,8 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
 }
 
 absl::StatusOr<KvReservations::Reservation> DecodeService::ReserveAtService(
-    const v1::ReserveKvRequest& request, absl::Duration lease, v1::KvDestination* destination) {
-  const int32_t capacity = request.max_total_tokens() != 0 ? request.max_total_tokens()
-                                                           : model_info_.max_context_tokens();
+    const v1::ReserveKvRequest& request, int32_t capacity, absl::Duration lease,
+    v1::KvDestination* destination) {
   v1::KvDestination placed;
   TRIDENT_ASSIGN_OR_RETURN(
       RemotePlacement placement,

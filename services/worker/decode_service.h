@@ -90,8 +90,9 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   absl::StatusOr<KvReservations::Reservation> Reserve(const trident::v1::ReserveKvRequest& request,
                                                       absl::Duration lease,
                                                       trident::v1::KvDestination* destination);
+  // ... with room for `capacity` tokens (the sequence's longest).
   absl::StatusOr<KvReservations::Reservation> ReserveAtService(
-      const trident::v1::ReserveKvRequest& request, absl::Duration lease,
+      const trident::v1::ReserveKvRequest& request, int32_t capacity, absl::Duration lease,
       trident::v1::KvDestination* destination);
   // The work of reservation `id` (admitted by ReserveKv), for its Decode
   // call to carry on; inactive if there is none.

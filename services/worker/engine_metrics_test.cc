@@ -119,6 +119,7 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   stats.last_step_decode_sequences = 4;
   stats.last_step_seconds = 0.005;
   stats.remote_moves_total = 2;
+  stats.remote_placed_total = 1;
   stats.remote_held_total = 3;
   stats.remote_move_failures_total = 1;
   stats.remote_moves_dropped_total = 2;
@@ -136,6 +137,7 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
 
   const std::string decisions = "trident_worker_offload_decisions_total";
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "moved"}}).value, 2);
+  EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "placed"}}).value, 1);
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "held"}}).value, 4);
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "failed"}}).value, 1);
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "dropped"}}).value, 2);

@@ -46,8 +46,6 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
 
 absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
   TRIDENT_ASSIGN_OR_RETURN(kv_copier_, ServiceKvCopier::Create(*backend_));
-  memory_ = kv_copier_->memory();
-  wire_dtype_ = kv_copier_->wire_dtype();
   backend_->set_remote_attention_timeout(options_.attention_timeout);
   TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx, {.lanes = 1}));
   TRIDENT_ASSIGN_OR_RETURN(client_, transport::attention::UcxAttentionClient::Create(
@@ -130,29 +128,19 @@ AttentionOffload::~AttentionOffload() {
 }
 
 absl::Status AttentionOffload::Connect(Service& service) {
-  v1::ConnectRequest request;
-  *request.mutable_client() = endpoint_;
-  v1::ConnectResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
-  absl::Status status = FromGrpcStatus(service.stub->Connect(&context, request, &response));
-  std::unique_ptr<transport::attention::RemoteAttention> channel;
-  if (status.ok()) {
-    absl::StatusOr<std::unique_ptr<transport::attention::RemoteAttention>> made =
-        client_->ForService(response.server());
-    status = made.status();
-    if (made.ok()) channel = *std::move(made);
-  }
+  absl::StatusOr<AttentionSession> session =
+      OpenAttentionSession(*service.stub, endpoint_, *client_, options_.rpc_timeout);
   absl::MutexLock lock(&mu_);
-  if (!status.ok()) {
+  if (!session.ok()) {
     service.connected = false;
     service.next_attempt = absl::Now() + options_.reconnect_interval;
-    return status;
+    return session.status();
   }
+  const v1::ConnectResponse& response = session->response;
   // The old channel stays: sequences still named by the engine may point at
   // it until their step fails and they come back.
   if (service.channel != nullptr) retired_.push_back(std::move(service.channel));
-  service.channel = std::move(channel);
+  service.channel = std::move(session->channel);
   service.service_id = response.server().owner_id();
   service.connected = true;
   service.sequences = 0;
@@ -170,10 +158,10 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
   const uint64_t handle = admitted.handle();
   ServiceProbe probe{.channel = service.channel.get(),
                      .num_q_heads = options_.num_q_heads,
-                     .num_kv_heads = memory_.spec.num_kv_heads,
-                     .head_dim = memory_.spec.head_dim,
-                     .num_layers = memory_.spec.num_layers,
-                     .dtype = wire_dtype_,
+                     .num_kv_heads = spec().num_kv_heads,
+                     .head_dim = spec().head_dim,
+                     .num_layers = spec().num_layers,
+                     .dtype = kv_copier_->wire_dtype(),
                      .max_context = context,
                      .timeout = options_.attention_timeout};
   absl::StatusOr<ServiceCosts> costs = MeasureServiceCosts(probe, handle);
@@ -190,7 +178,7 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
 absl::StatusOr<v1::AdmitSequenceResponse> AttentionOffload::Admit(Service& service,
                                                                   const std::string& id,
                                                                   int32_t capacity) {
-  const kv::KvCacheSpec& spec = memory_.spec;
+  const kv::KvCacheSpec& spec = this->spec();
   v1::AdmitSequenceRequest request;
   request.set_owner_id(options_.worker_id);
   request.set_owner_incarnation(options_.incarnation);
@@ -239,15 +227,7 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
   // housekeeping thread calls the service).
   placement.release = [sink = release_sink_, kv = placement.kv] {
     absl::MutexLock lock(&sink->mu);
-    if (sink->offload == nullptr) return;
-    {
-      absl::MutexLock offload_lock(&sink->offload->mu_);
-      auto& unjoined = sink->offload->unjoined_placements_;
-      unjoined.erase(std::remove_if(unjoined.begin(), unjoined.end(),
-                                    [&](const auto& p) { return p.first == kv.handle; }),
-                     unjoined.end());
-    }
-    sink->offload->OnRemoteReleased("", kv);
+    if (sink->offload != nullptr) sink->offload->ReleasePlacement(kv);
   };
   *destination->mutable_endpoint() = admitted->endpoint();
   *destination->mutable_layout() = admitted->layout();
@@ -273,13 +253,21 @@ absl::Status AttentionOffload::CheckPlacementStepTime(int32_t capacity_tokens) {
   for (const auto& [handle, context] : unjoined_placements_) shape.cpu_contexts.push_back(context);
   double planned = 0;
   if (MoveKeepsStepTime(shape, placement_costs_, options_.pipeline, capacity_tokens,
-                        memory_.spec.num_layers, max_step, &planned)) {
+                        spec().num_layers, max_step, &planned)) {
     return absl::OkStatus();
   }
   placements_held_.fetch_add(1, std::memory_order_relaxed);
   return absl::ResourceExhaustedError(
       absl::StrCat("placing it on a CPU attention service would make the decode step ",
                    planned * 1e3, " ms, over --offload_max_step_time ", max_step * 1e3, " ms"));
+}
+
+void AttentionOffload::ReleasePlacement(const backend::RemoteKv& kv) {
+  {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(unjoined_placements_, [&](const auto& p) { return p.first == kv.handle; });
+  }
+  OnRemoteReleased("", kv);
 }
 
 void AttentionOffload::NotePlacementsJoined(int64_t placed_total) {
@@ -307,7 +295,7 @@ void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
   const PipelinePlan plan = PlanPipeline(shape_, step_costs_, options_.pipeline);
   // A step with prompt chunks keeps the answers waiting behind them: only
   // decode steps teach the planner the service's speed (ObserveCpuCosts).
-  planned_cpu_step_seconds_ = decode_only ? plan.cpu_seconds * memory_.spec.num_layers : 0;
+  planned_cpu_step_seconds_ = decode_only ? plan.cpu_seconds * spec().num_layers : 0;
   size_t cpu = 0;
   for (backend::StepSequence& s : batch) {
     if (s.remote.service == nullptr) continue;
@@ -411,9 +399,9 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
 
 bool AttentionOffload::MayMove(const engine::OffloadCandidate& candidate, const StepShape& next,
                                const StepShape& longest, double* planned) const {
-  const bool keeps_step_time = MoveKeepsStepTime(
-      longest, step_costs_, options_.pipeline, candidate.max_len, memory_.spec.num_layers,
-      absl::ToDoubleSeconds(options_.max_step_time), planned);
+  const bool keeps_step_time =
+      MoveKeepsStepTime(longest, step_costs_, options_.pipeline, candidate.max_len,
+                        spec().num_layers, absl::ToDoubleSeconds(options_.max_step_time), planned);
   return keeps_step_time &&
          (!options_.keep_throughput ||
           MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate.num_computed));

@@ -55,6 +55,7 @@
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
 #include "services/worker/kv_handoff/kv_reservations.h"
+#include "services/worker/offload/attention_session.h"
 #include "services/worker/offload/cost_tables.h"
 #include "services/worker/offload/offload_policy.h"
 #include "services/worker/offload/pipeline_planner.h"
@@ -226,16 +227,18 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // Place's step-time guard; OK when the step with the placement stays
   // within max_step_time.
   absl::Status CheckPlacementStepTime(int32_t capacity_tokens) ABSL_LOCKS_EXCLUDED(mu_);
+  const kv::KvCacheSpec& spec() const { return kv_copier_->memory().spec; }
+  // A placement nobody took (its reservation ended): no longer awaited by
+  // the engine, and its service copy released.
+  void ReleasePlacement(const backend::RemoteKv& kv) ABSL_LOCKS_EXCLUDED(mu_);
   // The engine's count of joined placements is now `placed_total`: as many
   // of the oldest unjoined placements as it grew by have joined.
   void NotePlacementsJoined(int64_t placed_total) ABSL_LOCKS_EXCLUDED(mu_);
 
   const AttentionOffloadOptions options_;
   backend::ModelBackend* const backend_;
-  // Copies KV to services; memory_ and wire_dtype_ are its.
+  // Copies KV to services; its pool's spec is this worker's.
   std::unique_ptr<ServiceKvCopier> kv_copier_;
-  backend::KvMemory memory_;
-  transport::attention::WireDType wire_dtype_ = transport::attention::WireDType::kF32;
   std::unique_ptr<transport::UcxLanes> lanes_;
   std::unique_ptr<transport::attention::UcxAttentionClient> client_;
   trident::v1::TransportEndpoint endpoint_;

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc/status.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
@@ -152,23 +151,18 @@ absl::StatusOr<attention::RemoteAttention*> PromptKvSender::ChannelFor(
   }
   // Connect outside the lock (two transfers may both connect: it is
   // idempotent).
-  v1::ConnectRequest request;
-  *request.mutable_client() = endpoint_;
-  v1::ConnectResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  TRIDENT_RETURN_IF_ERROR(FromGrpcStatus(stub->Connect(&context, request, &response)));
+  TRIDENT_ASSIGN_OR_RETURN(AttentionSession session,
+                           OpenAttentionSession(*stub, endpoint_, *client_, options_.rpc_timeout));
+  const v1::ConnectResponse& response = session.response;
   if (incarnation != 0 && response.server().incarnation() != incarnation) {
     return absl::FailedPreconditionError(
         absl::StrCat("attention service at ", address, " restarted (incarnation ",
                      response.server().incarnation(), ", the destination names ", incarnation,
                      "): the sequence is gone"));
   }
-  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<attention::RemoteAttention> channel,
-                           client_->ForService(response.server()));
   absl::MutexLock lock(&mu_);
   Service& service = *services_[address];
-  service.channels.push_back(std::move(channel));
+  service.channels.push_back(std::move(session.channel));
   service.incarnation = response.server().incarnation();
   service.connected = true;
   TRIDENT_LOG(INFO) << "writing CPU-placed prompts to attention service "

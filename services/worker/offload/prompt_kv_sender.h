@@ -32,6 +32,7 @@
 #include "common/transport/kv/kv_sender.h"
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
+#include "services/worker/offload/attention_session.h"
 #include "services/worker/offload/service_kv_copier.h"
 #include "trident/v1/attention.grpc.pb.h"
 
