@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # NEO-style offload end to end on one GPU: a worker (role both) whose KV
-# pool is capped to hold CAP sequences serves 2 x CAP requests that arrive
+# pool is capped to hold CAP sequences serves 2 x CAP requests (or
+# REQUESTS_PER_CAP x CAP) that arrive
 # at once, GPU-only (the rest wait for blocks) and with a CPU attention
 # service on this host taking the sequences the pool cannot hold
 # (asymmetric pipelining, --offload_pipeline). Same model, same run, per
@@ -20,7 +21,8 @@
 # MAX_STEP_MS (0: the offload run's --offload_max_step_time in ms, which
 # moves a sequence only while the planned decode step stays within it),
 # BACKGROUND_MOVES (true: the offload run's --offload_background_moves, which
-# copies a move's KV while the engine keeps stepping), OUT, BIN_DIR.
+# copies a move's KV while the engine keeps stepping), REQUESTS_PER_CAP (2:
+# requests per sequence the pool holds, all arriving at once), OUT, BIN_DIR.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 device=${2:-cuda:0}
@@ -33,6 +35,7 @@ threads=${ATTN_THREADS:-12}
 keep=${KEEP_THROUGHPUT:-false}
 max_step_ms=${MAX_STEP_MS:-0}
 background=${BACKGROUND_MOVES:-true}
+per_cap=${REQUESTS_PER_CAP:-2}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
@@ -58,7 +61,7 @@ run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.jso
       --device="$device" --worker_id="$label" --gpu_kv_cache_tokens=$((cap * per_seq)) \
       --max_model_len="$max_len" --max_batch_tokens="$((prompt * 2))" "$@"
   "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_worker" --rate=1000 \
-      --num_requests=$((2 * cap)) --prompt_tokens="fixed:$prompt" \
+      --num_requests=$((per_cap * cap)) --prompt_tokens="fixed:$prompt" \
       --output_tokens="fixed:$output" --tpot_slo_ms="$slo" --seed=1 --progress=false \
       --json_out="$out/$label.json" >"$out/$label.txt" 2>&1
   for m in 'trident_worker_offload_decisions_total{decision="moved"}' \
@@ -76,7 +79,7 @@ echo "model $model_dir on $device; $prompt-token prompts, $output output tokens,
   "background moves $background"
 for cap in $caps; do
   run "gpu-$cap" "$cap"
-  start attention "$(tool services/attention/attention)" --kv_budget_mb=$((4 * cap * per_seq * kv_per_token >> 20)) \
+  start attention "$(tool services/attention/attention)" --kv_budget_mb=$((2 * per_cap * cap * per_seq * kv_per_token >> 20)) \
       --threads="$threads"
   run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
       --offload_min_context_tokens=0 --offload_pipeline="$pipeline" \
@@ -87,9 +90,9 @@ for cap in $caps; do
     echo "$m $(metric "$METRICS_attention" "$m")"
   done >"$out/attention-$cap.metrics"
   stop
-  python3 - "$out" "$cap" "$prompt" "$output" "$kv_per_token" <<'PY'
+  python3 - "$out" "$cap" "$prompt" "$output" "$kv_per_token" "$per_cap" <<'PY'
 import json, sys
-out, cap, prompt, output, kv_tok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+out, cap, prompt, output, kv_tok, per_cap = (sys.argv[1], *map(int, sys.argv[2:7]))
 def load(label):
     r = json.load(open(f"{out}/{label}.json"))
     m = dict(l.split() for l in open(f"{out}/{label}.metrics"))
@@ -106,13 +109,13 @@ for label, r in (("gpu-only", g), ("offload", o)):
     print(f"cap {cap:3d} {label:>9}: {t['output_tokens_per_s']:8.1f} output tok/s, TPOT p50 "
           f"{tpot['p50']:6.1f} p90 {tpot['p90']:6.1f} ms, TTFT p50 {ttft['p50']:7.1f} p90 "
           f"{ttft['p90']:7.1f} ms, goodput {t['goodput_rps']:.3f} req/s, TPOT SLO met "
-          f"{r['slo']['met']}/{2 * cap}, completed {q['completed']}, failed {q['failed']}")
+          f"{r['slo']['met']}/{per_cap * cap}, completed {q['completed']}, failed {q['failed']}")
 cpu_bw = a["trident_attention_bytes_read_total"] / max(a["trident_attention_kernel_seconds_sum"], 1e-9)
 # GPU-only: `cap` sequences decode per step at mean context prompt + output/2.
 ctx = prompt + output / 2
 step = g["latency_ms"]["tpot"]["p50"] / 1e3
 gpu_bytes = cap * ctx * kv_tok
-hidden = min(cap * ctx * kv_tok, cpu_bw * step)
+hidden = min((per_cap - 1) * cap * ctx * kv_tok, cpu_bw * step)
 ideal = 1 + hidden / gpu_bytes
 gain = o["throughput"]["output_tokens_per_s"] / max(g["throughput"]["output_tokens_per_s"], 1e-9)
 hid = 1 - om.get("trident_worker_cpu_attention_exposed_seconds_total", 0) / max(

@@ -455,13 +455,14 @@ void BM_AttentionRoundTrip(benchmark::State& state) {
   state.counters["layers"] = layers;
 }
 
-// Null rows at context 1; kernel rows at contexts 1 and 4096 wherever one
-// layer of the batch fits kKvBudgetBytes.
+// Null rows at context 1; kernel rows at contexts 1, 320 (short sequences,
+// where the per-request and per-sequence costs weigh most) and 4096 wherever
+// one layer of the batch fits kKvBudgetBytes.
 void Rows(benchmark::internal::Benchmark* b) {
   for (int64_t tls : {0, 1}) {
     for (int64_t sequences : {1, 4, 16, 64}) {
       b->Args({tls, sequences, 1, 0});
-      for (int32_t context : {1, 4096}) {
+      for (int32_t context : {1, 320, 4096}) {
         if (KvLayersFor(sequences, context) > 0) b->Args({tls, sequences, context, 1});
       }
     }

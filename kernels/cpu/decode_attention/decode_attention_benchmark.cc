@@ -286,14 +286,15 @@ void BM_DecodeAttention(benchmark::State& state) {
   state.counters["layers"] = layers;
 }
 
-// Batch 1-32 x context 2k-32k where one layer's KV stays <= 1 GiB, for every
-// ISA path this CPU has and both packings.
+// Batch 1-32 x context 320 (short sequences, many per call) and 2k-32k
+// where one layer's KV stays <= 1 GiB, for every ISA path this CPU has and
+// both packings.
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t pairs : {0, 1}) {
     for (DecodeIsa isa : {DecodeIsa::kAvx2, DecodeIsa::kAvx512Bf16, DecodeIsa::kAmx}) {
       if (!DecodeIsaAvailable(isa)) continue;
       for (int64_t batch : {1, 4, 8, 32}) {
-        for (int64_t context : {2048, 8192, 32768}) {
+        for (int64_t context : {320, 2048, 8192, 32768}) {
           if (batch * context * kTokenBytes > (1LL << 30)) continue;
           b->Args({static_cast<int64_t>(isa), batch, context, 0, pairs});
         }
