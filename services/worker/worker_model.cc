@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
       frontend::ModelInfoFor(c, *model->tokenizer, options.model_dir, options.model_name,
                              backend->max_model_len(), backend->kv_capacity().block_size, served);
 
+  model->config = c;
+
   engine::EngineOptions eo;
   eo.max_batch_tokens = options.max_batch_tokens;
   eo.max_running = options.max_running;

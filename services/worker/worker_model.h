@@ -51,6 +51,8 @@ struct WorkerModel {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<engine::Engine> engine;
   trident::v1::ModelInfoResponse info;
+  // The model's config.json.
+  model::ModelConfig config;
 };
 
 // INVALID_ARGUMENT / FAILED_PRECONDITION for a bad model directory or

@@ -76,6 +76,9 @@ struct AttentionOffloadOptions {
   // kAuto plans each step from cost tables measured at start-up (the
   // backend's, and each service's at its first connection).
   PipelineMode pipeline = PipelineMode::kAuto;
+  // The planner's StepCosts::pre_attention_share (PreAttentionShare of the
+  // model).
+  double pre_attention_share = kDefaultPreAttentionShare;
   // Copy pool-pressure moves in the background (see the header comment);
   // off: before the step, like long-context moves.
   bool background_moves = true;

@@ -58,18 +58,31 @@ Estimate EstimateStep(const StepShape& shape, const StepCosts& costs,
           ? costs.local_attention.At(static_cast<double>(shape.local_context_tokens))
           : 0.0;
   const double first_cpu = cpu(c - k, first_context);
-  const double first = costs.linear.At(static_cast<double>(shape.local_tokens + (c - k))) +
-                       std::max(local, first_cpu);
+  const double first_linear = costs.linear.At(static_cast<double>(shape.local_tokens + (c - k)));
   Estimate e;
   e.cpu = first_cpu + cpu(k, second_context);
-  e.hidden = std::min(first_cpu, local);
   if (k == 0) {
-    e.seconds = first;
+    e.seconds = first_linear + std::max(local, first_cpu);
+    e.hidden = std::min(first_cpu, local);
     return e;
   }
-  const double second_cpu = cpu(k, second_context);
-  e.seconds = costs.linear.At(static_cast<double>(k)) + std::max(first, second_cpu);
-  e.hidden += std::min(second_cpu, first);
+  // Times from the layer's start. The second sub-batch's q/k/v come first
+  // and its request goes out at once; the service answers requests one at
+  // a time, in order, so the first sub-batch's request (if it has CPU
+  // sequences) waits behind it, and the first sub-batch's projections after
+  // attention wait for that answer.
+  const double pre = std::clamp(costs.pre_attention_share, 0.0, 1.0);
+  const double second_linear = costs.linear.At(static_cast<double>(k));
+  const double second_sent = pre * second_linear;
+  const double second_done = second_sent + cpu(k, second_context);
+  const double first_sent = second_sent + pre * first_linear;
+  double first_ready = first_sent + local;
+  if (c > k) first_ready = std::max(first_ready, std::max(first_sent, second_done) + first_cpu);
+  const double first_done = first_ready + (1 - pre) * first_linear;
+  e.seconds = std::max(first_done, second_done) + (1 - pre) * second_linear;
+  // What the backend waits for is the CPU work it did not hide.
+  const double busy = first_linear + second_linear + local;
+  e.hidden = std::clamp(e.cpu - (e.seconds - busy), 0.0, e.cpu);
   return e;
 }
 
@@ -102,7 +115,8 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
          {static_cast<const std::vector<size_t>*>(&ascending), &descending}) {
       for (size_t k = 1; k <= most; ++k) {
         const Estimate e = EstimateStep(shape, costs, *order, k);
-        if (e.seconds < chosen.seconds) {
+        if (e.seconds < chosen.seconds &&
+            e.seconds < (1 - kPipelineMargin) * sequential.seconds) {
           chosen = e;
           best = k;
           best_order = order;
@@ -116,6 +130,15 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
   plan.hidden_fraction = chosen.cpu > 0 ? chosen.hidden / chosen.cpu : 0;
   plan.cpu_seconds = chosen.cpu;
   return plan;
+}
+
+double PreAttentionShare(int64_t hidden_size, int64_t num_q_heads, int64_t num_kv_heads,
+                         int64_t head_dim, int64_t intermediate_size) {
+  const double qkv = static_cast<double>(hidden_size) * (num_q_heads + 2 * num_kv_heads) * head_dim;
+  const double out = static_cast<double>(num_q_heads) * head_dim * hidden_size;
+  const double mlp = 3.0 * static_cast<double>(hidden_size) * intermediate_size;
+  const double total = qkv + out + mlp;
+  return total > 0 ? qkv / total : kDefaultPreAttentionShare;
 }
 
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,

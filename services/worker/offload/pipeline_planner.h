@@ -8,19 +8,28 @@
 //
 //   T_seq = linear(N + C) + max(local_attention(L), cpu(C) + round_trip)
 //
-// Pipelined, k CPU sequences form a second sub-batch whose attention at the
-// service runs while the backend computes the first sub-batch's whole
-// layer; the price is a second pass over the layer's weights:
+// Pipelined, k CPU sequences form a second sub-batch whose q/k/v are
+// computed first; its request is answered at the service while the backend
+// computes the first sub-batch's layer. The price is a second pass over
+// the layer's weights, and the service is one server: it answers requests
+// one at a time, in the order they were sent, so CPU sequences left in the
+// first sub-batch wait behind the second's. With the linear layers split
+// at attention (share p before it: the q/k/v projection),
 //
-//   T_A    = linear(N + C - k) + max(local_attention(L), cpu(C - k) + rt)
-//   T_pipe = linear(k) + max(T_A, cpu(k) + rt)
+//   sent_2  = p linear(k);          done_2 = sent_2 + cpu(k) + rt
+//   sent_1  = sent_2 + p linear(N + C - k)
+//   ready_1 = max(sent_1 + local_attention(L),
+//                 max(sent_1, done_2) + cpu(C - k) + rt)   [C > k]
+//   T_pipe  = max(ready_1 + (1 - p) linear(N + C - k), done_2)
+//             + (1 - p) linear(k)
 //
 // (N local tokens, L their context tokens, C the CPU sequences; cpu(S) the
 // service's time for the context tokens of S.) The planner picks the k (0:
-// unpipelined) with the least estimated time; the second sub-batch takes
-// the CPU sequences with the shortest contexts first, so that the most of
-// them hide under the first sub-batch's work. Every CPU sequence runs every
-// step, hidden or not: none starves.
+// unpipelined) with the least estimated time, a pipelined one only when it
+// beats one batch by kPipelineMargin. Where the backend's layer is
+// a weight pass (linear flat in the batch), T_pipe is never below T_seq:
+// pipelining pays only where the second pass is cheap against the CPU work
+// it hides. Every CPU sequence runs every step, hidden or not: none starves.
 
 #ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_PIPELINE_PLANNER_H_
 #define TRIDENT_SERVICES_WORKER_OFFLOAD_PIPELINE_PLANNER_H_
@@ -51,6 +60,19 @@ class CostCurve {
   std::vector<std::pair<double, double>> points_;
 };
 
+// How much faster than one batch a pipelined plan must be estimated, as a
+// share of the step, to be chosen: a second sub-batch costs launches and
+// synchronisation the tables do not hold.
+inline constexpr double kPipelineMargin = 0.03;
+
+// Llama-3-8B's q/k/v weights over its layer's (0.115), rounded up.
+inline constexpr double kDefaultPreAttentionShare = 0.12;
+
+// Share of a decoder layer's linear weights before attention: the q/k/v
+// projection against it, the output projection and a gated MLP.
+double PreAttentionShare(int64_t hidden_size, int64_t num_q_heads, int64_t num_kv_heads,
+                         int64_t head_dim, int64_t intermediate_size);
+
 // Per-layer costs of one decode step.
 struct StepCosts {
   // The backend's linear layers (everything but attention) vs batch tokens.
@@ -61,6 +83,10 @@ struct StepCosts {
   CostCurve cpu_attention;
   // Transport of one request and its answer, beyond the service's compute.
   double round_trip_seconds = 0;
+  // Share of `linear` before attention (the q/k/v projection's weights
+  // among the layer's), which a pipelined step runs for both sub-batches
+  // before the first request goes out.
+  double pre_attention_share = kDefaultPreAttentionShare;
   // What the CPU terms (cpu_attention + round_trip_seconds) are multiplied
   // by: the observed service time over the planned one while serving
   // (UpdateCpuScale), since a start-up probe alone can be off 2x.

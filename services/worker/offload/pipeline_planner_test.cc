@@ -80,6 +80,63 @@ TEST(PipelinePlannerTest, AMemoryBoundBackendDoesNotPayForASecondWeightPass) {
   EXPECT_EQ(PlanPipeline(shape, costs, PipelineMode::kNever).pipelined, 0);
 }
 
+TEST(PipelinePlannerTest, TheServiceAnswersOneRequestAtATime) {
+  // Flat 1 ms linear layers, half of them before attention; the service
+  // takes 2 ms a request. Two CPU sequences and nothing resident: pipelined,
+  // one goes second (its request out at 0.5 ms, answered at 2.5 ms) and the
+  // other's request, ready at 1 ms, waits for it (answered at 4.5 ms); then
+  // the first sub-batch's 0.5 ms after attention, then the second's.
+  StepCosts costs;
+  costs.linear = CostCurve({{1, 1 * kMs}});
+  costs.local_attention = CostCurve({{0, 0}});
+  costs.cpu_attention = CostCurve({{0, 2 * kMs}});
+  costs.pre_attention_share = 0.5;
+  StepShape shape;
+  shape.cpu_contexts = {100, 100};
+  const PipelinePlan pipelined = PlanPipeline(shape, costs, PipelineMode::kAlways);
+  EXPECT_EQ(pipelined.pipelined, 1);
+  EXPECT_NEAR(pipelined.planned_seconds, 5.5 * kMs, 1e-12);
+  // The service works from 0.5 to 4.5 ms, the backend until 1 ms and
+  // from 4.5 ms: 0.5 ms of the 4 are hidden.
+  EXPECT_NEAR(pipelined.hidden_fraction, 0.5 / 4, 1e-9);
+  // One batch: 1 ms of linear layers and one 2 ms request.
+  const PipelinePlan planned = PlanPipeline(shape, costs, PipelineMode::kAuto);
+  EXPECT_EQ(planned.pipelined, 0);
+  EXPECT_NEAR(planned.planned_seconds, 3 * kMs, 1e-12);
+}
+
+TEST(PipelinePlannerTest, AWeightPassStepRunsManyShortCpuSequencesInOneBatch) {
+  // An H200-like 8B step (0.16 ms a layer whatever the batch), 2 resident
+  // sequences and 14 CPU ones of 320 tokens at ~45 GB/s (4 KiB a token a
+  // layer). Split over two sub-batches their requests would queue at the
+  // service behind each other; all in the second, the service's 0.46 ms
+  // hide only the first's layer, which a single batch overlaps anyway: no
+  // pipelined plan beats one batch by kPipelineMargin, so one batch it is.
+  StepCosts costs;
+  costs.linear = CostCurve({{1, 0.16 * kMs}, {64, 0.17 * kMs}});
+  costs.local_attention = CostCurve({{0, 0}, {100000, 0.1 * kMs}});
+  costs.cpu_attention = CostCurve({{0, 0}, {1000, 0.091 * kMs}});
+  costs.round_trip_seconds = 0.05 * kMs;
+  costs.pre_attention_share = PreAttentionShare(4096, 32, 8, 128, 14336);
+  StepShape shape{.local_tokens = 2, .local_context_tokens = 2 * 320};
+  shape.cpu_contexts.assign(14, 320);
+  const PipelinePlan plan = PlanPipeline(shape, costs, PipelineMode::kAuto);
+  std::printf("one batch %.3f ms a layer; pipelined at best %.3f ms\n",
+              plan.sequential_seconds / kMs,
+              PlanPipeline(shape, costs, PipelineMode::kAlways).planned_seconds / kMs);
+  EXPECT_EQ(plan.pipelined, 0);
+  EXPECT_GT(PlanPipeline(shape, costs, PipelineMode::kAlways).planned_seconds,
+            (1 - kPipelineMargin) * plan.planned_seconds);
+}
+
+TEST(PipelinePlannerTest, PreAttentionShareIsTheQkvWeightsShare) {
+  // Llama-3-8B: q/k/v 4096 x 6144 of 4096 x (6144 + 4096 + 3 x 14336).
+  EXPECT_NEAR(PreAttentionShare(4096, 32, 8, 128, 14336),
+              4096.0 * 6144 / (4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 14336), 1e-12);
+  EXPECT_NEAR(PreAttentionShare(4096, 32, 8, 128, 14336), 0.115, 0.001);
+  EXPECT_EQ(PreAttentionShare(0, 0, 0, 0, 0), kDefaultPreAttentionShare);
+}
+
 TEST(PipelinePlannerTest, WithoutResidentWorkOneCpuSequenceStaysInTheFirstSubBatch) {
   StepShape shape;
   shape.cpu_contexts = {100, 200, 300};
