@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 
-
 namespace trident::backend {
 namespace {
 
@@ -54,8 +53,8 @@ void RemoteRows::Add(const RemoteKv& remote, int32_t position, int64_t row) {
                             [&](const Group& g) { return g.service == remote.service; });
   if (group == groups_.end()) {
     // Reuse a group whose service this step does not use.
-    group = std::find_if(groups_.begin(), groups_.end(),
-                         [](const Group& g) { return g.rows.empty(); });
+    group =
+        std::find_if(groups_.begin(), groups_.end(), [](const Group& g) { return g.rows.empty(); });
     if (group == groups_.end()) {
       groups_.emplace_back();
       group = groups_.end() - 1;
@@ -69,37 +68,22 @@ void RemoteRows::Add(const RemoteKv& remote, int32_t position, int64_t row) {
 }
 
 absl::Status RemoteRows::Start(int32_t layer, DType dtype, const void* qkv, int64_t qkv_stride) {
-  const int64_t q_out = int64_t{shape_.num_q_heads} * shape_.head_dim;
-  const int64_t kv_out = int64_t{shape_.num_kv_heads} * shape_.head_dim;
-  const size_t element = numeric::ElementSize(dtype);
+  const bool bf16 = dtype == DType::kBF16 && shape_.wire == transport::attention::WireDType::kBF16;
   for (Group& g : groups_) {
     if (g.rows.empty()) continue;
-    const int64_t n = static_cast<int64_t>(g.rows.size());
-    g.q.resize(n * q_out);
-    g.k.resize(n * kv_out);
-    g.v.resize(n * kv_out);
-    g.out.resize(n * q_out);
-    for (int64_t i = 0; i < n; ++i) {
-      const char* row = static_cast<const char*>(qkv) + g.rows[i] * qkv_stride * element;
-      ToF32(dtype, row, &g.q[i * q_out], q_out);
-      ToF32(dtype, row + q_out * element, &g.k[i * kv_out], kv_out);
-      ToF32(dtype, row + (q_out + kv_out) * element, &g.v[i * kv_out], kv_out);
-    }
     transport::attention::AttentionCall call{.layer = layer,
                                              .num_q_heads = shape_.num_q_heads,
                                              .num_kv_heads = shape_.num_kv_heads,
                                              .head_dim = shape_.head_dim,
                                              .dtype = shape_.wire,
                                              .handles = g.handles,
-                                             .positions = g.positions,
-                                             .q = g.q.data(),
-                                             .q_stride = q_out,
-                                             .k = g.k.data(),
-                                             .k_stride = kv_out,
-                                             .v = g.v.data(),
-                                             .v_stride = kv_out,
-                                             .out = g.out.data(),
-                                             .out_stride = q_out};
+                                             .positions = g.positions};
+    g.bf16 = bf16;
+    if (bf16) {
+      PrepareBf16(g, static_cast<const uint16_t*>(qkv), qkv_stride, call);
+    } else {
+      GatherF32(g, dtype, qkv, qkv_stride, call);
+    }
     g.started_at = absl::Now();
     absl::StatusOr<transport::attention::RemoteAttention::Ticket> ticket = g.service->Start(call);
     if (!ticket.ok()) return RemoteAttentionFailure(g.service, ticket.status());
@@ -107,6 +91,56 @@ absl::Status RemoteRows::Start(int32_t layer, DType dtype, const void* qkv, int6
     g.started = true;
   }
   return absl::OkStatus();
+}
+
+void RemoteRows::PrepareBf16(Group& g, const uint16_t* qkv, int64_t qkv_stride,
+                             transport::attention::AttentionCall& call) {
+  const int64_t q_out = int64_t{shape_.num_q_heads} * shape_.head_dim;
+  const int64_t width = q_out + 2 * int64_t{shape_.num_kv_heads} * shape_.head_dim;
+  const int64_t n = static_cast<int64_t>(g.rows.size());
+  bool consecutive = true;
+  for (int64_t i = 1; i < n && consecutive; ++i) consecutive = g.rows[i] == g.rows[0] + i;
+  if (consecutive) {
+    call.qkv_bf16 = qkv + g.rows[0] * qkv_stride;
+    call.qkv_bf16_stride = qkv_stride;
+  } else {
+    g.qkv_bf16.resize(n * width);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&g.qkv_bf16[i * width], qkv + g.rows[i] * qkv_stride,
+                  static_cast<size_t>(width) * sizeof(uint16_t));
+    }
+    call.qkv_bf16 = g.qkv_bf16.data();
+    call.qkv_bf16_stride = width;
+  }
+  g.out_bf16.resize(n * q_out);
+  call.out_bf16 = g.out_bf16.data();
+  call.out_bf16_stride = q_out;
+}
+
+void RemoteRows::GatherF32(Group& g, DType dtype, const void* qkv, int64_t qkv_stride,
+                           transport::attention::AttentionCall& call) {
+  const int64_t q_out = int64_t{shape_.num_q_heads} * shape_.head_dim;
+  const int64_t kv_out = int64_t{shape_.num_kv_heads} * shape_.head_dim;
+  const size_t element = numeric::ElementSize(dtype);
+  const int64_t n = static_cast<int64_t>(g.rows.size());
+  g.q.resize(n * q_out);
+  g.k.resize(n * kv_out);
+  g.v.resize(n * kv_out);
+  g.out.resize(n * q_out);
+  for (int64_t i = 0; i < n; ++i) {
+    const char* row = static_cast<const char*>(qkv) + g.rows[i] * qkv_stride * element;
+    ToF32(dtype, row, &g.q[i * q_out], q_out);
+    ToF32(dtype, row + q_out * element, &g.k[i * kv_out], kv_out);
+    ToF32(dtype, row + (q_out + kv_out) * element, &g.v[i * kv_out], kv_out);
+  }
+  call.q = g.q.data();
+  call.q_stride = q_out;
+  call.k = g.k.data();
+  call.k_stride = kv_out;
+  call.v = g.v.data();
+  call.v_stride = kv_out;
+  call.out = g.out.data();
+  call.out_stride = q_out;
 }
 
 absl::Status RemoteRows::Finish(absl::Duration timeout, DType dtype, void* out, int64_t out_stride,
@@ -128,8 +162,12 @@ absl::Status RemoteRows::Finish(absl::Duration timeout, DType dtype, void* out, 
       continue;
     }
     for (size_t i = 0; i < g.rows.size(); ++i) {
-      FromF32(&g.out[i * q_out], dtype, static_cast<char*>(out) + g.rows[i] * out_stride * element,
-              q_out);
+      char* row = static_cast<char*>(out) + g.rows[i] * out_stride * element;
+      if (g.bf16) {
+        std::memcpy(row, &g.out_bf16[i * q_out], static_cast<size_t>(q_out) * sizeof(uint16_t));
+      } else {
+        FromF32(&g.out[i * q_out], dtype, row, q_out);
+      }
     }
   }
   return first_error;

@@ -63,7 +63,8 @@ class RemoteRows {
   absl::Status Start(int32_t layer, numeric::DType dtype, const void* qkv, int64_t qkv_stride);
 
   // Waits for every request Start sent; on success writes row r's o at
-  // out + r * out_stride elements of `dtype`, converted. Adds each
+  // out + r * out_stride elements of `dtype`, converted (bf16 rows on a bf16
+  // wire go as they are, both ways). Adds each
   // request's round trip and the time it stood waiting here to `timing`.
   // The first failure (RemoteAttentionFailure), after waiting for all.
   absl::Status Finish(absl::Duration timeout, numeric::DType dtype, void* out, int64_t out_stride,
@@ -76,10 +77,22 @@ class RemoteRows {
     std::vector<uint64_t> handles;
     std::vector<int32_t> positions;
     std::vector<float> q, k, v, out;  // Gathered rows; o before the scatter.
+    // bf16 rows sent as they are: q, k and v read in place when the group's
+    // rows are consecutive (else gathered into qkv_bf16); o received into
+    // out_bf16 before the scatter.
+    std::vector<uint16_t> qkv_bf16, out_bf16;
+    bool bf16 = false;
     transport::attention::RemoteAttention::Ticket ticket = 0;
     bool started = false;
     absl::Time started_at;
   };
+
+  // Start's call for `g` with bf16 rows on a bf16 wire (no conversion).
+  void PrepareBf16(Group& g, const uint16_t* qkv, int64_t qkv_stride,
+                   transport::attention::AttentionCall& call);
+  // Start's call for `g` otherwise: rows gathered and converted to f32.
+  void GatherF32(Group& g, numeric::DType dtype, const void* qkv, int64_t qkv_stride,
+                 transport::attention::AttentionCall& call);
 
   Shape shape_;
   std::vector<Group> groups_;

@@ -1,7 +1,11 @@
 #include "common/numeric/dtype.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -35,7 +39,7 @@ TEST(DTypeTest, HalfKnownValues) {
   EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
   EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // overflows to inf
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);                      // overflows to inf
   EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
 }
 
@@ -51,6 +55,31 @@ TEST(DTypeTest, BulkConversions) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(copy[i], bf[i]);
   EXPECT_EQ(ElementSize(DType::kF32), 4u);
   EXPECT_EQ(DTypeName(DType::kBF16), "bf16");
+}
+
+TEST(DTypeTest, BulkBf16ConversionsAgreeWithTheScalarOnesBitForBit) {
+  // Random bit patterns (NaNs, infinities, subnormals and ties included),
+  // at a length that leaves a vector loop's remainder.
+  std::mt19937 rng(5);
+  std::printf("seed 5\n");
+  std::vector<uint32_t> bits(4099);
+  for (uint32_t& b : bits) b = rng();
+  bits[0] = 0x7fc00000u;  // quiet NaN
+  bits[1] = 0xff800001u;  // signalling NaN
+  bits[2] = 0x7f800000u;  // inf
+  bits[3] = 0x3f808000u;  // a tie, rounds to even
+  bits[4] = 0x00000001u;  // the smallest subnormal
+  std::vector<float> f(bits.size());
+  std::memcpy(f.data(), bits.data(), bits.size() * sizeof(float));
+  std::vector<uint16_t> bf(bits.size());
+  FloatToBf16(f.data(), bf.data(), f.size());
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(bf[i], FloatToBf16(f[i])) << i;
+  std::vector<float> back(bits.size());
+  Bf16ToFloat(bf.data(), back.data(), bf.size());
+  for (size_t i = 0; i < bf.size(); ++i) {
+    const float want = Bf16ToFloat(bf[i]);
+    ASSERT_EQ(std::memcmp(&back[i], &want, sizeof(float)), 0) << i;
+  }
 }
 
 }  // namespace

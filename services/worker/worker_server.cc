@@ -150,9 +150,8 @@ absl::Status WorkerServer::StartOffload() {
   offload.attention_timeout = options_.attention_timeout;
   TRIDENT_ASSIGN_OR_RETURN(offload.pipeline, ParsePipelineMode(options_.offload_pipeline));
   const model::ModelConfig& c = model_->config;
-  offload.pre_attention_share = PreAttentionShare(c.hidden_size, c.num_attention_heads,
-                                                  c.num_key_value_heads, c.head_dim,
-                                                  c.intermediate_size);
+  offload.pre_attention_share = PreAttentionShare(
+      c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size);
   offload.keep_throughput = options_.offload_keep_throughput;
   offload.background_moves = options_.offload_background_moves;
   offload.wake = [engine = model_->engine.get()] { engine->Wake(); };

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/numeric/dtype.h"
+#include "common/status/status_macros.h"
 
 namespace trident::transport::attention {
 
@@ -82,6 +83,7 @@ void FakeRemoteAttention::Attend(const Sequence& s, int32_t layer, int32_t posit
 }
 
 absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::Start(const AttentionCall& call) {
+  if (call.qkv_bf16 != nullptr) return StartBf16(call);
   absl::MutexLock lock(&mu_);
   if (dead_) return absl::UnavailableError("the fake attention service was killed");
   ++requests_;
@@ -120,6 +122,33 @@ absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::Start(const Attenti
     Attend(s, call.layer, position, call.q + i * call.q_stride, call.out + i * call.out_stride);
   }
   answer = absl::OkStatus();
+  return ticket;
+}
+
+absl::StatusOr<RemoteAttention::Ticket> FakeRemoteAttention::StartBf16(const AttentionCall& call) {
+  // The same call with f32 rows; o goes back to bf16 once computed (Start
+  // answers before it returns).
+  const int64_t q = int64_t{call.num_q_heads} * call.head_dim;
+  const int64_t kv = int64_t{call.num_kv_heads} * call.head_dim;
+  const int64_t row = q + 2 * kv;
+  const int64_t n = static_cast<int64_t>(call.handles.size());
+  std::vector<float> qkv(n * row), out(n * q);
+  for (int64_t i = 0; i < n; ++i) {
+    numeric::Bf16ToFloat(call.qkv_bf16 + i * call.qkv_bf16_stride, &qkv[i * row], row);
+  }
+  AttentionCall f32 = call;
+  f32.qkv_bf16 = nullptr;
+  f32.out_bf16 = nullptr;
+  f32.q = qkv.data();
+  f32.k = qkv.data() + q;
+  f32.v = qkv.data() + q + kv;
+  f32.q_stride = f32.k_stride = f32.v_stride = row;
+  f32.out = out.data();
+  f32.out_stride = q;
+  TRIDENT_ASSIGN_OR_RETURN(const Ticket ticket, Start(f32));
+  for (int64_t i = 0; i < n; ++i) {
+    numeric::FloatToBf16(&out[i * q], call.out_bf16 + i * call.out_bf16_stride, q);
+  }
   return ticket;
 }
 

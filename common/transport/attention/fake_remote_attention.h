@@ -43,6 +43,8 @@ class FakeRemoteAttention final : public RemoteAttention {
   absl::Status Wait(Ticket ticket, absl::Duration timeout) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Start for a call with bf16 rows (AttentionCall::qkv_bf16).
+  absl::StatusOr<Ticket> StartBf16(const AttentionCall& call) ABSL_LOCKS_EXCLUDED(mu_);
   struct Sequence {
     // [layer][position] -> k row, v row.
     std::vector<std::vector<std::vector<float>>> k, v;

@@ -47,6 +47,14 @@ struct AttentionCall {
   // floats). Written before Wait returns OK, never after Wait returns.
   float* out = nullptr;
   int64_t out_stride = 0;
+  // Instead of q, k, v and out, with dtype kBF16: row i's [q | k | v] as
+  // bf16 bits at qkv_bf16 + i * qkv_bf16_stride, sent as they are, and its o
+  // written as bf16 bits at out_bf16 + i * out_bf16_stride (no conversion
+  // on either side of the wire).
+  const uint16_t* qkv_bf16 = nullptr;
+  int64_t qkv_bf16_stride = 0;
+  uint16_t* out_bf16 = nullptr;
+  int64_t out_bf16_stride = 0;
 };
 
 // Writes KV without attending (a prompt's, or a migrated sequence's): entry

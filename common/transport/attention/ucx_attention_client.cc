@@ -18,8 +18,15 @@ absl::Status CheckCall(const AttentionCall& call) {
         absl::StrCat("an attention call needs one position per handle (", call.handles.size(),
                      " handles, ", call.positions.size(), " positions)"));
   }
-  if (call.q == nullptr || call.k == nullptr || call.v == nullptr || call.out == nullptr) {
-    return absl::InvalidArgumentError("an attention call needs q, k, v and out");
+  const bool f32 =
+      call.q != nullptr && call.k != nullptr && call.v != nullptr && call.out != nullptr;
+  const bool bf16 = call.qkv_bf16 != nullptr && call.out_bf16 != nullptr;
+  if (f32 == bf16) {
+    return absl::InvalidArgumentError(
+        "an attention call needs either q, k, v and out or qkv_bf16 and out_bf16");
+  }
+  if (bf16 && call.dtype != WireDType::kBF16) {
+    return absl::InvalidArgumentError("an attention call with bf16 rows must send bf16");
   }
   if (call.num_q_heads <= 0 || call.num_kv_heads <= 0 || call.head_dim <= 0 ||
       call.num_q_heads % call.num_kv_heads != 0) {
@@ -51,7 +58,7 @@ absl::Status CheckAppend(const KvAppendCall& call) {
 // The request's data: the sequence table, then each sequence's [q | k | v]
 // ([k | v] for an append: call.q null). With `bf16_rows` (an append whose
 // rows are bf16 already), k and v come from its k_bf16 and v_bf16 as they
-// are.
+// are; with call.qkv_bf16, the whole rows do.
 // Every byte is written (the buffer is not zero-filled first: a migration
 // sends megabytes a request).
 std::shared_ptr<uint64_t[]> PackRequest(const AttentionCall& call, const RequestHeader& header,
@@ -69,6 +76,13 @@ std::shared_ptr<uint64_t[]> PackRequest(const AttentionCall& call, const Request
   const size_t element = WireElementSize(header.dtype);
   const size_t q_elems = static_cast<size_t>(call.num_q_heads) * call.head_dim;
   const size_t kv_elems = static_cast<size_t>(call.num_kv_heads) * call.head_dim;
+  if (call.qkv_bf16 != nullptr) {
+    const size_t row_bytes = (q_elems + 2 * kv_elems) * element;
+    for (size_t i = 0; i < call.handles.size(); ++i) {
+      std::memcpy(row + i * row_bytes, call.qkv_bf16 + i * call.qkv_bf16_stride, row_bytes);
+    }
+    return buffer;
+  }
   for (size_t i = 0; i < call.handles.size(); ++i) {
     if (call.q != nullptr) {
       ToWire(header.dtype, call.q + i * call.q_stride, row, q_elems);
@@ -210,6 +224,8 @@ uint64_t UcxAttentionClient::AddPending(const AttentionCall& call) {
   Pending& pending = pending_[id];
   pending.out = call.out;
   pending.out_stride = call.out_stride;
+  pending.out_bf16 = call.out_bf16;
+  pending.out_bf16_stride = call.out_bf16_stride;
   pending.num_sequences = static_cast<int32_t>(call.handles.size());
   pending.row_elements = int64_t{call.num_q_heads} * call.head_dim;
   pending.dtype = call.dtype;
@@ -246,8 +262,9 @@ void UcxAttentionClient::OnReply(absl::string_view header, absl::string_view dat
                                   absl::StrCat("attention service: ", reply->error));
     return;
   }
-  if ((h.flags & kAppendOnly) != 0 || pending.out == nullptr) {
-    pending.status = ((h.flags & kAppendOnly) != 0) == (pending.out == nullptr)
+  const bool has_out = pending.out != nullptr || pending.out_bf16 != nullptr;
+  if ((h.flags & kAppendOnly) != 0 || !has_out) {
+    pending.status = ((h.flags & kAppendOnly) != 0) == !has_out
                          ? absl::OkStatus()
                          : absl::InternalError("an append's reply for an attention request");
     return;
@@ -259,6 +276,14 @@ void UcxAttentionClient::OnReply(absl::string_view header, absl::string_view dat
     return;
   }
   const size_t row_bytes = static_cast<size_t>(pending.row_elements) * WireElementSize(h.dtype);
+  if (pending.out_bf16 != nullptr) {
+    for (int32_t i = 0; i < h.num_sequences; ++i) {
+      std::memcpy(pending.out_bf16 + i * pending.out_bf16_stride, data.data() + i * row_bytes,
+                  row_bytes);
+    }
+    pending.status = absl::OkStatus();
+    return;
+  }
   for (int32_t i = 0; i < h.num_sequences; ++i) {
     FromWire(h.dtype, data.data() + i * row_bytes, pending.out + i * pending.out_stride,
              static_cast<size_t>(pending.row_elements));

@@ -54,6 +54,8 @@ class UcxAttentionClient {
   struct Pending {
     float* out = nullptr;
     int64_t out_stride = 0;
+    uint16_t* out_bf16 = nullptr;
+    int64_t out_bf16_stride = 0;
     int32_t num_sequences = 0;
     int64_t row_elements = 0;
     WireDType dtype = WireDType::kF32;

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/numeric/dtype.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/attention/attention_wire.h"
 #include "common/transport/attention/remote_attention.h"
@@ -373,6 +374,61 @@ TEST_P(UcxAttentionTest, AppendsSendBf16RowsAsTheyAre) {
   call.v = f32.data();
   EXPECT_THAT(channel->StartAppend(call).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("either k and v")));
+}
+
+TEST_P(UcxAttentionTest, Bf16RowsGoBothWaysAsTheyAre) {
+  std::unique_ptr<RemoteAttention> channel = Connect();
+  ASSERT_NE(channel, nullptr);
+  const std::vector<uint64_t> handles = {3, 4};
+  const std::vector<int32_t> positions = {10, 11};
+  // The f32 call on a bf16 wire, and the same rows as bf16 [q | k | v] in
+  // rows of a wider stride, o into rows of another: the same bits.
+  Rows rows(2);
+  auto f32_ticket = channel->Start(rows.Call(2, handles, positions, WireDType::kBF16));
+  ASSERT_THAT(f32_ticket.status(), IsOk());
+  ASSERT_THAT(channel->Wait(*f32_ticket, absl::Seconds(30)), IsOk());
+  constexpr int64_t kStride = kQElems + 2 * kKvElems + 8;
+  std::vector<uint16_t> qkv(2 * kStride, 0xffff), out(2 * (kQElems + 3), 0xffff);
+  for (int i = 0; i < 2; ++i) {
+    uint16_t* row = &qkv[i * kStride];
+    numeric::FloatToBf16(&rows.q[i * kQElems], row, kQElems);
+    numeric::FloatToBf16(&rows.k[i * kKvElems], row + kQElems, kKvElems);
+    numeric::FloatToBf16(&rows.v[i * kKvElems], row + kQElems + kKvElems, kKvElems);
+  }
+  AttentionCall call{.layer = 2,
+                     .num_q_heads = kQHeads,
+                     .num_kv_heads = kKvHeads,
+                     .head_dim = kHeadDim,
+                     .dtype = WireDType::kBF16,
+                     .handles = handles,
+                     .positions = positions};
+  call.qkv_bf16 = qkv.data();
+  call.qkv_bf16_stride = kStride;
+  call.out_bf16 = out.data();
+  call.out_bf16_stride = kQElems + 3;
+  auto ticket = channel->Start(call);
+  ASSERT_THAT(ticket.status(), IsOk());
+  ASSERT_THAT(channel->Wait(*ticket, absl::Seconds(30)), IsOk());
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < kQElems; ++j) {
+      ASSERT_EQ(out[i * (kQElems + 3) + j], numeric::FloatToBf16(rows.out[i * kQElems + j]))
+          << "row " << i << " element " << j;
+    }
+    for (int j = kQElems; j < kQElems + 3 && i == 0; ++j) {
+      EXPECT_EQ(out[j], 0xffff) << "past the row";
+    }
+  }
+  // bf16 rows go out as bf16 only, and one kind of row at a time.
+  call.dtype = WireDType::kF32;
+  EXPECT_THAT(channel->Start(call).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must send bf16")));
+  call.dtype = WireDType::kBF16;
+  call.q = rows.q.data();
+  call.k = rows.k.data();
+  call.v = rows.v.data();
+  call.out = rows.out.data();
+  EXPECT_THAT(channel->Start(call).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("either q, k, v and out")));
 }
 
 TEST_P(UcxAttentionTest, StartChecksTheCall) {

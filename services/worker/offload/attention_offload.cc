@@ -88,10 +88,9 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
   }
   // The planner's inputs, fixed from here on: the backend's table and the
   // slowest calibrated service's (a step waits for each service).
-  step_costs_ =
-      StepCosts{.linear = backend_costs_.linear,
-                .local_attention = backend_costs_.local_attention,
-                .pre_attention_share = options_.pre_attention_share};
+  step_costs_ = StepCosts{.linear = backend_costs_.linear,
+                          .local_attention = backend_costs_.local_attention,
+                          .pre_attention_share = options_.pre_attention_share};
   for (const auto& service : services_) {
     if (!service->calibrated) continue;
     if (step_costs_.cpu_attention.empty() ||

@@ -115,8 +115,7 @@ PipelinePlan PlanPipeline(const StepShape& shape, const StepCosts& costs, Pipeli
          {static_cast<const std::vector<size_t>*>(&ascending), &descending}) {
       for (size_t k = 1; k <= most; ++k) {
         const Estimate e = EstimateStep(shape, costs, *order, k);
-        if (e.seconds < chosen.seconds &&
-            e.seconds < (1 - kPipelineMargin) * sequential.seconds) {
+        if (e.seconds < chosen.seconds && e.seconds < (1 - kPipelineMargin) * sequential.seconds) {
           chosen = e;
           best = k;
           best_order = order;
