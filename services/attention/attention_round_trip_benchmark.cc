@@ -282,44 +282,50 @@ absl::StatusOr<std::unique_ptr<KernelSide>> BuildKernelSide(int32_t num_sequence
   return side;
 }
 
-// One request's rows: q, k and v of every sequence, and where o goes.
+// One request's rows as a decode worker's GPU backend sends them: bf16
+// [q | k | v] of every sequence, and bf16 o back, with no conversion.
 struct Batch {
+  static constexpr int64_t kQElems = kQHeads * kHeadDim;
+  static constexpr int64_t kRowElems = kQElems + 2 * kKvHeads * kHeadDim;
+
   Batch(std::vector<uint64_t> sequence_handles, int32_t context)
       : handles(std::move(sequence_handles)),
         positions(handles.size(), context - 1),
-        q(handles.size() * kQHeads * kHeadDim, 0.01f),
-        k(handles.size() * kKvHeads * kHeadDim, kKvValue),
-        v(k.size(), kKvValue),
-        out(q.size(), -1.0f) {}
+        qkv(handles.size() * kRowElems),
+        out(handles.size() * kQElems, numeric::FloatToBf16(-1.0f)) {
+    for (size_t i = 0; i < handles.size(); ++i) {
+      uint16_t* row = &qkv[i * kRowElems];
+      std::fill_n(row, kQElems, numeric::FloatToBf16(0.01f));
+      std::fill_n(row + kQElems, kRowElems - kQElems, numeric::FloatToBf16(kKvValue));
+    }
+  }
 
   AttentionCall Call(int32_t layer) {
-    return AttentionCall{.layer = layer,
-                         .num_q_heads = kQHeads,
-                         .num_kv_heads = kKvHeads,
-                         .head_dim = kHeadDim,
-                         .dtype = WireDType::kBF16,
-                         .handles = handles,
-                         .positions = positions,
-                         .q = q.data(),
-                         .q_stride = kQHeads * kHeadDim,
-                         .k = k.data(),
-                         .k_stride = kKvHeads * kHeadDim,
-                         .v = v.data(),
-                         .v_stride = kKvHeads * kHeadDim,
-                         .out = out.data(),
-                         .out_stride = kQHeads * kHeadDim};
+    AttentionCall call{.layer = layer,
+                       .num_q_heads = kQHeads,
+                       .num_kv_heads = kKvHeads,
+                       .head_dim = kHeadDim,
+                       .dtype = WireDType::kBF16,
+                       .handles = handles,
+                       .positions = positions};
+    call.qkv_bf16 = qkv.data();
+    call.qkv_bf16_stride = kRowElems;
+    call.out_bf16 = out.data();
+    call.out_bf16_stride = kQElems;
+    return call;
   }
 
   // Whether every element of o is `want` (the kernel's output is an average
-  // of equal values, so only rounding may differ).
+  // of equal values, so only rounding, to bf16 here, may differ).
   bool OutIs(float want) const {
-    return std::all_of(out.begin(), out.end(),
-                       [want](float o) { return std::abs(o - want) <= 1e-4f; });
+    return std::all_of(out.begin(), out.end(), [want](uint16_t o) {
+      return std::abs(numeric::Bf16ToFloat(o) - want) <= std::abs(want) / 128 + 1e-4f;
+    });
   }
 
   std::vector<uint64_t> handles;
   std::vector<int32_t> positions;
-  std::vector<float> q, k, v, out;
+  std::vector<uint16_t> qkv, out;
 };
 
 absl::Status RoundTrip(RemoteAttention& channel, const AttentionCall& call) {

@@ -61,11 +61,12 @@ absl::Status CheckAppend(const KvAppendCall& call) {
 // are; with call.qkv_bf16, the whole rows do.
 // Every byte is written (the buffer is not zero-filled first: a migration
 // sends megabytes a request).
-std::shared_ptr<uint64_t[]> PackRequest(const AttentionCall& call, const RequestHeader& header,
+std::shared_ptr<uint64_t[]> PackRequest(MessageBuffers& buffers, const AttentionCall& call,
+                                        const RequestHeader& header,
                                         const KvAppendCall* bf16_rows = nullptr) {
   const size_t bytes = RequestDataBytes(header);
   const size_t words = (bytes + 7) / 8;
-  std::shared_ptr<uint64_t[]> buffer(new uint64_t[std::max<size_t>(words, 1)]);
+  std::shared_ptr<uint64_t[]> buffer = buffers.Take(words);
   if (words > 0) buffer[words - 1] = 0;  // The padding past `bytes`.
   char* data = reinterpret_cast<char*>(buffer.get());
   auto* entries = reinterpret_cast<SequenceEntry*>(data);
@@ -158,7 +159,7 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
                          .head_dim = call.head_dim,
                          .lane = lane,
                          .write_key = write_key};
-    std::shared_ptr<uint64_t[]> data = PackRequest(call, header, bf16_rows);
+    std::shared_ptr<uint64_t[]> data = PackRequest(client_->buffers_, call, header, bf16_rows);
     header.request_id = client_->AddPending(call);
     const uint64_t request_id = header.request_id;
     UcxAttentionClient* client = client_;

@@ -21,6 +21,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/transport/attention/message_buffers.h"
 #include "common/transport/attention/remote_attention.h"
 #include "common/transport/ucx_lanes.h"
 #include "trident/v1/cluster.pb.h"
@@ -73,6 +74,8 @@ class UcxAttentionClient {
   UcxLanes* const lanes_;
   const uint64_t owner_incarnation_;
   std::atomic<uint64_t> next_request_id_{1};
+  // Request data, reused once each send completes.
+  MessageBuffers buffers_;
   std::atomic<int64_t> requests_sent_{0};
   std::atomic<int64_t> bad_replies_{0};
   absl::Mutex mu_;

@@ -224,8 +224,8 @@ void UcxAttentionServer::Serve(Job& job) {
                     .num_q_heads = h.num_q_heads,
                     .head_dim = h.head_dim};
   const size_t reply_bytes = ReplyDataBytes(reply);
-  auto rows = std::make_shared<std::vector<uint64_t>>((reply_bytes + 7) / 8);
-  absl::Status status = computer_->Compute(*request, reinterpret_cast<char*>(rows->data()));
+  std::shared_ptr<uint64_t[]> rows = reply_buffers_.Take((reply_bytes + 7) / 8);
+  absl::Status status = computer_->Compute(*request, reinterpret_cast<char*>(rows.get()));
   const absl::Time computed = absl::Now();
   reply.status_code = static_cast<int32_t>(status.code());
   if (options_.on_request) {
@@ -267,8 +267,8 @@ std::shared_ptr<Endpoint> UcxAttentionServer::RouteTo(uint64_t incarnation, int3
 }
 
 void UcxAttentionServer::SendReply(Endpoint& endpoint, std::string header,
-                                   std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes) {
-  const void* bytes = data ? static_cast<const void*>(data->data()) : nullptr;
+                                   std::shared_ptr<uint64_t[]> data, size_t data_bytes) {
+  const void* bytes = data ? static_cast<const void*>(data.get()) : nullptr;
   endpoint.Send(kAttentionReplyMessageId, std::move(header), bytes, data_bytes,
                 [data](absl::Status status) {
                   if (!status.ok()) {

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/transport/attention/attention_wire.h"
+#include "common/transport/attention/message_buffers.h"
 #include "common/transport/ucx_lanes.h"
 #include "trident/v1/cluster.pb.h"
 
@@ -146,7 +147,7 @@ class UcxAttentionServer {
   std::shared_ptr<Endpoint> RouteTo(uint64_t incarnation, int32_t lane) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a reply (the data is kept alive until UCX is done with it).
   static void SendReply(Endpoint& endpoint, std::string header,
-                        std::shared_ptr<std::vector<uint64_t>> data, size_t data_bytes);
+                        std::shared_ptr<uint64_t[]> data, size_t data_bytes);
 
   UcxLanes* const lanes_;
   AttentionComputer* const computer_;
@@ -159,6 +160,8 @@ class UcxAttentionServer {
   int32_t receiving_ ABSL_GUARDED_BY(mu_) = 0;
   // Spare jobs, to keep their buffers.
   std::vector<std::unique_ptr<Job>> spare_ ABSL_GUARDED_BY(mu_);
+  // Reply rows, reused once each reply is sent.
+  MessageBuffers reply_buffers_;
   absl::flat_hash_map<uint64_t, Route> routes_ ABSL_GUARDED_BY(mu_);
   AttentionServerCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread dispatcher_;
