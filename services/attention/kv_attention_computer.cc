@@ -106,25 +106,52 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
   return absl::OkStatus();
 }
 
+void KvAttentionComputer::ForRanges(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  const size_t threads =
+      n >= kParallelRows ? std::min(n, static_cast<size_t>(std::max(1, executor_.threads))) : 1;
+  if (threads == 1) {
+    fn(0, n);
+    return;
+  }
+  executor_.run([&](int thread) {
+    const size_t t = static_cast<size_t>(thread);
+    if (t >= threads) return;
+    const size_t begin = n * t / threads, end = n * (t + 1) / threads;
+    if (begin < end) fn(begin, end);
+  });
+}
+
 void KvAttentionComputer::Append(const RequestView& request) {
+  const transport::attention::RequestHeader& h = request.header;
+  const bool append_only = (h.flags & transport::attention::kAppendOnly) != 0;
+  const size_t n = static_cast<size_t>(h.num_sequences);
+  const bool raw = h.dtype == transport::attention::WireDType::kBF16 &&
+                   pinned_.front().layout->dtype == numeric::DType::kBF16;
+  q_.resize(n * (append_only ? 0 : int64_t{h.num_q_heads} * h.head_dim));
+  if (!raw) {
+    k_.resize(n * int64_t{h.num_kv_heads} * h.head_dim);
+    v_.resize(k_.size());
+  }
+  appends_.resize(n);
+  // Entries are independent: a decode step's sequences, or a migration's
+  // chunk of tokens, split over the threads (which also holds the
+  // dispatcher, and the decode steps queued behind it, as briefly as it
+  // can).
+  ForRanges(n, [&](size_t begin, size_t end) { AppendRange(request, begin, end); });
+}
+
+void KvAttentionComputer::AppendRange(const RequestView& request, size_t begin, size_t end) {
   const transport::attention::RequestHeader& h = request.header;
   const int64_t row = QkvRowElements(h);
   const bool append_only = (h.flags & transport::attention::kAppendOnly) != 0;
   const int64_t q_elems = append_only ? 0 : int64_t{h.num_q_heads} * h.head_dim;
   const int64_t kv_elems = int64_t{h.num_kv_heads} * h.head_dim;
   const size_t element = WireElementSize(h.dtype);
-  const size_t n = static_cast<size_t>(h.num_sequences);
   // bf16 on the wire into a bf16 store: the rows go in as they are, with no
   // f32 copy of k and v.
   const bool raw = h.dtype == transport::attention::WireDType::kBF16 &&
                    pinned_.front().layout->dtype == numeric::DType::kBF16;
-  q_.resize(n * q_elems);
-  if (!raw) {
-    k_.resize(n * kv_elems);
-    v_.resize(n * kv_elems);
-  }
-  appends_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = begin; i < end; ++i) {
     const char* wire = request.rows + i * row * element;
     if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);
     kernels::cpu::DecodeKvAppend& append = appends_[i];
@@ -142,22 +169,10 @@ void KvAttentionComputer::Append(const RequestView& request) {
     append.k = &k_[i * kv_elems];
     append.v = &v_[i * kv_elems];
   }
-  // CheckShapes made the layouts agree and the positions fit. Entries are
-  // independent: a large append (a migration's chunk) is split over the
-  // threads, so that it holds the dispatcher (and the decode steps queued
-  // behind it) as briefly as it can.
-  const kernels::cpu::DecodeKvLayout layout = KernelLayout(*pinned_.front().layout);
-  const int threads = n >= kParallelAppendTokens ? std::max(1, executor_.threads) : 1;
-  if (threads == 1) {
-    TRIDENT_CHECK_OK(kernels::cpu::AppendDecodeKv(layout, appends_));
-    return;
-  }
-  executor_.run([&](int thread) {
-    const size_t begin = n * thread / threads, end = n * (thread + 1) / threads;
-    if (begin == end) return;
-    TRIDENT_CHECK_OK(kernels::cpu::AppendDecodeKv(
-        layout, absl::MakeConstSpan(appends_).subspan(begin, end - begin)));
-  });
+  // CheckShapes made the layouts agree and the positions fit.
+  TRIDENT_CHECK_OK(
+      kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_.front().layout),
+                                   absl::MakeConstSpan(appends_).subspan(begin, end - begin)));
 }
 
 absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply_rows) {
@@ -183,7 +198,11 @@ absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply
   executor_.run([kernel](int thread) { kernel->Run(thread); });
   executor_.run([kernel](int thread) { kernel->Merge(thread); });
   kv_bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
-  ToWire(h.dtype, o_.data(), reply_rows, o_.size());
+  const size_t element = WireElementSize(h.dtype);
+  ForRanges(n, [&](size_t begin, size_t end) {
+    ToWire(h.dtype, &o_[begin * q_elems], reply_rows + begin * q_elems * element,
+           (end - begin) * q_elems);
+  });
   return absl::OkStatus();
 }
 

@@ -40,8 +40,13 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
   // Most sequences, and q heads, one request may carry.
   static constexpr int32_t kMaxSequences = 1024;
   static constexpr int32_t kMaxQHeads = 128;
-  // Requests with at least this many tokens append on every thread.
-  static constexpr size_t kParallelAppendTokens = 64;
+  // Requests with at least this many sequences (or tokens, for append-only
+  // ones) convert and append their rows, and convert their answers, on
+  // every thread: one sequence's new token touches ~600 cache lines of its
+  // cold KV block and its o comes from the cores that merged it, ~20 us a
+  // sequence on one thread (the H200 host), against a few us for a round of
+  // the pool.
+  static constexpr size_t kParallelRows = 4;
 
   // `store` must outlive the computer. The kernel's errors
   // (FAILED_PRECONDITION for an ISA this CPU lacks).
@@ -62,6 +67,11 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
                       std::unique_ptr<kernels::cpu::DecodeAttention> kernel);
   absl::Status CheckShapes(const transport::attention::RequestView& request) const;
   void Append(const transport::attention::RequestView& request);
+  // Append's work for entries [begin, end).
+  void AppendRange(const transport::attention::RequestView& request, size_t begin, size_t end);
+  // Runs fn(begin, end) over [0, n) split across the executor's threads
+  // when n >= kParallelRows, else on this thread.
+  void ForRanges(size_t n, const std::function<void(size_t, size_t)>& fn);
   absl::Status Attend(const transport::attention::RequestView& request, char* reply_rows);
   // The kernel's view of a sequence's KV geometry.
   static kernels::cpu::DecodeKvLayout KernelLayout(const SequenceLayout& layout);

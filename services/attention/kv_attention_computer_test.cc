@@ -228,7 +228,7 @@ TEST_P(KvAttentionComputerTest, ALargeAppendSplitOverTheThreadsStoresEveryToken)
   // 100 tokens in one append-only request (a migration's chunk: split over
   // the executor's 3 threads), then a decode step over all of them.
   constexpr int32_t kTokens = 100;
-  static_assert(kTokens >= KvAttentionComputer::kParallelAppendTokens);
+  static_assert(kTokens >= KvAttentionComputer::kParallelRows);
   const uint64_t a = Admit("a", kTokens + 1);
   for (int32_t layer = 0; layer < kLayers; ++layer) {
     std::vector<std::vector<float>> rows;
@@ -242,6 +242,42 @@ TEST_P(KvAttentionComputerTest, ALargeAppendSplitOverTheThreadsStoresEveryToken)
     for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[j], want[j], tolerance) << layer << " " << j;
   }
   EXPECT_EQ(store_.Stats().held_tokens, kTokens + 1);
+}
+
+TEST_P(KvAttentionComputerTest, ADecodeStepOfManySequencesSplitOverTheThreadsAnswersEach) {
+  // 7 sequences of 3-9 tokens (their rows and answers split over the 3
+  // threads), decoding together, bf16 on the wire both ways.
+  constexpr int kSeqs = 7;
+  static_assert(kSeqs >= KvAttentionComputer::kParallelRows);
+  std::vector<uint64_t> handles;
+  std::vector<std::vector<std::vector<float>>> sent(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) handles.push_back(Admit(absl::StrCat("s", i), 16));
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    std::vector<int32_t> positions;
+    std::vector<std::vector<float>> step;
+    for (int i = 0; i < kSeqs; ++i) {
+      std::vector<std::vector<float>>& rows = sent[i];
+      rows.clear();
+      for (int t = 0; t < 2 + i; ++t) rows.push_back(RandomRow());
+      ASSERT_THAT(AppendOnly(layer, handles[i], 0, rows), IsOk());
+      rows.push_back(RandomRow());
+      // What the wire carries is bf16: the reference sees the same values.
+      std::vector<float>& last = rows.back();
+      std::vector<uint16_t> bits(last.size());
+      numeric::FloatToBf16(last.data(), bits.data(), bits.size());
+      numeric::Bf16ToFloat(bits.data(), last.data(), bits.size());
+      positions.push_back(static_cast<int32_t>(rows.size()) - 1);
+      step.push_back(last);
+    }
+    std::vector<float> o;
+    ASSERT_THAT(Send(layer, handles, positions, step, &o, kIncarnation, WireDType::kBF16), IsOk());
+    for (int i = 0; i < kSeqs; ++i) {
+      const std::vector<float> want = Reference(sent[i], 0);
+      for (int j = 0; j < kQ; ++j) {
+        ASSERT_NEAR(o[i * kQ + j], want[j], 2e-2) << "layer " << layer << " sequence " << i;
+      }
+    }
+  }
 }
 
 TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {

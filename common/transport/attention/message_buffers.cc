@@ -25,9 +25,8 @@ struct MessageBuffers::State {
       free.push_back(Free{words, std::move(owned)});
       return;
     }
-    auto smallest = std::min_element(free.begin(), free.end(), [](const Free& a, const Free& b) {
-      return a.words < b.words;
-    });
+    auto smallest = std::min_element(
+        free.begin(), free.end(), [](const Free& a, const Free& b) { return a.words < b.words; });
     if (smallest != free.end() && smallest->words < words) {
       *smallest = Free{words, std::move(owned)};
     }

@@ -32,12 +32,10 @@ TEST(MessageBuffersTest, ABufferDroppedIsTakenAgainInsteadOfAllocated) {
 
 TEST(MessageBuffersTest, TakesTheSmallestThatFitsAndKeepsTheLargestWhenFull) {
   MessageBuffers pool(/*max_free=*/2);
-  {
-    auto small = pool.Take(10), medium = pool.Take(100), large = pool.Take(1000);
-  }
+  { auto small = pool.Take(10), medium = pool.Take(100), large = pool.Take(1000); }
   // Three came back into room for two: the smallest was let go.
   EXPECT_EQ(pool.free_buffers(), 2u);
-  auto fits = pool.Take(50);  // The 100-word one, not the 1000.
+  auto fits = pool.Take(50);   // The 100-word one, not the 1000.
   auto next = pool.Take(500);  // The 1000-word one.
   EXPECT_EQ(pool.free_buffers(), 0u);
   EXPECT_EQ(pool.allocated(), 3);

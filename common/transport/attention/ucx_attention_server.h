@@ -146,8 +146,8 @@ class UcxAttentionServer {
   // The endpoint of the route of `incarnation` on `lane`; null if none.
   std::shared_ptr<Endpoint> RouteTo(uint64_t incarnation, int32_t lane) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a reply (the data is kept alive until UCX is done with it).
-  static void SendReply(Endpoint& endpoint, std::string header,
-                        std::shared_ptr<uint64_t[]> data, size_t data_bytes);
+  static void SendReply(Endpoint& endpoint, std::string header, std::shared_ptr<uint64_t[]> data,
+                        size_t data_bytes);
 
   UcxLanes* const lanes_;
   AttentionComputer* const computer_;
