@@ -374,7 +374,10 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
       continue;  // As many background moves at once as there are threads.
     }
     double planned = 0;
-    if (!MayMove(*candidate, next, longest, &planned)) {
+    // Each move so far lets a waiting sequence in; the rest could follow.
+    const int32_t backlog = std::max(
+        0, stats.waiting - static_cast<int32_t>(next.cpu_contexts.size()) + stats.remote_running);
+    if (!MayMove(*candidate, next, longest, backlog, &planned)) {
       core.NoteOffloadOutcome(engine::OffloadOutcome::kHeld);
       continue;
     }
@@ -399,13 +402,15 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
 }
 
 bool AttentionOffload::MayMove(const engine::OffloadCandidate& candidate, const StepShape& next,
-                               const StepShape& longest, double* planned) const {
+                               const StepShape& longest, int32_t backlog, double* planned) const {
+  const double max_step = absl::ToDoubleSeconds(options_.max_step_time);
   const bool keeps_step_time =
       MoveKeepsStepTime(longest, step_costs_, options_.pipeline, candidate.max_len,
-                        spec().num_layers, absl::ToDoubleSeconds(options_.max_step_time), planned);
+                        spec().num_layers, max_step, planned);
   return keeps_step_time &&
          (!options_.keep_throughput ||
-          MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate.num_computed));
+          MoveKeepsThroughput(next, step_costs_, options_.pipeline, candidate.num_computed, backlog,
+                              max_step / spec().num_layers));
 }
 
 void AttentionOffload::LogMove(const std::string& id, int32_t tokens, const Service& service,

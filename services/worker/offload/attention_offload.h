@@ -194,10 +194,10 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // loop thread.
   void ObserveCpuCosts(double round_trip_seconds_total);
   // Whether the guards let `candidate` move (keep_throughput on `next`,
-  // max_step_time on `longest`); sets *planned to the planned decode step
-  // with it.
+  // with `backlog` waiting sequences that could follow it; max_step_time on
+  // `longest`); sets *planned to the planned decode step with it.
   bool MayMove(const engine::OffloadCandidate& candidate, const StepShape& next,
-               const StepShape& longest, double* planned) const;
+               const StepShape& longest, int32_t backlog, double* planned) const;
   void LogMove(const std::string& id, int32_t tokens, const Service& service, absl::Duration took,
                double planned_step_seconds, size_t cpu_resident, bool background) const;
   // Hands `candidate` to the migration thread.

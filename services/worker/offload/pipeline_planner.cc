@@ -141,15 +141,22 @@ double PreAttentionShare(int64_t hidden_size, int64_t num_q_heads, int64_t num_k
 }
 
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                         int64_t context) {
+                         int64_t context, int32_t backlog, double max_layer_seconds) {
   const double sequences =
       static_cast<double>(shape.local_tokens) + static_cast<double>(shape.cpu_contexts.size());
   if (costs.cpu_attention.empty() || costs.linear.empty() || sequences == 0) return true;
   const double before = PlanPipeline(shape, costs, mode).planned_seconds;
+  // Enough to see the round trip shared; a longer backlog changes little.
+  constexpr int32_t kMostFollowing = 64;
+  const int32_t most = 1 + std::clamp(backlog, 0, kMostFollowing);
   StepShape after_shape = shape;
-  after_shape.cpu_contexts.push_back(context);
-  const double after = PlanPipeline(after_shape, costs, mode).planned_seconds;
-  return after * sequences <= before * (sequences + 1);
+  for (int32_t j = 1; j <= most; ++j) {
+    after_shape.cpu_contexts.push_back(context);
+    const double after = PlanPipeline(after_shape, costs, mode).planned_seconds;
+    if (max_layer_seconds > 0 && after > max_layer_seconds) return false;
+    if (after * sequences <= before * (sequences + j)) return true;
+  }
+  return false;
 }
 
 double PlannedStepSeconds(const StepShape& shape, const StepCosts& costs, PipelineMode mode,

@@ -138,12 +138,17 @@ StepShape SteadyDecodeShape(int32_t running, int32_t remote_running, int64_t bat
 // step's throughput: a sequence moved out lets a waiting one take its
 // blocks, so the batch grows by one; the move pays when the planned step
 // with it, per sequence, is no slower than the planned step without it
-// ((B + 1) sequences in `after` seconds against B in `before`). Judge it on
-// SteadyDecodeShape, not on a step that carries prompt chunks: a move made
-// while a prompt is computed lasts for every decode step after it. True when
-// the costs were not measured (nothing to judge by) or the batch is empty.
+// ((B + 1) sequences in `after` seconds against B in `before`). The first
+// CPU sequence pays a whole round trip a layer, which the ones after it
+// share: with `backlog` more waiting sequences that could follow it (of as
+// many tokens), the move also pays when some j <= 1 + backlog of them do,
+// with the planned step (per layer) within `max_layer_seconds` (0: no
+// limit). Judge it on SteadyDecodeShape, not on a step that carries prompt
+// chunks: a move made while a prompt is computed lasts for every decode
+// step after it. True when the costs were not measured (nothing to judge
+// by) or the batch is empty.
 bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, PipelineMode mode,
-                         int64_t context);
+                         int64_t context, int32_t backlog = 0, double max_layer_seconds = 0);
 
 // The planned step of `num_layers` layers, in seconds, after one more
 // CPU-resident sequence of `context` tokens and, in its freed blocks, one

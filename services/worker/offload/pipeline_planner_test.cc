@@ -192,6 +192,31 @@ TEST(MoveKeepsThroughputTest, MovesOnlyWhatTheStepCanCarry) {
   EXPECT_LT(moved, 100);
 }
 
+TEST(MoveKeepsThroughputTest, AFirstMovePaysForItsRoundTripWhenOthersCanFollow) {
+  // A weight-pass step (0.16 ms a layer whatever the batch) with 2 resident
+  // sequences; the service answers a request in 0.08 ms plus 0.091 ms per
+  // 1k tokens. One 320-token CPU sequence costs a whole round trip: alone
+  // it slows the step more than it adds (0.27 ms for 3 against 0.16 for
+  // 2); with one more behind it the round trip is shared (0.30 ms for 4),
+  // and with 13 the step carries 16 in ~0.65 ms: the move pays.
+  StepCosts costs;
+  costs.linear = CostCurve({{1, 0.16 * kMs}, {64, 0.17 * kMs}});
+  costs.local_attention = CostCurve({{0, 0}, {100000, 0.1 * kMs}});
+  costs.cpu_attention = CostCurve({{0, 0}, {1000, 0.091 * kMs}});
+  costs.round_trip_seconds = 0.08 * kMs;
+  const StepShape shape{.local_tokens = 2, .local_context_tokens = 2 * 320};
+  EXPECT_FALSE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320));
+  EXPECT_TRUE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, /*backlog=*/1));
+  EXPECT_TRUE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, /*backlog=*/13));
+  // Unless the step-time target stops them first: at 0.25 ms a layer not
+  // even the first fits.
+  EXPECT_FALSE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, 13, 0.25 * kMs));
+  EXPECT_TRUE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, 13, 1 * kMs));
+  // Long sequences never pay here, whatever follows: a 2k-token one costs
+  // more than a resident sequence's share of the step.
+  EXPECT_FALSE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 2048, 64));
+}
+
 TEST(MoveKeepsThroughputTest, JudgesTheDecodeStepNotAStepCarryingAPromptChunk) {
   // 4 resident sequences of 2k context, one of them computing a 2048-token
   // prompt chunk this step (2051 token rows); no CPU-resident one yet. The
