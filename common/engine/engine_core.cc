@@ -599,6 +599,15 @@ EngineStats EngineCore::stats() const {
   }
   s.running = static_cast<int32_t>(running_.size());
   s.waiting = static_cast<int32_t>(waiting_.size());
+  if (!waiting_.empty() && waiting_.front()->remote.service == nullptr) {
+    // As AdmitWaiting reserves them.
+    const Sequence& seq = *waiting_.front();
+    const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
+    const int32_t chunk = std::min(remaining, options_.max_batch_tokens);
+    const int32_t reserve = seq.request.prefill_only ? seq.prompt_len : seq.num_computed + chunk;
+    s.waiting_head_blocks = std::max(
+        0, (reserve + block_size_ - 1) / block_size_ - static_cast<int32_t>(seq.blocks.size()));
+  }
   s.blocks_free = allocator_->num_free();
   s.blocks_total = allocator_->num_total();
   s.short_of_blocks = short_of_blocks_;

@@ -54,6 +54,9 @@ struct EngineStats {
   int32_t waiting = 0;
   int32_t blocks_free = 0;
   int32_t blocks_total = 0;
+  // Blocks the first waiting sequence needs before it can start (its next
+  // chunk's); 0 when none waits.
+  int32_t waiting_head_blocks = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
   int64_t prompt_tokens_total = 0;

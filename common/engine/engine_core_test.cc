@@ -398,6 +398,26 @@ TEST(EngineCoreTest, StatsCountQueuedPromptTokensAndBatchContext) {
   EXPECT_EQ(h.core.stats().batch_context_tokens, 17);
 }
 
+TEST(EngineCoreTest, StatsSayWhatTheFirstWaitingSequenceNeedsToStart) {
+  // 16 blocks of kBlockSize tokens; one request runs at a time. "a" (prompt
+  // 40, chunks of 32) runs and "b" (prompt 30) waits: its first chunk needs
+  // 8 blocks, more than the 6 "a" leaves.
+  EngineOptions options;
+  options.max_batch_tokens = 32;
+  options.max_running = 1;
+  Harness h(16, options);
+  EXPECT_EQ(h.core.stats().waiting_head_blocks, 0);
+  ASSERT_THAT(h.core.Add(Greedy("a", RandomPromptOf(40), 2)), IsOk());
+  ASSERT_THAT(h.core.Add(Greedy("b", RandomPromptOf(30), 2)), IsOk());
+  EXPECT_EQ(h.core.stats().waiting_head_blocks, 32 / kBlockSize);
+  ASSERT_THAT(h.core.Step().status(), IsOk());
+  ASSERT_THAT(h.core.Step().status(), IsOk());
+  const EngineStats stats = h.core.stats();
+  ASSERT_EQ(stats.waiting, 1);
+  EXPECT_EQ(stats.waiting_head_blocks, (30 + kBlockSize - 1) / kBlockSize);
+  EXPECT_EQ(stats.blocks_free, 16 - 40 / kBlockSize);
+}
+
 TEST(EngineCoreTest, StopTokenEndsTheRequestAndIsReturned) {
   Harness h(64, {});
   const auto expected = ExpectedGreedy(h.backend, {9, 8, 7}, 10);

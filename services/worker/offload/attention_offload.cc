@@ -334,7 +334,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     core.NoteOffloadOutcome(engine::OffloadOutcome::kHeld);
   }
   std::vector<engine::OffloadCandidate> candidates = core.OffloadCandidates();
-  PoolOccupancy pool{stats.blocks_free, stats.blocks_total};
+  PoolOccupancy pool{stats.blocks_free, stats.blocks_total, stats.waiting_head_blocks};
   // The decode step (not the last planned one: that exists only once some
   // sequence is CPU-resident, and may carry a prompt chunk), grown by each
   // move made here. `longest` is the same with each sequence moved at the

@@ -24,9 +24,10 @@ std::vector<OffloadChoice> ChooseOffloads(const std::vector<engine::OffloadCandi
       take(i, OffloadRule::kLongContext);
     }
   }
+  const int64_t wanted = pool.blocks_wanted <= pool.blocks_total ? pool.blocks_wanted : 0;
   const auto short_of_blocks = [&] {
     return options.low_watermark > 0 && pool.blocks_total > 0 &&
-           static_cast<double>(free) < options.low_watermark * pool.blocks_total;
+           (static_cast<double>(free) < options.low_watermark * pool.blocks_total || free < wanted);
   };
   for (size_t i = 0; i < longest.size() &&
                      static_cast<int32_t>(chosen.size()) < options.max_moves && short_of_blocks();

@@ -6,8 +6,10 @@
 //      goes to the CPU (placement at admission: it is a candidate from its
 //      first decode step).
 //   2. Pool pressure: while the free share of the KV pool is below
-//      low_watermark, the longest resident sequences move out (each frees
-//      its blocks) instead of being preempted and recomputed later.
+//      low_watermark, or the free blocks are fewer than the first waiting
+//      sequence needs to start, the longest resident sequences move out
+//      (each frees its blocks) instead of being preempted and recomputed
+//      later, or of keeping the waiting one out until one of them ends.
 //
 // At most max_moves per step (a move copies the sequence's KV); longest
 // first within each rule.
@@ -35,6 +37,9 @@ struct OffloadPolicyOptions {
 struct PoolOccupancy {
   int32_t blocks_free = 0;
   int32_t blocks_total = 0;
+  // Blocks the first waiting sequence needs (EngineStats::
+  // waiting_head_blocks); one that needs more than the pool is ignored.
+  int32_t blocks_wanted = 0;
 };
 
 // Which rule chose a move: long context (1) or pool pressure (2).

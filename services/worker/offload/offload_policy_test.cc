@@ -51,6 +51,21 @@ TEST(OffloadPolicyTest, PoolPressureMovesTheLongestUntilTheWatermarkHolds) {
   EXPECT_THAT(Ids(ChooseOffloads(c, {20, 1000}, {.low_watermark = 0.4})), ElementsAre("b", "c"));
 }
 
+TEST(OffloadPolicyTest, AWaitingSequenceThatCannotStartMovesEnoughOut) {
+  // 100 blocks, 10 free (above a 5% watermark); the first waiting sequence
+  // needs 16 to start its prompt: "b" (19 blocks) goes, and with 40 wanted
+  // "c" (17) too.
+  const std::vector<engine::OffloadCandidate> c = {Candidate("a", 160), Candidate("b", 300),
+                                                   Candidate("c", 272)};
+  EXPECT_THAT(Ids(ChooseOffloads(c, {10, 100}, {.low_watermark = 0.05})), IsEmpty());
+  EXPECT_THAT(Ids(ChooseOffloads(c, {10, 100, 16}, {.low_watermark = 0.05})), ElementsAre("b"));
+  EXPECT_THAT(Ids(ChooseOffloads(c, {10, 100, 40}, {.low_watermark = 0.05})),
+              ElementsAre("b", "c"));
+  // One that could never fit the pool moves nothing; nor does rule 2 off.
+  EXPECT_THAT(Ids(ChooseOffloads(c, {10, 100, 101}, {.low_watermark = 0.05})), IsEmpty());
+  EXPECT_THAT(Ids(ChooseOffloads(c, {10, 100, 16}, {})), IsEmpty());
+}
+
 TEST(OffloadPolicyTest, RulesCombineWithoutChoosingASequenceTwice) {
   const std::vector<engine::OffloadCandidate> c = {Candidate("a", 160), Candidate("b", 5000),
                                                    Candidate("c", 300)};
