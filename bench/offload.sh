@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # NEO-style offload end to end on one GPU: a worker (role both) whose KV
-# pool is capped to hold CAP sequences serves 2 x CAP requests (or
-# REQUESTS_PER_CAP x CAP) that arrive
-# at once, GPU-only (the rest wait for blocks) and with a CPU attention
-# service on this host taking the sequences the pool cannot hold
-# (asymmetric pipelining, --offload_pipeline). Same model, same run, per
+# pool is capped to hold CAP sequences serves REQUESTS_PER_CAP x CAP
+# requests that arrive at once, GPU-only (the rest wait for blocks) and
+# with a CPU attention service on this host taking the sequences the pool
+# cannot hold (asymmetric pipelining, --offload_pipeline). Same model, same run, per
 # cap: output tokens/s, TPOT, goodput and how many requests met the TPOT
 # SLO; the service's measured attention bandwidth; and the ideal gain that
 # bandwidth allows: 1 + (CPU KV bytes per step it can hide under a

@@ -98,9 +98,10 @@ ABSL_FLAG(int32_t, offload_min_context_tokens, 2048,
           "With --attention_services: a decoding sequence whose context reaches this many tokens "
           "moves to a CPU attention service; 0: never for its length alone.");
 ABSL_FLAG(double, offload_low_watermark, 0.05,
-          "With --attention_services: while less than this share of the KV cache is free, the "
-          "longest resident sequences move to CPU attention services instead of being "
-          "preempted; 0: never for lack of blocks.");
+          "With --attention_services: while less than this share of the KV cache is free, or "
+          "fewer blocks than the first waiting request needs to start, the longest resident "
+          "sequences move to CPU attention services instead of being preempted or keeping it "
+          "waiting; 0: never for lack of blocks.");
 ABSL_FLAG(int32_t, offload_max_moves_per_step, 4,
           "Most sequences moved to attention services before one decode step.");
 ABSL_FLAG(std::string, offload_pipeline, "auto",
@@ -120,8 +121,10 @@ ABSL_FLAG(bool, offload_background_moves, true,
           "before the step.");
 ABSL_FLAG(bool, offload_keep_throughput, false,
           "With --attention_services: move a sequence to a service only while the start-up "
-          "cost tables say the decode step keeps its throughput with it (the step with one "
-          "sequence more no slower per sequence); the rest wait for blocks as without offload.");
+          "cost tables (scaled by the service times observed since) say the decode step keeps "
+          "its throughput with it (no slower per sequence, counting the waiting sequences that "
+          "could follow it, which share its round trip); the rest wait for blocks as without "
+          "offload.");
 ABSL_FLAG(absl::Duration, offload_max_step_time, absl::ZeroDuration(),
           "With --attention_services: move a sequence to a service only while the start-up "
           "cost tables say the decode step (one token of every sequence) stays within this with "
