@@ -23,6 +23,19 @@ StepCosts ComputeBound() {
   return c;
 }
 
+// An H200-like step of an 8B model: 0.16 ms a layer whatever the batch (a
+// weight pass); the service 0.091 ms per 1k context tokens (~45 GB/s at
+// 4 KiB a token a layer) plus `round_trip_ms` a request.
+StepCosts WeightPass(double round_trip_ms) {
+  StepCosts c;
+  c.linear = CostCurve({{1, 0.16 * kMs}, {64, 0.17 * kMs}});
+  c.local_attention = CostCurve({{0, 0}, {100000, 0.1 * kMs}});
+  c.cpu_attention = CostCurve({{0, 0}, {1000, 0.091 * kMs}});
+  c.round_trip_seconds = round_trip_ms * kMs;
+  c.pre_attention_share = PreAttentionShare(4096, 32, 8, 128, 14336);
+  return c;
+}
+
 TEST(CostCurveTest, InterpolatesBetweenPointsAndExtrapolatesTheLastSegment) {
   const CostCurve curve({{100, 2}, {0, 1}, {200, 4}});
   EXPECT_DOUBLE_EQ(curve.At(-5), 1);
@@ -106,18 +119,12 @@ TEST(PipelinePlannerTest, TheServiceAnswersOneRequestAtATime) {
 }
 
 TEST(PipelinePlannerTest, AWeightPassStepRunsManyShortCpuSequencesInOneBatch) {
-  // An H200-like 8B step (0.16 ms a layer whatever the batch), 2 resident
-  // sequences and 14 CPU ones of 320 tokens at ~45 GB/s (4 KiB a token a
-  // layer). Split over two sub-batches their requests would queue at the
-  // service behind each other; all in the second, the service's 0.46 ms
-  // hide only the first's layer, which a single batch overlaps anyway: no
-  // pipelined plan beats one batch by kPipelineMargin, so one batch it is.
-  StepCosts costs;
-  costs.linear = CostCurve({{1, 0.16 * kMs}, {64, 0.17 * kMs}});
-  costs.local_attention = CostCurve({{0, 0}, {100000, 0.1 * kMs}});
-  costs.cpu_attention = CostCurve({{0, 0}, {1000, 0.091 * kMs}});
-  costs.round_trip_seconds = 0.05 * kMs;
-  costs.pre_attention_share = PreAttentionShare(4096, 32, 8, 128, 14336);
+  // 2 resident sequences and 14 CPU ones of 320 tokens. Split over two
+  // sub-batches their requests would queue at the service behind each
+  // other; all in the second, the service's 0.46 ms hide only the first's
+  // layer, which a single batch overlaps anyway: no pipelined plan beats
+  // one batch by kPipelineMargin, so one batch it is.
+  const StepCosts costs = WeightPass(/*round_trip_ms=*/0.05);
   StepShape shape{.local_tokens = 2, .local_context_tokens = 2 * 320};
   shape.cpu_contexts.assign(14, 320);
   const PipelinePlan plan = PlanPipeline(shape, costs, PipelineMode::kAuto);
@@ -193,17 +200,13 @@ TEST(MoveKeepsThroughputTest, MovesOnlyWhatTheStepCanCarry) {
 }
 
 TEST(MoveKeepsThroughputTest, AFirstMovePaysForItsRoundTripWhenOthersCanFollow) {
-  // A weight-pass step (0.16 ms a layer whatever the batch) with 2 resident
-  // sequences; the service answers a request in 0.08 ms plus 0.091 ms per
-  // 1k tokens. One 320-token CPU sequence costs a whole round trip: alone
+  // A weight-pass step with 2 resident sequences; the service answers a
+  // request in 0.08 ms plus 0.091 ms per 1k tokens. One 320-token CPU
+  // sequence costs a whole round trip: alone
   // it slows the step more than it adds (0.27 ms for 3 against 0.16 for
   // 2); with one more behind it the round trip is shared (0.30 ms for 4),
   // and with 13 the step carries 16 in ~0.65 ms: the move pays.
-  StepCosts costs;
-  costs.linear = CostCurve({{1, 0.16 * kMs}, {64, 0.17 * kMs}});
-  costs.local_attention = CostCurve({{0, 0}, {100000, 0.1 * kMs}});
-  costs.cpu_attention = CostCurve({{0, 0}, {1000, 0.091 * kMs}});
-  costs.round_trip_seconds = 0.08 * kMs;
+  const StepCosts costs = WeightPass(/*round_trip_ms=*/0.08);
   const StepShape shape{.local_tokens = 2, .local_context_tokens = 2 * 320};
   EXPECT_FALSE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320));
   EXPECT_TRUE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, /*backlog=*/1));
