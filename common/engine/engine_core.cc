@@ -153,6 +153,10 @@ int32_t EngineCore::prefilled_blocks_held() const {
   return n;
 }
 
+int32_t EngineCore::StartReservation(const Sequence& seq, int32_t chunk) {
+  return seq.request.prefill_only ? seq.prompt_len : seq.num_computed + chunk;
+}
+
 bool EngineCore::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
   if (seq.remote.service != nullptr) return true;  // Its KV grows at the service.
   const int32_t needed = (num_tokens + block_size_ - 1) / block_size_;
@@ -344,9 +348,7 @@ void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled
     Sequence& seq = *waiting_.front();
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
     const int32_t chunk = std::min(remaining, *budget);
-    // A prefill-only sequence takes its whole prompt's blocks up front.
-    const int32_t reserve = seq.request.prefill_only ? seq.prompt_len : seq.num_computed + chunk;
-    if (!EnsureBlocks(seq, reserve)) break;
+    if (!EnsureBlocks(seq, StartReservation(seq, chunk))) break;
     seq.chunk = chunk;
     *budget -= chunk;
     scheduled->push_back(&seq);
@@ -600,11 +602,10 @@ EngineStats EngineCore::stats() const {
   s.running = static_cast<int32_t>(running_.size());
   s.waiting = static_cast<int32_t>(waiting_.size());
   if (!waiting_.empty() && waiting_.front()->remote.service == nullptr) {
-    // As AdmitWaiting reserves them.
+    // As AdmitWaiting reserves them, with a whole step's budget.
     const Sequence& seq = *waiting_.front();
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
-    const int32_t chunk = std::min(remaining, options_.max_batch_tokens);
-    const int32_t reserve = seq.request.prefill_only ? seq.prompt_len : seq.num_computed + chunk;
+    const int32_t reserve = StartReservation(seq, std::min(remaining, options_.max_batch_tokens));
     s.waiting_head_blocks = std::max(
         0, (reserve + block_size_ - 1) / block_size_ - static_cast<int32_t>(seq.blocks.size()));
   }

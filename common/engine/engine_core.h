@@ -234,6 +234,10 @@ class EngineCore {
   struct Sequence;
   using SeqPtr = std::unique_ptr<Sequence>;
 
+  // Positions a waiting `seq` must hold blocks for to start a chunk of
+  // `chunk` tokens (a prefill-only sequence takes its whole prompt's up
+  // front).
+  static int32_t StartReservation(const Sequence& seq, int32_t chunk);
   // Makes `seq` own enough blocks for `num_tokens` positions; false when
   // the allocator lacks them (nothing is allocated then).
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);

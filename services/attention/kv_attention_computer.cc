@@ -125,6 +125,8 @@ void KvAttentionComputer::Append(const RequestView& request) {
   const transport::attention::RequestHeader& h = request.header;
   const bool append_only = (h.flags & transport::attention::kAppendOnly) != 0;
   const size_t n = static_cast<size_t>(h.num_sequences);
+  // bf16 on the wire into a bf16 store: the rows go in as they are, with no
+  // f32 copy of k and v.
   const bool raw = h.dtype == transport::attention::WireDType::kBF16 &&
                    pinned_.front().layout->dtype == numeric::DType::kBF16;
   q_.resize(n * (append_only ? 0 : int64_t{h.num_q_heads} * h.head_dim));
@@ -137,20 +139,17 @@ void KvAttentionComputer::Append(const RequestView& request) {
   // chunk of tokens, split over the threads (which also holds the
   // dispatcher, and the decode steps queued behind it, as briefly as it
   // can).
-  ForRanges(n, [&](size_t begin, size_t end) { AppendRange(request, begin, end); });
+  ForRanges(n, [&](size_t begin, size_t end) { AppendRange(request, raw, begin, end); });
 }
 
-void KvAttentionComputer::AppendRange(const RequestView& request, size_t begin, size_t end) {
+void KvAttentionComputer::AppendRange(const RequestView& request, bool raw, size_t begin,
+                                      size_t end) {
   const transport::attention::RequestHeader& h = request.header;
   const int64_t row = QkvRowElements(h);
   const bool append_only = (h.flags & transport::attention::kAppendOnly) != 0;
   const int64_t q_elems = append_only ? 0 : int64_t{h.num_q_heads} * h.head_dim;
   const int64_t kv_elems = int64_t{h.num_kv_heads} * h.head_dim;
   const size_t element = WireElementSize(h.dtype);
-  // bf16 on the wire into a bf16 store: the rows go in as they are, with no
-  // f32 copy of k and v.
-  const bool raw = h.dtype == transport::attention::WireDType::kBF16 &&
-                   pinned_.front().layout->dtype == numeric::DType::kBF16;
   for (size_t i = begin; i < end; ++i) {
     const char* wire = request.rows + i * row * element;
     if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);

@@ -67,8 +67,10 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
                       std::unique_ptr<kernels::cpu::DecodeAttention> kernel);
   absl::Status CheckShapes(const transport::attention::RequestView& request) const;
   void Append(const transport::attention::RequestView& request);
-  // Append's work for entries [begin, end).
-  void AppendRange(const transport::attention::RequestView& request, size_t begin, size_t end);
+  // Append's work for entries [begin, end); `raw`: bf16 rows into a bf16
+  // store, appended as they are.
+  void AppendRange(const transport::attention::RequestView& request, bool raw, size_t begin,
+                   size_t end);
   // Runs fn(begin, end) over [0, n) split across the executor's threads
   // when n >= kParallelRows, else on this thread.
   void ForRanges(size_t n, const std::function<void(size_t, size_t)>& fn);

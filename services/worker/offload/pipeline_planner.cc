@@ -148,15 +148,39 @@ bool MoveKeepsThroughput(const StepShape& shape, const StepCosts& costs, Pipelin
   const double before = PlanPipeline(shape, costs, mode).planned_seconds;
   // Enough to see the round trip shared; a longer backlog changes little.
   constexpr int32_t kMostFollowing = 64;
-  const int32_t most = 1 + std::clamp(backlog, 0, kMostFollowing);
-  StepShape after_shape = shape;
-  for (int32_t j = 1; j <= most; ++j) {
-    after_shape.cpu_contexts.push_back(context);
-    const double after = PlanPipeline(after_shape, costs, mode).planned_seconds;
-    if (max_layer_seconds > 0 && after > max_layer_seconds) return false;
-    if (after * sequences <= before * (sequences + j)) return true;
+  const auto after = [&](int32_t j) {
+    StepShape after_shape = shape;
+    after_shape.cpu_contexts.insert(after_shape.cpu_contexts.end(), j, context);
+    return PlanPipeline(after_shape, costs, mode).planned_seconds;
+  };
+  const auto pays = [&](int32_t j, double seconds) {
+    return seconds * sequences <= before * (sequences + j);
+  };
+  const double one = after(1);
+  if (max_layer_seconds > 0 && one > max_layer_seconds) return false;
+  if (pays(1, one)) return true;
+  // The step grows with every sequence that follows, and the gain per
+  // sequence is steadiest at the end of the run: judge the most that may
+  // follow within the step-time target (found by bisection; the plans are
+  // O(C^2) each, and this runs on the engine's loop).
+  int32_t lo = 1, hi = 1 + std::clamp(backlog, 0, kMostFollowing);
+  double at_lo = one;
+  if (max_layer_seconds > 0) {
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      const double seconds = after(mid);
+      if (seconds <= max_layer_seconds) {
+        lo = mid;
+        at_lo = seconds;
+      } else {
+        hi = mid - 1;
+      }
+    }
+  } else {
+    lo = hi;
+    at_lo = after(hi);
   }
-  return false;
+  return lo > 1 && pays(lo, at_lo);
 }
 
 double PlannedStepSeconds(const StepShape& shape, const StepCosts& costs, PipelineMode mode,

@@ -141,9 +141,9 @@ StepShape SteadyDecodeShape(int32_t running, int32_t remote_running, int64_t bat
 // ((B + 1) sequences in `after` seconds against B in `before`). The first
 // CPU sequence pays a whole round trip a layer, which the ones after it
 // share: with `backlog` more waiting sequences that could follow it (of as
-// many tokens), the move also pays when some j <= 1 + backlog of them do,
-// with the planned step (per layer) within `max_layer_seconds` (0: no
-// limit). Judge it on SteadyDecodeShape, not on a step that carries prompt
+// many tokens), the move also pays when the most of them that keep the
+// planned step (per layer) within `max_layer_seconds` (0: no limit; at
+// most 1 + 64) do. Judge it on SteadyDecodeShape, not on a step that carries prompt
 // chunks: a move made while a prompt is computed lasts for every decode
 // step after it. True when the costs were not measured (nothing to judge
 // by) or the batch is empty.
