@@ -99,6 +99,8 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
     }
     step_costs_.round_trip_seconds =
         std::max(step_costs_.round_trip_seconds, service->costs.round_trip_seconds);
+    step_costs_.per_sequence_seconds =
+        std::max(step_costs_.per_sequence_seconds, service->costs.per_sequence_seconds);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -153,24 +155,40 @@ absl::Status AttentionOffload::Connect(Service& service) {
 
 absl::Status AttentionOffload::Calibrate(Service& service) {
   const int32_t context = std::min(2048, backend_->max_model_len());
-  TRIDENT_ASSIGN_OR_RETURN(
-      const v1::AdmitSequenceResponse admitted,
-      Admit(service, absl::StrCat("calibration-", options_.worker_id), context));
-  const uint64_t handle = admitted.handle();
-  ServiceProbe probe{.channel = service.channel.get(),
-                     .num_q_heads = options_.num_q_heads,
-                     .num_kv_heads = spec().num_kv_heads,
-                     .head_dim = spec().head_dim,
-                     .num_layers = spec().num_layers,
-                     .dtype = kv_copier_->wire_dtype(),
-                     .max_context = context,
-                     .timeout = options_.attention_timeout};
-  absl::StatusOr<ServiceCosts> costs = MeasureServiceCosts(probe, handle);
-  ReleaseAt(service, handle).IgnoreError();
+  // One sequence filled to `context`, and a batch of one-token ones for the
+  // cost of each sequence a request carries.
+  constexpr int32_t kBatch = 16;
+  std::vector<uint64_t> handles;
+  absl::Status admitted;
+  for (int32_t i = 0; i <= kBatch && admitted.ok(); ++i) {
+    absl::StatusOr<v1::AdmitSequenceResponse> response = Admit(
+        service, absl::StrCat("calibration-", options_.worker_id, "-", i), i == 0 ? context : 1);
+    if (response.ok()) {
+      handles.push_back(response->handle());
+    } else {
+      admitted = response.status();
+    }
+  }
+  absl::StatusOr<ServiceCosts> costs = absl::UnknownError("not measured");
+  if (admitted.ok()) {
+    ServiceProbe probe{.channel = service.channel.get(),
+                       .num_q_heads = options_.num_q_heads,
+                       .num_kv_heads = spec().num_kv_heads,
+                       .head_dim = spec().head_dim,
+                       .num_layers = spec().num_layers,
+                       .dtype = kv_copier_->wire_dtype(),
+                       .max_context = context,
+                       .timeout = options_.attention_timeout};
+    costs = MeasureServiceCosts(probe, handles[0], absl::MakeConstSpan(handles).subspan(1));
+  } else {
+    costs = admitted;
+  }
+  for (uint64_t handle : handles) ReleaseAt(service, handle).IgnoreError();
   TRIDENT_RETURN_IF_ERROR(costs.status());
   TRIDENT_LOG(INFO) << "attention service " << service.service_id << ": round trip "
                     << costs->round_trip_seconds * 1e6 << " us, attention over " << context
-                    << " tokens " << costs->attention.At(context) * 1e6 << " us more";
+                    << " tokens " << costs->attention.At(context) * 1e6 << " us more, "
+                    << costs->per_sequence_seconds * 1e6 << " us per sequence of a request";
   service.costs = *std::move(costs);
   service.calibrated = true;
   return absl::OkStatus();

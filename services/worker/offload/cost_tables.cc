@@ -27,12 +27,12 @@ absl::StatusOr<double> Fastest(int repeats, Fn fn) {
 // Median of `repeats` runs of fn(i) (seconds): a typical run, for work whose
 // runs differ on purpose (each reads other memory).
 template <typename Fn>
-absl::StatusOr<double> Median(int repeats, Fn fn) {
+absl::StatusOr<double> Median(const Clock& clock, int repeats, Fn fn) {
   std::vector<double> seconds;
   for (int i = 0; i < repeats; ++i) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = clock.Now();
     TRIDENT_RETURN_IF_ERROR(fn(i));
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    seconds.push_back(absl::ToDoubleSeconds(clock.Now() - start));
   }
   std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
   return seconds[repeats / 2];
@@ -89,8 +89,13 @@ absl::StatusOr<BackendCosts> MeasureBackendCosts(backend::ModelBackend& backend)
   return costs;
 }
 
-absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint64_t handle) {
+absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint64_t handle,
+                                                 absl::Span<const uint64_t> batch_handles) {
   using transport::attention::AttentionCall;
+  if (batch_handles.size() == 1 || batch_handles.size() > 512) {
+    return absl::InvalidArgumentError(absl::StrCat("a calibration batch of ", batch_handles.size(),
+                                                   " sequences: expected none or 2 to 512"));
+  }
   const int64_t q_row = int64_t{probe.num_q_heads} * probe.head_dim;
   const int64_t kv_row = int64_t{probe.num_kv_heads} * probe.head_dim;
   // Small finite values: any KV attends to something finite.
@@ -120,19 +125,21 @@ absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint
       TRIDENT_RETURN_IF_ERROR(probe.channel->Wait(ticket, probe.timeout));
     }
   }
-  std::vector<float> q(q_row, 0.01f), out(q_row);
-  auto time_at = [&](int32_t position) {
-    const std::vector<uint64_t> one_handle = {handle};
-    const std::vector<int32_t> one_position = {position};
-    return Median(std::max(5, layers), [&](int i) -> absl::Status {
+  // One token of each of `request_handles` at `position`, every layer in
+  // turn.
+  const size_t most = std::max<size_t>(1, batch_handles.size());
+  std::vector<float> q(q_row * most, 0.01f), out(q_row * most);
+  auto time_request = [&](absl::Span<const uint64_t> request_handles, int32_t position) {
+    const std::vector<int32_t> request_positions(request_handles.size(), position);
+    return Median(*probe.clock, std::max(5, layers), [&](int i) -> absl::Status {
       TRIDENT_ASSIGN_OR_RETURN(
           auto ticket, probe.channel->Start(AttentionCall{.layer = i % layers,
                                                           .num_q_heads = probe.num_q_heads,
                                                           .num_kv_heads = probe.num_kv_heads,
                                                           .head_dim = probe.head_dim,
                                                           .dtype = probe.dtype,
-                                                          .handles = one_handle,
-                                                          .positions = one_position,
+                                                          .handles = request_handles,
+                                                          .positions = request_positions,
                                                           .q = q.data(),
                                                           .q_stride = q_row,
                                                           .k = k.data(),
@@ -144,8 +151,15 @@ absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint
       return probe.channel->Wait(ticket, probe.timeout);
     });
   };
+  const uint64_t one_handle[] = {handle};
+  auto time_at = [&](int32_t position) { return time_request(one_handle, position); };
   ServiceCosts costs;
   TRIDENT_ASSIGN_OR_RETURN(costs.round_trip_seconds, time_at(0));
+  if (batch_handles.size() >= 2) {
+    TRIDENT_ASSIGN_OR_RETURN(const double batch, time_request(batch_handles, 0));
+    costs.per_sequence_seconds = std::max(0.0, batch - costs.round_trip_seconds) /
+                                 static_cast<double>(batch_handles.size() - 1);
+  }
   std::vector<std::pair<double, double>> points = {{0, 0}};
   for (int32_t context = 256; context <= probe.max_context; context *= 4) {
     TRIDENT_ASSIGN_OR_RETURN(double seconds, time_at(context - 1));

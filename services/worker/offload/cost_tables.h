@@ -9,7 +9,9 @@
 //   MeasureServiceCosts: a calibration sequence admitted at the service,
 //     filled by append-only requests, then timed attention requests at
 //     growing contexts: the round trip at one token, and the service's time
-//     above it vs context tokens. The sequence is released after.
+//     above it vs context tokens; then requests of one token of each of
+//     several small sequences against one: the cost of each sequence a
+//     request carries beyond its context. The sequences are released after.
 
 #ifndef TRIDENT_SERVICES_WORKER_OFFLOAD_COST_TABLES_H_
 #define TRIDENT_SERVICES_WORKER_OFFLOAD_COST_TABLES_H_
@@ -17,7 +19,9 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/backend/model_backend.h"
+#include "common/time/clock.h"
 #include "common/transport/attention/remote_attention.h"
 #include "services/worker/offload/pipeline_planner.h"
 
@@ -36,6 +40,9 @@ absl::StatusOr<BackendCosts> MeasureBackendCosts(backend::ModelBackend& backend)
 struct ServiceCosts {
   CostCurve attention;  // seconds above the round trip vs context tokens
   double round_trip_seconds = 0;
+  // Each sequence of a request beyond the first (StepCosts::
+  // per_sequence_seconds); 0 without batch handles.
+  double per_sequence_seconds = 0;
 };
 
 // What the calibration needs of the model and the service: the sequence is
@@ -51,8 +58,13 @@ struct ServiceProbe {
   transport::attention::WireDType dtype = transport::attention::WireDType::kBF16;
   int32_t max_context = 2048;
   absl::Duration timeout = absl::Seconds(5);
+  // What the requests are timed by.
+  const Clock* clock = Clock::Real();
 };
-absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint64_t handle);
+// `handle` holds max_context tokens; each of `batch_handles` (capacity >= 1
+// token; none, or at least two) is timed at one token, all in one request.
+absl::StatusOr<ServiceCosts> MeasureServiceCosts(const ServiceProbe& probe, uint64_t handle,
+                                                 absl::Span<const uint64_t> batch_handles = {});
 
 }  // namespace trident::worker
 

@@ -48,10 +48,10 @@ Estimate EstimateStep(const StepShape& shape, const StepCosts& costs,
     (i < k ? second_context : first_context) += shape.cpu_contexts[order[i]];
   }
   auto cpu = [&](size_t n, int64_t context) {
-    return n == 0
-               ? 0.0
-               : (costs.cpu_attention.At(static_cast<double>(context)) + costs.round_trip_seconds) *
-                     costs.cpu_scale;
+    if (n == 0) return 0.0;
+    return (costs.cpu_attention.At(static_cast<double>(context)) + costs.round_trip_seconds +
+            static_cast<double>(n - 1) * costs.per_sequence_seconds) *
+           costs.cpu_scale;
   };
   const double local =
       shape.local_context_tokens > 0

@@ -24,7 +24,8 @@
 //             + (1 - p) linear(k)
 //
 // (N local tokens, L their context tokens, C the CPU sequences; cpu(S) the
-// service's time for the context tokens of S.) The planner picks the k (0:
+// service's time for the context tokens of S, plus a per-sequence cost for
+// each sequence of S after the first.) The planner picks the k (0:
 // unpipelined) with the least estimated time, a pipelined one only when it
 // beats one batch by kPipelineMargin. Where the backend's layer is
 // a weight pass (linear flat in the batch), T_pipe is never below T_seq:
@@ -83,13 +84,18 @@ struct StepCosts {
   CostCurve cpu_attention;
   // Transport of one request and its answer, beyond the service's compute.
   double round_trip_seconds = 0;
+  // What each sequence of a request adds beyond the first, whatever its
+  // context: its rows on the wire both ways, the append of its new k/v,
+  // its answer's conversion. Many short sequences cost more than one long
+  // one of the same context tokens by this much each.
+  double per_sequence_seconds = 0;
   // Share of `linear` before attention (the q/k/v projection's weights
   // among the layer's), which a pipelined step runs for both sub-batches
   // before the first request goes out.
   double pre_attention_share = kDefaultPreAttentionShare;
-  // What the CPU terms (cpu_attention + round_trip_seconds) are multiplied
-  // by: the observed service time over the planned one while serving
-  // (UpdateCpuScale), since a start-up probe alone can be off 2x.
+  // What the CPU terms (cpu_attention, round_trip_seconds,
+  // per_sequence_seconds) are multiplied by: the observed service time over the planned one while
+  // serving (UpdateCpuScale), since a start-up probe alone can be off 2x.
   double cpu_scale = 1.0;
 };
 

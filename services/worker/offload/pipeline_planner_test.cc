@@ -220,6 +220,34 @@ TEST(MoveKeepsThroughputTest, AFirstMovePaysForItsRoundTripWhenOthersCanFollow) 
   EXPECT_FALSE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 2048, 64));
 }
 
+TEST(MoveKeepsThroughputTest, EachSequenceARequestCarriesIsPriced) {
+  // 4 resident sequences: a resident one's share of the weight pass is
+  // 0.04 ms a layer. A 320-token CPU sequence reads 0.029 ms of KV, so by
+  // context alone 28 of them behind one round trip pay (1.03 ms for 32).
+  // At 20 us a sequence for its rows, append and answer (what the H200
+  // host's service measured) each costs 0.049 ms: none pays.
+  StepCosts costs = WeightPass(/*round_trip_ms=*/0.05);
+  const StepShape shape{.local_tokens = 4, .local_context_tokens = 4 * 320};
+  EXPECT_TRUE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, /*backlog=*/28));
+  costs.per_sequence_seconds = 0.02 * kMs;
+  EXPECT_FALSE(MoveKeepsThroughput(shape, costs, PipelineMode::kAuto, 320, /*backlog=*/28));
+  // The first sequence of a request pays none of it: one CPU sequence's
+  // plan is the same either way.
+  StepShape one = shape;
+  one.cpu_contexts = {320};
+  StepCosts without = costs;
+  without.per_sequence_seconds = 0;
+  EXPECT_DOUBLE_EQ(PlanPipeline(one, costs, PipelineMode::kNever).planned_seconds,
+                   PlanPipeline(one, without, PipelineMode::kNever).planned_seconds);
+  // Each one after it adds it once, scaled like the other CPU terms.
+  one.cpu_contexts = {160, 160};
+  costs.cpu_scale = 2;
+  without.cpu_scale = 2;
+  EXPECT_NEAR(PlanPipeline(one, costs, PipelineMode::kNever).cpu_seconds -
+                  PlanPipeline(one, without, PipelineMode::kNever).cpu_seconds,
+              2 * 0.02 * kMs, 1e-12);
+}
+
 TEST(MoveKeepsThroughputTest, JudgesTheDecodeStepNotAStepCarryingAPromptChunk) {
   // 4 resident sequences of 2k context, one of them computing a 2048-token
   // prompt chunk this step (2051 token rows); no CPU-resident one yet. The
