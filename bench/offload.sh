@@ -20,7 +20,8 @@
 # MAX_STEP_MS (0: the offload run's --offload_max_step_time in ms, which
 # moves a sequence only while the planned decode step stays within it),
 # BACKGROUND_MOVES (true: the offload run's --offload_background_moves, which
-# copies a move's KV while the engine keeps stepping), REQUESTS_PER_CAP (2:
+# copies a move's KV while the engine keeps stepping), MOVE_THREADS (2: its
+# --offload_move_threads, moves copied at once), REQUESTS_PER_CAP (2:
 # requests per sequence the pool holds, all arriving at once), OUT, BIN_DIR.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
@@ -34,6 +35,7 @@ threads=${ATTN_THREADS:-12}
 keep=${KEEP_THROUGHPUT:-false}
 max_step_ms=${MAX_STEP_MS:-0}
 background=${BACKGROUND_MOVES:-true}
+move_threads=${MOVE_THREADS:-2}
 per_cap=${REQUESTS_PER_CAP:-2}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
@@ -71,11 +73,12 @@ run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.jso
     echo "$m $(metric "$METRICS_worker" "$m")"
   done >"$out/$label.metrics"
   stop
+  mv "$out/worker.log" "$out/$label.worker.log"
 }
 
 echo "model $model_dir on $device; $prompt-token prompts, $output output tokens, TPOT SLO $slo ms;" \
   "offload pipeline $pipeline, keep throughput $keep, max step ${max_step_ms} ms," \
-  "background moves $background"
+  "background moves $background ($move_threads at once)"
 for cap in $caps; do
   run "gpu-$cap" "$cap"
   start attention "$(tool services/attention/attention)" --kv_budget_mb=$((2 * per_cap * cap * per_seq * kv_per_token >> 20)) \
@@ -83,7 +86,7 @@ for cap in $caps; do
   run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
       --offload_min_context_tokens=0 --offload_pipeline="$pipeline" \
       --offload_keep_throughput="$keep" --offload_max_step_time="${max_step_ms}ms" \
-      --offload_background_moves="$background"
+      --offload_background_moves="$background" --offload_move_threads="$move_threads"
   for m in trident_attention_bytes_read_total trident_attention_kernel_seconds_sum \
       trident_attention_requests_total; do
     echo "$m $(metric "$METRICS_attention" "$m")"

@@ -119,6 +119,10 @@ ABSL_FLAG(bool, offload_background_moves, true,
           "engine keeps stepping (the sequence moves once the copy is done); false: before the "
           "step, while every running sequence waits. Long-context moves are always copied "
           "before the step.");
+ABSL_FLAG(int32_t, offload_move_threads, 2,
+          "With --offload_background_moves: how many moves copy their KV at once, each on a "
+          "thread of its own (more fill the CPU sooner when many sequences wait for blocks, and "
+          "share the link and the service's appends).");
 ABSL_FLAG(bool, offload_keep_throughput, false,
           "With --attention_services: move a sequence to a service only while the start-up "
           "cost tables (scaled by the service times observed since) say the decode step keeps "
@@ -182,6 +186,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
   options.offload_background_moves = absl::GetFlag(FLAGS_offload_background_moves);
+  options.offload_move_threads = absl::GetFlag(FLAGS_offload_move_threads);
   options.offload_max_step_time = absl::GetFlag(FLAGS_offload_max_step_time);
   options.role_change_announce = absl::GetFlag(FLAGS_role_change_announce);
   options.controller_address = absl::GetFlag(FLAGS_controller_address);

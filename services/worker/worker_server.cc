@@ -154,6 +154,7 @@ absl::Status WorkerServer::StartOffload() {
       c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size);
   offload.keep_throughput = options_.offload_keep_throughput;
   offload.background_moves = options_.offload_background_moves;
+  offload.background_move_threads = options_.offload_move_threads;
   offload.wake = [engine = model_->engine.get()] { engine->Wake(); };
   offload.max_step_time = options_.offload_max_step_time;
   TRIDENT_ASSIGN_OR_RETURN(offload_,

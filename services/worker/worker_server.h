@@ -120,6 +120,8 @@ struct WorkerServerOptions {
   absl::Duration role_change_announce = absl::ZeroDuration();
   // AttentionOffloadOptions::background_moves (--offload_background_moves).
   bool offload_background_moves = true;
+  // AttentionOffloadOptions::background_move_threads (--offload_move_threads).
+  int32_t offload_move_threads = 2;
   // AttentionOffloadOptions::keep_throughput (--offload_keep_throughput).
   bool offload_keep_throughput = false;
   // AttentionOffloadOptions::max_step_time (--offload_max_step_time).

@@ -38,6 +38,10 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
     return absl::InvalidArgumentError(
         "this backend cannot compute attention at a service (no remote attention)");
   }
+  if (options.background_move_threads < 1 || options.background_move_threads > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--offload_move_threads: expected 1 to 64, got ",
+                                                   options.background_move_threads));
+  }
   auto offload =
       std::unique_ptr<AttentionOffload>(new AttentionOffload(std::move(options), backend));
   TRIDENT_RETURN_IF_ERROR(offload->Start(ucx));
