@@ -113,6 +113,18 @@ for label, r in (("gpu-only", g), ("offload", o)):
           f"{ttft['p90']:7.1f} ms, goodput {t['goodput_rps']:.3f} req/s, TPOT SLO met "
           f"{r['slo']['met']}/{per_cap * cap}, completed {q['completed']}, failed {q['failed']}")
 cpu_bw = a["trident_attention_bytes_read_total"] / max(a["trident_attention_kernel_seconds_sum"], 1e-9)
+moved = int(om.get('trident_worker_offload_decisions_total{decision="moved"}', 0))
+# A service that served no moved sequence read only its calibration: the
+# ideal takes the bandwidth it reached at an earlier cap of this run.
+import glob, os
+bw_note = ""
+if moved > 0:
+    open(f"{out}/service-bw-{cap}", "w").write(str(cpu_bw))
+else:
+    earlier = [float(open(f).read()) for f in glob.glob(f"{out}/service-bw-*")]
+    if earlier:
+        cpu_bw = max(earlier)
+        bw_note = " (no moves: an earlier cap's)"
 # GPU-only: `cap` sequences decode per step at mean context prompt + output/2.
 ctx = prompt + output / 2
 step = g["latency_ms"]["tpot"]["p50"] / 1e3
@@ -122,13 +134,12 @@ ideal = 1 + hidden / gpu_bytes
 gain = o["throughput"]["output_tokens_per_s"] / max(g["throughput"]["output_tokens_per_s"], 1e-9)
 hid = 1 - om.get("trident_worker_cpu_attention_exposed_seconds_total", 0) / max(
     om.get("trident_worker_cpu_attention_seconds_total", 0), 1e-9)
-moved = int(om.get('trident_worker_offload_decisions_total{decision="moved"}', 0))
 held = int(om.get('trident_worker_offload_decisions_total{decision="held"}', 0))
 def step_ms(m):
     return 1e3 * m.get("trident_worker_decode_step_seconds_sum", 0) / max(
         m.get("trident_worker_decode_step_seconds_count", 0), 1)
 print(f"cap {cap:3d}: offload/GPU-only {gain:.2f}x, ideal {ideal:.2f}x -> {gain / ideal:.2f} of ideal; "
-      f"service attention {cpu_bw / 1e9:.1f} GB/s; {moved} moves, {held} held, "
+      f"service attention {cpu_bw / 1e9:.1f} GB/s{bw_note}; {moved} moves, {held} held, "
       f"{int(om.get('trident_worker_pipelined_steps_total', 0))} pipelined steps, "
       f"CPU attention hidden {100 * hid:.0f}%; decode step mean {step_ms(gm):.1f} ms GPU-only, "
       f"{step_ms(om):.1f} ms offload; loop stalled for moves "
