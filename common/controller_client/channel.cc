@@ -7,8 +7,8 @@ namespace trident::controller_client {
 std::shared_ptr<grpc::Channel> ControllerChannel(const std::string& address,
                                                  const BackoffOptions& backoff) {
   grpc::ChannelArguments args;
-  const int initial_ms = static_cast<int>(
-      std::clamp<int64_t>(absl::ToInt64Milliseconds(backoff.initial), 1, 120'000));
+  const int initial_ms =
+      static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(backoff.initial), 1, 120'000));
   const int max_ms = static_cast<int>(
       std::clamp<int64_t>(absl::ToInt64Milliseconds(backoff.max), initial_ms, 120'000));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);

@@ -23,6 +23,7 @@ v1::RegisterRequest Worker(const std::string& id) {
   request.mutable_worker()->set_worker_id(id);
   request.mutable_worker()->set_incarnation(1);
   request.mutable_worker()->set_address(absl::StrCat(id, ".local:50052"));
+  request.mutable_worker()->set_role(v1::ROLE_DECODE);
   return request;
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/controller_client/controller_member.h"
+#include "common/controller_client/member_requests.h"
 #include "common/grpc/reactors.h"
 #include "common/grpc/status.h"
 #include "common/time/proto_time.h"
@@ -293,12 +294,12 @@ bool FakeController::Await(const std::function<bool(const FakeControllerState&)>
 absl::Status FakeController::RegisterLocked(const v1::RegisterRequest& request) {
   std::string id;
   uint64_t incarnation = 0;
+  if (absl::Status valid = ValidateRegisterRequest(request); !valid.ok()) return valid;
   if (absl::Status valid = MemberIdentity(request, &id, &incarnation); !valid.ok()) return valid;
+  // Another incarnation, older or newer, replaces the entry (as the
+  // controller does: a member that restarted with a lower number is still
+  // the one that registers now).
   FakeMemberRecord& record = state_.members[id];
-  if (record.registered && incarnation < record.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("member ", id, ": incarnation ", incarnation,
-                                                      " is older than ", record.incarnation));
-  }
   const bool changed = !record.registered || incarnation != record.incarnation;
   record.registered = true;
   record.incarnation = incarnation;
@@ -324,17 +325,15 @@ absl::Status FakeController::RegisterLocked(const v1::RegisterRequest& request) 
 }
 
 absl::Status FakeController::HeartbeatLocked(const v1::HeartbeatRequest& request) {
-  auto it = state_.members.find(request.member_id());
-  if (it == state_.members.end() || !it->second.registered ||
-      request.incarnation() > it->second.incarnation) {
-    return absl::NotFoundError(
-        absl::StrCat("member ", request.member_id(), " is not registered: register again"));
+  if (absl::Status valid = ValidateHeartbeatState(request.state()); !valid.ok()) return valid;
+  if (absl::Status known = CheckIncarnationLocked(request.member_id(), request.incarnation());
+      !known.ok()) {
+    return known;
   }
-  FakeMemberRecord& record = it->second;
-  if (request.incarnation() < record.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("member ", request.member_id(),
-                                                      ": incarnation ", request.incarnation(),
-                                                      " is older than ", record.incarnation));
+  FakeMemberRecord& record = state_.members[request.member_id()];
+  if (absl::Status valid = ValidateHeartbeatLoad(request, record.last_registration.has_worker());
+      !valid.ok()) {
+    return valid;
   }
   ++record.heartbeats;
   record.heartbeat_times.push_back(absl::Now());
@@ -356,18 +355,22 @@ absl::Status FakeController::HeartbeatLocked(const v1::HeartbeatRequest& request
   return absl::OkStatus();
 }
 
+absl::Status FakeController::CheckIncarnationLocked(const std::string& member_id,
+                                                    uint64_t incarnation) const {
+  const auto it = state_.members.find(member_id);
+  const bool registered = it != state_.members.end() && it->second.registered;
+  return CheckMemberIncarnation(member_id, registered, registered ? it->second.incarnation : 0,
+                                incarnation, options_.controller_incarnation);
+}
+
 absl::Status FakeController::DeregisterLocked(const v1::DeregisterRequest& request) {
-  auto it = state_.members.find(request.member_id());
-  if (it == state_.members.end() || !it->second.registered) {
-    return absl::NotFoundError(absl::StrCat("member ", request.member_id(), " is not registered"));
+  if (absl::Status known = CheckIncarnationLocked(request.member_id(), request.incarnation());
+      !known.ok()) {
+    return known;
   }
-  if (request.incarnation() != it->second.incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("member ", request.member_id(), ": incarnation ", request.incarnation(),
-                     " is not the registered ", it->second.incarnation));
-  }
-  it->second.registered = false;
-  ++it->second.deregistrations;
+  FakeMemberRecord& record = state_.members[request.member_id()];
+  record.registered = false;
+  ++record.deregistrations;
   RemoveEntryLocked(request.member_id());
   PublishLocked();
   return absl::OkStatus();

@@ -4,7 +4,9 @@
 // A working in-memory trident.v1.Controller for tests of its clients
 // (ControllerMember, TopologyWatcher, the router): membership with
 // incarnations, heartbeat streams, deregistration and a published topology,
-// without the real controller's liveness timers or role policy. Tests
+// without the real controller's liveness timers or role policy. Requests
+// are judged by the controller's own rules (member_requests.h), so a
+// request answers with the same status from either. Tests
 // steer it (Forget a member as a restarted controller would, mark a worker
 // DEAD, send a directive) and wait on what it saw with Await.
 //
@@ -124,6 +126,9 @@ class FakeController final : public trident::v1::Controller::CallbackService {
   absl::Status HeartbeatLocked(const trident::v1::HeartbeatRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeregisterLocked(const trident::v1::DeregisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckMemberIncarnation against the registered members.
+  absl::Status CheckIncarnationLocked(const std::string& member_id, uint64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the entry of `member_id` from the topology.
   void RemoveEntryLocked(const std::string& member_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/controller_client/member_requests.h"
 #include "common/status/error_details.h"
 #include "common/time/proto_time.h"
 
@@ -11,66 +12,8 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
-constexpr size_t kMaxIdBytes = 128;
-
-absl::Status ValidateId(absl::string_view field, absl::string_view id) {
-  if (id.empty()) return InvalidArgumentForField(field, "must not be empty");
-  if (id.size() > kMaxIdBytes) {
-    return InvalidArgumentForField(field, absl::StrCat("is ", id.size(), " bytes; at most ",
-                                                       kMaxIdBytes));
-  }
-  for (char c : id) {
-    if (c < 0x21 || c > 0x7e) {
-      return InvalidArgumentForField(field, "must be printable ASCII without spaces");
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateCommon(absl::string_view prefix, absl::string_view id_field,
-                            absl::string_view id, uint64_t incarnation,
-                            absl::string_view address) {
-  if (absl::Status s = ValidateId(absl::StrCat(prefix, ".", id_field), id); !s.ok()) return s;
-  if (incarnation == 0) {
-    return InvalidArgumentForField(absl::StrCat(prefix, ".incarnation"), "must be nonzero");
-  }
-  if (address.empty()) {
-    return InvalidArgumentForField(absl::StrCat(prefix, ".address"),
-                                   "must name the member's gRPC host:port");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateRegistration(const v1::RegisterRequest& request) {
-  switch (request.member_case()) {
-    case v1::RegisterRequest::kWorker: {
-      const v1::WorkerRegistration& w = request.worker();
-      if (absl::Status s =
-              ValidateCommon("worker", "worker_id", w.worker_id(), w.incarnation(), w.address());
-          !s.ok()) {
-        return s;
-      }
-      if (w.role() == v1::ROLE_UNSPECIFIED) {
-        return InvalidArgumentForField("worker.role", "name the role the worker starts in");
-      }
-      return absl::OkStatus();
-    }
-    case v1::RegisterRequest::kAttention: {
-      const v1::AttentionRegistration& a = request.attention();
-      return ValidateCommon("attention", "service_id", a.service_id(), a.incarnation(),
-                            a.address());
-    }
-    default:
-      return InvalidArgumentForField("member", "set exactly one of worker or attention");
-  }
-}
-
-absl::Status ValidateHeartbeatState(v1::ServingState state) {
-  if (state != v1::SERVING_STATE_SERVING && state != v1::SERVING_STATE_DRAINING) {
-    return InvalidArgumentForField("state", "must be SERVING or DRAINING");
-  }
-  return absl::OkStatus();
-}
+using controller_client::ValidateHeartbeatState;
+using controller_client::ValidateRegisterRequest;
 
 }  // namespace
 
@@ -97,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Create(MembershipOptions
 }
 
 absl::StatusOr<v1::RegisterResponse> Membership::Register(const v1::RegisterRequest& request) {
-  if (absl::Status s = ValidateRegistration(request); !s.ok()) return s;
+  if (absl::Status s = ValidateRegisterRequest(request); !s.ok()) return s;
   const bool is_worker = request.has_worker();
   const std::string& id =
       is_worker ? request.worker().worker_id() : request.attention().service_id();
@@ -141,22 +84,18 @@ absl::StatusOr<v1::RegisterResponse> Membership::Register(const v1::RegisterRequ
   return response;
 }
 
-absl::StatusOr<Membership::Member*> Membership::Find(const std::string& id,
-                                                     uint64_t incarnation) {
+absl::StatusOr<Membership::Member*> Membership::Find(const std::string& id, uint64_t incarnation) {
   auto it = members_.find(id);
-  if (it == members_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("member '", id, "' is not registered with controller incarnation ",
-                     options_.controller_incarnation, "; register again"));
+  Member* member = it == members_.end() ? nullptr : &it->second;
+  const uint64_t known = member == nullptr   ? 0
+                         : member->is_worker ? member->worker.registration().incarnation()
+                                             : member->attention.registration().incarnation();
+  if (absl::Status s = controller_client::CheckMemberIncarnation(
+          id, member != nullptr, known, incarnation, options_.controller_incarnation);
+      !s.ok()) {
+    return s;
   }
-  Member& member = it->second;
-  const uint64_t known = member.is_worker ? member.worker.registration().incarnation()
-                                          : member.attention.registration().incarnation();
-  if (known != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("member '", id, "' is registered as incarnation ",
-                                                      known, ", not ", incarnation));
-  }
-  return &member;
+  return member;
 }
 
 void Membership::RefreshPendingRole(Member& member) {
@@ -195,15 +134,13 @@ absl::Status Membership::Heartbeat(const v1::HeartbeatRequest& request) {
   Member& member = **found;
   const absl::Time now = clock_->Now();
   bool changed = false;
+  if (absl::Status s = controller_client::ValidateHeartbeatLoad(request, member.is_worker);
+      !s.ok()) {
+    return s;
+  }
   if (member.is_worker) {
-    if (request.load_case() == v1::HeartbeatRequest::kAttentionLoad) {
-      return InvalidArgumentForField("attention_load", "a worker reports worker_load");
-    }
     changed = ApplyWorkerHeartbeat(member, request, now);
   } else {
-    if (request.load_case() == v1::HeartbeatRequest::kWorkerLoad) {
-      return InvalidArgumentForField("worker_load", "an attention service reports attention_load");
-    }
     v1::AttentionServiceEntry& a = member.attention;
     changed = a.state() != request.state();
     a.set_state(request.state());

@@ -94,9 +94,8 @@ TEST_F(MembershipTest, RejectsBadRegistrationsNamingTheField) {
               HasSubstr("printable"));
   EXPECT_THAT(membership_->Register(WorkerRequest("w", 0, v1::ROLE_PREFILL)).status().message(),
               HasSubstr("incarnation"));
-  EXPECT_THAT(
-      membership_->Register(WorkerRequest("w", 1, v1::ROLE_UNSPECIFIED)).status().message(),
-      HasSubstr("worker.role"));
+  EXPECT_THAT(membership_->Register(WorkerRequest("w", 1, v1::ROLE_UNSPECIFIED)).status().message(),
+              HasSubstr("worker.role"));
   EXPECT_EQ(membership_->Register(WorkerRequest(std::string(129, 'x'), 1, v1::ROLE_DECODE))
                 .status()
                 .code(),
