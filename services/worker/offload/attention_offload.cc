@@ -159,35 +159,36 @@ absl::Status AttentionOffload::Connect(Service& service) {
 
 absl::Status AttentionOffload::Calibrate(Service& service) {
   const int32_t context = std::min(2048, backend_->max_model_len());
-  // One sequence filled to `context`, and a batch of one-token ones for the
-  // cost of each sequence a request carries.
+  TRIDENT_ASSIGN_OR_RETURN(
+      const v1::AdmitSequenceResponse admitted,
+      Admit(service, absl::StrCat("calibration-", options_.worker_id), context));
+  // And a batch of one-token sequences for the cost of each sequence a
+  // request carries; without room for them (a small budget), none.
   constexpr int32_t kBatch = 16;
-  std::vector<uint64_t> handles;
-  absl::Status admitted;
-  for (int32_t i = 0; i <= kBatch && admitted.ok(); ++i) {
-    absl::StatusOr<v1::AdmitSequenceResponse> response = Admit(
-        service, absl::StrCat("calibration-", options_.worker_id, "-", i), i == 0 ? context : 1);
-    if (response.ok()) {
-      handles.push_back(response->handle());
-    } else {
-      admitted = response.status();
+  std::vector<uint64_t> batch;
+  for (int32_t i = 0; i < kBatch; ++i) {
+    absl::StatusOr<v1::AdmitSequenceResponse> one =
+        Admit(service, absl::StrCat("calibration-", options_.worker_id, "-", i), 1);
+    if (!one.ok()) {
+      TRIDENT_LOG(WARNING) << "attention service " << service.service_id
+                           << ": no per-sequence cost measured: " << one.status();
+      for (uint64_t handle : batch) ReleaseAt(service, handle).IgnoreError();
+      batch.clear();
+      break;
     }
+    batch.push_back(one->handle());
   }
-  absl::StatusOr<ServiceCosts> costs = absl::UnknownError("not measured");
-  if (admitted.ok()) {
-    ServiceProbe probe{.channel = service.channel.get(),
-                       .num_q_heads = options_.num_q_heads,
-                       .num_kv_heads = spec().num_kv_heads,
-                       .head_dim = spec().head_dim,
-                       .num_layers = spec().num_layers,
-                       .dtype = kv_copier_->wire_dtype(),
-                       .max_context = context,
-                       .timeout = options_.attention_timeout};
-    costs = MeasureServiceCosts(probe, handles[0], absl::MakeConstSpan(handles).subspan(1));
-  } else {
-    costs = admitted;
-  }
-  for (uint64_t handle : handles) ReleaseAt(service, handle).IgnoreError();
+  ServiceProbe probe{.channel = service.channel.get(),
+                     .num_q_heads = options_.num_q_heads,
+                     .num_kv_heads = spec().num_kv_heads,
+                     .head_dim = spec().head_dim,
+                     .num_layers = spec().num_layers,
+                     .dtype = kv_copier_->wire_dtype(),
+                     .max_context = context,
+                     .timeout = options_.attention_timeout};
+  absl::StatusOr<ServiceCosts> costs = MeasureServiceCosts(probe, admitted.handle(), batch);
+  ReleaseAt(service, admitted.handle()).IgnoreError();
+  for (uint64_t handle : batch) ReleaseAt(service, handle).IgnoreError();
   TRIDENT_RETURN_IF_ERROR(costs.status());
   TRIDENT_LOG(INFO) << "attention service " << service.service_id << ": round trip "
                     << costs->round_trip_seconds * 1e6 << " us, attention over " << context
