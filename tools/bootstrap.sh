@@ -19,7 +19,7 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc grpc-proto
   # Libraries.
   libabsl-dev libnuma-dev numactl libucx-dev ucx-utils libdnnl-dev prometheus-cpp-dev
-  libcurl4-openssl-dev nlohmann-json3-dev
+  libcurl4-openssl-dev nlohmann-json3-dev libssl-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # The Prometheus server that `trident up` starts and the tests query.

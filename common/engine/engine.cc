@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv/locked_block_allocator.h"
 #include "common/kv/paged_block_allocator.h"
+#include "common/kv/prefix_caching_block_allocator.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
 
@@ -15,7 +16,11 @@ namespace trident::engine {
 Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options)
     : backend_(std::move(backend)),
       allocator_(std::make_unique<kv::LockedBlockAllocator>(
-          std::make_unique<kv::PagedBlockAllocator>(backend_->kv_capacity().num_blocks))),
+          options.prefix_caching ? std::unique_ptr<kv::BlockAllocator>(
+                                       std::make_unique<kv::PrefixCachingBlockAllocator>(
+                                           backend_->kv_capacity().num_blocks))
+                                 : std::make_unique<kv::PagedBlockAllocator>(
+                                       backend_->kv_capacity().num_blocks))),
       core_(std::make_unique<EngineCore>(backend_.get(), allocator_.get(), options)) {
   stats_ = core_->stats();
   core_->set_remote_listener([this](const std::string& id, const backend::RemoteKv& remote) {
@@ -171,6 +176,12 @@ void Engine::Loop() {
     std::vector<Prefilled> prefilled;
     std::vector<std::string> releases;
     bool stopping;
+    if (!core_->HasWork() && !idle_checked_) {
+      // Idle: every block is free, cached or held by a reservation or a
+      // handed-over prompt; the pool's books must balance (SGLang's check).
+      (void)core_->CheckKvInvariants();
+      idle_checked_ = true;
+    }
     {
       absl::MutexLock lock(&mu_);
       auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -247,6 +258,7 @@ void Engine::Loop() {
     // timing averages and the published snapshot.
     EngineStats s = core_->stats();
     if (stepped.has_value()) {
+      idle_checked_ = false;
       constexpr double kAlpha = 0.2;  // weight of the newest step
       auto ewma = [](double old, double sample) {
         return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;

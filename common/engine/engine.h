@@ -142,6 +142,8 @@ class Engine final : public TokenSource {
   double prefill_tokens_per_second_ = 0;
   double decode_step_seconds_ = 0;
   double step_hook_seconds_ = 0;
+  // The allocator's invariants were checked since the core last had work.
+  bool idle_checked_ = false;
   std::atomic<StepHook*> hook_{nullptr};
   std::thread thread_;
 };

@@ -29,6 +29,15 @@ struct EngineCore::Sequence {
   // The last attention service it moved to (placement), even if it came
   // back.
   std::string attention_service_id;
+  // Prefix caching: the chain's root (model and salt), the keys of its full
+  // blocks so far (they depend only on the tokens, so they outlive its
+  // blocks), how many of its blocks are published, whether its first
+  // admission counted its query, and its prompt tokens found cached then.
+  kv::BlockKey root;
+  std::vector<kv::BlockKey> keys;
+  int32_t num_published = 0;
+  bool prefix_counted = false;
+  int32_t cached_tokens = 0;
 };
 
 EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
@@ -37,7 +46,8 @@ EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* alloc
       allocator_(allocator),
       options_(options),
       block_size_(backend->kv_capacity().block_size),
-      vocab_size_(backend->vocab_size()) {
+      vocab_size_(backend->vocab_size()),
+      hasher_(block_size_, options_.cache_model_identity) {
   TRIDENT_CHECK(options_.max_batch_tokens > 0);
   TRIDENT_CHECK(options_.max_running > 0);
   TRIDENT_CHECK(allocator_->num_total() == backend->kv_capacity().num_blocks);
@@ -93,6 +103,7 @@ absl::Status EngineCore::Add(EngineRequest request) {
   seq->prompt_len = static_cast<int32_t>(request.prompt.size());
   seq->arrival = next_arrival_++;
   seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
+  seq->root = hasher_.Root(request.cache_salt);
   seq->request = std::move(request);
   live_[seq->request.id] = seq.get();
   stats_.prompt_tokens_total += seq->prompt_len;
@@ -132,9 +143,13 @@ absl::Status EngineCore::AddPrefilled(EngineRequest request, std::vector<int32_t
   seq->arrival = next_arrival_++;
   seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
   seq->penalties->AddOutputToken(first_token);
+  seq->root = hasher_.Root(request.cache_salt);
   seq->request = std::move(request);
   live_[seq->request.id] = seq.get();
   ++stats_.generated_tokens_total;
+  // Its prompt's KV is here, whole: a later turn of the conversation finds
+  // it.
+  PublishBlocks(*seq);
   waiting_.push_back(std::move(seq));
   return absl::OkStatus();
 }
@@ -173,7 +188,49 @@ void EngineCore::FreeBlocks(Sequence& seq) {
   if (seq.blocks.empty()) return;
   TRIDENT_CHECK_OK(allocator_->Free(seq.blocks));
   seq.blocks.clear();
+  seq.num_published = 0;
   ++seq.blocks_freed;
+}
+
+void EngineCore::MatchPrefix(Sequence& seq) {
+  // Whole blocks only, and never the last token: it must run to give the
+  // logits of the next.
+  const int32_t usable = (static_cast<int32_t>(seq.tokens.size()) - 1) / block_size_;
+  hasher_.Extend(seq.root, absl::MakeConstSpan(seq.tokens).first(static_cast<size_t>(usable) * static_cast<size_t>(block_size_)),
+                 &seq.keys);
+  seq.blocks = allocator_->AcquireCached(absl::MakeConstSpan(seq.keys).first(
+      std::min(static_cast<size_t>(usable), seq.keys.size())));
+  seq.num_published = static_cast<int32_t>(seq.blocks.size());
+  seq.num_computed = seq.num_published * block_size_;
+  if (seq.prefix_counted) return;
+  seq.prefix_counted = true;
+  seq.cached_tokens = std::min(seq.num_computed, seq.prompt_len);
+  stats_.prefix_cache_queries_total += seq.prompt_len;
+  stats_.prefix_cache_hits_total += seq.cached_tokens;
+}
+
+void EngineCore::PublishBlocks(Sequence& seq) {
+  if (!options_.prefix_caching || seq.remote.service != nullptr) return;
+  const int32_t full =
+      std::min(seq.num_computed / block_size_, static_cast<int32_t>(seq.blocks.size()));
+  if (full <= seq.num_published) return;
+  hasher_.Extend(seq.root, absl::MakeConstSpan(seq.tokens).first(static_cast<size_t>(full) * static_cast<size_t>(block_size_)),
+                 &seq.keys);
+  for (int32_t i = seq.num_published; i < full; ++i) {
+    // False for a duplicate (another block holds the key): this one stays
+    // the sequence's alone.
+    allocator_->Publish(seq.blocks[i], seq.keys[i]);
+  }
+  seq.num_published = full;
+}
+
+absl::Status EngineCore::CheckKvInvariants() {
+  absl::Status status = allocator_->CheckInvariants();
+  if (!status.ok()) {
+    ++stats_.kv_invariant_failures_total;
+    TRIDENT_LOG(ERROR) << "KV block pool invariant broken: " << status;
+  }
+  return status;
 }
 
 bool EngineCore::FreeNewestWaitingBlocks() {
@@ -298,6 +355,7 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     Sequence& seq = *scheduled[i];
     seq.num_computed += seq.chunk;
     seq.chunk = 0;
+    PublishBlocks(seq);
     if (!batch[i].want_logits) continue;
     TokenEvent ev = SampleNext(seq, row, &sampled_rows);
     ++row;
@@ -346,6 +404,10 @@ void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled
   while (*budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
+    if (options_.prefix_caching && seq.blocks.empty() && seq.num_computed == 0 &&
+        seq.remote.service == nullptr) {
+      MatchPrefix(seq);
+    }
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
     const int32_t chunk = std::min(remaining, *budget);
     if (!EnsureBlocks(seq, StartReservation(seq, chunk))) break;
@@ -452,6 +514,7 @@ TokenEvent EngineCore::SampleNext(Sequence& seq, int32_t row,
   ev.logprob = sampled.logprob;
   ev.top_logprobs = std::move(sampled.top_logprobs);
   ev.output_index = seq.num_outputs;
+  if (seq.num_outputs == 0) ev.cached_tokens = seq.cached_tokens;
   seq.tokens.push_back(sampled.token);
   seq.penalties->AddOutputToken(sampled.token);
   ++seq.num_outputs;
@@ -610,6 +673,7 @@ EngineStats EngineCore::stats() const {
         0, (reserve + block_size_ - 1) / block_size_ - static_cast<int32_t>(seq.blocks.size()));
   }
   s.blocks_free = allocator_->num_free();
+  s.blocks_cached = allocator_->num_cached();
   s.blocks_total = allocator_->num_total();
   s.short_of_blocks = short_of_blocks_;
   const backend::RemoteAttentionTiming timing = backend_->remote_attention_timing();

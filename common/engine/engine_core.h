@@ -14,6 +14,16 @@
 //     order while budget, sequence slots and blocks last (chunked prefill:
 //     a long prompt takes what budget is left and continues next step).
 //
+// Prefix caching (EngineOptions::prefix_caching, on the allocator's
+// AcquireCached/Publish): a sequence admitted with nothing computed first
+// takes the longest chain of cached blocks its tokens name (whole blocks,
+// at most all its tokens but the last, which must run to give logits) and
+// prefills only the rest, from that offset. After every step, each block a
+// sequence has filled with computed KV is published under its key (a
+// block is matchable only once its KV is written), and a prefilled
+// sequence's prompt blocks on adoption. Blocks stay cached after their
+// sequence ends, until the allocator evicts them.
+//
 // Not thread-safe: one thread drives it (see Engine for the threaded shell).
 
 #ifndef TRIDENT_COMMON_ENGINE_ENGINE_CORE_H_
@@ -37,6 +47,7 @@
 #include "common/backend/model_backend.h"
 #include "common/engine/request.h"
 #include "common/kv/block_allocator.h"
+#include "common/kv/block_hasher.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
 
@@ -47,6 +58,13 @@ struct EngineOptions {
   int32_t max_batch_tokens = 2048;
   // Most sequences in the running batch.
   int32_t max_running = 256;
+  // Reuse the KV of cached prefixes (the allocator must cache: a
+  // PrefixCachingBlockAllocator); false: never match nor publish.
+  bool prefix_caching = true;
+  // What besides the tokens decides the KV (kv::BlockHasher's model): the
+  // model, its weights and the KV dtype. Keys agree across processes only
+  // where this does.
+  std::string cache_model_identity;
 };
 
 struct EngineStats {
@@ -61,6 +79,15 @@ struct EngineStats {
   int64_t steps_total = 0;
   int64_t prompt_tokens_total = 0;
   int64_t generated_tokens_total = 0;
+  // Prefix caching, in tokens, counted once per request when it is first
+  // admitted (recomputation after preemption is not a query): prompt tokens
+  // looked up, and of those found cached.
+  int64_t prefix_cache_queries_total = 0;
+  int64_t prefix_cache_hits_total = 0;
+  // Cached blocks nobody holds (evictable; counted in blocks_free).
+  int32_t blocks_cached = 0;
+  // The allocator's invariants checked while idle, and found broken.
+  int64_t kv_invariant_failures_total = 0;
   // Tokens of the last step's forward pass.
   int32_t last_step_tokens = 0;
   // Of those, prompt (or recomputation) tokens, and one-token decode
@@ -230,6 +257,10 @@ class EngineCore {
   int32_t prefilled_blocks_held() const;
   EngineStats stats() const;
 
+  // Checks the allocator's invariants (BlockAllocator::CheckInvariants) and
+  // counts a failure in the stats (logged). For idle moments and tests.
+  absl::Status CheckKvInvariants();
+
  private:
   struct Sequence;
   using SeqPtr = std::unique_ptr<Sequence>;
@@ -242,6 +273,11 @@ class EngineCore {
   // the allocator lacks them (nothing is allocated then).
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
   void FreeBlocks(Sequence& seq);
+  // Prefix caching: `seq` (holding no blocks) takes its longest cached
+  // prefix; counts the query the first time.
+  void MatchPrefix(Sequence& seq);
+  // Publishes the blocks `seq` has filled with computed KV.
+  void PublishBlocks(Sequence& seq);
   void Preempt(std::list<SeqPtr>::iterator it);
   // Forgets `seq`'s remote copy, telling the listener.
   void DropRemote(Sequence& seq);
@@ -291,6 +327,7 @@ class EngineCore {
   std::function<void(const std::string&, const backend::RemoteKv&)> remote_listener_;
   BatchPlanner* planner_ = nullptr;
   bool short_of_blocks_ = false;
+  kv::BlockHasher hasher_;
 };
 
 }  // namespace trident::engine

@@ -45,6 +45,10 @@ struct EngineRequest {
   // thread or a backend thread; it must be quick. The blocks stay the
   // request's until ReleasePrefilled (or its end, if it fails).
   std::function<void(int32_t layer, const std::vector<int32_t>& blocks)> on_layer_done;
+  // Keeps tenants' cached prefixes apart: requests share cached KV only
+  // with requests of the same salt (kv::BlockHasher). Empty: the shared
+  // namespace.
+  std::string cache_salt;
   // Admission inputs (the router's); the engine ignores them. Empty class:
   // the default; unset targets: the class's.
   std::string qos_class;
@@ -96,6 +100,9 @@ struct TokenEvent {
   // (ceil(prompt / block_size) of them), owned by the caller until
   // ReleasePrefilled.
   std::vector<int32_t> prefilled_blocks;
+  // On output 0's event: prompt tokens whose KV was reused from a cache
+  // instead of computed (0 when nothing was).
+  int32_t cached_tokens = 0;
   // For kError: what went wrong (INTERNAL when not set), which the serving
   // front half returns as the call's status.
   absl::Status error;

@@ -42,6 +42,22 @@ class LockedBlockAllocator final : public BlockAllocator {
     absl::MutexLock lock(&mu_);
     return inner_->num_total();
   }
+  std::vector<int32_t> AcquireCached(absl::Span<const BlockKey> keys) override {
+    absl::MutexLock lock(&mu_);
+    return inner_->AcquireCached(keys);
+  }
+  bool Publish(int32_t block, const BlockKey& key) override {
+    absl::MutexLock lock(&mu_);
+    return inner_->Publish(block, key);
+  }
+  int32_t num_cached() const override {
+    absl::MutexLock lock(&mu_);
+    return inner_->num_cached();
+  }
+  absl::Status CheckInvariants() const override {
+    absl::MutexLock lock(&mu_);
+    return inner_->CheckInvariants();
+  }
 
  private:
   mutable absl::Mutex mu_;
