@@ -25,6 +25,8 @@ namespace {
 namespace v1 = ::trident::v1;
 
 constexpr char kRequestIdMetadata[] = "trident-request-id";
+// GenerateRequest.cache_salt's limit.
+constexpr size_t kMaxCacheSaltBytes = 256;
 
 absl::Status ValidateRequestId(const std::string& id) {
   if (id.size() > 128) {
@@ -60,6 +62,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     std::string request_id;
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
+    // Prompt tokens whose KV came from a cache (TokenEvent::cached_tokens).
+    int32_t cached_tokens = 0;
     bool text_deltas = false;
     bool logprobs = false;
     std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
@@ -209,6 +213,12 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
         sampling::StopParamsFromProto(request.sampling(), request.stop(), info.vocab_size(),
                                       info.max_context_tokens(), prompt_len));
 
+    if (request.cache_salt().size() > kMaxCacheSaltBytes) {
+      return InvalidArgumentForField(
+          "cache_salt", absl::StrCat("has ", request.cache_salt().size(), " bytes; at most ",
+                                     kMaxCacheSaltBytes, " are allowed"));
+    }
+
     State& s = *state_;
     s.prompt_tokens = prompt_len;
     s.text_deltas = request.options().text_deltas();
@@ -231,6 +241,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     er.stop_token_ids = stop.stop_token_ids;
     if (!stop.ignore_eos) er.stop_token_ids.insert(er.stop_token_ids.end(), eos.begin(), eos.end());
     er.qos_class = request.qos_class();
+    er.cache_salt = request.cache_salt();
     if (request.slo().has_ttft()) er.ttft_slo = DurationFromProto(request.slo().ttft());
     if (request.slo().has_tpot()) er.tpot_slo = DurationFromProto(request.slo().tpot());
     // The client's deadline, as time left: token sources measure it on
@@ -252,6 +263,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     std::string text;
     if (ev.token >= 0) {
       if (s.completion_tokens == 0) s.first_token = now;
+      s.cached_tokens = std::max(s.cached_tokens, ev.cached_tokens);
       ++s.completion_tokens;
       std::string delta;
       if (s.decoder != nullptr) {
@@ -329,6 +341,9 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     }
     complete->mutable_usage()->set_prompt_tokens(s.prompt_tokens);
     complete->mutable_usage()->set_completion_tokens(s.completion_tokens);
+    // Token sources that learn it only at the end report it there.
+    complete->mutable_usage()->set_cached_tokens(
+        std::min(s.prompt_tokens, std::max(s.cached_tokens, ev.cached_tokens)));
     v1::Timings* t = complete->mutable_timings();
     SetProtoDuration(now - s.submitted, t->mutable_end_to_end());
     if (s.completion_tokens > 0) {

@@ -224,6 +224,9 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
   absl::Time last_token_at_ ABSL_GUARDED_BY(mu_);
   absl::Time transfer_done_at_ ABSL_GUARDED_BY(mu_);
   absl::optional<absl::Duration> prefill_queued_ ABSL_GUARDED_BY(mu_);
+  // Prompt tokens the prefill worker found cached (its first token's
+  // message).
+  int32_t prefill_cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::optional<absl::Duration> prefill_time_ ABSL_GUARDED_BY(mu_);
   absl::optional<absl::Duration> transfer_time_ ABSL_GUARDED_BY(mu_);
   // The calls. Contexts live as long as the flight, so cancelling one
@@ -419,6 +422,8 @@ void RemoteTokenSource::Flight::StartStreams(const v1::KvDestination& reserved) 
     *prefill.mutable_options() = decode.options();
     prefill.set_qos_class(request_.qos_class);
     decode.set_qos_class(request_.qos_class);
+    prefill.set_cache_salt(request_.cache_salt);
+    decode.set_cache_salt(request_.cache_salt);
     SetProtoDuration(source_->clock_->Now() - arrival_, prefill.mutable_elapsed());
     *prefill.mutable_destination() = destination;
     const absl::Duration timeout = source_->options_.call_timeout;
@@ -445,6 +450,7 @@ void RemoteTokenSource::Flight::HandlePrefillLocked(const v1::PrefillResponse& p
   if (p.has_started()) {
     prefill_queued_ = (reserved_at_ - arrival_) + DurationFromProto(p.started().queued());
   } else if (p.has_first_token()) {
+    prefill_cached_tokens_ = p.cached_tokens();
     // The prompt is computed: the prefill worker's queue is shorter by it
     // from now on (its KV transfer runs beside the next prefills).
     source_->admission_->MarkPrefillDone(route_.admission);
@@ -565,6 +571,9 @@ void RemoteTokenSource::Flight::EmitCompleteLocked(const v1::GenerateComplete& c
   }
   end.placement = PlacementLocked();
   end.placement->attention_service_id = complete.placement().attention_service_id();
+  // The prefill worker's reuse where one computed the prompt, else the
+  // decode worker's (colocated).
+  end.cached_tokens = std::max(prefill_cached_tokens_, complete.usage().cached_tokens());
   EmitLocked(std::move(end));
 }
 

@@ -40,6 +40,8 @@ struct DecodeCall {
   int32_t prompt_tokens = 0;
   bool logprobs = false;
   std::atomic<int32_t> completion_tokens{0};
+  // Prompt tokens the engine found cached (colocated prefill).
+  std::atomic<int32_t> cached_tokens{0};
   std::atomic<bool> in_engine{false};
   // Admitted by the worker's role (or carried on from the reservation's
   // ReserveKv); ends with the call.
@@ -50,6 +52,7 @@ struct DecodeCall {
     if (ev.token >= 0 && ev.finish != engine::FinishReason::kAborted &&
         ev.finish != engine::FinishReason::kError) {
       completion_tokens.fetch_add(1);
+      if (ev.output_index == 0) cached_tokens.store(ev.cached_tokens);
       v1::DecodeResponse r;
       v1::TokenChunk* chunk = r.mutable_chunk();
       chunk->set_request_id(request_id);
@@ -82,6 +85,7 @@ struct DecodeCall {
     if (stop_token >= 0) c->set_stop_token_id(stop_token);
     c->mutable_usage()->set_prompt_tokens(prompt_tokens);
     c->mutable_usage()->set_completion_tokens(completion_tokens.load());
+    c->mutable_usage()->set_cached_tokens(cached_tokens.load());
     channel->Push(std::move(r));
     channel->Close(absl::OkStatus());
   }
@@ -436,9 +440,13 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
                                  role_->Admit(Capability::kDecode, request->request_id(), abort));
       }
     }
-    return frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
-                                            request->sampling(), request->stop(),
-                                            request->options(), model_info_);
+    TRIDENT_ASSIGN_OR_RETURN(
+        engine::EngineRequest er,
+        frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
+                                         request->sampling(), request->stop(), request->options(),
+                                         model_info_));
+    er.cache_salt = request->cache_salt();
+    return er;
   };
   absl::StatusOr<engine::EngineRequest> prepared = prepare();
   if (!prepared.ok()) {

@@ -35,14 +35,38 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                    .Add({})),
       kv_usage_(prometheus::BuildGauge()
                     .Name("trident_worker_kv_cache_usage_ratio")
-                    .Help("Fraction of KV cache blocks in use.")
+                    .Help("Fraction of KV cache blocks held by sequences (cached blocks nobody holds count as free).")
                     .Register(r)
                     .Add({})),
-      kv_blocks_total_(prometheus::BuildGauge()
-                           .Name("trident_worker_kv_blocks_total")
-                           .Help("KV cache blocks in the pool.")
+      kv_blocks_(prometheus::BuildGauge()
+                     .Name("trident_worker_kv_cache_blocks")
+                     .Help("KV cache blocks in the pool.")
+                     .Register(r)
+                     .Add({})),
+      kv_cached_blocks_(prometheus::BuildGauge()
+                            .Name("trident_worker_kv_cache_cached_blocks")
+                            .Help("Cached KV blocks no sequence holds: kept for prefix reuse, "
+                                  "evicted (LRU) when the pool needs them.")
+                            .Register(r)
+                            .Add({})),
+      prefix_queries_(prometheus::BuildCounter()
+                          .Name("trident_worker_prefix_cache_queries_total")
+                          .Help("Prompt tokens looked up in the prefix cache (once per request, "
+                                "at admission).")
+                          .Register(r)
+                          .Add({})),
+      prefix_hits_gpu_(prometheus::BuildCounter()
+                           .Name("trident_worker_prefix_cache_hits_total")
+                           .Help("Prompt tokens found in the prefix cache, by tier (gpu: this "
+                                 "worker's KV pool).")
                            .Register(r)
-                           .Add({})),
+                           .Add({{"tier", "gpu"}})),
+      kv_invariant_failures_(prometheus::BuildCounter()
+                                 .Name("trident_worker_kv_invariant_failures_total")
+                                 .Help("Idle checks of the KV block pool's books that found them "
+                                       "broken (a bug; the log says which).")
+                                 .Register(r)
+                                 .Add({})),
       prompt_tokens_(prometheus::BuildCounter()
                          .Name("trident_worker_prompt_tokens_total")
                          .Help("Prompt tokens accepted.")
@@ -149,7 +173,14 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
 void EngineMetrics::Update(const engine::EngineStats& s) {
   running_.Set(s.running);
   waiting_.Set(s.waiting);
-  kv_blocks_total_.Set(s.blocks_total);
+  kv_blocks_.Set(s.blocks_total);
+  kv_cached_blocks_.Set(s.blocks_cached);
+  prefix_queries_.Increment(
+      static_cast<double>(s.prefix_cache_queries_total - last_.prefix_cache_queries_total));
+  prefix_hits_gpu_.Increment(
+      static_cast<double>(s.prefix_cache_hits_total - last_.prefix_cache_hits_total));
+  kv_invariant_failures_.Increment(
+      static_cast<double>(s.kv_invariant_failures_total - last_.kv_invariant_failures_total));
   kv_usage_.Set(s.blocks_total > 0 ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total
                                    : 0.0);
   prompt_tokens_.Increment(static_cast<double>(s.prompt_tokens_total - last_.prompt_tokens_total));

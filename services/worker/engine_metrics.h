@@ -5,7 +5,16 @@
 //   trident_worker_num_requests_running             gauge     requests in the running batch
 //   trident_worker_num_requests_waiting             gauge     requests waiting to be scheduled
 //   trident_worker_kv_cache_usage_ratio             gauge     KV blocks in use / blocks in the pool
-//   trident_worker_kv_blocks_total                  gauge     KV blocks in the pool
+//   trident_worker_kv_cache_blocks                  gauge     KV blocks in the pool
+//   trident_worker_kv_cache_cached_blocks           gauge     cached blocks nobody holds (evictable;
+//                                                             free for kv_cache_usage_ratio)
+//   trident_worker_prefix_cache_queries_total       counter   prompt tokens looked up in the prefix
+//                                                             cache, once per request at admission
+//   trident_worker_prefix_cache_hits_total{tier}    counter   of those, tokens found cached (tier
+//                                                             "gpu": this worker's pool); hit rate
+//                                                             = rate(hits) / rate(queries)
+//   trident_worker_kv_invariant_failures_total      counter   idle checks of the block pool's books
+//                                                             that found them broken (a bug)
 //   trident_worker_prompt_tokens_total              counter   prompt tokens accepted
 //   trident_worker_generation_tokens_total          counter   tokens generated
 //   trident_worker_preemptions_total                counter   sequences preempted for KV blocks
@@ -71,7 +80,11 @@ class EngineMetrics {
   prometheus::Gauge& running_;
   prometheus::Gauge& waiting_;
   prometheus::Gauge& kv_usage_;
-  prometheus::Gauge& kv_blocks_total_;
+  prometheus::Gauge& kv_blocks_;
+  prometheus::Gauge& kv_cached_blocks_;
+  prometheus::Counter& prefix_queries_;
+  prometheus::Counter& prefix_hits_gpu_;
+  prometheus::Counter& kv_invariant_failures_;
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Counter& preemptions_;

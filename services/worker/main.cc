@@ -51,6 +51,10 @@ ABSL_FLAG(bool, pin_threads, true, "Pin each CPU backend thread to one core.");
 ABSL_FLAG(int32_t, max_batch_tokens, 2048,
           "Token budget of one forward pass (prefill chunks plus decode tokens).");
 ABSL_FLAG(int32_t, max_running, 256, "Most sequences in the running batch.");
+ABSL_FLAG(bool, prefix_caching, true,
+          "Reuse the KV of cached prompt prefixes: finished sequences' full blocks stay cached "
+          "(LRU) until the pool needs them, and a new prompt computes only what its longest "
+          "cached prefix lacks. False: every prompt is computed whole.");
 ABSL_FLAG(int32_t, max_model_len, 0,
           "Context window cap in tokens; 0: the model's max_position_embeddings.");
 ABSL_FLAG(std::string, worker_id, "",
@@ -167,6 +171,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   model.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   model.max_running = absl::GetFlag(FLAGS_max_running);
+  model.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   model.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);

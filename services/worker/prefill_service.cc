@@ -395,6 +395,7 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
                                request.request_id(), request.prompt_token_ids(), request.sampling(),
                                request.stop(), request.options(), model_info_));
   er.prefill_only = true;
+  er.cache_salt = request.cache_salt();
   if (!request.has_destination()) return er;
   const v1::KvDestination& d = request.destination();
   if (sender_ == nullptr) {
@@ -467,6 +468,7 @@ void PrefillService::OnPrefillEvent(const std::shared_ptr<Call>& call, bool logp
     if (logprobs) frontend::AppendLogprobs(ev, &chunk);
     v1::PrefillResponse first;
     *first.mutable_first_token() = chunk;
+    first.set_cached_tokens(ev.cached_tokens);
     call->channel->Push(std::move(first));
   }
   switch (ev.finish) {

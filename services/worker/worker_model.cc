@@ -28,6 +28,14 @@ absl::StatusOr<numeric::DType> ParseDtype(const std::string& dtype) {
 
 }  // namespace
 
+std::string CacheModelIdentity(const model::ModelConfig& config, const std::string& served_name,
+                               numeric::DType kv_dtype) {
+  return absl::StrCat(served_name, "|layers=", config.num_hidden_layers,
+                      "|hidden=", config.hidden_size, "|kv_heads=", config.num_key_value_heads,
+                      "|head_dim=", config.head_dim, "|vocab=", config.vocab_size,
+                      "|kv=", numeric::DTypeName(kv_dtype));
+}
+
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOptions& options,
                                                              prometheus::Registry* registry) {
   if (options.model_dir.empty()) {
@@ -89,6 +97,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   engine::EngineOptions eo;
   eo.max_batch_tokens = options.max_batch_tokens;
   eo.max_running = options.max_running;
+  eo.prefix_caching = options.prefix_caching;
+  eo.cache_model_identity = CacheModelIdentity(c, model->info.model(), served);
   if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");
   }

@@ -45,7 +45,16 @@ struct WorkerModelOptions {
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   int32_t max_model_len = 0;
+  // Automatic prefix caching (engine::EngineOptions::prefix_caching).
+  bool prefix_caching = true;
 };
+
+// What besides the tokens decides a served model's KV, for the prefix
+// cache's block keys (kv::BlockHasher's model): the name it is served
+// under, its shape and the KV dtype. Workers serving the same model with
+// the same KV dtype agree; a different model or dtype never matches.
+std::string CacheModelIdentity(const model::ModelConfig& config, const std::string& served_name,
+                               numeric::DType kv_dtype);
 
 struct WorkerModel {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;

@@ -164,9 +164,9 @@ TEST(GrafanaDashboardTest, LabelValuesBecomesAGroupQuery) {
 TEST(GrafanaDashboardTest, MetricNamesSkipLabelMatchersStringsAndVariables) {
   EXPECT_THAT(MetricNamesIn("histogram_quantile(0.9, sum by (le) (rate("
                             "trident_router_ttft_seconds_bucket{class=~\"trident_x\"}[1m]))) / "
-                            "on() trident_worker_kv_blocks_total + count({__name__=~'trident_.+'})"
+                            "on() trident_worker_kv_cache_blocks + count({__name__=~'trident_.+'})"
                             " + $trident_var"),
-              ElementsAre("trident_router_ttft_seconds_bucket", "trident_worker_kv_blocks_total"));
+              ElementsAre("trident_router_ttft_seconds_bucket", "trident_worker_kv_cache_blocks"));
   EXPECT_THAT(MetricNamesIn("sum(rate(up[5m]))"), IsEmpty());
 }
 
