@@ -1,5 +1,6 @@
 #include "common/engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -46,6 +47,21 @@ absl::Status Engine::Submit(EngineRequest request, TokenCallback callback) {
 
 absl::StatusOr<std::vector<int32_t>> Engine::ReserveBlocks(int32_t num_blocks) {
   return allocator_->Allocate(num_blocks);
+}
+
+std::vector<int32_t> Engine::AcquireCachedPrefix(absl::Span<const int32_t> tokens,
+                                                 const std::string& cache_salt,
+                                                 int32_t max_blocks) {
+  if (!core_->prefix_caching() || max_blocks <= 0) return {};
+  const kv::BlockHasher& hasher = core_->hasher();
+  const size_t usable = std::min(tokens.size() / static_cast<size_t>(hasher.block_size()),
+                                 static_cast<size_t>(max_blocks));
+  std::vector<kv::BlockKey> keys;
+  hasher.Extend(hasher.Root(cache_salt),
+                tokens.first(usable * static_cast<size_t>(hasher.block_size())), &keys);
+  std::vector<int32_t> blocks = allocator_->AcquireCached(keys);
+  reserved_cached_blocks_.fetch_add(static_cast<int64_t>(blocks.size()));
+  return blocks;
 }
 
 void Engine::Wake() {
@@ -274,6 +290,7 @@ void Engine::Loop() {
     s.decode_step_seconds = decode_step_seconds_;
     s.last_step_seconds = seconds;
     s.step_hook_seconds_total = step_hook_seconds_;
+    s.kv_reserved_cached_blocks_total = reserved_cached_blocks_.load();
     {
       // Published before the step's tokens are delivered: a caller holding a
       // request's last token sees the stats of the step that made it.

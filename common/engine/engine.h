@@ -64,6 +64,12 @@ class Engine final : public TokenSource {
   // and wakes a loop whose sequences wait for blocks.
   // Both are safe from any thread.
   absl::StatusOr<std::vector<int32_t>> ReserveBlocks(int32_t num_blocks);
+  // Prefix caching: takes a reference on the longest chain of cached blocks
+  // holding the KV of `tokens`' leading whole blocks (at most `max_blocks`)
+  // in `cache_salt`'s namespace, for a reservation; FreeBlocks returns
+  // them. Empty when prefix caching is off. Safe from any thread.
+  std::vector<int32_t> AcquireCachedPrefix(absl::Span<const int32_t> tokens,
+                                           const std::string& cache_salt, int32_t max_blocks);
   absl::Status FreeBlocks(absl::Span<const int32_t> blocks);
   // Wakes a loop that waits for blocks, so that it steps (and calls its
   // StepHook) again: for a hook whose background work has finished. Safe
@@ -142,6 +148,8 @@ class Engine final : public TokenSource {
   double prefill_tokens_per_second_ = 0;
   double decode_step_seconds_ = 0;
   double step_hook_seconds_ = 0;
+  // AcquireCachedPrefix's blocks, for the stats.
+  std::atomic<int64_t> reserved_cached_blocks_{0};
   // The allocator's invariants were checked since the core last had work.
   bool idle_checked_ = false;
   std::atomic<StepHook*> hook_{nullptr};

@@ -88,6 +88,10 @@ struct EngineStats {
   int32_t blocks_cached = 0;
   // The allocator's invariants checked while idle, and found broken.
   int64_t kv_invariant_failures_total = 0;
+  // Disaggregated decode: blocks of reserved prompts that the prefix cache
+  // held already (the prefill worker did not send them). The Engine
+  // shell's.
+  int64_t kv_reserved_cached_blocks_total = 0;
   // Tokens of the last step's forward pass.
   int32_t last_step_tokens = 0;
   // Of those, prompt (or recomputation) tokens, and one-token decode
@@ -256,6 +260,10 @@ class EngineCore {
   // Blocks handed over by kPrefilled events and not yet released.
   int32_t prefilled_blocks_held() const;
   EngineStats stats() const;
+
+  // Immutable after construction (safe from any thread).
+  bool prefix_caching() const { return options_.prefix_caching; }
+  const kv::BlockHasher& hasher() const { return hasher_; }
 
   // Checks the allocator's invariants (BlockAllocator::CheckInvariants) and
   // counts a failure in the stats (logged). For idle moments and tests.

@@ -322,6 +322,10 @@ void RemoteTokenSource::Flight::Reserve(Route route) {
       SetProtoDuration(source_->options_.reserve_lease, reserve_request_.mutable_lease());
       reserve_request_.set_qos_class(request_.qos_class);
       reserve_request_.set_allow_cpu_attention(source_->options_.allow_cpu_attention);
+      // The decode worker reserves only what its prefix cache lacks.
+      reserve_request_.clear_prompt_token_ids();
+      for (int32_t t : request_.prompt) reserve_request_.add_prompt_token_ids(t);
+      reserve_request_.set_cache_salt(request_.cache_salt);
       reserve_response_.Clear();
       reserve_context_ = std::make_unique<grpc::ClientContext>();
       reserve_context_->set_deadline(DeadlineIn(source_->options_.reserve_timeout));

@@ -252,7 +252,11 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
     d->set_decode_address(options_.address);
     d->set_reservation_id(r.id);
     d->set_num_tokens(request->num_tokens());
-    for (int32_t b : r.blocks) d->add_block_ids(b);
+    // The writer fills only the blocks this worker's prefix cache lacks.
+    d->set_num_cached_blocks(r.num_cached_blocks);
+    for (size_t i = static_cast<size_t>(r.num_cached_blocks); i < r.blocks.size(); ++i) {
+      d->add_block_ids(r.blocks[i]);
+    }
     SetProtoDuration(r.lease, d->mutable_lease_remaining());
     SetProtoTimestamp(r.expires, d->mutable_lease_expire_time());
     SetProtoDuration(r.lease, response->mutable_lease());
@@ -273,8 +277,23 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
     TRIDENT_LOG(WARNING) << "request " << request.request_id()
                          << " stays in this worker's KV blocks: " << r.status();
   }
+  if (request.prompt_token_ids_size() != 0 &&
+      request.prompt_token_ids_size() != request.num_tokens()) {
+    return InvalidArgumentForField(
+        "prompt_token_ids", absl::StrCat("has ", request.prompt_token_ids_size(),
+                                         " tokens but num_tokens is ", request.num_tokens()));
+  }
+  for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
+    const int32_t t = request.prompt_token_ids(i);
+    if (t < 0 || t >= model_info_.vocab_size()) {
+      return InvalidArgumentForField(
+          absl::StrCat("prompt_token_ids[", i, "]"),
+          absl::StrCat("token id ", t, " is outside [0, ", model_info_.vocab_size(), ")"));
+    }
+  }
   absl::StatusOr<KvReservations::Reservation> r =
-      reservations_->Reserve(request.request_id(), request.num_tokens(), lease);
+      reservations_->Reserve(request.request_id(), request.num_tokens(), lease,
+                             request.prompt_token_ids(), request.cache_salt());
   if (!r.ok()) {
     // The pool is full: an attention service may hold it instead.
     if (may_place && absl::IsResourceExhausted(r.status())) {

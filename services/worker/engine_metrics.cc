@@ -67,6 +67,13 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                                        "broken (a bug; the log says which).")
                                  .Register(r)
                                  .Add({})),
+      kv_transfer_cached_blocks_(
+          prometheus::BuildCounter()
+              .Name("trident_worker_kv_transfer_cached_blocks_total")
+              .Help("Blocks of prompts reserved for a prefill worker's KV that this worker's "
+                    "prefix cache held already, so they were not sent.")
+              .Register(r)
+              .Add({})),
       prompt_tokens_(prometheus::BuildCounter()
                          .Name("trident_worker_prompt_tokens_total")
                          .Help("Prompt tokens accepted.")
@@ -179,6 +186,8 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
       static_cast<double>(s.prefix_cache_queries_total - last_.prefix_cache_queries_total));
   prefix_hits_gpu_.Increment(
       static_cast<double>(s.prefix_cache_hits_total - last_.prefix_cache_hits_total));
+  kv_transfer_cached_blocks_.Increment(static_cast<double>(
+      s.kv_reserved_cached_blocks_total - last_.kv_reserved_cached_blocks_total));
   kv_invariant_failures_.Increment(
       static_cast<double>(s.kv_invariant_failures_total - last_.kv_invariant_failures_total));
   kv_usage_.Set(s.blocks_total > 0 ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total

@@ -13,6 +13,9 @@
 //   trident_worker_prefix_cache_hits_total{tier}    counter   of those, tokens found cached (tier
 //                                                             "gpu": this worker's pool); hit rate
 //                                                             = rate(hits) / rate(queries)
+//   trident_worker_kv_transfer_cached_blocks_total  counter   blocks of prompts reserved for a prefill
+//                                                             worker's KV that this worker's prefix
+//                                                             cache held already (not sent)
 //   trident_worker_kv_invariant_failures_total      counter   idle checks of the block pool's books
 //                                                             that found them broken (a bug)
 //   trident_worker_prompt_tokens_total              counter   prompt tokens accepted
@@ -85,6 +88,7 @@ class EngineMetrics {
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_gpu_;
   prometheus::Counter& kv_invariant_failures_;
+  prometheus::Counter& kv_transfer_cached_blocks_;
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Counter& preemptions_;

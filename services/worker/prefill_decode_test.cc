@@ -168,6 +168,11 @@ class PrefillDecodeTest : public ::testing::Test {
     grpc::Status decode_status;
     std::vector<std::string> prefill_messages;
     v1::GenerateComplete complete;
+    // The prefill worker's prefix-cache reuse, the blocks the decode
+    // worker's cache held (not written), and the KV bytes sent.
+    int32_t prefill_cached_tokens = -1;
+    int32_t decode_cached_blocks = -1;
+    int64_t sent_bytes = -1;
   };
 
   // The router's part: reserve, prefill into the reservation, decode.
@@ -176,6 +181,7 @@ class PrefillDecodeTest : public ::testing::Test {
     v1::ReserveKvRequest reserve;
     reserve.set_request_id(id);
     reserve.set_num_tokens(static_cast<int32_t>(prompt.size()));
+    for (int32_t t : prompt) reserve.add_prompt_token_ids(t);
     v1::ReserveKvResponse reserved;
     {
       grpc::ClientContext context;
@@ -184,6 +190,7 @@ class PrefillDecodeTest : public ::testing::Test {
     }
     v1::KvDestination destination = reserved.destination();
     destination.set_decode_address(decode_address_);
+    out.decode_cached_blocks = destination.num_cached_blocks();
 
     v1::DecodeRequest decode;
     decode.set_request_id(id);
@@ -208,11 +215,15 @@ class PrefillDecodeTest : public ::testing::Test {
     while (prefill_reader->Read(&p)) {
       if (p.has_started()) out.prefill_messages.push_back("started");
       if (p.has_first_token()) {
+        out.prefill_cached_tokens = p.cached_tokens();
         out.prefill_messages.push_back("first_token");
         for (int32_t t : p.first_token().token_ids()) out.tokens.push_back(t);
       }
       if (p.has_progress()) out.prefill_messages.push_back("progress");
-      if (p.has_transfer_done()) out.prefill_messages.push_back("transfer_done");
+      if (p.has_transfer_done()) {
+        out.prefill_messages.push_back("transfer_done");
+        out.sent_bytes = p.transfer_done().sent_bytes();
+      }
       if (p.has_complete()) out.prefill_messages.push_back("complete");
     }
     out.prefill_status = prefill_reader->Finish();
@@ -276,6 +287,49 @@ TEST_F(PrefillDecodeTest, TokensEqualOneWorkerAlone) {
                 ::testing::ElementsAre("started", "first_token", "progress", "transfer_done"));
     EXPECT_EQ(out.complete.usage().completion_tokens(), 10);
   }
+}
+
+// A conversation's second turn: the decode worker kept the first turn's
+// blocks (prompt and answer) cached, reserves only what it lacks, and the
+// prefill worker writes only that tail; the prefill worker itself reuses
+// the first prompt's blocks it computed.
+TEST_F(PrefillDecodeTest, SecondTurnMovesOnlyTheNewTokens) {
+  const std::vector<int32_t> turn1 = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+  const Outcome first = Run("turn1", turn1, 6);
+  ASSERT_TRUE(first.decode_status.ok()) << first.decode_status.error_message();
+  EXPECT_EQ(first.decode_cached_blocks, 0);
+  EXPECT_EQ(first.prefill_cached_tokens, 0);
+  EXPECT_EQ(first.sent_bytes, 3 * kBlockSize * 4);  // All 3 blocks of 9 tokens.
+
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+  turn2.insert(turn2.end(), {7, 7, 2});  // 18 tokens.
+  const Outcome second = Run("turn2", turn2, 5);
+  ASSERT_TRUE(second.prefill_status.ok()) << second.prefill_status.error_message();
+  ASSERT_TRUE(second.decode_status.ok()) << second.decode_status.error_message();
+  EXPECT_EQ(second.tokens, Alone(turn2, 5));
+  // The decode worker computed 14 of the first turn's 15 tokens (the last
+  // answer token's KV never is): 3 whole blocks. 5 blocks, 2 sent.
+  EXPECT_EQ(second.decode_cached_blocks, 3);
+  EXPECT_EQ(second.sent_bytes, 2 * kBlockSize * 4);
+  // The prefill worker holds the first prompt's 2 whole blocks.
+  EXPECT_EQ(second.prefill_cached_tokens, 8);
+  EXPECT_EQ(decode_engine_->stats().kv_reserved_cached_blocks_total, 3);
+}
+
+// A block-aligned prompt the decode worker holds whole: nothing is written,
+// and the tokens are still the model's.
+TEST_F(PrefillDecodeTest, AFullHitAtTheDecodeWorkerWritesNothing) {
+  const std::vector<int32_t> prompt = {2, 7, 1, 8, 2, 8, 1, 8};
+  const Outcome first = Run("first", prompt, 3);
+  ASSERT_TRUE(first.decode_status.ok()) << first.decode_status.error_message();
+  const Outcome again = Run("again", prompt, 3);
+  ASSERT_TRUE(again.prefill_status.ok()) << again.prefill_status.error_message();
+  ASSERT_TRUE(again.decode_status.ok()) << again.decode_status.error_message();
+  EXPECT_EQ(again.decode_cached_blocks, 2);
+  EXPECT_EQ(again.sent_bytes, 0);
+  EXPECT_EQ(again.tokens, Alone(prompt, 3));
+  EXPECT_EQ(again.tokens, first.tokens);
 }
 
 TEST_F(PrefillDecodeTest, ConnectsToTheDecodeWorkerBeforeTheFirstLayerIsReady) {

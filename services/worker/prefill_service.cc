@@ -232,12 +232,20 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
     while (!call->cancelled.load()) absl::SleepFor(absl::Milliseconds(10));
     return;
   }
+  // The prompt's blocks past those the destination holds already.
+  const absl::Span<const int32_t> tail = absl::MakeConstSpan(blocks).subspan(
+      std::min(blocks.size(), static_cast<size_t>(call->destination.num_cached_blocks())));
+  if (tail.empty()) {
+    // A full hit at the decode worker: nothing of this layer to write.
+    ++call->layers_posted;
+    return;
+  }
   {
     absl::MutexLock lock(&call->sends_mu);
     ++call->pending_sends;
   }
   ++call->layers_posted;
-  call->transfer->SendLayer(layer, blocks, [call](absl::Status s) {
+  call->transfer->SendLayer(layer, tail, [call](absl::Status s) {
     absl::MutexLock lock(&call->sends_mu);
     if (!s.ok() && call->send_error.ok()) call->send_error = std::move(s);
     --call->pending_sends;
@@ -414,7 +422,17 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
   // a CPU-placed prompt (written there in rows, whatever its blocks).
   const int32_t block_size = d.cpu_resident() ? std::max(1, d.layout().block_size_tokens())
                                               : engine_->backend().kv_capacity().block_size;
-  const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size;
+  // Leading blocks the decode worker's prefix cache holds are not written.
+  if (d.num_cached_blocks() < 0 ||
+      d.num_cached_blocks() > static_cast<int64_t>(er.prompt.size()) / block_size ||
+      (d.cpu_resident() && d.num_cached_blocks() != 0)) {
+    return InvalidArgumentForField(
+        "destination.num_cached_blocks",
+        absl::StrCat("is ", d.num_cached_blocks(), " for a prompt of ", er.prompt.size(),
+                     " tokens in blocks of ", block_size));
+  }
+  const int64_t want = (static_cast<int64_t>(er.prompt.size()) + block_size - 1) / block_size -
+                       d.num_cached_blocks();
   if (d.block_ids_size() != want) {
     return InvalidArgumentForField(
         "destination.block_ids",

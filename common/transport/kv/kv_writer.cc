@@ -72,7 +72,15 @@ absl::Status ValidateKvDestination(const kv::KvCacheSpec& local_spec,
                                    absl::StrCat("is ", destination.num_tokens(), "; must be >= 1"));
   }
   const int64_t block_size = local_spec.block_size;
-  const int64_t needed_blocks = (destination.num_tokens() + block_size - 1) / block_size;
+  const int64_t cached_blocks = destination.num_cached_blocks();
+  if (cached_blocks < 0 || cached_blocks > destination.num_tokens() / block_size) {
+    return InvalidArgumentForField(
+        "destination.num_cached_blocks",
+        absl::StrCat("is ", cached_blocks, "; must be in [0, ", destination.num_tokens() / block_size,
+                     "] for ", destination.num_tokens(), " tokens"));
+  }
+  const int64_t needed_blocks =
+      (destination.num_tokens() + block_size - 1) / block_size - cached_blocks;
   if (destination.block_ids_size() != needed_blocks) {
     return InvalidArgumentForField(
         "destination.block_ids",

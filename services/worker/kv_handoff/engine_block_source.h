@@ -5,6 +5,7 @@
 // blocks come out of the pool the engine's sequences use, and go back to it.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,6 +28,10 @@ class EngineBlockSource final : public BlockSource {
   }
   absl::Status Free(absl::Span<const int32_t> blocks) override {
     return engine_->FreeBlocks(blocks);
+  }
+  std::vector<int32_t> AcquireCached(absl::Span<const int32_t> tokens,
+                                     const std::string& cache_salt, int32_t max_blocks) override {
+    return engine_->AcquireCachedPrefix(tokens, cache_salt, max_blocks);
   }
 
  private:

@@ -93,29 +93,42 @@ absl::StatusOr<absl::Duration> KvReservations::LeaseFor(absl::Duration lease) co
   return std::min(lease, options_.max_lease);
 }
 
-absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(const std::string& request_id,
-                                                                    int32_t num_tokens,
-                                                                    absl::Duration lease) {
+absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(
+    const std::string& request_id, int32_t num_tokens, absl::Duration lease,
+    absl::Span<const int32_t> prompt, const std::string& cache_salt) {
   if (request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (num_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_tokens is ", num_tokens, "; want >= 1"));
   }
+  if (!prompt.empty() && static_cast<int32_t>(prompt.size()) != num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt.size(),
+                                                   " tokens but num_tokens is ", num_tokens));
+  }
   TRIDENT_ASSIGN_OR_RETURN(lease, LeaseFor(lease));
   const int32_t num_blocks = (num_tokens + options_.block_size - 1) / options_.block_size;
-  auto blocks = source_->Reserve(num_blocks);
-  if (!blocks.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("no room for ", num_blocks, " KV blocks: ", blocks.status().message()));
+  std::vector<int32_t> blocks;
+  if (!prompt.empty()) {
+    blocks = source_->AcquireCached(prompt, cache_salt, num_tokens / options_.block_size);
   }
+  const int32_t num_cached = static_cast<int32_t>(blocks.size());
+  auto fresh = source_->Reserve(num_blocks - num_cached);
+  if (!fresh.ok()) {
+    if (!blocks.empty()) TRIDENT_CHECK_OK(source_->Free(blocks));
+    return absl::ResourceExhaustedError(absl::StrCat("no room for ", num_blocks - num_cached,
+                                                     " KV blocks: ", fresh.status().message()));
+  }
+  blocks.insert(blocks.end(), fresh->begin(), fresh->end());
   absl::MutexLock lock(&mu_);
   Reservation r;
   r.id = next_id_++;
-  r.blocks = *blocks;
+  r.blocks = blocks;
+  r.num_cached_blocks = num_cached;
   r.lease = lease;
   r.expires = clock_->Now() + lease;
   Entry& e = entries_[r.id];
   e.request_id = request_id;
-  e.blocks = std::move(*blocks);
+  e.blocks = std::move(blocks);
+  e.num_cached_blocks = num_cached;
   e.expires = r.expires;
   return r;
 }
@@ -309,7 +322,9 @@ absl::Status KvReservations::BeginMessage(
         absl::StrCat("reservation ", id, "'s KV is at attention service ",
                      it->second.remote->service_id, ", not in this worker's blocks"));
   }
-  TRIDENT_RETURN_IF_ERROR(check(it->second.blocks));
+  // Only the writer's blocks: those from the prefix cache are shared.
+  TRIDENT_RETURN_IF_ERROR(
+      check(absl::MakeConstSpan(it->second.blocks).subspan(it->second.num_cached_blocks)));
   ++it->second.writers;
   return absl::OkStatus();
 }

@@ -58,6 +58,17 @@ class BlockSource {
   virtual ~BlockSource() = default;
   virtual absl::StatusOr<std::vector<int32_t>> Reserve(int32_t num_blocks) = 0;
   virtual absl::Status Free(absl::Span<const int32_t> blocks) = 0;
+  // Takes a reference on the longest chain of cached blocks holding the
+  // KV of `tokens`' leading whole blocks (at most `max_blocks`), for the
+  // prefix cache's `cache_salt`; they are freed with Free like reserved
+  // ones. None without a prefix cache.
+  virtual std::vector<int32_t> AcquireCached(absl::Span<const int32_t> tokens,
+                                             const std::string& cache_salt, int32_t max_blocks) {
+    (void)tokens;
+    (void)cache_salt;
+    (void)max_blocks;
+    return {};
+  }
 };
 
 struct KvReservationOptions {
@@ -132,16 +143,24 @@ class KvReservations final : public transport::KvMessageSink {
 
   struct Reservation {
     uint64_t id = 0;
+    // Every block of the prompt, in token order; the first
+    // `num_cached_blocks` already hold its KV (the prefix cache's), the
+    // rest are the writer's.
     std::vector<int32_t> blocks;
+    int32_t num_cached_blocks = 0;
     absl::Duration lease;
     absl::Time expires;
   };
-  // Reserves ceil(num_tokens / block_size) blocks. INVALID_ARGUMENT for an
-  // empty request id, num_tokens < 1 or a lease outside (0, max]
-  // (absl::ZeroDuration() means the default; longer is capped);
-  // RESOURCE_EXHAUSTED when the blocks are not free.
+  // Reserves ceil(num_tokens / block_size) blocks. With `prompt` (its
+  // num_tokens token ids), the leading whole blocks the prefix cache holds
+  // (BlockSource::AcquireCached) are taken as they are and only the rest
+  // reserved: message writes reach only those. INVALID_ARGUMENT for an
+  // empty request id, num_tokens < 1, a prompt of another length, or a
+  // lease outside (0, max] (absl::ZeroDuration() means the default; longer
+  // is capped); RESOURCE_EXHAUSTED when the blocks are not free.
   absl::StatusOr<Reservation> Reserve(const std::string& request_id, int32_t num_tokens,
-                                      absl::Duration lease);
+                                      absl::Duration lease, absl::Span<const int32_t> prompt = {},
+                                      const std::string& cache_salt = "");
   // A reservation holding `placement` instead of blocks (its `blocks` are
   // empty). INVALID_ARGUMENT as Reserve; on an error `placement` is
   // released.
@@ -217,6 +236,8 @@ class KvReservations final : public transport::KvMessageSink {
   struct Entry {
     std::string request_id;
     std::vector<int32_t> blocks;
+    // Leading blocks from the prefix cache: never written.
+    int32_t num_cached_blocks = 0;
     absl::Time expires;
     bool committed = false;
     bool released = false;

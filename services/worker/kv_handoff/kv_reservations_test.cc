@@ -6,7 +6,9 @@
 
 #include "absl/time/clock.h"
 #include "common/kv/kv_layout.h"
+#include "common/kv/block_hasher.h"
 #include "common/kv/paged_block_allocator.h"
+#include "common/kv/prefix_caching_block_allocator.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/kv/fake_kv_receiver.h"
 #include "common/transport/kv/fake_kv_sender.h"
@@ -468,6 +470,104 @@ TEST(KvReservationsTest, TakesTheTransportsMessagesWhileTheReservationLives) {
   EXPECT_TRUE(std::equal(local.begin() + spec.KeyOffsetBytes(1, 1),
                          local.begin() + spec.KeyOffsetBytes(1, 1) + stride,
                          receiver.pool().begin() + spec.KeyOffsetBytes(1, kept->blocks[1])));
+}
+
+}  // namespace
+}  // namespace trident::worker
+
+namespace trident::worker {
+namespace {
+
+// A source over a prefix-caching allocator whose cache holds one chain.
+class CachingSource : public BlockSource {
+ public:
+  CachingSource() : allocator_(16), hasher_(4, "m") {}
+  // Caches `tokens`' whole blocks as a finished sequence would.
+  void Cache(const std::vector<int32_t>& tokens) {
+    std::vector<kv::BlockKey> keys;
+    hasher_.Extend(hasher_.Root(""), tokens, &keys);
+    auto blocks = allocator_.Allocate(static_cast<int32_t>(keys.size()));
+    ASSERT_THAT(blocks.status(), IsOk());
+    for (size_t i = 0; i < keys.size(); ++i) allocator_.Publish((*blocks)[i], keys[i]);
+    ASSERT_THAT(allocator_.Free(*blocks), IsOk());
+  }
+  absl::StatusOr<std::vector<int32_t>> Reserve(int32_t n) override {
+    return allocator_.Allocate(n);
+  }
+  absl::Status Free(absl::Span<const int32_t> blocks) override { return allocator_.Free(blocks); }
+  std::vector<int32_t> AcquireCached(absl::Span<const int32_t> tokens, const std::string& salt,
+                                     int32_t max_blocks) override {
+    std::vector<kv::BlockKey> keys;
+    hasher_.Extend(hasher_.Root(salt), tokens.first(static_cast<size_t>(max_blocks) * 4), &keys);
+    return allocator_.AcquireCached(keys);
+  }
+  kv::PrefixCachingBlockAllocator& allocator() { return allocator_; }
+
+ private:
+  kv::PrefixCachingBlockAllocator allocator_;
+  kv::BlockHasher hasher_;
+};
+
+TEST(KvReservationsPrefixTest, ReservesOnlyWhatTheCacheLacksAndMessagesWriteOnlyThat) {
+  CachingSource source;
+  FakeClock clock;
+  KvReservations reservations(&source, &clock, Fixture::Options());
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 whole blocks + 2.
+  source.Cache({1, 2, 3, 4, 5, 6, 7, 8});
+  auto r = reservations.Reserve("a", 10, absl::ZeroDuration(), prompt);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->num_cached_blocks, 2);
+  ASSERT_EQ(r->blocks.size(), 3u);
+  // A message write sees only the writer's block.
+  std::vector<int32_t> writable;
+  ASSERT_THAT(reservations.WriteMessage(r->id,
+                                        [&](absl::Span<const int32_t> blocks) {
+                                          writable.assign(blocks.begin(), blocks.end());
+                                          return absl::StatusOr<int64_t>(0);
+                                        }),
+              IsOk());
+  EXPECT_EQ(writable, std::vector<int32_t>{r->blocks[2]});
+  // Another salt shares nothing.
+  auto salted = reservations.Reserve("b", 10, absl::ZeroDuration(), prompt, "tenant");
+  ASSERT_THAT(salted.status(), IsOk());
+  EXPECT_EQ(salted->num_cached_blocks, 0);
+  // Released, the shared blocks go back to the cache, nothing leaks.
+  EXPECT_TRUE(reservations.Release(salted->id));
+  Result result;
+  reservations.Await(r->id, result.Callback());
+  ASSERT_THAT(reservations.Commit(r->id, Complete(7)), IsOk());
+  ASSERT_TRUE(result.value.has_value() && result.value->ok());
+  EXPECT_EQ((*result.value)->blocks, r->blocks);
+  ASSERT_THAT(source.Free((*result.value)->blocks), IsOk());
+  // The released one keeps its blocks until its lease ends (its writer may
+  // still write).
+  EXPECT_EQ(source.allocator().num_used(), 3);
+  clock.Advance(absl::Minutes(11));
+  reservations.ExpireLeases();
+  EXPECT_EQ(source.allocator().num_used(), 0);
+  EXPECT_EQ(source.allocator().num_cached(), 2);
+  EXPECT_THAT(source.allocator().CheckInvariants(), IsOk());
+}
+
+TEST(KvReservationsPrefixTest, APromptOfAnotherLengthIsRefusedAndAFullPoolTakesNothing) {
+  CachingSource source;
+  FakeClock clock;
+  KvReservations reservations(&source, &clock, Fixture::Options());
+  EXPECT_THAT(reservations.Reserve("a", 5, absl::ZeroDuration(), std::vector<int32_t>{1, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  source.Cache({1, 2, 3, 4});
+  // 15 blocks held elsewhere: the cached one is taken, the other 4 are not
+  // free, and the cached one goes back.
+  auto held = source.Reserve(15);
+  ASSERT_THAT(held.status(), IsOk());
+  EXPECT_THAT(reservations.Reserve("b", 20, absl::ZeroDuration(),
+                                   std::vector<int32_t>(
+                                       {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                                        18, 19, 20})),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(source.allocator().num_cached(), 1);
+  ASSERT_THAT(source.Free(*held), IsOk());
+  EXPECT_THAT(source.allocator().CheckInvariants(), IsOk());
 }
 
 }  // namespace
