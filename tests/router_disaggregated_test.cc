@@ -27,6 +27,7 @@
 #include "tests/testing/fixture_models.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
 
 namespace trident {
 namespace {
@@ -138,6 +139,45 @@ TEST_P(RouterDisaggregatedTest, TokensEqualTheWorkerAloneInRoleBoth) {
   std::printf("%s over %s: %d prompts through the router equal role both\n", model().c_str(),
               transport().c_str(), n);
   EXPECT_EQ(n, 8);
+  EXPECT_TRUE(testing::AllKvBlocksFree(prefill_));
+  EXPECT_TRUE(testing::AllKvBlocksFree(decode_));
+}
+
+// A conversation's second turn through the router: the prefill worker
+// reuses the first prompt's blocks, the decode worker holds the first
+// turn's prompt and answer, so only the new blocks cross UCX; the tokens
+// equal the worker alone (which reuses its own cache the same way).
+TEST_P(RouterDisaggregatedTest, ASecondTurnReusesTheCachesOnBothWorkers) {
+  v1::GenerateRequest request;
+  for (int32_t id = 1; id <= 40; ++id) request.mutable_token_ids()->add_ids(id * 7 % 200);
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_sampling()->set_max_tokens(24);
+  request.mutable_stop()->set_ignore_eos(true);
+  const Result first = Generate(router_, request);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_EQ(first.tokens.size(), 24u);
+  EXPECT_EQ(first.complete.usage().cached_tokens(), 0);
+  ASSERT_EQ(Generate(both_, request).tokens, first.tokens);
+
+  // History (40 + 24 tokens) and a new message of 3.
+  for (int32_t t : first.tokens) request.mutable_token_ids()->add_ids(t);
+  for (int32_t t : {5, 6, 7}) request.mutable_token_ids()->add_ids(t);
+  const Result alone = Generate(both_, request);
+  const Result routed = Generate(router_, request);
+  ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
+  EXPECT_EQ(routed.tokens, alone.tokens);
+  // The prefill worker computed the 40-token prompt: 2 whole blocks of 16.
+  EXPECT_EQ(routed.complete.usage().cached_tokens(), 32);
+  // The worker alone computed 63 of the 64 history tokens: 3 whole blocks.
+  EXPECT_EQ(alone.complete.usage().cached_tokens(), 48);
+  // The decode worker held the same 3 blocks of the 67-token prompt (5
+  // blocks): 2 crossed UCX.
+  auto stub = v1::WorkerControl::NewStub(decode_.channel);
+  grpc::ClientContext context;
+  v1::KvStats stats;
+  ASSERT_TRUE(stub->GetKvStats(&context, v1::GetKvStatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.kv_transfer_cached_blocks_total(), 3);
+  EXPECT_GT(stats.blocks_cached(), 0);
   EXPECT_TRUE(testing::AllKvBlocksFree(prefill_));
   EXPECT_TRUE(testing::AllKvBlocksFree(decode_));
 }

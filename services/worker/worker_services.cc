@@ -221,6 +221,10 @@ grpc::ServerUnaryReactor* WorkerControlService::GetKvStats(
   response->set_blocks_free(stats.blocks_free);
   response->set_blocks_in_sequences(stats.blocks_total - stats.blocks_free);
   response->set_sequences(stats.running + stats.waiting);
+  response->set_blocks_cached(stats.blocks_cached);
+  response->set_prefix_cache_queries_total(stats.prefix_cache_queries_total);
+  response->set_prefix_cache_hits_total(stats.prefix_cache_hits_total);
+  response->set_kv_transfer_cached_blocks_total(stats.kv_reserved_cached_blocks_total);
   return FinishUnary(context, absl::OkStatus());
 }
 
