@@ -14,14 +14,25 @@
 
 namespace trident::engine {
 
+namespace {
+
+// The pool: with prefix caching, one that reports its keys to `events`.
+std::unique_ptr<kv::BlockAllocator> MakeAllocator(int32_t num_blocks, bool prefix_caching,
+                                                  kv::KvEventLog* events) {
+  if (!prefix_caching) return std::make_unique<kv::PagedBlockAllocator>(num_blocks);
+  auto caching = std::make_unique<kv::PrefixCachingBlockAllocator>(num_blocks);
+  caching->set_publish_listener([events](const kv::BlockKey& key) { events->Stored(key); });
+  caching->set_eviction_listener([events](const kv::BlockKey& key) { events->Removed(key); });
+  return caching;
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options)
     : backend_(std::move(backend)),
-      allocator_(std::make_unique<kv::LockedBlockAllocator>(
-          options.prefix_caching ? std::unique_ptr<kv::BlockAllocator>(
-                                       std::make_unique<kv::PrefixCachingBlockAllocator>(
-                                           backend_->kv_capacity().num_blocks))
-                                 : std::make_unique<kv::PagedBlockAllocator>(
-                                       backend_->kv_capacity().num_blocks))),
+      kv_events_(options.prefix_caching ? std::make_unique<kv::KvEventLog>() : nullptr),
+      allocator_(std::make_unique<kv::LockedBlockAllocator>(MakeAllocator(
+          backend_->kv_capacity().num_blocks, options.prefix_caching, kv_events_.get()))),
       core_(std::make_unique<EngineCore>(backend_.get(), allocator_.get(), options)) {
   stats_ = core_->stats();
   core_->set_remote_listener([this](const std::string& id, const backend::RemoteKv& remote) {

@@ -22,6 +22,7 @@
 #include "common/engine/engine_core.h"
 #include "common/engine/token_source.h"
 #include "common/kv/block_allocator.h"
+#include "common/kv/kv_event_log.h"
 
 namespace trident::engine {
 
@@ -100,6 +101,12 @@ class Engine final : public TokenSource {
 
   EngineStats stats() const;
   const backend::ModelBackend& backend() const { return *backend_; }
+  // The prefix cache's KV events (what its blocks hold, for routers); null
+  // with prefix caching off. Thread-safe.
+  const kv::KvEventLog* kv_events() const { return kv_events_.get(); }
+  // What the prefix cache's keys are computed over (kv::BlockHasher).
+  const kv::BlockHasher& cache_hasher() const { return core_->hasher(); }
+
   // For setting the backend up before work needs it (e.g. the remote
   // attention timeout, before SetStepHook): the loop thread owns it after.
   backend::ModelBackend& backend_for_setup() { return *backend_; }
@@ -119,6 +126,8 @@ class Engine final : public TokenSource {
   void Deliver(const std::vector<TokenEvent>& events);
 
   std::unique_ptr<backend::ModelBackend> backend_;
+  // Before the allocator, which reports to it.
+  std::unique_ptr<kv::KvEventLog> kv_events_;
   std::unique_ptr<kv::BlockAllocator> allocator_;
   // Touched only by the loop thread after construction (Validate is const).
   std::unique_ptr<EngineCore> core_;

@@ -122,6 +122,7 @@ bool PrefixCachingBlockAllocator::Publish(int32_t block, const BlockKey& key) {
   if (!index_.emplace(key, block).second) return false;
   e.named = true;
   e.key = key;
+  if (on_publish_) on_publish_(key);
   return true;
 }
 

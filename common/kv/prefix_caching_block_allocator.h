@@ -58,10 +58,15 @@ class PrefixCachingBlockAllocator final : public BlockAllocator {
   int32_t num_cached() const override { return num_cached_; }
   absl::Status CheckInvariants() const override;
 
-  // Called with each key that leaves the cache (its block evicted), for KV
-  // events. Null: nobody listens.
+  // Called with each key that leaves the cache (its block evicted), and
+  // with each key a Publish names, for KV events; under the caller's
+  // serialization (the LockedBlockAllocator's lock): they must be quick and
+  // must not call back. Null: nobody listens.
   void set_eviction_listener(std::function<void(const BlockKey&)> listener) {
     on_evict_ = std::move(listener);
+  }
+  void set_publish_listener(std::function<void(const BlockKey&)> listener) {
+    on_publish_ = std::move(listener);
   }
 
   // Holders of `block` (0 for a free or cached one); -1 out of range.
@@ -91,6 +96,7 @@ class PrefixCachingBlockAllocator final : public BlockAllocator {
   int32_t num_cached_ = 0;
   int64_t num_evicted_ = 0;
   std::function<void(const BlockKey&)> on_evict_;
+  std::function<void(const BlockKey&)> on_publish_;
 };
 
 }  // namespace trident::kv

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc/reactors.h"
 #include "common/grpc/status.h"
+#include "common/kv/kv_events_proto.h"
 #include "common/status/error_details.h"
 #include "common/time/proto_time.h"
 
@@ -24,6 +25,7 @@ class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
     if (finishing_) return absl::InfiniteFuture();
     if (!writing_ && (force || now >= next_due_)) {
       message_ = sample;
+      AddKvEvents(now);
       writing_ = true;
       next_due_ = now + interval_;
       StartWrite(&message_);
@@ -61,6 +63,20 @@ class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
   }
 
  private:
+  // The cache's events since this stream's last sample, or a snapshot (the
+  // first sample, and every snapshot_interval).
+  void AddKvEvents(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+    const KvEventsSource& source = owner_->kv_events_;
+    if (source.log == nullptr) return;
+    if (now - last_snapshot_ >= source.snapshot_interval) kv_cursor_ = 0;
+    const kv::KvEventBatch batch = source.log->ReadSince(&kv_cursor_);
+    if (batch.snapshot) last_snapshot_ = now;
+    kv::KvEventsToProto(batch, source.cache_identity, source.block_size_tokens, "gpu",
+                        message_.mutable_kv_events());
+  }
+
+  uint64_t kv_cursor_ = 0;
+  absl::Time last_snapshot_ = absl::InfinitePast();
   LoadStreams* const owner_;
   const absl::Duration interval_;
   absl::Time next_due_ = absl::InfinitePast();
@@ -70,7 +86,8 @@ class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
   WorkerLoad message_;
 };
 
-LoadStreams::LoadStreams(Sampler sample) : sample_(std::move(sample)) {
+LoadStreams::LoadStreams(Sampler sample, KvEventsSource kv_events)
+    : sample_(std::move(sample)), kv_events_(std::move(kv_events)) {
   ticker_ = std::thread([this] { Tick(); });
 }
 

@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "common/kv/kv_event_log.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "trident/v1/cluster.pb.h"
@@ -20,13 +21,25 @@
 
 namespace trident::worker {
 
+// The prefix cache's events, which each stream's samples carry
+// (WorkerLoad.kv_events).
+struct KvEventsSource {
+  // Not owned; must outlive the LoadStreams. Null: no events.
+  const kv::KvEventLog* log = nullptr;
+  std::string cache_identity;
+  int32_t block_size_tokens = 0;
+  // A stream gets a snapshot this often besides its first sample, so that a
+  // reader that lost track (a bug, a dropped sample) converges.
+  absl::Duration snapshot_interval = absl::Seconds(60);
+};
+
 // Thread-safe.
 class LoadStreams {
  public:
   // `sample` builds one WorkerLoad; called from the ticker thread and from
   // Open, so it must be thread-safe and quick.
   using Sampler = std::function<trident::v1::WorkerLoad()>;
-  explicit LoadStreams(Sampler sample);
+  explicit LoadStreams(Sampler sample, KvEventsSource kv_events = {});
   // Ends every open stream with UNAVAILABLE and waits for them to finish.
   ~LoadStreams();
 
@@ -43,6 +56,7 @@ class LoadStreams {
   void Remove(Stream* stream);
 
   const Sampler sample_;
+  const KvEventsSource kv_events_;
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Set by Open so the ticker recomputes its wait.

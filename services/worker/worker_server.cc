@@ -219,7 +219,12 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
 
 void WorkerServer::StartLoadReports() {
   if (model_ != nullptr) {
-    loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); });
+    const engine::Engine& engine = *model_->engine;
+    KvEventsSource kv_events;
+    kv_events.log = engine.kv_events();
+    kv_events.cache_identity = engine.cache_hasher().model();
+    kv_events.block_size_tokens = engine.cache_hasher().block_size();
+    loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); }, std::move(kv_events));
     kv_sampler_ = std::make_unique<transport::PeriodicSampler>(
         options_.kv_metrics_interval,
         [reservations = reservations_.get(), metrics = kv_metrics_.get(), kv = kv_.get()] {

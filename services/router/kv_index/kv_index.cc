@@ -1,0 +1,98 @@
+#include "services/router/kv_index/kv_index.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/kv/block_hasher.h"
+
+namespace trident::router::kv_index {
+
+absl::Status KvIndex::Apply(const std::string& worker_id, uint64_t incarnation,
+                            const trident::v1::KvEvents& events) {
+  const int n = events.key_hi_size();
+  if (events.key_lo_size() != n || events.stored_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_events of worker ", worker_id, ": ", n, " key_hi, ", events.key_lo_size(),
+        " key_lo and ", events.stored_size(), " stored entries"));
+  }
+  if (events.block_size_tokens() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_events of worker ", worker_id,
+                                                   ": block_size_tokens ",
+                                                   events.block_size_tokens()));
+  }
+  absl::MutexLock lock(&mu_);
+  Source& s = sources_[worker_id];
+  if (s.incarnation != incarnation || s.cache_identity != events.cache_identity() ||
+      s.block_size != events.block_size_tokens()) {
+    // A restarted worker (or one serving something else) keeps nothing.
+    s = Source();
+    s.incarnation = incarnation;
+    s.cache_identity = events.cache_identity();
+    s.block_size = events.block_size_tokens();
+  }
+  if (events.snapshot()) {
+    s.keys.clear();
+    s.synced = true;
+    ++snapshots_total_;
+  } else if (!s.synced || events.first_seq() != s.last_seq + 1) {
+    const bool was_synced = s.synced;
+    s.keys.clear();
+    s.synced = false;
+    if (!was_synced) return absl::OkStatus();  // Still waiting for a snapshot.
+    ++gaps_total_;
+    return absl::DataLossError(absl::StrCat("kv_events of worker ", worker_id, ": events ",
+                                            s.last_seq + 1, " to ", events.first_seq() - 1,
+                                            " are missing; waiting for a snapshot"));
+  }
+  for (int i = 0; i < n; ++i) {
+    const kv::BlockKey key{events.key_hi(i), events.key_lo(i)};
+    if (events.stored(i)) {
+      s.keys.insert(key);
+    } else {
+      s.keys.erase(key);
+    }
+  }
+  events_total_ += n;
+  s.last_seq = events.last_seq();
+  return absl::OkStatus();
+}
+
+void KvIndex::RemoveWorker(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  sources_.erase(worker_id);
+}
+
+absl::flat_hash_map<std::string, int64_t> KvIndex::CachedPrefixTokens(
+    absl::Span<const int32_t> prompt, const std::string& cache_salt) const {
+  absl::flat_hash_map<std::string, int64_t> cached;
+  absl::MutexLock lock(&mu_);
+  // The prompt's keys per (identity, block size): one hashing per kind of
+  // worker, whatever their number.
+  absl::flat_hash_map<std::pair<std::string, int32_t>, std::vector<kv::BlockKey>> keys_by_kind;
+  for (const auto& [id, s] : sources_) {
+    if (!s.synced || s.keys.empty()) continue;
+    std::vector<kv::BlockKey>& keys = keys_by_kind[{s.cache_identity, s.block_size}];
+    if (keys.empty()) {
+      const kv::BlockHasher hasher(s.block_size, s.cache_identity);
+      hasher.Extend(hasher.Root(cache_salt), prompt, &keys);
+    }
+    size_t hit = 0;
+    while (hit < keys.size() && s.keys.contains(keys[hit])) ++hit;
+    if (hit > 0) cached[id] = static_cast<int64_t>(hit) * s.block_size;
+  }
+  return cached;
+}
+
+KvIndexStats KvIndex::stats() const {
+  absl::MutexLock lock(&mu_);
+  KvIndexStats st;
+  st.workers = static_cast<int32_t>(sources_.size());
+  for (const auto& [id, s] : sources_) st.keys += static_cast<int64_t>(s.keys.size());
+  st.events_total = events_total_;
+  st.snapshots_total = snapshots_total_;
+  st.gaps_total = gaps_total_;
+  return st;
+}
+
+}  // namespace trident::router::kv_index
