@@ -291,8 +291,13 @@ void Engine::Loop() {
         return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
       };
       if (s.last_step_prefill_tokens > 0 && seconds > 0) {
-        prefill_tokens_per_second_ =
-            ewma(prefill_tokens_per_second_, s.last_step_prefill_tokens / seconds);
+        // Tokens over time of recent prefill steps, each averaged apart (not
+        // an average of per-step rates): a step of a few tokens, such as a
+        // prompt whose prefix was cached, weighs as little as it computed
+        // instead of passing its fixed cost off as a slow per-token rate.
+        prefill_step_tokens_ = ewma(prefill_step_tokens_, s.last_step_prefill_tokens);
+        prefill_step_seconds_ = ewma(prefill_step_seconds_, seconds);
+        prefill_tokens_per_second_ = prefill_step_tokens_ / prefill_step_seconds_;
       } else if (s.last_step_decode_sequences > 0) {
         decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
       }

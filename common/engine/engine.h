@@ -155,6 +155,8 @@ class Engine final : public TokenSource {
   std::function<void(const EngineStats&)> observer_ ABSL_GUARDED_BY(mu_);
   // Step timing, touched only by the loop thread.
   double prefill_tokens_per_second_ = 0;
+  double prefill_step_tokens_ = 0;
+  double prefill_step_seconds_ = 0;
   double decode_step_seconds_ = 0;
   double step_hook_seconds_ = 0;
   // AcquireCachedPrefix's blocks, for the stats.

@@ -123,6 +123,10 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
     ask.qos_class = request_.qos_class;
     ask.ttft = request_.ttft_slo;
     ask.tpot = request_.tpot_slo;
+    if (source_->options_.kv_index != nullptr) {
+      ask.cached_tokens =
+          source_->options_.kv_index->CachedPrefixTokens(request_.prompt, request_.cache_salt);
+    }
     return ask;
   }
 
@@ -578,6 +582,9 @@ void RemoteTokenSource::Flight::EmitCompleteLocked(const v1::GenerateComplete& c
   // The prefill worker's reuse where one computed the prompt, else the
   // decode worker's (colocated).
   end.cached_tokens = std::max(prefill_cached_tokens_, complete.usage().cached_tokens());
+  if (source_->options_.metrics != nullptr && end.cached_tokens > 0) {
+    source_->options_.metrics->OnCachedTokensDelivered(end.cached_tokens);
+  }
   EmitLocked(std::move(end));
 }
 

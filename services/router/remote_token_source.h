@@ -48,6 +48,7 @@
 #include "common/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "services/router/admission/admission_controller.h"
+#include "services/router/kv_index/kv_index.h"
 #include "services/router/router_metrics.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -75,6 +76,10 @@ struct RemoteTokenSourceOptions {
   // Where request outcomes, admission decisions and latencies are recorded
   // (router_metrics.h); null: nowhere. Must outlive the source.
   RouterMetrics* metrics = nullptr;
+  // The workers' prefix caches, for KV-aware routing (each prefill worker
+  // priced for the prompt tokens it lacks); null: every prompt priced
+  // whole. Must outlive the source.
+  const kv_index::KvIndex* kv_index = nullptr;
   // The clock latencies and waits are measured on; null: the real clock.
   const Clock* clock = nullptr;
   // Whether a thread of the source retries and expires waiting requests on

@@ -124,6 +124,25 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
                      .Register(r)
                      .Add({});
 
+  auto& routing = prometheus::BuildCounter()
+                      .Name("trident_router_routing_decisions_total")
+                      .Help("Admitted requests by why their prefill worker won: prefix (predicted "
+                            "to hold part of the prompt in its cache) or load.")
+                      .Register(r);
+  routing_[0] = &routing.Add({{"reason", "prefix"}});
+  routing_[1] = &routing.Add({{"reason", "load"}});
+  prefix_predicted_ = &prometheus::BuildCounter()
+                           .Name("trident_router_prefix_cache_predicted_tokens_total")
+                           .Help("Prompt tokens admission predicted cached on the chosen prefill "
+                                 "worker (from the workers' KV events).")
+                           .Register(r)
+                           .Add({});
+  prefix_delivered_ = &prometheus::BuildCounter()
+                           .Name("trident_router_prefix_cache_delivered_tokens_total")
+                           .Help("Prompt tokens the workers reported reused from their caches.")
+                           .Register(r)
+                           .Add({});
+
   for (const admission::QosClass& c : qos_.classes) class_names_.push_back(c.name);
   class_names_.push_back(Name(kUnknownClass));
   for (const std::string& name : class_names_) {
@@ -174,7 +193,10 @@ void RouterMetrics::OnDecision(absl::string_view qos_class,
   if (decision.predicted_tpot != absl::InfiniteDuration()) {
     pc.predicted_tpot[d]->Observe(absl::ToDoubleSeconds(decision.predicted_tpot));
   }
-  if (!decision.admitted) {
+  if (decision.admitted) {
+    routing_[decision.predicted_cached_tokens > 0 ? 0 : 1]->Increment();
+    prefix_predicted_->Increment(static_cast<double>(decision.predicted_cached_tokens));
+  } else {
     pc.rejected[static_cast<int>(decision.reason)]->Increment();
     pc.outcomes[static_cast<int>(RequestOutcome::kRejected)]->Increment();
   }

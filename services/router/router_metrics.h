@@ -42,6 +42,17 @@
 //       Admission's predictions for the chosen pair (decision="admitted") or
 //       the best candidates (decision="rejected"); not observed when there
 //       was no candidate.
+//   trident_router_routing_decisions_total{reason}           counter   admitted requests by why
+//                                                                      their prefill worker won:
+//                                                                      "prefix" (predicted to hold
+//                                                                      part of the prompt), "load"
+//   trident_router_prefix_cache_predicted_tokens_total       counter   prompt tokens admission
+//                                                                      predicted cached on the
+//                                                                      chosen prefill worker
+//   trident_router_prefix_cache_delivered_tokens_total       counter   prompt tokens the workers
+//                                                                      reported reused (usage
+//                                                                      .cached_tokens): a stale
+//                                                                      index predicts more
 //   trident_router_worker_queued_prefill_tokens{worker}      gauge
 //   trident_router_worker_running_sequences{worker}          gauge
 //   trident_router_worker_kv_usage_ratio{worker}             gauge
@@ -122,6 +133,10 @@ class RouterMetrics {
   // The worker gauges from a load report; RemoveWorker drops the worker's
   // series.
   void UpdateWorkerLoad(const admission::WorkerLoadReport& load);
+  // A request's prompt tokens its workers reported reused.
+  void OnCachedTokensDelivered(int64_t tokens) {
+    prefix_delivered_->Increment(static_cast<double>(tokens));
+  }
   void RemoveWorker(const std::string& worker_id);
 
  private:
@@ -145,6 +160,10 @@ class RouterMetrics {
   std::vector<PerClass> classes_;
   std::array<prometheus::Gauge*, 2> in_flight_{};  // By RequestStage.
   prometheus::Gauge* waiting_kv_ = nullptr;
+  // routing_decisions_total: [0] prefix, [1] load.
+  std::array<prometheus::Counter*, 2> routing_{};
+  prometheus::Counter* prefix_predicted_ = nullptr;
+  prometheus::Counter* prefix_delivered_ = nullptr;
   prometheus::Family<prometheus::Gauge>& worker_queued_prefill_tokens_;
   prometheus::Family<prometheus::Gauge>& worker_running_sequences_;
   prometheus::Family<prometheus::Gauge>& worker_kv_usage_;

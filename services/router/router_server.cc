@@ -101,6 +101,7 @@ absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
   remote_options.allow_cpu_attention = options_.allow_cpu_attention;
   remote_options.max_kv_wait = options_.max_kv_wait;
   remote_options.metrics = metrics_.get();
+  remote_options.kv_index = &kv_index_;
   remote_options.clock = clock_;
   remote_ = std::make_unique<RemoteTokenSource>(admission_.get(), remote_options);
   return absl::OkStatus();
@@ -146,6 +147,12 @@ void RouterServer::OnLoad(const std::string& address, const v1::WorkerLoad& load
   // Only for an address not yet known to serve this worker: every sample
   // would otherwise take the request path's lock to write it again.
   if (!known) remote_->SetWorkerAddress(load.worker_id(), address);
+  if (load.has_kv_events()) {
+    if (absl::Status s = kv_index_.Apply(load.worker_id(), load.incarnation(), load.kv_events());
+        !s.ok()) {
+      TRIDENT_LOG(WARNING) << "KV events from " << address << ": " << s;
+    }
+  }
   absl::StatusOr<admission::WorkerLoadReport> report = admission::WorkerLoadReportFromProto(load);
   if (!report.ok()) {
     TRIDENT_LOG(WARNING) << "bad load report from " << address << ": " << report.status();
@@ -177,6 +184,7 @@ void RouterServer::OnDown(const std::string& address) {
   }
   admission_->RemoveWorker(id);
   metrics_->RemoveWorker(id);
+  kv_index_.RemoveWorker(id);
 }
 
 void RouterServer::OnTopology(const v1::Topology& topology) {

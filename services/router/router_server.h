@@ -45,6 +45,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "prometheus/registry.h"
 #include "services/router/admission/admission_controller.h"
+#include "services/router/kv_index/kv_index.h"
 #include "services/router/load_subscriber.h"
 #include "services/router/remote_token_source.h"
 #include "services/router/router_metrics.h"
@@ -153,6 +154,8 @@ class RouterServer {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   trident::v1::ModelInfoResponse info_;
   std::unique_ptr<admission::AdmissionController> admission_;
+  // The workers' prefix caches, from their load streams' KV events.
+  kv_index::KvIndex kv_index_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RemoteTokenSource> remote_;
   // Worker id by address, learned from the load streams (LiveWorkers).

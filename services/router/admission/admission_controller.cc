@@ -71,6 +71,9 @@ struct AdmissionController::Record {
   int decode = -1;
   int klass = 0;
   int64_t prompt_tokens = 0;
+  // Of those, what its prefill worker computes (the rest is cached there):
+  // what the request adds to that worker's queue.
+  int64_t prefill_tokens = 0;
   int64_t max_output_tokens = 0;
   int64_t blocks = 0;
   // Seconds since origin_.
@@ -157,6 +160,7 @@ struct AdmissionController::PrefillEval {
   TtftForecast forecast;  // `ttft` is forecast.At(scale).
   double transfer = 0;    // Part of forecast.request_work.
   double retry = -1;      // Seconds until it would pass; < 0 unknown.
+  int64_t tokens = 0;     // Prompt tokens it computes (PrefillTokens).
 };
 
 struct AdmissionController::DecodeEval {
@@ -568,6 +572,7 @@ AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int 
   r.decode = decode;
   r.klass = klass;
   r.prompt_tokens = request.prompt_tokens;
+  r.prefill_tokens = PrefillTokens(request, *workers_[prefill]);
   r.max_output_tokens = request.max_output_tokens;
   r.blocks = need_blocks;
   r.admitted = now;
@@ -583,11 +588,11 @@ AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int 
   r.prefill_report_seq = p.report_seq;
   if (p.outstanding_requests == 0) p.outstanding_since = now;
   p.outstanding_requests += 1;
-  p.outstanding_tokens += request.prompt_tokens;
+  p.outstanding_tokens += r.prefill_tokens;
   p.outstanding.emplace_back(slot, r.generation);
-  p.tokens_since_report += request.prompt_tokens;
+  p.tokens_since_report += r.prefill_tokens;
   p.requests_since_report += 1;
-  p.class_prefill_tokens[klass] += request.prompt_tokens;
+  p.class_prefill_tokens[klass] += r.prefill_tokens;
 
   Worker& d = *workers_[decode];
   r.decode_pos = static_cast<uint32_t>(d.decode_records.size());
@@ -600,13 +605,13 @@ AdmissionId AdmissionController::AddRecord(const AdmissionRequest& request, int 
 void AdmissionController::EndPrefill(Record& r, double now) {
   Worker& p = *workers_[r.prefill];
   p.outstanding_requests -= 1;
-  p.outstanding_tokens -= r.prompt_tokens;
+  p.outstanding_tokens -= r.prefill_tokens;
   p.outstanding_since = now;
   if (r.prefill_report_seq == p.report_seq) {
-    p.tokens_since_report -= r.prompt_tokens;
+    p.tokens_since_report -= r.prefill_tokens;
     p.requests_since_report -= 1;
   }
-  p.class_prefill_tokens[r.klass] -= r.prompt_tokens;
+  p.class_prefill_tokens[r.klass] -= r.prefill_tokens;
   r.prefill_done = true;
 }
 
@@ -740,6 +745,13 @@ TtftForecast AdmissionController::ForecastFor(const PrefillEval& e,
   return forecast;
 }
 
+int64_t AdmissionController::PrefillTokens(const AdmissionRequest& request,
+                                           const Worker& worker) {
+  auto it = request.cached_tokens.find(worker.id);
+  if (it == request.cached_tokens.end()) return request.prompt_tokens;
+  return request.prompt_tokens - std::clamp<int64_t>(it->second, 0, request.prompt_tokens - 1);
+}
+
 int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_ttft,
                                          double* best_any_ttft) {
   int num_prefill = 0;
@@ -752,12 +764,13 @@ int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_
     ++num_prefill;
     PrefillBacklog(w, s.now, &e.forecast, &e.backlog_tokens);
     e.transfer = s.transfer;
-    e.forecast.request_work = w.prefill_model.PredictSeconds(s.n) + s.transfer;
+    e.tokens = PrefillTokens(s.request, w);
+    e.forecast.request_work = w.prefill_model.PredictSeconds(e.tokens) + s.transfer;
     e.scale = TtftScale(w, s.now);
     e.ttft = e.forecast.At(e.scale);
     *best_any_ttft = std::min(*best_any_ttft, e.ttft);
     const double b = w.prefill_model.seconds_per_token();
-    const double queued = e.backlog_tokens + s.n;
+    const double queued = e.backlog_tokens + static_cast<double>(e.tokens);
     const double class_room =
         s.queue_capacity -
         UnusedReservedByOthers(w.class_prefill_tokens, s.queue_capacity, s.klass);
@@ -854,6 +867,8 @@ AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
                           s.tpot_target, s.need_blocks, forecast, tpot / d.tpot_scale);
   decision.prefill_worker_id = workers_[prefill]->id;
   decision.decode_worker_id = workers_[decode]->id;
+  decision.predicted_cached_tokens =
+      s.request.prompt_tokens - PrefillTokens(s.request, *workers_[prefill]);
   decision.predicted_ttft = ToDuration(ttft);
   decision.predicted_tpot = ToDuration(tpot);
   return decision;
@@ -898,7 +913,8 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
     const TtftForecast forecast = ForecastFor(e, static_cast<int>(i) == best_decode);
     if (static_cast<int>(i) == best_decode) {
       ttft = forecast.At(e.scale);
-      if (stage == kStageTtft && e.backlog_tokens + s.n <= s.queue_capacity) {
+      if (stage == kStageTtft &&
+          e.backlog_tokens + static_cast<double>(e.tokens) <= s.queue_capacity) {
         stage = ttft > s.ttft_target * s.margin ? kStageTtft : kStagePassed;
         retry = ttft - s.ttft_target * s.margin;
       }
@@ -929,6 +945,8 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
   decision->prefill_worker_id = workers_[best_prefill]->id;
   decision->decode_worker_id = workers_[best_decode]->id;
   decision->predicted_ttft = ToDuration(best_ttft);
+  decision->predicted_cached_tokens =
+      s.request.prompt_tokens - PrefillTokens(s.request, *workers_[best_prefill]);
 }
 
 }  // namespace trident::router::admission

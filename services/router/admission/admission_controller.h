@@ -21,7 +21,12 @@
 // The decision for a request of P prompt tokens and at most O output tokens:
 //
 //   1. Each eligible prefill worker p predicts
-//        TTFT_p = queue_p + prefill_p(P) + transfer(P)
+//        TTFT_p = queue_p + prefill_p(P - C_p) + transfer(P)
+//      where C_p is the prompt's prefix that p's cache holds (at most P - 1:
+//      AdmissionRequest::cached_tokens, from the router's KV index), so a
+//      worker holding the prefix is preferred while its queue is short, and
+//      one popular prefix cannot pile every request onto one worker: once
+//      its queue outweighs the saved prefill, another worker's TTFT is less;
 //      where queue_p is the backlog the worker last reported, less what it
 //      computed since then, plus prompts admitted to it since then, or, if
 //      more, the prompts this router admitted to it and has not seen
@@ -186,6 +191,9 @@ struct AdmissionRequest {
   // may be none: no target, never violated).
   absl::optional<absl::Duration> ttft;
   absl::optional<absl::Duration> tpot;
+  // Prompt tokens each worker's prefix cache holds, by worker id (missing:
+  // none). A prefill worker is priced, and its queue charged, for the rest.
+  absl::flat_hash_map<std::string, int64_t> cached_tokens;
 };
 
 // The outcome of Admit.
@@ -200,6 +208,9 @@ struct AdmissionDecision {
   // Rejected: why, and when to retry.
   RejectReason reason = RejectReason::kNoWorkers;
   absl::Duration retry_after = absl::ZeroDuration();
+  // Admitted: prompt tokens the chosen prefill worker is predicted to find
+  // in its prefix cache.
+  int64_t predicted_cached_tokens = 0;
   // Predictions for the chosen pair (admitted) or the best candidates
   // (rejected); absl::InfiniteDuration() when there was none.
   absl::Duration predicted_ttft = absl::InfiniteDuration();
@@ -317,6 +328,9 @@ class AdmissionController {
   static TtftForecast ForecastFor(const PrefillEval& e, bool colocated);
 
   double NowSeconds() const;
+  // Prompt tokens `worker` must compute for `request`: those its prefix
+  // cache lacks, at least one.
+  static int64_t PrefillTokens(const AdmissionRequest& request, const Worker& worker);
   bool Eligible(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's decode model; while it has fewer than kWarmDecodeSamples
   // of its own (it never decoded, e.g. it just switched from prefill), the

@@ -650,3 +650,56 @@ TEST(AdmissionControllerTest, ASlowedWorkerHasDoneLessOfItsBacklogThanTheClockSa
 
 }  // namespace
 }  // namespace trident::router::admission
+
+namespace trident::router::admission {
+namespace {
+
+// KV-aware routing: a prefill worker is priced for the prompt tokens its
+// cache lacks.
+TEST(AdmissionPrefixTest, ARepeatedPrefixGoesToTheWorkerHoldingIt) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(PrefillLoad("p1"));
+  cluster.Load(DecodeLoad("d"));
+  AdmissionRequest request =
+      Request(4096, 16, absl::Milliseconds(2000), absl::Milliseconds(200));
+  request.cached_tokens = {{"p1", 4000}};
+  const AdmissionDecision decision = cluster.Admit(request);
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_EQ(decision.prefill_worker_id, "p1");
+  EXPECT_EQ(decision.predicted_cached_tokens, 4000);
+  // 10 ms + 96 tokens at 10k/s, not 10 ms + 4096 at 10k/s.
+  EXPECT_NEAR(absl::ToDoubleMilliseconds(decision.predicted_ttft), 10 + 9.6, 0.5);
+  // A whole prompt cached still computes its last token.
+  request.cached_tokens = {{"p0", 4096}};
+  const AdmissionDecision full = cluster.Admit(request);
+  EXPECT_EQ(full.prefill_worker_id, "p0");
+  EXPECT_EQ(full.predicted_cached_tokens, 4095);
+}
+
+// One hot prefix held by one worker: requests go there while its queue is
+// shorter than the prefill they save, then spread to the other worker; the
+// queue is charged only the uncached tokens.
+TEST(AdmissionPrefixTest, AHotPrefixSpreadsOnceItsHoldersQueueOutweighsTheSaving) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(PrefillLoad("p1"));
+  cluster.Load(DecodeLoad("d"));
+  AdmissionRequest request = Request(2048, 16, absl::Seconds(30), absl::Seconds(1));
+  request.cached_tokens = {{"p1", 2000}};
+  int on_holder = 0, elsewhere = 0;
+  for (int i = 0; i < 40; ++i) {
+    const AdmissionDecision d = cluster.Admit(request);
+    ASSERT_TRUE(d.admitted);
+    (d.prefill_worker_id == "p1" ? on_holder : elsewhere) += 1;
+  }
+  std::printf("40 requests sharing a prefix cached on p1: %d on p1, %d on p0\n", on_holder,
+              elsewhere);
+  // Each costs p1 14.8 ms (10 + 48 tokens) and p0 214.8 ms: p0 takes one
+  // whenever p1's queue has grown past ~200 ms of work.
+  EXPECT_GT(on_holder, elsewhere);
+  EXPECT_GE(elsewhere, 2);
+}
+
+}  // namespace
+}  // namespace trident::router::admission
