@@ -1,6 +1,5 @@
 #include "common/engine/engine.h"
 
-#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -64,13 +63,8 @@ std::vector<int32_t> Engine::AcquireCachedPrefix(absl::Span<const int32_t> token
                                                  const std::string& cache_salt,
                                                  int32_t max_blocks) {
   if (!core_->prefix_caching() || max_blocks <= 0) return {};
-  const kv::BlockHasher& hasher = core_->hasher();
-  const size_t usable = std::min(tokens.size() / static_cast<size_t>(hasher.block_size()),
-                                 static_cast<size_t>(max_blocks));
-  std::vector<kv::BlockKey> keys;
-  hasher.Extend(hasher.Root(cache_salt),
-                tokens.first(usable * static_cast<size_t>(hasher.block_size())), &keys);
-  std::vector<int32_t> blocks = allocator_->AcquireCached(keys);
+  std::vector<int32_t> blocks = allocator_->AcquireCached(
+      core_->hasher().PrefixKeys(cache_salt, tokens, static_cast<size_t>(max_blocks)));
   reserved_cached_blocks_.fetch_add(static_cast<int64_t>(blocks.size()));
   return blocks;
 }

@@ -195,11 +195,10 @@ void EngineCore::FreeBlocks(Sequence& seq) {
 void EngineCore::MatchPrefix(Sequence& seq) {
   // Whole blocks only, and never the last token: it must run to give the
   // logits of the next.
-  const int32_t usable = (static_cast<int32_t>(seq.tokens.size()) - 1) / block_size_;
-  hasher_.Extend(seq.root, absl::MakeConstSpan(seq.tokens).first(static_cast<size_t>(usable) * static_cast<size_t>(block_size_)),
-                 &seq.keys);
-  seq.blocks = allocator_->AcquireCached(absl::MakeConstSpan(seq.keys).first(
-      std::min(static_cast<size_t>(usable), seq.keys.size())));
+  const size_t usable = (seq.tokens.size() - 1) / static_cast<size_t>(block_size_);
+  hasher_.Extend(seq.root, seq.tokens, &seq.keys, usable);
+  seq.blocks =
+      allocator_->AcquireCached(absl::MakeConstSpan(seq.keys).first(std::min(usable, seq.keys.size())));
   seq.num_published = static_cast<int32_t>(seq.blocks.size());
   seq.num_computed = seq.num_published * block_size_;
   if (seq.prefix_counted) return;
@@ -214,8 +213,7 @@ void EngineCore::PublishBlocks(Sequence& seq) {
   const int32_t full =
       std::min(seq.num_computed / block_size_, static_cast<int32_t>(seq.blocks.size()));
   if (full <= seq.num_published) return;
-  hasher_.Extend(seq.root, absl::MakeConstSpan(seq.tokens).first(static_cast<size_t>(full) * static_cast<size_t>(block_size_)),
-                 &seq.keys);
+  hasher_.Extend(seq.root, seq.tokens, &seq.keys, static_cast<size_t>(full));
   for (int32_t i = seq.num_published; i < full; ++i) {
     // False for a duplicate (another block holds the key): this one stays
     // the sequence's alone.

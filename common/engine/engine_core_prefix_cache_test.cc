@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/fake_model_backend.h"
+#include "common/engine/engine_testing.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/prefix_caching_block_allocator.h"
 #include "common/testing/status_matchers.h"
@@ -65,29 +66,6 @@ struct Harness {
   kv::PrefixCachingBlockAllocator allocator;
   EngineCore core;
 };
-
-EngineRequest Greedy(std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  EngineRequest r;
-  r.id = std::move(id);
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  return r;
-}
-
-std::vector<int32_t> ExpectedGreedy(const backend::FakeModelBackend& fake,
-                                    std::vector<int32_t> history, int32_t n) {
-  std::vector<int32_t> out;
-  std::vector<float> logits(kVocab);
-  for (int32_t i = 0; i < n; ++i) {
-    fake.LogitsFor(history, logits.data());
-    const int32_t best =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(best);
-    history.push_back(best);
-  }
-  return out;
-}
 
 std::vector<int32_t> Prompt(uint32_t seed, int32_t len) {
   std::mt19937 rng(seed);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/fake_model_backend.h"
+#include "common/engine/engine_testing.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -56,30 +57,6 @@ struct Harness {
   kv::PagedBlockAllocator allocator;
   EngineCore core;
 };
-
-EngineRequest Greedy(std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  EngineRequest r;
-  r.id = std::move(id);
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  return r;
-}
-
-// The fake model's greedy continuation, computed without any scheduler.
-std::vector<int32_t> ExpectedGreedy(const backend::FakeModelBackend& fake,
-                                    std::vector<int32_t> history, int32_t n) {
-  std::vector<int32_t> out;
-  std::vector<float> logits(kVocab);
-  for (int32_t i = 0; i < n; ++i) {
-    fake.LogitsFor(history, logits.data());
-    const int32_t best =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(best);
-    history.push_back(best);
-  }
-  return out;
-}
 
 std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t len) {
   std::uniform_int_distribution<int32_t> tok(0, kVocab - 1);

@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/backend/fake_model_backend.h"
+#include "common/engine/engine_testing.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -40,15 +41,6 @@ struct Collector {
     return events.size();
   }
 };
-
-EngineRequest Greedy(std::string id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  EngineRequest r;
-  r.id = std::move(id);
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  return r;
-}
 
 std::unique_ptr<backend::FakeModelBackend> Fake() {
   return std::make_unique<backend::FakeModelBackend>(50, 32, 4, 128);

@@ -7,22 +7,28 @@
 
 namespace trident::frontend {
 
+absl::Status ValidatePromptTokenIds(
+    const google::protobuf::RepeatedField<int32_t>& prompt_token_ids, int32_t vocab_size) {
+  for (int i = 0; i < prompt_token_ids.size(); ++i) {
+    const int32_t t = prompt_token_ids.Get(i);
+    if (t < 0 || t >= vocab_size) {
+      return InvalidArgumentForField(
+          absl::StrCat("prompt_token_ids[", i, "]"),
+          absl::StrCat("token id ", t, " is outside [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
     const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
     const trident::v1::SamplingParams& sampling, const trident::v1::StopConditions& stop,
     const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info) {
   if (request_id.empty()) return InvalidArgumentForField("request_id", "must not be empty");
+  TRIDENT_RETURN_IF_ERROR(ValidatePromptTokenIds(prompt_token_ids, model_info.vocab_size()));
   engine::EngineRequest er;
   er.id = request_id;
-  for (int i = 0; i < prompt_token_ids.size(); ++i) {
-    const int32_t t = prompt_token_ids.Get(i);
-    if (t < 0 || t >= model_info.vocab_size()) {
-      return InvalidArgumentForField(
-          absl::StrCat("prompt_token_ids[", i, "]"),
-          absl::StrCat("token id ", t, " is outside [0, ", model_info.vocab_size(), ")"));
-    }
-    er.prompt.push_back(t);
-  }
+  er.prompt.assign(prompt_token_ids.begin(), prompt_token_ids.end());
   if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
   TRIDENT_ASSIGN_OR_RETURN(
       er.sampling, sampling::SamplingParamsFromProto(sampling, options, model_info.vocab_size(),

@@ -16,6 +16,11 @@
 
 namespace trident::frontend {
 
+// OK when every id of `prompt_token_ids` is in [0, vocab_size); else
+// INVALID_ARGUMENT naming the first outside it (prompt_token_ids[i]).
+absl::Status ValidatePromptTokenIds(
+    const google::protobuf::RepeatedField<int32_t>& prompt_token_ids, int32_t vocab_size);
+
 // INVALID_ARGUMENT naming the field (prompt_token_ids[i], sampling.*,
 // stop.*) for bad input.
 absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(

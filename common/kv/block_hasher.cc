@@ -2,6 +2,7 @@
 
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
@@ -81,12 +82,20 @@ BlockKey BlockHasher::Next(const BlockKey& parent, absl::Span<const int32_t> tok
 }
 
 void BlockHasher::Extend(const BlockKey& root, absl::Span<const int32_t> tokens,
-                         std::vector<BlockKey>* keys) const {
-  const size_t full = tokens.size() / static_cast<size_t>(block_size_);
+                         std::vector<BlockKey>* keys, size_t max_blocks) const {
+  const size_t full = std::min(tokens.size() / static_cast<size_t>(block_size_), max_blocks);
   for (size_t i = keys->size(); i < full; ++i) {
     const BlockKey& parent = i == 0 ? root : (*keys)[i - 1];
     keys->push_back(Next(parent, tokens.subspan(i * block_size_, block_size_)));
   }
+}
+
+std::vector<BlockKey> BlockHasher::PrefixKeys(absl::string_view cache_salt,
+                                              absl::Span<const int32_t> tokens,
+                                              size_t max_blocks) const {
+  std::vector<BlockKey> keys;
+  Extend(Root(cache_salt), tokens, &keys, max_blocks);
+  return keys;
 }
 
 }  // namespace trident::kv

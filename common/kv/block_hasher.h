@@ -30,7 +30,9 @@
 //
 // Thread-safe (immutable after construction).
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -58,12 +60,18 @@ class BlockHasher {
   // REQUIRES: tokens.size() == block_size().
   BlockKey Next(const BlockKey& parent, absl::Span<const int32_t> tokens) const;
 
-  // Appends to `keys` the keys of the full blocks of `tokens` that it lacks:
-  // with k = keys->size() on entry, blocks k, k + 1, ... while a whole block
-  // of `tokens` remains (so keys->size() becomes tokens.size() / B, or stays
-  // k if that is not more). `root` is Root(cache_salt) of the sequence.
-  void Extend(const BlockKey& root, absl::Span<const int32_t> tokens,
-              std::vector<BlockKey>* keys) const;
+  // Appends to `keys` the keys of the full blocks of `tokens` that it lacks,
+  // up to `max_blocks`: with k = keys->size() on entry, blocks k, k + 1, ...
+  // while a whole block of `tokens` remains (so keys->size() becomes
+  // min(tokens.size() / B, max_blocks), or stays k if that is not more).
+  // `root` is Root(cache_salt) of the sequence.
+  void Extend(const BlockKey& root, absl::Span<const int32_t> tokens, std::vector<BlockKey>* keys,
+              size_t max_blocks = std::numeric_limits<size_t>::max()) const;
+
+  // The keys of `tokens`' leading whole blocks (at most `max_blocks`) in
+  // `cache_salt`'s namespace: Extend from Root(cache_salt).
+  std::vector<BlockKey> PrefixKeys(absl::string_view cache_salt, absl::Span<const int32_t> tokens,
+                                   size_t max_blocks = std::numeric_limits<size_t>::max()) const;
 
  private:
   int32_t block_size_;

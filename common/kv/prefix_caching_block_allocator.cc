@@ -47,7 +47,6 @@ void PrefixCachingBlockAllocator::EvictOne() {
   Entry& e = entries_[block];
   index_.erase(e.key);
   const BlockKey key = e.key;
-  e.named = false;
   e.key = BlockKey{};
   ++num_evicted_;
   // Cached blocks count as allocated in pool_; this one is free there now.
@@ -73,6 +72,8 @@ absl::StatusOr<std::vector<int32_t>> PrefixCachingBlockAllocator::Allocate(int32
 }
 
 absl::Status PrefixCachingBlockAllocator::Free(absl::Span<const int32_t> blocks) {
+  // A repeated id is a double free even for a block with several holders
+  // (no holder holds a block twice).
   absl::flat_hash_set<int32_t> seen;
   for (const int32_t b : blocks) {
     if (b < 0 || b >= num_total()) {
@@ -90,7 +91,7 @@ absl::Status PrefixCachingBlockAllocator::Free(absl::Span<const int32_t> blocks)
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
     Entry& e = entries_[*it];
     if (--e.refs > 0) continue;
-    if (e.named) {
+    if (e.named()) {
       LinkTail(*it);
     } else {
       unnamed.push_back(*it);
@@ -118,9 +119,8 @@ bool PrefixCachingBlockAllocator::Publish(int32_t block, const BlockKey& key) {
   TRIDENT_CHECK(block >= 0 && block < num_total() && entries_[block].refs > 0)
       << "publishing block " << block << ", which is not held";
   Entry& e = entries_[block];
-  if (e.named || key.empty()) return false;
+  if (e.named() || key.empty()) return false;
   if (!index_.emplace(key, block).second) return false;
-  e.named = true;
   e.key = key;
   if (on_publish_) on_publish_(key);
   return true;
@@ -138,17 +138,17 @@ absl::Status PrefixCachingBlockAllocator::CheckInvariants() const {
     if (e.refs < 0) return absl::InternalError(absl::StrCat("block ", b, " has refs ", e.refs));
     const bool in_pool = !pool_.IsAllocated(b);
     if (in_pool) {
-      if (e.refs != 0 || e.named) {
+      if (e.refs != 0 || e.named()) {
         return absl::InternalError(absl::StrCat("free block ", b, " is held or named"));
       }
       ++free;
     } else if (e.refs > 0) {
       ++held;
     } else {
-      if (!e.named) return absl::InternalError(absl::StrCat("block ", b, " is lost"));
+      if (!e.named()) return absl::InternalError(absl::StrCat("block ", b, " is lost"));
       ++cached;
     }
-    if (e.named) {
+    if (e.named()) {
       ++named;
       auto it = index_.find(e.key);
       if (it == index_.end() || it->second != b) {
@@ -161,7 +161,7 @@ absl::Status PrefixCachingBlockAllocator::CheckInvariants() const {
   }
   int32_t listed = 0;
   for (int32_t b = lru_head_, prev = -1; b >= 0; prev = b, b = entries_[b].next) {
-    if (entries_[b].prev != prev || entries_[b].refs != 0 || !entries_[b].named) {
+    if (entries_[b].prev != prev || entries_[b].refs != 0 || !entries_[b].named()) {
       return absl::InternalError(absl::StrCat("LRU list broken at block ", b));
     }
     if (++listed > num_total()) return absl::InternalError("LRU list has a cycle");

@@ -77,11 +77,12 @@ class PrefixCachingBlockAllocator final : public BlockAllocator {
  private:
   struct Entry {
     int32_t refs = 0;
-    bool named = false;
+    // The key of the KV it holds once published; empty while unnamed.
     BlockKey key;
     // LRU links while cached; -1 at the ends.
     int32_t prev = -1;
     int32_t next = -1;
+    bool named() const { return !key.empty(); }
   };
   void LinkTail(int32_t block);
   void Unlink(int32_t block);

@@ -283,14 +283,8 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
         "prompt_token_ids", absl::StrCat("has ", request.prompt_token_ids_size(),
                                          " tokens but num_tokens is ", request.num_tokens()));
   }
-  for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
-    const int32_t t = request.prompt_token_ids(i);
-    if (t < 0 || t >= model_info_.vocab_size()) {
-      return InvalidArgumentForField(
-          absl::StrCat("prompt_token_ids[", i, "]"),
-          absl::StrCat("token id ", t, " is outside [0, ", model_info_.vocab_size(), ")"));
-    }
-  }
+  TRIDENT_RETURN_IF_ERROR(
+      frontend::ValidatePromptTokenIds(request.prompt_token_ids(), model_info_.vocab_size()));
   absl::StatusOr<KvReservations::Reservation> r =
       reservations_->Reserve(request.request_id(), request.num_tokens(), lease,
                              request.prompt_token_ids(), request.cache_salt());

@@ -46,6 +46,9 @@ class Worker {
     options.kv_cache_bytes = kv_cache_bytes;
     options.kv_block_size = kBlock;
     options.pin_threads = false;
+    // One thread: the backends' threads spin between steps, and this test
+    // runs beside others on a small machine.
+    options.num_threads = 1;
     auto backend = CpuBackend::Create(model_dir, options);
     EXPECT_THAT(backend.status(), IsOk());
     backend_ = std::move(*backend);
@@ -200,11 +203,7 @@ TEST_P(PrefixCacheParityTest, EvictionAndPreemptionInASmallPool) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PrefixCacheParityTest,
                          ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         [](const auto& info) { return testing::FixtureTestName(info.param); });
 
 }  // namespace
 }  // namespace trident::backend

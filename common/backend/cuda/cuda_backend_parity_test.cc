@@ -270,11 +270,7 @@ TEST_P(CudaParityTest, BatchedGreedyEqualsOneAtATime) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParityTest,
                          ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         [](const auto& info) { return testing::FixtureTestName(info.param); });
 
 }  // namespace
 }  // namespace trident::backend

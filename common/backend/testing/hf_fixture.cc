@@ -123,4 +123,9 @@ int32_t Argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
+std::string FixtureTestName(std::string preset) {
+  std::replace(preset.begin(), preset.end(), '-', '_');
+  return preset;
+}
+
 }  // namespace trident::backend::testing

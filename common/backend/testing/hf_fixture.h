@@ -50,6 +50,10 @@ double MaxRelativeError(const FixturePrompt& prompt, const std::vector<std::vect
 
 int32_t Argmax(const std::vector<float>& v);
 
+// A preset as a test name: "llama3-tiny" -> "llama3_tiny" (gtest names take
+// no '-'), for INSTANTIATE_TEST_SUITE_P over the presets.
+std::string FixtureTestName(std::string preset);
+
 }  // namespace trident::backend::testing
 
 #endif  // TRIDENT_COMMON_BACKEND_TESTING_HF_FIXTURE_H_

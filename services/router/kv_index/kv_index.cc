@@ -65,18 +65,27 @@ void KvIndex::RemoveWorker(const std::string& worker_id) {
 
 absl::flat_hash_map<std::string, int64_t> KvIndex::CachedPrefixTokens(
     absl::Span<const int32_t> prompt, const std::string& cache_salt) const {
+  // The prompt's keys per (identity, block size): one hashing per kind of
+  // worker, whatever their number, done outside the lock that the workers'
+  // load streams take for every sample.
+  using Kind = std::pair<std::string, int32_t>;
+  absl::flat_hash_map<Kind, std::vector<kv::BlockKey>> keys_by_kind;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, s] : sources_) {
+      if (s.synced && !s.keys.empty()) keys_by_kind[{s.cache_identity, s.block_size}];
+    }
+  }
+  for (auto& [kind, keys] : keys_by_kind) {
+    keys = kv::BlockHasher(kind.second, kind.first).PrefixKeys(cache_salt, prompt);
+  }
   absl::flat_hash_map<std::string, int64_t> cached;
   absl::MutexLock lock(&mu_);
-  // The prompt's keys per (identity, block size): one hashing per kind of
-  // worker, whatever their number.
-  absl::flat_hash_map<std::pair<std::string, int32_t>, std::vector<kv::BlockKey>> keys_by_kind;
   for (const auto& [id, s] : sources_) {
-    if (!s.synced || s.keys.empty()) continue;
-    std::vector<kv::BlockKey>& keys = keys_by_kind[{s.cache_identity, s.block_size}];
-    if (keys.empty()) {
-      const kv::BlockHasher hasher(s.block_size, s.cache_identity);
-      hasher.Extend(hasher.Root(cache_salt), prompt, &keys);
-    }
+    if (!s.synced) continue;
+    auto kind = keys_by_kind.find(Kind{s.cache_identity, s.block_size});
+    if (kind == keys_by_kind.end()) continue;  // Joined since: priced whole.
+    const std::vector<kv::BlockKey>& keys = kind->second;
     size_t hit = 0;
     while (hit < keys.size() && s.keys.contains(keys[hit])) ++hit;
     if (hit > 0) cached[id] = static_cast<int64_t>(hit) * s.block_size;

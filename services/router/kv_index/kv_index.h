@@ -21,7 +21,8 @@
 //
 // Lookups compute the prompt's keys once per distinct (cache identity,
 // block size) among the workers (kv::BlockHasher, the workers' own key
-// function), then walk each worker's set until its first miss.
+// function), outside the lock, then walk each worker's set until its first
+// miss.
 //
 // Thread-safe.
 

@@ -36,15 +36,10 @@ struct Worker {
       : id(std::move(id_in)), incarnation(incarnation_in), hasher(kBlock, kModel) {}
   // Caches the whole blocks of `tokens`.
   void Cache(const std::vector<int32_t>& tokens, const std::string& salt = "") {
-    std::vector<kv::BlockKey> keys;
-    hasher.Extend(hasher.Root(salt), tokens, &keys);
-    for (const kv::BlockKey& k : keys) log.Stored(k);
+    for (const kv::BlockKey& k : hasher.PrefixKeys(salt, tokens)) log.Stored(k);
   }
-  void Evict(const std::vector<int32_t>& tokens) {
-    std::vector<kv::BlockKey> keys;
-    hasher.Extend(hasher.Root(""), tokens, &keys);
-    log.Removed(keys.back());
-  }
+  // Evicts the last whole block of `tokens`.
+  void Evict(const std::vector<int32_t>& tokens) { log.Removed(hasher.PrefixKeys("", tokens).back()); }
   // The next sample's batch.
   trident::v1::KvEvents Next() {
     trident::v1::KvEvents out;

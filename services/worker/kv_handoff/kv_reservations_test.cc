@@ -484,8 +484,7 @@ class CachingSource : public BlockSource {
   CachingSource() : allocator_(16), hasher_(4, "m") {}
   // Caches `tokens`' whole blocks as a finished sequence would.
   void Cache(const std::vector<int32_t>& tokens) {
-    std::vector<kv::BlockKey> keys;
-    hasher_.Extend(hasher_.Root(""), tokens, &keys);
+    const std::vector<kv::BlockKey> keys = hasher_.PrefixKeys("", tokens);
     auto blocks = allocator_.Allocate(static_cast<int32_t>(keys.size()));
     ASSERT_THAT(blocks.status(), IsOk());
     for (size_t i = 0; i < keys.size(); ++i) allocator_.Publish((*blocks)[i], keys[i]);
@@ -497,9 +496,8 @@ class CachingSource : public BlockSource {
   absl::Status Free(absl::Span<const int32_t> blocks) override { return allocator_.Free(blocks); }
   std::vector<int32_t> AcquireCached(absl::Span<const int32_t> tokens, const std::string& salt,
                                      int32_t max_blocks) override {
-    std::vector<kv::BlockKey> keys;
-    hasher_.Extend(hasher_.Root(salt), tokens.first(static_cast<size_t>(max_blocks) * 4), &keys);
-    return allocator_.AcquireCached(keys);
+    return allocator_.AcquireCached(
+        hasher_.PrefixKeys(salt, tokens, static_cast<size_t>(max_blocks)));
   }
   kv::PrefixCachingBlockAllocator& allocator() { return allocator_; }
 
