@@ -1,6 +1,7 @@
 #include "common/transport/attention/attention_wire.h"
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status_macros.h"
@@ -49,9 +50,45 @@ size_t RequestDataBytes(const RequestHeader& h) {
 
 size_t ReplyDataBytes(const ReplyHeader& h) {
   if ((h.flags & kAppendOnly) != 0) return 0;
+  if ((h.flags & kBlocks) != 0) return 0;  // Checked by the requester.
   return static_cast<size_t>(h.num_sequences) * h.num_q_heads * h.head_dim *
          WireElementSize(h.dtype);
 }
+
+RequestHeader BlockRequestHeader(bool put, uint64_t ticket, int32_t first, int32_t count,
+                                 uint64_t owner_incarnation, int32_t lane) {
+  return RequestHeader{.dtype = WireDType::kF32,
+                       .flags = static_cast<uint8_t>(put ? (kBlocks | kAppendOnly) : kBlocks),
+                       .owner_incarnation = owner_incarnation,
+                       .layer = first,
+                       .num_sequences = count,
+                       .num_q_heads = 0,
+                       .num_kv_heads = 0,
+                       .head_dim = 0,
+                       .lane = lane,
+                       .write_key = ticket};
+}
+
+namespace {
+
+absl::StatusOr<RequestView> DecodeBlockRequest(RequestView view, absl::string_view data) {
+  const RequestHeader& h = view.header;
+  if ((h.flags & kPromptWrite) != 0 || h.write_key == 0) {
+    return absl::InvalidArgumentError("a block request carries a ticket and no prompt write");
+  }
+  TRIDENT_RETURN_IF_ERROR(InRange("num_sequences", h.num_sequences, 1, kMaxSequencesPerRequest));
+  TRIDENT_RETURN_IF_ERROR(InRange("layer (first block)", h.layer, 0, int64_t{1} << 30));
+  const bool put = (h.flags & kAppendOnly) != 0;
+  if (put == data.empty()) {
+    return absl::InvalidArgumentError(put ? "a block put carries no blocks"
+                                          : "a block get carries data");
+  }
+  view.rows = data.data();
+  view.block_bytes = data.size();
+  return view;
+}
+
+}  // namespace
 
 absl::StatusOr<RequestView> DecodeRequest(absl::string_view header, absl::string_view data) {
   if (header.size() != sizeof(RequestHeader)) {
@@ -67,9 +104,10 @@ absl::StatusOr<RequestView> DecodeRequest(absl::string_view header, absl::string
                                                    h.version, ")"));
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
-  if ((h.flags & ~(kAppendOnly | kPromptWrite)) != 0) {
+  if ((h.flags & ~(kAppendOnly | kPromptWrite | kBlocks)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("unknown request flags ", int{h.flags}));
   }
+  if ((h.flags & kBlocks) != 0) return DecodeBlockRequest(std::move(view), data);
   const bool prompt_write = (h.flags & kPromptWrite) != 0;
   if (prompt_write && ((h.flags & kAppendOnly) == 0 || h.write_key == 0)) {
     return absl::InvalidArgumentError("a prompt write must be append-only and carry a write key");
@@ -106,7 +144,12 @@ absl::StatusOr<ReplyView> DecodeReply(absl::string_view header, size_t data_byte
   }
   TRIDENT_RETURN_IF_ERROR(CheckDType(h.dtype));
   view.error = std::string(header.substr(sizeof(ReplyHeader)));
-  if (h.status_code == 0 && (h.flags & kAppendOnly) != 0) {
+  if (h.status_code == 0 && (h.flags & kBlocks) != 0) {
+    TRIDENT_RETURN_IF_ERROR(InRange("num_sequences", h.num_sequences, 1, kMaxSequencesPerRequest));
+    if (((h.flags & kAppendOnly) != 0) != (data_bytes == 0)) {
+      return absl::InvalidArgumentError("a block reply's data does not match its kind");
+    }
+  } else if (h.status_code == 0 && (h.flags & kAppendOnly) != 0) {
     if (data_bytes != 0) {
       return absl::InvalidArgumentError("an append-only reply carries no data");
     }

@@ -24,6 +24,14 @@
 // prefill worker that computed the prompt): it names sequences by handle
 // and carries their write key (AdmitSequenceResponse.write_key) in place of
 // the owner's incarnation, and is refused once the owner has attended.
+//
+// A block-store request (flags & kBlocks) moves whole KV blocks of the
+// service's block store (services/attention/kv_store/block_store.h) under
+// a ticket from Attention.ReserveBlocks or LookupBlocks: write_key carries
+// the ticket, layer the first block of the ticket it covers, num_sequences
+// the count of blocks; the shape fields are 0. With kAppendOnly it is a
+// put: its data is the blocks' bytes, and its OK reply has none. Without,
+// a get: it has no data, and its OK reply's data is the blocks' bytes.
 // Integers are little-endian
 // (both ends are x86-64); the structs are copied byte for byte.
 //
@@ -65,6 +73,8 @@ inline constexpr int32_t kMaxHeadDim = 256;
 inline constexpr uint8_t kAppendOnly = 1;
 // With kAppendOnly: a prompt write, authorized by RequestHeader.write_key.
 inline constexpr uint8_t kPromptWrite = 2;
+// Moves block-store blocks (see above); with kAppendOnly, a put.
+inline constexpr uint8_t kBlocks = 4;
 
 // Element format of q, k, v and o on the wire.
 enum class WireDType : uint8_t { kF32 = 1, kBF16 = 3 };
@@ -130,7 +140,14 @@ struct RequestView {
   absl::Span<const SequenceEntry> sequences;  // May be unaligned-safe copies:
   // sequences point into `data`, which UCX aligns to 8 bytes at least.
   const char* rows = nullptr;  // num_sequences x [q | k | v].
+  // A block put's bytes (rows points at them); 0 otherwise.
+  size_t block_bytes = 0;
 };
+
+// The header of a block-store request: a put of `count` blocks (its data
+// count * block bytes) or a get.
+RequestHeader BlockRequestHeader(bool put, uint64_t ticket, int32_t first, int32_t count,
+                                 uint64_t owner_incarnation, int32_t lane);
 
 // Decodes a request message. INVALID_ARGUMENT naming what is wrong: a bad
 // magic or version, a dtype other than f32/bf16, counts out of bounds

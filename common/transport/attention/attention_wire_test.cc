@@ -94,10 +94,10 @@ TEST(AttentionWireTest, OnlyAppendOnlyPromptWritesCarryAWriteKey) {
   h.flags = kAppendOnly;
   EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(h)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only a prompt write")));
-  h.flags = 4;
+  h.flags = 8;
   h.write_key = 0;
   EXPECT_THAT(DecodeRequest(EncodeRequestHeader(h), bytes(h)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown request flags 4")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown request flags 8")));
 }
 
 TEST(AttentionWireTest, RepliesCarryTheirErrorOrTheirRows) {
@@ -128,6 +128,27 @@ TEST(AttentionWireTest, Bf16RoundTripRoundsToNearestEven) {
   }
   EXPECT_EQ(back[0], 1.0f);
   EXPECT_EQ(back[1], -2.5f);
+}
+
+TEST(AttentionWireTest, BlockRequestsCarryTheirTicketAndBlocks) {
+  const RequestHeader put = BlockRequestHeader(true, 42, 3, 2, 7, 1);
+  alignas(8) char data[64] = {};
+  absl::StatusOr<RequestView> view =
+      DecodeRequest(EncodeRequestHeader(put), absl::string_view(data, sizeof(data)));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->header.write_key, 42u);
+  EXPECT_EQ(view->header.layer, 3);
+  EXPECT_EQ(view->block_bytes, sizeof(data));
+  EXPECT_FALSE(DecodeRequest(EncodeRequestHeader(put), absl::string_view()).ok());
+  const RequestHeader get = BlockRequestHeader(false, 42, 0, 2, 7, 1);
+  EXPECT_TRUE(DecodeRequest(EncodeRequestHeader(get), absl::string_view()).ok());
+  EXPECT_FALSE(DecodeRequest(EncodeRequestHeader(get), absl::string_view(data, 8)).ok());
+  RequestHeader no_ticket = get;
+  no_ticket.write_key = 0;
+  EXPECT_FALSE(DecodeRequest(EncodeRequestHeader(no_ticket), absl::string_view()).ok());
+  RequestHeader no_blocks = get;
+  no_blocks.num_sequences = 0;
+  EXPECT_FALSE(DecodeRequest(EncodeRequestHeader(no_blocks), absl::string_view()).ok());
 }
 
 }  // namespace

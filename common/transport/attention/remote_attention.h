@@ -83,6 +83,26 @@ struct KvAppendCall {
   uint64_t write_key = 0;
 };
 
+// Moves blocks [first, first + count) of a block-store ticket (from
+// Attention.ReserveBlocks: a put; LookupBlocks: a get). A put's `data`
+// (count blocks' bytes) is read during StartBlockPut only; a get's blocks
+// land in `out` (`bytes` long) before Wait returns OK, never after Wait
+// returns.
+struct BlockPutCall {
+  uint64_t ticket = 0;
+  int32_t first = 0;
+  int32_t count = 0;
+  const char* data = nullptr;
+  size_t bytes = 0;
+};
+struct BlockGetCall {
+  uint64_t ticket = 0;
+  int32_t first = 0;
+  int32_t count = 0;
+  char* out = nullptr;
+  size_t bytes = 0;
+};
+
 // Thread-safe.
 class RemoteAttention {
  public:
@@ -97,6 +117,18 @@ class RemoteAttention {
 
   // Sends an append-only request; Wait's OK means the KV is written.
   virtual absl::StatusOr<Ticket> StartAppend(const KvAppendCall& call) = 0;
+
+  // Block-store transfers; Wait's OK means the put's blocks are readable at
+  // the service, or the get's are in call.out. UNIMPLEMENTED unless
+  // overridden.
+  virtual absl::StatusOr<Ticket> StartBlockPut(const BlockPutCall& call) {
+    (void)call;
+    return absl::UnimplementedError("no block store behind this channel");
+  }
+  virtual absl::StatusOr<Ticket> StartBlockGet(const BlockGetCall& call) {
+    (void)call;
+    return absl::UnimplementedError("no block store behind this channel");
+  }
 
   // Waits for the request's reply: OK once call.out holds o. The service's
   // error as it reported it (NOT_FOUND for an unknown handle,

@@ -139,16 +139,64 @@ class UcxAttentionClient::ServiceChannel final : public RemoteAttention {
     return client_->Wait(ticket, timeout);
   }
 
+  absl::StatusOr<Ticket> StartBlockPut(const BlockPutCall& call) override {
+    if (call.ticket == 0 || call.count < 1 || call.data == nullptr || call.bytes == 0) {
+      return absl::InvalidArgumentError("a block put needs a ticket, a count and its bytes");
+    }
+    std::shared_ptr<uint64_t[]> data = client_->buffers_.Take((call.bytes + 7) / 8);
+    std::memcpy(data.get(), call.data, call.bytes);
+    return SendBlocks(/*put=*/true, call.ticket, call.first, call.count, std::move(data),
+                      call.bytes, nullptr, 0);
+  }
+
+  absl::StatusOr<Ticket> StartBlockGet(const BlockGetCall& call) override {
+    if (call.ticket == 0 || call.count < 1 || call.out == nullptr || call.bytes == 0) {
+      return absl::InvalidArgumentError("a block get needs a ticket, a count and room");
+    }
+    return SendBlocks(/*put=*/false, call.ticket, call.first, call.count, nullptr, 0, call.out,
+                      call.bytes);
+  }
+
  private:
-  absl::StatusOr<Ticket> Send(const AttentionCall& call, uint8_t flags,
-                              const KvAppendCall* bf16_rows = nullptr, uint64_t write_key = 0) {
+  // The lane for the next request; UNAVAILABLE when its endpoint failed.
+  absl::StatusOr<int> NextLane() {
     const int lane =
         static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) % endpoints_.size());
-    const std::shared_ptr<Endpoint>& endpoint = endpoints_[lane];
-    if (endpoint->failed()) {
+    if (endpoints_[lane]->failed()) {
       return absl::UnavailableError(
           absl::StrCat("attention service ", service_id_, " is unreachable"));
     }
+    return lane;
+  }
+
+  absl::StatusOr<Ticket> SendBlocks(bool put, uint64_t ticket, int32_t first, int32_t count,
+                                    std::shared_ptr<uint64_t[]> data, size_t bytes, char* out,
+                                    size_t out_bytes) {
+    TRIDENT_ASSIGN_OR_RETURN(const int lane, NextLane());
+    RequestHeader header =
+        BlockRequestHeader(put, ticket, first, count, client_->owner_incarnation_, lane);
+    header.request_id = client_->AddBlockPending(out, out_bytes);
+    const uint64_t request_id = header.request_id;
+    UcxAttentionClient* client = client_;
+    std::string service_id = service_id_;
+    endpoints_[lane]->Send(
+        kAttentionRequestMessageId, EncodeRequestHeader(header), data.get(), bytes,
+        [client, request_id, data, service_id](absl::Status status) {
+          if (!status.ok()) {
+            client->Fail(request_id,
+                         absl::UnavailableError(absl::StrCat("block request to ", service_id,
+                                                             " failed: ", status.message())));
+          }
+        },
+        /*rendezvous=*/bytes >= kRendezvousBytes);
+    client_->requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    return request_id;
+  }
+
+  absl::StatusOr<Ticket> Send(const AttentionCall& call, uint8_t flags,
+                              const KvAppendCall* bf16_rows = nullptr, uint64_t write_key = 0) {
+    TRIDENT_ASSIGN_OR_RETURN(const int lane, NextLane());
+    const std::shared_ptr<Endpoint>& endpoint = endpoints_[lane];
     RequestHeader header{.dtype = call.dtype,
                          .flags = flags,
                          .owner_incarnation = client_->owner_incarnation_,
@@ -237,6 +285,38 @@ uint64_t UcxAttentionClient::AddPending(const AttentionCall& call) {
   return id;
 }
 
+uint64_t UcxAttentionClient::AddBlockPending(char* out, size_t bytes) {
+  const uint64_t id = next_request_id_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  Pending& pending = pending_[id];
+  pending.blocks = true;
+  pending.block_out = out;
+  pending.block_bytes = bytes;
+  if (closed_) {
+    pending.done = true;
+    pending.status = absl::UnavailableError("the attention client was shut down");
+  }
+  return id;
+}
+
+void UcxAttentionClient::TakeBlockReply(const ReplyHeader& h, absl::string_view data,
+                                        Pending& pending) {
+  if (!pending.blocks) {
+    bad_replies_.fetch_add(1, std::memory_order_relaxed);
+    pending.status = absl::InternalError("a block reply for an attention request");
+    return;
+  }
+  const bool put = (h.flags & kAppendOnly) != 0;
+  if (put != (pending.block_out == nullptr) || data.size() != pending.block_bytes) {
+    bad_replies_.fetch_add(1, std::memory_order_relaxed);
+    pending.status = absl::InternalError(absl::StrCat(
+        "a block reply of ", data.size(), " bytes for a request of ", pending.block_bytes));
+    return;
+  }
+  if (!put) std::memcpy(pending.block_out, data.data(), data.size());
+  pending.status = absl::OkStatus();
+}
+
 void UcxAttentionClient::Fail(uint64_t request_id, absl::Status status) {
   absl::MutexLock lock(&mu_);
   auto it = pending_.find(request_id);
@@ -261,6 +341,10 @@ void UcxAttentionClient::OnReply(absl::string_view header, absl::string_view dat
   if (h.status_code != 0) {
     pending.status = absl::Status(static_cast<absl::StatusCode>(h.status_code),
                                   absl::StrCat("attention service: ", reply->error));
+    return;
+  }
+  if ((h.flags & kBlocks) != 0 || pending.blocks) {
+    TakeBlockReply(h, data, pending);
     return;
   }
   const bool has_out = pending.out != nullptr || pending.out_bf16 != nullptr;

@@ -60,6 +60,10 @@ class UcxAttentionClient {
     int32_t num_sequences = 0;
     int64_t row_elements = 0;
     WireDType dtype = WireDType::kF32;
+    // A block-store request: a get's blocks go to block_out.
+    bool blocks = false;
+    char* block_out = nullptr;
+    size_t block_bytes = 0;
     bool done = false;
     absl::Status status;
   };
@@ -68,6 +72,10 @@ class UcxAttentionClient {
       : lanes_(lanes), owner_incarnation_(owner_incarnation) {}
   void OnReply(absl::string_view header, absl::string_view data) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t AddPending(const AttentionCall& call) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t AddBlockPending(char* out, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // OnReply's part for a block-store reply.
+  void TakeBlockReply(const ReplyHeader& h, absl::string_view data, Pending& pending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(uint64_t request_id, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Wait(uint64_t request_id, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -216,6 +216,10 @@ void UcxAttentionServer::Serve(Job& job) {
     return;
   }
   const RequestHeader& h = request->header;
+  if ((h.flags & kBlocks) != 0) {
+    ServeBlocks(*request);
+    return;
+  }
   const absl::Time started = absl::Now();
   ReplyHeader reply{.dtype = h.dtype,
                     .flags = h.flags,
@@ -227,7 +231,6 @@ void UcxAttentionServer::Serve(Job& job) {
   std::shared_ptr<uint64_t[]> rows = reply_buffers_.Take((reply_bytes + 7) / 8);
   absl::Status status = computer_->Compute(*request, reinterpret_cast<char*>(rows.get()));
   const absl::Time computed = absl::Now();
-  reply.status_code = static_cast<int32_t>(status.code());
   if (options_.on_request) {
     options_.on_request(AttentionRequestRecord{.layer = h.layer,
                                                .num_sequences = h.num_sequences,
@@ -236,6 +239,30 @@ void UcxAttentionServer::Serve(Job& job) {
                                                .append_only = (h.flags & kAppendOnly) != 0,
                                                .status = status});
   }
+  Answer(h, reply, status, std::move(rows), reply_bytes, h.num_sequences);
+}
+
+void UcxAttentionServer::ServeBlocks(const RequestView& request) {
+  const RequestHeader& h = request.header;
+  ReplyHeader reply{.dtype = WireDType::kF32,
+                    .flags = h.flags,
+                    .request_id = h.request_id,
+                    .num_sequences = h.num_sequences};
+  const bool put = (h.flags & kAppendOnly) != 0;
+  absl::StatusOr<size_t> bytes = put ? size_t{0} : computer_->BlockGetBytes(request);
+  std::shared_ptr<uint64_t[]> data;
+  absl::Status status = bytes.status();
+  if (status.ok()) {
+    data = reply_buffers_.Take((*bytes + 7) / 8);
+    status = computer_->ServeBlocks(request, reinterpret_cast<char*>(data.get()));
+  }
+  Answer(h, reply, status, std::move(data), status.ok() ? *bytes : 0, 0);
+}
+
+void UcxAttentionServer::Answer(const RequestHeader& h, ReplyHeader reply,
+                                const absl::Status& status, std::shared_ptr<uint64_t[]> data,
+                                size_t data_bytes, int32_t sequences) {
+  reply.status_code = static_cast<int32_t>(status.code());
   std::shared_ptr<Endpoint> endpoint = RouteTo(h.owner_incarnation, h.lane);
   {
     // Counted before the reply goes out (see above).
@@ -244,15 +271,15 @@ void UcxAttentionServer::Serve(Job& job) {
       ++counters_.dropped;
     } else if (status.ok()) {
       ++counters_.requests;
-      counters_.sequences += h.num_sequences;
-      counters_.bytes_out += static_cast<int64_t>(reply_bytes);
+      counters_.sequences += sequences;
+      counters_.bytes_out += static_cast<int64_t>(data_bytes);
     } else {
       ++counters_.errors;
     }
   }
   if (!endpoint) return;
   if (status.ok()) {
-    SendReply(*endpoint, EncodeReplyHeader(reply, ""), std::move(rows), reply_bytes);
+    SendReply(*endpoint, EncodeReplyHeader(reply, ""), std::move(data), data_bytes);
   } else {
     SendReply(*endpoint, EncodeReplyHeader(reply, status.message()), nullptr, 0);
   }

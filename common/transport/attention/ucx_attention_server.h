@@ -49,6 +49,20 @@ class AttentionComputer {
   // `reply_rows` (num_sequences x num_q_heads x head_dim elements of the
   // request's wire dtype). An error goes back to the requester as is.
   virtual absl::Status Compute(const RequestView& request, char* reply_rows) = 0;
+
+  // Block-store requests (attention_wire.h, kBlocks). A put stores
+  // request.rows (request.block_bytes bytes); a get's reply holds
+  // BlockGetBytes(request) bytes, which ServeBlocks writes into `reply`.
+  // Unless overridden: UNIMPLEMENTED (this computer has no block store).
+  virtual absl::StatusOr<size_t> BlockGetBytes(const RequestView& request) {
+    (void)request;
+    return absl::UnimplementedError("this attention service has no block store");
+  }
+  virtual absl::Status ServeBlocks(const RequestView& request, char* reply) {
+    (void)request;
+    (void)reply;
+    return absl::UnimplementedError("this attention service has no block store");
+  }
 };
 
 // Counters since start.
@@ -143,6 +157,13 @@ class UcxAttentionServer {
   std::unique_ptr<Job> TakeJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLoop();
   void Serve(Job& job);
+  // Serve's part for a block-store request, once decoded.
+  void ServeBlocks(const RequestView& request);
+  // Sends `reply`'s error or its data; counts it. Whoever has no route is
+  // counted as dropped.
+  void Answer(const RequestHeader& h, ReplyHeader reply, const absl::Status& status,
+              std::shared_ptr<uint64_t[]> data, size_t data_bytes, int32_t sequences)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The endpoint of the route of `incarnation` on `lane`; null if none.
   std::shared_ptr<Endpoint> RouteTo(uint64_t incarnation, int32_t lane) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a reply (the data is kept alive until UCX is done with it).

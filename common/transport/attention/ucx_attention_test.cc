@@ -3,6 +3,9 @@
 // back into the caller's rows, errors included.
 
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <thread>
@@ -64,6 +67,26 @@ class SumComputer final : public AttentionComputer {
     }
     return absl::OkStatus();
   }
+  // Blocks: a put keeps its bytes under (ticket, first); a get of ticket t
+  // answers what (t - 1, first) holds, so a put under ticket 1 is read
+  // back with ticket 2. Ticket 9 is unknown.
+  absl::StatusOr<size_t> BlockGetBytes(const RequestView& request) override {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find({request.header.write_key - 1, request.header.layer});
+    if (it == blocks_.end()) return absl::NotFoundError("no such block ticket");
+    return it->second.size();
+  }
+  absl::Status ServeBlocks(const RequestView& request, char* reply) override {
+    const RequestHeader& h = request.header;
+    absl::MutexLock lock(&mu_);
+    if ((h.flags & kAppendOnly) != 0) {
+      blocks_[{h.write_key, h.layer}].assign(request.rows, request.block_bytes);
+      return absl::OkStatus();
+    }
+    const std::string& bytes = blocks_.at({h.write_key - 1, h.layer});
+    std::memcpy(reply, bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
   void FailWith(absl::Status status) {
     absl::MutexLock lock(&mu_);
     fail_with_ = std::move(status);
@@ -81,6 +104,7 @@ class SumComputer final : public AttentionComputer {
  private:
   std::string appended_ ABSL_GUARDED_BY(mu_);
   absl::Mutex mu_;
+  std::map<std::pair<uint64_t, int32_t>, std::string> blocks_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_with_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> layers_ ABSL_GUARDED_BY(mu_);
 };
@@ -439,6 +463,37 @@ TEST_P(UcxAttentionTest, StartChecksTheCall) {
   const std::vector<int32_t> positions = {0};
   EXPECT_THAT(channel->Start(rows.Call(0, handles, positions, WireDType::kF32)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one position per handle")));
+}
+
+TEST_P(UcxAttentionTest, BlocksGoToTheStoreAndComeBack) {
+  std::unique_ptr<RemoteAttention> channel = Connect();
+  ASSERT_NE(channel, nullptr);
+  // 3 blocks of 96 KiB: the put goes by rendezvous, the get's reply eagerly.
+  std::string blocks(3 * 96 * 1024, '\0');
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<char>(i * 7 + i / 4096);
+  auto put = channel->StartBlockPut(
+      BlockPutCall{.ticket = 1, .first = 2, .count = 3, .data = blocks.data(), .bytes = blocks.size()});
+  ASSERT_THAT(put.status(), IsOk());
+  ASSERT_THAT(channel->Wait(*put, absl::Seconds(20)), IsOk());
+  std::string back(blocks.size(), '\0');
+  auto get = channel->StartBlockGet(
+      BlockGetCall{.ticket = 2, .first = 2, .count = 3, .out = back.data(), .bytes = back.size()});
+  ASSERT_THAT(get.status(), IsOk());
+  ASSERT_THAT(channel->Wait(*get, absl::Seconds(20)), IsOk());
+  EXPECT_TRUE(back == blocks);
+  // A get of the wrong size is refused, not written past.
+  std::string small(1024, 'x');
+  get = channel->StartBlockGet(
+      BlockGetCall{.ticket = 2, .first = 2, .count = 3, .out = small.data(), .bytes = small.size()});
+  ASSERT_THAT(get.status(), IsOk());
+  EXPECT_THAT(channel->Wait(*get, absl::Seconds(20)), StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(small, std::string(1024, 'x'));
+  // The store's error comes back as it is.
+  get = channel->StartBlockGet(
+      BlockGetCall{.ticket = 9, .first = 0, .count = 1, .out = small.data(), .bytes = small.size()});
+  ASSERT_THAT(get.status(), IsOk());
+  EXPECT_THAT(channel->Wait(*get, absl::Seconds(20)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no such block ticket")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxAttentionTest, ::testing::Values("tcp", "posix"),
