@@ -87,7 +87,23 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
       freed_session_ended_(CounterOf(registry, "trident_attention_freed_sequences_total",
                                      "Sequences freed, by cause.", {{"cause", "session_ended"}})),
       freed_idle_(CounterOf(registry, "trident_attention_freed_sequences_total",
-                            "Sequences freed, by cause.", {{"cause", "idle"}})) {
+                            "Sequences freed, by cause.", {{"cause", "idle"}})),
+      store_blocks_(GaugeOf(registry, "trident_attention_store_blocks",
+                            "KV blocks the block store (the DRAM tier) holds, readable.")),
+      store_bytes_(GaugeOf(registry, "trident_attention_store_bytes",
+                           "Bytes the block store's blocks hold (reserved ones included).")),
+      store_capacity_bytes_(GaugeOf(registry, "trident_attention_store_capacity_bytes",
+                                    "The block store's budget.")),
+      store_written_(CounterOf(registry, "trident_attention_store_blocks_written_total",
+                               "KV blocks written into the block store.")),
+      store_evictions_(CounterOf(registry, "trident_attention_store_evictions_total",
+                                 "KV blocks the block store evicted to make room.")),
+      store_lookups_(CounterOf(registry, "trident_attention_store_lookups_total",
+                               "Block store lookups (one per prompt a worker asked about).")),
+      store_hits_(CounterOf(registry, "trident_attention_store_hit_blocks_total",
+                            "KV blocks block store lookups matched.")),
+      store_read_(CounterOf(registry, "trident_attention_store_blocks_read_total",
+                            "KV blocks fetched from the block store.")) {
   GaugeOf(
       registry, "trident_attention_info",
       "The attention service's kernel instruction set, NUMA node and threads.",
@@ -116,6 +132,17 @@ void AttentionMetrics::Sample(const SequenceStoreStats& store,
   Follow(freed_released_, store.released, &last_released_);
   Follow(freed_session_ended_, store.freed_session_ended, &last_session_ended_);
   Follow(freed_idle_, store.freed_idle, &last_idle_);
+}
+
+void AttentionMetrics::SampleBlocks(const BlockStoreStats& blocks) {
+  store_blocks_.Set(static_cast<double>(blocks.blocks));
+  store_bytes_.Set(static_cast<double>(blocks.bytes));
+  store_capacity_bytes_.Set(static_cast<double>(blocks.capacity_bytes));
+  Follow(store_written_, blocks.blocks_written_total, &last_blocks_.blocks_written_total);
+  Follow(store_evictions_, blocks.evictions_total, &last_blocks_.evictions_total);
+  Follow(store_lookups_, blocks.lookups_total, &last_blocks_.lookups_total);
+  Follow(store_hits_, blocks.blocks_matched_total, &last_blocks_.blocks_matched_total);
+  Follow(store_read_, blocks.blocks_read_total, &last_blocks_.blocks_read_total);
 }
 
 }  // namespace trident::attention

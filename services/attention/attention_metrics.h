@@ -14,6 +14,14 @@
 //   trident_attention_bytes_read_total          counter  KV bytes the kernel read
 //   trident_attention_freed_sequences_total{cause} counter released, session_ended, idle
 //   trident_attention_info{isa,numa_node,threads} gauge 1
+//   trident_attention_store_blocks              gauge    block store: readable blocks
+//   trident_attention_store_bytes               gauge    bytes its blocks hold
+//   trident_attention_store_capacity_bytes      gauge    its budget
+//   trident_attention_store_blocks_written_total counter blocks written by puts
+//   trident_attention_store_evictions_total     counter  blocks evicted for room
+//   trident_attention_store_lookups_total       counter  lookups
+//   trident_attention_store_hit_blocks_total    counter  blocks lookups matched
+//   trident_attention_store_blocks_read_total   counter  blocks fetched
 //
 // Thread-safe: Record runs on the data plane's dispatcher thread, Sample on
 // the service's housekeeping thread.
@@ -29,6 +37,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/attention/kv_store/block_store.h"
 #include "services/attention/kv_store/sequence_store.h"
 
 namespace trident::attention {
@@ -45,6 +54,8 @@ class AttentionMetrics {
   void Sample(const SequenceStoreStats& store,
               const transport::attention::AttentionServerCounters& data_plane,
               int64_t kv_bytes_read);
+  // The block store's occupancy and totals.
+  void SampleBlocks(const BlockStoreStats& blocks);
 
  private:
   prometheus::Gauge& sequences_;
@@ -63,6 +74,15 @@ class AttentionMetrics {
   prometheus::Counter& freed_released_;
   prometheus::Counter& freed_session_ended_;
   prometheus::Counter& freed_idle_;
+  prometheus::Gauge& store_blocks_;
+  prometheus::Gauge& store_bytes_;
+  prometheus::Gauge& store_capacity_bytes_;
+  prometheus::Counter& store_written_;
+  prometheus::Counter& store_evictions_;
+  prometheus::Counter& store_lookups_;
+  prometheus::Counter& store_hits_;
+  prometheus::Counter& store_read_;
+  BlockStoreStats last_blocks_;
   // The totals the counters were last brought up to.
   int64_t last_bad_messages_ = 0;
   int64_t last_bytes_read_ = 0;

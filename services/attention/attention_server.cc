@@ -50,6 +50,12 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("the KV budget must be positive, got ", options.kv_budget_bytes, " bytes"));
   }
+  if (options.blocks.capacity_bytes < 0 ||
+      options.blocks.capacity_bytes > options.kv_budget_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the block store's capacity must be 0 to the KV budget (",
+                     options.kv_budget_bytes, " bytes), got ", options.blocks.capacity_bytes));
+  }
   if (options.lanes < 1) {
     return absl::InvalidArgumentError(absl::StrCat("lanes must be >= 1, got ", options.lanes));
   }
@@ -66,6 +72,7 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   clock_ = options_.clock != nullptr ? options_.clock : Clock::Real();
   TRIDENT_RETURN_IF_ERROR(StartKvMemory());
   store_ = std::make_unique<SequenceStore>(kv_pool_.get(), clock_, options_.store);
+  blocks_ = std::make_unique<BlockStore>(kv_pool_.get(), clock_, options_.blocks);
   numa::SpinPool* pool = pool_.get();
   TRIDENT_ASSIGN_OR_RETURN(
       computer_, KvAttentionComputer::Create(
@@ -73,6 +80,7 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
                      Executor{.threads = pool->num_threads(),
                               .run = [pool](const std::function<void(int)>& fn) { pool->Run(fn); }},
                      options_.isa));
+  computer_->set_block_store(blocks_.get());
   const std::string isa(kernels::cpu::DecodeIsaName(computer_->isa()));
   TRIDENT_ASSIGN_OR_RETURN(lanes_,
                            transport::UcxLanes::Create(ucx_.get(), {.lanes = options_.lanes}));
@@ -90,6 +98,7 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
                                                                     std::move(data_plane_options)));
   AttentionServiceParts parts;
   parts.store = store_.get();
+  parts.blocks = blocks_.get();
   parts.data_plane = data_plane_.get();
   parts.endpoint.set_owner_id(options_.service_id);
   parts.endpoint.set_incarnation(options_.incarnation);
@@ -111,7 +120,8 @@ absl::Status AttentionServer::Start(prometheus::Registry* registry) {
   TRIDENT_LOG(INFO) << "attention service " << options_.service_id << ": NUMA node " << numa_node_
                     << ", " << pool->num_threads() << " " << isa << " kernel threads on CPUs "
                     << absl::StrJoin(pool->threads(), ",") << ", KV budget "
-                    << options_.kv_budget_bytes / (1 << 20) << " MiB, " << options_.lanes
+                    << options_.kv_budget_bytes / (1 << 20) << " MiB (block store "
+                    << options_.blocks.capacity_bytes / (1 << 20) << " MiB of it), " << options_.lanes
                     << " UCX lane(s) (" << options_.ucx_transports << ")";
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   return absl::OkStatus();
@@ -187,7 +197,9 @@ void AttentionServer::Housekeep() {
     store_->OwnerUnreachable(owner_id, incarnation);
   }
   store_->Sweep();
+  blocks_->Sweep();
   metrics_->Sample(store_->Stats(), data_plane_->counters(), computer_->kv_bytes_read());
+  metrics_->SampleBlocks(blocks_->Stats());
 }
 
 void AttentionServer::HousekeepingLoop() {

@@ -51,6 +51,7 @@
 #include "services/attention/attention_service.h"
 #include "services/attention/kv_attention_computer.h"
 #include "services/attention/kv_store/kv_pool.h"
+#include "services/attention/kv_store/block_store.h"
 #include "services/attention/kv_store/sequence_store.h"
 
 namespace trident::attention {
@@ -78,6 +79,9 @@ struct AttentionServerOptions {
   // Data-plane lanes (UcxLanes).
   int32_t lanes = 1;
   SequenceStoreOptions store;
+  // The KV block store (the DRAM tier of the prefix cache); its blocks come
+  // from the same KV budget as sequences. capacity_bytes 0: off.
+  BlockStoreOptions blocks;
   absl::Duration housekeeping_interval = absl::Milliseconds(250);
   // An owner that has not answered a liveness probe for this long counts as
   // unreachable (its grace starts).
@@ -110,6 +114,7 @@ class AttentionServer {
   std::vector<RegisteredService> services();
   AttentionService& service() { return *service_; }
   SequenceStore& store() { return *store_; }
+  BlockStore& blocks() { return *blocks_; }
   // The node, and the CPU each kernel thread is pinned to.
   int32_t numa_node() const { return numa_node_; }
   const std::vector<int>& kernel_cpus() const { return pool_->threads(); }
@@ -148,6 +153,7 @@ class AttentionServer {
   std::unique_ptr<KvPool> kv_pool_;
   std::unique_ptr<transport::MemoryRegion> kv_region_;
   std::unique_ptr<SequenceStore> store_;
+  std::unique_ptr<BlockStore> blocks_;
   std::unique_ptr<KvAttentionComputer> computer_;
   std::unique_ptr<transport::UcxWorker> ucx_;
   std::unique_ptr<transport::UcxLanes> lanes_;

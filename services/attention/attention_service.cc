@@ -128,6 +128,20 @@ trident::v1::AttentionStats AttentionService::Stats() const {
   stats.set_sequences(store.sequences);
   stats.set_held_tokens(store.held_tokens);
   stats.set_sessions(store.sessions);
+  if (parts_.blocks != nullptr) {
+    const BlockStoreStats blocks = parts_.blocks->Stats();
+    trident::v1::BlockStoreStats* out = stats.mutable_block_store();
+    out->set_blocks(blocks.blocks);
+    out->set_reserved_blocks(blocks.reserved_blocks);
+    out->set_bytes(blocks.bytes);
+    out->set_capacity_bytes(blocks.capacity_bytes);
+    out->set_blocks_written_total(blocks.blocks_written_total);
+    out->set_evictions_total(blocks.evictions_total);
+    out->set_blocks_refused_total(blocks.blocks_refused_total);
+    out->set_lookups_total(blocks.lookups_total);
+    out->set_blocks_matched_total(blocks.blocks_matched_total);
+    out->set_blocks_read_total(blocks.blocks_read_total);
+  }
   if (parts_.data_plane_stats) {
     const DataPlaneStats data_plane = parts_.data_plane_stats();
     stats.set_attention_requests_total(data_plane.requests);
@@ -142,6 +156,103 @@ grpc::ServerUnaryReactor* AttentionService::GetStats(
     grpc::CallbackServerContext* context, const trident::v1::GetAttentionStatsRequest* request,
     trident::v1::AttentionStats* response) {
   *response = Stats();
+  return FinishUnary(context, absl::OkStatus());
+}
+
+absl::StatusOr<BlockFormat> BlockFormatFromProto(const trident::v1::BlockFormat& format) {
+  const trident::v1::KvLayout& layout = format.layout();
+  if (layout.block_layout() != trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM) {
+    return absl::InvalidArgumentError(
+        "format.layout.block_layout: stored blocks are KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM");
+  }
+  absl::StatusOr<numeric::DType> dtype = kv::FromProtoDType(layout.dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format.layout.dtype: ", dtype.status().message()));
+  }
+  BlockFormat result{.model_identity = format.model_identity(),
+                     .num_layers = layout.num_layers(),
+                     .num_kv_heads = layout.num_kv_heads(),
+                     .head_dim = layout.head_dim(),
+                     .block_size = layout.block_size_tokens(),
+                     .dtype = *dtype};
+  TRIDENT_RETURN_IF_ERROR(ValidateBlockFormat(result));
+  return result;
+}
+
+absl::StatusOr<std::vector<kv::BlockKey>> BlockKeysFromProto(
+    const google::protobuf::RepeatedField<uint64_t>& hi,
+    const google::protobuf::RepeatedField<uint64_t>& lo) {
+  if (hi.size() != lo.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("key_hi has ", hi.size(), " keys, key_lo ",
+                                                   lo.size()));
+  }
+  std::vector<kv::BlockKey> keys(hi.size());
+  for (int i = 0; i < hi.size(); ++i) keys[i] = kv::BlockKey{.hi = hi[i], .lo = lo[i]};
+  return keys;
+}
+
+namespace {
+
+// The owner's session, the format and the keys of a block request.
+template <typename Request>
+absl::Status ParseBlockRequest(const SequenceStore& store, const BlockStore* blocks,
+                               const Request& request, BlockFormat* format,
+                               std::vector<kv::BlockKey>* keys) {
+  if (blocks == nullptr) return absl::UnimplementedError("this service has no block store");
+  TRIDENT_RETURN_IF_ERROR(store.CheckOwner(request.owner_id(), request.owner_incarnation()));
+  TRIDENT_ASSIGN_OR_RETURN(*format, BlockFormatFromProto(request.format()));
+  TRIDENT_ASSIGN_OR_RETURN(*keys, BlockKeysFromProto(request.key_hi(), request.key_lo()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AttentionService::ReserveBlocks(
+    grpc::CallbackServerContext* context, const trident::v1::ReserveBlocksRequest* request,
+    trident::v1::ReserveBlocksResponse* response) {
+  BlockFormat format;
+  std::vector<kv::BlockKey> keys;
+  absl::Status parsed = ParseBlockRequest(*parts_.store, parts_.blocks, *request, &format, &keys);
+  if (!parsed.ok()) return FinishUnary(context, parsed);
+  absl::StatusOr<BlockStore::Reservation> reserved = parts_.blocks->Reserve(
+      BlockOwner{.owner_id = request->owner_id(), .incarnation = request->owner_incarnation()},
+      format, keys);
+  if (!reserved.ok()) return FinishUnary(context, reserved.status());
+  response->set_ticket(reserved->ticket);
+  for (int32_t index : reserved->write) response->add_write(index);
+  response->set_block_bytes(static_cast<int64_t>(reserved->block_bytes));
+  SetProtoDuration(parts_.blocks->options().put_lease, response->mutable_lease());
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionService::LookupBlocks(
+    grpc::CallbackServerContext* context, const trident::v1::LookupBlocksRequest* request,
+    trident::v1::LookupBlocksResponse* response) {
+  BlockFormat format;
+  std::vector<kv::BlockKey> keys;
+  absl::Status parsed = ParseBlockRequest(*parts_.store, parts_.blocks, *request, &format, &keys);
+  if (!parsed.ok()) return FinishUnary(context, parsed);
+  absl::StatusOr<BlockStore::Match> match = parts_.blocks->Lookup(
+      BlockOwner{.owner_id = request->owner_id(), .incarnation = request->owner_incarnation()},
+      format, keys);
+  if (!match.ok()) return FinishUnary(context, match.status());
+  response->set_matched(match->matched);
+  response->set_ticket(match->ticket);
+  response->set_block_bytes(static_cast<int64_t>(match->block_bytes));
+  SetProtoDuration(parts_.blocks->options().read_lease, response->mutable_lease());
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionService::ReleaseBlocks(
+    grpc::CallbackServerContext* context, const trident::v1::ReleaseBlocksRequest* request,
+    trident::v1::ReleaseBlocksResponse* response) {
+  if (parts_.blocks == nullptr) {
+    return FinishUnary(context, absl::UnimplementedError("this service has no block store"));
+  }
+  response->set_released(parts_.blocks->Release(
+      BlockOwner{.owner_id = request->owner_id(), .incarnation = request->owner_incarnation()},
+      request->ticket()));
   return FinishUnary(context, absl::OkStatus());
 }
 

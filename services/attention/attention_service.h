@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/transport/attention/ucx_attention_server.h"
 #include "common/transport/ucx_worker.h"
+#include "services/attention/kv_store/block_store.h"
 #include "services/attention/kv_store/sequence_store.h"
 #include "trident/v1/attention.grpc.pb.h"
 
@@ -31,6 +32,8 @@ struct DataPlaneStats {
 // What the service is built on; every pointer must outlive it.
 struct AttentionServiceParts {
   SequenceStore* store = nullptr;
+  // The KV block store (the DRAM tier); null: its RPCs are UNIMPLEMENTED.
+  BlockStore* blocks = nullptr;
   // Connect routes each owner's replies through it.
   transport::attention::UcxAttentionServer* data_plane = nullptr;
   // The service's UCX endpoint (owner id, incarnation, lane addresses, lane,
@@ -64,6 +67,16 @@ class AttentionService final : public trident::v1::Attention::CallbackService {
                                      const trident::v1::GetAttentionStatsRequest* request,
                                      trident::v1::AttentionStats* response) override;
 
+  grpc::ServerUnaryReactor* ReserveBlocks(grpc::CallbackServerContext* context,
+                                          const trident::v1::ReserveBlocksRequest* request,
+                                          trident::v1::ReserveBlocksResponse* response) override;
+  grpc::ServerUnaryReactor* LookupBlocks(grpc::CallbackServerContext* context,
+                                         const trident::v1::LookupBlocksRequest* request,
+                                         trident::v1::LookupBlocksResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseBlocks(grpc::CallbackServerContext* context,
+                                          const trident::v1::ReleaseBlocksRequest* request,
+                                          trident::v1::ReleaseBlocksResponse* response) override;
+
   // GetStats's answer.
   trident::v1::AttentionStats Stats() const;
 
@@ -74,6 +87,14 @@ class AttentionService final : public trident::v1::Attention::CallbackService {
 // AdmitSequenceRequest -> SequenceSpec; INVALID_ARGUMENT for a dtype other
 // than f32, f16 or bf16.
 absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceRequest& request);
+
+// A block request's format and keys, validated: INVALID_ARGUMENT naming the
+// field (a layout other than HEAD_TOKEN_DIM, key_hi and key_lo of
+// different lengths).
+absl::StatusOr<BlockFormat> BlockFormatFromProto(const trident::v1::BlockFormat& format);
+absl::StatusOr<std::vector<kv::BlockKey>> BlockKeysFromProto(
+    const google::protobuf::RepeatedField<uint64_t>& hi,
+    const google::protobuf::RepeatedField<uint64_t>& lo);
 
 }  // namespace trident::attention
 

@@ -205,4 +205,22 @@ absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> KvAttentionComputer::BlockGetBytes(
+    const transport::attention::RequestView& request) {
+  if (blocks_ == nullptr) return absl::UnimplementedError("this service has no block store");
+  return static_cast<size_t>(request.header.num_sequences) * blocks_->block_bytes();
+}
+
+absl::Status KvAttentionComputer::ServeBlocks(const transport::attention::RequestView& request,
+                                              char* reply) {
+  if (blocks_ == nullptr) return absl::UnimplementedError("this service has no block store");
+  const transport::attention::RequestHeader& h = request.header;
+  if ((h.flags & transport::attention::kAppendOnly) != 0) {
+    return blocks_->Write(h.owner_incarnation, h.write_key, h.layer, h.num_sequences, request.rows,
+                          request.block_bytes);
+  }
+  return blocks_->Read(h.owner_incarnation, h.write_key, h.layer, h.num_sequences, reply,
+                       static_cast<size_t>(h.num_sequences) * blocks_->block_bytes());
+}
+
 }  // namespace trident::attention

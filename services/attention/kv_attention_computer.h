@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/transport/attention/ucx_attention_server.h"
 #include "kernels/cpu/decode_attention/decode_attention.h"
+#include "services/attention/kv_store/block_store.h"
 #include "services/attention/kv_store/sequence_store.h"
 
 namespace trident::attention {
@@ -56,6 +57,13 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
 
   absl::Status Compute(const transport::attention::RequestView& request, char* reply_rows) override;
 
+  // Serves the data plane's block-store requests from `blocks` (must
+  // outlive the computer; set before the data plane starts). Without it
+  // they are UNIMPLEMENTED.
+  void set_block_store(BlockStore* blocks) { blocks_ = blocks; }
+  absl::StatusOr<size_t> BlockGetBytes(const transport::attention::RequestView& request) override;
+  absl::Status ServeBlocks(const transport::attention::RequestView& request, char* reply) override;
+
   // KV bytes the kernel read, over every request so far.
   // Thread-safe.
   int64_t kv_bytes_read() const { return kv_bytes_read_.load(std::memory_order_relaxed); }
@@ -79,6 +87,7 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
   static kernels::cpu::DecodeKvLayout KernelLayout(const SequenceLayout& layout);
 
   SequenceStore* const store_;
+  BlockStore* blocks_ = nullptr;
   const Executor executor_;
   // Scratch kept between requests.
   std::vector<uint64_t> handles_;

@@ -22,6 +22,12 @@ ABSL_FLAG(std::string, service_id, "",
           "Id of this service in stats and endpoints; empty: attention-<pid>.");
 ABSL_FLAG(int64_t, kv_budget_mb, 1024,
           "DRAM for offloaded sequences' KV, in MiB; admission beyond it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, kv_store_mb, 0,
+          "MiB of the KV budget (--kv_budget_mb) the KV block store may hold: the DRAM tier of "
+          "the cluster's prefix cache, which workers started with --kv_tier write cached "
+          "blocks to and fetch them from. 0 turns the store off.");
+ABSL_FLAG(absl::Duration, kv_store_lease, absl::Seconds(30),
+          "How long a worker's block-store put reservation or fetch pin lasts unreleased.");
 ABSL_FLAG(std::string, ucx_transports, "^sysv",
           "UCX_TLS for the attention data plane (e.g. 'tcp', 'posix', 'rc_x'); empty: UCX's "
           "default.");
@@ -74,6 +80,9 @@ int main(int argc, char** argv) {
         TRIDENT_ASSIGN_OR_RETURN(options.isa,
                                  trident::attention::ParseIsa(absl::GetFlag(FLAGS_attention_isa)));
         options.kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mb) << 20;
+        options.blocks.capacity_bytes = absl::GetFlag(FLAGS_kv_store_mb) << 20;
+        options.blocks.put_lease = absl::GetFlag(FLAGS_kv_store_lease);
+        options.blocks.read_lease = absl::GetFlag(FLAGS_kv_store_lease);
         options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
         options.lanes = absl::GetFlag(FLAGS_lanes);
         options.store.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);

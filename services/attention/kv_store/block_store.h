@@ -115,6 +115,11 @@ class BlockStore {
   BlockStore& operator=(const BlockStore&) = delete;
 
   const BlockStoreOptions& options() const { return options_; }
+  // Bytes of one block of the store's format; 0 before the first put.
+  uint64_t block_bytes() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return block_bytes_;
+  }
 
   struct Reservation {
     uint64_t ticket = 0;         // 0: nothing reserved.

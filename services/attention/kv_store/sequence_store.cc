@@ -107,6 +107,11 @@ absl::Status SequenceStore::CheckSession(const std::string& owner_id, uint64_t i
   return absl::OkStatus();
 }
 
+absl::Status SequenceStore::CheckOwner(const std::string& owner_id, uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  return CheckSession(owner_id, incarnation);
+}
+
 absl::StatusOr<int> SequenceStore::Connect(const std::string& owner_id, uint64_t incarnation) {
   if (owner_id.empty()) return absl::InvalidArgumentError("client.owner_id must be set");
   if (incarnation == 0) return absl::InvalidArgumentError("client.incarnation must be set");

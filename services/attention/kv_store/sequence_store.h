@@ -202,6 +202,11 @@ class SequenceStore {
 
   SequenceStoreStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // OK if the owner has a session of this incarnation; FAILED_PRECONDITION
+  // as Admit otherwise.
+  absl::Status CheckOwner(const std::string& owner_id, uint64_t incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Owners with a session, and their sequences' handles (for status pages
   // and tests).
   std::vector<uint64_t> HandlesOf(const std::string& owner_id) const ABSL_LOCKS_EXCLUDED(mu_);
