@@ -141,10 +141,14 @@ absl::Status WorkerServer::StartKvTransport() {
 
 absl::Status WorkerServer::StartOffload() {
   if (model_ == nullptr || options_.attention_services.empty()) return absl::OkStatus();
+  TRIDENT_ASSIGN_OR_RETURN(
+      attention_pool_,
+      AttentionServicePool::Create({.services = options_.attention_services,
+                                    .worker_id = identity_.worker_id,
+                                    .incarnation = identity_.incarnation},
+                                   ucx_.get()));
   AttentionOffloadOptions offload;
-  offload.services = options_.attention_services;
   offload.worker_id = identity_.worker_id;
-  offload.incarnation = identity_.incarnation;
   offload.num_q_heads = model_->info.num_attention_heads();
   offload.policy = options_.offload_policy;
   offload.attention_timeout = options_.attention_timeout;
@@ -158,7 +162,7 @@ absl::Status WorkerServer::StartOffload() {
   offload.wake = [engine = model_->engine.get()] { engine->Wake(); };
   offload.max_step_time = options_.offload_max_step_time;
   TRIDENT_ASSIGN_OR_RETURN(offload_,
-                           AttentionOffload::Create(std::move(offload), ucx_.get(),
+                           AttentionOffload::Create(std::move(offload), attention_pool_.get(),
                                                     &model_->engine->backend_for_setup()));
   model_->engine->SetStepHook(offload_.get());
   return absl::OkStatus();

@@ -57,6 +57,7 @@
 #include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/load_streams.h"
 #include "services/worker/offload/attention_offload.h"
+#include "services/worker/offload/attention_service_pool.h"
 #include "services/worker/offload/offload_policy.h"
 #include "services/worker/offload/prompt_kv_sender.h"
 #include "services/worker/prefill_service.h"
@@ -220,6 +221,7 @@ class WorkerServer {
   std::unique_ptr<KvReservations> reservations_;
   std::unique_ptr<transport::UcxWorker> ucx_;
   std::unique_ptr<transport::UcxKv> kv_;
+  std::unique_ptr<AttentionServicePool> attention_pool_;
   std::unique_ptr<AttentionOffload> offload_;
   std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
   std::unique_ptr<transport::MeteredKvSender> metered_kv_;

@@ -11,29 +11,20 @@
 #include "grpcpp/grpcpp.h"
 
 namespace trident::worker {
-namespace {
-
 namespace v1 = ::trident::v1;
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-}  // namespace
-
-AttentionOffload::AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend)
+AttentionOffload::AttentionOffload(AttentionOffloadOptions options, AttentionServicePool* pool,
+                                   backend::ModelBackend* backend)
     : options_(std::move(options)),
       backend_(backend),
+      pool_(pool),
       release_sink_(std::make_shared<ReleaseSink>()) {
   absl::MutexLock lock(&release_sink_->mu);
   release_sink_->offload = this;
 }
 
 absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
-    AttentionOffloadOptions options, transport::UcxWorker* ucx, backend::ModelBackend* backend) {
-  if (options.services.empty()) {
-    return absl::InvalidArgumentError("offload needs at least one attention service");
-  }
+    AttentionOffloadOptions options, AttentionServicePool* pool, backend::ModelBackend* backend) {
   if (!backend->supports_remote_attention()) {
     return absl::InvalidArgumentError(
         "this backend cannot compute attention at a service (no remote attention)");
@@ -43,17 +34,14 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
                                                    options.background_move_threads));
   }
   auto offload =
-      std::unique_ptr<AttentionOffload>(new AttentionOffload(std::move(options), backend));
-  TRIDENT_RETURN_IF_ERROR(offload->Start(ucx));
+      std::unique_ptr<AttentionOffload>(new AttentionOffload(std::move(options), pool, backend));
+  TRIDENT_RETURN_IF_ERROR(offload->Start());
   return offload;
 }
 
-absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
+absl::Status AttentionOffload::Start() {
   TRIDENT_ASSIGN_OR_RETURN(kv_copier_, ServiceKvCopier::Create(*backend_));
   backend_->set_remote_attention_timeout(options_.attention_timeout);
-  TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx, {.lanes = 1}));
-  TRIDENT_ASSIGN_OR_RETURN(client_, transport::attention::UcxAttentionClient::Create(
-                                        lanes_.get(), options_.incarnation));
   if (options_.pipeline == PipelineMode::kAuto) {
     absl::StatusOr<BackendCosts> costs = MeasureBackendCosts(*backend_);
     if (costs.ok()) {
@@ -66,36 +54,22 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
                            << costs.status();
     }
   }
-  endpoint_.set_owner_id(options_.worker_id);
-  endpoint_.set_incarnation(options_.incarnation);
-  endpoint_.set_memory_type(v1::MEMORY_TYPE_HOST);
-  lanes_->DescribeAddresses(&endpoint_);
-  for (const std::string& address : options_.services) {
-    auto service = std::make_unique<Service>();
-    service->address = address;
-    service->stub =
-        v1::Attention::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    absl::Status connected = Connect(*service);
-    if (!connected.ok()) {
-      TRIDENT_LOG(WARNING) << "attention service " << address
-                           << " not reachable yet (retrying): " << connected;
-    } else if (options_.pipeline == PipelineMode::kAuto) {
-      // Before the engine's hook is installed: the channel is ours alone.
-      absl::Status calibrated = Calibrate(*service);
-      if (!calibrated.ok()) {
-        TRIDENT_LOG(WARNING) << "attention service " << address
-                             << ": its costs were not measured (no pipelining to it): "
-                             << calibrated;
-      }
+  for (Service* service : pool_->services()) {
+    if (!pool_->connected(*service) || options_.pipeline != PipelineMode::kAuto) continue;
+    // Before the engine's hook is installed: the channel is ours alone.
+    absl::Status calibrated = Calibrate(*service);
+    if (!calibrated.ok()) {
+      TRIDENT_LOG(WARNING) << "attention service " << service->address
+                           << ": its costs were not measured (no pipelining to it): "
+                           << calibrated;
     }
-    services_.push_back(std::move(service));
   }
   // The planner's inputs, fixed from here on: the backend's table and the
   // slowest calibrated service's (a step waits for each service).
   step_costs_ = StepCosts{.linear = backend_costs_.linear,
                           .local_attention = backend_costs_.local_attention,
                           .pre_attention_share = options_.pre_attention_share};
-  for (const auto& service : services_) {
+  for (const Service* service : pool_->services()) {
     if (!service->calibrated) continue;
     if (step_costs_.cpu_attention.empty() ||
         service->costs.attention.At(4096) > step_costs_.cpu_attention.At(4096)) {
@@ -110,7 +84,6 @@ absl::Status AttentionOffload::Start(transport::UcxWorker* ucx) {
     absl::MutexLock lock(&mu_);
     placement_costs_ = step_costs_;
   }
-  housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   migration_scratch_.resize(std::max(1, options_.background_move_threads));
   for (size_t slot = 0; slot < migration_scratch_.size(); ++slot) {
     migrators_.emplace_back([this, slot] { MigrationLoop(migration_scratch_[slot]); });
@@ -128,33 +101,9 @@ AttentionOffload::~AttentionOffload() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (housekeeping_.joinable()) housekeeping_.join();
   // A copy under way ends first (each of its waits is bounded); its service
   // copy, if any, goes with this worker's session.
   for (std::thread& migrator : migrators_) migrator.join();
-}
-
-absl::Status AttentionOffload::Connect(Service& service) {
-  absl::StatusOr<AttentionSession> session =
-      OpenAttentionSession(*service.stub, endpoint_, *client_, options_.rpc_timeout);
-  absl::MutexLock lock(&mu_);
-  if (!session.ok()) {
-    service.connected = false;
-    service.next_attempt = absl::Now() + options_.reconnect_interval;
-    return session.status();
-  }
-  const v1::ConnectResponse& response = session->response;
-  // The old channel stays: sequences still named by the engine may point at
-  // it until their step fails and they come back.
-  if (service.channel != nullptr) retired_.push_back(std::move(service.channel));
-  service.channel = std::move(session->channel);
-  service.service_id = response.server().owner_id();
-  service.connected = true;
-  service.sequences = 0;
-  TRIDENT_LOG(INFO) << "offloading to attention service " << service.service_id << " at "
-                    << service.address << " (NUMA node " << response.numa_node() << ", "
-                    << v1::Isa_Name(response.isa()) << ")";
-  return absl::OkStatus();
 }
 
 absl::Status AttentionOffload::Calibrate(Service& service) {
@@ -162,6 +111,7 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
   TRIDENT_ASSIGN_OR_RETURN(
       const v1::AdmitSequenceResponse admitted,
       Admit(service, absl::StrCat("calibration-", options_.worker_id), context));
+  transport::attention::RemoteAttention* channel = pool_->channel(service);
   // And a batch of one-token sequences for the cost of each sequence a
   // request carries; without room for them (a small budget), none.
   constexpr int32_t kBatch = 16;
@@ -170,15 +120,15 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
     absl::StatusOr<v1::AdmitSequenceResponse> one =
         Admit(service, absl::StrCat("calibration-", options_.worker_id, "-", i), 1);
     if (!one.ok()) {
-      TRIDENT_LOG(WARNING) << "attention service " << service.service_id
+      TRIDENT_LOG(WARNING) << "attention service " << service.address
                            << ": no per-sequence cost measured: " << one.status();
-      for (uint64_t handle : batch) ReleaseAt(service, handle).IgnoreError();
+      for (uint64_t handle : batch) pool_->ReleaseAt(service, handle).IgnoreError();
       batch.clear();
       break;
     }
     batch.push_back(one->handle());
   }
-  ServiceProbe probe{.channel = service.channel.get(),
+  ServiceProbe probe{.channel = channel,
                      .num_q_heads = options_.num_q_heads,
                      .num_kv_heads = spec().num_kv_heads,
                      .head_dim = spec().head_dim,
@@ -187,10 +137,10 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
                      .max_context = context,
                      .timeout = options_.attention_timeout};
   absl::StatusOr<ServiceCosts> costs = MeasureServiceCosts(probe, admitted.handle(), batch);
-  ReleaseAt(service, admitted.handle()).IgnoreError();
-  for (uint64_t handle : batch) ReleaseAt(service, handle).IgnoreError();
+  pool_->ReleaseAt(service, admitted.handle()).IgnoreError();
+  for (uint64_t handle : batch) pool_->ReleaseAt(service, handle).IgnoreError();
   TRIDENT_RETURN_IF_ERROR(costs.status());
-  TRIDENT_LOG(INFO) << "attention service " << service.service_id << ": round trip "
+  TRIDENT_LOG(INFO) << "attention service " << service.address << ": round trip "
                     << costs->round_trip_seconds * 1e6 << " us, attention over " << context
                     << " tokens " << costs->attention.At(context) * 1e6 << " us more, "
                     << costs->per_sequence_seconds * 1e6 << " us per sequence of a request";
@@ -202,25 +152,7 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
 absl::StatusOr<v1::AdmitSequenceResponse> AttentionOffload::Admit(Service& service,
                                                                   const std::string& id,
                                                                   int32_t capacity) {
-  const kv::KvCacheSpec& spec = this->spec();
-  v1::AdmitSequenceRequest request;
-  request.set_owner_id(options_.worker_id);
-  request.set_owner_incarnation(options_.incarnation);
-  request.set_sequence_id(id);
-  request.set_num_layers(spec.num_layers);
-  request.set_num_attention_heads(options_.num_q_heads);
-  request.set_num_kv_heads(spec.num_kv_heads);
-  request.set_head_dim(spec.head_dim);
-  request.set_dtype(kv::ToProtoDType(spec.dtype));
-  request.set_capacity_tokens(capacity);
-  // Block size and element order are the service's choice (bf16: the VNNI
-  // pairs its kernel reads fastest); the worker only appends through it.
-  v1::AdmitSequenceResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
-  TRIDENT_RETURN_IF_ERROR(
-      FromGrpcStatus(service.stub->AdmitSequence(&context, request, &response)));
-  return response;
+  return pool_->Admit(service, id, capacity, spec(), options_.num_q_heads);
 }
 
 bool AttentionOffload::PlacesOnCpu(int32_t max_total_tokens) const {
@@ -232,19 +164,19 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
                                                         int32_t num_tokens, int32_t capacity_tokens,
                                                         v1::KvDestination* destination) {
   TRIDENT_RETURN_IF_ERROR(CheckPlacementStepTime(capacity_tokens));
-  Service* service = PickService();
+  Service* service = pool_->PickService();
   if (service == nullptr) return absl::UnavailableError("no attention service is connected");
   absl::StatusOr<v1::AdmitSequenceResponse> admitted = Admit(*service, request_id, capacity_tokens);
   if (!admitted.ok()) {
-    NoteFailure(*service, admitted.status());
+    pool_->NoteFailure(*service, admitted.status());
     return admitted.status();
   }
   RemotePlacement placement;
+  placement.kv = backend::RemoteKv{pool_->channel(*service), admitted->handle()};
+  placement.service_id = pool_->service_id(*service);
+  pool_->CountSequence(*service, +1);
   {
     absl::MutexLock lock(&mu_);
-    placement.kv = backend::RemoteKv{service->channel.get(), admitted->handle()};
-    placement.service_id = service->service_id;
-    ++service->sequences;
     unjoined_placements_.emplace_back(admitted->handle(), capacity_tokens);
   }
   // Until the engine takes it, the reservation releases it (the
@@ -327,16 +259,6 @@ void AttentionOffload::PlanBatch(absl::Span<backend::StepSequence> batch) {
   }
 }
 
-AttentionOffload::Service* AttentionOffload::PickService() {
-  absl::MutexLock lock(&mu_);
-  Service* best = nullptr;
-  for (const auto& service : services_) {
-    if (!service->connected) continue;
-    if (best == nullptr || service->sequences < best->sequences) best = service.get();
-  }
-  return best;
-}
-
 void AttentionOffload::ObserveCpuCosts(double round_trip_seconds_total) {
   const double observed = round_trip_seconds_total - round_trip_seconds_seen_;
   round_trip_seconds_seen_ = round_trip_seconds_total;
@@ -387,7 +309,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   }
   if (candidates.empty()) return;
   for (const OffloadChoice& choice : ChooseOffloads(candidates, pool, options_.policy)) {
-    Service* service = PickService();
+    Service* service = pool_->PickService();
     if (service == nullptr) return;  // None connected: everything stays here.
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
                                         [&](const auto& c) { return c.id == choice.id; });
@@ -419,7 +341,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
     } else {
       TRIDENT_LOG(WARNING) << "request " << candidate->id << " stays resident: " << moved;
       core.NoteOffloadOutcome(engine::OffloadOutcome::kFailed);
-      NoteFailure(*service, moved);
+      pool_->NoteFailure(*service, moved);
     }
   }
 }
@@ -440,17 +362,11 @@ void AttentionOffload::LogMove(const std::string& id, int32_t tokens, const Serv
                                absl::Duration took, double planned_step_seconds,
                                size_t cpu_resident, bool background) const {
   TRIDENT_LOG(INFO) << "moved request " << id << " (" << tokens << " tokens) to attention service "
-                    << service.service_id << (background ? ", copied in the background," : "")
+                    << pool_->service_id(service)
+                    << (background ? ", copied in the background," : "")
                     << " in " << absl::ToDoubleMilliseconds(took)
                     << " ms; planned decode step with it " << planned_step_seconds * 1e3 << " ms, "
                     << cpu_resident << " CPU-resident, CPU cost scale " << step_costs_.cpu_scale;
-}
-
-void AttentionOffload::NoteFailure(Service& service, const absl::Status& status) {
-  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return;
-  absl::MutexLock lock(&mu_);
-  service.connected = false;
-  service.next_attempt = absl::Now() + options_.reconnect_interval;
 }
 
 absl::Status AttentionOffload::Move(engine::EngineCore& core,
@@ -458,22 +374,17 @@ absl::Status AttentionOffload::Move(engine::EngineCore& core,
   TRIDENT_ASSIGN_OR_RETURN(const v1::AdmitSequenceResponse admitted,
                            Admit(service, candidate.id, candidate.max_len));
   const uint64_t handle = admitted.handle();
-  transport::attention::RemoteAttention* channel;
-  {
-    absl::MutexLock lock(&mu_);
-    channel = service.channel.get();
-  }
+  transport::attention::RemoteAttention* channel = pool_->channel(service);
   absl::Status status = CopyKv(candidate, 0, *channel, handle, loop_scratch_);
   if (status.ok()) {
-    status =
-        core.MoveToRemote(candidate.id, backend::RemoteKv{channel, handle}, service.service_id);
+    status = core.MoveToRemote(candidate.id, backend::RemoteKv{channel, handle},
+                               pool_->service_id(service));
   }
   if (!status.ok()) {
-    ReleaseAt(service, handle).IgnoreError();
+    pool_->ReleaseAt(service, handle).IgnoreError();
     return status;
   }
-  absl::MutexLock lock(&mu_);
-  ++service.sequences;
+  pool_->CountSequence(service, +1);
   return absl::OkStatus();
 }
 
@@ -484,8 +395,8 @@ void AttentionOffload::StartMigration(const engine::OffloadCandidate& candidate,
   migration->service = &service;
   migration->start = absl::Now();
   migration->planned_step_seconds = planned_step_seconds;
+  migration->channel = pool_->channel(service);
   absl::MutexLock lock(&mu_);
-  migration->channel = service.channel.get();
   migrations_.push_back(std::move(migration));
 }
 
@@ -553,21 +464,17 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
       // It finished, was aborted or lost its blocks meanwhile: the copy is
       // of no use (and may be of reused blocks).
       core.NoteOffloadOutcome(engine::OffloadOutcome::kDropped);
-      absl::MutexLock lock(&mu_);
-      releases_.push_back(Release{m->service, m->handle});
+      pool_->QueueRelease(*m->service, m->handle);
       return;
     }
     // The tokens it decoded here meanwhile, then the move.
     status = CopyKv(*now, m->candidate.num_computed, *m->channel, m->handle, loop_scratch_);
     if (status.ok()) {
-      status =
-          core.MoveToRemote(id, backend::RemoteKv{m->channel, m->handle}, m->service->service_id);
+      status = core.MoveToRemote(id, backend::RemoteKv{m->channel, m->handle},
+                                 pool_->service_id(*m->service));
     }
     if (status.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        ++m->service->sequences;
-      }
+      pool_->CountSequence(*m->service, +1);
       LogMove(id, now->num_computed, *m->service, absl::Now() - m->start, m->planned_step_seconds,
               core.stats().remote_running, /*background=*/true);
       return;
@@ -575,11 +482,8 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
   }
   TRIDENT_LOG(WARNING) << "request " << id << " stays resident: " << status;
   core.NoteOffloadOutcome(engine::OffloadOutcome::kFailed);
-  {
-    absl::MutexLock lock(&mu_);
-    if (m->admitted) releases_.push_back(Release{m->service, m->handle});
-  }
-  NoteFailure(*m->service, status);
+  if (m->admitted) pool_->QueueRelease(*m->service, m->handle);
+  pool_->NoteFailure(*m->service, status);
 }
 
 absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
@@ -593,53 +497,8 @@ absl::Status AttentionOffload::CopyKv(const engine::OffloadCandidate& candidate,
 }
 
 void AttentionOffload::OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& service : services_) {
-    if (service->channel.get() != remote.service) continue;
-    service->sequences = std::max(0, service->sequences - 1);
-    releases_.push_back(Release{service.get(), remote.handle});
-    return;
-  }
   // A retired channel's service restarted or failed: its copy is gone.
-}
-
-absl::Status AttentionOffload::ReleaseAt(Service& service, uint64_t handle) {
-  v1::ReleaseSequenceRequest request;
-  request.set_owner_id(options_.worker_id);
-  request.set_owner_incarnation(options_.incarnation);
-  request.set_handle(handle);
-  v1::ReleaseSequenceResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, options_.rpc_timeout);
-  return FromGrpcStatus(service.stub->ReleaseSequence(&context, request, &response));
-}
-
-void AttentionOffload::HousekeepingLoop() {
-  while (true) {
-    std::deque<Release> releases;
-    std::vector<Service*> reconnect;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(
-          absl::Condition(
-              +[](AttentionOffload* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-                return self->stopping_ || !self->releases_.empty();
-              },
-              this),
-          absl::Milliseconds(200));
-      if (stopping_) return;
-      releases.swap(releases_);
-      const absl::Time now = absl::Now();
-      for (const auto& service : services_) {
-        if (!service->connected && service->next_attempt <= now) reconnect.push_back(service.get());
-      }
-    }
-    for (const Release& release : releases) {
-      // A service that cannot be reached frees it with this worker's session.
-      ReleaseAt(*release.service, release.handle).IgnoreError();
-    }
-    for (Service* service : reconnect) Connect(*service).IgnoreError();
-  }
+  pool_->QueueReleaseOf(remote.service, remote.handle);
 }
 
 }  // namespace trident::worker

@@ -21,13 +21,10 @@
 // between, the service's copy is released instead.
 //
 // A service copy no longer needed (finished, aborted, or its service
-// failed: the engine then recomputes those sequences here) is released by a
-// housekeeping thread, which also reconnects to services that failed
-// (every reconnect_interval), so that the engine loop never waits on them.
-//
-//   AttentionOffload
-//    ├─ UcxLanes (1 lane on the worker's UCX worker) + UcxAttentionClient
-//    └─ per service: gRPC stub, RemoteAttention channel, state
+// failed: the engine then recomputes those sequences here) is released by
+// the service pool's housekeeping thread (attention_service_pool.h), which
+// also reconnects to services that failed, so that the engine loop never
+// waits on them.
 //
 // BeforeStep, PlanBatch and OnRemoteReleased run on the engine loop thread;
 // what moves, and what became of moves that did not, is counted in the
@@ -55,7 +52,7 @@
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
 #include "services/worker/kv_handoff/kv_reservations.h"
-#include "services/worker/offload/attention_session.h"
+#include "services/worker/offload/attention_service_pool.h"
 #include "services/worker/offload/cost_tables.h"
 #include "services/worker/offload/offload_policy.h"
 #include "services/worker/offload/pipeline_planner.h"
@@ -65,10 +62,8 @@
 namespace trident::worker {
 
 struct AttentionOffloadOptions {
-  // host:port of each attention service's gRPC endpoint.
-  std::vector<std::string> services;
+  // Names this worker's calibration sequences.
   std::string worker_id;
-  uint64_t incarnation = 0;
   // The model's query heads (AdmitSequence's num_attention_heads).
   int32_t num_q_heads = 0;
   OffloadPolicyOptions policy;
@@ -96,24 +91,20 @@ struct AttentionOffloadOptions {
   // the CPU and a waiting one in its blocks (MoveKeepsStepTime): the TPOT
   // target offload must not break. Zero: no limit.
   absl::Duration max_step_time = absl::ZeroDuration();
-  // Deadline of each control RPC (Connect, AdmitSequence, ReleaseSequence),
-  // and the longest a layer waits for a service's answer.
-  absl::Duration rpc_timeout = absl::Seconds(5);
+  // The longest a layer waits for a service's answer.
   absl::Duration attention_timeout = absl::Seconds(5);
-  absl::Duration reconnect_interval = absl::Seconds(2);
 };
 
 class AttentionOffload final : public engine::StepHook, public PromptPlacer {
  public:
-  // Connects to every service it can (one that cannot be reached now is
-  // retried later); `ucx` (the worker's, not owned) and `backend` must
-  // outlive this. INVALID_ARGUMENT for no services or a backend without
-  // remote attention or without a host KV pool; UcxLanes' errors.
+  // Offloads to `pool`'s services, calibrating each connected one; `pool`
+  // and `backend` must outlive this. INVALID_ARGUMENT for a backend without
+  // remote attention or without a host KV pool.
   static absl::StatusOr<std::unique_ptr<AttentionOffload>> Create(AttentionOffloadOptions options,
-                                                                  transport::UcxWorker* ucx,
+                                                                  AttentionServicePool* pool,
                                                                   backend::ModelBackend* backend);
-  // Stops the housekeeping thread; copies not yet released are freed by
-  // their services when this worker's session ends (its grace period).
+  // Stops the migration threads; copies not yet released are freed by their
+  // services when this worker's session ends (its grace period).
   ~AttentionOffload() override;
 
   void BeforeStep(engine::EngineCore& core) override;
@@ -134,29 +125,14 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
 
   // The attention data plane's client and this worker's endpoint, for the
   // prefill side's PromptKvSender to share.
-  transport::attention::UcxAttentionClient* client() const { return client_.get(); }
-  const trident::v1::TransportEndpoint& endpoint() const { return endpoint_; }
+  transport::attention::UcxAttentionClient* client() const { return pool_->client(); }
+  const trident::v1::TransportEndpoint& endpoint() const { return pool_->endpoint(); }
 
   // Tokens per append request of a move.
   static constexpr int32_t kMigrationChunkTokens = ServiceKvCopier::kChunkTokens;
 
  private:
-  struct Service {
-    std::string address;
-    std::unique_ptr<trident::v1::Attention::Stub> stub;
-    std::unique_ptr<transport::attention::RemoteAttention> channel;
-    std::string service_id;  // Its ConnectResponse.server.owner_id.
-    bool connected = false;
-    absl::Time next_attempt = absl::InfinitePast();
-    int32_t sequences = 0;  // Held for us, as far as we know.
-    // Measured at its first connection, during Start (not changed after).
-    bool calibrated = false;
-    ServiceCosts costs;
-  };
-  struct Release {
-    Service* service = nullptr;
-    uint64_t handle = 0;
-  };
+  using Service = AttentionServicePool::Service;
   using CopyScratch = ServiceKvCopier::Scratch;
   // A background move: the candidate as chosen (its KV up to num_computed
   // is copied), the service and, once admitted, the handle there.
@@ -180,12 +156,9 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
     AttentionOffload* offload ABSL_GUARDED_BY(mu) = nullptr;
   };
 
-  AttentionOffload(AttentionOffloadOptions options, backend::ModelBackend* backend);
-  absl::Status Start(transport::UcxWorker* ucx);
-  // Connect: the session and the data-plane channel.
-  absl::Status Connect(Service& service) ABSL_LOCKS_EXCLUDED(mu_);
-  // A connected service with the fewest sequences; null when none.
-  Service* PickService() ABSL_LOCKS_EXCLUDED(mu_);
+  AttentionOffload(AttentionOffloadOptions options, AttentionServicePool* pool,
+                   backend::ModelBackend* backend);
+  absl::Status Start();
   // Admits `candidate` at `service`, copies its KV and moves it.
   absl::Status Move(engine::EngineCore& core, const engine::OffloadCandidate& candidate,
                     Service& service);
@@ -216,17 +189,12 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   absl::Status CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
                       transport::attention::RemoteAttention& channel, uint64_t handle,
                       CopyScratch& scratch) const;
-  // After a failed call to `service`: UNAVAILABLE and DEADLINE_EXCEEDED
-  // mark it disconnected (the housekeeping thread reconnects).
-  void NoteFailure(Service& service, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ReleaseAt(Service& service, uint64_t handle);
   // AdmitSequence for `id` with room for `capacity` tokens.
   absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(Service& service, const std::string& id,
                                                            int32_t capacity);
   // The service's cost table (MeasureServiceCosts on a calibration
   // sequence, released after).
   absl::Status Calibrate(Service& service);
-  void HousekeepingLoop();
   // Place's step-time guard; OK when the step with the placement stays
   // within max_step_time.
   absl::Status CheckPlacementStepTime(int32_t capacity_tokens) ABSL_LOCKS_EXCLUDED(mu_);
@@ -240,14 +208,9 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
 
   const AttentionOffloadOptions options_;
   backend::ModelBackend* const backend_;
+  AttentionServicePool* const pool_;
   // Copies KV to services; its pool's spec is this worker's.
   std::unique_ptr<ServiceKvCopier> kv_copier_;
-  std::unique_ptr<transport::UcxLanes> lanes_;
-  std::unique_ptr<transport::attention::UcxAttentionClient> client_;
-  trident::v1::TransportEndpoint endpoint_;
-  std::vector<std::unique_ptr<Service>> services_;
-  // Channels of earlier connections, kept while the engine may name them.
-  std::vector<std::unique_ptr<transport::attention::RemoteAttention>> retired_ ABSL_GUARDED_BY(mu_);
   // Cost tables measured in Start, and the planner's inputs from them;
   // shape_ is scratch of PlanBatch (engine loop thread).
   BackendCosts backend_costs_;
@@ -268,7 +231,6 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<Release> releases_ ABSL_GUARDED_BY(mu_);
   // What Place's step-time guard judges: the decode step as the last
   // BeforeStep planned it (CPU-resident sequences at their contexts then,
   // background moves at their longest), its costs, and the placements not
@@ -279,7 +241,6 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // Background moves, from StartMigration to FinishMigrations (a migration
   // thread works on each while it is started and not done).
   std::vector<std::unique_ptr<Migration>> migrations_ ABSL_GUARDED_BY(mu_);
-  std::thread housekeeping_;
   std::vector<std::thread> migrators_;
   const std::shared_ptr<ReleaseSink> release_sink_;
 };
