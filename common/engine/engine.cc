@@ -69,6 +69,21 @@ std::vector<int32_t> Engine::AcquireCachedPrefix(absl::Span<const int32_t> token
   return blocks;
 }
 
+std::vector<int32_t> Engine::AcquireCachedKeys(absl::Span<const kv::BlockKey> keys) {
+  if (!core_->prefix_caching() || keys.empty()) return {};
+  return allocator_->AcquireCached(keys);
+}
+
+int32_t Engine::PublishBlocks(absl::Span<const int32_t> blocks,
+                              absl::Span<const kv::BlockKey> keys) {
+  if (!core_->prefix_caching()) return 0;
+  int32_t named = 0;
+  for (size_t i = 0; i < blocks.size() && i < keys.size(); ++i) {
+    if (allocator_->Publish(blocks[i], keys[i])) ++named;
+  }
+  return named;
+}
+
 void Engine::Wake() {
   absl::MutexLock lock(&mu_);
   woken_ = true;

@@ -72,6 +72,15 @@ class Engine final : public TokenSource {
   std::vector<int32_t> AcquireCachedPrefix(absl::Span<const int32_t> tokens,
                                            const std::string& cache_salt, int32_t max_blocks);
   absl::Status FreeBlocks(absl::Span<const int32_t> blocks);
+  // The KV tier (services/worker/kv_tier). AcquireCachedKeys takes a
+  // reference on the longest chain of cached blocks matching `keys` from
+  // the first (FreeBlocks returns them); PublishBlocks names blocks the
+  // caller holds (from ReserveBlocks) and has written whole KV into, so
+  // that requests reuse them, and returns how many it named (a key cached
+  // already leaves its block unnamed). Both are no-ops without prefix
+  // caching. Safe from any thread.
+  std::vector<int32_t> AcquireCachedKeys(absl::Span<const kv::BlockKey> keys);
+  int32_t PublishBlocks(absl::Span<const int32_t> blocks, absl::Span<const kv::BlockKey> keys);
   // Wakes a loop that waits for blocks, so that it steps (and calls its
   // StepHook) again: for a hook whose background work has finished. Safe
   // from any thread.

@@ -103,6 +103,10 @@ struct TokenEvent {
   // On output 0's event: prompt tokens whose KV was reused from a cache
   // instead of computed (0 when nothing was).
   int32_t cached_tokens = 0;
+  // Of cached_tokens, those fetched from an attention service's block store
+  // (the DRAM tier) just before the request entered the engine; set by the
+  // KV tier (services/worker/kv_tier), 0 from the engine.
+  int32_t dram_cached_tokens = 0;
   // For kError: what went wrong (INTERNAL when not set), which the serving
   // front half returns as the call's status.
   absl::Status error;

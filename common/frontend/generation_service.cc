@@ -64,6 +64,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     int32_t completion_tokens = 0;
     // Prompt tokens whose KV came from a cache (TokenEvent::cached_tokens).
     int32_t cached_tokens = 0;
+    int32_t dram_cached_tokens = 0;
     bool text_deltas = false;
     bool logprobs = false;
     std::unique_ptr<tokenizer::IncrementalDecoder> decoder;
@@ -264,6 +265,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     if (ev.token >= 0) {
       if (s.completion_tokens == 0) s.first_token = now;
       s.cached_tokens = std::max(s.cached_tokens, ev.cached_tokens);
+      s.dram_cached_tokens = std::max(s.dram_cached_tokens, ev.dram_cached_tokens);
       ++s.completion_tokens;
       std::string delta;
       if (s.decoder != nullptr) {
@@ -344,6 +346,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
     // Token sources that learn it only at the end report it there.
     complete->mutable_usage()->set_cached_tokens(
         std::min(s.prompt_tokens, std::max(s.cached_tokens, ev.cached_tokens)));
+    complete->mutable_usage()->set_dram_cached_tokens(std::min(
+        complete->usage().cached_tokens(), std::max(s.dram_cached_tokens, ev.dram_cached_tokens)));
     v1::Timings* t = complete->mutable_timings();
     SetProtoDuration(now - s.submitted, t->mutable_end_to_end());
     if (s.completion_tokens > 0) {

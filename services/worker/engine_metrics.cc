@@ -61,6 +61,12 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                                  "worker's KV pool).")
                            .Register(r)
                            .Add({{"tier", "gpu"}})),
+      prefix_hits_dram_(prometheus::BuildCounter()
+                            .Name("trident_worker_prefix_cache_hits_total")
+                            .Help("Prompt tokens found in the prefix cache, by tier (gpu: this "
+                                  "worker's KV pool).")
+                            .Register(r)
+                            .Add({{"tier", "dram"}})),
       kv_invariant_failures_(prometheus::BuildCounter()
                                  .Name("trident_worker_kv_invariant_failures_total")
                                  .Help("Idle checks of the KV block pool's books that found them "
@@ -184,8 +190,10 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   kv_cached_blocks_.Set(s.blocks_cached);
   prefix_queries_.Increment(
       static_cast<double>(s.prefix_cache_queries_total - last_.prefix_cache_queries_total));
-  prefix_hits_gpu_.Increment(
-      static_cast<double>(s.prefix_cache_hits_total - last_.prefix_cache_hits_total));
+  const int64_t hits = s.prefix_cache_hits_total - last_.prefix_cache_hits_total;
+  const int64_t dram = std::min(hits, dram_pending_.load());
+  dram_pending_.fetch_sub(dram);
+  prefix_hits_gpu_.Increment(static_cast<double>(hits - dram));
   kv_transfer_cached_blocks_.Increment(static_cast<double>(
       s.kv_reserved_cached_blocks_total - last_.kv_reserved_cached_blocks_total));
   kv_invariant_failures_.Increment(
@@ -228,6 +236,12 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   cpu_cost_scale_.Set(s.cpu_cost_scale);
   if (round_trip > 0) cpu_hidden_.Set(std::clamp(1.0 - exposed / round_trip, 0.0, 1.0));
   last_ = s;
+}
+
+void EngineMetrics::AddDramHits(int64_t tokens) {
+  if (tokens <= 0) return;
+  prefix_hits_dram_.Increment(static_cast<double>(tokens));
+  dram_pending_.fetch_add(tokens);
 }
 
 }  // namespace trident::worker

@@ -10,8 +10,10 @@
 //                                                             free for kv_cache_usage_ratio)
 //   trident_worker_prefix_cache_queries_total       counter   prompt tokens looked up in the prefix
 //                                                             cache, once per request at admission
-//   trident_worker_prefix_cache_hits_total{tier}    counter   of those, tokens found cached (tier
-//                                                             "gpu": this worker's pool); hit rate
+//   trident_worker_prefix_cache_hits_total{tier}    counter   of those, tokens found cached: tier
+//                                                             "gpu" in this worker's pool, "dram"
+//                                                             fetched from an attention service's
+//                                                             block store for the request; hit rate
 //                                                             = rate(hits) / rate(queries)
 //   trident_worker_kv_transfer_cached_blocks_total  counter   blocks of prompts reserved for a prefill
 //                                                             worker's KV that this worker's prefix
@@ -44,6 +46,8 @@
 #ifndef TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_
 #define TRIDENT_SERVICES_WORKER_ENGINE_METRICS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "common/engine/engine_core.h"
@@ -78,6 +82,9 @@ class EngineMetrics {
   // by its totals' increase since the previous call, and the iteration
   // histograms observe the last step when `stats.steps_total` advanced.
   void Update(const engine::EngineStats& stats);
+  // Tokens of a request's cache hit that the KV tier fetched from DRAM for
+  // it (counted as tier "dram", not "gpu"). Thread-safe.
+  void AddDramHits(int64_t tokens);
 
  private:
   prometheus::Gauge& running_;
@@ -87,6 +94,9 @@ class EngineMetrics {
   prometheus::Gauge& kv_cached_blocks_;
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_gpu_;
+  prometheus::Counter& prefix_hits_dram_;
+  // DRAM hits not yet taken out of the engine's hits (which count them).
+  std::atomic<int64_t> dram_pending_{0};
   prometheus::Counter& kv_invariant_failures_;
   prometheus::Counter& kv_transfer_cached_blocks_;
   prometheus::Counter& prompt_tokens_;

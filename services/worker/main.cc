@@ -95,6 +95,19 @@ ABSL_FLAG(int32_t, kv_receive_fetches, 4,
           "KV messages per lane a GPU (or staged) KV cache fetches at once into its receive "
           "buffers; the rest wait their turn, so that fetches end one after another and the "
           "copy into the cache follows each.");
+ABSL_FLAG(bool, kv_tier, true,
+          "With --attention_services and --prefix_caching: the DRAM tier of the prefix cache. "
+          "Cached KV blocks are written through to the first service with a block store "
+          "(--kv_store_mb there), and a prompt whose prefix the store holds beyond this worker's "
+          "cache fetches those blocks instead of computing them, when the measured fetch speed "
+          "says that is faster.");
+ABSL_FLAG(int32_t, kv_tier_min_fetch_blocks, 1,
+          "With --kv_tier: fetch only when the store holds at least this many more blocks of the "
+          "prompt than this worker's cache.");
+ABSL_FLAG(bool, kv_tier_always_fetch, false,
+          "With --kv_tier: fetch whatever the store holds, even when computing it looks faster "
+          "(for tests and measurements).");
+ABSL_FLAG(int32_t, kv_tier_fetch_threads, 2, "With --kv_tier: threads fetching blocks.");
 ABSL_FLAG(std::vector<std::string>, attention_services, {},
           "CPU attention services (host:port, comma-separated) that this decode worker moves "
           "long-context sequences to (NEO-style offload); empty: none.");
@@ -184,6 +197,10 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
       absl::GetFlag(FLAGS_testonly_stall_kv_transfer_after_layers);
   options.testonly_stall_kv_transfer_to = absl::GetFlag(FLAGS_testonly_stall_kv_transfer_to);
   options.attention_services = absl::GetFlag(FLAGS_attention_services);
+  options.kv_tier = absl::GetFlag(FLAGS_kv_tier);
+  options.kv_tier_options.min_fetch_blocks = absl::GetFlag(FLAGS_kv_tier_min_fetch_blocks);
+  options.kv_tier_options.always_fetch = absl::GetFlag(FLAGS_kv_tier_always_fetch);
+  options.kv_tier_options.fetch_threads = absl::GetFlag(FLAGS_kv_tier_fetch_threads);
   options.offload_policy.min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
   options.offload_policy.low_watermark = absl::GetFlag(FLAGS_offload_low_watermark);
   options.offload_policy.max_moves = absl::GetFlag(FLAGS_offload_max_moves_per_step);

@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   model->engine = std::make_unique<engine::Engine>(std::move(backend), eo);
   if (registry != nullptr) {
     auto metrics = std::make_shared<EngineMetrics>(*registry);
+    model->metrics = metrics;
     model->engine->SetStatsObserver(
         [metrics](const engine::EngineStats& stats) { metrics->Update(stats); });
   }

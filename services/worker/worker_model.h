@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
+#include "services/worker/engine_metrics.h"
 #include "common/model/config.h"
 #include "common/numeric/dtype.h"
 #include "common/tokenizer/tokenizer.h"
@@ -62,6 +63,8 @@ struct WorkerModel {
   trident::v1::ModelInfoResponse info;
   // The model's config.json.
   model::ModelConfig config;
+  // The engine's metrics (null without a registry).
+  std::shared_ptr<EngineMetrics> metrics;
 };
 
 // INVALID_ARGUMENT / FAILED_PRECONDITION for a bad model directory or

@@ -165,12 +165,29 @@ absl::Status WorkerServer::StartOffload() {
                            AttentionOffload::Create(std::move(offload), attention_pool_.get(),
                                                     &model_->engine->backend_for_setup()));
   model_->engine->SetStepHook(offload_.get());
+  if (!options_.kv_tier || !options_.model.prefix_caching) return absl::OkStatus();
+  TRIDENT_ASSIGN_OR_RETURN(kv_tier_, KvTier::Create(options_.kv_tier_options,
+                                                    attention_pool_.get(), model_->engine.get()));
+  std::function<void(int32_t)> on_dram_hit;
+  if (model_->metrics != nullptr) {
+    on_dram_hit = [metrics = model_->metrics](int32_t tokens) { metrics->AddDramHits(tokens); };
+  }
+  tiered_ = std::make_unique<TieredTokenSource>(model_->engine.get(), kv_tier_.get(),
+                                                std::move(on_dram_hit));
   return absl::OkStatus();
 }
 
 void WorkerServer::BuildServices(prometheus::Registry* registry) {
   // KV-transfer metrics: the prefill side sends through a metered sender.
   kv_metrics_ = std::make_unique<transport::KvTransferMetrics>(*registry);
+  if (kv_tier_ != nullptr) {
+    kv_tier_metrics_ = std::make_unique<KvTierMetrics>(*registry);
+    kv_tier_sampler_ = std::make_unique<transport::PeriodicSampler>(
+        options_.kv_metrics_interval, [tier = kv_tier_.get(), metrics = kv_tier_metrics_.get()] {
+          metrics->Sample(tier->stats());
+        });
+  }
+
   if (kv_ != nullptr) {
     metered_kv_ =
         std::make_unique<transport::MeteredKvSender>(kv_.get(), kv_metrics_.get(), clock_);
@@ -199,8 +216,10 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   // The public Generation API, served in role `both` (Generate answers
   // FAILED_PRECONDITION in the other roles).
   generation_gate_ = std::make_unique<RoleCallGate>(role_.get());
+  engine::TokenSource* source = model_->engine.get();
+  if (tiered_ != nullptr) source = tiered_.get();
   generation_ = std::make_unique<frontend::GenerationService>(
-      model_->engine.get(), model_->tokenizer.get(), model_->info, clock_, generation_gate_.get());
+      source, model_->tokenizer.get(), model_->info, clock_, generation_gate_.get());
   DecodeServiceOptions decode_options;
   decode_options.worker_id = identity_.worker_id;
   decode_options.incarnation = identity_.incarnation;

@@ -57,6 +57,7 @@
 #include "services/worker/kv_handoff/kv_reservations.h"
 #include "services/worker/load_streams.h"
 #include "services/worker/offload/attention_offload.h"
+#include "services/worker/kv_tier/kv_tier.h"
 #include "services/worker/offload/attention_service_pool.h"
 #include "services/worker/offload/offload_policy.h"
 #include "services/worker/offload/prompt_kv_sender.h"
@@ -115,6 +116,10 @@ struct WorkerServerOptions {
   // empty: none (services/worker/offload).
   std::vector<std::string> attention_services;
   OffloadPolicyOptions offload_policy;
+  // With attention services: the DRAM tier of the prefix cache (KvTier:
+  // write-through to, and fetches from, a service's block store), --kv_tier.
+  bool kv_tier = true;
+  KvTierOptions kv_tier_options;
   // auto, always or never (--offload_pipeline).
   std::string offload_pipeline = "auto";
   // WorkerRoleOptions::announce (--role_change_announce).
@@ -223,6 +228,10 @@ class WorkerServer {
   std::unique_ptr<transport::UcxKv> kv_;
   std::unique_ptr<AttentionServicePool> attention_pool_;
   std::unique_ptr<AttentionOffload> offload_;
+  std::unique_ptr<KvTier> kv_tier_;
+  std::unique_ptr<KvTierMetrics> kv_tier_metrics_;
+  std::unique_ptr<TieredTokenSource> tiered_;
+  std::unique_ptr<transport::PeriodicSampler> kv_tier_sampler_;
   std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
   std::unique_ptr<transport::MeteredKvSender> metered_kv_;
   std::unique_ptr<PromptKvSender> prompt_kv_;

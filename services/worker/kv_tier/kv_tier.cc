@@ -1,0 +1,475 @@
+#include "services/worker/kv_tier/kv_tier.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc/status.h"
+#include "common/kv/kv_layout.h"
+#include "common/logging/log.h"
+#include "common/status/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace trident::worker {
+namespace {
+
+namespace v1 = ::trident::v1;
+
+// Keys the writer remembers as stored before it forgets them all.
+constexpr size_t kMaxRemembered = size_t{1} << 20;
+// Keys per ReserveBlocks.
+constexpr size_t kWriteBatch = 256;
+
+template <typename Request>
+void FillKeys(absl::Span<const kv::BlockKey> keys, Request* request) {
+  for (const kv::BlockKey& key : keys) {
+    request->add_key_hi(key.hi);
+    request->add_key_lo(key.lo);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvTier>> KvTier::Create(KvTierOptions options,
+                                                        AttentionServicePool* pool,
+                                                        engine::Engine* engine) {
+  if (engine->kv_events() == nullptr) {
+    return absl::InvalidArgumentError("the KV tier needs prefix caching (--prefix_caching)");
+  }
+  if (options.fetch_threads < 1 || options.fetch_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_tier_fetch_threads: expected 1 to 64, got ", options.fetch_threads));
+  }
+  auto tier = std::unique_ptr<KvTier>(new KvTier(std::move(options), pool, engine));
+  TRIDENT_RETURN_IF_ERROR(tier->Start());
+  return tier;
+}
+
+KvTier::KvTier(KvTierOptions options, AttentionServicePool* pool, engine::Engine* engine)
+    : options_(std::move(options)), pool_(pool), engine_(engine) {}
+
+absl::Status KvTier::Start() {
+  TRIDENT_ASSIGN_OR_RETURN(memory_, engine_->backend().kv_memory());
+  if (memory_.device) {
+    TRIDENT_ASSIGN_OR_RETURN(copier_, engine_->backend().CreateKvCopier());
+  }
+  format_.set_model_identity(engine_->cache_hasher().model());
+  *format_.mutable_layout() = kv::ToProto(memory_.spec);
+  store_ = FindStore();
+  if (store_ == nullptr) {
+    TRIDENT_LOG(WARNING) << "KV tier idle: no attention service has a block store "
+                            "(start one with --kv_store_mb)";
+    return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.active = true;
+  }
+  TRIDENT_LOG(INFO) << "KV tier: writing cached blocks through to, and fetching from, "
+                    << "attention service " << store_->address << " ("
+                    << memory_.spec.BytesPerBlockAllLayers() << " bytes a block)";
+  writer_ = std::thread([this] { WriterLoop(); });
+  for (int32_t i = 0; i < options_.fetch_threads; ++i) {
+    fetchers_.emplace_back([this] { FetchLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+KvTier::~KvTier() {
+  std::deque<Job> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    jobs.swap(jobs_);
+  }
+  for (Job& job : jobs) job.done(TierFetch{});
+  if (writer_.joinable()) writer_.join();
+  for (std::thread& fetcher : fetchers_) fetcher.join();
+}
+
+AttentionServicePool::Service* KvTier::FindStore() {
+  for (AttentionServicePool::Service* service : pool_->services()) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    v1::AttentionStats stats;
+    const absl::Status status =
+        FromGrpcStatus(service->stub->GetStats(&context, v1::GetAttentionStatsRequest(), &stats));
+    if (status.ok() && stats.block_store().capacity_bytes() > 0) return service;
+  }
+  return nullptr;
+}
+
+void KvTier::BlockRanges(int32_t block, std::vector<backend::KvRange>* ranges) const {
+  const kv::KvCacheSpec& spec = memory_.spec;
+  for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
+    ranges->push_back({spec.KeyOffsetBytes(layer, block), spec.block_stride_bytes()});
+  }
+}
+
+absl::Status KvTier::CopyOut(absl::Span<const int32_t> blocks, char* dst) {
+  std::vector<backend::KvRange> ranges;
+  for (int32_t block : blocks) BlockRanges(block, &ranges);
+  if (copier_ != nullptr) return copier_->CopyToHost(ranges, dst);
+  for (const backend::KvRange& range : ranges) {
+    std::memcpy(dst, static_cast<const char*>(memory_.base) + range.offset_bytes,
+                range.length_bytes);
+    dst += range.length_bytes;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvTier::CopyIn(const char* src, absl::Span<const int32_t> blocks) {
+  std::vector<backend::KvRange> ranges;
+  for (int32_t block : blocks) BlockRanges(block, &ranges);
+  if (copier_ != nullptr) return copier_->CopyFromHost(src, ranges);
+  for (const backend::KvRange& range : ranges) {
+    std::memcpy(static_cast<char*>(memory_.base) + range.offset_bytes, src, range.length_bytes);
+    src += range.length_bytes;
+  }
+  return absl::OkStatus();
+}
+
+int32_t KvTier::BlocksPerMessage(uint64_t block_bytes) const {
+  return static_cast<int32_t>(
+      std::max<uint64_t>(1, static_cast<uint64_t>(options_.message_bytes) / block_bytes));
+}
+
+void KvTier::WriterLoop() {
+  uint64_t cursor = 0;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.write_interval)) return;
+    }
+    const kv::KvEventBatch batch = engine_->kv_events()->ReadSince(&cursor);
+    std::vector<kv::BlockKey> keys;
+    for (const kv::KvEvent& event : batch.events) {
+      if (event.stored && !written_.contains(event.key)) keys.push_back(event.key);
+    }
+    for (size_t begin = 0; begin < keys.size(); begin += kWriteBatch) {
+      const size_t count = std::min(kWriteBatch, keys.size() - begin);
+      absl::Status written = WriteBlocks(absl::MakeConstSpan(keys).subspan(begin, count));
+      if (!written.ok()) {
+        absl::MutexLock lock(&mu_);
+        stats_.failed_writes += static_cast<int64_t>(count);
+        TRIDENT_LOG(WARNING) << "KV tier: blocks not written through: "
+                                             << written;
+      }
+    }
+  }
+}
+
+absl::Status KvTier::WriteBlocks(absl::Span<const kv::BlockKey> keys) {
+  // Held, so that no block is evicted and rewritten while it is copied.
+  std::vector<int32_t> blocks;
+  std::vector<kv::BlockKey> held;
+  for (const kv::BlockKey& key : keys) {
+    std::vector<int32_t> block = engine_->AcquireCachedKeys(absl::MakeConstSpan(&key, 1));
+    if (block.empty()) continue;  // Evicted already.
+    blocks.push_back(block.front());
+    held.push_back(key);
+  }
+  absl::Cleanup release = [&] { engine_->FreeBlocks(blocks).IgnoreError(); };
+  if (blocks.empty()) return absl::OkStatus();
+  if (written_.size() > kMaxRemembered) written_.clear();
+  v1::ReserveBlocksRequest request;
+  request.set_owner_id(pool_->options().worker_id);
+  request.set_owner_incarnation(pool_->options().incarnation);
+  *request.mutable_format() = format_;
+  FillKeys(held, &request);
+  v1::ReserveBlocksResponse reserved;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  TRIDENT_RETURN_IF_ERROR(FromGrpcStatus(store_->stub->ReserveBlocks(&context, request, &reserved)));
+  for (const kv::BlockKey& key : held) written_.insert(key);
+  if (reserved.ticket() == 0 || reserved.write().empty()) return absl::OkStatus();
+  transport::attention::RemoteAttention* channel = pool_->channel(*store_);
+  if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
+  const uint64_t block_bytes = static_cast<uint64_t>(reserved.block_bytes());
+  const int32_t per_message = BlocksPerMessage(block_bytes);
+  std::vector<char> buffer;
+  std::vector<int32_t> chunk;
+  for (int32_t first = 0; first < reserved.write_size(); first += per_message) {
+    const int32_t count = std::min(per_message, reserved.write_size() - first);
+    chunk.clear();
+    for (int32_t i = first; i < first + count; ++i) chunk.push_back(blocks[reserved.write(i)]);
+    buffer.resize(count * block_bytes);
+    TRIDENT_RETURN_IF_ERROR(CopyOut(chunk, buffer.data()));
+    TRIDENT_ASSIGN_OR_RETURN(const auto ticket, channel->StartBlockPut({.ticket = reserved.ticket(),
+                                                                        .first = first,
+                                                                        .count = count,
+                                                                        .data = buffer.data(),
+                                                                        .bytes = buffer.size()}));
+    TRIDENT_RETURN_IF_ERROR(channel->Wait(ticket, options_.timeout));
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.written_blocks += reserved.write_size();
+  stats_.write_bytes += static_cast<int64_t>(reserved.write_size() * block_bytes);
+  return absl::OkStatus();
+}
+
+void KvTier::Prepare(const engine::EngineRequest& request, std::function<void(TierFetch)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (store_ != nullptr && !stopping_) {
+      jobs_.push_back(Job{request, std::move(done)});
+      return;
+    }
+  }
+  done(TierFetch{});
+}
+
+void KvTier::FetchLoop() {
+  while (true) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](KvTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tier->mu_) {
+            return tier->stopping_ || !tier->jobs_.empty();
+          },
+          this));
+      if (stopping_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job.done(Fetch(job.request));
+  }
+}
+
+bool KvTier::FetchPays(int32_t blocks, uint64_t block_bytes) const {
+  const double rate = engine_->stats().prefill_tokens_per_second;
+  if (rate <= 0) return true;  // Nothing measured yet: fetch.
+  double bandwidth;
+  {
+    absl::MutexLock lock(&mu_);
+    bandwidth = fetch_bandwidth_ > 0 ? fetch_bandwidth_ : options_.assumed_fetch_bytes_per_second;
+  }
+  const double fetch_seconds = static_cast<double>(blocks) * block_bytes / bandwidth;
+  const double compute_seconds =
+      static_cast<double>(blocks) * memory_.spec.block_size / std::max(rate, 1e-9);
+  return fetch_seconds < compute_seconds;
+}
+
+absl::Status KvTier::ReleaseTicket(uint64_t ticket) {
+  v1::ReleaseBlocksRequest request;
+  request.set_owner_id(pool_->options().worker_id);
+  request.set_owner_incarnation(pool_->options().incarnation);
+  request.set_ticket(ticket);
+  v1::ReleaseBlocksResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  return FromGrpcStatus(store_->stub->ReleaseBlocks(&context, request, &response));
+}
+
+absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks,
+                                uint64_t block_bytes) {
+  transport::attention::RemoteAttention* channel = pool_->channel(*store_);
+  if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
+  const int32_t total = static_cast<int32_t>(blocks.size());
+  const int32_t per_message = BlocksPerMessage(block_bytes);
+  std::vector<char> buffer;
+  for (int32_t first = 0; first < total; first += per_message) {
+    const int32_t count = std::min(per_message, total - first);
+    buffer.resize(count * block_bytes);
+    TRIDENT_ASSIGN_OR_RETURN(const auto request,
+                             channel->StartBlockGet({.ticket = ticket,
+                                                     .first = first,
+                                                     .count = count,
+                                                     .out = buffer.data(),
+                                                     .bytes = buffer.size()}));
+    TRIDENT_RETURN_IF_ERROR(channel->Wait(request, options_.timeout));
+    TRIDENT_RETURN_IF_ERROR(CopyIn(buffer.data(), blocks.subspan(first, count)));
+  }
+  return absl::OkStatus();
+}
+
+TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
+  TierFetch fetch;
+  const int32_t block_size = memory_.spec.block_size;
+  const int32_t max_blocks = (static_cast<int32_t>(request.prompt.size()) - 1) / block_size;
+  if (max_blocks <= 0) return fetch;
+  const std::vector<kv::BlockKey> keys = engine_->cache_hasher().PrefixKeys(
+      request.cache_salt, request.prompt, static_cast<size_t>(max_blocks));
+  fetch.held_blocks = engine_->AcquireCachedKeys(keys);
+  const size_t local = fetch.held_blocks.size();
+  if (local >= keys.size()) return fetch;
+  v1::LookupBlocksRequest lookup;
+  lookup.set_owner_id(pool_->options().worker_id);
+  lookup.set_owner_incarnation(pool_->options().incarnation);
+  *lookup.mutable_format() = format_;
+  FillKeys(absl::MakeConstSpan(keys).subspan(local), &lookup);
+  v1::LookupBlocksResponse match;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  const absl::Status looked = FromGrpcStatus(store_->stub->LookupBlocks(&context, lookup, &match));
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.lookups;
+  }
+  if (!looked.ok() || match.matched() == 0) return fetch;
+  absl::Cleanup release_ticket = [&] { ReleaseTicket(match.ticket()).IgnoreError(); };
+  const uint64_t block_bytes = static_cast<uint64_t>(match.block_bytes());
+  if (match.matched() < options_.min_fetch_blocks ||
+      (!options_.always_fetch && !FetchPays(match.matched(), block_bytes))) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.skipped_fetches;
+    return fetch;
+  }
+  absl::StatusOr<std::vector<int32_t>> blocks = engine_->ReserveBlocks(match.matched());
+  if (!blocks.ok()) return fetch;  // The pool is full: compute instead.
+  const absl::Time start = absl::Now();
+  const absl::Status read = ReadBlocks(match.ticket(), *blocks, block_bytes);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!read.ok()) {
+    engine_->FreeBlocks(*blocks).IgnoreError();
+    TRIDENT_LOG(WARNING) << "KV tier: fetch failed (computing instead): " << read;
+    absl::MutexLock lock(&mu_);
+    ++stats_.failed_fetches;
+    return fetch;
+  }
+  engine_->PublishBlocks(*blocks, absl::MakeConstSpan(keys).subspan(local, blocks->size()));
+  fetch.held_blocks.insert(fetch.held_blocks.end(), blocks->begin(), blocks->end());
+  fetch.fetched_tokens = match.matched() * block_size;
+  const int64_t bytes = static_cast<int64_t>(match.matched() * block_bytes);
+  absl::MutexLock lock(&mu_);
+  ++stats_.fetches;
+  stats_.fetched_blocks += match.matched();
+  stats_.fetched_tokens += fetch.fetched_tokens;
+  stats_.fetch_bytes += bytes;
+  stats_.fetch_seconds += seconds;
+  if (seconds > 0) {
+    const double bandwidth = static_cast<double>(bytes) / seconds;
+    fetch_bandwidth_ = fetch_bandwidth_ > 0 ? 0.8 * fetch_bandwidth_ + 0.2 * bandwidth : bandwidth;
+  }
+  return fetch;
+}
+
+void KvTier::Release(TierFetch& fetch) {
+  if (fetch.held_blocks.empty()) return;
+  engine_->FreeBlocks(fetch.held_blocks).IgnoreError();
+  fetch.held_blocks.clear();
+}
+
+KvTierStats KvTier::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::Status TieredTokenSource::Submit(engine::EngineRequest request,
+                                       engine::TokenCallback callback) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!preparing_.emplace(request.id, false).second) {
+      return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
+    }
+  }
+  const engine::EngineRequest& prepared = request;
+  tier_->Prepare(prepared, [this, request = std::move(request),
+                            callback = std::move(callback)](TierFetch fetch) mutable {
+    Enter(std::move(request), std::move(callback), std::move(fetch));
+  });
+  return absl::OkStatus();
+}
+
+void TieredTokenSource::Enter(engine::EngineRequest request, engine::TokenCallback callback,
+                              TierFetch fetch) {
+  const std::string id = request.id;
+  auto held = std::make_shared<TierFetch>(std::move(fetch));
+  auto released = std::make_shared<std::atomic<bool>>(false);
+  KvTier* tier = tier_;
+  engine::TokenCallback wrapped = [tier, held, released, callback,
+                                   on_dram_hit = on_dram_hit_](const engine::TokenEvent& ev) {
+    engine::TokenEvent event = ev;
+    event.dram_cached_tokens = std::min(held->fetched_tokens, ev.cached_tokens);
+    // Admitted (or ended): the blocks it found need no holding any more.
+    if (!released->exchange(true)) {
+      tier->Release(*held);
+      if (on_dram_hit && event.dram_cached_tokens > 0) on_dram_hit(event.dram_cached_tokens);
+    }
+    callback(event);
+  };
+  absl::Status status;
+  {
+    // Under the lock, so that an Abort either finds it preparing or reaches
+    // the engine after it.
+    absl::MutexLock lock(&mu_);
+    const bool aborted = preparing_[id];
+    preparing_.erase(id);
+    status = aborted ? absl::CancelledError("aborted") : engine_->Submit(std::move(request), wrapped);
+  }
+  if (status.ok()) return;
+  if (!released->exchange(true)) tier_->Release(*held);
+  engine::TokenEvent event;
+  event.request_id = id;
+  event.finish = absl::IsCancelled(status) ? engine::FinishReason::kAborted
+                                           : engine::FinishReason::kError;
+  event.error = status;
+  callback(event);
+}
+
+void TieredTokenSource::Abort(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = preparing_.find(request_id);
+  if (it != preparing_.end()) {
+    it->second = true;
+    return;
+  }
+  engine_->Abort(request_id);
+}
+
+namespace {
+
+prometheus::Counter& TierCounter(prometheus::Registry& registry, const std::string& name,
+                                 const std::string& help,
+                                 const std::map<std::string, std::string>& labels = {}) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+}
+
+void Follow(prometheus::Counter& counter, double total, double last) {
+  if (total > last) counter.Increment(total - last);
+}
+
+}  // namespace
+
+KvTierMetrics::KvTierMetrics(prometheus::Registry& r)
+    : lookups_(TierCounter(r, "trident_worker_kv_tier_lookups_total",
+                           "Block-store lookups for arriving prompts (the DRAM tier).")),
+      fetches_(TierCounter(r, "trident_worker_kv_tier_fetches_total",
+                           "Block-store lookups that fetched blocks into the KV pool.")),
+      fetched_bytes_(TierCounter(r, "trident_worker_kv_tier_fetched_bytes_total",
+                                 "KV bytes fetched from the block store.")),
+      fetch_seconds_(TierCounter(r, "trident_worker_kv_tier_fetch_seconds_total",
+                                 "Time spent fetching from the block store.")),
+      skipped_(TierCounter(r, "trident_worker_kv_tier_skipped_total",
+                           "Block-store hits left to compute: the cost model found computing "
+                           "them faster than fetching.")),
+      written_blocks_(TierCounter(r, "trident_worker_kv_tier_written_blocks_total",
+                                  "KV blocks written through to the block store.")),
+      written_bytes_(TierCounter(r, "trident_worker_kv_tier_written_bytes_total",
+                                 "KV bytes written through to the block store.")),
+      failed_fetches_(TierCounter(r, "trident_worker_kv_tier_failures_total",
+                                  "Block-store operations that failed, by operation.",
+                                  {{"op", "fetch"}})),
+      failed_writes_(TierCounter(r, "trident_worker_kv_tier_failures_total",
+                                 "Block-store operations that failed, by operation.",
+                                 {{"op", "write"}})) {}
+
+void KvTierMetrics::Sample(const KvTierStats& s) {
+  Follow(lookups_, s.lookups, last_.lookups);
+  Follow(fetches_, s.fetches, last_.fetches);
+  Follow(fetched_bytes_, s.fetch_bytes, last_.fetch_bytes);
+  Follow(fetch_seconds_, s.fetch_seconds, last_.fetch_seconds);
+  Follow(skipped_, s.skipped_fetches, last_.skipped_fetches);
+  Follow(written_blocks_, s.written_blocks, last_.written_blocks);
+  Follow(written_bytes_, s.write_bytes, last_.write_bytes);
+  Follow(failed_fetches_, s.failed_fetches, last_.failed_fetches);
+  Follow(failed_writes_, s.failed_writes, last_.failed_writes);
+  last_ = s;
+}
+
+}  // namespace trident::worker

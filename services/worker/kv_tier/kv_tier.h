@@ -1,0 +1,229 @@
+// The worker's side of the DRAM tier of the prefix cache: an attention
+// service's KV block store (services/attention/kv_store/block_store.h)
+// behind the worker's own KV pool.
+//
+// Write-through: a writer thread follows the engine's KV events (the keys
+// its prefix cache names, common/kv/kv_event_log.h) and copies each newly
+// named block to the store: it takes a reference on the block (so it
+// cannot be evicted and rewritten meanwhile), reserves it at the store
+// (ReserveBlocks skips keys the store holds), sends the block's bytes over
+// the attention data plane (a block put) and drops the reference. The
+// engine loop never waits for it.
+//
+// Fetch: before a request enters the engine (TieredTokenSource below), a
+// fetch thread looks the prompt's whole blocks past the worker's own cached
+// prefix up in the store and, when the store holds at least
+// min_fetch_blocks more and the cost model says fetching them is faster
+// than computing them (bytes over the measured fetch bandwidth against
+// tokens over the engine's prefill rate), reads them into blocks of the
+// worker's pool and names them there; the engine then finds them as a
+// prefix-cache hit. The fetched blocks stay held until the request's first
+// event, so that they cannot be evicted before its admission. Nothing is
+// lost when the store misses or fails: the request computes its prompt.
+//
+// One store per worker: the first of the pool's services whose store has a
+// budget (GetStats) when the tier starts; the tier stays idle without one.
+//
+// Thread-safe.
+
+#ifndef TRIDENT_SERVICES_WORKER_KV_TIER_KV_TIER_H_
+#define TRIDENT_SERVICES_WORKER_KV_TIER_KV_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/backend/kv_copier.h"
+#include "common/backend/model_backend.h"
+#include "common/engine/engine.h"
+#include "common/engine/token_source.h"
+#include "services/worker/offload/attention_service_pool.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
+#include "trident/v1/attention.pb.h"
+
+namespace trident::worker {
+
+struct KvTierOptions {
+  // Threads fetching blocks for arriving requests.
+  int32_t fetch_threads = 2;
+  // Fetch only when the store holds at least this many blocks past the
+  // worker's own cached prefix.
+  int32_t min_fetch_blocks = 1;
+  // Fetch even when the cost model says computing is faster (tests).
+  bool always_fetch = false;
+  // How often the writer looks for newly cached blocks.
+  absl::Duration write_interval = absl::Milliseconds(20);
+  // Control RPCs and data-plane waits.
+  absl::Duration timeout = absl::Seconds(5);
+  // Bytes per block put or get message (whole blocks, at least one).
+  int64_t message_bytes = int64_t{8} << 20;
+  // The fetch bandwidth assumed until one is measured.
+  double assumed_fetch_bytes_per_second = 1e9;
+};
+
+// Totals since start.
+struct KvTierStats {
+  bool active = false;  // A store was found.
+  int64_t lookups = 0;
+  int64_t fetches = 0;  // Lookups that fetched.
+  int64_t fetched_blocks = 0;
+  int64_t fetched_tokens = 0;
+  int64_t fetch_bytes = 0;
+  double fetch_seconds = 0;
+  int64_t skipped_fetches = 0;  // The cost model chose to compute.
+  int64_t failed_fetches = 0;
+  int64_t written_blocks = 0;
+  int64_t write_bytes = 0;
+  int64_t failed_writes = 0;
+};
+
+// What a fetch left for the request: blocks held until its admission, and
+// the prompt tokens it brought.
+struct TierFetch {
+  std::vector<int32_t> held_blocks;
+  int32_t fetched_tokens = 0;
+};
+
+class KvTier {
+ public:
+  // `pool` and `engine` must outlive the tier. INVALID_ARGUMENT without
+  // prefix caching in the engine; the backend's kv_memory()/KvCopier
+  // errors.
+  static absl::StatusOr<std::unique_ptr<KvTier>> Create(KvTierOptions options,
+                                                        AttentionServicePool* pool,
+                                                        engine::Engine* engine);
+  // Stops the threads (each wait is bounded by the timeout).
+  ~KvTier();
+
+  // Fetches what the store holds of `request`'s prompt past the worker's
+  // cache (see the file comment), then calls `done` once, on a fetch
+  // thread.
+  void Prepare(const engine::EngineRequest& request, std::function<void(TierFetch)> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops a fetch's held blocks.
+  void Release(TierFetch& fetch);
+
+  KvTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The block store's format this worker's blocks have.
+  const trident::v1::BlockFormat& format() const { return format_; }
+
+ private:
+  struct Job {
+    engine::EngineRequest request;
+    std::function<void(TierFetch)> done;
+  };
+
+  KvTier(KvTierOptions options, AttentionServicePool* pool, engine::Engine* engine);
+  absl::Status Start();
+  // The store's service, if its store has a budget; looked up once.
+  AttentionServicePool::Service* FindStore();
+  void WriterLoop();
+  // Writes the blocks cached under `keys` (those still cached) to the store.
+  absl::Status WriteBlocks(absl::Span<const kv::BlockKey> keys);
+  void FetchLoop();
+  TierFetch Fetch(const engine::EngineRequest& request);
+  // Reads `count` blocks of lookup `ticket` into the pool's `blocks`.
+  absl::Status ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks, uint64_t block_bytes);
+  // Whether fetching `blocks` beats computing them.
+  bool FetchPays(int32_t blocks, uint64_t block_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleaseTicket(uint64_t ticket);
+  // The pool ranges of `block`: each layer's K and V (adjacent), in layer
+  // order: a stored block's bytes.
+  void BlockRanges(int32_t block, std::vector<backend::KvRange>* ranges) const;
+  absl::Status CopyOut(absl::Span<const int32_t> blocks, char* dst);
+  absl::Status CopyIn(const char* src, absl::Span<const int32_t> blocks);
+  // Whole blocks per data-plane message.
+  int32_t BlocksPerMessage(uint64_t block_bytes) const;
+
+  const KvTierOptions options_;
+  AttentionServicePool* const pool_;
+  engine::Engine* const engine_;
+  backend::KvMemory memory_;
+  std::unique_ptr<backend::KvCopier> copier_;  // Device pools only.
+  trident::v1::BlockFormat format_;
+  AttentionServicePool::Service* store_ = nullptr;  // Set in Start.
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  KvTierStats stats_ ABSL_GUARDED_BY(mu_);
+  // Fetch bandwidth measured (EWMA), bytes per second; 0 before the first.
+  double fetch_bandwidth_ ABSL_GUARDED_BY(mu_) = 0;
+  // Keys the store is known to hold (bounded: cleared when it grows past a
+  // million); writer thread only.
+  absl::flat_hash_set<kv::BlockKey> written_;
+  std::thread writer_;
+  std::vector<std::thread> fetchers_;
+};
+
+// The tier's metrics (trident_worker_kv_tier_*), from its totals:
+//   trident_worker_kv_tier_lookups_total        counter  block-store lookups
+//   trident_worker_kv_tier_fetches_total        counter  lookups that fetched blocks
+//   trident_worker_kv_tier_fetched_bytes_total  counter  bytes fetched
+//   trident_worker_kv_tier_fetch_seconds_total  counter  time fetching
+//   trident_worker_kv_tier_skipped_total        counter  hits left to compute (cost model)
+//   trident_worker_kv_tier_written_blocks_total counter  blocks written through
+//   trident_worker_kv_tier_written_bytes_total  counter  bytes written through
+//   trident_worker_kv_tier_failures_total{op}   counter  fetch, write
+class KvTierMetrics {
+ public:
+  explicit KvTierMetrics(prometheus::Registry& registry);
+  // Brings the counters up to `stats` (any thread, one at a time).
+  void Sample(const KvTierStats& stats);
+
+ private:
+  prometheus::Counter& lookups_;
+  prometheus::Counter& fetches_;
+  prometheus::Counter& fetched_bytes_;
+  prometheus::Counter& fetch_seconds_;
+  prometheus::Counter& skipped_;
+  prometheus::Counter& written_blocks_;
+  prometheus::Counter& written_bytes_;
+  prometheus::Counter& failed_fetches_;
+  prometheus::Counter& failed_writes_;
+  KvTierStats last_;
+};
+
+// The engine behind a KV tier: every request is prepared by the tier (see
+// KvTier) before it enters the engine, and its events carry the tokens the
+// tier fetched (TokenEvent::dram_cached_tokens). Thread-safe.
+class TieredTokenSource final : public engine::TokenSource {
+ public:
+  // Neither is owned; both must outlive this. `on_dram_hit` (may be null)
+  // gets each request's tokens served by a fetch, at its first event.
+  TieredTokenSource(engine::Engine* engine, KvTier* tier,
+                    std::function<void(int32_t)> on_dram_hit = nullptr)
+      : engine_(engine), tier_(tier), on_dram_hit_(std::move(on_dram_hit)) {}
+
+  absl::Status Submit(engine::EngineRequest request, engine::TokenCallback callback) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Abort(const std::string& request_id) override ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // A prepared request enters the engine (or ends, aborted meanwhile).
+  void Enter(engine::EngineRequest request, engine::TokenCallback callback, TierFetch fetch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  engine::Engine* const engine_;
+  KvTier* const tier_;
+  const std::function<void(int32_t)> on_dram_hit_;
+  absl::Mutex mu_;
+  // Requests being prepared, and whether they were aborted meanwhile.
+  absl::flat_hash_map<std::string, bool> preparing_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trident::worker
+
+#endif  // TRIDENT_SERVICES_WORKER_KV_TIER_KV_TIER_H_
