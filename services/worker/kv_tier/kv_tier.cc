@@ -311,7 +311,11 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
     absl::MutexLock lock(&mu_);
     ++stats_.lookups;
   }
-  if (!looked.ok() || match.matched() == 0) return fetch;
+  if (!looked.ok()) {
+    TRIDENT_LOG(WARNING) << "KV tier: lookup failed (computing instead): " << looked;
+    return fetch;
+  }
+  if (match.matched() == 0) return fetch;
   absl::Cleanup release_ticket = [&] { ReleaseTicket(match.ticket()).IgnoreError(); };
   const uint64_t block_bytes = static_cast<uint64_t>(match.block_bytes());
   if (match.matched() < options_.min_fetch_blocks ||
@@ -368,7 +372,8 @@ absl::Status TieredTokenSource::Submit(engine::EngineRequest request,
       return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already running"));
     }
   }
-  const engine::EngineRequest& prepared = request;
+  // The tier reads its own copy: the callback owns the request.
+  const engine::EngineRequest prepared = request;
   tier_->Prepare(prepared, [this, request = std::move(request),
                             callback = std::move(callback)](TierFetch fetch) mutable {
     Enter(std::move(request), std::move(callback), std::move(fetch));

@@ -1,0 +1,189 @@
+// The DRAM tier of the prefix cache across processes (CPU backend, fp32,
+// UCX tcp and posix shared memory): two workers in role both and a CPU
+// attention service with a block store.
+//
+//  * Worker A computes a prompt (nothing cached) and writes its cached
+//    blocks through to the store.
+//  * Worker B, which never saw the prompt, fetches those blocks from the
+//    store instead of computing them: its usage reports them as cached and
+//    as served from DRAM, and its greedy tokens equal A's.
+//  * At the end the store holds no reservation and no pin (every put
+//    written, every fetch released), and each worker's KV pool is all free.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/testing/runfiles.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/fixture_models.h"
+#include "tests/testing/service_process.h"
+#include "trident/v1/attention.grpc.pb.h"
+#include "trident/v1/generation.grpc.pb.h"
+
+namespace trident {
+namespace {
+
+using testing::IsOk;
+using testing::RunfilePath;
+using testing::ServiceProcess;
+using testing::TestTmpPath;
+namespace v1 = ::trident::v1;
+
+constexpr int32_t kBlockSize = 16;
+constexpr int32_t kPromptTokens = 100;
+// Whole blocks of the prompt a cache may serve: (100 - 1) / 16.
+constexpr int32_t kCachedBlocks = 6;
+
+struct Param {
+  const char* model;
+  const char* transport;
+};
+
+std::string Name(const ::testing::TestParamInfo<Param>& info) {
+  std::string name = absl::StrCat(info.param.model, "_", info.param.transport);
+  for (char& c : name) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
+std::vector<int32_t> Prompt() {
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < kPromptTokens; ++t) prompt.push_back(1 + (11 * t + 5) % 200);
+  return prompt;
+}
+
+struct Result {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::Usage usage;
+};
+
+Result Generate(const ServiceProcess& worker, const std::string& id) {
+  v1::GenerateRequest request;
+  request.set_request_id(id);
+  for (int32_t t : Prompt()) request.mutable_token_ids()->add_ids(t);
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_sampling()->set_max_tokens(12);
+  request.mutable_stop()->set_ignore_eos(true);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto reader = v1::Generation::NewStub(worker.channel)->Generate(&context, request);
+  Result r;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) {
+      r.tokens.insert(r.tokens.end(), response.chunk().token_ids().begin(),
+                      response.chunk().token_ids().end());
+    }
+    if (response.has_complete()) r.usage = response.complete().usage();
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+class KvTierTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    model_dir_ = TestTmpPath(GetParam().model);
+    ASSERT_THAT(testing::EnsureFixtureModel(GetParam().model, model_dir_), IsOk());
+    auto attention = testing::StartService(
+        {RunfilePath("services/attention/attention"),
+         absl::StrCat("--ucx_transports=", GetParam().transport), "--kv_budget_mb=16",
+         "--kv_store_mb=8", "--threads=1", "--spin_window=0s"},
+        TestTmpPath("attention.log"));
+    ASSERT_THAT(attention.status(), IsOk());
+    attention_ = *std::move(attention);
+    stub_ = v1::Attention::NewStub(attention_.channel);
+    for (auto [process, name] : {std::pair{&a_, "worker-a"}, std::pair{&b_, "worker-b"}}) {
+      std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
+          RunfilePath("services/worker/worker"), model_dir_, "both", name);
+      argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
+      argv.push_back(absl::StrCat("--attention_services=", attention_.address));
+      argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
+      argv.push_back("--offload_low_watermark=0");
+      argv.push_back("--offload_pipeline=never");
+      argv.push_back("--kv_tier_always_fetch");
+      auto worker = testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+      ASSERT_THAT(worker.status(), IsOk());
+      *process = *std::move(worker);
+    }
+  }
+
+  void TearDown() override {
+    for (ServiceProcess* p : {&a_, &b_, &attention_}) testing::StopService(*p).IgnoreError();
+  }
+
+  v1::BlockStoreStats StoreStats() {
+    v1::AttentionStats stats;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    stub_->GetStats(&context, v1::GetAttentionStatsRequest(), &stats);
+    return stats.block_store();
+  }
+
+  // Polls the service (another process) until `done` holds of its store.
+  template <typename Done>
+  v1::BlockStoreStats StoreStatsOnce(Done done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    v1::BlockStoreStats stats = StoreStats();
+    while (!done(stats) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+      stats = StoreStats();
+    }
+    return stats;
+  }
+
+  std::string model_dir_;
+  ServiceProcess attention_, a_, b_;
+  std::unique_ptr<v1::Attention::Stub> stub_;
+};
+
+TEST_P(KvTierTest, AnotherWorkerFetchesThePrefixFromTheStore) {
+  const Result first = Generate(a_, "first");
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.usage.cached_tokens(), 0);
+  ASSERT_EQ(first.tokens.size(), 12u);
+
+  // A's prompt blocks reach the store (written through in the background).
+  const v1::BlockStoreStats written = StoreStatsOnce(
+      [](const v1::BlockStoreStats& s) { return s.blocks() >= kCachedBlocks; });
+  ASSERT_GE(written.blocks(), kCachedBlocks);
+
+  const Result second = Generate(b_, "second");
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(second.usage.cached_tokens(), kCachedBlocks * kBlockSize);
+  EXPECT_EQ(second.usage.dram_cached_tokens(), kCachedBlocks * kBlockSize);
+
+  const v1::BlockStoreStats end = StoreStatsOnce([](const v1::BlockStoreStats& s) {
+    return s.pinned_blocks() == 0 && s.reserved_blocks() == 0;
+  });
+  EXPECT_EQ(end.pinned_blocks(), 0);
+  EXPECT_EQ(end.reserved_blocks(), 0);
+  EXPECT_GE(end.blocks_read_total(), kCachedBlocks);
+  EXPECT_EQ(end.bytes(), end.blocks() * (written.bytes() / written.blocks()));
+  EXPECT_TRUE(testing::AllKvBlocksFree(a_.channel));
+  EXPECT_TRUE(testing::AllKvBlocksFree(b_.channel));
+  std::cout << GetParam().model << " over " << GetParam().transport << ": worker B fetched "
+            << second.usage.dram_cached_tokens() << " of " << kPromptTokens
+            << " prompt tokens from the store (" << end.blocks_read_total()
+            << " blocks read); tokens equal worker A's, which computed them\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, KvTierTest,
+                         ::testing::Values(Param{"llama3-tiny", "tcp"},
+                                           Param{"llama3-tiny", "posix"},
+                                           Param{"qwen2-tiny", "tcp"},
+                                           Param{"qwen2-tiny", "posix"},
+                                           Param{"mistral-tiny", "tcp"},
+                                           Param{"mistral-tiny", "posix"}),
+                         Name);
+
+}  // namespace
+}  // namespace trident
