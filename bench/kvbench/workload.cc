@@ -136,11 +136,13 @@ absl::StatusOr<std::vector<Session>> MakeTraceSessions(const TraceSpec& spec,
     std::vector<int32_t> prompt = head;
     absl::Duration due;
     for (int32_t t = 0; t < n; ++t) {
-      const int32_t add = t == 0 ? lengths.LogNormal(spec.first_tokens_median, 1.0, 1,
+      int32_t add = t == 0 ? lengths.LogNormal(spec.first_tokens_median, 1.0, 1,
                                                      spec.max_prompt_tokens)
                                  : lengths.LogNormal(spec.append_tokens_median, 0.7, 1,
                                                      spec.max_prompt_tokens);
-      if (static_cast<int32_t>(prompt.size()) + add > spec.max_prompt_tokens) break;
+      const int32_t room = spec.max_prompt_tokens - static_cast<int32_t>(prompt.size());
+      if (t > 0 && add > room) break;  // The session ends at the longest prompt.
+      add = std::min(add, room);
       // New whole blocks (their ids unique to this session), then the rest.
       for (int32_t left = add; left > 0; left -= spec.block_tokens) {
         const std::vector<int32_t> block =
