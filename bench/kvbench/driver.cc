@@ -96,6 +96,13 @@ double Percentile(std::vector<double> v, double p) {
 
 }  // namespace
 
+RequestResult GenerateOnce(const std::string& target, const std::vector<int32_t>& prompt,
+                           int32_t output_tokens, absl::Duration timeout) {
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  return Generate(*stub, prompt, output_tokens, timeout);
+}
+
 absl::StatusOr<Vocabulary> FetchVocabulary(const std::string& target) {
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
@@ -111,8 +118,9 @@ absl::StatusOr<Vocabulary> FetchVocabulary(const std::string& target) {
   Vocabulary vocab;
   vocab.vocab_size = info.vocab_size();
   // Stay clear of the special tokens, which sit at either end of the ids.
-  vocab.first_id = std::min(256, vocab.vocab_size / 4);
-  vocab.vocab_size = std::max(vocab.first_id + 1, vocab.vocab_size - 512);
+  const int32_t margin = std::min(256, info.vocab_size() / 8);
+  vocab.first_id = std::min(16, margin);
+  vocab.vocab_size = std::max(vocab.first_id + 1, info.vocab_size() - margin);
   return vocab;
 }
 
@@ -152,17 +160,19 @@ RunSummary Summarize(const std::vector<RequestResult>& results, const DriverOpti
                      int32_t block_tokens) {
   RunSummary s;
   std::vector<double> ttft, tpot, lag;
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> prompts, after;
   absl::Duration first = absl::InfiniteDuration(), last = absl::ZeroDuration();
   int64_t good = 0, completed = 0, dram = 0;
   for (const RequestResult& r : results) {
     ++s.requests;
     prompts.push_back(r.prompt);
+    after.push_back(r.prompt);
+    after.back().insert(after.back().end(), r.output.begin(), r.output.end());
     first = std::min(first, r.send_offset);
     last = std::max(last, r.send_offset + r.e2e);
     lag.push_back(absl::ToDoubleMilliseconds(r.send_lag));
     if (!r.ok) {
-      ++s.failed;
+      if (s.failed++ == 0) s.first_error = r.error.empty() ? "too few tokens" : r.error;
       continue;
     }
     ++completed;
@@ -188,7 +198,7 @@ RunSummary Summarize(const std::vector<RequestResult>& results, const DriverOpti
     s.hit_rate = static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens);
     s.dram_hit_rate = static_cast<double>(dram) / static_cast<double>(s.prompt_tokens);
   }
-  s.ideal_hit_rate = IdealHitRate(prompts, block_tokens);
+  s.ideal_hit_rate = IdealHitRate(prompts, block_tokens, after);
   return s;
 }
 
@@ -207,9 +217,10 @@ std::string RunSummary::Format() const {
   return absl::StrFormat(
       "requests %d (failed %d) over %.1f s; TTFT p50/p90/p99 %.1f/%.1f/%.1f ms; TPOT p50/p90 "
       "%.2f/%.2f ms; goodput %.2f req/s of %.2f; token hit rate %.3f (dram %.3f; ideal %.3f); "
-      "send lag p99 %.1f ms",
+      "send lag p99 %.1f ms%s",
       requests, failed, window_s, ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, tpot_p50_ms, tpot_p90_ms,
-      goodput_rps, throughput_rps, hit_rate, dram_hit_rate, ideal_hit_rate, send_lag_p99_ms);
+      goodput_rps, throughput_rps, hit_rate, dram_hit_rate, ideal_hit_rate, send_lag_p99_ms,
+      first_error.empty() ? "" : absl::StrCat("; first failure: ", first_error));
 }
 
 }  // namespace trident::kvbench

@@ -60,6 +60,7 @@ struct RunSummary {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   double send_lag_p99_ms = 0;
+  std::string first_error;
 
   nlohmann::json ToJson() const;
   std::string Format() const;
@@ -73,6 +74,10 @@ absl::StatusOr<std::vector<RequestResult>> RunSessions(const std::vector<Session
 // The summary of results; `block_tokens` for the ideal hit rate.
 RunSummary Summarize(const std::vector<RequestResult>& results, const DriverOptions& options,
                      int32_t block_tokens);
+
+// One greedy generation of exactly `output_tokens` at `target`, now.
+RequestResult GenerateOnce(const std::string& target, const std::vector<int32_t>& prompt,
+                           int32_t output_tokens, absl::Duration timeout = absl::Minutes(5));
 
 // The vocabulary the server's model declares (ModelInfo).
 absl::StatusOr<Vocabulary> FetchVocabulary(const std::string& target);

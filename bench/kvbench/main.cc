@@ -6,7 +6,9 @@
 //   kvbench --target=127.0.0.1:50051 --mode=chat --session_rate=2 --sessions=100
 //   kvbench --mode=trace --ideal_only      # the trace's ideal hit, no server
 
+#include <algorithm>
 #include <fstream>
+#include <utility>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,7 +20,9 @@
 #include "bench/kvbench/workload.h"
 
 ABSL_FLAG(std::string, target, "", "host:port of the Generation server.");
-ABSL_FLAG(std::string, mode, "chat", "chat or trace.");
+ABSL_FLAG(std::string, mode, "chat",
+          "chat, trace, or tier: TTFT of a prompt the worker's cache holds (GPU hit), one only "
+          "the DRAM tier holds (evicted here, fetched), and a fresh one (miss), one at a time.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the workload.");
 ABSL_FLAG(int32_t, sessions, 100, "Sessions (conversations) to run.");
 ABSL_FLAG(double, session_rate, 1.0, "New sessions per second (Poisson).");
@@ -41,6 +45,12 @@ ABSL_FLAG(bool, uncached_control, false,
           "chat: afterwards, send each request's uncached tokens alone as a fresh prompt at the "
           "same times (prefilling only what the cache lacked), and report both.");
 ABSL_FLAG(bool, ideal_only, false, "trace: print the workload's ideal hit rate and exit.");
+ABSL_FLAG(int32_t, tier_prompts, 16,
+          "tier: distinct prompts cycled (their KV several times the worker's pool).");
+ABSL_FLAG(int32_t, tier_prompt_tokens, 4096, "tier: tokens of each prompt.");
+ABSL_FLAG(int32_t, tier_rounds, 8, "tier: measured rounds (a miss, a GPU hit, a DRAM hit each).");
+ABSL_FLAG(double, tier_settle_s, 5.0,
+          "tier: pause after the warm-up for the write-through to finish.");
 ABSL_FLAG(std::string, json_out, "", "Write the summary (and the control's) here as JSON.");
 
 namespace trident::kvbench {
@@ -99,6 +109,57 @@ std::vector<Session> UncachedControl(const std::vector<RequestResult>& results,
   return control;
 }
 
+// The DRAM tier: prompts cycled through a worker whose pool holds a few of
+// them; each round times a miss, a GPU hit and a DRAM hit.
+int RunTier(const std::string& target, const Vocabulary& vocab) {
+  const int32_t count = absl::GetFlag(FLAGS_tier_prompts);
+  const int32_t length = absl::GetFlag(FLAGS_tier_prompt_tokens);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < count; ++i) prompts.push_back(FreshTokens(1000 + i, length, vocab));
+  for (const std::vector<int32_t>& p : prompts) {
+    if (!GenerateOnce(target, p, 1).ok) return std::cerr << "warm-up failed\n", 1;
+  }
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_tier_settle_s)));
+  std::vector<RequestResult> miss, gpu, dram;
+  for (int32_t r = 0; r < absl::GetFlag(FLAGS_tier_rounds); ++r) {
+    const std::vector<int32_t> fresh = FreshTokens(5000 + r, length, vocab);
+    miss.push_back(GenerateOnce(target, fresh, 1));
+    gpu.push_back(GenerateOnce(target, fresh, 1));
+    // The prompt sent longest ago: evicted here, held by the store.
+    dram.push_back(GenerateOnce(target, prompts[r % count], 1));
+    prompts.push_back(prompts[r % count]);
+  }
+  nlohmann::json json = {{"mode", "tier"}, {"prompt_tokens", length}, {"prompts", count}};
+  for (const auto& [name, results] :
+       {std::pair{"miss", &miss}, std::pair{"gpu_hit", &gpu}, std::pair{"dram_hit", &dram}}) {
+    std::vector<double> ttft;
+    int64_t cached = 0, from_dram = 0, failed = 0;
+    for (const RequestResult& r : *results) {
+      if (!r.ok) {
+        ++failed;
+        continue;
+      }
+      ttft.push_back(absl::ToDoubleMilliseconds(r.ttft));
+      cached += r.cached_tokens;
+      from_dram += r.dram_cached_tokens;
+    }
+    std::sort(ttft.begin(), ttft.end());
+    const double p50 = ttft.empty() ? 0 : ttft[ttft.size() / 2];
+    const double n = std::max<double>(1, static_cast<double>(ttft.size()));
+    std::cout << name << ": TTFT p50 " << p50 << " ms over " << ttft.size() << " requests ("
+              << failed << " failed); cached " << cached / n << " tokens a request, " << from_dram / n
+              << " of them fetched from DRAM\n";
+    json[name] = {{"ttft_p50_ms", p50},
+                  {"cached_tokens_mean", cached / n},
+                  {"dram_cached_tokens_mean", from_dram / n},
+                  {"failed", failed}};
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+    std::ofstream(path) << json.dump(2) << "\n";
+  }
+  return 0;
+}
+
 int Run() {
   if (absl::GetFlag(FLAGS_ideal_only)) {
     absl::StatusOr<std::vector<Session>> sessions = MakeSessions(Vocabulary{});
@@ -119,6 +180,7 @@ int Run() {
   const std::string target = absl::GetFlag(FLAGS_target);
   absl::StatusOr<Vocabulary> vocab = FetchVocabulary(target);
   if (!vocab.ok()) return std::cerr << vocab.status() << "\n", 1;
+  if (absl::GetFlag(FLAGS_mode) == "tier") return RunTier(target, *vocab);
   absl::StatusOr<std::vector<Session>> sessions = MakeSessions(*vocab);
   if (!sessions.ok()) return std::cerr << sessions.status() << "\n", 2;
   DriverOptions options{.target = target,

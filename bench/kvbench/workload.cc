@@ -163,10 +163,12 @@ absl::StatusOr<std::vector<Session>> MakeTraceSessions(const TraceSpec& spec,
   return sessions;
 }
 
-double IdealHitRate(absl::Span<const std::vector<int32_t>> prompts, int32_t block_tokens) {
+double IdealHitRate(absl::Span<const std::vector<int32_t>> prompts, int32_t block_tokens,
+                    absl::Span<const std::vector<int32_t>> cached_after) {
   absl::flat_hash_set<uint64_t> seen;
   int64_t total = 0, hit = 0;
-  for (const std::vector<int32_t>& prompt : prompts) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<int32_t>& prompt = prompts[i];
     total += static_cast<int64_t>(prompt.size());
     const size_t blocks = prompt.empty() ? 0 : (prompt.size() - 1) / block_tokens;
     uint64_t chain = 0;
@@ -180,6 +182,15 @@ double IdealHitRate(absl::Span<const std::vector<int32_t>> prompts, int32_t bloc
         matching = false;
       }
       seen.insert(chain);
+    }
+    if (i < cached_after.size()) {
+      const std::vector<int32_t>& after = cached_after[i];
+      chain = 0;
+      for (size_t b = 0; (b + 1) * block_tokens <= after.size(); ++b) {
+        const auto first = after.begin() + static_cast<std::ptrdiff_t>(b * block_tokens);
+        chain = absl::HashOf(chain, std::vector<int32_t>(first, first + block_tokens));
+        seen.insert(chain);
+      }
     }
   }
   return total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0.0;

@@ -95,7 +95,12 @@ std::vector<int32_t> FreshTokens(uint64_t seed, int32_t count, const Vocabulary&
 // The ideal (infinite cache) prefix hit of prompts sent in this order: for
 // each, the whole `block_tokens` blocks of its longest prefix some earlier
 // prompt had (at most prompt length - 1 tokens), over all prompt tokens.
-double IdealHitRate(absl::Span<const std::vector<int32_t>> prompts, int32_t block_tokens);
+// Chat prompts, which carry earlier answers, need cached_after (below).
+// With `cached_after` (one per prompt, or empty), the whole blocks of
+// cached_after[i] (e.g. prompt i and its answer) count as seen after prompt
+// i, as a server caches what it generated.
+double IdealHitRate(absl::Span<const std::vector<int32_t>> prompts, int32_t block_tokens,
+                    absl::Span<const std::vector<int32_t>> cached_after = {});
 
 }  // namespace trident::kvbench
 

@@ -87,6 +87,9 @@ TEST(WorkloadTest, IdealHitRateCountsWholeBlocksOfPrefixesSeenBefore) {
   // b reuses a's first block (4 tokens) only; c nothing.
   EXPECT_DOUBLE_EQ(IdealHitRate({a, b, c}, 4), 4.0 / 22.0);
   EXPECT_DOUBLE_EQ(IdealHitRate({a, a}, 4), 8.0 / 18.0);
+  // What the server generated after a counts too: a + answer covers b.
+  const std::vector<int32_t> answered = {1, 2, 3, 4, 5, 6, 9, 9, 9};
+  EXPECT_DOUBLE_EQ(IdealHitRate({a, b}, 4, {answered, b}), 8.0 / 18.0);
 }
 
 TEST(WorkloadTest, BadSpecsAreRefused) {
