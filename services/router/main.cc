@@ -49,6 +49,10 @@ ABSL_FLAG(int32_t, load_interval_ms, 100, "Interval of the workers' load streams
 ABSL_FLAG(bool, allow_cpu_attention, true,
           "Let decode workers with CPU attention services place a request's KV there: "
           "long-context requests, or any when their GPU KV pool is full.");
+ABSL_FLAG(bool, kv_aware_routing, true,
+          "Price each prefill worker at the prompt tokens its prefix cache lacks, as its KV "
+          "events tell, so that a repeated prefix goes where it is cached; false: route by load "
+          "alone.");
 ABSL_FLAG(int32_t, kv_lease_ms, 30000,
           "Lease of each KV reservation on a decode worker: blocks whose prefill worker never "
           "commits (it died) return to the pool when it ends.");
@@ -79,6 +83,7 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
   options.load.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
   options.kv_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
+  options.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);
   options.allow_cpu_attention = absl::GetFlag(FLAGS_allow_cpu_attention);
   options.max_kv_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_kv_wait_ms));
   options.controller_address = absl::GetFlag(FLAGS_controller_address);

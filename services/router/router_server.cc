@@ -101,7 +101,7 @@ absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
   remote_options.allow_cpu_attention = options_.allow_cpu_attention;
   remote_options.max_kv_wait = options_.max_kv_wait;
   remote_options.metrics = metrics_.get();
-  remote_options.kv_index = &kv_index_;
+  remote_options.kv_index = options_.kv_aware_routing ? &kv_index_ : nullptr;
   remote_options.clock = clock_;
   remote_ = std::make_unique<RemoteTokenSource>(admission_.get(), remote_options);
   return absl::OkStatus();

@@ -76,6 +76,9 @@ struct RouterServerOptions {
   absl::Duration kv_lease = absl::Seconds(30);
   // RemoteTokenSourceOptions::allow_cpu_attention (--allow_cpu_attention).
   bool allow_cpu_attention = true;
+  // Price each prefill worker at the prompt tokens its cache lacks (the
+  // workers' KV events); false: by load alone (--kv_aware_routing).
+  bool kv_aware_routing = true;
   // Longest wait for KV room on a full decode worker; >= 0.
   absl::Duration max_kv_wait = absl::Seconds(60);
   // host:port of the controller whose topology names the workers; empty:
