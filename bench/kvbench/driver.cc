@@ -65,6 +65,7 @@ void RunSession(const Session& session, absl::Time start, v1::Generation::Stub& 
   for (size_t t = 0; t < session.turns.size(); ++t) {
     const Turn& turn = session.turns[t];
     const absl::Time due = session.chat ? previous_end + turn.delay : session_start + turn.delay;
+    if (due > start + options.max_run) return;
     absl::SleepFor(due - absl::Now());
     std::vector<int32_t> prompt = session.chat ? history : turn.tokens;
     if (session.chat) prompt.insert(prompt.end(), turn.tokens.begin(), turn.tokens.end());

@@ -26,6 +26,9 @@ struct DriverOptions {
   // Targets for goodput.
   absl::Duration ttft_slo = absl::Milliseconds(300);
   absl::Duration tpot_slo = absl::Milliseconds(25);
+  // No turn starts this long after the run's start (an overloaded server
+  // must not hold a benchmark forever); the summary counts what ran.
+  absl::Duration max_run = absl::InfiniteDuration();
 };
 
 // What one request saw.

@@ -36,7 +36,10 @@ ABSL_FLAG(int32_t, max_output_tokens, 512, "Longest answer.");
 ABSL_FLAG(double, think_s, 1.0, "chat: mean pause between an answer and the next turn.");
 ABSL_FLAG(int32_t, trace_block_tokens, 512, "trace: tokens per trace block (hash id).");
 ABSL_FLAG(int32_t, max_prompt_tokens, 7000, "trace: longest prompt.");
+ABSL_FLAG(double, first_tokens, 1200, "trace: median tokens of a session's first prompt.");
+ABSL_FLAG(double, append_tokens, 300, "trace: median tokens a later turn adds.");
 ABSL_FLAG(double, turn_gap_s, 8.0, "trace: mean gap between a session's turns.");
+ABSL_FLAG(double, max_run_s, 0, "No turn starts this many seconds after the start (0: no limit).");
 ABSL_FLAG(int32_t, threads, 64, "Client threads (sessions in flight at most).");
 ABSL_FLAG(double, ttft_slo_ms, 300, "TTFT target for goodput.");
 ABSL_FLAG(double, tpot_slo_ms, 25, "TPOT target for goodput.");
@@ -79,6 +82,8 @@ absl::StatusOr<std::vector<Session>> MakeSessions(const Vocabulary& vocab) {
     spec.session_rate = absl::GetFlag(FLAGS_session_rate);
     spec.block_tokens = absl::GetFlag(FLAGS_trace_block_tokens);
     spec.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+    spec.first_tokens_median = absl::GetFlag(FLAGS_first_tokens);
+    spec.append_tokens_median = absl::GetFlag(FLAGS_append_tokens);
     spec.output_tokens_median = absl::GetFlag(FLAGS_output_tokens);
     spec.output_tokens_max = absl::GetFlag(FLAGS_max_output_tokens);
     spec.turn_gap_mean_s = absl::GetFlag(FLAGS_turn_gap_s);
@@ -101,7 +106,10 @@ std::vector<Session> UncachedControl(const std::vector<RequestResult>& results,
     Turn turn;
     const int32_t uncached =
         std::max<int32_t>(1, static_cast<int32_t>(r.prompt.size()) - r.cached_tokens);
-    turn.tokens = FreshTokens(static_cast<uint64_t>(s.id) * 7919 + 17, uncached, vocab);
+    // Fresh for this run too: an earlier run's control left its prompts cached.
+    turn.tokens = FreshTokens(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) +
+                                  static_cast<uint64_t>(s.id) * 7919,
+                              uncached, vocab);
     turn.output_tokens = r.wanted_tokens;
     s.turns.push_back(std::move(turn));
     control.push_back(std::move(s));
@@ -116,20 +124,32 @@ int RunTier(const std::string& target, const Vocabulary& vocab) {
   const int32_t length = absl::GetFlag(FLAGS_tier_prompt_tokens);
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t i = 0; i < count; ++i) prompts.push_back(FreshTokens(1000 + i, length, vocab));
+  // Greedy outputs of the warm-up (computed, nothing cached), to compare
+  // the hits' with.
+  constexpr int32_t kOutput = 16;
+  std::vector<std::vector<int32_t>> computed;
   for (const std::vector<int32_t>& p : prompts) {
-    if (!GenerateOnce(target, p, 1).ok) return std::cerr << "warm-up failed\n", 1;
+    RequestResult r = GenerateOnce(target, p, kOutput);
+    if (!r.ok) return std::cerr << "warm-up failed: " << r.error << "\n", 1;
+    computed.push_back(std::move(r.output));
   }
   absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_tier_settle_s)));
   std::vector<RequestResult> miss, gpu, dram;
+  int gpu_equal = 0, dram_equal = 0;
   for (int32_t r = 0; r < absl::GetFlag(FLAGS_tier_rounds); ++r) {
     const std::vector<int32_t> fresh = FreshTokens(5000 + r, length, vocab);
-    miss.push_back(GenerateOnce(target, fresh, 1));
-    gpu.push_back(GenerateOnce(target, fresh, 1));
+    miss.push_back(GenerateOnce(target, fresh, kOutput));
+    gpu.push_back(GenerateOnce(target, fresh, kOutput));
+    if (gpu.back().output == miss.back().output) ++gpu_equal;
     // The prompt sent longest ago: evicted here, held by the store.
-    dram.push_back(GenerateOnce(target, prompts[r % count], 1));
-    prompts.push_back(prompts[r % count]);
+    dram.push_back(GenerateOnce(target, prompts[r % count], kOutput));
+    if (dram.back().output == computed[r % count]) ++dram_equal;
   }
-  nlohmann::json json = {{"mode", "tier"}, {"prompt_tokens", length}, {"prompts", count}};
+  std::cout << "greedy outputs equal to computing the prompt: GPU hits " << gpu_equal << " of "
+            << gpu.size() << ", DRAM hits " << dram_equal << " of " << dram.size() << "\n";
+  nlohmann::json json = {{"mode", "tier"},          {"prompt_tokens", length},
+                         {"prompts", count},          {"gpu_hits_equal", gpu_equal},
+                         {"dram_hits_equal", dram_equal}, {"rounds", gpu.size()}};
   for (const auto& [name, results] :
        {std::pair{"miss", &miss}, std::pair{"gpu_hit", &gpu}, std::pair{"dram_hit", &dram}}) {
     std::vector<double> ttft;
@@ -187,6 +207,9 @@ int Run() {
                         .threads = absl::GetFlag(FLAGS_threads),
                         .ttft_slo = absl::Milliseconds(absl::GetFlag(FLAGS_ttft_slo_ms)),
                         .tpot_slo = absl::Milliseconds(absl::GetFlag(FLAGS_tpot_slo_ms))};
+  if (absl::GetFlag(FLAGS_max_run_s) > 0) {
+    options.max_run = absl::Seconds(absl::GetFlag(FLAGS_max_run_s));
+  }
   absl::StatusOr<std::vector<RequestResult>> results = RunSessions(*sessions, options);
   if (!results.ok()) return std::cerr << results.status() << "\n", 1;
   const int32_t block = absl::GetFlag(FLAGS_block_tokens);

@@ -247,7 +247,9 @@ bool KvTier::FetchPays(int32_t blocks, uint64_t block_bytes) const {
   double bandwidth;
   {
     absl::MutexLock lock(&mu_);
-    bandwidth = fetch_bandwidth_ > 0 ? fetch_bandwidth_ : options_.assumed_fetch_bytes_per_second;
+    // The first fetch measures the bandwidth the later ones are judged by.
+    if (fetch_bandwidth_ <= 0) return true;
+    bandwidth = fetch_bandwidth_;
   }
   const double fetch_seconds = static_cast<double>(blocks) * block_bytes / bandwidth;
   const double compute_seconds =

@@ -14,8 +14,9 @@
 // fetch thread looks the prompt's whole blocks past the worker's own cached
 // prefix up in the store and, when the store holds at least
 // min_fetch_blocks more and the cost model says fetching them is faster
-// than computing them (bytes over the measured fetch bandwidth against
-// tokens over the engine's prefill rate), reads them into blocks of the
+// than computing them (bytes over the fetch bandwidth measured by the
+// fetches so far, the first one always made, against tokens over the
+// engine's prefill rate), reads them into blocks of the
 // worker's pool and names them there; the engine then finds them as a
 // prefix-cache hit. The fetched blocks stay held until the request's first
 // event, so that they cannot be evicted before its admission. Nothing is
@@ -69,8 +70,6 @@ struct KvTierOptions {
   absl::Duration timeout = absl::Seconds(5);
   // Bytes per block put or get message (whole blocks, at least one).
   int64_t message_bytes = int64_t{8} << 20;
-  // The fetch bandwidth assumed until one is measured.
-  double assumed_fetch_bytes_per_second = 1e9;
 };
 
 // Totals since start.
