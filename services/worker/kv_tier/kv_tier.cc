@@ -274,20 +274,57 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
   const int32_t total = static_cast<int32_t>(blocks.size());
   const int32_t per_message = BlocksPerMessage(block_bytes);
-  std::vector<char> buffer;
-  for (int32_t first = 0; first < total; first += per_message) {
-    const int32_t count = std::min(per_message, total - first);
-    buffer.resize(count * block_bytes);
-    TRIDENT_ASSIGN_OR_RETURN(const auto request,
-                             channel->StartBlockGet({.ticket = ticket,
-                                                     .first = first,
-                                                     .count = count,
-                                                     .out = buffer.data(),
-                                                     .bytes = buffer.size()}));
-    TRIDENT_RETURN_IF_ERROR(channel->Wait(request, options_.timeout));
-    TRIDENT_RETURN_IF_ERROR(CopyIn(buffer.data(), blocks.subspan(first, count)));
+  const size_t slot_bytes = static_cast<size_t>(per_message) * block_bytes;
+  // kInFlight gets at once, each into a buffer of its own; the oldest is
+  // copied into the pool while the others travel.
+  constexpr int kInFlight = 4;
+  std::vector<std::unique_ptr<backend::HostBuffer>> pinned(kInFlight);
+  std::vector<std::vector<char>> plain(kInFlight);
+  std::vector<char*> slots(kInFlight);
+  for (int i = 0; i < kInFlight; ++i) {
+    absl::StatusOr<std::unique_ptr<backend::HostBuffer>> buffer =
+        copier_ != nullptr ? copier_->AllocateHost(slot_bytes)
+                           : absl::StatusOr<std::unique_ptr<backend::HostBuffer>>(nullptr);
+    if (buffer.ok() && *buffer != nullptr) {
+      pinned[i] = *std::move(buffer);
+      slots[i] = pinned[i]->data();
+    } else {
+      plain[i].resize(slot_bytes);
+      slots[i] = plain[i].data();
+    }
   }
-  return absl::OkStatus();
+  struct Get {
+    transport::attention::RemoteAttention::Ticket ticket;
+    int32_t first, count, slot;
+  };
+  std::deque<Get> gets;
+  absl::Status status;
+  int32_t next = 0;
+  int slot = 0;
+  while (status.ok() && (next < total || !gets.empty())) {
+    while (status.ok() && next < total && static_cast<int>(gets.size()) < kInFlight) {
+      const int32_t count = std::min(per_message, total - next);
+      absl::StatusOr<transport::attention::RemoteAttention::Ticket> started =
+          channel->StartBlockGet({.ticket = ticket,
+                                  .first = next,
+                                  .count = count,
+                                  .out = slots[slot],
+                                  .bytes = count * block_bytes});
+      status = started.status();
+      if (!status.ok()) break;
+      gets.push_back(Get{*started, next, count, slot});
+      next += count;
+      slot = (slot + 1) % kInFlight;
+    }
+    if (gets.empty()) break;
+    const Get get = gets.front();
+    gets.pop_front();
+    status = channel->Wait(get.ticket, options_.timeout);
+    if (status.ok()) status = CopyIn(slots[get.slot], blocks.subspan(get.first, get.count));
+  }
+  // No reply may land in a buffer freed here: wait for every request sent.
+  for (const Get& get : gets) channel->Wait(get.ticket, options_.timeout).IgnoreError();
+  return status;
 }
 
 TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
