@@ -38,13 +38,15 @@ std::string RouterLoad::last_error() const {
 void RouterLoad::Run(int client) {
   for (int n = 0; !stop_.load(); ++n) {
     cli::GenerateOptions options = request_(client, n);
-    options.address = address_;
+    if (options.address.empty()) options.address = address_;
     absl::StatusOr<cli::GenerateSummary> summary = cli::StreamGeneration(options, nullptr);
     GenerationOutcome outcome{.max_tokens = options.max_tokens};
     if (summary.ok()) {
       outcome.ok = true;
       outcome.tokens = summary->tokens;
       outcome.usage_tokens = summary->complete.usage().completion_tokens();
+      outcome.cached_tokens = summary->complete.usage().cached_tokens();
+      outcome.dram_cached_tokens = summary->complete.usage().dram_cached_tokens();
       outcome.text = std::move(summary->text);
       outcome.decode_worker = summary->complete.placement().decode_worker_id();
       outcome.attention_service = summary->complete.placement().attention_service_id();

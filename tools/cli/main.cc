@@ -46,6 +46,10 @@ ABSL_FLAG(int32_t, offload_min_context_tokens, 64,
           "when their KV cache runs short.");
 ABSL_FLAG(int32_t, attention_threads, 1,
           "up: kernel threads of the attention service (one per physical core at most).");
+ABSL_FLAG(int64_t, attention_kv_store_mb, 64,
+          "up: MiB of the attention service's 256 MiB KV budget its block store may hold (the "
+          "prefix cache's DRAM tier, which decode-capable workers write through to and fetch "
+          "from); 0 turns it off.");
 ABSL_FLAG(std::string, address, "",
           "generate: host:port of a Generation endpoint. Default: the router of the cluster in "
           "--state_dir.");
@@ -114,6 +118,7 @@ int Up() {
   options.worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
   options.offload_min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
   options.attention_threads = absl::GetFlag(FLAGS_attention_threads);
+  options.attention_kv_store_mb = absl::GetFlag(FLAGS_attention_kv_store_mb);
   options.scrape_interval = absl::GetFlag(FLAGS_scrape_interval);
   options.ready_timeout = absl::GetFlag(FLAGS_ready_timeout);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
