@@ -79,9 +79,10 @@ Usage:
       tokens arrive, then prints the token counts, where the request ran
       (prefill and decode worker) and its timings to stderr.
   trident status [--state_dir=DIR]
-      Shows each process, its addresses and its health, and each worker's
-      role, running and waiting sequences and KV cache usage. Exits 1
-      unless all are SERVING.
+      Shows each process, its addresses and its health, each worker's
+      role, running and waiting sequences, KV cache usage, prefix-cache hit
+      rate and cached blocks, and each attention service's KV and block
+      store. Exits 1 unless all are SERVING.
   trident down [--state_dir=DIR]
       Drains and stops every process of the cluster.
 
