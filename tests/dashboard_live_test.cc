@@ -12,11 +12,16 @@
 // every metric the dashboards name must be one Prometheus has scraped. The
 // test polls until each query has data or a generous deadline passes, then
 // lists each empty query (dashboard, panel, PromQL, what Prometheus said) and
-// each unknown metric.
+// each unknown metric. On the same cluster, every service's /metrics passes
+// `promtool check metrics` (Debian's prometheus package).
+
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -219,6 +224,32 @@ std::set<std::string> KnownMetricNames(const std::string& prometheus_url) {
   return names;
 }
 
+// The output and exit status of `command` run by /bin/sh, its stderr
+// merged into its stdout.
+struct CommandResult {
+  int exit_code = -1;  // -1: it did not exit normally.
+  std::string output;
+};
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {.output = "popen failed"};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+// `promtool check metrics` over `exposition` (Prometheus's text format),
+// written to a file under TEST_TMPDIR named after `name`.
+CommandResult PromtoolCheckMetrics(const std::string& name, const std::string& exposition) {
+  const std::string path = TestTmpPath(absl::StrCat(name, ".metrics.txt"));
+  std::ofstream(path) << exposition;
+  return RunCommand(absl::StrCat("promtool check metrics < '", path, "'"));
+}
+
 // The cluster every test of the suite reads, its loads running from the
 // suite's start to its end.
 struct LoadedCluster {
@@ -358,6 +389,57 @@ TEST_F(DashboardLiveTest, EveryPanelHasDataFromALoadedCluster) {
   EXPECT_GT(offloaded, 0) << "no generation moved to the attention service";
   EXPECT_GT(from_dram, 0) << "no generation fetched its prompt from the block store; "
                           << tier_load.last_error();
+}
+
+// Every service's /metrics, once the load has been through every path
+// (offloaded sequences, the DRAM tier's fetches), parses as Prometheus's
+// text format and follows its naming rules (counters end in _total, no
+// other type does, base units, ...), as `promtool check metrics` judges.
+TEST_F(DashboardLiveTest, EveryServicesMetricsPassPromtool) {
+  ASSERT_TRUE(cluster_->load->AwaitCount(Offloaded, 1, kPollDeadline))
+      << "no generation moved to the attention service: " << cluster_->load->last_error();
+  ASSERT_TRUE(cluster_->tier_load->AwaitCount(ServedFromDram, 1, kPollDeadline))
+      << "no generation fetched its prompt from the block store: "
+      << cluster_->tier_load->last_error();
+  std::vector<std::string> checked;
+  for (const cli::ProcessRecord& process : cluster_->state.processes) {
+    if (process.component == "prometheus") continue;
+    absl::StatusOr<http::HttpResponse> metrics = http::Get(
+        absl::StrCat("http://", cluster_->state.host, ":", process.metrics_port, "/metrics"));
+    ASSERT_THAT(metrics, IsOk()) << process.name;
+    ASSERT_EQ(metrics->status_code, 200) << process.name;
+    EXPECT_THAT(metrics->body, ::testing::HasSubstr("# TYPE trident_")) << process.name;
+    const CommandResult promtool = PromtoolCheckMetrics(process.name, metrics->body);
+    EXPECT_EQ(promtool.exit_code, 0)
+        << process.name << "'s /metrics: promtool check metrics says:\n"
+        << promtool.output;
+    checked.push_back(process.name);
+  }
+  EXPECT_THAT(checked,
+              ::testing::UnorderedElementsAre("controller", "attention-0", "worker-0", "worker-1",
+                                              "worker-2", "worker-3", "router"));
+}
+
+// The check above can fail: promtool refuses a counter without `_total` and
+// a gauge with it.
+TEST(PromtoolTest, FlagsMetricsThatBreakPrometheusNaming) {
+  const CommandResult good =
+      PromtoolCheckMetrics("good",
+                           "# HELP trident_test_sent_bytes_total Bytes sent.\n"
+                           "# TYPE trident_test_sent_bytes_total counter\n"
+                           "trident_test_sent_bytes_total 1\n");
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  const CommandResult bad =
+      PromtoolCheckMetrics("bad",
+                           "# HELP trident_test_sent_bytes Bytes sent.\n"
+                           "# TYPE trident_test_sent_bytes counter\n"
+                           "trident_test_sent_bytes 1\n"
+                           "# HELP trident_test_queued_total Requests queued now.\n"
+                           "# TYPE trident_test_queued_total gauge\n"
+                           "trident_test_queued_total 1\n");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_THAT(bad.output, ::testing::HasSubstr("trident_test_sent_bytes"));
+  EXPECT_THAT(bad.output, ::testing::HasSubstr("trident_test_queued_total"));
 }
 
 }  // namespace

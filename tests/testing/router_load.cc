@@ -27,6 +27,17 @@ int64_t RouterLoad::Count(const std::function<bool(const GenerationOutcome&)>& m
   return n;
 }
 
+bool RouterLoad::AwaitCount(const std::function<bool(const GenerationOutcome&)>& match,
+                            int64_t count, absl::Duration timeout) const {
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t n = 0;
+    for (const GenerationOutcome& o : outcomes_) n += match(o);
+    return n >= count;
+  };
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
 std::string RouterLoad::last_error() const {
   absl::MutexLock lock(&mu_);
   for (auto it = outcomes_.rbegin(); it != outcomes_.rend(); ++it) {

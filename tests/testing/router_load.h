@@ -54,6 +54,10 @@ class RouterLoad {
   int64_t Count(const std::function<bool(const GenerationOutcome&)>& match) const
       ABSL_LOCKS_EXCLUDED(mu_);
   int64_t answered() const { return Count([](const GenerationOutcome&) { return true; }); }
+  // Waits until at least `count` outcomes satisfy `match`, at most
+  // `timeout`; whether they do. Wakes on each new outcome; never sleeps.
+  bool AwaitCount(const std::function<bool(const GenerationOutcome&)>& match, int64_t count,
+                  absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
   // The last failure's status, or empty.
   std::string last_error() const ABSL_LOCKS_EXCLUDED(mu_);
 
