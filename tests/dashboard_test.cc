@@ -90,17 +90,31 @@ TEST(DashboardTest, EachDashboardChartsWhatTheIssueAsksOfIt) {
       {"overview.json",
        {"trident_router_requests_total", "trident_router_requests_rejected_total",
         "trident_router_ttft_seconds_bucket", "trident_router_tpot_seconds_bucket",
-        "trident_router_itl_seconds_bucket", "trident_router_e2e_seconds_bucket"}},
+        "trident_router_itl_seconds_bucket", "trident_router_e2e_seconds_bucket",
+        "trident_router_routing_decisions_total",
+        "trident_router_prefix_cache_predicted_tokens_total",
+        "trident_router_prefix_cache_delivered_tokens_total"}},
       {"workers.json",
        {"trident_worker_role", "trident_worker_num_requests_running",
         "trident_worker_num_requests_waiting", "trident_worker_iteration_tokens_bucket",
         "trident_worker_iteration_decode_sequences_bucket", "trident_worker_kv_cache_usage_ratio",
         "trident_router_worker_queued_prefill_tokens", "trident_worker_kv_transfer_seconds_bucket",
-        "trident_worker_kv_transfer_bytes_total", "trident_worker_kv_lane_info"}},
+        "trident_worker_kv_transfer_bytes_total", "trident_worker_kv_lane_info",
+        // The prefix cache and its DRAM tier.
+        "trident_worker_prefix_cache_hits_total", "trident_worker_prefix_cache_queries_total",
+        "trident_worker_kv_cache_cached_blocks", "trident_worker_kv_transfer_cached_blocks_total",
+        "trident_worker_kv_tier_fetched_bytes_total", "trident_worker_kv_tier_fetch_seconds_total",
+        "trident_worker_kv_tier_fetches_total", "trident_worker_kv_tier_lookups_total",
+        "trident_worker_kv_tier_written_blocks_total", "trident_worker_kv_tier_failures_total"}},
       {"attention.json",
        {"trident_attention_sequences", "trident_attention_held_bytes",
         "trident_attention_kernel_seconds_bucket", "trident_attention_bytes_read_total",
-        "trident_worker_cpu_attention_seconds_total"}},
+        "trident_worker_cpu_attention_seconds_total",
+        // The block store (the prefix cache's DRAM tier).
+        "trident_attention_store_blocks", "trident_attention_store_bytes",
+        "trident_attention_store_capacity_bytes", "trident_attention_store_blocks_written_total",
+        "trident_attention_store_evictions_total", "trident_attention_store_lookups_total",
+        "trident_attention_store_hit_blocks_total", "trident_attention_store_blocks_read_total"}},
       {"controller.json",
        {"trident_controller_pressure", "trident_controller_role_flips_total",
         "trident_controller_decision_total", "trident_controller_members",
@@ -114,6 +128,28 @@ TEST(DashboardTest, EachDashboardChartsWhatTheIssueAsksOfIt) {
       EXPECT_TRUE(charted.count(metric) > 0) << source << " does not chart " << metric;
     }
   }
+}
+
+// A hit rate is hits over lookups of the same thing: every workers.json
+// query over prefix-cache hits divides them by the prompt tokens looked up,
+// keeping the tier apart (the tier label exists on hits only).
+TEST(DashboardTest, PrefixCacheHitRatesDivideHitsByQueriesPerTier) {
+  const std::vector<Dashboard> dashboards = LoadAll();
+  const Dashboard* workers = Find(dashboards, "workers.json");
+  ASSERT_NE(workers, nullptr);
+  int rates = 0;
+  for (const DashboardPanel& panel : workers->panels) {
+    for (const DashboardTarget& target : panel.targets) {
+      const std::set<std::string> metrics = testing::MetricNamesIn(target.expr);
+      if (metrics.count("trident_worker_prefix_cache_hits_total") == 0) continue;
+      ++rates;
+      EXPECT_TRUE(metrics.count("trident_worker_prefix_cache_queries_total") > 0)
+          << panel.title << ": " << target.expr;
+      EXPECT_THAT(target.expr, ::testing::HasSubstr("tier)")) << panel.title;
+      EXPECT_THAT(target.expr, ::testing::HasSubstr("/ ignoring (tier) group_left")) << panel.title;
+    }
+  }
+  EXPECT_GE(rates, 2) << "a hit rate over time and one over the dashboard's range";
 }
 
 TEST(DashboardTest, EveryQueryExpandsWithEveryVariableSelectingAll) {

@@ -468,7 +468,8 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
     TRIDENT_RETURN_IF_ERROR(
         start("attention", "attention-0",
               {"--service_id=attention-0", absl::StrCat("--threads=", options.attention_threads),
-               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb), controller_flag}));
+               absl::StrCat("--kv_budget_mb=", options.attention_kv_budget_mb),
+               absl::StrCat("--kv_store_mb=", options.attention_kv_store_mb), controller_flag}));
     const std::string attention_address = state.processes.back().GrpcAddress(state.host);
     std::vector<std::string> worker_ids;
     for (size_t i = 0; i < options.worker_roles.size(); ++i) {

@@ -51,6 +51,12 @@ struct ClusterOptions {
   // The attention service's kernel threads (--threads) and KV budget.
   int32_t attention_threads = 1;
   int64_t attention_kv_budget_mb = 256;
+  // MiB of that budget the attention service's KV block store may hold
+  // (--kv_store_mb): the DRAM tier of the prefix cache, which the workers
+  // given the service (the decode-capable ones) write their cached blocks
+  // through to and fetch prompts' blocks from. A quarter of the default
+  // budget; 0 turns the store off. At most attention_kv_budget_mb.
+  int64_t attention_kv_store_mb = 64;
   // How often Prometheus scrapes each service.
   absl::Duration scrape_interval = absl::Seconds(1);
   // How long each process may take to become ready.

@@ -1,5 +1,6 @@
 // `trident status`: every process of a local cluster (cluster.h), whether it
-// runs and serves, and for each worker its live role, sequences and KV cache.
+// runs and serves, for each worker its live role, sequences, KV cache and
+// prefix cache, and for each attention service its KV and block store.
 
 #ifndef TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_
 #define TRIDENT_TOOLS_CLI_CLUSTER_STATUS_H_
@@ -28,6 +29,9 @@ struct ProcessStatus {
   // could not be read in `load_error`.
   std::optional<WorkerLoadSummary> load;
   std::string load_error;
+  // Workers: their KV pool and prefix cache (WorkerControl.GetKvStats);
+  // unset when it could not be read.
+  std::optional<trident::v1::KvStats> kv_stats;
   // Attention services: their GetStats, or why it could not be read.
   std::optional<trident::v1::AttentionStats> attention;
   // The controller: its status (GetStatus) and topology, or why they could
@@ -48,8 +52,8 @@ absl::StatusOr<ControllerView> ReadController(const std::string& address, int32_
                                               absl::Duration timeout = absl::Seconds(2));
 
 // Checks every process: alive, its health (Prometheus: /-/ready) and, for a
-// running worker, its load. Blocks for up to a few seconds per process that
-// does not answer.
+// running worker, its load and KV stats. Blocks for up to a few seconds per
+// process that does not answer.
 std::vector<ProcessStatus> CheckStatus(const ClusterState& state);
 
 // Whether every process is running and SERVING (Prometheus: ready).
@@ -58,12 +62,18 @@ bool AllServing(const std::vector<ProcessStatus>& statuses);
 // The tables `trident status` prints: one line per process (name, pid,
 // addresses, health), then one per worker (role, with a role change in
 // progress as "old->new", state, running and waiting sequences, KV cache
-// usage, sequences whose attention runs on a CPU attention service), then
-// one per attention service (NUMA node, ISA and threads, sequences, tokens
-// and KV memory held of its budget, sessions, requests served). A worker
-// whose load could not be read shows its start role and the error. Last, the
-// controller: its members as it sees them (role, state), each role's
-// pressure and forecast, and its last decision with the reason.
+// usage, sequences whose attention runs on a CPU attention service, the
+// prefix cache's hit rate since the worker started (prompt tokens found
+// cached over those looked up, blocks the DRAM tier fetched for a request
+// included: they reach the pool before the request does) and its cached
+// blocks, "-" for either when unknown or before any lookup), then one per
+// attention service (NUMA node, ISA and threads, sequences, tokens and KV
+// memory held of its budget, sessions, requests served), then each one's
+// block store (blocks, MiB held of its budget, blocks its lookups matched of
+// lookups; "off" without a budget). A worker whose load could not be read
+// shows its start role and the error. Last, the controller: its members as
+// it sees them (role, state), each role's pressure and forecast, and its
+// last decision with the reason.
 std::string FormatStatus(const ClusterState& state, const std::vector<ProcessStatus>& statuses);
 
 }  // namespace trident::cli

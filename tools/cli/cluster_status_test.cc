@@ -60,6 +60,13 @@ TEST(FormatStatusTest, ShowsEveryProcessThenEachWorkersRoleSequencesAndKvCache) 
                                        .state = "draining",
                                        .running_sequences = 3,
                                        .cpu_attention_sequences = 2};
+  // worker-0's prefix cache found 100 of 800 prompt tokens; worker-1's KV
+  // stats could not be read.
+  trident::v1::KvStats kv;
+  kv.set_blocks_cached(42);
+  kv.set_prefix_cache_queries_total(800);
+  kv.set_prefix_cache_hits_total(100);
+  statuses[0].kv_stats = kv;
   const std::string text = FormatStatus(state, statuses);
 
   EXPECT_THAT(LineOf(text, "router"), HasSubstr("127.0.0.1:11"));
@@ -69,15 +76,36 @@ TEST(FormatStatusTest, ShowsEveryProcessThenEachWorkersRoleSequencesAndKvCache) 
   ASSERT_NE(workers, std::string::npos) << text;
   EXPECT_THAT(text.substr(workers), HasSubstr("RUNNING"));
   EXPECT_THAT(text.substr(workers), Not(HasSubstr("router")));
+  EXPECT_THAT(LineOf(text, "WORKER", workers - 1),
+              testing::MatchesRegex("WORKER .* KV CACHE +ON CPU +PREFIX HIT +CACHED"));
   EXPECT_THAT(LineOf(text, "worker-0", workers),
-              testing::MatchesRegex("worker-0 +prefill +serving +0 +4 +12.5% +0"));
+              testing::MatchesRegex("worker-0 +prefill +serving +0 +4 +12.5% +0 +12.5% +42"));
   EXPECT_THAT(LineOf(text, "worker-1", workers),
-              testing::MatchesRegex("worker-1 +both->decode +draining +3 +0 +0.0% +2"));
+              testing::MatchesRegex("worker-1 +both->decode +draining +3 +0 +0.0% +2 +- +-"));
+}
+
+TEST(FormatStatusTest, AWorkerWhosePrefixCacheWasNeverQueriedShowsNoHitRate) {
+  const ClusterState state = State();
+  std::vector<ProcessStatus> statuses = Statuses(state);
+  statuses[0].load = WorkerLoadSummary{.worker_id = "worker-0", .role = "prefill"};
+  trident::v1::KvStats kv;
+  kv.set_blocks_cached(0);
+  statuses[0].kv_stats = kv;
+  const std::string text = FormatStatus(state, statuses);
+  const size_t workers = text.find("\nWORKER ");
+  ASSERT_NE(workers, std::string::npos) << text;
+  EXPECT_THAT(LineOf(text, "worker-0", workers), testing::MatchesRegex(".* +0.0% +0 +- +0"));
+  kv.set_prefix_cache_queries_total(3);
+  kv.set_prefix_cache_hits_total(3);
+  statuses[0].kv_stats = kv;
+  EXPECT_THAT(LineOf(FormatStatus(state, statuses), "worker-0", workers),
+              testing::MatchesRegex(".* +0.0% +0 +100.0% +0"));
 }
 
 TEST(FormatStatusTest, ShowsWhatEachAttentionServiceHolds) {
   ClusterState state{.host = "127.0.0.1"};
-  state.processes = {Process("attention-0", "attention", 7), Process("attention-1", "attention", 9)};
+  state.processes = {Process("attention-0", "attention", 7), Process("attention-1", "attention", 9),
+                     Process("attention-2", "attention", 11)};
   std::vector<ProcessStatus> statuses = Statuses(state);
   trident::v1::AttentionStats stats;
   stats.set_numa_node(1);
@@ -89,13 +117,33 @@ TEST(FormatStatusTest, ShowsWhatEachAttentionServiceHolds) {
   stats.set_capacity_bytes(int64_t{1024} << 20);
   stats.set_sessions(2);
   stats.set_attention_requests_total(4200);
+  // attention-2 runs without a block store.
+  statuses[2].attention = stats;
+  trident::v1::BlockStoreStats* store = stats.mutable_block_store();
+  store->set_blocks(1234);
+  store->set_bytes(int64_t{7} << 19);  // 3.5 MiB
+  store->set_capacity_bytes(int64_t{64} << 20);
+  store->set_lookups_total(56);
+  store->set_blocks_matched_total(240);
+  store->set_blocks_read_total(200);
   statuses[0].attention = stats;
   const std::string text = FormatStatus(state, statuses);
   const size_t table = text.find("\nATTENTION ");
   ASSERT_NE(table, std::string::npos) << text;
-  EXPECT_THAT(LineOf(text, "attention-0", table),
-              testing::MatchesRegex("attention-0 +1 avx512_bf16 +16 +3 +12345 +96.0/1024.0 +2 +4200"));
+  EXPECT_THAT(
+      LineOf(text, "attention-0", table),
+      testing::MatchesRegex("attention-0 +1 avx512_bf16 +16 +3 +12345 +96.0/1024.0 +2 +4200"));
   EXPECT_THAT(LineOf(text, "attention-1", table), HasSubstr("stats unknown"));
+  const size_t stores = text.find("\nBLOCK STORE ");
+  ASSERT_NE(stores, std::string::npos) << text;
+  EXPECT_GT(stores, table);
+  EXPECT_THAT(LineOf(text, "BLOCK STORE", stores - 1),
+              testing::MatchesRegex("BLOCK STORE +BLOCKS +MiB/BUDGET +HIT BLOCKS/LOOKUPS"));
+  EXPECT_THAT(LineOf(text, "attention-0", stores),
+              testing::MatchesRegex("attention-0 +1234 +3.5/64.0 +240/56"));
+  // Unknown stats show once, in the ATTENTION table.
+  EXPECT_EQ(LineOf(text, "attention-1", stores), "");
+  EXPECT_THAT(LineOf(text, "attention-2", stores), testing::MatchesRegex("attention-2 +off"));
 }
 
 TEST(FormatStatusTest, AWorkerWithoutLoadShowsItsStartRoleAndWhy) {
@@ -148,7 +196,8 @@ TEST(FormatStatusTest, ShowsTheControllersMembersPressureAndLastDecision) {
   statuses[0].controller = controller;
   statuses[0].topology = topology;
   const std::string text = FormatStatus(state, statuses);
-  EXPECT_THAT(text, HasSubstr("incarnation 12, decisions every 10s from http://127.0.0.1:9090, 1 flip"));
+  EXPECT_THAT(text,
+              HasSubstr("incarnation 12, decisions every 10s from http://127.0.0.1:9090, 1 flip"));
   EXPECT_THAT(text, HasSubstr("member worker-0     prefill->decode  draining"));
   EXPECT_THAT(text, HasSubstr("decode 1.50 (forecast 1.60, tpot_p90, 1 worker)"));
   EXPECT_THAT(text, HasSubstr("flip worker-0 prefill->decode (decode_pressure): decode needs"));

@@ -46,6 +46,10 @@ ABSL_FLAG(int32_t, offload_min_context_tokens, 64,
           "when their KV cache runs short.");
 ABSL_FLAG(int32_t, attention_threads, 1,
           "up: kernel threads of the attention service (one per physical core at most).");
+ABSL_FLAG(int64_t, attention_kv_store_mb, 64,
+          "up: MiB of the attention service's 256 MiB KV budget its block store may hold (the "
+          "prefix cache's DRAM tier, which decode-capable workers write through to and fetch "
+          "from); 0 turns it off.");
 ABSL_FLAG(std::string, address, "",
           "generate: host:port of a Generation endpoint. Default: the router of the cluster in "
           "--state_dir.");
@@ -75,9 +79,10 @@ Usage:
       tokens arrive, then prints the token counts, where the request ran
       (prefill and decode worker) and its timings to stderr.
   trident status [--state_dir=DIR]
-      Shows each process, its addresses and its health, and each worker's
-      role, running and waiting sequences and KV cache usage. Exits 1
-      unless all are SERVING.
+      Shows each process, its addresses and its health, each worker's
+      role, running and waiting sequences, KV cache usage, prefix-cache hit
+      rate and cached blocks, and each attention service's KV and block
+      store. Exits 1 unless all are SERVING.
   trident down [--state_dir=DIR]
       Drains and stops every process of the cluster.
 
@@ -114,6 +119,7 @@ int Up() {
   options.worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
   options.offload_min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
   options.attention_threads = absl::GetFlag(FLAGS_attention_threads);
+  options.attention_kv_store_mb = absl::GetFlag(FLAGS_attention_kv_store_mb);
   options.scrape_interval = absl::GetFlag(FLAGS_scrape_interval);
   options.ready_timeout = absl::GetFlag(FLAGS_ready_timeout);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

@@ -61,4 +61,16 @@ absl::StatusOr<WorkerLoadSummary> ReadWorkerLoad(const std::string& address,
   return absl::UnavailableError(absl::StrCat("the load stream of ", address, " ended empty"));
 }
 
+absl::StatusOr<trident::v1::KvStats> ReadWorkerKvStats(const std::string& address,
+                                                       absl::Duration timeout) {
+  std::unique_ptr<trident::v1::WorkerControl::Stub> stub = trident::v1::WorkerControl::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  trident::v1::KvStats stats;
+  const grpc::Status status = stub->GetKvStats(&context, trident::v1::GetKvStatsRequest(), &stats);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return stats;
+}
+
 }  // namespace trident::cli

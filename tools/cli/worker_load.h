@@ -1,8 +1,9 @@
 // `trident status`'s view of one worker: its live role, its queues and its
 // KV cache, read from the first sample of its WorkerControl.GetLoad stream
-// (proto/trident/v1/worker.proto). The load stream rather than /metrics:
-// one typed message carries every figure, including a role the controller
-// changed at run time and a role change in progress.
+// (proto/trident/v1/worker.proto), and its prefix cache (GetKvStats). The
+// load stream rather than /metrics: one typed message carries every figure,
+// including a role the controller changed at run time and a role change in
+// progress.
 
 #ifndef TRIDENT_TOOLS_CLI_WORKER_LOAD_H_
 #define TRIDENT_TOOLS_CLI_WORKER_LOAD_H_
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "trident/v1/cluster.pb.h"
+#include "trident/v1/worker.pb.h"
 
 namespace trident::cli {
 
@@ -42,6 +44,14 @@ WorkerLoadSummary SummarizeWorkerLoad(const trident::v1::WorkerLoad& load);
 // UNAVAILABLE if the stream ends without a sample. Blocks; thread-safe.
 absl::StatusOr<WorkerLoadSummary> ReadWorkerLoad(const std::string& address,
                                                  absl::Duration timeout = absl::Seconds(2));
+
+// WorkerControl.GetKvStats of the worker at `address`: its KV pool and
+// prefix cache (blocks cached, prompt tokens looked up and found since it
+// started). The RPC's error if the worker does not answer within `timeout`
+// or refuses the call (FAILED_PRECONDITION without a model). Blocks;
+// thread-safe.
+absl::StatusOr<trident::v1::KvStats> ReadWorkerKvStats(const std::string& address,
+                                                       absl::Duration timeout = absl::Seconds(2));
 
 }  // namespace trident::cli
 
