@@ -9,6 +9,8 @@
 //    as served from DRAM, and its greedy tokens equal A's.
 //  * At the end the store holds no reservation and no pin (every put
 //    written, every fetch released), and each worker's KV pool is all free.
+//  * Disaggregated: a prefill worker behind a router fetches the prefix the
+//    same way, and the router's usage says so.
 
 #include <memory>
 #include <string>
@@ -71,24 +73,46 @@ Result Generate(const ServiceProcess& worker, const std::string& id) {
   request.mutable_sampling()->set_temperature(0);
   request.mutable_sampling()->set_max_tokens(12);
   request.mutable_stop()->set_ignore_eos(true);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-  auto reader = v1::Generation::NewStub(worker.channel)->Generate(&context, request);
+  // A router refuses at once (RESOURCE_EXHAUSTED) until its first load
+  // reports arrive: try again.
+  auto stub = v1::Generation::NewStub(worker.channel);
   Result r;
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    if (response.has_chunk()) {
-      r.tokens.insert(r.tokens.end(), response.chunk().token_ids().begin(),
-                      response.chunk().token_ids().end());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    r = Result();
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    auto reader = stub->Generate(&context, request);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_chunk()) {
+        r.tokens.insert(r.tokens.end(), response.chunk().token_ids().begin(),
+                        response.chunk().token_ids().end());
+      }
+      if (response.has_complete()) r.usage = response.complete().usage();
     }
-    if (response.has_complete()) r.usage = response.complete().usage();
+    r.status = reader->Finish();
+    if (r.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
   }
-  r.status = reader->Finish();
   return r;
 }
 
 class KvTierTest : public ::testing::TestWithParam<Param> {
  protected:
+  // A worker of `role` with the tier, on the store's service.
+  absl::StatusOr<ServiceProcess> StartTieredWorker(const std::string& role,
+                                                   const std::string& name) {
+    std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
+        RunfilePath("services/worker/worker"), model_dir_, role, name);
+    argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
+    argv.push_back(absl::StrCat("--attention_services=", attention_.address));
+    argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
+    argv.push_back("--offload_low_watermark=0");
+    argv.push_back("--offload_min_context_tokens=0");
+    argv.push_back("--offload_pipeline=never");
+    argv.push_back("--kv_tier_always_fetch");
+    return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+  }
+
   void SetUp() override {
     model_dir_ = TestTmpPath(GetParam().model);
     ASSERT_THAT(testing::EnsureFixtureModel(GetParam().model, model_dir_), IsOk());
@@ -101,22 +125,16 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
     attention_ = *std::move(attention);
     stub_ = v1::Attention::NewStub(attention_.channel);
     for (auto [process, name] : {std::pair{&a_, "worker-a"}, std::pair{&b_, "worker-b"}}) {
-      std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
-          RunfilePath("services/worker/worker"), model_dir_, "both", name);
-      argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
-      argv.push_back(absl::StrCat("--attention_services=", attention_.address));
-      argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
-      argv.push_back("--offload_low_watermark=0");
-      argv.push_back("--offload_pipeline=never");
-      argv.push_back("--kv_tier_always_fetch");
-      auto worker = testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+      auto worker = StartTieredWorker("both", name);
       ASSERT_THAT(worker.status(), IsOk());
       *process = *std::move(worker);
     }
   }
 
   void TearDown() override {
-    for (ServiceProcess* p : {&a_, &b_, &attention_}) testing::StopService(*p).IgnoreError();
+    for (ServiceProcess* p : {&router_, &prefill_, &decode_, &a_, &b_, &attention_}) {
+      testing::StopService(*p).IgnoreError();
+    }
   }
 
   v1::BlockStoreStats StoreStats() {
@@ -140,7 +158,7 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
   }
 
   std::string model_dir_;
-  ServiceProcess attention_, a_, b_;
+  ServiceProcess attention_, a_, b_, prefill_, decode_, router_;
   std::unique_ptr<v1::Attention::Stub> stub_;
 };
 
@@ -174,6 +192,46 @@ TEST_P(KvTierTest, AnotherWorkerFetchesThePrefixFromTheStore) {
             << second.usage.dram_cached_tokens() << " of " << kPromptTokens
             << " prompt tokens from the store (" << end.blocks_read_total()
             << " blocks read); tokens equal worker A's, which computed them\n";
+}
+
+TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
+  if (std::string(GetParam().model) != "llama3-tiny") {
+    GTEST_SKIP() << "one model per transport is enough here";
+  }
+  const Result first = Generate(a_, "first");
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
+              return s.blocks() >= kCachedBlocks;
+            }).blocks(),
+            kCachedBlocks);
+  auto prefill = StartTieredWorker("prefill", "prefill-0");
+  ASSERT_THAT(prefill.status(), IsOk());
+  prefill_ = *std::move(prefill);
+  std::vector<std::string> decode_argv = testing::SmallCpuWorkerArgv(
+      RunfilePath("services/worker/worker"), model_dir_, "decode", "decode-0");
+  decode_argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
+  decode_argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
+  auto decode = testing::StartService(decode_argv, TestTmpPath("decode-0.log"));
+  ASSERT_THAT(decode.status(), IsOk());
+  decode_ = *std::move(decode);
+  auto router = testing::StartService(
+      {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir_),
+       absl::StrCat("--prefill_workers=", prefill_.address),
+       absl::StrCat("--decode_workers=", decode_.address), "--load_interval_ms=20",
+       "--admission=false"},
+      TestTmpPath("router.log"));
+  ASSERT_THAT(router.status(), IsOk());
+  router_ = *std::move(router);
+  const Result routed = Generate(router_, "routed");
+  ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
+  EXPECT_EQ(routed.tokens, first.tokens);
+  EXPECT_EQ(routed.usage.cached_tokens(), kCachedBlocks * kBlockSize);
+  EXPECT_EQ(routed.usage.dram_cached_tokens(), kCachedBlocks * kBlockSize);
+  EXPECT_TRUE(testing::AllKvBlocksFree(prefill_.channel));
+  EXPECT_TRUE(testing::AllKvBlocksFree(decode_.channel));
+  std::cout << "through the router over " << GetParam().transport << ": the prefill worker fetched "
+            << routed.usage.dram_cached_tokens() << " of " << kPromptTokens
+            << " prompt tokens from the store\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, KvTierTest,

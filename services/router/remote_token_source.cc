@@ -231,6 +231,7 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
   // Prompt tokens the prefill worker found cached (its first token's
   // message).
   int32_t prefill_cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t prefill_dram_cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::optional<absl::Duration> prefill_time_ ABSL_GUARDED_BY(mu_);
   absl::optional<absl::Duration> transfer_time_ ABSL_GUARDED_BY(mu_);
   // The calls. Contexts live as long as the flight, so cancelling one
@@ -459,6 +460,7 @@ void RemoteTokenSource::Flight::HandlePrefillLocked(const v1::PrefillResponse& p
     prefill_queued_ = (reserved_at_ - arrival_) + DurationFromProto(p.started().queued());
   } else if (p.has_first_token()) {
     prefill_cached_tokens_ = p.cached_tokens();
+    prefill_dram_cached_tokens_ = p.dram_cached_tokens();
     // The prompt is computed: the prefill worker's queue is shorter by it
     // from now on (its KV transfer runs beside the next prefills).
     source_->admission_->MarkPrefillDone(route_.admission);
@@ -582,6 +584,9 @@ void RemoteTokenSource::Flight::EmitCompleteLocked(const v1::GenerateComplete& c
   // The prefill worker's reuse where one computed the prompt, else the
   // decode worker's (colocated).
   end.cached_tokens = std::max(prefill_cached_tokens_, complete.usage().cached_tokens());
+  end.dram_cached_tokens = end.cached_tokens == prefill_cached_tokens_
+                               ? prefill_dram_cached_tokens_
+                               : complete.usage().dram_cached_tokens();
   if (source_->options_.metrics != nullptr && end.cached_tokens > 0) {
     source_->options_.metrics->OnCachedTokensDelivered(end.cached_tokens);
   }

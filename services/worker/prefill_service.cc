@@ -55,6 +55,7 @@ PrefillService::PrefillService(engine::Engine* engine, const v1::ModelInfoRespon
                                transport::KvSender* sender, const Clock* clock,
                                PrefillServiceOptions options)
     : engine_(engine),
+      source_(options.token_source != nullptr ? options.token_source : engine),
       model_info_(model_info),
       sender_(sender),
       clock_(clock),
@@ -343,7 +344,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
     grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
   auto call = std::make_shared<Call>();
   call->request_id = request->request_id();
-  engine::Engine* engine = engine_;
+  engine::TokenSource* engine = source_;
   auto* reactor = new ChannelReactor<v1::PrefillResponse>(
       /*on_cancel=*/
       [call, engine] {
@@ -371,7 +372,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   v1::PrefillResponse started;
   started.mutable_started();
   call->channel->Push(std::move(started));
-  absl::Status submitted = engine_->Submit(
+  absl::Status submitted = source_->Submit(
       *std::move(prepared),
       [this, call, logprobs](const engine::TokenEvent& ev) { OnPrefillEvent(call, logprobs, ev); });
   if (!submitted.ok()) {
@@ -387,7 +388,7 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
   // A role change that gives up waiting for this call ends it as a
   // cancellation does, telling the router why.
   std::weak_ptr<Call> weak = call;
-  engine::Engine* engine = engine_;
+  engine::TokenSource* engine = source_;
   TRIDENT_ASSIGN_OR_RETURN(call->work, role_->Admit(Capability::kPrefill, request.request_id(),
                                                     [weak, engine](const absl::Status& why) {
                                                       std::shared_ptr<Call> c = weak.lock();
@@ -446,7 +447,7 @@ void PrefillService::WatchDestination(const std::shared_ptr<Call>& call,
   // Kept alive while the prompt waits, computes and transfers; if it is
   // gone, the call stops now rather than after its compute.
   std::weak_ptr<Call> weak = call;
-  engine::Engine* engine = engine_;
+  engine::TokenSource* engine = source_;
   call->lease_key = leases_.Add(call->destination, [weak, engine](const absl::Status& why) {
     std::shared_ptr<Call> c = weak.lock();
     if (c == nullptr) return;
@@ -487,6 +488,7 @@ void PrefillService::OnPrefillEvent(const std::shared_ptr<Call>& call, bool logp
     v1::PrefillResponse first;
     *first.mutable_first_token() = chunk;
     first.set_cached_tokens(ev.cached_tokens);
+    first.set_dram_cached_tokens(ev.dram_cached_tokens);
     call->channel->Push(std::move(first));
   }
   switch (ev.finish) {

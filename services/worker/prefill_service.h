@@ -57,6 +57,11 @@ struct PrefillServiceOptions {
   // yet handed over once less than half of their lease is left
   // (LeaseKeeper). Zero: no thread (tests call RenewDueLeases).
   absl::Duration lease_renew_period = absl::Seconds(1);
+  // Where prompts are submitted and aborted: the engine, or a source in
+  // front of it (the KV tier's TieredTokenSource, which fetches a prompt's
+  // blocks from the DRAM tier first). Null: the engine. Must outlive the
+  // service.
+  engine::TokenSource* token_source = nullptr;
 };
 
 // Thread-safe.
@@ -135,6 +140,8 @@ class PrefillService final : public trident::v1::Prefill::CallbackService {
   bool StallsTransferTo(const Call& call, int32_t layer) const;
 
   engine::Engine* const engine_;
+  // options.token_source, or the engine.
+  engine::TokenSource* const source_;
   const trident::v1::ModelInfoResponse model_info_;
   transport::KvSender* const sender_;
   const Clock* const clock_;

@@ -233,6 +233,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   prefill_options.worker_role = role_.get();
   prefill_options.testonly_stall_after_layers = options_.testonly_stall_kv_transfer_after_layers;
   prefill_options.testonly_stall_to_decode_worker = options_.testonly_stall_kv_transfer_to;
+  prefill_options.token_source = tiered_.get();
   transport::KvSender* sender = prompt_kv_ != nullptr
                                     ? static_cast<transport::KvSender*>(prompt_kv_.get())
                                     : metered_kv_.get();
