@@ -191,21 +191,37 @@ absl::Status KvTier::WriteBlocks(absl::Span<const kv::BlockKey> keys) {
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
   const uint64_t block_bytes = static_cast<uint64_t>(reserved.block_bytes());
   const int32_t per_message = BlocksPerMessage(block_bytes);
-  std::vector<char> buffer;
+  // The client copies a put's bytes as it starts it, so one staging buffer
+  // serves every put, and up to kInFlight of them travel at once.
+  HostSlots staging = AllocateSlots(1, static_cast<size_t>(per_message) * block_bytes);
+  std::deque<transport::attention::RemoteAttention::Ticket> puts;
+  absl::Status status;
   std::vector<int32_t> chunk;
-  for (int32_t first = 0; first < reserved.write_size(); first += per_message) {
+  for (int32_t first = 0; status.ok() && first < reserved.write_size(); first += per_message) {
     const int32_t count = std::min(per_message, reserved.write_size() - first);
     chunk.clear();
     for (int32_t i = first; i < first + count; ++i) chunk.push_back(blocks[reserved.write(i)]);
-    buffer.resize(count * block_bytes);
-    TRIDENT_RETURN_IF_ERROR(CopyOut(chunk, buffer.data()));
-    TRIDENT_ASSIGN_OR_RETURN(const auto ticket, channel->StartBlockPut({.ticket = reserved.ticket(),
-                                                                        .first = first,
-                                                                        .count = count,
-                                                                        .data = buffer.data(),
-                                                                        .bytes = buffer.size()}));
-    TRIDENT_RETURN_IF_ERROR(channel->Wait(ticket, options_.timeout));
+    status = CopyOut(chunk, staging.slots[0]);
+    if (!status.ok()) break;
+    absl::StatusOr<transport::attention::RemoteAttention::Ticket> put =
+        channel->StartBlockPut({.ticket = reserved.ticket(),
+                                .first = first,
+                                .count = count,
+                                .data = staging.slots[0],
+                                .bytes = count * block_bytes});
+    status = put.status();
+    if (!status.ok()) break;
+    puts.push_back(*put);
+    if (static_cast<int>(puts.size()) >= kInFlight) {
+      status = channel->Wait(puts.front(), options_.timeout);
+      puts.pop_front();
+    }
   }
+  for (const auto put : puts) {
+    const absl::Status waited = channel->Wait(put, options_.timeout);
+    if (status.ok()) status = waited;
+  }
+  TRIDENT_RETURN_IF_ERROR(status);
   absl::MutexLock lock(&mu_);
   stats_.written_blocks += reserved.write_size();
   stats_.write_bytes += static_cast<int64_t>(reserved.write_size() * block_bytes);
@@ -268,31 +284,33 @@ absl::Status KvTier::ReleaseTicket(uint64_t ticket) {
   return FromGrpcStatus(store_->stub->ReleaseBlocks(&context, request, &response));
 }
 
+KvTier::HostSlots KvTier::AllocateSlots(int count, size_t bytes) const {
+  HostSlots slots;
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<std::unique_ptr<backend::HostBuffer>> buffer =
+        copier_ != nullptr ? copier_->AllocateHost(bytes)
+                           : absl::StatusOr<std::unique_ptr<backend::HostBuffer>>(nullptr);
+    if (buffer.ok() && *buffer != nullptr) {
+      slots.slots.push_back((*buffer)->data());
+      slots.pinned.push_back(*std::move(buffer));
+    } else {
+      slots.plain.emplace_back(bytes);
+      slots.slots.push_back(slots.plain.back().data());
+    }
+  }
+  return slots;
+}
+
 absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks,
                                 uint64_t block_bytes) {
   transport::attention::RemoteAttention* channel = pool_->channel(*store_);
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
   const int32_t total = static_cast<int32_t>(blocks.size());
   const int32_t per_message = BlocksPerMessage(block_bytes);
-  const size_t slot_bytes = static_cast<size_t>(per_message) * block_bytes;
   // kInFlight gets at once, each into a buffer of its own; the oldest is
   // copied into the pool while the others travel.
-  constexpr int kInFlight = 4;
-  std::vector<std::unique_ptr<backend::HostBuffer>> pinned(kInFlight);
-  std::vector<std::vector<char>> plain(kInFlight);
-  std::vector<char*> slots(kInFlight);
-  for (int i = 0; i < kInFlight; ++i) {
-    absl::StatusOr<std::unique_ptr<backend::HostBuffer>> buffer =
-        copier_ != nullptr ? copier_->AllocateHost(slot_bytes)
-                           : absl::StatusOr<std::unique_ptr<backend::HostBuffer>>(nullptr);
-    if (buffer.ok() && *buffer != nullptr) {
-      pinned[i] = *std::move(buffer);
-      slots[i] = pinned[i]->data();
-    } else {
-      plain[i].resize(slot_bytes);
-      slots[i] = plain[i].data();
-    }
-  }
+  HostSlots buffers = AllocateSlots(kInFlight, static_cast<size_t>(per_message) * block_bytes);
+  const std::vector<char*>& slots = buffers.slots;
   struct Get {
     transport::attention::RemoteAttention::Ticket ticket;
     int32_t first, count, slot;

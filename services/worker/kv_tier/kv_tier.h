@@ -145,6 +145,15 @@ class KvTier {
   absl::Status CopyIn(const char* src, absl::Span<const int32_t> blocks);
   // Whole blocks per data-plane message.
   int32_t BlocksPerMessage(uint64_t block_bytes) const;
+  // Block messages in flight at once, each way.
+  static constexpr int kInFlight = 4;
+  // Host buffers for block messages: page-locked for a device pool.
+  struct HostSlots {
+    std::vector<char*> slots;
+    std::vector<std::unique_ptr<backend::HostBuffer>> pinned;
+    std::deque<std::vector<char>> plain;  // Stable addresses.
+  };
+  HostSlots AllocateSlots(int count, size_t bytes) const;
 
   const KvTierOptions options_;
   AttentionServicePool* const pool_;
