@@ -205,6 +205,138 @@ std::optional<std::vector<TokenEvent>> Engine::StepOnce(double* seconds) {
   return *std::move(step);
 }
 
+void Engine::HoldPublishedBlocks(int32_t max_held) {
+  if (!core_->prefix_caching() || kv_events_ == nullptr) return;
+  hold_max_.store(std::max(0, max_held));
+}
+
+std::vector<std::pair<kv::BlockKey, int32_t>> Engine::TakeHeldBlocks() {
+  absl::MutexLock lock(&held_mu_);
+  std::vector<std::pair<kv::BlockKey, int32_t>> held;
+  held.swap(held_);
+  return held;
+}
+
+int64_t Engine::held_blocks_dropped() const {
+  absl::MutexLock lock(&held_mu_);
+  return held_dropped_;
+}
+
+void Engine::HoldNewlyPublished() {
+  const int32_t max_held = hold_max_.load();
+  if (max_held <= 0) return;
+  const kv::KvEventBatch batch = kv_events_->ReadSince(&hold_cursor_);
+  size_t room;
+  {
+    absl::MutexLock lock(&held_mu_);
+    room = static_cast<size_t>(max_held) - std::min(held_.size(), static_cast<size_t>(max_held));
+  }
+  std::vector<std::pair<kv::BlockKey, int32_t>> took;
+  int64_t dropped = 0;
+  for (const kv::KvEvent& event : batch.events) {
+    if (!event.stored) continue;
+    if (took.size() >= room) {
+      ++dropped;
+      continue;
+    }
+    std::vector<int32_t> block = allocator_->AcquireCached(absl::MakeConstSpan(&event.key, 1));
+    if (!block.empty()) took.emplace_back(event.key, block.front());
+  }
+  absl::MutexLock lock(&held_mu_);
+  held_.insert(held_.end(), took.begin(), took.end());
+  held_dropped_ += dropped;
+}
+
+void Engine::ApplyInput(std::vector<EngineRequest>& inbox, std::vector<std::string>& aborts,
+                        std::vector<Prefilled>& prefilled,
+                        const std::vector<std::string>& releases, bool stopping,
+                        std::vector<TokenEvent>* events) {
+  for (const std::string& id : releases) core_->ReleasePrefilled(id);
+  for (EngineRequest& request : inbox) {
+    const std::string id = request.id;
+    absl::Status status = core_->Add(std::move(request));
+    if (!status.ok()) {
+      // Validated at Submit; only a duplicate can land here.
+      TRIDENT_LOG(WARNING) << "request " << id << " rejected: " << status;
+      TokenEvent ev;
+      ev.request_id = id;
+      ev.finish = FinishReason::kError;
+      events->push_back(ev);
+    }
+  }
+  for (Prefilled& p : prefilled) {
+    const std::string id = p.request.id;
+    std::vector<int32_t> blocks = p.blocks;
+    const backend::RemoteKv remote = p.remote;
+    absl::Status status = core_->AddPrefilled(std::move(p.request), std::move(p.blocks),
+                                              p.first_token, remote, std::move(p.service_id));
+    if (!status.ok()) {
+      TRIDENT_LOG(WARNING) << "prefilled request " << id << " rejected: " << status;
+      TRIDENT_CHECK_OK(allocator_->Free(blocks));
+      if (StepHook* hook = hook_.load(std::memory_order_acquire);
+          hook != nullptr && remote.service != nullptr) {
+        hook->OnRemoteReleased(id, remote);
+      }
+      TokenEvent ev;
+      ev.request_id = id;
+      ev.finish = FinishReason::kError;
+      events->push_back(ev);
+    }
+  }
+  for (const std::string& id : aborts) {
+    if (core_->Abort(id)) {
+      TokenEvent ev;
+      ev.request_id = id;
+      ev.finish = FinishReason::kAborted;
+      events->push_back(ev);
+    }
+  }
+  if (stopping) {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, cb] : callbacks_) {
+      core_->Abort(id);
+      TokenEvent ev;
+      ev.request_id = id;
+      ev.finish = FinishReason::kAborted;
+      events->push_back(ev);
+    }
+  }
+}
+
+void Engine::PublishStats(bool stepped, double seconds) {
+  // One walk over the sequences per iteration: the step's figures feed the
+  // timing averages and the published snapshot.
+  EngineStats s = core_->stats();
+  if (stepped) {
+    idle_checked_ = false;
+    constexpr double kAlpha = 0.2;  // weight of the newest step
+    auto ewma = [](double old, double sample) {
+      return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
+    };
+    if (s.last_step_prefill_tokens > 0 && seconds > 0) {
+      // Tokens over time of recent prefill steps, each averaged apart (not
+      // an average of per-step rates): a step of a few tokens, such as a
+      // prompt whose prefix was cached, weighs as little as it computed
+      // instead of passing its fixed cost off as a slow per-token rate.
+      prefill_step_tokens_ = ewma(prefill_step_tokens_, s.last_step_prefill_tokens);
+      prefill_step_seconds_ = ewma(prefill_step_seconds_, seconds);
+      prefill_tokens_per_second_ = prefill_step_tokens_ / prefill_step_seconds_;
+    } else if (s.last_step_decode_sequences > 0) {
+      decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
+    }
+  }
+  s.prefill_tokens_per_second = prefill_tokens_per_second_;
+  s.decode_step_seconds = decode_step_seconds_;
+  s.last_step_seconds = seconds;
+  s.step_hook_seconds_total = step_hook_seconds_;
+  s.kv_reserved_cached_blocks_total = reserved_cached_blocks_.load();
+  // Published before the step's tokens are delivered: a caller holding a
+  // request's last token sees the stats of the step that made it.
+  absl::MutexLock lock(&mu_);
+  stats_ = s;
+  if (observer_) observer_(stats_);
+}
+
 void Engine::Loop() {
   while (true) {
     std::vector<EngineRequest> inbox;
@@ -235,94 +367,15 @@ void Engine::Loop() {
       releases.swap(releases_);
       stopping = stopping_;
     }
-    for (const std::string& id : releases) core_->ReleasePrefilled(id);
     std::vector<TokenEvent> events;
-    for (EngineRequest& request : inbox) {
-      const std::string id = request.id;
-      absl::Status status = core_->Add(std::move(request));
-      if (!status.ok()) {
-        // Validated at Submit; only a duplicate can land here.
-        TRIDENT_LOG(WARNING) << "request " << id << " rejected: " << status;
-        TokenEvent ev;
-        ev.request_id = id;
-        ev.finish = FinishReason::kError;
-        events.push_back(ev);
-      }
-    }
-    for (Prefilled& p : prefilled) {
-      const std::string id = p.request.id;
-      std::vector<int32_t> blocks = p.blocks;
-      const backend::RemoteKv remote = p.remote;
-      absl::Status status = core_->AddPrefilled(std::move(p.request), std::move(p.blocks),
-                                                p.first_token, remote, std::move(p.service_id));
-      if (!status.ok()) {
-        TRIDENT_LOG(WARNING) << "prefilled request " << id << " rejected: " << status;
-        TRIDENT_CHECK_OK(allocator_->Free(blocks));
-        if (StepHook* hook = hook_.load(std::memory_order_acquire);
-            hook != nullptr && remote.service != nullptr) {
-          hook->OnRemoteReleased(id, remote);
-        }
-        TokenEvent ev;
-        ev.request_id = id;
-        ev.finish = FinishReason::kError;
-        events.push_back(ev);
-      }
-    }
-    for (const std::string& id : aborts) {
-      if (core_->Abort(id)) {
-        TokenEvent ev;
-        ev.request_id = id;
-        ev.finish = FinishReason::kAborted;
-        events.push_back(ev);
-      }
-    }
-    if (stopping) {
-      absl::MutexLock lock(&mu_);
-      for (auto& [id, cb] : callbacks_) {
-        core_->Abort(id);
-        TokenEvent ev;
-        ev.request_id = id;
-        ev.finish = FinishReason::kAborted;
-        events.push_back(ev);
-      }
-    }
+    ApplyInput(inbox, aborts, prefilled, releases, stopping, &events);
     Deliver(events);
     if (stopping) break;
     double seconds = 0;
     std::optional<std::vector<TokenEvent>> stepped = StepOnce(&seconds);
-    // One walk over the sequences per iteration: the step's figures feed the
-    // timing averages and the published snapshot.
-    EngineStats s = core_->stats();
-    if (stepped.has_value()) {
-      idle_checked_ = false;
-      constexpr double kAlpha = 0.2;  // weight of the newest step
-      auto ewma = [](double old, double sample) {
-        return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
-      };
-      if (s.last_step_prefill_tokens > 0 && seconds > 0) {
-        // Tokens over time of recent prefill steps, each averaged apart (not
-        // an average of per-step rates): a step of a few tokens, such as a
-        // prompt whose prefix was cached, weighs as little as it computed
-        // instead of passing its fixed cost off as a slow per-token rate.
-        prefill_step_tokens_ = ewma(prefill_step_tokens_, s.last_step_prefill_tokens);
-        prefill_step_seconds_ = ewma(prefill_step_seconds_, seconds);
-        prefill_tokens_per_second_ = prefill_step_tokens_ / prefill_step_seconds_;
-      } else if (s.last_step_decode_sequences > 0) {
-        decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
-      }
-    }
-    s.prefill_tokens_per_second = prefill_tokens_per_second_;
-    s.decode_step_seconds = decode_step_seconds_;
-    s.last_step_seconds = seconds;
-    s.step_hook_seconds_total = step_hook_seconds_;
-    s.kv_reserved_cached_blocks_total = reserved_cached_blocks_.load();
-    {
-      // Published before the step's tokens are delivered: a caller holding a
-      // request's last token sees the stats of the step that made it.
-      absl::MutexLock lock(&mu_);
-      stats_ = s;
-      if (observer_) observer_(stats_);
-    }
+    // Before the next step can evict what this one cached.
+    HoldNewlyPublished();
+    PublishStats(stepped.has_value(), seconds);
     if (stepped.has_value()) Deliver(*stepped);
   }
   absl::MutexLock lock(&mu_);

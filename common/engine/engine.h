@@ -81,6 +81,15 @@ class Engine final : public TokenSource {
   // caching. Safe from any thread.
   std::vector<int32_t> AcquireCachedKeys(absl::Span<const kv::BlockKey> keys);
   int32_t PublishBlocks(absl::Span<const int32_t> blocks, absl::Span<const kv::BlockKey> keys);
+  // The KV tier's write-through: from now on the loop takes a reference on
+  // each block the prefix cache names, after the step that named it and
+  // before the next can evict it, keeping at most `max_held` at a time
+  // (beyond, blocks are not held and counted in held_blocks_dropped);
+  // TakeHeldBlocks hands them over, references and all (FreeBlocks them
+  // once copied). No-op without prefix caching. Safe from any thread.
+  void HoldPublishedBlocks(int32_t max_held);
+  std::vector<std::pair<kv::BlockKey, int32_t>> TakeHeldBlocks();
+  int64_t held_blocks_dropped() const;
   // Wakes a loop that waits for blocks, so that it steps (and calls its
   // StepHook) again: for a hook whose background work has finished. Safe
   // from any thread.
@@ -154,6 +163,14 @@ class Engine final : public TokenSource {
   };
   // SubmitPrefilled's checks after the block count, and the queueing.
   absl::Status QueuePrefilled(Prefilled prefilled, TokenCallback callback) ABSL_LOCKS_EXCLUDED(mu_);
+  // Loop's parts: the input taken from the inbox applied to the core (its
+  // refusals and aborts as events), and the stats after a step.
+  void ApplyInput(std::vector<EngineRequest>& inbox, std::vector<std::string>& aborts,
+                  std::vector<Prefilled>& prefilled, const std::vector<std::string>& releases,
+                  bool stopping, std::vector<TokenEvent>* events);
+  void PublishStats(bool stepped, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  // HoldPublishedBlocks's work, after each step (loop thread).
+  void HoldNewlyPublished() ABSL_LOCKS_EXCLUDED(held_mu_);
   std::vector<Prefilled> prefilled_inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> releases_ ABSL_GUARDED_BY(mu_);
   // FreeBlocks returned blocks, or Wake was called, since the loop last
@@ -173,6 +190,13 @@ class Engine final : public TokenSource {
   // The allocator's invariants were checked since the core last had work.
   bool idle_checked_ = false;
   std::atomic<StepHook*> hook_{nullptr};
+  // HoldPublishedBlocks: the bound (0: off), the loop's cursor in the KV
+  // events, and the blocks held for the taker.
+  std::atomic<int32_t> hold_max_{0};
+  uint64_t hold_cursor_ = 0;
+  mutable absl::Mutex held_mu_;
+  std::vector<std::pair<kv::BlockKey, int32_t>> held_ ABSL_GUARDED_BY(held_mu_);
+  int64_t held_dropped_ ABSL_GUARDED_BY(held_mu_) = 0;
   std::thread thread_;
 };
 

@@ -60,6 +60,31 @@ TEST(EngineTest, ServesConcurrentRequestsToCompletion) {
   EXPECT_EQ(engine.stats().blocks_free, 32);
 }
 
+// The KV tier's write-through: the loop holds each block the prefix cache
+// names, up to the bound, until the taker frees it; the rest are counted.
+TEST(EngineTest, HeldPublishedBlocksWaitForTheirTakerAndTheBoundCounts) {
+  Engine engine(Fake(), {});
+  engine.HoldPublishedBlocks(2);
+  Collector c;
+  // 13 prompt tokens and 4 outputs: the KV of 16 tokens, 4 full blocks.
+  ASSERT_THAT(engine.Submit(Greedy("a", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 4),
+                            c.Callback()),
+              IsOk());
+  c.done.WaitForNotification();
+  // Held before the step that made the last token delivered it.
+  EXPECT_EQ(engine.stats().blocks_free, 30);
+  const std::vector<std::pair<kv::BlockKey, int32_t>> held = engine.TakeHeldBlocks();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_NE(held[0].first, held[1].first);
+  EXPECT_NE(held[0].second, held[1].second);
+  EXPECT_EQ(engine.held_blocks_dropped(), 2);
+  EXPECT_TRUE(engine.TakeHeldBlocks().empty());
+  std::vector<int32_t> blocks = {held[0].second, held[1].second};
+  ASSERT_THAT(engine.FreeBlocks(blocks), IsOk());
+  engine.Shutdown();
+  EXPECT_EQ(engine.stats().blocks_free, 32);
+}
+
 // Disaggregated hand-over through two engine threads: a prefill-only request
 // on one engine, its blocks' KV copied into blocks reserved on the other,
 // decoded there; the tokens equal one engine's, and every block of both ends

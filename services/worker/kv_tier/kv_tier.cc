@@ -72,6 +72,8 @@ absl::Status KvTier::Start() {
   TRIDENT_LOG(INFO) << "KV tier: writing cached blocks through to, and fetching from, "
                     << "attention service " << store_->address << " ("
                     << memory_.spec.BytesPerBlockAllLayers() << " bytes a block)";
+  // Blocks held for the writer at most: a quarter of the pool.
+  engine_->HoldPublishedBlocks(std::max(1, memory_.spec.num_blocks / 4));
   writer_ = std::thread([this] { WriterLoop(); });
   for (int32_t i = 0; i < options_.fetch_threads; ++i) {
     fetchers_.emplace_back([this] { FetchLoop(); });
@@ -139,41 +141,45 @@ int32_t KvTier::BlocksPerMessage(uint64_t block_bytes) const {
 }
 
 void KvTier::WriterLoop() {
-  uint64_t cursor = 0;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.write_interval)) return;
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.write_interval)) break;
     }
-    const kv::KvEventBatch batch = engine_->kv_events()->ReadSince(&cursor);
-    std::vector<kv::BlockKey> keys;
-    for (const kv::KvEvent& event : batch.events) {
-      if (event.stored && !written_.contains(event.key)) keys.push_back(event.key);
-    }
-    for (size_t begin = 0; begin < keys.size(); begin += kWriteBatch) {
-      const size_t count = std::min(kWriteBatch, keys.size() - begin);
-      absl::Status written = WriteBlocks(absl::MakeConstSpan(keys).subspan(begin, count));
+    // The blocks the engine named since, each held for us (it can be
+    // neither evicted nor rewritten while it is copied).
+    const std::vector<std::pair<kv::BlockKey, int32_t>> held = engine_->TakeHeldBlocks();
+    for (size_t begin = 0; begin < held.size(); begin += kWriteBatch) {
+      const size_t count = std::min(kWriteBatch, held.size() - begin);
+      absl::Status written = WriteBlocks(absl::MakeConstSpan(held).subspan(begin, count));
       if (!written.ok()) {
         absl::MutexLock lock(&mu_);
         stats_.failed_writes += static_cast<int64_t>(count);
-        TRIDENT_LOG(WARNING) << "KV tier: blocks not written through: "
-                                             << written;
+        TRIDENT_LOG(WARNING) << "KV tier: blocks not written through: " << written;
       }
     }
+    absl::MutexLock lock(&mu_);
+    stats_.dropped_writes = engine_->held_blocks_dropped();
   }
+  // Stopping: the blocks still held go back to the engine.
+  std::vector<int32_t> blocks;
+  for (const auto& [key, block] : engine_->TakeHeldBlocks()) blocks.push_back(block);
+  engine_->FreeBlocks(blocks).IgnoreError();
 }
 
-absl::Status KvTier::WriteBlocks(absl::Span<const kv::BlockKey> keys) {
-  // Held, so that no block is evicted and rewritten while it is copied.
+absl::Status KvTier::WriteBlocks(absl::Span<const std::pair<kv::BlockKey, int32_t>> taken) {
   std::vector<int32_t> blocks;
   std::vector<kv::BlockKey> held;
-  for (const kv::BlockKey& key : keys) {
-    std::vector<int32_t> block = engine_->AcquireCachedKeys(absl::MakeConstSpan(&key, 1));
-    if (block.empty()) continue;  // Evicted already.
-    blocks.push_back(block.front());
+  for (const auto& [key, block] : taken) {
+    if (written_.contains(key)) continue;  // The store has it.
+    blocks.push_back(block);
     held.push_back(key);
   }
-  absl::Cleanup release = [&] { engine_->FreeBlocks(blocks).IgnoreError(); };
+  absl::Cleanup release = [&] {
+    std::vector<int32_t> all;
+    for (const auto& [key, block] : taken) all.push_back(block);
+    engine_->FreeBlocks(all).IgnoreError();
+  };
   if (blocks.empty()) return absl::OkStatus();
   if (written_.size() > kMaxRemembered) written_.clear();
   v1::ReserveBlocksRequest request;
@@ -519,7 +525,10 @@ KvTierMetrics::KvTierMetrics(prometheus::Registry& r)
                                   {{"op", "fetch"}})),
       failed_writes_(TierCounter(r, "trident_worker_kv_tier_failures_total",
                                  "Block-store operations that failed, by operation.",
-                                 {{"op", "write"}})) {}
+                                 {{"op", "write"}})),
+      dropped_writes_(TierCounter(r, "trident_worker_kv_tier_dropped_blocks_total",
+                                  "Cached KV blocks not written through: the writer was a "
+                                  "quarter of the KV pool behind.")) {}
 
 void KvTierMetrics::Sample(const KvTierStats& s) {
   Follow(lookups_, s.lookups, last_.lookups);
@@ -531,6 +540,7 @@ void KvTierMetrics::Sample(const KvTierStats& s) {
   Follow(written_bytes_, s.write_bytes, last_.write_bytes);
   Follow(failed_fetches_, s.failed_fetches, last_.failed_fetches);
   Follow(failed_writes_, s.failed_writes, last_.failed_writes);
+  Follow(dropped_writes_, s.dropped_writes, last_.dropped_writes);
   last_ = s;
 }
 

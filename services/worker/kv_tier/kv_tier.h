@@ -2,13 +2,14 @@
 // service's KV block store (services/attention/kv_store/block_store.h)
 // behind the worker's own KV pool.
 //
-// Write-through: a writer thread follows the engine's KV events (the keys
-// its prefix cache names, common/kv/kv_event_log.h) and copies each newly
-// named block to the store: it takes a reference on the block (so it
-// cannot be evicted and rewritten meanwhile), reserves it at the store
-// (ReserveBlocks skips keys the store holds), sends the block's bytes over
-// the attention data plane (a block put) and drops the reference. The
-// engine loop never waits for it.
+// Write-through: the engine holds a reference on each block its prefix
+// cache names, right after the step that named it (Engine::
+// HoldPublishedBlocks, at most a quarter of the pool), so no block is
+// evicted or rewritten before it is copied; a writer thread takes them,
+// reserves them at the store (ReserveBlocks skips keys the store holds),
+// sends their bytes over the attention data plane (block puts, several in
+// flight) and drops the references. The engine loop never waits for it; a
+// writer that falls a quarter of the pool behind loses blocks (counted).
 //
 // Fetch: before a request enters the engine (TieredTokenSource below), a
 // fetch thread looks the prompt's whole blocks past the worker's own cached
@@ -86,6 +87,10 @@ struct KvTierStats {
   int64_t written_blocks = 0;
   int64_t write_bytes = 0;
   int64_t failed_writes = 0;
+  // Cached blocks not written because the engine already held the most it
+  // keeps for the writer (Engine::HoldPublishedBlocks): the writer fell
+  // behind.
+  int64_t dropped_writes = 0;
 };
 
 // What a fetch left for the request: blocks held until its admission, and
@@ -129,8 +134,9 @@ class KvTier {
   // The store's service, if its store has a budget; looked up once.
   AttentionServicePool::Service* FindStore();
   void WriterLoop();
-  // Writes the blocks cached under `keys` (those still cached) to the store.
-  absl::Status WriteBlocks(absl::Span<const kv::BlockKey> keys);
+  // Writes blocks the engine held for us (key, block) to the store, then
+  // frees them.
+  absl::Status WriteBlocks(absl::Span<const std::pair<kv::BlockKey, int32_t>> taken);
   void FetchLoop();
   TierFetch Fetch(const engine::EngineRequest& request);
   // Reads `count` blocks of lookup `ticket` into the pool's `blocks`.
@@ -185,6 +191,8 @@ class KvTier {
 //   trident_worker_kv_tier_written_blocks_total counter  blocks written through
 //   trident_worker_kv_tier_written_bytes_total  counter  bytes written through
 //   trident_worker_kv_tier_failures_total{op}   counter  fetch, write
+//   trident_worker_kv_tier_dropped_blocks_total counter  cached blocks not written: the
+//                                                        writer was a quarter of the pool behind
 class KvTierMetrics {
  public:
   explicit KvTierMetrics(prometheus::Registry& registry);
@@ -201,6 +209,7 @@ class KvTierMetrics {
   prometheus::Counter& written_bytes_;
   prometheus::Counter& failed_fetches_;
   prometheus::Counter& failed_writes_;
+  prometheus::Counter& dropped_writes_;
   KvTierStats last_;
 };
 
