@@ -708,7 +708,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   }
   scope.now = NowSeconds();
   absl::MutexLock lock(&mu_);
-  scope.transfer = transfer_.PredictSeconds(scope.n);
+  scope.transfer = transfer_.PredictSeconds(TransferTokens(request, scope.now));
 
   double best_pass_ttft = kInf;
   double best_any_ttft = kInf;
@@ -750,6 +750,16 @@ int64_t AdmissionController::PrefillTokens(const AdmissionRequest& request,
   auto it = request.cached_tokens.find(worker.id);
   if (it == request.cached_tokens.end()) return request.prompt_tokens;
   return request.prompt_tokens - std::clamp<int64_t>(it->second, 0, request.prompt_tokens - 1);
+}
+
+int64_t AdmissionController::TransferTokens(const AdmissionRequest& request, double now) const {
+  int64_t held = 0;
+  for (const auto& worker : workers_) {
+    if (worker->report.role == WorkerRole::kPrefill || !Eligible(*worker, now)) continue;
+    auto it = request.cached_tokens.find(worker->id);
+    if (it != request.cached_tokens.end()) held = std::max(held, it->second);
+  }
+  return request.prompt_tokens - std::clamp<int64_t>(held, 0, request.prompt_tokens - 1);
 }
 
 int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_ttft,

@@ -331,6 +331,10 @@ class AdmissionController {
   // Prompt tokens `worker` must compute for `request`: those its prefix
   // cache lacks, at least one.
   static int64_t PrefillTokens(const AdmissionRequest& request, const Worker& worker);
+  // Prompt tokens whose KV must move to the decode side: those the decode
+  // worker holding most of the prompt lacks (it reserves only the rest).
+  int64_t TransferTokens(const AdmissionRequest& request, double now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Eligible(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's decode model; while it has fewer than kWarmDecodeSamples
   // of its own (it never decoded, e.g. it just switched from prefill), the

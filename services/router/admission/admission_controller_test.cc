@@ -677,6 +677,29 @@ TEST(AdmissionPrefixTest, ARepeatedPrefixGoesToTheWorkerHoldingIt) {
   EXPECT_EQ(full.predicted_cached_tokens, 4095);
 }
 
+// The decode worker reserves only what its cache lacks: the KV transfer is
+// priced at those tokens.
+TEST(AdmissionPrefixTest, TheTransferIsPricedAtWhatTheDecodeWorkerLacks) {
+  AdmissionOptions options = KnownModelOptions();
+  options.transfer_model.bytes_per_token = 1'000'000;  // 1000 tokens: 0.1 s at 10 GB/s.
+  options.transfer_model.fixed_latency = absl::ZeroDuration();
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d"));
+  AdmissionRequest request =
+      Request(4096, 16, absl::Milliseconds(5000), absl::Milliseconds(200));
+  const AdmissionDecision cold = cluster.Admit(request);
+  ASSERT_TRUE(cold.admitted);
+  cluster.controller().Release(cold.id);
+  request.cached_tokens = {{"d", 4000}};
+  const AdmissionDecision warm = cluster.Admit(request);
+  ASSERT_TRUE(warm.admitted);
+  // 4096 tokens moved (409.6 ms) against 96 (9.6 ms); the prefill worker
+  // computes the whole prompt either way.
+  EXPECT_NEAR(absl::ToDoubleMilliseconds(cold.predicted_ttft - warm.predicted_ttft), 400, 1);
+  EXPECT_EQ(warm.predicted_cached_tokens, 0);
+}
+
 // One hot prefix held by one worker: requests go there while its queue is
 // shorter than the prefill they save, then spread to the other worker; the
 // queue is charged only the uncached tokens.
