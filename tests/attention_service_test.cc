@@ -71,7 +71,8 @@ class AttentionServiceTest : public ::testing::TestWithParam<const char*> {
   void SetUp() override {
     auto process = StartService({RunfilePath("services/attention/attention"),
                                  absl::StrCat("--ucx_transports=", GetParam()),
-                                 "--kv_budget_mb=4", "--reconnect_grace=1s", "--lanes=2"},
+                                 "--kv_budget_mb=4", "--kv_store_mb=2", "--reconnect_grace=1s",
+                                 "--lanes=2"},
                                 ::trident::testing::TestTmpPath("attention.log"));
     ASSERT_THAT(process.status(), IsOk());
     service_ = *std::move(process);
@@ -322,6 +323,109 @@ TEST_P(AttentionServiceTest, BadRequestsGetTheirErrorsAndTheServiceGoesOn) {
   }
   EXPECT_NEAR(out[0], 0.25f, 1e-2);  // One token: o is its v.
   EXPECT_EQ(Stats().sequences(), 1);
+}
+
+// The block store (the DRAM tier): a put reserves and writes whole blocks
+// over UCX, a lookup pins the chain and a get reads it back; bad requests
+// get their errors, another model's blocks are refused, and nothing stays
+// reserved or pinned.
+TEST_P(AttentionServiceTest, TheBlockStoreKeepsWholeBlocksAndRefusesBadRequests) {
+  const auto format = [](const std::string& model) {
+    trident::v1::BlockFormat f;
+    f.set_model_identity(model);
+    trident::v1::KvLayout* layout = f.mutable_layout();
+    layout->set_num_layers(2);
+    layout->set_num_kv_heads(2);
+    layout->set_head_dim(16);
+    layout->set_block_size_tokens(4);
+    layout->set_dtype(trident::v1::DTYPE_FLOAT32);
+    layout->set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
+    return f;
+  };
+  constexpr int64_t kBlockBytes = 2 * 2 * 2 * 4 * 16 * 4;
+  const auto reserve = [&](const std::string& owner_id, uint64_t incarnation,
+                           const trident::v1::BlockFormat& f, int keys, int his,
+                           trident::v1::ReserveBlocksResponse* response) {
+    trident::v1::ReserveBlocksRequest request;
+    request.set_owner_id(owner_id);
+    request.set_owner_incarnation(incarnation);
+    *request.mutable_format() = f;
+    for (int i = 0; i < keys; ++i) request.add_key_lo(100 + i);
+    for (int i = 0; i < his; ++i) request.add_key_hi(7);
+    grpc::ClientContext context;
+    return ToStatus(stub_->ReserveBlocks(&context, request, response));
+  };
+  trident::v1::ReserveBlocksResponse reserved;
+  EXPECT_THAT(reserve("nobody", 1, format("m"), 3, 3, &reserved),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("Connect")));
+  absl::StatusOr<Owner> owner = Connect("decode-0", 11);
+  ASSERT_THAT(owner.status(), IsOk());
+  EXPECT_THAT(reserve("decode-0", 11, format("m"), 3, 2, &reserved),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("key_hi")));
+  trident::v1::BlockFormat pairs = format("m");
+  pairs.mutable_layout()->set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_VNNI_PAIRS);
+  EXPECT_THAT(reserve("decode-0", 11, pairs, 3, 3, &reserved),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block_layout")));
+  ASSERT_THAT(reserve("decode-0", 11, format("m"), 3, 3, &reserved), IsOk());
+  ASSERT_NE(reserved.ticket(), 0u);
+  ASSERT_EQ(reserved.write_size(), 3);
+  EXPECT_EQ(reserved.block_bytes(), kBlockBytes);
+  std::string blocks(3 * kBlockBytes, '\0');
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<char>(i % 251);
+  auto put = owner->service->StartBlockPut({.ticket = reserved.ticket(),
+                                            .first = 0,
+                                            .count = 3,
+                                            .data = blocks.data(),
+                                            .bytes = blocks.size()});
+  ASSERT_THAT(put.status(), IsOk());
+  ASSERT_THAT(owner->service->Wait(*put, absl::Seconds(30)), IsOk());
+  // A second put of the same blocks is refused: they are written.
+  put = owner->service->StartBlockPut(
+      {.ticket = reserved.ticket(), .first = 0, .count = 1, .data = blocks.data(), .bytes = kBlockBytes});
+  ASSERT_THAT(put.status(), IsOk());
+  EXPECT_THAT(owner->service->Wait(*put, absl::Seconds(30)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("written already")));
+
+  const auto lookup = [&](const trident::v1::BlockFormat& f,
+                          trident::v1::LookupBlocksResponse* response) {
+    trident::v1::LookupBlocksRequest request;
+    request.set_owner_id("decode-0");
+    request.set_owner_incarnation(11);
+    *request.mutable_format() = f;
+    for (int i = 0; i < 4; ++i) {  // One more than was put.
+      request.add_key_hi(7);
+      request.add_key_lo(100 + i);
+    }
+    grpc::ClientContext context;
+    return ToStatus(stub_->LookupBlocks(&context, request, response));
+  };
+  trident::v1::LookupBlocksResponse match;
+  EXPECT_THAT(lookup(format("another-model"), &match),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds blocks of")));
+  ASSERT_THAT(lookup(format("m"), &match), IsOk());
+  ASSERT_EQ(match.matched(), 3);
+  std::string back(3 * kBlockBytes, '\0');
+  auto get = owner->service->StartBlockGet(
+      {.ticket = match.ticket(), .first = 0, .count = 3, .out = back.data(), .bytes = back.size()});
+  ASSERT_THAT(get.status(), IsOk());
+  ASSERT_THAT(owner->service->Wait(*get, absl::Seconds(30)), IsOk());
+  EXPECT_TRUE(back == blocks);
+  EXPECT_EQ(Stats().block_store().pinned_blocks(), 3);
+  trident::v1::ReleaseBlocksRequest release;
+  release.set_owner_id("decode-0");
+  release.set_owner_incarnation(11);
+  release.set_ticket(match.ticket());
+  trident::v1::ReleaseBlocksResponse released;
+  grpc::ClientContext context;
+  ASSERT_THAT(ToStatus(stub_->ReleaseBlocks(&context, release, &released)), IsOk());
+  EXPECT_TRUE(released.released());
+  const trident::v1::BlockStoreStats store = Stats().block_store();
+  EXPECT_EQ(store.blocks(), 3);
+  EXPECT_EQ(store.pinned_blocks(), 0);
+  EXPECT_EQ(store.reserved_blocks(), 0);
+  EXPECT_EQ(store.bytes(), 3 * kBlockBytes);
+  EXPECT_EQ(store.capacity_bytes(), int64_t{2} << 20);
+  EXPECT_EQ(store.blocks_read_total(), 3);
 }
 
 TEST_P(AttentionServiceTest, AVanishedOwnersSequencesAreFreedAfterTheGrace) {
