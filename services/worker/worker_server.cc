@@ -93,6 +93,10 @@ WorkerServer::~WorkerServer() {
     model_->engine->Shutdown();
     model_->engine->SetStepHook(nullptr);
   }
+  // While the services whose callbacks they hold still live: requests the
+  // tier still prepares end now (the engine refuses them).
+  kv_tier_sampler_.reset();
+  kv_tier_.reset();
 }
 
 absl::Status WorkerServer::LoadModel(prometheus::Registry* registry) {

@@ -228,9 +228,11 @@ class WorkerServer {
   std::unique_ptr<transport::UcxKv> kv_;
   std::unique_ptr<AttentionServicePool> attention_pool_;
   std::unique_ptr<AttentionOffload> offload_;
+  // Before the tier: the tier's fetch threads (joined when it goes) hand
+  // prepared requests to it.
+  std::unique_ptr<TieredTokenSource> tiered_;
   std::unique_ptr<KvTier> kv_tier_;
   std::unique_ptr<KvTierMetrics> kv_tier_metrics_;
-  std::unique_ptr<TieredTokenSource> tiered_;
   std::unique_ptr<transport::PeriodicSampler> kv_tier_sampler_;
   std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
   std::unique_ptr<transport::MeteredKvSender> metered_kv_;

@@ -153,6 +153,7 @@ void KvTier::WriterLoop() {
       const size_t count = std::min(kWriteBatch, held.size() - begin);
       absl::Status written = WriteBlocks(absl::MakeConstSpan(held).subspan(begin, count));
       if (!written.ok()) {
+        pool_->NoteFailure(*store_, written);
         absl::MutexLock lock(&mu_);
         stats_.failed_writes += static_cast<int64_t>(count);
         TRIDENT_LOG(WARNING) << "KV tier: blocks not written through: " << written;
@@ -376,6 +377,7 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
   }
   if (!looked.ok()) {
     TRIDENT_LOG(WARNING) << "KV tier: lookup failed (computing instead): " << looked;
+    pool_->NoteFailure(*store_, looked);  // Unreachable: reconnect.
     return fetch;
   }
   if (match.matched() == 0) return fetch;
@@ -393,6 +395,7 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
   const absl::Status read = ReadBlocks(match.ticket(), *blocks, block_bytes);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!read.ok()) {
+    pool_->NoteFailure(*store_, read);
     engine_->FreeBlocks(*blocks).IgnoreError();
     TRIDENT_LOG(WARNING) << "KV tier: fetch failed (computing instead): " << read;
     absl::MutexLock lock(&mu_);
