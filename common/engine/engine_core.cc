@@ -38,6 +38,8 @@ struct EngineCore::Sequence {
   int32_t num_published = 0;
   bool prefix_counted = false;
   int32_t cached_tokens = 0;
+  // Steps it has waited for a shared prefix another sequence computes.
+  int32_t shared_prefix_waits = 0;
 };
 
 EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
@@ -201,6 +203,9 @@ void EngineCore::MatchPrefix(Sequence& seq) {
       allocator_->AcquireCached(absl::MakeConstSpan(seq.keys).first(std::min(usable, seq.keys.size())));
   seq.num_published = static_cast<int32_t>(seq.blocks.size());
   seq.num_computed = seq.num_published * block_size_;
+}
+
+void EngineCore::CountPrefix(Sequence& seq) {
   if (seq.prefix_counted) return;
   seq.prefix_counted = true;
   seq.cached_tokens = std::min(seq.num_computed, seq.prompt_len);
@@ -398,13 +403,47 @@ std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(int32_t* budget, 
   return scheduled;
 }
 
+absl::flat_hash_set<kv::BlockKey> EngineCore::InFlightKeys() const {
+  absl::flat_hash_set<kv::BlockKey> keys;
+  if (!options_.prefix_caching || options_.shared_prefix_wait_steps <= 0) return keys;
+  for (const SeqPtr& seq : running_) {
+    for (size_t i = static_cast<size_t>(seq->num_published); i < seq->keys.size(); ++i) {
+      keys.insert(seq->keys[i]);
+    }
+  }
+  return keys;
+}
+
+bool EngineCore::WaitsForSharedPrefix(Sequence& seq,
+                                      const absl::flat_hash_set<kv::BlockKey>& in_flight) {
+  const size_t next = seq.blocks.size();
+  if (seq.shared_prefix_waits >= options_.shared_prefix_wait_steps || next >= seq.keys.size() ||
+      !in_flight.contains(seq.keys[next])) {
+    return false;
+  }
+  ++seq.shared_prefix_waits;
+  // Matched again, further, once the block is cached.
+  if (!seq.blocks.empty()) TRIDENT_CHECK_OK(allocator_->Free(seq.blocks));
+  seq.blocks.clear();
+  seq.num_published = 0;
+  seq.num_computed = 0;
+  return true;
+}
+
 void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled) {
-  while (*budget > 0 && !waiting_.empty() &&
+  absl::flat_hash_set<kv::BlockKey> in_flight = InFlightKeys();
+  size_t i = 0;
+  while (*budget > 0 && i < waiting_.size() &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
-    Sequence& seq = *waiting_.front();
+    Sequence& seq = *waiting_[i];
     if (options_.prefix_caching && seq.blocks.empty() && seq.num_computed == 0 &&
         seq.remote.service == nullptr) {
       MatchPrefix(seq);
+      if (WaitsForSharedPrefix(seq, in_flight)) {
+        ++i;  // The ones behind it go ahead.
+        continue;
+      }
+      CountPrefix(seq);
     }
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
     const int32_t chunk = std::min(remaining, *budget);
@@ -412,8 +451,10 @@ void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled
     seq.chunk = chunk;
     *budget -= chunk;
     scheduled->push_back(&seq);
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    // What it computes from now on is in flight for those behind it.
+    for (size_t k = seq.blocks.size(); k < seq.keys.size(); ++k) in_flight.insert(seq.keys[k]);
+    running_.push_back(std::move(waiting_[i]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
 

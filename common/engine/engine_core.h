@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -65,6 +66,12 @@ struct EngineOptions {
   // model, its weights and the KV dtype. Keys agree across processes only
   // where this does.
   std::string cache_model_identity;
+  // A waiting prompt whose next uncached block a running sequence is still
+  // computing waits for it, at most this many steps (prompts behind it go
+  // ahead meanwhile), so that a new shared prefix is computed once rather
+  // than by every request that arrives with it. 0: admit in arrival order
+  // regardless.
+  int32_t shared_prefix_wait_steps = 8;
 };
 
 struct EngineStats {
@@ -282,8 +289,14 @@ class EngineCore {
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
   void FreeBlocks(Sequence& seq);
   // Prefix caching: `seq` (holding no blocks) takes its longest cached
-  // prefix; counts the query the first time.
+  // prefix; CountPrefix counts its query once, when it is admitted.
   void MatchPrefix(Sequence& seq);
+  void CountPrefix(Sequence& seq);
+  // The keys of blocks running sequences are computing (not yet cached).
+  absl::flat_hash_set<kv::BlockKey> InFlightKeys() const;
+  // Whether waiting `seq`, just matched, should wait for a block in
+  // `in_flight` (and so gives its matched blocks back).
+  bool WaitsForSharedPrefix(Sequence& seq, const absl::flat_hash_set<kv::BlockKey>& in_flight);
   // Publishes the blocks `seq` has filled with computed KV.
   void PublishBlocks(Sequence& seq);
   void Preempt(std::list<SeqPtr>::iterator it);

@@ -169,6 +169,43 @@ TEST(EngineCorePrefixCacheTest, SixteenConcurrentSequencesSharingAPrefix) {
   EXPECT_EQ(h.allocator.num_used(), 0);
 }
 
+// Requests arriving together with a new shared prefix: the first computes
+// it, the others wait for its blocks (bounded) instead of each computing it,
+// and prompts without it go ahead meanwhile.
+TEST(EngineCorePrefixCacheTest, ANewSharedPrefixIsComputedOnce) {
+  for (int32_t wait_steps : {0, 8}) {
+    EngineOptions options;
+    options.max_batch_tokens = 24;  // The 40-token prefix takes two steps.
+    options.shared_prefix_wait_steps = wait_steps;
+    Harness h(128, options);
+    const auto system = Prompt(7, 40);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; ++i) {
+      prompts.push_back(Concat(system, Prompt(200 + i, 3)));
+      ASSERT_THAT(h.core.Add(Greedy(absl::StrCat("s", i), prompts.back(), 6)), IsOk());
+    }
+    const auto other = Prompt(9, 5);
+    ASSERT_THAT(h.core.Add(Greedy("other", other, 6)), IsOk());
+    auto out = h.Run();
+    int computed_prefix = 0;
+    for (int i = 0; i < 4; ++i) {
+      const auto& r = out[absl::StrCat("s", i)];
+      EXPECT_THAT(r.tokens, ElementsAreArray(ExpectedGreedy(h.backend, prompts[i], 6))) << i;
+      if (r.cached_tokens < 40) ++computed_prefix;
+    }
+    EXPECT_THAT(out["other"].tokens, ElementsAreArray(ExpectedGreedy(h.backend, other, 6)));
+    std::printf("waiting up to %d steps: %d of 4 requests computed the shared prefix\n",
+                wait_steps, computed_prefix);
+    if (wait_steps > 0) {
+      EXPECT_EQ(computed_prefix, 1);
+    } else {
+      EXPECT_GT(computed_prefix, 1);  // Without waiting, several compute it.
+    }
+    EXPECT_THAT(h.core.CheckKvInvariants(), IsOk());
+    EXPECT_EQ(h.allocator.num_used(), 0);
+  }
+}
+
 // A pool far smaller than the working set: cached blocks are evicted for
 // new work, preemption recomputes, and every output is still the model's.
 TEST(EngineCorePrefixCacheTest, EvictionAndPreemptionUnderPressureKeepOutputs) {

@@ -55,6 +55,10 @@ ABSL_FLAG(bool, prefix_caching, true,
           "Reuse the KV of cached prompt prefixes: finished sequences' full blocks stay cached "
           "(LRU) until the pool needs them, and a new prompt computes only what its longest "
           "cached prefix lacks. False: every prompt is computed whole.");
+ABSL_FLAG(int32_t, shared_prefix_wait_steps, 8,
+          "With --prefix_caching: a waiting prompt whose next uncached block a running request "
+          "is still computing waits for it, at most this many engine steps (prompts behind it go "
+          "ahead), so that a new shared prefix is computed once. 0: strict arrival order.");
 ABSL_FLAG(int32_t, max_model_len, 0,
           "Context window cap in tokens; 0: the model's max_position_embeddings.");
 ABSL_FLAG(std::string, worker_id, "",
@@ -185,6 +189,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   model.max_running = absl::GetFlag(FLAGS_max_running);
   model.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  model.shared_prefix_wait_steps = absl::GetFlag(FLAGS_shared_prefix_wait_steps);
   model.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);

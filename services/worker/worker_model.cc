@@ -98,6 +98,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   eo.max_batch_tokens = options.max_batch_tokens;
   eo.max_running = options.max_running;
   eo.prefix_caching = options.prefix_caching;
+  eo.shared_prefix_wait_steps = options.shared_prefix_wait_steps;
   eo.cache_model_identity = CacheModelIdentity(c, model->info.model(), served);
   if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");

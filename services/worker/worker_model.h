@@ -48,6 +48,8 @@ struct WorkerModelOptions {
   int32_t max_model_len = 0;
   // Automatic prefix caching (engine::EngineOptions::prefix_caching).
   bool prefix_caching = true;
+  // engine::EngineOptions::shared_prefix_wait_steps.
+  int32_t shared_prefix_wait_steps = 8;
 };
 
 // What besides the tokens decides a served model's KV, for the prefix
