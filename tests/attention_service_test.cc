@@ -426,6 +426,7 @@ TEST_P(AttentionServiceTest, TheBlockStoreKeepsWholeBlocksAndRefusesBadRequests)
   EXPECT_EQ(store.bytes(), 3 * kBlockBytes);
   EXPECT_EQ(store.capacity_bytes(), int64_t{2} << 20);
   EXPECT_EQ(store.blocks_read_total(), 3);
+  EXPECT_EQ(store.invariant_violation(), "");
 }
 
 TEST_P(AttentionServiceTest, AVanishedOwnersSequencesAreFreedAfterTheGrace) {

@@ -26,6 +26,7 @@
 #include "tests/testing/service_process.h"
 #include "trident/v1/attention.grpc.pb.h"
 #include "trident/v1/generation.grpc.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
 
 namespace trident {
 namespace {
@@ -94,6 +95,17 @@ Result Generate(const ServiceProcess& worker, const std::string& id) {
     if (r.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
   }
   return r;
+}
+
+// The worker's count of idle checks that found its KV pool's books broken.
+int64_t KvInvariantFailures(const ServiceProcess& worker) {
+  v1::KvStats stats;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(v1::WorkerControl::NewStub(worker.channel)
+                  ->GetKvStats(&context, v1::GetKvStatsRequest(), &stats)
+                  .ok());
+  return stats.kv_invariant_failures_total();
 }
 
 class KvTierTest : public ::testing::TestWithParam<Param> {
@@ -184,10 +196,13 @@ TEST_P(KvTierTest, AnotherWorkerFetchesThePrefixFromTheStore) {
   });
   EXPECT_EQ(end.pinned_blocks(), 0);
   EXPECT_EQ(end.reserved_blocks(), 0);
+  EXPECT_EQ(end.invariant_violation(), "");
   EXPECT_GE(end.blocks_read_total(), kCachedBlocks);
   EXPECT_EQ(end.bytes(), end.blocks() * (written.bytes() / written.blocks()));
   EXPECT_TRUE(testing::AllKvBlocksFree(a_.channel));
   EXPECT_TRUE(testing::AllKvBlocksFree(b_.channel));
+  EXPECT_EQ(KvInvariantFailures(a_), 0);
+  EXPECT_EQ(KvInvariantFailures(b_), 0);
   std::cout << GetParam().model << " over " << GetParam().transport << ": worker B fetched "
             << second.usage.dram_cached_tokens() << " of " << kPromptTokens
             << " prompt tokens from the store (" << end.blocks_read_total()
@@ -229,6 +244,14 @@ TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
   EXPECT_EQ(routed.usage.dram_cached_tokens(), kCachedBlocks * kBlockSize);
   EXPECT_TRUE(testing::AllKvBlocksFree(prefill_.channel));
   EXPECT_TRUE(testing::AllKvBlocksFree(decode_.channel));
+  EXPECT_EQ(KvInvariantFailures(prefill_), 0);
+  EXPECT_EQ(KvInvariantFailures(decode_), 0);
+  const v1::BlockStoreStats store = StoreStatsOnce([](const v1::BlockStoreStats& s) {
+    return s.pinned_blocks() == 0 && s.reserved_blocks() == 0;
+  });
+  EXPECT_EQ(store.pinned_blocks(), 0);
+  EXPECT_EQ(store.reserved_blocks(), 0);
+  EXPECT_EQ(store.invariant_violation(), "");
   std::cout << "through the router over " << GetParam().transport << ": the prefill worker fetched "
             << routed.usage.dram_cached_tokens() << " of " << kPromptTokens
             << " prompt tokens from the store\n";

@@ -142,6 +142,9 @@ trident::v1::AttentionStats AttentionService::Stats() const {
     out->set_blocks_matched_total(blocks.blocks_matched_total);
     out->set_blocks_read_total(blocks.blocks_read_total);
     out->set_pinned_blocks(blocks.pinned_blocks);
+    if (absl::Status books = parts_.blocks->CheckInvariants(); !books.ok()) {
+      out->set_invariant_violation(std::string(books.message()));
+    }
   }
   if (parts_.data_plane_stats) {
     const DataPlaneStats data_plane = parts_.data_plane_stats();

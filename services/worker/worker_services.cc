@@ -225,6 +225,7 @@ grpc::ServerUnaryReactor* WorkerControlService::GetKvStats(
   response->set_prefix_cache_queries_total(stats.prefix_cache_queries_total);
   response->set_prefix_cache_hits_total(stats.prefix_cache_hits_total);
   response->set_kv_transfer_cached_blocks_total(stats.kv_reserved_cached_blocks_total);
+  response->set_kv_invariant_failures_total(stats.kv_invariant_failures_total);
   return FinishUnary(context, absl::OkStatus());
 }
 
