@@ -226,6 +226,7 @@ grpc::ServerUnaryReactor* AttentionService::ReserveBlocks(
   response->set_ticket(reserved->ticket);
   for (int32_t index : reserved->write) response->add_write(index);
   response->set_block_bytes(static_cast<int64_t>(reserved->block_bytes));
+  response->set_refused_from(reserved->refused_from);
   SetProtoDuration(parts_.blocks->options().put_lease, response->mutable_lease());
   return FinishUnary(context, absl::OkStatus());
 }

@@ -95,7 +95,8 @@ absl::StatusOr<BlockStore::Reservation> BlockStore::Reserve(const BlockOwner& ow
                                                             absl::Span<const kv::BlockKey> keys) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckFormat(format, keys, /*bind=*/true); !s.ok()) return s;
-  Reservation reservation{.block_bytes = block_bytes_};
+  Reservation reservation{.block_bytes = block_bytes_,
+                          .refused_from = static_cast<int32_t>(keys.size())};
   Ticket ticket{.owner = owner, .put = true, .expires = clock_->Now() + options_.put_lease};
   for (size_t i = 0; i < keys.size(); ++i) {
     if (keys[i].empty()) return absl::InvalidArgumentError(absl::StrCat("keys[", i, "] is zero"));
@@ -103,6 +104,7 @@ absl::StatusOr<BlockStore::Reservation> BlockStore::Reserve(const BlockOwner& ow
     std::optional<KvSpan> span = AllocateBlock();
     if (!span.has_value()) {
       counters_.blocks_refused_total += static_cast<int64_t>(keys.size() - i);
+      reservation.refused_from = static_cast<int32_t>(i);
       break;
     }
     blocks_.emplace(keys[i], Block{.key = keys[i], .span = *span});

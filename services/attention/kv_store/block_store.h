@@ -125,6 +125,8 @@ class BlockStore {
     uint64_t ticket = 0;         // 0: nothing reserved.
     std::vector<int32_t> write;  // Indices into the keys, in order.
     uint64_t block_bytes = 0;
+    // Keys from this index on were refused for room; keys.size() if none.
+    int32_t refused_from = 0;
   };
   // Phase one of a put: reserves a block for each key neither held nor
   // being written, in order, evicting unpinned blocks (least recently used

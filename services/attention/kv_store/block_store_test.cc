@@ -72,6 +72,10 @@ class BlockStoreTest : public ::testing::Test {
 
 TEST_F(BlockStoreTest, AWrittenChainIsFoundAndReadBack) {
   EXPECT_THAT(Put(Keys(10, 3)), ElementsAre(0, 1, 2));
+  absl::StatusOr<BlockStore::Reservation> again = store_.Reserve(owner_, Format(), Keys(10, 3));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->ticket, 0u);  // Held already: nothing to write, nothing refused.
+  EXPECT_EQ(again->refused_from, 3);
   absl::StatusOr<BlockStore::Match> match = store_.Lookup(owner_, Format(), Keys(10, 3));
   ASSERT_THAT(match, IsOk());
   EXPECT_EQ(match->matched, 3);
@@ -166,6 +170,7 @@ TEST_F(BlockStoreTest, APutStopsWhereNothingMoreCanGo) {
   absl::StatusOr<BlockStore::Reservation> r = store_.Reserve(owner_, Format(), Keys(20, 3));
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(r->ticket, 0u);
+  EXPECT_EQ(r->refused_from, 0);
   EXPECT_EQ(store_.Stats().blocks_refused_total, 3);
   store_.Release(owner_, pins[0]->ticket);
 }

@@ -192,7 +192,11 @@ absl::Status KvTier::WriteBlocks(absl::Span<const std::pair<kv::BlockKey, int32_
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   TRIDENT_RETURN_IF_ERROR(FromGrpcStatus(store_->stub->ReserveBlocks(&context, request, &reserved)));
-  for (const kv::BlockKey& key : held) written_.insert(key);
+  // The store holds (or is about to) every key before the first it refused
+  // for room; those it refused may be offered again if cached again.
+  for (int32_t i = 0; i < std::min<int32_t>(reserved.refused_from(), held.size()); ++i) {
+    written_.insert(held[i]);
+  }
   if (reserved.ticket() == 0 || reserved.write().empty()) return absl::OkStatus();
   transport::attention::RemoteAttention* channel = pool_->channel(*store_);
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
