@@ -97,11 +97,19 @@ double Percentile(std::vector<double> v, double p) {
 
 }  // namespace
 
-RequestResult GenerateOnce(const std::string& target, const std::vector<int32_t>& prompt,
-                           int32_t output_tokens, absl::Duration timeout) {
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
-  return Generate(*stub, prompt, output_tokens, timeout);
+struct Generator::Stub {
+  std::unique_ptr<v1::Generation::Stub> stub;
+};
+
+Generator::Generator(const std::string& target)
+    : stub_(new Stub{v1::Generation::NewStub(
+          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))}) {}
+
+Generator::~Generator() = default;
+
+RequestResult Generator::GenerateOnce(const std::vector<int32_t>& prompt, int32_t output_tokens,
+                                      absl::Duration timeout) {
+  return Generate(*stub_->stub, prompt, output_tokens, timeout);
 }
 
 absl::StatusOr<Vocabulary> FetchVocabulary(const std::string& target) {

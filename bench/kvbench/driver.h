@@ -9,6 +9,7 @@
 #define TRIDENT_BENCH_KVBENCH_DRIVER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,9 +79,19 @@ absl::StatusOr<std::vector<RequestResult>> RunSessions(const std::vector<Session
 RunSummary Summarize(const std::vector<RequestResult>& results, const DriverOptions& options,
                      int32_t block_tokens);
 
-// One greedy generation of exactly `output_tokens` at `target`, now.
-RequestResult GenerateOnce(const std::string& target, const std::vector<int32_t>& prompt,
-                           int32_t output_tokens, absl::Duration timeout = absl::Minutes(5));
+// A client of `target` for GenerateOnce (one connection, reused).
+class Generator {
+ public:
+  explicit Generator(const std::string& target);
+  ~Generator();
+  // One greedy generation of exactly `output_tokens`, now.
+  RequestResult GenerateOnce(const std::vector<int32_t>& prompt, int32_t output_tokens,
+                             absl::Duration timeout = absl::Minutes(5));
+
+ private:
+  struct Stub;
+  std::unique_ptr<Stub> stub_;
+};
 
 // The vocabulary the server's model declares (ModelInfo).
 absl::StatusOr<Vocabulary> FetchVocabulary(const std::string& target);

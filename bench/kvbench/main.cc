@@ -127,9 +127,10 @@ int RunTier(const std::string& target, const Vocabulary& vocab) {
   // Greedy outputs of the warm-up (computed, nothing cached), to compare
   // the hits' with.
   constexpr int32_t kOutput = 16;
+  Generator generator(target);
   std::vector<std::vector<int32_t>> computed;
   for (const std::vector<int32_t>& p : prompts) {
-    RequestResult r = GenerateOnce(target, p, kOutput);
+    RequestResult r = generator.GenerateOnce(p, kOutput);
     if (!r.ok) return std::cerr << "warm-up failed: " << r.error << "\n", 1;
     computed.push_back(std::move(r.output));
   }
@@ -138,11 +139,11 @@ int RunTier(const std::string& target, const Vocabulary& vocab) {
   int gpu_equal = 0, dram_equal = 0;
   for (int32_t r = 0; r < absl::GetFlag(FLAGS_tier_rounds); ++r) {
     const std::vector<int32_t> fresh = FreshTokens(5000 + r, length, vocab);
-    miss.push_back(GenerateOnce(target, fresh, kOutput));
-    gpu.push_back(GenerateOnce(target, fresh, kOutput));
+    miss.push_back(generator.GenerateOnce(fresh, kOutput));
+    gpu.push_back(generator.GenerateOnce(fresh, kOutput));
     if (gpu.back().output == miss.back().output) ++gpu_equal;
     // The prompt sent longest ago: evicted here, held by the store.
-    dram.push_back(GenerateOnce(target, prompts[r % count], kOutput));
+    dram.push_back(generator.GenerateOnce(prompts[r % count], kOutput));
     if (dram.back().output == computed[r % count]) ++dram_equal;
   }
   std::cout << "greedy outputs equal to computing the prompt: GPU hits " << gpu_equal << " of "

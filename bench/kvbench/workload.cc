@@ -2,44 +2,34 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "bench/loadgen/loadgen.h"
 
 namespace trident::kvbench {
 namespace {
 
-// SplitMix64: independent streams from one seed.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using loadgen::DeriveSeed;
 
+// One purpose's draws: loadgen's generator (the same on every platform)
+// on a stream of its own, with the shapes the workloads use.
 class Stream {
  public:
-  Stream(uint64_t seed, uint64_t purpose) : engine_(Mix(seed ^ Mix(purpose))) {}
-  double Uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
-  double Exponential(double mean) { return -mean * std::log(1.0 - Uniform()); }
-  double Normal() {
-    const double u = std::max(Uniform(), 1e-300);
-    return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * M_PI * Uniform());
-  }
+  Stream(uint64_t seed, uint64_t purpose) : rng_(DeriveSeed(seed, purpose)) {}
+  double Uniform() { return rng_.Uniform01(); }
+  double Exponential(double mean) { return rng_.Exponential(mean); }
   int32_t LogNormal(double median, double sigma, int32_t lo, int32_t hi) {
-    const double v = median * std::exp(sigma * Normal());
+    const double v = median * std::exp(sigma * rng_.Normal());
     return static_cast<int32_t>(std::clamp<double>(std::round(v), lo, hi));
   }
-  int32_t Uniform(int32_t lo, int32_t hi) {
-    return lo + static_cast<int32_t>(engine_() % static_cast<uint64_t>(hi - lo + 1));
-  }
+  int32_t Uniform(int32_t lo, int32_t hi) { return static_cast<int32_t>(rng_.UniformInt(lo, hi)); }
   int32_t Token(const Vocabulary& vocab) { return Uniform(vocab.first_id, vocab.vocab_size - 1); }
 
  private:
-  std::mt19937_64 engine_;
+  loadgen::Rng rng_;
 };
 
 enum Purpose : uint64_t { kArrivals = 1, kSystem, kTurns, kLengths, kTokens, kGaps };
@@ -60,7 +50,7 @@ absl::Status CheckVocabulary(const Vocabulary& vocab) {
 // The tokens of trace block `id`: the same for the same id.
 std::vector<int32_t> BlockTokens(uint64_t seed, uint64_t id, int32_t count,
                                  const Vocabulary& vocab) {
-  Stream stream(seed, Mix(id) ^ kTokens);
+  Stream stream(DeriveSeed(seed, kTokens), id);
   std::vector<int32_t> tokens(count);
   for (int32_t& t : tokens) t = stream.Token(vocab);
   return tokens;
@@ -69,7 +59,7 @@ std::vector<int32_t> BlockTokens(uint64_t seed, uint64_t id, int32_t count,
 }  // namespace
 
 std::vector<int32_t> FreshTokens(uint64_t seed, int32_t count, const Vocabulary& vocab) {
-  return BlockTokens(Mix(seed) ^ 0x5eed, 0, count, vocab);
+  return BlockTokens(DeriveSeed(seed, 0x5eed), 0, count, vocab);
 }
 
 absl::StatusOr<std::vector<Session>> MakeChatSessions(const ChatSpec& spec,

@@ -1,5 +1,7 @@
 #include "services/attention/attention_metrics.h"
 
+#include "common/telemetry/metric_families.h"
+
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,21 +21,11 @@ prometheus::Histogram::BucketBoundaries SequenceBuckets() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
 }
 
-prometheus::Counter& CounterOf(prometheus::Registry& registry, const std::string& name,
-                               const std::string& help,
-                               const std::map<std::string, std::string>& labels = {}) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
-}
-
-prometheus::Gauge& GaugeOf(prometheus::Registry& registry, const std::string& name,
-                           const std::string& help,
-                           const std::map<std::string, std::string>& labels = {}) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
-}
+using telemetry::CounterOf;
+using telemetry::GaugeOf;
 
 void Follow(prometheus::Counter& counter, int64_t total, int64_t* last) {
-  if (total > *last) counter.Increment(static_cast<double>(total - *last));
-  *last = total;
+  telemetry::FollowTotal(counter, total, last);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "services/worker/kv_tier/kv_tier.h"
 
+#include "common/telemetry/metric_families.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -499,56 +501,47 @@ void TieredTokenSource::Abort(const std::string& request_id) {
 
 namespace {
 
-prometheus::Counter& TierCounter(prometheus::Registry& registry, const std::string& name,
-                                 const std::string& help,
-                                 const std::map<std::string, std::string>& labels = {}) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
-}
-
-void Follow(prometheus::Counter& counter, double total, double last) {
-  if (total > last) counter.Increment(total - last);
-}
+using telemetry::CounterOf;
 
 }  // namespace
 
 KvTierMetrics::KvTierMetrics(prometheus::Registry& r)
-    : lookups_(TierCounter(r, "trident_worker_kv_tier_lookups_total",
+    : lookups_(CounterOf(r, "trident_worker_kv_tier_lookups_total",
                            "Block-store lookups for arriving prompts (the DRAM tier).")),
-      fetches_(TierCounter(r, "trident_worker_kv_tier_fetches_total",
+      fetches_(CounterOf(r, "trident_worker_kv_tier_fetches_total",
                            "Block-store lookups that fetched blocks into the KV pool.")),
-      fetched_bytes_(TierCounter(r, "trident_worker_kv_tier_fetched_bytes_total",
+      fetched_bytes_(CounterOf(r, "trident_worker_kv_tier_fetched_bytes_total",
                                  "KV bytes fetched from the block store.")),
-      fetch_seconds_(TierCounter(r, "trident_worker_kv_tier_fetch_seconds_total",
+      fetch_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_seconds_total",
                                  "Time spent fetching from the block store.")),
-      skipped_(TierCounter(r, "trident_worker_kv_tier_skipped_total",
+      skipped_(CounterOf(r, "trident_worker_kv_tier_skipped_total",
                            "Block-store hits left to compute: the cost model found computing "
                            "them faster than fetching.")),
-      written_blocks_(TierCounter(r, "trident_worker_kv_tier_written_blocks_total",
+      written_blocks_(CounterOf(r, "trident_worker_kv_tier_written_blocks_total",
                                   "KV blocks written through to the block store.")),
-      written_bytes_(TierCounter(r, "trident_worker_kv_tier_written_bytes_total",
+      written_bytes_(CounterOf(r, "trident_worker_kv_tier_written_bytes_total",
                                  "KV bytes written through to the block store.")),
-      failed_fetches_(TierCounter(r, "trident_worker_kv_tier_failures_total",
+      failed_fetches_(CounterOf(r, "trident_worker_kv_tier_failures_total",
                                   "Block-store operations that failed, by operation.",
                                   {{"op", "fetch"}})),
-      failed_writes_(TierCounter(r, "trident_worker_kv_tier_failures_total",
+      failed_writes_(CounterOf(r, "trident_worker_kv_tier_failures_total",
                                  "Block-store operations that failed, by operation.",
                                  {{"op", "write"}})),
-      dropped_writes_(TierCounter(r, "trident_worker_kv_tier_dropped_blocks_total",
+      dropped_writes_(CounterOf(r, "trident_worker_kv_tier_dropped_blocks_total",
                                   "Cached KV blocks not written through: the writer was a "
                                   "quarter of the KV pool behind.")) {}
 
 void KvTierMetrics::Sample(const KvTierStats& s) {
-  Follow(lookups_, s.lookups, last_.lookups);
-  Follow(fetches_, s.fetches, last_.fetches);
-  Follow(fetched_bytes_, s.fetch_bytes, last_.fetch_bytes);
-  Follow(fetch_seconds_, s.fetch_seconds, last_.fetch_seconds);
-  Follow(skipped_, s.skipped_fetches, last_.skipped_fetches);
-  Follow(written_blocks_, s.written_blocks, last_.written_blocks);
-  Follow(written_bytes_, s.write_bytes, last_.write_bytes);
-  Follow(failed_fetches_, s.failed_fetches, last_.failed_fetches);
-  Follow(failed_writes_, s.failed_writes, last_.failed_writes);
-  Follow(dropped_writes_, s.dropped_writes, last_.dropped_writes);
-  last_ = s;
+  telemetry::FollowTotal(lookups_, s.lookups, &last_.lookups);
+  telemetry::FollowTotal(fetches_, s.fetches, &last_.fetches);
+  telemetry::FollowTotal(fetched_bytes_, s.fetch_bytes, &last_.fetch_bytes);
+  telemetry::FollowTotal(fetch_seconds_, s.fetch_seconds, &last_.fetch_seconds);
+  telemetry::FollowTotal(skipped_, s.skipped_fetches, &last_.skipped_fetches);
+  telemetry::FollowTotal(written_blocks_, s.written_blocks, &last_.written_blocks);
+  telemetry::FollowTotal(written_bytes_, s.write_bytes, &last_.write_bytes);
+  telemetry::FollowTotal(failed_fetches_, s.failed_fetches, &last_.failed_fetches);
+  telemetry::FollowTotal(failed_writes_, s.failed_writes, &last_.failed_writes);
+  telemetry::FollowTotal(dropped_writes_, s.dropped_writes, &last_.dropped_writes);
 }
 
 }  // namespace trident::worker
