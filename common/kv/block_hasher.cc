@@ -20,7 +20,11 @@ constexpr uint8_t kSaltTag = 2;
 // Serialises a hash input; 16-token blocks fit inline.
 class Input {
  public:
-  void Bytes(absl::string_view s) { buf_.insert(buf_.end(), s.begin(), s.end()); }
+  // Byte by byte: gcc -O2 warns (maybe-uninitialized) inside
+  // InlinedVector's range insert.
+  void Bytes(absl::string_view s) {
+    for (char c : s) buf_.push_back(static_cast<uint8_t>(c));
+  }
   void U8(uint8_t v) { buf_.push_back(v); }
   void U32(uint32_t v) {
     for (int i = 0; i < 4; ++i) buf_.push_back(static_cast<uint8_t>(v >> (8 * i)));

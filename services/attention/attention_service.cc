@@ -45,6 +45,37 @@ absl::StatusOr<SequenceSpec> SpecFromProto(const trident::v1::AdmitSequenceReque
   return spec;
 }
 
+absl::StatusOr<InPlacePrefix> AttentionService::BorrowPrefix(
+    const trident::v1::AdmitSequenceRequest& request, SequenceSpec* spec) const {
+  if (request.prefix_key_hi().empty() && request.prefix_key_lo().empty()) return InPlacePrefix{};
+  TRIDENT_ASSIGN_OR_RETURN(BlockFormat format, BlockFormatFromProto(request.prefix_format()));
+  TRIDENT_ASSIGN_OR_RETURN(std::vector<kv::BlockKey> keys,
+                           BlockKeysFromProto(request.prefix_key_hi(), request.prefix_key_lo()));
+  if (format.num_layers != spec->num_layers || format.num_kv_heads != spec->num_kv_heads ||
+      format.head_dim != spec->head_dim || format.dtype != spec->dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix_format is ", format.Describe(), "; the sequence has ", spec->num_layers,
+        " layers, ", spec->num_kv_heads, " kv heads of ", spec->head_dim, ", ",
+        numeric::DTypeName(spec->dtype)));
+  }
+  if (parts_.blocks == nullptr || parts_.blocks->options().capacity_bytes == 0) {
+    return InPlacePrefix{};
+  }
+  TRIDENT_RETURN_IF_ERROR(parts_.store->CheckOwner(spec->owner_id, spec->owner_incarnation));
+  // The sequence's last position takes a write: its prefix stays below it.
+  const int64_t usable = (int64_t{spec->capacity_tokens} - 1) / format.block_size;
+  if (usable < 1) return InPlacePrefix{};
+  if (static_cast<int64_t>(keys.size()) > usable) keys.resize(usable);
+  TRIDENT_ASSIGN_OR_RETURN(BlockStore::Borrowed borrowed, parts_.blocks->Borrow(format, keys));
+  if (borrowed.ticket == 0) return InPlacePrefix{};
+  spec->packing = KvPacking::kRows;
+  spec->block_size = format.block_size;
+  return InPlacePrefix{.blocks = std::move(borrowed.blocks),
+                       .release = [blocks = parts_.blocks, ticket = borrowed.ticket] {
+                         blocks->Return(ticket);
+                       }};
+}
+
 grpc::ServerUnaryReactor* AttentionService::Connect(grpc::CallbackServerContext* context,
                                                     const trident::v1::ConnectRequest* request,
                                                     trident::v1::ConnectResponse* response) {
@@ -73,8 +104,11 @@ grpc::ServerUnaryReactor* AttentionService::AdmitSequence(
     trident::v1::AdmitSequenceResponse* response) {
   absl::StatusOr<SequenceSpec> spec = SpecFromProto(*request);
   if (!spec.ok()) return FinishUnary(context, spec.status());
-  absl::StatusOr<AdmittedSequence> admitted = parts_.store->Admit(*spec);
+  absl::StatusOr<InPlacePrefix> prefix = BorrowPrefix(*request, &*spec);
+  if (!prefix.ok()) return FinishUnary(context, prefix.status());
+  absl::StatusOr<AdmittedSequence> admitted = parts_.store->Admit(*spec, *std::move(prefix));
   if (!admitted.ok()) return FinishUnary(context, admitted.status());
+  response->set_in_place_tokens(admitted->layout.prefix_blocks * admitted->layout.block_size);
   const SequenceLayout& layout = admitted->layout;
   response->set_handle(admitted->handle);
   response->set_write_key(admitted->write_key);
@@ -128,6 +162,8 @@ trident::v1::AttentionStats AttentionService::Stats() const {
   stats.set_sequences(store.sequences);
   stats.set_held_tokens(store.held_tokens);
   stats.set_sessions(store.sessions);
+  stats.set_in_place_sequences(store.in_place_sequences);
+  stats.set_in_place_tokens(store.in_place_tokens);
   if (parts_.blocks != nullptr) {
     const BlockStoreStats blocks = parts_.blocks->Stats();
     trident::v1::BlockStoreStats* out = stats.mutable_block_store();
@@ -142,6 +178,8 @@ trident::v1::AttentionStats AttentionService::Stats() const {
     out->set_blocks_matched_total(blocks.blocks_matched_total);
     out->set_blocks_read_total(blocks.blocks_read_total);
     out->set_pinned_blocks(blocks.pinned_blocks);
+    out->set_borrows(blocks.borrows);
+    out->set_borrowed_blocks(blocks.borrowed_blocks);
     if (absl::Status books = parts_.blocks->CheckInvariants(); !books.ok()) {
       out->set_invariant_violation(std::string(books.message()));
     }

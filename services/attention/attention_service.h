@@ -81,6 +81,13 @@ class AttentionService final : public trident::v1::Attention::CallbackService {
   trident::v1::AttentionStats Stats() const;
 
  private:
+  // The request's prefix, borrowed from the block store as far as it holds
+  // the chain (none without a store or a match); adapts `spec` to the
+  // store's layout when it matched. INVALID_ARGUMENT for a malformed prefix
+  // or one whose shape is not the sequence's.
+  absl::StatusOr<InPlacePrefix> BorrowPrefix(const trident::v1::AdmitSequenceRequest& request,
+                                             SequenceSpec* spec) const;
+
   const AttentionServiceParts parts_;
 };
 

@@ -20,10 +20,18 @@ using transport::attention::RequestView;
 using transport::attention::ToWire;
 using transport::attention::WireElementSize;
 
-// K of token `position`'s block in `layer` (the kernel's DecodeSequence::kv
-// and DecodeKvAppend::kv address layer 0 of a block run).
+// K of block 0 of `layer` (the kernel's DecodeSequence::kv and
+// DecodeKvAppend::kv address block 0 of a uniform block run); a sequence
+// with an in-place prefix has none (its blocks go through a table).
 char* LayerBase(const PinnedSequence& s, int32_t layer) {
   return s.data + layer * s.layout->layer_stride_bytes;
+}
+
+// Whether two sequences' KV reads with one kernel layout.
+bool SameKernelLayout(const SequenceLayout& a, const SequenceLayout& b) {
+  return a.block_size == b.block_size && a.packing == b.packing &&
+         a.block_stride_bytes == b.block_stride_bytes &&
+         a.value_offset_bytes == b.value_offset_bytes;
 }
 
 }  // namespace
@@ -92,10 +100,10 @@ absl::Status KvAttentionComputer::CheckShapes(const RequestView& request) const 
           h.num_q_heads, ", ", h.num_kv_heads, " and ", h.head_dim));
     }
     const SequenceLayout& first = *pinned_.front().layout;
-    if (l.dtype != first.dtype || l.block_size != first.block_size || l.packing != first.packing) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence handles ", pinned_.front().handle, " and ", s.handle,
-          " differ in KV dtype, block size or block layout; one request must not mix them"));
+    if (l.dtype != first.dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence handles ", pinned_.front().handle, " and ", s.handle,
+                       " differ in KV dtype; one request must not mix them"));
     }
     if (h.layer < 0 || h.layer >= l.num_layers) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", h.layer, " of sequence handle ",
@@ -154,8 +162,17 @@ void KvAttentionComputer::AppendRange(const RequestView& request, bool raw, size
     const char* wire = request.rows + i * row * element;
     if (!append_only) FromWire(h.dtype, wire, &q_[i * q_elems], q_elems);
     kernels::cpu::DecodeKvAppend& append = appends_[i];
-    append = kernels::cpu::DecodeKvAppend{.kv = LayerBase(pinned_[i], h.layer),
-                                          .position = positions_[i]};
+    const PinnedSequence& s = pinned_[i];
+    if (s.layout->prefix_blocks > 0) {
+      // Its block, addressed as block 0 (Pin kept the position past the
+      // read-only prefix).
+      const int32_t bs = s.layout->block_size;
+      append = kernels::cpu::DecodeKvAppend{
+          .kv = const_cast<char*>(SequenceBlock(s, h.layer, positions_[i] / bs)),
+          .position = positions_[i] % bs};
+    } else {
+      append = kernels::cpu::DecodeKvAppend{.kv = LayerBase(s, h.layer), .position = positions_[i]};
+    }
     const char* k_wire = wire + q_elems * element;
     const char* v_wire = wire + (q_elems + kv_elems) * element;
     if (raw) {
@@ -168,10 +185,18 @@ void KvAttentionComputer::AppendRange(const RequestView& request, bool raw, size
     append.k = &k_[i * kv_elems];
     append.v = &v_[i * kv_elems];
   }
-  // CheckShapes made the layouts agree and the positions fit.
-  TRIDENT_CHECK_OK(
-      kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_.front().layout),
-                                   absl::MakeConstSpan(appends_).subspan(begin, end - begin)));
+  // CheckShapes made the shapes agree and Pin the positions fit; runs of
+  // one layout at a time.
+  for (size_t run = begin; run < end;) {
+    size_t run_end = run + 1;
+    while (run_end < end && SameKernelLayout(*pinned_[run].layout, *pinned_[run_end].layout)) {
+      ++run_end;
+    }
+    TRIDENT_CHECK_OK(
+        kernels::cpu::AppendDecodeKv(KernelLayout(*pinned_[run].layout),
+                                     absl::MakeConstSpan(appends_).subspan(run, run_end - run)));
+    run = run_end;
+  }
 }
 
 absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply_rows) {
@@ -179,23 +204,49 @@ absl::Status KvAttentionComputer::Attend(const RequestView& request, char* reply
   const int64_t q_elems = int64_t{h.num_q_heads} * h.head_dim;
   const size_t n = static_cast<size_t>(h.num_sequences);
   o_.resize(n * q_elems);
-  sequences_.resize(n);
-  int64_t bytes = 0;
+  // Block tables of the sequences with an in-place prefix, sized first so
+  // that pointers into them stay put.
+  size_t table_entries = 0;
   for (size_t i = 0; i < n; ++i) {
     const SequenceLayout& l = *pinned_[i].layout;
-    sequences_[i] = kernels::cpu::DecodeSequence{.kv = LayerBase(pinned_[i], h.layer),
-                                                 .context_len = positions_[i] + 1,
-                                                 .q = &q_[i * q_elems],
-                                                 .o = &o_[i * q_elems]};
-    bytes += int64_t{positions_[i] + 1} * 2 * h.num_kv_heads * h.head_dim *
-             static_cast<int64_t>(numeric::ElementSize(l.dtype));
+    if (l.prefix_blocks > 0) table_entries += (positions_[i] + l.block_size) / l.block_size;
   }
+  tables_.resize(table_entries);
+  size_t table_used = 0;
+  int64_t bytes = 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(h.head_dim));
-  TRIDENT_RETURN_IF_ERROR(kernel_->Plan(KernelLayout(*pinned_.front().layout), h.num_q_heads, scale,
-                                        sequences_, executor_.threads));
-  kernels::cpu::DecodeAttention* kernel = kernel_.get();
-  executor_.run([kernel](int thread) { kernel->Run(thread); });
-  executor_.run([kernel](int thread) { kernel->Merge(thread); });
+  // One kernel call per layout among the request's sequences (usually one).
+  done_.assign(n, false);
+  for (size_t first = 0; first < n; ++first) {
+    if (done_[first]) continue;
+    const SequenceLayout& layout = *pinned_[first].layout;
+    sequences_.clear();
+    for (size_t i = first; i < n; ++i) {
+      const PinnedSequence& s = pinned_[i];
+      if (done_[i] || !SameKernelLayout(layout, *s.layout)) continue;
+      done_[i] = true;
+      kernels::cpu::DecodeSequence seq{.context_len = positions_[i] + 1,
+                                       .q = &q_[i * q_elems],
+                                       .o = &o_[i * q_elems]};
+      if (s.layout->prefix_blocks > 0) {
+        const int32_t blocks = (positions_[i] + s.layout->block_size) / s.layout->block_size;
+        const void** table = &tables_[table_used];
+        for (int32_t b = 0; b < blocks; ++b) table[b] = SequenceBlock(s, h.layer, b);
+        table_used += static_cast<size_t>(blocks);
+        seq.blocks = table;
+      } else {
+        seq.kv = LayerBase(s, h.layer);
+      }
+      sequences_.push_back(seq);
+      bytes += int64_t{positions_[i] + 1} * 2 * h.num_kv_heads * h.head_dim *
+               static_cast<int64_t>(numeric::ElementSize(s.layout->dtype));
+    }
+    TRIDENT_RETURN_IF_ERROR(
+        kernel_->Plan(KernelLayout(layout), h.num_q_heads, scale, sequences_, executor_.threads));
+    kernels::cpu::DecodeAttention* kernel = kernel_.get();
+    executor_.run([kernel](int thread) { kernel->Run(thread); });
+    executor_.run([kernel](int thread) { kernel->Merge(thread); });
+  }
   kv_bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
   const size_t element = WireElementSize(h.dtype);
   ForRanges(n, [&](size_t begin, size_t end) {

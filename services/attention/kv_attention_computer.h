@@ -6,7 +6,9 @@
 // Per request: pin the sequences (SequenceStore::Pin: unknown handles,
 // another owner's incarnation, positions past the capacity fail the whole
 // request), check each sequence's shape against the request, append, run
-// the decode-attention kernel over all of them at once, unpin.
+// the decode-attention kernel over all of them at once (once per block
+// layout among them: a sequence over an in-place prefix of the block store
+// reads through a block table, in the store's rows layout), unpin.
 //
 // Called on the data plane's dispatcher thread only (not thread-safe); the
 // kernel's threads are the caller-supplied executor's.
@@ -97,6 +99,8 @@ class KvAttentionComputer final : public transport::attention::AttentionComputer
   std::vector<float> q_, k_, v_, o_;
   std::vector<kernels::cpu::DecodeKvAppend> appends_;
   std::vector<kernels::cpu::DecodeSequence> sequences_;
+  std::vector<const void*> tables_;  // Block tables of in-place sequences.
+  std::vector<bool> done_;           // Sequences attended (one kernel call per layout).
   std::atomic<int64_t> kv_bytes_read_{0};
 };
 

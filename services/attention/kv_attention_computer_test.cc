@@ -296,6 +296,89 @@ TEST_P(KvAttentionComputerTest, ABadSequenceFailsTheRequestAndUnpinsTheRest) {
   EXPECT_EQ(pool_.used_bytes(), 0u);
 }
 
+// A sequence admitted over an in-place prefix (two blocks standing for the
+// block store's, in its rows layout) attends over them where they are,
+// beside a sequence of the service's own layout in the same requests;
+// the prefix takes no writes, and its borrow goes back with the sequence.
+TEST_P(KvAttentionComputerTest, ASequenceOverAnInPlacePrefixReadsItWhereItIs) {
+  constexpr int32_t kBlock = 16, kPrefixBlocks = 2, kPrefix = kBlock * kPrefixBlocks;
+  const numeric::DType dtype = GetParam().dtype;
+  const size_t element = numeric::ElementSize(dtype);
+  const size_t half = size_t{kKvHeads} * kBlock * kHeadDim * element;
+  // The prefix's rows, each layer's, rounded to the KV dtype.
+  std::vector<std::vector<float>> sent[kLayers];
+  std::vector<std::vector<char>> blocks(kPrefixBlocks, std::vector<char>(kLayers * 2 * half));
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    for (int32_t t = 0; t < kPrefix; ++t) {
+      std::vector<float> row = RandomRow();
+      if (dtype == numeric::DType::kBF16) {
+        for (float& x : row) x = numeric::Bf16ToFloat(numeric::FloatToBf16(x));
+      }
+      sent[layer].push_back(row);
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        for (int32_t d = 0; d < kHeadDim; ++d) {
+          for (int v = 0; v < 2; ++v) {
+            const float x = row[kQ + v * kKv + h * kHeadDim + d];
+            char* dst = blocks[t / kBlock].data() + layer * 2 * half + v * half +
+                        ((h * kBlock + t % kBlock) * kHeadDim + d) * element;
+            if (dtype == numeric::DType::kBF16) {
+              const uint16_t bits = numeric::FloatToBf16(x);
+              std::memcpy(dst, &bits, 2);
+            } else {
+              std::memcpy(dst, &x, 4);
+            }
+          }
+        }
+      }
+    }
+  }
+  int returned = 0;
+  InPlacePrefix prefix{.release = [&returned] { ++returned; }};
+  for (const std::vector<char>& b : blocks) prefix.blocks.push_back(b.data());
+  auto admitted = store_.Admit(SequenceSpec{.owner_id = "w0",
+                                            .owner_incarnation = kIncarnation,
+                                            .sequence_id = "in-place",
+                                            .num_layers = kLayers,
+                                            .num_q_heads = kQHeads,
+                                            .num_kv_heads = kKvHeads,
+                                            .head_dim = kHeadDim,
+                                            .dtype = dtype,
+                                            .capacity_tokens = kPrefix + 20,
+                                            .block_size = kBlock,
+                                            .packing = KvPacking::kRows},
+                               std::move(prefix));
+  ASSERT_THAT(admitted.status(), IsOk());
+  EXPECT_EQ(admitted->layout.prefix_blocks, kPrefixBlocks);
+  // Its own memory holds only the blocks after the prefix.
+  EXPECT_EQ(admitted->reserved_bytes, size_t{kLayers} * 2 * 2 * half);
+  const uint64_t p = admitted->handle;
+  const uint64_t own = Admit("own", 20);
+  EXPECT_THAT(AppendOnly(0, p, kPrefix - 1, {RandomRow()}),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("in-place prefix")));
+  std::vector<std::vector<float>> sent_own[kLayers];
+  const double tolerance = dtype == numeric::DType::kF32 ? 1e-5 : 2e-2;
+  for (int32_t step = 0; step < 18; ++step) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      const std::vector<std::vector<float>> rows = {RandomRow(), RandomRow()};
+      sent[layer].push_back(rows[0]);
+      sent_own[layer].push_back(rows[1]);
+      std::vector<float> o;
+      ASSERT_THAT(Send(layer, {p, own}, {kPrefix + step, step}, rows, &o), IsOk());
+      std::vector<float> want = Reference(sent[layer], 0);
+      for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[j], want[j], tolerance) << step << " " << j;
+      want = Reference(sent_own[layer], 0);
+      for (int j = 0; j < kQ; ++j) ASSERT_NEAR(o[kQ + j], want[j], tolerance) << step;
+    }
+  }
+  EXPECT_EQ(store_.Stats().in_place_sequences, 1);
+  EXPECT_EQ(store_.Stats().in_place_tokens, kPrefix);
+  EXPECT_EQ(returned, 0);
+  ASSERT_THAT(store_.Release("w0", kIncarnation, p), IsOk());
+  EXPECT_EQ(returned, 1);
+  ASSERT_THAT(store_.Release("w0", kIncarnation, own), IsOk());
+  EXPECT_EQ(pool_.used_bytes(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     KvDTypesAndIsas, KvAttentionComputerTest,
     ::testing::Values(Param{numeric::DType::kF32, kernels::cpu::DecodeIsa::kAvx2},

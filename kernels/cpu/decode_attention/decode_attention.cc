@@ -314,9 +314,11 @@ void DecodeAttention::Run(int32_t thread_index) {
       args.token_end = std::min(c + chunk, seg.token_end);
       args.resume = c != seg.token_begin;
       for (int32_t h = 0; h < l.num_kv_heads; ++h) {
-        args.k = head_k(h);
+        args.blocks = q.blocks;
+        args.head_offset_elems = h * head_elems;
+        args.k = q.blocks != nullptr ? nullptr : head_k(h);
         const bool last_head = h + 1 == l.num_kv_heads;
-        args.next_k = head_k(last_head ? 0 : h + 1);
+        args.next_k = q.blocks != nullptr ? nullptr : head_k(last_head ? 0 : h + 1);
         args.next_token = !last_head ? c : args.token_end < seg.token_end ? args.token_end : -1;
         args.q = q.q + h * group_dims;
         args.acc = acc + static_cast<int64_t>(h) * s.group * args.acc_stride;
@@ -614,8 +616,8 @@ absl::Status DecodeAttention::Plan(const DecodeKvLayout& layout, int32_t num_q_h
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     const DecodeSequence& q = seqs[i];
-    const char* null_field = q.kv == nullptr  ? "kv"
-                             : q.q == nullptr ? "q"
+    const char* null_field = q.kv == nullptr && q.blocks == nullptr ? "kv"
+                             : q.q == nullptr                         ? "q"
                              : q.o == nullptr ? "o"
                                               : nullptr;
     if (null_field != nullptr) {
@@ -624,6 +626,11 @@ absl::Status DecodeAttention::Plan(const DecodeKvLayout& layout, int32_t num_q_h
     if (q.context_len < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("seqs[", i, "].context_len is ", q.context_len, "; must be >= 1"));
+    }
+    if (q.blocks != nullptr && layout.packing != DecodeKvPacking::kRows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seqs[", i, "].blocks is set; a block table needs layout.packing rows, not ",
+          DecodeKvPackingName(layout.packing)));
     }
   }
   s.layout = layout;

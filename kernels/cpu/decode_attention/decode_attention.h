@@ -6,8 +6,10 @@
 // KV layout of one layer of one sequence (fixed: the service and the wire
 // protocol rely on it). Block b covers tokens [b * block_size,
 // (b + 1) * block_size) and starts at `seq.kv + b * block_stride_elems`
-// (elements of the KV dtype; there is no block table, the blocks of one
-// sequence-layer sit at a uniform stride):
+// (elements of the KV dtype: the blocks of one sequence-layer sit at a
+// uniform stride), or, for a sequence with a block table (kRows only), at
+// `seq.blocks[b]` (blocks anywhere: a shared prefix held once, attended in
+// place by every sequence that starts with it):
 //
 //   seq.kv + b * block_stride_elems
 //   |
@@ -139,6 +141,11 @@ struct DecodeSequence {
   const float* q = nullptr;  // [num_q_heads][head_dim]
   float* o = nullptr;        // [num_q_heads][head_dim]; must not overlap q or KV.
   float* lse = nullptr;      // [num_q_heads], or nullptr when not wanted.
+  // A block table instead of kv (kRows only): block b of this
+  // sequence-layer (its K; V value_offset_elems after it) starts at
+  // blocks[b], for every b < ceil(context_len / block_size); kv is then
+  // ignored. block_stride_elems still bounds a block's extent.
+  const void* const* blocks = nullptr;
 };
 
 // Capacity limits of a DecodeAttention object. Scratch for all of them is
@@ -188,8 +195,8 @@ class DecodeAttention {
   // [16, 256] and <= options.max_head_dim, strides under which a block's K
   // and V overlap neither each other nor the next block); num_q_heads not a
   // positive multiple of num_kv_heads or above options.max_q_heads; more
-  // sequences than options.max_sequences; a sequence with a null kv, q or o,
-  // or context_len < 1; num_threads outside [1, options.max_threads]; a
+  // sequences than options.max_sequences; a sequence with a null kv (and no
+  // block table), q or o, or context_len < 1; a block table with kPairs; num_threads outside [1, options.max_threads]; a
   // non-finite scale. On error the previous plan is dropped
   // (Run and Merge of it are no longer allowed).
   absl::Status Plan(const DecodeKvLayout& layout, int32_t num_q_heads, float scale,

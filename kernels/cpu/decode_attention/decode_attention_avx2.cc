@@ -197,13 +197,12 @@ TRIDENT_AVX2 void Pv(const SegmentArgs& a, const T* v, int32_t n) {
 template <typename T>
 TRIDENT_AVX2 void Segment(const SegmentArgs& a) {
   StartSegment(a);
-  const T* k0 = static_cast<const T*>(a.k);
   const int32_t bs = a.block_size;
   const int64_t head_bytes = static_cast<int64_t>(bs) * a.head_dim * sizeof(T);
   for (int32_t b = a.token_begin / bs; b * bs < a.token_end; ++b) {
-    const T* k = k0 + b * a.block_stride_elems;
+    const T* k = BlockK<T>(a, b);
     if ((b + 1) * bs < a.token_end) {
-      const char* next = reinterpret_cast<const char*>(k + a.block_stride_elems);
+      const char* next = reinterpret_cast<const char*>(BlockK<T>(a, b + 1));
       for (int64_t i = 0; i < head_bytes; i += 64) {
         _mm_prefetch(next + i, _MM_HINT_T0);
         _mm_prefetch(next + a.value_offset_elems * sizeof(T) + i, _MM_HINT_T0);

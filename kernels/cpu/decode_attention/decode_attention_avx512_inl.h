@@ -348,13 +348,12 @@ TRIDENT_AVX512 void BlockLoop(const SegmentArgs& a) {
     std::fill_n(a.acc + g * a.acc_stride, a.head_dim, 0.0f);
   }
   Scores::Prepare(a);
-  const T* k0 = static_cast<const T*>(a.k);
   const int32_t bs = a.block_size;
   const int64_t head_bytes = static_cast<int64_t>(bs) * a.head_dim * sizeof(T);
   for (int32_t b = a.token_begin / bs; b * bs < a.token_end; ++b) {
-    const T* k = k0 + b * a.block_stride_elems;
+    const T* k = BlockK<T>(a, b);
     if ((b + 1) * bs < a.token_end) {
-      PrefetchBlock(k + a.block_stride_elems, a.value_offset_elems, head_bytes);
+      PrefetchBlock(BlockK<T>(a, b + 1), a.value_offset_elems, head_bytes);
     }
     const int32_t first = std::max(a.token_begin - b * bs, 0);
     const int32_t last = std::min(a.token_end - b * bs, bs);

@@ -31,6 +31,10 @@ struct ThreadScratch {
 // range of the same (sequence, kv head) and is carried on, not reset.
 struct SegmentArgs {
   const void* k = nullptr;  // K of block 0 of this kv head (head offset applied).
+  // Or, with a block table (kRows only): block b's K of this kv head is
+  // blocks[b] + head_offset_elems.
+  const void* const* blocks = nullptr;
+  int64_t head_offset_elems = 0;
   int64_t block_stride_elems = 0;
   int64_t value_offset_elems = 0;
   int32_t block_size = 0;
@@ -54,6 +58,13 @@ struct SegmentArgs {
 };
 
 using SegmentFn = void (*)(const SegmentArgs& args);
+
+// kRows: K of block b of the segment's kv head.
+template <typename T>
+inline const T* BlockK(const SegmentArgs& a, int64_t b) {
+  if (a.blocks != nullptr) return static_cast<const T*>(a.blocks[b]) + a.head_offset_elems;
+  return static_cast<const T*>(a.k) + b * a.block_stride_elems;
+}
 
 // DecodeKvPacking::kPairs: where one 32-token tile of a segment's kv head
 // starts (k null: no tile). K word (i, t) (dims 2i, 2i + 1 of tile token t)

@@ -29,6 +29,12 @@ void DecodeAttentionReference(const DecodeKvLayout& layout, int32_t num_q_heads,
   const int32_t d = layout.head_dim;
   const int32_t group = num_q_heads / layout.num_kv_heads;
   for (const DecodeSequence& seq : seqs) {
+    // Element (t, h, j) of K or V, through the block table if there is one.
+    auto read = [&](int32_t t, int32_t h, int32_t j, bool value) {
+      if (seq.blocks == nullptr) return ReadDecodeKvElement(layout, seq.kv, t, h, j, value);
+      return ReadDecodeKvElement(layout, seq.blocks[t / layout.block_size],
+                                 t % layout.block_size, h, j, value);
+    };
     for (int32_t h = 0; h < num_q_heads; ++h) {
       const int32_t kv_head = h / group;
       const float* q = seq.q + static_cast<int64_t>(h) * d;
@@ -36,8 +42,7 @@ void DecodeAttentionReference(const DecodeKvLayout& layout, int32_t num_q_heads,
       for (int32_t t = 0; t < seq.context_len; ++t) {
         double dot = 0.0;
         for (int32_t j = 0; j < d; ++j) {
-          dot += static_cast<double>(q[j]) * ReadDecodeKvElement(layout, seq.kv, t, kv_head, j,
-                                                                 /*value=*/false);
+          dot += static_cast<double>(q[j]) * read(t, kv_head, j, /*value=*/false);
         }
         scores[t] = dot * scale;
       }
@@ -50,7 +55,7 @@ void DecodeAttentionReference(const DecodeKvLayout& layout, int32_t num_q_heads,
       for (int32_t j = 0; j < d; ++j) {
         double o = 0.0;
         for (int32_t t = 0; t < seq.context_len; ++t) {
-          o += scores[t] * ReadDecodeKvElement(layout, seq.kv, t, kv_head, j, /*value=*/true);
+          o += scores[t] * read(t, kv_head, j, /*value=*/true);
         }
         seq.o[static_cast<int64_t>(h) * d + j] = static_cast<float>(o / sum);
       }

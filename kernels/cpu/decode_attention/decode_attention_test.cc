@@ -282,6 +282,55 @@ TEST_P(DecodeAttentionTest, OutputsOfTwoHalvesMergeByLseIntoTheWhole) {
   }
 }
 
+// A block table over blocks moved elsewhere, in reverse order, reads the
+// same KV as the uniform stride did; with pairs it is refused.
+TEST_P(DecodeAttentionTest, ABlockTableReadsBlocksWhereverTheyAre) {
+  TRIDENT_SKIP_IF_UNAVAILABLE();
+  const DType dtype = std::get<1>(GetParam());
+  std::unique_ptr<DecodeAttention> kernel = MakeKernel();
+  ASSERT_NE(kernel, nullptr);
+  const Shape shape = ForPacking({32, 8, 128, 16, {1, 40, 700, 33}, 3}, packing());
+  SCOPED_TRACE(absl::StrCat(ShapeString(shape), " seed=", kSeed));
+  Batch b = MakeParamBatch(shape, kSeed);
+  const size_t block_bytes = b.layout.block_stride_elems * numeric::ElementSize(dtype);
+  std::vector<std::vector<char>> moved(b.seqs.size());
+  std::vector<std::vector<const void*>> tables(b.seqs.size());
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const size_t blocks = b.kv[i].size() / block_bytes;
+    moved[i].resize(b.kv[i].size());
+    tables[i].resize(blocks);
+    for (size_t k = 0; k < blocks; ++k) {
+      char* to = moved[i].data() + (blocks - 1 - k) * block_bytes;
+      std::memcpy(to, b.kv[i].data() + k * block_bytes, block_bytes);
+      tables[i][k] = to;
+    }
+    b.seqs[i].kv = nullptr;
+    b.seqs[i].blocks = tables[i].data();
+  }
+  const float scale = 0.1f;
+  const absl::Status status =
+      RunDecodeAttentionOmp(*kernel, b.layout, b.num_q_heads, scale, b.seqs, shape.num_threads);
+  if (packing() == DecodeKvPacking::kPairs) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block table")));
+    return;
+  }
+  ASSERT_THAT(status, IsOk());
+  DecodeAttentionReference(b.layout, b.num_q_heads, scale, b.ref_seqs);
+  ExpectMatches(b, Tolerance(dtype));
+  // The reference through the table agrees with itself over the stride.
+  std::vector<DecodeSequence> ref_tables = b.ref_seqs;
+  std::vector<std::vector<float>> o2(b.seqs.size());
+  for (size_t i = 0; i < ref_tables.size(); ++i) {
+    o2[i].assign(b.ref_o[i].size(), 0.0f);
+    ref_tables[i].kv = nullptr;
+    ref_tables[i].blocks = tables[i].data();
+    ref_tables[i].o = o2[i].data();
+    ref_tables[i].lse = nullptr;
+  }
+  DecodeAttentionReference(b.layout, b.num_q_heads, scale, ref_tables);
+  for (size_t i = 0; i < o2.size(); ++i) EXPECT_EQ(o2[i], b.ref_o[i]) << "sequence " << i;
+}
+
 std::string ParamName(
     const ::testing::TestParamInfo<std::tuple<DecodeIsa, DType, DecodeKvPacking>>& info) {
   return absl::StrCat(DecodeIsaName(std::get<0>(info.param)), "_",

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace trident::attention {
@@ -125,6 +126,9 @@ absl::StatusOr<BlockStore::Ticket*> BlockStore::FindTicket(uint64_t incarnation,
     return absl::NotFoundError(absl::StrCat("no block ticket ", ticket, " is live"));
   }
   Ticket& t = it->second;
+  if (t.borrow) {
+    return absl::NotFoundError(absl::StrCat("no block ticket ", ticket, " is live"));
+  }
   if (t.put != put) {
     return absl::InvalidArgumentError(absl::StrCat("block ticket ", ticket, " is a ",
                                                    t.put ? "put's" : "lookup's", ", not a ",
@@ -173,20 +177,49 @@ absl::StatusOr<BlockStore::Match> BlockStore::Lookup(const BlockOwner& owner,
   ++counters_.lookups_total;
   Match match{.block_bytes = block_bytes_};
   Ticket ticket{.owner = owner, .put = false, .expires = clock_->Now() + options_.read_lease};
-  for (const kv::BlockKey& key : keys) {
-    auto it = blocks_.find(key);
-    if (it == blocks_.end() || !it->second.written) break;
-    Block& block = it->second;
-    ++block.pins;
-    lru_.splice(lru_.end(), lru_, block.lru);  // Most recently used.
-    ticket.keys.push_back(key);
-  }
+  PinChain(keys, &ticket, nullptr);
   match.matched = static_cast<int32_t>(ticket.keys.size());
   counters_.blocks_matched_total += match.matched;
   if (match.matched == 0) return match;
   match.ticket = next_ticket_++;
   tickets_.emplace(match.ticket, std::move(ticket));
   return match;
+}
+
+void BlockStore::PinChain(absl::Span<const kv::BlockKey> keys, Ticket* ticket,
+                          std::vector<const char*>* data) {
+  for (const kv::BlockKey& key : keys) {
+    auto it = blocks_.find(key);
+    if (it == blocks_.end() || !it->second.written) break;
+    Block& block = it->second;
+    ++block.pins;
+    lru_.splice(lru_.end(), lru_, block.lru);  // Most recently used.
+    ticket->keys.push_back(key);
+    if (data != nullptr) data->push_back(block.span.data);
+  }
+}
+
+absl::StatusOr<BlockStore::Borrowed> BlockStore::Borrow(const BlockFormat& format,
+                                                        absl::Span<const kv::BlockKey> keys) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckFormat(format, keys, /*bind=*/false); !s.ok()) return s;
+  ++counters_.lookups_total;
+  Borrowed borrowed;
+  Ticket ticket{.put = false, .borrow = true, .expires = absl::InfiniteFuture()};
+  PinChain(keys, &ticket, &borrowed.blocks);
+  counters_.blocks_matched_total += static_cast<int64_t>(borrowed.blocks.size());
+  if (borrowed.blocks.empty()) return borrowed;
+  borrowed.ticket = next_ticket_++;
+  tickets_.emplace(borrowed.ticket, std::move(ticket));
+  return borrowed;
+}
+
+bool BlockStore::Return(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end() || !it->second.borrow) return false;
+  EndTicketLocked(ticket);
+  return true;
 }
 
 absl::Status BlockStore::Read(uint64_t incarnation, uint64_t ticket, int32_t first, int32_t count,
@@ -221,7 +254,7 @@ void BlockStore::EndTicketLocked(uint64_t id) {
 bool BlockStore::Release(const BlockOwner& owner, uint64_t ticket) {
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(ticket);
-  if (it == tickets_.end() || it->second.owner.owner_id != owner.owner_id ||
+  if (it == tickets_.end() || it->second.borrow || it->second.owner.owner_id != owner.owner_id ||
       it->second.owner.incarnation != owner.incarnation) {
     return false;
   }
@@ -233,7 +266,7 @@ int BlockStore::ReleaseOwner(const std::string& owner_id) {
   absl::MutexLock lock(&mu_);
   std::vector<uint64_t> ids;
   for (const auto& [id, ticket] : tickets_) {
-    if (ticket.owner.owner_id == owner_id) ids.push_back(id);
+    if (!ticket.borrow && ticket.owner.owner_id == owner_id) ids.push_back(id);
   }
   for (uint64_t id : ids) EndTicketLocked(id);
   return static_cast<int>(ids.size());
@@ -253,6 +286,13 @@ int BlockStore::Sweep() {
 BlockStoreStats BlockStore::Stats() const {
   absl::MutexLock lock(&mu_);
   BlockStoreStats stats = counters_;
+  absl::flat_hash_set<kv::BlockKey> borrowed;
+  for (const auto& [id, ticket] : tickets_) {
+    if (!ticket.borrow) continue;
+    ++stats.borrows;
+    borrowed.insert(ticket.keys.begin(), ticket.keys.end());
+  }
+  stats.borrowed_blocks = static_cast<int64_t>(borrowed.size());
   for (const auto& [key, block] : blocks_) {
     if (block.written) {
       ++stats.blocks;
@@ -283,7 +323,7 @@ absl::Status BlockStore::CheckInvariants() const {
     const int32_t want = pins.contains(key) ? pins.at(key) : 0;
     if (block.pins != want) {
       return absl::InternalError(absl::StrCat("block ", key.ToHex(), " has ", block.pins,
-                                              " pins; lookups hold ", want));
+                                              " pins; lookups and borrows hold ", want));
     }
     if (block.written) ++written;
   }

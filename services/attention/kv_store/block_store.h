@@ -16,6 +16,9 @@
 //   Lookup ──> the longest chain of held blocks from the first key, pinned
 //   under a ticket (not evictable) ──Read*──> Release (or lease over).
 //
+//   Borrow ──> the same, pinned for a sequence of the service that attends
+//   over the blocks in place (no lease: the sequence's life) ──> Return.
+//
 // A block's bytes: for each layer, its K then its V entries
 // (KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM), as the format's layout says; the store
 // treats them as opaque. The store takes blocks of one format (model
@@ -89,7 +92,9 @@ struct BlockStoreStats {
   int64_t reserved_blocks = 0;  // Reserved by puts, not yet written.
   int64_t bytes = 0;            // Of held and reserved blocks.
   int64_t capacity_bytes = 0;
-  int64_t pinned_blocks = 0;  // Held blocks pinned by lookups (counted once).
+  int64_t pinned_blocks = 0;  // Held blocks pinned by lookups or borrows (counted once).
+  int64_t borrows = 0;        // Live borrows (sequences attending in place).
+  int64_t borrowed_blocks = 0;  // Held blocks they pin (counted once).
   int64_t blocks_written_total = 0;
   int64_t evictions_total = 0;
   int64_t blocks_refused_total = 0;  // Not reserved for want of room.
@@ -159,6 +164,19 @@ class BlockStore {
   absl::Status Read(uint64_t incarnation, uint64_t ticket, int32_t first, int32_t count, char* out,
                     size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
+  struct Borrowed {
+    uint64_t ticket = 0;  // 0 when nothing matched.
+    // The matched blocks' bytes, in chain order; valid until Return.
+    std::vector<const char*> blocks;
+  };
+  // Pins the longest chain of held blocks matching `keys` from the first,
+  // for reading in place until Return(ticket): no lease, not readable over
+  // the data plane, not ended by ReleaseOwner or Sweep. Errors as Lookup.
+  absl::StatusOr<Borrowed> Borrow(const BlockFormat& format, absl::Span<const kv::BlockKey> keys)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a borrow; false if it was not live.
+  bool Return(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Ends a ticket: unpins a lookup's blocks, frees a put's unwritten ones.
   // False if it was not live (or is another owner's).
   bool Release(const BlockOwner& owner, uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
@@ -185,6 +203,7 @@ class BlockStore {
   struct Ticket {
     BlockOwner owner;
     bool put = false;
+    bool borrow = false;  // A lookup's pins without a lease or an owner.
     absl::Time expires;
     std::vector<kv::BlockKey> keys;  // The put's (or lookup's) blocks, in order.
   };
@@ -200,6 +219,9 @@ class BlockStore {
                                      int32_t first, int32_t count, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndTicketLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pins the longest held chain of `keys` into `ticket` (Lookup, Borrow).
+  void PinChain(absl::Span<const kv::BlockKey> keys, Ticket* ticket,
+                std::vector<const char*>* data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   KvPool* const pool_;
   Clock* const clock_;

@@ -216,5 +216,39 @@ TEST(BlockStoreOffTest, AZeroBudgetStoresNothing) {
   EXPECT_THAT(store.CheckInvariants(), IsOk());
 }
 
+// A borrow pins its chain for reading in place: no lease runs out, no
+// eviction takes it, the data plane cannot read it, and Return ends it.
+TEST_F(BlockStoreTest, ABorrowedChainStaysUntilReturned) {
+  Put(Keys(10, 3));
+  absl::StatusOr<BlockStore::Borrowed> borrowed = store_.Borrow(Format(), Keys(10, 4));
+  ASSERT_THAT(borrowed, IsOk());
+  ASSERT_EQ(borrowed->blocks.size(), 3u);
+  EXPECT_EQ(std::string(borrowed->blocks[1], kBlockBytes), Bytes(1));
+  EXPECT_EQ(store_.Stats().borrows, 1);
+  EXPECT_EQ(store_.Stats().borrowed_blocks, 3);
+  clock_.Advance(absl::Minutes(5));
+  EXPECT_EQ(store_.Sweep(), 0);
+  EXPECT_EQ(store_.ReleaseOwner("w0"), 0);
+  EXPECT_FALSE(store_.Release(owner_, borrowed->ticket));
+  std::string out(kBlockBytes, '\0');
+  EXPECT_THAT(store_.Read(7, borrowed->ticket, 0, 1, out.data(), out.size()),
+              StatusIs(absl::StatusCode::kNotFound));
+  // A put that needs room finds only one unpinned block's worth.
+  absl::StatusOr<BlockStore::Reservation> r = store_.Reserve(owner_, Format(), Keys(20, 3));
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->refused_from, 1);
+  EXPECT_TRUE(store_.Release(owner_, r->ticket));
+  EXPECT_EQ(std::string(borrowed->blocks[2], kBlockBytes), Bytes(2));
+  EXPECT_TRUE(store_.Return(borrowed->ticket));
+  EXPECT_FALSE(store_.Return(borrowed->ticket));
+  EXPECT_EQ(store_.Stats().borrowed_blocks, 0);
+  EXPECT_EQ(store_.Stats().pinned_blocks, 0);
+  absl::StatusOr<BlockStore::Borrowed> none = store_.Borrow(Format(), Keys(90, 2));
+  ASSERT_THAT(none, IsOk());
+  EXPECT_EQ(none->ticket, 0u);
+  EXPECT_THAT(store_.Borrow(Format("model-b"), Keys(10, 1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
 }  // namespace
 }  // namespace trident::attention

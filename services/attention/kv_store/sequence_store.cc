@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
@@ -81,6 +82,12 @@ absl::StatusOr<SequenceLayout> LayoutFor(const SequenceSpec& spec) {
   return layout;
 }
 
+const char* SequenceBlock(const PinnedSequence& s, int32_t layer, int32_t block) {
+  const SequenceLayout& l = *s.layout;
+  if (block < l.prefix_blocks) return s.prefix[block] + layer * l.block_stride_bytes;
+  return s.data + layer * l.layer_stride_bytes + (block - l.prefix_blocks) * l.block_stride_bytes;
+}
+
 uint64_t LayoutBytes(const SequenceLayout& layout) {
   return static_cast<uint64_t>(layout.num_layers) * layout.layer_stride_bytes;
 }
@@ -90,7 +97,10 @@ SequenceStore::SequenceStore(KvPool* pool, Clock* clock, SequenceStoreOptions op
 
 SequenceStore::~SequenceStore() {
   absl::MutexLock lock(&mu_);
-  for (auto& [handle, sequence] : sequences_) pool_->Free(sequence->span);
+  for (auto& [handle, sequence] : sequences_) {
+    pool_->Free(sequence->span);
+    if (sequence->prefix.release) sequence->prefix.release();
+  }
 }
 
 absl::Status SequenceStore::CheckSession(const std::string& owner_id, uint64_t incarnation) const {
@@ -144,7 +154,33 @@ void SequenceStore::OwnerUnreachable(const std::string& owner_id, uint64_t incar
   }
 }
 
-absl::StatusOr<AdmittedSequence> SequenceStore::Admit(const SequenceSpec& spec) {
+absl::StatusOr<AdmittedSequence> SequenceStore::Admit(const SequenceSpec& spec,
+                                                      InPlacePrefix prefix) {
+  // The borrow goes back on every error path.
+  absl::Cleanup give_back = [&prefix] {
+    if (prefix.release) prefix.release();
+  };
+  TRIDENT_ASSIGN_OR_RETURN(SequenceLayout layout, LayoutFor(spec));
+  if (!prefix.blocks.empty()) {
+    const int64_t prefix_tokens = static_cast<int64_t>(prefix.blocks.size()) * layout.block_size;
+    if (layout.packing != KvPacking::kRows || prefix_tokens >= layout.capacity_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an in-place prefix of ", prefix_tokens, " tokens needs the rows layout and a longer "
+          "capacity than ", layout.capacity_tokens, " tokens"));
+    }
+    layout.prefix_blocks = static_cast<int32_t>(prefix.blocks.size());
+    layout.layer_stride_bytes -= layout.prefix_blocks * layout.block_stride_bytes;
+  }
+  absl::StatusOr<AdmittedSequence> admitted = AdmitLayout(spec, layout);
+  if (!admitted.ok()) return admitted;
+  std::move(give_back).Cancel();
+  absl::MutexLock lock(&mu_);
+  sequences_.at(admitted->handle)->prefix = std::move(prefix);
+  return admitted;
+}
+
+absl::StatusOr<AdmittedSequence> SequenceStore::AdmitLayout(const SequenceSpec& spec,
+                                                            const SequenceLayout& layout) {
   if (spec.sequence_id.empty()) return absl::InvalidArgumentError("sequence_id must be set");
   if (spec.sequence_id.size() > kMaxSequenceIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("sequence_id is ", spec.sequence_id.size(),
@@ -153,7 +189,6 @@ absl::StatusOr<AdmittedSequence> SequenceStore::Admit(const SequenceSpec& spec) 
   if (spec.idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("idle_timeout must not be negative");
   }
-  TRIDENT_ASSIGN_OR_RETURN(SequenceLayout layout, LayoutFor(spec));
   {
     absl::MutexLock lock(&mu_);
     TRIDENT_RETURN_IF_ERROR(CheckSession(spec.owner_id, spec.owner_incarnation));
@@ -238,10 +273,17 @@ int64_t SequenceStore::FreeLocked(uint64_t handle, FreeCause cause) {
     sequence.freed = true;
     return bytes;
   }
-  pool_->Free(sequence.span);
-  held_bytes_ -= bytes;
-  sequences_.erase(it);
+  EraseLocked(it);
   return bytes;
+}
+
+void SequenceStore::EraseLocked(
+    absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>>::iterator it) {
+  Sequence& sequence = *it->second;
+  pool_->Free(sequence.span);
+  held_bytes_ -= static_cast<int64_t>(sequence.span.bytes);
+  if (sequence.prefix.release) sequence.prefix.release();
+  sequences_.erase(it);
 }
 
 int SequenceStore::EndSessionLocked(const std::string& owner_id) {
@@ -284,6 +326,12 @@ absl::Status SequenceStore::Pin(const Access& access, absl::Span<const uint64_t>
                                                 handles[i], " is outside its capacity of ",
                                                 sequence.layout.capacity_tokens, " tokens"));
     }
+    const int32_t read_only = sequence.layout.prefix_blocks * sequence.layout.block_size;
+    if (positions[i] < read_only) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "position ", positions[i], " of sequence handle ", handles[i],
+          " is in its in-place prefix (tokens [0, ", read_only, ")), which takes no writes"));
+    }
   }
   for (size_t i = 0; i < handles.size(); ++i) {
     Sequence& sequence = *sequences_[handles[i]];
@@ -291,8 +339,10 @@ absl::Status SequenceStore::Pin(const Access& access, absl::Span<const uint64_t>
     sequence.attended = sequence.attended || access.attends;
     sequence.tokens = std::max(sequence.tokens, positions[i] + 1);
     sequence.last_used = now;
-    out[i] = PinnedSequence{
-        .handle = sequence.handle, .layout = &sequence.layout, .data = sequence.span.data};
+    out[i] = PinnedSequence{.handle = sequence.handle,
+                            .layout = &sequence.layout,
+                            .data = sequence.span.data,
+                            .prefix = sequence.prefix.blocks.data()};
   }
   return absl::OkStatus();
 }
@@ -304,9 +354,7 @@ void SequenceStore::Unpin(absl::Span<const uint64_t> handles) {
     if (it == sequences_.end()) continue;
     Sequence& sequence = *it->second;
     if (--sequence.pins > 0 || !sequence.freed) continue;
-    pool_->Free(sequence.span);
-    held_bytes_ -= static_cast<int64_t>(sequence.span.bytes);
-    sequences_.erase(it);
+    EraseLocked(it);
   }
 }
 
@@ -348,6 +396,11 @@ SequenceStoreStats SequenceStore::Stats() const {
     if (sequence->freed) continue;
     ++stats.sequences;
     stats.held_tokens += sequence->tokens;
+    if (sequence->layout.prefix_blocks > 0) {
+      ++stats.in_place_sequences;
+      stats.in_place_tokens +=
+          int64_t{sequence->layout.prefix_blocks} * sequence->layout.block_size;
+    }
   }
   stats.held_bytes = held_bytes_;
   stats.capacity_bytes = static_cast<int64_t>(pool_->capacity_bytes());

@@ -26,12 +26,20 @@
 // kernels/cpu/decode_attention reads and the one AdmitSequenceResponse.layout
 // publishes for writers.
 //
+// A sequence admitted over an in-place prefix (InPlacePrefix: full blocks
+// of the block store, shared with every sequence that starts with them)
+// reads its first prefix_blocks blocks there (kRows; layer l's K of prefix
+// block b at prefix[b] + l * block_stride_bytes, V value_offset_bytes after
+// it) and holds only the rest: its own range starts at block prefix_blocks,
+// and positions in the prefix take no writes.
+//
 // Thread-safe. Time comes from the injected clock only.
 
 #ifndef TRIDENT_SERVICES_ATTENTION_KV_STORE_SEQUENCE_STORE_H_
 #define TRIDENT_SERVICES_ATTENTION_KV_STORE_SEQUENCE_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +103,19 @@ struct SequenceLayout {
   uint64_t layer_stride_bytes = 0;
   uint64_t block_stride_bytes = 0;
   uint64_t value_offset_bytes = 0;
+  // Leading blocks read in place from the block store (not in the
+  // sequence's own range, which holds blocks from this one on).
+  int32_t prefix_blocks = 0;
+};
+
+// The full leading blocks of a sequence that another owner (the block
+// store) holds, read in place. Each block holds, for every layer l, K at
+// l * 2 * half then V at + half (half: num_kv_heads * block_size *
+// head_dim elements), kRows.
+struct InPlacePrefix {
+  std::vector<const char*> blocks;
+  // Called once, when the sequence's memory is freed (the borrow returned).
+  std::function<void()> release;
 };
 
 // An admitted sequence, as AdmitSequence answers it.
@@ -113,8 +134,13 @@ struct AdmittedSequence {
 struct PinnedSequence {
   uint64_t handle = 0;
   const SequenceLayout* layout = nullptr;  // Valid while pinned.
-  char* data = nullptr;
+  char* data = nullptr;                    // Its own range: block prefix_blocks's K of layer 0.
+  const char* const* prefix = nullptr;     // layout->prefix_blocks blocks; valid while pinned.
 };
+
+// Layer `layer`'s K of block `block` of a pinned sequence, in its prefix or
+// its own range. Its V is layout->value_offset_bytes after it.
+const char* SequenceBlock(const PinnedSequence& s, int32_t layer, int32_t block);
 
 struct SequenceStoreStats {
   int32_t sessions = 0;  // Open or unreachable within their grace.
@@ -129,13 +155,18 @@ struct SequenceStoreStats {
   int64_t released = 0;
   int64_t freed_session_ended = 0;
   int64_t freed_idle = 0;
+  // Sequences held over an in-place prefix, and the prefix tokens they read
+  // there (each sequence counted: what copies would have held).
+  int32_t in_place_sequences = 0;
+  int64_t in_place_tokens = 0;
 };
 
 class SequenceStore {
  public:
   // `pool` and `clock` must outlive the store.
   SequenceStore(KvPool* pool, Clock* clock, SequenceStoreOptions options = {});
-  // Frees every sequence still held.
+  // Frees every sequence still held (and returns their prefixes' borrows:
+  // whatever they borrowed from must outlive the store).
   ~SequenceStore();
 
   SequenceStore(const SequenceStore&) = delete;
@@ -155,13 +186,17 @@ class SequenceStore {
   // another incarnation.
   void OwnerUnreachable(const std::string& owner_id, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Reserves memory for a sequence's whole capacity.
+  // Reserves memory for a sequence's whole capacity, less `prefix`'s
+  // blocks, which it reads in place (then spec.packing must be kRows and
+  // the capacity longer than the prefix; prefix.release is called when the
+  // sequence is freed, or before an error returns).
   //   INVALID_ARGUMENT     a field is invalid (named).
   //   FAILED_PRECONDITION  the owner has no session, or names a stale
   //                        incarnation.
   //   ALREADY_EXISTS       the owner already has `sequence_id`.
   //   RESOURCE_EXHAUSTED   the memory budget cannot hold it (sizes named).
-  absl::StatusOr<AdmittedSequence> Admit(const SequenceSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<AdmittedSequence> Admit(const SequenceSpec& spec, InPlacePrefix prefix = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees a sequence; returns the bytes freed, or 0 if the handle is
   // unknown (already released). FAILED_PRECONDITION as Admit. A sequence of
@@ -188,7 +223,8 @@ class SequenceStore {
   //   FAILED_PRECONDITION  a handle belongs to another owner incarnation;
   //                        a prompt write with the wrong key, or after the
   //                        owner attended.
-  //   OUT_OF_RANGE         a position is negative or past the capacity.
+  //   OUT_OF_RANGE         a position is negative, past the capacity, or
+  //                        in an in-place prefix (read-only).
   // REQUIRES: out.size() == handles.size() == positions.size(); every
   // successful Pin is matched by one Unpin of the same handles.
   absl::Status Pin(const Access& access, absl::Span<const uint64_t> handles,
@@ -226,6 +262,7 @@ class SequenceStore {
     bool freed = false;  // Freed while pinned: memory goes at the last Unpin.
     uint64_t write_key = 0;
     bool attended = false;  // No more prompt writes.
+    InPlacePrefix prefix;
   };
   struct Session {
     uint64_t incarnation = 0;
@@ -236,6 +273,12 @@ class SequenceStore {
   enum class FreeCause { kReleased, kSessionEnded, kIdle };
 
   absl::Status CheckSession(const std::string& owner_id, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<AdmittedSequence> AdmitLayout(const SequenceSpec& spec,
+                                               const SequenceLayout& layout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees a sequence's memory (and returns its prefix's borrow) and drops it.
+  void EraseLocked(absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees (or marks, if pinned) one sequence; returns its bytes.
   int64_t FreeLocked(uint64_t handle, FreeCause cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
