@@ -11,6 +11,8 @@
 //    written, every fetch released), and each worker's KV pool is all free.
 //  * Disaggregated: a prefill worker behind a router fetches the prefix the
 //    same way, and the router's usage says so.
+//  * A sequence moved to the store's service for CPU attention reads its
+//    prefix there in place, and copies only the rest.
 
 #include <memory>
 #include <string>
@@ -18,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/http/http_client.h"
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -111,15 +114,18 @@ int64_t KvInvariantFailures(const ServiceProcess& worker) {
 class KvTierTest : public ::testing::TestWithParam<Param> {
  protected:
   // A worker of `role` with the tier, on the store's service.
+  // `offload_min_context`: its sequences move to the service once they
+  // decode at this context (0: never).
   absl::StatusOr<ServiceProcess> StartTieredWorker(const std::string& role,
-                                                   const std::string& name) {
+                                                   const std::string& name,
+                                                   int32_t offload_min_context = 0) {
     std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
         RunfilePath("services/worker/worker"), model_dir_, role, name);
     argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
     argv.push_back(absl::StrCat("--attention_services=", attention_.address));
     argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
     argv.push_back("--offload_low_watermark=0");
-    argv.push_back("--offload_min_context_tokens=0");
+    argv.push_back(absl::StrCat("--offload_min_context_tokens=", offload_min_context));
     argv.push_back("--offload_pipeline=never");
     argv.push_back("--kv_tier_always_fetch");
     return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
@@ -144,7 +150,7 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
   }
 
   void TearDown() override {
-    for (ServiceProcess* p : {&router_, &prefill_, &decode_, &a_, &b_, &attention_}) {
+    for (ServiceProcess* p : {&router_, &prefill_, &decode_, &a_, &b_, &c_, &attention_}) {
       testing::StopService(*p).IgnoreError();
     }
   }
@@ -170,7 +176,7 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
   }
 
   std::string model_dir_;
-  ServiceProcess attention_, a_, b_, prefill_, decode_, router_;
+  ServiceProcess attention_, a_, b_, c_, prefill_, decode_, router_;
   std::unique_ptr<v1::Attention::Stub> stub_;
 };
 
@@ -207,6 +213,52 @@ TEST_P(KvTierTest, AnotherWorkerFetchesThePrefixFromTheStore) {
             << second.usage.dram_cached_tokens() << " of " << kPromptTokens
             << " prompt tokens from the store (" << end.blocks_read_total()
             << " blocks read); tokens equal worker A's, which computed them\n";
+}
+
+// A sequence that moves to the store's service (CPU attention) reads its
+// cached prefix there in place: only the tokens after it are copied, the
+// tokens are those of a worker that never moved, and the borrow ends with
+// the sequence.
+TEST_P(KvTierTest, AMovedSequenceReadsItsPrefixInPlaceInTheStore) {
+  if (std::string(GetParam().model) != "llama3-tiny") {
+    GTEST_SKIP() << "one model per transport is enough here";
+  }
+  const Result first = Generate(a_, "first");
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
+              return s.blocks() >= kCachedBlocks;
+            }).blocks(),
+            kCachedBlocks);
+  auto mover = StartTieredWorker("both", "worker-c", /*offload_min_context=*/1);
+  ASSERT_THAT(mover.status(), IsOk());
+  c_ = *std::move(mover);
+  const ServiceProcess& c = c_;
+  const Result moved = Generate(c, "moved");
+  ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
+  EXPECT_EQ(moved.tokens, first.tokens);
+  absl::StatusOr<http::HttpResponse> metrics = http::Get(
+      absl::StrCat("http://127.0.0.1:", c.metrics_port, "/metrics"), absl::Seconds(5));
+  ASSERT_THAT(metrics.status(), IsOk());
+  EXPECT_THAT(metrics->body, ::testing::HasSubstr(
+                                 "trident_worker_offload_decisions_total{decision=\"moved\"} 1"));
+  // The 6 cached blocks were read in place; the prompt's last 4 tokens (and
+  // any decoded before the move) were copied.
+  EXPECT_THAT(metrics->body,
+              ::testing::HasSubstr(absl::StrCat(
+                  "trident_worker_offload_moved_tokens_total{how=\"in_place\"} ",
+                  kCachedBlocks * kBlockSize, "\n")));
+  EXPECT_THAT(metrics->body, ::testing::ContainsRegex(
+                                 "trident_worker_offload_moved_tokens_total\\{how=\"copied\"\\} "
+                                 "[1-9]"));
+  const v1::BlockStoreStats end = StoreStatsOnce([](const v1::BlockStoreStats& s) {
+    return s.borrows() == 0 && s.pinned_blocks() == 0;
+  });
+  EXPECT_EQ(end.borrows(), 0);
+  EXPECT_EQ(end.pinned_blocks(), 0);
+  EXPECT_EQ(end.invariant_violation(), "");
+  EXPECT_TRUE(testing::AllKvBlocksFree(c.channel));
+  std::cout << "over " << GetParam().transport << ": the moved sequence read "
+            << kCachedBlocks * kBlockSize << " prefix tokens in place at the store's service\n";
 }
 
 TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {

@@ -638,8 +638,10 @@ std::vector<OffloadCandidate> EngineCore::OffloadCandidates() const {
         seq->num_computed < seq->prompt_len) {
       continue;
     }
+    const size_t published = std::min(seq->keys.size(), static_cast<size_t>(seq->num_published));
     candidates.push_back(OffloadCandidate{.id = seq->request.id,
                                           .blocks = seq->blocks,
+                                          .keys = {seq->keys.begin(), seq->keys.begin() + published},
                                           .num_computed = seq->num_computed,
                                           .max_len = seq->prompt_len + seq->request.max_tokens,
                                           .arrival = seq->arrival,
@@ -663,7 +665,7 @@ void EngineCore::NoteOffloadOutcome(OffloadOutcome outcome) {
 }
 
 absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv remote,
-                                      std::string service_id) {
+                                      std::string service_id, int32_t in_place_tokens) {
   auto live = live_.find(id);
   if (live == live_.end()) return absl::NotFoundError(absl::StrCat("request ", id, " is not live"));
   Sequence& seq = *live->second;
@@ -676,6 +678,9 @@ absl::Status EngineCore::MoveToRemote(const std::string& id, backend::RemoteKv r
     return absl::FailedPreconditionError(
         absl::StrCat("request ", id, " is not between decode steps"));
   }
+  in_place_tokens = std::clamp(in_place_tokens, 0, seq.num_computed);
+  stats_.remote_in_place_tokens_total += in_place_tokens;
+  stats_.remote_copied_tokens_total += seq.num_computed - in_place_tokens;
   FreeBlocks(seq);
   seq.remote = remote;
   seq.attention_service_id = std::move(service_id);

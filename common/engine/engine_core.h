@@ -118,6 +118,10 @@ struct EngineStats {
   // Moves to a service, copies released (finished, aborted, demoted), and
   // sequences brought back because their service failed.
   int64_t remote_moves_total = 0;
+  // KV tokens of moved sequences: read in place from a service's block
+  // store (MoveToRemote's in_place_tokens), and copied there.
+  int64_t remote_in_place_tokens_total = 0;
+  int64_t remote_copied_tokens_total = 0;
   // Sequences that joined CPU-resident, their prompt written at the
   // service by the prefill worker (AddPrefilled with a remote placement).
   int64_t remote_placed_total = 0;
@@ -162,6 +166,10 @@ struct OffloadCandidate {
   std::string id;
   // Its blocks (token order), holding positions [0, num_computed).
   std::vector<int32_t> blocks;
+  // Keys of its full blocks whose KV is written (prefix caching on), in
+  // token order: a service's block store may hold them for the move to
+  // read in place.
+  std::vector<kv::BlockKey> keys;
   int32_t num_computed = 0;
   // Prompt plus max_tokens: the most positions it can reach.
   int32_t max_len = 0;
@@ -221,9 +229,10 @@ class EngineCore {
   // FAILED_PRECONDITION if it is not between decode steps or is remote
   // already; INVALID_ARGUMENT for an empty `remote`.
   // `service_id` names the service in the request's placement (on its
-  // finishing event).
+  // finishing event); the service read its first `in_place_tokens` from its
+  // block store rather than from a copy (counted in the stats).
   absl::Status MoveToRemote(const std::string& id, backend::RemoteKv remote,
-                            std::string service_id = "");
+                            std::string service_id = "", int32_t in_place_tokens = 0);
   // Resident sequences between decode steps, oldest first.
   std::vector<OffloadCandidate> OffloadCandidates() const;
   // Counts what became of a move the offload policy chose, when it did not

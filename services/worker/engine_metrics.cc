@@ -139,6 +139,14 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
       offload_failed_(offload_family_.Add({{"decision", "failed"}})),
       offload_dropped_(offload_family_.Add({{"decision", "dropped"}})),
       offload_demoted_(offload_family_.Add({{"decision", "demoted"}})),
+      offload_tokens_family_(prometheus::BuildCounter()
+                                 .Name("trident_worker_offload_moved_tokens_total")
+                                 .Help("KV tokens of sequences moved to CPU attention services: "
+                                       "read in place from the service's block store (in_place), "
+                                       "or copied there (copied).")
+                                 .Register(r)),
+      offload_in_place_tokens_(offload_tokens_family_.Add({{"how", "in_place"}})),
+      offload_copied_tokens_(offload_tokens_family_.Add({{"how", "copied"}})),
       step_hook_(prometheus::BuildCounter()
                      .Name("trident_worker_step_hook_seconds_total")
                      .Help("Time the engine loop spent before steps in its step hook (offload "
@@ -217,6 +225,10 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   cpu_sequences_.Set(s.remote_running);
   cpu_tokens_.Set(static_cast<double>(s.remote_tokens));
   offload_moved_.Increment(static_cast<double>(s.remote_moves_total - last_.remote_moves_total));
+  offload_in_place_tokens_.Increment(static_cast<double>(s.remote_in_place_tokens_total -
+                                                        last_.remote_in_place_tokens_total));
+  offload_copied_tokens_.Increment(
+      static_cast<double>(s.remote_copied_tokens_total - last_.remote_copied_tokens_total));
   offload_placed_.Increment(static_cast<double>(s.remote_placed_total - last_.remote_placed_total));
   offload_held_.Increment(static_cast<double>(s.remote_held_total - last_.remote_held_total));
   offload_failed_.Increment(

@@ -114,6 +114,9 @@ class EngineMetrics {
   prometheus::Counter& offload_failed_;
   prometheus::Counter& offload_dropped_;
   prometheus::Counter& offload_demoted_;
+  prometheus::Family<prometheus::Counter>& offload_tokens_family_;
+  prometheus::Counter& offload_in_place_tokens_;
+  prometheus::Counter& offload_copied_tokens_;
   prometheus::Counter& step_hook_;
   prometheus::Histogram& decode_step_;
   prometheus::Counter& pipelined_steps_;

@@ -172,6 +172,10 @@ absl::Status WorkerServer::StartOffload() {
   if (!options_.kv_tier || !options_.model.prefix_caching) return absl::OkStatus();
   TRIDENT_ASSIGN_OR_RETURN(kv_tier_, KvTier::Create(options_.kv_tier_options,
                                                     attention_pool_.get(), model_->engine.get()));
+  // A sequence moved to the store's service reads its cached prefix there.
+  if (kv_tier_->store() != nullptr) {
+    offload_->EnableInPlacePrefixes(kv_tier_->format(), kv_tier_->store());
+  }
   std::function<void(int32_t)> on_dram_hit;
   if (model_->metrics != nullptr) {
     on_dram_hit = [metrics = model_->metrics](int32_t tokens) { metrics->AddDramHits(tokens); };

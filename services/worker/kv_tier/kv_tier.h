@@ -122,6 +122,8 @@ class KvTier {
   KvTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   // The block store's format this worker's blocks have.
   const trident::v1::BlockFormat& format() const { return format_; }
+  // The block store's service; null when the tier is idle (none has one).
+  AttentionServicePool::Service* store() const { return store_; }
 
  private:
   struct Job {

@@ -149,10 +149,27 @@ absl::Status AttentionOffload::Calibrate(Service& service) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::AdmitSequenceResponse> AttentionOffload::Admit(Service& service,
-                                                                  const std::string& id,
-                                                                  int32_t capacity) {
-  return pool_->Admit(service, id, capacity, spec(), options_.num_q_heads);
+absl::StatusOr<v1::AdmitSequenceResponse> AttentionOffload::Admit(
+    Service& service, const std::string& id, int32_t capacity,
+    absl::Span<const kv::BlockKey> keys) {
+  AdmitPrefix prefix;
+  if (in_place_format_.has_value()) prefix = {.format = &*in_place_format_, .keys = keys};
+  return pool_->Admit(service, id, capacity, spec(), options_.num_q_heads, prefix);
+}
+
+void AttentionOffload::EnableInPlacePrefixes(v1::BlockFormat format,
+                                             AttentionServicePool::Service* store) {
+  in_place_format_ = std::move(format);
+  in_place_store_ = store;
+}
+
+AttentionOffload::Service* AttentionOffload::PickFor(
+    const engine::OffloadCandidate& candidate) const {
+  if (in_place_store_ != nullptr && !candidate.keys.empty() &&
+      pool_->channel(*in_place_store_) != nullptr) {
+    return in_place_store_;
+  }
+  return pool_->PickService();
 }
 
 bool AttentionOffload::PlacesOnCpu(int32_t max_total_tokens) const {
@@ -309,10 +326,10 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   }
   if (candidates.empty()) return;
   for (const OffloadChoice& choice : ChooseOffloads(candidates, pool, options_.policy)) {
-    Service* service = pool_->PickService();
-    if (service == nullptr) return;  // None connected: everything stays here.
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
                                         [&](const auto& c) { return c.id == choice.id; });
+    Service* service = PickFor(*candidate);
+    if (service == nullptr) return;  // None connected: everything stays here.
     const bool background = options_.background_moves && choice.rule == OffloadRule::kPoolPressure;
     if (background &&
         migrating >= static_cast<size_t>(std::max(1, options_.background_move_threads))) {
@@ -372,13 +389,14 @@ void AttentionOffload::LogMove(const std::string& id, int32_t tokens, const Serv
 absl::Status AttentionOffload::Move(engine::EngineCore& core,
                                     const engine::OffloadCandidate& candidate, Service& service) {
   TRIDENT_ASSIGN_OR_RETURN(const v1::AdmitSequenceResponse admitted,
-                           Admit(service, candidate.id, candidate.max_len));
+                           Admit(service, candidate.id, candidate.max_len, candidate.keys));
   const uint64_t handle = admitted.handle();
   transport::attention::RemoteAttention* channel = pool_->channel(service);
-  absl::Status status = CopyKv(candidate, 0, *channel, handle, loop_scratch_);
+  absl::Status status =
+      CopyKv(candidate, admitted.in_place_tokens(), *channel, handle, loop_scratch_);
   if (status.ok()) {
     status = core.MoveToRemote(candidate.id, backend::RemoteKv{channel, handle},
-                               pool_->service_id(service));
+                               pool_->service_id(service), admitted.in_place_tokens());
   }
   if (!status.ok()) {
     pool_->ReleaseAt(service, handle).IgnoreError();
@@ -421,12 +439,13 @@ void AttentionOffload::MigrationLoop(CopyScratch& scratch) {
     }
     // Only this thread touches *m until it is done.
     absl::StatusOr<v1::AdmitSequenceResponse> admitted =
-        Admit(*m->service, m->candidate.id, m->candidate.max_len);
+        Admit(*m->service, m->candidate.id, m->candidate.max_len, m->candidate.keys);
     absl::Status status = admitted.status();
     if (admitted.ok()) {
       m->handle = admitted->handle();
       m->admitted = true;
-      status = CopyKv(m->candidate, 0, *m->channel, m->handle, scratch);
+      m->in_place_tokens = admitted->in_place_tokens();
+      status = CopyKv(m->candidate, m->in_place_tokens, *m->channel, m->handle, scratch);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -471,7 +490,7 @@ void AttentionOffload::FinishMigration(engine::EngineCore& core, std::unique_ptr
     status = CopyKv(*now, m->candidate.num_computed, *m->channel, m->handle, loop_scratch_);
     if (status.ok()) {
       status = core.MoveToRemote(id, backend::RemoteKv{m->channel, m->handle},
-                                 pool_->service_id(*m->service));
+                                 pool_->service_id(*m->service), m->in_place_tokens);
     }
     if (status.ok()) {
       pool_->CountSequence(*m->service, +1);

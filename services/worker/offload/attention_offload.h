@@ -38,6 +38,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,6 +124,12 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
                                         int32_t capacity_tokens,
                                         trident::v1::KvDestination* destination) override;
 
+  // Moves name each sequence's cached leading blocks (`format`'s keys), and
+  // go to `store` (the KV tier's block store service) when it is
+  // connected, which reads the blocks it holds in place: only the rest is
+  // copied. Call before the engine runs.
+  void EnableInPlacePrefixes(trident::v1::BlockFormat format, AttentionServicePool::Service* store);
+
   // The attention data plane's client and this worker's endpoint, for the
   // prefill side's PromptKvSender to share.
   transport::attention::UcxAttentionClient* client() const { return pool_->client(); }
@@ -143,6 +150,7 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
     bool started = false;  // A migration thread has it.
     bool admitted = false;
     uint64_t handle = 0;
+    int32_t in_place_tokens = 0;  // Read from the service's block store.
     absl::Time start;
     double planned_step_seconds = 0;
     bool done = false;
@@ -189,9 +197,15 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   absl::Status CopyKv(const engine::OffloadCandidate& candidate, int32_t first,
                       transport::attention::RemoteAttention& channel, uint64_t handle,
                       CopyScratch& scratch) const;
-  // AdmitSequence for `id` with room for `capacity` tokens.
-  absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(Service& service, const std::string& id,
-                                                           int32_t capacity);
+  // AdmitSequence for `id` with room for `capacity` tokens, naming
+  // `keys` (its cached leading blocks) when in-place prefixes are on.
+  absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(
+      Service& service, const std::string& id, int32_t capacity,
+      absl::Span<const kv::BlockKey> keys = {});
+  // The service a move of `candidate` goes to: the block store's, for a
+  // sequence with cached blocks when in-place prefixes are on and it is
+  // connected; else the pool's choice. Null when none is connected.
+  Service* PickFor(const engine::OffloadCandidate& candidate) const;
   // The service's cost table (MeasureServiceCosts on a calibration
   // sequence, released after).
   absl::Status Calibrate(Service& service);
@@ -208,6 +222,9 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
 
   const AttentionOffloadOptions options_;
   backend::ModelBackend* const backend_;
+  // EnableInPlacePrefixes's (set before the engine runs).
+  std::optional<trident::v1::BlockFormat> in_place_format_;
+  Service* in_place_store_ = nullptr;
   AttentionServicePool* const pool_;
   // Copies KV to services; its pool's spec is this worker's.
   std::unique_ptr<ServiceKvCopier> kv_copier_;

@@ -12,6 +12,9 @@
 namespace trident::worker {
 namespace {
 
+// Keys an AdmitSequenceRequest may carry (the block store's limit).
+constexpr size_t kMaxPrefixKeys = 4096;
+
 namespace v1 = ::trident::v1;
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
@@ -158,7 +161,8 @@ absl::StatusOr<v1::AdmitSequenceResponse> AttentionServicePool::Admit(Service& s
                                                                       const std::string& id,
                                                                       int32_t capacity,
                                                                       const kv::KvCacheSpec& spec,
-                                                                      int32_t num_q_heads) {
+                                                                      int32_t num_q_heads,
+                                                                      AdmitPrefix prefix) {
   v1::AdmitSequenceRequest request;
   request.set_owner_id(options_.worker_id);
   request.set_owner_incarnation(options_.incarnation);
@@ -171,6 +175,14 @@ absl::StatusOr<v1::AdmitSequenceResponse> AttentionServicePool::Admit(Service& s
   request.set_capacity_tokens(capacity);
   // Block size and element order are the service's choice (bf16: the VNNI
   // pairs its kernel reads fastest); the worker only appends through it.
+  if (prefix.format != nullptr && !prefix.keys.empty()) {
+    *request.mutable_prefix_format() = *prefix.format;
+    const size_t keys = std::min<size_t>(prefix.keys.size(), kMaxPrefixKeys);
+    for (size_t i = 0; i < keys; ++i) {
+      request.add_prefix_key_hi(prefix.keys[i].hi);
+      request.add_prefix_key_lo(prefix.keys[i].lo);
+    }
+  }
   v1::AdmitSequenceResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);

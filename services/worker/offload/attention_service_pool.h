@@ -27,6 +27,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/kv/block_key.h"
 #include "common/kv/kv_layout.h"
 #include "common/transport/attention/remote_attention.h"
 #include "common/transport/attention/ucx_attention_client.h"
@@ -45,6 +47,13 @@ struct AttentionServicePoolOptions {
   // Deadline of each control RPC.
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration reconnect_interval = absl::Seconds(2);
+};
+
+// The full leading blocks of a sequence being admitted, which the service
+// reads in place from its block store as far as it holds them.
+struct AdmitPrefix {
+  const trident::v1::BlockFormat* format = nullptr;  // Null: none.
+  absl::Span<const kv::BlockKey> keys;
 };
 
 class AttentionServicePool {
@@ -94,11 +103,13 @@ class AttentionServicePool {
 
   // AdmitSequence for `id` with room for `capacity` tokens of `spec`'s
   // shape and `num_q_heads` query heads; block size and packing are the
-  // service's choice.
+  // service's choice (its block store's, for an in-place prefix:
+  // AdmitSequenceResponse.in_place_tokens).
   absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(Service& service, const std::string& id,
                                                            int32_t capacity,
                                                            const kv::KvCacheSpec& spec,
-                                                           int32_t num_q_heads);
+                                                           int32_t num_q_heads,
+                                                           AdmitPrefix prefix = {});
   // ReleaseSequence, now (blocking).
   absl::Status ReleaseAt(Service& service, uint64_t handle);
   // ReleaseSequence later, on the housekeeping thread.
