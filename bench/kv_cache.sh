@@ -105,6 +105,12 @@ case "$part" in
     skipped=$(metric "$METRICS_both" trident_worker_kv_tier_skipped_total)
     echo "tier: fetched $bytes bytes in $seconds s (hits left to compute: $skipped);" \
         "written through $written bytes"
+    # With TIER_FLAGS=--offload_min_context_tokens=1 every sequence moves to
+    # the store's service for CPU attention: the prefix tokens it read in
+    # place there, against those copied.
+    in_place=$(metric "$METRICS_both" 'trident_worker_offload_moved_tokens_total{how="in_place"}')
+    copied=$(metric "$METRICS_both" 'trident_worker_offload_moved_tokens_total{how="copied"}')
+    echo "moved to CPU attention: $in_place tokens read in place, $copied copied"
     # The ceiling: UCX active messages of the tier's size (8 MiB) between two
     # processes on this host, over the transport UCX picks here.
     perftest=$(tool ucx_perftest)

@@ -25,6 +25,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/disaggregated_call.h"
 #include "tests/testing/fixture_models.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/attention.grpc.pb.h"
@@ -259,6 +260,45 @@ TEST_P(KvTierTest, AMovedSequenceReadsItsPrefixInPlaceInTheStore) {
   EXPECT_TRUE(testing::AllKvBlocksFree(c.channel));
   std::cout << "over " << GetParam().transport << ": the moved sequence read "
             << kCachedBlocks * kBlockSize << " prefix tokens in place at the store's service\n";
+}
+
+// A prompt placed at the store's service (CPU attention from its first
+// token) is read there in place as far as the store holds it: its prefill
+// worker writes only the rest, and the tokens are the colocated worker's.
+TEST_P(KvTierTest, APlacedPromptIsWrittenOnlyPastThePrefixTheStoreHolds) {
+  if (std::string(GetParam().model) != "llama3-tiny") {
+    GTEST_SKIP() << "one model per transport is enough here";
+  }
+  const Result first = Generate(a_, "first");
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
+              return s.blocks() >= kCachedBlocks;
+            }).blocks(),
+            kCachedBlocks);
+  auto prefill = StartTieredWorker("prefill", "prefill-0");
+  ASSERT_THAT(prefill.status(), IsOk());
+  prefill_ = *std::move(prefill);
+  auto decode = StartTieredWorker("decode", "decode-placing", /*offload_min_context=*/1);
+  ASSERT_THAT(decode.status(), IsOk());
+  decode_ = *std::move(decode);
+  testing::DisaggregatedContexts contexts;
+  contexts.allow_cpu_attention = true;
+  contexts.reserve_with_prompt = true;
+  const testing::DisaggregatedResult r =
+      testing::GenerateDisaggregated(prefill_, decode_, "placed", Prompt(), 12, &contexts);
+  ASSERT_TRUE(r.ok()) << r.reserve_status.error_message() << " / "
+                      << r.prefill_status.error_message() << " / "
+                      << r.decode_status.error_message();
+  EXPECT_TRUE(r.placed_on_cpu);
+  EXPECT_EQ(r.cached_blocks, kCachedBlocks);
+  EXPECT_EQ(r.tokens, first.tokens);
+  const v1::BlockStoreStats end = StoreStatsOnce([](const v1::BlockStoreStats& s) {
+    return s.borrows() == 0 && s.pinned_blocks() == 0;
+  });
+  EXPECT_EQ(end.borrows(), 0);
+  EXPECT_EQ(end.invariant_violation(), "");
+  std::cout << "over " << GetParam().transport << ": the placed prompt's first "
+            << r.cached_blocks * kBlockSize << " tokens were read in place\n";
 }
 
 TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {

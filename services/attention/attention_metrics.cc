@@ -37,6 +37,11 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
                            "Tokens of KV held, over all sequences.")),
       held_bytes_(
           GaugeOf(registry, "trident_attention_held_bytes", "DRAM reserved for sequences' KV.")),
+      in_place_sequences_(GaugeOf(registry, "trident_attention_in_place_sequences",
+                                  "Sequences reading a prefix in place from the block store.")),
+      in_place_tokens_(GaugeOf(registry, "trident_attention_in_place_tokens",
+                               "Prefix tokens those sequences read in place (each sequence "
+                               "counted: what their copies would hold).")),
       capacity_bytes_(GaugeOf(registry, "trident_attention_capacity_bytes",
                               "The DRAM budget for KV on this NUMA node.")),
       sessions_(
@@ -117,6 +122,8 @@ void AttentionMetrics::Sample(const SequenceStoreStats& store,
   sequences_.Set(store.sequences);
   held_tokens_.Set(static_cast<double>(store.held_tokens));
   held_bytes_.Set(static_cast<double>(store.held_bytes));
+  in_place_sequences_.Set(store.in_place_sequences);
+  in_place_tokens_.Set(static_cast<double>(store.in_place_tokens));
   capacity_bytes_.Set(static_cast<double>(store.capacity_bytes));
   sessions_.Set(store.sessions);
   Follow(bad_messages_, data_plane.bad_messages, &last_bad_messages_);

@@ -61,6 +61,8 @@ class AttentionMetrics {
   prometheus::Gauge& sequences_;
   prometheus::Gauge& held_tokens_;
   prometheus::Gauge& held_bytes_;
+  prometheus::Gauge& in_place_sequences_;
+  prometheus::Gauge& in_place_tokens_;
   prometheus::Gauge& capacity_bytes_;
   prometheus::Gauge& sessions_;
   prometheus::Counter& requests_ok_;

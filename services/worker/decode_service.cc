@@ -252,10 +252,13 @@ grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* 
     d->set_decode_address(options_.address);
     d->set_reservation_id(r.id);
     d->set_num_tokens(request->num_tokens());
-    // The writer fills only the blocks this worker's prefix cache lacks.
-    d->set_num_cached_blocks(r.num_cached_blocks);
-    for (size_t i = static_cast<size_t>(r.num_cached_blocks); i < r.blocks.size(); ++i) {
-      d->add_block_ids(r.blocks[i]);
+    // The writer fills only the blocks this worker's prefix cache lacks (a
+    // placement's destination says what its service reads in place).
+    if (!d->cpu_resident()) {
+      d->set_num_cached_blocks(r.num_cached_blocks);
+      for (size_t i = static_cast<size_t>(r.num_cached_blocks); i < r.blocks.size(); ++i) {
+        d->add_block_ids(r.blocks[i]);
+      }
     }
     SetProtoDuration(r.lease, d->mutable_lease_remaining());
     SetProtoTimestamp(r.expires, d->mutable_lease_expire_time());
@@ -310,7 +313,8 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::ReserveAtService(
   v1::KvDestination placed;
   TRIDENT_ASSIGN_OR_RETURN(
       RemotePlacement placement,
-      options_.placer->Place(request.request_id(), request.num_tokens(), capacity, &placed));
+      options_.placer->Place(request.request_id(), request.num_tokens(), capacity,
+                             request.prompt_token_ids(), request.cache_salt(), &placed));
   TRIDENT_ASSIGN_OR_RETURN(
       KvReservations::Reservation r,
       reservations_->ReserveRemote(request.request_id(), std::move(placement), lease));

@@ -233,9 +233,14 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
     while (!call->cancelled.load()) absl::SleepFor(absl::Milliseconds(10));
     return;
   }
-  // The prompt's blocks past those the destination holds already.
-  const absl::Span<const int32_t> tail = absl::MakeConstSpan(blocks).subspan(
-      std::min(blocks.size(), static_cast<size_t>(call->destination.num_cached_blocks())));
+  // The prompt's blocks past those the destination holds already (a
+  // CPU-placed prompt's writer takes them all and skips the tokens its
+  // service reads in place).
+  const size_t held = call->destination.cpu_resident()
+                          ? 0
+                          : static_cast<size_t>(call->destination.num_cached_blocks());
+  const absl::Span<const int32_t> tail =
+      absl::MakeConstSpan(blocks).subspan(std::min(blocks.size(), held));
   if (tail.empty()) {
     // A full hit at the decode worker: nothing of this layer to write.
     ++call->layers_posted;
@@ -425,8 +430,7 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
                                               : engine_->backend().kv_capacity().block_size;
   // Leading blocks the decode worker's prefix cache holds are not written.
   if (d.num_cached_blocks() < 0 ||
-      d.num_cached_blocks() > static_cast<int64_t>(er.prompt.size()) / block_size ||
-      (d.cpu_resident() && d.num_cached_blocks() != 0)) {
+      d.num_cached_blocks() > static_cast<int64_t>(er.prompt.size()) / block_size) {
     return InvalidArgumentForField(
         "destination.num_cached_blocks",
         absl::StrCat("is ", d.num_cached_blocks(), " for a prompt of ", er.prompt.size(),

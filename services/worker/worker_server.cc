@@ -174,7 +174,8 @@ absl::Status WorkerServer::StartOffload() {
                                                     attention_pool_.get(), model_->engine.get()));
   // A sequence moved to the store's service reads its cached prefix there.
   if (kv_tier_->store() != nullptr) {
-    offload_->EnableInPlacePrefixes(kv_tier_->format(), kv_tier_->store());
+    offload_->EnableInPlacePrefixes(kv_tier_->format(), kv_tier_->store(),
+                                    &model_->engine->cache_hasher());
   }
   std::function<void(int32_t)> on_dram_hit;
   if (model_->metrics != nullptr) {

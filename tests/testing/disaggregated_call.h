@@ -32,6 +32,9 @@ struct DisaggregatedResult {
   // SequenceJoined): on a CPU attention service, and which.
   bool placed_on_cpu = false;
   std::string attention_service_id;
+  // KvDestination.num_cached_blocks: leading blocks the destination held
+  // (its prefix cache, or its service's block store read in place).
+  int32_t cached_blocks = 0;
   // From the Prefill call to its first token, and to the decode stream's
   // end.
   absl::Duration time_to_first_token = absl::InfiniteDuration();
@@ -53,6 +56,8 @@ struct DisaggregatedContexts {
   }
   // ReserveKvRequest.allow_cpu_attention of the call.
   bool allow_cpu_attention = false;
+  // Name the prompt's token ids in ReserveKvRequest (its prefix is matched).
+  bool reserve_with_prompt = false;
   grpc::ClientContext prefill;
   grpc::ClientContext decode;
 };
@@ -73,6 +78,9 @@ inline DisaggregatedResult GenerateDisaggregated(
   reserve.set_num_tokens(static_cast<int32_t>(prompt.size()));
   reserve.set_max_total_tokens(static_cast<int32_t>(prompt.size()) + max_tokens);
   reserve.set_allow_cpu_attention(contexts->allow_cpu_attention);
+  if (contexts->reserve_with_prompt) {
+    for (int32_t t : prompt) reserve.add_prompt_token_ids(t);
+  }
   v1::ReserveKvResponse reserved;
   {
     grpc::ClientContext context;
@@ -82,6 +90,7 @@ inline DisaggregatedResult GenerateDisaggregated(
   }
   v1::KvDestination destination = reserved.destination();
   result.placed_on_cpu = destination.cpu_resident();
+  result.cached_blocks = destination.num_cached_blocks();
   destination.set_decode_address(decode.address);
   v1::DecodeRequest d;
   d.set_request_id(id);

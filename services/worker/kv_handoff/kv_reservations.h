@@ -117,8 +117,14 @@ class PromptPlacer {
   // and cpu_resident fields for the prompt's writer. The service's errors
   // (RESOURCE_EXHAUSTED: its budget is full); UNAVAILABLE when no service
   // is connected.
+  // `prompt` (empty when the request named no token ids) and `cache_salt`
+  // let the service read the prompt's leading blocks in place from its
+  // block store; then destination->num_cached_blocks says how many the
+  // writer skips.
   virtual absl::StatusOr<RemotePlacement> Place(const std::string& request_id,
                                                 int32_t num_tokens, int32_t capacity_tokens,
+                                                absl::Span<const int32_t> prompt,
+                                                const std::string& cache_salt,
                                                 trident::v1::KvDestination* destination) = 0;
 };
 

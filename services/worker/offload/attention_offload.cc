@@ -158,14 +158,15 @@ absl::StatusOr<v1::AdmitSequenceResponse> AttentionOffload::Admit(
 }
 
 void AttentionOffload::EnableInPlacePrefixes(v1::BlockFormat format,
-                                             AttentionServicePool::Service* store) {
+                                             AttentionServicePool::Service* store,
+                                             const kv::BlockHasher* hasher) {
   in_place_format_ = std::move(format);
   in_place_store_ = store;
+  in_place_hasher_ = hasher;
 }
 
-AttentionOffload::Service* AttentionOffload::PickFor(
-    const engine::OffloadCandidate& candidate) const {
-  if (in_place_store_ != nullptr && !candidate.keys.empty() &&
+AttentionOffload::Service* AttentionOffload::PickFor(absl::Span<const kv::BlockKey> keys) const {
+  if (in_place_store_ != nullptr && !keys.empty() &&
       pool_->channel(*in_place_store_) != nullptr) {
     return in_place_store_;
   }
@@ -179,11 +180,16 @@ bool AttentionOffload::PlacesOnCpu(int32_t max_total_tokens) const {
 
 absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& request_id,
                                                         int32_t num_tokens, int32_t capacity_tokens,
+                                                        absl::Span<const int32_t> prompt,
+                                                        const std::string& cache_salt,
                                                         v1::KvDestination* destination) {
   TRIDENT_RETURN_IF_ERROR(CheckPlacementStepTime(capacity_tokens));
-  Service* service = pool_->PickService();
+  std::vector<kv::BlockKey> keys;
+  if (in_place_hasher_ != nullptr && !prompt.empty()) keys = in_place_hasher_->PrefixKeys(cache_salt, prompt);
+  Service* service = PickFor(keys);
   if (service == nullptr) return absl::UnavailableError("no attention service is connected");
-  absl::StatusOr<v1::AdmitSequenceResponse> admitted = Admit(*service, request_id, capacity_tokens);
+  absl::StatusOr<v1::AdmitSequenceResponse> admitted =
+      Admit(*service, request_id, capacity_tokens, keys);
   if (!admitted.ok()) {
     pool_->NoteFailure(*service, admitted.status());
     return admitted.status();
@@ -205,8 +211,14 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
   *destination->mutable_endpoint() = admitted->endpoint();
   *destination->mutable_layout() = admitted->layout();
   *destination->mutable_regions() = admitted->regions();
+  // The service reads the leading blocks it holds in place: the writer
+  // skips them, and the sequence's own blocks follow.
   const int32_t block_size = std::max(1, admitted->layout().block_size_tokens());
-  for (int32_t b = 0; b * block_size < num_tokens; ++b) destination->add_block_ids(b);
+  const int32_t in_place_blocks = admitted->in_place_tokens() / block_size;
+  destination->set_num_cached_blocks(in_place_blocks);
+  for (int32_t b = in_place_blocks; b * block_size < num_tokens; ++b) {
+    destination->add_block_ids(b - in_place_blocks);
+  }
   destination->set_cpu_resident(true);
   destination->set_attention_service_id(placement.service_id);
   destination->set_attention_address(service->address);
@@ -214,7 +226,10 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
   destination->set_attention_write_key(admitted->write_key());
   TRIDENT_LOG(INFO) << "placed request " << request_id << " (" << num_tokens
                     << " prompt tokens, up to " << capacity_tokens << ") at attention service "
-                    << placement.service_id << "; its prefill worker writes the prompt there";
+                    << placement.service_id << "; its prefill worker writes the prompt there"
+                    << (in_place_blocks > 0 ? absl::StrCat(" past the ", admitted->in_place_tokens(),
+                                                           " tokens the service reads in place")
+                                            : "");
   return placement;
 }
 
@@ -328,7 +343,7 @@ void AttentionOffload::BeforeStep(engine::EngineCore& core) {
   for (const OffloadChoice& choice : ChooseOffloads(candidates, pool, options_.policy)) {
     const auto candidate = std::find_if(candidates.begin(), candidates.end(),
                                         [&](const auto& c) { return c.id == choice.id; });
-    Service* service = PickFor(*candidate);
+    Service* service = PickFor(candidate->keys);
     if (service == nullptr) return;  // None connected: everything stays here.
     const bool background = options_.background_moves && choice.rule == OffloadRule::kPoolPressure;
     if (background &&

@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "common/backend/model_backend.h"
 #include "common/engine/engine.h"
+#include "common/kv/block_hasher.h"
 #include "common/transport/attention/ucx_attention_client.h"
 #include "common/transport/ucx_lanes.h"
 #include "common/transport/ucx_worker.h"
@@ -121,14 +122,17 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // ones and the placements not yet joined, would exceed it.
   bool PlacesOnCpu(int32_t max_total_tokens) const override;
   absl::StatusOr<RemotePlacement> Place(const std::string& request_id, int32_t num_tokens,
-                                        int32_t capacity_tokens,
+                                        int32_t capacity_tokens, absl::Span<const int32_t> prompt,
+                                        const std::string& cache_salt,
                                         trident::v1::KvDestination* destination) override;
 
   // Moves name each sequence's cached leading blocks (`format`'s keys), and
   // go to `store` (the KV tier's block store service) when it is
   // connected, which reads the blocks it holds in place: only the rest is
   // copied. Call before the engine runs.
-  void EnableInPlacePrefixes(trident::v1::BlockFormat format, AttentionServicePool::Service* store);
+  // `hasher` (the engine's, outliving this) names a placed prompt's blocks.
+  void EnableInPlacePrefixes(trident::v1::BlockFormat format, AttentionServicePool::Service* store,
+                             const kv::BlockHasher* hasher);
 
   // The attention data plane's client and this worker's endpoint, for the
   // prefill side's PromptKvSender to share.
@@ -205,7 +209,7 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // The service a move of `candidate` goes to: the block store's, for a
   // sequence with cached blocks when in-place prefixes are on and it is
   // connected; else the pool's choice. Null when none is connected.
-  Service* PickFor(const engine::OffloadCandidate& candidate) const;
+  Service* PickFor(absl::Span<const kv::BlockKey> keys) const;
   // The service's cost table (MeasureServiceCosts on a calibration
   // sequence, released after).
   absl::Status Calibrate(Service& service);
@@ -225,6 +229,7 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // EnableInPlacePrefixes's (set before the engine runs).
   std::optional<trident::v1::BlockFormat> in_place_format_;
   Service* in_place_store_ = nullptr;
+  const kv::BlockHasher* in_place_hasher_ = nullptr;
   AttentionServicePool* const pool_;
   // Copies KV to services; its pool's spec is this worker's.
   std::unique_ptr<ServiceKvCopier> kv_copier_;

@@ -25,14 +25,17 @@ class PromptKvSender::Transfer final : public transport::KvTransfer {
         handle_(destination.attention_handle()),
         write_key_(destination.attention_write_key()),
         num_tokens_(destination.num_tokens()),
+        first_token_(std::min(num_tokens_, destination.num_cached_blocks() *
+                                               std::max(1, destination.layout().block_size_tokens()))),
         scratch_(sender->TakeScratch()) {}
   ~Transfer() override { sender_->ReturnScratch(std::move(scratch_)); }
 
   void SendLayer(int32_t layer, absl::Span<const int32_t> local_blocks,
                  std::function<void(absl::Status)> done) override {
     const backend::KvMemory& memory = sender_->copier_->memory();
+    // The service reads the tokens before first_token_ in place.
     const KvCopyRange range{.blocks = local_blocks,
-                            .first = 0,
+                            .first = first_token_,
                             .last = num_tokens_,
                             .layer_begin = layer,
                             .layer_end = layer + 1,
@@ -40,10 +43,11 @@ class PromptKvSender::Transfer final : public transport::KvTransfer {
                             .write_key = write_key_};
     absl::Status status =
         sender_->copier_->Copy(range, *channel_, sender_->options_.write_timeout, *scratch_);
-    messages_ += (num_tokens_ + ServiceKvCopier::kChunkTokens - 1) / ServiceKvCopier::kChunkTokens;
+    const int32_t tokens = num_tokens_ - first_token_;
+    messages_ += (tokens + ServiceKvCopier::kChunkTokens - 1) / ServiceKvCopier::kChunkTokens;
     if (status.ok()) {
       bytes_sent_ +=
-          int64_t{num_tokens_} * 2 * memory.spec.num_kv_heads * memory.spec.head_dim *
+          int64_t{tokens} * 2 * memory.spec.num_kv_heads * memory.spec.head_dim *
           static_cast<int64_t>(attention::WireElementSize(sender_->copier_->wire_dtype()));
     } else if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
       sender_->Disconnected(address_);
@@ -62,6 +66,7 @@ class PromptKvSender::Transfer final : public transport::KvTransfer {
   const uint64_t handle_;
   const uint64_t write_key_;
   const int32_t num_tokens_;
+  const int32_t first_token_;
   std::unique_ptr<ServiceKvCopier::Scratch> scratch_;
   int64_t bytes_sent_ = 0;
   int32_t messages_ = 0;
