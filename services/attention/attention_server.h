@@ -152,8 +152,10 @@ class AttentionServer {
   std::unique_ptr<numa::SpinPool> pool_;
   std::unique_ptr<KvPool> kv_pool_;
   std::unique_ptr<transport::MemoryRegion> kv_region_;
-  std::unique_ptr<SequenceStore> store_;
+  // Before the sequence store: sequences reading blocks in place return
+  // their borrows to it when the sequence store is destroyed.
   std::unique_ptr<BlockStore> blocks_;
+  std::unique_ptr<SequenceStore> store_;
   std::unique_ptr<KvAttentionComputer> computer_;
   std::unique_ptr<transport::UcxWorker> ucx_;
   std::unique_ptr<transport::UcxLanes> lanes_;

@@ -332,8 +332,10 @@ TEST_P(KvAttentionComputerTest, ASequenceOverAnInPlacePrefixReadsItWhereItIs) {
       }
     }
   }
-  int returned = 0;
-  InPlacePrefix prefix{.release = [&returned] { ++returned; }};
+  // Shared: a failed assertion leaves the sequence to the store's
+  // destructor, which returns the borrow after this body ended.
+  auto returned = std::make_shared<int>(0);
+  InPlacePrefix prefix{.release = [returned] { ++*returned; }};
   for (const std::vector<char>& b : blocks) prefix.blocks.push_back(b.data());
   auto admitted = store_.Admit(SequenceSpec{.owner_id = "w0",
                                             .owner_incarnation = kIncarnation,
@@ -372,9 +374,9 @@ TEST_P(KvAttentionComputerTest, ASequenceOverAnInPlacePrefixReadsItWhereItIs) {
   }
   EXPECT_EQ(store_.Stats().in_place_sequences, 1);
   EXPECT_EQ(store_.Stats().in_place_tokens, kPrefix);
-  EXPECT_EQ(returned, 0);
+  EXPECT_EQ(*returned, 0);
   ASSERT_THAT(store_.Release("w0", kIncarnation, p), IsOk());
-  EXPECT_EQ(returned, 1);
+  EXPECT_EQ(*returned, 1);
   ASSERT_THAT(store_.Release("w0", kIncarnation, own), IsOk());
   EXPECT_EQ(pool_.used_bytes(), 0u);
 }
