@@ -111,6 +111,12 @@ case "$part" in
     in_place=$(metric "$METRICS_both" 'trident_worker_offload_moved_tokens_total{how="in_place"}')
     copied=$(metric "$METRICS_both" 'trident_worker_offload_moved_tokens_total{how="copied"}')
     echo "moved to CPU attention: $in_place tokens read in place, $copied copied"
+    wait_s=$(metric "$METRICS_both" 'trident_worker_kv_tier_fetch_stage_seconds_total{stage="wait"}')
+    copy_s=$(metric "$METRICS_both" 'trident_worker_kv_tier_fetch_stage_seconds_total{stage="copy"}')
+    get_s=$(metric "$METRICS_attention" 'trident_attention_store_request_seconds_sum{op="get"}')
+    gets=$(metric "$METRICS_attention" 'trident_attention_store_request_seconds_count{op="get"}')
+    echo "fetch stages: $wait_s s waiting for replies, $copy_s s copying into the pool;" \
+        "the store copied $gets gets out in $get_s s"
     # The ceiling: UCX active messages of the tier's size (8 MiB) between two
     # processes on this host, over the transport UCX picks here.
     perftest=$(tool ucx_perftest)

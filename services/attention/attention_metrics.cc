@@ -100,7 +100,15 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
       store_hits_(CounterOf(registry, "trident_attention_store_hit_blocks_total",
                             "KV blocks block store lookups matched.")),
       store_read_(CounterOf(registry, "trident_attention_store_blocks_read_total",
-                            "KV blocks fetched from the block store.")) {
+                            "KV blocks fetched from the block store.")),
+      store_request_seconds_family_(
+          prometheus::BuildHistogram()
+              .Name("trident_attention_store_request_seconds")
+              .Help("Time the block store took to copy one data-plane request's blocks in "
+                    "(put) or out (get), on the dispatcher thread.")
+              .Register(registry)),
+      store_put_seconds_(store_request_seconds_family_.Add({{"op", "put"}}, SecondsBuckets())),
+      store_get_seconds_(store_request_seconds_family_.Add({{"op", "get"}}, SecondsBuckets())) {
   GaugeOf(
       registry, "trident_attention_info",
       "The attention service's kernel instruction set, NUMA node and threads.",
@@ -109,6 +117,11 @@ AttentionMetrics::AttentionMetrics(prometheus::Registry& registry, const std::st
 }
 
 void AttentionMetrics::Record(const transport::attention::AttentionRequestRecord& record) {
+  if (record.blocks) {
+    (record.append_only ? store_put_seconds_ : store_get_seconds_)
+        .Observe(absl::ToDoubleSeconds(record.compute));
+    return;
+  }
   (record.status.ok() ? requests_ok_ : requests_error_).Increment();
   (record.append_only ? append_seconds_ : kernel_seconds_)
       .Observe(absl::ToDoubleSeconds(record.compute));

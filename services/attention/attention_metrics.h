@@ -22,6 +22,8 @@
 //   trident_attention_store_lookups_total       counter  lookups
 //   trident_attention_store_hit_blocks_total    counter  blocks lookups matched
 //   trident_attention_store_blocks_read_total   counter  blocks fetched
+//   trident_attention_store_request_seconds     histogram the store's copy of one data-plane
+//                                                        put or get {op}
 //
 // Thread-safe: Record runs on the data plane's dispatcher thread, Sample on
 // the service's housekeeping thread.
@@ -84,6 +86,9 @@ class AttentionMetrics {
   prometheus::Counter& store_lookups_;
   prometheus::Counter& store_hits_;
   prometheus::Counter& store_read_;
+  prometheus::Family<prometheus::Histogram>& store_request_seconds_family_;
+  prometheus::Histogram& store_put_seconds_;
+  prometheus::Histogram& store_get_seconds_;
   BlockStoreStats last_blocks_;
   // The totals the counters were last brought up to.
   int64_t last_bad_messages_ = 0;

@@ -217,7 +217,7 @@ void UcxAttentionServer::Serve(Job& job) {
   }
   const RequestHeader& h = request->header;
   if ((h.flags & kBlocks) != 0) {
-    ServeBlocks(*request);
+    ServeBlocks(*request, job.arrived);
     return;
   }
   const absl::Time started = absl::Now();
@@ -242,8 +242,9 @@ void UcxAttentionServer::Serve(Job& job) {
   Answer(h, reply, status, std::move(rows), reply_bytes, h.num_sequences);
 }
 
-void UcxAttentionServer::ServeBlocks(const RequestView& request) {
+void UcxAttentionServer::ServeBlocks(const RequestView& request, absl::Time arrived) {
   const RequestHeader& h = request.header;
+  const absl::Time started = absl::Now();
   ReplyHeader reply{.dtype = WireDType::kF32,
                     .flags = h.flags,
                     .request_id = h.request_id,
@@ -255,6 +256,15 @@ void UcxAttentionServer::ServeBlocks(const RequestView& request) {
   if (status.ok()) {
     data = reply_buffers_.Take((*bytes + 7) / 8);
     status = computer_->ServeBlocks(request, reinterpret_cast<char*>(data.get()));
+  }
+  if (options_.on_request) {
+    options_.on_request(AttentionRequestRecord{.layer = h.layer,
+                                               .num_sequences = h.num_sequences,
+                                               .queued = started - arrived,
+                                               .compute = absl::Now() - started,
+                                               .append_only = put,
+                                               .blocks = true,
+                                               .status = status});
   }
   Answer(h, reply, status, std::move(data), status.ok() ? *bytes : 0, 0);
 }

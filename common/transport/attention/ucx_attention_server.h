@@ -84,6 +84,9 @@ struct AttentionRequestRecord {
   absl::Duration queued;     // Arrival to the start of Compute.
   absl::Duration compute;    // Compute itself.
   bool append_only = false;  // kAppendOnly: k/v stored, no attention.
+  // kBlocks: a block-store put (append_only) or get; `compute` is the
+  // store's copy.
+  bool blocks = false;
   absl::Status status;
 };
 
@@ -158,7 +161,7 @@ class UcxAttentionServer {
   void DispatchLoop();
   void Serve(Job& job);
   // Serve's part for a block-store request, once decoded.
-  void ServeBlocks(const RequestView& request);
+  void ServeBlocks(const RequestView& request, absl::Time arrived);
   // Sends `reply`'s error or its data; counts it. Whoever has no route is
   // counted as dropped.
   void Answer(const RequestHeader& h, ReplyHeader reply, const absl::Status& status,

@@ -315,7 +315,7 @@ KvTier::HostSlots KvTier::AllocateSlots(int count, size_t bytes) const {
 }
 
 absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks,
-                                uint64_t block_bytes) {
+                                uint64_t block_bytes, FetchTiming* timing) {
   transport::attention::RemoteAttention* channel = pool_->channel(*store_);
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
   const int32_t total = static_cast<int32_t>(blocks.size());
@@ -350,8 +350,12 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
     if (gets.empty()) break;
     const Get get = gets.front();
     gets.pop_front();
+    const absl::Time wait_start = absl::Now();
     status = channel->Wait(get.ticket, options_.timeout);
+    const absl::Time copy_start = absl::Now();
     if (status.ok()) status = CopyIn(slots[get.slot], blocks.subspan(get.first, get.count));
+    timing->wait += absl::ToDoubleSeconds(copy_start - wait_start);
+    timing->copy += absl::ToDoubleSeconds(absl::Now() - copy_start);
   }
   // No reply may land in a buffer freed here: wait for every request sent.
   for (const Get& get : gets) channel->Wait(get.ticket, options_.timeout).IgnoreError();
@@ -398,7 +402,8 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
   absl::StatusOr<std::vector<int32_t>> blocks = engine_->ReserveBlocks(match.matched());
   if (!blocks.ok()) return fetch;  // The pool is full: compute instead.
   const absl::Time start = absl::Now();
-  const absl::Status read = ReadBlocks(match.ticket(), *blocks, block_bytes);
+  FetchTiming timing;
+  const absl::Status read = ReadBlocks(match.ticket(), *blocks, block_bytes, &timing);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!read.ok()) {
     pool_->NoteFailure(*store_, read);
@@ -418,6 +423,8 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
   stats_.fetched_tokens += fetch.fetched_tokens;
   stats_.fetch_bytes += bytes;
   stats_.fetch_seconds += seconds;
+  stats_.fetch_wait_seconds += timing.wait;
+  stats_.fetch_copy_seconds += timing.copy;
   if (seconds > 0) {
     const double bandwidth = static_cast<double>(bytes) / seconds;
     fetch_bandwidth_ = fetch_bandwidth_ > 0 ? 0.8 * fetch_bandwidth_ + 0.2 * bandwidth : bandwidth;
@@ -514,6 +521,14 @@ KvTierMetrics::KvTierMetrics(prometheus::Registry& r)
                                  "KV bytes fetched from the block store.")),
       fetch_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_seconds_total",
                                  "Time spent fetching from the block store.")),
+      fetch_wait_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_stage_seconds_total",
+                                    "Of the fetch time: waiting for the store's replies (wait), "
+                                    "and copying them into the KV pool (copy).",
+                                    {{"stage", "wait"}})),
+      fetch_copy_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_stage_seconds_total",
+                                    "Of the fetch time: waiting for the store's replies (wait), "
+                                    "and copying them into the KV pool (copy).",
+                                    {{"stage", "copy"}})),
       skipped_(CounterOf(r, "trident_worker_kv_tier_skipped_total",
                            "Block-store hits left to compute: the cost model found computing "
                            "them faster than fetching.")),
@@ -536,6 +551,8 @@ void KvTierMetrics::Sample(const KvTierStats& s) {
   telemetry::FollowTotal(fetches_, s.fetches, &last_.fetches);
   telemetry::FollowTotal(fetched_bytes_, s.fetch_bytes, &last_.fetch_bytes);
   telemetry::FollowTotal(fetch_seconds_, s.fetch_seconds, &last_.fetch_seconds);
+  telemetry::FollowTotal(fetch_wait_seconds_, s.fetch_wait_seconds, &last_.fetch_wait_seconds);
+  telemetry::FollowTotal(fetch_copy_seconds_, s.fetch_copy_seconds, &last_.fetch_copy_seconds);
   telemetry::FollowTotal(skipped_, s.skipped_fetches, &last_.skipped_fetches);
   telemetry::FollowTotal(written_blocks_, s.written_blocks, &last_.written_blocks);
   telemetry::FollowTotal(written_bytes_, s.write_bytes, &last_.write_bytes);

@@ -82,6 +82,10 @@ struct KvTierStats {
   int64_t fetched_tokens = 0;
   int64_t fetch_bytes = 0;
   double fetch_seconds = 0;
+  // Of fetch_seconds: waiting for the store's replies, and copying them
+  // into the KV pool (the rest: issuing the gets).
+  double fetch_wait_seconds = 0;
+  double fetch_copy_seconds = 0;
   int64_t skipped_fetches = 0;  // The cost model chose to compute.
   int64_t failed_fetches = 0;
   int64_t written_blocks = 0;
@@ -142,7 +146,13 @@ class KvTier {
   void FetchLoop();
   TierFetch Fetch(const engine::EngineRequest& request);
   // Reads `count` blocks of lookup `ticket` into the pool's `blocks`.
-  absl::Status ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks, uint64_t block_bytes);
+  // Seconds a fetch spent waiting for replies, and copying them in.
+  struct FetchTiming {
+    double wait = 0;
+    double copy = 0;
+  };
+  absl::Status ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks, uint64_t block_bytes,
+                          FetchTiming* timing);
   // Whether fetching `blocks` beats computing them.
   bool FetchPays(int32_t blocks, uint64_t block_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleaseTicket(uint64_t ticket);
@@ -192,6 +202,8 @@ class KvTier {
 //   trident_worker_kv_tier_skipped_total        counter  hits left to compute (cost model)
 //   trident_worker_kv_tier_written_blocks_total counter  blocks written through
 //   trident_worker_kv_tier_written_bytes_total  counter  bytes written through
+//   trident_worker_kv_tier_fetch_stage_seconds_total{stage} counter  of the fetch time: wait
+//                                                        (replies), copy (into the pool)
 //   trident_worker_kv_tier_failures_total{op}   counter  fetch, write
 //   trident_worker_kv_tier_dropped_blocks_total counter  cached blocks not written: the
 //                                                        writer was a quarter of the pool behind
@@ -206,6 +218,8 @@ class KvTierMetrics {
   prometheus::Counter& fetches_;
   prometheus::Counter& fetched_bytes_;
   prometheus::Counter& fetch_seconds_;
+  prometheus::Counter& fetch_wait_seconds_;
+  prometheus::Counter& fetch_copy_seconds_;
   prometheus::Counter& skipped_;
   prometheus::Counter& written_blocks_;
   prometheus::Counter& written_bytes_;
