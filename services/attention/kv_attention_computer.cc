@@ -270,8 +270,21 @@ absl::Status KvAttentionComputer::ServeBlocks(const transport::attention::Reques
     return blocks_->Write(h.owner_incarnation, h.write_key, h.layer, h.num_sequences, request.rows,
                           request.block_bytes);
   }
-  return blocks_->Read(h.owner_incarnation, h.write_key, h.layer, h.num_sequences, reply,
-                       static_cast<size_t>(h.num_sequences) * blocks_->block_bytes());
+  return blocks_->Read(
+      h.owner_incarnation, h.write_key, h.layer, h.num_sequences, reply,
+      static_cast<size_t>(h.num_sequences) * blocks_->block_bytes(),
+      [this](absl::Span<const BlockStore::BlockCopy> copies) { CopyInParallel(copies); });
+}
+
+void KvAttentionComputer::CopyInParallel(absl::Span<const BlockStore::BlockCopy> copies) {
+  size_t total = 0;
+  for (const BlockStore::BlockCopy& c : copies) total += c.bytes;
+  const size_t threads = std::max(1, executor_.threads);
+  if (threads == 1 || total < kParallelCopyBytes) {
+    for (const BlockStore::BlockCopy& c : copies) std::memcpy(c.to, c.from, c.bytes);
+    return;
+  }
+  executor_.run([&](int thread) { CopyPart(copies, threads, static_cast<size_t>(thread)); });
 }
 
 }  // namespace trident::attention

@@ -1,5 +1,6 @@
 #include "services/attention/kv_store/block_store.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -223,14 +224,21 @@ bool BlockStore::Return(uint64_t ticket) {
 }
 
 absl::Status BlockStore::Read(uint64_t incarnation, uint64_t ticket, int32_t first, int32_t count,
-                              char* out, size_t bytes) {
+                              char* out, size_t bytes, const CopyFn& copy) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Ticket*> t = FindTicket(incarnation, ticket, /*put=*/false, first, count, bytes);
   if (!t.ok()) return t.status();
+  std::vector<BlockCopy> copies;
+  copies.reserve(static_cast<size_t>(count));
   for (int32_t i = first; i < first + count; ++i) {
-    const Block& block = blocks_.at((*t)->keys[i]);
-    std::memcpy(out + static_cast<size_t>(i - first) * block_bytes_, block.span.data,
-                block_bytes_);
+    copies.push_back(BlockCopy{.from = blocks_.at((*t)->keys[i]).span.data,
+                               .to = out + static_cast<size_t>(i - first) * block_bytes_,
+                               .bytes = block_bytes_});
+  }
+  if (copy) {
+    copy(copies);
+  } else {
+    for (const BlockCopy& c : copies) std::memcpy(c.to, c.from, c.bytes);
   }
   counters_.blocks_read_total += count;
   return absl::OkStatus();
@@ -336,6 +344,19 @@ absl::Status BlockStore::CheckInvariants() const {
                                             " blocks of ", block_bytes_));
   }
   return absl::OkStatus();
+}
+
+void CopyPart(absl::Span<const BlockStore::BlockCopy> copies, size_t parts, size_t part) {
+  size_t total = 0;
+  for (const BlockStore::BlockCopy& c : copies) total += c.bytes;
+  const size_t begin = total * part / parts, end = total * (part + 1) / parts;
+  size_t at = 0;
+  for (const BlockStore::BlockCopy& c : copies) {
+    const size_t lo = std::max(begin, at), hi = std::min(end, at + c.bytes);
+    if (lo < hi) std::memcpy(c.to + (lo - at), c.from + (lo - at), hi - lo);
+    at += c.bytes;
+    if (at >= end) break;
+  }
 }
 
 }  // namespace trident::attention

@@ -35,6 +35,7 @@
 #define TRIDENT_SERVICES_ATTENTION_KV_STORE_BLOCK_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <optional>
@@ -159,10 +160,20 @@ class BlockStore {
   absl::StatusOr<Match> Lookup(const BlockOwner& owner, const BlockFormat& format,
                                absl::Span<const kv::BlockKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // One block's copy of a Read.
+  struct BlockCopy {
+    const char* from = nullptr;
+    char* to = nullptr;
+    size_t bytes = 0;
+  };
+  // Does every copy (in any order, on any threads) before returning.
+  using CopyFn = std::function<void(absl::Span<const BlockCopy>)>;
   // Copies blocks [first, first + count) of a lookup's ticket into `out`
-  // (count * block_bytes bytes). Errors as Write.
+  // (count * block_bytes bytes), with `copy` when given (the service's
+  // threads; called under the store's lock), else memcpy on this thread.
+  // Errors as Write.
   absl::Status Read(uint64_t incarnation, uint64_t ticket, int32_t first, int32_t count, char* out,
-                    size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+                    size_t bytes, const CopyFn& copy = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Borrowed {
     uint64_t ticket = 0;  // 0 when nothing matched.
@@ -238,6 +249,12 @@ class BlockStore {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   BlockStoreStats counters_ ABSL_GUARDED_BY(mu_);
 };
+
+// Does share `part` of `parts` of a Read's copies: bytes
+// [total * part / parts, total * (part + 1) / parts) of them laid end to
+// end, so that `parts` threads each calling it with their own part do them
+// all. REQUIRES: part < parts.
+void CopyPart(absl::Span<const BlockStore::BlockCopy> copies, size_t parts, size_t part);
 
 }  // namespace trident::attention
 

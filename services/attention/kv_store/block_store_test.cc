@@ -250,5 +250,23 @@ TEST_F(BlockStoreTest, ABorrowedChainStaysUntilReturned) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+// Parts of a Read's copies, done by as many callers as parts, do every
+// byte once, whatever the split falls on.
+TEST(CopyPartTest, PartsTogetherCopyEveryByte) {
+  std::vector<std::string> from = {std::string(1000, 'a'), std::string(7, 'b'),
+                                    std::string(4096, 'c')};
+  for (size_t i = 0; i < from[2].size(); ++i) from[2][i] = static_cast<char>('A' + i % 26);
+  for (size_t parts : {1, 2, 3, 7, 5103, 6000}) {
+    std::vector<std::string> to = {std::string(1000, '.'), std::string(7, '.'),
+                                   std::string(4096, '.')};
+    std::vector<BlockStore::BlockCopy> copies;
+    for (size_t i = 0; i < from.size(); ++i) {
+      copies.push_back({.from = from[i].data(), .to = to[i].data(), .bytes = from[i].size()});
+    }
+    for (size_t part = 0; part < parts; ++part) CopyPart(copies, parts, part);
+    EXPECT_EQ(to, from) << parts << " parts";
+  }
+}
+
 }  // namespace
 }  // namespace trident::attention

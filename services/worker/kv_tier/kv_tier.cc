@@ -320,10 +320,13 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
   const int32_t total = static_cast<int32_t>(blocks.size());
   const int32_t per_message = BlocksPerMessage(block_bytes);
-  // kInFlight gets at once, each into a buffer of its own; the oldest is
-  // copied into the pool while the others travel.
-  HostSlots buffers = AllocateSlots(kInFlight, static_cast<size_t>(per_message) * block_bytes);
+  // kInFlight gets at once, each into a buffer of its own, and one buffer
+  // more: the oldest reply is copied into the pool while kInFlight others
+  // travel.
+  HostSlots buffers = AllocateSlots(kInFlight + 1, static_cast<size_t>(per_message) * block_bytes);
   const std::vector<char*>& slots = buffers.slots;
+  std::vector<int> free_slots;
+  for (int i = kInFlight; i >= 0; --i) free_slots.push_back(i);
   struct Get {
     transport::attention::RemoteAttention::Ticket ticket;
     int32_t first, count, slot;
@@ -331,10 +334,12 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
   std::deque<Get> gets;
   absl::Status status;
   int32_t next = 0;
-  int slot = 0;
-  while (status.ok() && (next < total || !gets.empty())) {
-    while (status.ok() && next < total && static_cast<int>(gets.size()) < kInFlight) {
+  // Sends gets while a buffer is free, at most kInFlight outstanding.
+  auto refill = [&] {
+    while (status.ok() && next < total && static_cast<int>(gets.size()) < kInFlight &&
+           !free_slots.empty()) {
       const int32_t count = std::min(per_message, total - next);
+      const int slot = free_slots.back();
       absl::StatusOr<transport::attention::RemoteAttention::Ticket> started =
           channel->StartBlockGet({.ticket = ticket,
                                   .first = next,
@@ -343,19 +348,24 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
                                   .bytes = count * block_bytes});
       status = started.status();
       if (!status.ok()) break;
+      free_slots.pop_back();
       gets.push_back(Get{*started, next, count, slot});
       next += count;
-      slot = (slot + 1) % kInFlight;
     }
-    if (gets.empty()) break;
+  };
+  refill();
+  while (status.ok() && !gets.empty()) {
     const Get get = gets.front();
     gets.pop_front();
     const absl::Time wait_start = absl::Now();
     status = channel->Wait(get.ticket, options_.timeout);
     const absl::Time copy_start = absl::Now();
+    refill();
     if (status.ok()) status = CopyIn(slots[get.slot], blocks.subspan(get.first, get.count));
+    free_slots.push_back(get.slot);
     timing->wait += absl::ToDoubleSeconds(copy_start - wait_start);
     timing->copy += absl::ToDoubleSeconds(absl::Now() - copy_start);
+    refill();
   }
   // No reply may land in a buffer freed here: wait for every request sent.
   for (const Get& get : gets) channel->Wait(get.ticket, options_.timeout).IgnoreError();
