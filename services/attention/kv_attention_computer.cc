@@ -267,8 +267,10 @@ absl::Status KvAttentionComputer::ServeBlocks(const transport::attention::Reques
   if (blocks_ == nullptr) return absl::UnimplementedError("this service has no block store");
   const transport::attention::RequestHeader& h = request.header;
   if ((h.flags & transport::attention::kAppendOnly) != 0) {
-    return blocks_->Write(h.owner_incarnation, h.write_key, h.layer, h.num_sequences, request.rows,
-                          request.block_bytes);
+    return blocks_->Write(
+        h.owner_incarnation, h.write_key, h.layer, h.num_sequences, request.rows,
+        request.block_bytes,
+        [this](absl::Span<const BlockStore::BlockCopy> copies) { CopyInParallel(copies); });
   }
   return blocks_->Read(
       h.owner_incarnation, h.write_key, h.layer, h.num_sequences, reply,

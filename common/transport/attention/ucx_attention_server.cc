@@ -1,5 +1,6 @@
 #include "common/transport/attention/ucx_attention_server.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -167,6 +168,21 @@ void UcxAttentionServer::OnRequest(absl::string_view header, absl::string_view d
   queue_.push_back(std::move(job));
 }
 
+bool UcxAttentionServer::Job::background() const {
+  RequestHeader h;
+  if (header.size() != sizeof(h)) return false;
+  std::memcpy(&h, header.data(), sizeof(h));
+  return h.magic == kRequestMagic && (h.flags & kBlocks) != 0 && (h.flags & kAppendOnly) != 0;
+}
+
+std::unique_ptr<UcxAttentionServer::Job> UcxAttentionServer::NextJob() {
+  auto pick = queue_.begin() + static_cast<std::ptrdiff_t>(
+                                   NextJobIndex(queue_, absl::Now(), kBackgroundMaxDelay));
+  std::unique_ptr<Job> job = std::move(*pick);
+  queue_.erase(pick);
+  return job;
+}
+
 void UcxAttentionServer::DispatchLoop() {
   while (true) {
     std::unique_ptr<Job> job;
@@ -177,8 +193,7 @@ void UcxAttentionServer::DispatchLoop() {
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stopping_ || !s->queue_.empty(); },
           this));
       if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      job = NextJob();
     }
     Serve(*job);
     absl::MutexLock lock(&mu_);

@@ -90,6 +90,23 @@ struct AttentionRequestRecord {
   absl::Status status;
 };
 
+// Which of the queued jobs (oldest first; each with background() and
+// `arrived`) a dispatcher serves next: the oldest, unless it is background
+// work (a block-store put) that arrived less than `max_delay` before `now`
+// and a job that waits for an answer is queued behind it, which then goes
+// first. REQUIRES: queue is not empty.
+template <typename Queue>
+size_t NextJobIndex(const Queue& queue, absl::Time now, absl::Duration max_delay) {
+  const auto& oldest = *queue.begin();
+  if (!oldest->background() || now - oldest->arrived >= max_delay) return 0;
+  size_t i = 0;
+  for (const auto& job : queue) {
+    if (!job->background()) return i;
+    ++i;
+  }
+  return 0;
+}
+
 struct UcxAttentionServerOptions {
   // Called on the dispatcher thread after each request is answered (may be
   // null). Must be quick.
@@ -135,7 +152,12 @@ class UcxAttentionServer {
     std::vector<uint64_t> data;  // 8-byte aligned copy of the message data.
     size_t data_bytes = 0;
     absl::Time arrived;
+    // A block-store put (kBlocks | kAppendOnly): background work, served
+    // after what waits for an answer (NextJob).
+    bool background() const;
   };
+  // How long a put may be passed over by other requests.
+  static constexpr absl::Duration kBackgroundMaxDelay = absl::Milliseconds(20);
   struct Probe {
     absl::Time sent;
     std::atomic<bool> answered{false};
@@ -158,6 +180,10 @@ class UcxAttentionServer {
       ABSL_LOCKS_EXCLUDED(mu_);
   // A spare job or a new one.
   std::unique_ptr<Job> TakeJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The queued job to serve next: the oldest, unless it is background work
+  // younger than kBackgroundMaxDelay and a request that waits for an answer
+  // (attention, a block get) is queued behind it.
+  std::unique_ptr<Job> NextJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchLoop();
   void Serve(Job& job);
   // Serve's part for a block-store request, once decoded.

@@ -31,6 +31,31 @@ using ::testing::HasSubstr;
 using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
 
+// A queued job as NextJobIndex sees it.
+struct FakeJob {
+  bool is_background = false;
+  absl::Time arrived;
+  bool background() const { return is_background; }
+};
+
+TEST(NextJobIndexTest, PutsWaitBehindAnsweredRequestsForAtMostTheirDelay) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const absl::Duration delay = absl::Milliseconds(20);
+  auto queue = [](std::vector<FakeJob> jobs) {
+    std::vector<std::unique_ptr<FakeJob>> q;
+    for (FakeJob& j : jobs) q.push_back(std::make_unique<FakeJob>(j));
+    return q;
+  };
+  // Oldest first when it waits for an answer.
+  EXPECT_EQ(NextJobIndex(queue({{false, t0}, {true, t0}}), t0, delay), 0u);
+  // A young put yields to the first request behind it.
+  EXPECT_EQ(NextJobIndex(queue({{true, t0}, {true, t0}, {false, t0}}), t0 + delay / 2, delay), 2u);
+  // Past its delay it goes first.
+  EXPECT_EQ(NextJobIndex(queue({{true, t0}, {false, t0}}), t0 + delay, delay), 0u);
+  // Only puts: the oldest.
+  EXPECT_EQ(NextJobIndex(queue({{true, t0}, {true, t0}}), t0, delay), 0u);
+}
+
 constexpr int32_t kQHeads = 4;
 constexpr int32_t kKvHeads = 2;
 constexpr int32_t kHeadDim = 16;

@@ -148,7 +148,7 @@ absl::StatusOr<BlockStore::Ticket*> BlockStore::FindTicket(uint64_t incarnation,
 }
 
 absl::Status BlockStore::Write(uint64_t incarnation, uint64_t ticket, int32_t first,
-                               int32_t count, const char* data, size_t bytes) {
+                               int32_t count, const char* data, size_t bytes, const CopyFn& copy) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Ticket*> t = FindTicket(incarnation, ticket, /*put=*/true, first, count, bytes);
   if (!t.ok()) return t.status();
@@ -159,12 +159,20 @@ absl::Status BlockStore::Write(uint64_t incarnation, uint64_t ticket, int32_t fi
                                                      " is written already"));
     }
   }
+  std::vector<BlockCopy> copies;
+  copies.reserve(static_cast<size_t>(count));
   for (int32_t i = first; i < first + count; ++i) {
     Block& block = blocks_.at((*t)->keys[i]);
-    std::memcpy(block.span.data, data + static_cast<size_t>(i - first) * block_bytes_,
-                block_bytes_);
+    copies.push_back(BlockCopy{.from = data + static_cast<size_t>(i - first) * block_bytes_,
+                               .to = block.span.data,
+                               .bytes = block_bytes_});
     block.written = true;
     block.lru = lru_.insert(lru_.end(), block.key);
+  }
+  if (copy) {
+    copy(copies);
+  } else {
+    for (const BlockCopy& c : copies) std::memcpy(c.to, c.from, c.bytes);
   }
   counters_.blocks_written_total += count;
   return absl::OkStatus();

@@ -142,13 +142,23 @@ class BlockStore {
   absl::StatusOr<Reservation> Reserve(const BlockOwner& owner, const BlockFormat& format,
                                       absl::Span<const kv::BlockKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // One block's copy of a Write or Read.
+  struct BlockCopy {
+    const char* from = nullptr;
+    char* to = nullptr;
+    size_t bytes = 0;
+  };
+  // Does every copy (in any order, on any threads) before returning.
+  using CopyFn = std::function<void(absl::Span<const BlockCopy>)>;
   // Writes blocks [first, first + count) of a put's ticket from `data`
-  // (count * block_bytes bytes) and makes them readable. NOT_FOUND for an
+  // (count * block_bytes bytes; with `copy` as Read's) and makes them
+  // readable. NOT_FOUND for an
   // unknown (released, expired) ticket or one of another incarnation;
   // INVALID_ARGUMENT for a range outside the put, a lookup's ticket, the
   // wrong byte count, or a block already written.
   absl::Status Write(uint64_t incarnation, uint64_t ticket, int32_t first, int32_t count,
-                     const char* data, size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+                     const char* data, size_t bytes, const CopyFn& copy = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Match {
     uint64_t ticket = 0;  // 0 when matched is 0.
@@ -160,14 +170,6 @@ class BlockStore {
   absl::StatusOr<Match> Lookup(const BlockOwner& owner, const BlockFormat& format,
                                absl::Span<const kv::BlockKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One block's copy of a Read.
-  struct BlockCopy {
-    const char* from = nullptr;
-    char* to = nullptr;
-    size_t bytes = 0;
-  };
-  // Does every copy (in any order, on any threads) before returning.
-  using CopyFn = std::function<void(absl::Span<const BlockCopy>)>;
   // Copies blocks [first, first + count) of a lookup's ticket into `out`
   // (count * block_bytes bytes), with `copy` when given (the service's
   // threads; called under the store's lock), else memcpy on this thread.
