@@ -25,7 +25,8 @@
 # programs; else bazel-bin, else PATH), SESSIONS (60), RATES ("0.5 1 2"),
 # RATE (1), WORKER_FLAGS (more flags for every worker), TRACE_FLAGS (more
 # kvbench flags for the trace), GPU_POOL_TOKENS (16384), TIER_PROMPTS (16),
-# TIER_PROMPT_TOKENS (4096), MAX_MODEL_LEN (8192).
+# TIER_PROMPT_TOKENS (4096), MAX_MODEL_LEN (8192), ATTENTION_LANES (4: UCX
+# lanes between the tier's worker and its attention service).
 set -euo pipefail
 part=${1:?usage: bench/kv_cache.sh chat|disagg|tier|trace [MODEL_DIR] [DEVICE]}
 model_dir=${2:-/tmp/llama3-8b}
@@ -93,9 +94,10 @@ case "$part" in
   tier)
     pool=${GPU_POOL_TOKENS:-16384}
     start attention "$(tool services/attention/attention)" --kv_budget_mb=24576 \
-        --kv_store_mb=20480 --threads="${ATTENTION_THREADS:-4}"
+        --kv_store_mb=20480 --threads="${ATTENTION_THREADS:-4}" --lanes="${ATTENTION_LANES:-4}"
     worker both both 0.9 --kv_transport=none --gpu_kv_cache_tokens="$pool" \
-        --attention_services="127.0.0.1:$PORT_attention" --offload_low_watermark=0 \
+        --attention_services="127.0.0.1:$PORT_attention" --attention_lanes="${ATTENTION_LANES:-4}" \
+        --offload_low_watermark=0 \
         --offload_min_context_tokens=0 --offload_pipeline=never ${TIER_FLAGS:-}
     kvbench tier --target="127.0.0.1:$PORT_both" --mode=tier \
         --tier_prompts="${TIER_PROMPTS:-16}" --tier_prompt_tokens="${TIER_PROMPT_TOKENS:-4096}"

@@ -138,7 +138,9 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
     auto attention = testing::StartService(
         {RunfilePath("services/attention/attention"),
          absl::StrCat("--ucx_transports=", GetParam().transport), "--kv_budget_mb=16",
-         "--kv_store_mb=8", "--threads=1", "--spin_window=0s"},
+         "--kv_store_mb=8", "--threads=1", "--spin_window=0s",
+         // Two lanes: fetches spread their gets over both.
+         "--lanes=2"},
         TestTmpPath("attention.log"));
     ASSERT_THAT(attention.status(), IsOk());
     attention_ = *std::move(attention);

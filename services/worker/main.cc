@@ -155,6 +155,10 @@ ABSL_FLAG(absl::Duration, offload_max_step_time, absl::ZeroDuration(),
           "cost tables say the decode step (one token of every sequence) stays within this with "
           "it, and with a waiting sequence in its freed blocks: set it below the tightest TPOT "
           "target. 0: no limit (capacity first).");
+ABSL_FLAG(int32_t, attention_lanes, 2,
+          "With --attention_services: UCX lanes (each a UCX worker with its own progress thread) "
+          "to each service, used up to the service's own --lanes; several lanes move more "
+          "attention requests and DRAM-tier blocks at once.");
 ABSL_FLAG(absl::Duration, attention_timeout, absl::Seconds(5),
           "How long a decode step waits for an attention service before its sequences come back "
           "here and are recomputed.");
@@ -210,6 +214,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.offload_policy.low_watermark = absl::GetFlag(FLAGS_offload_low_watermark);
   options.offload_policy.max_moves = absl::GetFlag(FLAGS_offload_max_moves_per_step);
   options.attention_timeout = absl::GetFlag(FLAGS_attention_timeout);
+  options.attention_lanes = absl::GetFlag(FLAGS_attention_lanes);
   options.offload_pipeline = absl::GetFlag(FLAGS_offload_pipeline);
   options.offload_keep_throughput = absl::GetFlag(FLAGS_offload_keep_throughput);
   options.offload_background_moves = absl::GetFlag(FLAGS_offload_background_moves);

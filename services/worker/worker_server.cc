@@ -149,7 +149,8 @@ absl::Status WorkerServer::StartOffload() {
       attention_pool_,
       AttentionServicePool::Create({.services = options_.attention_services,
                                     .worker_id = identity_.worker_id,
-                                    .incarnation = identity_.incarnation},
+                                    .incarnation = identity_.incarnation,
+                                    .lanes = options_.attention_lanes},
                                    ucx_.get()));
   AttentionOffloadOptions offload;
   offload.worker_id = identity_.worker_id;

@@ -135,6 +135,8 @@ struct WorkerServerOptions {
   // The longest a decode step waits for a service's answer before its
   // sequences are recomputed here.
   absl::Duration attention_timeout = absl::Seconds(5);
+  // UCX lanes to the attention services (--attention_lanes).
+  int32_t attention_lanes = 1;
   // host:port of the controller (trident.v1.Controller) to register with
   // and heartbeat to once serving (JoinController); empty: none.
   std::string controller_address;

@@ -34,7 +34,8 @@ absl::StatusOr<std::unique_ptr<AttentionServicePool>> AttentionServicePool::Crea
 }
 
 absl::Status AttentionServicePool::Start(transport::UcxWorker* ucx) {
-  TRIDENT_ASSIGN_OR_RETURN(lanes_, transport::UcxLanes::Create(ucx, {.lanes = 1}));
+  TRIDENT_ASSIGN_OR_RETURN(lanes_,
+                           transport::UcxLanes::Create(ucx, {.lanes = std::max(1, options_.lanes)}));
   TRIDENT_ASSIGN_OR_RETURN(client_, transport::attention::UcxAttentionClient::Create(
                                         lanes_.get(), options_.incarnation));
   endpoint_.set_owner_id(options_.worker_id);

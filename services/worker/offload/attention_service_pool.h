@@ -47,6 +47,11 @@ struct AttentionServicePoolOptions {
   // Deadline of each control RPC.
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration reconnect_interval = absl::Seconds(2);
+  // UCX lanes (workers with their own progress threads) to the services:
+  // requests spread over min(this, the service's --lanes). Replies are
+  // received and copied on a lane's progress thread, so a DRAM-tier fetch
+  // with gets in flight on several lanes moves several times as much.
+  int32_t lanes = 1;
 };
 
 // The full leading blocks of a sequence being admitted, which the service
