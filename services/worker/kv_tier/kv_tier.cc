@@ -77,6 +77,7 @@ absl::Status KvTier::Start() {
   // Blocks held for the writer at most: a quarter of the pool.
   engine_->HoldPublishedBlocks(std::max(1, memory_.spec.num_blocks / 4));
   writer_ = std::thread([this] { WriterLoop(); });
+  copy_thread_ = std::thread([this] { CopyLoop(); });
   for (int32_t i = 0; i < options_.fetch_threads; ++i) {
     fetchers_.emplace_back([this] { FetchLoop(); });
   }
@@ -93,6 +94,7 @@ KvTier::~KvTier() {
   for (Job& job : jobs) job.done(TierFetch{});
   if (writer_.joinable()) writer_.join();
   for (std::thread& fetcher : fetchers_) fetcher.join();
+  if (copy_thread_.joinable()) copy_thread_.join();
 }
 
 AttentionServicePool::Service* KvTier::FindStore() {
@@ -320,22 +322,38 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
   if (channel == nullptr) return absl::UnavailableError("the block store's service is not connected");
   const int32_t total = static_cast<int32_t>(blocks.size());
   const int32_t per_message = BlocksPerMessage(block_bytes);
-  // kInFlight gets at once, each into a buffer of its own, and one buffer
-  // more: the oldest reply is copied into the pool while kInFlight others
-  // travel.
-  HostSlots buffers = AllocateSlots(kInFlight + 1, static_cast<size_t>(per_message) * block_bytes);
+  // kInFlight gets at once, each into a buffer of its own, and two buffers
+  // more: replies are copied into the pool on the copy thread while
+  // kInFlight others travel.
+  HostSlots buffers = AllocateSlots(kInFlight + 2, static_cast<size_t>(per_message) * block_bytes);
   const std::vector<char*>& slots = buffers.slots;
   std::vector<int> free_slots;
-  for (int i = kInFlight; i >= 0; --i) free_slots.push_back(i);
+  for (int i = kInFlight + 1; i >= 0; --i) free_slots.push_back(i);
   struct Get {
     transport::attention::RemoteAttention::Ticket ticket;
     int32_t first, count, slot;
   };
   std::deque<Get> gets;
+  auto copies = std::make_shared<FetchCopies>();
   absl::Status status;
   int32_t next = 0;
-  // Sends gets while a buffer is free, at most kInFlight outstanding.
-  auto refill = [&] {
+  // Takes back the buffers whose copies are done; with `block`, waits for
+  // one first when none is free.
+  auto reclaim = [&](bool block) {
+    absl::MutexLock lock(&copies->mu);
+    if (block && free_slots.empty()) {
+      copies->mu.Await(absl::Condition(
+          +[](FetchCopies* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+            return !c->done_slots.empty() || c->outstanding == 0;
+          },
+          copies.get()));
+    }
+    free_slots.insert(free_slots.end(), copies->done_slots.begin(), copies->done_slots.end());
+    copies->done_slots.clear();
+    if (status.ok()) status = copies->status;
+  };
+  while (status.ok() && (next < total || !gets.empty())) {
+    reclaim(/*block=*/gets.empty());
     while (status.ok() && next < total && static_cast<int>(gets.size()) < kInFlight &&
            !free_slots.empty()) {
       const int32_t count = std::min(per_message, total - next);
@@ -352,24 +370,69 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
       gets.push_back(Get{*started, next, count, slot});
       next += count;
     }
-  };
-  refill();
-  while (status.ok() && !gets.empty()) {
+    if (!status.ok() || gets.empty()) continue;
     const Get get = gets.front();
     gets.pop_front();
     const absl::Time wait_start = absl::Now();
     status = channel->Wait(get.ticket, options_.timeout);
-    const absl::Time copy_start = absl::Now();
-    refill();
-    if (status.ok()) status = CopyIn(slots[get.slot], blocks.subspan(get.first, get.count));
-    free_slots.push_back(get.slot);
-    timing->wait += absl::ToDoubleSeconds(copy_start - wait_start);
-    timing->copy += absl::ToDoubleSeconds(absl::Now() - copy_start);
-    refill();
+    timing->wait += absl::ToDoubleSeconds(absl::Now() - wait_start);
+    if (!status.ok()) break;
+    {
+      absl::MutexLock lock(&copies->mu);
+      ++copies->outstanding;
+    }
+    CopyTask task{.src = slots[get.slot],
+                  .blocks = blocks.subspan(get.first, get.count),
+                  .slot = get.slot,
+                  .fetch = copies};
+    {
+      absl::MutexLock lock(&mu_);
+      // The copy thread may have ended (shutting down): copy here then.
+      if (!stopping_) {
+        copies_.push_back(std::move(task));
+        continue;
+      }
+    }
+    RunCopy(task);
   }
-  // No reply may land in a buffer freed here: wait for every request sent.
+  // No reply may land in a buffer freed here, nor a copy read one: wait for
+  // every request sent and every copy queued.
   for (const Get& get : gets) channel->Wait(get.ticket, options_.timeout).IgnoreError();
-  return status;
+  absl::MutexLock lock(&copies->mu);
+  copies->mu.Await(absl::Condition(
+      +[](FetchCopies* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) { return c->outstanding == 0; },
+      copies.get()));
+  timing->copy += copies->seconds;
+  return status.ok() ? copies->status : status;
+}
+
+void KvTier::CopyLoop() {
+  while (true) {
+    CopyTask task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](KvTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tier->mu_) {
+            return tier->stopping_ || !tier->copies_.empty();
+          },
+          this));
+      // Stopping: the fetches still running wait for their copies.
+      if (copies_.empty()) return;
+      task = std::move(copies_.front());
+      copies_.pop_front();
+    }
+    RunCopy(task);
+  }
+}
+
+void KvTier::RunCopy(const CopyTask& task) {
+  const absl::Time start = absl::Now();
+  const absl::Status status = CopyIn(task.src, task.blocks);
+  absl::MutexLock lock(&task.fetch->mu);
+  task.fetch->seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  if (!status.ok() && task.fetch->status.ok()) task.fetch->status = status;
+  task.fetch->done_slots.push_back(task.slot);
+  --task.fetch->outstanding;
 }
 
 TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
@@ -532,12 +595,14 @@ KvTierMetrics::KvTierMetrics(prometheus::Registry& r)
       fetch_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_seconds_total",
                                  "Time spent fetching from the block store.")),
       fetch_wait_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_stage_seconds_total",
-                                    "Of the fetch time: waiting for the store's replies (wait), "
-                                    "and copying them into the KV pool (copy).",
+                                    "Fetch time waiting for the store's replies (wait), and "
+                                    "copying them into the KV pool (copy, on the copy thread, "
+                                    "overlapping the waits).",
                                     {{"stage", "wait"}})),
       fetch_copy_seconds_(CounterOf(r, "trident_worker_kv_tier_fetch_stage_seconds_total",
-                                    "Of the fetch time: waiting for the store's replies (wait), "
-                                    "and copying them into the KV pool (copy).",
+                                    "Fetch time waiting for the store's replies (wait), and "
+                                    "copying them into the KV pool (copy, on the copy thread, "
+                                    "overlapping the waits).",
                                     {{"stage", "copy"}})),
       skipped_(CounterOf(r, "trident_worker_kv_tier_skipped_total",
                            "Block-store hits left to compute: the cost model found computing "

@@ -146,11 +146,31 @@ class KvTier {
   void FetchLoop();
   TierFetch Fetch(const engine::EngineRequest& request);
   // Reads `count` blocks of lookup `ticket` into the pool's `blocks`.
-  // Seconds a fetch spent waiting for replies, and copying them in.
+  // Seconds a fetch spent waiting for replies, and copying them in (on the
+  // copy thread, overlapping the waits).
   struct FetchTiming {
     double wait = 0;
     double copy = 0;
   };
+  // One fetch's replies being copied into the pool on the copy thread.
+  struct FetchCopies {
+    absl::Mutex mu;  // Shared with the copy thread (held in CopyTask).
+    std::vector<int> done_slots ABSL_GUARDED_BY(mu);  // Buffers free again.
+    int outstanding ABSL_GUARDED_BY(mu) = 0;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    double seconds ABSL_GUARDED_BY(mu) = 0;
+  };
+  struct CopyTask {
+    const char* src = nullptr;
+    absl::Span<const int32_t> blocks;
+    int slot = 0;
+    std::shared_ptr<FetchCopies> fetch;
+  };
+  // The copy thread: copies replies into the pool while their fetches
+  // wait for the next ones.
+  void CopyLoop();
+  // Copies a reply into the pool and tells its fetch.
+  void RunCopy(const CopyTask& task);
   absl::Status ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks, uint64_t block_bytes,
                           FetchTiming* timing);
   // Whether fetching `blocks` beats computing them.
@@ -190,8 +210,10 @@ class KvTier {
   // Keys the store is known to hold (bounded: cleared when it grows past a
   // million); writer thread only.
   absl::flat_hash_set<kv::BlockKey> written_;
+  std::deque<CopyTask> copies_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
   std::vector<std::thread> fetchers_;
+  std::thread copy_thread_;  // Joined last: fetchers wait on its copies.
 };
 
 // The tier's metrics (trident_worker_kv_tier_*), from its totals:
@@ -202,8 +224,8 @@ class KvTier {
 //   trident_worker_kv_tier_skipped_total        counter  hits left to compute (cost model)
 //   trident_worker_kv_tier_written_blocks_total counter  blocks written through
 //   trident_worker_kv_tier_written_bytes_total  counter  bytes written through
-//   trident_worker_kv_tier_fetch_stage_seconds_total{stage} counter  of the fetch time: wait
-//                                                        (replies), copy (into the pool)
+//   trident_worker_kv_tier_fetch_stage_seconds_total{stage} counter  wait (for replies), copy
+//                                                        (into the pool, overlapping the waits)
 //   trident_worker_kv_tier_failures_total{op}   counter  fetch, write
 //   trident_worker_kv_tier_dropped_blocks_total counter  cached blocks not written: the
 //                                                        writer was a quarter of the pool behind
