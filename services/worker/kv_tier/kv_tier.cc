@@ -299,8 +299,30 @@ absl::Status KvTier::ReleaseTicket(uint64_t ticket) {
   return FromGrpcStatus(store_->stub->ReleaseBlocks(&context, request, &response));
 }
 
+KvTier::HostSlots KvTier::TakeFetchSlots(size_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = spare_fetch_slots_.begin(); it != spare_fetch_slots_.end(); ++it) {
+      if (it->bytes != bytes) continue;
+      HostSlots slots = std::move(*it);
+      spare_fetch_slots_.erase(it);
+      return slots;
+    }
+  }
+  return AllocateSlots(kInFlight + 2, bytes);
+}
+
+void KvTier::ReturnFetchSlots(HostSlots slots) {
+  absl::MutexLock lock(&mu_);
+  // One set per fetch thread at most.
+  if (static_cast<int>(spare_fetch_slots_.size()) < options_.fetch_threads) {
+    spare_fetch_slots_.push_back(std::move(slots));
+  }
+}
+
 KvTier::HostSlots KvTier::AllocateSlots(int count, size_t bytes) const {
   HostSlots slots;
+  slots.bytes = bytes;
   for (int i = 0; i < count; ++i) {
     absl::StatusOr<std::unique_ptr<backend::HostBuffer>> buffer =
         copier_ != nullptr ? copier_->AllocateHost(bytes)
@@ -325,7 +347,7 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
   // kInFlight gets at once, each into a buffer of its own, and two buffers
   // more: replies are copied into the pool on the copy thread while
   // kInFlight others travel.
-  HostSlots buffers = AllocateSlots(kInFlight + 2, static_cast<size_t>(per_message) * block_bytes);
+  HostSlots buffers = TakeFetchSlots(static_cast<size_t>(per_message) * block_bytes);
   const std::vector<char*>& slots = buffers.slots;
   std::vector<int> free_slots;
   for (int i = kInFlight + 1; i >= 0; --i) free_slots.push_back(i);
@@ -403,7 +425,9 @@ absl::Status KvTier::ReadBlocks(uint64_t ticket, absl::Span<const int32_t> block
       +[](FetchCopies* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) { return c->outstanding == 0; },
       copies.get()));
   timing->copy += copies->seconds;
-  return status.ok() ? copies->status : status;
+  if (status.ok()) status = copies->status;
+  ReturnFetchSlots(std::move(buffers));
+  return status;
 }
 
 void KvTier::CopyLoop() {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -187,11 +188,16 @@ class KvTier {
   static constexpr int kInFlight = 4;
   // Host buffers for block messages: page-locked for a device pool.
   struct HostSlots {
+    size_t bytes = 0;  // Of each slot.
     std::vector<char*> slots;
     std::vector<std::unique_ptr<backend::HostBuffer>> pinned;
     std::deque<std::vector<char>> plain;  // Stable addresses.
   };
   HostSlots AllocateSlots(int count, size_t bytes) const;
+  // A fetch's buffers: kept between fetches (page-locking them costs more
+  // than a fetch's copies), allocated when none of this size is spare.
+  HostSlots TakeFetchSlots(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReturnFetchSlots(HostSlots slots) ABSL_LOCKS_EXCLUDED(mu_);
 
   const KvTierOptions options_;
   AttentionServicePool* const pool_;
@@ -211,6 +217,7 @@ class KvTier {
   // million); writer thread only.
   absl::flat_hash_set<kv::BlockKey> written_;
   std::deque<CopyTask> copies_ ABSL_GUARDED_BY(mu_);
+  std::list<HostSlots> spare_fetch_slots_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
   std::vector<std::thread> fetchers_;
   std::thread copy_thread_;  // Joined last: fetchers wait on its copies.
