@@ -19,12 +19,17 @@
 // fetches so far, the first one always made, against tokens over the
 // engine's prefill rate), reads them into blocks of the
 // worker's pool and names them there; the engine then finds them as a
-// prefix-cache hit. The fetched blocks stay held until the request's first
+// prefix-cache hit. A read keeps four gets in flight, spread over the
+// pool's UCX lanes, into page-locked buffers kept between fetches; a copy
+// thread copies each reply into the pool while the fetch waits for the
+// next. The fetched blocks stay held until the request's first
 // event, so that they cannot be evicted before its admission. Nothing is
 // lost when the store misses or fails: the request computes its prompt.
 //
 // One store per worker: the first of the pool's services whose store has a
 // budget (GetStats) when the tier starts; the tier stays idle without one.
+// Sequences the offload moves or places there read the blocks the store
+// holds in place (AttentionOffload::EnableInPlacePrefixes).
 //
 // Thread-safe.
 

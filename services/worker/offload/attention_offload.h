@@ -8,7 +8,11 @@
 // there layer by layer (append-only requests over the attention data plane,
 // <= kMigrationChunkTokens tokens each), then EngineCore::MoveToRemote frees
 // its blocks. A sequence that cannot move (the service's budget is full, it
-// fails) stays resident; nothing is lost.
+// fails) stays resident; nothing is lost. With in-place prefixes on
+// (EnableInPlacePrefixes: the KV tier's store), a sequence whose blocks
+// are cached goes to the store's service instead, names their keys, and
+// only the tokens past the leading blocks the store holds are copied: the
+// service reads those in place (AdmitSequenceResponse.in_place_tokens).
 //
 // A long-context move (placement) is copied before the step. A
 // pool-pressure move is copied in the background (background_move_threads
