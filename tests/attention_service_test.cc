@@ -427,6 +427,27 @@ TEST_P(AttentionServiceTest, TheBlockStoreKeepsWholeBlocksAndRefusesBadRequests)
   EXPECT_EQ(store.capacity_bytes(), int64_t{2} << 20);
   EXPECT_EQ(store.blocks_read_total(), 3);
   EXPECT_EQ(store.invariant_violation(), "");
+  // The store's KV events: a snapshot of the 3 blocks in tier "dram" under
+  // the format's identity, then an empty delta.
+  trident::v1::GetKvEventsRequest events_request;
+  trident::v1::GetKvEventsResponse events;
+  {
+    grpc::ClientContext events_context;
+    ASSERT_THAT(ToStatus(stub_->GetKvEvents(&events_context, events_request, &events)), IsOk());
+  }
+  EXPECT_TRUE(events.events().snapshot());
+  EXPECT_EQ(events.events().tier(), "dram");
+  EXPECT_EQ(events.events().cache_identity(), "m");
+  EXPECT_EQ(events.events().block_size_tokens(), 4);
+  EXPECT_EQ(events.events().key_lo_size(), 3);
+  EXPECT_GT(events.cursor(), 0u);
+  events_request.set_cursor(events.cursor());
+  {
+    grpc::ClientContext events_context;
+    ASSERT_THAT(ToStatus(stub_->GetKvEvents(&events_context, events_request, &events)), IsOk());
+  }
+  EXPECT_FALSE(events.events().snapshot());
+  EXPECT_EQ(events.events().key_lo_size(), 0);
 }
 
 TEST_P(AttentionServiceTest, AVanishedOwnersSequencesAreFreedAfterTheGrace) {

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/reactors.h"
+#include "common/kv/kv_events_proto.h"
 #include "common/kv/kv_layout.h"
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
@@ -296,6 +297,22 @@ grpc::ServerUnaryReactor* AttentionService::ReleaseBlocks(
   response->set_released(parts_.blocks->Release(
       BlockOwner{.owner_id = request->owner_id(), .incarnation = request->owner_incarnation()},
       request->ticket()));
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionService::GetKvEvents(
+    grpc::CallbackServerContext* context, const trident::v1::GetKvEventsRequest* request,
+    trident::v1::GetKvEventsResponse* response) {
+  if (parts_.blocks == nullptr) {
+    return FinishUnary(context, absl::UnimplementedError("this service has no block store"));
+  }
+  uint64_t cursor = request->cursor();
+  const kv::KvEventBatch batch = parts_.blocks->EventsSince(&cursor);
+  const std::optional<BlockFormat> format = parts_.blocks->format();
+  kv::KvEventsToProto(batch, format.has_value() ? format->model_identity : "",
+                      format.has_value() ? format->block_size : 0, "dram",
+                      response->mutable_events());
+  response->set_cursor(cursor);
   return FinishUnary(context, absl::OkStatus());
 }
 

@@ -76,6 +76,9 @@ class AttentionService final : public trident::v1::Attention::CallbackService {
   grpc::ServerUnaryReactor* ReleaseBlocks(grpc::CallbackServerContext* context,
                                           const trident::v1::ReleaseBlocksRequest* request,
                                           trident::v1::ReleaseBlocksResponse* response) override;
+  grpc::ServerUnaryReactor* GetKvEvents(grpc::CallbackServerContext* context,
+                                        const trident::v1::GetKvEventsRequest* request,
+                                        trident::v1::GetKvEventsResponse* response) override;
 
   // GetStats's answer.
   trident::v1::AttentionStats Stats() const;

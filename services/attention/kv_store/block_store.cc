@@ -86,7 +86,10 @@ std::optional<KvSpan> BlockStore::AllocateBlock() {
 void BlockStore::FreeBlock(const kv::BlockKey& key) {
   auto it = blocks_.find(key);
   if (it == blocks_.end()) return;
-  if (it->second.written) lru_.erase(it->second.lru);
+  if (it->second.written) {
+    lru_.erase(it->second.lru);
+    events_.Removed(key);
+  }
   pool_->Free(it->second.span);
   bytes_ -= static_cast<int64_t>(block_bytes_);
   blocks_.erase(it);
@@ -168,6 +171,7 @@ absl::Status BlockStore::Write(uint64_t incarnation, uint64_t ticket, int32_t fi
                                .bytes = block_bytes_});
     block.written = true;
     block.lru = lru_.insert(lru_.end(), block.key);
+    events_.Stored(block.key);
   }
   if (copy) {
     copy(copies);

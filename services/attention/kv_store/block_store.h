@@ -50,6 +50,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/kv/block_key.h"
+#include "common/kv/kv_event_log.h"
 #include "common/numeric/dtype.h"
 #include "common/time/clock.h"
 #include "services/attention/kv_store/kv_pool.h"
@@ -200,6 +201,15 @@ class BlockStore {
   int Sweep() ABSL_LOCKS_EXCLUDED(mu_);
 
   BlockStoreStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The store's format, once its first put set it.
+  std::optional<BlockFormat> format() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return format_;
+  }
+  // Blocks made readable (stored) and freed after being readable (removed),
+  // after `*cursor` (kv::KvEventLog::ReadSince: a snapshot for 0 or a
+  // cursor the log no longer reaches); advances `*cursor`.
+  kv::KvEventBatch EventsSince(uint64_t* cursor) const { return events_.ReadSince(cursor); }
   // Every block held, reserved or free; pins equal the live lookups' blocks;
   // the LRU lists exactly the held blocks; bytes add up. INTERNAL naming the
   // first broken one.
@@ -250,6 +260,7 @@ class BlockStore {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   BlockStoreStats counters_ ABSL_GUARDED_BY(mu_);
+  kv::KvEventLog events_;  // Its own lock; written under mu_.
 };
 
 // Does share `part` of `parts` of a Read's copies: bytes

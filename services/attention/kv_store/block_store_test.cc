@@ -268,5 +268,29 @@ TEST(CopyPartTest, PartsTogetherCopyEveryByte) {
   }
 }
 
+// Blocks become events when readable and when freed after that: a reader
+// from cursor 0 gets a snapshot, then deltas in order; reserved blocks and
+// a put's unwritten ones never show.
+TEST_F(BlockStoreTest, ReadableBlocksAndTheirEvictionAreEvents) {
+  uint64_t cursor = 0;
+  Put(Keys(10, 3));
+  kv::KvEventBatch batch = store_.EventsSince(&cursor);
+  EXPECT_TRUE(batch.snapshot);
+  EXPECT_EQ(batch.events.size(), 3u);
+  absl::StatusOr<BlockStore::Reservation> unwritten = store_.Reserve(owner_, Format(), Keys(50, 1));
+  ASSERT_THAT(unwritten, IsOk());
+  EXPECT_TRUE(store_.Release(owner_, unwritten->ticket));
+  EXPECT_TRUE(store_.EventsSince(&cursor).events.empty());
+  // 5 blocks into a 4-block store: the reservation evicts the oldest, then
+  // the writes make the new ones readable.
+  Put(Keys(20, 2));
+  batch = store_.EventsSince(&cursor);
+  EXPECT_FALSE(batch.snapshot);
+  ASSERT_EQ(batch.events.size(), 3u);
+  EXPECT_EQ(batch.events[0], (kv::KvEvent{.stored = false, .key = Keys(10, 1)[0]}));
+  EXPECT_EQ(batch.events[1], (kv::KvEvent{.stored = true, .key = Keys(20, 1)[0]}));
+  EXPECT_EQ(batch.events[2], (kv::KvEvent{.stored = true, .key = Keys(21, 1)[0]}));
+}
+
 }  // namespace
 }  // namespace trident::attention
