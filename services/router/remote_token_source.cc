@@ -124,8 +124,10 @@ class RemoteTokenSource::Flight : public std::enable_shared_from_this<Flight> {
     ask.ttft = request_.ttft_slo;
     ask.tpot = request_.tpot_slo;
     if (source_->options_.kv_index != nullptr) {
-      ask.cached_tokens =
-          source_->options_.kv_index->CachedPrefixTokens(request_.prompt, request_.cache_salt);
+      kv_index::KvIndex::PrefixMatch match =
+          source_->options_.kv_index->Match(request_.prompt, request_.cache_salt);
+      ask.cached_tokens = std::move(match.gpu);
+      ask.dram_cached_tokens = std::move(match.dram);
     }
     return ask;
   }

@@ -153,6 +153,14 @@ void RouterServer::OnLoad(const std::string& address, const v1::WorkerLoad& load
       TRIDENT_LOG(WARNING) << "KV events from " << address << ": " << s;
     }
   }
+  if (load.has_dram_kv_events()) {
+    kv_index_.SetDramHitValue(load.worker_id(), load.dram_hit_value());
+    if (absl::Status s = kv_index_.Apply(kv_index::KvIndex::DramSource(load.worker_id()),
+                                         load.incarnation(), load.dram_kv_events());
+        !s.ok()) {
+      TRIDENT_LOG(WARNING) << "DRAM-tier KV events from " << address << ": " << s;
+    }
+  }
   absl::StatusOr<admission::WorkerLoadReport> report = admission::WorkerLoadReportFromProto(load);
   if (!report.ok()) {
     TRIDENT_LOG(WARNING) << "bad load report from " << address << ": " << report.status();

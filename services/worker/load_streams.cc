@@ -68,14 +68,21 @@ class LoadStreams::Stream final : public grpc::ServerWriteReactor<WorkerLoad> {
   void AddKvEvents(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
     const KvEventsSource& source = owner_->kv_events_;
     if (source.log == nullptr) return;
-    if (now - last_snapshot_ >= source.snapshot_interval) kv_cursor_ = 0;
+    if (now - last_snapshot_ >= source.snapshot_interval) {
+      kv_cursor_ = 0;
+      dram_cursor_ = 0;
+    }
     const kv::KvEventBatch batch = source.log->ReadSince(&kv_cursor_);
     if (batch.snapshot) last_snapshot_ = now;
     kv::KvEventsToProto(batch, source.cache_identity, source.block_size_tokens, "gpu",
                         message_.mutable_kv_events());
+    if (source.dram_log == nullptr) return;
+    kv::KvEventsToProto(source.dram_log->ReadSince(&dram_cursor_), source.cache_identity,
+                        source.block_size_tokens, "dram", message_.mutable_dram_kv_events());
   }
 
   uint64_t kv_cursor_ = 0;
+  uint64_t dram_cursor_ = 0;
   absl::Time last_snapshot_ = absl::InfinitePast();
   LoadStreams* const owner_;
   const absl::Duration interval_;

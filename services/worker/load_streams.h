@@ -26,6 +26,9 @@ namespace trident::worker {
 struct KvEventsSource {
   // Not owned; must outlive the LoadStreams. Null: no events.
   const kv::KvEventLog* log = nullptr;
+  // The DRAM tier's mirror (WorkerLoad.dram_kv_events); null: none. Same
+  // identity and block size.
+  const kv::KvEventLog* dram_log = nullptr;
   std::string cache_identity;
   int32_t block_size_tokens = 0;
   // A stream gets a snapshot this often besides its first sample, so that a

@@ -18,6 +18,9 @@ namespace {
 
 namespace v1 = ::trident::v1;
 
+// How often the KV tier's view of its store's events is brought up to date.
+constexpr absl::Duration kKvTierEventsInterval = absl::Milliseconds(200);
+
 Device DeviceOf(const WorkerModelOptions& model) {
   return model.cuda_device < 0 ? Device{} : Device{Device::Kind::kCuda, model.cuda_device};
 }
@@ -96,6 +99,7 @@ WorkerServer::~WorkerServer() {
   // While the services whose callbacks they hold still live: requests the
   // tier still prepares end now (the engine refuses them).
   kv_tier_sampler_.reset();
+  kv_tier_events_poller_.reset();
   kv_tier_.reset();
 }
 
@@ -196,6 +200,11 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
         options_.kv_metrics_interval, [tier = kv_tier_.get(), metrics = kv_tier_metrics_.get()] {
           metrics->Sample(tier->stats());
         });
+    if (kv_tier_->store() != nullptr) {
+      kv_tier_events_poller_ = std::make_unique<transport::PeriodicSampler>(
+          kKvTierEventsInterval,
+          [tier = kv_tier_.get(), log = &dram_events_] { tier->PollStoreEvents(*log); });
+    }
   }
 
   if (kv_ != nullptr) {
@@ -256,6 +265,7 @@ void WorkerServer::StartLoadReports() {
     const engine::Engine& engine = *model_->engine;
     KvEventsSource kv_events;
     kv_events.log = engine.kv_events();
+    if (kv_tier_ != nullptr && kv_tier_->store() != nullptr) kv_events.dram_log = &dram_events_;
     kv_events.cache_identity = engine.cache_hasher().model();
     kv_events.block_size_tokens = engine.cache_hasher().block_size();
     loads_ = std::make_unique<LoadStreams>([this] { return SampleLoad(); }, std::move(kv_events));
@@ -278,8 +288,13 @@ v1::WorkerLoad WorkerServer::SampleLoad() const {
   if (model_ == nullptr) {
     return WorkerLoadFromStats(now, engine::EngineStats(), 0, 0, absl::Now());
   }
-  return WorkerLoadFromStats(now, model_->engine->stats(), reservations_->blocks_held(),
-                             reservations_->num_reservations(), absl::Now());
+  v1::WorkerLoad load =
+      WorkerLoadFromStats(now, model_->engine->stats(), reservations_->blocks_held(),
+                          reservations_->num_reservations(), absl::Now());
+  if (kv_tier_ != nullptr && kv_tier_->store() != nullptr) {
+    load.set_dram_hit_value(kv_tier_->DramHitValue());
+  }
+  return load;
 }
 
 absl::Status WorkerServer::JoinController(const controller_client::MemberAddresses& addresses) {

@@ -233,9 +233,14 @@ class WorkerServer {
   // Before the tier: the tier's fetch threads (joined when it goes) hand
   // prepared requests to it.
   std::unique_ptr<TieredTokenSource> tiered_;
+  // The tier's mirror of its store's KV events: before the tier, which
+  // writes it, and the load streams, which read it.
+  kv::KvEventLog dram_events_;
   std::unique_ptr<KvTier> kv_tier_;
   std::unique_ptr<KvTierMetrics> kv_tier_metrics_;
   std::unique_ptr<transport::PeriodicSampler> kv_tier_sampler_;
+  // Polls the store's KV events into dram_events_.
+  std::unique_ptr<transport::PeriodicSampler> kv_tier_events_poller_;
   std::unique_ptr<transport::KvTransferMetrics> kv_metrics_;
   std::unique_ptr<transport::MeteredKvSender> metered_kv_;
   std::unique_ptr<PromptKvSender> prompt_kv_;

@@ -747,9 +747,14 @@ TtftForecast AdmissionController::ForecastFor(const PrefillEval& e,
 
 int64_t AdmissionController::PrefillTokens(const AdmissionRequest& request,
                                            const Worker& worker) {
-  auto it = request.cached_tokens.find(worker.id);
-  if (it == request.cached_tokens.end()) return request.prompt_tokens;
-  return request.prompt_tokens - std::clamp<int64_t>(it->second, 0, request.prompt_tokens - 1);
+  int64_t cached = 0;
+  if (auto it = request.cached_tokens.find(worker.id); it != request.cached_tokens.end()) {
+    cached += it->second;
+  }
+  if (auto it = request.dram_cached_tokens.find(worker.id); it != request.dram_cached_tokens.end()) {
+    cached += it->second;
+  }
+  return request.prompt_tokens - std::clamp<int64_t>(cached, 0, request.prompt_tokens - 1);
 }
 
 int64_t AdmissionController::TransferTokens(const AdmissionRequest& request, double now) const {

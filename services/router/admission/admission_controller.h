@@ -194,6 +194,11 @@ struct AdmissionRequest {
   // Prompt tokens each worker's prefix cache holds, by worker id (missing:
   // none). A prefill worker is priced, and its queue charged, for the rest.
   absl::flat_hash_map<std::string, int64_t> cached_tokens;
+  // More of the prompt each worker's DRAM tier would bring, in cached-token
+  // equivalents (kv_index::KvIndex::Match): a prefill worker is priced as
+  // if those were cached too. The KV transfer is priced by cached_tokens
+  // alone.
+  absl::flat_hash_map<std::string, int64_t> dram_cached_tokens;
 };
 
 // The outcome of Admit.

@@ -724,5 +724,27 @@ TEST(AdmissionPrefixTest, AHotPrefixSpreadsOnceItsHoldersQueueOutweighsTheSaving
   EXPECT_GE(elsewhere, 2);
 }
 
+// What a worker's DRAM tier would bring is priced as cached: of two idle
+// prefill workers, the one whose store holds the prefix wins, and the
+// transfer is priced by the decode worker's own cache alone.
+TEST(AdmissionPrefixTest, ADramTierHitIsPricedAsCachedForItsWorker) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(PrefillLoad("p1"));
+  cluster.Load(DecodeLoad("d"));
+  AdmissionRequest request = Request(2048, 16, absl::Seconds(30), absl::Seconds(1));
+  const AdmissionDecision cold = cluster.Admit(request);
+  ASSERT_TRUE(cold.admitted);
+  cluster.controller().Release(cold.id);
+  request.dram_cached_tokens = {{"p1", 1000}};
+  for (int i = 0; i < 3; ++i) {
+    const AdmissionDecision d = cluster.Admit(request);
+    ASSERT_TRUE(d.admitted);
+    EXPECT_EQ(d.prefill_worker_id, "p1") << i;
+    EXPECT_LT(d.predicted_ttft, cold.predicted_ttft) << i;
+    cluster.controller().Release(d.id);
+  }
+}
+
 }  // namespace
 }  // namespace trident::router::admission

@@ -1,12 +1,20 @@
 #include "services/router/kv_index/kv_index.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/kv/block_hasher.h"
 
 namespace trident::router::kv_index {
+namespace {
+
+constexpr absl::string_view kDramSuffix = "/dram";
+
+}  // namespace
 
 absl::Status KvIndex::Apply(const std::string& worker_id, uint64_t incarnation,
                             const trident::v1::KvEvents& events) {
@@ -61,6 +69,34 @@ absl::Status KvIndex::Apply(const std::string& worker_id, uint64_t incarnation,
 void KvIndex::RemoveWorker(const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
   sources_.erase(worker_id);
+  sources_.erase(DramSource(worker_id));
+  dram_hit_values_.erase(worker_id);
+}
+
+void KvIndex::SetDramHitValue(const std::string& worker_id, double value) {
+  absl::MutexLock lock(&mu_);
+  dram_hit_values_[worker_id] = std::clamp(value, 0.0, 1.0);
+}
+
+KvIndex::PrefixMatch KvIndex::Match(absl::Span<const int32_t> prompt,
+                                    const std::string& cache_salt) const {
+  const absl::flat_hash_map<std::string, int64_t> all = CachedPrefixTokens(prompt, cache_salt);
+  PrefixMatch match;
+  for (const auto& [id, tokens] : all) {
+    if (!absl::EndsWith(id, kDramSuffix)) match.gpu[id] = tokens;
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, tokens] : all) {
+    if (!absl::EndsWith(id, kDramSuffix)) continue;
+    const std::string worker(absl::string_view(id).substr(0, id.size() - kDramSuffix.size()));
+    auto gpu = match.gpu.find(worker);
+    const int64_t beyond = tokens - (gpu == match.gpu.end() ? 0 : gpu->second);
+    auto value = dram_hit_values_.find(worker);
+    const double worth = value == dram_hit_values_.end() ? 0.0 : value->second;
+    const auto equivalent = static_cast<int64_t>(static_cast<double>(beyond) * worth);
+    if (equivalent > 0) match.dram[worker] = equivalent;
+  }
+  return match;
 }
 
 absl::flat_hash_map<std::string, int64_t> KvIndex::CachedPrefixTokens(

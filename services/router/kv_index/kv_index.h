@@ -19,6 +19,12 @@
 // on the workers' true contents, and so does one that saw a gap. A worker
 // whose stream ends is forgotten (RemoveWorker).
 //
+// A worker with a DRAM tier also relays its store's events
+// (WorkerLoad.dram_kv_events), applied as source DramSource(worker), and
+// what a token found only there is worth to it (SetDramHitValue): Match
+// prices the store's hits beyond the worker's own in cached-token
+// equivalents.
+//
 // Lookups compute the prompt's keys once per distinct (cache identity,
 // block size) among the workers (kv::BlockHasher, the workers' own key
 // function), outside the lock, then walk each worker's set until its first
@@ -57,8 +63,26 @@ class KvIndex {
   absl::Status Apply(const std::string& worker_id, uint64_t incarnation,
                      const trident::v1::KvEvents& events) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Forgets a worker (its stream ended). No-op for an unknown one.
+  // Forgets a worker (its stream ended), its DRAM source too. No-op for an
+  // unknown one.
   void RemoveWorker(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The source name of a worker's DRAM tier (Apply its dram_kv_events
+  // under it).
+  static std::string DramSource(const std::string& worker_id) { return worker_id + "/dram"; }
+  // WorkerLoad.dram_hit_value of the worker (clamped to [0, 1]).
+  void SetDramHitValue(const std::string& worker_id, double value) ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct PrefixMatch {
+    // CachedPrefixTokens of the workers' own caches, by worker id.
+    absl::flat_hash_map<std::string, int64_t> gpu;
+    // What each worker's DRAM tier holds of the prompt beyond `gpu`, times
+    // its hit value (cached-token equivalents), by worker id; workers
+    // gaining nothing left out.
+    absl::flat_hash_map<std::string, int64_t> dram;
+  };
+  PrefixMatch Match(absl::Span<const int32_t> prompt, const std::string& cache_salt) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // For each synced worker, the leading tokens of `prompt` whose KV its
   // cache holds (whole blocks, in `cache_salt`'s namespace); workers
@@ -81,6 +105,7 @@ class KvIndex {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Source> sources_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, double> dram_hit_values_ ABSL_GUARDED_BY(mu_);
   int64_t events_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t snapshots_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t gaps_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -130,5 +130,31 @@ TEST(KvIndexTest, MalformedBatchesAreRefused) {
   EXPECT_EQ(index.stats().workers, 0);
 }
 
+// A worker's DRAM tier (its store's events, relayed under DramSource)
+// counts what it holds beyond the worker's own cache, times the worker's
+// hit value; removing the worker forgets both.
+TEST(KvIndexTest, ADramTierCountsWhatItHoldsBeyondTheCacheAtItsWorth) {
+  KvIndex index;
+  Worker a("a"), a_store(KvIndex::DramSource("a")), b_store(KvIndex::DramSource("b"));
+  a.Cache(Tokens(0, 8));         // 2 blocks on a's GPU.
+  a_store.Cache(Tokens(0, 24));  // 6 blocks in a's store.
+  b_store.Cache(Tokens(0, 16));  // 4 blocks in b's store; b fetching loses.
+  ASSERT_THAT(a.SendTo(index), IsOk());
+  ASSERT_THAT(a_store.SendTo(index), IsOk());
+  ASSERT_THAT(b_store.SendTo(index), IsOk());
+  index.SetDramHitValue("a", 0.5);
+  index.SetDramHitValue("b", 0.0);
+  const KvIndex::PrefixMatch match = index.Match(Tokens(0, 30), "");
+  EXPECT_THAT(match.gpu, UnorderedElementsAre(Pair("a", 8)));
+  // a: (24 - 8) tokens at half their worth; b: nothing.
+  EXPECT_THAT(match.dram, UnorderedElementsAre(Pair("a", 8)));
+  index.SetDramHitValue("b", 2.0);  // Clamped to 1.
+  EXPECT_THAT(index.Match(Tokens(0, 30), "").dram,
+              UnorderedElementsAre(Pair("a", 8), Pair("b", 16)));
+  index.RemoveWorker("a");
+  EXPECT_THAT(index.Match(Tokens(0, 30), "").dram, UnorderedElementsAre(Pair("b", 16)));
+  EXPECT_THAT(index.Match(Tokens(0, 30), "").gpu, IsEmpty());
+}
+
 }  // namespace
 }  // namespace trident::router::kv_index

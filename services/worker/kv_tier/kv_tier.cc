@@ -529,6 +529,54 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
   return fetch;
 }
 
+void KvTier::PollStoreEvents(kv::KvEventLog& mirror) {
+  if (store_ == nullptr) return;
+  v1::GetKvEventsRequest request;
+  request.set_cursor(store_cursor_);
+  v1::GetKvEventsResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  if (!store_->stub->GetKvEvents(&context, request, &response).ok()) return;
+  store_cursor_ = response.cursor();
+  const v1::KvEvents& events = response.events();
+  // Keys of another model (or none yet) mean nothing here: an empty view.
+  const bool ours = events.cache_identity() == format_.model_identity() &&
+                    events.block_size_tokens() == memory_.spec.block_size;
+  if (events.snapshot() || !ours) {
+    absl::flat_hash_set<kv::BlockKey> now;
+    for (int i = 0; ours && i < events.key_hi_size(); ++i) {
+      if (events.stored(i)) now.insert(kv::BlockKey{.hi = events.key_hi(i), .lo = events.key_lo(i)});
+    }
+    for (const kv::BlockKey& key : mirrored_) {
+      if (!now.contains(key)) mirror.Removed(key);
+    }
+    for (const kv::BlockKey& key : now) {
+      if (!mirrored_.contains(key)) mirror.Stored(key);
+    }
+    mirrored_ = std::move(now);
+    return;
+  }
+  for (int i = 0; i < events.key_hi_size(); ++i) {
+    const kv::BlockKey key{.hi = events.key_hi(i), .lo = events.key_lo(i)};
+    if (events.stored(i) && mirrored_.insert(key).second) mirror.Stored(key);
+    if (!events.stored(i) && mirrored_.erase(key) > 0) mirror.Removed(key);
+  }
+}
+
+double KvTier::DramHitValue() const {
+  const double rate = engine_->stats().prefill_tokens_per_second;
+  double bandwidth;
+  {
+    absl::MutexLock lock(&mu_);
+    bandwidth = fetch_bandwidth_;
+  }
+  if (rate <= 0 || bandwidth <= 0) return 0.5;
+  const double fetch_per_token =
+      static_cast<double>(memory_.spec.BytesPerBlockAllLayers()) / memory_.spec.block_size /
+      bandwidth;
+  return std::clamp(1.0 - fetch_per_token * rate, 0.0, 1.0);
+}
+
 void KvTier::Release(TierFetch& fetch) {
   if (fetch.held_blocks.empty()) return;
   engine_->FreeBlocks(fetch.held_blocks).IgnoreError();

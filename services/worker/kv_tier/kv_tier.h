@@ -56,6 +56,7 @@
 #include "common/backend/model_backend.h"
 #include "common/engine/engine.h"
 #include "common/engine/token_source.h"
+#include "common/kv/kv_event_log.h"
 #include "services/worker/offload/attention_service_pool.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
@@ -134,6 +135,16 @@ class KvTier {
   const trident::v1::BlockFormat& format() const { return format_; }
   // The block store's service; null when the tier is idle (none has one).
   AttentionServicePool::Service* store() const { return store_; }
+
+  // Brings `mirror` up to the store's KV events (Attention.GetKvEvents:
+  // blocks readable there, by this worker's model's keys), for the load
+  // stream to relay (WorkerLoad.dram_kv_events). Call periodically, from
+  // one thread, with the same log; a failed call leaves it as it was.
+  void PollStoreEvents(kv::KvEventLog& mirror) ABSL_LOCKS_EXCLUDED(mu_);
+  // What a prompt token held only in the store is worth here, as a share
+  // of computing it (WorkerLoad.dram_hit_value): 1 - fetch time / prefill
+  // time per token, 0.5 before a fetch or a prefill was measured.
+  double DramHitValue() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Job {
@@ -223,6 +234,10 @@ class KvTier {
   absl::flat_hash_set<kv::BlockKey> written_;
   std::deque<CopyTask> copies_ ABSL_GUARDED_BY(mu_);
   std::list<HostSlots> spare_fetch_slots_ ABSL_GUARDED_BY(mu_);
+  // PollStoreEvents's view of the store: its cursor and the keys mirrored
+  // (poller thread only).
+  uint64_t store_cursor_ = 0;
+  absl::flat_hash_set<kv::BlockKey> mirrored_;
   std::thread writer_;
   std::vector<std::thread> fetchers_;
   std::thread copy_thread_;  // Joined last: fetchers wait on its copies.
