@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/http/http_client.h"
@@ -59,9 +61,10 @@ std::string Name(const ::testing::TestParamInfo<Param>& info) {
   return name;
 }
 
-std::vector<int32_t> Prompt() {
+// The test's prompt; `variant` > 0 gives others sharing no block with it.
+std::vector<int32_t> Prompt(int variant = 0) {
   std::vector<int32_t> prompt;
-  for (int32_t t = 0; t < kPromptTokens; ++t) prompt.push_back(1 + (11 * t + 5) % 200);
+  for (int32_t t = 0; t < kPromptTokens; ++t) prompt.push_back(1 + (11 * t + 5 + variant) % 200);
   return prompt;
 }
 
@@ -71,10 +74,10 @@ struct Result {
   v1::Usage usage;
 };
 
-Result Generate(const ServiceProcess& worker, const std::string& id) {
+Result Generate(const ServiceProcess& worker, const std::string& id, int variant = 0) {
   v1::GenerateRequest request;
   request.set_request_id(id);
-  for (int32_t t : Prompt()) request.mutable_token_ids()->add_ids(t);
+  for (int32_t t : Prompt(variant)) request.mutable_token_ids()->add_ids(t);
   request.mutable_sampling()->set_temperature(0);
   request.mutable_sampling()->set_max_tokens(12);
   request.mutable_stop()->set_ignore_eos(true);
@@ -101,6 +104,55 @@ Result Generate(const ServiceProcess& worker, const std::string& id) {
   return r;
 }
 
+// Reads `worker`'s load stream until its relay of the store's KV events
+// (WorkerLoad.dram_kv_events) holds at least `keys` keys, then two samples
+// more (a router's stream, on the same ticker, has had them by then).
+// False if it does not within 60 s.
+bool WaitForRelayedStoreKeys(const ServiceProcess& worker, size_t keys) {
+  v1::GetLoadRequest request;
+  request.mutable_interval()->set_nanos(20'000'000);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = v1::WorkerControl::NewStub(worker.channel)->GetLoad(&context, request);
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> held;
+  v1::WorkerLoad load;
+  int after = -1;
+  while (after < 2 && reader->Read(&load)) {
+    const v1::KvEvents& e = load.dram_kv_events();
+    if (e.snapshot()) held.clear();
+    for (int i = 0; i < e.key_hi_size(); ++i) {
+      if (e.stored(i)) {
+        held.insert({e.key_hi(i), e.key_lo(i)});
+      } else {
+        held.erase({e.key_hi(i), e.key_lo(i)});
+      }
+    }
+    if (after >= 0 || held.size() >= keys) ++after;
+  }
+  context.TryCancel();
+  reader->Finish();
+  return after >= 2;
+}
+
+// Polls `router`'s metrics (another process) until it has a load report
+// from each of `worker_ids`; false if not within 60 s.
+bool RouterSeesWorkers(const ServiceProcess& router, const std::vector<std::string>& worker_ids) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    absl::StatusOr<http::HttpResponse> metrics = http::Get(
+        absl::StrCat("http://127.0.0.1:", router.metrics_port, "/metrics"), absl::Seconds(5));
+    bool all = metrics.ok();
+    for (const std::string& id : worker_ids) {
+      all = all && absl::StrContains(
+                       metrics->body,
+                       absl::StrCat("trident_router_worker_running_sequences{worker=\"", id, "\"}"));
+    }
+    if (all) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
 // The worker's count of idle checks that found its KV pool's books broken.
 int64_t KvInvariantFailures(const ServiceProcess& worker) {
   v1::KvStats stats;
@@ -119,7 +171,9 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
   // decode at this context (0: never).
   absl::StatusOr<ServiceProcess> StartTieredWorker(const std::string& role,
                                                    const std::string& name,
-                                                   int32_t offload_min_context = 0) {
+                                                   int32_t offload_min_context = 0,
+                                                   bool tier = true,
+                                                   std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
         RunfilePath("services/worker/worker"), model_dir_, role, name);
     argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
@@ -129,7 +183,22 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
     argv.push_back(absl::StrCat("--offload_min_context_tokens=", offload_min_context));
     argv.push_back("--offload_pipeline=never");
     argv.push_back("--kv_tier_always_fetch");
+    if (!tier) argv.push_back("--kv_tier=false");
+    argv.insert(argv.end(), extra.begin(), extra.end());
     return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+  }
+
+  // decode_: a decode worker without a tier.
+  absl::Status StartDecodeWorker() {
+    std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
+        RunfilePath("services/worker/worker"), model_dir_, "decode", "decode-0");
+    argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
+    argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
+    absl::StatusOr<ServiceProcess> decode =
+        testing::StartService(argv, TestTmpPath("decode-0.log"));
+    if (!decode.ok()) return decode.status();
+    decode_ = *std::move(decode);
+    return absl::OkStatus();
   }
 
   void SetUp() override {
@@ -303,6 +372,57 @@ TEST_P(KvTierTest, APlacedPromptIsWrittenOnlyPastThePrefixTheStoreHolds) {
             << r.cached_blocks * kBlockSize << " tokens were read in place\n";
 }
 
+// The router learns what the store holds through the tiered worker's load
+// stream: a prompt only the store holds goes to the prefill worker that can
+// fetch it, not to the one without a tier, three prompts out of three.
+TEST_P(KvTierTest, TheRouterSendsAPromptOnlyTheStoreHoldsToAWorkerThatCanFetchIt) {
+  if (std::string(GetParam().model) != "llama3-tiny") {
+    GTEST_SKIP() << "one model per transport is enough here";
+  }
+  // Fetching pays here whatever this machine measures (on it, fetching a
+  // tiny model's KV may well lose to computing it, and the router would
+  // then rightly prefer neither).
+  auto tiered = StartTieredWorker("prefill", "prefill-tiered", 0, true,
+                                  {"--testonly_dram_hit_value=1"});
+  ASSERT_THAT(tiered.status(), IsOk());
+  prefill_ = *std::move(tiered);
+  auto untiered = StartTieredWorker("prefill", "prefill-untiered", 0, /*tier=*/false);
+  ASSERT_THAT(untiered.status(), IsOk());
+  c_ = *std::move(untiered);
+  ASSERT_THAT(StartDecodeWorker(), IsOk());
+  // A fresh router for each prompt: one that served the first would have
+  // learned the worker's TTFT with the fetch in it (its TTFT scale), which
+  // this test's fixed hit value leaves out.
+  for (int variant = 1; variant <= 3; ++variant) {
+    SCOPED_TRACE(absl::StrCat("prompt ", variant));
+    const Result computed = Generate(a_, absl::StrCat("computed-", variant), variant);
+    ASSERT_TRUE(computed.status.ok()) << computed.status.error_message();
+    ASSERT_TRUE(WaitForRelayedStoreKeys(prefill_, static_cast<size_t>(variant) * kCachedBlocks));
+    auto router = testing::StartService(
+        {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir_),
+         absl::StrCat("--prefill_workers=", prefill_.address, ",", c_.address),
+         absl::StrCat("--decode_workers=", decode_.address), "--load_interval_ms=20"},
+        TestTmpPath(absl::StrCat("router-", variant, ".log")));
+    ASSERT_THAT(router.status(), IsOk());
+    router_ = *std::move(router);
+    // Both prefill workers' first load reports (the tiered one's carries
+    // the store's keys) have reached the router.
+    ASSERT_TRUE(RouterSeesWorkers(router_, {"prefill-tiered", "prefill-untiered"}));
+    const Result routed = Generate(router_, absl::StrCat("routed-", variant), variant);
+    ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
+    EXPECT_EQ(routed.tokens, computed.tokens);
+    EXPECT_EQ(routed.usage.dram_cached_tokens(), kCachedBlocks * kBlockSize);
+    absl::StatusOr<http::HttpResponse> metrics = http::Get(
+        absl::StrCat("http://127.0.0.1:", router_.metrics_port, "/metrics"), absl::Seconds(5));
+    ASSERT_THAT(metrics.status(), IsOk());
+    EXPECT_THAT(metrics->body,
+                ::testing::HasSubstr("trident_router_routing_decisions_total{reason=\"prefix\"} 1"));
+    ASSERT_THAT(testing::StopService(router_), IsOk());
+  }
+  std::cout << "over " << GetParam().transport
+            << ": 3 of 3 prompts only the store held went to the worker that fetches from it\n";
+}
+
 TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
   if (std::string(GetParam().model) != "llama3-tiny") {
     GTEST_SKIP() << "one model per transport is enough here";
@@ -316,13 +436,7 @@ TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
   auto prefill = StartTieredWorker("prefill", "prefill-0");
   ASSERT_THAT(prefill.status(), IsOk());
   prefill_ = *std::move(prefill);
-  std::vector<std::string> decode_argv = testing::SmallCpuWorkerArgv(
-      RunfilePath("services/worker/worker"), model_dir_, "decode", "decode-0");
-  decode_argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
-  decode_argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
-  auto decode = testing::StartService(decode_argv, TestTmpPath("decode-0.log"));
-  ASSERT_THAT(decode.status(), IsOk());
-  decode_ = *std::move(decode);
+  ASSERT_THAT(StartDecodeWorker(), IsOk());
   auto router = testing::StartService(
       {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir_),
        absl::StrCat("--prefill_workers=", prefill_.address),

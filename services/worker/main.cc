@@ -112,6 +112,9 @@ ABSL_FLAG(bool, kv_tier_always_fetch, false,
           "With --kv_tier: fetch whatever the store holds, even when computing it looks faster "
           "(for tests and measurements).");
 ABSL_FLAG(int32_t, kv_tier_fetch_threads, 2, "With --kv_tier: threads fetching blocks.");
+ABSL_FLAG(double, testonly_dram_hit_value, -1,
+          "For tests: >= 0 reports this to routers as what a prompt token held only in the DRAM "
+          "tier is worth here (WorkerLoad.dram_hit_value), instead of what was measured.");
 ABSL_FLAG(std::vector<std::string>, attention_services, {},
           "CPU attention services (host:port, comma-separated) that this decode worker moves "
           "long-context sequences to (NEO-style offload); empty: none.");
@@ -209,6 +212,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.kv_tier = absl::GetFlag(FLAGS_kv_tier);
   options.kv_tier_options.min_fetch_blocks = absl::GetFlag(FLAGS_kv_tier_min_fetch_blocks);
   options.kv_tier_options.always_fetch = absl::GetFlag(FLAGS_kv_tier_always_fetch);
+  options.kv_tier_options.testonly_dram_hit_value = absl::GetFlag(FLAGS_testonly_dram_hit_value);
   options.kv_tier_options.fetch_threads = absl::GetFlag(FLAGS_kv_tier_fetch_threads);
   options.offload_policy.min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
   options.offload_policy.low_watermark = absl::GetFlag(FLAGS_offload_low_watermark);

@@ -564,6 +564,7 @@ void KvTier::PollStoreEvents(kv::KvEventLog& mirror) {
 }
 
 double KvTier::DramHitValue() const {
+  if (options_.testonly_dram_hit_value >= 0) return std::min(options_.testonly_dram_hit_value, 1.0);
   const double rate = engine_->stats().prefill_tokens_per_second;
   double bandwidth;
   {

@@ -72,6 +72,8 @@ struct KvTierOptions {
   int32_t min_fetch_blocks = 1;
   // Fetch even when the cost model says computing is faster (tests).
   bool always_fetch = false;
+  // >= 0: DramHitValue reports this instead of what was measured (tests).
+  double testonly_dram_hit_value = -1;
   // How often the writer looks for newly cached blocks.
   absl::Duration write_interval = absl::Milliseconds(20);
   // Control RPCs and data-plane waits.
