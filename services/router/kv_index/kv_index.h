@@ -47,7 +47,7 @@
 namespace trident::router::kv_index {
 
 struct KvIndexStats {
-  int32_t workers = 0;
+  int32_t workers = 0;  // Sources: workers' caches and their DRAM tiers.
   int64_t keys = 0;
   int64_t events_total = 0;
   int64_t snapshots_total = 0;
