@@ -26,7 +26,9 @@
 # RATE (1), WORKER_FLAGS (more flags for every worker), TRACE_FLAGS (more
 # kvbench flags for the trace), GPU_POOL_TOKENS (16384), TIER_PROMPTS (16),
 # TIER_PROMPT_TOKENS (4096), MAX_MODEL_LEN (8192), ATTENTION_LANES (4: UCX
-# lanes between the tier's worker and its attention service).
+# lanes between the tier's worker and its attention service); for trace:
+# TRACE_WORKERS ("1 2 4"), TRACE_AWARE ("true false"), TRACE_TIER_MB (0: no
+# DRAM tier; else the prefill workers share a block store of that size).
 set -euo pipefail
 part=${1:?usage: bench/kv_cache.sh chat|disagg|tier|trace [MODEL_DIR] [DEVICE]}
 model_dir=${2:-/tmp/llama3-8b}
@@ -138,13 +140,23 @@ EOF
     ;;
   trace)
     read -r -a trace_flags <<<"${TRACE_FLAGS:-}"
-    for n in 1 2 4; do
-      for aware in true false; do
+    for n in ${TRACE_WORKERS:-1 2 4}; do
+      for aware in ${TRACE_AWARE:-true false}; do
         [[ $n == 1 && $aware == false ]] && continue
+        # TRACE_TIER_MB > 0: the prefill workers share a DRAM tier (an
+        # attention service's block store of that size), fetching every hit.
+        tier=()
+        if (( ${TRACE_TIER_MB:-0} > 0 )); then
+          start attention "$(tool services/attention/attention)" \
+              --kv_budget_mb=$(( TRACE_TIER_MB + 256 )) --kv_store_mb="$TRACE_TIER_MB" --threads=1 \
+              --lanes=2
+          tier=(--attention_services="127.0.0.1:$PORT_attention" --offload_min_context_tokens=0
+                --offload_low_watermark=0 --kv_tier_always_fetch)
+        fi
         prefill=()
         for i in $(seq 1 "$n"); do
           # Cumulative: a worker's fraction counts what the device holds.
-          worker "p$i" prefill "$(python3 -c "print(round(0.88 * $i / ($n + 1), 3))")"
+          worker "p$i" prefill "$(python3 -c "print(round(0.88 * $i / ($n + 1), 3))")" "${tier[@]}"
           port_var="PORT_p$i"
           prefill+=("127.0.0.1:${!port_var}")
         done
@@ -155,7 +167,7 @@ EOF
             --max_model_len="$max_len" --kv_aware_routing="$aware"
         kvbench "trace-$n-aware-$aware" --target="127.0.0.1:$PORT_router" --mode=trace \
             --sessions="$sessions" --seed=1 "${trace_flags[@]}"
-        for ((i = 0; i < n + 2; ++i)); do stop; done
+        for ((i = 0; i < n + 2 + (${#tier[@]} > 0 ? 1 : 0); ++i)); do stop; done
       done
     done
     ;;
