@@ -188,6 +188,17 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
     return testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
   }
 
+  // Worker A computes the test's prompt (*first) and its cached blocks
+  // reach the store.
+  void ComputeOnA(Result* first) {
+    *first = Generate(a_, "first");
+    ASSERT_TRUE(first->status.ok()) << first->status.error_message();
+    ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
+                return s.blocks() >= kCachedBlocks;
+              }).blocks(),
+              kCachedBlocks);
+  }
+
   // decode_: a decode worker without a tier.
   absl::Status StartDecodeWorker() {
     std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
@@ -295,12 +306,8 @@ TEST_P(KvTierTest, AMovedSequenceReadsItsPrefixInPlaceInTheStore) {
   if (std::string(GetParam().model) != "llama3-tiny") {
     GTEST_SKIP() << "one model per transport is enough here";
   }
-  const Result first = Generate(a_, "first");
-  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
-  ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
-              return s.blocks() >= kCachedBlocks;
-            }).blocks(),
-            kCachedBlocks);
+  Result first;
+  ASSERT_NO_FATAL_FAILURE(ComputeOnA(&first));
   auto mover = StartTieredWorker("both", "worker-c", /*offload_min_context=*/1);
   ASSERT_THAT(mover.status(), IsOk());
   c_ = *std::move(mover);
@@ -340,12 +347,8 @@ TEST_P(KvTierTest, APlacedPromptIsWrittenOnlyPastThePrefixTheStoreHolds) {
   if (std::string(GetParam().model) != "llama3-tiny") {
     GTEST_SKIP() << "one model per transport is enough here";
   }
-  const Result first = Generate(a_, "first");
-  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
-  ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
-              return s.blocks() >= kCachedBlocks;
-            }).blocks(),
-            kCachedBlocks);
+  Result first;
+  ASSERT_NO_FATAL_FAILURE(ComputeOnA(&first));
   auto prefill = StartTieredWorker("prefill", "prefill-0");
   ASSERT_THAT(prefill.status(), IsOk());
   prefill_ = *std::move(prefill);
@@ -427,12 +430,8 @@ TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
   if (std::string(GetParam().model) != "llama3-tiny") {
     GTEST_SKIP() << "one model per transport is enough here";
   }
-  const Result first = Generate(a_, "first");
-  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
-  ASSERT_GE(StoreStatsOnce([](const v1::BlockStoreStats& s) {
-              return s.blocks() >= kCachedBlocks;
-            }).blocks(),
-            kCachedBlocks);
+  Result first;
+  ASSERT_NO_FATAL_FAILURE(ComputeOnA(&first));
   auto prefill = StartTieredWorker("prefill", "prefill-0");
   ASSERT_THAT(prefill.status(), IsOk());
   prefill_ = *std::move(prefill);

@@ -149,6 +149,7 @@ void UcxAttentionServer::OnRendezvous(absl::string_view header,
       return;
     }
     owned->arrived = absl::Now();
+    owned->is_background = IsBackground(owned->header);
     counters_.bytes_in += static_cast<int64_t>(owned->data_bytes);
     ++counters_.rendezvous;
     if (!stopping_) queue_.push_back(std::move(owned));
@@ -164,11 +165,12 @@ void UcxAttentionServer::OnRequest(absl::string_view header, absl::string_view d
   if (!data.empty()) std::memcpy(job->data.data(), data.data(), data.size());
   job->data_bytes = data.size();
   job->arrived = absl::Now();
+  job->is_background = IsBackground(job->header);
   counters_.bytes_in += static_cast<int64_t>(data.size());
   queue_.push_back(std::move(job));
 }
 
-bool UcxAttentionServer::Job::background() const {
+bool UcxAttentionServer::IsBackground(absl::string_view header) {
   RequestHeader h;
   if (header.size() != sizeof(h)) return false;
   std::memcpy(&h, header.data(), sizeof(h));

@@ -153,9 +153,12 @@ class UcxAttentionServer {
     size_t data_bytes = 0;
     absl::Time arrived;
     // A block-store put (kBlocks | kAppendOnly): background work, served
-    // after what waits for an answer (NextJob).
-    bool background() const;
+    // after what waits for an answer (NextJob). Set when queued.
+    bool is_background = false;
+    bool background() const { return is_background; }
   };
+  // Whether a request header names background work (Job::is_background).
+  static bool IsBackground(absl::string_view header);
   // How long a put may be passed over by other requests.
   static constexpr absl::Duration kBackgroundMaxDelay = absl::Milliseconds(20);
   struct Probe {

@@ -36,6 +36,19 @@ absl::Status ValidateBlockFormat(const BlockFormat& format) {
   return check("block_size_tokens", format.block_size, 1024);
 }
 
+namespace {
+
+// `copy` when given, else memcpy on this thread.
+void RunCopies(absl::Span<const BlockStore::BlockCopy> copies, const BlockStore::CopyFn& copy) {
+  if (copy) {
+    copy(copies);
+    return;
+  }
+  for (const BlockStore::BlockCopy& c : copies) std::memcpy(c.to, c.from, c.bytes);
+}
+
+}  // namespace
+
 BlockStore::BlockStore(KvPool* pool, Clock* clock, BlockStoreOptions options)
     : pool_(pool), clock_(clock), options_(options) {}
 
@@ -173,11 +186,7 @@ absl::Status BlockStore::Write(uint64_t incarnation, uint64_t ticket, int32_t fi
     block.lru = lru_.insert(lru_.end(), block.key);
     events_.Stored(block.key);
   }
-  if (copy) {
-    copy(copies);
-  } else {
-    for (const BlockCopy& c : copies) std::memcpy(c.to, c.from, c.bytes);
-  }
+  RunCopies(copies, copy);
   counters_.blocks_written_total += count;
   return absl::OkStatus();
 }
@@ -247,11 +256,7 @@ absl::Status BlockStore::Read(uint64_t incarnation, uint64_t ticket, int32_t fir
                                .to = out + static_cast<size_t>(i - first) * block_bytes_,
                                .bytes = block_bytes_});
   }
-  if (copy) {
-    copy(copies);
-  } else {
-    for (const BlockCopy& c : copies) std::memcpy(c.to, c.from, c.bytes);
-  }
+  RunCopies(copies, copy);
   counters_.blocks_read_total += count;
   return absl::OkStatus();
 }

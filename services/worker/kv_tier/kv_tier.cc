@@ -272,20 +272,24 @@ void KvTier::FetchLoop() {
   }
 }
 
-bool KvTier::FetchPays(int32_t blocks, uint64_t block_bytes) const {
+std::optional<double> KvTier::FetchSaving(uint64_t block_bytes) const {
   const double rate = engine_->stats().prefill_tokens_per_second;
-  if (rate <= 0) return true;  // Nothing measured yet: fetch.
   double bandwidth;
   {
     absl::MutexLock lock(&mu_);
-    // The first fetch measures the bandwidth the later ones are judged by.
-    if (fetch_bandwidth_ <= 0) return true;
     bandwidth = fetch_bandwidth_;
   }
-  const double fetch_seconds = static_cast<double>(blocks) * block_bytes / bandwidth;
-  const double compute_seconds =
-      static_cast<double>(blocks) * memory_.spec.block_size / std::max(rate, 1e-9);
-  return fetch_seconds < compute_seconds;
+  if (rate <= 0 || bandwidth <= 0) return std::nullopt;
+  const double fetch_per_token =
+      static_cast<double>(block_bytes) / memory_.spec.block_size / bandwidth;
+  return 1.0 - fetch_per_token * rate;
+}
+
+bool KvTier::FetchPays(uint64_t block_bytes) const {
+  // Nothing measured yet: fetch (the first fetch measures the bandwidth the
+  // later ones are judged by).
+  const std::optional<double> saving = FetchSaving(block_bytes);
+  return !saving.has_value() || *saving > 0;
 }
 
 absl::Status KvTier::ReleaseTicket(uint64_t ticket) {
@@ -491,7 +495,7 @@ TierFetch KvTier::Fetch(const engine::EngineRequest& request) {
   absl::Cleanup release_ticket = [&] { ReleaseTicket(match.ticket()).IgnoreError(); };
   const uint64_t block_bytes = static_cast<uint64_t>(match.block_bytes());
   if (match.matched() < options_.min_fetch_blocks ||
-      (!options_.always_fetch && !FetchPays(match.matched(), block_bytes))) {
+      (!options_.always_fetch && !FetchPays(block_bytes))) {
     absl::MutexLock lock(&mu_);
     ++stats_.skipped_fetches;
     return fetch;
@@ -565,17 +569,7 @@ void KvTier::PollStoreEvents(kv::KvEventLog& mirror) {
 
 double KvTier::DramHitValue() const {
   if (options_.testonly_dram_hit_value >= 0) return std::min(options_.testonly_dram_hit_value, 1.0);
-  const double rate = engine_->stats().prefill_tokens_per_second;
-  double bandwidth;
-  {
-    absl::MutexLock lock(&mu_);
-    bandwidth = fetch_bandwidth_;
-  }
-  if (rate <= 0 || bandwidth <= 0) return 0.5;
-  const double fetch_per_token =
-      static_cast<double>(memory_.spec.BytesPerBlockAllLayers()) / memory_.spec.block_size /
-      bandwidth;
-  return std::clamp(1.0 - fetch_per_token * rate, 0.0, 1.0);
+  return std::clamp(FetchSaving(memory_.spec.BytesPerBlockAllLayers()).value_or(0.5), 0.0, 1.0);
 }
 
 void KvTier::Release(TierFetch& fetch) {

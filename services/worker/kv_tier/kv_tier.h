@@ -42,6 +42,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,8 +193,13 @@ class KvTier {
   void RunCopy(const CopyTask& task);
   absl::Status ReadBlocks(uint64_t ticket, absl::Span<const int32_t> blocks, uint64_t block_bytes,
                           FetchTiming* timing);
-  // Whether fetching `blocks` beats computing them.
-  bool FetchPays(int32_t blocks, uint64_t block_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
+  // 1 - (fetch time / prefill time) per token, from the fetch bandwidth
+  // and the engine's prefill rate measured so far (blocks of `block_bytes`);
+  // none before both are measured.
+  std::optional<double> FetchSaving(uint64_t block_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether fetching beats computing (per token, so for any number of
+  // blocks); true before anything was measured.
+  bool FetchPays(uint64_t block_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleaseTicket(uint64_t ticket);
   // The pool ranges of `block`: each layer's K and V (adjacent), in layer
   // order: a stored block's bytes.
