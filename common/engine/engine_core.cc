@@ -61,6 +61,27 @@ EngineCore::~EngineCore() {
   for (auto& [id, blocks] : prefilled_) TRIDENT_CHECK_OK(allocator_->Free(blocks));
 }
 
+namespace {
+
+// The most positions a request can reach: its prompt (without the outputs
+// it resumes with) plus max_tokens.
+int64_t MaxLen(const EngineRequest& request) {
+  return static_cast<int64_t>(request.prompt.size()) - request.resumed_outputs +
+         request.max_tokens;
+}
+
+// The sampling penalties' state of a new sequence: the prompt, then the
+// outputs it resumes with.
+std::unique_ptr<sampling::PenaltyState> PenaltiesFor(const EngineRequest& request) {
+  const auto prompt_end = request.prompt.end() - request.resumed_outputs;
+  auto penalties = std::make_unique<sampling::PenaltyState>(absl::MakeConstSpan(
+      request.prompt.data(), request.prompt.size() - request.resumed_outputs));
+  for (auto it = prompt_end; it != request.prompt.end(); ++it) penalties->AddOutputToken(*it);
+  return penalties;
+}
+
+}  // namespace
+
 bool EngineCore::FitsCache(int64_t total_tokens) const {
   return (total_tokens + block_size_ - 1) / block_size_ <= allocator_->num_total();
 }
@@ -80,11 +101,18 @@ absl::Status EngineCore::Validate(const EngineRequest& request, bool remote) con
     return absl::InvalidArgumentError(
         absl::StrCat("max_tokens must be at least 1, got ", request.max_tokens));
   }
-  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (request.resumed_outputs < 0 || request.resumed_outputs >= request.max_tokens ||
+      static_cast<size_t>(request.resumed_outputs) >= request.prompt.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resumed_outputs is ", request.resumed_outputs, "; it must be in [0, max_tokens ",
+        request.max_tokens, ") and leave a prompt token of the ", request.prompt.size()));
+  }
+  const int64_t total = MaxLen(request);
   if (total > backend_->max_model_len()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", request.prompt.size(), " tokens) + max_tokens (", request.max_tokens,
-        ") exceeds the context window of ", backend_->max_model_len(), " tokens"));
+        "prompt (", request.prompt.size() - request.resumed_outputs, " tokens) + max_tokens (",
+        request.max_tokens, ") exceeds the context window of ", backend_->max_model_len(),
+        " tokens"));
   }
   const int64_t blocks_needed = (total + block_size_ - 1) / block_size_;
   if (!remote && !FitsCache(total)) {
@@ -103,8 +131,9 @@ absl::Status EngineCore::Add(EngineRequest request) {
   auto seq = std::make_unique<Sequence>();
   seq->tokens = request.prompt;
   seq->prompt_len = static_cast<int32_t>(request.prompt.size());
+  seq->num_outputs = request.resumed_outputs;
   seq->arrival = next_arrival_++;
-  seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
+  seq->penalties = PenaltiesFor(request);
   seq->root = hasher_.Root(request.cache_salt);
   seq->request = std::move(request);
   live_[seq->request.id] = seq.get();
@@ -141,9 +170,9 @@ absl::Status EngineCore::AddPrefilled(EngineRequest request, std::vector<int32_t
   seq->remote = remote;
   seq->attention_service_id = std::move(service_id);
   if (remote.service != nullptr) ++stats_.remote_placed_total;
-  seq->num_outputs = 1;
+  seq->num_outputs = request.resumed_outputs + 1;
   seq->arrival = next_arrival_++;
-  seq->penalties = std::make_unique<sampling::PenaltyState>(request.prompt);
+  seq->penalties = PenaltiesFor(request);
   seq->penalties->AddOutputToken(first_token);
   seq->root = hasher_.Root(request.cache_salt);
   seq->request = std::move(request);
@@ -553,7 +582,7 @@ TokenEvent EngineCore::SampleNext(Sequence& seq, int32_t row,
   ev.logprob = sampled.logprob;
   ev.top_logprobs = std::move(sampled.top_logprobs);
   ev.output_index = seq.num_outputs;
-  if (seq.num_outputs == 0) ev.cached_tokens = seq.cached_tokens;
+  if (seq.num_outputs == seq.request.resumed_outputs) ev.cached_tokens = seq.cached_tokens;
   seq.tokens.push_back(sampled.token);
   seq.penalties->AddOutputToken(sampled.token);
   ++seq.num_outputs;
@@ -598,7 +627,7 @@ int EngineCore::DemoteRemote(const transport::attention::RemoteAttention* servic
     DropRemote(seq);
     ++stats_.remote_demoted_total;
     ++demoted;
-    if (!FitsCache(seq.prompt_len + int64_t{seq.request.max_tokens})) {
+    if (!FitsCache(MaxLen(seq.request))) {
       unfittable.push_back(seq.request.id);
     }
   };
@@ -643,7 +672,7 @@ std::vector<OffloadCandidate> EngineCore::OffloadCandidates() const {
                                           .blocks = seq->blocks,
                                           .keys = {seq->keys.begin(), seq->keys.begin() + published},
                                           .num_computed = seq->num_computed,
-                                          .max_len = seq->prompt_len + seq->request.max_tokens,
+                                          .max_len = static_cast<int32_t>(MaxLen(seq->request)),
                                           .arrival = seq->arrival,
                                           .residency = seq->blocks_freed});
   }

@@ -305,6 +305,99 @@ TEST(EngineCoreTest, PrefillOnOneEngineDecodeOnAnotherEqualsOneEngine) {
   EXPECT_EQ(decode.allocator.num_free(), 64);
 }
 
+// A request resumed after k outputs (a migration: prompt + those outputs
+// as the prompt, resumed_outputs = k) continues with the outputs its
+// unbroken run drew after them, for every k, greedy and seeded sampling
+// with penalties, on one engine and through a prefill/decode hand-over.
+TEST(EngineCoreTest, AResumedRequestContinuesAsItsUnbrokenRun) {
+  const uint32_t seed = 20261127;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int variant = 0; variant < 2; ++variant) {
+    EngineRequest r = Greedy(absl::StrCat("v", variant), RandomPrompt(rng, 9), 12);
+    if (variant == 1) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_k = 30;
+      r.sampling.seed = 77;
+      r.sampling.presence_penalty = 0.5f;
+      r.sampling.frequency_penalty = 0.3f;
+      r.sampling.repetition_penalty = 1.2f;
+    }
+    Harness whole(64, {});
+    ASSERT_THAT(whole.core.Add(r), IsOk());
+    const std::vector<int32_t> expected = whole.RunToCompletion()[r.id];
+    ASSERT_EQ(expected.size(), 12u);
+    for (int k = 1; k < r.max_tokens; ++k) {
+      EngineRequest resumed = r;
+      resumed.prompt.insert(resumed.prompt.end(), expected.begin(), expected.begin() + k);
+      resumed.resumed_outputs = k;
+      const std::vector<int32_t> rest(expected.begin() + k, expected.end());
+      // One engine.
+      Harness h(64, {});
+      ASSERT_THAT(h.core.Add(resumed), IsOk());
+      std::vector<int32_t> got;
+      while (h.core.HasWork()) {
+        auto events = h.core.Step();
+        ASSERT_THAT(events.status(), IsOk());
+        for (const TokenEvent& ev : *events) {
+          EXPECT_EQ(ev.output_index, k + static_cast<int32_t>(got.size()));
+          got.push_back(ev.token);
+        }
+      }
+      EXPECT_THAT(got, ElementsAreArray(rest)) << "variant " << variant << " k " << k;
+      EXPECT_EQ(h.allocator.num_free(), 64);
+      // Prefill on one engine, decode on another.
+      Harness prefill(64, {});
+      Harness decode(64, {});
+      EngineRequest prefill_only = resumed;
+      prefill_only.prefill_only = true;
+      ASSERT_THAT(prefill.core.Add(prefill_only), IsOk());
+      got.clear();
+      while (prefill.core.HasWork()) {
+        auto events = prefill.core.Step();
+        ASSERT_THAT(events.status(), IsOk());
+        for (const TokenEvent& ev : *events) {
+          EXPECT_EQ(ev.output_index, k);
+          got.push_back(ev.token);
+          if (ev.finish != FinishReason::kPrefilled) continue;
+          ASSERT_EQ(ev.prefilled_blocks.size(),
+                    (resumed.prompt.size() + kBlockSize - 1) / kBlockSize);
+          auto reserved =
+              decode.allocator.Allocate(static_cast<int32_t>(ev.prefilled_blocks.size()));
+          ASSERT_THAT(reserved.status(), IsOk());
+          decode.backend.CopyKvBlocks(prefill.backend, ev.prefilled_blocks, *reserved);
+          EXPECT_TRUE(prefill.core.ReleasePrefilled(ev.request_id));
+          ASSERT_THAT(decode.core.AddPrefilled(resumed, *reserved, ev.token), IsOk());
+        }
+      }
+      while (decode.core.HasWork()) {
+        auto events = decode.core.Step();
+        ASSERT_THAT(events.status(), IsOk());
+        for (const TokenEvent& ev : *events) {
+          EXPECT_EQ(ev.output_index, k + static_cast<int32_t>(got.size()));
+          got.push_back(ev.token);
+        }
+      }
+      EXPECT_THAT(got, ElementsAreArray(rest)) << "disaggregated, variant " << variant << " k " << k;
+      EXPECT_EQ(decode.allocator.num_free(), 64);
+    }
+  }
+}
+
+TEST(EngineCoreTest, AResumeNeedsOutputsLeftAndAPrompt) {
+  Harness h(64, {});
+  EngineRequest r = Greedy("r", {1, 2, 3}, 4);
+  r.resumed_outputs = 4;
+  EXPECT_THAT(h.core.Validate(r), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("resumed_outputs")));
+  r.resumed_outputs = 3;
+  EXPECT_THAT(h.core.Validate(r), StatusIs(absl::StatusCode::kInvalidArgument));
+  r.resumed_outputs = -1;
+  EXPECT_THAT(h.core.Validate(r), StatusIs(absl::StatusCode::kInvalidArgument));
+  r.resumed_outputs = 2;
+  EXPECT_THAT(h.core.Validate(r), IsOk());
+}
+
 TEST(EngineCoreTest, AddPrefilledRejectsBadHandOvers) {
   Harness h(16, {});
   EngineRequest r = Greedy("p", {1, 2, 3, 4, 5}, 4);  // 2 blocks of 4

@@ -29,6 +29,14 @@ struct EngineRequest {
   // Sampling one of these ends the request with kStop (the token is
   // returned). The caller adds the model's EOS ids unless ignore_eos.
   std::vector<int32_t> stop_token_ids;
+  // A resumed request (migrated from a worker that died): the last
+  // `resumed_outputs` tokens of `prompt` are outputs this request generated
+  // before. They count as outputs for penalties, for the sampling position
+  // (seeded draws are keyed by output position, so the continuation is the
+  // one the first worker would have drawn) and in max_tokens, which stays
+  // the request's whole: max_tokens - resumed_outputs more are generated.
+  // Their KV is computed like the prompt's (or found in a prefix cache).
+  int32_t resumed_outputs = 0;
   // Disaggregated prefill: compute the prompt and sample the first token,
   // then stop with kPrefilled and keep the prompt's KV blocks (the event
   // lists them) until ReleasePrefilled, so they can be sent to a decode

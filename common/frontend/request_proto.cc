@@ -23,20 +23,35 @@ absl::Status ValidatePromptTokenIds(
 absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
     const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
     const trident::v1::SamplingParams& sampling, const trident::v1::StopConditions& stop,
-    const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info) {
+    const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info,
+    int32_t resumed_outputs) {
   if (request_id.empty()) return InvalidArgumentForField("request_id", "must not be empty");
   TRIDENT_RETURN_IF_ERROR(ValidatePromptTokenIds(prompt_token_ids, model_info.vocab_size()));
   engine::EngineRequest er;
   er.id = request_id;
   er.prompt.assign(prompt_token_ids.begin(), prompt_token_ids.end());
   if (er.prompt.empty()) return InvalidArgumentForField("prompt_token_ids", "must not be empty");
+  if (resumed_outputs < 0 || static_cast<size_t>(resumed_outputs) >= er.prompt.size()) {
+    return InvalidArgumentForField(
+        "resumed_outputs", absl::StrCat("is ", resumed_outputs, "; must be 0 to ",
+                                        er.prompt.size() - 1, " (fewer than the prompt's ",
+                                        er.prompt.size(), " tokens)"));
+  }
+  er.resumed_outputs = resumed_outputs;
   TRIDENT_ASSIGN_OR_RETURN(
       er.sampling, sampling::SamplingParamsFromProto(sampling, options, model_info.vocab_size(),
                                                      /*default_seed=*/0));
   TRIDENT_ASSIGN_OR_RETURN(sampling::StopParams s,
                            sampling::StopParamsFromProto(sampling, stop, model_info.vocab_size(),
                                                          model_info.max_context_tokens(),
-                                                         static_cast<int32_t>(er.prompt.size())));
+                                                         static_cast<int32_t>(er.prompt.size()) -
+                                                             resumed_outputs));
+  if (resumed_outputs >= s.max_tokens) {
+    return InvalidArgumentForField("resumed_outputs",
+                                   absl::StrCat("is ", resumed_outputs,
+                                                "; must be below sampling.max_tokens (",
+                                                s.max_tokens, "), which counts them"));
+  }
   er.max_tokens = s.max_tokens;
   er.stop_token_ids = s.stop_token_ids;
   if (!s.ignore_eos) {

@@ -22,11 +22,14 @@ absl::Status ValidatePromptTokenIds(
     const google::protobuf::RepeatedField<int32_t>& prompt_token_ids, int32_t vocab_size);
 
 // INVALID_ARGUMENT naming the field (prompt_token_ids[i], sampling.*,
-// stop.*) for bad input.
+// stop.*, resumed_outputs) for bad input. `resumed_outputs`: the last that
+// many prompt ids are outputs of a migrated request
+// (EngineRequest::resumed_outputs); sampling.max_tokens counts them.
 absl::StatusOr<engine::EngineRequest> EngineRequestFromProto(
     const std::string& request_id, const google::protobuf::RepeatedField<int32_t>& prompt_token_ids,
     const trident::v1::SamplingParams& sampling, const trident::v1::StopConditions& stop,
-    const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info);
+    const trident::v1::OutputOptions& options, const trident::v1::ModelInfoResponse& model_info,
+    int32_t resumed_outputs = 0);
 
 // The public finish reason of an engine's; kNone and kPrefilled (internal)
 // map to FINISH_REASON_UNSPECIFIED.

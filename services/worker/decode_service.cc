@@ -461,7 +461,7 @@ grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(
         engine::EngineRequest er,
         frontend::EngineRequestFromProto(request->request_id(), request->prompt_token_ids(),
                                          request->sampling(), request->stop(), request->options(),
-                                         model_info_));
+                                         model_info_, request->resumed_outputs()));
     er.cache_salt = request->cache_salt();
     return er;
   };

@@ -407,7 +407,8 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
   TRIDENT_ASSIGN_OR_RETURN(engine::EngineRequest er,
                            frontend::EngineRequestFromProto(
                                request.request_id(), request.prompt_token_ids(), request.sampling(),
-                               request.stop(), request.options(), model_info_));
+                               request.stop(), request.options(), model_info_,
+                               request.resumed_outputs()));
   er.prefill_only = true;
   er.cache_salt = request.cache_salt();
   if (!request.has_destination()) return er;

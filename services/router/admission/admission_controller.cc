@@ -725,7 +725,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
     decision.retry_after = options_.default_retry_after;
     return decision;
   }
-  if (!options_.enabled) return AdmitLeastLoaded(scope, decision);
+  if (!options_.enabled || request.must_admit) return AdmitLeastLoaded(scope, decision);
 
   decision.predicted_ttft = ToDuration(best_any_ttft);
   if (best_decode < 0) {
@@ -774,7 +774,10 @@ int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_
     Worker& w = *workers_[i];
     PrefillEval& e = prefill_scratch_[i];
     e = PrefillEval();
-    if (w.report.role == WorkerRole::kDecode || !Eligible(w, s.now)) continue;
+    if (w.report.role == WorkerRole::kDecode || !Eligible(w, s.now) ||
+        s.request.excluded_workers.contains(w.id)) {
+      continue;
+    }
     e.eligible = true;
     ++num_prefill;
     PrefillBacklog(w, s.now, &e.forecast, &e.backlog_tokens);
@@ -812,7 +815,10 @@ int AdmissionController::EvaluateDecode(const AdmitScope& s, double t, int* best
     Worker& w = *workers_[i];
     DecodeEval& e = decode_scratch_[i];
     e = DecodeEval();
-    if (w.report.role == WorkerRole::kPrefill || !Eligible(w, s.now)) continue;
+    if (w.report.role == WorkerRole::kPrefill || !Eligible(w, s.now) ||
+        s.request.excluded_workers.contains(w.id)) {
+      continue;
+    }
     e.eligible = true;
     ++num_decode;
     ForecastDecode(w, s.now, t, &e);

@@ -96,6 +96,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -199,6 +200,12 @@ struct AdmissionRequest {
   // if those were cached too. The KV transfer is priced by cached_tokens
   // alone.
   absl::flat_hash_map<std::string, int64_t> dram_cached_tokens;
+  // Workers not to choose (a migrating request's failed ones).
+  absl::flat_hash_set<std::string> excluded_workers;
+  // A request admitted before and migrating now (its worker died): it goes
+  // to the least-loaded pair whatever the predictions, as with admission
+  // off; only kNoWorkers refuses it.
+  bool must_admit = false;
 };
 
 // The outcome of Admit.

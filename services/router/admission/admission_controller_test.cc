@@ -405,6 +405,28 @@ TEST(AdmissionControllerTest, NoWorkersRejectsEvenWhenOff) {
   EXPECT_EQ(decision.reason, RejectReason::kNoWorkers);
 }
 
+// A migrating request is admitted whatever the predictions, never to a
+// worker it excludes, and refused only when no worker is left.
+TEST(AdmissionControllerTest, AMigratingRequestIsAdmittedAwayFromItsFailedWorkers) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0", /*queued_tokens=*/50000));
+  cluster.Load(PrefillLoad("p1", /*queued_tokens=*/40000));
+  cluster.Load(DecodeLoad("d0", /*running=*/40));
+  cluster.Load(DecodeLoad("d1", /*running=*/30));
+  AdmissionRequest request = Request(1000, 100, absl::Milliseconds(100), absl::Milliseconds(12));
+  EXPECT_FALSE(cluster.Admit(request).admitted);  // over both targets
+  request.must_admit = true;
+  request.excluded_workers = {"d1", "p1"};
+  const AdmissionDecision decision = cluster.Admit(request);
+  ASSERT_TRUE(decision.admitted);
+  EXPECT_EQ(decision.decode_worker_id, "d0");
+  EXPECT_EQ(decision.prefill_worker_id, "p0");
+  request.excluded_workers = {"d0", "d1"};
+  const AdmissionDecision none = cluster.Admit(request);
+  EXPECT_FALSE(none.admitted);
+  EXPECT_EQ(none.reason, RejectReason::kNoWorkers);
+}
+
 TEST(AdmissionControllerTest, ColocatedPairSkipsTheTransfer) {
   AdmissionOptions options = KnownModelOptions();
   options.transfer_model.bytes_per_token = 1'000'000;  // 1000 tokens: 0.1 s at 10 GB/s.
