@@ -1,36 +1,36 @@
 // The router's TokenSource: a request's tokens from a (decode, prefill)
-// worker pair that SLO admission chose.
-//
-// Each request is a small state machine driven by gRPC's callback client
-// API; no thread is started per request, so the router's thread count does
-// not grow with the requests in flight (gRPC's callback pool plus one timer
-// thread of this class).
+// worker pair that SLO admission chose (each request a Flight, flight.h).
 //
 //   Submit ─ Admit ──rejected──▶ RESOURCE_EXHAUSTED + RetryInfo (at once)
 //              │admitted
 //              ▼
-//          ReserveKv on the decode worker ──other error──▶ that status
-//              │ ok                    │ RESOURCE_EXHAUSTED (KV cache full)
-//              │                       ▼
-//              │               WAITING FOR KV ROOM ── retried when a request
-//              │                 │  of this router ends, and every
-//              │                 │  `kv_retry_interval`, admission choosing
-//              │                 │  the pair again (another decode worker
-//              │                 │  may have room); at the request's TTFT
-//              │                 │  target (admission on) or deadline:
-//              │                 └────▶ RESOURCE_EXHAUSTED + RetryInfo
+//          Flight: ReserveKv, then the Prefill and Decode streams
+//              │ RESOURCE_EXHAUSTED (KV cache full)
 //              ▼
-//          Decode stream (read from the start) + Prefill stream into the
-//          reservation: the prefill's first token is output 0, the decode
-//          stream's tokens follow.
+//          WAITING FOR KV ROOM ── retried when a request of this router
+//              │  ends, and every `kv_retry_interval`, admission choosing
+//              │  the pair again (another decode worker may have room); at
+//              │  the request's TTFT target (admission on) or deadline:
+//              └────▶ RESOURCE_EXHAUSTED + RetryInfo
 //
-// A worker call that fails ends the request with that worker's status,
-// code and details (e.g. RESOURCE_EXHAUSTED with RetryInfo, or
+// MIGRATION: when a worker fails under a request (its stream breaks, it is
+// unreachable or stopped, it answers UNAVAILABLE or ABORTED, or its decode
+// stream stalls past `stall_timeout`), the request is admitted again on
+// another pair (never the failed worker, whatever the SLO predictions)
+// with its prompt plus the tokens already streamed, and the client's
+// stream continues: no token lost or repeated, seeded draws continuing as
+// they would have. At most `migration_limit` times per request; with no
+// worker left it ends UNAVAILABLE.
+//
+// A worker call that fails otherwise ends the request with that worker's
+// status, code and details (e.g. RESOURCE_EXHAUSTED with RetryInfo, or
 // INVALID_ARGUMENT with BadRequest), its message prefixed with the call and
-// the worker's address; a decode failure cancels the prefill call and vice
-// versa, and the first failure is the one reported. Abort (client
-// cancellation) cancels the calls in flight (the workers then end the
-// sequence and free its KV) or ends a wait at once.
+// the worker's address. Abort (client cancellation) cancels the calls in
+// flight (the workers then end the sequence and free its KV) or ends a
+// wait at once.
+//
+// No thread is started per request: gRPC's callback pool, plus one timer
+// thread of this class (KV waits and the stall watchdog).
 
 #ifndef TRIDENT_SERVICES_ROUTER_REMOTE_TOKEN_SOURCE_H_
 #define TRIDENT_SERVICES_ROUTER_REMOTE_TOKEN_SOURCE_H_
@@ -46,49 +46,15 @@
 #include "absl/time/time.h"
 #include "common/engine/token_source.h"
 #include "common/time/clock.h"
-#include "grpcpp/grpcpp.h"
 #include "services/router/admission/admission_controller.h"
-#include "services/router/kv_index/kv_index.h"
-#include "services/router/router_metrics.h"
-#include "trident/v1/worker.grpc.pb.h"
+#include "services/router/flight.h"
+#include "services/router/routing_options.h"
+#include "services/router/worker_streams.h"
 
 namespace trident::router {
 
-struct RemoteTokenSourceOptions {
-  // Lease asked for each KV reservation.
-  absl::Duration reserve_lease = absl::Seconds(30);
-  // Whether decode workers may place a request's KV on a CPU attention
-  // service (ReserveKvRequest.allow_cpu_attention): its long-context
-  // requests, or any when their GPU pool is full.
-  bool allow_cpu_attention = true;
-  // Deadline of each worker call (the whole prefill, the whole decode).
-  absl::Duration call_timeout = absl::Minutes(10);
-  // Deadline of one ReserveKv call.
-  absl::Duration reserve_timeout = absl::Seconds(10);
-  // A request that finds the decode side's KV cache full waits for room at
-  // most until its TTFT target (admission on), its deadline, or this long
-  // after its arrival, whichever comes first.
-  absl::Duration max_kv_wait = absl::Seconds(60);
-  // How often a waiting request asks again when nothing wakes it sooner.
-  absl::Duration kv_retry_interval = absl::Milliseconds(100);
-  // The RetryInfo delay of a request that waited in vain.
-  absl::Duration kv_full_retry_after = absl::Seconds(1);
-  // Where request outcomes, admission decisions and latencies are recorded
-  // (router_metrics.h); null: nowhere. Must outlive the source.
-  RouterMetrics* metrics = nullptr;
-  // The workers' prefix caches, for KV-aware routing (each prefill worker
-  // priced for the prompt tokens it lacks); null: every prompt priced
-  // whole. Must outlive the source.
-  const kv_index::KvIndex* kv_index = nullptr;
-  // The clock latencies and waits are measured on; null: the real clock.
-  const Clock* clock = nullptr;
-  // Whether a thread of the source retries and expires waiting requests on
-  // its own. false: only RunTimersForTesting does (tests on a fake clock).
-  bool timer_thread = true;
-};
-
 // Thread-safe.
-class RemoteTokenSource final : public engine::TokenSource {
+class RemoteTokenSource final : public engine::TokenSource, private FlightOwner {
  public:
   // `admission` must outlive this.
   RemoteTokenSource(admission::AdmissionController* admission, RemoteTokenSourceOptions options);
@@ -119,29 +85,25 @@ class RemoteTokenSource final : public engine::TokenSource {
   void AwaitWaitingKvForTesting(int n) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  class Flight;
-  struct Stubs {
-    std::unique_ptr<trident::v1::Prefill::Stub> prefill;
-    std::unique_ptr<trident::v1::Decode::Stub> decode;
-  };
+  enum class RouteKind { kFirst, kKvRetry, kMigration };
 
-  // Admits `flight` (again, after a wait) and reserves KV on the chosen
-  // decode worker: OK when the reservation is under way, else the status
-  // the request ends with. On a retry, `no_room` says admission still
-  // finds no KV room (the request keeps waiting).
-  absl::Status Route(const std::shared_ptr<Flight>& flight, bool first_attempt, bool* no_room)
+  // Admits `flight` (again, after a wait or a failure) and reserves KV on
+  // the chosen decode worker: OK when the reservation is under way, else
+  // the status the request ends with. On a KV retry, `no_room` says
+  // admission still finds no KV room (the request keeps waiting).
+  absl::Status Route(const std::shared_ptr<Flight>& flight, RouteKind kind, bool* no_room)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The KV cache was full: wait for room, or end the request if its wait is
-  // over.
-  void WaitForKv(const std::shared_ptr<Flight>& flight, const absl::Status& why)
+  // FlightOwner.
+  void WaitForKv(const std::shared_ptr<Flight>& flight, const absl::Status& why) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  void Migrate(const std::shared_ptr<Flight>& flight) override ABSL_LOCKS_EXCLUDED(mu_);
   // A request ended: wakes the waiting ones (its KV is free again) and
   // forgets it.
-  void OnFlightDone(const Flight& flight) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnFlightDone(const Flight& flight) override ABSL_LOCKS_EXCLUDED(mu_);
   void RunTimers() ABSL_LOCKS_EXCLUDED(mu_);
   void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Stubs for the worker at `address` (created once).
-  Stubs* StubsFor(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerStubs* StubsFor(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   admission::AdmissionController* const admission_;
   const RemoteTokenSourceOptions options_;
@@ -151,7 +113,7 @@ class RemoteTokenSource final : public engine::TokenSource {
   // Set to make the timer thread look at the waiting requests now.
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::unique_ptr<Stubs>> stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<WorkerStubs>> stubs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(mu_);
   // Requests waiting for KV room, oldest first.
   std::deque<std::shared_ptr<Flight>> waiting_ ABSL_GUARDED_BY(mu_);

@@ -143,6 +143,24 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
                            .Register(r)
                            .Add({});
 
+  auto& migrations =
+      prometheus::BuildCounter()
+          .Name("trident_router_migrations_total")
+          .Help("Requests whose worker failed mid-request (stream broken, unreachable or "
+                "stalled), by outcome: resumed on another worker pair with the tokens streamed "
+                "so far, limit_reached (--migration_limit), no_worker (none left to take it).")
+          .Register(r);
+  for (MigrationOutcome o :
+       {MigrationOutcome::kResumed, MigrationOutcome::kLimitReached, MigrationOutcome::kNoWorker}) {
+    migrations_[static_cast<int>(o)] = &migrations.Add({{"outcome", std::string(MigrationOutcomeName(o))}});
+  }
+  stalls_ = &prometheus::BuildCounter()
+                 .Name("trident_router_worker_stalls_total")
+                 .Help("Worker calls the router ended because no token came within "
+                       "--stall_timeout_ms (the worker was alive but made no progress).")
+                 .Register(r)
+                 .Add({});
+
   for (const admission::QosClass& c : qos_.classes) class_names_.push_back(c.name);
   class_names_.push_back(Name(kUnknownClass));
   for (const std::string& name : class_names_) {
@@ -305,6 +323,23 @@ void RequestObserver::Finish(RequestOutcome outcome) {
     pc.tpot->Observe(absl::ToDoubleSeconds(last_token_ - first_token_) /
                      static_cast<double>(tokens_ - 1));
   }
+}
+
+absl::string_view MigrationOutcomeName(MigrationOutcome outcome) {
+  switch (outcome) {
+    case MigrationOutcome::kResumed:
+      return "resumed";
+    case MigrationOutcome::kLimitReached:
+      return "limit_reached";
+    case MigrationOutcome::kNoWorker:
+      return "no_worker";
+  }
+  return "unknown";
+}
+
+void RouterMetrics::OnMigration(MigrationOutcome outcome, bool stalled) {
+  migrations_[static_cast<int>(outcome)]->Increment();
+  if (stalled) stalls_->Increment();
 }
 
 }  // namespace trident::router

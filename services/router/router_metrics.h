@@ -97,6 +97,14 @@ absl::string_view RequestOutcomeName(RequestOutcome outcome);
 // Where an admitted request is (the `stage` label).
 enum class RequestStage { kPrefill, kDecode };
 
+// What became of a request whose worker failed in a way a migration mends
+// (the `outcome` label of trident_router_migrations_total): resumed on
+// another pair, refused for its migration limit, or no worker left.
+enum class MigrationOutcome { kResumed, kLimitReached, kNoWorker };
+
+// "resumed", "limit_reached", "no_worker".
+absl::string_view MigrationOutcomeName(MigrationOutcome outcome);
+
 // Histogram buckets, in seconds.
 // TTFT: 5 ms to 2 minutes (a queued long prompt).
 std::vector<double> TtftBuckets();
@@ -138,6 +146,10 @@ class RouterMetrics {
     prefix_delivered_->Increment(static_cast<double>(tokens));
   }
   void RemoveWorker(const std::string& worker_id);
+  // A worker call failed in a way a migration mends (the stream broke, the
+  // worker was unreachable, or it stalled): what became of the request.
+  // `stalled`: the router's progress watchdog ended the call.
+  void OnMigration(MigrationOutcome outcome, bool stalled);
 
  private:
   friend class RequestObserver;
@@ -164,6 +176,8 @@ class RouterMetrics {
   std::array<prometheus::Counter*, 2> routing_{};
   prometheus::Counter* prefix_predicted_ = nullptr;
   prometheus::Counter* prefix_delivered_ = nullptr;
+  std::array<prometheus::Counter*, 3> migrations_{};  // By MigrationOutcome.
+  prometheus::Counter* stalls_ = nullptr;
   prometheus::Family<prometheus::Gauge>& worker_queued_prefill_tokens_;
   prometheus::Family<prometheus::Gauge>& worker_running_sequences_;
   prometheus::Family<prometheus::Gauge>& worker_kv_usage_;
