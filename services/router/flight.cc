@@ -286,8 +286,8 @@ void Flight::HandlePrefillLocked(const v1::PrefillResponse& p) {
   } else if (p.has_transfer_done()) {
     transfer_done_at_ = now;
     // The decode worker has the KV: from now on it owes tokens.
+    if (!a.watching) a.last_progress = now;
     a.watching = true;
-    a.last_progress = now;
     prefill_time_ = DurationFromProto(p.transfer_done().prefill_time());
     transfer_time_ = DurationFromProto(p.transfer_done().transfer_time());
     if (observer_ != nullptr) observer_->OnPrefillDone();
@@ -378,8 +378,8 @@ void Flight::OnCallDone(Call call, const grpc::Status& status) {
     if (call == Call::kPrefill) {
       if (observer_ != nullptr) observer_->OnPrefillDone();
       a.prefill_done = true;
+      if (!a.watching) a.last_progress = clock_->Now();
       a.watching = true;
-      if (a.last_progress == absl::InfiniteFuture()) a.last_progress = clock_->Now();
       // The decode worker finished the request: that stands whatever
       // became of the prefill stream since.
       if (a.held_complete.has_value()) EmitCompleteLocked(*a.held_complete);

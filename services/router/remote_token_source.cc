@@ -276,6 +276,12 @@ void RemoteTokenSource::TimerLoop() {
 
 void RemoteTokenSource::RunTimersForTesting() { RunTimers(); }
 
+void RemoteTokenSource::AwaitIdleForTesting() const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return flights_.empty(); };
+  mu_.Await(absl::Condition(&idle));
+}
+
 void RemoteTokenSource::AwaitWaitingKvForTesting(int n) const {
   absl::MutexLock lock(&mu_);
   auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -81,6 +81,9 @@ class RemoteTokenSource final : public engine::TokenSource, private FlightOwner 
   // Retries the waiting requests that are due on the clock and ends those
   // past their limit, as the timer thread does.
   void RunTimersForTesting() ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until no request is in flight (each one's calls have ended and
+  // its admission slot is released).
+  void AwaitIdleForTesting() const ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until `n` requests wait for KV room.
   void AwaitWaitingKvForTesting(int n) const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -50,15 +50,41 @@ class FakeDecode final : public v1::Decode::CallbackService {
     absl::MutexLock lock(&mu_);
     hold_ = hold;
   }
+  // Each Decode stream sends `tokens` tokens, then ends with `failure`
+  // (no completion); with `stall`, it sends them and then nothing until
+  // the client cancels it.
+  void FailAfter(int tokens, absl::Status failure, bool stall = false) {
+    absl::MutexLock lock(&mu_);
+    fail_after_ = tokens;
+    failure_ = std::move(failure);
+    stall_ = stall;
+  }
+  // Ends the stalled streams with `status`.
+  void CloseStalled(const absl::Status& status) {
+    std::vector<std::shared_ptr<StreamChannel<v1::DecodeResponse>>> stalled;
+    {
+      absl::MutexLock lock(&mu_);
+      stalled.swap(stalled_);
+    }
+    for (auto& channel : stalled) channel->Close(status);
+  }
+  std::vector<v1::DecodeRequest> requests() const {
+    absl::MutexLock lock(&mu_);
+    return requests_;
+  }
   // Answers every held stream.
   void ReleaseHeld() {
     std::vector<std::shared_ptr<StreamChannel<v1::DecodeResponse>>> held;
+    std::vector<v1::DecodeRequest> requests;
     {
       absl::MutexLock lock(&mu_);
       held.swap(held_);
+      requests.swap(held_requests_);
       hold_ = false;
     }
-    for (auto& channel : held) Answer(*channel);
+    for (size_t i = 0; i < held.size(); ++i) {
+      Answer(*held[i], requests[i].resumed_outputs(), requests[i].sampling().max_tokens());
+    }
   }
   // Waits until no reservation is left (a cancelled stream's end reaches
   // the server a little after the client's).
@@ -104,22 +130,43 @@ class FakeDecode final : public v1::Decode::CallbackService {
       absl::MutexLock lock(&mu_);
       reserved_.erase(id);
     });
+    const int resumed = request->resumed_outputs();
+    const int max_tokens = request->sampling().max_tokens();
     {
       absl::MutexLock lock(&mu_);
+      requests_.push_back(*request);
+      if (fail_after_ >= 0) {
+        // Output i is token kFirstToken + i; output `resumed` came from
+        // the prefill.
+        auto& channel = *reactor->channel();
+        for (int i = resumed + 1; i < std::min(max_tokens, resumed + 1 + fail_after_); ++i) {
+          v1::DecodeResponse chunk;
+          chunk.mutable_chunk()->add_token_ids(kFirstToken + i);
+          channel.Push(chunk);
+        }
+        if (stall_) {
+          stalled_.push_back(reactor->channel());
+        } else {
+          channel.Close(failure_);
+        }
+        return reactor;
+      }
       if (hold_) {
         held_.push_back(reactor->channel());
+        held_requests_.push_back(*request);
         return reactor;
       }
     }
-    Answer(*reactor->channel());
+    Answer(*reactor->channel(), resumed, max_tokens);
     return reactor;
   }
 
  private:
-  static void Answer(StreamChannel<v1::DecodeResponse>& channel) {
+  // Outputs resumed + 1 to max_tokens - 1 (token kFirstToken + index),
+  // then the completion.
+  static void Answer(StreamChannel<v1::DecodeResponse>& channel, int resumed, int max_tokens) {
     v1::DecodeResponse chunk;
-    chunk.mutable_chunk()->add_token_ids(8);
-    chunk.mutable_chunk()->add_token_ids(9);
+    for (int i = resumed + 1; i < max_tokens; ++i) chunk.mutable_chunk()->add_token_ids(kFirstToken + i);
     channel.Push(chunk);
     v1::DecodeResponse complete;
     complete.mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
@@ -133,6 +180,12 @@ class FakeDecode final : public v1::Decode::CallbackService {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<uint64_t> reserved_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<StreamChannel<v1::DecodeResponse>>> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::DecodeRequest> held_requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::DecodeRequest> requests_ ABSL_GUARDED_BY(mu_);
+  int fail_after_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stall_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<StreamChannel<v1::DecodeResponse>>> stalled_ ABSL_GUARDED_BY(mu_);
 };
 
 // A prefill worker: started, the first token, transfer_done, OK; or the
@@ -161,7 +214,7 @@ class FakePrefill final : public v1::Prefill::CallbackService {
     SetProtoDuration(absl::Milliseconds(3), started.mutable_started()->mutable_queued());
     channel->Push(started);
     v1::PrefillResponse first;
-    first.mutable_first_token()->add_token_ids(kFirstToken);
+    first.mutable_first_token()->add_token_ids(kFirstToken + request->resumed_outputs());
     channel->Push(first);
     v1::PrefillResponse done;
     done.mutable_transfer_done()->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
@@ -181,6 +234,8 @@ class FakePrefill final : public v1::Prefill::CallbackService {
 struct FakeWorker {
   explicit FakeWorker(int capacity) : decode(capacity) {
     grpc::ServerBuilder builder;
+    // The router's keepalive pings.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&decode);
     builder.RegisterService(&prefill);
@@ -341,6 +396,192 @@ TEST_F(RemoteTokenSourceTest, AWorkersInvalidArgumentReachesTheClientWithItsFiel
   const engine::TokenEvent end = events.AwaitEnd().back();
   EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(GetBadRequestField(end.error), "sampling.top_k");
+}
+
+// Output i of every fake worker is kFirstToken + i, so a stream resumed at
+// any point continues where it stopped.
+std::vector<int32_t> ExpectedTokens(int max_tokens) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < max_tokens; ++i) tokens.push_back(kFirstToken + i);
+  return tokens;
+}
+
+void ExpectPrefixOf(const std::vector<int32_t>& got, const std::vector<int32_t>& all) {
+  ASSERT_LE(got.size(), all.size());
+  EXPECT_EQ(got, std::vector<int32_t>(all.begin(), all.begin() + got.size()));
+}
+
+// Every token once, in order, and one final event after them.
+void ExpectOneContiguousStream(const std::vector<engine::TokenEvent>& got) {
+  ASSERT_FALSE(got.empty());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].output_index, static_cast<int32_t>(i)) << i;
+    EXPECT_EQ(got[i].finish != engine::FinishReason::kNone, i + 1 == got.size()) << i;
+  }
+}
+
+TEST_F(RemoteTokenSourceTest, ADecodeWorkerFailingMidStreamIsReplacedAndTheStreamGoesOn) {
+  Start();
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.decode.FailAfter(2, absl::OkStatus(), /*stall=*/true);
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);  // less attractive: w1 is chosen first
+  Events events;
+  engine::EngineRequest request = Request("r1");
+  request.max_tokens = 6;
+  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  events.AwaitTokens(3);
+  first.decode.CloseStalled(absl::UnavailableError("Socket closed"));
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), ExpectedTokens(6));
+  ExpectOneContiguousStream(got);
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  ASSERT_TRUE(got.back().placement.has_value());
+  EXPECT_EQ(got.back().placement->decode_worker_id, "w2");
+  // w2 resumed after the 3 tokens streamed (the first from the prefill).
+  const std::vector<v1::DecodeRequest> resumed = second.decode.requests();
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0].resumed_outputs(), 3);
+  EXPECT_THAT(resumed[0].prompt_token_ids(),
+              ::testing::ElementsAre(1, 2, 3, kFirstToken, kFirstToken + 1, kFirstToken + 2));
+  EXPECT_EQ(resumed[0].sampling().max_tokens(), 6);
+  first.decode.AwaitNoneReserved();
+  second.decode.AwaitNoneReserved();
+  source_->AwaitIdleForTesting();
+  EXPECT_EQ(admission_->num_in_flight(), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, APrefillWorkerFailingBeforeTheFirstTokenIsReplaced) {
+  Start();
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.prefill.set_failure(absl::UnavailableError("connection refused"));
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), ExpectedTokens(3));
+  ExpectOneContiguousStream(got);
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  EXPECT_EQ(got.back().placement->prefill_worker_id, "w2");
+  // The first try's reservation was given back when its stream was
+  // cancelled.
+  first.decode.AwaitNoneReserved();
+}
+
+TEST_F(RemoteTokenSourceTest, AStalledDecodeStreamIsEndedByTheWatchdogAndMigrated) {
+  RemoteTokenSourceOptions options;
+  options.stall_timeout = absl::Seconds(10);
+  Start(options);
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.decode.FailAfter(1, absl::OkStatus(), /*stall=*/true);
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);
+  Events events;
+  engine::EngineRequest request = Request("r1");
+  request.max_tokens = 5;
+  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  events.AwaitTokens(2);
+  source_->RunTimersForTesting();  // not yet stalled
+  clock_.Advance(absl::Seconds(9));
+  source_->RunTimersForTesting();
+  EXPECT_FALSE(events.ended());
+  EXPECT_TRUE(second.decode.requests().empty());
+  clock_.Advance(absl::Seconds(2));
+  // The workers' load reports keep coming (admission drops stale ones).
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);
+  source_->RunTimersForTesting();
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), ExpectedTokens(5));
+  ExpectOneContiguousStream(got);
+  EXPECT_EQ(got.back().placement->decode_worker_id, "w2");
+  first.decode.AwaitNoneReserved();
+}
+
+TEST_F(RemoteTokenSourceTest, AWorkerFailingAfterTheLastTokenEndsTheRequestAsItWould) {
+  Start();
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.decode.FailAfter(2, absl::OkStatus(), /*stall=*/true);  // all of them
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+  events.AwaitTokens(3);
+  first.decode.CloseStalled(absl::UnavailableError("Socket closed"));
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), ExpectedTokens(3));
+  ExpectOneContiguousStream(got);
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  EXPECT_TRUE(second.decode.requests().empty());
+}
+
+TEST_F(RemoteTokenSourceTest, WithNoWorkerLeftAMigratingRequestEndsUnavailable) {
+  Start();
+  FakeWorker only(/*capacity=*/4);
+  only.decode.FailAfter(1, absl::UnavailableError("Socket closed"));
+  AddWorker("w1", only);
+  Events events;
+  engine::EngineRequest request = Request("r1");
+  request.max_tokens = 6;
+  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  // What reached the client before the failure (the decode stream may
+  // fail before the prefill's first token arrives).
+  ExpectPrefixOf(Tokens(got), ExpectedTokens(2));
+  ExpectOneContiguousStream(got);
+  EXPECT_THAT(got.back().error,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no worker is left")));
+  source_->AwaitIdleForTesting();
+  EXPECT_EQ(admission_->num_in_flight(), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, TheMigrationLimitEndsTheRequestWithTheWorkersStatus) {
+  RemoteTokenSourceOptions options;
+  options.migration_limit = 1;
+  Start(options);
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.decode.FailAfter(1, absl::UnavailableError("Socket closed"));
+  second.decode.FailAfter(1, absl::AbortedError("the KV reservation is gone"));
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);
+  Events events;
+  engine::EngineRequest request = Request("r1");
+  request.max_tokens = 8;
+  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  ExpectPrefixOf(Tokens(got), ExpectedTokens(4));
+  ExpectOneContiguousStream(got);
+  EXPECT_THAT(got.back().error,
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("migration limit of 1 reached")));
+}
+
+TEST_F(RemoteTokenSourceTest, ANonMigratableFailureIsNotMigrated) {
+  Start();
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.decode.FailAfter(1, absl::InternalError("engine step failed"));
+  AddWorker("w1", first);
+  AddWorker("w2", second, /*running=*/5);
+  Events events;
+  engine::EngineRequest request = Request("r1");
+  request.max_tokens = 6;
+  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+
+  const engine::TokenEvent end = events.AwaitEnd().back();
+  EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kInternal, HasSubstr("engine step failed")));
+  EXPECT_TRUE(second.decode.requests().empty());
 }
 
 TEST_F(RemoteTokenSourceTest, ARequestFindingTheKvCacheFullWaitsAndIsServedWhenRoomFrees) {
