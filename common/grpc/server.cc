@@ -61,10 +61,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   // Without this, gRPC binds with SO_REUSEPORT and a second process on the
   // same port silently takes half the traffic instead of failing to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Clients of long-lived streams (controller members and topology
-  // watchers) ping every 10 s; gRPC's default refuses pings more often than
-  // every 5 minutes on a stream without data and drops the connection.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
+  // Clients ping to notice a stopped peer: controller members and topology
+  // watchers every 10 s, the router's channels to workers every 2 s
+  // (--keepalive_ms, at least 1 s). gRPC's default refuses pings more often
+  // than every 5 minutes on a connection without data and drops it.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1'000);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   auto calls = std::make_shared<CallCount>();

@@ -90,6 +90,7 @@ absl::Time Flight::WaitLimit(const admission::AdmissionDecision& decision) const
   absl::Time from = arrival_;
   if (migrations_ > 0) {
     from = migrated_at_;
+    limit = options_->migration_wait;
   } else if (decision.ttft_target.has_value()) {
     limit = std::min(limit, *decision.ttft_target);
   }

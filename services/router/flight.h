@@ -99,8 +99,8 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   // Whether this is a migration's routing (a worker failed under it).
   bool migrating() const ABSL_LOCKS_EXCLUDED(mu_);
   // The latest a request that finds the KV cache full may still be given
-  // room: its TTFT target under admission (first routing only), its
-  // deadline, max_kv_wait after its arrival or migration.
+  // room: its TTFT target under admission, its deadline, max_kv_wait after
+  // its arrival; for a migration, migration_wait after it.
   absl::Time WaitLimit(const admission::AdmissionDecision& decision) const
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -60,6 +60,18 @@ ABSL_FLAG(int32_t, max_kv_wait_ms, 60000,
           "A request whose decode worker's KV cache is full waits for room at most this long "
           "(and never past its TTFT target when admission is on, nor past its deadline), then "
           "gets RESOURCE_EXHAUSTED with RetryInfo.");
+ABSL_FLAG(int32_t, migration_limit, 3,
+          "How many times one request may move to another worker pair when a worker fails "
+          "under it (its stream breaks, it is unreachable or stopped, it answers UNAVAILABLE or "
+          "ABORTED, or it stalls): the request resumes with its prompt plus the tokens already "
+          "streamed and the client's stream goes on. 0: a failed worker fails its requests.");
+ABSL_FLAG(int32_t, stall_timeout_ms, 10000,
+          "A decode stream that brings no token for this long once its KV arrived is ended as "
+          "stalled (and its request migrated). 0: no watchdog.");
+ABSL_FLAG(int32_t, keepalive_ms, 2000,
+          "HTTP/2 keepalive on every channel to a worker: a ping after this long, and the "
+          "connection (with its calls, which migrate) dropped when no answer comes within as "
+          "long again. A stopped worker is noticed in about twice this.");
 
 namespace {
 
@@ -86,6 +98,10 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);
   options.allow_cpu_attention = absl::GetFlag(FLAGS_allow_cpu_attention);
   options.max_kv_wait = absl::Milliseconds(absl::GetFlag(FLAGS_max_kv_wait_ms));
+  options.migration_limit = absl::GetFlag(FLAGS_migration_limit);
+  options.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stall_timeout_ms));
+  options.keepalive_interval = absl::Milliseconds(absl::GetFlag(FLAGS_keepalive_ms));
+  options.keepalive_timeout = options.keepalive_interval;
   options.controller_address = absl::GetFlag(FLAGS_controller_address);
   options.router_id = trident::controller_client::HostName();
   return options;

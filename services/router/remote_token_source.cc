@@ -84,10 +84,13 @@ absl::Status RemoteTokenSource::Route(const std::shared_ptr<Flight>& flight, Rou
     if (metrics != nullptr) metrics->OnDecision(ask.qos_class, *decision);
     if (!decision->admitted) return admission::RejectionStatus(*decision);
   } else if (!decision->admitted) {
-    if (kind == RouteKind::kMigration) {
+    if (ask.must_admit) {
+      // A migration finds no worker (admission refuses it nothing else):
+      // it waits for one to come (a restart, a role change).
+      *no_room = true;
       return absl::UnavailableError(absl::StrCat(
           "no worker is left to take the request over (", ask.excluded_workers.size(),
-          " failed under it): ", admission::RejectionStatus(*decision).message()));
+          " failed under it)"));
     }
     // Still no KV room anywhere: keep waiting. Any other reason ends the
     // wait with admission's answer.
@@ -136,9 +139,20 @@ void RemoteTokenSource::Migrate(const std::shared_ptr<Flight>& flight) {
   }
   bool no_room = false;
   const absl::Status routed = Route(flight, RouteKind::kMigration, &no_room);
-  if (!routed.ok()) {
+  if (routed.ok()) return;
+  if (!no_room) {
     flight->EndWithoutCalls(routed, absl::nullopt, MigrationOutcome::kNoWorker);
+    return;
   }
+  {
+    absl::MutexLock lock(&mu_);
+    flight->wait_limit = clock_->Now() + options_.migration_wait;
+    if (flight->request().time_limit.has_value()) {
+      flight->wait_limit =
+          std::min(flight->wait_limit, flight->arrival() + *flight->request().time_limit);
+    }
+  }
+  WaitForKv(flight, routed);
 }
 
 void RemoteTokenSource::WaitForKv(const std::shared_ptr<Flight>& flight, const absl::Status& why) {
@@ -164,6 +178,14 @@ void RemoteTokenSource::WaitForKv(const std::shared_ptr<Flight>& flight, const a
   }
   if (stopping || flight->aborted()) {
     flight->EndWithoutCalls(absl::OkStatus(), absl::nullopt);
+    return;
+  }
+  if (flight->migrating()) {
+    flight->EndWithoutCalls(
+        absl::UnavailableError(absl::StrCat("no worker could take the request over within ",
+                                            absl::FormatDuration(options_.migration_wait), " (",
+                                            why.message(), ")")),
+        absl::nullopt, MigrationOutcome::kNoWorker);
     return;
   }
   flight->EndWithoutCalls(
@@ -238,7 +260,9 @@ void RemoteTokenSource::RunTimers() {
   for (const Due& d : due) {
     d.flight->SetWaiting(false);
     if (d.expired) {
-      WaitForKv(d.flight, absl::ResourceExhaustedError("the KV cache stayed full"));
+      WaitForKv(d.flight, d.flight->migrating()
+                              ? absl::UnavailableError("no worker came")
+                              : absl::ResourceExhaustedError("the KV cache stayed full"));
       continue;
     }
     bool no_room = false;

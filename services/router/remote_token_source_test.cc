@@ -533,16 +533,44 @@ TEST_F(RemoteTokenSourceTest, WithNoWorkerLeftAMigratingRequestEndsUnavailable) 
   engine::EngineRequest request = Request("r1");
   request.max_tokens = 6;
   ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  // It waits for a worker to come, until migration_wait (10 s).
+  source_->AwaitWaitingKvForTesting(1);
+  clock_.Advance(absl::Seconds(9));
+  source_->RunTimersForTesting();
+  EXPECT_FALSE(events.ended());
+  clock_.Advance(absl::Seconds(2));
+  source_->RunTimersForTesting();
 
   const std::vector<engine::TokenEvent> got = events.AwaitEnd();
   // What reached the client before the failure (the decode stream may
   // fail before the prefill's first token arrives).
   ExpectPrefixOf(Tokens(got), ExpectedTokens(2));
   ExpectOneContiguousStream(got);
-  EXPECT_THAT(got.back().error,
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no worker is left")));
+  EXPECT_THAT(got.back().error, StatusIs(absl::StatusCode::kUnavailable,
+                                         HasSubstr("no worker could take the request over")));
   source_->AwaitIdleForTesting();
   EXPECT_EQ(admission_->num_in_flight(), 0);
+}
+
+TEST_F(RemoteTokenSourceTest, AMigrationWaitsForAWorkerToCome) {
+  Start();
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  first.decode.FailAfter(1, absl::UnavailableError("Socket closed"));
+  AddWorker("w1", first);
+  Events events;
+  engine::EngineRequest request = Request("r1");
+  request.max_tokens = 6;
+  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  source_->AwaitWaitingKvForTesting(1);
+  AddWorker("w2", second);
+  clock_.Advance(absl::Seconds(1));
+  source_->RunTimersForTesting();
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), ExpectedTokens(6));
+  ExpectOneContiguousStream(got);
+  EXPECT_EQ(got.back().placement->decode_worker_id, "w2");
 }
 
 TEST_F(RemoteTokenSourceTest, TheMigrationLimitEndsTheRequestWithTheWorkersStatus) {

@@ -40,6 +40,17 @@ absl::Status Validate(const RouterServerOptions& options) {
   if (options.max_kv_wait < absl::ZeroDuration()) {
     return InvalidArgumentForField("--max_kv_wait_ms", "must not be negative");
   }
+  if (options.migration_limit < 0) {
+    return InvalidArgumentForField("--migration_limit", "must not be negative");
+  }
+  if (options.stall_timeout < absl::ZeroDuration()) {
+    return InvalidArgumentForField("--stall_timeout_ms", "must not be negative");
+  }
+  if (options.keepalive_interval < absl::Seconds(1) ||
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    // Workers refuse pings more often than every second.
+    return InvalidArgumentForField("--keepalive_ms", "must be at least 1000");
+  }
   if (StaticAddresses(options).empty() && options.controller_address.empty()) {
     return InvalidArgumentForField(
         "--prefill_workers",
@@ -100,6 +111,10 @@ absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
   remote_options.reserve_lease = options_.kv_lease;
   remote_options.allow_cpu_attention = options_.allow_cpu_attention;
   remote_options.max_kv_wait = options_.max_kv_wait;
+  remote_options.migration_limit = options_.migration_limit;
+  remote_options.stall_timeout = options_.stall_timeout;
+  remote_options.keepalive_interval = options_.keepalive_interval;
+  remote_options.keepalive_timeout = options_.keepalive_timeout;
   remote_options.metrics = metrics_.get();
   remote_options.kv_index = options_.kv_aware_routing ? &kv_index_ : nullptr;
   remote_options.clock = clock_;

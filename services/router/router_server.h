@@ -81,6 +81,13 @@ struct RouterServerOptions {
   bool kv_aware_routing = true;
   // Longest wait for KV room on a full decode worker; >= 0.
   absl::Duration max_kv_wait = absl::Seconds(60);
+  // Migration and failure detection (RemoteTokenSourceOptions): the most
+  // migrations per request (>= 0), the stall watchdog (zero: off) and the
+  // keepalive on every channel to a worker (> 0).
+  int migration_limit = 3;
+  absl::Duration stall_timeout = absl::Seconds(10);
+  absl::Duration keepalive_interval = absl::Seconds(2);
+  absl::Duration keepalive_timeout = absl::Seconds(2);
   // host:port of the controller whose topology names the workers; empty:
   // the static addresses only.
   std::string controller_address;

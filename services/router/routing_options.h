@@ -24,8 +24,7 @@ struct RemoteTokenSourceOptions {
   absl::Duration reserve_timeout = absl::Seconds(10);
   // A request that finds the decode side's KV cache full waits for room at
   // most until its TTFT target (admission on), its deadline, or this long
-  // after its arrival (after its migration, for a migrated one), whichever
-  // comes first.
+  // after its arrival, whichever comes first.
   absl::Duration max_kv_wait = absl::Seconds(60);
   // How often a waiting request asks again when nothing wakes it sooner.
   absl::Duration kv_retry_interval = absl::Milliseconds(100);
@@ -37,6 +36,10 @@ struct RemoteTokenSourceOptions {
   // with its prompt plus the tokens already streamed; the client's stream
   // goes on. 0: a failed worker fails its requests.
   int migration_limit = 3;
+  // How long a migrating request waits for a worker to take it (none is
+  // eligible, or the chosen one's KV cache is full) before it ends
+  // UNAVAILABLE.
+  absl::Duration migration_wait = absl::Seconds(10);
   // A decode stream that brings no token for this long after the request's
   // first token is stalled: the router ends it and migrates the request.
   // Zero or infinite: no watchdog.
