@@ -23,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixture_models.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
 
@@ -33,40 +34,10 @@ using ::trident::testing::IsOk;
 using ::trident::testing::RunfilePath;
 using ::trident::testing::TestTmpPath;
 
+using ::trident::testing::Scrape;
+using ::trident::testing::ScrapeUntil;
 using ::trident::testing::ServiceProcess;
-
-// The value of the series written exactly as `series` (name and labels in
-// the exposition's order, which is by label name) in a /metrics body.
-absl::optional<double> ValueOf(const std::string& body, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (!absl::ConsumePrefix(&line, series) || !absl::ConsumePrefix(&line, " ")) continue;
-    double v;
-    if (absl::SimpleAtod(line.substr(0, line.find(' ')), &v)) return v;
-  }
-  return absl::nullopt;
-}
-
-std::string Scrape(const ServiceProcess& s) {
-  absl::StatusOr<http::HttpResponse> r =
-      http::Get(absl::StrCat("http://127.0.0.1:", s.metrics_port, "/metrics"));
-  if (!r.ok() || r->status_code != 200) return "";
-  return r->body;
-}
-
-// Scrapes `s` until `done` holds for the body (returned), or 20 s passed
-// (the last body). What a process records after the client saw the end of
-// its stream (the prefill worker's transfer, a cancellation on the router)
-// lands a moment later.
-std::string ScrapeUntil(const ServiceProcess& s,
-                        const std::function<bool(const std::string&)>& done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  std::string body;
-  do {
-    body = Scrape(s);
-    if (done(body)) break;
-  } while (absl::Now() < deadline);
-  return body;
-}
+using ::trident::testing::ValueOf;
 
 bool Is(const std::string& body, const std::string& series, double want) {
   const absl::optional<double> v = ValueOf(body, series);
