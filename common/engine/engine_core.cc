@@ -649,6 +649,8 @@ int EngineCore::DemoteRemote(const transport::attention::RemoteAttention* servic
     ev.request_id = id;
     ev.output_index = live_.at(id)->num_outputs;
     ev.finish = FinishReason::kError;
+    ev.error = absl::UnavailableError(
+        "the sequence lost its attention service and cannot fit this worker's KV cache");
     events->push_back(std::move(ev));
     TRIDENT_LOG(WARNING) << "request " << id
                          << " lost its attention service and cannot fit this worker's KV cache";

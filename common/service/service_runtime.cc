@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/fault/fault_points.h"
 #include "common/grpc/callback_queue_anchor.h"
 #include "common/logging/log.h"
 #include "common/process/shutdown_signal.h"
@@ -26,6 +28,9 @@ ABSL_FLAG(int, metrics_port, -1,
 ABSL_FLAG(int, ready_fd, -1,
           "If >= 0, a file descriptor to which one JSON line with the bound ports is written "
           "once the service is serving; the descriptor is then closed. Used by launchers.");
+ABSL_FLAG(std::string, fault_points, "",
+          "For fault-injection tests only: named fault points to arm, e.g. "
+          "\"decode.token=crash@20\" (common/fault/fault_points.h). Empty: none.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(3),
           "After SIGTERM or SIGINT, how long calls in flight may run before they are "
           "cancelled. The process exits 0 once they have ended.");
@@ -120,6 +125,11 @@ int RunServiceMain(int argc, char** argv, const ServiceDefaults& defaults,
   absl::SetProgramUsageMessage(absl::StrCat("Trident ", defaults.component,
                                             " service.\nUsage: ", defaults.component, " [flags]"));
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status armed = fault::ArmFaultPoints(absl::GetFlag(FLAGS_fault_points));
+      !armed.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(armed.message()).c_str());
+    return 2;
+  }
   // The callback API's shared queue lives as long as the process, so that it
   // is never torn down (and rebuilt) while calls come and go.
   AnchorCallbackCompletionQueue();

@@ -7,6 +7,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 #include "common/logging/log.h"
 #include "common/numeric/dtype.h"
 #include "common/status/status_macros.h"
@@ -67,6 +68,7 @@ kernels::cpu::DecodeKvLayout KvAttentionComputer::KernelLayout(const SequenceLay
 }
 
 absl::Status KvAttentionComputer::Compute(const RequestView& request, char* reply_rows) {
+  TRIDENT_RETURN_IF_ERROR(fault::FaultPoint("attention.step"));
   const int32_t n = request.header.num_sequences;
   handles_.resize(n);
   positions_.resize(n);

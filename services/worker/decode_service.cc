@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 #include "common/frontend/request_proto.h"
 #include "common/grpc/reactors.h"
 #include "common/grpc/stream_channel.h"
@@ -51,6 +52,10 @@ struct DecodeCall {
   void OnEvent(const engine::TokenEvent& ev) {
     if (ev.token >= 0 && ev.finish != engine::FinishReason::kAborted &&
         ev.finish != engine::FinishReason::kError) {
+      if (absl::Status fault = fault::FaultPoint("decode.token"); !fault.ok()) {
+        channel->Close(fault);
+        return;
+      }
       completion_tokens.fetch_add(1);
       if (ev.output_index == 0) cached_tokens.store(ev.cached_tokens);
       v1::DecodeResponse r;
@@ -64,7 +69,10 @@ struct DecodeCall {
     }
     if (ev.finish == engine::FinishReason::kNone) return;
     if (ev.finish == engine::FinishReason::kError) {
-      channel->Close(absl::InternalError("the engine failed the sequence"));
+      // The engine's reason (UNAVAILABLE when the sequence lost its
+      // attention service: the router migrates it).
+      channel->Close(ev.error.ok() ? absl::InternalError("the engine failed the sequence")
+                                   : ev.error);
       return;
     }
     Complete(frontend::FinishReasonToProto(ev.finish),

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fault/fault_points.h"
 #include "common/frontend/request_proto.h"
 #include "common/grpc/status.h"
 #include "common/grpc/stream_channel.h"
@@ -377,6 +378,12 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   v1::PrefillResponse started;
   started.mutable_started();
   call->channel->Push(std::move(started));
+  if (absl::Status fault = fault::FaultPoint("prefill.compute"); !fault.ok()) {
+    call->in_engine.store(false);
+    leases_.Remove(call->lease_key);
+    call->channel->Close(fault);
+    return reactor;
+  }
   absl::Status submitted = source_->Submit(
       *std::move(prepared),
       [this, call, logprobs](const engine::TokenEvent& ev) { OnPrefillEvent(call, logprobs, ev); });
@@ -495,6 +502,12 @@ void PrefillService::OnPrefillEvent(const std::shared_ptr<Call>& call, bool logp
     first.set_cached_tokens(ev.cached_tokens);
     first.set_dram_cached_tokens(ev.dram_cached_tokens);
     call->channel->Push(std::move(first));
+  }
+  if (ev.finish == engine::FinishReason::kPrefilled && call->has_destination) {
+    // Between the first token and the KV transfer (crash: mid-transfer).
+    if (absl::Status fault = fault::FaultPoint("prefill.transfer"); !fault.ok()) {
+      return FailTransfer(call, fault);
+    }
   }
   switch (ev.finish) {
     case engine::FinishReason::kPrefilled: {
