@@ -12,11 +12,9 @@
 
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/process/subprocess.h"
 #include "common/testing/runfiles.h"
@@ -24,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/concurrent_streams.h"
 #include "tests/testing/fixture_models.h"
 #include "tests/testing/metrics_scrape.h"
 #include "tests/testing/service_process.h"
@@ -44,15 +43,6 @@ constexpr int kStreams = 8;
 constexpr int kMaxTokens = 600;
 // Tokens every stream has before the kill.
 constexpr int kTokensBeforeKill = 16;
-
-// One client stream's record: what it received, in order.
-struct Stream {
-  std::vector<int32_t> tokens;
-  int completions = 0;
-  v1::GenerateComplete complete;
-  grpc::Status status;
-  bool done = false;
-};
 
 class MigrationTest : public ::testing::Test {
  protected:
@@ -79,22 +69,8 @@ class MigrationTest : public ::testing::Test {
         TestTmpPath("router.log"));
     ASSERT_THAT(router, IsOk());
     router_ = *router;
-    // Until the router has every worker's load it refuses requests at
-    // once (RESOURCE_EXHAUSTED): one short generation that gets through.
-    auto stub = v1::Generation::NewStub(router_.channel);
-    v1::GenerateRequest probe = Request(0);
-    probe.mutable_sampling()->set_max_tokens(1);
-    grpc::Status status;
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    do {
-      grpc::ClientContext context;
-      auto reader = stub->Generate(&context, probe);
-      v1::GenerateResponse response;
-      while (reader->Read(&response)) {
-      }
-      status = reader->Finish();
-    } while (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && absl::Now() < deadline);
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    const grpc::Status serving = testing::AwaitRouterServing(router_);
+    ASSERT_TRUE(serving.ok()) << serving.error_message();
   }
 
   void TearDown() override {
@@ -103,66 +79,9 @@ class MigrationTest : public ::testing::Test {
     }
   }
 
-  // Stream i: greedy when even, else seeded sampling with penalties.
-  static v1::GenerateRequest Request(int i) {
-    v1::GenerateRequest request;
-    for (int t = 0; t < 24 + 3 * i; ++t) request.mutable_token_ids()->add_ids((t * 31 + i) % 250);
-    v1::SamplingParams& s = *request.mutable_sampling();
-    s.set_max_tokens(kMaxTokens);
-    if (i % 2 == 0) {
-      s.set_temperature(0);
-    } else {
-      s.set_temperature(0.9f);
-      s.set_top_k(40);
-      s.set_seed(1000 + i);
-      s.set_presence_penalty(0.4f);
-      s.set_frequency_penalty(0.2f);
-    }
-    request.mutable_stop()->set_ignore_eos(true);
-    return request;
-  }
-
-  // Runs the 8 streams at once on threads; `mid_way` runs once every
-  // stream has kTokensBeforeKill tokens.
-  std::vector<Stream> RunStreams(const std::function<void()>& mid_way) {
-    std::vector<Stream> streams(kStreams);
-    absl::Mutex mu;
-    std::vector<std::thread> threads;
-    auto stub = v1::Generation::NewStub(router_.channel);
-    for (int i = 0; i < kStreams; ++i) {
-      threads.emplace_back([&, i] {
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-        auto reader = stub->Generate(&context, Request(i));
-        v1::GenerateResponse response;
-        while (reader->Read(&response)) {
-          absl::MutexLock lock(&mu);
-          if (response.has_chunk()) {
-            for (int32_t t : response.chunk().token_ids()) streams[i].tokens.push_back(t);
-          } else if (response.has_complete()) {
-            ++streams[i].completions;
-            streams[i].complete = response.complete();
-          }
-        }
-        const grpc::Status status = reader->Finish();
-        absl::MutexLock lock(&mu);
-        streams[i].status = status;
-        streams[i].done = true;
-      });
-    }
-    {
-      absl::MutexLock lock(&mu);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-        for (const Stream& s : streams) {
-          if (!s.done && static_cast<int>(s.tokens.size()) < kTokensBeforeKill) return false;
-        }
-        return true;
-      };
-      mu.Await(absl::Condition(&ready));
-    }
-    mid_way();
-    for (std::thread& t : threads) t.join();
-    return streams;
+  std::vector<testing::StreamRecord> RunStreams(const std::function<void()>& mid_way) {
+    return testing::RunConcurrentStreams(router_, kStreams, kMaxTokens, kTokensBeforeKill,
+                                         mid_way);
   }
 
   std::string model_dir_;
@@ -171,7 +90,7 @@ class MigrationTest : public ::testing::Test {
 
 TEST_F(MigrationTest, KillingTheDecodeWorkerMidStreamLosesNoToken) {
   // The unfaulted run: every stream on the decode worker.
-  const std::vector<Stream> reference = RunStreams([] {});
+  const std::vector<testing::StreamRecord> reference = RunStreams([] {});
   for (int i = 0; i < kStreams; ++i) {
     ASSERT_TRUE(reference[i].status.ok()) << i << ": " << reference[i].status.error_message();
     ASSERT_EQ(reference[i].tokens.size(), static_cast<size_t>(kMaxTokens)) << i;
@@ -180,7 +99,7 @@ TEST_F(MigrationTest, KillingTheDecodeWorkerMidStreamLosesNoToken) {
 
   std::vector<size_t> tokens_at_kill;
   const pid_t killed = decode_.pid;
-  const std::vector<Stream> faulted = RunStreams([&] {
+  const std::vector<testing::StreamRecord> faulted = RunStreams([&] {
     // The fault, and a check that it happened: the process is gone.
     ASSERT_EQ(kill(killed, SIGKILL), 0);
     int wstatus = 0;
@@ -200,7 +119,7 @@ TEST_F(MigrationTest, KillingTheDecodeWorkerMidStreamLosesNoToken) {
 
   int migrated = 0;
   for (int i = 0; i < kStreams; ++i) {
-    const Stream& s = faulted[i];
+    const testing::StreamRecord& s = faulted[i];
     ASSERT_TRUE(s.status.ok()) << i << ": " << s.status.error_message();
     EXPECT_EQ(s.completions, 1) << i;
     EXPECT_EQ(s.complete.finish_reason(), v1::FINISH_REASON_LENGTH) << i;

@@ -133,7 +133,7 @@ void Flight::Reserve(FlightRoute route) {
     } else {
       v1::ReserveKvRequest& r = a->reserve_request;
       const int32_t tokens = static_cast<int32_t>(request_.prompt.size() + streamed_.size());
-      r.set_request_id(request_.id);
+      r.set_request_id(AttemptRequestId(request_.id, migrations_ + 1));
       r.set_num_tokens(tokens);
       r.set_max_total_tokens(static_cast<int32_t>(request_.prompt.size()) + request_.max_tokens);
       SetProtoDuration(options_->reserve_lease, r.mutable_lease());
@@ -189,6 +189,7 @@ bool Flight::OnReserved(const grpc::Status& status) {
       done = true;
     } else if (status.ok()) {
       start = true;
+      a.reserved = destination;
     } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       // The KV cache is full: the admission slot goes back while the
       // request waits, and the retry is admitted afresh.
@@ -240,7 +241,8 @@ void Flight::StartStreams(const v1::KvDestination& reserved) {
     v1::KvDestination destination = reserved;
     if (destination.decode_address().empty()) destination.set_decode_address(route.decode_address);
     AttemptRequests requests =
-        BuildAttemptRequests(request_, streamed_, destination, clock_->Now() - arrival_);
+        BuildAttemptRequests(request_, migrations_ + 1, streamed_, destination,
+                             clock_->Now() - arrival_);
     StreamEvents* events = this;
     a.decode = std::make_unique<DecodeStream>(events, std::move(requests.decode),
                                               options_->call_timeout);
@@ -418,6 +420,14 @@ bool Flight::CheckProgress(absl::Time now) {
 
 bool Flight::ConcludeLocked() {
   Attempt& a = *attempt_;
+  if (a.reserved.has_value() && (aborted_ || !a.failure.ok())) {
+    // The Decode call that would have used the reservation failed or was
+    // cancelled, perhaps before it reached the worker: free it now rather
+    // than when its lease ends. (A no-op where the call already did.)
+    ReleaseReservation(a.route.decode_stubs->decode.get(), *a.reserved,
+                       aborted_ ? "the request was aborted" : "the request's attempt failed");
+    a.reserved.reset();
+  }
   if (!finished_ && !aborted_ && !a.failure.ok() && IsMigratable(a.failure.code())) {
     if (absl::optional<engine::FinishReason> reason = EndedByItsTokensLocked()) {
       // Nothing is left to generate: the request ends as it would have.

@@ -140,6 +140,9 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
     trident::v1::ReserveKvRequest reserve_request;
     trident::v1::ReserveKvResponse reserve_response;
     std::unique_ptr<grpc::ClientContext> reserve_context;
+    // The reservation granted, if any (released explicitly when the
+    // attempt fails: its Decode call may never have reached the worker).
+    absl::optional<trident::v1::KvDestination> reserved;
     std::unique_ptr<PrefillStream> prefill;
     std::unique_ptr<DecodeStream> decode;
     int open_calls = 0;

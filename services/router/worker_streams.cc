@@ -63,17 +63,22 @@ absl::Status WorkerStatus(absl::string_view call, absl::string_view address,
   return out;
 }
 
-AttemptRequests BuildAttemptRequests(const engine::EngineRequest& request,
+std::string AttemptRequestId(const std::string& request_id, int attempt) {
+  return attempt <= 1 ? request_id : absl::StrCat(request_id, "~m", attempt - 1);
+}
+
+AttemptRequests BuildAttemptRequests(const engine::EngineRequest& request, int attempt,
                                      const std::vector<int32_t>& resumed,
                                      const v1::KvDestination& destination,
                                      absl::Duration elapsed) {
   AttemptRequests out;
   v1::DecodeRequest& decode = out.decode;
   v1::PrefillRequest& prefill = out.prefill;
-  decode.set_request_id(request.id);
+  const std::string id = AttemptRequestId(request.id, attempt);
+  decode.set_request_id(id);
   decode.set_reservation_id(destination.reservation_id());
   decode.set_decode_incarnation(destination.decode_incarnation());
-  prefill.set_request_id(request.id);
+  prefill.set_request_id(id);
   for (int32_t t : request.prompt) decode.add_prompt_token_ids(t);
   for (int32_t t : resumed) decode.add_prompt_token_ids(t);
   *prefill.mutable_prompt_token_ids() = decode.prompt_token_ids();

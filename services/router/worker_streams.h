@@ -39,14 +39,19 @@ std::unique_ptr<WorkerStubs> NewWorkerStubs(const std::string& address,
 absl::Status WorkerStatus(absl::string_view call, absl::string_view address,
                           const grpc::Status& status);
 
-// The calls of one attempt at `request`: its prompt followed by `resumed`
-// (tokens streamed before a migration, sent as resumed_outputs), its
-// sampling and stop conditions, into `destination`.
+// The id a worker knows attempt `attempt` (1, 2, ...) of `request_id` by:
+// the id itself, then "<id>~m<attempt - 1>", so that a migration's new
+// attempt never clashes with a previous one a worker still winds down.
+std::string AttemptRequestId(const std::string& request_id, int attempt);
+
+// The calls of attempt `attempt` at `request`: its prompt followed by
+// `resumed` (tokens streamed before a migration, sent as resumed_outputs),
+// its sampling and stop conditions, into `destination`.
 struct AttemptRequests {
   trident::v1::PrefillRequest prefill;
   trident::v1::DecodeRequest decode;
 };
-AttemptRequests BuildAttemptRequests(const engine::EngineRequest& request,
+AttemptRequests BuildAttemptRequests(const engine::EngineRequest& request, int attempt,
                                      const std::vector<int32_t>& resumed,
                                      const trident::v1::KvDestination& destination,
                                      absl::Duration elapsed);

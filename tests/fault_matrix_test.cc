@@ -1,0 +1,315 @@
+// The fault matrix: faults injected at named points of a real cluster on
+// loopback (router, two prefill and two decode workers, KV over UCX), each
+// in several runs of 8 concurrent streams (half greedy, half seeded
+// sampling). Every stream of every run must end with exactly one
+// completion and the tokens of an unfaulted run (nothing lost, repeated or
+// changed), every surviving worker must get all its KV blocks back, and
+// each fault must be seen to have happened (the process died of SIGKILL,
+// was stopped, or the router counted the stall). The table of faults,
+// runs and outcomes is printed.
+//
+// Faults: SIGKILL and SIGSTOP of a decode worker mid-stream; its crash and
+// its wedged engine at the decode.token fault point; a prefill worker's
+// crash mid-prefill (prefill.compute) and mid-transfer (prefill.transfer).
+// TRIDENT_FAULT_RUNS sets the runs per fault (default 2); TRIDENT_FAULT_ONLY
+// runs only the faults whose names contain it.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/process/subprocess.h"
+#include "common/testing/runfiles.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/concurrent_streams.h"
+#include "tests/testing/fixture_models.h"
+#include "tests/testing/metrics_scrape.h"
+#include "tests/testing/service_process.h"
+#include "trident/v1/worker.grpc.pb.h"
+
+namespace trident {
+namespace {
+
+using ::trident::testing::IsOk;
+using ::trident::testing::RunfilePath;
+using ::trident::testing::ServiceProcess;
+using ::trident::testing::StreamRecord;
+using ::trident::testing::TestTmpPath;
+
+constexpr int kStreams = 8;
+constexpr int kMaxTokens = 400;
+constexpr int kTokensBeforeFault = 12;
+
+enum class Signal { kNone, kKill, kStop };
+
+struct FaultCase {
+  std::string name;
+  // The worker the fault hits: "p1" or "d1".
+  std::string target;
+  // Armed on the target from its start (--fault_points).
+  std::string fault_points;
+  // Sent to the target once every stream is mid-way.
+  Signal signal = Signal::kNone;
+};
+
+// What one run of a fault produced.
+struct RunOutcome {
+  int streams_ok = 0;
+  int lost = 0;
+  int duplicated = 0;
+  int mismatched = 0;
+  int migrated = 0;
+  bool kv_free = true;
+  bool confirmed = false;
+};
+
+int RunsPerFault() {
+  int runs = 2;
+  if (const char* env = std::getenv("TRIDENT_FAULT_RUNS"); env != nullptr) {
+    if (!absl::SimpleAtoi(env, &runs) || runs < 1) runs = 2;
+  }
+  return runs;
+}
+
+// The state letter of /proc/<pid>/stat ('T' when stopped).
+char ProcessState(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
+}
+
+// Reaps `pid` if it has exited; true when it died of SIGKILL.
+bool DiedOfSigkill(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, WNOHANG) == pid && WIFSIGNALED(status) &&
+         WTERMSIG(status) == SIGKILL;
+}
+
+// Where a process of the cluster logs: kept with the test's outputs.
+std::string LogPath(const std::string& name) {
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  return outputs == nullptr ? TestTmpPath(name) : absl::StrCat(outputs, "/", name);
+}
+
+// A worker's KV blocks as its next load sample has them.
+std::string KvSummary(const ServiceProcess& worker) {
+  auto stub = v1::WorkerControl::NewStub(worker.channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  auto reader = stub->GetLoad(&context, v1::GetLoadRequest());
+  v1::WorkerLoad load;
+  if (!reader->Read(&load)) return "no load sample";
+  context.TryCancel();
+  return absl::StrCat(load.kv_blocks_free(), " of ", load.kv_blocks_total(), " free, ",
+                      load.kv_blocks_reserved(), " reserved, ", load.running_sequences(),
+                      " running");
+}
+
+class Cluster {
+ public:
+  Cluster(const std::string& model_dir, const std::string& tag, const FaultCase* fault)
+      : model_dir_(model_dir), tag_(tag), fault_(fault) {}
+
+  absl::Status Start() {
+    for (auto [name, role] : {std::pair{"p1", "prefill"}, std::pair{"p2", "prefill"},
+                              std::pair{"d1", "decode"}, std::pair{"d2", "decode"}}) {
+      std::vector<std::string> argv = {
+          RunfilePath("services/worker/worker"), absl::StrCat("--role=", role),
+          absl::StrCat("--worker_id=", name), "--pin_threads=false", "--cpu_threads=1",
+          "--kv_cache_mb=16", "--kv_transport=ucx", "--ucx_transports=tcp",
+          absl::StrCat("--model=", model_dir_)};
+      if (fault_ != nullptr && fault_->target == name && !fault_->fault_points.empty()) {
+        argv.push_back(absl::StrCat("--fault_points=", fault_->fault_points));
+      }
+      absl::StatusOr<ServiceProcess> p =
+          testing::StartService(argv, LogPath(absl::StrCat(tag_, "-", name, ".log")));
+      if (!p.ok()) return p.status();
+      workers_[name] = *p;
+    }
+    absl::StatusOr<ServiceProcess> router = testing::StartService(
+        {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir_),
+         absl::StrCat("--prefill_workers=", workers_["p1"].address, ",", workers_["p2"].address),
+         absl::StrCat("--decode_workers=", workers_["d1"].address, ",", workers_["d2"].address),
+         "--load_interval_ms=20", "--admission=false", "--keepalive_ms=1000",
+         "--stall_timeout_ms=1500",
+         // A reservation whose writer died (mid-transfer) is freed when its
+         // lease ends: the writer might still be writing otherwise.
+         "--kv_lease_ms=3000"},
+        LogPath(absl::StrCat(tag_, "-router.log")));
+    if (!router.ok()) return router.status();
+    router_ = *router;
+    const grpc::Status serving = testing::AwaitRouterServing(router_);
+    if (!serving.ok()) return absl::UnavailableError(serving.error_message());
+    return absl::OkStatus();
+  }
+
+  // Stops what is left (a stopped or wedged process is killed).
+  void Stop() {
+    if (router_.pid > 0) testing::StopService(router_).IgnoreError();
+    for (auto& [name, p] : workers_) {
+      if (p.pid <= 0) continue;
+      if (ProcessState(p.pid) == 'T' || hung_.contains(name)) {
+        kill(p.pid, SIGKILL);
+        WaitForExit(p.pid, absl::Seconds(30)).IgnoreError();
+        p.pid = -1;
+        continue;
+      }
+      testing::StopService(p).IgnoreError();
+    }
+  }
+
+  std::vector<StreamRecord> Run(const std::function<void()>& mid_way) {
+    return testing::RunConcurrentStreams(router_, kStreams, kMaxTokens, kTokensBeforeFault,
+                                         mid_way);
+  }
+
+  ServiceProcess& worker(const std::string& name) { return workers_[name]; }
+  const ServiceProcess& router() const { return router_; }
+  void MarkHung(const std::string& name) { hung_.insert(name); }
+
+ private:
+  const std::string model_dir_;
+  const std::string tag_;
+  const FaultCase* const fault_;
+  std::map<std::string, ServiceProcess> workers_;
+  std::set<std::string> hung_;
+  ServiceProcess router_;
+};
+
+class FaultMatrixTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_dir_ = TestTmpPath("llama3-tiny");
+    ASSERT_THAT(testing::EnsureFixtureModel("llama3-tiny", model_dir_), IsOk());
+  }
+
+  // One faulted run, checked against `reference`.
+  RunOutcome RunFault(const FaultCase& fault, int run,
+                      const std::vector<StreamRecord>& reference) {
+    RunOutcome out;
+    Cluster cluster(model_dir_, absl::StrCat("fault", &fault - kCases, "-run", run), &fault);
+    absl::Status started = cluster.Start();
+    EXPECT_THAT(started, IsOk()) << fault.name;
+    if (!started.ok()) return out;
+    ServiceProcess& target = cluster.worker(fault.target);
+    const pid_t pid = target.pid;
+    bool stopped_seen = false;
+    const std::vector<StreamRecord> streams = cluster.Run([&] {
+      if (fault.signal == Signal::kKill) {
+        kill(pid, SIGKILL);
+      } else if (fault.signal == Signal::kStop) {
+        kill(pid, SIGSTOP);
+        // The fault is in place once the kernel says so.
+        for (int i = 0; i < 100000 && ProcessState(pid) != 'T'; ++i) {
+        }
+        stopped_seen = ProcessState(pid) == 'T';
+      }
+    });
+    for (int i = 0; i < kStreams; ++i) {
+      const testing::StreamCheck c = testing::CheckStream(streams[i], reference[i]);
+      out.streams_ok += c.ok() ? 1 : 0;
+      out.lost += c.lost;
+      out.duplicated += c.duplicated;
+      out.mismatched += c.mismatched;
+      EXPECT_TRUE(c.ok()) << fault.name << " run " << run << " stream " << i << ": status "
+                          << streams[i].status.error_message() << ", completions "
+                          << streams[i].completions << ", lost " << c.lost << ", duplicated "
+                          << c.duplicated << ", mismatched " << c.mismatched;
+    }
+    const std::string metrics = testing::Scrape(cluster.router());
+    out.migrated = static_cast<int>(
+        testing::ValueOf(metrics, "trident_router_migrations_total{outcome=\"resumed\"}")
+            .value_or(0));
+    // Did the fault happen?
+    if (fault.signal == Signal::kStop) {
+      out.confirmed = stopped_seen;
+    } else if (fault.fault_points.find("hang") != std::string::npos) {
+      out.confirmed =
+          testing::ValueOf(metrics, "trident_router_worker_stalls_total").value_or(0) > 0;
+      cluster.MarkHung(fault.target);
+    } else {
+      out.confirmed = DiedOfSigkill(pid);
+      if (out.confirmed) target.pid = -1;
+    }
+    // Every surviving, working worker has its KV back.
+    for (const std::string name : {"p1", "p2", "d1", "d2"}) {
+      if (name == fault.target) continue;
+      const bool free = testing::AllKvBlocksFree(cluster.worker(name).channel);
+      EXPECT_TRUE(free) << fault.name << " run " << run << ": " << name << " holds KV: "
+                        << KvSummary(cluster.worker(name));
+      out.kv_free = out.kv_free && free;
+    }
+    cluster.Stop();
+    return out;
+  }
+
+  static const FaultCase kCases[];
+  std::string model_dir_;
+};
+
+const FaultCase FaultMatrixTest::kCases[] = {
+    {"decode SIGKILL mid-stream", "d1", "", Signal::kKill},
+    {"decode SIGSTOP mid-stream", "d1", "", Signal::kStop},
+    {"decode crash at decode.token", "d1", "decode.token=crash@30", Signal::kNone},
+    {"decode wedged at decode.token", "d1", "decode.token=hang@30", Signal::kNone},
+    {"prefill crash mid-prefill", "p1", "prefill.compute=crash", Signal::kNone},
+    {"prefill crash mid-transfer", "p1", "prefill.transfer=crash", Signal::kNone},
+};
+
+TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
+  // The unfaulted reference.
+  Cluster clean(model_dir_, "reference", nullptr);
+  ASSERT_THAT(clean.Start(), IsOk());
+  const std::vector<StreamRecord> reference = clean.Run([] {});
+  clean.Stop();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(reference[i].status.ok()) << i << ": " << reference[i].status.error_message();
+    ASSERT_EQ(reference[i].tokens.size(), static_cast<size_t>(kMaxTokens));
+  }
+
+  const int runs = RunsPerFault();
+  std::string table = absl::StrFormat("%-32s %4s %8s %8s %5s %5s %8s %8s %9s\n", "fault", "runs",
+                                      "streams", "migrated", "lost", "dup", "changed", "kv_free",
+                                      "confirmed");
+  const char* only = std::getenv("TRIDENT_FAULT_ONLY");
+  for (const FaultCase& fault : kCases) {
+    if (only != nullptr && fault.name.find(only) == std::string::npos) continue;
+    RunOutcome total;
+    int confirmed = 0;
+    int kv_free = 0;
+    for (int run = 0; run < runs; ++run) {
+      const RunOutcome out = RunFault(fault, run, reference);
+      total.streams_ok += out.streams_ok;
+      total.lost += out.lost;
+      total.duplicated += out.duplicated;
+      total.mismatched += out.mismatched;
+      total.migrated += out.migrated;
+      confirmed += out.confirmed ? 1 : 0;
+      kv_free += out.kv_free ? 1 : 0;
+      EXPECT_TRUE(out.confirmed) << fault.name << " run " << run << ": the fault did not happen";
+      EXPECT_TRUE(out.kv_free) << fault.name << " run " << run << ": KV blocks leaked";
+      EXPECT_GT(out.migrated, 0) << fault.name << " run " << run << ": nothing migrated";
+    }
+    table += absl::StrFormat("%-32s %4d %4d/%-3d %8d %5d %5d %8d %5d/%-3d %5d/%-3d\n", fault.name,
+                             runs, total.streams_ok, runs * kStreams, total.migrated, total.lost,
+                             total.duplicated, total.mismatched, kv_free, runs, confirmed, runs);
+  }
+  std::printf("%s", table.c_str());
+}
+
+}  // namespace
+}  // namespace trident
