@@ -15,6 +15,9 @@
 //          threads, keepalive included, go on);
 //   fail   the point reports UNAVAILABLE to its caller, which fails the
 //          work in hand as it would for that error.
+// An entry written name=action[@skip]~ waits for SIGUSR2: the point passes
+// freely until the process receives it (a test warms a cluster up, then
+// sets the fault off), then counts its skips and acts.
 // Every point counts its hits, so a test can tell that a fault happened.
 //
 // The points in the code (grep TRIDENT_FAULT_POINT) are listed in the

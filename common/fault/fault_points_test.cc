@@ -1,5 +1,6 @@
 #include "common/fault/fault_points.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,16 @@ TEST(FaultPointsTest, ACrashPointKillsTheProcessWithSigkill) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(WTERMSIG(status), SIGKILL);
+}
+
+TEST(FaultPointsTest, APointWaitingForSigusr2PassesUntilItComes) {
+  ASSERT_THAT(ArmFaultPoints("later=fail@1~"), IsOk());
+  EXPECT_THAT(FaultPoint("later"), IsOk());
+  EXPECT_THAT(FaultPoint("later"), IsOk());
+  ASSERT_EQ(raise(SIGUSR2), 0);
+  EXPECT_THAT(FaultPoint("later"), IsOk());  // its one skip
+  EXPECT_THAT(FaultPoint("later"), StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_THAT(ArmFaultPoints(""), IsOk());
 }
 
 TEST(FaultPointsTest, MalformedSpecsAreRefusedNamingTheEntry) {
