@@ -236,7 +236,10 @@ class WorkerDeathTest : public ::testing::TestWithParam<std::string> {
         {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir),
          absl::StrCat("--prefill_workers=", prefill_.address),
          absl::StrCat("--decode_workers=", decode_.address), "--load_interval_ms=20",
-         "--kv_lease_ms=2000"},
+         "--kv_lease_ms=2000",
+         // One worker of each kind: a failure ends the stream (migration,
+         // which would wait for another worker, is tests/migration_test's).
+         "--migration_limit=0"},
         TestTmpPath(absl::StrCat("router-death-", tag, ".log")));
     ASSERT_THAT(router, IsOk());
     router_ = *router;

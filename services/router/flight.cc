@@ -84,6 +84,11 @@ bool Flight::migrating() const {
   return migrations_ > 0;
 }
 
+absl::Status Flight::migration_cause() const {
+  absl::MutexLock lock(&mu_);
+  return migration_cause_;
+}
+
 absl::Time Flight::WaitLimit(const admission::AdmissionDecision& decision) const {
   absl::MutexLock lock(&mu_);
   absl::Duration limit = options_->max_kv_wait;
@@ -443,6 +448,7 @@ bool Flight::ConcludeLocked() {
       failed_workers_.insert(a.failed_worker);
       ++migrations_;
       migrated_at_ = clock_->Now();
+      migration_cause_ = a.failure;
       last_migration_stalled_ = a.stalled;
       resume_pending_ = true;
       TRIDENT_LOG(WARNING) << "request " << request_.id << ": " << a.failure << "; migrating ("

@@ -98,6 +98,8 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   admission::AdmissionRequest AdmissionAsk() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether this is a migration's routing (a worker failed under it).
   bool migrating() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The failure that set the last migration off (OK before any).
+  absl::Status migration_cause() const ABSL_LOCKS_EXCLUDED(mu_);
   // The latest a request that finds the KV cache full may still be given
   // room: its TTFT target under admission, its deadline, max_kv_wait after
   // its arrival; for a migration, migration_wait after it.
@@ -235,6 +237,7 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   // Cancellations FailLocked queued, run by the entry points without mu_.
   std::vector<std::function<void()>> cancels_ ABSL_GUARDED_BY(mu_);
   absl::Time migrated_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status migration_cause_ ABSL_GUARDED_BY(mu_);
   bool last_migration_stalled_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<std::string> failed_workers_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;

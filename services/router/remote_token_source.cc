@@ -182,9 +182,9 @@ void RemoteTokenSource::WaitForKv(const std::shared_ptr<Flight>& flight, const a
   }
   if (flight->migrating()) {
     flight->EndWithoutCalls(
-        absl::UnavailableError(absl::StrCat("no worker could take the request over within ",
-                                            absl::FormatDuration(options_.migration_wait), " (",
-                                            why.message(), ")")),
+        absl::UnavailableError(absl::StrCat(
+            flight->migration_cause().message(), "; no worker could take the request over within ",
+            absl::FormatDuration(options_.migration_wait), " (", why.message(), ")")),
         absl::nullopt, MigrationOutcome::kNoWorker);
     return;
   }

@@ -143,23 +143,7 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
                            .Register(r)
                            .Add({});
 
-  auto& migrations =
-      prometheus::BuildCounter()
-          .Name("trident_router_migrations_total")
-          .Help("Requests whose worker failed mid-request (stream broken, unreachable or "
-                "stalled), by outcome: resumed on another worker pair with the tokens streamed "
-                "so far, limit_reached (--migration_limit), no_worker (none left to take it).")
-          .Register(r);
-  for (MigrationOutcome o :
-       {MigrationOutcome::kResumed, MigrationOutcome::kLimitReached, MigrationOutcome::kNoWorker}) {
-    migrations_[static_cast<int>(o)] = &migrations.Add({{"outcome", std::string(MigrationOutcomeName(o))}});
-  }
-  stalls_ = &prometheus::BuildCounter()
-                 .Name("trident_router_worker_stalls_total")
-                 .Help("Worker calls the router ended because no token came within "
-                       "--stall_timeout_ms (the worker was alive but made no progress).")
-                 .Register(r)
-                 .Add({});
+  RegisterMigrations(r);
 
   for (const admission::QosClass& c : qos_.classes) class_names_.push_back(c.name);
   class_names_.push_back(Name(kUnknownClass));
@@ -323,6 +307,26 @@ void RequestObserver::Finish(RequestOutcome outcome) {
     pc.tpot->Observe(absl::ToDoubleSeconds(last_token_ - first_token_) /
                      static_cast<double>(tokens_ - 1));
   }
+}
+
+void RouterMetrics::RegisterMigrations(prometheus::Registry& r) {
+  auto& migrations =
+      prometheus::BuildCounter()
+          .Name("trident_router_migrations_total")
+          .Help("Requests whose worker failed mid-request (stream broken, unreachable or "
+                "stalled), by outcome: resumed on another worker pair with the tokens streamed "
+                "so far, limit_reached (--migration_limit), no_worker (none left to take it).")
+          .Register(r);
+  for (MigrationOutcome o :
+       {MigrationOutcome::kResumed, MigrationOutcome::kLimitReached, MigrationOutcome::kNoWorker}) {
+    migrations_[static_cast<int>(o)] = &migrations.Add({{"outcome", std::string(MigrationOutcomeName(o))}});
+  }
+  stalls_ = &prometheus::BuildCounter()
+                 .Name("trident_router_worker_stalls_total")
+                 .Help("Worker calls the router ended because no token came within "
+                       "--stall_timeout_ms (the worker was alive but made no progress).")
+                 .Register(r)
+                 .Add({});
 }
 
 absl::string_view MigrationOutcomeName(MigrationOutcome outcome) {

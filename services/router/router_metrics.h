@@ -164,6 +164,8 @@ class RouterMetrics {
     std::array<prometheus::Histogram*, 2> predicted_ttft{};
     std::array<prometheus::Histogram*, 2> predicted_tpot{};
   };
+  // The migration and stall counters.
+  void RegisterMigrations(prometheus::Registry& r);
   // Index into classes_ for a class name (the last entry is "unknown").
   int ClassIndex(absl::string_view qos_class) const;
 
