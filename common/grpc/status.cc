@@ -1,5 +1,7 @@
 #include "common/grpc/status.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <string>
 
 #include "absl/strings/cord.h"
@@ -36,6 +38,16 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
     }
   }
   return result;
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view context) {
+  const absl::Status from = FromGrpcStatus(status);
+  if (from.ok()) return from;
+  absl::Status out(from.code(), absl::StrCat(context, ": ", from.message()));
+  from.ForEachPayload([&out](absl::string_view type_url, const absl::Cord& payload) {
+    out.SetPayload(type_url, payload);
+  });
+  return out;
 }
 
 }  // namespace trident

@@ -7,6 +7,7 @@
 // of a google.rpc.Status in the `grpc-status-details-bin` trailer.
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 
 namespace trident {
@@ -17,6 +18,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Converts an RPC's result on the client side. Details that arrived as a
 // google.rpc.Status become payloads again, so GetRetryDelay() works on them.
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// FromGrpcStatus with `context` before the message ("<context>: <message>"),
+// e.g. "CommitKv to 10.0.0.7:50052": code and details kept.
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view context);
 
 }  // namespace trident
 

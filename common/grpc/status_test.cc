@@ -47,6 +47,16 @@ TEST(GrpcStatusTest, BadRequestFieldSurvivesTheRoundTrip) {
   EXPECT_THAT(GetBadRequestField(back), Optional(Eq("sampling.top_k")));
 }
 
+TEST(GrpcStatusTest, AContextPrefixesTheMessageAndKeepsCodeAndDetails) {
+  const absl::Status back = FromGrpcStatus(
+      ToGrpcStatus(ResourceExhaustedWithRetry("queue full", absl::Milliseconds(300))),
+      "CommitKv to d1 at 10.0.0.7:50052");
+  EXPECT_THAT(back, StatusIs(absl::StatusCode::kResourceExhausted,
+                             Eq("CommitKv to d1 at 10.0.0.7:50052: queue full")));
+  EXPECT_THAT(GetRetryDelay(back), Optional(Eq(absl::Milliseconds(300))));
+  EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK, "anything").ok());
+}
+
 TEST(GrpcStatusTest, GarbageDetailsAreIgnored) {
   const absl::Status back = FromGrpcStatus(
       grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining", "\xff\xff not a proto"));

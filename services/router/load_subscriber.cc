@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/status.h"
 #include "common/logging/log.h"
 #include "common/time/proto_time.h"
 
@@ -118,9 +119,8 @@ void LoadSubscriber::Run(Worker* worker) {
     if (ending()) return;
     if (!down_reported) {
       down_reported = true;
-      const absl::Status why(
-          static_cast<absl::StatusCode>(status.error_code()),
-          absl::StrCat("load stream from ", worker->address, " ended: ", status.error_message()));
+      const absl::Status why =
+          FromGrpcStatus(status, absl::StrCat("load stream from ", worker->address, " ended"));
       TRIDENT_LOG(WARNING) << why;
       mu_.Unlock();
       if (callbacks_.on_down) callbacks_.on_down(worker->address, why);

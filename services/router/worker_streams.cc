@@ -55,12 +55,7 @@ std::unique_ptr<WorkerStubs> NewWorkerStubs(const std::string& address,
 
 absl::Status WorkerStatus(absl::string_view call, absl::string_view address,
                           const grpc::Status& status) {
-  const absl::Status from = FromGrpcStatus(status);
-  absl::Status out(from.code(), absl::StrCat(call, " on ", address, ": ", from.message()));
-  from.ForEachPayload([&out](absl::string_view type_url, const absl::Cord& payload) {
-    out.SetPayload(type_url, payload);
-  });
-  return out;
+  return FromGrpcStatus(status, absl::StrCat(call, " on ", address));
 }
 
 std::string AttemptRequestId(const std::string& request_id, int attempt) {

@@ -148,9 +148,7 @@ absl::StatusOr<absl::Duration> PrefillService::Renew(const v1::KvDestination& de
   v1::RenewKvResponse response;
   const grpc::Status status = stub->RenewKv(&context, request, &response);
   if (!status.ok()) {
-    return absl::Status(
-        static_cast<absl::StatusCode>(status.error_code()),
-        absl::StrCat("RenewKv to ", destination.decode_address(), ": ", status.error_message()));
+    return FromGrpcStatus(status, absl::StrCat("RenewKv to ", destination.decode_address()));
   }
   return DurationFromProto(response.lease_remaining());
 }
@@ -187,10 +185,9 @@ void PrefillService::Commit(const std::shared_ptr<Call>& call, v1::CommitKvReque
       [this, pending, call, done = std::move(done)](grpc::Status status) mutable {
         absl::Status result;
         if (!status.ok()) {
-          result = absl::Status(
-              static_cast<absl::StatusCode>(status.error_code()),
-              absl::StrCat("CommitKv to ", call->destination.decode_worker_id(), " at ",
-                           call->destination.decode_address(), ": ", status.error_message()));
+          result = FromGrpcStatus(status, absl::StrCat("CommitKv to ",
+                                                       call->destination.decode_worker_id(), " at ",
+                                                       call->destination.decode_address()));
         }
         done(result);
         // The call's context goes here, inside the callback, not with the
