@@ -8,7 +8,6 @@
 // survivors, and the router counts 8 resumed migrations.
 
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <string>
@@ -52,12 +51,13 @@ class MigrationTest : public ::testing::Test {
     for (auto [role, name, process] :
          {std::tuple{"prefill", "p1", &prefill_}, std::tuple{"decode", "d1", &decode_},
           std::tuple{"prefill", "spare", &spare_}}) {
-      auto started = testing::StartService(
-          {RunfilePath("services/worker/worker"), absl::StrCat("--role=", role),
-           absl::StrCat("--worker_id=", name), "--pin_threads=false", "--cpu_threads=1",
-           "--kv_cache_mb=16", "--kv_transport=ucx", "--ucx_transports=tcp",
-           "--role_change_announce=0s", absl::StrCat("--model=", model_dir_)},
-          TestTmpPath(absl::StrCat(name, ".log")));
+      std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
+          RunfilePath("services/worker/worker"), model_dir_, role, name);
+      for (const char* flag :
+           {"--kv_transport=ucx", "--ucx_transports=tcp", "--role_change_announce=0s"}) {
+        argv.push_back(flag);
+      }
+      auto started = testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
       ASSERT_THAT(started, IsOk());
       *process = *started;
     }
@@ -102,9 +102,9 @@ TEST_F(MigrationTest, KillingTheDecodeWorkerMidStreamLosesNoToken) {
   const std::vector<testing::StreamRecord> faulted = RunStreams([&] {
     // The fault, and a check that it happened: the process is gone.
     ASSERT_EQ(kill(killed, SIGKILL), 0);
-    int wstatus = 0;
-    ASSERT_EQ(waitpid(killed, &wstatus, 0), killed);
-    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
+    absl::StatusOr<ExitInfo> exit = WaitForExit(killed, absl::Seconds(30));
+    ASSERT_THAT(exit.status(), IsOk());
+    ASSERT_EQ(exit->signal, SIGKILL);
     decode_.pid = -1;
     // A controller would now move the spare to decoding.
     auto control = v1::WorkerControl::NewStub(spare_.channel);

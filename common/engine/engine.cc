@@ -313,15 +313,16 @@ void Engine::PublishStats(bool stepped, double seconds) {
     auto ewma = [](double old, double sample) {
       return old == 0 ? sample : (1 - kAlpha) * old + kAlpha * sample;
     };
-    if (s.last_step_prefill_tokens > 0 && seconds > 0) {
+    if (s.last_step_prefill_tokens >= kMinRatePrefillTokens && seconds > 0) {
       // Tokens over time of recent prefill steps, each averaged apart (not
-      // an average of per-step rates): a step of a few tokens, such as a
-      // prompt whose prefix was cached, weighs as little as it computed
-      // instead of passing its fixed cost off as a slow per-token rate.
+      // an average of per-step rates): a short step weighs as little as it
+      // computed. Steps of fewer tokens (a prompt whose prefix was cached,
+      // a decode step's companion chunk) are all fixed cost and say nothing
+      // of the per-token rate, which the router reads this as: left out.
       prefill_step_tokens_ = ewma(prefill_step_tokens_, s.last_step_prefill_tokens);
       prefill_step_seconds_ = ewma(prefill_step_seconds_, seconds);
       prefill_tokens_per_second_ = prefill_step_tokens_ / prefill_step_seconds_;
-    } else if (s.last_step_decode_sequences > 0) {
+    } else if (s.last_step_prefill_tokens == 0 && s.last_step_decode_sequences > 0) {
       decode_step_seconds_ = ewma(decode_step_seconds_, seconds);
     }
   }

@@ -43,6 +43,10 @@ class StepHook : public BatchPlanner {
   virtual void OnRemoteReleased(const std::string& id, const backend::RemoteKv& remote) = 0;
 };
 
+// Prompt tokens a step must compute to count in
+// EngineStats::prefill_tokens_per_second.
+inline constexpr int64_t kMinRatePrefillTokens = 64;
+
 class Engine final : public TokenSource {
  public:
   Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions options);

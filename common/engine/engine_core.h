@@ -145,8 +145,9 @@ struct EngineStats {
   double remote_round_trip_seconds_total = 0;
   double remote_exposed_seconds_total = 0;
   // Filled in by the Engine shell, which times steps (EWMA over recent
-  // steps): prompt tokens per second of steps that computed prompts, and
-  // the duration of decode-only steps. 0 before any such step.
+  // steps): prompt tokens per second of steps that computed at least
+  // kMinRatePrefillTokens prompt tokens (fewer are all fixed cost), and the
+  // duration of decode-only steps. 0 before any such step.
   double prefill_tokens_per_second = 0;
   double decode_step_seconds = 0;
   // Also the Engine shell's: the last step's duration (0 before any), and

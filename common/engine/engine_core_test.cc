@@ -32,8 +32,10 @@ struct Harness {
         core(&backend, &allocator, options) {}
 
   // Steps until idle; returns each request's tokens and finish reason.
+  // Every request's outputs must be numbered from `first_index` (a resumed
+  // request's from its resumed outputs).
   std::map<std::string, std::vector<int32_t>> RunToCompletion(
-      std::map<std::string, FinishReason>* reasons = nullptr) {
+      std::map<std::string, FinishReason>* reasons = nullptr, int32_t first_index = 0) {
     std::map<std::string, std::vector<int32_t>> out;
     int guard = 0;
     while (core.HasWork()) {
@@ -41,7 +43,7 @@ struct Harness {
       EXPECT_THAT(events.status(), IsOk());
       if (!events.ok()) break;
       for (const TokenEvent& ev : *events) {
-        EXPECT_EQ(ev.output_index, static_cast<int32_t>(out[ev.request_id].size()));
+        EXPECT_EQ(ev.output_index, first_index + static_cast<int32_t>(out[ev.request_id].size()));
         out[ev.request_id].push_back(ev.token);
         if (reasons != nullptr && ev.finish != FinishReason::kNone) {
           (*reasons)[ev.request_id] = ev.finish;
@@ -335,15 +337,7 @@ TEST(EngineCoreTest, AResumedRequestContinuesAsItsUnbrokenRun) {
       // One engine.
       Harness h(64, {});
       ASSERT_THAT(h.core.Add(resumed), IsOk());
-      std::vector<int32_t> got;
-      while (h.core.HasWork()) {
-        auto events = h.core.Step();
-        ASSERT_THAT(events.status(), IsOk());
-        for (const TokenEvent& ev : *events) {
-          EXPECT_EQ(ev.output_index, k + static_cast<int32_t>(got.size()));
-          got.push_back(ev.token);
-        }
-      }
+      std::vector<int32_t> got = h.RunToCompletion(nullptr, /*first_index=*/k)[r.id];
       EXPECT_THAT(got, ElementsAreArray(rest)) << "variant " << variant << " k " << k;
       EXPECT_EQ(h.allocator.num_free(), 64);
       // Prefill on one engine, decode on another.
@@ -370,14 +364,9 @@ TEST(EngineCoreTest, AResumedRequestContinuesAsItsUnbrokenRun) {
           ASSERT_THAT(decode.core.AddPrefilled(resumed, *reserved, ev.token), IsOk());
         }
       }
-      while (decode.core.HasWork()) {
-        auto events = decode.core.Step();
-        ASSERT_THAT(events.status(), IsOk());
-        for (const TokenEvent& ev : *events) {
-          EXPECT_EQ(ev.output_index, k + static_cast<int32_t>(got.size()));
-          got.push_back(ev.token);
-        }
-      }
+      const std::vector<int32_t> decoded =
+          decode.RunToCompletion(nullptr, /*first_index=*/k + 1)[r.id];
+      got.insert(got.end(), decoded.begin(), decoded.end());
       EXPECT_THAT(got, ElementsAreArray(rest)) << "disaggregated, variant " << variant << " k " << k;
       EXPECT_EQ(decode.allocator.num_free(), 64);
     }

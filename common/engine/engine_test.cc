@@ -60,6 +60,24 @@ TEST(EngineTest, ServesConcurrentRequestsToCompletion) {
   EXPECT_EQ(engine.stats().blocks_free, 32);
 }
 
+// The prefill rate the router prices prompts with counts only steps that
+// computed enough prompt tokens to tell it: a few tokens (a cached prefix's
+// remainder) are all fixed cost.
+TEST(EngineTest, ThePrefillRateIgnoresStepsOfAFewPromptTokens) {
+  Engine engine(Fake(), {});
+  Collector few;
+  ASSERT_THAT(engine.Submit(Greedy("few", {1, 2, 3, 4}, 1), few.Callback()), IsOk());
+  few.done.WaitForNotification();
+  EXPECT_EQ(engine.stats().prefill_tokens_per_second, 0);
+  std::vector<int32_t> prompt(kMinRatePrefillTokens);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i % 50);
+  Collector many;
+  ASSERT_THAT(engine.Submit(Greedy("many", prompt, 1), many.Callback()), IsOk());
+  many.done.WaitForNotification();
+  EXPECT_GT(engine.stats().prefill_tokens_per_second, 0);
+  engine.Shutdown();
+}
+
 // The KV tier's write-through: the loop holds each block the prefix cache
 // names, up to the bound, until the taker frees it; the rest are counted.
 TEST(EngineTest, HeldPublishedBlocksWaitForTheirTakerAndTheBoundCounts) {

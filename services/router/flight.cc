@@ -86,7 +86,7 @@ bool Flight::migrating() const {
 
 absl::Status Flight::migration_cause() const {
   absl::MutexLock lock(&mu_);
-  return migration_cause_;
+  return last_migration_.has_value() ? last_migration_->cause : absl::OkStatus();
 }
 
 absl::Time Flight::WaitLimit(const admission::AdmissionDecision& decision) const {
@@ -94,7 +94,7 @@ absl::Time Flight::WaitLimit(const admission::AdmissionDecision& decision) const
   absl::Duration limit = options_->max_kv_wait;
   absl::Time from = arrival_;
   if (migrations_ > 0) {
-    from = migrated_at_;
+    from = last_migration_->at;
     limit = options_->migration_wait;
   } else if (decision.ttft_target.has_value()) {
     limit = std::min(limit, *decision.ttft_target);
@@ -121,10 +121,10 @@ void Flight::Reserve(FlightRoute route) {
     a = attempt_.get();
     a->route = std::move(route);
     a->admitted_at = clock_->Now();
-    if (resume_pending_) {
+    if (last_migration_.has_value() && !last_migration_->routed) {
       // A migration found its new pair.
-      resume_pending_ = false;
-      CountMigrationLocked(MigrationOutcome::kResumed, last_migration_stalled_);
+      last_migration_->routed = true;
+      CountMigrationLocked(MigrationOutcome::kResumed, last_migration_->stalled);
     }
     if (observer_ == nullptr) {
       // Admitted and routed: from now on the request counts in flight.
@@ -226,8 +226,7 @@ void Flight::EndWithoutCalls(const absl::Status& status,
     absl::MutexLock lock(&mu_);
     if (rejected.has_value() && observer_ != nullptr) observer_->OnRejected(*rejected);
     if (migration.has_value()) {
-      resume_pending_ = false;
-      CountMigrationLocked(*migration, last_migration_stalled_);
+      CountMigrationLocked(*migration, last_migration_.has_value() && last_migration_->stalled);
     }
     EndLocked(status);
     SettleLocked();
@@ -445,12 +444,12 @@ bool Flight::ConcludeLocked() {
       EmitLocked(std::move(end));
     } else if (migrations_ < options_->migration_limit) {
       ReleaseAdmissionLocked();
-      failed_workers_.insert(a.failed_worker);
+      // A worker that answered ABORTED is alive and gave the request up
+      // (often for its peer: a transfer to a dead decode worker); only an
+      // unreachable or stalled one is kept out of the retry.
+      if (a.failure.code() != absl::StatusCode::kAborted) failed_workers_.insert(a.failed_worker);
       ++migrations_;
-      migrated_at_ = clock_->Now();
-      migration_cause_ = a.failure;
-      last_migration_stalled_ = a.stalled;
-      resume_pending_ = true;
+      last_migration_ = Migration{.at = clock_->Now(), .cause = a.failure, .stalled = a.stalled};
       TRIDENT_LOG(WARNING) << "request " << request_.id << ": " << a.failure << "; migrating ("
                            << migrations_ << " of at most " << options_->migration_limit
                            << ") with " << streamed_.size() << " tokens streamed";

@@ -94,7 +94,8 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   absl::Time arrival() const { return arrival_; }
 
   // What admission is asked: the prompt plus the tokens streamed so far;
-  // after a failure, must_admit and the failed workers excluded.
+  // after a failure, must_admit and the workers that failed unreachable or
+  // stalled excluded (one that answered ABORTED may take the retry).
   admission::AdmissionRequest AdmissionAsk() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether this is a migration's routing (a worker failed under it).
   bool migrating() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -232,13 +233,17 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   // The resume record: every token streamed to the client, in order.
   std::vector<int32_t> streamed_ ABSL_GUARDED_BY(mu_);
   int migrations_ ABSL_GUARDED_BY(mu_) = 0;
-  // A migration is under way and has not found its new pair yet.
-  bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // The last migration: when, why, whether the watchdog set it off, and
+  // whether it found its new pair (it counts as resumed then).
+  struct Migration {
+    absl::Time at;
+    absl::Status cause;
+    bool stalled = false;
+    bool routed = false;
+  };
+  absl::optional<Migration> last_migration_ ABSL_GUARDED_BY(mu_);
   // Cancellations FailLocked queued, run by the entry points without mu_.
   std::vector<std::function<void()>> cancels_ ABSL_GUARDED_BY(mu_);
-  absl::Time migrated_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Status migration_cause_ ABSL_GUARDED_BY(mu_);
-  bool last_migration_stalled_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<std::string> failed_workers_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   // The final event was emitted.

@@ -144,13 +144,11 @@ void RemoteTokenSource::Migrate(const std::shared_ptr<Flight>& flight) {
     flight->EndWithoutCalls(routed, absl::nullopt, MigrationOutcome::kNoWorker);
     return;
   }
+  // It waits for a worker as for KV room, until migration_wait.
+  const absl::Time limit = flight->WaitLimit(admission::AdmissionDecision());
   {
     absl::MutexLock lock(&mu_);
-    flight->wait_limit = clock_->Now() + options_.migration_wait;
-    if (flight->request().time_limit.has_value()) {
-      flight->wait_limit =
-          std::min(flight->wait_limit, flight->arrival() + *flight->request().time_limit);
-    }
+    flight->wait_limit = limit;
   }
   WaitForKv(flight, routed);
 }

@@ -15,9 +15,9 @@
 //
 // MIGRATION: when a worker fails under a request (its stream breaks, it is
 // unreachable or stopped, it answers UNAVAILABLE or ABORTED, or its decode
-// stream stalls past `stall_timeout`), the request is admitted again on
-// another pair (never the failed worker, whatever the SLO predictions)
-// with its prompt plus the tokens already streamed, and the client's
+// stream stalls past `stall_timeout`), the request is admitted again
+// (whatever the SLO predictions; never on a worker that was unreachable or
+// stalled) with its prompt plus the tokens already streamed, and the client's
 // stream continues: no token lost or repeated, seeded draws continuing as
 // they would have. At most `migration_limit` times per request; with no
 // worker left it ends UNAVAILABLE.

@@ -192,9 +192,11 @@ class FakeDecode final : public v1::Decode::CallbackService {
 // scripted failure at once.
 class FakePrefill final : public v1::Prefill::CallbackService {
  public:
-  void set_failure(absl::Status failure) {
+  // Fails the next `times` calls (every call by default) with `failure`.
+  void set_failure(absl::Status failure, int times = -1) {
     absl::MutexLock lock(&mu_);
     failure_ = std::move(failure);
+    failures_left_ = times;
   }
 
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
@@ -204,7 +206,10 @@ class FakePrefill final : public v1::Prefill::CallbackService {
     absl::Status failure;
     {
       absl::MutexLock lock(&mu_);
-      failure = failure_;
+      if (failures_left_ != 0) {
+        failure = failure_;
+        if (failures_left_ > 0) --failures_left_;
+      }
     }
     if (!failure.ok()) {
       channel->Close(failure);
@@ -228,6 +233,7 @@ class FakePrefill final : public v1::Prefill::CallbackService {
  private:
   absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  int failures_left_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 // One worker in role both: both services on one in-process server.
@@ -332,12 +338,19 @@ class RemoteTokenSourceTest : public ::testing::Test {
     source_->SetWorkerAddress(id, worker.address());
   }
 
-  static engine::EngineRequest Request(const std::string& id) {
+  static engine::EngineRequest Request(const std::string& id, int32_t max_tokens = 3) {
     engine::EngineRequest r;
     r.id = id;
     r.prompt = {1, 2, 3};
-    r.max_tokens = 3;
+    r.max_tokens = max_tokens;
     return r;
+  }
+
+  // `first` (w1) and a less attractive `spare` (w2, 5 sequences running):
+  // admission chooses w1 first; a migration goes to w2.
+  void AddFirstAndSpare(const FakeWorker& first, const FakeWorker& spare) {
+    AddWorker("w1", first);
+    AddWorker("w2", spare, /*running=*/5);
   }
 
   FakeClock clock_;
@@ -420,24 +433,26 @@ void ExpectOneContiguousStream(const std::vector<engine::TokenEvent>& got) {
   }
 }
 
+// The whole unbroken stream of `max_tokens` tokens, ended by length.
+void ExpectCompletedInFull(const std::vector<engine::TokenEvent>& got, int max_tokens) {
+  EXPECT_EQ(Tokens(got), ExpectedTokens(max_tokens));
+  ExpectOneContiguousStream(got);
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+}
+
 TEST_F(RemoteTokenSourceTest, ADecodeWorkerFailingMidStreamIsReplacedAndTheStreamGoesOn) {
   Start();
   FakeWorker first(/*capacity=*/4);
   FakeWorker second(/*capacity=*/4);
   first.decode.FailAfter(2, absl::OkStatus(), /*stall=*/true);
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);  // less attractive: w1 is chosen first
+  AddFirstAndSpare(first, second);
   Events events;
-  engine::EngineRequest request = Request("r1");
-  request.max_tokens = 6;
-  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  ASSERT_THAT(source_->Submit(Request("r1", 6), events.Callback()), IsOk());
   events.AwaitTokens(3);
   first.decode.CloseStalled(absl::UnavailableError("Socket closed"));
 
   const std::vector<engine::TokenEvent> got = events.AwaitEnd();
-  EXPECT_EQ(Tokens(got), ExpectedTokens(6));
-  ExpectOneContiguousStream(got);
-  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  ExpectCompletedInFull(got, 6);
   ASSERT_TRUE(got.back().placement.has_value());
   EXPECT_EQ(got.back().placement->decode_worker_id, "w2");
   // w2 resumed after the 3 tokens streamed (the first from the prefill).
@@ -458,19 +473,31 @@ TEST_F(RemoteTokenSourceTest, APrefillWorkerFailingBeforeTheFirstTokenIsReplaced
   FakeWorker first(/*capacity=*/4);
   FakeWorker second(/*capacity=*/4);
   first.prefill.set_failure(absl::UnavailableError("connection refused"));
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);
+  AddFirstAndSpare(first, second);
   Events events;
   ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
 
   const std::vector<engine::TokenEvent> got = events.AwaitEnd();
-  EXPECT_EQ(Tokens(got), ExpectedTokens(3));
-  ExpectOneContiguousStream(got);
-  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  ExpectCompletedInFull(got, 3);
   EXPECT_EQ(got.back().placement->prefill_worker_id, "w2");
   // The first try's reservation was given back when its stream was
   // cancelled.
   first.decode.AwaitNoneReserved();
+}
+
+// A prefill worker that answers ABORTED (its transfer to a dead peer
+// failed) is alive: the retry may go to it again, here the only one.
+TEST_F(RemoteTokenSourceTest, AWorkerThatAnsweredAbortedMayTakeTheRetry) {
+  Start();
+  FakeWorker only(/*capacity=*/4);
+  only.prefill.set_failure(absl::AbortedError("CommitKv to d2: connection reset"), /*times=*/1);
+  AddWorker("w1", only);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  ExpectCompletedInFull(got, 3);
+  EXPECT_EQ(only.decode.requests().size(), 2u);
 }
 
 TEST_F(RemoteTokenSourceTest, AStalledDecodeStreamIsEndedByTheWatchdogAndMigrated) {
@@ -480,12 +507,9 @@ TEST_F(RemoteTokenSourceTest, AStalledDecodeStreamIsEndedByTheWatchdogAndMigrate
   FakeWorker first(/*capacity=*/4);
   FakeWorker second(/*capacity=*/4);
   first.decode.FailAfter(1, absl::OkStatus(), /*stall=*/true);
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);
+  AddFirstAndSpare(first, second);
   Events events;
-  engine::EngineRequest request = Request("r1");
-  request.max_tokens = 5;
-  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  ASSERT_THAT(source_->Submit(Request("r1", 5), events.Callback()), IsOk());
   events.AwaitTokens(2);
   source_->RunTimersForTesting();  // not yet stalled
   clock_.Advance(absl::Seconds(9));
@@ -494,8 +518,7 @@ TEST_F(RemoteTokenSourceTest, AStalledDecodeStreamIsEndedByTheWatchdogAndMigrate
   EXPECT_TRUE(second.decode.requests().empty());
   clock_.Advance(absl::Seconds(2));
   // The workers' load reports keep coming (admission drops stale ones).
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);
+  AddFirstAndSpare(first, second);
   source_->RunTimersForTesting();
 
   const std::vector<engine::TokenEvent> got = events.AwaitEnd();
@@ -510,17 +533,14 @@ TEST_F(RemoteTokenSourceTest, AWorkerFailingAfterTheLastTokenEndsTheRequestAsItW
   FakeWorker first(/*capacity=*/4);
   FakeWorker second(/*capacity=*/4);
   first.decode.FailAfter(2, absl::OkStatus(), /*stall=*/true);  // all of them
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);
+  AddFirstAndSpare(first, second);
   Events events;
   ASSERT_THAT(source_->Submit(Request("r1"), events.Callback()), IsOk());
   events.AwaitTokens(3);
   first.decode.CloseStalled(absl::UnavailableError("Socket closed"));
 
   const std::vector<engine::TokenEvent> got = events.AwaitEnd();
-  EXPECT_EQ(Tokens(got), ExpectedTokens(3));
-  ExpectOneContiguousStream(got);
-  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  ExpectCompletedInFull(got, 3);
   EXPECT_TRUE(second.decode.requests().empty());
 }
 
@@ -530,9 +550,7 @@ TEST_F(RemoteTokenSourceTest, WithNoWorkerLeftAMigratingRequestEndsUnavailable) 
   only.decode.FailAfter(1, absl::UnavailableError("Socket closed"));
   AddWorker("w1", only);
   Events events;
-  engine::EngineRequest request = Request("r1");
-  request.max_tokens = 6;
-  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  ASSERT_THAT(source_->Submit(Request("r1", 6), events.Callback()), IsOk());
   // It waits for a worker to come, until migration_wait (10 s).
   source_->AwaitWaitingKvForTesting(1);
   clock_.Advance(absl::Seconds(9));
@@ -559,9 +577,7 @@ TEST_F(RemoteTokenSourceTest, AMigrationWaitsForAWorkerToCome) {
   first.decode.FailAfter(1, absl::UnavailableError("Socket closed"));
   AddWorker("w1", first);
   Events events;
-  engine::EngineRequest request = Request("r1");
-  request.max_tokens = 6;
-  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  ASSERT_THAT(source_->Submit(Request("r1", 6), events.Callback()), IsOk());
   source_->AwaitWaitingKvForTesting(1);
   AddWorker("w2", second);
   clock_.Advance(absl::Seconds(1));
@@ -581,12 +597,9 @@ TEST_F(RemoteTokenSourceTest, TheMigrationLimitEndsTheRequestWithTheWorkersStatu
   FakeWorker second(/*capacity=*/4);
   first.decode.FailAfter(1, absl::UnavailableError("Socket closed"));
   second.decode.FailAfter(1, absl::AbortedError("the KV reservation is gone"));
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);
+  AddFirstAndSpare(first, second);
   Events events;
-  engine::EngineRequest request = Request("r1");
-  request.max_tokens = 8;
-  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  ASSERT_THAT(source_->Submit(Request("r1", 8), events.Callback()), IsOk());
 
   const std::vector<engine::TokenEvent> got = events.AwaitEnd();
   ExpectPrefixOf(Tokens(got), ExpectedTokens(4));
@@ -600,12 +613,9 @@ TEST_F(RemoteTokenSourceTest, ANonMigratableFailureIsNotMigrated) {
   FakeWorker first(/*capacity=*/4);
   FakeWorker second(/*capacity=*/4);
   first.decode.FailAfter(1, absl::InternalError("engine step failed"));
-  AddWorker("w1", first);
-  AddWorker("w2", second, /*running=*/5);
+  AddFirstAndSpare(first, second);
   Events events;
-  engine::EngineRequest request = Request("r1");
-  request.max_tokens = 6;
-  ASSERT_THAT(source_->Submit(request, events.Callback()), IsOk());
+  ASSERT_THAT(source_->Submit(Request("r1", 6), events.Callback()), IsOk());
 
   const engine::TokenEvent end = events.AwaitEnd().back();
   EXPECT_THAT(end.error, StatusIs(absl::StatusCode::kInternal, HasSubstr("engine step failed")));

@@ -375,15 +375,13 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillService::Prefill(
   v1::PrefillResponse started;
   started.mutable_started();
   call->channel->Push(std::move(started));
-  if (absl::Status fault = fault::FaultPoint("prefill.compute"); !fault.ok()) {
-    call->in_engine.store(false);
-    leases_.Remove(call->lease_key);
-    call->channel->Close(fault);
-    return reactor;
+  absl::Status submitted = fault::FaultPoint("prefill.compute");
+  if (submitted.ok()) {
+    submitted =
+        source_->Submit(*std::move(prepared), [this, call, logprobs](const engine::TokenEvent& ev) {
+          OnPrefillEvent(call, logprobs, ev);
+        });
   }
-  absl::Status submitted = source_->Submit(
-      *std::move(prepared),
-      [this, call, logprobs](const engine::TokenEvent& ev) { OnPrefillEvent(call, logprobs, ev); });
   if (!submitted.ok()) {
     call->in_engine.store(false);
     leases_.Remove(call->lease_key);
