@@ -1,11 +1,21 @@
 #include "common/grpc/server.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging/log.h"
-#include "grpcpp/support/server_interceptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace trident {
+namespace {
+
+int MillisArg(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, INT32_MAX));
+}
+
+}  // namespace
 
 // Creates one interceptor per call; the interceptor's lifetime is the call's.
 class GrpcServer::CallCounterFactory final
@@ -40,6 +50,49 @@ class GrpcServer::CallCounterFactory final
   std::shared_ptr<CallCount> calls_;
 };
 
+// gRPC answers a request it cannot parse with UNIMPLEMENTED and no message,
+// the code of an unknown method. This interceptor notices the failed parse
+// (the received message is null) and turns that answer into
+// INVALID_ARGUMENT naming the method.
+class GrpcServer::ParseFailureFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new Rewriter(info->method());
+  }
+
+ private:
+  class Rewriter final : public grpc::experimental::Interceptor {
+   public:
+    explicit Rewriter(const char* method) : method_(method == nullptr ? "" : method) {}
+
+    void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+      using grpc::experimental::InterceptionHookPoints;
+      if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+          methods->GetRecvMessage() == nullptr) {
+        unparsed_ = true;
+      }
+      if (unparsed_ &&
+          methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+        const grpc::Status sent = methods->GetSendStatus();
+        if (sent.error_code() == grpc::StatusCode::UNIMPLEMENTED && sent.error_message().empty()) {
+          methods->ModifySendStatus(grpc::Status(
+              grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("the request to ", method_,
+                           " could not be parsed as its message type: malformed protobuf, or a "
+                           "string field that is not valid UTF-8")));
+        }
+      }
+      methods->Proceed();
+    }
+
+   private:
+    const std::string method_;
+    bool unparsed_ = false;
+  };
+};
+
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const GrpcServerOptions& options, std::vector<RegisteredService> services) {
   if (options.port < 0 || options.port > 65535) {
@@ -57,7 +110,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
   int bound_port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(
+      address,
+      options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
+      &bound_port);
   // Without this, gRPC binds with SO_REUSEPORT and a second process on the
   // same port silently takes half the traffic instead of failing to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -68,9 +124,18 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1'000);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.max_metadata_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             MillisArg(options.handshake_timeout));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             MillisArg(options.max_connection_idle));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, MillisArg(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, MillisArg(options.keepalive_timeout));
   auto calls = std::make_shared<CallCount>();
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<CallCounterFactory>(calls));
+  interceptors.push_back(std::make_unique<ParseFailureFactory>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(health.get());
   std::vector<std::string> names;

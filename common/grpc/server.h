@@ -5,7 +5,12 @@
 // (common/grpc/health_service.h; overall "" and one entry per registered
 // service), server reflection
 // (`grpc.reflection.v1alpha`), a port chosen by the system when asked for
-// port 0, and a graceful drain.
+// port 0, explicit limits (message and metadata size, streams per
+// connection, handshake, idle and keepalive policy), TLS when given
+// credentials, and a graceful drain. A request that fails to parse is
+// answered INVALID_ARGUMENT naming its method (gRPC itself answers
+// UNIMPLEMENTED with no message); services that parse their own raw
+// requests (common/grpc/wire_check.h) name the field at fault.
 
 #include <memory>
 #include <string>
@@ -27,6 +32,25 @@ struct GrpcServerOptions {
   int port = 0;
   // Largest message accepted or sent.
   int max_message_bytes = 64 << 20;
+  // Largest request metadata (headers) accepted; larger calls are refused.
+  int max_metadata_bytes = 16 << 10;
+  // Streams (calls) at once on one client connection; further calls wait in
+  // the client until one ends. One router-to-worker channel carries all of
+  // a worker's requests, so this must exceed any worker's batch.
+  int max_concurrent_streams = 4096;
+  // A connection whose TLS and HTTP/2 handshake takes longer is closed.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // A connection with no call for this long is closed (clients reconnect
+  // when they next call).
+  absl::Duration max_connection_idle = absl::Minutes(15);
+  // The server pings a client connection after this long without data and
+  // closes it if the ping goes unanswered for `keepalive_timeout`: a client
+  // that vanished (a host power loss, a partition) does not hold its calls
+  // forever.
+  absl::Duration keepalive_time = absl::Minutes(1);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Transport security; null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
 // A service to register and the full name health and reflection report for
@@ -69,6 +93,7 @@ class GrpcServer {
     int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
   };
   class CallCounterFactory;
+  class ParseFailureFactory;
 
   GrpcServer(std::unique_ptr<HealthService> health, std::shared_ptr<CallCount> calls,
              std::unique_ptr<grpc::Server> server, int port, std::vector<std::string> names)

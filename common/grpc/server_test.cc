@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc/test_service.grpc.pb.h"
+#include "common/testing/raw_call.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -116,6 +117,23 @@ TEST(GrpcServerTest, PicksAFreePortAndReportsEveryServiceServing) {
   EXPECT_EQ(CheckHealth(port, "trident.testing.Parking", &status),
             HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(CheckHealth(port, "", &status), HealthCheckResponse::NOT_SERVING);
+}
+
+TEST(GrpcServerTest, ARequestThatDoesNotParseIsInvalidArgumentNamingTheMethod) {
+  ParkingService service;
+  auto server =
+      GrpcServer::Start({.host = "127.0.0.1", .port = 0}, {{&service, "trident.testing.Parking"}});
+  ASSERT_THAT(server, IsOk());
+  // A length-delimited field whose length runs past the end.
+  grpc::Status status =
+      testing::RawUnaryCall(Channel((*server)->port()), "/trident.testing.Parking/Park",
+                            "\x0a\x05"
+                            "ab");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("/trident.testing.Parking/Park"));
+  // An unknown method is still UNIMPLEMENTED.
+  status = testing::RawUnaryCall(Channel((*server)->port()), "/trident.testing.Parking/Nope", "");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST(GrpcServerTest, RefusesAPortThatIsTaken) {
