@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/grpc/tls.h"
+
 namespace trident::controller_client {
 
 std::shared_ptr<grpc::Channel> ControllerChannel(const std::string& address,
@@ -19,7 +21,7 @@ std::shared_ptr<grpc::Channel> ControllerChannel(const std::string& address,
   // buffer. Servers accept pings this often (common/grpc/server.cc).
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return CreateClusterChannel(address, args);
 }
 
 }  // namespace trident::controller_client

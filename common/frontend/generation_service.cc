@@ -8,8 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/frontend/request_proto.h"
 #include "common/grpc/reactors.h"
 #include "common/grpc/status.h"
+#include "common/grpc/wire_check.h"
 #include "common/logging/log.h"
 #include "common/sampling/sampling_params.h"
 #include "common/sampling/stop_checker.h"
@@ -17,7 +19,6 @@
 #include "common/status/status_macros.h"
 #include "common/time/proto_time.h"
 #include "google/protobuf/duration.pb.h"
-#include "common/frontend/request_proto.h"
 
 namespace trident::frontend {
 namespace {
@@ -45,7 +46,7 @@ absl::Status ValidateRequestId(const std::string& id) {
 
 // One Generate call. The reactor is owned by gRPC (deleted in OnDone); the
 // engine's callback holds the shared State, which outlives the reactor.
-class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   struct State {
     absl::Mutex mu;
@@ -379,8 +380,14 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
       return;
     }
     if (!s.pending.empty()) {
+      if (absl::Status serialized = SerializeResponse(s.pending.front(), &write_buffer_);
+          !serialized.ok()) {
+        s.finished = true;
+        Finish(ToGrpcStatus(serialized));
+        return;
+      }
       s.writing = true;
-      StartWrite(&s.pending.front());
+      StartWrite(&write_buffer_);
       return;
     }
     if (s.final_queued) {
@@ -393,6 +400,9 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<v1::Gene
   grpc::CallbackServerContext* context_;
   std::shared_ptr<State> state_;
   bool registered_ = false;
+  // The message being written (pending.front(), serialized); guarded by
+  // state_->mu until StartWrite, then gRPC's until OnWriteDone.
+  grpc::ByteBuffer write_buffer_;
 };
 
 GenerationService::GenerationService(engine::TokenSource* engine,
@@ -424,68 +434,96 @@ void GenerationService::Unregister(const std::string& id) {
   live_.erase(id);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  v1::GenerateRequest parsed;
+  if (absl::Status status = ParseRequest(*request, &parsed); !status.ok()) {
+    return new FinishedWriteReactor<grpc::ByteBuffer>(status);
+  }
   auto* stream = new Stream(this, context);
-  stream->Start(*request);
+  stream->Start(parsed);
   return stream;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
-                                                      const v1::TokenizeRequest* request,
-                                                      v1::TokenizeResponse* response) {
-  absl::Status status = CheckModel(request->model());
-  if (!status.ok()) return FinishUnary(context, status);
-  const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
-  for (int32_t id : tokenizer_->Encode(request->text(), add_special)) {
-    response->add_token_ids(id);
-    if (request->return_token_strings()) response->add_token_strings(tokenizer_->IdToToken(id));
-  }
-  return FinishUnary(context, absl::OkStatus());
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return FinishRawUnary<v1::TokenizeRequest, v1::TokenizeResponse>(
+      context, *request, response, [this](const v1::TokenizeRequest& r, v1::TokenizeResponse* out) {
+        return DoTokenize(r, out);
+      });
 }
 
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
-                                                        const v1::DetokenizeRequest* request,
-                                                        v1::DetokenizeResponse* response) {
-  absl::Status status = CheckModel(request->model());
-  if (!status.ok()) return FinishUnary(context, status);
-  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= model_info_.vocab_size()) {
-      return FinishUnary(
-          context, InvalidArgumentForField(absl::StrCat("token_ids[", i, "]"),
-                                           absl::StrCat("token id ", ids[i], " is outside [0, ",
-                                                        model_info_.vocab_size(), ")")));
-    }
-  }
-  auto text = tokenizer_->Decode(ids, !request->include_special_tokens());
-  if (!text.ok()) return FinishUnary(context, text.status());
-  response->set_text(*text);
-  return FinishUnary(context, absl::OkStatus());
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return FinishRawUnary<v1::DetokenizeRequest, v1::DetokenizeResponse>(
+      context, *request, response,
+      [this](const v1::DetokenizeRequest& r, v1::DetokenizeResponse* out) {
+        return DoDetokenize(r, out);
+      });
 }
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,
-                                                   const v1::AbortRequest* request,
-                                                   v1::AbortResponse* response) {
-  bool live;
-  {
-    absl::MutexLock lock(&mu_);
-    live = live_.contains(request->request_id());
-  }
-  if (live) {
-    TRIDENT_LOG(INFO) << "aborting request " << request->request_id()
-                      << (request->reason().empty() ? "" : ": ") << request->reason();
-    engine_->Abort(request->request_id());
-  }
-  response->set_aborted(live);
-  return FinishUnary(context, absl::OkStatus());
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return FinishRawUnary<v1::AbortRequest, v1::AbortResponse>(
+      context, *request, response,
+      [this](const v1::AbortRequest& r, v1::AbortResponse* out) { return DoAbort(r, out); });
 }
 
 grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* context,
-                                                       const v1::ModelInfoRequest* request,
-                                                       v1::ModelInfoResponse* response) {
-  *response = model_info_;
-  return FinishUnary(context, absl::OkStatus());
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return FinishRawUnary<v1::ModelInfoRequest, v1::ModelInfoResponse>(
+      context, *request, response, [this](const v1::ModelInfoRequest&, v1::ModelInfoResponse* out) {
+        *out = model_info_;
+        return absl::OkStatus();
+      });
+}
+
+absl::Status GenerationService::DoTokenize(const v1::TokenizeRequest& request,
+                                           v1::TokenizeResponse* response) const {
+  TRIDENT_RETURN_IF_ERROR(CheckModel(request.model()));
+  const bool add_special = !request.has_add_special_tokens() || request.add_special_tokens();
+  for (int32_t id : tokenizer_->Encode(request.text(), add_special)) {
+    response->add_token_ids(id);
+    if (request.return_token_strings()) response->add_token_strings(tokenizer_->IdToToken(id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerationService::DoDetokenize(const v1::DetokenizeRequest& request,
+                                             v1::DetokenizeResponse* response) const {
+  TRIDENT_RETURN_IF_ERROR(CheckModel(request.model()));
+  std::vector<int32_t> ids(request.token_ids().begin(), request.token_ids().end());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= model_info_.vocab_size()) {
+      return InvalidArgumentForField(
+          absl::StrCat("token_ids[", i, "]"),
+          absl::StrCat("token id ", ids[i], " is outside [0, ", model_info_.vocab_size(), ")"));
+    }
+  }
+  TRIDENT_ASSIGN_OR_RETURN(std::string text,
+                           tokenizer_->Decode(ids, !request.include_special_tokens()));
+  response->set_text(std::move(text));
+  return absl::OkStatus();
+}
+
+absl::Status GenerationService::DoAbort(const v1::AbortRequest& request,
+                                        v1::AbortResponse* response) {
+  bool live;
+  {
+    absl::MutexLock lock(&mu_);
+    live = live_.contains(request.request_id());
+  }
+  if (live) {
+    TRIDENT_LOG(INFO) << "aborting request " << request.request_id()
+                      << (request.reason().empty() ? "" : ": ") << request.reason();
+    engine_->Abort(request.request_id());
+  }
+  response->set_aborted(live);
+  return absl::OkStatus();
 }
 
 }  // namespace trident::frontend

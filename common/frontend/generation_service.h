@@ -23,8 +23,18 @@
 
 namespace trident::frontend {
 
+// Every method takes its request raw and parses it itself
+// (common/grpc/wire_check.h), so that a request that does not parse is
+// INVALID_ARGUMENT naming the field at fault.
+using RawGenerationService = trident::v1::Generation::WithRawCallbackMethod_Generate<
+    trident::v1::Generation::WithRawCallbackMethod_Tokenize<
+        trident::v1::Generation::WithRawCallbackMethod_Detokenize<
+            trident::v1::Generation::WithRawCallbackMethod_Abort<
+                trident::v1::Generation::WithRawCallbackMethod_ModelInfo<
+                    trident::v1::Generation::Service>>>>>;
+
 // Thread-safe.
-class GenerationService final : public trident::v1::Generation::CallbackService {
+class GenerationService final : public RawGenerationService {
  public:
   // `engine` (the worker's Engine, or the router's remote path), `tokenizer`
   // and `clock` must outlive the service. `gate` (null: every call is
@@ -34,23 +44,30 @@ class GenerationService final : public trident::v1::Generation::CallbackService 
                     const trident::v1::ModelInfoResponse& model_info, Clock* clock,
                     CallGate* gate = nullptr);
 
-  grpc::ServerWriteReactor<trident::v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const trident::v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const trident::v1::TokenizeRequest* request,
-                                     trident::v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
-                                       const trident::v1::DetokenizeRequest* request,
-                                       trident::v1::DetokenizeResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const trident::v1::AbortRequest* request,
-                                  trident::v1::AbortResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* context,
-                                      const trident::v1::ModelInfoRequest* request,
-                                      trident::v1::ModelInfoResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
   class Stream;
+
+  absl::Status DoTokenize(const trident::v1::TokenizeRequest& request,
+                          trident::v1::TokenizeResponse* response) const;
+  absl::Status DoDetokenize(const trident::v1::DetokenizeRequest& request,
+                            trident::v1::DetokenizeResponse* response) const;
+  absl::Status DoAbort(const trident::v1::AbortRequest& request,
+                       trident::v1::AbortResponse* response);
 
   absl::Status CheckModel(const std::string& model) const;
   // Request ids in flight: ALREADY_EXISTS for a second one.

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -25,8 +26,8 @@ absl::string_view ServingStatusName(ServingStatus status) {
 absl::StatusOr<ServingStatus> CheckHealth(absl::string_view address, absl::string_view service,
                                           absl::Duration timeout) {
   using ::grpc::health::v1::HealthCheckResponse;
-  std::unique_ptr<grpc::health::v1::Health::Stub> stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(std::string(address), grpc::InsecureChannelCredentials()));
+  std::unique_ptr<grpc::health::v1::Health::Stub> stub =
+      grpc::health::v1::Health::NewStub(CreateClusterChannel(std::string(address)));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   grpc::health::v1::HealthCheckRequest request;

@@ -272,6 +272,7 @@ absl::Status ParseRequest(const grpc::ByteBuffer& buffer, google::protobuf::Mess
 }
 
 absl::Status SerializeResponse(const google::protobuf::Message& message, grpc::ByteBuffer* buffer) {
+  buffer->Clear();
   bool own_buffer = false;
   grpc::Status status =
       grpc::SerializationTraits<google::protobuf::Message>::Serialize(message, buffer, &own_buffer);

@@ -12,8 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/grpc/reactors.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "grpcpp/grpcpp.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace trident {
@@ -33,8 +35,27 @@ absl::Status CheckWireFormat(absl::string_view bytes,
 absl::Status ParseRequest(absl::string_view bytes, google::protobuf::Message* message);
 absl::Status ParseRequest(const grpc::ByteBuffer& buffer, google::protobuf::Message* message);
 
-// Serializes `message` into `buffer`; INTERNAL if it cannot be.
+// Serializes `message` into `buffer` (replacing what it held); INTERNAL if
+// it cannot be.
 absl::Status SerializeResponse(const google::protobuf::Message& message, grpc::ByteBuffer* buffer);
+
+// A raw unary handler's body: parses `request` as a `Request`, runs
+// `handle(const Request&, Response*) -> absl::Status` and, when it
+// succeeds, serializes its response into `response`; the call finishes with
+// the first failure (a parse failure names its field).
+template <typename Request, typename Response, typename Handle>
+grpc::ServerUnaryReactor* FinishRawUnary(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer& request,
+                                         grpc::ByteBuffer* response, Handle&& handle) {
+  Request parsed;
+  absl::Status status = ParseRequest(request, &parsed);
+  if (status.ok()) {
+    Response out;
+    status = handle(static_cast<const Request&>(parsed), &out);
+    if (status.ok()) status = SerializeResponse(out, response);
+  }
+  return FinishUnary(context, status);
+}
 
 }  // namespace trident
 

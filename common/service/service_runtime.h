@@ -21,6 +21,13 @@
 //                     serving: {"component":..,"grpc_port":..,"metrics_port":..,"pid":..}
 //   --drain_timeout   how long calls in flight may finish after SIGTERM
 //   --log_level       debug, info, warning, error
+//   --tls_cert_file, --tls_key_file, --tls_ca_file, --tls_client_auth,
+//   --tls_verify_hostname, --tls_refresh_interval
+//                     TLS on the gRPC port and mTLS to other services
+//                     (common/grpc/tls.h)
+//   --grpc_max_message_bytes, --grpc_max_metadata_bytes,
+//   --grpc_max_concurrent_streams
+//                     the gRPC server's limits (common/grpc/server.h)
 
 #include <functional>
 #include <memory>
@@ -30,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/grpc/server.h"
+#include "common/grpc/tls.h"
 #include "common/telemetry/metrics_server.h"
 #include "prometheus/registry.h"
 
@@ -59,6 +67,10 @@ struct ServiceDefaults {
   std::string component;
   int grpc_port;
   int metrics_port;
+  // --grpc_max_message_bytes's default.
+  int max_message_bytes = 64 << 20;
+  // --tls_client_auth's default.
+  ClientAuth client_auth = ClientAuth::kRequire;
 };
 
 // Confined to the main thread.
@@ -77,12 +89,20 @@ class ServiceRuntime {
   // if the server cannot start.
   absl::Status Serve(std::vector<RegisteredService> services, const ServeHooks& hooks = {});
 
+  // Reads the --tls_* flags: with a certificate, the server will serve TLS
+  // and every outbound cluster channel (ClusterChannelCredentials) presents
+  // it. INVALID_ARGUMENT naming the flag for bad files. RunServiceMain calls
+  // it before the body runs.
+  absl::Status SetUpTls();
+
  private:
   ServiceRuntime(ServiceDefaults defaults, std::unique_ptr<telemetry::MetricsServer> metrics)
       : defaults_(std::move(defaults)), metrics_(std::move(metrics)) {}
 
   const ServiceDefaults defaults_;
   std::unique_ptr<telemetry::MetricsServer> metrics_;
+  // Null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> server_credentials_;
 };
 
 // Blocks the shutdown signals, parses flags (with --help and --version),

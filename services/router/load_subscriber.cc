@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "common/logging/log.h"
 #include "common/time/proto_time.h"
 
@@ -45,8 +46,7 @@ void LoadSubscriber::AddLocked(const std::string& address) {
   if (workers_.count(address) > 0) return;
   auto w = std::make_unique<Worker>();
   w->address = address;
-  w->stub = trident::v1::WorkerControl::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  w->stub = trident::v1::WorkerControl::NewStub(CreateClusterChannel(address));
   Worker* worker = w.get();
   workers_.emplace(address, std::move(w));
   worker->thread = std::thread([this, worker] { Run(worker); });

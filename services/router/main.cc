@@ -111,7 +111,12 @@ trident::router::RouterServerOptions OptionsFromFlags() {
 
 int main(int argc, char** argv) {
   return trident::RunServiceMain(
-      argc, argv, {.component = "router", .grpc_port = 50051, .metrics_port = 9401},
+      argc, argv,
+      {.component = "router",
+       .grpc_port = 50051,
+       .metrics_port = 9401,
+       .max_message_bytes = 16 << 20,
+       .client_auth = trident::ClientAuth::kOptional},
       [](trident::ServiceRuntime& runtime) -> absl::Status {
         TRIDENT_ASSIGN_OR_RETURN(
             std::unique_ptr<trident::router::RouterServer> server,

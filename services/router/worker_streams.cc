@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "common/time/proto_time.h"
 
 namespace trident::router {
@@ -46,7 +47,7 @@ std::unique_ptr<WorkerStubs> NewWorkerStubs(const std::string& address,
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // A stalled stream sends no data; keep pinging it anyway.
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = CreateClusterChannel(address, args);
   auto stubs = std::make_unique<WorkerStubs>();
   stubs->prefill = v1::Prefill::NewStub(channel);
   stubs->decode = v1::Decode::NewStub(channel);

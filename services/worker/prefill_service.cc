@@ -9,6 +9,7 @@
 #include "common/frontend/request_proto.h"
 #include "common/grpc/status.h"
 #include "common/grpc/stream_channel.h"
+#include "common/grpc/tls.h"
 #include "common/logging/log.h"
 #include "common/sampling/sampling_params.h"
 #include "common/status/error_details.h"
@@ -131,7 +132,7 @@ std::shared_ptr<v1::Decode::Stub> PrefillService::StubFor(const std::string& add
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = v1::Decode::NewStub(CreateClusterChannel(address));
   }
   return stub;
 }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "common/time/proto_time.h"
 
 namespace trident::controller {
@@ -25,8 +26,7 @@ GrpcRoleSetter::~GrpcRoleSetter() {
 v1::WorkerControl::Stub* GrpcRoleSetter::StubFor(const std::string& address) {
   std::unique_ptr<v1::WorkerControl::Stub>& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::WorkerControl::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = v1::WorkerControl::NewStub(CreateClusterChannel(address));
   }
   return stub.get();
 }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -49,8 +50,7 @@ absl::Status AttentionServicePool::Start(transport::UcxWorker* ucx) {
   for (const std::string& address : options_.services) {
     auto service = std::make_unique<Service>();
     service->address = address;
-    service->stub =
-        v1::Attention::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    service->stub = v1::Attention::NewStub(CreateClusterChannel(address));
     services_.push_back(std::move(service));
   }
   for (const auto& service : services_) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/tls.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
@@ -146,8 +147,7 @@ absl::StatusOr<attention::RemoteAttention*> PromptKvSender::ChannelFor(
     std::unique_ptr<Service>& service = services_[address];
     if (service == nullptr) {
       service = std::make_unique<Service>();
-      service->stub =
-          v1::Attention::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      service->stub = v1::Attention::NewStub(CreateClusterChannel(address));
     }
     if (service->connected && service->incarnation == incarnation) {
       return service->channels.back().get();
