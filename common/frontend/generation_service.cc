@@ -42,6 +42,35 @@ absl::Status ValidateRequestId(const std::string& id) {
   return absl::OkStatus();
 }
 
+// An SLO target: a valid, positive duration of at most a day.
+absl::Status CheckTarget(absl::string_view field, const google::protobuf::Duration& d) {
+  const bool valid = d.seconds() >= 0 && d.seconds() <= 86'400 && d.nanos() >= 0 &&
+                     d.nanos() < 1'000'000'000 && (d.seconds() > 0 || d.nanos() > 0);
+  if (valid) return absl::OkStatus();
+  return InvalidArgumentForField(field,
+                                 absl::StrCat("is ", d.seconds(), "s ", d.nanos(),
+                                              "ns; must be a positive duration of at most a day"));
+}
+
+// One of the server's QoS classes (ModelInfoResponse.qos_classes), or empty
+// for the default. A server that lists none (a worker serving directly)
+// takes only the default.
+absl::Status CheckQosClass(const std::string& qos_class, const v1::ModelInfoResponse& info) {
+  if (qos_class.empty()) return absl::OkStatus();
+  for (const v1::QosClass& c : info.qos_classes()) {
+    if (c.name() == qos_class) return absl::OkStatus();
+  }
+  std::string known;
+  for (const v1::QosClass& c : info.qos_classes()) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", c.name());
+  }
+  return InvalidArgumentForField(
+      "qos_class", absl::StrCat("\"", qos_class.substr(0, 64), "\" is not a QoS class here (",
+                                known.empty() ? "this server has none; leave it empty"
+                                              : absl::StrCat("known: ", known),
+                                ")"));
+}
+
 }  // namespace
 
 // One Generate call. The reactor is owned by gRPC (deleted in OnDone); the
@@ -85,8 +114,8 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
   }
 
   // Validates and submits; on error finishes at once.
-  void Start(const v1::GenerateRequest& request) {
-    absl::Status status = Submit(request);
+  void Start(const Principal& caller, const v1::GenerateRequest& request) {
+    absl::Status status = Submit(caller, request);
     if (!status.ok()) {
       if (registered_) service_->Unregister(state_->request_id);
       registered_ = false;
@@ -126,7 +155,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
   }
 
  private:
-  absl::Status Submit(const v1::GenerateRequest& request) {
+  absl::Status Submit(const Principal& caller, const v1::GenerateRequest& request) {
     TRIDENT_RETURN_IF_ERROR(service_->CheckModel(request.model()));
     std::string id = request.request_id();
     TRIDENT_RETURN_IF_ERROR(ValidateRequestId(id));
@@ -138,8 +167,9 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
     TRIDENT_RETURN_IF_ERROR(AdmitThroughGate(id));
     TRIDENT_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptOf(request));
     TRIDENT_ASSIGN_OR_RETURN(engine::EngineRequest er, EngineRequestFor(request, std::move(prompt)));
+    TRIDENT_ASSIGN_OR_RETURN(er.qos_class, QosClassFor(caller, request.qos_class()));
     er.id = id;
-    TRIDENT_RETURN_IF_ERROR(service_->Register(id));
+    TRIDENT_RETURN_IF_ERROR(service_->Register(id, caller.tenant));
     registered_ = true;
     context_->AddInitialMetadata(kRequestIdMetadata, id);
     state_->submitted = service_->clock_->Now();
@@ -220,6 +250,11 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
           "cache_salt", absl::StrCat("has ", request.cache_salt().size(), " bytes; at most ",
                                      kMaxCacheSaltBytes, " are allowed"));
     }
+    TRIDENT_RETURN_IF_ERROR(CheckQosClass(request.qos_class(), info));
+    if (request.slo().has_ttft())
+      TRIDENT_RETURN_IF_ERROR(CheckTarget("slo.ttft", request.slo().ttft()));
+    if (request.slo().has_tpot())
+      TRIDENT_RETURN_IF_ERROR(CheckTarget("slo.tpot", request.slo().tpot()));
 
     State& s = *state_;
     s.prompt_tokens = prompt_len;
@@ -242,7 +277,6 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
     er.max_tokens = stop.max_tokens;
     er.stop_token_ids = stop.stop_token_ids;
     if (!stop.ignore_eos) er.stop_token_ids.insert(er.stop_token_ids.end(), eos.begin(), eos.end());
-    er.qos_class = request.qos_class();
     er.cache_salt = request.cache_salt();
     if (request.slo().has_ttft()) er.ttft_slo = DurationFromProto(request.slo().ttft());
     if (request.slo().has_tpot()) er.tpot_slo = DurationFromProto(request.slo().tpot());
@@ -408,10 +442,21 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
 GenerationService::GenerationService(engine::TokenSource* engine,
                                      const tokenizer::Tokenizer* tokenizer,
                                      const v1::ModelInfoResponse& model_info, Clock* clock,
-                                     CallGate* gate)
-    : engine_(engine), tokenizer_(tokenizer), model_info_(model_info), clock_(clock), gate_(gate) {
+                                     CallGate* gate, Authenticator* authenticator)
+    : engine_(engine),
+      tokenizer_(tokenizer),
+      model_info_(model_info),
+      clock_(clock),
+      gate_(gate),
+      authenticator_(authenticator) {
   std::random_device rd;
   id_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+absl::StatusOr<Principal> GenerationService::Authenticate(
+    const grpc::CallbackServerContext& context) const {
+  if (authenticator_ == nullptr) return Principal{};
+  return authenticator_->Authenticate(context);
 }
 
 absl::Status GenerationService::CheckModel(const std::string& model) const {
@@ -421,9 +466,9 @@ absl::Status GenerationService::CheckModel(const std::string& model) const {
                                           model_info_.model(), "\""));
 }
 
-absl::Status GenerationService::Register(const std::string& id) {
+absl::Status GenerationService::Register(const std::string& id, const std::string& tenant) {
   absl::MutexLock lock(&mu_);
-  if (!live_.insert(id).second) {
+  if (!live_.emplace(id, tenant).second) {
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already in flight"));
   }
   return absl::OkStatus();
@@ -436,18 +481,23 @@ void GenerationService::Unregister(const std::string& id) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  absl::StatusOr<Principal> caller = Authenticate(*context);
+  if (!caller.ok()) return new FinishedWriteReactor<grpc::ByteBuffer>(caller.status());
   v1::GenerateRequest parsed;
   if (absl::Status status = ParseRequest(*request, &parsed); !status.ok()) {
     return new FinishedWriteReactor<grpc::ByteBuffer>(status);
   }
   auto* stream = new Stream(this, context);
-  stream->Start(parsed);
+  stream->Start(*caller, parsed);
   return stream;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* request,
                                                       grpc::ByteBuffer* response) {
+  if (absl::StatusOr<Principal> caller = Authenticate(*context); !caller.ok()) {
+    return FinishUnary(context, caller.status());
+  }
   return FinishRawUnary<v1::TokenizeRequest, v1::TokenizeResponse>(
       context, *request, response, [this](const v1::TokenizeRequest& r, v1::TokenizeResponse* out) {
         return DoTokenize(r, out);
@@ -457,6 +507,9 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
+  if (absl::StatusOr<Principal> caller = Authenticate(*context); !caller.ok()) {
+    return FinishUnary(context, caller.status());
+  }
   return FinishRawUnary<v1::DetokenizeRequest, v1::DetokenizeResponse>(
       context, *request, response,
       [this](const v1::DetokenizeRequest& r, v1::DetokenizeResponse* out) {
@@ -467,14 +520,21 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request,
                                                    grpc::ByteBuffer* response) {
+  absl::StatusOr<Principal> caller = Authenticate(*context);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   return FinishRawUnary<v1::AbortRequest, v1::AbortResponse>(
       context, *request, response,
-      [this](const v1::AbortRequest& r, v1::AbortResponse* out) { return DoAbort(r, out); });
+      [this, &caller](const v1::AbortRequest& r, v1::AbortResponse* out) {
+        return DoAbort(*caller, r, out);
+      });
 }
 
 grpc::ServerUnaryReactor* GenerationService::ModelInfo(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
+  if (absl::StatusOr<Principal> caller = Authenticate(*context); !caller.ok()) {
+    return FinishUnary(context, caller.status());
+  }
   return FinishRawUnary<v1::ModelInfoRequest, v1::ModelInfoResponse>(
       context, *request, response, [this](const v1::ModelInfoRequest&, v1::ModelInfoResponse* out) {
         *out = model_info_;
@@ -510,12 +570,14 @@ absl::Status GenerationService::DoDetokenize(const v1::DetokenizeRequest& reques
   return absl::OkStatus();
 }
 
-absl::Status GenerationService::DoAbort(const v1::AbortRequest& request,
+absl::Status GenerationService::DoAbort(const Principal& caller, const v1::AbortRequest& request,
                                         v1::AbortResponse* response) {
   bool live;
   {
     absl::MutexLock lock(&mu_);
-    live = live_.contains(request.request_id());
+    // Another tenant's request is answered as one not in flight.
+    auto it = live_.find(request.request_id());
+    live = it != live_.end() && it->second == caller.tenant;
   }
   if (live) {
     TRIDENT_LOG(INFO) << "aborting request " << request.request_id()

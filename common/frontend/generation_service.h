@@ -13,12 +13,13 @@
 #include <memory>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/engine/token_source.h"
+#include "common/frontend/authenticator.h"
+#include "common/frontend/call_gate.h"
 #include "common/time/clock.h"
 #include "common/tokenizer/tokenizer.h"
-#include "common/frontend/call_gate.h"
 #include "trident/v1/generation.grpc.pb.h"
 
 namespace trident::frontend {
@@ -40,9 +41,13 @@ class GenerationService final : public RawGenerationService {
   // and `clock` must outlive the service. `gate` (null: every call is
   // taken) admits each Generate call and may end it early; it must outlive
   // the service.
+  // `authenticator` (null: every caller is served) checks each call's
+  // credentials first (UNAUTHENTICATED) and limits its QoS classes
+  // (PERMISSION_DENIED); a request can be aborted by its own tenant only.
+  // It must outlive the service.
   GenerationService(engine::TokenSource* engine, const tokenizer::Tokenizer* tokenizer,
                     const trident::v1::ModelInfoResponse& model_info, Clock* clock,
-                    CallGate* gate = nullptr);
+                    CallGate* gate = nullptr, Authenticator* authenticator = nullptr);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -66,12 +71,14 @@ class GenerationService final : public RawGenerationService {
                           trident::v1::TokenizeResponse* response) const;
   absl::Status DoDetokenize(const trident::v1::DetokenizeRequest& request,
                             trident::v1::DetokenizeResponse* response) const;
-  absl::Status DoAbort(const trident::v1::AbortRequest& request,
+  absl::Status DoAbort(const Principal& caller, const trident::v1::AbortRequest& request,
                        trident::v1::AbortResponse* response);
+  // The caller; everyone (an empty principal) without an authenticator.
+  absl::StatusOr<Principal> Authenticate(const grpc::CallbackServerContext& context) const;
 
   absl::Status CheckModel(const std::string& model) const;
   // Request ids in flight: ALREADY_EXISTS for a second one.
-  absl::Status Register(const std::string& id);
+  absl::Status Register(const std::string& id, const std::string& tenant);
   void Unregister(const std::string& id);
 
   engine::TokenSource* engine_;
@@ -79,10 +86,12 @@ class GenerationService final : public RawGenerationService {
   trident::v1::ModelInfoResponse model_info_;
   Clock* clock_;
   CallGate* const gate_;
+  Authenticator* const authenticator_;
   std::atomic<uint64_t> next_id_{1};
   uint64_t id_salt_;
   absl::Mutex mu_;
-  absl::flat_hash_set<std::string> live_ ABSL_GUARDED_BY(mu_);
+  // Request ids in flight, with their tenant.
+  absl::flat_hash_map<std::string, std::string> live_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trident::frontend

@@ -35,6 +35,11 @@ ABSL_FLAG(std::string, controller_address, "",
           "--prefill_workers/--decode_workers; while the controller is unreachable it keeps "
           "the last topology's workers and reconnects with backoff. Empty: the static lists "
           "only.");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "JSON file of hashed API keys, each mapped to a tenant and its QoS classes "
+          "(services/router/auth/api_keys.h). Set: every Generation call needs `authorization: "
+          "Bearer <key>` or `x-api-key: <key>` (UNAUTHENTICATED otherwise; PERMISSION_DENIED for "
+          "a QoS class the key may not use); re-read when it changes. Empty: no keys.");
 ABSL_FLAG(std::string, qos_config, "",
           "QoS classes (JSON; see services/router/admission/qos_config.h); empty: one default "
           "class without targets.");
@@ -91,6 +96,7 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.prefill_workers = SplitList(absl::GetFlag(FLAGS_prefill_workers));
   options.decode_workers = SplitList(absl::GetFlag(FLAGS_decode_workers));
   options.qos_config_path = absl::GetFlag(FLAGS_qos_config);
+  options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   options.admission = absl::GetFlag(FLAGS_admission);
   options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
   options.load.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));

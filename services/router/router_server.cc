@@ -11,6 +11,7 @@
 #include "common/model/config.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "common/time/proto_time.h"
 #include "services/router/admission/qos_config.h"
 #include "services/router/admission/worker_load_proto.h"
 
@@ -74,8 +75,17 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Create(RouterServerO
   TRIDENT_RETURN_IF_ERROR(server->BuildAdmission(registry));
   server->StartLoadStreams();
   TRIDENT_RETURN_IF_ERROR(server->StartTopologyWatch());
+  if (!server->options_.api_keys_file.empty()) {
+    absl::flat_hash_set<std::string> qos_classes;
+    for (const auto& qos : server->info_.qos_classes()) qos_classes.insert(qos.name());
+    TRIDENT_ASSIGN_OR_RETURN(
+        server->authenticator_,
+        auth::ApiKeyAuthenticator::Load(server->options_.api_keys_file, std::move(qos_classes),
+                                        server->clock_, registry));
+  }
   server->generation_ = std::make_unique<frontend::GenerationService>(
-      server->remote_.get(), server->tokenizer_.get(), server->info_, server->clock_);
+      server->remote_.get(), server->tokenizer_.get(), server->info_, server->clock_,
+      /*gate=*/nullptr, server->authenticator_.get());
   return server;
 }
 
@@ -101,6 +111,20 @@ absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
   admission::QosConfig qos = admission::QosConfig::SingleDefaultClass();
   if (!options_.qos_config_path.empty()) {
     TRIDENT_ASSIGN_OR_RETURN(qos, admission::LoadQosConfigFile(options_.qos_config_path));
+  }
+  // ModelInfo lists the classes GenerateRequest.qos_class accepts.
+  for (const admission::QosClass& c : qos.classes) {
+    trident::v1::QosClass* entry = info_.add_qos_classes();
+    entry->set_name(c.name);
+    entry->set_is_default(c.is_default);
+    entry->set_priority(c.priority);
+    entry->set_sheddable(c.sheddable);
+    if (c.default_ttft.has_value()) {
+      SetProtoDuration(*c.default_ttft, entry->mutable_default_slo()->mutable_ttft());
+    }
+    if (c.default_tpot.has_value()) {
+      SetProtoDuration(*c.default_tpot, entry->mutable_default_slo()->mutable_tpot());
+    }
   }
   admission::AdmissionOptions admission_options;
   admission_options.enabled = options_.admission;

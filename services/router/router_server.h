@@ -45,6 +45,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "prometheus/registry.h"
 #include "services/router/admission/admission_controller.h"
+#include "services/router/auth/api_keys.h"
 #include "services/router/kv_index/kv_index.h"
 #include "services/router/load_subscriber.h"
 #include "services/router/remote_token_source.h"
@@ -66,6 +67,9 @@ struct RouterServerOptions {
   std::vector<std::string> decode_workers;
   // QoS classes file (JSON); empty: one default class without targets.
   std::string qos_config_path;
+  // Hashed API keys (services/router/auth/api_keys.h); empty: every caller
+  // is served without one.
+  std::string api_keys_file;
   // SLO admission (false: everything to the least-loaded pair).
   bool admission = true;
   // Fraction of the SLO targets predictions must stay within; (0, 1].
@@ -176,6 +180,7 @@ class RouterServer {
   absl::Mutex addresses_mu_;
   std::unique_ptr<WorkerAddressSet> addresses_ ABSL_GUARDED_BY(addresses_mu_);
   std::unique_ptr<controller_client::TopologyWatcher> watcher_;
+  std::unique_ptr<auth::ApiKeyAuthenticator> authenticator_;
   std::unique_ptr<frontend::GenerationService> generation_;
 };
 
