@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc/health_client.h"
+#include "common/grpc/tls.h"
 #include "common/http/http_client.h"
 #include "common/logging/log.h"
 #include "common/model/generate/model_gen.h"
@@ -47,14 +48,15 @@ std::string SelfExecutable() {
   return error ? "" : path.string();
 }
 
-// Finds a service binary: --bin_dir, then Bazel runfiles, then the build
+// Finds a file of the build (`relative` to the workspace, `installed` its
+// name beside the binaries): --bin_dir, then Bazel runfiles, then the build
 // tree or install directory around the trident binary.
-absl::StatusOr<std::string> FindServiceBinary(const ClusterOptions& options,
-                                              const std::string& component) {
-  const std::string relative = absl::StrCat("services/", component, "/", component);
+absl::StatusOr<std::string> FindBuildFile(const ClusterOptions& options,
+                                          const std::string& relative,
+                                          const std::string& installed) {
   std::vector<std::string> candidates;
   if (!options.bin_dir.empty()) {
-    candidates.push_back(absl::StrCat(options.bin_dir, "/", component));
+    candidates.push_back(absl::StrCat(options.bin_dir, "/", installed));
   } else {
     if (const char* runfiles = std::getenv("RUNFILES_DIR"); runfiles != nullptr) {
       candidates.push_back(absl::StrCat(runfiles, "/trident/", relative));
@@ -64,15 +66,40 @@ absl::StatusOr<std::string> FindServiceBinary(const ClusterOptions& options,
       const std::string dir = fs::path(self).parent_path().string();
       candidates.push_back(absl::StrCat(self, ".runfiles/trident/", relative));
       candidates.push_back(absl::StrCat(dir, "/../../", relative));
-      candidates.push_back(absl::StrCat(dir, "/", component));
+      candidates.push_back(absl::StrCat(dir, "/", installed));
     }
   }
   for (const std::string& candidate : candidates) {
     if (IsExecutable(candidate)) return fs::weakly_canonical(candidate).string();
   }
-  return absl::NotFoundError(absl::StrCat(
-      "cannot find the ", component, " binary; looked in: ", absl::StrJoin(candidates, ", "),
-      ". Build it (bazel build //services/...) or pass --bin_dir"));
+  return absl::NotFoundError(
+      absl::StrCat("cannot find ", installed, "; looked in: ", absl::StrJoin(candidates, ", "),
+                   ". Build it (bazel build //tools/cli:trident) or pass --bin_dir"));
+}
+
+absl::StatusOr<std::string> FindServiceBinary(const ClusterOptions& options,
+                                              const std::string& component) {
+  return FindBuildFile(options, absl::StrCat("services/", component, "/", component), component);
+}
+
+// A private CA and one certificate for every service of this machine's
+// cluster (tools/tls/make_certs.sh), under <state_dir>/tls; the trident
+// command's own channels use them from then on.
+absl::StatusOr<std::string> MakeClusterCertificates(const ClusterOptions& options) {
+  TRIDENT_ASSIGN_OR_RETURN(const std::string script,
+                           FindBuildFile(options, "tools/tls/make_certs.sh", "make_certs.sh"));
+  const std::string dir = absl::StrCat(options.state_dir, "/tls");
+  const std::string log = absl::StrCat(options.state_dir, "/logs/tls.log");
+  TRIDENT_ASSIGN_OR_RETURN(
+      SpawnedProcess made,
+      Spawn(
+          {.argv = {script, dir, "trident", absl::StrCat("IP:", options.host)}, .log_path = log}));
+  TRIDENT_ASSIGN_OR_RETURN(ExitInfo exit, WaitForExit(made.pid, absl::Seconds(30)));
+  if (exit.exit_code != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(script, " failed: ", TailOfFile(log)));
+  }
+  TRIDENT_RETURN_IF_ERROR(UseClusterTls(dir));
+  return dir;
 }
 
 absl::StatusOr<std::string> FindInPath(const std::string& name) {
@@ -121,7 +148,7 @@ json ToJson(const ClusterState& state) {
                          {"role", p.role},
                          {"argv", p.argv}});
   }
-  return {{"host", state.host}, {"processes", processes}};
+  return {{"host", state.host}, {"tls_dir", state.tls_dir}, {"processes", processes}};
 }
 
 absl::Status WriteState(const std::string& state_dir, const ClusterState& state) {
@@ -443,8 +470,19 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
   TRIDENT_ASSIGN_OR_RETURN(const std::string model_dir, ModelDir(options));
 
   ClusterState state{.host = options.host};
+  if (options.tls) {
+    TRIDENT_ASSIGN_OR_RETURN(state.tls_dir, MakeClusterCertificates(options));
+  }
   auto start = [&](const std::string& component, const std::string& name,
                    std::vector<std::string> flags, int port = 0) -> absl::Status {
+    if (!state.tls_dir.empty()) {
+      for (const char* file : {"cert", "key", "ca"}) {
+        const std::string base = std::string(file) == "ca"     ? "ca.crt"
+                                 : std::string(file) == "cert" ? "tls.crt"
+                                                               : "tls.key";
+        flags.push_back(absl::StrCat("--tls_", file, "_file=", state.tls_dir, "/", base));
+      }
+    }
     absl::StatusOr<ProcessRecord> record = StartService(options, component, name, flags, port);
     if (!record.ok()) return record.status();
     state.processes.push_back(*record);
@@ -503,6 +541,16 @@ absl::StatusOr<ClusterState> Up(const ClusterOptions& options) {
   return state;
 }
 
+absl::Status UseClusterTls(const std::string& tls_dir) {
+  if (tls_dir.empty()) return absl::OkStatus();
+  TRIDENT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                           TlsChannelCredentials({.cert_file = tls_dir + "/tls.crt",
+                                                  .key_file = tls_dir + "/tls.key",
+                                                  .ca_file = tls_dir + "/ca.crt"}));
+  SetClusterChannelCredentials(std::move(credentials));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ClusterState> LoadState(const std::string& state_dir) {
   std::ifstream in(StatePath(state_dir));
   if (!in) {
@@ -515,6 +563,7 @@ absl::StatusOr<ClusterState> LoadState(const std::string& state_dir) {
   }
   ClusterState state;
   state.host = parsed.value("host", "127.0.0.1");
+  state.tls_dir = parsed.value("tls_dir", "");
   for (const json& p : parsed["processes"]) {
     state.processes.push_back({.name = p.value("name", ""),
                                .component = p.value("component", ""),

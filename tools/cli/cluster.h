@@ -40,6 +40,9 @@ struct ClusterOptions {
   // must be able to prefill (prefill or both) and one to decode (decode or
   // both). Every worker sits behind the router, KV moving over UCX.
   std::vector<std::string> worker_roles = {"prefill", "decode"};
+  // TLS on every gRPC port and mTLS between the services, with a private CA
+  // made for the cluster under <state_dir>/tls (tools/tls/make_certs.sh).
+  bool tls = false;
   // Extra flags passed to every worker after the cluster's own (e.g.
   // --dtype=bf16); a flag given twice takes the later value. --role,
   // --worker_id and --model are the cluster's to set.
@@ -88,6 +91,9 @@ struct ProcessRecord {
 
 struct ClusterState {
   std::string host;
+  // Certificates of a cluster started with TLS (ClusterOptions::tls);
+  // empty: plaintext.
+  std::string tls_dir;
   // In start order; Prometheus last.
   std::vector<ProcessRecord> processes;
 
@@ -126,6 +132,10 @@ bool RouterHasLoadOf(const std::string& metrics_text, const std::vector<std::str
 absl::StatusOr<ClusterState> Up(const ClusterOptions& options);
 
 // Reads `<state_dir>/cluster.json`. kNotFound if no cluster was started there.
+// Makes this process's channels to the cluster use the certificates in
+// `tls_dir` (a ClusterState's); nothing when empty.
+absl::Status UseClusterTls(const std::string& tls_dir);
+
 absl::StatusOr<ClusterState> LoadState(const std::string& state_dir);
 
 // Starts the process `name` of the cluster in `state_dir` again with the

@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "common/grpc/health_client.h"
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "common/http/http_client.h"
 #include "common/process/subprocess.h"
 #include "common/time/proto_time.h"
@@ -77,8 +78,7 @@ std::string BlockStoreRow(const ProcessStatus& s) {
 }
 
 std::optional<trident::v1::AttentionStats> ReadAttentionStats(const std::string& address) {
-  auto stub = trident::v1::Attention::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = trident::v1::Attention::NewStub(CreateClusterChannel(address));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   trident::v1::AttentionStats stats;
@@ -149,8 +149,7 @@ std::string ControllerSection(const ProcessStatus& s) {
 
 absl::StatusOr<ControllerView> ReadController(const std::string& address, int32_t max_decisions,
                                               absl::Duration timeout) {
-  auto stub = trident::v1::Controller::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = trident::v1::Controller::NewStub(CreateClusterChannel(address));
   ControllerView view;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

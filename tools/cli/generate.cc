@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "common/time/proto_time.h"
 #include "grpcpp/grpcpp.h"
 #include "trident/v1/generation.grpc.pb.h"
@@ -37,7 +38,7 @@ std::string Line(absl::string_view label, const std::vector<std::string>& parts)
 }  // namespace
 
 absl::StatusOr<GenerateSummary> StreamGeneration(const GenerateOptions& options, std::FILE* out) {
-  auto channel = grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials());
+  auto channel = CreateClusterChannel(options.address);
   auto stub = trident::v1::Generation::NewStub(channel);
   trident::v1::GenerateRequest request;
   request.set_text(options.prompt);
@@ -50,6 +51,9 @@ absl::StatusOr<GenerateSummary> StreamGeneration(const GenerateOptions& options,
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        absl::ToChronoMilliseconds(options.timeout));
+  if (!options.api_key.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", options.api_key));
+  }
   std::unique_ptr<grpc::ClientReader<trident::v1::GenerateResponse>> reader =
       stub->Generate(&context, request);
   GenerateSummary summary;

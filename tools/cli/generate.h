@@ -23,6 +23,8 @@ struct GenerateOptions {
   absl::optional<uint64_t> seed;
   bool ignore_eos = false;
   absl::Duration timeout = absl::Minutes(5);
+  // Sent as `authorization: Bearer <api_key>` when not empty.
+  std::string api_key;
 };
 
 struct GenerateSummary {

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc/tls.h"
 #include "common/logging/log.h"
 #include "tools/cli/cluster.h"
 #include "tools/cli/cluster_status.h"
@@ -53,6 +54,15 @@ ABSL_FLAG(int64_t, attention_kv_store_mb, 64,
 ABSL_FLAG(std::string, address, "",
           "generate: host:port of a Generation endpoint. Default: the router of the cluster in "
           "--state_dir.");
+ABSL_FLAG(bool, tls, false,
+          "up: TLS on every gRPC port and mTLS between the services, with a private CA made for "
+          "the cluster under <state_dir>/tls; later commands use it by themselves.");
+ABSL_FLAG(std::string, api_key, "",
+          "generate: the API key to send (a router started with --api_keys_file needs one). "
+          "Default: $TRIDENT_API_KEY.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "generate with --address: verify the router's TLS certificate against this CA (PEM) "
+          "instead of talking plaintext.");
 ABSL_FLAG(int32_t, max_tokens, 64, "generate: most tokens to generate.");
 ABSL_FLAG(double, temperature, 0.0, "generate: sampling temperature (0: greedy).");
 ABSL_FLAG(int64_t, seed, -1, "generate: sampling seed (-1: random).");
@@ -68,13 +78,15 @@ namespace {
 constexpr char kUsage[] = R"(trident: run a Trident cluster on this machine.
 
 Usage:
-  trident up [--workers=prefill,decode] [--model=DIR] [--state_dir=DIR]
+  trident up [--workers=prefill,decode] [--model=DIR] [--state_dir=DIR] [--tls]
       Starts the controller, an attention service, the workers (one per
       role listed; KV moves between them over UCX) and the router in front
       of them, each as its own process on 127.0.0.1, and a Prometheus server
       scraping them; returns once all report SERVING and the router knows
-      every worker, and prints where each listens.
+      every worker, and prints where each listens. --tls: TLS on every gRPC
+      port and mTLS between the services (a private CA in <state_dir>/tls).
   trident generate "PROMPT" [--max_tokens=64] [--temperature=0] [--address=HOST:PORT]
+                   [--api_key=KEY] [--tls_ca_file=CA.pem]
       Streams a generation of PROMPT through the router to stdout as the
       tokens arrive, then prints the token counts, where the request ran
       (prefill and decode worker) and its timings to stderr.
@@ -116,6 +128,7 @@ int Up() {
   options.prometheus_bin = absl::GetFlag(FLAGS_prometheus_bin);
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.worker_roles = absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty());
+  options.tls = absl::GetFlag(FLAGS_tls);
   options.worker_flags = absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipEmpty());
   options.offload_min_context_tokens = absl::GetFlag(FLAGS_offload_min_context_tokens);
   options.attention_threads = absl::GetFlag(FLAGS_attention_threads);
@@ -157,6 +170,23 @@ int Generate(const std::string& prompt) {
       std::fprintf(stderr, "trident generate: the cluster has no router; pass --address\n");
       return 1;
     }
+    if (absl::Status tls = trident::cli::UseClusterTls(state->tls_dir); !tls.ok()) {
+      std::fprintf(stderr, "trident generate: %s\n", std::string(tls.message()).c_str());
+      return 1;
+    }
+  } else if (const std::string ca = absl::GetFlag(FLAGS_tls_ca_file); !ca.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        trident::TlsChannelCredentials({.ca_file = ca});
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "trident generate: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return 1;
+    }
+    trident::SetClusterChannelCredentials(*credentials);
+  }
+  options.api_key = absl::GetFlag(FLAGS_api_key);
+  if (const char* env = std::getenv("TRIDENT_API_KEY"); options.api_key.empty() && env != nullptr) {
+    options.api_key = env;
   }
   options.prompt = prompt;
   options.max_tokens = absl::GetFlag(FLAGS_max_tokens);
@@ -179,6 +209,10 @@ int Status() {
   absl::StatusOr<trident::cli::ClusterState> state = trident::cli::LoadState(StateDir());
   if (!state.ok()) {
     std::fprintf(stderr, "trident status: %s\n", std::string(state.status().message()).c_str());
+    return 1;
+  }
+  if (absl::Status tls = trident::cli::UseClusterTls(state->tls_dir); !tls.ok()) {
+    std::fprintf(stderr, "trident status: %s\n", std::string(tls.message()).c_str());
     return 1;
   }
   const std::vector<trident::cli::ProcessStatus> statuses = trident::cli::CheckStatus(*state);

@@ -8,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/grpc/status.h"
+#include "common/grpc/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "trident/v1/worker.grpc.pb.h"
 
@@ -43,8 +44,8 @@ WorkerLoadSummary SummarizeWorkerLoad(const trident::v1::WorkerLoad& load) {
 
 absl::StatusOr<WorkerLoadSummary> ReadWorkerLoad(const std::string& address,
                                                  absl::Duration timeout) {
-  std::unique_ptr<trident::v1::WorkerControl::Stub> stub = trident::v1::WorkerControl::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<trident::v1::WorkerControl::Stub> stub =
+      trident::v1::WorkerControl::NewStub(CreateClusterChannel(address));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   std::unique_ptr<grpc::ClientReader<trident::v1::WorkerLoad>> reader =
@@ -63,8 +64,8 @@ absl::StatusOr<WorkerLoadSummary> ReadWorkerLoad(const std::string& address,
 
 absl::StatusOr<trident::v1::KvStats> ReadWorkerKvStats(const std::string& address,
                                                        absl::Duration timeout) {
-  std::unique_ptr<trident::v1::WorkerControl::Stub> stub = trident::v1::WorkerControl::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<trident::v1::WorkerControl::Stub> stub =
+      trident::v1::WorkerControl::NewStub(CreateClusterChannel(address));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   trident::v1::KvStats stats;
