@@ -4,12 +4,17 @@
 #      example (helm/trident/examples) and each test values file
 #      (helm/tests/values);
 #   2. every rendered manifest validated (validate_manifests.mjs: the
-#      Kubernetes API schemas, unknown fields, names, Trident's probe and
-#      QoS rules, and every rendered flag against its binary's --helpfull);
+#      Kubernetes API schemas, cert-manager's Certificate, unknown fields,
+#      names, Trident's probe, TLS mount and QoS rules, and every rendered
+#      flag against its binary's --helpfull);
 #   3. the validator itself rejects known-bad manifests, and the values
-#      schema rejects an unknown flag;
+#      schema rejects an unknown flag and a wrong TLS setting;
 #   4. the dashboards: one ConfigMap per deploy/grafana/*.json, none without
-#      JSON files, and a test dashboard is picked up.
+#      JSON files, and a test dashboard is picked up;
+#   5. the TLS and API key wiring: the TLS renders (helm/tests/values/tls-*)
+#      give every service its flags, the Secret as a directory mount, probes
+#      without TLS and, with cert-manager, the Certificate; the default
+#      render has none of it.
 # Helm and the schemas are npm packages that tools/bootstrap.sh installs;
 # nothing here uses the network.
 set -euo pipefail
@@ -100,17 +105,23 @@ bad=$(node "${workspace}/helm/tests/validate_manifests.mjs" --node_modules="${no
 status=$?
 set -e
 [ "${status}" -eq 1 ] || { echo "${bad}"; fail "the validator accepted known-bad manifests (exit ${status})"; }
-for expected in \
-    'unknown field "imagePullPolicyy"' \
-    'readinessProbe/grpc/port: must be integer' \
-    'does not select the pod template' \
-    'must be Guaranteed QoS: memory request 1Gi != limit 2Gi' \
-    'need an integer CPU count, got 1500m' \
-    'attention has no flag --no_such_flag' \
-    'no schema for apiVersion example.com/v1, kind Widget'; do
+faults=(
+  'unknown field "imagePullPolicyy"'
+  'readinessProbe/grpc/port: must be integer'
+  'does not select the pod template'
+  'must be Guaranteed QoS: memory request 1Gi != limit 2Gi'
+  'need an integer CPU count, got 1500m'
+  'attention has no flag --no_such_flag'
+  'no schema for apiVersion example.com/v1, kind Widget'
+  "readinessProbe is a gRPC probe, but the gRPC port serves TLS"
+  '--tls_key_file=/etc/trident/key/tls.key is mounted with subPath'
+  "Certificate/no-issuer: /spec/issuerRef: must have required property 'name'"
+  'Certificate/no-issuer: /spec: needs dnsNames or commonName'
+)
+for expected in "${faults[@]}"; do
   grep -qF -- "${expected}" <<<"${bad}" || { echo "${bad}"; fail "the validator did not report: ${expected}"; }
 done
-echo "validator: rejects the 7 known faults of testdata/bad_manifests.yaml"
+echo "validator: rejects the ${#faults[@]} known faults of testdata/bad_manifests.yaml"
 if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
     --set router.flags.no_such_flag=1 2>&1); then
   fail "values.schema.json accepted an unknown router flag"
@@ -118,6 +129,17 @@ fi
 grep -qF "Additional property no_such_flag is not allowed" <<<"${error}" ||
   { echo "${error}"; fail "unexpected schema error"; }
 echo "values schema: rejects an unknown flag"
+if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
+    --set tls.enabled=true --set tls.secretName=x --set tls.router.clientAuth=sometimes 2>&1); then
+  fail "values.schema.json accepted tls.router.clientAuth=sometimes"
+fi
+grep -qF "tls.router.clientAuth" <<<"${error}" || { echo "${error}"; fail "unexpected schema error"; }
+if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
+    --set tls.enabled=true 2>&1); then
+  fail "tls.enabled rendered without a Secret or cert-manager"
+fi
+grep -qF "set tls.secretName" <<<"${error}" || { echo "${error}"; fail "unexpected error for TLS without a Secret"; }
+echo "values: reject a wrong tls.router.clientAuth, and TLS without a Secret"
 
 # --- 4. Dashboards: one ConfigMap per JSON file, labelled for the sidecar.
 count_dashboards() {
@@ -149,5 +171,57 @@ node "${workspace}/helm/tests/validate_manifests.mjs" --node_modules="${node_mod
   "${helpfull_args[@]}" "${work}/render-extra.yaml" "${work}/render-empty.yaml" >/dev/null ||
   fail "the dashboard renders are invalid"
 echo "dashboards: none without JSON files; a test dashboard becomes a ConfigMap"
+
+# --- 5. TLS and API keys: the flags, the mounts and the probes are there.
+# expect_lines RENDER COUNT LINE: RENDER has COUNT lines that are LINE, less
+# their indentation.
+expect_lines() {
+  local render="${work}/render-$1.yaml" want="$2" line="$3" got
+  got=$(sed 's/^ *//' "${render}" | grep -cxF -- "${line}" || true)
+  [ "${got}" -eq "${want}" ] ||
+    fail "render $1: ${got} line(s) '${line}', expected ${want}: the TLS or API key wiring broke"
+}
+# TLS with cert-manager and API keys: router, prefill, decode, attention and
+# controller containers.
+render=tls-cert-manager-api-keys
+expect_lines "${render}" 5 '- "--tls_cert_file=/etc/trident/tls/tls.crt"'
+expect_lines "${render}" 5 '- "--tls_key_file=/etc/trident/tls/tls.key"'
+expect_lines "${render}" 5 '- "--tls_ca_file=/etc/trident/tls/ca.crt"'
+expect_lines "${render}" 5 '- "--tls_refresh_interval=5m"'
+expect_lines "${render}" 4 '- "--tls_client_auth=require"'
+expect_lines "${render}" 1 '- "--tls_client_auth=optional"'
+expect_lines "${render}" 5 'mountPath: /etc/trident/tls'
+expect_lines "${render}" 6 'secretName: trident-tls'
+expect_lines "${render}" 1 'kind: Certificate'
+expect_lines "${render}" 1 '- client auth'
+expect_lines "${render}" 1 "- '*.trident-decode.trident.svc.cluster.local'"
+expect_lines "${render}" 1 '- "--api_keys_file=/etc/trident/api-keys/api_keys.json"'
+expect_lines "${render}" 1 'mountPath: /etc/trident/api-keys'
+expect_lines "${render}" 1 'secretName: trident-api-keys'
+expect_lines "${render}" 2 'kind: NetworkPolicy'
+# No gRPC probe (the kubelet's cannot speak TLS): TCP and /metrics instead.
+expect_lines "${render}" 0 'grpc:'
+expect_lines "${render}" 10 'tcpSocket:'
+expect_lines "${render}" 5 'path: /metrics'
+# Existing Secrets: router, prefill, decode and controller containers; the
+# router's certificate from its own Secret, with the shared CA bundle.
+render=tls-existing-secret
+expect_lines "${render}" 4 '- "--tls_cert_file=/var/run/secrets/trident/tls/tls.crt"'
+expect_lines "${render}" 4 '- "--tls_client_auth=require"'
+expect_lines "${render}" 4 'mountPath: /var/run/secrets/trident/tls'
+expect_lines "${render}" 3 'secretName: trident-internal-tls'
+expect_lines "${render}" 1 'name: trident-public-tls'
+expect_lines "${render}" 1 'name: trident-internal-tls'
+expect_lines "${render}" 0 'kind: Certificate'
+expect_lines "${render}" 0 'grpc:'
+for render in tls-cert-manager-api-keys tls-existing-secret; do
+  ! grep -qE '^ *subPath(Expr)?:' "${work}/render-${render}.yaml" ||
+    fail "render ${render}: a subPath mount (its files would never update)"
+done
+# Without TLS: gRPC probes, none of the TLS or API key flags.
+expect_lines default 15 'grpc:'
+! grep -qE -- '--(tls_|api_keys_file)' "${work}/render-default.yaml" ||
+  fail "the default render has TLS or API key flags"
+echo "TLS: flags, directory mounts, probes and the Certificate in the TLS renders; none by default"
 
 echo "PASS: ${#values_sets[@]} values sets linted and rendered, every manifest valid"

@@ -1,8 +1,8 @@
 // Validates the manifests `helm template` rendered, as kubeconform -strict
 // would, with no network: every object against the Kubernetes API schemas of
 // the npm package kubernetes-models (Prometheus Operator kinds from
-// @kubernetes-models/prometheus-operator), plus checks the schemas cannot
-// express.
+// @kubernetes-models/prometheus-operator; cert-manager's Certificate against
+// the minimal schema below), plus checks the schemas cannot express.
 //
 //   node validate_manifests.mjs --node_modules=DIR [--helpfull=BINARY:FILE]... RENDERED.yaml...
 //
@@ -14,8 +14,14 @@
 //     objects share kind, namespace and name, and a workload's selector
 //     matches its pod template's labels;
 //   - Trident's own rules: every service container has gRPC startup,
-//     liveness and readiness probes on its gRPC port, and attention pods are
-//     Guaranteed QoS with integer CPUs;
+//     liveness and readiness probes on its gRPC port or, when it serves TLS
+//     (--tls_cert_file; the kubelet's gRPC probe cannot speak TLS), TCP
+//     startup and readiness probes on that port and a liveness probe that
+//     GETs /metrics on its metrics port; TLS comes with its key and CA
+//     files; the files of --tls_cert_file, --tls_key_file, --tls_ca_file
+//     and --api_keys_file come from a Secret mounted as a directory (no
+//     subPath: those never update, and the services reload the files); and
+//     attention pods are Guaranteed QoS with integer CPUs;
 //   - with --helpfull: every `--flag` a container passes to a Trident binary
 //     (by its command's basename) is one that binary defines, as its
 //     `--helpfull` output (FILE) lists.
@@ -126,6 +132,107 @@ function checkUnknownFields(value, type, where, types, problems) {
 }
 
 // ---------------------------------------------------------------------------
+// cert-manager's Certificate (cert-manager.io/v1), which no npm package here
+// describes: its spec's fields and types, minimally. A type is a scalar name
+// ("string", "integer", "boolean", "object": any object, "duration": a Go
+// duration), { enum }, { array: type }, or { fields, required }.
+
+const GO_DURATION = /^([0-9]+(\.[0-9]+)?(ns|us|\u00b5s|ms|s|m|h))+$/;
+const KEY_USAGES = [
+  "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+  "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+  "server auth", "client auth", "code signing", "email protection", "s/mime",
+  "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+  "microsoft sgc", "netscape sgc",
+];
+const STRING_MAP = { map: "string" };
+const CERTIFICATE_SPEC = {
+  fields: {
+    secretName: "string",
+    secretTemplate: { fields: { annotations: STRING_MAP, labels: STRING_MAP } },
+    issuerRef: { fields: { name: "string", kind: "string", group: "string" }, required: ["name"] },
+    commonName: "string",
+    dnsNames: { array: "string" },
+    ipAddresses: { array: "string" },
+    uris: { array: "string" },
+    emailAddresses: { array: "string" },
+    otherNames: { array: "object" },
+    literalSubject: "string",
+    subject: "object",
+    duration: "duration",
+    renewBefore: "duration",
+    renewBeforePercentage: "integer",
+    usages: { array: { enum: KEY_USAGES } },
+    privateKey: {
+      fields: {
+        algorithm: { enum: ["RSA", "ECDSA", "Ed25519"] },
+        encoding: { enum: ["PKCS1", "PKCS8"] },
+        size: "integer",
+        rotationPolicy: { enum: ["Never", "Always"] },
+      },
+    },
+    isCA: "boolean",
+    keystores: "object",
+    revisionHistoryLimit: "integer",
+    additionalOutputFormats: { array: "object" },
+    encodeUsagesInRequest: "boolean",
+    nameConstraints: "object",
+  },
+  required: ["secretName", "issuerRef"],
+};
+
+function checkValue(value, type, where, problems) {
+  const scalar = (ok, what) => { if (!ok) problems.push(`${where}: must be ${what}`); };
+  if (type === "string") return scalar(typeof value === "string", "string");
+  if (type === "integer") return scalar(Number.isInteger(value), "integer");
+  if (type === "boolean") return scalar(typeof value === "boolean", "boolean");
+  if (type === "object") return scalar(value !== null && typeof value === "object" && !Array.isArray(value), "object");
+  if (type === "duration") return scalar(typeof value === "string" && GO_DURATION.test(value), "a duration such as 2160h");
+  if (type.enum) return scalar(type.enum.includes(value), `one of ${type.enum.join(", ")}`);
+  if (type.array) {
+    if (!Array.isArray(value)) return scalar(false, "array");
+    value.forEach((item, i) => checkValue(item, type.array, `${where}/${i}`, problems));
+    return;
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return scalar(false, "object");
+  if (type.map) {
+    for (const [key, item] of Object.entries(value)) checkValue(item, type.map, `${where}/${key}`, problems);
+    return;
+  }
+  for (const [key, item] of Object.entries(value)) {
+    if (!(key in type.fields)) problems.push(`${where}/${key}: unknown field "${key}"`);
+    else checkValue(item, type.fields[key], `${where}/${key}`, problems);
+  }
+  for (const key of type.required ?? []) {
+    if (value[key] === undefined || value[key] === null || value[key] === "") {
+      problems.push(`${where}: must have required property '${key}'`);
+    }
+  }
+}
+
+// The problems of a Certificate; its metadata is checked as any object's.
+function validateCertificate(object, types) {
+  const problems = [];
+  for (const key of Object.keys(object)) {
+    if (!["apiVersion", "kind", "metadata", "spec", "status"].includes(key)) {
+      problems.push(`/${key}: unknown field "${key}"`);
+    }
+  }
+  checkUnknownFields(object.metadata, resolveType("IIoK8sApimachineryPkgApisMetaV1ObjectMeta", types),
+    "/metadata", types, problems);
+  if (object.spec === undefined) {
+    problems.push("/: must have required property 'spec'");
+    return problems;
+  }
+  checkValue(object.spec, CERTIFICATE_SPEC, "/spec", problems);
+  const spec = object.spec ?? {};
+  if (!(spec.dnsNames?.length > 0) && !spec.commonName) {
+    problems.push("/spec: needs dnsNames or commonName");
+  }
+  return problems;
+}
+
+// ---------------------------------------------------------------------------
 // Schemas by apiVersion and kind.
 
 function modelFile(nodeModules, apiVersion, kind) {
@@ -135,7 +242,10 @@ function modelFile(nodeModules, apiVersion, kind) {
   return path.join(nodeModules, "kubernetes-models", apiVersion, `${kind}.js`);
 }
 
-async function validateSchema(nodeModules, object) {
+async function validateSchema(nodeModules, object, types) {
+  if (object.apiVersion === "cert-manager.io/v1" && object.kind === "Certificate") {
+    return { problems: validateCertificate(object, types), declaration: null };
+  }
   const file = modelFile(nodeModules, object.apiVersion, object.kind);
   if (!existsSync(file)) return { missing: true };
   const module = await import(pathToFileURL(file).href);
@@ -215,16 +325,89 @@ function binaryOf(container) {
   return command ? path.basename(command) : "";
 }
 
+// A container's `--name=value` arguments: Map(name -> value).
+function flagValues(container) {
+  const values = new Map();
+  for (const arg of container.args ?? []) {
+    const match = /^--([A-Za-z0-9_]+)=(.*)$/s.exec(arg);
+    if (match) values.set(match[1], match[2]);
+  }
+  return values;
+}
+
+// Flags naming files the services reload when they change, so that they
+// must come from a Secret mounted as a directory.
+const RELOADED_FILE_FLAGS = ["tls_cert_file", "tls_key_file", "tls_ca_file", "api_keys_file"];
+
+function checkReloadedFile(pod, container, flag, file, problems) {
+  const where = `container ${container.name}: --${flag}=${file}`;
+  let mount = null;
+  for (const candidate of container.volumeMounts ?? []) {
+    const dir = String(candidate.mountPath).replace(/\/+$/, "");
+    // A directory holding the file, or the file itself (a subPath mount).
+    if ((file === dir || file.startsWith(`${dir}/`)) && (!mount || dir.length > mount.dir.length)) {
+      mount = { dir, candidate };
+    }
+  }
+  if (!mount) {
+    problems.push(`${where} is on no volume mount`);
+    return;
+  }
+  if (mount.candidate.subPath || mount.candidate.subPathExpr) {
+    problems.push(`${where} is mounted with subPath, whose files never update: mount the Secret as a directory`);
+  }
+  const volume = (pod.volumes ?? []).find((v) => v.name === mount.candidate.name);
+  const relative = file === mount.dir ? mount.candidate.subPath ?? "" : file.slice(mount.dir.length + 1);
+  let sources = null;
+  if (volume?.secret) sources = [volume.secret];
+  else if (volume?.projected) sources = (volume.projected.sources ?? []).map((s) => s.secret).filter(Boolean);
+  if (!sources || sources.length === 0) {
+    problems.push(`${where}: volume ${mount.candidate.name} is not a Secret`);
+    return;
+  }
+  const provided = sources.some((s) => !s.items || s.items.some((item) => item.path === relative));
+  if (!provided) problems.push(`${where}: volume ${mount.candidate.name} has no item ${relative}`);
+}
+
 function checkTridentPod(object, problems) {
   const pod = object.spec?.template?.spec;
   if (!pod) return;
   for (const container of pod.containers ?? []) {
     if (!BINARIES.has(binaryOf(container))) continue;
-    const grpcPort = (container.ports ?? []).find((p) => p.name === "grpc")?.containerPort;
-    for (const probe of ["startupProbe", "livenessProbe", "readinessProbe"]) {
-      if (container[probe]?.grpc?.port !== grpcPort) {
-        problems.push(`container ${container.name}: ${probe} is not a gRPC probe on its grpc port ${grpcPort}`);
+    const ports = container.ports ?? [];
+    const grpcPort = ports.find((p) => p.name === "grpc")?.containerPort;
+    const metricsPort = ports.find((p) => p.name === "metrics")?.containerPort;
+    const flags = flagValues(container);
+    const tls = flags.has("tls_cert_file") || flags.has("tls_key_file");
+    if (tls) {
+      for (const needed of ["tls_cert_file", "tls_key_file", "tls_ca_file"]) {
+        if (!flags.get(needed)) problems.push(`container ${container.name}: serves TLS without --${needed}`);
       }
+      // The kubelet's gRPC probe speaks plaintext only.
+      const isPort = (port, name, number) => port !== undefined && (port === name || port === number);
+      for (const probe of ["startupProbe", "readinessProbe"]) {
+        if (container[probe]?.grpc) {
+          problems.push(`container ${container.name}: ${probe} is a gRPC probe, but the gRPC port serves TLS, which the kubelet's gRPC probe cannot speak`);
+        } else if (!isPort(container[probe]?.tcpSocket?.port, "grpc", grpcPort)) {
+          problems.push(`container ${container.name}: ${probe} is not a TCP probe on its grpc port ${grpcPort} (TLS)`);
+        }
+      }
+      const liveness = container.livenessProbe?.httpGet;
+      if (container.livenessProbe?.grpc) {
+        problems.push(`container ${container.name}: livenessProbe is a gRPC probe, but the gRPC port serves TLS, which the kubelet's gRPC probe cannot speak`);
+      } else if (!liveness || liveness.path !== "/metrics" || !isPort(liveness.port, "metrics", metricsPort) ||
+          (liveness.scheme ?? "HTTP") !== "HTTP") {
+        problems.push(`container ${container.name}: livenessProbe does not GET /metrics on its metrics port ${metricsPort} (TLS)`);
+      }
+    } else {
+      for (const probe of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+        if (container[probe]?.grpc?.port !== grpcPort) {
+          problems.push(`container ${container.name}: ${probe} is not a gRPC probe on its grpc port ${grpcPort}`);
+        }
+      }
+    }
+    for (const flag of RELOADED_FILE_FLAGS) {
+      if (flags.get(flag)) checkReloadedFile(pod, container, flag, flags.get(flag), problems);
     }
   }
   if (object.spec.template.metadata?.labels?.["app.kubernetes.io/component"] !== "attention") return;
@@ -315,7 +498,7 @@ async function main() {
       if (seen.has(key)) report("a second object of this kind, namespace and name");
       seen.add(key);
 
-      const result = await validateSchema(nodeModules, object);
+      const result = await validateSchema(nodeModules, object, types);
       if (result.missing) {
         report(`no schema for apiVersion ${object.apiVersion}, kind ${object.kind}`);
         continue;

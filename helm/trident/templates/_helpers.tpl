@@ -108,11 +108,114 @@ as float64, which %v would print as 1e+06); null entries are left out.
 {{- end }}
 {{- end }}
 
-{{/* Flags every service takes (common/service/service_runtime.cc): (dict "spec" .Values.router). */}}
+{{/*
+Flags every service takes (common/service/service_runtime.cc), with the TLS
+flags while tls.enabled: (dict "root" $ "role" "router" "spec" .Values.router).
+*/}}
 {{- define "trident.serviceArgs" -}}
 - {{ printf "--port=%d" (int64 .spec.port) | quote }}
 - {{ printf "--metrics_port=%d" (int64 .spec.metricsPort) | quote }}
 - {{ printf "--drain_timeout=%ds" (int64 .spec.drainTimeoutSeconds) | quote }}
+{{- $tls := .root.Values.tls }}
+{{- if $tls.enabled }}
+{{- $dir := trimSuffix "/" $tls.mountPath }}
+- {{ printf "--tls_cert_file=%s/tls.crt" $dir | quote }}
+- {{ printf "--tls_key_file=%s/tls.key" $dir | quote }}
+- {{ printf "--tls_ca_file=%s/ca.crt" $dir | quote }}
+- {{ printf "--tls_client_auth=%s" (ternary $tls.router.clientAuth $tls.clientAuth (eq .role "router")) | quote }}
+- {{ printf "--tls_refresh_interval=%s" $tls.refreshInterval | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret (tls.crt, tls.key, ca.crt) the services' certificates come from:
+tls.secretName, else the one the cert-manager Certificate writes. Takes the
+root context.
+*/}}
+{{- define "trident.tlsSecretName" -}}
+{{- if .Values.tls.secretName }}
+{{- .Values.tls.secretName }}
+{{- else if .Values.tls.certManager.enabled }}
+{{- printf "%s-tls" (include "trident.fullname" .) }}
+{{- else }}
+{{- fail "tls.enabled: set tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt) or enable tls.certManager" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The TLS volume's entry under `volumes:`, while tls.enabled: the Secret as a
+directory, never with subPath (whose files never update), so that renewed
+certificates reach the running process. A router with a Secret of its own
+(tls.router.secretName) gets a projected volume: its certificate and key,
+and the shared Secret's CA bundle. (dict "root" $ "role" "router").
+*/}}
+{{- define "trident.tlsVolume" -}}
+{{- $tls := .root.Values.tls }}
+{{- if $tls.enabled }}
+{{- $shared := include "trident.tlsSecretName" .root }}
+- name: tls
+{{- if and (eq .role "router") $tls.router.secretName }}
+  projected:
+    sources:
+      - secret:
+          name: {{ $tls.router.secretName }}
+          items:
+            - key: tls.crt
+              path: tls.crt
+            - key: tls.key
+              path: tls.key
+      - secret:
+          name: {{ $shared }}
+          items:
+            - key: ca.crt
+              path: ca.crt
+{{- else }}
+  secret:
+    secretName: {{ $shared }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The TLS volume's entry under a container's `volumeMounts:`, while tls.enabled (no subPath). */}}
+{{- define "trident.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+In-cluster DNS names of every service, for the Certificate: the router's and
+the controller's Services, and the pods of the headless Services
+(`*.<service>.<namespace>.svc.<clusterDomain>`, the names peers dial), then
+tls.certManager.extraDnsNames. Takes the root context.
+*/}}
+{{- define "trident.tlsDnsNames" -}}
+{{- $root := . }}
+{{- $namespace := .Release.Namespace }}
+{{- $names := list }}
+{{- $services := list "router" }}
+{{- if .Values.controller.enabled }}{{ $services = append $services "controller" }}{{ end }}
+{{- range $role := $services }}
+{{- $service := include "trident.componentName" (dict "root" $root "role" $role) }}
+{{- $names = concat $names (list $service (printf "%s.%s" $service $namespace) (printf "%s.%s.svc" $service $namespace) (printf "%s.%s.svc.%s" $service $namespace $root.Values.clusterDomain)) }}
+{{- end }}
+{{- $pools := list "prefill" "decode" }}
+{{- if .Values.attention.enabled }}{{ $pools = append $pools "attention" }}{{ end }}
+{{- range $role := $pools }}
+{{- $service := include "trident.componentName" (dict "root" $root "role" $role) }}
+{{- $names = append $names (printf "%s.%s.svc.%s" $service $namespace $root.Values.clusterDomain) }}
+{{- $names = append $names (printf "*.%s.%s.svc.%s" $service $namespace $root.Values.clusterDomain) }}
+{{- end }}
+{{- concat $names .Values.tls.certManager.extraDnsNames | uniq | toYaml }}
 {{- end }}
 
 {{/*
@@ -141,14 +244,33 @@ Service: (dict "root" $ "role" "decode" "replicas" 2 "port" 50052).
 {{- join "," $addresses }}
 {{- end }}
 
-{{/* gRPC health probes (grpc.health.v1, the server's overall status): (dict "spec" .Values.router). */}}
+{{/*
+Probes: (dict "root" $ "spec" .Values.router). Without TLS, gRPC health
+probes (grpc.health.v1, the server's overall status: SERVING from the moment
+the gRPC port opens until the drain). The kubelet's gRPC probe cannot speak
+TLS, so while tls.enabled the startup and readiness probes open a TCP
+connection to the gRPC port instead (it opens only once the service serves,
+e.g. after a worker has loaded the model), and the liveness probe GETs
+/metrics on the plain HTTP metrics port (the process answering in user
+space, which a TCP handshake alone does not show).
+*/}}
 {{- define "trident.probes" -}}
 {{- $port := int64 .spec.port }}
+{{- $tls := .root.Values.tls.enabled }}
 {{- range $kind := list "startup" "liveness" "readiness" }}
 {{- $probe := index $.spec.probes $kind }}
 {{ $kind }}Probe:
+{{- if not $tls }}
   grpc:
     port: {{ $port }}
+{{- else if eq $kind "liveness" }}
+  httpGet:
+    path: /metrics
+    port: metrics
+{{- else }}
+  tcpSocket:
+    port: grpc
+{{- end }}
   periodSeconds: {{ int64 $probe.periodSeconds }}
   failureThreshold: {{ int64 $probe.failureThreshold }}
   timeoutSeconds: {{ int64 $probe.timeoutSeconds }}
