@@ -52,6 +52,7 @@ v1::GenerateRequest Valid() {
   v1::GenerateRequest r;
   for (int id : {1, 2, 3}) r.mutable_token_ids()->add_ids(id);
   r.mutable_sampling()->set_max_tokens(4);
+  r.mutable_stop()->set_ignore_eos(true);  // Exactly 4 tokens, whatever is sampled.
   return r;
 }
 
