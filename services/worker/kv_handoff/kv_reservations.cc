@@ -120,7 +120,7 @@ absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(
   blocks.insert(blocks.end(), fresh->begin(), fresh->end());
   absl::MutexLock lock(&mu_);
   Reservation r;
-  r.id = next_id_++;
+  r.id = NewIdLocked();
   r.blocks = blocks;
   r.num_cached_blocks = num_cached;
   r.lease = lease;
@@ -133,6 +133,13 @@ absl::StatusOr<KvReservations::Reservation> KvReservations::Reserve(
   return r;
 }
 
+uint64_t KvReservations::NewIdLocked() {
+  while (true) {
+    const uint64_t id = absl::Uniform<uint64_t>(bit_gen_);
+    if (id != 0 && !entries_.contains(id) && !parked_.contains(id)) return id;
+  }
+}
+
 absl::StatusOr<KvReservations::Reservation> KvReservations::ReserveRemote(
     const std::string& request_id, RemotePlacement placement, absl::Duration lease) {
   absl::StatusOr<absl::Duration> granted = LeaseFor(lease);
@@ -143,7 +150,7 @@ absl::StatusOr<KvReservations::Reservation> KvReservations::ReserveRemote(
   }
   absl::MutexLock lock(&mu_);
   Reservation r;
-  r.id = next_id_++;
+  r.id = NewIdLocked();
   r.lease = *granted;
   r.expires = clock_->Now() + r.lease;
   Entry& e = entries_[r.id];

@@ -40,6 +40,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -270,7 +271,12 @@ class KvReservations final : public transport::KvMessageSink {
   const Clock* const clock_;
   const KvReservationOptions options_;
   mutable absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // A fresh reservation id: random, non-zero, unused. Ids are the tickets
+  // KV messages over UCX must name (UCX itself authenticates nobody): only
+  // a peer the authenticated control plane (ReserveKv over mTLS) told one
+  // can write into a reservation's blocks, and none can guess another's.
+  uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::BitGen bit_gen_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Blocks of reservations that ended while message writes still ran into
   // them, with the number of those writes: freed when the last one returns.

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/kv/kv_layout.h"
 #include "common/kv/block_hasher.h"
+#include "common/kv/kv_layout.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/kv/prefix_caching_block_allocator.h"
 #include "common/testing/status_matchers.h"
@@ -120,6 +122,27 @@ TEST(KvReservationsTest, ARemotePlacementIsHandedOffOrReleasedExactlyOnce) {
   EXPECT_THAT(f.reservations.ReserveRemote("", Placement(12, &released), absl::ZeroDuration()),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(released, 4);
+}
+
+TEST(KvReservationsTest, IdsAreUnguessableTickets) {
+  // KV messages over UCX name their reservation: ids must not be guessable
+  // from one another (no counter), nor repeat or be zero.
+  Fixture f;
+  std::set<uint64_t> ids;
+  int adjacent = 0;
+  uint64_t last = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto r = f.reservations.Reserve(absl::StrCat("req", i), 4, absl::ZeroDuration());
+    ASSERT_THAT(r, IsOk());
+    EXPECT_NE(r->id, 0u);
+    EXPECT_TRUE(ids.insert(r->id).second) << r->id;
+    if (r->id == last + 1 || last == r->id + 1) ++adjacent;
+    last = r->id;
+    // Its lease ends: the blocks come back for the next one.
+    f.clock.Advance(absl::Hours(1));
+    EXPECT_EQ(f.reservations.ExpireLeases(), 1);
+  }
+  EXPECT_EQ(adjacent, 0);
 }
 
 TEST(KvReservationsTest, CommitHandsTheBlocksToTheWaitingDecode) {
