@@ -153,7 +153,10 @@ std::vector<HostileCase> Cases(uint32_t seed) {
       "cache salt of 300 bytes", [](auto& r) { r.set_cache_salt(std::string(300, 's')); }, kInvalid,
       "cache_salt"));
   cases.push_back(Typed(
-      "unknown QoS class", [](auto& r) { r.set_qos_class("platinum"); }, kInvalid, "qos_class"));
+      "QoS class of 100 bytes", [](auto& r) { r.set_qos_class(std::string(100, 'q')); }, kInvalid,
+      "qos_class"));
+  cases.push_back(Typed(
+      "QoS class with a newline", [](auto& r) { r.set_qos_class("a\nb"); }, kInvalid, "qos_class"));
   cases.push_back(Typed(
       "100 top logprobs", [](auto& r) { r.mutable_options()->set_logprobs_top_n(100); }, kInvalid,
       "options.logprobs_top_n"));
@@ -244,6 +247,14 @@ TEST_F(HostileInputTest, EveryCaseGetsItsCodeAndFieldAtTheRouterAndTheWorkerAlik
     std::printf("%-36s %-18d %-18d %s\n", c.name.c_str(), static_cast<int>(c.code),
                 static_cast<int>(c.code), c.field.c_str());
   }
+  // A class the router does not know; a worker serving directly takes any
+  // name as a label (ModelInfo lists no classes there).
+  v1::GenerateRequest unknown = Valid();
+  unknown.set_qos_class("platinum");
+  const grpc::Status at_router =
+      testing::RawUnaryCall(router_.channel, kGenerate, unknown.SerializeAsString());
+  EXPECT_EQ(at_router.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(GetBadRequestField(FromGrpcStatus(at_router)).value_or(""), "qos_class");
   // Nothing broke: both still serve, and every KV block is free.
   for (const ServiceProcess* target : {&router_, &both_}) {
     const grpc::Status status = Generate(*target);

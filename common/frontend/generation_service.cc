@@ -53,22 +53,27 @@ absl::Status CheckTarget(absl::string_view field, const google::protobuf::Durati
 }
 
 // One of the server's QoS classes (ModelInfoResponse.qos_classes), or empty
-// for the default. A server that lists none (a worker serving directly)
-// takes only the default.
+// for the default; a server that lists none (a worker serving directly)
+// takes any name as a label. At most 64 printable ASCII bytes either way.
 absl::Status CheckQosClass(const std::string& qos_class, const v1::ModelInfoResponse& info) {
-  if (qos_class.empty()) return absl::OkStatus();
-  for (const v1::QosClass& c : info.qos_classes()) {
-    if (c.name() == qos_class) return absl::OkStatus();
+  if (qos_class.size() > 64) {
+    return InvalidArgumentForField(
+        "qos_class", absl::StrCat("has ", qos_class.size(), " bytes; at most 64 are allowed"));
   }
+  for (unsigned char c : qos_class) {
+    if (c < 0x21 || c > 0x7e) {
+      return InvalidArgumentForField("qos_class", "must be printable ASCII (0x21-0x7E)");
+    }
+  }
+  if (qos_class.empty() || info.qos_classes().empty()) return absl::OkStatus();
   std::string known;
   for (const v1::QosClass& c : info.qos_classes()) {
+    if (c.name() == qos_class) return absl::OkStatus();
     absl::StrAppend(&known, known.empty() ? "" : ", ", c.name());
   }
   return InvalidArgumentForField(
-      "qos_class", absl::StrCat("\"", qos_class.substr(0, 64), "\" is not a QoS class here (",
-                                known.empty() ? "this server has none; leave it empty"
-                                              : absl::StrCat("known: ", known),
-                                ")"));
+      "qos_class",
+      absl::StrCat("\"", qos_class, "\" is not a QoS class here (known: ", known, ")"));
 }
 
 }  // namespace

@@ -47,6 +47,11 @@ ABSL_FLAG(bool, admission, true,
           "SLO admission: reject at once (RESOURCE_EXHAUSTED with RetryInfo) a request no "
           "worker pair is predicted to serve within its SLO. false: admit everything to the "
           "least-loaded pair.");
+ABSL_FLAG(bool, admission_learn_ttft_overhead, true,
+          "Admission learns each prefill worker's fixed TTFT overhead (RPC hops, step "
+          "boundaries) apart from its slowdown factor, so that a fixed cost seen on short prompts "
+          "does not price long ones out (services/router/admission/admission_controller.h). "
+          "False: the older factor-only calibration, for comparison.");
 ABSL_FLAG(double, slo_margin, 0.85,
           "Admission admits a request only if its predicted TTFT and TPOT are within this "
           "fraction of its targets: headroom for step-time noise the cost models do not see.");
@@ -99,6 +104,7 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   options.admission = absl::GetFlag(FLAGS_admission);
   options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
+  options.learn_ttft_overhead = absl::GetFlag(FLAGS_admission_learn_ttft_overhead);
   options.load.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
   options.kv_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
   options.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);

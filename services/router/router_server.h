@@ -74,6 +74,8 @@ struct RouterServerOptions {
   bool admission = true;
   // Fraction of the SLO targets predictions must stay within; (0, 1].
   double slo_margin = 0.85;
+  // AdmissionOptions::learn_ttft_overhead.
+  bool learn_ttft_overhead = true;
   // The workers' load streams.
   LoadSubscriberOptions load;
   // Lease of each KV reservation; > 0.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -149,6 +150,11 @@ struct AdmissionController::Worker {
   // ratios as a decode worker.
   Calibration ttft_calibration;
   Calibration tpot_calibration;
+  // The outcomes behind ttft_calibration, (when, forecast, measured), so
+  // that its factors follow the overhead as it is learned; and the overhead
+  // (AdmissionOptions::learn_ttft_overhead), in seconds.
+  std::deque<std::tuple<double, TtftForecast, double>> ttft_samples;
+  double ttft_overhead = 0;
 };
 
 struct AdmissionController::PrefillEval {
@@ -157,7 +163,8 @@ struct AdmissionController::PrefillEval {
   double backlog_tokens = 0;
   double ttft = kInf;     // Including the transfer and the calibration.
   double scale = 1;       // The calibration's factor.
-  TtftForecast forecast;  // `ttft` is forecast.At(scale).
+  TtftForecast forecast;  // `ttft` is forecast.At(scale) + overhead.
+  double overhead = 0;    // TtftOverhead of the worker.
   double transfer = 0;    // Part of forecast.request_work.
   double retry = -1;      // Seconds until it would pass; < 0 unknown.
   int64_t tokens = 0;     // Prompt tokens it computes (PrefillTokens).
@@ -290,6 +297,7 @@ absl::optional<WorkerModelSnapshot> AdmissionController::ModelsOf(
   };
   snapshot.ttft_scale = std::clamp(quantile(worker.ttft_calibration, 1),
                                    options_.min_calibration_scale, options_.max_calibration_scale);
+  snapshot.ttft_overhead = absl::Seconds(TtftOverhead(worker));
   snapshot.tpot_scale = std::clamp(quantile(worker.tpot_calibration, 1),
                                    options_.min_calibration_scale, options_.max_calibration_scale);
   snapshot.prefill_fixed_seconds = worker.prefill_model.fixed_seconds();
@@ -494,6 +502,38 @@ double AdmissionController::CalibrationQuantile(Calibration& c, double now, doub
   return c.quantile;
 }
 
+double AdmissionController::TtftOverhead(const Worker& worker) const {
+  return options_.learn_ttft_overhead ? worker.ttft_overhead : 0;
+}
+
+double AdmissionController::FitTtftOverhead(const Worker& worker, double now) const {
+  // measured = overhead + slope * predicted, least squares over the recent
+  // samples; only where their predictions differ enough to tell a fixed
+  // cost from a factor (else none: a factor it is, as without learning).
+  const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
+  double n = 0, sx = 0, sy = 0;
+  for (const auto& [when, forecast, measured] : worker.ttft_samples) {
+    if (now - when > max_age) continue;
+    n += 1;
+    sx += forecast.At(1);
+    sy += measured;
+  }
+  if (n < 8) return 0;
+  const double mx = sx / n, my = sy / n;
+  double sxx = 0, sxy = 0;
+  for (const auto& [when, forecast, measured] : worker.ttft_samples) {
+    if (now - when > max_age) continue;
+    const double dx = forecast.At(1) - mx;
+    sxx += dx * dx;
+    sxy += dx * (measured - my);
+  }
+  // A coefficient of variation of the predictions below 0.5: alike.
+  if (!(sxx > 0.25 * mx * mx * n)) return 0;
+  const double slope = sxy / sxx;
+  if (!(slope > 0)) return 0;
+  return std::clamp(my - slope * mx, 0.0, absl::ToDoubleSeconds(options_.max_ttft_overhead));
+}
+
 double AdmissionController::TtftScale(Worker& worker, double now) {
   double scale = CalibrationQuantile(worker.ttft_calibration, now, 1);
   // The oldest prompt still waiting here has a TTFT of at least its age: a
@@ -508,7 +548,8 @@ double AdmissionController::TtftScale(Worker& worker, double now) {
   if (!worker.outstanding.empty()) {
     const Record& oldest = records_[worker.outstanding.front().first];
     if (oldest.ttft_forecast.request_work > 0) {
-      scale = std::max(scale, oldest.ttft_forecast.ScaleFor(now - oldest.admitted));
+      scale = std::max(scale,
+                       oldest.ttft_forecast.ScaleFor(now - oldest.admitted - TtftOverhead(worker)));
     }
   }
   return std::clamp(scale, options_.min_calibration_scale, options_.max_calibration_scale);
@@ -525,8 +566,24 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
   Record* r = FindRecord(id);
   if (r == nullptr || r->ttft_observed || !(r->ttft_forecast.request_work > 0)) return;
   r->ttft_observed = true;
-  AddOutcome(workers_[r->prefill]->ttft_calibration, now,
-             r->ttft_forecast.ScaleFor(absl::ToDoubleSeconds(ttft)));
+  Worker& worker = *workers_[r->prefill];
+  const double measured = absl::ToDoubleSeconds(ttft);
+  if (!options_.learn_ttft_overhead) {
+    AddOutcome(worker.ttft_calibration, now, r->ttft_forecast.ScaleFor(measured));
+    return;
+  }
+  worker.ttft_samples.emplace_back(now, r->ttft_forecast, measured);
+  while (static_cast<int>(worker.ttft_samples.size()) > std::max(1, options_.calibration_window)) {
+    worker.ttft_samples.pop_front();
+  }
+  worker.ttft_overhead = FitTtftOverhead(worker, now);
+  // Every factor again, against the overhead as now learned (a factor
+  // taken before the overhead was known would overprice for the window).
+  const double overhead = TtftOverhead(worker);
+  worker.ttft_calibration.outcomes.clear();
+  for (const auto& [when, forecast, value] : worker.ttft_samples) {
+    AddOutcome(worker.ttft_calibration, when, forecast.ScaleFor(value - overhead));
+  }
 }
 
 void AdmissionController::ObserveTpot(AdmissionId id, absl::Duration tpot) {
@@ -785,7 +842,8 @@ int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_
     e.tokens = PrefillTokens(s.request, w);
     e.forecast.request_work = w.prefill_model.PredictSeconds(e.tokens) + s.transfer;
     e.scale = TtftScale(w, s.now);
-    e.ttft = e.forecast.At(e.scale);
+    e.overhead = TtftOverhead(w);
+    e.ttft = e.forecast.At(e.scale) + e.overhead;
     *best_any_ttft = std::min(*best_any_ttft, e.ttft);
     const double b = w.prefill_model.seconds_per_token();
     const double queued = e.backlog_tokens + static_cast<double>(e.tokens);
@@ -874,7 +932,7 @@ AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
     const PrefillEval& e = prefill_scratch_[i];
     if (!e.eligible) continue;
     const TtftForecast forecast_i = ForecastFor(e, static_cast<int>(i) == decode);
-    const double ttft_i = forecast_i.At(e.scale);
+    const double ttft_i = forecast_i.At(e.scale) + e.overhead;
     if (prefill < 0 || ttft_i < ttft) {
       prefill = static_cast<int>(i);
       ttft = ttft_i;
@@ -933,7 +991,7 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
     double retry = e.retry;
     const TtftForecast forecast = ForecastFor(e, static_cast<int>(i) == best_decode);
     if (static_cast<int>(i) == best_decode) {
-      ttft = forecast.At(e.scale);
+      ttft = forecast.At(e.scale) + e.overhead;
       if (stage == kStageTtft &&
           e.backlog_tokens + static_cast<double>(e.tokens) <= s.queue_capacity) {
         stage = ttft > s.ttft_target * s.margin ? kStageTtft : kStagePassed;

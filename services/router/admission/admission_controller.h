@@ -163,6 +163,20 @@ struct AdmissionOptions {
   // oldest prompt still waiting (a stall shows at once). Without
   // outcomes, no correction. The bounds keep one outlier from shutting a
   // worker out until its outcomes age out.
+  //
+  // Part of what the models miss does not grow with them: the RPC hops, the
+  // wait for the worker's next step boundary, the first token's way back.
+  // Taken as a factor, such a fixed cost learned from short prompts (10 ms
+  // over a 3 ms prediction: x3, clamped to x4) would price a long prompt
+  // several times over and refuse it under light load. So with
+  // `learn_ttft_overhead` each prefill worker also fits its measured TTFTs
+  // as overhead + slope x prediction (least squares over the same window,
+  // once at least 8 predictions differ enough to tell a fixed cost from a
+  // factor: coefficient of variation >= 0.5; else no overhead), adds the
+  // overhead (clamped to [0, max_ttft_overhead]) to every TTFT prediction,
+  // and calibrates the factor on what remains.
+  bool learn_ttft_overhead = true;
+  absl::Duration max_ttft_overhead = absl::Milliseconds(200);
   int calibration_window = 64;
   absl::Duration calibration_max_age = absl::Seconds(10);
   double calibration_quantile = 0.95;
@@ -243,6 +257,8 @@ absl::Status RejectionStatus(const AdmissionDecision& decision);
 struct WorkerModelSnapshot {
   // Calibration: the factors of TTFT and TPOT predictions.
   double ttft_scale = 1;
+  // The fixed part of its TTFTs (AdmissionOptions::learn_ttft_overhead).
+  absl::Duration ttft_overhead;
   double tpot_scale = 1;
   double prefill_fixed_seconds = 0;
   double prefill_seconds_per_token = 0;
@@ -384,6 +400,11 @@ class AdmissionController {
   // The worker's calibration (AdmissionOptions) at `now`, after dropping
   // outcomes older than calibration_max_age.
   double TtftScale(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seconds every TTFT on `worker` takes beyond its prediction
+  // (AdmissionOptions::learn_ttft_overhead); 0 when off.
+  double TtftOverhead(const Worker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // That overhead, fitted to the worker's recent TTFT samples.
+  double FitTtftOverhead(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double TpotScale(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Calibration;
   void AddOutcome(Calibration& calibration, double now, double value)

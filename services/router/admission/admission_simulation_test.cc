@@ -6,8 +6,10 @@
 // times, MarkPrefillDone on transfer end, Release on completion.
 //
 // What a request experiences:
-//   TTFT = prefill queueing + prefill compute + KV transfer (the first token
-//          reaches the client when the KV hand-off ends);
+//   TTFT = prefill queueing + prefill compute + KV transfer + a fixed
+//          overhead no cost model sees (RPC hops, the wait for a step
+//          boundary, the first token's way back), measured at the router as
+//          it does (ObserveTtft);
 //   TPOT = (finish - first token) / (output tokens - 1), where the decode
 //          worker runs continuous batching: a step takes
 //          c0 + c1 * batch + c2 * context_tokens, every running sequence
@@ -25,6 +27,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/time/clock.h"
 #include "gtest/gtest.h"
@@ -45,6 +49,7 @@ constexpr int64_t kBytesPerToken = 131072;   // Llama-3-8B-like KV.
 constexpr double kLinkBytesPerSecond = 20e9;
 constexpr double kTransferLatency = 0.002;
 constexpr double kNoise = 0.03;  // Relative standard deviation of every duration.
+constexpr double kTtftOverhead = 0.012;  // s, unmodeled, on every request.
 constexpr int32_t kKvBlocksPerDecodeWorker = 4000;
 constexpr int32_t kBlockTokens = 16;
 
@@ -55,12 +60,19 @@ struct Workload {
   int64_t max_output_min, max_output_max;
   double ttft_target;  // s
   double tpot_target;  // s
+  // > 0: prompts are lognormal (ln-space mean and deviation), clipped to
+  // [prompt_min, prompt_max], instead of uniform.
+  double prompt_log_mean = 0;
+  double prompt_log_sigma = 0;
 };
 
 // Chat-like: decode bounds the cluster.
 constexpr Workload kDecodeBound{"decode-bound", 128, 1024, 32, 256, 1.0, 0.050};
 // Long prompts, short answers: prefill bounds the cluster.
 constexpr Workload kPrefillBound{"prefill-bound", 2048, 8192, 8, 32, 1.5, 0.100};
+// ShareGPT-like prompts (median ~150 tokens, a long tail to 4k) at light
+// load, TTFT 300 ms: every request can meet its targets.
+constexpr Workload kLightChat{"light-chat", 4, 4096, 32, 256, 0.300, 0.050, 5.0, 1.2};
 
 constexpr double kArrivalSeconds = 60;
 constexpr double kReportInterval = 0.050;
@@ -99,7 +111,7 @@ struct DecodeWorker {
   double last_step = 0;
 };
 
-enum class EventType { kArrival, kPrefillDone, kTransferDone, kDecodeStep, kReport };
+enum class EventType { kArrival, kPrefillDone, kTransferDone, kFirstToken, kDecodeStep, kReport };
 
 struct Event {
   double time;
@@ -122,6 +134,7 @@ struct Result {
   double mean_tpot = 0;
   int rejected_by_reason[5] = {};
   absl::Duration admit_wall_per_call;  // Real time, for information only.
+  std::vector<std::string> rejected_at;  // The first few rejections: "time/prompt tokens".
 };
 
 int64_t Blocks(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
@@ -131,7 +144,10 @@ int64_t Blocks(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockToke
 // batch whose step meets the TPOT target, each prefill worker busy all the
 // time; the smaller side bounds.
 double Capacity(const Workload& w) {
-  const double mean_prompt = (w.prompt_min + w.prompt_max) / 2.0;
+  const double mean_prompt =
+      w.prompt_log_sigma > 0
+          ? std::exp(w.prompt_log_mean + w.prompt_log_sigma * w.prompt_log_sigma / 2)
+          : (w.prompt_min + w.prompt_max) / 2.0;
   const double mean_output = 0.75 * (w.max_output_min + w.max_output_max) / 2.0;
   const double mean_context = mean_prompt + mean_output / 2;
   const double per_sequence = kDecodePerSequence + kDecodePerContext * mean_context;
@@ -146,12 +162,14 @@ double Capacity(const Workload& w) {
 
 class Simulation {
  public:
-  Simulation(const Workload& workload, bool admission_on, double arrival_rate, uint64_t seed)
+  Simulation(const Workload& workload, bool admission_on, double arrival_rate, uint64_t seed,
+             bool learn_ttft_overhead = true)
       : workload_(workload),
         rng_(seed),
         clock_(absl::FromUnixSeconds(1'700'000'000)),
         start_(clock_.Now()),
-        controller_(Options(admission_on), QosConfig::SingleDefaultClass(), &clock_),
+        controller_(Options(admission_on, learn_ttft_overhead), QosConfig::SingleDefaultClass(),
+                    &clock_),
         arrival_rate_(arrival_rate) {
     for (int i = 0; i < 2; ++i) prefill_.push_back(PrefillWorker{.id = absl::StrCat("p", i)});
     for (int i = 0; i < 2; ++i) decode_.push_back(DecodeWorker{.id = absl::StrCat("d", i)});
@@ -175,6 +193,11 @@ class Simulation {
         case EventType::kTransferDone:
           OnTransferDone(event.index);
           break;
+        case EventType::kFirstToken:
+          controller_.MarkPrefillDone(requests_[event.index].id);
+          controller_.ObserveTtft(requests_[event.index].id,
+                                  absl::Seconds(now_ - requests_[event.index].arrival));
+          break;
         case EventType::kDecodeStep:
           OnDecodeStep(event.index);
           break;
@@ -187,9 +210,10 @@ class Simulation {
   }
 
  private:
-  static AdmissionOptions Options(bool admission_on) {
+  static AdmissionOptions Options(bool admission_on, bool learn_ttft_overhead) {
     AdmissionOptions options;
     options.enabled = admission_on;
+    options.learn_ttft_overhead = learn_ttft_overhead;
     options.kv_block_size_tokens = kBlockTokens;
     options.transfer_model.bytes_per_token = kBytesPerToken;
     // Priors left at their defaults, all wrong for these workers: the
@@ -207,11 +231,17 @@ class Simulation {
   int64_t Uniform(int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
   }
+  int64_t Prompt() {
+    if (workload_.prompt_log_sigma <= 0) return Uniform(workload_.prompt_min, workload_.prompt_max);
+    const double x = std::lognormal_distribution<double>(workload_.prompt_log_mean,
+                                                         workload_.prompt_log_sigma)(rng_);
+    return std::clamp<int64_t>(static_cast<int64_t>(x), workload_.prompt_min, workload_.prompt_max);
+  }
 
   void OnArrival() {
     Req req;
     req.arrival = now_;
-    req.prompt = Uniform(workload_.prompt_min, workload_.prompt_max);
+    req.prompt = Prompt();
     req.max_output = Uniform(workload_.max_output_min, workload_.max_output_max);
     req.output = Uniform(req.max_output / 2, req.max_output);
     AdmissionRequest request;
@@ -235,6 +265,9 @@ class Simulation {
       if (p.current < 0) StartPrefill(req.prefill);
     } else {
       if (decision.ok()) ++rejected_[static_cast<int>(decision->reason)];
+      if (decision.ok() && rejected_at_.size() < 8) {
+        rejected_at_.push_back(absl::StrFormat("%.2fs/%d", now_, req.prompt));
+      }
       requests_.push_back(req);
     }
     if (now_ < kArrivalSeconds) Push(now_ + Exponential(), EventType::kArrival, 0);
@@ -272,9 +305,11 @@ class Simulation {
     Req& req = requests_[index];
     controller_.ObserveTransfer(req.prompt * kBytesPerToken,
                                 absl::Seconds(now_ - transfer_started_[index]));
-    req.first_token = now_;
+    // The first token reaches the router after the unmodeled overhead; it
+    // tells admission then (the real router's flight does the same).
+    req.first_token = now_ + Noisy(kTtftOverhead);
+    Push(req.first_token, EventType::kFirstToken, index);
     req.generated = 1;
-    controller_.MarkPrefillDone(req.id);
     DecodeWorker& d = decode_[req.decode];
     d.waiting.push_back(index);
     if (!d.stepping) StartStep(req.decode);
@@ -380,6 +415,7 @@ class Simulation {
     result.goodput_per_second = result.met_slo / kArrivalSeconds;
     for (int i = 0; i < 5; ++i) result.rejected_by_reason[i] = rejected_[i];
     result.admit_wall_per_call = admit_wall_ / std::max(result.arrived, 1);
+    result.rejected_at = rejected_at_;
     return result;
   }
 
@@ -397,6 +433,7 @@ class Simulation {
   std::vector<PrefillWorker> prefill_;
   std::vector<DecodeWorker> decode_;
   int rejected_[5] = {};
+  std::vector<std::string> rejected_at_;  // The first few: "time/prompt".
   absl::Duration admit_wall_;
 };
 
@@ -410,6 +447,10 @@ void Print(const char* name, const Result& r) {
             << r.rejected_by_reason[int(RejectReason::kKvCapacity)] << ", no_workers "
             << r.rejected_by_reason[int(RejectReason::kNoWorkers)] << "; Admit() "
             << absl::FormatDuration(r.admit_wall_per_call) << " per call\n";
+  if (!r.rejected_at.empty()) {
+    std::cout << "  first rejections (arrival/prompt tokens): " << absl::StrJoin(r.rejected_at, " ")
+              << "\n";
+  }
 }
 
 void RunAndCompare(const Workload& workload) {
@@ -434,6 +475,39 @@ void RunAndCompare(const Workload& workload) {
   EXPECT_GE(on.attainment(), 0.95);
   EXPECT_LE(off.attainment(), 0.5);
   EXPECT_GT(on.goodput_per_second, 2 * off.goodput_per_second);
+}
+
+// Below saturation every request can meet its targets (checked with
+// admission off), so every refusal is a false one. With the TTFT overhead
+// learned apart from the factor, admission refuses (almost) none; taken as
+// a factor, the overhead learned on short prompts prices the long ones out.
+TEST(AdmissionSimulationTest, LightLoadRefusesNothingItCanServe) {
+  const double capacity = Capacity(kLightChat);
+  for (const double fraction : {0.3, 0.6}) {
+    const double rate = fraction * capacity;
+    std::cout << kLightChat.name << ": seed " << kSeed << ", Poisson arrivals at " << rate
+              << " req/s (" << fraction << " of capacity) for " << kArrivalSeconds
+              << " s; targets TTFT " << kLightChat.ttft_target << " s, TPOT "
+              << 1000 * kLightChat.tpot_target << " ms; unmodeled TTFT overhead "
+              << 1000 * kTtftOverhead << " ms\n";
+    const Result off = Simulation(kLightChat, /*admission_on=*/false, rate, kSeed).Run();
+    const Result before =
+        Simulation(kLightChat, true, rate, kSeed, /*learn_ttft_overhead=*/false).Run();
+    const Result after = Simulation(kLightChat, true, rate, kSeed).Run();
+    Print("admission off                 ", off);
+    Print("overhead as a factor (before) ", before);
+    Print("overhead learned (after)      ", after);
+    auto refused = [](const Result& r) { return 1.0 - double(r.admitted) / r.arrived; };
+    std::cout << "false rejections: before " << 100 * refused(before) << "%, after "
+              << 100 * refused(after) << "%\n";
+    // Everything admitted without admission meets its targets (nearly: a
+    // long prompt behind another can miss at 0.6), so refusals are false
+    // ones but for a few such.
+    EXPECT_GE(off.attainment(), 0.99);
+    EXPECT_LE(refused(after), 0.005);
+    EXPECT_LT(refused(after), refused(before) / 3);
+    EXPECT_GE(after.attainment(), 0.99);
+  }
 }
 
 TEST(AdmissionSimulationTest, DecodeBoundOverloadKeepsSloAttainment) {
