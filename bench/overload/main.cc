@@ -4,6 +4,8 @@
 // bench/overload.sh builds and runs it.
 
 #include <cstdio>
+#include <cstdlib>
+#include <vector>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -16,6 +18,16 @@ ABSL_FLAG(std::string, scratch_dir, "/tmp/trident-overload", "Where the model an
 ABSL_FLAG(uint64_t, seed, 20240611, "Seed of the arrival schedule and lengths.");
 ABSL_FLAG(double, overload_factor, 2, "Arrival rate as a multiple of the measured capacity.");
 ABSL_FLAG(int32_t, overload_seconds, 15, "Length of each overload phase.");
+ABSL_FLAG(std::string, scenario, "overload",
+          "overload (SLO admission at --overload_factor x capacity), light (false rejections "
+          "below saturation with each TTFT calibration) or soak (growth of RSS, open files and "
+          "KV blocks at --soak_factor x capacity).");
+ABSL_FLAG(std::vector<std::string>, fractions, std::vector<std::string>({"0.1", "0.2", "0.3"}),
+          "light: loads, as fractions of the measured capacity.");
+ABSL_FLAG(int32_t, phase_seconds, 40, "light: length of each phase.");
+ABSL_FLAG(double, soak_factor, 1.5, "soak: load as a multiple of the measured capacity.");
+ABSL_FLAG(double, soak_minutes, 10, "soak: length of the soak.");
+ABSL_FLAG(double, warmup_minutes, 2, "soak: minutes left out of the growth fits.");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -29,6 +41,37 @@ int main(int argc, char** argv) {
   options.overload_duration = absl::Seconds(absl::GetFlag(FLAGS_overload_seconds));
   if (options.worker_bin.empty() || options.router_bin.empty()) {
     std::fprintf(stderr, "overload: --worker_bin and --router_bin are required\n");
+    return 2;
+  }
+  const std::string scenario = absl::GetFlag(FLAGS_scenario);
+  if (scenario == "light") {
+    trident::testing::LightLoadOptions light{.cluster = options};
+    light.fractions.clear();
+    for (const std::string& f : absl::GetFlag(FLAGS_fractions)) light.fractions.push_back(std::atof(f.c_str()));
+    light.phase_duration = absl::Seconds(absl::GetFlag(FLAGS_phase_seconds));
+    absl::StatusOr<trident::testing::LightLoadResult> r = trident::testing::RunLightLoadScenario(light);
+    if (!r.ok()) {
+      std::fprintf(stderr, "overload: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("\n%s", trident::testing::LightLoadSummary(light, *r).c_str());
+    return 0;
+  }
+  if (scenario == "soak") {
+    trident::testing::SoakOptions soak{.cluster = options};
+    soak.load_factor = absl::GetFlag(FLAGS_soak_factor);
+    soak.duration = absl::Seconds(60 * absl::GetFlag(FLAGS_soak_minutes));
+    soak.warmup = absl::Seconds(60 * absl::GetFlag(FLAGS_warmup_minutes));
+    absl::StatusOr<trident::testing::SoakResult> r = trident::testing::RunSoakScenario(soak);
+    if (!r.ok()) {
+      std::fprintf(stderr, "overload: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("\n%s", trident::testing::SoakSummary(soak, *r).c_str());
+    return 0;
+  }
+  if (scenario != "overload") {
+    std::fprintf(stderr, "overload: --scenario must be overload, light or soak\n");
     return 2;
   }
   absl::StatusOr<trident::testing::OverloadResult> result =

@@ -1,7 +1,16 @@
 #include "tests/testing/overload_scenario.h"
 
+#include <dirent.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
+#include <thread>
+#include <utility>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bench/loadgen/runner.h"
 #include "common/status/status_macros.h"
@@ -16,6 +26,7 @@
 #include "tests/testing/service_process.h"
 #include "common/model/generate/model_gen.h"
 #include "trident/v1/generation.grpc.pb.h"
+#include "trident/v1/worker.grpc.pb.h"
 
 namespace trident::testing {
 namespace {
@@ -57,6 +68,27 @@ loadgen::WorkloadSpec Workload(uint64_t seed, double rate, absl::Duration durati
   w.output_tokens.max_tokens = 64;
   w.output_tokens.spec = "uniform:16:64";
   w.qos.push_back(loadgen::QosClassSpec{});
+  return w;
+}
+
+// ShareGPT-like prompt lengths: lognormal (median 150 tokens, sigma 1 in
+// log space: a long tail) clipped to [16, 1024], as 256 rows drawn with the
+// seed; outputs 16 to 64.
+loadgen::WorkloadSpec ShareGptLikeWorkload(uint64_t seed, double rate, absl::Duration duration,
+                                           int64_t num_requests) {
+  loadgen::WorkloadSpec w = Workload(seed, rate, duration, num_requests);
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> prompt(std::log(150.0), 1.0);
+  std::uniform_int_distribution<int32_t> output(16, 64);
+  w.prompt_tokens.csv_rows.clear();
+  for (int i = 0; i < 256; ++i) {
+    w.prompt_tokens.csv_rows.push_back(
+        {static_cast<int32_t>(std::clamp(prompt(rng), 16.0, 1024.0)), output(rng)});
+  }
+  w.prompt_tokens.spec = "lognormal(median 150, sigma 1) clipped to [16, 1024]";
+  w.output_tokens = w.prompt_tokens;
+  w.output_tokens.column = loadgen::LengthColumn::kOutput;
+  w.output_tokens.spec = "uniform 16..64 (rows)";
   return w;
 }
 
@@ -161,17 +193,19 @@ class OverloadCluster {
 
   // (Re)starts the router; returns once it admits requests (it rejects them
   // with no_workers until every worker's load stream is up).
-  absl::Status StartRouter(bool admission) {
+  absl::Status StartRouter(bool admission, const std::vector<std::string>& extra_flags = {}) {
     StopRouter();
     router_log_ = absl::StrCat(options_.log_dir, "/router-admission-",
                                admission ? "on" : "off", ".log");
-    TRIDENT_ASSIGN_OR_RETURN(
-        router_, StartService({options_.router_bin, absl::StrCat("--model=", model_dir_),
-                               absl::StrCat("--prefill_workers=", prefill_list_),
-                               absl::StrCat("--decode_workers=", decode_list_),
-                               absl::StrCat("--admission=", admission ? "true" : "false"),
-                               "--load_interval_ms=20", "--log_level=debug"},
-                              router_log_));
+    std::vector<std::string> argv = {options_.router_bin,
+                                     absl::StrCat("--model=", model_dir_),
+                                     absl::StrCat("--prefill_workers=", prefill_list_),
+                                     absl::StrCat("--decode_workers=", decode_list_),
+                                     absl::StrCat("--admission=", admission ? "true" : "false"),
+                                     "--load_interval_ms=20",
+                                     "--log_level=debug"};
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    TRIDENT_ASSIGN_OR_RETURN(router_, StartService(argv, router_log_));
     auto stub = v1::Generation::NewStub(router_->channel);
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     grpc::Status status;
@@ -223,6 +257,16 @@ class OverloadCluster {
   }
 
   const std::string& router_log() const { return router_log_; }
+
+  // (name, pid) of the router and every worker.
+  std::vector<std::pair<std::string, pid_t>> Processes() const {
+    std::vector<std::pair<std::string, pid_t>> out;
+    if (router_.has_value()) out.emplace_back("router", router_->pid);
+    const char* names[] = {"prefill-0", "prefill-1", "decode-0", "decode-1"};
+    for (size_t i = 0; i < workers_.size() && i < 4; ++i) out.emplace_back(names[i], workers_[i].pid);
+    return out;
+  }
+  const std::vector<ServiceProcess>& workers() const { return workers_; }
 
  private:
   const OverloadOptions options_;
@@ -308,6 +352,214 @@ std::string OverloadSummary(const OverloadOptions& options, const OverloadResult
       r.on_rejections.p50_ms, r.on_rejections.p99_ms, off.slo_attainment.value_or(0),
       off.goodput_rps, static_cast<long long>(off.num_completed + off.num_failed),
       static_cast<long long>(off.num_rejected), static_cast<long long>(off.num_failed));
+}
+
+namespace {
+
+// Unloaded latencies (the SLOs) and the capacity, on `workload`'s lengths.
+struct Baseline {
+  absl::Duration ttft_slo;
+  absl::Duration tpot_slo;
+  double capacity_rps = 0;
+  absl::Duration ttft_p99;
+  absl::Duration tpot_p99;
+};
+
+absl::StatusOr<Baseline> MeasureBaseline(
+    OverloadCluster& cluster, const OverloadOptions& options,
+    const std::function<loadgen::WorkloadSpec(double, absl::Duration, int64_t)>& workload) {
+  TRIDENT_ASSIGN_OR_RETURN(loadgen::RunResult unloaded,
+                           cluster.Run(workload(2, absl::ZeroDuration(), 16), absl::Seconds(120)));
+  PrintRun("unloaded", unloaded);
+  TRIDENT_ASSIGN_OR_RETURN(
+      loadgen::RunResult burst,
+      cluster.Run(workload(1000, absl::ZeroDuration(), options.burst_requests),
+                  absl::Seconds(300)));
+  PrintRun("capacity burst", burst);
+  if (unloaded.report.num_completed != 16 ||
+      burst.report.num_completed != options.burst_requests) {
+    return absl::InternalError("not every unloaded or burst request completed");
+  }
+  return Baseline{
+      .ttft_slo = absl::Milliseconds(options.ttft_slo_factor * unloaded.report.ttft.p50_ms),
+      .tpot_slo = absl::Milliseconds(options.tpot_slo_factor * unloaded.report.tpot.p50_ms),
+      .capacity_rps = burst.report.request_throughput_rps,
+      .ttft_p99 = absl::Milliseconds(unloaded.report.ttft.p99_ms),
+      .tpot_p99 = absl::Milliseconds(unloaded.report.tpot.p99_ms)};
+}
+
+// VmRSS of `pid` in MiB, and its open files; -1 when unreadable.
+std::pair<double, double> RssAndFiles(pid_t pid) {
+  double rss = -1;
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::atof(line.c_str() + 6) / 1024.0;
+  }
+  double files = -1;
+  if (DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str()); dir != nullptr) {
+    files = 0;
+    while (readdir(dir) != nullptr) ++files;
+    closedir(dir);
+    files -= 2;  // "." and "..".
+  }
+  return {rss, files};
+}
+
+// KV blocks a worker has in use now (its first load sample); -1 if none.
+double KvBlocksInUse(const ServiceProcess& worker) {
+  auto stub = v1::WorkerControl::NewStub(worker.channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::GetLoadRequest request;
+  request.mutable_interval()->set_nanos(10'000'000);
+  auto reader = stub->GetLoad(&context, request);
+  v1::WorkerLoad load;
+  const bool got = reader->Read(&load);
+  context.TryCancel();
+  return got ? static_cast<double>(load.kv_blocks_total() - load.kv_blocks_free()) : -1;
+}
+
+// Least-squares slope of (t, y), per minute.
+double SlopePerMinute(const std::vector<std::pair<double, double>>& points) {
+  const double n = static_cast<double>(points.size());
+  if (n < 2) return 0;
+  double mt = 0, my = 0;
+  for (const auto& [t, y] : points) mt += t / n, my += y / n;
+  double stt = 0, sty = 0;
+  for (const auto& [t, y] : points) stt += (t - mt) * (t - mt), sty += (t - mt) * (y - my);
+  return stt > 0 ? 60 * sty / stt : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<LightLoadResult> RunLightLoadScenario(const LightLoadOptions& options) {
+  const OverloadOptions& o = options.cluster;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));
+  OverloadCluster cluster(o);
+  TRIDENT_RETURN_IF_ERROR(cluster.StartWorkers());
+  TRIDENT_RETURN_IF_ERROR(cluster.StartRouter(/*admission=*/true));
+  auto workload = [&](double rate, absl::Duration duration, int64_t n) {
+    return ShareGptLikeWorkload(o.seed, rate, duration, n);
+  };
+  TRIDENT_ASSIGN_OR_RETURN(const Baseline baseline, MeasureBaseline(cluster, o, workload));
+  LightLoadResult result{.capacity_rps = baseline.capacity_rps,
+                         .ttft_slo = options.slo_factor_of_p99 * baseline.ttft_p99,
+                         .tpot_slo = options.slo_factor_of_p99 * baseline.tpot_p99};
+  struct Router {
+    const char* name;
+    bool admission;
+    const char* flag;
+  };
+  const Router routers[] = {{"admission off", false, "--admission_learn_ttft_overhead=true"},
+                            {"factor only", true, "--admission_learn_ttft_overhead=false"},
+                            {"overhead learned", true, "--admission_learn_ttft_overhead=true"}};
+  for (const double fraction : options.fractions) {
+    loadgen::WorkloadSpec w =
+        workload(fraction * baseline.capacity_rps, options.phase_duration, 0);
+    for (loadgen::QosClassSpec& c : w.qos) c.slo = {result.ttft_slo, result.tpot_slo};
+    w.warmup = absl::Seconds(5);
+    for (const Router& router : routers) {
+      TRIDENT_RETURN_IF_ERROR(cluster.StartRouter(router.admission, {router.flag}));
+      TRIDENT_ASSIGN_OR_RETURN(loadgen::RunResult run, cluster.Run(w, absl::Seconds(120)));
+      const std::string name = absl::StrFormat("%.1f of capacity, %s", fraction, router.name);
+      PrintRun(name, run);
+      result.phases.push_back({fraction, fraction * baseline.capacity_rps, router.name,
+                               run.report});
+    }
+  }
+  return result;
+}
+
+std::string LightLoadSummary(const LightLoadOptions& options, const LightLoadResult& r) {
+  std::string out = absl::StrFormat(
+      "SUMMARY light load, seed %llu: capacity %.2f req/s, SLO TTFT %.0f ms TPOT %.1f ms, "
+      "ShareGPT-like prompts\n",
+      static_cast<unsigned long long>(options.cluster.seed), r.capacity_rps, Ms(r.ttft_slo),
+      Ms(r.tpot_slo));
+  for (const LightLoadPhase& p : r.phases) {
+    const double measured = static_cast<double>(std::max<int64_t>(p.report.num_measured, 1));
+    absl::StrAppendFormat(&out,
+                          "  %.1f of capacity (%.2f req/s) %-16s: refused %5.2f%% (%lld of %lld), "
+                          "attainment %.3f, TTFT p50 %.0f p99 %.0f ms\n",
+                          p.fraction, p.rate_rps, p.router, 100 * p.report.num_rejected / measured,
+                          static_cast<long long>(p.report.num_rejected),
+                          static_cast<long long>(p.report.num_measured),
+                          p.report.slo_attainment.value_or(0), p.report.ttft.p50_ms,
+                          p.report.ttft.p99_ms);
+  }
+  return out;
+}
+
+absl::StatusOr<SoakResult> RunSoakScenario(const SoakOptions& options) {
+  const OverloadOptions& o = options.cluster;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));
+  OverloadCluster cluster(o);
+  TRIDENT_RETURN_IF_ERROR(cluster.StartWorkers());
+  TRIDENT_RETURN_IF_ERROR(cluster.StartRouter(/*admission=*/true));
+  auto workload = [&](double rate, absl::Duration duration, int64_t n) {
+    return ShareGptLikeWorkload(o.seed, rate, duration, n);
+  };
+  TRIDENT_ASSIGN_OR_RETURN(const Baseline baseline, MeasureBaseline(cluster, o, workload));
+  SoakResult result{.capacity_rps = baseline.capacity_rps,
+                    .rate_rps = options.load_factor * baseline.capacity_rps};
+  loadgen::WorkloadSpec w = workload(result.rate_rps, options.duration, 0);
+  for (loadgen::QosClassSpec& c : w.qos) c.slo = {baseline.ttft_slo, baseline.tpot_slo};
+  w.warmup = options.warmup;
+
+  // The load runs on its own thread; this one samples until it ends.
+  absl::StatusOr<loadgen::RunResult> run = absl::UnknownError("not run");
+  absl::Notification done;
+  std::thread load([&] {
+    run = cluster.Run(w, absl::Seconds(120));
+    done.Notify();
+  });
+  // (series key) -> (seconds since start, value), after the warm-up.
+  std::map<std::pair<std::string, std::string>, std::vector<std::pair<double, double>>> samples;
+  const absl::Time start = absl::Now();
+  while (!done.WaitForNotificationWithTimeout(options.sample_interval)) {
+    const double t = absl::ToDoubleSeconds(absl::Now() - start);
+    if (absl::Seconds(t) < options.warmup) continue;
+    for (const auto& [name, pid] : cluster.Processes()) {
+      const auto [rss, files] = RssAndFiles(pid);
+      if (rss >= 0) samples[{name, "RSS MiB"}].emplace_back(t, rss);
+      if (files >= 0) samples[{name, "open files"}].emplace_back(t, files);
+    }
+    const char* names[] = {"prefill-0", "prefill-1", "decode-0", "decode-1"};
+    for (size_t i = 0; i < cluster.workers().size() && i < 4; ++i) {
+      const double used = KvBlocksInUse(cluster.workers()[i]);
+      if (used >= 0) samples[{names[i], "KV blocks used"}].emplace_back(t, used);
+    }
+  }
+  load.join();
+  if (!run.ok()) return run.status();
+  PrintRun("soak", *run);
+  result.report = run->report;
+  for (const auto& [key, points] : samples) {
+    if (points.empty()) continue;
+    result.series.push_back({key.first, key.second, points.front().second,
+                             points.back().second, SlopePerMinute(points)});
+  }
+  result.kv_blocks_free_after = cluster.AllKvBlocksFreeOnEveryWorker();
+  return result;
+}
+
+std::string SoakSummary(const SoakOptions& options, const SoakResult& r) {
+  std::string out = absl::StrFormat(
+      "SUMMARY soak, seed %llu: %.1f min at %.2f req/s (%.1fx capacity %.2f req/s), admission "
+      "on; attainment %.3f of accepted, goodput %.2f req/s, accepted %lld, refused %lld, failed "
+      "%lld; every KV block free after: %s\n  growth after a %.0f s warm-up (least squares):\n",
+      static_cast<unsigned long long>(options.cluster.seed),
+      absl::ToDoubleMinutes(options.duration), r.rate_rps, options.load_factor, r.capacity_rps,
+      r.report.slo_attainment.value_or(0), r.report.goodput_rps,
+      static_cast<long long>(r.report.num_completed + r.report.num_failed),
+      static_cast<long long>(r.report.num_rejected), static_cast<long long>(r.report.num_failed),
+      r.kv_blocks_free_after ? "yes" : "NO", absl::ToDoubleSeconds(options.warmup));
+  for (const SoakSeries& s : r.series) {
+    absl::StrAppendFormat(&out, "    %-10s %-15s %9.1f -> %9.1f  %+8.3f per minute\n", s.name,
+                          s.what, s.first, s.last, s.slope_per_minute);
+  }
+  return out;
 }
 
 }  // namespace trident::testing
