@@ -346,59 +346,76 @@ grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* co
   return FinishUnary(context, run());
 }
 
+absl::StatusOr<KvCommit> DecodeService::CommitFrom(const v1::CommitKvRequest& request) const {
+  TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request.decode_incarnation()));
+  KvCommit commit;
+  switch (request.outcome()) {
+    case v1::COMMIT_OUTCOME_COMPLETE:
+      commit.outcome = KvOutcome::kComplete;
+      break;
+    case v1::COMMIT_OUTCOME_FINISHED:
+      commit.outcome = KvOutcome::kFinished;
+      commit.finish_reason = request.finish_reason();
+      break;
+    case v1::COMMIT_OUTCOME_ABORTED:
+      commit.outcome = KvOutcome::kAborted;
+      commit.error = request.error_message();
+      break;
+    default:
+      return InvalidArgumentForField("outcome", "must be COMPLETE, FINISHED or ABORTED");
+  }
+  if (commit.outcome != KvOutcome::kAborted) {
+    if (request.first_token().token_ids_size() != 1) {
+      return InvalidArgumentForField("first_token.token_ids", "must hold exactly one token");
+    }
+    commit.first_token = request.first_token().token_ids(0);
+    if (commit.first_token < 0 || commit.first_token >= model_info_.vocab_size()) {
+      return InvalidArgumentForField(
+          "first_token.token_ids[0]",
+          absl::StrCat("token id ", commit.first_token, " is outside the vocabulary"));
+    }
+    if (request.first_token().logprobs_size() > 0) {
+      commit.first_logprob = request.first_token().logprobs(0).logprob();
+    }
+  }
+  return commit;
+}
+
 grpc::ServerUnaryReactor* DecodeService::CommitKv(grpc::CallbackServerContext* context,
                                                   const v1::CommitKvRequest* request,
                                                   v1::CommitKvResponse* response) {
-  auto run = [&]() -> absl::Status {
-    TRIDENT_RETURN_IF_ERROR(CheckIncarnation(request->decode_incarnation()));
-    KvCommit commit;
-    switch (request->outcome()) {
-      case v1::COMMIT_OUTCOME_COMPLETE:
-        commit.outcome = KvOutcome::kComplete;
-        break;
-      case v1::COMMIT_OUTCOME_FINISHED:
-        commit.outcome = KvOutcome::kFinished;
-        commit.finish_reason = request->finish_reason();
-        break;
-      case v1::COMMIT_OUTCOME_ABORTED:
-        commit.outcome = KvOutcome::kAborted;
-        commit.error = request->error_message();
-        break;
-      default:
-        return InvalidArgumentForField("outcome", "must be COMPLETE, FINISHED or ABORTED");
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<KvCommit> commit = CommitFrom(*request);
+  if (!commit.ok()) {
+    EndFinishedReservationWork();
+    reactor->Finish(ToGrpcStatus(commit.status()));
+    return reactor;
+  }
+  const uint64_t id = request->reservation_id();
+  const bool await_bytes = commit->outcome == KvOutcome::kComplete && request->message_bytes() > 0;
+  // Runs once the KV is in (at once unless it came as messages still being
+  // copied in): never on this callback thread's account.
+  auto finish = [this, reactor, id, commit = *std::move(commit)](absl::Status arrived) mutable {
+    absl::Status committed;
+    if (!arrived.ok()) {
+      reservations_->Commit(id, {.outcome = KvOutcome::kAborted, .error = arrived.ToString()})
+          .IgnoreError();
+      committed = absl::DataLossError(absl::StrCat("KV transfer incomplete: ", arrived.message()));
+    } else {
+      committed = reservations_->Commit(id, std::move(commit));
     }
-    if (commit.outcome != KvOutcome::kAborted) {
-      if (request->first_token().token_ids_size() != 1) {
-        return InvalidArgumentForField("first_token.token_ids", "must hold exactly one token");
-      }
-      commit.first_token = request->first_token().token_ids(0);
-      if (commit.first_token < 0 || commit.first_token >= model_info_.vocab_size()) {
-        return InvalidArgumentForField(
-            "first_token.token_ids[0]",
-            absl::StrCat("token id ", commit.first_token, " is outside the vocabulary"));
-      }
-      if (request->first_token().logprobs_size() > 0) {
-        commit.first_logprob = request->first_token().logprobs(0).logprob();
-      }
-    }
-    if (commit.outcome == KvOutcome::kComplete && request->message_bytes() > 0) {
-      // The KV came as messages: wait for the last of them to be copied in.
-      if (absl::Status arrived =
-              reservations_->AwaitBytes(request->reservation_id(), request->message_bytes(),
-                                        absl::Now() + options_.message_arrival_timeout);
-          !arrived.ok()) {
-        reservations_
-            ->Commit(request->reservation_id(),
-                     {.outcome = KvOutcome::kAborted, .error = arrived.ToString()})
-            .IgnoreError();
-        return absl::DataLossError(absl::StrCat("KV transfer incomplete: ", arrived.message()));
-      }
-    }
-    return reservations_->Commit(request->reservation_id(), std::move(commit));
+    EndFinishedReservationWork();
+    reactor->Finish(ToGrpcStatus(committed));
   };
-  const absl::Status committed = run();
-  EndFinishedReservationWork();
-  return FinishUnary(context, committed);
+  if (await_bytes) {
+    // The KV came as messages: the commit waits for the last of them to be
+    // copied in, without holding this thread.
+    reservations_->OnBytes(id, request->message_bytes(),
+                           clock_->Now() + options_.message_arrival_timeout, std::move(finish));
+  } else {
+    finish(absl::OkStatus());
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* DecodeService::ReleaseKv(grpc::CallbackServerContext* context,

@@ -39,7 +39,9 @@ struct DecodeServiceOptions {
   WorkerRole* worker_role = nullptr;
   trident::v1::Role role = trident::v1::ROLE_DECODE;
   // How long a COMPLETE commit waits for KV messages still on their way
-  // (CommitKvRequest.message_bytes) before failing with DATA_LOSS.
+  // (CommitKvRequest.message_bytes) before failing with DATA_LOSS; checked
+  // every lease_check_interval, on the service's clock. The wait holds no
+  // thread: CommitKv answers from the write that completes the bytes.
   absl::Duration message_arrival_timeout = absl::Seconds(10);
   // How often leases are checked for expiry.
   absl::Duration lease_check_interval = absl::Milliseconds(100);
@@ -83,6 +85,9 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   void ExpireLeases();
 
  private:
+  // The commit a CommitKv request describes: FAILED_PRECONDITION for another
+  // incarnation, INVALID_ARGUMENT naming the field for a malformed one.
+  absl::StatusOr<KvCommit> CommitFrom(const trident::v1::CommitKvRequest& request) const;
   absl::Status CheckIncarnation(uint64_t incarnation) const;
   // ReserveKv's reservation: in this worker's blocks (described by the
   // receiver) or at an attention service (described by the placer), filling

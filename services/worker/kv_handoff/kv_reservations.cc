@@ -13,18 +13,6 @@ namespace {
 using Waiter = std::function<void(absl::StatusOr<KvHandOff>)>;
 
 // Callbacks collected under the lock and run after it is released.
-class Deferred {
- public:
-  void Add(Waiter waiter, absl::StatusOr<KvHandOff> result) {
-    if (waiter) calls_.emplace_back(std::move(waiter), std::move(result));
-  }
-  ~Deferred() {
-    for (auto& [waiter, result] : calls_) waiter(std::move(result));
-  }
-
- private:
-  std::vector<std::pair<Waiter, absl::StatusOr<KvHandOff>>> calls_;
-};
 
 // What a waiter receives for a FINISHED or ABORTED commit.
 absl::StatusOr<KvHandOff> OutcomeFor(KvCommit commit) {
@@ -37,6 +25,34 @@ absl::StatusOr<KvHandOff> OutcomeFor(KvCommit commit) {
 
 }  // namespace
 
+// Declared before the lock it outlives in every method, so that the
+// callbacks it holds run once the lock is released.
+class KvReservations::Deferred {
+ public:
+  void Add(Waiter waiter, absl::StatusOr<KvHandOff> result) {
+    if (waiter) calls_.emplace_back(std::move(waiter), std::move(result));
+  }
+  void AddBytes(std::function<void(absl::Status)> done, absl::Status status) {
+    if (done) bytes_.emplace_back(std::move(done), std::move(status));
+  }
+  ~Deferred() {
+    for (auto& [waiter, result] : calls_) waiter(std::move(result));
+    for (auto& [done, status] : bytes_) done(std::move(status));
+  }
+
+ private:
+  std::vector<std::pair<Waiter, absl::StatusOr<KvHandOff>>> calls_;
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> bytes_;
+};
+
+void KvReservations::EndBytesWait(uint64_t id, Entry& e, Deferred& deferred) {
+  if (!e.bytes_wait.has_value()) return;
+  deferred.AddBytes(std::move(e.bytes_wait->done),
+                    absl::NotFoundError(absl::StrCat(
+                        "reservation ", id, " is unknown, committed, released or expired")));
+  e.bytes_wait.reset();
+}
+
 KvReservations::KvReservations(BlockSource* blocks, const Clock* clock,
                                KvReservationOptions options)
     : source_(blocks), clock_(clock), options_(options) {}
@@ -48,7 +64,7 @@ KvReservations::~KvReservations() {
   for (const auto& [id, entry] : entries_) ids.push_back(id);
   for (uint64_t id : ids) {
     Waiter waiter = std::move(entries_[id].waiter);
-    Erase(id, /*take=*/false);
+    Erase(id, /*take=*/false, deferred);
     deferred.Add(std::move(waiter), absl::UnavailableError("the worker is shutting down"));
   }
 }
@@ -66,9 +82,10 @@ void KvReservations::FreeHeld(uint64_t id, Entry& e) {
   }
 }
 
-KvReservations::Held KvReservations::Erase(uint64_t id, bool take) {
+KvReservations::Held KvReservations::Erase(uint64_t id, bool take, Deferred& deferred) {
   auto it = entries_.find(id);
   Entry& e = it->second;
+  EndBytesWait(id, e, deferred);
   Held held;
   if (take) {
     held = Held{std::move(e.blocks), std::move(e.remote)};
@@ -189,7 +206,7 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
   }
   if (e.expires <= clock_->Now()) {
     Waiter waiter = std::move(e.waiter);
-    Erase(id, /*take=*/false);
+    Erase(id, /*take=*/false, deferred);
     deferred.Add(std::move(waiter),
                  absl::AbortedError(absl::StrCat("the lease of reservation ", id,
                                                  " ended before the KV was committed")));
@@ -197,7 +214,7 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
   }
   if (e.released) {
     // Nobody will decode it: free the blocks now.
-    Erase(id, /*take=*/false);
+    Erase(id, /*take=*/false, deferred);
     return absl::OkStatus();
   }
   if (commit.outcome != KvOutcome::kComplete) {
@@ -207,23 +224,26 @@ absl::Status KvReservations::Commit(uint64_t id, KvCommit commit) {
     FreeHeld(id, e);
     if (e.waiter) {
       Waiter waiter = std::move(e.waiter);
+      EndBytesWait(id, e, deferred);
       entries_.erase(it);
       deferred.Add(std::move(waiter), OutcomeFor(std::move(commit)));
       return absl::OkStatus();
     }
     e.committed = true;
     e.commit = std::move(commit);
+    EndBytesWait(id, e, deferred);
     return absl::OkStatus();
   }
   if (e.waiter) {
     Waiter waiter = std::move(e.waiter);
-    Held held = Erase(id, /*take=*/true);
+    Held held = Erase(id, /*take=*/true, deferred);
     deferred.Add(std::move(waiter),
                  KvHandOff{std::move(commit), std::move(held.blocks), std::move(held.remote)});
     return absl::OkStatus();
   }
   e.committed = true;
   e.commit = std::move(commit);
+  EndBytesWait(id, e, deferred);
   return absl::OkStatus();
 }
 
@@ -235,12 +255,13 @@ bool KvReservations::Release(uint64_t id) {
   Entry& e = it->second;
   if (e.committed) {
     // The writer is done and nobody took the blocks: free them.
-    Erase(id, /*take=*/false);
+    Erase(id, /*take=*/false, deferred);
     return true;
   }
   // The writer may still be writing: keep the blocks until its commit or the
   // lease's end.
   e.released = true;
+  EndBytesWait(id, e, deferred);
   deferred.Add(std::move(e.waiter),
                absl::AbortedError(absl::StrCat("reservation ", id, " was released")));
   e.waiter = nullptr;
@@ -269,7 +290,7 @@ void KvReservations::Await(uint64_t id, Waiter done) {
   }
   if (e.committed) {
     KvCommit commit = std::move(e.commit);
-    Held held = Erase(id, /*take=*/true);
+    Held held = Erase(id, /*take=*/true, deferred);
     if (commit.outcome == KvOutcome::kComplete) {
       deferred.Add(std::move(done),
                    KvHandOff{std::move(commit), std::move(held.blocks), std::move(held.remote)});
@@ -286,13 +307,21 @@ int KvReservations::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   std::vector<uint64_t> ended;
-  for (const auto& [id, e] : entries_) {
-    if (e.expires <= now) ended.push_back(id);
+  for (auto& [id, e] : entries_) {
+    if (e.expires <= now) {
+      ended.push_back(id);
+    } else if (e.bytes_wait.has_value() && e.bytes_wait->deadline <= now) {
+      deferred.AddBytes(std::move(e.bytes_wait->done),
+                        absl::DeadlineExceededError(
+                            absl::StrCat("only ", e.message_bytes, " of the ", e.bytes_wait->bytes,
+                                         " KV bytes sent for reservation ", id, " arrived")));
+      e.bytes_wait.reset();
+    }
   }
   for (uint64_t id : ended) {
     Waiter waiter = std::move(entries_[id].waiter);
     const std::string request_id = entries_[id].request_id;
-    Erase(id, /*take=*/false);
+    Erase(id, /*take=*/false, deferred);
     TRIDENT_LOG(WARNING) << "KV reservation " << id << " (request " << request_id
                          << ") expired before its hand-off";
     deferred.Add(std::move(waiter),
@@ -337,10 +366,16 @@ absl::Status KvReservations::BeginMessage(
 }
 
 void KvReservations::EndMessage(uint64_t id, const absl::StatusOr<int64_t>& wrote) {
+  Deferred deferred;
   absl::MutexLock lock(&mu_);
   if (auto it = entries_.find(id); it != entries_.end()) {
-    --it->second.writers;
-    if (wrote.ok()) it->second.message_bytes += *wrote;
+    Entry& e = it->second;
+    --e.writers;
+    if (wrote.ok()) e.message_bytes += *wrote;
+    if (e.bytes_wait.has_value() && e.message_bytes >= e.bytes_wait->bytes) {
+      deferred.AddBytes(std::move(e.bytes_wait->done), absl::OkStatus());
+      e.bytes_wait.reset();
+    }
   } else if (auto parked = parked_.find(id); parked != parked_.end()) {
     // The reservation ended meanwhile; the last write frees its blocks.
     if (--parked->second.second == 0) {
@@ -372,6 +407,31 @@ absl::Status KvReservations::AwaitBytes(uint64_t id, int64_t bytes, absl::Time d
         "only ", arrived, " of the ", bytes, " KV bytes sent for reservation ", id, " arrived"));
   }
   return absl::OkStatus();
+}
+
+void KvReservations::OnBytes(uint64_t id, int64_t bytes, absl::Time deadline,
+                             std::function<void(absl::Status)> done) {
+  Deferred deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.committed || it->second.released) {
+    deferred.AddBytes(std::move(done),
+                      absl::NotFoundError(absl::StrCat(
+                          "reservation ", id, " is unknown, committed, released or expired")));
+    return;
+  }
+  Entry& e = it->second;
+  if (e.message_bytes >= bytes) {
+    deferred.AddBytes(std::move(done), absl::OkStatus());
+    return;
+  }
+  if (e.bytes_wait.has_value()) {
+    deferred.AddBytes(std::move(done),
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "reservation ", id, " already has a wait for its message bytes")));
+    return;
+  }
+  e.bytes_wait = Entry::BytesWait{.bytes = bytes, .deadline = deadline, .done = std::move(done)};
 }
 
 bool KvReservations::IsPending(uint64_t id) const {

@@ -228,6 +228,16 @@ class KvReservations final : public transport::KvMessageSink {
   // bytes as sent, the receiver as copied: this closes the gap.
   absl::Status AwaitBytes(uint64_t id, int64_t bytes, absl::Time deadline);
 
+  // AwaitBytes without blocking: `done` runs once, without the lock, with
+  // what AwaitBytes would return: at once when the bytes are in or the
+  // reservation accepts no writes, else from the message write that
+  // completes them, from the commit, release or expiry that ends the
+  // reservation (NOT_FOUND), or from the first ExpireLeases at or after
+  // `deadline` (DEADLINE_EXCEEDED). FAILED_PRECONDITION (at once) when the
+  // reservation already has such a waiter.
+  void OnBytes(uint64_t id, int64_t bytes, absl::Time deadline,
+               std::function<void(absl::Status)> done);
+
   // Whether reservation `id` still awaits its Decode call: known, not yet
   // taken by Await (whatever its commit's outcome), not released, not
   // expired. A released one may still hold blocks until its writer commits,
@@ -254,7 +264,16 @@ class KvReservations final : public transport::KvMessageSink {
     KvCommit commit;
     std::function<void(absl::StatusOr<KvHandOff>)> waiter;
     std::optional<RemotePlacement> remote;
+    // An OnBytes waiting for message bytes.
+    struct BytesWait {
+      int64_t bytes = 0;
+      absl::Time deadline;
+      std::function<void(absl::Status)> done;
+    };
+    std::optional<BytesWait> bytes_wait;
   };
+  // Callbacks run once the lock is released (defined in the .cc).
+  class Deferred;
   struct Held {
     std::vector<int32_t> blocks;
     std::optional<RemotePlacement> remote;
@@ -265,7 +284,10 @@ class KvReservations final : public transport::KvMessageSink {
   void FreeHeld(uint64_t id, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `it`, freeing what it holds unless `take`; returns what was
   // taken.
-  Held Erase(uint64_t id, bool take) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Held Erase(uint64_t id, bool take, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `e`'s OnBytes wait, if any, with NOT_FOUND (it accepts no more
+  // writes).
+  static void EndBytesWait(uint64_t id, Entry& e, Deferred& deferred);
 
   BlockSource* const source_;
   const Clock* const clock_;

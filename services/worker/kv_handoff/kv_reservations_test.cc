@@ -385,6 +385,66 @@ TEST(KvReservationsTest, MessagesWriteOnlyIntoALiveReservationAndAreCounted) {
               StatusIs(absl::StatusCode::kNotFound));
 }
 
+// OnBytes answers once, from wherever the answer comes: at once, from the
+// write that completes the bytes, from the end of the reservation, or from
+// the lease check after its deadline.
+TEST(KvReservationsTest, OnBytesAnswersOnceWithoutBlocking) {
+  Fixture f;
+  std::vector<absl::Status> answers;
+  auto record = [&answers](absl::Status s) { answers.push_back(std::move(s)); };
+  auto r = f.reservations.Reserve("req", 9, absl::Seconds(5));
+  ASSERT_THAT(r.status(), IsOk());
+  auto write = [&](uint64_t id, int64_t bytes) {
+    return f.reservations.WriteMessage(
+        id, [bytes](absl::Span<const int32_t>) -> absl::StatusOr<int64_t> { return bytes; });
+  };
+  ASSERT_THAT(write(r->id, 100), IsOk());
+  f.reservations.OnBytes(r->id, 100, f.clock.Now() + absl::Seconds(1), record);
+  ASSERT_EQ(answers.size(), 1u);  // Already in.
+  EXPECT_THAT(answers[0], IsOk());
+
+  // Completed by a later write; a second waiter meanwhile is refused.
+  f.reservations.OnBytes(r->id, 250, f.clock.Now() + absl::Seconds(1), record);
+  f.reservations.OnBytes(r->id, 250, f.clock.Now() + absl::Seconds(1), record);
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_THAT(answers[1], StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(write(r->id, 100), IsOk());
+  EXPECT_EQ(answers.size(), 2u);
+  ASSERT_THAT(write(r->id, 50), IsOk());
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_THAT(answers[2], IsOk());
+
+  // The deadline, seen by the lease check.
+  f.reservations.OnBytes(r->id, 1000, f.clock.Now() + absl::Seconds(1), record);
+  EXPECT_EQ(f.reservations.ExpireLeases(), 0);
+  EXPECT_EQ(answers.size(), 3u);
+  f.clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(f.reservations.ExpireLeases(), 0);
+  ASSERT_EQ(answers.size(), 4u);
+  EXPECT_THAT(answers[3],
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("only 250 of the 1000")));
+
+  // The reservation ends (released, committed, expired): NOT_FOUND.
+  auto released = f.reservations.Reserve("a", 4, absl::Seconds(5));
+  auto committed = f.reservations.Reserve("b", 4, absl::Seconds(5));
+  auto expired = f.reservations.Reserve("c", 4, absl::Seconds(1));
+  for (const auto* x : {&released, &committed, &expired}) {
+    ASSERT_THAT(x->status(), IsOk());
+    f.reservations.OnBytes((*x)->id, 1, f.clock.Now() + absl::Seconds(30), record);
+  }
+  EXPECT_EQ(answers.size(), 4u);
+  f.reservations.Release(released->id);
+  ASSERT_THAT(f.reservations.Commit(committed->id, Complete(7)), IsOk());
+  f.clock.Advance(absl::Seconds(2));
+  f.reservations.ExpireLeases();
+  ASSERT_EQ(answers.size(), 7u);
+  for (size_t i = 4; i < 7; ++i) EXPECT_THAT(answers[i], StatusIs(absl::StatusCode::kNotFound));
+  // Unknown: at once.
+  f.reservations.OnBytes(12345, 1, f.clock.Now(), record);
+  ASSERT_EQ(answers.size(), 8u);
+  EXPECT_THAT(answers[7], StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST(KvReservationsTest, MessagesAfterReleaseOrLeaseEndAreDropped) {
   Fixture f;
   auto released = f.reservations.Reserve("a", 4, absl::Seconds(5));
