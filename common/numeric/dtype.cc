@@ -63,10 +63,14 @@ uint16_t FloatToHalf(float f) {
 
 // The bulk conversions are written so that the compiler vectorizes them
 // (no aliasing, no branch): 3-4x the scalar loops' speed. The remote
-// attention path converts every q, k, v and o row.
+// attention path converts every q, k, v and o row. Elements are read and
+// written through memcpy: wire buffers need not be 2-byte aligned.
 void Bf16ToFloat(const uint16_t* __restrict src, float* __restrict dst, size_t n) {
+  const char* bytes = reinterpret_cast<const char*>(src);
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    uint16_t b;
+    std::memcpy(&b, bytes + i * sizeof(b), sizeof(b));
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
     std::memcpy(&dst[i], &u, sizeof(u));
   }
 }
@@ -78,7 +82,8 @@ void FloatToBf16(const float* __restrict src, uint16_t* __restrict dst, size_t n
     // As FloatToBf16(float): round to nearest even; NaN stays NaN (quiet).
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     const uint32_t quiet = (u >> 16) | 0x0040u;
-    dst[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    const uint16_t b = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    std::memcpy(reinterpret_cast<char*>(dst) + i * sizeof(b), &b, sizeof(b));
   }
 }
 

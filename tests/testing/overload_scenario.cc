@@ -388,6 +388,16 @@ absl::StatusOr<Baseline> MeasureBaseline(
       .tpot_p99 = absl::Milliseconds(unloaded.report.tpot.p99_ms)};
 }
 
+// Starts `cluster` and measures its baseline on ShareGPT-like lengths.
+absl::StatusOr<Baseline> StartShareGptLike(OverloadCluster& cluster, const OverloadOptions& o) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));
+  TRIDENT_RETURN_IF_ERROR(cluster.StartWorkers());
+  TRIDENT_RETURN_IF_ERROR(cluster.StartRouter(/*admission=*/true));
+  return MeasureBaseline(cluster, o, [&](double rate, absl::Duration duration, int64_t n) {
+    return ShareGptLikeWorkload(o.seed, rate, duration, n);
+  });
+}
+
 // VmRSS of `pid` in MiB, and its open files; -1 when unreadable.
 std::pair<double, double> RssAndFiles(pid_t pid) {
   double rss = -1;
@@ -435,14 +445,11 @@ double SlopePerMinute(const std::vector<std::pair<double, double>>& points) {
 
 absl::StatusOr<LightLoadResult> RunLightLoadScenario(const LightLoadOptions& options) {
   const OverloadOptions& o = options.cluster;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));
   OverloadCluster cluster(o);
-  TRIDENT_RETURN_IF_ERROR(cluster.StartWorkers());
-  TRIDENT_RETURN_IF_ERROR(cluster.StartRouter(/*admission=*/true));
+  TRIDENT_ASSIGN_OR_RETURN(const Baseline baseline, StartShareGptLike(cluster, o));
   auto workload = [&](double rate, absl::Duration duration, int64_t n) {
     return ShareGptLikeWorkload(o.seed, rate, duration, n);
   };
-  TRIDENT_ASSIGN_OR_RETURN(const Baseline baseline, MeasureBaseline(cluster, o, workload));
   LightLoadResult result{.capacity_rps = baseline.capacity_rps,
                          .ttft_slo = options.slo_factor_of_p99 * baseline.ttft_p99,
                          .tpot_slo = options.slo_factor_of_p99 * baseline.tpot_p99};
@@ -493,14 +500,11 @@ std::string LightLoadSummary(const LightLoadOptions& options, const LightLoadRes
 
 absl::StatusOr<SoakResult> RunSoakScenario(const SoakOptions& options) {
   const OverloadOptions& o = options.cluster;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(o.seed));
   OverloadCluster cluster(o);
-  TRIDENT_RETURN_IF_ERROR(cluster.StartWorkers());
-  TRIDENT_RETURN_IF_ERROR(cluster.StartRouter(/*admission=*/true));
+  TRIDENT_ASSIGN_OR_RETURN(const Baseline baseline, StartShareGptLike(cluster, o));
   auto workload = [&](double rate, absl::Duration duration, int64_t n) {
     return ShareGptLikeWorkload(o.seed, rate, duration, n);
   };
-  TRIDENT_ASSIGN_OR_RETURN(const Baseline baseline, MeasureBaseline(cluster, o, workload));
   SoakResult result{.capacity_rps = baseline.capacity_rps,
                     .rate_rps = options.load_factor * baseline.capacity_rps};
   loadgen::WorkloadSpec w = workload(result.rate_rps, options.duration, 0);

@@ -35,6 +35,10 @@ def trident_cc_test(name, gpu = False, tags = [], size = "small", **kwargs):
     if gpu:
         tags = tags + ["gpu", "exclusive"]
         kwargs["target_compatible_with"] = _cuda_compatible()
+    kwargs["deps"] = kwargs.get("deps", []) + select({
+        "//tools/build:sanitized": ["//tools/sanitizers:suppressions"],
+        "//conditions:default": [],
+    })
     native.cc_test(name = name, tags = tags, size = size, **_with_copts(kwargs))
 
 def trident_cc_benchmark(name, deps = [], tags = [], gpu = False, benchmark_main = True, **kwargs):

@@ -96,7 +96,9 @@ std::optional<KvSpan> BlockStore::AllocateBlock() {
   }
 }
 
-void BlockStore::FreeBlock(const kv::BlockKey& key) {
+void BlockStore::FreeBlock(const kv::BlockKey key) {
+  // By value: the eviction passes a key that lives in the LRU list's node,
+  // which is erased below.
   auto it = blocks_.find(key);
   if (it == blocks_.end()) return;
   if (it->second.written) {

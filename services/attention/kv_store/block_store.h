@@ -236,7 +236,7 @@ class BlockStore {
   // Room for one more block: evicts the least recently used unpinned one
   // while the budget or the pool is short. False when nothing can go.
   std::optional<KvSpan> AllocateBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeBlock(const kv::BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeBlock(kv::BlockKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ticket, if live, of `incarnation` and of the kind asked.
   absl::StatusOr<Ticket*> FindTicket(uint64_t incarnation, uint64_t ticket, bool put,
                                      int32_t first, int32_t count, size_t bytes)

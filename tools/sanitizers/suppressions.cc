@@ -1,0 +1,29 @@
+// What the sanitizers are told to leave out, linked into every test under
+// --config=asan, --config=ubsan or --config=tsan (tools/build/defs.bzl).
+// Each entry is a report about code that is not Trident's, with the reason.
+// Nothing of Trident's own belongs here: fix it instead.
+
+extern "C" {
+
+// LeakSanitizer.
+const char* __lsan_default_suppressions() {
+  return
+      // c-ares (gRPC's DNS resolver, resolving "localhost" in TLS tests)
+      // keeps its per-channel resolver state until process exit; Debian's
+      // libcares.so.2, reported at exit only.
+      "leak:libcares.so\n";
+}
+
+// ThreadSanitizer: hand-offs through libraries built without it (gRPC's
+// completion queues, UCX's progress thread, OpenMP's runtime) look like
+// races because TSan cannot see their synchronization.
+const char* __tsan_default_suppressions() {
+  return "called_from_lib:libgrpc.so\n"
+         "called_from_lib:libgrpc++.so\n"
+         "called_from_lib:libucp.so\n"
+         "called_from_lib:libuct.so\n"
+         "called_from_lib:libucs.so\n"
+         "called_from_lib:libgomp.so\n";
+}
+
+}  // extern "C"
