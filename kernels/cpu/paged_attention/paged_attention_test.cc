@@ -149,8 +149,11 @@ class Batch {
 };
 
 // fp32 accumulation and the polynomial exp against double: outputs are convex
-// combinations of N(0, 1) values.
-constexpr float kTolerance = 2e-5f;
+// combinations of N(0, 1) values. The sums' order, hence their rounding,
+// differs between builds (vectorized at -O2, scalar in the -O1 sanitizer
+// builds, which reach 2.01e-5 at head_dim 128): 5e-5 holds for both, and a
+// wrong weight or position is off by orders more.
+constexpr float kTolerance = 5e-5f;
 
 class PagedAttentionTest : public ::testing::TestWithParam<Config> {};
 
