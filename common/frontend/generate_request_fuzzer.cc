@@ -95,16 +95,16 @@ absl::Status ParseChecked(absl::string_view bytes, GenerateRequest* request) {
   const size_t cut1 = bytes.size() / 3;
   const size_t cut2 = 2 * bytes.size() / 3;
   std::vector<grpc::Slice> slices;
-  for (const auto& [begin, end] : {std::pair<size_t, size_t>{0, cut1}, {cut1, cut2},
-                                   {cut2, bytes.size()}}) {
+  for (const auto& [begin, end] :
+       {std::pair<size_t, size_t>{0, cut1}, {cut1, cut2}, {cut2, bytes.size()}}) {
     slices.emplace_back(bytes.data() + begin, end - begin);
   }
   grpc::ByteBuffer buffer(slices.data(), slices.size());
   GenerateRequest from_buffer;
   const absl::Status buffer_status = trident::ParseRequest(buffer, &from_buffer);
   if (buffer_status.ok() != status.ok()) abort();
-  if (!status.ok() && trident::GetBadRequestField(buffer_status) !=
-                          trident::GetBadRequestField(status)) {
+  if (!status.ok() &&
+      trident::GetBadRequestField(buffer_status) != trident::GetBadRequestField(status)) {
     abort();
   }
   if (status.ok() && from_buffer.SerializeAsString() != request->SerializeAsString()) abort();
@@ -168,8 +168,8 @@ void CheckStop(const GenerateRequest& request, int32_t prompt_tokens) {
 void CheckEngineRequest(const GenerateRequest& request, int32_t resumed_outputs) {
   const auto& ids = request.token_ids().ids();
   absl::StatusOr<trident::engine::EngineRequest> er = trident::frontend::EngineRequestFromProto(
-      request.request_id(), ids, request.sampling(), request.stop(), request.options(),
-      ModelInfo(), resumed_outputs);
+      request.request_id(), ids, request.sampling(), request.stop(), request.options(), ModelInfo(),
+      resumed_outputs);
   if (!er.ok()) {
     // "prompt" comes from StopParamsFromProto: the prompt proper (less the
     // resumed outputs) does not fit the context.
@@ -195,8 +195,7 @@ void CheckEngineRequest(const GenerateRequest& request, int32_t resumed_outputs)
   for (int32_t id : request.stop().stop_token_ids()) {
     if (!absl::c_linear_search(er->stop_token_ids, id)) abort();
   }
-  if (absl::c_linear_search(er->stop_token_ids, kEosId) == false &&
-      !request.stop().ignore_eos()) {
+  if (!request.stop().ignore_eos() && !absl::c_linear_search(er->stop_token_ids, kEosId)) {
     abort();
   }
   for (int32_t id : er->stop_token_ids) {

@@ -16,8 +16,7 @@ namespace trident::testing {
 
 class FuzzInput {
  public:
-  FuzzInput(const uint8_t* data, size_t size)
-      : bytes_(reinterpret_cast<const char*>(data), size) {}
+  FuzzInput(const uint8_t* data, size_t size) : bytes_(reinterpret_cast<const char*>(data), size) {}
 
   // The next sizeof(T) bytes, little-endian; missing bytes read as 0.
   template <typename T>
@@ -28,7 +27,8 @@ class FuzzInput {
     std::memcpy(raw, bytes_.data(), n);
     bytes_.remove_prefix(n);
     std::make_unsigned_t<T> value = 0;
-    for (size_t i = sizeof(T); i-- > 0;) value = static_cast<decltype(value)>((value << 8) | raw[i]);
+    for (size_t i = sizeof(T); i-- > 0;)
+      value = static_cast<decltype(value)>((value << 8) | raw[i]);
     return static_cast<T>(value);
   }
 

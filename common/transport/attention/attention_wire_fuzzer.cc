@@ -97,8 +97,7 @@ void CheckSequenceRequest(const aw::RequestView& v, absl::string_view data) {
       data.size() != n * (sizeof(aw::SequenceEntry) + row_bytes)) {
     abort();
   }
-  if (v.sequences.size() != n ||
-      reinterpret_cast<const char*>(v.sequences.data()) != data.data() ||
+  if (v.sequences.size() != n || reinterpret_cast<const char*>(v.sequences.data()) != data.data() ||
       v.rows != data.data() + n * sizeof(aw::SequenceEntry) || v.block_bytes != 0) {
     abort();
   }
@@ -176,8 +175,8 @@ void CheckReply(absl::string_view header, size_t data_bytes) {
   }
   const aw::ReplyHeader& h = v->header;
   if (header.size() < sizeof(aw::ReplyHeader) ||
-      header.size() > sizeof(aw::ReplyHeader) + aw::kMaxErrorBytes ||
-      h.magic != aw::kReplyMagic || h.version != aw::kWireVersion ||
+      header.size() > sizeof(aw::ReplyHeader) + aw::kMaxErrorBytes || h.magic != aw::kReplyMagic ||
+      h.version != aw::kWireVersion ||
       (h.dtype != aw::WireDType::kF32 && h.dtype != aw::WireDType::kBF16) ||
       v->error != header.substr(sizeof(aw::ReplyHeader))) {
     abort();

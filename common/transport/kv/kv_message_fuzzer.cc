@@ -54,15 +54,35 @@ using Wide = unsigned __int128;
 
 // Valid specs (kv::Validate accepts each), the last one with no blocks.
 const KvCacheSpec kSpecs[] = {
-    {.num_layers = 2, .num_kv_heads = 2, .head_dim = 4, .block_size = 4, .dtype = DType::kBF16,
+    {.num_layers = 2,
+     .num_kv_heads = 2,
+     .head_dim = 4,
+     .block_size = 4,
+     .dtype = DType::kBF16,
      .num_blocks = 8},
-    {.num_layers = 3, .num_kv_heads = 1, .head_dim = 8, .block_size = 16, .dtype = DType::kF32,
+    {.num_layers = 3,
+     .num_kv_heads = 1,
+     .head_dim = 8,
+     .block_size = 16,
+     .dtype = DType::kF32,
      .num_blocks = 5},
-    {.num_layers = 1, .num_kv_heads = 1, .head_dim = 1, .block_size = 1, .dtype = DType::kF16,
+    {.num_layers = 1,
+     .num_kv_heads = 1,
+     .head_dim = 1,
+     .block_size = 1,
+     .dtype = DType::kF16,
      .num_blocks = 1},
-    {.num_layers = 4, .num_kv_heads = 8, .head_dim = 128, .block_size = 16, .dtype = DType::kBF16,
+    {.num_layers = 4,
+     .num_kv_heads = 8,
+     .head_dim = 128,
+     .block_size = 16,
+     .dtype = DType::kBF16,
      .num_blocks = 64},
-    {.num_layers = 2, .num_kv_heads = 1, .head_dim = 2, .block_size = 2, .dtype = DType::kBF16,
+    {.num_layers = 2,
+     .num_kv_heads = 1,
+     .head_dim = 2,
+     .block_size = 2,
+     .dtype = DType::kBF16,
      .num_blocks = 0},
 };
 constexpr size_t kNumSpecs = sizeof(kSpecs) / sizeof(kSpecs[0]);
@@ -93,7 +113,7 @@ bool WriteRangeOk(const KvCacheSpec& spec, uint64_t offset, uint64_t length,
   if (length == 0 || length % block != 0 || offset % block != 0) return false;
   const Wide end = Wide{offset} + length;
   if (end > layer * static_cast<uint64_t>(spec.num_layers)) return false;  // Outside the cache.
-  if (offset / layer != (end - 1) / layer) return false;                      // Two layers.
+  if (offset / layer != (end - 1) / layer) return false;                   // Two layers.
   for (Wide at = offset; at < end; at += block) {
     const auto id = static_cast<int32_t>((at % layer) / block);
     if (!absl::c_linear_search(blocks, id)) return false;
@@ -169,11 +189,10 @@ void CheckPuts(const KvCacheSpec& spec, const trident::v1::KvDestination& d,
 
   for (int32_t layer = -1; layer <= spec.num_layers; ++layer) {
     const absl::Status args = trident::transport::CheckLayerBlocks(spec, d, layer, local);
-    const bool args_ok = layer >= 0 && layer < spec.num_layers &&
-                         static_cast<int>(local.size()) == d.block_ids_size() &&
-                         absl::c_all_of(local, [&](int32_t id) {
-                           return id >= 0 && id < spec.num_blocks;
-                         });
+    const bool args_ok =
+        layer >= 0 && layer < spec.num_layers &&
+        static_cast<int>(local.size()) == d.block_ids_size() &&
+        absl::c_all_of(local, [&](int32_t id) { return id >= 0 && id < spec.num_blocks; });
     if (args.ok() != args_ok) abort();
     if (!args.ok()) {
       if (args.code() != absl::StatusCode::kInvalidArgument) abort();
@@ -191,10 +210,10 @@ void CheckPuts(const KvCacheSpec& spec, const trident::v1::KvDestination& d,
       if (layer < region.first_layer() || layer - region.first_layer() >= region.num_layers()) {
         abort();
       }
-      const uint64_t remote = region.base_address() +
-                              static_cast<uint64_t>(layer - region.first_layer()) *
-                                  d.layout().layer_stride_bytes() +
-                              static_cast<uint64_t>(d.block_ids(i)) * block;
+      const uint64_t remote =
+          region.base_address() +
+          static_cast<uint64_t>(layer - region.first_layer()) * d.layout().layer_stride_bytes() +
+          static_cast<uint64_t>(d.block_ids(i)) * block;
       if (put.remote_address + into != remote) abort();
       if (put.local_offset_bytes + into != spec.KeyOffsetBytes(layer, local[i])) abort();
       if (spec.KeyOffsetBytes(layer, local[i]) + block > spec.TotalBytes()) abort();
