@@ -21,6 +21,9 @@ using google::protobuf::FileDescriptor;
 using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedInputStream;
 
+// The most bytes protobuf's parser reads for a tag or a length.
+constexpr int kMaxVarint32Bytes = 5;
+
 // Well-formed UTF-8 as protobuf requires of proto3 strings: no overlong
 // forms, no surrogates, nothing past U+10FFFF.
 bool IsValidUtf8(const std::string& s) {
@@ -90,9 +93,12 @@ class Walker {
     absl::flat_hash_map<int, int> occurrences;
     std::string last;  // The field before, for naming a malformed tag.
     while (in.BytesUntilLimit() > 0) {
+      const int tag_start = in.CurrentPosition();
       const uint32_t tag = in.ReadTag();
       const int number = static_cast<int>(tag >> 3);
-      if (tag == 0 || number == 0) {
+      // CodedInputStream takes tags of up to 10 bytes, protobuf's parser
+      // those of up to 5.
+      if (tag == 0 || number == 0 || in.CurrentPosition() - tag_start > kMaxVarint32Bytes) {
         const std::string where = last.empty() ? (prefix.empty() ? "(request)" : prefix) : last;
         return Bad(where, last.empty() ? "its first field has a malformed or zero tag"
                                        : "the field after it has a malformed or zero tag");
@@ -159,8 +165,15 @@ class Walker {
 
   absl::Status LengthDelimited(CodedInputStream& in, const FieldDescriptor* field,
                                const std::string& name, bool packed_chunk, int depth) {
-    uint32_t length;
-    if (!in.ReadVarint32(&length)) return Bad(name, "has a malformed length");
+    // As protobuf's parser reads a length: at most 5 bytes, nothing beyond
+    // 32 bits (CodedInputStream::ReadVarint32 takes 10 and drops the rest).
+    const int length_start = in.CurrentPosition();
+    uint64_t length64;
+    if (!in.ReadVarint64(&length64) || in.CurrentPosition() - length_start > kMaxVarint32Bytes ||
+        length64 > UINT32_MAX) {
+      return Bad(name, "has a malformed length");
+    }
+    const auto length = static_cast<uint32_t>(length64);
     const int remaining = in.BytesUntilLimit();
     if (remaining < 0 || length > static_cast<uint32_t>(remaining)) {
       return Bad(name, absl::StrCat("is truncated: its length is ", length, " bytes but ",

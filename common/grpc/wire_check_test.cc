@@ -116,6 +116,18 @@ TEST(WireCheckTest, MalformedWireIsRefusedWithItsProblem) {
   // A varint of 11 bytes.
   EXPECT_THAT(ParseRequest(std::string("\x20") + std::string(11, '\xff'), &parsed).message(),
               HasSubstr("varint"));
+  // A tag or a length in more bytes than protobuf's parser reads (6, padded
+  // with continuation bytes): refused, as protobuf refuses them.
+  const std::string long_tag = std::string("\x8a\x80\x80\x80\x80\x00\x01x", 8);
+  EXPECT_THAT(ParseRequest(long_tag, &parsed).message(), HasSubstr("malformed or zero tag"));
+  EXPECT_FALSE(WireOuter().ParseFromString(long_tag));
+  const std::string long_length = std::string("\x0a\x81\x80\x80\x80\x80\x00x", 8);
+  EXPECT_EQ(FieldOf(ParseRequest(long_length, &parsed)), "text");
+  EXPECT_FALSE(WireOuter().ParseFromString(long_length));
+  // A length whose 5th byte carries bits beyond 32.
+  const std::string wide_length = std::string("\x0a\x81\x80\x80\x80\x10x", 7);
+  EXPECT_THAT(ParseRequest(wide_length, &parsed).message(), HasSubstr("malformed length"));
+  EXPECT_FALSE(WireOuter().ParseFromString(wide_length));
   // A packed run ending inside a varint.
   const std::string inner = std::string("\x12\x02\x01\x80", 4);
   absl::Status p = ParseRequest(Delimited(7, inner), &parsed);
@@ -137,6 +149,12 @@ TEST(WireCheckTest, NestingDeeperThanProtobufAllowsIsRefused) {
   };
   WireOuter parsed;
   EXPECT_THAT(ParseRequest(nested(50), &parsed), IsOk());
+  // Whatever depth the check lets through, protobuf parses.
+  for (int depth = kMaxMessageNesting - 5; depth <= kMaxMessageNesting + 2; ++depth) {
+    if (ParseRequest(nested(depth), &parsed).ok()) {
+      EXPECT_TRUE(WireOuter().ParseFromString(nested(depth))) << depth;
+    }
+  }
   absl::Status s = ParseRequest(nested(kMaxMessageNesting + 5), &parsed);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("deeper than"));

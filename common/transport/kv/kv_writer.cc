@@ -205,6 +205,11 @@ absl::StatusOr<KvMessageHeader> KvMessageHeader::Decode(absl::string_view bytes)
   if (GetLittleEndian(bytes.data(), 4) != kKvMessageMagic) {
     return absl::InvalidArgumentError("KV message header with a wrong magic number");
   }
+  // Encode writes zeros there; anything else is a header this version does
+  // not know, which must not be read as one it does.
+  if (GetLittleEndian(bytes.data() + 4, 4) != 0) {
+    return absl::InvalidArgumentError("KV message header with nonzero reserved bytes");
+  }
   KvMessageHeader header;
   header.reservation_id = GetLittleEndian(bytes.data() + 8, 8);
   header.remote_address = GetLittleEndian(bytes.data() + 16, 8);
@@ -215,6 +220,10 @@ absl::Status CheckKvWriteRange(const kv::KvCacheSpec& spec, uint64_t offset, uin
                                absl::Span<const int32_t> blocks) {
   const uint64_t block_stride = spec.block_stride_bytes();
   const uint64_t layer_stride = spec.layer_stride_bytes();
+  if (layer_stride == 0) {  // A cache of no blocks (or no bytes) holds no write.
+    return absl::InvalidArgumentError(absl::StrCat("a KV write of ", length, " bytes at offset ",
+                                                   offset, " into a KV cache of no blocks"));
+  }
   if (length == 0 || length % block_stride != 0 || offset % block_stride != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a KV write of ", length, " bytes at offset ",
                                                    offset, " is not whole blocks of ", block_stride,

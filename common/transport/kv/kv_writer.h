@@ -84,13 +84,15 @@ inline constexpr uint16_t kKvMessageId = 0x4b56;  // "KV"
 
 // The header of a KV message: which reservation, and where in the receiver's
 // registered region the message's bytes go (as a put's remote address
-// would). Fixed 24-byte little-endian encoding.
+// would). Fixed 24-byte little-endian encoding: magic, 4 reserved bytes (zero),
+// reservation id, remote address.
 struct KvMessageHeader {
   uint64_t reservation_id = 0;
   uint64_t remote_address = 0;
 
   std::string Encode() const;
-  // INVALID_ARGUMENT for a header of the wrong size or magic.
+  // INVALID_ARGUMENT for a header of the wrong size or magic, or with
+  // nonzero reserved bytes.
   static absl::StatusOr<KvMessageHeader> Decode(absl::string_view bytes);
 };
 

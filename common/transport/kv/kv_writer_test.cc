@@ -197,6 +197,10 @@ TEST(KvMessageHeaderTest, RoundTripsAndRefusesForeignBytes) {
   wrong_magic[0] ^= 1;
   EXPECT_THAT(KvMessageHeader::Decode(wrong_magic),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("magic")));
+  std::string reserved = bytes;
+  reserved[4] = 1;
+  EXPECT_THAT(KvMessageHeader::Decode(reserved),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reserved")));
 }
 
 TEST(CheckKvWriteRangeTest, AcceptsWholeHeldBlocksOfOneLayerOnly) {
@@ -215,6 +219,13 @@ TEST(CheckKvWriteRangeTest, AcceptsWholeHeldBlocksOfOneLayerOnly) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("leaves")));
   EXPECT_THAT(CheckKvWriteRange(spec, spec.TotalBytes(), block, held),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(CheckKvWriteRangeTest, RefusesEveryWriteIntoACacheOfNoBlocks) {
+  const kv::KvCacheSpec empty = Spec(0);
+  ASSERT_THAT(kv::Validate(empty), IsOk());
+  EXPECT_THAT(CheckKvWriteRange(empty, 0, empty.block_stride_bytes(), {0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no blocks")));
 }
 
 TEST(WriteModeForLaneTest, MessagesWhereRmaIsEmulated) {

@@ -1,6 +1,7 @@
 #include "services/router/kv_index/kv_index.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -75,7 +76,9 @@ void KvIndex::RemoveWorker(const std::string& worker_id) {
 
 void KvIndex::SetDramHitValue(const std::string& worker_id, double value) {
   absl::MutexLock lock(&mu_);
-  dram_hit_values_[worker_id] = std::clamp(value, 0.0, 1.0);
+  // std::clamp passes NaN through, and Match would convert NaN * tokens to
+  // an integer (undefined): a value that is no number is worth nothing.
+  dram_hit_values_[worker_id] = std::isnan(value) ? 0.0 : std::clamp(value, 0.0, 1.0);
 }
 
 KvIndex::PrefixMatch KvIndex::Match(absl::Span<const int32_t> prompt,

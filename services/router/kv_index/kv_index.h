@@ -70,7 +70,7 @@ class KvIndex {
   // The source name of a worker's DRAM tier (Apply its dram_kv_events
   // under it).
   static std::string DramSource(const std::string& worker_id) { return worker_id + "/dram"; }
-  // WorkerLoad.dram_hit_value of the worker (clamped to [0, 1]).
+  // WorkerLoad.dram_hit_value of the worker (clamped to [0, 1]; NaN is 0).
   void SetDramHitValue(const std::string& worker_id, double value) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct PrefixMatch {

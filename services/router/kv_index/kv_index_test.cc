@@ -1,5 +1,6 @@
 #include "services/router/kv_index/kv_index.h"
 
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -151,6 +152,9 @@ TEST(KvIndexTest, ADramTierCountsWhatItHoldsBeyondTheCacheAtItsWorth) {
   index.SetDramHitValue("b", 2.0);  // Clamped to 1.
   EXPECT_THAT(index.Match(Tokens(0, 30), "").dram,
               UnorderedElementsAre(Pair("a", 8), Pair("b", 16)));
+  index.SetDramHitValue("b", std::numeric_limits<double>::quiet_NaN());  // Worth nothing.
+  EXPECT_THAT(index.Match(Tokens(0, 30), "").dram, UnorderedElementsAre(Pair("a", 8)));
+  index.SetDramHitValue("b", 2.0);
   index.RemoveWorker("a");
   EXPECT_THAT(index.Match(Tokens(0, 30), "").dram, UnorderedElementsAre(Pair("b", 16)));
   EXPECT_THAT(index.Match(Tokens(0, 30), "").gpu, IsEmpty());
