@@ -272,8 +272,13 @@ TEST_F(HostileInputTest, OversizedMessagesAndMetadataAreRefusedByTheLimits) {
   big.set_text(std::string(17 << 20, 'a'));
   // Each on a connection of its own (a server may close it); the cluster's
   // channels, connected before, are bystanders that must not notice.
+  // A channel of its own (gRPC otherwise shares one connection among
+  // channels with the same target and arguments), so that a server closing
+  // the attacker's connection does not close the bystanders'.
   auto attacker = [&] {
-    return grpc::CreateChannel(router_.address, grpc::InsecureChannelCredentials());
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return grpc::CreateCustomChannel(router_.address, grpc::InsecureChannelCredentials(), args);
   };
   for (const ServiceProcess* target : {&router_, &both_}) ASSERT_TRUE(Generate(*target).ok());
   grpc::Status status = testing::RawUnaryCall(attacker(), kGenerate, big.SerializeAsString());
