@@ -360,10 +360,12 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
     // An attention service is gone: its sequences come back here and are
     // recomputed; the step is retried without them (its outputs stand:
     // nothing was sampled).
+    // Before the demotion, which may end (and free) sequences of this step
+    // that no longer fit here.
+    for (Sequence* seq : scheduled) seq->chunk = 0;
     const int demoted = DemoteRemote(failed_service, &events);
     TRIDENT_LOG(WARNING) << status.message() << "; its " << demoted
                          << " sequences are recomputed here";
-    for (Sequence* seq : scheduled) seq->chunk = 0;
     return events;
   }
   if (!status.ok()) {
