@@ -180,11 +180,7 @@ class HostileInputTest : public ::testing::Test {
     for (auto [role, name, process] :
          {std::tuple{"prefill", "p1", &prefill_}, std::tuple{"decode", "d1", &decode_},
           std::tuple{"both", "b1", &both_}}) {
-      std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
-          RunfilePath("services/worker/worker"), model_dir_, role, name);
-      argv.push_back("--kv_transport=ucx");
-      argv.push_back("--ucx_transports=tcp");
-      auto started = testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+      auto started = testing::StartUcxWorker(model_dir_, role, name);
       ASSERT_THAT(started, IsOk());
       *process = *started;
     }

@@ -116,11 +116,7 @@ class SecureClusterTest : public ::testing::Test {
                                           absl::StrCat("--tls_ca_file=", pki_, "/ca.crt")};
     for (auto [role, name, process] :
          {std::tuple{"prefill", "p1", &prefill_}, std::tuple{"decode", "d1", &decode_}}) {
-      std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
-          RunfilePath("services/worker/worker"), model_dir_, role, name);
-      argv.insert(argv.end(), {"--kv_transport=ucx", "--ucx_transports=tcp"});
-      argv.insert(argv.end(), tls.begin(), tls.end());
-      auto started = testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+      auto started = testing::StartUcxWorker(model_dir_, role, name, tls);
       ASSERT_THAT(started, IsOk());
       *process = *started;
     }

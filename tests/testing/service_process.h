@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/process/subprocess.h"
+#include "common/testing/runfiles.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "trident/v1/worker.grpc.pb.h"
@@ -60,6 +61,20 @@ inline std::vector<std::string> SmallCpuWorkerArgv(const std::string& worker_bin
           "--cpu_threads=1",
           "--kv_cache_mb=16",
           absl::StrCat("--model=", model_dir)};
+}
+
+// A small CPU worker (SmallCpuWorkerArgv of the runfiles' worker binary)
+// moving KV over UCX's tcp transport, with `extra_flags`, logging to the
+// test's temporary directory as <name>.log.
+inline absl::StatusOr<ServiceProcess> StartUcxWorker(
+    const std::string& model_dir, const std::string& role, const std::string& name,
+    const std::vector<std::string>& extra_flags = {}) {
+  std::vector<std::string> argv =
+      SmallCpuWorkerArgv(RunfilePath("services/worker/worker"), model_dir, role, name);
+  argv.push_back("--kv_transport=ucx");
+  argv.push_back("--ucx_transports=tcp");
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  return StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
 }
 
 // SIGTERM and wait (up to 30 s).
