@@ -11,7 +11,8 @@
 // Faults: SIGKILL and SIGSTOP of a decode worker mid-stream; its crash and
 // its wedged engine at the decode.token fault point; a prefill worker's
 // crash mid-prefill (prefill.compute) and mid-transfer (prefill.transfer),
-// and a prefill worker stopped (SIGSTOP) as the requests arrive. The router
+// a prefill worker stopped (SIGSTOP) as the requests arrive, and the CPU
+// attention service holding every sequence killed mid-stream. The router
 // killed mid-stream and restarted: its clients' streams end UNAVAILABLE
 // with no wrong or repeated token, every worker frees the KV of the cut
 // requests, and the same requests sent again through the restarted router
@@ -136,12 +137,26 @@ class Cluster {
       : model_dir_(model_dir), tag_(tag), fault_(fault) {}
 
   absl::Status Start() {
+    // An attention service fault: the decode workers place every sequence
+    // there.
+    std::vector<std::string> offload;
+    if (fault_ != nullptr && fault_->target == "attention") {
+      absl::StatusOr<ServiceProcess> attention = testing::StartService(
+          {RunfilePath("services/attention/attention"), "--ucx_transports=tcp", "--kv_budget_mb=16",
+           "--reconnect_grace=1s", "--threads=1", "--spin_window=0s"},
+          LogPath(absl::StrCat(tag_, "-attention.log")));
+      if (!attention.ok()) return attention.status();
+      workers_["attention"] = *attention;
+      offload = {absl::StrCat("--attention_services=", attention->address),
+                 "--offload_min_context_tokens=1", "--attention_timeout=3s"};
+    }
     for (auto [name, role] : {std::pair{"p1", "prefill"}, std::pair{"p2", "prefill"},
                               std::pair{"d1", "decode"}, std::pair{"d2", "decode"}}) {
       std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
           RunfilePath("services/worker/worker"), model_dir_, role, name);
       argv.push_back("--kv_transport=ucx");
       argv.push_back("--ucx_transports=tcp");
+      if (std::string(role) == "decode") argv.insert(argv.end(), offload.begin(), offload.end());
       if (fault_ != nullptr && fault_->target == name && !fault_->fault_points.empty()) {
         argv.push_back(absl::StrCat("--fault_points=", fault_->fault_points));
       }
@@ -274,7 +289,7 @@ class FaultMatrixTest : public ::testing::Test {
     }
     // Every surviving, working worker has its KV back.
     for (const std::string name : {"p1", "p2", "d1", "d2"}) {
-      if (name == fault.target) continue;
+      if (name == fault.target) continue;  // The attention service is no worker.
       const bool free = testing::AllKvBlocksFree(cluster.worker(name).channel);
       EXPECT_TRUE(free) << fault.name << " run " << run << ": " << name << " holds KV: "
                         << KvSummary(cluster.worker(name));
@@ -352,6 +367,10 @@ const FaultCase FaultMatrixTest::kCases[] = {
     {"prefill SIGSTOP as requests come", "p1", "", Signal::kStop, /*on_request=*/false,
      /*tokens_before=*/0},
     {"router SIGKILL, restarted", "router", "", Signal::kKill},
+    // Every sequence's KV and attention at the service, which is killed:
+    // the decode workers end its sequences UNAVAILABLE and the router
+    // migrates them (or, where one fits, its worker recomputes it).
+    {"attention service SIGKILL mid-step", "attention", "", Signal::kKill},
 };
 
 TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
@@ -366,9 +385,9 @@ TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
   }
 
   const int runs = RunsPerFault();
-  std::string table = absl::StrFormat("%-32s %4s %8s %8s %5s %5s %8s %8s %9s\n", "fault", "runs",
-                                      "streams", "migrated", "lost", "dup", "changed", "kv_free",
-                                      "confirmed");
+  std::string table =
+      absl::StrFormat("%-36s %4s %8s %8s %5s %5s %8s %8s %9s\n", "fault", "runs", "streams",
+                      "migrated", "lost", "dup", "changed", "kv_free", "confirmed");
   const char* only = std::getenv("TRIDENT_FAULT_ONLY");
   for (const FaultCase& fault : kCases) {
     if (only != nullptr && fault.name.find(only) == std::string::npos) continue;
@@ -387,11 +406,12 @@ TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
       kv_free += out.kv_free ? 1 : 0;
       EXPECT_TRUE(out.confirmed) << fault.name << " run " << run << ": the fault did not happen";
       EXPECT_TRUE(out.kv_free) << fault.name << " run " << run << ": KV blocks leaked";
-      if (!fault.hits_router()) {
+      // A lost attention service's sequences are recomputed where they are.
+      if (!fault.hits_router() && fault.target != "attention") {
         EXPECT_GT(out.migrated, 0) << fault.name << " run " << run << ": nothing migrated";
       }
     }
-    table += absl::StrFormat("%-32s %4d %4d/%-3d %8d %5d %5d %8d %5d/%-3d %5d/%-3d\n", fault.name,
+    table += absl::StrFormat("%-36s %4d %4d/%-3d %8d %5d %5d %8d %5d/%-3d %5d/%-3d\n", fault.name,
                              runs, total.streams_ok, runs * kStreams, total.migrated, total.lost,
                              total.duplicated, total.mismatched, kv_free, runs, confirmed, runs);
   }
