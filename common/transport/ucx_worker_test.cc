@@ -72,9 +72,11 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> MakeWorker(const std::string& transpo
 
 // A writer worker connected to a target worker that registered `target_bytes`.
 struct Link {
+  // First, so that it is freed last: after the workers, whose progress
+  // threads may still be delivering a put into it when a test ends.
+  std::vector<uint8_t> target_memory;
   std::unique_ptr<UcxWorker> target;
   std::unique_ptr<UcxWorker> writer;
-  std::vector<uint8_t> target_memory;
   std::unique_ptr<MemoryRegion> region;
   std::shared_ptr<Endpoint> endpoint;
   std::shared_ptr<RemoteKey> rkey;
