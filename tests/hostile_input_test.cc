@@ -184,12 +184,7 @@ class HostileInputTest : public ::testing::Test {
       ASSERT_THAT(started, IsOk());
       *process = *started;
     }
-    auto router = testing::StartService(
-        {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir_),
-         absl::StrCat("--prefill_workers=", prefill_.address),
-         absl::StrCat("--decode_workers=", decode_.address), "--load_interval_ms=20",
-         "--admission=false"},
-        TestTmpPath("router.log"));
+    auto router = testing::StartTestRouter(model_dir_, prefill_.address, decode_.address);
     ASSERT_THAT(router, IsOk());
     router_ = *router;
     const grpc::Status serving = testing::AwaitRouterServing(router_);

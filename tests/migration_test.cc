@@ -51,22 +51,13 @@ class MigrationTest : public ::testing::Test {
     for (auto [role, name, process] :
          {std::tuple{"prefill", "p1", &prefill_}, std::tuple{"decode", "d1", &decode_},
           std::tuple{"prefill", "spare", &spare_}}) {
-      std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
-          RunfilePath("services/worker/worker"), model_dir_, role, name);
-      for (const char* flag :
-           {"--kv_transport=ucx", "--ucx_transports=tcp", "--role_change_announce=0s"}) {
-        argv.push_back(flag);
-      }
-      auto started = testing::StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
+      auto started = testing::StartUcxWorker(model_dir_, role, name, {"--role_change_announce=0s"});
       ASSERT_THAT(started, IsOk());
       *process = *started;
     }
-    auto router = testing::StartService(
-        {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir_),
-         absl::StrCat("--prefill_workers=", prefill_.address, ",", spare_.address),
-         absl::StrCat("--decode_workers=", decode_.address, ",", spare_.address),
-         "--load_interval_ms=20", "--admission=false"},
-        TestTmpPath("router.log"));
+    auto router =
+        testing::StartTestRouter(model_dir_, absl::StrCat(prefill_.address, ",", spare_.address),
+                                 absl::StrCat(decode_.address, ",", spare_.address));
     ASSERT_THAT(router, IsOk());
     router_ = *router;
     const grpc::Status serving = testing::AwaitRouterServing(router_);

@@ -29,17 +29,24 @@ constexpr char kRequestIdMetadata[] = "trident-request-id";
 // GenerateRequest.cache_salt's limit.
 constexpr size_t kMaxCacheSaltBytes = 256;
 
-absl::Status ValidateRequestId(const std::string& id) {
-  if (id.size() > 128) {
-    return InvalidArgumentForField("request_id", "request_id is longer than 128 bytes");
+// A name field (request_id, qos_class): at most `max_bytes` of printable
+// ASCII.
+absl::Status CheckPrintableName(absl::string_view field, const std::string& value,
+                                size_t max_bytes) {
+  if (value.size() > max_bytes) {
+    return InvalidArgumentForField(
+        field, absl::StrCat("has ", value.size(), " bytes; at most ", max_bytes, " are allowed"));
   }
-  for (unsigned char c : id) {
+  for (unsigned char c : value) {
     if (c < 0x21 || c > 0x7e) {
-      return InvalidArgumentForField("request_id",
-                                     "request_id must be printable ASCII (0x21-0x7E)");
+      return InvalidArgumentForField(field, "must be printable ASCII (0x21-0x7E)");
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateRequestId(const std::string& id) {
+  return CheckPrintableName("request_id", id, 128);
 }
 
 // An SLO target: a valid, positive duration of at most a day.
@@ -56,15 +63,7 @@ absl::Status CheckTarget(absl::string_view field, const google::protobuf::Durati
 // for the default; a server that lists none (a worker serving directly)
 // takes any name as a label. At most 64 printable ASCII bytes either way.
 absl::Status CheckQosClass(const std::string& qos_class, const v1::ModelInfoResponse& info) {
-  if (qos_class.size() > 64) {
-    return InvalidArgumentForField(
-        "qos_class", absl::StrCat("has ", qos_class.size(), " bytes; at most 64 are allowed"));
-  }
-  for (unsigned char c : qos_class) {
-    if (c < 0x21 || c > 0x7e) {
-      return InvalidArgumentForField("qos_class", "must be printable ASCII (0x21-0x7E)");
-    }
-  }
+  TRIDENT_RETURN_IF_ERROR(CheckPrintableName("qos_class", qos_class, 64));
   if (qos_class.empty() || info.qos_classes().empty()) return absl::OkStatus();
   std::string known;
   for (const v1::QosClass& c : info.qos_classes()) {

@@ -77,6 +77,23 @@ inline absl::StatusOr<ServiceProcess> StartUcxWorker(
   return StartService(argv, TestTmpPath(absl::StrCat(name, ".log")));
 }
 
+// A router (the runfiles' binary) on `model_dir` in front of the workers at
+// `prefill` and `decode` (comma-separated addresses), with admission off
+// and fast load streams unless `extra_flags` say otherwise, logging to the
+// test's temporary directory as router.log.
+inline absl::StatusOr<ServiceProcess> StartTestRouter(
+    const std::string& model_dir, const std::string& prefill, const std::string& decode,
+    const std::vector<std::string>& extra_flags = {}) {
+  std::vector<std::string> argv = {RunfilePath("services/router/router"),
+                                   absl::StrCat("--model=", model_dir),
+                                   absl::StrCat("--prefill_workers=", prefill),
+                                   absl::StrCat("--decode_workers=", decode),
+                                   "--load_interval_ms=20",
+                                   "--admission=false"};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  return StartService(argv, TestTmpPath("router.log"));
+}
+
 // SIGTERM and wait (up to 30 s).
 inline absl::Status StopService(ServiceProcess& p) {
   if (p.pid <= 0) return absl::OkStatus();
