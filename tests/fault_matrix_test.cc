@@ -5,8 +5,11 @@
 // completion and the tokens of an unfaulted run (nothing lost, repeated or
 // changed), every surviving worker must get all its KV blocks back, and
 // each fault must be seen to have happened (the process died of SIGKILL,
-// was stopped, or the router counted the stall). The table of faults,
-// runs and outcomes is printed.
+// was stopped, or the router counted the stall). The cluster's CPU
+// attention service, whose KV block store the decode workers write their
+// prompts' blocks through to, must hold no sequence and no reserved, pinned
+// or borrowed store block afterwards. The table of faults, runs and
+// outcomes is printed.
 //
 // Faults: SIGKILL and SIGSTOP of a decode worker mid-stream; its crash and
 // its wedged engine at the decode.token fault point; a prefill worker's
@@ -16,7 +19,10 @@
 // killed mid-stream and restarted: its clients' streams end UNAVAILABLE
 // with no wrong or repeated token, every worker frees the KV of the cut
 // requests, and the same requests sent again through the restarted router
-// get the unfaulted run's tokens.
+// get the unfaulted run's tokens. The controller and Prometheus killed
+// mid-stream, in `trident up`'s cluster (which has both): serving needs
+// neither, and without Prometheus the controller reads its signals as
+// unavailable and flips no worker.
 // TRIDENT_FAULT_RUNS sets the runs per fault (default 2); TRIDENT_FAULT_ONLY
 // runs only the faults whose names contain it.
 
@@ -42,6 +48,9 @@
 #include "tests/testing/fixture_models.h"
 #include "tests/testing/metrics_scrape.h"
 #include "tests/testing/service_process.h"
+#include "tools/cli/cluster.h"
+#include "tools/cli/cluster_status.h"
+#include "trident/v1/controller.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
 namespace trident {
@@ -61,7 +70,8 @@ enum class Signal { kNone, kKill, kStop };
 
 struct FaultCase {
   std::string name;
-  // The worker the fault hits: "p1" or "d1".
+  // What the fault hits: a worker ("p1", "d1"), "router", "attention",
+  // "controller" or "prometheus".
   std::string target;
   // Armed on the target from its start (--fault_points).
   std::string fault_points;
@@ -74,6 +84,7 @@ struct FaultCase {
   int tokens_before = kTokensBeforeFault;
 
   bool hits_router() const { return target == "router"; }
+  bool hits_control_plane() const { return target == "controller" || target == "prometheus"; }
 };
 
 // What one run of a fault produced.
@@ -84,6 +95,11 @@ struct RunOutcome {
   int mismatched = 0;
   int migrated = 0;
   bool kv_free = true;
+  // The attention service holds no sequence, and its store no reserved,
+  // pinned or borrowed block (AttentionServiceIdle).
+  bool store_clean = true;
+  // Blocks the decode workers wrote through to that store.
+  int64_t store_written = 0;
   bool confirmed = false;
 };
 
@@ -137,18 +153,19 @@ class Cluster {
       : model_dir_(model_dir), tag_(tag), fault_(fault) {}
 
   absl::Status Start() {
-    // An attention service fault: the decode workers place every sequence
-    // there.
-    std::vector<std::string> offload;
+    // The decode workers write their prompts' KV blocks through to the
+    // attention service's store; for its own fault they place every
+    // sequence there too.
+    absl::StatusOr<ServiceProcess> attention = testing::StartService(
+        {RunfilePath("services/attention/attention"), "--ucx_transports=tcp", "--kv_budget_mb=16",
+         "--kv_store_mb=8", "--reconnect_grace=1s", "--threads=1", "--spin_window=0s"},
+        LogPath(absl::StrCat(tag_, "-attention.log")));
+    if (!attention.ok()) return attention.status();
+    workers_["attention"] = *attention;
+    std::vector<std::string> offload = {absl::StrCat("--attention_services=", attention->address),
+                                        "--attention_timeout=3s"};
     if (fault_ != nullptr && fault_->target == "attention") {
-      absl::StatusOr<ServiceProcess> attention = testing::StartService(
-          {RunfilePath("services/attention/attention"), "--ucx_transports=tcp", "--kv_budget_mb=16",
-           "--reconnect_grace=1s", "--threads=1", "--spin_window=0s"},
-          LogPath(absl::StrCat(tag_, "-attention.log")));
-      if (!attention.ok()) return attention.status();
-      workers_["attention"] = *attention;
-      offload = {absl::StrCat("--attention_services=", attention->address),
-                 "--offload_min_context_tokens=1", "--attention_timeout=3s"};
+      offload.push_back("--offload_min_context_tokens=1");
     }
     for (auto [name, role] : {std::pair{"p1", "prefill"}, std::pair{"p2", "prefill"},
                               std::pair{"d1", "decode"}, std::pair{"d2", "decode"}}) {
@@ -236,6 +253,7 @@ class FaultMatrixTest : public ::testing::Test {
   // One faulted run, checked against `reference`.
   RunOutcome RunFault(const FaultCase& fault, int run,
                       const std::vector<StreamRecord>& reference) {
+    if (fault.hits_control_plane()) return RunControlPlaneFault(fault, run, reference);
     RunOutcome out;
     Cluster cluster(model_dir_, absl::StrCat("fault", &fault - kCases, "-run", run), &fault);
     absl::Status started = cluster.Start();
@@ -295,8 +313,111 @@ class FaultMatrixTest : public ::testing::Test {
                         << KvSummary(cluster.worker(name));
       out.kv_free = out.kv_free && free;
     }
+    if (fault.target != "attention") {
+      out.store_clean = ExpectAttentionIdle(cluster.worker("attention"), fault, run, out);
+    }
     cluster.Stop();
     return out;
+  }
+
+  static bool ExpectAttentionIdle(const ServiceProcess& service, const FaultCase& fault, int run,
+                                  RunOutcome& out) {
+    const absl::StatusOr<v1::AttentionStats> idle = testing::AttentionServiceIdle(service.channel);
+    EXPECT_THAT(idle, IsOk()) << fault.name << " run " << run;
+    if (!idle.ok()) return false;
+    out.store_written = idle->block_store().blocks_written_total();
+    return true;
+  }
+
+  // The controller or Prometheus killed mid-stream in `trident up`'s
+  // cluster: the controller, Prometheus scraping every service, the
+  // attention service and its store, two prefill and two decode workers
+  // registered with the controller, and the router following its topology.
+  // Serving needs neither: every stream gets the reference's tokens with
+  // nothing migrated. Without Prometheus the controller must read its
+  // signals as unavailable (confirmed from its decisions) and flip nothing.
+  RunOutcome RunControlPlaneFault(const FaultCase& fault, int run,
+                                  const std::vector<StreamRecord>& reference) {
+    RunOutcome out;
+    cli::ClusterOptions options;
+    options.state_dir = LogPath(absl::StrCat("fault", &fault - kCases, "-run", run));
+    options.model_dir = model_dir_;
+    options.worker_roles = {"prefill", "prefill", "decode", "decode"};
+    options.worker_flags = {"--pin_threads=false", "--cpu_threads=1", "--kv_cache_mb=16",
+                            "--ucx_transports=tcp"};
+    options.offload_min_context_tokens = 0;
+    options.attention_kv_budget_mb = 16;
+    options.attention_kv_store_mb = 8;
+    options.scrape_interval = absl::Milliseconds(200);
+    options.drain_timeout = absl::Seconds(5);
+    // Test-sized intervals, and targets no request comes near: a flip would
+    // be the fault's doing.
+    options.controller_flags = {
+        "--decision_interval=500ms",  "--window_intervals=4",   "--min_samples=2",
+        "--rate_window=2s",           "--ttft_slo=60s",         "--tpot_slo=60s",
+        "--heartbeat_interval=200ms", "--prometheus_timeout=1s"};
+    absl::StatusOr<cli::ClusterState> state = cli::Up(options);
+    EXPECT_THAT(state, IsOk()) << fault.name;
+    if (!state.ok()) return out;
+    const cli::ProcessRecord* router_record = state->Find("router");
+    ServiceProcess router{
+        .pid = router_record->pid,
+        .address = state->RouterAddress(),
+        .channel = grpc::CreateChannel(state->RouterAddress(), grpc::InsecureChannelCredentials()),
+        .metrics_port = router_record->metrics_port};
+    const std::string controller = state->Find("controller")->GrpcAddress(state->host);
+    const pid_t pid = state->Find(fault.target)->pid;
+    testing::RunConcurrentStreams(router, kStreams, /*max_tokens=*/4, /*tokens_before=*/0, [] {});
+    const std::vector<StreamRecord> streams = testing::RunConcurrentStreams(
+        router, kStreams, kMaxTokens, kTokensBeforeFault, [&] { kill(pid, SIGKILL); });
+    for (int i = 0; i < kStreams; ++i) {
+      const testing::StreamCheck c = testing::CheckStream(streams[i], reference[i]);
+      out.streams_ok += c.ok() ? 1 : 0;
+      out.lost += c.lost;
+      out.duplicated += c.duplicated;
+      out.mismatched += c.mismatched;
+      EXPECT_TRUE(c.ok()) << fault.name << " run " << run << " stream " << i << ": "
+                          << streams[i].status.error_message();
+    }
+    out.confirmed = DiedOfSigkill(pid, absl::Seconds(10));
+    if (fault.target == "prometheus") {
+      const bool noticed = ControllerSawMetricsUnavailable(controller);
+      EXPECT_TRUE(noticed) << fault.name << " run " << run;
+      out.confirmed = out.confirmed && noticed;
+    }
+    for (const cli::ProcessRecord& p : state->processes) {
+      if (p.component != "worker") continue;
+      auto channel =
+          grpc::CreateChannel(p.GrpcAddress(state->host), grpc::InsecureChannelCredentials());
+      const bool free = testing::AllKvBlocksFree(channel);
+      EXPECT_TRUE(free) << fault.name << " run " << run << ": " << p.name << " holds KV";
+      out.kv_free = out.kv_free && free;
+    }
+    out.store_clean =
+        ExpectAttentionIdle(ServiceProcess{.channel = grpc::CreateChannel(
+                                               state->Find("attention-0")->GrpcAddress(state->host),
+                                               grpc::InsecureChannelCredentials())},
+                            fault, run, out);
+    EXPECT_THAT(cli::Down(options.state_dir), IsOk()) << fault.name;
+    return out;
+  }
+
+  // Whether the controller, Prometheus gone, decides on unreadable signals
+  // within 30 s and has flipped no worker.
+  static bool ControllerSawMetricsUnavailable(const std::string& controller) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<cli::ControllerView> view = cli::ReadController(controller, 1);
+      if (view.ok() && view->status.decisions_size() > 0) {
+        const std::string& reason = view->status.decisions(0).reason();
+        if (reason == "metrics_unavailable" || reason == "metrics_error") {
+          EXPECT_EQ(view->status.flips_total(), 0) << view->status.DebugString();
+          return view->status.flips_total() == 0;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return false;
   }
 
   // The router killed mid-stream, then restarted. Its clients' streams end
@@ -331,6 +452,7 @@ class FaultMatrixTest : public ::testing::Test {
                         << " holds KV: " << KvSummary(cluster.worker(name));
       out.kv_free = out.kv_free && free;
     }
+    out.store_clean = ExpectAttentionIdle(cluster.worker("attention"), fault, run, out);
     const absl::Status restarted = cluster.StartRouter();
     EXPECT_THAT(restarted, IsOk()) << fault.name;
     if (restarted.ok()) {
@@ -371,6 +493,8 @@ const FaultCase FaultMatrixTest::kCases[] = {
     // the decode workers end its sequences UNAVAILABLE and the router
     // migrates them (or, where one fits, its worker recomputes it).
     {"attention service SIGKILL mid-step", "attention", "", Signal::kKill},
+    {"controller SIGKILL mid-stream", "controller", "", Signal::kKill},
+    {"Prometheus SIGKILL mid-stream", "prometheus", "", Signal::kKill},
 };
 
 TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
@@ -385,9 +509,9 @@ TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
   }
 
   const int runs = RunsPerFault();
-  std::string table =
-      absl::StrFormat("%-36s %4s %8s %8s %5s %5s %8s %8s %9s\n", "fault", "runs", "streams",
-                      "migrated", "lost", "dup", "changed", "kv_free", "confirmed");
+  std::string table = absl::StrFormat("%-36s %4s %8s %8s %5s %5s %8s %8s %8s %7s %9s\n", "fault",
+                                      "runs", "streams", "migrated", "lost", "dup", "changed",
+                                      "kv_free", "store_ok", "stored", "confirmed");
   const char* only = std::getenv("TRIDENT_FAULT_ONLY");
   for (const FaultCase& fault : kCases) {
     if (only != nullptr && fault.name.find(only) == std::string::npos) continue;
@@ -395,6 +519,7 @@ TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
     RunOutcome total;
     int confirmed = 0;
     int kv_free = 0;
+    int store_clean = 0;
     for (int run = 0; run < runs; ++run) {
       const RunOutcome out = RunFault(fault, run, reference);
       total.streams_ok += out.streams_ok;
@@ -404,16 +529,26 @@ TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
       total.migrated += out.migrated;
       confirmed += out.confirmed ? 1 : 0;
       kv_free += out.kv_free ? 1 : 0;
+      store_clean += out.store_clean ? 1 : 0;
+      total.store_written += out.store_written;
       EXPECT_TRUE(out.confirmed) << fault.name << " run " << run << ": the fault did not happen";
       EXPECT_TRUE(out.kv_free) << fault.name << " run " << run << ": KV blocks leaked";
       // A lost attention service's sequences are recomputed where they are.
-      if (!fault.hits_router() && fault.target != "attention") {
+      // The store check means something only where prompts reached it.
+      if (fault.target != "attention") {
+        EXPECT_GT(out.store_written, 0) << fault.name << " run " << run << ": nothing stored";
+      }
+      if (!fault.hits_router() && !fault.hits_control_plane() && fault.target != "attention") {
         EXPECT_GT(out.migrated, 0) << fault.name << " run " << run << ": nothing migrated";
       }
     }
-    table += absl::StrFormat("%-36s %4d %4d/%-3d %8d %5d %5d %8d %5d/%-3d %5d/%-3d\n", fault.name,
-                             runs, total.streams_ok, runs * kStreams, total.migrated, total.lost,
-                             total.duplicated, total.mismatched, kv_free, runs, confirmed, runs);
+    // The attention service's own fault leaves no store to check.
+    const bool has_store = fault.target != "attention";
+    table += absl::StrFormat("%-36s %4d %4d/%-3d %8d %5d %5d %8d %5d/%-3d %8s %7s %5d/%-3d\n",
+                             fault.name, runs, total.streams_ok, runs * kStreams, total.migrated,
+                             total.lost, total.duplicated, total.mismatched, kv_free, runs,
+                             has_store ? absl::StrCat(store_clean, "/", runs) : "-",
+                             has_store ? absl::StrCat(total.store_written) : "-", confirmed, runs);
   }
   std::printf("%s", table.c_str());
 }

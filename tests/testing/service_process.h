@@ -17,6 +17,7 @@
 #include "common/testing/runfiles.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "trident/v1/attention.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
 
 namespace trident::testing {
@@ -126,6 +127,48 @@ inline bool AllKvBlocksFree(const std::shared_ptr<grpc::Channel>& worker,
 inline bool AllKvBlocksFree(const ServiceProcess& worker,
                             absl::Duration timeout = absl::Seconds(20)) {
   return AllKvBlocksFree(worker.channel, timeout);
+}
+
+// Polls the attention service's stats until it holds nothing a finished
+// request could have left: no sequence or token of one (the sessions of
+// live workers stay open), and in its KV block store no reserved (half-written), pinned or borrowed
+// block, with its books balanced. Readable store blocks stay: they are the
+// prefix cache. Its stats when so within `timeout`; otherwise
+// kFailedPrecondition naming what the last sample still held.
+inline absl::StatusOr<trident::v1::AttentionStats> AttentionServiceIdle(
+    const std::shared_ptr<grpc::Channel>& service, absl::Duration timeout = absl::Seconds(30)) {
+  auto stub = trident::v1::Attention::NewStub(service);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  std::string held = "no stats";
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    trident::v1::AttentionStats stats;
+    const grpc::Status status =
+        stub->GetStats(&context, trident::v1::GetAttentionStatsRequest(), &stats);
+    if (status.ok()) {
+      const trident::v1::BlockStoreStats& store = stats.block_store();
+      if (stats.sequences() == 0 && stats.held_tokens() == 0 && store.reserved_blocks() == 0 &&
+          store.pinned_blocks() == 0 && store.borrows() == 0 &&
+          store.invariant_violation().empty()) {
+        return stats;
+      }
+      held = absl::StrCat(
+          stats.sequences(), " sequences (", stats.held_tokens(), " tokens), ", stats.sessions(),
+          " sessions; store: ", store.blocks(), " blocks, ", store.reserved_blocks(), " reserved, ",
+          store.pinned_blocks(), " pinned, ", store.borrows(), " borrows",
+          store.invariant_violation().empty() ? ""
+                                              : absl::StrCat(", ", store.invariant_violation()));
+    } else {
+      held = absl::StrCat("GetStats: ", status.error_message());
+    }
+    if (absl::Now() > deadline) {
+      return absl::FailedPreconditionError(absl::StrCat("the attention service holds ", held));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
 }
 
 }  // namespace trident::testing
