@@ -460,6 +460,9 @@ TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
       TestTmpPath("router.log"));
   ASSERT_THAT(router.status(), IsOk());
   router_ = *std::move(router);
+  // Until both workers' first load reports arrive the router has nowhere
+  // to send it.
+  ASSERT_TRUE(RouterSeesWorkers(router_, {"prefill-0", "decode-0"}));
   const Result routed = Generate(router_, "routed");
   ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
   EXPECT_EQ(routed.tokens, first.tokens);

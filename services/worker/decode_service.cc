@@ -219,74 +219,62 @@ absl::Status DecodeService::CheckIncarnation(uint64_t incarnation) const {
   return absl::OkStatus();
 }
 
+// One ReserveKv call between its checks and its answer, which may wait for
+// an attention service's admission.
+struct DecodeService::ReserveCall {
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  const v1::ReserveKvRequest* request = nullptr;
+  v1::ReserveKvResponse* response = nullptr;
+  WorkerRole::Work work;
+  absl::Duration lease;
+  // The sequence's longest context, and whether it may go to an attention
+  // service.
+  int32_t max_total = 0;
+  bool may_place = false;
+};
+
 grpc::ServerUnaryReactor* DecodeService::ReserveKv(grpc::CallbackServerContext* context,
                                                    const v1::ReserveKvRequest* request,
                                                    v1::ReserveKvResponse* response) {
-  auto run = [&]() -> absl::Status {
-    TRIDENT_ASSIGN_OR_RETURN(WorkerRole::Work work,
-                             role_->Admit(Capability::kDecode, request->request_id()));
-    if (receiver_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "this worker has no KV transport: it cannot receive a prefill worker's KV");
-    }
-    if (request->request_id().empty()) {
-      return InvalidArgumentForField("request_id", "must not be empty");
-    }
-    const int32_t max_context = model_info_.max_context_tokens();
-    if (request->num_tokens() < 1 || request->num_tokens() > max_context - 1) {
-      return InvalidArgumentForField("num_tokens", absl::StrCat("must be in [1, ", max_context - 1,
-                                                                "], got ", request->num_tokens()));
-    }
-    if (request->max_total_tokens() != 0 && (request->max_total_tokens() < request->num_tokens() ||
-                                             request->max_total_tokens() > max_context)) {
-      return InvalidArgumentForField(
-          "max_total_tokens", absl::StrCat("must be 0 or in [num_tokens, ", max_context, "], got ",
-                                           request->max_total_tokens()));
-    }
-    TRIDENT_ASSIGN_OR_RETURN(absl::Duration lease,
-                             LeaseFrom(request->has_lease(), request->lease(), "lease"));
-    v1::KvDestination* d = response->mutable_destination();
-    TRIDENT_ASSIGN_OR_RETURN(KvReservations::Reservation r, Reserve(*request, lease, d));
-    // A role change that gives up waiting for it releases it.
-    KvReservations* reservations = reservations_;
-    work.SetAbortHook(
-        [reservations, id = r.id](const absl::Status&) { reservations->Release(id); });
-    {
-      absl::MutexLock lock(&work_mu_);
-      reservation_work_[r.id] = std::move(work);
-    }
-    d->set_decode_worker_id(options_.worker_id);
-    d->set_decode_incarnation(options_.incarnation);
-    d->set_decode_address(options_.address);
-    d->set_reservation_id(r.id);
-    d->set_num_tokens(request->num_tokens());
-    // The writer fills only the blocks this worker's prefix cache lacks (a
-    // placement's destination says what its service reads in place).
-    if (!d->cpu_resident()) {
-      d->set_num_cached_blocks(r.num_cached_blocks);
-      for (size_t i = static_cast<size_t>(r.num_cached_blocks); i < r.blocks.size(); ++i) {
-        d->add_block_ids(r.blocks[i]);
-      }
-    }
-    SetProtoDuration(r.lease, d->mutable_lease_remaining());
-    SetProtoTimestamp(r.expires, d->mutable_lease_expire_time());
-    SetProtoDuration(r.lease, response->mutable_lease());
-    return absl::OkStatus();
-  };
-  return FinishUnary(context, run());
+  auto call = std::make_unique<ReserveCall>();
+  call->reactor = context->DefaultReactor();
+  call->request = request;
+  call->response = response;
+  if (absl::Status checked = CheckReserve(*call); !checked.ok()) {
+    call->reactor->Finish(ToGrpcStatus(checked));
+    return call->reactor;
+  }
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  if (call->may_place && options_.placer->PlacesOnCpu(call->max_total)) {
+    // Long enough for the CPU: placed there unless the services refuse,
+    // then in this worker's blocks.
+    PlaceAtService(std::move(call), /*if_refused=*/std::nullopt);
+  } else {
+    ReserveInBlocks(std::move(call), /*place_if_full=*/true);
+  }
+  return reactor;
 }
 
-absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
-    const v1::ReserveKvRequest& request, absl::Duration lease, v1::KvDestination* destination) {
-  const int32_t max_total = request.max_total_tokens() != 0 ? request.max_total_tokens()
-                                                            : model_info_.max_context_tokens();
-  const bool may_place = request.allow_cpu_attention() && options_.placer != nullptr;
-  if (may_place && options_.placer->PlacesOnCpu(max_total)) {
-    absl::StatusOr<KvReservations::Reservation> r =
-        ReserveAtService(request, max_total, lease, destination);
-    if (r.ok()) return r;
-    TRIDENT_LOG(WARNING) << "request " << request.request_id()
-                         << " stays in this worker's KV blocks: " << r.status();
+absl::Status DecodeService::CheckReserve(ReserveCall& call) {
+  const v1::ReserveKvRequest& request = *call.request;
+  TRIDENT_ASSIGN_OR_RETURN(call.work, role_->Admit(Capability::kDecode, request.request_id()));
+  if (receiver_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no KV transport: it cannot receive a prefill worker's KV");
+  }
+  if (request.request_id().empty()) {
+    return InvalidArgumentForField("request_id", "must not be empty");
+  }
+  const int32_t max_context = model_info_.max_context_tokens();
+  if (request.num_tokens() < 1 || request.num_tokens() > max_context - 1) {
+    return InvalidArgumentForField("num_tokens", absl::StrCat("must be in [1, ", max_context - 1,
+                                                              "], got ", request.num_tokens()));
+  }
+  if (request.max_total_tokens() != 0 && (request.max_total_tokens() < request.num_tokens() ||
+                                          request.max_total_tokens() > max_context)) {
+    return InvalidArgumentForField(
+        "max_total_tokens", absl::StrCat("must be 0 or in [num_tokens, ", max_context, "], got ",
+                                         request.max_total_tokens()));
   }
   if (request.prompt_token_ids_size() != 0 &&
       request.prompt_token_ids_size() != request.num_tokens()) {
@@ -296,38 +284,94 @@ absl::StatusOr<KvReservations::Reservation> DecodeService::Reserve(
   }
   TRIDENT_RETURN_IF_ERROR(
       frontend::ValidatePromptTokenIds(request.prompt_token_ids(), model_info_.vocab_size()));
+  TRIDENT_ASSIGN_OR_RETURN(call.lease, LeaseFrom(request.has_lease(), request.lease(), "lease"));
+  call.max_total = request.max_total_tokens() != 0 ? request.max_total_tokens() : max_context;
+  call.may_place = request.allow_cpu_attention() && options_.placer != nullptr;
+  return absl::OkStatus();
+}
+
+void DecodeService::ReserveInBlocks(std::unique_ptr<ReserveCall> call, bool place_if_full) {
+  const v1::ReserveKvRequest& request = *call->request;
   absl::StatusOr<KvReservations::Reservation> r =
-      reservations_->Reserve(request.request_id(), request.num_tokens(), lease,
+      reservations_->Reserve(request.request_id(), request.num_tokens(), call->lease,
                              request.prompt_token_ids(), request.cache_salt());
   if (!r.ok()) {
     // The pool is full: an attention service may hold it instead.
-    if (may_place && absl::IsResourceExhausted(r.status())) {
-      absl::StatusOr<KvReservations::Reservation> placed =
-          ReserveAtService(request, max_total, lease, destination);
-      if (placed.ok()) return placed;
+    if (place_if_full && call->may_place && absl::IsResourceExhausted(r.status())) {
+      PlaceAtService(std::move(call), /*if_refused=*/r.status());
+      return;
     }
-    return r.status();
+    FinishReserve(std::move(call), r.status());
+    return;
   }
-  if (absl::Status s = receiver_->Describe(destination); !s.ok()) {
+  if (absl::Status s = receiver_->Describe(call->response->mutable_destination()); !s.ok()) {
     reservations_->Release(r->id);
-    return s;
+    FinishReserve(std::move(call), s);
+    return;
   }
-  return r;
+  FinishReserve(std::move(call), *std::move(r));
 }
 
-absl::StatusOr<KvReservations::Reservation> DecodeService::ReserveAtService(
-    const v1::ReserveKvRequest& request, int32_t capacity, absl::Duration lease,
-    v1::KvDestination* destination) {
-  v1::KvDestination placed;
-  TRIDENT_ASSIGN_OR_RETURN(
-      RemotePlacement placement,
-      options_.placer->Place(request.request_id(), request.num_tokens(), capacity,
-                             request.prompt_token_ids(), request.cache_salt(), &placed));
-  TRIDENT_ASSIGN_OR_RETURN(
-      KvReservations::Reservation r,
-      reservations_->ReserveRemote(request.request_id(), std::move(placement), lease));
-  destination->MergeFrom(placed);
-  return r;
+void DecodeService::PlaceAtService(std::unique_ptr<ReserveCall> call,
+                                   std::optional<absl::Status> if_refused) {
+  // Read before the callback takes `call` (arguments have no order).
+  const v1::ReserveKvRequest& request = *call->request;
+  const int32_t capacity = call->max_total;
+  options_.placer->Place(
+      request.request_id(), request.num_tokens(), capacity, request.prompt_token_ids(),
+      request.cache_salt(),
+      [this, call = std::move(call),
+       if_refused = std::move(if_refused)](absl::StatusOr<PromptPlacement> placed) mutable {
+        absl::StatusOr<KvReservations::Reservation> r =
+            placed.ok() ? reservations_->ReserveRemote(call->request->request_id(),
+                                                       std::move(placed->placement), call->lease)
+                        : absl::StatusOr<KvReservations::Reservation>(placed.status());
+        if (r.ok()) call->response->mutable_destination()->MergeFrom(placed->destination);
+        if (r.ok()) {
+          FinishReserve(std::move(call), *std::move(r));
+        } else if (if_refused.has_value()) {
+          // The blocks were full too: their answer stands.
+          FinishReserve(std::move(call), *if_refused);
+        } else {
+          TRIDENT_LOG(WARNING) << "request " << call->request->request_id()
+                               << " stays in this worker's KV blocks: " << r.status();
+          ReserveInBlocks(std::move(call), /*place_if_full=*/false);
+        }
+      });
+}
+
+void DecodeService::FinishReserve(std::unique_ptr<ReserveCall> call,
+                                  absl::StatusOr<KvReservations::Reservation> r) {
+  if (!r.ok()) {
+    call->reactor->Finish(ToGrpcStatus(r.status()));
+    return;
+  }
+  // A role change that gives up waiting for it releases it.
+  KvReservations* reservations = reservations_;
+  call->work.SetAbortHook(
+      [reservations, id = r->id](const absl::Status&) { reservations->Release(id); });
+  {
+    absl::MutexLock lock(&work_mu_);
+    reservation_work_[r->id] = std::move(call->work);
+  }
+  v1::KvDestination* d = call->response->mutable_destination();
+  d->set_decode_worker_id(options_.worker_id);
+  d->set_decode_incarnation(options_.incarnation);
+  d->set_decode_address(options_.address);
+  d->set_reservation_id(r->id);
+  d->set_num_tokens(call->request->num_tokens());
+  // The writer fills only the blocks this worker's prefix cache lacks (a
+  // placement's destination says what its service reads in place).
+  if (!d->cpu_resident()) {
+    d->set_num_cached_blocks(r->num_cached_blocks);
+    for (size_t i = static_cast<size_t>(r->num_cached_blocks); i < r->blocks.size(); ++i) {
+      d->add_block_ids(r->blocks[i]);
+    }
+  }
+  SetProtoDuration(r->lease, d->mutable_lease_remaining());
+  SetProtoTimestamp(r->expires, d->mutable_lease_expire_time());
+  SetProtoDuration(r->lease, call->response->mutable_lease());
+  call->reactor->Finish(grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* DecodeService::RenewKv(grpc::CallbackServerContext* context,

@@ -13,6 +13,7 @@
 #define TRIDENT_SERVICES_WORKER_DECODE_SERVICE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -89,16 +90,18 @@ class DecodeService final : public trident::v1::Decode::CallbackService {
   // incarnation, INVALID_ARGUMENT naming the field for a malformed one.
   absl::StatusOr<KvCommit> CommitFrom(const trident::v1::CommitKvRequest& request) const;
   absl::Status CheckIncarnation(uint64_t incarnation) const;
-  // ReserveKv's reservation: in this worker's blocks (described by the
-  // receiver) or at an attention service (described by the placer), filling
-  // `destination`'s where-to-write fields.
-  absl::StatusOr<KvReservations::Reservation> Reserve(const trident::v1::ReserveKvRequest& request,
-                                                      absl::Duration lease,
-                                                      trident::v1::KvDestination* destination);
-  // ... with room for `capacity` tokens (the sequence's longest).
-  absl::StatusOr<KvReservations::Reservation> ReserveAtService(
-      const trident::v1::ReserveKvRequest& request, int32_t capacity, absl::Duration lease,
-      trident::v1::KvDestination* destination);
+  // ReserveKv's steps: its checks (filling `call`); a reservation in this
+  // worker's blocks (described by the receiver), or, when they are full and
+  // `place_if_full`, at an attention service; a placement at an attention
+  // service (described by the placer), or when the services refuse it, in
+  // the blocks, unless `if_refused` holds the blocks' own refusal to answer
+  // with; the answer.
+  struct ReserveCall;
+  absl::Status CheckReserve(ReserveCall& call);
+  void ReserveInBlocks(std::unique_ptr<ReserveCall> call, bool place_if_full);
+  void PlaceAtService(std::unique_ptr<ReserveCall> call, std::optional<absl::Status> if_refused);
+  void FinishReserve(std::unique_ptr<ReserveCall> call,
+                     absl::StatusOr<KvReservations::Reservation> r);
   // The work of reservation `id` (admitted by ReserveKv), for its Decode
   // call to carry on; inactive if there is none.
   WorkerRole::Work TakeReservationWork(uint64_t id);

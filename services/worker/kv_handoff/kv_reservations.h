@@ -39,6 +39,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -105,28 +106,36 @@ struct RemotePlacement {
   std::function<void()> release;
 };
 
+// A placement and where its prompt's writer writes.
+struct PromptPlacement {
+  RemotePlacement placement;
+  // Endpoint, layout, regions, cpu_resident and the service's fields;
+  // num_cached_blocks says how many leading blocks the service reads in
+  // place from its block store (the writer skips them).
+  trident::v1::KvDestination destination;
+};
+
 // Places prompts' KV at CPU attention services (the decode worker's
 // offload, AttentionOffload). Thread-safe.
 class PromptPlacer {
  public:
+  using PlaceDone = absl::AnyInvocable<void(absl::StatusOr<PromptPlacement>) &&>;
+
   virtual ~PromptPlacer() = default;
   // Whether a sequence that may reach `max_total_tokens` goes to the CPU at
   // admission (the offload's long-context rule).
   virtual bool PlacesOnCpu(int32_t max_total_tokens) const = 0;
   // Admits sequence `request_id` at a service with room for
-  // `capacity_tokens`, and fills `destination`'s endpoint, layout, regions
-  // and cpu_resident fields for the prompt's writer. The service's errors
-  // (RESOURCE_EXHAUSTED: its budget is full); UNAVAILABLE when no service
-  // is connected.
-  // `prompt` (empty when the request named no token ids) and `cache_salt`
-  // let the service read the prompt's leading blocks in place from its
-  // block store; then destination->num_cached_blocks says how many the
-  // writer skips.
-  virtual absl::StatusOr<RemotePlacement> Place(const std::string& request_id,
-                                                int32_t num_tokens, int32_t capacity_tokens,
-                                                absl::Span<const int32_t> prompt,
-                                                const std::string& cache_salt,
-                                                trident::v1::KvDestination* destination) = 0;
+  // `capacity_tokens` without blocking: `done` gets the placement, or the
+  // service's error (RESOURCE_EXHAUSTED: its budget is full; UNAVAILABLE
+  // when no service is connected), exactly once, on this thread when no
+  // call is made, else on a gRPC callback thread; it must not block.
+  // `prompt` (empty when the request named no token ids; read before Place
+  // returns) and `cache_salt` let the service read the prompt's leading
+  // blocks in place from its block store.
+  virtual void Place(const std::string& request_id, int32_t num_tokens, int32_t capacity_tokens,
+                     absl::Span<const int32_t> prompt, const std::string& cache_salt,
+                     PlaceDone done) = 0;
 };
 
 // What Await's callback receives: the commit, and for kComplete the blocks

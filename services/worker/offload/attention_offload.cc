@@ -178,29 +178,48 @@ bool AttentionOffload::PlacesOnCpu(int32_t max_total_tokens) const {
          max_total_tokens >= options_.policy.min_context_tokens;
 }
 
-absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& request_id,
-                                                        int32_t num_tokens, int32_t capacity_tokens,
-                                                        absl::Span<const int32_t> prompt,
-                                                        const std::string& cache_salt,
-                                                        v1::KvDestination* destination) {
-  TRIDENT_RETURN_IF_ERROR(CheckPlacementStepTime(capacity_tokens));
-  std::vector<kv::BlockKey> keys;
-  if (in_place_hasher_ != nullptr && !prompt.empty()) keys = in_place_hasher_->PrefixKeys(cache_salt, prompt);
-  Service* service = PickFor(keys);
-  if (service == nullptr) return absl::UnavailableError("no attention service is connected");
-  absl::StatusOr<v1::AdmitSequenceResponse> admitted =
-      Admit(*service, request_id, capacity_tokens, keys);
-  if (!admitted.ok()) {
-    pool_->NoteFailure(*service, admitted.status());
-    return admitted.status();
+void AttentionOffload::Place(const std::string& request_id, int32_t num_tokens,
+                             int32_t capacity_tokens, absl::Span<const int32_t> prompt,
+                             const std::string& cache_salt, PlaceDone done) {
+  if (absl::Status guard = CheckPlacementStepTime(capacity_tokens); !guard.ok()) {
+    std::move(done)(guard);
+    return;
   }
-  RemotePlacement placement;
-  placement.kv = backend::RemoteKv{pool_->channel(*service), admitted->handle()};
-  placement.service_id = pool_->service_id(*service);
-  pool_->CountSequence(*service, +1);
+  std::vector<kv::BlockKey> keys;
+  if (in_place_hasher_ != nullptr && !prompt.empty()) {
+    keys = in_place_hasher_->PrefixKeys(cache_salt, prompt);
+  }
+  Service* service = PickFor(keys);
+  if (service == nullptr) {
+    std::move(done)(absl::UnavailableError("no attention service is connected"));
+    return;
+  }
+  AdmitPrefix prefix;
+  if (in_place_format_.has_value()) prefix = {.format = &*in_place_format_, .keys = keys};
+  pool_->AdmitAsync(
+      *service, request_id, capacity_tokens, spec(), options_.num_q_heads, prefix,
+      [this, service, request_id, num_tokens, capacity_tokens,
+       done = std::move(done)](absl::StatusOr<v1::AdmitSequenceResponse> admitted) mutable {
+        if (!admitted.ok()) {
+          pool_->NoteFailure(*service, admitted.status());
+          std::move(done)(admitted.status());
+          return;
+        }
+        std::move(done)(Placed(*service, request_id, num_tokens, capacity_tokens, *admitted));
+      });
+}
+
+PromptPlacement AttentionOffload::Placed(Service& service, const std::string& request_id,
+                                         int32_t num_tokens, int32_t capacity_tokens,
+                                         const v1::AdmitSequenceResponse& admitted) {
+  PromptPlacement out;
+  RemotePlacement& placement = out.placement;
+  placement.kv = backend::RemoteKv{pool_->channel(service), admitted.handle()};
+  placement.service_id = pool_->service_id(service);
+  pool_->CountSequence(service, +1);
   {
     absl::MutexLock lock(&mu_);
-    unjoined_placements_.emplace_back(admitted->handle(), capacity_tokens);
+    unjoined_placements_.emplace_back(admitted.handle(), capacity_tokens);
   }
   // Until the engine takes it, the reservation releases it (the
   // housekeeping thread calls the service).
@@ -208,29 +227,30 @@ absl::StatusOr<RemotePlacement> AttentionOffload::Place(const std::string& reque
     absl::MutexLock lock(&sink->mu);
     if (sink->offload != nullptr) sink->offload->ReleasePlacement(kv);
   };
-  *destination->mutable_endpoint() = admitted->endpoint();
-  *destination->mutable_layout() = admitted->layout();
-  *destination->mutable_regions() = admitted->regions();
+  v1::KvDestination* destination = &out.destination;
+  *destination->mutable_endpoint() = admitted.endpoint();
+  *destination->mutable_layout() = admitted.layout();
+  *destination->mutable_regions() = admitted.regions();
   // The service reads the leading blocks it holds in place: the writer
   // skips them, and the sequence's own blocks follow.
-  const int32_t block_size = std::max(1, admitted->layout().block_size_tokens());
-  const int32_t in_place_blocks = admitted->in_place_tokens() / block_size;
+  const int32_t block_size = std::max(1, admitted.layout().block_size_tokens());
+  const int32_t in_place_blocks = admitted.in_place_tokens() / block_size;
   destination->set_num_cached_blocks(in_place_blocks);
   for (int32_t b = in_place_blocks; b * block_size < num_tokens; ++b) {
     destination->add_block_ids(b - in_place_blocks);
   }
   destination->set_cpu_resident(true);
   destination->set_attention_service_id(placement.service_id);
-  destination->set_attention_address(service->address);
-  destination->set_attention_handle(admitted->handle());
-  destination->set_attention_write_key(admitted->write_key());
+  destination->set_attention_address(service.address);
+  destination->set_attention_handle(admitted.handle());
+  destination->set_attention_write_key(admitted.write_key());
   TRIDENT_LOG(INFO) << "placed request " << request_id << " (" << num_tokens
                     << " prompt tokens, up to " << capacity_tokens << ") at attention service "
                     << placement.service_id << "; its prefill worker writes the prompt there"
-                    << (in_place_blocks > 0 ? absl::StrCat(" past the ", admitted->in_place_tokens(),
+                    << (in_place_blocks > 0 ? absl::StrCat(" past the ", admitted.in_place_tokens(),
                                                            " tokens the service reads in place")
                                             : "");
-  return placement;
+  return out;
 }
 
 absl::Status AttentionOffload::CheckPlacementStepTime(int32_t capacity_tokens) {

@@ -125,10 +125,9 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
   // the decode step planned with it at its longest, beside the CPU-resident
   // ones and the placements not yet joined, would exceed it.
   bool PlacesOnCpu(int32_t max_total_tokens) const override;
-  absl::StatusOr<RemotePlacement> Place(const std::string& request_id, int32_t num_tokens,
-                                        int32_t capacity_tokens, absl::Span<const int32_t> prompt,
-                                        const std::string& cache_salt,
-                                        trident::v1::KvDestination* destination) override;
+  void Place(const std::string& request_id, int32_t num_tokens, int32_t capacity_tokens,
+             absl::Span<const int32_t> prompt, const std::string& cache_salt,
+             PlaceDone done) override;
 
   // Moves name each sequence's cached leading blocks (`format`'s keys), and
   // go to `store` (the KV tier's block store service) when it is
@@ -207,6 +206,11 @@ class AttentionOffload final : public engine::StepHook, public PromptPlacer {
                       CopyScratch& scratch) const;
   // AdmitSequence for `id` with room for `capacity` tokens, naming
   // `keys` (its cached leading blocks) when in-place prefixes are on.
+  // Place's placement of `request_id`, admitted at `service` as `admitted`
+  // says.
+  PromptPlacement Placed(Service& service, const std::string& request_id, int32_t num_tokens,
+                         int32_t capacity_tokens,
+                         const trident::v1::AdmitSequenceResponse& admitted);
   absl::StatusOr<trident::v1::AdmitSequenceResponse> Admit(
       Service& service, const std::string& id, int32_t capacity,
       absl::Span<const kv::BlockKey> keys = {});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/grpc/async_unary.h"
 #include "common/grpc/status.h"
 #include "common/grpc/tls.h"
 #include "common/logging/log.h"
@@ -158,12 +159,10 @@ void AttentionServicePool::NoteFailure(Service& service, const absl::Status& sta
   s.next_attempt = absl::Now() + options_.reconnect_interval;
 }
 
-absl::StatusOr<v1::AdmitSequenceResponse> AttentionServicePool::Admit(Service& service,
-                                                                      const std::string& id,
-                                                                      int32_t capacity,
-                                                                      const kv::KvCacheSpec& spec,
-                                                                      int32_t num_q_heads,
-                                                                      AdmitPrefix prefix) {
+v1::AdmitSequenceRequest AttentionServicePool::AdmitRequest(const std::string& id, int32_t capacity,
+                                                            const kv::KvCacheSpec& spec,
+                                                            int32_t num_q_heads,
+                                                            AdmitPrefix prefix) const {
   v1::AdmitSequenceRequest request;
   request.set_owner_id(options_.worker_id);
   request.set_owner_incarnation(options_.incarnation);
@@ -184,12 +183,33 @@ absl::StatusOr<v1::AdmitSequenceResponse> AttentionServicePool::Admit(Service& s
       request.add_prefix_key_lo(prefix.keys[i].lo);
     }
   }
+  return request;
+}
+
+absl::StatusOr<v1::AdmitSequenceResponse> AttentionServicePool::Admit(
+    Service& service, const std::string& id, int32_t capacity, const kv::KvCacheSpec& spec,
+    int32_t num_q_heads, AdmitPrefix prefix) {
+  const v1::AdmitSequenceRequest request = AdmitRequest(id, capacity, spec, num_q_heads, prefix);
   v1::AdmitSequenceResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.rpc_timeout);
   TRIDENT_RETURN_IF_ERROR(
       FromGrpcStatus(service.stub->AdmitSequence(&context, request, &response)));
   return response;
+}
+
+void AttentionServicePool::AdmitAsync(Service& service, const std::string& id, int32_t capacity,
+                                      const kv::KvCacheSpec& spec, int32_t num_q_heads,
+                                      AdmitPrefix prefix,
+                                      UnaryDone<v1::AdmitSequenceResponse> done) {
+  CallUnaryAsync<v1::AdmitSequenceResponse>(
+      AdmitRequest(id, capacity, spec, num_q_heads, prefix), options_.rpc_timeout,
+      [stub = service.stub.get()](
+          grpc::ClientContext* context, const v1::AdmitSequenceRequest* request,
+          v1::AdmitSequenceResponse* response, std::function<void(grpc::Status)> on_done) {
+        stub->async()->AdmitSequence(context, request, response, std::move(on_done));
+      },
+      std::move(done));
 }
 
 absl::Status AttentionServicePool::ReleaseAt(Service& service, uint64_t handle) {

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/grpc/async_unary.h"
 #include "common/kv/block_key.h"
 #include "common/kv/kv_layout.h"
 #include "common/transport/attention/remote_attention.h"
@@ -115,6 +116,11 @@ class AttentionServicePool {
                                                            const kv::KvCacheSpec& spec,
                                                            int32_t num_q_heads,
                                                            AdmitPrefix prefix = {});
+  // The same without blocking: `done` gets the answer on a gRPC callback
+  // thread (CallUnaryAsync). `service` must outlive the call.
+  void AdmitAsync(Service& service, const std::string& id, int32_t capacity,
+                  const kv::KvCacheSpec& spec, int32_t num_q_heads, AdmitPrefix prefix,
+                  UnaryDone<trident::v1::AdmitSequenceResponse> done);
   // ReleaseSequence, now (blocking).
   absl::Status ReleaseAt(Service& service, uint64_t handle);
   // ReleaseSequence later, on the housekeeping thread.
@@ -126,6 +132,9 @@ class AttentionServicePool {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  trident::v1::AdmitSequenceRequest AdmitRequest(const std::string& id, int32_t capacity,
+                                                 const kv::KvCacheSpec& spec, int32_t num_q_heads,
+                                                 AdmitPrefix prefix) const;
   struct State {
     std::unique_ptr<transport::attention::RemoteAttention> channel;
     std::string service_id;  // Its ConnectResponse.server.owner_id.
