@@ -514,8 +514,10 @@ TEST_P(AttentionServiceTest, ItsMemoryAndThreadsAreOnItsNode) {
     while (std::getline(status, line)) {
       if (!absl::StartsWith(line, "Cpus_allowed_list:")) continue;
       ++threads;
-      for (absl::string_view range :
-           absl::StrSplit(absl::StripAsciiWhitespace(line.substr(18)), ',')) {
+      // A named copy: a temporary in the range's expression would die before
+      // the loop reads it.
+      const std::string allowed = line.substr(18);
+      for (absl::string_view range : absl::StrSplit(absl::StripAsciiWhitespace(allowed), ',')) {
         std::pair<std::string, std::string> ends = absl::StrSplit(range, '-');
         int low = 0, high = 0;
         ASSERT_TRUE(absl::SimpleAtoi(ends.first, &low)) << line;
