@@ -38,6 +38,9 @@ def trident_cc_test(name, gpu = False, tags = [], size = "small", **kwargs):
     kwargs["deps"] = kwargs.get("deps", []) + select({
         "//tools/build:sanitized": ["//tools/sanitizers:suppressions"],
         "//conditions:default": [],
+    }) + select({
+        "//tools/build:tsan": ["//tools/sanitizers:absl_tsan_annotations"],
+        "//conditions:default": [],
     })
     native.cc_test(name = name, tags = tags, size = size, **_with_copts(kwargs))
 

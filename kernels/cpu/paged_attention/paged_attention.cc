@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/cpu/target_clones.h"
 #include "common/numeric/dtype.h"
 
 namespace trident::kernels::cpu {
@@ -48,7 +49,7 @@ inline float ExpNonPositive(float x) {
   return p * scale;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void WidenBf16(
+TRIDENT_TARGET_CLONES void WidenBf16(
     const uint16_t* src, float* dst, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
@@ -73,7 +74,7 @@ struct Rows {
 
 // Four tokens per pass: four independent dot-product chains (QK) and a quarter
 // of the accumulator loads and stores (PV); measured 2-3x over one at a time.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void AttendChunk(
+TRIDENT_TARGET_CLONES void AttendChunk(
     const Rows& rows, const float* k, const float* v, int32_t num_tokens, int32_t first_pos,
     int32_t head_dim, float scale, float* scores) {
   const int64_t d = head_dim;

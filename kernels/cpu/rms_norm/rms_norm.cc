@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/cpu/target_clones.h"
+
 namespace trident::kernels::cpu {
 namespace {
 
@@ -11,7 +13,7 @@ constexpr int64_t kMinParallelElements = 1 << 15;
 
 // The sum of squares uses vector-wide partial sums (as torch's reduction does);
 // the scaling is two separate roundings, x * r first, then weight *, as in HF.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void NormalizeRow(
+TRIDENT_TARGET_CLONES void NormalizeRow(
     const float* x, const float* weight, int64_t dim, float eps, float* out) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -22,7 +24,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   for (int64_t i = 0; i < dim; ++i) out[i] = weight[i] * (x[i] * r);
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void AddRow(
+TRIDENT_TARGET_CLONES void AddRow(
     float* residual, const float* delta, int64_t dim) {
 #pragma omp simd
   for (int64_t i = 0; i < dim; ++i) residual[i] = residual[i] + delta[i];

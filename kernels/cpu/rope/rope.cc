@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cpu/target_clones.h"
 
 // This file is built with -ffp-contract=off: every product below is rounded
 // on its own, as torch's separate elementwise ops round it.
@@ -16,7 +17,7 @@ namespace {
 // Below this many rotated elements a parallel region costs more than it saves.
 constexpr int64_t kMinParallelElements = 1 << 14;
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void RotateHead(
+TRIDENT_TARGET_CLONES void RotateHead(
     float* x, const float* cos_f, const float* sin_f, int32_t half) {
   float* x2 = x + half;
 #pragma omp simd

@@ -1,0 +1,236 @@
+// ThreadSanitizer and Debian's Abseil: absl::Mutex, absl::CondVar and
+// absl::Notification live in libabsl_synchronization.so, built without TSan,
+// so TSan sees none of their synchronization and reports every access they
+// guard as a race. Linked into each test's executable under --config=tsan
+// (tools/build/defs.bzl), this file interposes their out-of-line entry points:
+// each calls the library's own (dlsym RTLD_NEXT) and tells TSan what it did:
+// a lock acquires the mutex's address, an unlock releases it, a wait
+// releases it before blocking and acquires it after; Notify releases the
+// notification, and a wait or check that sees it notified acquires it.
+// Nothing here changes what the library does. TSan only: the symbols are
+// Abseil's, and Abseil built with TSan annotates itself.
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+extern "C" {
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+
+namespace {
+
+// The library's definition of the symbol `mangled`; aborts if it is absent
+// (another Abseil than the one this file was written against).
+void* Real(const char* mangled) {
+  void* symbol = dlsym(RTLD_NEXT, mangled);
+  if (symbol == nullptr) {
+    std::fprintf(stderr, "absl_tsan_annotations: %s not found: %s\n", mangled, dlerror());
+    std::abort();
+  }
+  return symbol;
+}
+
+template <typename Fn>
+Fn RealFn(const char* mangled) {
+  return reinterpret_cast<Fn>(Real(mangled));
+}
+
+void Acquire(const void* addr) { __tsan_acquire(const_cast<void*>(addr)); }
+void Release(const void* addr) { __tsan_release(const_cast<void*>(addr)); }
+
+// Notification holds its Mutex, then the atomic flag
+// HasBeenNotifiedInternal reads: the notification's address from the flag's.
+static_assert(sizeof(absl::Mutex) == sizeof(void*), "absl::Notification's layout changed");
+const void* NotificationOf(const std::atomic<bool>* flag) {
+  return reinterpret_cast<const char*>(flag) - sizeof(absl::Mutex);
+}
+
+}  // namespace
+
+// The mangled names are Debian's inline namespace's (absl::debian3).
+#define TRIDENT_REAL(type, mangled)              \
+  static const auto real = RealFn<type>(mangled)
+
+namespace absl {
+ABSL_NAMESPACE_BEGIN
+
+void Mutex::Lock() {
+  TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex4LockEv");
+  real(this);
+  Acquire(this);
+}
+
+void Mutex::ReaderLock() {
+  TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex10ReaderLockEv");
+  real(this);
+  Acquire(this);
+}
+
+bool Mutex::TryLock() {
+  TRIDENT_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex7TryLockEv");
+  const bool locked = real(this);
+  if (locked) Acquire(this);
+  return locked;
+}
+
+bool Mutex::ReaderTryLock() {
+  TRIDENT_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex13ReaderTryLockEv");
+  const bool locked = real(this);
+  if (locked) Acquire(this);
+  return locked;
+}
+
+void Mutex::Unlock() {
+  TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex6UnlockEv");
+  Release(this);
+  real(this);
+}
+
+void Mutex::ReaderUnlock() {
+  TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex12ReaderUnlockEv");
+  Release(this);
+  real(this);
+}
+
+void Mutex::LockWhen(const Condition& cond) {
+  TRIDENT_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
+  real(this, cond);
+  Acquire(this);
+}
+
+void Mutex::ReaderLockWhen(const Condition& cond) {
+  TRIDENT_REAL(void (*)(Mutex*, const Condition&),
+               "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
+  real(this, cond);
+  Acquire(this);
+}
+
+bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
+  TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
+               "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  const bool met = real(this, cond, timeout);
+  Acquire(this);  // Held either way.
+  return met;
+}
+
+bool Mutex::LockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
+  TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
+               "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  const bool met = real(this, cond, deadline);
+  Acquire(this);
+  return met;
+}
+
+bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
+  TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
+               "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  const bool met = real(this, cond, timeout);
+  Acquire(this);
+  return met;
+}
+
+bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
+  TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
+               "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  const bool met = real(this, cond, deadline);
+  Acquire(this);
+  return met;
+}
+
+void Mutex::Await(const Condition& cond) {
+  TRIDENT_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
+  Release(this);
+  real(this, cond);
+  Acquire(this);
+}
+
+bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
+  TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
+               "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  Release(this);
+  const bool met = real(this, cond, timeout);
+  Acquire(this);
+  return met;
+}
+
+bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
+  TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
+               "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  Release(this);
+  const bool met = real(this, cond, deadline);
+  Acquire(this);
+  return met;
+}
+
+void CondVar::Wait(Mutex* mu) {
+  TRIDENT_REAL(void (*)(CondVar*, Mutex*), "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
+  Release(mu);
+  real(this, mu);
+  Acquire(mu);
+}
+
+bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
+  TRIDENT_REAL(bool (*)(CondVar*, Mutex*, absl::Duration),
+               "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+  Release(mu);
+  const bool timed_out = real(this, mu, timeout);
+  Acquire(mu);
+  return timed_out;
+}
+
+bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time deadline) {
+  TRIDENT_REAL(bool (*)(CondVar*, Mutex*, absl::Time),
+               "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  Release(mu);
+  const bool timed_out = real(this, mu, deadline);
+  Acquire(mu);
+  return timed_out;
+}
+
+void Notification::Notify() {
+  TRIDENT_REAL(void (*)(Notification*), "_ZN4absl7debian312Notification6NotifyEv");
+  Release(this);
+  real(this);
+}
+
+void Notification::WaitForNotification() const {
+  TRIDENT_REAL(void (*)(const Notification*),
+               "_ZNK4absl7debian312Notification19WaitForNotificationEv");
+  real(this);
+  Acquire(this);
+}
+
+bool Notification::WaitForNotificationWithTimeout(absl::Duration timeout) const {
+  TRIDENT_REAL(bool (*)(const Notification*, absl::Duration),
+               "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  const bool notified = real(this, timeout);
+  if (notified) Acquire(this);
+  return notified;
+}
+
+bool Notification::WaitForNotificationWithDeadline(absl::Time deadline) const {
+  TRIDENT_REAL(bool (*)(const Notification*, absl::Time),
+               "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  const bool notified = real(this, deadline);
+  if (notified) Acquire(this);
+  return notified;
+}
+
+bool Notification::HasBeenNotifiedInternal(const std::atomic<bool>* notified_yet) {
+  TRIDENT_REAL(bool (*)(const std::atomic<bool>*),
+               "_ZN4absl7debian312Notification23HasBeenNotifiedInternalEPKSt6atomicIbE");
+  const bool notified = real(notified_yet);
+  if (notified) Acquire(NotificationOf(notified_yet));
+  return notified;
+}
+
+ABSL_NAMESPACE_END
+}  // namespace absl
