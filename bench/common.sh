@@ -50,3 +50,14 @@ metric() {
   curl -s "http://127.0.0.1:$1/metrics" |
       awk -v n="$2" '$1 == n || index($1, n "{") == 1 { s += $NF } END { printf "%.6g\n", s + 0 }'
 }
+
+# ensure_model DIR: writes make_model's llama3-8b preset (random bf16 weights)
+# into DIR unless it already holds a config.json.
+ensure_model() {
+  [[ -f "$1/config.json" ]] || "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$1"
+}
+
+# stop_all_on_exit: every service `start` ran is killed when the script ends.
+stop_all_on_exit() {
+  trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
+}

@@ -33,14 +33,11 @@ bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
 pids=()
 source "$(dirname "$0")/common.sh"
-if [[ ! -f "$model_dir/config.json" ]]; then
-  "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
-fi
+ensure_model "$model_dir"
 fraction=0.9
 [[ "$prefill_device" == "$decode_device" ]] && fraction=0.44
 
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+stop_all_on_exit
 
 worker() {
   local name=$1 role=$2 device=$3

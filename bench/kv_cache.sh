@@ -40,12 +40,9 @@ max_len=${MAX_MODEL_LEN:-8192}
 mkdir -p "$out"
 pids=()
 source "$(dirname "$0")/common.sh"
-if [[ ! -f "$model_dir/config.json" ]]; then
-  "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
-fi
+ensure_model "$model_dir"
 read -r -a extra <<<"${WORKER_FLAGS:-}"
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+stop_all_on_exit
 
 worker() {
   local name=$1 role=$2 fraction=$3

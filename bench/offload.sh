@@ -42,11 +42,8 @@ bin=${BIN_DIR:-bazel-bin}
 mkdir -p "$out"
 pids=()
 source "$(dirname "$0")/common.sh"
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-if [[ ! -f "$model_dir/config.json" ]]; then
-  "$(tool tools/make_model/make_model)" --preset=llama3-8b --out_dir="$model_dir"
-fi
+stop_all_on_exit
+ensure_model "$model_dir"
 # Per token of context: K and V of every layer, bf16.
 kv_per_token=$(python3 -c "
 import json; c = json.load(open('$model_dir/config.json'))

@@ -270,6 +270,23 @@ class FaultMatrixTest : public ::testing::Test {
     ASSERT_THAT(testing::EnsureFixtureModel("llama3-tiny", model_dir_), IsOk());
   }
 
+  // Checks each stream against the reference and counts the outcome.
+  static void CheckStreams(const std::vector<StreamRecord>& streams,
+                           const std::vector<StreamRecord>& reference, const FaultCase& fault,
+                           int run, RunOutcome& out) {
+    for (int i = 0; i < kStreams; ++i) {
+      const testing::StreamCheck c = testing::CheckStream(streams[i], reference[i]);
+      out.streams_ok += c.ok() ? 1 : 0;
+      out.lost += c.lost;
+      out.duplicated += c.duplicated;
+      out.mismatched += c.mismatched;
+      EXPECT_TRUE(c.ok()) << fault.name << " run " << run << " stream " << i << ": status "
+                          << streams[i].status.error_message() << ", completions "
+                          << streams[i].completions << ", lost " << c.lost << ", duplicated "
+                          << c.duplicated << ", mismatched " << c.mismatched;
+    }
+  }
+
   // One faulted run, checked against `reference`.
   RunOutcome RunFault(const FaultCase& fault, int run,
                       const std::vector<StreamRecord>& reference) {
@@ -299,17 +316,7 @@ class FaultMatrixTest : public ::testing::Test {
           }
         },
         fault.tokens_before);
-    for (int i = 0; i < kStreams; ++i) {
-      const testing::StreamCheck c = testing::CheckStream(streams[i], reference[i]);
-      out.streams_ok += c.ok() ? 1 : 0;
-      out.lost += c.lost;
-      out.duplicated += c.duplicated;
-      out.mismatched += c.mismatched;
-      EXPECT_TRUE(c.ok()) << fault.name << " run " << run << " stream " << i << ": status "
-                          << streams[i].status.error_message() << ", completions "
-                          << streams[i].completions << ", lost " << c.lost << ", duplicated "
-                          << c.duplicated << ", mismatched " << c.mismatched;
-    }
+    CheckStreams(streams, reference, fault, run, out);
     const std::string metrics = testing::Scrape(cluster.router());
     out.migrated = static_cast<int>(
         testing::ValueOf(metrics, "trident_router_migrations_total{outcome=\"resumed\"}")
@@ -390,15 +397,7 @@ class FaultMatrixTest : public ::testing::Test {
     testing::RunConcurrentStreams(router, kStreams, /*max_tokens=*/4, /*tokens_before=*/0, [] {});
     const std::vector<StreamRecord> streams = testing::RunConcurrentStreams(
         router, kStreams, kMaxTokens, kTokensBeforeFault, [&] { kill(pid, SIGKILL); });
-    for (int i = 0; i < kStreams; ++i) {
-      const testing::StreamCheck c = testing::CheckStream(streams[i], reference[i]);
-      out.streams_ok += c.ok() ? 1 : 0;
-      out.lost += c.lost;
-      out.duplicated += c.duplicated;
-      out.mismatched += c.mismatched;
-      EXPECT_TRUE(c.ok()) << fault.name << " run " << run << " stream " << i << ": "
-                          << streams[i].status.error_message();
-    }
+    CheckStreams(streams, reference, fault, run, out);
     out.confirmed = DiedOfSigkill(pid, absl::Seconds(10));
     if (fault.target == "prometheus") {
       const bool noticed = ControllerSawMetricsUnavailable(controller);
@@ -476,16 +475,8 @@ class FaultMatrixTest : public ::testing::Test {
     const absl::Status restarted = cluster.StartRouter();
     EXPECT_THAT(restarted, IsOk()) << fault.name;
     if (restarted.ok()) {
-      const std::vector<StreamRecord> again = cluster.Run([] {});
-      for (int i = 0; i < kStreams; ++i) {
-        const testing::StreamCheck c = testing::CheckStream(again[i], reference[i]);
-        out.streams_ok += c.ok() ? 1 : 0;
-        out.lost += c.lost;
-        out.duplicated += c.duplicated;
-        out.mismatched += c.mismatched;
-        EXPECT_TRUE(c.ok()) << fault.name << " run " << run << " stream " << i
-                            << " after the restart: " << again[i].status.error_message();
-      }
+      SCOPED_TRACE("after the restart");
+      CheckStreams(cluster.Run([] {}), reference, fault, run, out);
     }
     cluster.Stop();
     return out;
