@@ -6,7 +6,8 @@
 // each calls the library's own (dlsym RTLD_NEXT) and tells TSan what it did:
 // a lock acquires the mutex's address, an unlock releases it, a wait
 // releases it before blocking and acquires it after; Notify releases the
-// notification, and a wait or check that sees it notified acquires it.
+// notification (and its flag, which HasBeenNotified reads inline), and a
+// wait that sees it notified acquires it.
 // Nothing here changes what the library does. TSan only: the symbols are
 // Abseil's, and Abseil built with TSan annotates itself.
 
@@ -46,11 +47,12 @@ Fn RealFn(const char* mangled) {
 void Acquire(const void* addr) { __tsan_acquire(const_cast<void*>(addr)); }
 void Release(const void* addr) { __tsan_release(const_cast<void*>(addr)); }
 
-// Notification holds its Mutex, then the atomic flag
-// HasBeenNotifiedInternal reads: the notification's address from the flag's.
+// Notification holds its Mutex, then the atomic flag that HasBeenNotified
+// reads inline (an instrumented acquire load, which TSan pairs with a
+// release on the same address).
 static_assert(sizeof(absl::Mutex) == sizeof(void*), "absl::Notification's layout changed");
-const void* NotificationOf(const std::atomic<bool>* flag) {
-  return reinterpret_cast<const char*>(flag) - sizeof(absl::Mutex);
+const void* FlagOf(const absl::Notification* n) {
+  return reinterpret_cast<const char*>(n) + sizeof(absl::Mutex);
 }
 
 }  // namespace
@@ -198,6 +200,7 @@ bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time deadline) {
 void Notification::Notify() {
   TRIDENT_REAL(void (*)(Notification*), "_ZN4absl7debian312Notification6NotifyEv");
   Release(this);
+  Release(FlagOf(this));
   real(this);
 }
 
@@ -221,14 +224,6 @@ bool Notification::WaitForNotificationWithDeadline(absl::Time deadline) const {
                "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
   const bool notified = real(this, deadline);
   if (notified) Acquire(this);
-  return notified;
-}
-
-bool Notification::HasBeenNotifiedInternal(const std::atomic<bool>* notified_yet) {
-  TRIDENT_REAL(bool (*)(const std::atomic<bool>*),
-               "_ZN4absl7debian312Notification23HasBeenNotifiedInternalEPKSt6atomicIbE");
-  const bool notified = real(notified_yet);
-  if (notified) Acquire(NotificationOf(notified_yet));
   return notified;
 }
 
