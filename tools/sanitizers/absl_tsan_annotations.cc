@@ -3,11 +3,12 @@
 // so TSan sees none of their synchronization and reports every access they
 // guard as a race. Linked into each test's executable under --config=tsan
 // (tools/build/defs.bzl), this file interposes their out-of-line entry points:
-// each calls the library's own (dlsym RTLD_NEXT) and tells TSan what it did:
-// a lock acquires the mutex's address, an unlock releases it, a wait
-// releases it before blocking and acquires it after; Notify releases the
-// notification (and its flag, which HasBeenNotified reads inline), and a
-// wait that sees it notified acquires it.
+// each calls the library's own (dlsym RTLD_NEXT) inside TSan's mutex
+// annotations (a lock, an unlock, a wait as an unlock and a lock), so that
+// TSan knows the lock and ignores what runs inside the library's call (the
+// Conditions it evaluates for other threads while it holds the mutex);
+// Notify releases the notification (and its flag, which HasBeenNotified
+// reads inline), and a wait that sees it notified acquires it.
 // Nothing here changes what the library does. TSan only: the symbols are
 // Abseil's, and Abseil built with TSan annotates itself.
 
@@ -20,11 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-
-extern "C" {
-void __tsan_acquire(void* addr);
-void __tsan_release(void* addr);
-}
+#include "sanitizer/tsan_interface.h"
 
 namespace {
 
@@ -64,137 +61,145 @@ const void* FlagOf(const absl::Notification* n) {
 namespace absl {
 ABSL_NAMESPACE_BEGIN
 
+namespace {
+
+constexpr unsigned kRead = __tsan_mutex_read_lock;
+
+// A lock taken by `lock` (the library's call, which may evaluate conditions:
+// TSan ignores what runs inside).
+template <typename Call>
+auto Locked(Mutex* mu, unsigned flags, Call lock) {
+  __tsan_mutex_pre_lock(mu, flags);
+  auto result = lock();
+  __tsan_mutex_post_lock(mu, flags, 0);
+  return result;
+}
+
+// The mutex (held) released and taken again around `wait`.
+template <typename Call>
+auto Rewaited(Mutex* mu, Call wait) {
+  __tsan_mutex_pre_unlock(mu, 0);
+  auto result = wait();
+  __tsan_mutex_post_unlock(mu, 0);
+  __tsan_mutex_pre_lock(mu, 0);
+  __tsan_mutex_post_lock(mu, 0, 0);
+  return result;
+}
+
+bool TryLocked(Mutex* mu, unsigned flags, bool (*real)(Mutex*)) {
+  __tsan_mutex_pre_lock(mu, flags | __tsan_mutex_try_lock);
+  const bool locked = real(mu);
+  __tsan_mutex_post_lock(
+      mu, flags | __tsan_mutex_try_lock | (locked ? 0 : __tsan_mutex_try_lock_failed), 0);
+  return locked;
+}
+
+void Unlocked(Mutex* mu, unsigned flags, void (*real)(Mutex*)) {
+  __tsan_mutex_pre_unlock(mu, flags);
+  real(mu);
+  __tsan_mutex_post_unlock(mu, flags);
+}
+
+}  // namespace
+
 void Mutex::Lock() {
   TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex4LockEv");
-  real(this);
-  Acquire(this);
+  Locked(this, 0, [&] { return (real(this), 0); });
 }
 
 void Mutex::ReaderLock() {
   TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex10ReaderLockEv");
-  real(this);
-  Acquire(this);
+  Locked(this, kRead, [&] { return (real(this), 0); });
 }
 
 bool Mutex::TryLock() {
   TRIDENT_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex7TryLockEv");
-  const bool locked = real(this);
-  if (locked) Acquire(this);
-  return locked;
+  return TryLocked(this, 0, real);
 }
 
 bool Mutex::ReaderTryLock() {
   TRIDENT_REAL(bool (*)(Mutex*), "_ZN4absl7debian35Mutex13ReaderTryLockEv");
-  const bool locked = real(this);
-  if (locked) Acquire(this);
-  return locked;
+  return TryLocked(this, kRead, real);
 }
 
 void Mutex::Unlock() {
   TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex6UnlockEv");
-  Release(this);
-  real(this);
+  Unlocked(this, 0, real);
 }
 
 void Mutex::ReaderUnlock() {
   TRIDENT_REAL(void (*)(Mutex*), "_ZN4absl7debian35Mutex12ReaderUnlockEv");
-  Release(this);
-  real(this);
+  Unlocked(this, kRead, real);
 }
 
 void Mutex::LockWhen(const Condition& cond) {
   TRIDENT_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, cond);
-  Acquire(this);
+  Locked(this, 0, [&] { return (real(this, cond), 0); });
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
   TRIDENT_REAL(void (*)(Mutex*, const Condition&),
                "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(this, cond);
-  Acquire(this);
+  Locked(this, kRead, [&] { return (real(this, cond), 0); });
 }
 
+// Held on return either way.
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
                "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool met = real(this, cond, timeout);
-  Acquire(this);  // Held either way.
-  return met;
+  return Locked(this, 0, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
   TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
                "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool met = real(this, cond, deadline);
-  Acquire(this);
-  return met;
+  return Locked(this, 0, [&] { return real(this, cond, deadline); });
 }
 
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
                "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool met = real(this, cond, timeout);
-  Acquire(this);
-  return met;
+  return Locked(this, kRead, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, absl::Time deadline) {
   TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
                "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool met = real(this, cond, deadline);
-  Acquire(this);
-  return met;
+  return Locked(this, kRead, [&] { return real(this, cond, deadline); });
 }
 
 void Mutex::Await(const Condition& cond) {
   TRIDENT_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
-  Release(this);
-  real(this, cond);
-  Acquire(this);
+  Rewaited(this, [&] { return (real(this, cond), 0); });
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Duration),
                "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Release(this);
-  const bool met = real(this, cond, timeout);
-  Acquire(this);
-  return met;
+  return Rewaited(this, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
   TRIDENT_REAL(bool (*)(Mutex*, const Condition&, absl::Time),
                "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Release(this);
-  const bool met = real(this, cond, deadline);
-  Acquire(this);
-  return met;
+  return Rewaited(this, [&] { return real(this, cond, deadline); });
 }
 
 void CondVar::Wait(Mutex* mu) {
   TRIDENT_REAL(void (*)(CondVar*, Mutex*), "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE");
-  Release(mu);
-  real(this, mu);
-  Acquire(mu);
+  Rewaited(mu, [&] { return (real(this, mu), 0); });
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
   TRIDENT_REAL(bool (*)(CondVar*, Mutex*, absl::Duration),
                "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
-  Release(mu);
-  const bool timed_out = real(this, mu, timeout);
-  Acquire(mu);
-  return timed_out;
+  return Rewaited(mu, [&] { return real(this, mu, timeout); });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time deadline) {
   TRIDENT_REAL(bool (*)(CondVar*, Mutex*, absl::Time),
                "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  Release(mu);
-  const bool timed_out = real(this, mu, deadline);
-  Acquire(mu);
-  return timed_out;
+  return Rewaited(mu, [&] { return real(this, mu, deadline); });
 }
 
 void Notification::Notify() {
