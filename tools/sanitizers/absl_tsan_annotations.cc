@@ -65,10 +65,27 @@ namespace {
 
 constexpr unsigned kRead = __tsan_mutex_read_lock;
 
+// The library's entry points call one another (AwaitWithTimeout calls
+// AwaitWithDeadline through the same interposed symbol): only the outermost
+// call is annotated.
+thread_local int depth = 0;
+
+class Outermost {
+ public:
+  Outermost() : outer_(depth++ == 0) {}
+  ~Outermost() { --depth; }
+  bool operator()() const { return outer_; }
+
+ private:
+  const bool outer_;
+};
+
 // A lock taken by `lock` (the library's call, which may evaluate conditions:
 // TSan ignores what runs inside).
 template <typename Call>
 auto Locked(Mutex* mu, unsigned flags, Call lock) {
+  const Outermost outer;
+  if (!outer()) return lock();
   __tsan_mutex_pre_lock(mu, flags);
   auto result = lock();
   __tsan_mutex_post_lock(mu, flags, 0);
@@ -78,6 +95,8 @@ auto Locked(Mutex* mu, unsigned flags, Call lock) {
 // The mutex (held) released and taken again around `wait`.
 template <typename Call>
 auto Rewaited(Mutex* mu, Call wait) {
+  const Outermost outer;
+  if (!outer()) return wait();
   __tsan_mutex_pre_unlock(mu, 0);
   auto result = wait();
   __tsan_mutex_post_unlock(mu, 0);
@@ -87,6 +106,8 @@ auto Rewaited(Mutex* mu, Call wait) {
 }
 
 bool TryLocked(Mutex* mu, unsigned flags, bool (*real)(Mutex*)) {
+  const Outermost outer;
+  if (!outer()) return real(mu);
   __tsan_mutex_pre_lock(mu, flags | __tsan_mutex_try_lock);
   const bool locked = real(mu);
   __tsan_mutex_post_lock(
@@ -95,6 +116,8 @@ bool TryLocked(Mutex* mu, unsigned flags, bool (*real)(Mutex*)) {
 }
 
 void Unlocked(Mutex* mu, unsigned flags, void (*real)(Mutex*)) {
+  const Outermost outer;
+  if (!outer()) return real(mu);
   __tsan_mutex_pre_unlock(mu, flags);
   real(mu);
   __tsan_mutex_post_unlock(mu, flags);
