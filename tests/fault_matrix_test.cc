@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -78,8 +79,6 @@ struct FaultCase {
   std::string fault_points;
   // Sent to the target once every stream is mid-way.
   Signal signal = Signal::kNone;
-  // Run only when named by TRIDENT_FAULT_ONLY.
-  bool on_request = false;
   // Tokens every stream has when the signal is sent (0: as the requests
   // start).
   int tokens_before = kTokensBeforeFault;
@@ -136,15 +135,10 @@ std::string LogPath(const std::string& name) {
 
 // A worker's KV blocks as its next load sample has them.
 std::string KvSummary(const ServiceProcess& worker) {
-  auto stub = v1::WorkerControl::NewStub(worker.channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  auto reader = stub->GetLoad(&context, v1::GetLoadRequest());
-  v1::WorkerLoad load;
-  if (!reader->Read(&load)) return "no load sample";
-  context.TryCancel();
-  return absl::StrCat(load.kv_blocks_free(), " of ", load.kv_blocks_total(), " free, ",
-                      load.kv_blocks_reserved(), " reserved, ", load.running_sequences(),
+  const std::optional<v1::WorkerLoad> load = testing::NextLoadSample(worker.channel);
+  if (!load.has_value()) return "no load sample";
+  return absl::StrCat(load->kv_blocks_free(), " of ", load->kv_blocks_total(), " free, ",
+                      load->kv_blocks_reserved(), " reserved, ", load->running_sequences(),
                       " running");
 }
 
@@ -493,8 +487,7 @@ const FaultCase FaultMatrixTest::kCases[] = {
     {"decode wedged at decode.token", "d1", "decode.token=hang@30~", Signal::kNone},
     {"prefill crash mid-prefill", "p1", "prefill.compute=crash~", Signal::kNone},
     {"prefill crash mid-transfer", "p1", "prefill.transfer=crash~", Signal::kNone},
-    {"prefill SIGSTOP as requests come", "p1", "", Signal::kStop, /*on_request=*/false,
-     /*tokens_before=*/0},
+    {"prefill SIGSTOP as requests come", "p1", "", Signal::kStop, /*tokens_before=*/0},
     {"router SIGKILL, restarted", "router", "", Signal::kKill},
     // Every sequence's KV and attention at the service, which is killed:
     // the decode workers end its sequences UNAVAILABLE and the router
@@ -522,7 +515,6 @@ TEST_F(FaultMatrixTest, NoStreamLosesOrRepeatsATokenUnderAnyFault) {
   const char* only = std::getenv("TRIDENT_FAULT_ONLY");
   for (const FaultCase& fault : kCases) {
     if (only != nullptr && fault.name.find(only) == std::string::npos) continue;
-    if (only == nullptr && fault.on_request) continue;
     RunOutcome total;
     int confirmed = 0;
     int kv_free = 0;

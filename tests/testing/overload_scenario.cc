@@ -416,18 +416,11 @@ std::pair<double, double> RssAndFiles(pid_t pid) {
   return {rss, files};
 }
 
-// KV blocks a worker has in use now (its first load sample); -1 if none.
+// KV blocks a worker has in use now (its next load sample); -1 if none.
 double KvBlocksInUse(const ServiceProcess& worker) {
-  auto stub = v1::WorkerControl::NewStub(worker.channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  v1::GetLoadRequest request;
-  request.mutable_interval()->set_nanos(10'000'000);
-  auto reader = stub->GetLoad(&context, request);
-  v1::WorkerLoad load;
-  const bool got = reader->Read(&load);
-  context.TryCancel();
-  return got ? static_cast<double>(load.kv_blocks_total() - load.kv_blocks_free()) : -1;
+  const std::optional<v1::WorkerLoad> load = NextLoadSample(worker.channel);
+  return load.has_value() ? static_cast<double>(load->kv_blocks_total() - load->kv_blocks_free())
+                          : -1;
 }
 
 // Least-squares slope of (t, y), per minute.

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,23 @@ inline absl::Status StopService(ServiceProcess& p) {
   absl::Status s = WaitForExit(p.pid, absl::Seconds(30)).status();
   p.pid = -1;
   return s;
+}
+
+// The worker's next load sample (its GetLoad stream's first), or none if it
+// sends none within 5 s.
+inline std::optional<trident::v1::WorkerLoad> NextLoadSample(
+    const std::shared_ptr<grpc::Channel>& worker) {
+  auto stub = trident::v1::WorkerControl::NewStub(worker);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  trident::v1::GetLoadRequest request;
+  request.mutable_interval()->set_nanos(10'000'000);
+  auto reader = stub->GetLoad(&context, request);
+  trident::v1::WorkerLoad load;
+  const bool got = reader->Read(&load);
+  context.TryCancel();
+  if (!got) return std::nullopt;
+  return load;
 }
 
 // Reads the worker's load samples until every KV block is free and no
