@@ -78,6 +78,8 @@ class RouterDisaggregatedTest
     }
   }
 
+  // Public for RouterColocatedTest.
+ public:
   struct Result {
     std::vector<int32_t> tokens;
     v1::GenerateComplete complete;
@@ -113,6 +115,7 @@ class RouterDisaggregatedTest
     return r;
   }
 
+ protected:
   ServiceProcess both_, prefill_, decode_, router_;
 };
 
@@ -201,6 +204,54 @@ INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, RouterDisaggregatedTest,
                                                               "mistral-tiny"),
                                             ::testing::Values("tcp", "posix")),
                          testing::ModelTransportName);
+
+// A router in front of workers in role both started without a KV transport
+// (--kv_transport=auto: role both gets none): each request's prefill and
+// decode run on one worker, through its Decode call without a reservation.
+// The tokens equal the worker alone, and the KV is freed.
+TEST(RouterColocatedTest, RoleBothWorkersWithoutAKvTransportServeThroughTheRouter) {
+  const std::string model_dir = TestTmpPath("llama3-tiny");
+  ASSERT_THAT(testing::EnsureFixtureModel("llama3-tiny", model_dir), IsOk());
+  std::vector<ServiceProcess> workers;
+  for (const char* id : {"both-a", "both-b"}) {
+    auto started = testing::StartService(
+        {RunfilePath("services/worker/worker"), "--role=both", absl::StrCat("--worker_id=", id),
+         "--pin_threads=false", "--cpu_threads=1", "--kv_cache_mb=16",
+         absl::StrCat("--model=", model_dir)},
+        TestTmpPath(absl::StrCat(id, "-colocated.log")));
+    ASSERT_THAT(started, IsOk());
+    workers.push_back(*started);
+  }
+  auto router = testing::StartService(
+      {RunfilePath("services/router/router"), absl::StrCat("--model=", model_dir),
+       absl::StrCat("--workers=", workers[0].address, ",", workers[1].address),
+       "--load_interval_ms=20"},
+      TestTmpPath("router-colocated.log"));
+  ASSERT_THAT(router, IsOk());
+  std::ifstream in(RunfilePath("tests/fixtures/models/llama3-tiny/reference.json"));
+  const nlohmann::json ref = nlohmann::json::parse(
+      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  int n = 0;
+  for (const auto& prompt : ref["prompts"]) {
+    v1::GenerateRequest request;
+    for (int32_t id : prompt["prompt_ids"]) request.mutable_token_ids()->add_ids(id);
+    request.mutable_sampling()->set_temperature(0);
+    request.mutable_sampling()->set_max_tokens(16);
+    request.mutable_stop()->set_ignore_eos(true);
+    const auto alone = RouterDisaggregatedTest::Generate(workers[0], request);
+    ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+    const auto routed = RouterDisaggregatedTest::Generate(*router, request);
+    ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
+    EXPECT_EQ(routed.tokens, alone.tokens) << "prompt " << n;
+    EXPECT_EQ(routed.complete.finish_reason(), v1::FINISH_REASON_LENGTH);
+    ++n;
+  }
+  std::printf("%d prompts through the router to role-both workers without UCX\n", n);
+  EXPECT_EQ(n, 8);
+  for (ServiceProcess& w : workers) EXPECT_TRUE(testing::AllKvBlocksFree(w));
+  EXPECT_THAT(testing::StopService(*router), IsOk());
+  for (ServiceProcess& w : workers) EXPECT_THAT(testing::StopService(w), IsOk());
+}
 
 // kill -9 of a worker while a prompt's KV is on its way. The prefill worker
 // stalls its transfers after the first layer (a test-only flag), so the kill

@@ -132,10 +132,12 @@ void Flight::Reserve(FlightRoute route) {
                                                     request_.qos_class, arrival_);
     }
     proceed = !aborted_;
+    // One worker without a KV transport computes the prompt and decodes it.
+    a->colocated = a->route.colocated;
     if (!proceed) {
       EndLocked(absl::OkStatus());
       SettleLocked();
-    } else {
+    } else if (!a->colocated) {
       v1::ReserveKvRequest& r = a->reserve_request;
       const int32_t tokens = static_cast<int32_t>(request_.prompt.size() + streamed_.size());
       r.set_request_id(AttemptRequestId(request_.id, migrations_ + 1));
@@ -155,6 +157,10 @@ void Flight::Reserve(FlightRoute route) {
   }
   if (!proceed) {
     DeliverOutbox();
+    return;
+  }
+  if (a->colocated) {
+    StartStreams(v1::KvDestination());
     return;
   }
   stub->async()->ReserveKv(a->reserve_context.get(), &a->reserve_request, &a->reserve_response,
@@ -248,17 +254,24 @@ void Flight::StartStreams(const v1::KvDestination& reserved) {
         BuildAttemptRequests(request_, migrations_ + 1, streamed_, destination,
                              clock_->Now() - arrival_);
     StreamEvents* events = this;
-    a.decode = std::make_unique<DecodeStream>(events, std::move(requests.decode),
-                                              options_->call_timeout);
-    a.prefill = std::make_unique<PrefillStream>(events, std::move(requests.prefill),
-                                                options_->call_timeout);
+    a.decode =
+        std::make_unique<DecodeStream>(events, std::move(requests.decode), options_->call_timeout);
     decode = a.decode.get();
-    prefill = a.prefill.get();
-    a.open_calls += 2;
+    ++a.open_calls;
+    if (a.colocated) {
+      // The Decode stream (reservation 0) brings the first token too.
+      a.first_emitted = true;
+      prefill = nullptr;
+    } else {
+      a.prefill = std::make_unique<PrefillStream>(events, std::move(requests.prefill),
+                                                  options_->call_timeout);
+      prefill = a.prefill.get();
+      ++a.open_calls;
+    }
   }
   // Decode first: it waits for the hand-off the prefill makes.
   decode->Start(route.decode_stubs->decode.get());
-  prefill->Start(route.prefill_stubs->prefill.get());
+  if (prefill != nullptr) prefill->Start(route.prefill_stubs->prefill.get());
 }
 
 void Flight::OnPrefillMessage(const v1::PrefillResponse& p) {
@@ -323,8 +336,15 @@ void Flight::OnDecodeMessage(v1::DecodeResponse d) {
 void Flight::HandleDecodeLocked(const v1::DecodeResponse& d) {
   Attempt& a = *attempt_;
   if (d.has_chunk()) {
+    const absl::Time now = clock_->Now();
+    if (a.colocated && !a.watching) {
+      // A colocated attempt's first token: the prompt is computed.
+      admission_->MarkPrefillDone(a.route.admission);
+      if (migrations_ == 0) admission_->ObserveTtft(a.route.admission, now - a.admitted_at);
+      if (observer_ != nullptr) observer_->OnPrefillDone();
+    }
     a.watching = true;
-    a.last_progress = clock_->Now();
+    a.last_progress = now;
     EmitChunkLocked(d.chunk());
     return;
   }

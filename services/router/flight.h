@@ -72,6 +72,9 @@ struct FlightRoute {
   admission::AdmissionId admission = 0;
   std::string prefill_id;
   std::string decode_id;
+  // One worker without a KV transport serves both halves (admission's
+  // AdmissionDecision::colocated).
+  bool colocated = false;
   std::string prefill_address;
   std::string decode_address;
   WorkerStubs* prefill_stubs = nullptr;
@@ -107,8 +110,9 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   absl::Time WaitLimit(const admission::AdmissionDecision& decision) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Takes the route and asks its decode worker for a reservation; ends the
-  // request instead if it was aborted meanwhile.
+  // Takes the route and asks its decode worker for a reservation (or, when
+  // the route is colocated, starts the worker's Decode call without one);
+  // ends the request instead if it was aborted meanwhile.
   void Reserve(FlightRoute route) ABSL_LOCKS_EXCLUDED(mu_);
   // While the request waits for KV room.
   void SetWaiting(bool waiting) ABSL_LOCKS_EXCLUDED(mu_);
@@ -149,6 +153,10 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
     std::unique_ptr<PrefillStream> prefill;
     std::unique_ptr<DecodeStream> decode;
     int open_calls = 0;
+    // Prefill and decode on one worker without a KV transport (role both):
+    // one Decode call without a reservation, which streams the first token
+    // as well.
+    bool colocated = false;
     // The prefill's first token was emitted; decode messages wait for it.
     bool first_emitted = false;
     std::deque<trident::v1::DecodeResponse> held_decode;

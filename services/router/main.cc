@@ -23,6 +23,11 @@ ABSL_FLAG(std::string, model_name, "", "Name ModelInfo reports; empty: the direc
 ABSL_FLAG(int32_t, max_model_len, 0,
           "Longest prompt + output accepted; 0: the model's max_position_embeddings. Keep it "
           "at or below the workers' own limit.");
+ABSL_FLAG(std::string, workers, "",
+          "Comma-separated host:port of workers of any role, always followed: the router reads "
+          "each one's role from its load reports. A worker in role both serves a request's "
+          "prefill and decode itself when the router pairs it with itself (always, when it has "
+          "no KV transport).");
 ABSL_FLAG(std::string, prefill_workers, "",
           "Comma-separated host:port of prefill workers, always followed. Optional with "
           "--controller_address.");
@@ -98,6 +103,7 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.model_name = absl::GetFlag(FLAGS_model_name);
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  options.workers = SplitList(absl::GetFlag(FLAGS_workers));
   options.prefill_workers = SplitList(absl::GetFlag(FLAGS_prefill_workers));
   options.decode_workers = SplitList(absl::GetFlag(FLAGS_decode_workers));
   options.qos_config_path = absl::GetFlag(FLAGS_qos_config);

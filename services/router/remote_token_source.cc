@@ -106,6 +106,7 @@ absl::Status RemoteTokenSource::Route(const std::shared_ptr<Flight>& flight, Rou
   route.admission = decision->id;
   route.decode_id = std::string(decision->decode_worker_id);
   route.prefill_id = std::string(decision->prefill_worker_id);
+  route.colocated = decision->colocated;
   route.predicted_ttft = decision->predicted_ttft;
   route.predicted_tpot = decision->predicted_tpot;
   {

@@ -130,7 +130,9 @@ class FakeDecode final : public v1::Decode::CallbackService {
       absl::MutexLock lock(&mu_);
       reserved_.erase(id);
     });
-    const int resumed = request->resumed_outputs();
+    // Without a reservation (colocated) the stream brings output `resumed`
+    // too, which a prefill worker would have.
+    const int resumed = request->resumed_outputs() - (request->reservation_id() == 0 ? 1 : 0);
     const int max_tokens = request->sampling().max_tokens();
     {
       absl::MutexLock lock(&mu_);
@@ -327,9 +329,11 @@ class RemoteTokenSourceTest : public ::testing::Test {
   }
 
   // Reports `worker`'s load (role both) and tells the source its address.
-  void AddWorker(const std::string& id, const FakeWorker& worker, int running = 0) {
+  void AddWorker(const std::string& id, const FakeWorker& worker, int running = 0,
+                 bool colocated_only = false) {
     admission::WorkerLoadReport load;
     load.worker_id = id;
+    load.colocated_only = colocated_only;
     load.incarnation = 1;
     load.running_sequences = running;
     load.kv_blocks_free = 1000;
@@ -377,6 +381,38 @@ TEST_F(RemoteTokenSourceTest, RelaysThePrefillsFirstTokenThenTheDecodeStreamWith
   EXPECT_EQ(end.placement->kv_transfer, absl::Milliseconds(2));
   ASSERT_TRUE(end.placement->queued.has_value());
   EXPECT_GE(*end.placement->queued, absl::Milliseconds(3));
+}
+
+// A worker without a KV transport serves the whole request in one Decode
+// call without a reservation (its Prefill service is never called), and a
+// migration resumes on another such worker the same way.
+TEST_F(RemoteTokenSourceTest, AColocatedOnlyWorkerServesTheRequestInOneDecodeCall) {
+  Start();
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker spare(/*capacity=*/4);
+  for (FakeWorker* w : {&first, &spare}) w->prefill.set_failure(absl::InternalError("not used"));
+  first.decode.FailAfter(2, absl::UnavailableError("worker died"));
+  AddWorker("w1", first, /*running=*/0, /*colocated_only=*/true);
+  AddWorker("w2", spare, /*running=*/5, /*colocated_only=*/true);
+  Events events;
+  ASSERT_THAT(source_->Submit(Request("r1", /*max_tokens=*/5), events.Callback()), IsOk());
+
+  const std::vector<engine::TokenEvent> got = events.AwaitEnd();
+  EXPECT_EQ(Tokens(got), (std::vector<int32_t>{kFirstToken, 8, 9, 10, 11}));
+  for (size_t i = 0; i + 1 < got.size(); ++i) EXPECT_EQ(got[i].output_index, i);
+  EXPECT_EQ(got.back().finish, engine::FinishReason::kLength);
+  const std::vector<v1::DecodeRequest> tried = first.decode.requests();
+  ASSERT_EQ(tried.size(), 1u);
+  EXPECT_EQ(tried[0].reservation_id(), 0u);
+  EXPECT_EQ(tried[0].resumed_outputs(), 0);
+  const std::vector<v1::DecodeRequest> resumed = spare.decode.requests();
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0].reservation_id(), 0u);
+  EXPECT_EQ(resumed[0].resumed_outputs(), 2);
+  EXPECT_THAT(resumed[0].prompt_token_ids(), ::testing::ElementsAre(1, 2, 3, kFirstToken, 8));
+  ASSERT_TRUE(got.back().placement.has_value());
+  EXPECT_EQ(got.back().placement->prefill_worker_id, "w2");
+  EXPECT_EQ(got.back().placement->decode_worker_id, "w2");
 }
 
 TEST_F(RemoteTokenSourceTest, AWorkersResourceExhaustedReachesTheClientWithItsRetryInfo) {

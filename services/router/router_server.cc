@@ -22,7 +22,8 @@ namespace v1 = ::trident::v1;
 namespace {
 
 std::vector<std::string> StaticAddresses(const RouterServerOptions& options) {
-  std::set<std::string> all(options.prefill_workers.begin(), options.prefill_workers.end());
+  std::set<std::string> all(options.workers.begin(), options.workers.end());
+  all.insert(options.prefill_workers.begin(), options.prefill_workers.end());
   all.insert(options.decode_workers.begin(), options.decode_workers.end());
   return {all.begin(), all.end()};
 }
@@ -55,8 +56,8 @@ absl::Status Validate(const RouterServerOptions& options) {
   if (StaticAddresses(options).empty() && options.controller_address.empty()) {
     return InvalidArgumentForField(
         "--prefill_workers",
-        "name at least one prefill and one decode worker, or a --controller_address whose "
-        "topology names them");
+        "name at least one prefill and one decode worker (or --workers in role both), or a "
+        "--controller_address whose topology names them");
   }
   return absl::OkStatus();
 }

@@ -62,7 +62,10 @@ struct RouterServerOptions {
   std::string model_name;
   // Longest prompt + output; 0: the model's max_position_embeddings.
   int32_t max_model_len = 0;
-  // Static worker addresses (host:port), always followed.
+  // Static worker addresses (host:port), always followed. A worker's role
+  // comes from its load reports, whichever list names it; `workers` is for
+  // those of any role (e.g. role both, colocated).
+  std::vector<std::string> workers;
   std::vector<std::string> prefill_workers;
   std::vector<std::string> decode_workers;
   // QoS classes file (JSON); empty: one default class without targets.

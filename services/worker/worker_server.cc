@@ -291,6 +291,7 @@ v1::WorkerLoad WorkerServer::SampleLoad() const {
   v1::WorkerLoad load =
       WorkerLoadFromStats(now, model_->engine->stats(), reservations_->blocks_held(),
                           reservations_->num_reservations(), absl::Now());
+  load.set_colocated_only(kv_ == nullptr);
   if (kv_tier_ != nullptr && kv_tier_->store() != nullptr) {
     load.set_dram_hit_value(kv_tier_->DramHitValue());
   }

@@ -794,6 +794,12 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   return decision;
 }
 
+bool AdmissionController::Pairable(int prefill, int decode) const {
+  // A worker without a KV transport serves both halves of a request itself.
+  return prefill == decode ||
+         (!workers_[prefill]->report.colocated_only && !workers_[decode]->report.colocated_only);
+}
+
 TtftForecast AdmissionController::ForecastFor(const PrefillEval& e,
                                                                    bool colocated) {
   // No transfer when the prefill worker is the decode worker itself.
@@ -930,7 +936,7 @@ AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
   TtftForecast forecast;
   for (size_t i = 0; i < workers_.size(); ++i) {
     const PrefillEval& e = prefill_scratch_[i];
-    if (!e.eligible) continue;
+    if (!e.eligible || !Pairable(static_cast<int>(i), decode)) continue;
     const TtftForecast forecast_i = ForecastFor(e, static_cast<int>(i) == decode);
     const double ttft_i = forecast_i.At(e.scale) + e.overhead;
     if (prefill < 0 || ttft_i < ttft) {
@@ -939,6 +945,12 @@ AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
       forecast = forecast_i;
     }
   }
+  if (prefill < 0) {
+    // The least-loaded decode worker has no KV transport and cannot prefill.
+    decision.reason = RejectReason::kNoWorkers;
+    decision.retry_after = options_.default_retry_after;
+    return decision;
+  }
   const DecodeEval& d = decode_scratch_[decode];
   const double tpot = d.tpot;
   decision.admitted = true;
@@ -946,6 +958,7 @@ AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
                           s.tpot_target, s.need_blocks, forecast, tpot / d.tpot_scale);
   decision.prefill_worker_id = workers_[prefill]->id;
   decision.decode_worker_id = workers_[decode]->id;
+  decision.colocated = prefill == decode && workers_[decode]->report.colocated_only;
   decision.predicted_cached_tokens =
       s.request.prompt_tokens - PrefillTokens(s.request, *workers_[prefill]);
   decision.predicted_ttft = ToDuration(ttft);
@@ -985,7 +998,7 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
   double wait = kInf;
   for (size_t i = 0; i < workers_.size(); ++i) {
     const PrefillEval& e = prefill_scratch_[i];
-    if (!e.eligible) continue;
+    if (!e.eligible || !Pairable(static_cast<int>(i), best_decode)) continue;
     int stage = e.stage;
     double ttft = e.ttft;
     double retry = e.retry;
@@ -1023,6 +1036,7 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
                 chosen.tpot / chosen.tpot_scale);
   decision->prefill_worker_id = workers_[best_prefill]->id;
   decision->decode_worker_id = workers_[best_decode]->id;
+  decision->colocated = best_prefill == best_decode && workers_[best_decode]->report.colocated_only;
   decision->predicted_ttft = ToDuration(best_ttft);
   decision->predicted_cached_tokens =
       s.request.prompt_tokens - PrefillTokens(s.request, *workers_[best_prefill]);

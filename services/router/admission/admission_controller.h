@@ -230,6 +230,9 @@ struct AdmissionDecision {
   // that worker or the controller's destruction).
   AdmissionId id = 0;
   absl::string_view decode_worker_id;
+  // Both are one worker without a KV transport: it serves the whole
+  // request itself (one Decode call, no reservation).
+  bool colocated = false;
   absl::string_view prefill_worker_id;
   // Rejected: why, and when to retry.
   RejectReason reason = RejectReason::kNoWorkers;
@@ -354,6 +357,9 @@ class AdmissionController {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prefill candidate's forecast, without the transfer when `colocated`.
   static TtftForecast ForecastFor(const PrefillEval& e, bool colocated);
+  // Whether workers_[prefill] may prefill for workers_[decode]: always the
+  // same worker, else two that both have a KV transport.
+  bool Pairable(int prefill, int decode) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   double NowSeconds() const;
   // Prompt tokens `worker` must compute for `request`: those its prefix

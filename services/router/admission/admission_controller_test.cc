@@ -444,6 +444,43 @@ TEST(AdmissionControllerTest, ColocatedPairSkipsTheTransfer) {
   EXPECT_NEAR(absl::ToDoubleSeconds(decision.predicted_ttft), 0.110, 1e-9);
 }
 
+// A worker without a KV transport (role both, no UCX) is paired with itself
+// alone, even where another worker would prefill sooner; with admission off
+// too.
+TEST(AdmissionControllerTest, AColocatedOnlyWorkerIsPairedWithItselfAlone) {
+  for (const bool enabled : {true, false}) {
+    SCOPED_TRACE(enabled ? "admission on" : "admission off");
+    AdmissionOptions options = KnownModelOptions();
+    options.enabled = enabled;
+    Cluster cluster(options);
+    WorkerLoadReport both = DecodeLoad("both0");
+    both.role = WorkerRole::kBoth;
+    both.queued_prefill_tokens = 4000;  // 0.4 s of prefill ahead of the request
+    both.colocated_only = true;
+    cluster.Load(both);
+    cluster.Load(PrefillLoad("p0"));  // idle, and would prefill in 0.11 s
+    const AdmissionDecision decision =
+        cluster.Admit(Request(1000, 10, absl::Seconds(5), absl::Seconds(1)));
+    ASSERT_TRUE(decision.admitted);
+    EXPECT_EQ(decision.decode_worker_id, "both0");
+    EXPECT_EQ(decision.prefill_worker_id, "both0");
+    if (enabled) {
+      EXPECT_GT(absl::ToDoubleSeconds(decision.predicted_ttft), 0.5);
+    }
+
+    // A second, transport-capable decode worker takes p0's prompts instead.
+    cluster.Load(DecodeLoad("d1", /*running=*/5));
+    both.running_sequences = 40;
+    both.batch_context_tokens = 40000;
+    cluster.Load(both);
+    const AdmissionDecision other =
+        cluster.Admit(Request(1000, 10, absl::Seconds(5), absl::Seconds(1)));
+    ASSERT_TRUE(other.admitted);
+    EXPECT_EQ(other.decode_worker_id, "d1");
+    EXPECT_EQ(other.prefill_worker_id, "p0");
+  }
+}
+
 TEST(AdmissionControllerTest, LearnsFromObservations) {
   Cluster cluster{AdmissionOptions()};  // Default priors.
   cluster.Load(PrefillLoad("p0"));

@@ -45,6 +45,9 @@ struct WorkerLoadReport {
   // Measured duration of one decode step at about `running_sequences` and
   // `batch_context_tokens`; zero when not decoding.
   absl::Duration decode_step_time = absl::ZeroDuration();
+  // The worker has no KV transport: it is paired with itself alone (both
+  // halves of a request on it, role both).
+  bool colocated_only = false;
 };
 
 }  // namespace trident::router::admission

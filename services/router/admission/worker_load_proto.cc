@@ -71,6 +71,7 @@ absl::StatusOr<WorkerLoadReport> WorkerLoadReportFromProto(const trident::v1::Wo
   report.kv_blocks_total = load.kv_blocks_total();
   report.prefill_tokens_per_second = load.prefill_tokens_per_second();
   report.decode_step_time = step;
+  report.colocated_only = load.colocated_only();
   return report;
 }
 

@@ -42,6 +42,10 @@ TEST(WorkerLoadProtoTest, ConvertsEveryField) {
   EXPECT_EQ(report->kv_blocks_free, 100);
   EXPECT_EQ(report->kv_blocks_total, 1000);
   EXPECT_EQ(report->decode_step_time, absl::Milliseconds(25));
+  EXPECT_FALSE(report->colocated_only);
+  trident::v1::WorkerLoad colocated = ValidLoad();
+  colocated.set_colocated_only(true);
+  EXPECT_TRUE(WorkerLoadReportFromProto(colocated)->colocated_only);
 }
 
 TEST(WorkerLoadProtoTest, DrainingWorkerIsNotAccepting) {
