@@ -105,7 +105,12 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   const std::string state_dir = TestTmpPath("cluster");
   const std::string log = TestTmpPath("trident.log");
   // The default cluster: one prefill and one decode worker.
-  ASSERT_EQ(RunTrident({"up", "--state_dir=" + state_dir, "--scrape_interval=500ms"}, log), 0);
+  // Every sequence of 64 tokens or more goes to the attention service (the
+  // default places there only when the KV pool runs short).
+  ASSERT_EQ(RunTrident({"up", "--state_dir=" + state_dir, "--scrape_interval=500ms",
+                        "--offload_min_context_tokens=64"},
+                       log),
+            0);
   absl::StatusOr<cli::ClusterState> state = cli::LoadState(state_dir);
   ASSERT_THAT(state, IsOk());
 
@@ -149,8 +154,8 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   EXPECT_FALSE(generated->text.empty());
   EXPECT_EQ(generated->complete.finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(generated->complete.usage().completion_tokens(), 8);
-  // A generation whose context passes 64 tokens moves to the attention
-  // service (trident up's --offload_min_context_tokens), and says so.
+  // A generation whose context passes 64 tokens is placed at the attention
+  // service (--offload_min_context_tokens=64 above), and says so.
   absl::StatusOr<cli::GenerateSummary> offloaded =
       cli::StreamGeneration({.address = state->RouterAddress(),
                              .prompt = "Once upon a time",

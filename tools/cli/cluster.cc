@@ -334,10 +334,14 @@ std::vector<std::string> WorkerFlags(const ClusterOptions& options, const std::s
                                     absl::StrCat("--model=", model_dir), "--kv_transport=ucx",
                                     absl::StrCat("--controller_address=", controller_address)};
   if (role != "prefill" && !attention_address.empty()) {
-    // Decode-capable workers move long sequences to the attention service.
+    // Decode-capable workers place sequences at the attention service when
+    // their KV pool runs short (or, with offload_min_context_tokens, every
+    // long one), and move one there only while the start-up cost tables say
+    // the decode step keeps its throughput with it.
     flags.push_back(absl::StrCat("--attention_services=", attention_address));
     flags.push_back(
         absl::StrCat("--offload_min_context_tokens=", options.offload_min_context_tokens));
+    flags.push_back("--offload_keep_throughput");
   }
   flags.insert(flags.end(), options.worker_flags.begin(), options.worker_flags.end());
   return flags;

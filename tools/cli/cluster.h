@@ -49,8 +49,9 @@ struct ClusterOptions {
   std::vector<std::string> worker_flags;
   // Decode-capable workers offload to the cluster's attention service every
   // sequence whose context reaches this many tokens (--offload_min_context_
-  // tokens); 0: offload only for lack of KV blocks.
-  int32_t offload_min_context_tokens = 64;
+  // tokens); 0: offload only for lack of KV blocks, where the cost tables
+  // say it keeps the decode step's throughput.
+  int32_t offload_min_context_tokens = 0;
   // The attention service's kernel threads (--threads) and KV budget.
   int32_t attention_threads = 1;
   int64_t attention_kv_budget_mb = 256;

@@ -40,11 +40,12 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(
     std::string, worker_flags, "",
     "Extra flags for every worker, space-separated (e.g. \"--dtype=bf16 --kv_cache_mb=256\").");
-ABSL_FLAG(int32_t, offload_min_context_tokens, 64,
+ABSL_FLAG(int32_t, offload_min_context_tokens, 0,
           "up: decode workers place each request whose prompt plus max_tokens reaches this many "
           "tokens on the CPU attention service (the prefill worker writes its prompt there) and "
-          "move sequences that grow past it there (their decode attention runs there); 0: only "
-          "when their KV cache runs short.");
+          "move sequences that grow past it there (their decode attention runs there); 0 (the "
+          "default): only when their KV cache runs short, and only while their start-up cost "
+          "tables say the decode step keeps its throughput (--offload_keep_throughput).");
 ABSL_FLAG(int32_t, attention_threads, 1,
           "up: kernel threads of the attention service (one per physical core at most).");
 ABSL_FLAG(int64_t, attention_kv_store_mb, 64,
