@@ -71,6 +71,15 @@ struct RemoteAttentionTiming {
   double exposed_seconds = 0;
 };
 
+// A device backend's step graphs (CUDA graphs): captured at start-up, and
+// what became of decode steps since.
+struct GraphStats {
+  int64_t captured = 0;        // graphs captured, all at start-up
+  double capture_seconds = 0;  // the start-up capture's wall time
+  int64_t replays = 0;         // decode steps replayed from a graph
+  int64_t misses = 0;          // decode steps with no graph for their shape
+};
+
 // A forward step failed because an attention service did not answer (it
 // died, or timed out): the status carries this payload (type URL
 // kRemoteAttentionFailureUrl), naming the service, so that the engine can
@@ -168,6 +177,8 @@ class ModelBackend {
   // Totals so far (zero for backends without remote attention). Called on
   // the forward's thread.
   virtual RemoteAttentionTiming remote_attention_timing() const { return {}; }
+  // Zero for backends without graphs. Thread-safe.
+  virtual GraphStats graph_stats() const { return {}; }
 
   // How long a forward step waits for an attention service's answer before
   // it fails the step (kRemoteAttentionFailureUrl).

@@ -756,6 +756,7 @@ EngineStats EngineCore::stats() const {
   const backend::RemoteAttentionTiming timing = backend_->remote_attention_timing();
   s.remote_round_trip_seconds_total = timing.round_trip_seconds;
   s.remote_exposed_seconds_total = timing.exposed_seconds;
+  s.graphs = backend_->graph_stats();
   return s;
 }
 

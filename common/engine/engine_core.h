@@ -144,6 +144,8 @@ struct EngineStats {
   int64_t pipelined_steps_total = 0;
   double remote_round_trip_seconds_total = 0;
   double remote_exposed_seconds_total = 0;
+  // The backend's step graphs (ModelBackend::graph_stats).
+  backend::GraphStats graphs;
   // Filled in by the Engine shell, which times steps (EWMA over recent
   // steps): prompt tokens per second of steps that computed at least
   // kMinRatePrefillTokens prompt tokens (fewer are all fixed cost), and the

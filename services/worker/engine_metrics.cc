@@ -35,7 +35,8 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                    .Add({})),
       kv_usage_(prometheus::BuildGauge()
                     .Name("trident_worker_kv_cache_usage_ratio")
-                    .Help("Fraction of KV cache blocks held by sequences (cached blocks nobody holds count as free).")
+                    .Help("Fraction of KV cache blocks held by sequences (cached blocks nobody "
+                          "holds count as free).")
                     .Register(r)
                     .Add({})),
       kv_blocks_(prometheus::BuildGauge()
@@ -189,7 +190,25 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                                 "table: observed request time over planned, averaged over recent "
                                 "decode steps (1 without offload).")
                           .Register(r)
-                          .Add({})) {}
+                          .Add({})),
+      graphs_(prometheus::BuildGauge()
+                  .Name("trident_worker_cuda_graphs")
+                  .Help("Decode step graphs captured (CUDA backend), all at start-up: a value "
+                        "that grows while serving would mean a capture on the serving path.")
+                  .Register(r)
+                  .Add({})),
+      graph_replays_(prometheus::BuildCounter()
+                         .Name("trident_worker_cuda_graph_replays_total")
+                         .Help("Decode steps replayed from a start-up graph.")
+                         .Register(r)
+                         .Add({})),
+      graph_misses_(prometheus::BuildCounter()
+                        .Name("trident_worker_cuda_graph_misses_total")
+                        .Help("Decode steps with no start-up graph for their batch and context "
+                              "(beyond --cuda_graph_max_batch / --cuda_graph_max_context): "
+                              "launched kernel by kernel, never captured.")
+                        .Register(r)
+                        .Add({})) {}
 
 void EngineMetrics::Update(const engine::EngineStats& s) {
   running_.Set(s.running);
@@ -247,6 +266,9 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   cpu_exposed_.Increment(std::max(0.0, exposed));
   cpu_cost_scale_.Set(s.cpu_cost_scale);
   if (round_trip > 0) cpu_hidden_.Set(std::clamp(1.0 - exposed / round_trip, 0.0, 1.0));
+  graphs_.Set(static_cast<double>(s.graphs.captured));
+  graph_replays_.Increment(static_cast<double>(s.graphs.replays - last_.graphs.replays));
+  graph_misses_.Increment(static_cast<double>(s.graphs.misses - last_.graphs.misses));
   last_ = s;
 }
 

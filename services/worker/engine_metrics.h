@@ -124,6 +124,9 @@ class EngineMetrics {
   prometheus::Counter& cpu_exposed_;
   prometheus::Gauge& cpu_hidden_;
   prometheus::Gauge& cpu_cost_scale_;
+  prometheus::Gauge& graphs_;
+  prometheus::Counter& graph_replays_;
+  prometheus::Counter& graph_misses_;
   // The stats of the previous Update.
   engine::EngineStats last_;
 };

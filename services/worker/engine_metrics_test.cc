@@ -109,6 +109,20 @@ TEST(EngineMetricsTest, GaugesFollowTheLatestStatsAndCountersTheirIncrease) {
   EXPECT_EQ(FindSeries(registry, "trident_worker_generation_tokens_total", {}).value, 12);
 }
 
+TEST(EngineMetricsTest, GraphsAreAGaugeAndTheirReplaysAndMissesCounters) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(registry);
+  engine::EngineStats stats;
+  stats.graphs = {.captured = 120, .capture_seconds = 1.5, .replays = 40, .misses = 1};
+  metrics.Update(stats);
+  stats.graphs.replays = 100;
+  stats.graphs.misses = 3;
+  metrics.Update(stats);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_cuda_graphs", {}).value, 120);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_cuda_graph_replays_total", {}).value, 100);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_cuda_graph_misses_total", {}).value, 3);
+}
+
 TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   prometheus::Registry registry;
   EngineMetrics metrics(registry);

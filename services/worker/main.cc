@@ -42,8 +42,17 @@ ABSL_FLAG(int32_t, gpu_kv_cache_tokens, 0,
           "--gpu_memory_fraction leaves); with --attention_services, sequences beyond it are "
           "offloaded to the CPU instead of waiting.");
 ABSL_FLAG(bool, cuda_graphs, true,
-          "CUDA backend: replay decode steps from CUDA graphs captured per batch-size bucket "
-          "(false: launch every kernel every step).");
+          "CUDA backend: replay decode steps from CUDA graphs, one per batch-size bucket (1, 2, "
+          "4, 8, then multiples of 16) and context bucket (powers of two), all captured at "
+          "start-up (the log says how many, how long, and the memory they took); none is "
+          "captured while serving (false: launch every kernel every step).");
+ABSL_FLAG(int32_t, cuda_graph_max_batch, 0,
+          "CUDA backend: largest padded decode batch with a graph (0: --max_running); "
+          "larger decode steps launch their kernels one by one "
+          "(trident_worker_cuda_graph_misses_total).");
+ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
+          "CUDA backend: longest context with a decode graph (0: the context window); steps "
+          "with longer contexts launch their kernels one by one.");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "Threads for the CPU backend; 0: one per physical core the process may use.");
@@ -185,6 +194,8 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_device = device.kind == Device::Kind::kCuda ? device.ordinal : -1;
   model.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   model.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  model.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
+  model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);
   model.model_name = absl::GetFlag(FLAGS_model_name);
   model.dtype = absl::GetFlag(FLAGS_dtype);

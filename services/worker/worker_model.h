@@ -30,8 +30,12 @@ struct WorkerModelOptions {
   // CUDA: caps the KV cache at this many tokens (0: what the memory
   // fraction leaves).
   int32_t gpu_kv_cache_tokens = 0;
-  // CUDA: replay decode steps from CUDA graphs.
+  // CUDA: replay decode steps from CUDA graphs, all captured at start-up
+  // for padded batches up to cuda_graph_max_batch and contexts up to
+  // cuda_graph_max_context (0: the backend's limits).
   bool cuda_graphs = true;
+  int32_t cuda_graph_max_batch = 0;
+  int32_t cuda_graph_max_context = 0;
   // Name reported by ModelInfo; empty: the directory's last component.
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.

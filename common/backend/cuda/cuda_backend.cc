@@ -164,7 +164,8 @@ absl::Status Impl::Load(const std::string& dir) {
                 "inv_freq upload"));
   max_model_len = config.max_position_embeddings;
   if (options.max_model_len > 0) max_model_len = std::min(max_model_len, options.max_model_len);
-  return AllocateWorkspaceAndKv();
+  TRIDENT_RETURN_IF_ERROR(AllocateWorkspaceAndKv());
+  return CaptureGraphs();
 }
 
 absl::Status Impl::AllocatePass(Pass& pass, int64_t t, int64_t s) {
@@ -211,14 +212,15 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
   const size_t sample_out_bytes = static_cast<size_t>(s) * (8 + 8 * kc::kMaxSampleTopLogprobs);
   TRIDENT_RETURN_IF_ERROR(sample_out.Allocate(sample_out_bytes, "sampler outputs"));
   TRIDENT_RETURN_IF_ERROR(host_sample_out.Allocate(sample_out_bytes, "sampler outputs"));
-  // The split count of a plan depends on the batch; take the largest need.
+  // The split count of a plan depends on the batch, and not monotonically
+  // (a batch between two powers of two may take more splits than either):
+  // take the largest need over every batch.
   size_t decode_ws = 256;
-  for (int64_t b = 1;; b = std::min(b * 2, s)) {
+  for (int64_t b = 1; b <= s; ++b) {
     const kc::DecodePlan plan = PlanDecode(static_cast<int32_t>(b), max_model_len);
     decode_ws =
         std::max(decode_ws, kc::DecodeWorkspaceBytes(plan, static_cast<int32_t>(b),
                                                      config.num_attention_heads, config.head_dim));
-    if (b == s) break;
   }
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
 
@@ -283,6 +285,15 @@ absl::StatusOr<KvMemory> CudaBackend::kv_memory() const {
   m.device = true;
   m.device_ordinal = impl_->options.device;
   return m;
+}
+
+GraphStats CudaBackend::graph_stats() const {
+  GraphStats s;
+  s.captured = impl_->graphs_captured.load(std::memory_order_relaxed);
+  s.capture_seconds = impl_->graph_capture_seconds;
+  s.replays = impl_->graph_replays.load(std::memory_order_relaxed);
+  s.misses = impl_->graph_misses.load(std::memory_order_relaxed);
+  return s;
 }
 
 const model::ModelConfig& CudaBackend::config() const { return impl_->config; }

@@ -45,8 +45,15 @@ struct CudaBackendOptions {
   int32_t max_batch_sequences = 256;
   // Caps the context window (0: the model's max_position_embeddings).
   int32_t max_model_len = 0;
-  // Replay decode steps from CUDA graphs (see above).
+  // Replay decode steps from CUDA graphs (see above), all captured at
+  // start-up (nothing is captured while serving): one per padded batch
+  // bucket up to graph_max_batch (0: max_batch_sequences) and context
+  // bucket (powers of two) up to graph_max_context (0: max_model_len). A
+  // decode step outside them launches its kernels one by one
+  // (GraphStats::misses).
   bool cuda_graphs = true;
+  int32_t graph_max_batch = 0;
+  int32_t graph_max_context = 0;
   // Sample on the GPU (ForwardSample; kernels/cuda/sampling): only tokens
   // and logprobs cross to the host. False: logits go to the host sampler.
   bool device_sampling = true;
@@ -77,6 +84,7 @@ class CudaBackend : public ModelBackend {
   int32_t max_model_len() const override;
   KvCapacity kv_capacity() const override;
   absl::StatusOr<KvMemory> kv_memory() const override;
+  GraphStats graph_stats() const override;
   // A CudaKvCopier (cuda_kv_copier.h) for the KV pool, with default options.
   absl::StatusOr<std::unique_ptr<KvCopier>> CreateKvCopier() const override;
   std::string Describe() const override;

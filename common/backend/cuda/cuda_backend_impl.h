@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -132,6 +133,11 @@ struct StepShape {
   int64_t remote_rows() const { return total - local_tokens; }
 };
 
+// A decode graph's key: (padded batch, splits * 16 + kernel variant, table
+// stride).
+using GraphMapKey = std::tuple<int32_t, int32_t, int32_t>;
+GraphMapKey GraphKey(const StepShape& shape);
+
 // One pass's activations, metadata and CPU-resident rows.
 struct Pass {
   // Capacity: passes[0] takes max_batch_tokens, passes[1] (decode rows
@@ -218,8 +224,15 @@ struct Impl {
   DeviceBuffer sample_out;  // tokens [S], logprobs [S], top ids / logprobs [S][20]
   PinnedBuffer host_sample_out;
 
-  // Decode graphs by (padded batch, splits, table stride).
-  std::map<std::tuple<int32_t, int32_t, int32_t>, cudaGraphExec_t> graphs;
+  // Decode graphs by (padded batch, splits, table stride), captured by
+  // CaptureGraphs at start-up; sealed after it (nothing is captured while
+  // serving).
+  std::map<GraphMapKey, cudaGraphExec_t> graphs;
+  bool graphs_sealed = false;
+  double graph_capture_seconds = 0;
+  std::atomic<int64_t> graph_replays{0};
+  std::atomic<int64_t> graph_misses{0};
+  std::atomic<int64_t> graphs_captured{0};
 
   ~Impl() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
@@ -279,8 +292,15 @@ struct Impl {
   absl::Status RunLayers();
   absl::Status SendRemote(Pass& pass, int32_t layer);
   absl::Status ReceiveRemote(Pass& pass);
-  // Replays (capturing on first use) the decode graph for passes[0].
+  // Replays the decode graph for passes[0]'s shape (capturing it while the
+  // graphs are not sealed); with none, launches the step's kernels.
   absl::Status LaunchGraph(Pass& pass);
+  // The shape Stage gives a graph-replayed decode step of `padded`
+  // sequences whose longest context is `max_context`.
+  StepShape GraphShape(int32_t padded, int32_t max_context) const;
+  int32_t TableStride(int32_t max_context) const;
+  // Captures every graph the options ask for, then seals them.
+  absl::Status CaptureGraphs();
 };
 
 }  // namespace trident::backend::cuda_internal

@@ -122,6 +122,12 @@ TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
   options.gpu_memory_fraction = 0.6;
   auto direct = CudaBackend::Create(fixture_.model_dir, options);
   ASSERT_THAT(direct.status(), IsOk());
+  // Every graph was captured at start-up: batch buckets 1-64, context
+  // buckets to the window.
+  const GraphStats at_start = backend_->graph_stats();
+  EXPECT_GT(at_start.captured, 10);
+  EXPECT_EQ(at_start.replays, 0);
+  EXPECT_EQ((*direct)->graph_stats().captured, 0);
   int same = 0, total = 0;
   double worst = 0;
   for (const FixturePrompt& prompt : fixture_.prompts) {
@@ -141,6 +147,17 @@ TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
       ++total;
     }
   }
+  // Decode steps replayed those graphs; none was captured while serving.
+  const GraphStats after = backend_->graph_stats();
+  std::printf(
+      "%s cuda: %lld graphs captured at start-up in %.2f s; %lld steps replayed, %lld "
+      "without a graph, %lld captured since\n",
+      GetParam().c_str(), static_cast<long long>(at_start.captured), at_start.capture_seconds,
+      static_cast<long long>(after.replays), static_cast<long long>(after.misses),
+      static_cast<long long>(after.captured - at_start.captured));
+  EXPECT_EQ(after.captured, at_start.captured);
+  EXPECT_GT(after.replays, 0);
+  EXPECT_EQ(after.misses, 0);
   std::printf("%s cuda: graph vs direct, argmax %d/%d, max |dlogit| / range %.3g\n",
               GetParam().c_str(), same, total, worst);
   EXPECT_LE(worst, 1e-2);

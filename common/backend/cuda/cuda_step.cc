@@ -159,11 +159,10 @@ absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batc
   shape.num_seqs = use_graph ? padded : num_seqs;
   if (use_graph) shape.local_seqs = padded;
   shape.table_stride = std::min(NextPow2(max_table), max_blocks);
-  if (shape.all_decode && shape.local_seqs > 0) {
-    // Graphs bake the split count in: plan for the context bucket.
-    const int32_t planned_context =
-        use_graph ? std::min(NextPow2(max_context), max_model_len) : max_context;
-    shape.plan = PlanDecode(shape.local_seqs, planned_context);
+  if (use_graph) {
+    shape.plan = GraphShape(padded, max_context).plan;
+  } else if (shape.all_decode && shape.local_seqs > 0) {
+    shape.plan = PlanDecode(shape.local_seqs, max_context);
   }
 
   const MetaView& m = pass.hmeta;
@@ -467,11 +466,81 @@ absl::Status Impl::RunLayers() {
   return absl::OkStatus();
 }
 
+GraphMapKey GraphKey(const StepShape& shape) {
+  return std::make_tuple(shape.num_seqs, shape.plan.num_splits * 16 + shape.plan.variant,
+                         shape.table_stride);
+}
+
+int32_t Impl::TableStride(int32_t max_context) const {
+  const int32_t bs = kv_spec.block_size;
+  const int32_t max_blocks = (max_model_len + bs - 1) / bs;
+  return std::min(NextPow2(std::max(1, (max_context + bs - 1) / bs)), max_blocks);
+}
+
+StepShape Impl::GraphShape(int32_t padded, int32_t max_context) const {
+  StepShape shape;
+  shape.total = padded;
+  shape.num_seqs = padded;
+  shape.local_seqs = padded;
+  shape.local_tokens = padded;
+  shape.all_decode = true;
+  shape.max_query = 1;
+  shape.table_stride = TableStride(max_context);
+  // Graphs bake the split count in: plan for the context bucket.
+  shape.plan = PlanDecode(padded, std::min(NextPow2(max_context), max_model_len));
+  shape.head_rows = padded;
+  shape.gather = false;
+  return shape;
+}
+
+absl::Status Impl::CaptureGraphs() {
+  if (!options.cuda_graphs) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  size_t free_before = 0, free_after = 0, total = 0;
+  cudaMemGetInfo(&free_before, &total);
+  Pass& pass = passes[0];
+  pass.logits_row0 = 0;
+  const int32_t max_batch = static_cast<int32_t>(
+      std::min<int64_t>({options.graph_max_batch > 0 ? options.graph_max_batch : pass.max_seqs,
+                         pass.max_seqs, pass.max_tokens}));
+  const int32_t max_context = options.graph_max_context > 0
+                                  ? std::min(options.graph_max_context, max_model_len)
+                                  : max_model_len;
+  int32_t buckets = 0;
+  for (int32_t n = 1; n <= max_batch; n = GraphBatch(n) + 1) {
+    const int32_t padded = GraphBatch(n);
+    if (padded > max_batch) break;
+    ++buckets;
+    for (int32_t c = 1;; c *= 2) {
+      pass.shape = GraphShape(padded, std::min(c, max_context));
+      // Shapes that share a graph are captured once (a capture launches
+      // nothing: the metadata holds no step).
+      if (!graphs.contains(GraphKey(pass.shape))) TRIDENT_RETURN_IF_ERROR(LaunchGraph(pass));
+      if (c >= max_context) break;
+    }
+  }
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "graph warm-up"));
+  cudaMemGetInfo(&free_after, &total);
+  graphs_sealed = true;
+  graph_capture_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  TRIDENT_LOG(INFO) << "captured " << graphs.size() << " decode graphs at start-up (" << buckets
+                    << " batch sizes up to " << max_batch << ", contexts up to " << max_context
+                    << " tokens) in " << graph_capture_seconds << " s, "
+                    << (free_before > free_after ? (free_before - free_after) >> 20 : 0)
+                    << " MiB; none is captured while serving";
+  return absl::OkStatus();
+}
+
 absl::Status Impl::LaunchGraph(Pass& pass) {
   const StepShape& shape = pass.shape;
-  const auto key = std::make_tuple(shape.num_seqs, shape.plan.num_splits * 16 + shape.plan.variant,
-                                   shape.table_stride);
+  const GraphMapKey key = GraphKey(shape);
   auto it = graphs.find(key);
+  if (it == graphs.end() && graphs_sealed) {
+    // No graph for this shape (beyond --cuda_graph_max_batch/_context):
+    // launched kernel by kernel, never captured while serving.
+    graph_misses.fetch_add(1, std::memory_order_relaxed);
+    return Enqueue(pass);
+  }
   if (it == graphs.end()) {
     TRIDENT_RETURN_IF_ERROR(
         CudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture"));
@@ -485,9 +554,13 @@ absl::Status Impl::LaunchGraph(Pass& pass) {
     cudaGraphDestroy(graph);
     TRIDENT_RETURN_IF_ERROR(CudaCheck(instantiated, "graph instantiate"));
     it = graphs.emplace(key, exec).first;
-    TRIDENT_LOG(INFO) << "captured decode graph: batch " << shape.num_seqs << ", "
-                      << shape.plan.num_splits << " splits, table stride " << shape.table_stride;
+    graphs_captured.fetch_add(1, std::memory_order_relaxed);
+    TRIDENT_LOG(DEBUG) << "captured decode graph: batch " << shape.num_seqs << ", "
+                       << shape.plan.num_splits << " splits, table stride " << shape.table_stride;
+    // Uploaded now, so that its first replay costs no more than the others.
+    return CudaCheck(cudaGraphUpload(it->second, stream), "graph upload");
   }
+  graph_replays.fetch_add(1, std::memory_order_relaxed);
   return CudaCheck(cudaGraphLaunch(it->second, stream), "graph launch");
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -63,9 +64,16 @@ absl::StatusOr<HfFixture> LoadHfFixture(const std::string& preset) {
   if (offset != blob.size()) {
     return absl::InvalidArgumentError(dir + "/logits.bin is longer than reference.json says");
   }
-  f.model_dir = ::trident::testing::TestTmpPath(preset);
-  TRIDENT_ASSIGN_OR_RETURN(model::generate::ModelSpec spec, model::generate::PresetSpec(preset));
-  TRIDENT_RETURN_IF_ERROR(model::generate::WriteModel(spec, f.model_dir));
+  // The models are generated afresh, unless TRIDENT_FIXTURE_MODELS names a
+  // directory of them written elsewhere (a GPU host whose C library draws
+  // other random weights); either way their digests must match.
+  if (const char* models = std::getenv("TRIDENT_FIXTURE_MODELS"); models != nullptr) {
+    f.model_dir = absl::StrCat(models, "/", preset);
+  } else {
+    f.model_dir = ::trident::testing::TestTmpPath(preset);
+    TRIDENT_ASSIGN_OR_RETURN(model::generate::ModelSpec spec, model::generate::PresetSpec(preset));
+    TRIDENT_RETURN_IF_ERROR(model::generate::WriteModel(spec, f.model_dir));
+  }
   for (const auto& [name, digest] : ref["files"].items()) {
     if (Fnv1a64(ReadFile(f.model_dir + "/" + name)) != digest["fnv1a64"].get<std::string>()) {
       return absl::FailedPreconditionError(absl::StrCat(
