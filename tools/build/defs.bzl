@@ -39,7 +39,10 @@ def trident_cc_test(name, gpu = False, tags = [], size = "small", **kwargs):
         "//tools/build:sanitized": ["//tools/sanitizers:suppressions"],
         "//conditions:default": [],
     }) + select({
-        "//tools/build:tsan": ["//tools/sanitizers:absl_tsan_annotations"],
+        "//tools/build:tsan": [
+            "//tools/sanitizers:absl_tsan_annotations",
+            "//tools/sanitizers:gomp_tsan_annotations",
+        ],
         "//conditions:default": [],
     })
     native.cc_test(name = name, tags = tags, size = size, **_with_copts(kwargs))

@@ -38,9 +38,6 @@ const char* __tsan_default_suppressions() {
          // state between gRPC's threads through its core's completion
          // queues and locks (libgrpc, uninstrumented).
          "race:grpc::internal::\n"
-         // OpenMP parallel regions (the outlined ._omp_fn bodies): threads
-         // meet at libgomp's barriers, which TSan cannot see.
-         "race:_omp_fn\n"
          "race:grpc::Server\n"
          "race:libgrpc.so\n"
          "race:libgrpc++.so\n";
