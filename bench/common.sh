@@ -61,3 +61,21 @@ ensure_model() {
 stop_all_on_exit() {
   trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 }
+
+# sharegpt_lengths FILE SEED ROWS: writes ROWS ShareGPT-like (prompt_tokens,
+# output_tokens) rows to FILE for loadgen's csv: lengths: lognormal prompts
+# (median 150 tokens, sigma 1) and outputs (median 120, sigma 0.8), both
+# clipped to [16, 1024], from SEED.
+sharegpt_lengths() {
+  python3 - "$1" "$2" "$3" <<'EOF'
+import csv, math, random, sys
+rng = random.Random(int(sys.argv[2]))
+clip = lambda v: max(16, min(1024, int(round(v))))
+with open(sys.argv[1], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["prompt_tokens", "output_tokens"])
+    for _ in range(int(sys.argv[3])):
+        w.writerow([clip(rng.lognormvariate(math.log(150), 1.0)),
+                    clip(rng.lognormvariate(math.log(120), 0.8))])
+EOF
+}

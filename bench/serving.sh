@@ -35,17 +35,7 @@ source "$(dirname "$0")/common.sh"
 ensure_model "$model_dir"
 stop_all_on_exit
 
-python3 - "$out/lengths.csv" "$seed" <<'EOF'
-import csv, math, random, sys
-rng = random.Random(int(sys.argv[2]))
-clip = lambda v: max(16, min(1024, int(round(v))))
-with open(sys.argv[1], "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["prompt_tokens", "output_tokens"])
-    for _ in range(8192):
-        w.writerow([clip(rng.lognormvariate(math.log(150), 1.0)),
-                    clip(rng.lognormvariate(math.log(120), 0.8))])
-EOF
+sharegpt_lengths "$out/lengths.csv" "$seed" 8192
 
 # shellcheck disable=SC2086
 start worker "$(tool services/worker/worker)" --model="$model_dir" --role=both \

@@ -37,6 +37,24 @@ using ::trident::testing::RunfilePath;
 using ::trident::testing::ServiceProcess;
 using ::trident::testing::TestTmpPath;
 
+// Greedy requests of `max_tokens` (ignore_eos) for the fixture prompts of
+// `model` (its reference.json).
+std::vector<v1::GenerateRequest> ReferenceRequests(const std::string& model, int max_tokens) {
+  std::ifstream in(RunfilePath(absl::StrCat("tests/fixtures/models/", model, "/reference.json")));
+  const nlohmann::json ref = nlohmann::json::parse(
+      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  std::vector<v1::GenerateRequest> requests;
+  for (const auto& prompt : ref["prompts"]) {
+    v1::GenerateRequest request;
+    for (int32_t id : prompt["prompt_ids"]) request.mutable_token_ids()->add_ids(id);
+    request.mutable_sampling()->set_temperature(0);
+    request.mutable_sampling()->set_max_tokens(max_tokens);
+    request.mutable_stop()->set_ignore_eos(true);
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
 // One cluster per (model, UCX transport): a worker alone in role `both`
 // (the reference), and router -> prefill -> decode.
 class RouterDisaggregatedTest
@@ -120,16 +138,8 @@ class RouterDisaggregatedTest
 };
 
 TEST_P(RouterDisaggregatedTest, TokensEqualTheWorkerAloneInRoleBoth) {
-  std::ifstream in(RunfilePath(absl::StrCat("tests/fixtures/models/", model(), "/reference.json")));
-  const nlohmann::json ref = nlohmann::json::parse(
-      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
   int n = 0;
-  for (const auto& prompt : ref["prompts"]) {
-    v1::GenerateRequest request;
-    for (int32_t id : prompt["prompt_ids"]) request.mutable_token_ids()->add_ids(id);
-    request.mutable_sampling()->set_temperature(0);
-    request.mutable_sampling()->set_max_tokens(24);
-    request.mutable_stop()->set_ignore_eos(true);
+  for (const v1::GenerateRequest& request : ReferenceRequests(model(), 24)) {
     const Result alone = Generate(both_, request);
     ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
     ASSERT_EQ(alone.tokens.size(), 24u);
@@ -228,16 +238,8 @@ TEST(RouterColocatedTest, RoleBothWorkersWithoutAKvTransportServeThroughTheRoute
        "--load_interval_ms=20"},
       TestTmpPath("router-colocated.log"));
   ASSERT_THAT(router, IsOk());
-  std::ifstream in(RunfilePath("tests/fixtures/models/llama3-tiny/reference.json"));
-  const nlohmann::json ref = nlohmann::json::parse(
-      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
   int n = 0;
-  for (const auto& prompt : ref["prompts"]) {
-    v1::GenerateRequest request;
-    for (int32_t id : prompt["prompt_ids"]) request.mutable_token_ids()->add_ids(id);
-    request.mutable_sampling()->set_temperature(0);
-    request.mutable_sampling()->set_max_tokens(16);
-    request.mutable_stop()->set_ignore_eos(true);
+  for (const v1::GenerateRequest& request : ReferenceRequests("llama3-tiny", 16)) {
     const auto alone = RouterDisaggregatedTest::Generate(workers[0], request);
     ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
     const auto routed = RouterDisaggregatedTest::Generate(*router, request);
