@@ -74,7 +74,7 @@ constexpr absl::Duration kStep = absl::Seconds(1);
 // query has data.
 constexpr absl::Duration kPollDeadline = absl::Seconds(150);
 // Generations of this many tokens pass the cluster's offload threshold (64
-// tokens of context) and move to the attention service.
+// tokens of context, set below) and move to the attention service.
 constexpr int32_t kLongTokens = 80;
 constexpr int32_t kShortTokens = 8;
 constexpr int kClients = 3;
@@ -271,6 +271,9 @@ class DashboardLiveTest : public ::testing::Test {
     // Disaggregated serving as `trident up` starts it, plus two `both`
     // workers for the DRAM tier's load (the controller flips neither).
     options.worker_roles = {"prefill", "decode", "both", "both"};
+    // Long generations move to the attention service (the default moves
+    // only for lack of KV blocks).
+    options.offload_min_context_tokens = 64;
     options.worker_flags = {"--pin_threads=false", "--cpu_threads=1", "--kv_tier_always_fetch"};
     options.scrape_interval = absl::Seconds(1);
     // Decisions every 2 s: the controller's forecast needs 3 of them.
