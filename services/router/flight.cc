@@ -132,12 +132,10 @@ void Flight::Reserve(FlightRoute route) {
                                                     request_.qos_class, arrival_);
     }
     proceed = !aborted_;
-    // One worker without a KV transport computes the prompt and decodes it.
-    a->colocated = a->route.colocated;
     if (!proceed) {
       EndLocked(absl::OkStatus());
       SettleLocked();
-    } else if (!a->colocated) {
+    } else if (!a->route.colocated) {
       v1::ReserveKvRequest& r = a->reserve_request;
       const int32_t tokens = static_cast<int32_t>(request_.prompt.size() + streamed_.size());
       r.set_request_id(AttemptRequestId(request_.id, migrations_ + 1));
@@ -159,7 +157,8 @@ void Flight::Reserve(FlightRoute route) {
     DeliverOutbox();
     return;
   }
-  if (a->colocated) {
+  if (a->route.colocated) {
+    // One worker without a KV transport computes the prompt and decodes it.
     StartStreams(v1::KvDestination());
     return;
   }
@@ -258,7 +257,7 @@ void Flight::StartStreams(const v1::KvDestination& reserved) {
         std::make_unique<DecodeStream>(events, std::move(requests.decode), options_->call_timeout);
     decode = a.decode.get();
     ++a.open_calls;
-    if (a.colocated) {
+    if (a.route.colocated) {
       // The Decode stream (reservation 0) brings the first token too.
       a.first_emitted = true;
       prefill = nullptr;
@@ -337,7 +336,7 @@ void Flight::HandleDecodeLocked(const v1::DecodeResponse& d) {
   Attempt& a = *attempt_;
   if (d.has_chunk()) {
     const absl::Time now = clock_->Now();
-    if (a.colocated && !a.watching) {
+    if (a.route.colocated && !a.watching) {
       // A colocated attempt's first token: the prompt is computed.
       admission_->MarkPrefillDone(a.route.admission);
       if (migrations_ == 0) admission_->ObserveTtft(a.route.admission, now - a.admitted_at);

@@ -153,10 +153,6 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
     std::unique_ptr<PrefillStream> prefill;
     std::unique_ptr<DecodeStream> decode;
     int open_calls = 0;
-    // Prefill and decode on one worker without a KV transport (role both):
-    // one Decode call without a reservation, which streams the first token
-    // as well.
-    bool colocated = false;
     // The prefill's first token was emitted; decode messages wait for it.
     bool first_emitted = false;
     std::deque<trident::v1::DecodeResponse> held_decode;

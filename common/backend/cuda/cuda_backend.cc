@@ -289,7 +289,8 @@ absl::StatusOr<KvMemory> CudaBackend::kv_memory() const {
 
 GraphStats CudaBackend::graph_stats() const {
   GraphStats s;
-  s.captured = impl_->graphs_captured.load(std::memory_order_relaxed);
+  // Written only before the graphs were sealed, at start-up.
+  s.captured = static_cast<int64_t>(impl_->graphs.size());
   s.capture_seconds = impl_->graph_capture_seconds;
   s.replays = impl_->graph_replays.load(std::memory_order_relaxed);
   s.misses = impl_->graph_misses.load(std::memory_order_relaxed);

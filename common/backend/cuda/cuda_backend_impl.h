@@ -232,7 +232,6 @@ struct Impl {
   double graph_capture_seconds = 0;
   std::atomic<int64_t> graph_replays{0};
   std::atomic<int64_t> graph_misses{0};
-  std::atomic<int64_t> graphs_captured{0};
 
   ~Impl() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);

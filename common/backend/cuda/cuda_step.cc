@@ -554,7 +554,6 @@ absl::Status Impl::LaunchGraph(Pass& pass) {
     cudaGraphDestroy(graph);
     TRIDENT_RETURN_IF_ERROR(CudaCheck(instantiated, "graph instantiate"));
     it = graphs.emplace(key, exec).first;
-    graphs_captured.fetch_add(1, std::memory_order_relaxed);
     TRIDENT_LOG(DEBUG) << "captured decode graph: batch " << shape.num_seqs << ", "
                        << shape.plan.num_splits << " splits, table stride " << shape.table_stride;
     // Uploaded now, so that its first replay costs no more than the others.
