@@ -49,12 +49,16 @@ void CallUnaryAsync(Request request, absl::Duration timeout, Start start,
   }
   start(&call->context, &call->request, &call->response,
         std::function<void(grpc::Status)>([call](grpc::Status status) {
+          // The context, request and response are freed before `done` runs,
+          // so a caller woken by `done` may tear down its channel (and gRPC
+          // with it) without racing this thread's cleanup of the call.
           std::unique_ptr<Call> owned(call);
-          if (status.ok()) {
-            std::move(owned->done)(std::move(owned->response));
-          } else {
-            std::move(owned->done)(FromGrpcStatus(status));
-          }
+          UnaryDone<Response> done = std::move(owned->done);
+          absl::StatusOr<Response> answer =
+              status.ok() ? absl::StatusOr<Response>(std::move(owned->response))
+                          : absl::StatusOr<Response>(FromGrpcStatus(status));
+          owned.reset();
+          std::move(done)(std::move(answer));
         }));
 }
 

@@ -45,6 +45,15 @@ class ParkingService final : public Parking::CallbackService {
   };
 };
 
+// Keeps gRPC initialised for the whole binary. Each test's server and
+// channel otherwise take gRPC's last reference with them, and its shutdown
+// would race the callback thread still unwinding the test's last call.
+class GrpcForTheBinary : public ::testing::Environment {
+ public:
+  void SetUp() override { grpc_init(); }
+};
+const auto* const kGrpcForTheBinary = ::testing::AddGlobalTestEnvironment(new GrpcForTheBinary);
+
 class CallUnaryAsyncTest : public ::testing::Test {
  protected:
   void SetUp() override {
