@@ -63,6 +63,12 @@ struct CudaBackendOptions {
   // Decode attention kernel variant (kernels/cuda/paged_decode_attention);
   // -1: its default.
   int32_t decode_variant = -1;
+  // Projections of up to this many rows (0..16; decode steps of a few
+  // sequences) take the weight-streaming GEMV kernel of kernels/cuda/gemm
+  // instead of cuBLASLt; 0: cuBLASLt for all.
+  int32_t gemv_max_m = 16;
+  // Launch those GEMVs with programmatic dependent launch (GemmOptions).
+  bool pdl = true;
   // For load-progress reporting; nullptr means the real clock.
   Clock* clock = nullptr;
 };

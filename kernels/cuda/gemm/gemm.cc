@@ -3,11 +3,13 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <map>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/gemm/gemv_kernel.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -82,12 +84,23 @@ absl::Status CublasError(const char* what, cublasStatus_t status) {
     if (s_ != CUBLAS_STATUS_SUCCESS) return CublasError(what, s_); \
   } while (0)
 
+// Whether the GEMV kernel takes the call: few rows, 16-byte loads along k
+// (k and x's stride a multiple of 8 elements, x and W 16-byte aligned) and
+// k below 2^31 / 8 chunks.
+bool GemvSuits(const GemmArgs& args, int64_t max_m) {
+  return args.m <= max_m && args.k % 8 == 0 && args.x_stride % 8 == 0 &&
+         args.k < (int64_t{1} << 31) && reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(args.w) % 16 == 0;
+}
+
 }  // namespace
 
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  int64_t gemv_max_m = 0;
+  bool pdl = false;
   // Key: m, n, k, x_stride, y_stride, bias, y dtype. Value: descriptors and
   // algorithm.
   struct Plan {
@@ -168,9 +181,16 @@ struct Gemm::Impl {
 Gemm::Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gemm::~Gemm() = default;
 
-absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
+  if (options.gemv_max_m < 0 || options.gemv_max_m > internal::kGemvMaxM) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gemm: gemv_max_m ", options.gemv_max_m, " must be in [0, ", internal::kGemvMaxM, "]"));
+  }
   if (!Lt().status.ok()) return Lt().status;
   auto impl = std::make_unique<Impl>();
+  impl->gemv_max_m = options.gemv_max_m;
+  impl->pdl = options.pdl;
+  const size_t workspace_bytes = options.workspace_bytes;
   TRIDENT_CUBLAS(Lt().Create(&impl->handle), "create");
   impl->workspace_bytes = workspace_bytes;
   if (workspace_bytes > 0) {
@@ -199,6 +219,15 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
   if (args.y_dtype != numeric::DType::kBF16 && args.y_dtype != numeric::DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemm: y dtype ", numeric::DTypeName(args.y_dtype), " is not supported (bf16 or f32)"));
+  }
+  if (GemvSuits(args, impl_->gemv_max_m)) {
+    const cudaError_t error = internal::GemvBf16(
+        args.x, args.x_stride, args.w, args.bias, args.y, args.y_stride, args.m, args.n, args.k,
+        args.y_dtype == numeric::DType::kF32, args.accumulate, impl_->pdl, stream);
+    if (error != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("Gemm: GEMV launch: ", cudaGetErrorString(error)));
+    }
+    return absl::OkStatus();
   }
   auto plan = impl_->PlanFor(args);
   if (!plan.ok()) return plan.status();

@@ -4,6 +4,11 @@
 // fused into the matmul as a cuBLASLt epilogue; `accumulate` adds the product
 // to y's old contents (beta = 1), which is how projections add straight into
 // an fp32 residual stream. The reference is kernels/cpu/linear.
+//
+// Up to `gemv_max_m` rows of x (16 at most; decode steps of a few sequences)
+// take a weight-streaming GEMV kernel of this package instead, where the
+// shapes suit it (k a multiple of 8, x and W 16-byte aligned): cuBLASLt
+// reads a single token's weights well below the card's read bandwidth.
 
 #ifndef TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
 #define TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
@@ -39,14 +44,28 @@ struct GemmArgs {
   bool accumulate = false;
 };
 
+struct GemmOptions {
+  // Device memory for cuBLASLt, allocated once (32 MiB, as cuBLAS
+  // recommends for Hopper).
+  size_t workspace_bytes = size_t{32} << 20;
+  // Rows of x up to which the GEMV kernel takes a call (0..16); 0 sends
+  // every call to cuBLASLt (the benchmark's peer).
+  int64_t gemv_max_m = 16;
+  // Launch the GEMV kernel with programmatic dependent launch: it loads its
+  // first weights while the kernel before it finishes (kernels of this
+  // project that precede projections let it: norms, the activation,
+  // decode attention).
+  bool pdl = true;
+};
+
 // One cuBLASLt handle and workspace, used from one thread (or externally
 // serialized); the stream is per call. Algorithms are chosen by cuBLASLt's
 // heuristic per (m, n, k, bias) and cached.
 class Gemm {
  public:
-  // `workspace_bytes` of device memory is allocated once (32 MiB default, as
-  // cuBLAS recommends for Hopper).
-  static absl::StatusOr<std::unique_ptr<Gemm>> Create(size_t workspace_bytes = 32u << 20);
+  // kInvalidArgument for a gemv_max_m outside 0..16; kFailedPrecondition
+  // without cuBLASLt; kResourceExhausted without memory for the workspace.
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(const GemmOptions& options = {});
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;

@@ -73,6 +73,9 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   __shared__ float scores[kMaxGroup][kChunk];
   __shared__ float run_max[kMaxGroup];
   __shared__ float run_sum[kMaxGroup];
+  // The merge, or the output projection, after it may start early (each
+  // waits for this grid to end before it reads its output).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   __shared__ float rescale[kMaxGroup];
 
   const int kv_head = blockIdx.x;
@@ -636,6 +639,8 @@ __global__ void DecodeMergeKernel(const DecodeKernelParams p) {
   const int h = blockIdx.x;
   const int seq = blockIdx.y;
   const int d = threadIdx.x;
+  // The output projection after it may start loading its weights.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // Launched with programmatic dependent launch, wait for the split kernel
   // (a no-op otherwise).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

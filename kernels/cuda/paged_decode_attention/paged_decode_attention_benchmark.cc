@@ -20,7 +20,7 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
-#include "kernels/cuda/paged_decode_attention/read_ceiling.h"
+#include "kernels/cuda/testing/read_ceiling.h"
 
 namespace trident::kernels::cuda {
 namespace {

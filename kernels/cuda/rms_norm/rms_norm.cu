@@ -112,6 +112,10 @@ __device__ __forceinline__ void ScaleRow(const XT* x, const float* weight, float
 template <int VEC, typename XT>
 __global__ void RmsNormKernel(const XT* x, int64_t x_stride, const float* __restrict__ weight,
                               uint16_t* out, int64_t out_stride, int64_t dim, float eps) {
+  // A projection launched after this kernel with programmatic dependent
+  // launch may start loading its weights now (it waits for this grid to end
+  // before it reads this kernel's output).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t row = blockIdx.x;
   const XT* x_row = x + row * x_stride;
   float sum = 0.0f;
@@ -131,6 +135,10 @@ __global__ void AddRmsNormKernel(float* residual, int64_t residual_stride, const
                                  int64_t delta_stride, bool replace_residual,
                                  const float* __restrict__ weight, uint16_t* out,
                                  int64_t out_stride, int64_t dim, float eps) {
+  // A projection launched after this kernel with programmatic dependent
+  // launch may start loading its weights now (it waits for this grid to end
+  // before it reads this kernel's output).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t row = blockIdx.x;
   float* res_row = residual + row * residual_stride;
   const uint16_t* delta_row = delta + row * delta_stride;

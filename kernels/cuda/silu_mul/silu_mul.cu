@@ -11,6 +11,10 @@ namespace {
 __global__ void SiluMulBf16Kernel(const __nv_bfloat162* __restrict__ gate_up,
                                   int64_t gate_up_stride_pairs, __nv_bfloat162* __restrict__ out,
                                   int64_t out_stride_pairs, int64_t hidden_pairs) {
+  // A projection launched after this kernel with programmatic dependent
+  // launch may start loading its weights now (it waits for this grid to end
+  // before it reads this kernel's output).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t token = blockIdx.x;
   const __nv_bfloat162* gate = gate_up + token * gate_up_stride_pairs;
   const __nv_bfloat162* up = gate + hidden_pairs;
@@ -28,6 +32,7 @@ __global__ void SiluMulBf16Kernel(const __nv_bfloat162* __restrict__ gate_up,
 __global__ void SiluMulF32Kernel(const float2* __restrict__ gate_up, int64_t gate_up_stride_pairs,
                                  __nv_bfloat162* __restrict__ out, int64_t out_stride_pairs,
                                  int64_t hidden_pairs) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // As above.
   const int64_t token = blockIdx.x;
   const float2* gate = gate_up + token * gate_up_stride_pairs;
   const float2* up = gate + hidden_pairs;

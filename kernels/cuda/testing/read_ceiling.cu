@@ -1,6 +1,6 @@
 #include <cstdint>
 
-#include "kernels/cuda/paged_decode_attention/read_ceiling.h"
+#include "kernels/cuda/testing/read_ceiling.h"
 
 namespace trident::kernels::cuda {
 namespace {

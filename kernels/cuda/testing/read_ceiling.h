@@ -1,10 +1,10 @@
-#ifndef TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_READ_CEILING_H_
-#define TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_READ_CEILING_H_
+#ifndef TRIDENT_KERNELS_CUDA_TESTING_READ_CEILING_H_
+#define TRIDENT_KERNELS_CUDA_TESTING_READ_CEILING_H_
 
-// A read-only bandwidth probe for the decode-attention benchmark: streams
+// A read-only bandwidth probe for the kernel benchmarks: streams
 // `bytes` from `data` with 16-byte non-coherent loads and writes nothing
 // (except one word to `sink` if the data XOR to a magic value), so its GB/s
-// is the ceiling a kernel that only reads K and V is measured against.
+// is the ceiling a kernel that only reads (KV, weights) is measured against.
 
 #include <cuda_runtime_api.h>
 
@@ -17,4 +17,4 @@ cudaError_t LaunchReadCeiling(const void* data, size_t bytes, unsigned* sink, cu
 
 }  // namespace trident::kernels::cuda
 
-#endif  // TRIDENT_KERNELS_CUDA_PAGED_DECODE_ATTENTION_READ_CEILING_H_
+#endif  // TRIDENT_KERNELS_CUDA_TESTING_READ_CEILING_H_
