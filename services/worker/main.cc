@@ -53,10 +53,11 @@ ABSL_FLAG(int32_t, cuda_graph_max_batch, 0,
 ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
           "CUDA backend: longest context with a decode graph (0: the context window); steps "
           "with longer contexts launch their kernels one by one.");
-ABSL_FLAG(int32_t, cuda_gemv_max_m, 16,
-          "CUDA backend: projections of up to this many rows (decode steps of a few sequences, "
-          "0..16) take Trident's weight-streaming GEMV kernel instead of cuBLASLt; 0: cuBLASLt "
-          "for all.");
+ABSL_FLAG(
+    int32_t, cuda_gemv_max_m, 1,
+    "CUDA backend: projections of up to this many rows (decode steps of a few sequences, "
+    "0..16) take Trident's weight-streaming GEMV kernel instead of cuBLASLt; 0: cuBLASLt "
+    "for all. Default 1: single-sequence steps, where it measured faster (bench/RESULTS.md).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "Threads for the CPU backend; 0: one per physical core the process may use.");

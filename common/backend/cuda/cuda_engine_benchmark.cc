@@ -47,7 +47,7 @@ ABSL_FLAG(int32_t, new_tokens, 128, "Generated tokens per request.");
 ABSL_FLAG(int32_t, max_batch_tokens, 8192, "Engine token budget per step.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.9, "Device memory share for the backend.");
 ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
-ABSL_FLAG(int32_t, gemv_max_m, 16,
+ABSL_FLAG(int32_t, gemv_max_m, 1,
           "Projections of up to this many rows take the GEMV kernel (0: cuBLASLt for all).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
 ABSL_FLAG(std::string, peer_json, "",

@@ -49,8 +49,10 @@ struct GemmOptions {
   // recommends for Hopper).
   size_t workspace_bytes = size_t{32} << 20;
   // Rows of x up to which the GEMV kernel takes a call (0..16); 0 sends
-  // every call to cuBLASLt (the benchmark's peer).
-  int64_t gemv_max_m = 16;
+  // every call to cuBLASLt (the benchmark's peer). The default, 1, is where
+  // it measured faster than cuBLASLt end to end (gemm_benchmark and
+  // cuda_engine_benchmark figures in bench/RESULTS.md).
+  int64_t gemv_max_m = 1;
   // Launch the GEMV kernel with programmatic dependent launch: it loads its
   // first weights while the kernel before it finishes (kernels of this
   // project that precede projections let it: norms, the activation,

@@ -32,7 +32,7 @@ void BM_Gemm(benchmark::State& state) {
   cudaMalloc(&x, m * k * 2);
   cudaMalloc(&w, w_bytes * copies);
   cudaMalloc(&y, m * n * 4);
-  cudaMalloc(&sink, sizeof(unsigned));
+  cudaMalloc(reinterpret_cast<void**>(&sink), sizeof(unsigned));
   cudaMemset(x, 0, m * k * 2);
   cudaMemset(w, 0, w_bytes * copies);
   cudaMemset(y, 0, m * n * 4);
