@@ -85,6 +85,10 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   const int tg = tid / kTpt;
   const int dg = tid % kTpt;
   const int group = p.group;
+  // The model's head_dim (a multiple of 16, <= kHeadDim): the lanes of dims
+  // past it load zeros (q, K and V), add nothing and write nothing.
+  const int hd = p.head_dim;
+  const bool dims_live = dg * kVec < hd;
 
   // This split's tokens [begin, end) of the sequence.
   const int64_t table_cap = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
@@ -100,13 +104,13 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   // q of this thread's dims for each head of the group, pre-scaled.
   const __nv_bfloat16* q_row = static_cast<const __nv_bfloat16*>(p.q) +
                                static_cast<int64_t>(seq) * p.q_stride +
-                               static_cast<int64_t>(kv_head) * group * kHeadDim + dg * kVec;
+                               static_cast<int64_t>(kv_head) * group * hd + dg * kVec;
   float q[kMaxGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      q[g][k] = g < group ? __bfloat162float(q_row[g * kHeadDim + k]) * p.scale_log2 : 0.0f;
+      q[g][k] = g < group && dims_live ? __bfloat162float(q_row[g * hd + k]) * p.scale_log2 : 0.0f;
     }
   }
   float acc[kMaxGroup][kVec];
@@ -131,12 +135,12 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
     for (int j = 0; j < kIters; ++j) {
       const int t = tg + j * kTokPar;
       const int64_t pos = chunk_begin + t;
-      const bool valid = pos < end;
+      const bool valid = pos < end && dims_live;
       const __nv_bfloat16* src = kv;  // Not read when invalid.
       if (valid) {
         const int64_t block = table[pos / p.block_size];
         const int64_t slot = pos % p.block_size;
-        src = kv + block * p.block_stride + (kv_head * p.block_size + slot) * kHeadDim + dg * kVec;
+        src = kv + block * p.block_stride + (kv_head * p.block_size + slot) * hd + dg * kVec;
       }
       CpAsync16(k_dst + t * kHeadDim + dg * kVec, src, valid);
       CpAsync16(v_dst + t * kHeadDim + dg * kVec, valid ? src + p.value_offset : src, valid);
@@ -262,16 +266,17 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
     for (int l = 0; l < kTokPar; ++l) total += red[l * kMaxGroup * kHeadDim + i];
     const int g = i / kHeadDim;
     const int d = i % kHeadDim;
+    if (d >= hd) continue;
     const int h = kv_head * group + g;
     const float denom = run_sum[g];
     const float value = denom > 0.0f ? total / denom : 0.0f;
     if (p.partial_out == nullptr) {
-      static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
-                                         static_cast<int64_t>(h) * kHeadDim + d] =
+      static_cast<__nv_bfloat16*>(
+          p.out)[static_cast<int64_t>(seq) * p.out_stride + static_cast<int64_t>(h) * hd + d] =
           __float2bfloat16_rn(value);
     } else {
       const int64_t row = (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
-      p.partial_out[row * kHeadDim + d] = value;
+      p.partial_out[row * hd + d] = value;
       if (d == 0) {
         p.partial_stats[2 * row] = run_max[g];
         p.partial_stats[2 * row + 1] = denom;
@@ -393,17 +398,21 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
 
   // q as MMA A fragments (bf16 as stored; the scale is applied to the fp32
   // scores): qa[ks][0] = q[row][16 ks + 2 quad + {0,1}], qa[ks][1] at + 8.
+  // The model's head_dim (a multiple of 16, <= kHeadDim): dims past it are
+  // zeros in q and in the K and V tiles, and their k steps and output tiles
+  // are skipped.
+  const int hd = p.head_dim;
   uint32_t qa[kKSteps][2];
   {
     const uint16_t* q_row = static_cast<const uint16_t*>(p.q) +
                             static_cast<int64_t>(seq) * p.q_stride +
-                            static_cast<int64_t>(kv_head * group + row) * kHeadDim + 2 * quad;
+                            static_cast<int64_t>(kv_head * group + row) * hd + 2 * quad;
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         uint32_t packed = 0;
-        if (row < group) {
+        if (row < group && 16 * ks < hd) {
           const uint16_t* at = q_row + 16 * ks + 8 * half;
           packed = static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 16);
         }
@@ -451,34 +460,34 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     const uint32_t k_dst = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
     const uint32_t v_dst = k_dst + kTileBytes;
     const int piece = lane % kRowPieces;
+    const bool piece_live = piece * 8 < hd;
     if constexpr (kOneBlock) {
       // Every row of the chunk is inside `block` (a real block), so the
       // source address is valid even for rows past the context.
       const int slot = block_size == kChunk ? 0 : static_cast<int>(start) % block_size;
       const __nv_bfloat16* k_src =
           kv + static_cast<int64_t>(block) * p.block_stride +
-          (static_cast<int64_t>(kv_head) * block_size + slot + lane / kRowPieces) * kHeadDim +
-          piece * 8;
+          (static_cast<int64_t>(kv_head) * block_size + slot + lane / kRowPieces) * hd + piece * 8;
       const __nv_bfloat16* v_src = k_src + p.value_offset;
 #pragma unroll
       for (int j = 0; j < kCopies; ++j) {
         const int r = j * kRowsPerCopy + lane / kRowPieces;
         const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
-        const bool ok = r < valid;
-        CpAsync16Shared(k_dst + dst, k_src + j * kRowsPerCopy * kHeadDim, ok);
-        CpAsync16Shared(v_dst + dst, v_src + j * kRowsPerCopy * kHeadDim, ok);
+        const bool ok = r < valid && piece_live;
+        CpAsync16Shared(k_dst + dst, k_src + j * kRowsPerCopy * hd, ok);
+        CpAsync16Shared(v_dst + dst, v_src + j * kRowsPerCopy * hd, ok);
       }
     } else {
       const int64_t last = end - 1;
       const int token = static_cast<int>(start + lane_token < last ? start + lane_token : last);
       const int64_t lane_row =
           static_cast<int64_t>(block) * p.block_stride +
-          (static_cast<int64_t>(kv_head) * block_size + token % block_size) * kHeadDim;
+          (static_cast<int64_t>(kv_head) * block_size + token % block_size) * hd;
 #pragma unroll
       for (int j = 0; j < kCopies; ++j) {
         const int r = j * kRowsPerCopy + lane / kRowPieces;
         const int64_t row_at = __shfl_sync(~0u, lane_row, r);
-        const bool ok = r < valid;
+        const bool ok = r < valid && piece_live;
         const __nv_bfloat16* src = kv + row_at + piece * 8;
         const uint32_t dst = static_cast<uint32_t>(r * kRowBytes + ((piece ^ (r & 7)) * 16));
         CpAsync16Shared(k_dst + dst, ok ? src : kv, ok);
@@ -520,6 +529,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
     for (int kp = 0; kp < kKSteps / 2; ++kp) {
+      if (32 * kp >= hd) break;  // Zero dims past head_dim.
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         // Matrix m = lane / 8: tokens 8 j .. 8 j + 7, piece 4 kp + m.
@@ -570,6 +580,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     }
 #pragma unroll
     for (int pp = 0; pp < kDimTiles / 2; ++pp) {
+      if (16 * pp >= hd) break;  // Output dims past head_dim stay 0, unwritten.
       // Matrix m = lane / 8: tokens 8 (m % 2) .. + 7, piece 2 pp + m / 2.
       const int r = (lane & 7) + ((lane >> 3) & 1) * 8;
       const int piece = 2 * pp + (lane >> 4);
@@ -602,6 +613,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   for (int i = threadIdx.x; i < group * kHeadDim; i += kNumWarps * 32) {
     const int g = i / kHeadDim;
     const int d = i % kHeadDim;
+    if (d >= hd) continue;
     float max = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kNumWarps; ++w) max = fmaxf(max, red_m[w * 8 + g]);
@@ -618,13 +630,13 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     const float value = denom > 0.0f ? total / denom : 0.0f;
     const int h = kv_head * group + g;
     if (p.partial_out == nullptr) {
-      static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
-                                         static_cast<int64_t>(h) * kHeadDim + d] =
+      static_cast<__nv_bfloat16*>(
+          p.out)[static_cast<int64_t>(seq) * p.out_stride + static_cast<int64_t>(h) * hd + d] =
           __float2bfloat16_rn(value);
     } else {
       const int64_t out_row =
           (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
-      p.partial_out[out_row * kHeadDim + d] = value;
+      p.partial_out[out_row * hd + d] = value;
       if (d == 0) {
         p.partial_stats[2 * out_row] = max;
         p.partial_stats[2 * out_row + 1] = denom;
@@ -763,8 +775,10 @@ cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t strea
   if (params.variant < 0 || params.variant >= kNumDecodeKernelVariants) {
     return cudaErrorInvalidValue;
   }
+  // Head dims up to 64 take the 64-wide kernels, up to 128 the 128-wide
+  // ones, their dims past head_dim masked.
   const cudaError_t error =
-      params.head_dim == 64 ? LaunchSplit<64>(params, stream) : LaunchSplit<128>(params, stream);
+      params.head_dim <= 64 ? LaunchSplit<64>(params, stream) : LaunchSplit<128>(params, stream);
   if (error != cudaSuccess || params.partial_out == nullptr) return error;
   cudaLaunchConfig_t config = {};
   config.gridDim =

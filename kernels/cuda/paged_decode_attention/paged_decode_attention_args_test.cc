@@ -137,8 +137,10 @@ class ArgsTest : public ::testing::Test {
 
 TEST_F(ArgsTest, RejectsBadShapes) {
   PagedDecodeArgs a = ValidArgs(dummy_);
-  a.head_dim = 96;
-  ExpectRejected(a, "head_dim");
+  for (int32_t head_dim : {0, 8, 88, 144, 256}) {
+    a.head_dim = head_dim;  // Not a multiple of 16 in [16, 128].
+    ExpectRejected(a, "head_dim");
+  }
   a = ValidArgs(dummy_);
   a.num_q_heads = 12;
   ExpectRejected(a, "num_q_heads");

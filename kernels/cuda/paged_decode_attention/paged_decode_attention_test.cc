@@ -308,6 +308,16 @@ std::vector<Case> Cases() {
       // The benchmark's shape (32 q / 8 kv heads) with a long context.
       Case{"Dim128Gqa4Heads32Context9k", 128, 32, 8, {9000, 16}},
       Case{"Dim128Gqa8Peaked", 128, 16, 2, {5000, 64}, 8.0f},
+      // Head dims below the kernels' width (64 or 128), their dims masked:
+      // 16/32/48 on the 64-wide kernels, 80/96/112 on the 128-wide ones,
+      // with whole-block chunks and per-token lookups (blocks of 24).
+      Case{"Dim16Gqa4Batch3", 16, 8, 2, {100, 17, 1000}},
+      Case{"Dim32Gqa1Batch16", 32, 4, 4, Contexts16()},
+      Case{"Dim48Gqa8Block24", 48, 16, 2, {25, 200, 1, 24}, 1.0f, 24},
+      Case{"Dim80Gqa4Batch16", 80, 8, 2, Contexts16()},
+      Case{"Dim96Gqa3Peaked", 96, 6, 2, {1500, 1, 4100}, 8.0f},
+      Case{"Dim96Gqa4Block24", 96, 32, 8, {25, 9000, 24}, 1.0f, 24},
+      Case{"Dim112Gqa8Context32k", 112, 8, 1, {32768, 33}},
   };
 }
 

@@ -121,6 +121,10 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
   const int32_t* const table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const int chunk = tid % Cfg::kChunksPerRow;
   const int pass_row = tid / Cfg::kChunksPerRow;
+  // The model's head_dim (a multiple of 16, <= kHeadDim): dims past it are
+  // zeros in the Q, K and V tiles, their k steps and output tiles skipped.
+  const int hd = p.head_dim;
+  const bool chunk_live = chunk * 8 < hd;
 
   // Gathers keys [n_tile * kBlockN, +kBlockN) through the block table into
   // buffer `buf`; keys at or past kv_end become zeros.
@@ -131,13 +135,13 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
     for (int pass = 0; pass < kBlockN / Cfg::kRowsPerPass; ++pass) {
       const int r = pass_row + pass * Cfg::kRowsPerPass;
       const int pos = n_tile * kBlockN + r;
-      const bool valid = pos < kv_end;
+      const bool valid = pos < kv_end && chunk_live;
       int64_t offset = 0;
       if (valid) {
         const int block_index = pos / p.block_size;
         const int slot = pos - block_index * p.block_size;
         offset = static_cast<int64_t>(table[block_index]) * p.block_stride_elems +
-                 (static_cast<int64_t>(kv_head) * p.block_size + slot) * kHeadDim + chunk * 8;
+                 (static_cast<int64_t>(kv_head) * p.block_size + slot) * hd + chunk * 8;
       }
       const int smem_offset = r * Cfg::kRowStride + chunk * 8;
       CpAsync16(SmemAddr(sk + smem_offset), kv + offset, valid);
@@ -151,10 +155,10 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
 #pragma unroll
     for (int pass = 0; pass < kBlockM / Cfg::kRowsPerPass; ++pass) {
       const int r = pass_row + pass * Cfg::kRowsPerPass;
-      const bool valid = r < rows;
+      const bool valid = r < rows && chunk_live;
       const __nv_bfloat16* src = valid
                                      ? q + static_cast<int64_t>(query_start + m0 + r) * p.q_stride +
-                                           static_cast<int64_t>(head) * kHeadDim + chunk * 8
+                                           static_cast<int64_t>(head) * hd + chunk * 8
                                      : q;
       CpAsync16(SmemAddr(sq + r * Cfg::kRowStride + chunk * 8), src, valid);
     }
@@ -210,6 +214,7 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
       for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        if (16 * kk >= hd) break;  // Zero dims past head_dim.
 #pragma unroll
         for (int np = 0; np < kBlockN / 16; ++np) {
           // Matrices: (keys +0..7, dims +0..7), (keys +0..7, dims +8..15),
@@ -285,6 +290,7 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
                                PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+          if (16 * dp >= hd) break;  // Output dims past head_dim stay 0, unwritten.
           // Transposed matrices: (keys +0..7, dims +0..7), (keys +8..15,
           // dims +0..7), (keys +0..7, dims +8..15), (keys +8..15, dims +8..15).
           const int key = kk * 16 + (lm_mat & 1) * 8 + lm_row;
@@ -312,10 +318,11 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
   const int r0 = warp * 16 + g;
   const int r1 = r0 + 8;
   __nv_bfloat16* const out0 = out + static_cast<int64_t>(query_start + m0 + r0) * p.out_stride +
-                              static_cast<int64_t>(head) * kHeadDim + 2 * t;
+                              static_cast<int64_t>(head) * hd + 2 * t;
   __nv_bfloat16* const out1 = out0 + 8 * p.out_stride;
 #pragma unroll
   for (int d = 0; d < kHeadDim / 8; ++d) {
+    if (8 * d >= hd) break;
     if (r0 < rows) {
       *reinterpret_cast<uint32_t*>(out0 + d * 8) = PackBf16(o[d][0] * inv0, o[d][1] * inv0);
     }
@@ -345,7 +352,9 @@ cudaError_t PagedPrefillAttentionBf16(const PagedPrefillParams& params, cudaStre
   // 128-row tiles halve the KV traffic per query row; short queries use 64
   // rows to waste fewer padding rows.
   const bool wide = params.max_query_len >= 128;
-  if (params.head_dim == 64) {
+  // Head dims up to 64 take the 64-wide tiles, up to 128 the 128-wide ones,
+  // their dims past head_dim masked.
+  if (params.head_dim <= 64) {
     return wide ? Launch<64, 128>(params, stream) : Launch<64, 64>(params, stream);
   }
   return wide ? Launch<128, 128>(params, stream) : Launch<128, 64>(params, stream);
