@@ -99,10 +99,10 @@ absl::Status Impl::Load(const std::string& dir) {
   TRIDENT_ASSIGN_OR_RETURN(config, model::LoadModelConfig(dir));
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));
-  if (config.head_dim < 16 || config.head_dim > 128 || config.head_dim % 16 != 0) {
+  if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         dir, "/config.json: head_dim ", config.head_dim,
-        " is not supported by the CUDA attention kernels (a multiple of 16 up to 128)"));
+        " is not supported by the CUDA attention kernels (a multiple of 16 up to 256)"));
   }
   RealClock real_clock;
   model::LoadProgress progress(ckpt->total_bytes(),

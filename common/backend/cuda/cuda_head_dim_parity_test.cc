@@ -1,6 +1,6 @@
 // The CUDA backend against the CPU backend on every head_dim the CUDA
-// attention kernels take: 16 to 128 in steps of 16. Dims below 64 or 128 run
-// on the 64- or 128-wide kernels with the rest masked. Each case is a
+// attention kernels take: 16 to 256 in steps of 16. A head_dim below 64, 128
+// or 256 runs on the next wider kernels with the rest masked. Each case is a
 // random-weight bf16 Llama model (4 q / 2 kv heads, hidden 256, 2 layers),
 // generated with that head_dim. A 300-token prompt and 40 teacher-forced
 // tokens run through both backends. The prompt exercises prefill attention
@@ -9,7 +9,7 @@
 // within kBf16Tolerance of the CPU backend's logit range, as the fixtures'
 // parity with transformers requires. Its greedy choices must agree on >= 90%
 // of the rows: random tiny models have near ties bf16 may flip. A head_dim
-// past the kernels (144) is refused at load, naming config.json.
+// past the kernels (272) is refused at load, naming config.json.
 
 #include <cstdio>
 #include <memory>
@@ -94,17 +94,18 @@ TEST_P(HeadDimParityTest, CudaLogitsMatchTheCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryMultipleOf16, HeadDimParityTest,
-                         ::testing::Values(16, 32, 48, 64, 80, 96, 112, 128),
+                         ::testing::Values(16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192,
+                                           208, 224, 240, 256),
                          [](const ::testing::TestParamInfo<int32_t>& info) {
                            return "HeadDim" + std::to_string(info.param);
                          });
 
 TEST(HeadDimRefusalTest, AHeadDimPastTheKernelsIsRefusedAtLoad) {
-  absl::StatusOr<std::string> dir = WriteModel(144);
+  absl::StatusOr<std::string> dir = WriteModel(272);
   ASSERT_THAT(dir.status(), IsOk());
-  EXPECT_THAT(CudaBackend::Create(*dir, CudaBackendOptions()).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("config.json: head_dim 144")));
+  EXPECT_THAT(
+      CudaBackend::Create(*dir, CudaBackendOptions()).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config.json: head_dim 272")));
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ enum class Family { kLlama3, kQwen2, kMistral };
 struct ModelSpec {
   std::string preset;
   Family family = Family::kLlama3;
-  // head_dim: the CUDA attention kernels take multiples of 16 up to 128.
+  // head_dim: the CUDA attention kernels take multiples of 16 up to 256.
   int32_t hidden_size = 256;
   int32_t num_layers = 2;
   int32_t num_heads = 4;

@@ -33,8 +33,8 @@ absl::Status ValidateArgs(const PagedDecodeArgs& a, const DecodePlan& plan) {
   if (a.batch < 0 || a.batch > kMaxGridYz) {
     return Invalid(absl::StrCat("batch ", a.batch, " must be in [0, ", kMaxGridYz, "]"));
   }
-  if (a.head_dim < 16 || a.head_dim > 128 || a.head_dim % 16 != 0) {
-    return Invalid(absl::StrCat("head_dim ", a.head_dim, " must be a multiple of 16 in [16, 128]"));
+  if (a.head_dim < 16 || a.head_dim > 256 || a.head_dim % 16 != 0) {
+    return Invalid(absl::StrCat("head_dim ", a.head_dim, " must be a multiple of 16 in [16, 256]"));
   }
   if (a.num_kv_heads <= 0 || a.num_q_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0 ||
       a.num_q_heads / a.num_kv_heads > kMaxGroup) {
@@ -100,9 +100,10 @@ const char* DecodeVariantName(int32_t variant) {
 
 int32_t DecodeCtasPerSm(int32_t variant, int32_t head_dim) {
   if (!ValidVariant(variant)) return 0;
-  const internal::DecodeVariantSpec& spec = internal::kDecodeVariants[variant];
+  const internal::DecodeVariantSpec& spec =
+      internal::kDecodeVariants[internal::EffectiveVariant(variant, head_dim)];
   if (spec.kind == internal::DecodeKernelKind::kLegacy) return internal::kLegacyCtasPerSm;
-  return internal::MmaCtasPerSm(spec.warps, spec.stages, head_dim <= 64 ? 64 : 128);
+  return internal::MmaCtasPerSm(spec.warps, spec.stages, internal::KernelHeadDim(head_dim));
 }
 
 DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,

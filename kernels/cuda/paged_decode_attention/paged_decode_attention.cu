@@ -57,7 +57,7 @@ __device__ __forceinline__ void Unpack(const uint4& raw, float (&f)[kVec]) {
 // At the end the kTokPar partial accumulators are summed through shared
 // memory. kMaxGroup >= the GQA group; heads past it are computed with q = 0
 // and never written.
-template <int kHeadDim, int kMaxGroup>
+template <int kHeadDim, bool kMasked, int kMaxGroup>
 __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernelParams p) {
   constexpr int kTpt = kHeadDim / kVec;                 // Lanes per token: 16 or 8.
   constexpr int kTokPar = kThreads / kTpt;              // Tokens side by side: 8 or 16.
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   const int group = p.group;
   // The model's head_dim (a multiple of 16, <= kHeadDim): the lanes of dims
   // past it load zeros (q, K and V), add nothing and write nothing.
-  const int hd = p.head_dim;
+  const int hd = kMasked ? p.head_dim : kHeadDim;
   const bool dims_live = dg * kVec < hd;
 
   // This split's tokens [begin, end) of the sequence.
@@ -350,7 +350,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-template <int kHeadDim, int kNumWarps, int kNumStages, bool kOneBlock>
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock>
 __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumStages, kHeadDim))
     DecodeMmaKernel(const DecodeKernelParams p) {
   constexpr int kChunk = kMmaChunkTokens;
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   // The model's head_dim (a multiple of 16, <= kHeadDim): dims past it are
   // zeros in q and in the K and V tiles, and their k steps and output tiles
   // are skipped.
-  const int hd = p.head_dim;
+  const int hd = kMasked ? p.head_dim : kHeadDim;
   uint32_t qa[kKSteps][2];
   {
     const uint16_t* q_row = static_cast<const uint16_t*>(p.q) +
@@ -678,29 +678,30 @@ __global__ void DecodeMergeKernel(const DecodeKernelParams p) {
       __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kMasked>
 cudaError_t LaunchLegacy(const DecodeKernelParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
   if (p.group <= 1) {
-    DecodeSplitKernel<kHeadDim, 1><<<grid, kThreads, 0, stream>>>(p);
+    DecodeSplitKernel<kHeadDim, kMasked, 1><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.group <= 2) {
-    DecodeSplitKernel<kHeadDim, 2><<<grid, kThreads, 0, stream>>>(p);
+    DecodeSplitKernel<kHeadDim, kMasked, 2><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.group <= 4) {
-    DecodeSplitKernel<kHeadDim, 4><<<grid, kThreads, 0, stream>>>(p);
+    DecodeSplitKernel<kHeadDim, kMasked, 4><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    DecodeSplitKernel<kHeadDim, 8><<<grid, kThreads, 0, stream>>>(p);
+    DecodeSplitKernel<kHeadDim, kMasked, 8><<<grid, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
-template <int kHeadDim, int kNumWarps, int kNumStages, bool kOneBlock>
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock>
 cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int64_t kSmemBytes = MmaSharedBytes(kNumWarps, kNumStages, kHeadDim);
   static_assert(kSmemBytes == int64_t{kNumWarps} * kNumStages * 2 * kMmaChunkTokens * kHeadDim * 2,
                 "the kernel's stages fill the shared memory");
   static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
-  void (*kernel)(DecodeKernelParams) = DecodeMmaKernel<kHeadDim, kNumWarps, kNumStages, kOneBlock>;
+  void (*kernel)(DecodeKernelParams) =
+      DecodeMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, kOneBlock>;
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
   static std::atomic<uint64_t> configured{0};
   int device = 0;
@@ -724,45 +725,51 @@ cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kHeadDim, int kNumWarps, int kNumStages>
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages>
 cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
   return p.block_size % kMmaChunkTokens == 0
-             ? LaunchMmaKernel<kHeadDim, kNumWarps, kNumStages, true>(p, stream)
-             : LaunchMmaKernel<kHeadDim, kNumWarps, kNumStages, false>(p, stream);
+             ? LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, true>(p, stream)
+             : LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, false>(p, stream);
 }
 
-template <int kHeadDim, int kVariant>
+template <int kHeadDim, bool kMasked, int kVariant>
 cudaError_t LaunchVariant(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr DecodeVariantSpec kSpec = kDecodeVariants[kVariant];
-  if constexpr (kSpec.kind == DecodeKernelKind::kLegacy) {
-    return LaunchLegacy<kHeadDim>(p, stream);
+  if constexpr (kHeadDim > 128 &&
+                (kSpec.kind == DecodeKernelKind::kLegacy ||
+                 MmaSharedBytes(kSpec.warps, kSpec.stages, kHeadDim) > 227 * 1024)) {
+    // 256-wide rows: the legacy kernel's chunks, and the variants whose
+    // stages outgrow an SM's shared memory, give way to mma_w4_s2.
+    return LaunchMma<kHeadDim, kMasked, 4, 2>(p, stream);
+  } else if constexpr (kSpec.kind == DecodeKernelKind::kLegacy) {
+    return LaunchLegacy<kHeadDim, kMasked>(p, stream);
   } else {
-    return LaunchMma<kHeadDim, kSpec.warps, kSpec.stages>(p, stream);
+    return LaunchMma<kHeadDim, kMasked, kSpec.warps, kSpec.stages>(p, stream);
   }
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kMasked>
 cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
   static_assert(kNumDecodeKernelVariants == 9, "one case per variant below");
   switch (p.variant) {
     case 0:
-      return LaunchVariant<kHeadDim, 0>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 0>(p, stream);
     case 1:
-      return LaunchVariant<kHeadDim, 1>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 1>(p, stream);
     case 2:
-      return LaunchVariant<kHeadDim, 2>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 2>(p, stream);
     case 3:
-      return LaunchVariant<kHeadDim, 3>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 3>(p, stream);
     case 4:
-      return LaunchVariant<kHeadDim, 4>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 4>(p, stream);
     case 5:
-      return LaunchVariant<kHeadDim, 5>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 5>(p, stream);
     case 6:
-      return LaunchVariant<kHeadDim, 6>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 6>(p, stream);
     case 7:
-      return LaunchVariant<kHeadDim, 7>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 7>(p, stream);
     case 8:
-      return LaunchVariant<kHeadDim, 8>(p, stream);
+      return LaunchVariant<kHeadDim, kMasked, 8>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -776,9 +783,20 @@ cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t strea
     return cudaErrorInvalidValue;
   }
   // Head dims up to 64 take the 64-wide kernels, up to 128 the 128-wide
-  // ones, their dims past head_dim masked.
-  const cudaError_t error =
-      params.head_dim <= 64 ? LaunchSplit<64>(params, stream) : LaunchSplit<128>(params, stream);
+  // ones, up to 256 the 256-wide ones, their dims past head_dim masked.
+  // (Exact widths take instances without the masking.)
+  const int32_t width = KernelHeadDim(params.head_dim);
+  const bool masked = params.head_dim != width;
+  cudaError_t error;
+  if (width == 64) {
+    error = masked ? LaunchSplit<64, true>(params, stream) : LaunchSplit<64, false>(params, stream);
+  } else if (width == 128) {
+    error =
+        masked ? LaunchSplit<128, true>(params, stream) : LaunchSplit<128, false>(params, stream);
+  } else {
+    error =
+        masked ? LaunchSplit<256, true>(params, stream) : LaunchSplit<256, false>(params, stream);
+  }
   if (error != cudaSuccess || params.partial_out == nullptr) return error;
   cudaLaunchConfig_t config = {};
   config.gridDim =

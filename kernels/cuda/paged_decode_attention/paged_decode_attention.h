@@ -43,7 +43,7 @@ struct PagedDecodeArgs {
   int32_t block_size = 16;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;  // A multiple of 16 in [16, 128] (64 and 128 unmasked).
+  int32_t head_dim = 0;  // A multiple of 16 in [16, 256] (64, 128, 256 unmasked).
   // Device [batch][max_blocks_per_seq]: physical block of each block_size
   // positions of the sequence. Entries past a sequence's context are not read.
   const int32_t* block_tables = nullptr;

@@ -137,8 +137,8 @@ class ArgsTest : public ::testing::Test {
 
 TEST_F(ArgsTest, RejectsBadShapes) {
   PagedDecodeArgs a = ValidArgs(dummy_);
-  for (int32_t head_dim : {0, 8, 88, 144, 256}) {
-    a.head_dim = head_dim;  // Not a multiple of 16 in [16, 128].
+  for (int32_t head_dim : {0, 8, 88, 272}) {
+    a.head_dim = head_dim;  // Not a multiple of 16 in [16, 256].
     ExpectRejected(a, "head_dim");
   }
   a = ValidArgs(dummy_);

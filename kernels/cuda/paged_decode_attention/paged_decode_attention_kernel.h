@@ -70,6 +70,21 @@ TRIDENT_DECODE_HOST_DEVICE constexpr int32_t MmaCtasPerSm(int32_t warps, int32_t
   return static_cast<int32_t>(ctas < 1 ? 1 : ctas);
 }
 
+// The width of the kernels a head_dim runs on (64, 128 or 256; the dims past
+// head_dim are masked), and the variant that runs for `variant` there: at
+// width 256 the legacy kernel and the variants whose stages outgrow an SM's
+// shared memory give way to mma_w4_s2 (variant 1).
+TRIDENT_DECODE_HOST_DEVICE constexpr int32_t KernelHeadDim(int32_t head_dim) {
+  return head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256);
+}
+TRIDENT_DECODE_HOST_DEVICE constexpr int32_t EffectiveVariant(int32_t variant, int32_t head_dim) {
+  if (KernelHeadDim(head_dim) <= 128) return variant;
+  const DecodeVariantSpec& spec = kDecodeVariants[variant];
+  const bool fits = spec.kind == DecodeKernelKind::kMma &&
+                    MmaSharedBytes(spec.warps, spec.stages, 256) <= 227 * 1024;
+  return fits ? variant : 1;
+}
+
 // Resident CTAs per SM of the legacy kernel (head_dim 128, GQA 4: 106
 // registers x 128 threads).
 inline constexpr int32_t kLegacyCtasPerSm = 4;

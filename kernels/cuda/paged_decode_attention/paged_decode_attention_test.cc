@@ -318,6 +318,11 @@ std::vector<Case> Cases() {
       Case{"Dim96Gqa3Peaked", 96, 6, 2, {1500, 1, 4100}, 8.0f},
       Case{"Dim96Gqa4Block24", 96, 32, 8, {25, 9000, 24}, 1.0f, 24},
       Case{"Dim112Gqa8Context32k", 112, 8, 1, {32768, 33}},
+      // 256-wide kernels (mma_w4_s2 for the variants that do not fit).
+      Case{"Dim256Gqa2Batch16", 256, 8, 4, Contexts16()},
+      Case{"Dim256Gqa8Block24", 256, 8, 1, {25, 5000, 24}, 1.0f, 24},
+      Case{"Dim144Gqa4Peaked", 144, 8, 2, {1500, 1, 4100}, 8.0f},
+      Case{"Dim240Gqa1Context32k", 240, 4, 4, {32768, 17}},
   };
 }
 

@@ -18,8 +18,8 @@ absl::Status Invalid(const std::string& message) {
 }
 
 absl::Status Validate(const PagedPrefillArgs& a) {
-  if (a.head_dim < 16 || a.head_dim > 128 || a.head_dim % 16 != 0) {
-    return Invalid(absl::StrCat("head_dim ", a.head_dim, " must be a multiple of 16 in [16, 128]"));
+  if (a.head_dim < 16 || a.head_dim > 256 || a.head_dim % 16 != 0) {
+    return Invalid(absl::StrCat("head_dim ", a.head_dim, " must be a multiple of 16 in [16, 256]"));
   }
   if (a.block_size <= 0) return Invalid(absl::StrCat("block_size ", a.block_size, " must be > 0"));
   if (a.num_q_heads <= 0 || a.num_kv_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0) {

@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 // accumulator tile of 16x8 holds c[0..1] at (row g, cols 2t, 2t+1) and
 // c[2..3] at (row g + 8, same cols). Each warp's S tile is 16 rows x 64 keys
 // = 8 such tiles; its O tile is 16 rows x kHeadDim = kHeadDim / 8 tiles.
-template <int kHeadDim, int kBlockM>
+template <int kHeadDim, int kBlockM, bool kMasked>
 __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
     PagedPrefillKernel(const PagedPrefillParams p) {
   using Cfg = TileConfig<kHeadDim, kBlockM>;
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
   const int pass_row = tid / Cfg::kChunksPerRow;
   // The model's head_dim (a multiple of 16, <= kHeadDim): dims past it are
   // zeros in the Q, K and V tiles, their k steps and output tiles skipped.
-  const int hd = p.head_dim;
+  const int hd = kMasked ? p.head_dim : kHeadDim;
   const bool chunk_live = chunk * 8 < hd;
 
   // Gathers keys [n_tile * kBlockN, +kBlockN) through the block table into
@@ -335,7 +335,9 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
 template <int kHeadDim, int kBlockM>
 cudaError_t Launch(const PagedPrefillParams& params, cudaStream_t stream) {
   using Cfg = TileConfig<kHeadDim, kBlockM>;
-  auto* kernel = &PagedPrefillKernel<kHeadDim, kBlockM>;
+  // Exact widths take the instance without the masking.
+  auto* kernel = params.head_dim == kHeadDim ? &PagedPrefillKernel<kHeadDim, kBlockM, false>
+                                             : &PagedPrefillKernel<kHeadDim, kBlockM, true>;
   // Above 48 KiB of dynamic shared memory needs the opt-in; it is per device,
   // so it is set on every launch (a cheap host call).
   const cudaError_t error =
@@ -353,10 +355,12 @@ cudaError_t PagedPrefillAttentionBf16(const PagedPrefillParams& params, cudaStre
   // rows to waste fewer padding rows.
   const bool wide = params.max_query_len >= 128;
   // Head dims up to 64 take the 64-wide tiles, up to 128 the 128-wide ones,
-  // their dims past head_dim masked.
+  // up to 256 the 256-wide ones (64 rows: 128 would need 202 KiB of shared
+  // memory and twice the registers), their dims past head_dim masked.
   if (params.head_dim <= 64) {
     return wide ? Launch<64, 128>(params, stream) : Launch<64, 64>(params, stream);
   }
+  if (params.head_dim > 128) return Launch<256, 64>(params, stream);
   return wide ? Launch<128, 128>(params, stream) : Launch<128, 64>(params, stream);
 }
 

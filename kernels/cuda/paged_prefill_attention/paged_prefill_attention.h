@@ -57,7 +57,7 @@ struct PagedPrefillArgs {
   int32_t block_size = 16;  // Tokens per block.
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;  // A multiple of 16 in [16, 128] (64 and 128 unmasked).
+  int32_t head_dim = 0;  // A multiple of 16 in [16, 256] (64, 128, 256 unmasked).
   // Device pointer, int32 [batch][max_blocks_per_seq].
   const int32_t* block_tables = nullptr;
   int32_t max_blocks_per_seq = 0;
@@ -74,7 +74,7 @@ struct PagedPrefillArgs {
 // Enqueues the kernel on `stream` and returns without waiting.
 //
 // kInvalidArgument (and no launch) naming the field for: head_dim not a
-// multiple of 16 in [16, 128]; non-positive block_size, num_q_heads or num_kv_heads;
+// multiple of 16 in [16, 256]; non-positive block_size, num_q_heads or num_kv_heads;
 // num_q_heads not a multiple of num_kv_heads; q_stride or out_stride smaller
 // than a row or not a multiple of 8; block_stride_elems or value_offset_elems
 // not a multiple of 8 or letting one block's K and V overlap each other or

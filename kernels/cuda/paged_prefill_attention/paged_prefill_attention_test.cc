@@ -274,8 +274,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          Config{128, 8, 2, 32}, Config{64, 4, 1, 7},
                                          // Head dims below the tiles' width, masked.
                                          Config{16, 4, 2}, Config{32, 8, 2, 7}, Config{48, 4, 4},
-                                         Config{80, 8, 2}, Config{96, 16, 2, 32},
-                                         Config{112, 2, 2}),
+                                         Config{80, 8, 2}, Config{96, 16, 2, 32}, Config{112, 2, 2},
+                                         Config{256, 8, 2}, Config{192, 4, 4, 7},
+                                         Config{144, 8, 1}),
                        ::testing::ValuesIn(Cases())),
     [](const ::testing::TestParamInfo<std::tuple<Config, Case>>& info) {
       return ConfigName(std::get<0>(info.param)) + std::get<1>(info.param).name;
@@ -314,7 +315,7 @@ TEST(PagedPrefillAttentionArgsTest, RejectsBadArgumentsNamingTheField) {
   };
   const std::vector<Bad> bad = {
       {"head_dim", [](PagedPrefillArgs& a) { a.head_dim = 88; }},
-      {"head_dim", [](PagedPrefillArgs& a) { a.head_dim = 256; }},
+      {"head_dim", [](PagedPrefillArgs& a) { a.head_dim = 272; }},
       {"head_dim", [](PagedPrefillArgs& a) { a.head_dim = 0; }},
       {"block_size", [](PagedPrefillArgs& a) { a.block_size = 0; }},
       {"num_kv_heads", [](PagedPrefillArgs& a) { a.num_kv_heads = 3; }},
