@@ -1,5 +1,6 @@
-// Bandwidth of bf16 paged decode attention (32 q / 8 kv heads, head_dim 128,
-// block 16, shuffled block tables) against a read-only probe over the same
+// Bandwidth of bf16 paged decode attention (32 q / 8 kv heads, head_dim 128
+// unless the row says otherwise, block 16, shuffled block tables) against a
+// read-only probe over the same
 // K + V bytes, measured in the same run. Bytes = K + V read (q, out and the
 // split partials are < 1% of it). One row per (batch, context, variant):
 // variant -1 is the default (what PlanDecode and the backend run), 0 the
@@ -28,7 +29,6 @@ namespace {
 constexpr int kLaunchesPerIteration = 20;
 constexpr int32_t kQHeads = 32;
 constexpr int32_t kKvHeads = 8;
-constexpr int32_t kHeadDim = 128;
 constexpr int32_t kBlockSize = 16;
 
 // Milliseconds per launch of `launch`, on the default stream.
@@ -53,19 +53,20 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   const int32_t context = static_cast<int32_t>(state.range(1));
   const int32_t variant =
       state.range(2) < 0 ? kDefaultDecodeVariant : static_cast<int32_t>(state.range(2));
+  const int32_t head_dim = static_cast<int32_t>(state.range(3));
   state.SetLabel(DecodeVariantName(variant));
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
-  const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * kHeadDim;
+  const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * head_dim;
   const int64_t num_blocks = static_cast<int64_t>(batch) * blocks_per_seq;
   const size_t cache_bytes = static_cast<size_t>(num_blocks) * 2 * half * 2;
-  const size_t kv_bytes = static_cast<size_t>(batch) * context * kKvHeads * kHeadDim * 2 * 2;
+  const size_t kv_bytes = static_cast<size_t>(batch) * context * kKvHeads * head_dim * 2 * 2;
 
   int device = 0;
   int sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, kHeadDim, context, sms, variant);
-  const size_t workspace_bytes = DecodeWorkspaceBytes(plan, batch, kQHeads, kHeadDim);
+  const DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, head_dim, context, sms, variant);
+  const size_t workspace_bytes = DecodeWorkspaceBytes(plan, batch, kQHeads, head_dim);
 
   void* cache = nullptr;
   void* q = nullptr;
@@ -75,8 +76,8 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   int32_t* lens = nullptr;
   unsigned* sink = nullptr;
   if (cudaMalloc(&cache, cache_bytes) != cudaSuccess ||
-      cudaMalloc(&q, static_cast<size_t>(batch) * kQHeads * kHeadDim * 2) != cudaSuccess ||
-      cudaMalloc(&out, static_cast<size_t>(batch) * kQHeads * kHeadDim * 2) != cudaSuccess ||
+      cudaMalloc(&q, static_cast<size_t>(batch) * kQHeads * head_dim * 2) != cudaSuccess ||
+      cudaMalloc(&out, static_cast<size_t>(batch) * kQHeads * head_dim * 2) != cudaSuccess ||
       cudaMalloc(&workspace, std::max<size_t>(workspace_bytes, 16)) != cudaSuccess ||
       cudaMalloc(reinterpret_cast<void**>(&tables), static_cast<size_t>(num_blocks) * 4) !=
           cudaSuccess ||
@@ -87,7 +88,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   }
   // 0x3c3c: bf16 ~0.0115 everywhere, finite scores.
   cudaMemset(cache, 0x3c, cache_bytes);
-  cudaMemset(q, 0x3c, static_cast<size_t>(batch) * kQHeads * kHeadDim * 2);
+  cudaMemset(q, 0x3c, static_cast<size_t>(batch) * kQHeads * head_dim * 2);
   std::vector<int32_t> physical(num_blocks);
   std::iota(physical.begin(), physical.end(), 0);
   std::mt19937 rng(99);
@@ -97,21 +98,21 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   cudaMemcpy(lens, contexts.data(), contexts.size() * 4, cudaMemcpyHostToDevice);
 
   const PagedDecodeArgs args{.q = q,
-                             .q_stride = kQHeads * kHeadDim,
+                             .q_stride = kQHeads * head_dim,
                              .out = out,
-                             .out_stride = kQHeads * kHeadDim,
+                             .out_stride = kQHeads * head_dim,
                              .kv_base = cache,
                              .block_stride_elems = 2 * half,
                              .value_offset_elems = half,
                              .block_size = kBlockSize,
                              .num_q_heads = kQHeads,
                              .num_kv_heads = kKvHeads,
-                             .head_dim = kHeadDim,
+                             .head_dim = head_dim,
                              .block_tables = tables,
                              .max_blocks_per_seq = blocks_per_seq,
                              .context_lens = lens,
                              .batch = batch,
-                             .scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+                             .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
   if (const absl::Status status =
           LaunchPagedDecodeAttention(args, plan, workspace, workspace_bytes, nullptr);
       !status.ok()) {
@@ -142,7 +143,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   state.counters["ceiling_GB/s"] = ceiling_gbps;
   state.counters["splits"] = plan.num_splits;
   state.counters["variant"] = variant;
-  state.counters["ctas_per_sm"] = DecodeCtasPerSm(variant, kHeadDim);
+  state.counters["ctas_per_sm"] = DecodeCtasPerSm(variant, head_dim);
   state.counters["of_ceiling"] =
       benchmark::Counter(static_cast<double>(kv_bytes) / 1e9 / ceiling_gbps,
                          benchmark::Counter::kIsIterationInvariantRate);
@@ -160,14 +161,17 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                {64, 4096}, {64, 8192}, {128, 2048}};
   for (const auto& shape : shapes) {
     for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
-      b->Args({shape[0], shape[1], variant});
+      b->Args({shape[0], shape[1], variant, 128});
     }
   }
+  // The other common head dims with the default variant: 80 and 96 on the
+  // 128-wide kernels with the rest masked, 64 and 256 on their own.
+  for (int64_t head_dim : {64, 80, 96, 256}) b->Args({16, 16384, -1, head_dim});
 }
 
 BENCHMARK(BM_PagedDecodeAttention)
     ->UseManualTime()
-    ->ArgNames({"batch", "context", "variant"})
+    ->ArgNames({"batch", "context", "variant", "head_dim"})
     ->Apply(Shapes);
 
 }  // namespace

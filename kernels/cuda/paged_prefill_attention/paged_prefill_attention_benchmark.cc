@@ -1,5 +1,6 @@
 // Causal prefill of one sequence through the paged prefill kernel: 32 q heads,
-// 8 kv heads, head_dim 128, block size 16 on shuffled blocks. Reports TFLOP/s
+// 8 kv heads, head_dim 128 (and 64/80/96/256 at 8192 tokens), block size 16
+// on shuffled blocks. Reports TFLOP/s
 // counting the causal half of both matmuls, 2 * 2 * L * L / 2 * heads *
 // head_dim, and the ratio to the H200's dense bf16 tensor-core peak
 // (989 TFLOP/s, a datasheet figure, not measured here).
@@ -23,7 +24,6 @@ constexpr int kLaunchesPerIteration = 5;
 constexpr double kPeakTflops = 989.0;
 constexpr int32_t kNumQHeads = 32;
 constexpr int32_t kNumKvHeads = 8;
-constexpr int32_t kHeadDim = 128;
 constexpr int32_t kBlockSize = 16;
 
 // Small bf16 values (bits of floats in about [-1, 1)) from a fixed LCG.
@@ -49,9 +49,10 @@ void* Upload(const std::vector<T>& host) {
 
 void BM_PagedPrefillCausal(benchmark::State& state) {
   const int32_t len = static_cast<int32_t>(state.range(0));
+  const int32_t head_dim = static_cast<int32_t>(state.range(1));
   const int32_t num_blocks = len / kBlockSize;
-  const int64_t half = static_cast<int64_t>(kNumKvHeads) * kBlockSize * kHeadDim;
-  const int64_t row = static_cast<int64_t>(kNumQHeads) * kHeadDim;
+  const int64_t half = static_cast<int64_t>(kNumKvHeads) * kBlockSize * head_dim;
+  const int64_t row = static_cast<int64_t>(kNumQHeads) * head_dim;
   std::vector<int32_t> table(num_blocks);
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));
@@ -73,7 +74,7 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
                               .block_size = kBlockSize,
                               .num_q_heads = kNumQHeads,
                               .num_kv_heads = kNumKvHeads,
-                              .head_dim = kHeadDim,
+                              .head_dim = head_dim,
                               .block_tables = static_cast<const int32_t*>(d_table),
                               .max_blocks_per_seq = num_blocks,
                               .context_lens = static_cast<const int32_t*>(d_context),
@@ -81,7 +82,7 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
                               .query_starts = static_cast<const int32_t*>(d_start),
                               .batch = 1,
                               .max_query_len = len,
-                              .scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+                              .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
   const absl::Status status = LaunchPagedPrefillAttention(args, nullptr);  // Warm-up.
   if (!status.ok() || cudaDeviceSynchronize() != cudaSuccess) {
     state.SkipWithError(status.ok() ? "kernel failed" : std::string(status.message()).c_str());
@@ -102,7 +103,7 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    const double flops = 2.0 * len * static_cast<double>(len) * kNumQHeads * kHeadDim;
+    const double flops = 2.0 * len * static_cast<double>(len) * kNumQHeads * head_dim;
     state.counters["TFLOP/s"] =
         benchmark::Counter(flops / 1e12 * state.iterations(), benchmark::Counter::kIsRate);
     // Ratio of TFLOP/s to the datasheet peak, as a rate so it divides by time.
@@ -112,12 +113,20 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
   for (void* p : {d_cache, d_q, d_out, d_table, d_context, d_query, d_start}) cudaFree(p);
 }
 
+// Lengths at head_dim 128 (the Llama shape), and the other common head dims
+// (80 and 96 on the 128-wide tiles with the rest masked; 256 on its own) at
+// 8192.
 BENCHMARK(BM_PagedPrefillCausal)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
-    ->Arg(4096)
-    ->Arg(8192)
-    ->Arg(16384);
+    ->ArgNames({"len", "head_dim"})
+    ->Args({4096, 128})
+    ->Args({8192, 128})
+    ->Args({16384, 128})
+    ->Args({8192, 64})
+    ->Args({8192, 80})
+    ->Args({8192, 96})
+    ->Args({8192, 256});
 
 }  // namespace
 }  // namespace trident::kernels::cuda
