@@ -7,8 +7,9 @@
 //
 // Up to `gemv_max_m` rows of x (16 at most; decode steps of a few sequences)
 // take a weight-streaming GEMV kernel of this package instead, where the
-// shapes suit it (k a multiple of 8, x and W 16-byte aligned): cuBLASLt
-// reads a single token's weights well below the card's read bandwidth.
+// shapes suit it (k a multiple of 8 and at most 8192, x and W 16-byte
+// aligned): it reads a single token's smaller projections faster than
+// cuBLASLt does.
 
 #ifndef TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
 #define TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_

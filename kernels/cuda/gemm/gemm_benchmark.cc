@@ -4,7 +4,8 @@
 // enough copies (>= 256 MiB in all) that no call finds its weights in L2,
 // as in a forward pass. Output mode 0: bf16 y; 1: fp32 y accumulated into
 // (the CUDA backend's projections). Path 0: cuBLASLt; 1: the GEMV kernel
-// (m <= 16); 2: the GEMV kernel with programmatic dependent launch, where
+// (m <= 16, k <= 8192; cuBLASLt beyond); 2: the same with programmatic
+// dependent launch, where
 // each call loads its first weights while the previous one ends (as after
 // the norms and the activation in a forward pass).
 

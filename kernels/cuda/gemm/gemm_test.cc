@@ -135,7 +135,7 @@ INSTANTIATE_TEST_SUITE_P(
             Shape{6, 129, 1032, false, 16, true}, Shape{7, 3, 8, true, 0, true, true},
             Shape{8, 4095, 14336, true, 0, true, true}, Shape{2, 50, 100, true},
             Shape{12, 8000, 520, true, 8, true, true}, Shape{16, 10000, 4096, false, 0, true},
-            Shape{11, 37, 72, true}),
+            Shape{1, 300, 8192, true, 0, true, true}, Shape{11, 37, 72, true}),
         ::testing::Values(int64_t{0}, int64_t{16})));
 
 TEST(GemmArgsTest, RejectsAGemvBoundPastItsKernels) {
