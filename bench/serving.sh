@@ -8,7 +8,9 @@
 # shows where latency gives). Prints per rate the requests served, output
 # tokens/s, TTFT, TPOT and ITL p50/p90/p99 and goodput at the stated SLOs,
 # and the worker's decode graphs: captured at start-up, captured since
-# (must stay 0), replayed, and steps that had none.
+# (must stay 0), replayed, and steps that had none. Where gnuplot is
+# installed, bench/plot_serving.sh then draws goodput against rate and the
+# TTFT and TPOT CDFs into OUT.
 #
 #   bench/serving.sh [MODEL_DIR] [DEVICE]
 #
@@ -55,7 +57,7 @@ for rate in $rates; do
       --duration_s="$phase" --warmup_s="$warmup" --prompt_tokens="csv:$out/lengths.csv" \
       --output_tokens="csv:$out/lengths.csv" --ttft_slo_ms="$ttft_slo" \
       --tpot_slo_ms="$tpot_slo" --seed="$seed" --progress=false \
-      --json_out="$out/$label.json" >"$out/$label.txt" 2>&1
+      --json_out="$out/$label.json" --requests_csv="$out/$label.csv" >"$out/$label.txt" 2>&1
   python3 - "$out/$label.json" "$rate" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -74,3 +76,6 @@ echo "decode graphs: $graphs_at_start at start-up," \
     "$(metric "$METRICS_worker" trident_worker_cuda_graph_replays_total) steps replayed," \
     "$(metric "$METRICS_worker" trident_worker_cuda_graph_misses_total) without a graph" |
     tee -a "$out/summary.txt"
+if command -v gnuplot >/dev/null; then
+  "$(dirname "$0")/plot_serving.sh" "$out" "colocated, $(basename "$model_dir") on $device"
+fi

@@ -840,6 +840,28 @@ nlohmann::json ReportToJson(const Report& report, const nlohmann::json& config) 
   };
 }
 
+std::string RequestsCsv(const std::vector<RequestRecord>& records, absl::Time start) {
+  std::string out =
+      "index,qos_class,scheduled_s,outcome,prompt_tokens,output_tokens,tokens_received,ttft_ms,"
+      "tpot_ms,e2e_ms,slo_met\n";
+  const auto ms = [](std::optional<absl::Duration> d) {
+    return d.has_value() ? absl::StrFormat("%.3f", absl::ToDoubleMilliseconds(*d)) : "";
+  };
+  for (const RequestRecord& r : records) {
+    if (!r.planned.measured) continue;
+    const Outcome outcome = OutcomeOf(r);
+    // E2E as the report counts it: completed requests only.
+    const std::optional<absl::Duration> e2e =
+        outcome == Outcome::kCompleted ? std::optional(r.end - r.sent) : std::nullopt;
+    absl::StrAppendFormat(&out, "%d,%s,%.6f,%s,%d,%d,%d,%s,%s,%s,%d\n", r.planned.index,
+                          r.planned.qos_class, absl::ToDoubleSeconds(r.scheduled - start),
+                          OutcomeName(outcome), r.planned.prompt_tokens, r.planned.output_tokens,
+                          r.tokens_received(), ms(TimeToFirstToken(r)), ms(TimePerOutputToken(r)),
+                          ms(e2e), MetSlo(r) ? 1 : 0);
+  }
+  return out;
+}
+
 std::string FormatReport(const Report& r) {
   std::string out = absl::StrFormat(
       "requests: %d measured (%d warmup not counted): %d completed, %d rejected, %d failed, "

@@ -394,6 +394,13 @@ nlohmann::json WorkloadToJson(const WorkloadSpec& spec);
 nlohmann::json ReportToJson(const Report& report, const nlohmann::json& config);
 
 // A human-readable multi-line summary.
+// One CSV row per measured request, for distributions (CDF plots) beyond
+// the report's percentiles. Header: index,qos_class,scheduled_s,outcome,
+// prompt_tokens,output_tokens,tokens_received,ttft_ms,tpot_ms,e2e_ms,slo_met.
+// scheduled_s counts from `start`; ttft_ms / tpot_ms / e2e_ms are empty
+// where the request has none (see TimeToFirstToken and friends).
+std::string RequestsCsv(const std::vector<RequestRecord>& records, absl::Time start);
+
 std::string FormatReport(const Report& report);
 
 // ---------------------------------------------------------------------------

@@ -566,6 +566,21 @@ TEST_F(SummaryTest, NothingAcceptedGivesNullAttainment) {
   EXPECT_EQ(report.goodput_rps, 0);
 }
 
+TEST_F(SummaryTest, RequestsCsvHasAMeasuredRowEachWithItsLatencies) {
+  const SloTargets slo{.ttft = absl::Milliseconds(150), .tpot = absl::Milliseconds(25)};
+  std::vector<RequestRecord> records;
+  records.push_back(Completed(0, 0, {1, 2, 3, 4}, slo, 1, /*measured=*/false));
+  // TTFT 100, TPOT 20, E2E 161 ms; meets the targets.
+  records.push_back(Completed(1, 1500, {100, 110, 130, 160}, slo));
+  records.push_back(Rejected(2, 2250, 3, absl::ResourceExhaustedError("full")));
+  records.back().planned.qos_class = "batch";
+  EXPECT_EQ(RequestsCsv(records, start_),
+            "index,qos_class,scheduled_s,outcome,prompt_tokens,output_tokens,tokens_received,"
+            "ttft_ms,tpot_ms,e2e_ms,slo_met\n"
+            "1,,1.500000,completed,10,4,4,100.000,20.000,161.000,1\n"
+            "2,batch,2.250000,rejected,10,4,0,,,,0\n");
+}
+
 TEST_F(SummaryTest, ClientDeadlineIsAFailureNotARejection) {
   const RequestRecord r = Rejected(0, 0, 5, absl::DeadlineExceededError("Deadline Exceeded"));
   EXPECT_EQ(OutcomeOf(r), Outcome::kFailed);

@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, qos, "",
           "interactive:0.3:ttft=200:tpot=50,batch:0.7. Empty: the server's default class.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the schedule (arrivals, lengths, classes, prompts).");
 ABSL_FLAG(std::string, json_out, "", "Write the JSON report here.");
+ABSL_FLAG(std::string, requests_csv, "",
+          "Write one CSV row per measured request here (outcome, lengths, TTFT, TPOT, E2E, SLO "
+          "met), for latency distributions.");
 ABSL_FLAG(int64_t, max_inflight, 1000,
           "Requests in flight at most; requests due beyond it are dropped and counted.");
 ABSL_FLAG(double, warmup_s, 0, "Requests scheduled in the first seconds are left out of metrics.");
@@ -138,6 +141,17 @@ int Main() {
       return 1;
     }
     std::printf("wrote %s\n", json_out.c_str());
+  }
+  const std::string requests_csv = absl::GetFlag(FLAGS_requests_csv);
+  if (!requests_csv.empty()) {
+    std::ofstream out(requests_csv);
+    out << RequestsCsv(result->records, result->start);
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "loadgen: cannot write --requests_csv=%s\n", requests_csv.c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", requests_csv.c_str());
   }
   return 0;
 }
