@@ -659,7 +659,7 @@ Report Summarize(const std::vector<RequestRecord>& records, absl::Time start,
                  absl::Duration warmup) {
   Report report;
   report.num_scheduled = static_cast<int64_t>(records.size());
-  std::vector<double> ttft, tpot, itl, e2e, lag;
+  std::vector<double> ttft, tpot, itl, e2e, normalized, lag;
   int64_t output_tokens = 0;
   int64_t input_tokens = 0;
   const absl::Time window_start = start + warmup;
@@ -702,6 +702,9 @@ Report Summarize(const std::vector<RequestRecord>& records, absl::Time start,
         if (std::optional<absl::Duration> t = TimePerOutputToken(r)) tpot.push_back(ToMs(*t));
         for (absl::Duration gap : InterTokenLatencies(r)) itl.push_back(ToMs(gap));
         e2e.push_back(ToMs(r.end - r.sent));
+        if (r.tokens_received() > 0) {
+          normalized.push_back(ToMs(r.end - r.sent) / static_cast<double>(r.tokens_received()));
+        }
         if (MetSlo(r)) {
           ++report.num_slo_met;
           ++cls.slo_met;
@@ -735,6 +738,7 @@ Report Summarize(const std::vector<RequestRecord>& records, absl::Time start,
   report.tpot = ComputeStats(std::move(tpot));
   report.itl = ComputeStats(std::move(itl));
   report.e2e = ComputeStats(std::move(e2e));
+  report.normalized = ComputeStats(std::move(normalized));
   report.send_lag = ComputeStats(std::move(lag));
   report.measured_window_s = absl::ToDoubleSeconds(window_end - window_start);
   if (report.measured_window_s > 0) {
@@ -828,6 +832,7 @@ nlohmann::json ReportToJson(const Report& report, const nlohmann::json& config) 
         {"tpot", report.tpot.ToJson()},
         {"itl", report.itl.ToJson()},
         {"e2e", report.e2e.ToJson()},
+        {"normalized_per_token", report.normalized.ToJson()},
         {"send_lag", report.send_lag.ToJson()}}},
       {"throughput",
        {{"goodput_rps", report.goodput_rps},
@@ -886,6 +891,7 @@ std::string FormatReport(const Report& r) {
                                 {"TPOT", r.tpot},
                                 {"ITL", r.itl},
                                 {"E2E", r.e2e},
+                                {"E2E/token", r.normalized},
                                 {"send lag", r.send_lag}}) {
     absl::StrAppendFormat(&out, "%-10s %8d %10.2f %10.2f %10.2f %10.2f %10.2f\n", name, s.count,
                           s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms);

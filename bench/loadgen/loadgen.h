@@ -368,6 +368,9 @@ struct Report {
   LatencyStats tpot;
   LatencyStats itl;
   LatencyStats e2e;
+  // E2E over the output tokens of each completed request: NEO's "normalized
+  // latency" (its mean is the figure its sweeps report).
+  LatencyStats normalized;
   LatencyStats send_lag;  // sent - scheduled: how well the sender kept time.
 
   double goodput_rps = 0;                // Completed requests that met their SLOs, per s.

@@ -516,6 +516,10 @@ TEST_F(SummaryTest, GoodputCountsOnlyRequestsThatMetEverySlo) {
   EXPECT_DOUBLE_EQ(report.tpot.max_ms, 50);
   EXPECT_EQ(report.itl.count, 12);
   EXPECT_DOUBLE_EQ(report.e2e.max_ms, 251);
+  // E2E per output token: 161/4, 231/4, 251/4 and 41/4 ms.
+  EXPECT_EQ(report.normalized.count, 4);
+  EXPECT_DOUBLE_EQ(report.normalized.mean_ms, (161.0 + 231 + 251 + 41) / 16);
+  EXPECT_DOUBLE_EQ(report.normalized.max_ms, 251.0 / 4);
 
   EXPECT_EQ(report.rejections_by_code.at("RESOURCE_EXHAUSTED"), 2);
   EXPECT_EQ(report.rejections_by_code.at("INVALID_ARGUMENT"), 1);
@@ -538,7 +542,7 @@ TEST_F(SummaryTest, GoodputCountsOnlyRequestsThatMetEverySlo) {
             overload.time_to_reject.p99_ms);
   EXPECT_DOUBLE_EQ(json["slo"]["attainment"].get<double>(), 0.4);
   EXPECT_EQ(json["per_class"]["(default)"]["failed"], 1);
-  for (const char* metric : {"ttft", "tpot", "itl", "e2e", "send_lag"}) {
+  for (const char* metric : {"ttft", "tpot", "itl", "e2e", "normalized_per_token", "send_lag"}) {
     for (const char* field : {"count", "mean", "p50", "p90", "p99", "max"}) {
       EXPECT_TRUE(json["latency_ms"][metric].contains(field)) << metric << "." << field;
     }
