@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
-# Serving through the router on one GPU, colocated: one worker in role both
-# (no KV transport: the router runs each request there in one Decode call),
-# ShareGPT-like lengths (lognormal prompts, median 150 tokens, sigma 1;
-# outputs median 120, sigma 0.8; both clipped to [16, 1024]; generated
-# exactly), Poisson arrivals at each of RATES for PHASE_S seconds (the first
-# WARMUP_S left out), admission off (every request is served: the sweep
-# shows where latency gives). Prints per rate the requests served, output
-# tokens/s, TTFT, TPOT and ITL p50/p90/p99 and goodput at the stated SLOs,
-# and the worker's decode graphs: captured at start-up, captured since
-# (must stay 0), replayed, and steps that had none. Where gnuplot is
-# installed, bench/plot_serving.sh then draws goodput against rate and the
-# TTFT and TPOT CDFs into OUT.
+# Serving through the router: ShareGPT-like lengths (lognormal prompts,
+# median 150 tokens, sigma 1; outputs median 120, sigma 0.8; both clipped to
+# [16, 1024]; generated exactly), Poisson arrivals at each of RATES for
+# PHASE_S seconds (the first WARMUP_S left out), admission off (every
+# request is served: the sweep shows where latency gives). Prints per rate
+# the requests served, output tokens/s, TTFT, TPOT and ITL p50/p90/p99,
+# goodput at the stated SLOs and ITL p99/p50, and the decode workers' CUDA
+# graphs: captured at start-up, captured since (must stay 0), replayed, and
+# steps that had none. Where gnuplot is installed, bench/plot_serving.sh
+# then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
+#
+# TOPOLOGY picks the cluster:
+#   colocated (default)  one worker in role both without a KV transport (the
+#                        router runs each request there in one Decode call);
+#   <N>p<M>d, e.g. 1p1d, 1p2d, 2p1d
+#                        N prefill and M decode workers, KV over UCX.
+# DEVICES lists the devices the workers take in order (prefill workers
+# first); with fewer devices than workers the last one is shared (each
+# worker then gets an equal share of its memory). CPU_ATTENTION=1 adds a CPU
+# attention service beside the decode workers (or the colocated worker),
+# which then offload long sequences as `trident up` does
+# (--offload_keep_throughput, background moves).
 #
 #   bench/serving.sh [MODEL_DIR] [DEVICE]
 #
 # MODEL_DIR (default /tmp/llama3-8b) is written with make_model's llama3-8b
-# preset (random bf16 weights) when it has no config.json. Environment:
-# RATES ("2 8 32"), PHASE_S (40), WARMUP_S (5), TTFT_SLO_MS (300),
-# TPOT_SLO_MS (25), SEED (20261128), OUT (logs and JSON reports), BIN_DIR
-# (the built programs; else bazel-bin, else PATH), WORKER_FLAGS (extra
-# worker flags).
+# preset (random bf16 weights) when it has no config.json; DEVICE (cuda:0)
+# is DEVICES' default. Environment: TOPOLOGY, DEVICES, CPU_ATTENTION (0),
+# ATTN_THREADS (12), RATES ("2 8 32"), PHASE_S (40), WARMUP_S (5),
+# TTFT_SLO_MS (300), TPOT_SLO_MS (25), SEED (20261128), OUT (logs, JSON
+# reports, per-request CSVs, plots), BIN_DIR (the built programs; else
+# bazel-bin, else PATH), WORKER_FLAGS (extra worker flags).
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 device=${2:-cuda:0}
@@ -39,16 +50,79 @@ stop_all_on_exit
 
 sharegpt_lengths "$out/lengths.csv" "$seed" 8192
 
-# shellcheck disable=SC2086
-start worker "$(tool services/worker/worker)" --model="$model_dir" --role=both \
-    --device="$device" --worker_id=worker --gpu_memory_fraction=0.9 --max_model_len=2048 \
-    ${WORKER_FLAGS:-}
-graphs_at_start=$(metric "$METRICS_worker" trident_worker_cuda_graphs)
-start router "$(tool services/router/router)" --model="$model_dir" \
-    --workers="127.0.0.1:$PORT_worker" --admission=false --max_model_len=2048
-grep -h "decode graphs at start-up" "$out/worker.log" || true
-echo "model $model_dir on $device, colocated behind the router, ${phase} s a rate" \
-    "(first ${warmup} s left out), SLO TTFT ${ttft_slo} ms / TPOT ${tpot_slo} ms"
+topology=${TOPOLOGY:-colocated}
+read -r -a devices <<<"${DEVICES:-$device}"
+if [[ "$topology" == colocated ]]; then
+  num_prefill=0
+  num_decode=1
+elif [[ "$topology" =~ ^([0-9]+)p([0-9]+)d$ ]]; then
+  num_prefill=${BASH_REMATCH[1]}
+  num_decode=${BASH_REMATCH[2]}
+else
+  echo "serving.sh: TOPOLOGY must be colocated or <N>p<M>d (e.g. 1p1d), not $topology" >&2
+  exit 2
+fi
+num_workers=$((num_prefill + num_decode))
+# Worker i's device, and its share of that device's memory.
+device_of() { local i=$1; ((i < ${#devices[@]})) || i=$((${#devices[@]} - 1)); echo "${devices[$i]}"; }
+share_of() {
+  local dev=$1 n=0 i
+  for ((i = 0; i < num_workers; i++)); do [[ "$(device_of "$i")" == "$dev" ]] && n=$((n + 1)); done
+  python3 -c "print(round(0.9 / $n, 3))"
+}
+offload=()
+if [[ "${CPU_ATTENTION:-0}" == 1 ]]; then
+  start attention "$(tool services/attention/attention)" --threads="${ATTN_THREADS:-12}"
+  offload=(--attention_services="127.0.0.1:$PORT_attention" --offload_keep_throughput
+           --offload_min_context_tokens=0)
+fi
+# worker NAME ROLE INDEX FLAGS...
+worker() {
+  local name=$1 role=$2 dev
+  dev=$(device_of "$3")
+  shift 3
+  # shellcheck disable=SC2086
+  start "$name" "$(tool services/worker/worker)" --model="$model_dir" --role="$role" \
+      --device="$dev" --worker_id="$name" --gpu_memory_fraction="$(share_of "$dev")" \
+      --max_model_len=2048 "$@" ${WORKER_FLAGS:-}
+}
+decoders=()
+if [[ "$topology" == colocated ]]; then
+  worker worker both 0 "${offload[@]}"
+  decoders=(worker)
+  route=(--workers="127.0.0.1:$PORT_worker")
+else
+  prefill_list=""
+  decode_list=""
+  for ((i = 0; i < num_prefill; i++)); do
+    worker "p$i" prefill "$i" --kv_transport=ucx
+    port_var="PORT_p$i"
+    prefill_list+="${prefill_list:+,}127.0.0.1:${!port_var}"
+  done
+  for ((i = 0; i < num_decode; i++)); do
+    worker "d$i" decode $((num_prefill + i)) --kv_transport=ucx "${offload[@]}"
+    port_var="PORT_d$i"
+    decode_list+="${decode_list:+,}127.0.0.1:${!port_var}"
+    decoders+=("d$i")
+  done
+  route=(--prefill_workers="$prefill_list" --decode_workers="$decode_list")
+fi
+# The decode workers' graph counter, summed.
+decode_metric() {
+  local total=0 name port_var
+  for name in "${decoders[@]}"; do
+    port_var="METRICS_$name"
+    total=$(python3 -c "print($total + $(metric "${!port_var}" "$1"))")
+  done
+  echo "$total"
+}
+graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
+start router "$(tool services/router/router)" --model="$model_dir" "${route[@]}" \
+    --admission=false --max_model_len=2048
+grep -h "decode graphs at start-up" "$out"/*.log || true
+echo "model $model_dir, $topology on ${devices[*]}$([[ ${CPU_ATTENTION:-0} == 1 ]] &&
+    echo " + CPU attention"), ${phase} s a rate (first ${warmup} s left out)," \
+    "SLO TTFT ${ttft_slo} ms / TPOT ${tpot_slo} ms"
 printf '%-6s %6s %8s %20s %20s %20s %9s %9s\n' rate served "tok/s" \
     "TTFT p50/p90/p99" "TPOT p50/p90/p99" "ITL p50/p90/p99" goodput "ITL p99/p50"
 for rate in $rates; do
@@ -72,10 +146,15 @@ print(f"{sys.argv[2]:<6} {q['completed']:6d} {tput:8.0f} {f('ttft'):>20} "
 EOF
 done | tee "$out/summary.txt"
 echo "decode graphs: $graphs_at_start at start-up," \
-    "$(metric "$METRICS_worker" trident_worker_cuda_graphs) now;" \
-    "$(metric "$METRICS_worker" trident_worker_cuda_graph_replays_total) steps replayed," \
-    "$(metric "$METRICS_worker" trident_worker_cuda_graph_misses_total) without a graph" |
+    "$(decode_metric trident_worker_cuda_graphs) now;" \
+    "$(decode_metric trident_worker_cuda_graph_replays_total) steps replayed," \
+    "$(decode_metric trident_worker_cuda_graph_misses_total) without a graph" |
     tee -a "$out/summary.txt"
+if [[ "${CPU_ATTENTION:-0}" == 1 ]]; then
+  echo "CPU attention: $(decode_metric 'trident_worker_offload_decisions_total{decision="moved"}')" \
+      "sequences moved to the service" | tee -a "$out/summary.txt"
+fi
 if command -v gnuplot >/dev/null; then
-  "$(dirname "$0")/plot_serving.sh" "$out" "colocated, $(basename "$model_dir") on $device"
+  "$(dirname "$0")/plot_serving.sh" "$out" \
+      "$topology$([[ ${CPU_ATTENTION:-0} == 1 ]] && echo " + CPU attention"), $(basename "$model_dir") on ${devices[*]}"
 fi
