@@ -5,9 +5,11 @@
 # with a CPU attention service on this host taking the sequences the pool
 # cannot hold (asymmetric pipelining, --offload_pipeline). Same model, same run, per
 # cap: output tokens/s, TPOT, goodput and how many requests met the TPOT
-# SLO; the service's measured attention bandwidth; and the ideal gain that
+# SLO; the service's measured attention bandwidth; the ideal gain that
 # bandwidth allows: 1 + (CPU KV bytes per step it can hide under a
-# GPU-only step) / (GPU KV bytes per step).
+# GPU-only step) / (GPU KV bytes per step); and R, the most any schedule can
+# reach once the round trips and per-sequence costs the worker calibrated
+# are counted (one batch, or two sub-batches as NEO pipelines them).
 #
 #   bench/offload.sh [MODEL_DIR] [DEVICE]
 #
@@ -89,7 +91,7 @@ for cap in $caps; do
     echo "$m $(metric "$METRICS_attention" "$m")"
   done >"$out/attention-$cap.metrics"
   stop
-  python3 - "$out" "$cap" "$prompt" "$output" "$kv_per_token" "$per_cap" <<'PY'
+  python3 - "$out" "$cap" "$prompt" "$output" "$kv_per_token" "$per_cap" "$model_dir" <<'PY'
 import json, sys
 out, cap, prompt, output, kv_tok, per_cap = (sys.argv[1], *map(int, sys.argv[2:7]))
 def load(label):
@@ -135,6 +137,39 @@ held = int(om.get('trident_worker_offload_decisions_total{decision="held"}', 0))
 def step_ms(m):
     return 1e3 * m.get("trident_worker_decode_step_seconds_sum", 0) / max(
         m.get("trident_worker_decode_step_seconds_count", 0), 1)
+# R, the most a scheduler can reach with the round trips counted: T the
+# GPU-only step, L layers, r the calibrated round trip of one layer's
+# request, c one CPU sequence's service time for a whole step (the
+# calibrated attention scaled to the mean context, plus its per-sequence
+# cost, every layer), C CPU sequences beside the B the pool holds. One batch
+# takes T + L r + C c; two sub-batches max(2T, 2 L r + C c); moving nothing,
+# T for B: R = max(1, max over C of (B + C) T / (B min(...))).
+import re
+L = json.load(open(f"{sys.argv[7]}/config.json"))["num_hidden_layers"]
+cal = None
+for line in open(f"{out}/offload-{cap}.worker.log", errors="replace"):
+    m = re.search(r"round trip ([0-9.e+-]+) us, attention over ([0-9]+) tokens ([0-9.e+-]+) us "
+                  r"more, ([0-9.e+-]+) us per sequence", line)
+    if m:
+        cal = [float(x) for x in m.groups()]
+bound_note = "R: no calibration in the worker's log"
+if cal:
+    r_layer = cal[0] * 1e-6
+    c_seq = L * (cal[2] * 1e-6 * ctx / max(cal[1], 1) + cal[3] * 1e-6)
+    best, best_c = 1.0, 0
+    for C in range(1, (per_cap - 1) * cap + 1):
+        t = min(step + L * r_layer + C * c_seq, max(2 * step, 2 * L * r_layer + C * c_seq))
+        if (cap + C) * step / (cap * t) > best:
+            best, best_c = (cap + C) * step / (cap * t), C
+    # The steady state measured the same way: the decode steps' mean with
+    # the moved sequences beside the pool's, against GPU-only's.
+    C = min(moved, (per_cap - 1) * cap)
+    steady = (cap + C) * step_ms(gm) / (cap * max(step_ms(om), 1e-9))
+    bound_note = (f"R {best:.2f}x (at C = {best_c}; T {1e3 * step:.1f} ms, r {1e6 * r_layer:.0f} us "
+                  f"x {L} layers, c {1e3 * c_seq:.2f} ms); steady decode steps {cap + C} sequences "
+                  f"in {step_ms(om):.1f} ms against {cap} in {step_ms(gm):.1f} ms = {steady:.2f}x "
+                  f"-> {steady / best:.2f} of R")
+print(f"cap {cap:3d}: {bound_note}")
 print(f"cap {cap:3d}: offload/GPU-only {gain:.2f}x, ideal {ideal:.2f}x -> {gain / ideal:.2f} of ideal; "
       f"service attention {cpu_bw / 1e9:.1f} GB/s{bw_note}; {moved} moves, {held} held, "
       f"{int(om.get('trident_worker_pipelined_steps_total', 0))} pipelined steps, "

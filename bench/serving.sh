@@ -5,7 +5,8 @@
 # PHASE_S seconds (the first WARMUP_S left out), admission off (every
 # request is served: the sweep shows where latency gives). Prints per rate
 # the requests served, output tokens/s, TTFT, TPOT and ITL p50/p90/p99,
-# goodput at the stated SLOs and ITL p99/p50, and the decode workers' CUDA
+# goodput at the stated SLOs, ITL p99/p50 and the mean E2E per output token
+# (NEO's average normalized latency), and the decode workers' CUDA
 # graphs: captured at start-up, captured since (must stay 0), replayed, and
 # steps that had none. Where gnuplot is installed, bench/plot_serving.sh
 # then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
@@ -123,8 +124,8 @@ grep -h "decode graphs at start-up" "$out"/*.log || true
 echo "model $model_dir, $topology on ${devices[*]}$([[ ${CPU_ATTENTION:-0} == 1 ]] &&
     echo " + CPU attention"), ${phase} s a rate (first ${warmup} s left out)," \
     "SLO TTFT ${ttft_slo} ms / TPOT ${tpot_slo} ms"
-printf '%-6s %6s %8s %20s %20s %20s %9s %9s\n' rate served "tok/s" \
-    "TTFT p50/p90/p99" "TPOT p50/p90/p99" "ITL p50/p90/p99" goodput "ITL p99/p50"
+printf '%-6s %6s %8s %20s %20s %20s %9s %9s %9s\n' rate served "tok/s" \
+    "TTFT p50/p90/p99" "TPOT p50/p90/p99" "ITL p50/p90/p99" goodput "ITL p99/p50" "ms/token"
 for rate in $rates; do
   label="rate$rate"
   "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_router" --rate="$rate" \
@@ -141,7 +142,8 @@ good = r["throughput"]["goodput_rps"]
 tput = r["throughput"]["output_tokens_per_s"]
 print(f"{sys.argv[2]:<6} {q['completed']:6d} {tput:8.0f} {f('ttft'):>20} "
       f"{f('tpot'):>20} {f('itl'):>20} {good:9.1f} "
-      f"{lat['itl']['p99'] / max(1e-9, lat['itl']['p50']):9.2f}"
+      f"{lat['itl']['p99'] / max(1e-9, lat['itl']['p50']):9.2f} "
+      f"{lat['normalized_per_token']['mean']:9.2f}"
       + (f"  ({q['failed']} failed)" if q["failed"] else ""))
 EOF
 done | tee "$out/summary.txt"
