@@ -53,11 +53,9 @@ ABSL_FLAG(int32_t, cuda_graph_max_batch, 0,
 ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
           "CUDA backend: longest context with a decode graph (0: the context window); steps "
           "with longer contexts launch their kernels one by one.");
-ABSL_FLAG(
-    int32_t, cuda_gemv_max_m, 1,
-    "CUDA backend: projections of up to this many rows (decode steps of a few sequences, "
-    "0..16) take Trident's weight-streaming GEMV kernel instead of cuBLASLt; 0: cuBLASLt "
-    "for all. Default 1: single-sequence steps, where it measured faster (bench/RESULTS.md).");
+ABSL_FLAG(bool, cuda_gemv, true,
+          "CUDA backend: single-sequence decode steps run their projections on Trident's "
+          "weight-streaming GEMV kernel instead of cuBLASLt (false: cuBLASLt for all).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "Threads for the CPU backend; 0: one per physical core the process may use.");
@@ -201,7 +199,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   model.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);
-  model.cuda_gemv_max_m = absl::GetFlag(FLAGS_cuda_gemv_max_m);
+  model.cuda_gemv = absl::GetFlag(FLAGS_cuda_gemv);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);
   model.model_name = absl::GetFlag(FLAGS_model_name);
   model.dtype = absl::GetFlag(FLAGS_dtype);

@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     co.cuda_graphs = options.cuda_graphs;
     co.graph_max_batch = options.cuda_graph_max_batch;
     co.graph_max_context = options.cuda_graph_max_context;
-    co.gemv_max_m = options.cuda_gemv_max_m;
+    co.gemv = options.cuda_gemv;
     co.kv_cache_tokens = options.gpu_kv_cache_tokens;
     co.kv_block_size = options.kv_block_size;
     co.max_batch_tokens = options.max_batch_tokens;

@@ -36,8 +36,8 @@ struct WorkerModelOptions {
   bool cuda_graphs = true;
   int32_t cuda_graph_max_batch = 0;
   int32_t cuda_graph_max_context = 0;
-  // Rows up to which projections take the GEMV kernel (CudaBackendOptions).
-  int32_t cuda_gemv_max_m = 1;
+  // Single-row projections take the GEMV kernel (CudaBackendOptions::gemv).
+  bool cuda_gemv = true;
   // Name reported by ModelInfo; empty: the directory's last component.
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.

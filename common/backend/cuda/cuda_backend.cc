@@ -95,7 +95,7 @@ absl::Status Impl::Load(const std::string& dir) {
       cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device), "SMs"));
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
-  TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv_max_m = options.gemv_max_m, .pdl = options.pdl}));
+  TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv = options.gemv, .pdl = options.pdl}));
   TRIDENT_ASSIGN_OR_RETURN(config, model::LoadModelConfig(dir));
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));

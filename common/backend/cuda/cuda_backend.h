@@ -63,12 +63,10 @@ struct CudaBackendOptions {
   // Decode attention kernel variant (kernels/cuda/paged_decode_attention);
   // -1: its default.
   int32_t decode_variant = -1;
-  // Projections of up to this many rows (0..16; decode steps of a few
-  // sequences) take the weight-streaming GEMV kernel of kernels/cuda/gemm
-  // instead of cuBLASLt; 0: cuBLASLt for all. 1 by default: on an H200 with
-  // CUDA 13's cuBLASLt, the kernel made a batch-1 8B step 4% faster and a
-  // batch-16 one 30% slower (bench/RESULTS.md).
-  int32_t gemv_max_m = 1;
+  // Single-row projections (a decode step of one sequence) take the
+  // weight-streaming GEMV kernel of kernels/cuda/gemm instead of cuBLASLt
+  // (GemmOptions::gemv); false: cuBLASLt for all.
+  bool gemv = true;
   // Launch those GEMVs with programmatic dependent launch (GemmOptions).
   bool pdl = true;
   // For load-progress reporting; nullptr means the real clock.

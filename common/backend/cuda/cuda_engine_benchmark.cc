@@ -47,8 +47,8 @@ ABSL_FLAG(int32_t, new_tokens, 128, "Generated tokens per request.");
 ABSL_FLAG(int32_t, max_batch_tokens, 8192, "Engine token budget per step.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.9, "Device memory share for the backend.");
 ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
-ABSL_FLAG(int32_t, gemv_max_m, 1,
-          "Projections of up to this many rows take the GEMV kernel (0: cuBLASLt for all).");
+ABSL_FLAG(bool, gemv, true,
+          "Single-row projections take the GEMV kernel (false: cuBLASLt for all).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
 ABSL_FLAG(std::string, peer_json, "",
           "Output of bench/peers/hf_generate_peer.py for the same shapes (JSON lines).");
@@ -223,7 +223,7 @@ int Main() {
   options.max_batch_sequences = std::max(256, *std::max_element(batches.begin(), batches.end()));
   options.max_model_len = prompt_len + new_tokens;
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  options.gemv_max_m = absl::GetFlag(FLAGS_gemv_max_m);
+  options.gemv = absl::GetFlag(FLAGS_gemv);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   const auto load_start = Clock::now();
   auto backend = CudaBackend::Create(model_dir, options);

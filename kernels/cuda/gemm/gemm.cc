@@ -89,11 +89,11 @@ absl::Status CublasError(const char* what, cublasStatus_t status) {
 // the GEMV's 36.6 (bench/RESULTS.md).
 constexpr int64_t kGemvMaxK = 8192;
 
-// Whether the GEMV kernel takes the call: few rows, rows of at most
-// kGemvMaxK, 16-byte loads along k (k and x's stride a multiple of 8
-// elements, x and W 16-byte aligned).
-bool GemvSuits(const GemmArgs& args, int64_t max_m) {
-  return args.m <= max_m && args.k <= kGemvMaxK && args.k % 8 == 0 && args.x_stride % 8 == 0 &&
+// Whether the GEMV kernel takes the call: one row of x, of at most
+// kGemvMaxK, 16-byte loads along k (k a multiple of 8, x and W 16-byte
+// aligned).
+bool GemvSuits(const GemmArgs& args) {
+  return args.m == 1 && args.k <= kGemvMaxK && args.k % 8 == 0 &&
          reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(args.w) % 16 == 0;
 }
@@ -103,9 +103,7 @@ bool GemvSuits(const GemmArgs& args, int64_t max_m) {
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  int64_t gemv_max_m = 0;
-  bool pdl = false;
+  GemmOptions options;
   // Key: m, n, k, x_stride, y_stride, bias, y dtype. Value: descriptors and
   // algorithm.
   struct Plan {
@@ -163,7 +161,8 @@ struct Gemm::Impl {
     cublasLtMatmulPreference_t pref = nullptr;
     TRIDENT_CUBLAS(Lt().MatmulPreferenceCreate(&pref), "preference");
     TRIDENT_CUBLAS(Lt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &workspace_bytes, sizeof(workspace_bytes)),
+                                                     &options.workspace_bytes,
+                                                     sizeof(options.workspace_bytes)),
                    "workspace preference");
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
@@ -187,17 +186,11 @@ Gemm::Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gemm::~Gemm() = default;
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
-  if (options.gemv_max_m < 0 || options.gemv_max_m > internal::kGemvMaxM) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Gemm: gemv_max_m ", options.gemv_max_m, " must be in [0, ", internal::kGemvMaxM, "]"));
-  }
   if (!Lt().status.ok()) return Lt().status;
   auto impl = std::make_unique<Impl>();
-  impl->gemv_max_m = options.gemv_max_m;
-  impl->pdl = options.pdl;
+  impl->options = options;
   const size_t workspace_bytes = options.workspace_bytes;
   TRIDENT_CUBLAS(Lt().Create(&impl->handle), "create");
-  impl->workspace_bytes = workspace_bytes;
   if (workspace_bytes > 0) {
     const cudaError_t err = cudaMalloc(&impl->workspace, workspace_bytes);
     if (err != cudaSuccess) {
@@ -225,10 +218,10 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemm: y dtype ", numeric::DTypeName(args.y_dtype), " is not supported (bf16 or f32)"));
   }
-  if (GemvSuits(args, impl_->gemv_max_m)) {
-    const cudaError_t error = internal::GemvBf16(
-        args.x, args.x_stride, args.w, args.bias, args.y, args.y_stride, args.m, args.n, args.k,
-        args.y_dtype == numeric::DType::kF32, args.accumulate, impl_->pdl, stream);
+  if (impl_->options.gemv && GemvSuits(args)) {
+    const cudaError_t error = internal::GemvBf16(args.x, args.w, args.bias, args.y, args.n, args.k,
+                                                 args.y_dtype == numeric::DType::kF32,
+                                                 args.accumulate, impl_->options.pdl, stream);
     if (error != cudaSuccess) {
       return absl::InternalError(absl::StrCat("Gemm: GEMV launch: ", cudaGetErrorString(error)));
     }
@@ -245,7 +238,7 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
   const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
   TRIDENT_CUBLAS(
       Lt().Matmul(impl_->handle, p.op, &alpha, args.w, p.a, args.x, p.b, &beta, args.y, p.c, args.y,
-                  p.c, &p.algo, impl_->workspace, impl_->workspace_bytes, stream),
+                  p.c, &p.algo, impl_->workspace, impl_->options.workspace_bytes, stream),
       "matmul");
   return absl::OkStatus();
 }

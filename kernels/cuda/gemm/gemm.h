@@ -5,11 +5,10 @@
 // to y's old contents (beta = 1), which is how projections add straight into
 // an fp32 residual stream. The reference is kernels/cpu/linear.
 //
-// Up to `gemv_max_m` rows of x (16 at most; decode steps of a few sequences)
-// take a weight-streaming GEMV kernel of this package instead, where the
-// shapes suit it (k a multiple of 8 and at most 8192, x and W 16-byte
-// aligned): it reads a single token's smaller projections faster than
-// cuBLASLt does.
+// A single row of x (one sequence's decode step) takes a weight-streaming
+// GEMV kernel of this package instead (GemmOptions::gemv), where the shape
+// suits it (k a multiple of 8 and at most 8192, x and W 16-byte aligned): it
+// reads a single token's smaller projections faster than cuBLASLt does.
 
 #ifndef TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
 #define TRIDENT_KERNELS_CUDA_GEMM_GEMM_H_
@@ -49,11 +48,11 @@ struct GemmOptions {
   // Device memory for cuBLASLt, allocated once (32 MiB, as cuBLAS
   // recommends for Hopper).
   size_t workspace_bytes = size_t{32} << 20;
-  // Rows of x up to which the GEMV kernel takes a call (0..16); 0 sends
-  // every call to cuBLASLt (the benchmark's peer). The default, 1, is where
-  // it measured faster than cuBLASLt end to end (gemm_benchmark and
-  // cuda_engine_benchmark figures in bench/RESULTS.md).
-  int64_t gemv_max_m = 1;
+  // Single-row calls take the GEMV kernel; false sends every call to
+  // cuBLASLt (the benchmark's peer). Only one row: from two rows on, CUDA
+  // 13's cuBLASLt streams the weights as fast as for one, and a GEMV kernel
+  // for 2-16 rows measured slower (bench/RESULTS.md).
+  bool gemv = true;
   // Launch the GEMV kernel with programmatic dependent launch: it loads its
   // first weights while the kernel before it finishes (kernels of this
   // project that precede projections let it: norms, the activation,
@@ -66,8 +65,8 @@ struct GemmOptions {
 // heuristic per (m, n, k, bias) and cached.
 class Gemm {
  public:
-  // kInvalidArgument for a gemv_max_m outside 0..16; kFailedPrecondition
-  // without cuBLASLt; kResourceExhausted without memory for the workspace.
+  // kFailedPrecondition without cuBLASLt; kResourceExhausted without memory
+  // for the workspace.
   static absl::StatusOr<std::unique_ptr<Gemm>> Create(const GemmOptions& options = {});
   ~Gemm();
   Gemm(const Gemm&) = delete;

@@ -36,19 +36,19 @@ T* ToDevice(const std::vector<T>& host) {
   return d;
 }
 
-// Each shape through cuBLASLt alone (gemv_max_m 0) and with the GEMV kernel
-// taking the calls of up to 16 rows that suit it.
-class GemmTest : public ::testing::TestWithParam<std::tuple<Shape, int64_t>> {};
+// Each shape through cuBLASLt alone and with the GEMV kernel taking the
+// single-row calls that suit it.
+class GemmTest : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};
 
 // Against the double reference on the same bf16 values. A bf16 output is off
 // by its rounding (relative 2^-8) plus fp32 accumulation; an fp32 output only
 // by the accumulation order.
 TEST_P(GemmTest, MatchesCpuReference) {
-  const auto [s, gemv_max_m] = GetParam();
+  const auto [s, gemv] = GetParam();
   const uint32_t seed = 7;
-  std::printf("m=%lld n=%lld k=%lld bias=%d f32_out=%d accumulate=%d gemv_max_m=%lld seed %u\n",
+  std::printf("m=%lld n=%lld k=%lld bias=%d f32_out=%d accumulate=%d gemv=%d seed %u\n",
               static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-              s.bias, s.f32_out, s.accumulate, static_cast<long long>(gemv_max_m), seed);
+              s.bias, s.f32_out, s.accumulate, gemv, seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t x_stride = s.k + s.x_pad;
@@ -83,7 +83,7 @@ TEST_P(GemmTest, MatchesCpuReference) {
   }
   std::vector<float> bias32(bias_f);
 
-  auto gemm = Gemm::Create({.gemv_max_m = gemv_max_m});
+  auto gemm = Gemm::Create({.gemv = gemv});
   ASSERT_THAT(gemm.status(), IsOk());
   void* dx = ToDevice(x);
   void* dw = ToDevice(w);
@@ -128,20 +128,19 @@ INSTANTIATE_TEST_SUITE_P(
             Shape{512, 512, 1024, false, 16}, Shape{1, 4096, 4096, false, 0, true},
             Shape{5, 4096, 14336, false, 0, true, true}, Shape{33, 896, 136, true, 8, true},
             Shape{64, 640, 256, true, 0, true, true}, Shape{9, 300, 200, false, 0, false, true},
-            // Small m: odd n (a warp's rows past n), k not a
-            // multiple of a warp's 256-element sweep, bf16
-            // accumulation, and k % 8 != 0 (cuBLASLt's).
-            Shape{2, 1001, 200, true, 8, true, true}, Shape{4, 77, 4104, true, 0, false, true},
-            Shape{6, 129, 1032, false, 16, true}, Shape{7, 3, 8, true, 0, true, true},
-            Shape{8, 4095, 14336, true, 0, true, true}, Shape{2, 50, 100, true},
-            Shape{12, 8000, 520, true, 8, true, true}, Shape{16, 10000, 4096, false, 0, true},
-            Shape{1, 300, 8192, true, 0, true, true}, Shape{11, 37, 72, true}),
-        ::testing::Values(int64_t{0}, int64_t{16})));
-
-TEST(GemmArgsTest, RejectsAGemvBoundPastItsKernels) {
-  EXPECT_EQ(Gemm::Create({.gemv_max_m = 17}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Gemm::Create({.gemv_max_m = -1}).status().code(), absl::StatusCode::kInvalidArgument);
-}
+            // One row (the GEMV's): odd n (a warp's row past n), k not a
+            // multiple of a warp's 256-element sweep, bf16 accumulation,
+            // k at the GEMV's limit, and past it or k % 8 != 0
+            // (cuBLASLt's).
+            Shape{1, 1001, 200, true, 8, true, true}, Shape{1, 77, 4104, true, 0, false, true},
+            Shape{1, 3, 8, true, 0, true, true}, Shape{1, 50, 100, true},
+            Shape{1, 4095, 14336, true, 0, true, true}, Shape{2, 1001, 200, true, 8, true, true},
+            Shape{4, 77, 4104, true, 0, false, true}, Shape{6, 129, 1032, false, 16, true},
+            Shape{7, 3, 8, true, 0, true, true}, Shape{8, 4095, 14336, true, 0, true, true},
+            Shape{2, 50, 100, true}, Shape{12, 8000, 520, true, 8, true, true},
+            Shape{16, 10000, 4096, false, 0, true}, Shape{1, 300, 8192, true, 0, true, true},
+            Shape{11, 37, 72, true}),
+        ::testing::Bool()));
 
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});

@@ -699,7 +699,7 @@ cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int64_t kSmemBytes = MmaSharedBytes(kNumWarps, kNumStages, kHeadDim);
   static_assert(kSmemBytes == int64_t{kNumWarps} * kNumStages * 2 * kMmaChunkTokens * kHeadDim * 2,
                 "the kernel's stages fill the shared memory");
-  static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
+  static_assert(kSmemBytes <= kMaxSharedBytesPerCta, "fits one SM's shared memory");
   void (*kernel)(DecodeKernelParams) =
       DecodeMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, kOneBlock>;
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
@@ -735,12 +735,9 @@ cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
 template <int kHeadDim, bool kMasked, int kVariant>
 cudaError_t LaunchVariant(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr DecodeVariantSpec kSpec = kDecodeVariants[kVariant];
-  if constexpr (kHeadDim > 128 &&
-                (kSpec.kind == DecodeKernelKind::kLegacy ||
-                 MmaSharedBytes(kSpec.warps, kSpec.stages, kHeadDim) > 227 * 1024)) {
-    // 256-wide rows: the legacy kernel's chunks, and the variants whose
-    // stages outgrow an SM's shared memory, give way to mma_w4_s2.
-    return LaunchMma<kHeadDim, kMasked, 4, 2>(p, stream);
+  if constexpr (!VariantRunsAt(kSpec, kHeadDim)) {
+    // Never instantiated for launch: PagedDecodeBf16 runs EffectiveVariant.
+    return cudaErrorInvalidValue;
   } else if constexpr (kSpec.kind == DecodeKernelKind::kLegacy) {
     return LaunchLegacy<kHeadDim, kMasked>(p, stream);
   } else {
@@ -785,19 +782,20 @@ cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t strea
   // Head dims up to 64 take the 64-wide kernels, up to 128 the 128-wide
   // ones, up to 256 the 256-wide ones, their dims past head_dim masked.
   // (Exact widths take instances without the masking.)
-  const int32_t width = KernelHeadDim(params.head_dim);
-  const bool masked = params.head_dim != width;
+  // At width 256 some variants give way to another (EffectiveVariant).
+  DecodeKernelParams p = params;
+  p.variant = EffectiveVariant(params.variant, params.head_dim);
+  const int32_t width = KernelHeadDim(p.head_dim);
+  const bool masked = p.head_dim != width;
   cudaError_t error;
   if (width == 64) {
-    error = masked ? LaunchSplit<64, true>(params, stream) : LaunchSplit<64, false>(params, stream);
+    error = masked ? LaunchSplit<64, true>(p, stream) : LaunchSplit<64, false>(p, stream);
   } else if (width == 128) {
-    error =
-        masked ? LaunchSplit<128, true>(params, stream) : LaunchSplit<128, false>(params, stream);
+    error = masked ? LaunchSplit<128, true>(p, stream) : LaunchSplit<128, false>(p, stream);
   } else {
-    error =
-        masked ? LaunchSplit<256, true>(params, stream) : LaunchSplit<256, false>(params, stream);
+    error = masked ? LaunchSplit<256, true>(p, stream) : LaunchSplit<256, false>(p, stream);
   }
-  if (error != cudaSuccess || params.partial_out == nullptr) return error;
+  if (error != cudaSuccess || p.partial_out == nullptr) return error;
   cudaLaunchConfig_t config = {};
   config.gridDim =
       dim3(static_cast<unsigned>(params.num_q_heads), static_cast<unsigned>(params.batch));
@@ -810,8 +808,8 @@ cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t strea
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = kDecodeVariants[params.variant].pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, DecodeMergeKernel, params);
+  config.numAttrs = kDecodeVariants[p.variant].pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, DecodeMergeKernel, p);
 }
 
 }  // namespace trident::kernels::cuda::internal

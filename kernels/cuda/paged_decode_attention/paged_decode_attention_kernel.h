@@ -77,12 +77,16 @@ TRIDENT_DECODE_HOST_DEVICE constexpr int32_t MmaCtasPerSm(int32_t warps, int32_t
 TRIDENT_DECODE_HOST_DEVICE constexpr int32_t KernelHeadDim(int32_t head_dim) {
   return head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256);
 }
-TRIDENT_DECODE_HOST_DEVICE constexpr int32_t EffectiveVariant(int32_t variant, int32_t head_dim) {
-  if (KernelHeadDim(head_dim) <= 128) return variant;
-  const DecodeVariantSpec& spec = kDecodeVariants[variant];
-  const bool fits = spec.kind == DecodeKernelKind::kMma &&
-                    MmaSharedBytes(spec.warps, spec.stages, 256) <= 227 * 1024;
-  return fits ? variant : 1;
+// Dynamic shared memory one CTA may take on an H100 / H200.
+inline constexpr int64_t kMaxSharedBytesPerCta = 227 * 1024;
+// Whether `spec` runs at kernel width `width`.
+TRIDENT_DECODE_HOST_DEVICE constexpr bool VariantRunsAt(const DecodeVariantSpec& spec,
+                                                        int32_t width) {
+  return width <= 128 || (spec.kind == DecodeKernelKind::kMma &&
+                          MmaSharedBytes(spec.warps, spec.stages, width) <= kMaxSharedBytesPerCta);
+}
+constexpr int32_t EffectiveVariant(int32_t variant, int32_t head_dim) {
+  return VariantRunsAt(kDecodeVariants[variant], KernelHeadDim(head_dim)) ? variant : 1;
 }
 
 // Resident CTAs per SM of the legacy kernel (head_dim 128, GQA 4: 106
