@@ -4,7 +4,8 @@
 # rate. DIR is a sweep's OUT directory (bench/serving.sh): rate<R>.json
 # (loadgen --json_out) and rate<R>.csv (loadgen --requests_csv) per rate.
 # Writes goodput.png, ttft_cdf.png and tpot_cdf.png (and the .dat files they
-# are drawn from) into DIR, with gnuplot (Debian: gnuplot-nox).
+# are drawn from) into DIR, with gnuplot (Debian: gnuplot-nox). A rateinf
+# sweep (every request at once) joins the CDFs, not the goodput plot.
 #
 #   bench/plot_serving.sh DIR [TITLE]
 set -euo pipefail
@@ -23,7 +24,7 @@ import csv, glob, json, os, re, sys
 d = sys.argv[1]
 rates = []
 for path in glob.glob(os.path.join(d, "rate*.json")):
-    m = re.search(r"rate([0-9.]+)\.json$", path)
+    m = re.search(r"rate([0-9.]+|inf)\.json$", path)
     if not m:
         continue
     r = json.load(open(path))
@@ -36,6 +37,8 @@ rates.sort()
 with open(os.path.join(d, "goodput.dat"), "w") as f:
     f.write("# rate goodput_rps request_rps slo_attainment\n")
     for rate, _, good, tput, att in rates:
+        if rate == float("inf"):
+            continue
         f.write(f"{rate:g} {good:g} {tput:g} {att:g}\n")
 
 

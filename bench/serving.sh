@@ -12,8 +12,9 @@
 # then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
 #
 # TOPOLOGY picks the cluster:
-#   colocated (default)  one worker in role both without a KV transport (the
-#                        router runs each request there in one Decode call);
+#   colocated (default)  one worker in role both without a KV transport per
+#                        device in DEVICES (the router runs each request on
+#                        one of them in one Decode call);
 #   <N>p<M>d, e.g. 1p1d, 1p2d, 2p1d
 #                        N prefill and M decode workers, KV over UCX.
 # DEVICES lists the devices the workers take in order (prefill workers
@@ -28,7 +29,8 @@
 # MODEL_DIR (default /tmp/llama3-8b) is written with make_model's llama3-8b
 # preset (random bf16 weights) when it has no config.json; DEVICE (cuda:0)
 # is DEVICES' default. Environment: TOPOLOGY, DEVICES, CPU_ATTENTION (0),
-# ATTN_THREADS (12), RATES ("2 8 32"), PHASE_S (40), WARMUP_S (5),
+# ATTN_THREADS (12), RATES ("2 8 32"; "inf" sends INF_REQUESTS (800) at
+# once, the throughput at an infinite rate), PHASE_S (40), WARMUP_S (5),
 # TTFT_SLO_MS (300), TPOT_SLO_MS (25), SEED (20261128), OUT (logs, JSON
 # reports, per-request CSVs, plots), BIN_DIR (the built programs; else
 # bazel-bin, else PATH), WORKER_FLAGS (extra worker flags).
@@ -55,7 +57,7 @@ topology=${TOPOLOGY:-colocated}
 read -r -a devices <<<"${DEVICES:-$device}"
 if [[ "$topology" == colocated ]]; then
   num_prefill=0
-  num_decode=1
+  num_decode=${#devices[@]}
 elif [[ "$topology" =~ ^([0-9]+)p([0-9]+)d$ ]]; then
   num_prefill=${BASH_REMATCH[1]}
   num_decode=${BASH_REMATCH[2]}
@@ -89,9 +91,14 @@ worker() {
 }
 decoders=()
 if [[ "$topology" == colocated ]]; then
-  worker worker both 0 "${offload[@]}"
-  decoders=(worker)
-  route=(--workers="127.0.0.1:$PORT_worker")
+  worker_list=""
+  for ((i = 0; i < num_decode; i++)); do
+    worker "w$i" both "$i" "${offload[@]}"
+    port_var="PORT_w$i"
+    worker_list+="${worker_list:+,}127.0.0.1:${!port_var}"
+    decoders+=("w$i")
+  done
+  route=(--workers="$worker_list")
 else
   prefill_list=""
   decode_list=""
@@ -128,8 +135,13 @@ printf '%-6s %6s %8s %20s %20s %20s %9s %9s %9s\n' rate served "tok/s" \
     "TTFT p50/p90/p99" "TPOT p50/p90/p99" "ITL p50/p90/p99" goodput "ITL p99/p50" "ms/token"
 for rate in $rates; do
   label="rate$rate"
-  "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_router" --rate="$rate" \
-      --duration_s="$phase" --warmup_s="$warmup" --prompt_tokens="csv:$out/lengths.csv" \
+  if [[ "$rate" == inf ]]; then
+    schedule=(--rate=1000000 --num_requests="${INF_REQUESTS:-800}" --warmup_s=0)
+  else
+    schedule=(--rate="$rate" --duration_s="$phase" --warmup_s="$warmup")
+  fi
+  "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_router" "${schedule[@]}" \
+      --max_inflight=100000 --prompt_tokens="csv:$out/lengths.csv" \
       --output_tokens="csv:$out/lengths.csv" --ttft_slo_ms="$ttft_slo" \
       --tpot_slo_ms="$tpot_slo" --seed="$seed" --progress=false \
       --json_out="$out/$label.json" --requests_csv="$out/$label.csv" >"$out/$label.txt" 2>&1
