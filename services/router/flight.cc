@@ -418,7 +418,18 @@ void Flight::OnCallDone(Call call, const grpc::Status& status) {
   DeliverOutbox();
 }
 
-bool Flight::CheckProgress(absl::Time now) {
+absl::optional<Flight::Progress> Flight::WatchedProgress() const {
+  absl::MutexLock lock(&mu_);
+  if (attempt_ == nullptr || finished_ || aborted_) return absl::nullopt;
+  const Attempt& a = *attempt_;
+  if (a.decode == nullptr || a.open_calls == 0 || !a.failure.ok() || !a.watching) {
+    return absl::nullopt;
+  }
+  return Progress{a.route.decode_id, a.last_progress};
+}
+
+bool Flight::CheckProgress(absl::Time now,
+                           const absl::flat_hash_map<std::string, absl::Time>& worker_progress) {
   const absl::Duration timeout = options_->stall_timeout;
   if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) return false;
   std::vector<std::function<void()>> cancels;
@@ -426,14 +437,16 @@ bool Flight::CheckProgress(absl::Time now) {
     absl::MutexLock lock(&mu_);
     if (attempt_ == nullptr || finished_ || aborted_) return false;
     Attempt& a = *attempt_;
-    if (a.decode == nullptr || a.open_calls == 0 || !a.failure.ok() || !a.watching ||
-        now - a.last_progress < timeout) {
-      return false;
+    if (a.decode == nullptr || a.open_calls == 0 || !a.failure.ok() || !a.watching) return false;
+    absl::Time last = a.last_progress;
+    if (auto it = worker_progress.find(a.route.decode_id); it != worker_progress.end()) {
+      last = std::max(last, it->second);
     }
+    if (now - last < timeout) return false;
     a.stalled = true;
     FailLocked(absl::UnavailableError(absl::StrCat(
                    "Decode on ", a.route.decode_address, ": no token for ",
-                   absl::FormatDuration(now - a.last_progress), " (the worker stalled)")),
+                   absl::FormatDuration(now - last), " from any of its streams (the worker stalled)")),
                a.route.decode_id);
     cancels.swap(cancels_);
   }

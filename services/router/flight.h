@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -127,10 +128,23 @@ class Flight final : public std::enable_shared_from_this<Flight>, private Stream
   // Cancels the calls in flight; the request then ends as aborted.
   void Abort() ABSL_LOCKS_EXCLUDED(mu_);
   bool aborted() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The watchdog: if the decode stream has brought no token for
-  // stall_timeout since the request's first token (or the last one), ends
-  // the attempt as stalled; the request migrates. Returns whether it did.
-  bool CheckProgress(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // The decode worker this attempt is watching and when the attempt last saw
+  // it make progress (a token, or the KV handed over); nullopt while there
+  // is nothing to watch.
+  struct Progress {
+    std::string decode_id;
+    absl::Time at;
+  };
+  absl::optional<Progress> WatchedProgress() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The watchdog: if neither this decode stream nor any other on the same
+  // worker has brought a token for stall_timeout (`worker_progress`: the
+  // latest WatchedProgress of each decode worker, over every flight), ends
+  // the attempt as stalled; the request migrates. Returns whether it did. A
+  // request queued behind others on a busy worker is not stalled: the
+  // worker makes progress, only not on it.
+  bool CheckProgress(absl::Time now,
+                     const absl::flat_hash_map<std::string, absl::Time>& worker_progress)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Waiting state, guarded by the owner's lock.
   absl::Time wait_limit = absl::InfiniteFuture();

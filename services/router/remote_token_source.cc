@@ -255,7 +255,15 @@ void RemoteTokenSource::RunTimers() {
       }
     }
   }
-  for (const std::shared_ptr<Flight>& flight : in_flight) flight->CheckProgress(now);
+  // The watchdog judges a decode worker by all its streams.
+  absl::flat_hash_map<std::string, absl::Time> worker_progress;
+  for (const std::shared_ptr<Flight>& flight : in_flight) {
+    if (absl::optional<Flight::Progress> p = flight->WatchedProgress()) {
+      auto [it, inserted] = worker_progress.try_emplace(p->decode_id, p->at);
+      if (!inserted) it->second = std::max(it->second, p->at);
+    }
+  }
+  for (const std::shared_ptr<Flight>& flight : in_flight) flight->CheckProgress(now, worker_progress);
   for (const Due& d : due) {
     d.flight->SetWaiting(false);
     if (d.expired) {

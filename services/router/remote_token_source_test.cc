@@ -564,6 +564,46 @@ TEST_F(RemoteTokenSourceTest, AStalledDecodeStreamIsEndedByTheWatchdogAndMigrate
   first.decode.AwaitNoneReserved();
 }
 
+TEST_F(RemoteTokenSourceTest, AStreamQueuedOnABusyWorkerIsNotStalled) {
+  RemoteTokenSourceOptions options;
+  options.stall_timeout = absl::Seconds(10);
+  Start(options);
+  FakeWorker first(/*capacity=*/4);
+  FakeWorker second(/*capacity=*/4);
+  // Every stream on `first` brings one token, then waits (as a request
+  // queued behind others on an overloaded worker does).
+  first.decode.FailAfter(1, absl::OkStatus(), /*stall=*/true);
+  AddFirstAndSpare(first, second);
+  Events queued;
+  ASSERT_THAT(source_->Submit(Request("r1", 5), queued.Callback()), IsOk());
+  queued.AwaitTokens(2);
+  // 9 s on, another stream on the same worker brings its tokens: the
+  // worker makes progress.
+  clock_.Advance(absl::Seconds(9));
+  AddFirstAndSpare(first, second);
+  Events busy;
+  ASSERT_THAT(source_->Submit(Request("r2", 5), busy.Callback()), IsOk());
+  busy.AwaitTokens(2);
+  // r1 has had no token for 11 s, but its worker had one 2 s ago.
+  clock_.Advance(absl::Seconds(2));
+  AddFirstAndSpare(first, second);
+  source_->RunTimersForTesting();
+  EXPECT_FALSE(queued.ended());
+  EXPECT_TRUE(second.decode.requests().empty());
+  // 10 s with no token from any of the worker's streams: both migrate.
+  clock_.Advance(absl::Seconds(9));
+  AddFirstAndSpare(first, second);
+  source_->RunTimersForTesting();
+
+  for (Events* events : {&queued, &busy}) {
+    const std::vector<engine::TokenEvent> got = events->AwaitEnd();
+    EXPECT_EQ(Tokens(got), ExpectedTokens(5));
+    ExpectOneContiguousStream(got);
+    EXPECT_EQ(got.back().placement->decode_worker_id, "w2");
+  }
+  first.decode.AwaitNoneReserved();
+}
+
 TEST_F(RemoteTokenSourceTest, AWorkerFailingAfterTheLastTokenEndsTheRequestAsItWould) {
   Start();
   FakeWorker first(/*capacity=*/4);
