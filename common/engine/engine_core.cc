@@ -319,7 +319,7 @@ bool EngineCore::Abort(const std::string& id) {
 absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   std::vector<TokenEvent> events;
   if (!HasWork()) return events;
-  int32_t budget = options_.max_batch_tokens;
+  StepBudget budget = NewStepBudget();
   bool preempted = false;
   // 1. Running sequences, oldest first; 2. waiting ones, unless a running
   // sequence had to be preempted.
@@ -400,12 +400,39 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   return events;
 }
 
-std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(int32_t* budget, bool* preempted) {
+int32_t EngineCore::StepBudget::ChunkFor(int32_t remaining) const {
+  return remaining > 1 ? std::min({remaining, tokens, prefill}) : std::min(remaining, tokens);
+}
+
+void EngineCore::StepBudget::Spend(int32_t remaining, int32_t chunk) {
+  tokens -= chunk;
+  if (remaining > 1) prefill -= chunk;
+}
+
+EngineCore::StepBudget EngineCore::NewStepBudget() const {
+  StepBudget budget{options_.max_batch_tokens, options_.max_batch_tokens};
+  if (options_.max_prefill_tokens_while_decoding <= 0) return budget;
+  for (const SeqPtr& seq : running_) {
+    if (seq->num_computed >= seq->prompt_len &&
+        seq->num_computed + 1 == static_cast<int32_t>(seq->tokens.size())) {
+      budget.prefill = std::min(budget.prefill, options_.max_prefill_tokens_while_decoding);
+      break;
+    }
+  }
+  return budget;
+}
+
+std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(StepBudget* budget,
+                                                               bool* preempted) {
   std::vector<Sequence*> scheduled;
-  for (auto it = running_.begin(); it != running_.end() && *budget > 0;) {
+  for (auto it = running_.begin(); it != running_.end() && budget->tokens > 0;) {
     Sequence& seq = **it;
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
-    const int32_t chunk = std::min(remaining, *budget);
+    const int32_t chunk = budget->ChunkFor(remaining);
+    if (chunk == 0 && remaining > 0) {
+      ++it;  // A prompt, with the step's prompt tokens spent: the decoders go on.
+      continue;
+    }
     bool ok = EnsureBlocks(seq, seq.num_computed + chunk);
     while (!ok) {
       // Preempt the newest running sequence; it may be this one. Prefill-only
@@ -427,7 +454,7 @@ std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(int32_t* budget, 
     }
     if (!ok) break;
     seq.chunk = chunk;
-    *budget -= chunk;
+    budget->Spend(remaining, chunk);
     scheduled.push_back(&seq);
     ++it;
   }
@@ -461,12 +488,16 @@ bool EngineCore::WaitsForSharedPrefix(Sequence& seq,
   return true;
 }
 
-void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled) {
+void EngineCore::AdmitWaiting(StepBudget* budget, std::vector<Sequence*>* scheduled) {
   absl::flat_hash_set<kv::BlockKey> in_flight = InFlightKeys();
   size_t i = 0;
-  while (*budget > 0 && i < waiting_.size() &&
+  while (budget->tokens > 0 && i < waiting_.size() &&
          static_cast<int32_t>(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_[i];
+    if (budget->prefill <= 0 && static_cast<int32_t>(seq.tokens.size()) - seq.num_computed > 1) {
+      ++i;  // A prompt, with the step's prompt tokens spent; a handed-over one may go.
+      continue;
+    }
     if (options_.prefix_caching && seq.blocks.empty() && seq.num_computed == 0 &&
         seq.remote.service == nullptr) {
       MatchPrefix(seq);
@@ -477,10 +508,10 @@ void EngineCore::AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled
       CountPrefix(seq);
     }
     const int32_t remaining = static_cast<int32_t>(seq.tokens.size()) - seq.num_computed;
-    const int32_t chunk = std::min(remaining, *budget);
+    const int32_t chunk = budget->ChunkFor(remaining);
     if (!EnsureBlocks(seq, StartReservation(seq, chunk))) break;
     seq.chunk = chunk;
-    *budget -= chunk;
+    budget->Spend(remaining, chunk);
     scheduled->push_back(&seq);
     // What it computes from now on is in flight for those behind it.
     for (size_t k = seq.blocks.size(); k < seq.keys.size(); ++k) in_flight.insert(seq.keys[k]);

@@ -57,6 +57,12 @@ namespace trident::engine {
 struct EngineOptions {
   // Token budget of one forward pass (prefill chunks plus decode tokens).
   int32_t max_batch_tokens = 2048;
+  // While any running sequence decodes, prompt chunks (of more than one
+  // token) take at most this many of a step's tokens, so that a long prompt
+  // arriving does not stretch the decoders' next token (their ITL) by the
+  // whole prompt's prefill; it is then computed over several steps. 0: no
+  // cap but max_batch_tokens.
+  int32_t max_prefill_tokens_while_decoding = 0;
   // Most sequences in the running batch.
   int32_t max_running = 256;
   // Reuse the KV of cached prefixes (the allocator must cache: a
@@ -325,11 +331,23 @@ class EngineCore {
   // Frees the blocks of the newest waiting sequence that holds any (never
   // the oldest), which will be recomputed; false when none holds blocks.
   bool FreeNewestWaitingBlocks();
+  // A step's budget: the forward pass's tokens, and of those what prompt
+  // chunks (more than one token left to compute) may take.
+  struct StepBudget {
+    int32_t tokens;
+    int32_t prefill;
+    // The chunk a sequence with `remaining` tokens to compute gets (0: none).
+    int32_t ChunkFor(int32_t remaining) const;
+    void Spend(int32_t remaining, int32_t chunk);
+  };
+  // This step's budget: max_batch_tokens, with prompt chunks capped by
+  // max_prefill_tokens_while_decoding while a running sequence decodes.
+  StepBudget NewStepBudget() const;
   // Step's parts. The running sequences' next chunks within `budget`,
   // preempting the newest for blocks (sets `preempted`).
-  std::vector<Sequence*> ScheduleRunning(int32_t* budget, bool* preempted);
+  std::vector<Sequence*> ScheduleRunning(StepBudget* budget, bool* preempted);
   // Admits waiting sequences while budget, slots and blocks last.
-  void AdmitWaiting(int32_t* budget, std::vector<Sequence*>* scheduled);
+  void AdmitWaiting(StepBudget* budget, std::vector<Sequence*>* scheduled);
   // The backend's view of the step; `rows` counts the sequences that sample.
   std::vector<backend::StepSequence> BuildBatch(const std::vector<Sequence*>& scheduled,
                                                 int32_t* rows);

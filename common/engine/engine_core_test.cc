@@ -97,6 +97,52 @@ TEST(EngineCoreTest, ChunkedPrefillKeepsEveryStepWithinTheTokenBudget) {
   EXPECT_EQ(h.allocator.num_free(), 64);
 }
 
+TEST(EngineCoreTest, WhileSequencesDecodeAPromptTakesAtMostItsCapPerStep) {
+  EngineOptions options;
+  options.max_batch_tokens = 64;
+  options.max_prefill_tokens_while_decoding = 8;
+  Harness h(64, options);
+  std::mt19937 rng(11);
+  const auto long_prompt = RandomPrompt(rng, 40);
+  ASSERT_THAT(h.core.Add(Greedy("long", long_prompt, 4)), IsOk());
+  // Nothing decodes yet: the whole prompt runs in one step.
+  ASSERT_THAT(h.core.Step(), IsOk());
+  EXPECT_EQ(h.core.stats().last_step_prefill_tokens, 40);
+  ASSERT_THAT(h.core.Add(Greedy("later", RandomPromptOf(30), 4)), IsOk());
+  ASSERT_THAT(h.core.Step(), IsOk());
+  // "long" decodes: "later"'s 30 prompt tokens go 8, 8, 8, 6.
+  EXPECT_EQ(h.core.stats().last_step_prefill_tokens, 8);
+  EXPECT_EQ(h.core.stats().last_step_decode_sequences, 1);
+  std::vector<int32_t> chunks;
+  while (h.core.HasWork()) {
+    ASSERT_THAT(h.core.Step(), IsOk());
+    if (h.core.stats().last_step_prefill_tokens > 0) {
+      chunks.push_back(h.core.stats().last_step_prefill_tokens);
+    }
+  }
+  EXPECT_THAT(chunks, ElementsAreArray({8, 8, 6}));
+  EXPECT_EQ(h.allocator.num_free(), 64);
+}
+
+TEST(EngineCoreTest, CappedPromptsGiveTheSameTokens) {
+  EngineOptions options;
+  options.max_batch_tokens = 32;
+  options.max_prefill_tokens_while_decoding = 5;
+  Harness h(256, options);
+  std::mt19937 rng(12);
+  std::map<std::string, std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    prompts[id] = RandomPrompt(rng, 9 + 7 * i);
+    ASSERT_THAT(h.core.Add(Greedy(id, prompts[id], 6)), IsOk());
+  }
+  const auto out = h.RunToCompletion();
+  for (const auto& [id, prompt] : prompts) {
+    EXPECT_THAT(out.at(id), ElementsAreArray(ExpectedGreedy(h.backend, prompt, 6))) << id;
+  }
+  EXPECT_EQ(h.allocator.num_free(), 256);
+}
+
 // 64 requests of mixed lengths in a cache too small for all of them: every
 // request's tokens equal its solo run, preemption happens, and every block
 // comes back. Covers greedy and seeded sampling.

@@ -62,6 +62,10 @@ ABSL_FLAG(int32_t, cpu_threads, 0,
 ABSL_FLAG(bool, pin_threads, true, "Pin each CPU backend thread to one core.");
 ABSL_FLAG(int32_t, max_batch_tokens, 2048,
           "Token budget of one forward pass (prefill chunks plus decode tokens).");
+ABSL_FLAG(int32_t, max_prefill_tokens_while_decoding, 256,
+          "While sequences decode, prompt chunks take at most this many tokens of a step, so a "
+          "long prompt arriving stretches the decoders' next token (their ITL) by a bounded "
+          "chunk rather than by its whole prefill; 0: only --max_batch_tokens caps them.");
 ABSL_FLAG(int32_t, max_running, 256, "Most sequences in the running batch.");
 ABSL_FLAG(bool, prefix_caching, true,
           "Reuse the KV of cached prompt prefixes: finished sequences' full blocks stay cached "
@@ -209,6 +213,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   model.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   model.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  model.max_prefill_tokens_while_decoding = absl::GetFlag(FLAGS_max_prefill_tokens_while_decoding);
   model.max_running = absl::GetFlag(FLAGS_max_running);
   model.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   model.shared_prefix_wait_steps = absl::GetFlag(FLAGS_shared_prefix_wait_steps);

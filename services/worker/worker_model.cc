@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
 
   engine::EngineOptions eo;
   eo.max_batch_tokens = options.max_batch_tokens;
+  eo.max_prefill_tokens_while_decoding = options.max_prefill_tokens_while_decoding;
   eo.max_running = options.max_running;
   eo.prefix_caching = options.prefix_caching;
   eo.shared_prefix_wait_steps = options.shared_prefix_wait_steps;

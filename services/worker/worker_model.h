@@ -50,6 +50,8 @@ struct WorkerModelOptions {
   int32_t cpu_threads = 0;
   bool pin_threads = true;
   int32_t max_batch_tokens = 2048;
+  // engine::EngineOptions::max_prefill_tokens_while_decoding.
+  int32_t max_prefill_tokens_while_decoding = 256;
   int32_t max_running = 256;
   int32_t max_model_len = 0;
   // Automatic prefix caching (engine::EngineOptions::prefix_caching).
