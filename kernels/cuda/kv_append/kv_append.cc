@@ -28,20 +28,88 @@ absl::Status ValidatePagedKvBf16(const PagedKvBf16& kv) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchKvAppend(const KvAppendArgs& args, cudaStream_t stream) {
-  if (absl::Status s = ValidatePagedKvBf16(args.kv); !s.ok()) return s;
-  if (args.num_tokens < 0 || args.num_tokens > 0x7fffffff) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_append: num_tokens is ", args.num_tokens,
-                                                   "; want 0 <= num_tokens < 2^31"));
+namespace {
+
+// The checks both appends share: the token count, row strides and pointers.
+absl::Status CheckRows(int64_t num_tokens, int64_t row, int64_t k_stride, int64_t v_stride,
+                       const void* k, const void* v, const int64_t* slots) {
+  if (num_tokens < 0 || num_tokens > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_append: num_tokens is ", num_tokens, "; want 0 <= num_tokens < 2^31"));
   }
-  const int64_t row = static_cast<int64_t>(args.kv.num_kv_heads) * args.kv.head_dim;
-  if (args.k_stride < row || args.v_stride < row) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_append: k_stride ", args.k_stride,
-                                                   " and v_stride ", args.v_stride,
+  if (k_stride < row || v_stride < row) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_append: k_stride ", k_stride,
+                                                   " and v_stride ", v_stride,
                                                    " must hold a row of ", row, " elements"));
   }
-  if (args.num_tokens > 0 && (args.k == nullptr || args.v == nullptr || args.slots == nullptr)) {
+  if (num_tokens > 0 && (k == nullptr || v == nullptr || slots == nullptr)) {
     return absl::InvalidArgumentError("kv_append: null k, v or slots with tokens to store");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidatePagedKvFp8Gpu(const PagedKvFp8Gpu& kv) {
+  if (kv.base == nullptr) return absl::InvalidArgumentError("PagedKvFp8Gpu: base is null");
+  if (kv.num_blocks <= 0 || kv.num_kv_heads <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedKvFp8Gpu: num_blocks ", kv.num_blocks,
+                                                   " and num_kv_heads ", kv.num_kv_heads,
+                                                   " must be positive"));
+  }
+  if (kv.block_size <= 0 || kv.block_size % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedKvFp8Gpu: block_size ", kv.block_size,
+                                                   " is not a positive multiple of 16"));
+  }
+  if (kv.head_dim <= 0 || kv.head_dim % 16 != 0 || kv.head_dim > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedKvFp8Gpu: head_dim ", kv.head_dim,
+                                                   " is not a multiple of 16 in [16, 256]"));
+  }
+  if (reinterpret_cast<uintptr_t>(kv.base) % 16 != 0 || kv.block_stride_bytes % 16 != 0 ||
+      kv.value_offset_bytes % 16 != 0 || kv.scale_offset_bytes % 16 != 0) {
+    return absl::InvalidArgumentError(
+        "PagedKvFp8Gpu: base, block_stride_bytes, value_offset_bytes and scale_offset_bytes "
+        "must be 16-byte aligned");
+  }
+  const int64_t half = static_cast<int64_t>(kv.num_kv_heads) * kv.block_size * kv.head_dim;
+  const int64_t scales = static_cast<int64_t>(2) * kv.num_kv_heads * kv.block_size * 4;
+  if (kv.value_offset_bytes < half || kv.scale_offset_bytes < kv.value_offset_bytes + half ||
+      kv.block_stride_bytes < kv.scale_offset_bytes + scales) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedKvFp8Gpu: value_offset_bytes ", kv.value_offset_bytes,
+                     ", scale_offset_bytes ", kv.scale_offset_bytes, " and block_stride_bytes ",
+                     kv.block_stride_bytes, " must hold K and V (", half,
+                     " bytes each) and the scales (", scales, " bytes) in that order"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchKvAppendFp8(const KvAppendFp8Args& args, cudaStream_t stream) {
+  if (absl::Status s = ValidatePagedKvFp8Gpu(args.kv); !s.ok()) return s;
+  const PagedKvFp8Gpu& kv = args.kv;
+  if (absl::Status s =
+          CheckRows(args.num_tokens, static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim,
+                    args.k_stride, args.v_stride, args.k, args.v, args.slots);
+      !s.ok()) {
+    return s;
+  }
+  const cudaError_t error = internal::KvAppendFp8(
+      kv.base, kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim, kv.block_stride_bytes,
+      kv.value_offset_bytes, kv.scale_offset_bytes, args.k, args.k_stride, args.v, args.v_stride,
+      args.slots, args.num_tokens, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("kv_append fp8 launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchKvAppend(const KvAppendArgs& args, cudaStream_t stream) {
+  if (absl::Status s = ValidatePagedKvBf16(args.kv); !s.ok()) return s;
+  if (absl::Status s =
+          CheckRows(args.num_tokens, static_cast<int64_t>(args.kv.num_kv_heads) * args.kv.head_dim,
+                    args.k_stride, args.v_stride, args.k, args.v, args.slots);
+      !s.ok()) {
+    return s;
   }
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vectorized = args.kv.head_dim % 8 == 0 && args.k_stride % 8 == 0 &&

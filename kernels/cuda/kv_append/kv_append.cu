@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +35,69 @@ __global__ void KvAppendKernel(T* __restrict__ base, int64_t capacity_slots, int
   }
 }
 
+// Byte position of index i of a 16-element group (cpu::Fp8FragmentPosition).
+__device__ __forceinline__ int FragmentPosition(int i) {
+  return i < 8 ? 4 * (i / 2) + i % 2 : 4 * ((i - 8) / 2) + 2 + i % 2;
+}
+
+constexpr int kFp8Warps = 8;
+
+// One CTA per token, one warp per (kind, kv head) row at a time: the row's
+// amax by shuffles, its scale, then each lane's elements d = lane + 32 j.
+__global__ void __launch_bounds__(kFp8Warps * 32)
+    KvAppendFp8Kernel(unsigned char* __restrict__ base, int64_t capacity_slots, int32_t block_size,
+                      int32_t num_kv_heads, int32_t head_dim, int64_t block_stride,
+                      int64_t value_offset, int64_t scale_offset,
+                      const __nv_bfloat16* __restrict__ k, int64_t k_stride,
+                      const __nv_bfloat16* __restrict__ v, int64_t v_stride,
+                      const int64_t* __restrict__ slots) {
+  const int64_t token = blockIdx.x;
+  const int64_t slot = slots[token];
+  if (slot < 0 || slot >= capacity_slots) return;
+  unsigned char* block = base + (slot / block_size) * block_stride;
+  const int offset = static_cast<int>(slot % block_size);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (int r = warp; r < 2 * num_kv_heads; r += kFp8Warps) {
+    const int which = r / num_kv_heads;  // 0: K, 1: V.
+    const int h = r % num_kv_heads;
+    const __nv_bfloat16* row =
+        (which == 0 ? k + token * k_stride : v + token * v_stride) + h * head_dim;
+    float x[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = lane + 32 * j;
+      x[j] = d < head_dim ? __bfloat162float(row[d]) : 0.0f;
+      amax = fmaxf(amax, fabsf(x[j]));  // fmaxf drops a NaN.
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, o));
+    const float scale = amax == 0.0f || isinf(amax) ? 1.0f : amax / 448.0f;
+    if (lane == 0) {
+      *reinterpret_cast<float*>(
+          block + scale_offset +
+          ((static_cast<int64_t>(which) * num_kv_heads + h) * block_size + offset) * 4) = scale;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = lane + 32 * j;
+      if (d >= head_dim) break;
+      const unsigned char byte = static_cast<unsigned char>(
+          __nv_cvt_float_to_fp8(__fdiv_rn(x[j], scale), __NV_SATFINITE, __NV_E4M3));
+      int64_t at;
+      if (which == 0) {
+        at = (static_cast<int64_t>(h) * block_size + offset) * head_dim + d / 16 * 16 +
+             FragmentPosition(d % 16);
+      } else {
+        const int64_t group = static_cast<int64_t>(h) * (block_size / 16) + offset / 16;
+        at = value_offset + (group * head_dim + d) * 16 + FragmentPosition(offset % 16);
+      }
+      block[at] = byte;
+    }
+  }
+}
+
 int ThreadsFor(int64_t units) {
   if (units >= 256) return 256;
   return static_cast<int>((units + 31) / 32 * 32);
@@ -60,6 +125,21 @@ cudaError_t KvAppendBf16(void* base, int64_t num_blocks, int32_t block_size, int
         block_stride_elems, value_offset_elems, static_cast<const uint16_t*>(k), k_stride,
         static_cast<const uint16_t*>(v), v_stride, slots);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t KvAppendFp8(void* base, int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
+                        int32_t head_dim, int64_t block_stride_bytes, int64_t value_offset_bytes,
+                        int64_t scale_offset_bytes, const void* k, int64_t k_stride, const void* v,
+                        int64_t v_stride, const int64_t* slots, int64_t num_tokens,
+                        cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  const int warps = 2 * num_kv_heads < kFp8Warps ? 2 * num_kv_heads : kFp8Warps;
+  KvAppendFp8Kernel<<<static_cast<unsigned>(num_tokens), warps * 32, 0, stream>>>(
+      static_cast<unsigned char*>(base), num_blocks * block_size, block_size, num_kv_heads,
+      head_dim, block_stride_bytes, value_offset_bytes, scale_offset_bytes,
+      static_cast<const __nv_bfloat16*>(k), k_stride, static_cast<const __nv_bfloat16*>(v),
+      v_stride, slots);
   return cudaGetLastError();
 }
 

@@ -66,6 +66,46 @@ struct KvAppendArgs {
 // otherwise.
 absl::Status LaunchKvAppend(const KvAppendArgs& args, cudaStream_t stream);
 
+// One layer's view of an FP8 E4M3 paged KV cache, in the layout of
+// kernels/cpu/paged_kv_fp8 (the reference): per block, K
+// [num_kv_heads][block_size][head_dim], V value_offset_bytes further on,
+// transposed in groups of 16 tokens ([num_kv_heads][block_size / 16]
+// [head_dim][16]), each 16-element group in MMA fragment order, and f32
+// scales [2][num_kv_heads][block_size] (K's, then V's) scale_offset_bytes
+// from the block's start.
+struct PagedKvFp8Gpu {
+  void* base = nullptr;  // Device pointer, 16-byte aligned.
+  int64_t num_blocks = 0;
+  int32_t block_size = 16;  // A multiple of 16.
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;  // A multiple of 16, at most 256.
+  int64_t block_stride_bytes = 0;
+  int64_t value_offset_bytes = 0;
+  int64_t scale_offset_bytes = 0;
+};
+
+// OK, or kInvalidArgument naming the field (as cpu::ValidatePagedKvFp8, plus
+// positive num_blocks and head_dim <= 256).
+absl::Status ValidatePagedKvFp8Gpu(const PagedKvFp8Gpu& kv);
+
+struct KvAppendFp8Args {
+  PagedKvFp8Gpu kv;
+  // As KvAppendArgs: bf16 K and V rows of num_kv_heads * head_dim elements.
+  const void* k = nullptr;
+  int64_t k_stride = 0;
+  const void* v = nullptr;
+  int64_t v_stride = 0;
+  const int64_t* slots = nullptr;
+  int64_t num_tokens = 0;
+};
+
+// Quantizes and stores a step's K and V, byte for byte as cpu::AppendKvFp8:
+// each (token, kv head) row of K and of V gets the scale amax / 448 (1 for
+// an all-zero row) and elements rounded to nearest even, saturating.
+// Padding and out-of-range slots are skipped as in LaunchKvAppend. Errors as
+// LaunchKvAppend's.
+absl::Status LaunchKvAppendFp8(const KvAppendFp8Args& args, cudaStream_t stream);
+
 }  // namespace trident::kernels::cuda
 
 #endif  // TRIDENT_KERNELS_CUDA_KV_APPEND_KV_APPEND_H_
