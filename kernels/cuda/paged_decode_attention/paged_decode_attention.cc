@@ -29,6 +29,44 @@ bool Aligned(const void* ptr, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
+// The cache layout: K, V (and FP8's scales) inside a block, in that order,
+// at 16-byte aligned offsets.
+absl::Status ValidateLayout(const PagedDecodeArgs& a) {
+  const bool fp8 = a.kv_dtype == DecodeKvDtype::kFp8E4M3;
+  if (!fp8 && a.kv_dtype != DecodeKvDtype::kBf16) return Invalid("kv_dtype is not bf16 or fp8");
+  if (fp8 && a.block_size % 16 != 0) {
+    return Invalid(
+        absl::StrCat("block_size ", a.block_size, " must be a multiple of 16 for an FP8 cache"));
+  }
+  const int64_t half = static_cast<int64_t>(a.num_kv_heads) * a.block_size * a.head_dim;
+  if (a.value_offset_elems < half) {
+    return Invalid(absl::StrCat("value_offset_elems ", a.value_offset_elems, " is less than the ",
+                                half, " elements of a block's keys"));
+  }
+  const int64_t values_end = a.value_offset_elems + half;
+  const int64_t scales = fp8 ? static_cast<int64_t>(2) * a.num_kv_heads * a.block_size * 4 : 0;
+  if (fp8 && a.scale_offset_elems < values_end) {
+    return Invalid(absl::StrCat("scale_offset_elems ", a.scale_offset_elems,
+                                " is less than value_offset_elems + the ", half,
+                                " bytes of a block's values"));
+  }
+  const int64_t block_end = fp8 ? a.scale_offset_elems + scales : values_end;
+  if (a.block_stride_elems < block_end) {
+    return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
+                                " does not hold a block's keys, values", fp8 ? " and scales" : "",
+                                " (", block_end, ")"));
+  }
+  const int64_t unit = fp8 ? 16 : 8;  // Elements in 16 bytes.
+  if (a.block_stride_elems % unit != 0 || a.value_offset_elems % unit != 0 ||
+      (fp8 && a.scale_offset_elems % unit != 0)) {
+    return Invalid(absl::StrCat(
+        "block_stride_elems ", a.block_stride_elems, ", value_offset_elems ", a.value_offset_elems,
+        fp8 ? absl::StrCat(" and scale_offset_elems ", a.scale_offset_elems) : std::string(),
+        " must be multiples of ", unit, " (16-byte loads)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateArgs(const PagedDecodeArgs& a, const DecodePlan& plan) {
   if (a.batch < 0 || a.batch > kMaxGridYz) {
     return Invalid(absl::StrCat("batch ", a.batch, " must be in [0, ", kMaxGridYz, "]"));
@@ -54,21 +92,7 @@ absl::Status ValidateArgs(const PagedDecodeArgs& a, const DecodePlan& plan) {
     return Invalid(absl::StrCat("q_stride ", a.q_stride, " and out_stride ", a.out_stride,
                                 " must hold num_q_heads * head_dim = ", row, " elements"));
   }
-  const int64_t half = static_cast<int64_t>(a.num_kv_heads) * a.block_size * a.head_dim;
-  if (a.value_offset_elems < half) {
-    return Invalid(absl::StrCat("value_offset_elems ", a.value_offset_elems, " is less than the ",
-                                half, " elements of a block's keys"));
-  }
-  if (a.block_stride_elems < a.value_offset_elems + half) {
-    return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
-                                " is less than value_offset_elems + the ", half,
-                                " elements of a block's values"));
-  }
-  if (a.block_stride_elems % 8 != 0 || a.value_offset_elems % 8 != 0) {
-    return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
-                                " and value_offset_elems ", a.value_offset_elems,
-                                " must be multiples of 8 (16-byte loads)"));
-  }
+  if (absl::Status s = ValidateLayout(a); !s.ok()) return s;
   if (!ValidVariant(plan.variant)) {
     return Invalid(
         absl::StrCat("plan.variant ", plan.variant, " must be in [0, ", kNumDecodeVariants, ")"));
@@ -194,8 +218,10 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
   p.out = args.out;
   p.out_stride = args.out_stride;
   p.kv = args.kv_base;
+  p.fp8 = args.kv_dtype == DecodeKvDtype::kFp8E4M3;
   p.block_stride = args.block_stride_elems;
   p.value_offset = args.value_offset_elems;
+  p.scale_offset = args.scale_offset_elems;
   p.block_size = args.block_size;
   p.num_q_heads = args.num_q_heads;
   p.num_kv_heads = args.num_kv_heads;
@@ -208,7 +234,7 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
   p.num_splits = plan.num_splits;
   p.scale_log2 = args.scale * 1.4426950408889634f;
   p.variant = plan.variant;
-  const cudaError_t error = internal::PagedDecodeBf16(p, stream);
+  const cudaError_t error = internal::PagedDecode(p, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(
         absl::StrCat("paged_decode_attention launch: ", cudaGetErrorString(error)));

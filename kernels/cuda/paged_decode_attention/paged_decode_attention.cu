@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/paged_decode_attention/decode_device.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -26,15 +27,6 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem),
                "r"(src_bytes)
                : "memory");
-}
-
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void Unpack(const uint4& raw, float (&f)[kVec]) {
@@ -91,14 +83,9 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   const bool dims_live = dg * kVec < hd;
 
   // This split's tokens [begin, end) of the sequence.
-  const int64_t table_cap = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  int64_t ctx = p.context_lens[seq];
-  ctx = ctx < 0 ? 0 : (ctx > table_cap ? table_cap : ctx);
-  int64_t per_split = (ctx + p.num_splits - 1) / p.num_splits;
-  per_split = (per_split + kChunk - 1) / kChunk * kChunk;
-  const int64_t split_begin = split * per_split;
-  const int64_t begin = split_begin < ctx ? split_begin : ctx;
-  const int64_t end = begin + per_split < ctx ? begin + per_split : ctx;
+  int64_t begin = 0;
+  int64_t end = 0;
+  SplitRange<kChunk>(p, seq, split, &begin, &end);
   const int num_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
 
   // q of this thread's dims for each head of the group, pre-scaled.
@@ -312,13 +299,6 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
 // (max, sum) for the merge kernel. A warp or CTA without tokens writes
 // (max, sum) = (-inf, 0), which the merges ignore.
 
-__device__ __forceinline__ void CpAsync16Shared(uint32_t saddr, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-
 __device__ __forceinline__ void LdMatrixX4(uint32_t saddr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -385,14 +365,9 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
 
   // This split's tokens [begin, end); per_split is a multiple of kChunk, so
   // every chunk starts at a multiple of kChunk of the sequence.
-  const int64_t table_cap = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  int64_t ctx = p.context_lens[seq];
-  ctx = ctx < 0 ? 0 : (ctx > table_cap ? table_cap : ctx);
-  int64_t per_split = (ctx + p.num_splits - 1) / p.num_splits;
-  per_split = (per_split + kChunk - 1) / kChunk * kChunk;
-  const int64_t split_begin = split * per_split;
-  const int64_t begin = split_begin < ctx ? split_begin : ctx;
-  const int64_t end = begin + per_split < ctx ? begin + per_split : ctx;
+  int64_t begin = 0;
+  int64_t end = 0;
+  SplitRange<kChunk>(p, seq, split, &begin, &end);
   const int num_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
   const int my_chunks = warp < num_chunks ? (num_chunks - warp + kNumWarps - 1) / kNumWarps : 0;
 
@@ -596,53 +571,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   run_sum += __shfl_xor_sync(~0u, run_sum, 2);
   __syncthreads();  // All warps are done with their stages.
 
-  // Merge the warps: red_o[warp][head][dim], red_m / red_l[warp][head].
-  float* red_o = reinterpret_cast<float*>(smem);
-  float* red_m = red_o + kNumWarps * 8 * kHeadDim;
-  float* red_l = red_m + kNumWarps * 8;
-#pragma unroll
-  for (int nt = 0; nt < kDimTiles; ++nt) {
-    *reinterpret_cast<float2*>(red_o + (warp * 8 + row) * kHeadDim + 8 * nt + 2 * quad) =
-        make_float2(acc[nt][0], acc[nt][1]);
-  }
-  if (quad == 0) {
-    red_m[warp * 8 + row] = run_max;
-    red_l[warp * 8 + row] = run_sum;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < group * kHeadDim; i += kNumWarps * 32) {
-    const int g = i / kHeadDim;
-    const int d = i % kHeadDim;
-    if (d >= hd) continue;
-    float max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kNumWarps; ++w) max = fmaxf(max, red_m[w * 8 + g]);
-    float denom = 0.0f;
-    float total = 0.0f;
-    if (max != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kNumWarps; ++w) {
-        const float weight = exp2f(red_m[w * 8 + g] - max);  // 0 for a warp without tokens.
-        denom = fmaf(weight, red_l[w * 8 + g], denom);
-        total = fmaf(weight, red_o[(w * 8 + g) * kHeadDim + d], total);
-      }
-    }
-    const float value = denom > 0.0f ? total / denom : 0.0f;
-    const int h = kv_head * group + g;
-    if (p.partial_out == nullptr) {
-      static_cast<__nv_bfloat16*>(
-          p.out)[static_cast<int64_t>(seq) * p.out_stride + static_cast<int64_t>(h) * hd + d] =
-          __float2bfloat16_rn(value);
-    } else {
-      const int64_t out_row =
-          (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
-      p.partial_out[out_row * hd + d] = value;
-      if (d == 0) {
-        p.partial_stats[2 * out_row] = max;
-        p.partial_stats[2 * out_row + 1] = denom;
-      }
-    }
-  }
+  MergeWarpsAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split, seq);
 }
 
 // One CTA per (q head, sequence), one thread per dim: out = sum_s w_s o_s /
@@ -702,23 +631,9 @@ cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   static_assert(kSmemBytes <= kMaxSharedBytesPerCta, "fits one SM's shared memory");
   void (*kernel)(DecodeKernelParams) =
       DecodeMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, kOneBlock>;
-  // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
   static std::atomic<uint64_t> configured{0};
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
+  const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kSmemBytes, configured);
   if (error != cudaSuccess) return error;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || (configured.load(std::memory_order_acquire) & bit) == 0) {
-    error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kSmemBytes));
-    if (error != cudaSuccess) return error;
-    // Shared memory over L1 (the loads bypass L1), so the CTAs that fit by
-    // shared memory are resident together.
-    error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    if (error != cudaSuccess) return error;
-    configured.fetch_or(bit, std::memory_order_release);
-  }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kNumWarps * 32, static_cast<size_t>(kSmemBytes), stream>>>(p);
@@ -772,28 +687,37 @@ cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
   }
 }
 
+// p.variant is the effective one: at width 256 some variants give way to
+// another (EffectiveVariant).
+cudaError_t LaunchBf16Split(const DecodeKernelParams& p, cudaStream_t stream) {
+  // Head dims up to 64 take the 64-wide kernels, up to 128 the 128-wide
+  // ones, up to 256 the 256-wide ones, their dims past head_dim masked.
+  // (Exact widths take instances without the masking.)
+  const int32_t width = KernelHeadDim(p.head_dim);
+  const bool masked = p.head_dim != width;
+  if (width == 64) {
+    return masked ? LaunchSplit<64, true>(p, stream) : LaunchSplit<64, false>(p, stream);
+  } else if (width == 128) {
+    return masked ? LaunchSplit<128, true>(p, stream) : LaunchSplit<128, false>(p, stream);
+  }
+  return masked ? LaunchSplit<256, true>(p, stream) : LaunchSplit<256, false>(p, stream);
+}
+
 }  // namespace
 
-cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t stream) {
+cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream) {
   if (params.batch == 0) return cudaSuccess;
   if (params.variant < 0 || params.variant >= kNumDecodeKernelVariants) {
     return cudaErrorInvalidValue;
   }
-  // Head dims up to 64 take the 64-wide kernels, up to 128 the 128-wide
-  // ones, up to 256 the 256-wide ones, their dims past head_dim masked.
-  // (Exact widths take instances without the masking.)
-  // At width 256 some variants give way to another (EffectiveVariant).
   DecodeKernelParams p = params;
-  p.variant = EffectiveVariant(params.variant, params.head_dim);
-  const int32_t width = KernelHeadDim(p.head_dim);
-  const bool masked = p.head_dim != width;
   cudaError_t error;
-  if (width == 64) {
-    error = masked ? LaunchSplit<64, true>(p, stream) : LaunchSplit<64, false>(p, stream);
-  } else if (width == 128) {
-    error = masked ? LaunchSplit<128, true>(p, stream) : LaunchSplit<128, false>(p, stream);
+  if (params.fp8) {
+    p.variant = EffectiveFp8Variant(params.variant);
+    error = LaunchFp8Split(p, stream);
   } else {
-    error = masked ? LaunchSplit<256, true>(p, stream) : LaunchSplit<256, false>(p, stream);
+    p.variant = EffectiveVariant(params.variant, params.head_dim);
+    error = LaunchBf16Split(p, stream);
   }
   if (error != cudaSuccess || p.partial_out == nullptr) return error;
   cudaLaunchConfig_t config = {};

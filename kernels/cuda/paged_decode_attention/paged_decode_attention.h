@@ -24,6 +24,11 @@
 
 namespace trident::kernels::cuda {
 
+// The KV cache's element type: bf16, or FP8 E4M3 in the layout of
+// kernels/cpu/paged_kv_fp8 (per-token, per-head scales; V transposed in
+// 16-token groups).
+enum class DecodeKvDtype { kBf16, kFp8E4M3 };
+
 struct PagedDecodeArgs {
   // bf16 [batch][num_q_heads * head_dim], row stride q_stride elements (may
   // be a fused qkv row).
@@ -33,13 +38,17 @@ struct PagedDecodeArgs {
   // elements past the heads are not written.
   void* out = nullptr;
   int64_t out_stride = 0;
-  // One layer's bf16 paged KV: block b's K at kv_base + b * block_stride_elems,
-  // its V value_offset_elems further, each [num_kv_heads][block_size][head_dim].
-  // kv_base must be 16-byte aligned and both strides multiples of 8 (the
-  // kernel reads 16-byte vectors).
+  // One layer's paged KV: block b's K at kv_base + b * block_stride_elems,
+  // its V value_offset_elems further, each [num_kv_heads][block_size][head_dim]
+  // for bf16. kv_base must be 16-byte aligned and the offsets multiples of 16
+  // bytes (the kernel reads 16-byte vectors). FP8: offsets count bytes, V is
+  // transposed in groups of 16 tokens, the f32 scales sit scale_offset_elems
+  // from the block's start, and block_size must be a multiple of 16.
   const void* kv_base = nullptr;
+  DecodeKvDtype kv_dtype = DecodeKvDtype::kBf16;
   int64_t block_stride_elems = 0;
   int64_t value_offset_elems = 0;
+  int64_t scale_offset_elems = 0;
   int32_t block_size = 16;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;

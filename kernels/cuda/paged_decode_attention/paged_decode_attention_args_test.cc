@@ -185,6 +185,29 @@ TEST_F(ArgsTest, RejectsBadStridesAndAlignment) {
   ExpectRejected(a, "kv_base");
 }
 
+TEST_F(ArgsTest, RejectsBadFp8Layouts) {
+  PagedDecodeArgs a = ValidArgs(dummy_);
+  a.kv_dtype = DecodeKvDtype::kFp8E4M3;
+  // K and V of 8 heads x 16 tokens x 128 dims are 16 KiB each in bytes.
+  a.value_offset_elems = 16384;
+  a.scale_offset_elems = 32768;
+  a.block_stride_elems = 32768 + 2 * 8 * 16 * 4;
+  PagedDecodeArgs b = a;
+  b.block_size = 8;
+  b.value_offset_elems = 8192;
+  ExpectRejected(b, "multiple of 16 for an FP8 cache");
+  b = a;
+  b.scale_offset_elems -= 16;
+  ExpectRejected(b, "scale_offset_elems");
+  b = a;
+  b.block_stride_elems -= 16;
+  ExpectRejected(b, "and scales");
+  b = a;
+  b.scale_offset_elems += 8;
+  b.block_stride_elems += 16;
+  ExpectRejected(b, "multiples of 16");
+}
+
 TEST_F(ArgsTest, RejectsNullPointersAndBadPlans) {
   PagedDecodeArgs a = ValidArgs(dummy_);
   a.block_tables = nullptr;

@@ -8,7 +8,10 @@
 // CTA and pipeline stages per warp). Counters per row: GB/s of the kernel,
 // ceiling_GB/s of the probe, of_ceiling their ratio, splits chosen by the
 // planner for the variant, variant (the index run), ctas_per_sm the planner
-// assumed.
+// assumed. With fp8 = 1 the cache is FP8 E4M3 (kernels/cpu/paged_kv_fp8's
+// layout: a byte per element plus an f32 scale per token, head and K or V),
+// and bytes count those; time per step against the bf16 row of the same
+// shape is the gain.
 
 #include <cuda_runtime_api.h>
 
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -54,12 +58,18 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   const int32_t variant =
       state.range(2) < 0 ? kDefaultDecodeVariant : static_cast<int32_t>(state.range(2));
   const int32_t head_dim = static_cast<int32_t>(state.range(3));
-  state.SetLabel(DecodeVariantName(variant));
+  const bool fp8 = state.range(4) != 0;
+  state.SetLabel(std::string(DecodeVariantName(variant)) + (fp8 ? " fp8" : " bf16"));
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
-  const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * head_dim;
+  const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * head_dim;  // Elements.
   const int64_t num_blocks = static_cast<int64_t>(batch) * blocks_per_seq;
-  const size_t cache_bytes = static_cast<size_t>(num_blocks) * 2 * half * 2;
-  const size_t kv_bytes = static_cast<size_t>(batch) * context * kKvHeads * head_dim * 2 * 2;
+  // Per block: K and V, and for FP8 the scales (2 x heads x tokens x 4 bytes).
+  const int64_t scale_bytes = static_cast<int64_t>(2) * kKvHeads * kBlockSize * 4;
+  const int64_t block_bytes = fp8 ? 2 * half + scale_bytes : 2 * half * 2;
+  const size_t cache_bytes = static_cast<size_t>(num_blocks * block_bytes);
+  const int64_t token_bytes =
+      fp8 ? static_cast<int64_t>(kKvHeads) * (2 * head_dim + 8) : int64_t{kKvHeads} * head_dim * 4;
+  const size_t kv_bytes = static_cast<size_t>(batch) * context * token_bytes;
 
   int device = 0;
   int sms = 0;
@@ -86,7 +96,8 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
     state.SkipWithError("cudaMalloc failed");
     return;
   }
-  // 0x3c3c: bf16 ~0.0115 everywhere, finite scores.
+  // 0x3c3c: bf16 ~0.0115 everywhere, finite scores (FP8: elements 1.5,
+  // scales ~0.0115).
   cudaMemset(cache, 0x3c, cache_bytes);
   cudaMemset(q, 0x3c, static_cast<size_t>(batch) * kQHeads * head_dim * 2);
   std::vector<int32_t> physical(num_blocks);
@@ -102,8 +113,10 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
                              .out = out,
                              .out_stride = kQHeads * head_dim,
                              .kv_base = cache,
-                             .block_stride_elems = 2 * half,
+                             .kv_dtype = fp8 ? DecodeKvDtype::kFp8E4M3 : DecodeKvDtype::kBf16,
+                             .block_stride_elems = fp8 ? block_bytes : 2 * half,
                              .value_offset_elems = half,
+                             .scale_offset_elems = fp8 ? 2 * half : 0,
                              .block_size = kBlockSize,
                              .num_q_heads = kQHeads,
                              .num_kv_heads = kKvHeads,
@@ -161,17 +174,24 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                {64, 4096}, {64, 8192}, {128, 2048}};
   for (const auto& shape : shapes) {
     for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
-      b->Args({shape[0], shape[1], variant, 128});
+      b->Args({shape[0], shape[1], variant, 128, 0});
+    }
+    // FP8: the default and the tensor-core variants (0 runs the default).
+    for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
+      if (variant != 0) b->Args({shape[0], shape[1], variant, 128, 1});
     }
   }
   // The other common head dims with the default variant: 80 and 96 on the
   // 128-wide kernels with the rest masked, 64 and 256 on their own.
-  for (int64_t head_dim : {64, 80, 96, 256}) b->Args({16, 16384, -1, head_dim});
+  for (int64_t head_dim : {64, 80, 96, 256}) {
+    b->Args({16, 16384, -1, head_dim, 0});
+    b->Args({16, 16384, -1, head_dim, 1});
+  }
 }
 
 BENCHMARK(BM_PagedDecodeAttention)
     ->UseManualTime()
-    ->ArgNames({"batch", "context", "variant", "head_dim"})
+    ->ArgNames({"batch", "context", "variant", "head_dim", "fp8"})
     ->Apply(Shapes);
 
 }  // namespace

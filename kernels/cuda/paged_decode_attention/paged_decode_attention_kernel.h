@@ -89,6 +89,25 @@ constexpr int32_t EffectiveVariant(int32_t variant, int32_t head_dim) {
   return VariantRunsAt(kDecodeVariants[variant], KernelHeadDim(head_dim)) ? variant : 1;
 }
 
+// The FP8 mma kernel: per warp, `stages` chunks of K (16 tokens x head_dim
+// bytes), V (head_dim x 16 bytes) and the chunk's 32 f32 scales; at least
+// what the warps' final merge takes.
+inline constexpr int64_t kFp8ScaleBytesPerChunk = 2 * kMmaChunkTokens * 4;
+TRIDENT_DECODE_HOST_DEVICE constexpr int64_t MmaFp8StageBytes(int32_t head_dim) {
+  return 2 * kMmaChunkTokens * head_dim + kFp8ScaleBytesPerChunk;
+}
+TRIDENT_DECODE_HOST_DEVICE constexpr int64_t MmaFp8SharedBytes(int32_t warps, int32_t stages,
+                                                               int32_t head_dim) {
+  const int64_t stage_bytes = static_cast<int64_t>(warps) * stages * MmaFp8StageBytes(head_dim);
+  const int64_t merge_bytes = static_cast<int64_t>(warps) * (8 * head_dim + 16) * 4;
+  return stage_bytes > merge_bytes ? stage_bytes : merge_bytes;
+}
+// The variant the FP8 kernel runs for `variant`: the mma ones as they are
+// (all fit at every width), the legacy one as the default.
+constexpr int32_t EffectiveFp8Variant(int32_t variant) {
+  return kDecodeVariants[variant].kind == DecodeKernelKind::kLegacy ? 5 : variant;
+}
+
 // Resident CTAs per SM of the legacy kernel (head_dim 128, GQA 4: 106
 // registers x 128 threads).
 inline constexpr int32_t kLegacyCtasPerSm = 4;
@@ -98,9 +117,12 @@ struct DecodeKernelParams {
   int64_t q_stride = 0;
   void* out = nullptr;  // bf16
   int64_t out_stride = 0;
-  const void* kv = nullptr;  // bf16
+  const void* kv = nullptr;  // bf16, or FP8 E4M3 (fp8) in kernels/cpu/paged_kv_fp8's layout.
+  bool fp8 = false;
+  // Elements of the cache's type (bytes for FP8).
   int64_t block_stride = 0;
   int64_t value_offset = 0;
+  int64_t scale_offset = 0;  // FP8: the block's f32 scales.
   int32_t block_size = 0;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
@@ -119,7 +141,11 @@ struct DecodeKernelParams {
 
 // Launches the split kernel of params.variant and, with more than one split,
 // the merge kernel.
-cudaError_t PagedDecodeBf16(const DecodeKernelParams& params, cudaStream_t stream);
+cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream);
+
+// The FP8 cache's split kernel (paged_decode_attention_fp8.cu) for
+// EffectiveFp8Variant(params.variant); block_size a multiple of 16.
+cudaError_t LaunchFp8Split(const DecodeKernelParams& params, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 
