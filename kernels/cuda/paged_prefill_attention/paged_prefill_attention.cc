@@ -54,15 +54,30 @@ absl::Status Validate(const PagedPrefillArgs& a) {
         absl::StrCat("out_stride ", a.out_stride, " must be a multiple of 8 and >= ", row));
   }
   // One block's K (and V) span; the kernel copies 16-byte chunks, so every
-  // offset is a multiple of 8 bf16 elements.
+  // offset is a multiple of 16 bytes (8 bf16 elements).
+  const int64_t unit = a.kv_fp8 ? 16 : 8;
   const int64_t half = static_cast<int64_t>(a.num_kv_heads) * a.block_size * a.head_dim;
-  if (a.value_offset_elems < half || a.value_offset_elems % 8 != 0) {
-    return Invalid(absl::StrCat("value_offset_elems ", a.value_offset_elems,
-                                " must be a multiple of 8 and >= one block's K (", half, ")"));
+  if (a.kv_fp8 && a.block_size % 16 != 0) {
+    return Invalid(
+        absl::StrCat("block_size ", a.block_size, " must be a multiple of 16 for an FP8 cache"));
   }
-  if (a.block_stride_elems < a.value_offset_elems + half || a.block_stride_elems % 8 != 0) {
+  if (a.value_offset_elems < half || a.value_offset_elems % unit != 0) {
+    return Invalid(absl::StrCat("value_offset_elems ", a.value_offset_elems,
+                                " must be a multiple of ", unit, " and >= one block's K (", half,
+                                ")"));
+  }
+  // FP8: the scales (2 x heads x tokens x 4 bytes) after V.
+  const int64_t scales = static_cast<int64_t>(2) * a.num_kv_heads * a.block_size * 4;
+  if (a.kv_fp8 &&
+      (a.scale_offset_elems < a.value_offset_elems + half || a.scale_offset_elems % unit != 0)) {
+    return Invalid(absl::StrCat("scale_offset_elems ", a.scale_offset_elems,
+                                " must be a multiple of 16 and >= value_offset_elems + ", half));
+  }
+  const int64_t block_end = a.kv_fp8 ? a.scale_offset_elems + scales : a.value_offset_elems + half;
+  if (a.block_stride_elems < block_end || a.block_stride_elems % unit != 0) {
     return Invalid(absl::StrCat("block_stride_elems ", a.block_stride_elems,
-                                " must be a multiple of 8 and >= value_offset_elems + ", half));
+                                " must be a multiple of ", unit, " and hold the block (", block_end,
+                                ")"));
   }
   if (a.batch == 0 || a.max_query_len == 0) return absl::OkStatus();
   if (a.q == nullptr || a.out == nullptr || a.kv_base == nullptr || a.block_tables == nullptr ||
@@ -89,8 +104,10 @@ absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStrea
       .out = args.out,
       .out_stride = args.out_stride,
       .kv_base = args.kv_base,
+      .kv_fp8 = args.kv_fp8,
       .block_stride_elems = args.block_stride_elems,
       .value_offset_elems = args.value_offset_elems,
+      .scale_offset_elems = args.scale_offset_elems,
       .block_size = args.block_size,
       .num_q_heads = args.num_q_heads,
       .num_kv_heads = args.num_kv_heads,
@@ -104,7 +121,7 @@ absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStrea
       .max_query_len = args.max_query_len,
       .scale = args.scale,
   };
-  const cudaError_t error = internal::PagedPrefillAttentionBf16(params, stream);
+  const cudaError_t error = internal::PagedPrefillAttention(params, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(
         absl::StrCat("paged_prefill_attention launch: ", cudaGetErrorString(error)));

@@ -1,4 +1,5 @@
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -76,11 +77,89 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Byte position of index i of a 16-element group of the FP8 cache
+// (cpu::Fp8FragmentPosition).
+__device__ __forceinline__ int FragmentPosition(int i) {
+  return i < 8 ? 4 * (i / 2) + i % 2 : 4 * ((i - 8) / 2) + 2 + i % 2;
+}
+
+__device__ __forceinline__ __nv_bfloat16 Fp8ToBf16(unsigned char byte, float scale) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
+  return __float2bfloat16_rn(__half2float(__half(h)) * scale);
+}
+
+// Loads keys [n0, n0 + kBlockN) of kv head `kv_head` from the FP8 cache into
+// the bf16 tiles sk and sv ([key][kRowStride], as the bf16 path's cp.async
+// leaves them): each (key, 16 dims) of K and each (dim, 16 keys) of V is one
+// 16-byte load, dequantized with its token's scale. Keys at or past kv_end,
+// and dims past hd, become zeros. A tile's keys lie in whole 16-token groups
+// of one block (block_size is a multiple of 16).
+template <int kHeadDim, int kThreads, int kRowStride>
+__device__ __forceinline__ void LoadKvFp8(const PagedPrefillParams& p, const int32_t* table,
+                                          int kv_head, int n0, int kv_end, int hd,
+                                          __nv_bfloat16* sk, __nv_bfloat16* sv) {
+  constexpr int kGroups = kHeadDim / 16;
+  const unsigned char* kv = static_cast<const unsigned char*>(p.kv_base);
+  const int bs = p.block_size;
+  // K: kBlockN rows x kGroups groups of 16 dims.
+  for (int item = threadIdx.x; item < kBlockN * kGroups; item += kThreads) {
+    const int r = item / kGroups;
+    const int group = item % kGroups;
+    const int pos = n0 + r;
+    __nv_bfloat16 values[16];
+    if (pos < kv_end && group * 16 < hd) {
+      const int slot = pos % bs;
+      const unsigned char* block =
+          kv + static_cast<int64_t>(table[pos / bs]) * p.block_stride_elems;
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          block + (static_cast<int64_t>(kv_head) * bs + slot) * hd + group * 16);
+      const float scale = *reinterpret_cast<const float*>(
+          block + p.scale_offset_elems + (static_cast<int64_t>(kv_head) * bs + slot) * 4);
+      const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) values[i] = Fp8ToBf16(bytes[FragmentPosition(i)], scale);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) values[i] = __float2bfloat16_rn(0.0f);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(sk + r * kRowStride + group * 16);
+    dst[0] = *reinterpret_cast<const uint4*>(&values[0]);
+    dst[1] = *reinterpret_cast<const uint4*>(&values[8]);
+  }
+  // V: kBlockN / 16 groups of keys x kHeadDim dims.
+  for (int item = threadIdx.x; item < (kBlockN / 16) * kHeadDim; item += kThreads) {
+    const int key_group = item / kHeadDim;
+    const int d = item % kHeadDim;
+    const int first = n0 + key_group * 16;
+    unsigned char bytes[16] = {};
+    float scales[16] = {};
+    if (first < kv_end && d < hd) {
+      const unsigned char* block =
+          kv + static_cast<int64_t>(table[first / bs]) * p.block_stride_elems;
+      const int slot = first % bs;
+      *reinterpret_cast<uint4*>(bytes) = *reinterpret_cast<const uint4*>(
+          block + p.value_offset_elems +
+          ((static_cast<int64_t>(kv_head) * (bs / 16) + slot / 16) * hd + d) * 16);
+      const float4* s = reinterpret_cast<const float4*>(
+          block + p.scale_offset_elems +
+          ((static_cast<int64_t>(p.num_kv_heads) + kv_head) * bs + slot) * 4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) *reinterpret_cast<float4*>(&scales[4 * i]) = s[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const bool live = first + i < kv_end;
+      sv[(key_group * 16 + i) * kRowStride + d] =
+          live ? Fp8ToBf16(bytes[FragmentPosition(i)], scales[i]) : __float2bfloat16_rn(0.0f);
+    }
+  }
+}
+
 // Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * g + t. An fp32
 // accumulator tile of 16x8 holds c[0..1] at (row g, cols 2t, 2t+1) and
 // c[2..3] at (row g + 8, same cols). Each warp's S tile is 16 rows x 64 keys
 // = 8 such tiles; its O tile is 16 rows x kHeadDim = kHeadDim / 8 tiles.
-template <int kHeadDim, int kBlockM, bool kMasked>
+template <int kHeadDim, int kBlockM, bool kMasked, bool kFp8>
 __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
     PagedPrefillKernel(const PagedPrefillParams p) {
   using Cfg = TileConfig<kHeadDim, kBlockM>;
@@ -126,11 +205,9 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
   const int hd = kMasked ? p.head_dim : kHeadDim;
   const bool chunk_live = chunk * 8 < hd;
 
-  // Gathers keys [n_tile * kBlockN, +kBlockN) through the block table into
-  // buffer `buf`; keys at or past kv_end become zeros.
-  auto load_kv = [&](int n_tile, int buf) {
-    __nv_bfloat16* const sk = sq + Cfg::kQElems + buf * 2 * Cfg::kKvElems;
-    __nv_bfloat16* const sv = sk + Cfg::kKvElems;
+  // Gathers keys [n_tile * kBlockN, +kBlockN) of the bf16 cache through the
+  // block table into the tiles sk and sv; keys at or past kv_end become zeros.
+  auto load_kv_bf16 = [&](int n_tile, __nv_bfloat16* sk, __nv_bfloat16* sv) {
 #pragma unroll
     for (int pass = 0; pass < kBlockN / Cfg::kRowsPerPass; ++pass) {
       const int r = pass_row + pass * Cfg::kRowsPerPass;
@@ -147,6 +224,18 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
       CpAsync16(SmemAddr(sk + smem_offset), kv + offset, valid);
       CpAsync16(SmemAddr(sv + smem_offset), kv + (valid ? offset + p.value_offset_elems : 0),
                 valid);
+    }
+  };
+  // The same into buffer `buf`. The FP8 cache's loads are plain ones, done
+  // when this returns; the barrier before the tile's use publishes them.
+  auto load_kv = [&](int n_tile, int buf) {
+    __nv_bfloat16* const sk = sq + Cfg::kQElems + buf * 2 * Cfg::kKvElems;
+    __nv_bfloat16* const sv = sk + Cfg::kKvElems;
+    if constexpr (kFp8) {
+      LoadKvFp8<kHeadDim, Cfg::kThreads, Cfg::kRowStride>(p, table, kv_head, n_tile * kBlockN,
+                                                          kv_end, hd, sk, sv);
+    } else {
+      load_kv_bf16(n_tile, sk, sv);
     }
   };
 
@@ -336,8 +425,11 @@ template <int kHeadDim, int kBlockM>
 cudaError_t Launch(const PagedPrefillParams& params, cudaStream_t stream) {
   using Cfg = TileConfig<kHeadDim, kBlockM>;
   // Exact widths take the instance without the masking.
-  auto* kernel = params.head_dim == kHeadDim ? &PagedPrefillKernel<kHeadDim, kBlockM, false>
-                                             : &PagedPrefillKernel<kHeadDim, kBlockM, true>;
+  const bool exact = params.head_dim == kHeadDim;
+  auto* kernel = params.kv_fp8 ? (exact ? &PagedPrefillKernel<kHeadDim, kBlockM, false, true>
+                                        : &PagedPrefillKernel<kHeadDim, kBlockM, true, true>)
+                               : (exact ? &PagedPrefillKernel<kHeadDim, kBlockM, false, false>
+                                        : &PagedPrefillKernel<kHeadDim, kBlockM, true, false>);
   // Above 48 KiB of dynamic shared memory needs the opt-in; it is per device,
   // so it is set on every launch (a cheap host call).
   const cudaError_t error =
@@ -350,7 +442,7 @@ cudaError_t Launch(const PagedPrefillParams& params, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t PagedPrefillAttentionBf16(const PagedPrefillParams& params, cudaStream_t stream) {
+cudaError_t PagedPrefillAttention(const PagedPrefillParams& params, cudaStream_t stream) {
   // 128-row tiles halve the KV traffic per query row; short queries use 64
   // rows to waste fewer padding rows.
   const bool wide = params.max_query_len >= 128;

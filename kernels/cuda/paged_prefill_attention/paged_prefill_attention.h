@@ -50,10 +50,16 @@ struct PagedPrefillArgs {
   // Only the rows of query tokens are written.
   void* out = nullptr;
   int64_t out_stride = 0;
-  // Device pointer to the layer's bf16 KV cache (layout above).
+  // Device pointer to the layer's bf16 KV cache (layout above), or with
+  // kv_fp8 its FP8 E4M3 cache in kernels/cpu/paged_kv_fp8's layout (offsets
+  // in bytes; the scales scale_offset_elems from each block's start;
+  // block_size a multiple of 16): its K and V are turned into bf16 as they
+  // are loaded.
   const void* kv_base = nullptr;
+  bool kv_fp8 = false;
   int64_t block_stride_elems = 0;
   int64_t value_offset_elems = 0;
+  int64_t scale_offset_elems = 0;
   int32_t block_size = 16;  // Tokens per block.
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;

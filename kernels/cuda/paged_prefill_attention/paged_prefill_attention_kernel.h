@@ -17,8 +17,10 @@ struct PagedPrefillParams {
   void* out;
   int64_t out_stride;
   const void* kv_base;
+  bool kv_fp8;  // FP8 E4M3 in kernels/cpu/paged_kv_fp8's layout; offsets in bytes.
   int64_t block_stride_elems;
   int64_t value_offset_elems;
+  int64_t scale_offset_elems;
   int32_t block_size;
   int32_t num_q_heads;
   int32_t num_kv_heads;
@@ -35,7 +37,7 @@ struct PagedPrefillParams {
 
 // REQUIRES: the checks of LaunchPagedPrefillAttention passed; batch > 0 and
 // max_query_len > 0.
-cudaError_t PagedPrefillAttentionBf16(const PagedPrefillParams& params, cudaStream_t stream);
+cudaError_t PagedPrefillAttention(const PagedPrefillParams& params, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 
