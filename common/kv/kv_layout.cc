@@ -40,10 +40,19 @@ absl::Status Validate(const KvCacheSpec& spec) {
   TRIDENT_RETURN_IF_ERROR(CheckDimension("kv_cache.head_dim", spec.head_dim, 1));
   TRIDENT_RETURN_IF_ERROR(CheckDimension("kv_cache.block_size", spec.block_size, 1));
   TRIDENT_RETURN_IF_ERROR(CheckDimension("kv_cache.num_blocks", spec.num_blocks, 0));
-  const Wide total = Wide{2} * static_cast<uint64_t>(spec.num_kv_heads) *
-                     static_cast<uint64_t>(spec.block_size) * static_cast<uint64_t>(spec.head_dim) *
-                     spec.element_size_bytes() * static_cast<uint64_t>(spec.num_blocks) *
-                     static_cast<uint64_t>(spec.num_layers);
+  if (spec.fp8() && (spec.block_size % 16 != 0 || spec.head_dim % 16 != 0)) {
+    return InvalidArgumentForField(
+        "kv_cache.block_size",
+        absl::StrCat("an FP8 cache needs block_size (", spec.block_size, ") and head_dim (",
+                     spec.head_dim, ") multiples of 16"));
+  }
+  // FP8 blocks also hold 8 bytes of scales per token and kv head.
+  const uint64_t per_element = spec.element_size_bytes();
+  const Wide total =
+      (Wide{2} * static_cast<uint64_t>(spec.num_kv_heads) * static_cast<uint64_t>(spec.block_size) *
+           static_cast<uint64_t>(spec.head_dim + (spec.fp8() ? 4 : 0)) * per_element +
+       15) *
+      static_cast<uint64_t>(spec.num_blocks) * static_cast<uint64_t>(spec.num_layers);
   if (total > static_cast<Wide>(std::numeric_limits<int64_t>::max())) {
     return InvalidArgumentForField("kv_cache.num_blocks",
                                    "the cache's total size does not fit in 64 bits");
@@ -59,6 +68,8 @@ trident::v1::DType ToProtoDType(numeric::DType dtype) {
       return trident::v1::DTYPE_FLOAT16;
     case numeric::DType::kBF16:
       return trident::v1::DTYPE_BFLOAT16;
+    case numeric::DType::kFP8E4M3:
+      return trident::v1::DTYPE_FLOAT8_E4M3;
   }
   return trident::v1::DTYPE_UNSPECIFIED;
 }
@@ -71,10 +82,12 @@ absl::StatusOr<numeric::DType> FromProtoDType(trident::v1::DType dtype) {
       return numeric::DType::kF16;
     case trident::v1::DTYPE_BFLOAT16:
       return numeric::DType::kBF16;
+    case trident::v1::DTYPE_FLOAT8_E4M3:
+      return numeric::DType::kFP8E4M3;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype must be DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16, got ",
-                       trident::v1::DType_Name(dtype)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype must be DTYPE_FLOAT32, DTYPE_FLOAT16, DTYPE_BFLOAT16 or DTYPE_FLOAT8_E4M3, got ",
+          trident::v1::DType_Name(dtype)));
   }
 }
 
@@ -85,7 +98,8 @@ trident::v1::KvLayout ToProto(const KvCacheSpec& spec) {
   layout.set_head_dim(spec.head_dim);
   layout.set_dtype(ToProtoDType(spec.dtype));
   layout.set_block_size_tokens(spec.block_size);
-  layout.set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
+  layout.set_block_layout(spec.fp8() ? trident::v1::KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED
+                                     : trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
   layout.set_layer_stride_bytes(spec.layer_stride_bytes());
   layout.set_block_stride_bytes(spec.block_stride_bytes());
   layout.set_value_offset_bytes(spec.value_offset_bytes());
@@ -93,15 +107,19 @@ trident::v1::KvLayout ToProto(const KvCacheSpec& spec) {
 }
 
 absl::StatusOr<KvCacheSpec> FromProto(const trident::v1::KvLayout& layout) {
-  if (layout.block_layout() != trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM) {
-    return InvalidArgumentForField(
-        "kv_layout.block_layout",
-        absl::StrCat("is ", trident::v1::KvBlockLayout_Name(layout.block_layout()),
-                     "; only KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM is supported"));
-  }
   absl::StatusOr<numeric::DType> dtype = FromProtoDType(layout.dtype());
   if (!dtype.ok()) {
     return InvalidArgumentForField("kv_layout.dtype", dtype.status().message());
+  }
+  const trident::v1::KvBlockLayout want = *dtype == numeric::DType::kFP8E4M3
+                                              ? trident::v1::KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED
+                                              : trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM;
+  if (layout.block_layout() != want) {
+    return InvalidArgumentForField(
+        "kv_layout.block_layout",
+        absl::StrCat("is ", trident::v1::KvBlockLayout_Name(layout.block_layout()), "; a ",
+                     trident::v1::DType_Name(layout.dtype()), " cache must be ",
+                     trident::v1::KvBlockLayout_Name(want)));
   }
   TRIDENT_RETURN_IF_ERROR(CheckDimension("kv_layout.num_layers", layout.num_layers(), 1));
   TRIDENT_RETURN_IF_ERROR(CheckDimension("kv_layout.num_kv_heads", layout.num_kv_heads(), 1));

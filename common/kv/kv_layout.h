@@ -49,12 +49,23 @@ struct KvCacheSpec {
   int32_t num_blocks = 0;
 
   size_t element_size_bytes() const { return numeric::ElementSize(dtype); }
+  // An FP8 E4M3 cache (KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED,
+  // kernels/cpu/paged_kv_fp8): a byte per element, V transposed in groups
+  // of 16 tokens, and each block's f32 scales after its V.
+  bool fp8() const { return dtype == numeric::DType::kFP8E4M3; }
 
   // Elements of K (or of V) in one block of one layer:
   // num_kv_heads * block_size * head_dim.
   int64_t value_offset_elements() const { return int64_t{num_kv_heads} * block_size * head_dim; }
-  // Elements of K and V of one block of one layer.
-  int64_t block_stride_elements() const { return 2 * value_offset_elements(); }
+  // FP8: from a block's start to its scales (2 per token and kv head, f32).
+  int64_t scale_offset_elements() const { return 2 * value_offset_elements(); }
+  // Elements of K and V (and FP8's scales, the block padded to 16 bytes) of
+  // one block of one layer.
+  int64_t block_stride_elements() const {
+    if (!fp8()) return 2 * value_offset_elements();
+    const int64_t bytes = scale_offset_elements() + int64_t{8} * num_kv_heads * block_size;
+    return (bytes + 15) / 16 * 16;
+  }
   // Elements of one layer: every block's K and V.
   int64_t layer_stride_elements() const { return num_blocks * block_stride_elements(); }
 

@@ -122,6 +122,35 @@ TEST(KvLayoutProtoTest, RoundTripsEveryDType) {
   EXPECT_EQ(ToProto(Llama8bSpec()).dtype(), trident::v1::DTYPE_BFLOAT16);
 }
 
+// FP8: a byte per element, then 8 bytes of scales per token and kv head
+// after V, the block padded to 16 bytes; its own block layout.
+TEST(KvCacheSpecTest, Fp8BlocksHoldTheScalesAfterV) {
+  KvCacheSpec spec = Llama8bSpec();
+  spec.dtype = numeric::DType::kFP8E4M3;
+  EXPECT_TRUE(spec.fp8());
+  EXPECT_EQ(spec.value_offset_bytes(), 8u * 16 * 128);
+  EXPECT_EQ(spec.scale_offset_elements(), 2 * 8 * 16 * 128);
+  EXPECT_EQ(spec.block_stride_bytes(), 2u * 8 * 16 * 128 + 8 * 16 * 8);
+  EXPECT_EQ(spec.BytesPerBlockAllLayers(), 32u * (32768 + 1024));
+  const trident::v1::KvLayout layout = ToProto(spec);
+  EXPECT_EQ(layout.dtype(), trident::v1::DTYPE_FLOAT8_E4M3);
+  EXPECT_EQ(layout.block_layout(), trident::v1::KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED);
+  EXPECT_THAT(FromProto(layout), ::trident::testing::IsOkAndHolds(spec));
+  // An FP8 cache described as HEAD_TOKEN_DIM, and a bf16 one as FP8, are refused.
+  trident::v1::KvLayout wrong = layout;
+  wrong.set_block_layout(trident::v1::KV_BLOCK_LAYOUT_HEAD_TOKEN_DIM);
+  EXPECT_THAT(FromProto(wrong), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED")));
+  wrong = ToProto(Llama8bSpec());
+  wrong.set_block_layout(trident::v1::KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED);
+  EXPECT_THAT(FromProto(wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_layout.block_layout")));
+  // Blocks and head dims of multiples of 16 only.
+  spec.block_size = 8;
+  EXPECT_THAT(Validate(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiples of 16")));
+}
+
 TEST(KvLayoutProtoTest, RoundTripsZeroBlocks) {
   KvCacheSpec spec = Llama8bSpec();
   spec.num_blocks = 0;

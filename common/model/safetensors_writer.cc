@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/numeric/fp8.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -43,6 +44,8 @@ const char* SafetensorsDTypeName(numeric::DType dtype) {
       return "BF16";
     case numeric::DType::kF16:
       return "F16";
+    case numeric::DType::kFP8E4M3:
+      return "F8_E4M3";
   }
   return "F32";
 }
@@ -87,6 +90,9 @@ void SafetensorsWriter::AddFloats(std::string name, numeric::DType dtype,
         std::memcpy(&bytes[2 * i], &h, 2);
         break;
       }
+      case numeric::DType::kFP8E4M3:
+        bytes[i] = static_cast<char>(numeric::FloatToFp8E4M3(values[i]));
+        break;
     }
   }
   Add(std::move(name), dtype, std::move(shape), std::move(bytes));

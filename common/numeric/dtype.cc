@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/numeric/fp8.h"
+
 namespace trident::numeric {
 
 absl::string_view DTypeName(DType t) {
@@ -13,6 +15,8 @@ absl::string_view DTypeName(DType t) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
   }
   return "unknown";
 }
@@ -102,6 +106,9 @@ void ToFloat(DType src_type, const void* src, float* dst, size_t n) {
     case DType::kF16:
       HalfToFloat(static_cast<const uint16_t*>(src), dst, n);
       return;
+    case DType::kFP8E4M3:
+      for (size_t i = 0; i < n; ++i) dst[i] = Fp8E4M3ToFloat(static_cast<const uint8_t*>(src)[i]);
+      return;
   }
 }
 
@@ -116,6 +123,11 @@ void ToBf16(DType src_type, const void* src, uint16_t* dst, size_t n) {
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
         dst[i] = FloatToBf16(HalfToFloat(static_cast<const uint16_t*>(src)[i]));
+      }
+      return;
+    case DType::kFP8E4M3:
+      for (size_t i = 0; i < n; ++i) {
+        dst[i] = FloatToBf16(Fp8E4M3ToFloat(static_cast<const uint8_t*>(src)[i]));
       }
       return;
   }

@@ -12,12 +12,16 @@
 
 namespace trident::numeric {
 
-enum class DType { kF32, kBF16, kF16 };
+// kFP8E4M3 is only a KV cache element (with per-row scales kept beside it,
+// kernels/cpu/paged_kv_fp8); the conversions below read its raw E4M3 values.
+enum class DType { kF32, kBF16, kF16, kFP8E4M3 };
 
 // Bytes per element.
-constexpr size_t ElementSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t ElementSize(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kFP8E4M3 ? 1 : 2);
+}
 
-// "f32", "bf16", "f16".
+// "f32", "bf16", "f16", "fp8_e4m3".
 absl::string_view DTypeName(DType t);
 
 inline float Bf16ToFloat(uint16_t bits) {

@@ -57,6 +57,11 @@ ABSL_FLAG(bool, cuda_gemv, true,
           "CUDA backend: single-sequence decode steps run their projections on Trident's "
           "weight-streaming GEMV kernel instead of cuBLASLt (false: cuBLASLt for all).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "CUDA backend: the KV cache's element type, 'bf16' or 'fp8_e4m3' (FP8 E4M3 with a scale "
+          "per token and kv head: half the bytes per token, so about twice the tokens in the "
+          "pool; needs --kv_block_size a multiple of 16; serves no CPU-resident sequences, so "
+          "not with --attention_services). Prefill and decode workers exchanging KV must agree.");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "Threads for the CPU backend; 0: one per physical core the process may use.");
 ABSL_FLAG(bool, pin_threads, true, "Pin each CPU backend thread to one core.");
@@ -210,6 +215,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.bf16_activations = absl::GetFlag(FLAGS_bf16_activations);
   model.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_mb) << 20;
   model.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  model.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   model.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   model.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   model.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

@@ -51,6 +51,19 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
         "--bf16_activations must be round or split, got \"", options.bf16_activations, "\""));
   }
   TRIDENT_ASSIGN_OR_RETURN(model::ModelConfig c, model::LoadModelConfig(options.model_dir));
+  numeric::DType kv_dtype = dtype;
+  if (options.cuda_device >= 0) {
+    if (options.kv_cache_dtype != "bf16" && options.kv_cache_dtype != "fp8_e4m3") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_cache_dtype must be bf16 or fp8_e4m3, got \"", options.kv_cache_dtype, "\""));
+    }
+    kv_dtype =
+        options.kv_cache_dtype == "fp8_e4m3" ? numeric::DType::kFP8E4M3 : numeric::DType::kBF16;
+  } else if (options.kv_cache_dtype != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_cache_dtype=", options.kv_cache_dtype,
+        ": the CPU backend keeps its KV cache in --dtype; only the CUDA backend has fp8_e4m3"));
+  }
   std::unique_ptr<backend::ModelBackend> backend;
   if (options.cuda_device >= 0) {
 #ifdef TRIDENT_HAVE_CUDA
@@ -66,6 +79,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     co.max_batch_tokens = options.max_batch_tokens;
     co.max_batch_sequences = options.max_running;
     co.max_model_len = options.max_model_len;
+    co.kv_cache_dtype = kv_dtype;
     TRIDENT_ASSIGN_OR_RETURN(backend, backend::CudaBackend::Create(options.model_dir, co));
 #else
     return absl::FailedPreconditionError(
@@ -103,7 +117,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   eo.max_running = options.max_running;
   eo.prefix_caching = options.prefix_caching;
   eo.shared_prefix_wait_steps = options.shared_prefix_wait_steps;
-  eo.cache_model_identity = CacheModelIdentity(c, model->info.model(), served);
+  eo.cache_model_identity = CacheModelIdentity(c, model->info.model(), kv_dtype);
   if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");
   }

@@ -42,6 +42,8 @@ struct WorkerModelOptions {
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.
   std::string dtype = "f32";
+  // CUDA backend: "bf16" or "fp8_e4m3" (CudaBackendOptions::kv_cache_dtype).
+  std::string kv_cache_dtype = "bf16";
   // With dtype bf16: "round" matmul inputs to bf16 (fastest) or "split" them
   // into two bf16 terms (near-f32 accuracy, matmuls do twice the work).
   std::string bf16_activations = "round";

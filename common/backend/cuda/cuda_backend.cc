@@ -228,7 +228,17 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
   kv_spec.num_kv_heads = config.num_key_value_heads;
   kv_spec.head_dim = config.head_dim;
   kv_spec.block_size = options.kv_block_size;
-  kv_spec.dtype = DType::kBF16;
+  if (options.kv_cache_dtype != DType::kBF16 && options.kv_cache_dtype != DType::kFP8E4M3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend's KV cache is bf16 or fp8_e4m3, not ",
+                     numeric::DTypeName(options.kv_cache_dtype)));
+  }
+  kv_spec.dtype = options.kv_cache_dtype;
+  if (kv_spec.fp8() && (kv_spec.block_size % 16 != 0 || kv_spec.head_dim % 16 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an fp8_e4m3 KV cache needs --kv_block_size (", kv_spec.block_size,
+                     ") and the model's head_dim (", kv_spec.head_dim, ") multiples of 16"));
+  }
   size_t free_bytes = 0, total_bytes = 0;
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes), "memory info"));
   const double budget = options.gpu_memory_fraction * static_cast<double>(total_bytes);
@@ -248,8 +258,9 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
   }
   scratch_block = kv_spec.num_blocks - 1;
   TRIDENT_RETURN_IF_ERROR(kv_pool.Allocate(kv_spec.TotalBytes(), "KV cache"));
-  TRIDENT_LOG(INFO) << absl::StrFormat("KV cache: %d blocks of %d tokens, %.2f GiB", scratch_block,
-                                       kv_spec.block_size, kv_spec.TotalBytes() / double(1 << 30));
+  TRIDENT_LOG(INFO) << absl::StrFormat(
+      "KV cache: %d blocks of %d tokens, %.2f GiB, %s", scratch_block, kv_spec.block_size,
+      kv_spec.TotalBytes() / double(1 << 30), numeric::DTypeName(kv_spec.dtype));
   return absl::OkStatus();
 }
 
@@ -272,6 +283,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 }
 
 int32_t CudaBackend::vocab_size() const { return impl_->config.vocab_size; }
+
+bool CudaBackend::supports_remote_attention() const { return !impl_->kv_spec.fp8(); }
 int32_t CudaBackend::max_model_len() const { return impl_->max_model_len; }
 KvCapacity CudaBackend::kv_capacity() const {
   return {impl_->scratch_block, impl_->kv_spec.block_size};

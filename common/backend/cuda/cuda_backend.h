@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "common/backend/model_backend.h"
 #include "common/model/config.h"
+#include "common/numeric/dtype.h"
 #include "common/time/clock.h"
 
 namespace trident::backend {
@@ -69,6 +70,11 @@ struct CudaBackendOptions {
   bool gemv = true;
   // Launch those GEMVs with programmatic dependent launch (GemmOptions).
   bool pdl = true;
+  // The KV cache's element type: kBF16, or kFP8E4M3 (half the bytes per
+  // token, so twice the tokens in the pool; per-token, per-head scales;
+  // KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED, kv_block_size a multiple of 16). An
+  // FP8 cache serves no CPU-resident sequences (supports_remote_attention).
+  numeric::DType kv_cache_dtype = numeric::DType::kBF16;
   // For load-progress reporting; nullptr means the real clock.
   Clock* clock = nullptr;
 };
@@ -104,8 +110,8 @@ class CudaBackend : public ModelBackend {
   // graphs. A second sub-batch of them (sub_batch 1) runs interleaved with
   // the first, layer by layer, so that its requests are in flight while
   // the GPU runs the first's layer.
-  bool supports_remote_attention() const override { return true; }
-  bool supports_pipelining() const override { return true; }
+  bool supports_remote_attention() const override;
+  bool supports_pipelining() const override { return supports_remote_attention(); }
   RemoteAttentionTiming remote_attention_timing() const override;
   // Layer progress through cudaLaunchHostFunc after each layer's KV append.
   bool reports_layer_progress() const override { return true; }

@@ -239,9 +239,12 @@ struct Impl {
   }
 
   kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
+    const int32_t default_variant = options.kv_cache_dtype == numeric::DType::kFP8E4M3
+                                        ? kc::kDefaultFp8DecodeVariant
+                                        : kc::kDefaultDecodeVariant;
     return kc::PlanDecodeVariant(
         batch, config.num_key_value_heads, config.head_dim, max_context, num_sms,
-        options.decode_variant >= 0 ? options.decode_variant : kc::kDefaultDecodeVariant);
+        options.decode_variant >= 0 ? options.decode_variant : default_variant);
   }
   const void* head() const { return lm_head.get() != nullptr ? lm_head.get() : embedding.get(); }
   int64_t q_out() const { return int64_t{config.num_attention_heads} * config.head_dim; }
@@ -282,6 +285,9 @@ struct Impl {
   // CPU-resident rows' o copied in, o projection, MLP); the head.
   absl::Status EnqueueEmbedding(Pass& pass);
   absl::Status EnqueuePreAttention(Pass& pass, int32_t layer);
+  // After a layer's KV append: tells the layer observer (prompts' layer
+  // progress) once the device has written it.
+  absl::Status ReportLayer(Pass& pass, int32_t layer);
   absl::Status EnqueueLocalAttention(Pass& pass, int32_t layer);
   absl::Status EnqueuePostAttention(Pass& pass, int32_t layer);
   absl::Status EnqueueHead(Pass& pass);

@@ -288,6 +288,25 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
     TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaEventRecord(pass.qkv_ready, stream), "remote q/k/v"));
   }
   if (shape.local_tokens == 0) return absl::OkStatus();
+  if (kv_spec.fp8()) {
+    kc::KvAppendFp8Args append;
+    append.kv.base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
+    append.kv.num_blocks = kv_spec.num_blocks;
+    append.kv.block_size = kv_spec.block_size;
+    append.kv.num_kv_heads = config.num_key_value_heads;
+    append.kv.head_dim = config.head_dim;
+    append.kv.block_stride_bytes = kv_spec.block_stride_elements();
+    append.kv.value_offset_bytes = kv_spec.value_offset_elements();
+    append.kv.scale_offset_bytes = kv_spec.scale_offset_elements();
+    append.k = pass.qkv.get<char>() + q_out() * 2;
+    append.k_stride = qkv_width();
+    append.v = pass.qkv.get<char>() + (q_out() + kv_out()) * 2;
+    append.v_stride = qkv_width();
+    append.slots = pass.dmeta.slots;
+    append.num_tokens = shape.local_tokens;
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppendFp8(append, stream));
+    return ReportLayer(pass, l);
+  }
   kc::KvAppendArgs append;
   append.kv.base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
   append.kv.num_blocks = kv_spec.num_blocks;
@@ -303,6 +322,11 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   append.slots = pass.dmeta.slots;
   append.num_tokens = shape.local_tokens;
   TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
+  return ReportLayer(pass, l);
+}
+
+absl::Status Impl::ReportLayer(Pass& pass, int32_t l) {
+  const StepShape& shape = pass.shape;
   if (layer_observer != nullptr && !shape.all_decode && &pass == &passes[0]) {
     // Runs once the device has written this layer's KV (stream order).
     if (layer_marks.size() != layers.size()) {
@@ -330,6 +354,7 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
     a.kv_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
     a.block_stride_elems = kv_spec.block_stride_elements();
     a.value_offset_elems = kv_spec.value_offset_elements();
+    a.scale_offset_elems = kv_spec.fp8() ? kv_spec.scale_offset_elements() : 0;
     a.block_size = kv_spec.block_size;
     a.num_q_heads = config.num_attention_heads;
     a.num_kv_heads = config.num_key_value_heads;
@@ -343,11 +368,13 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
   if (shape.all_decode) {
     kc::PagedDecodeArgs a;
     paged_args(a);
+    a.kv_dtype = kv_spec.fp8() ? kc::DecodeKvDtype::kFp8E4M3 : kc::DecodeKvDtype::kBf16;
     return kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
                                           decode_workspace.bytes(), stream);
   }
   kc::PagedPrefillArgs a;
   paged_args(a);
+  a.kv_fp8 = kv_spec.fp8();
   a.query_lens = pass.dmeta.query_lens;
   a.query_starts = pass.dmeta.query_starts;
   a.max_query_len = shape.max_query;

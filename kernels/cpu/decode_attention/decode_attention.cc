@@ -468,6 +468,8 @@ void AppendRowToken(const DecodeKvLayout& layout, const DecodeKvAppend& t) {
             reinterpret_cast<uint16_t*>(dst)[j] = numeric::FloatToHalf(src[j]);
           }
           break;
+        case DType::kFP8E4M3:
+          break;  // ValidateLayout refuses it.
       }
     }
   }

@@ -20,6 +20,8 @@ float ReadDecodeKvElement(const DecodeKvLayout& layout, const void* kv, int32_t 
       return numeric::Bf16ToFloat(static_cast<const uint16_t*>(kv)[elem]);
     case numeric::DType::kF16:
       return numeric::HalfToFloat(static_cast<const uint16_t*>(kv)[elem]);
+    case numeric::DType::kFP8E4M3:
+      break;  // Not a layout the CPU decode kernels take.
   }
   return 0.0f;
 }

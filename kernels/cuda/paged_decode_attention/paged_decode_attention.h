@@ -74,6 +74,10 @@ struct PagedDecodeArgs {
 // SM), the fastest or within 3% of it on every benchmark shape on the H200.
 inline constexpr int32_t kNumDecodeVariants = 9;
 inline constexpr int32_t kDefaultDecodeVariant = 5;
+// Over an FP8 cache: mma_w4_s2, the fastest or within 7% of it on every
+// benchmark shape on the H200 (the FP8 kernel is compute-bound, and more,
+// smaller CTAs suit it).
+inline constexpr int32_t kDefaultFp8DecodeVariant = 1;
 
 // "legacy", "mma_w4_s3", ...; "invalid" outside [0, kNumDecodeVariants).
 const char* DecodeVariantName(int32_t variant);

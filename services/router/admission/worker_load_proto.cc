@@ -89,6 +89,10 @@ absl::StatusOr<int64_t> KvBytesPerTokenFromLayout(const trident::v1::KvLayout& l
     case trident::v1::DTYPE_BFLOAT16:
       bytes = 2;
       break;
+    case trident::v1::DTYPE_FLOAT8_E4M3:
+      // A byte per element, and an f32 scale per token, kv head and K or V.
+      return KvBytesPerToken(layout.num_layers(), layout.num_kv_heads(), layout.head_dim(), 1) +
+             int64_t{8} * layout.num_layers() * layout.num_kv_heads();
     default:
       return FieldError(kMsg, "dtype", "unspecified or unknown");
   }

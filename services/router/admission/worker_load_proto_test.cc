@@ -92,6 +92,9 @@ TEST(WorkerLoadProtoTest, KvBytesPerTokenFromLayout) {
   layout.set_head_dim(128);
   layout.set_dtype(trident::v1::DTYPE_BFLOAT16);
   EXPECT_THAT(KvBytesPerTokenFromLayout(layout), ::trident::testing::IsOkAndHolds(131072));
+  layout.set_dtype(trident::v1::DTYPE_FLOAT8_E4M3);  // Bytes, plus 8 of scales per head.
+  EXPECT_THAT(KvBytesPerTokenFromLayout(layout),
+              ::trident::testing::IsOkAndHolds(65536 + 8 * 32 * 8));
   layout.set_dtype(trident::v1::DTYPE_UNSPECIFIED);
   EXPECT_THAT(KvBytesPerTokenFromLayout(layout),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KvLayout.dtype")));

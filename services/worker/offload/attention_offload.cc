@@ -27,7 +27,8 @@ absl::StatusOr<std::unique_ptr<AttentionOffload>> AttentionOffload::Create(
     AttentionOffloadOptions options, AttentionServicePool* pool, backend::ModelBackend* backend) {
   if (!backend->supports_remote_attention()) {
     return absl::InvalidArgumentError(
-        "this backend cannot compute attention at a service (no remote attention)");
+        "this backend cannot compute attention at a service (no remote attention; a CUDA "
+        "worker with --kv_cache_dtype=fp8_e4m3 has none: use bf16 with --attention_services)");
   }
   if (options.background_move_threads < 1 || options.background_move_threads > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--offload_move_threads: expected 1 to 64, got ",
