@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, bf16_activations, "round",
 ABSL_FLAG(int64_t, kv_cache_mb, 512, "CPU backend: host memory for the paged KV cache, in MiB.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.9,
           "CUDA backend: share of the device's memory for weights, workspace and the KV cache "
-          "(the KV cache gets what the rest leaves).");
+          "(the KV cache gets what the rest leaves), counted from what is free at start-up: two "
+          "workers of 0.45 share one device.");
 ABSL_FLAG(int32_t, gpu_kv_cache_tokens, 0,
           "CUDA backend: cap the KV cache at this many tokens (0: whatever "
           "--gpu_memory_fraction leaves); with --attention_services, sequences beyond it are "

@@ -91,6 +91,10 @@ absl::Status Impl::UploadF32(model::Checkpoint& ckpt, const std::vector<std::str
 
 absl::Status Impl::Load(const std::string& dir) {
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(options.device), "set device"));
+  // What other backends and processes hold already is not this one's.
+  size_t total_at_start = 0;
+  TRIDENT_RETURN_IF_ERROR(
+      CudaCheck(cudaMemGetInfo(&free_at_start, &total_at_start), "memory info"));
   TRIDENT_RETURN_IF_ERROR(CudaCheck(
       cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device), "SMs"));
   TRIDENT_RETURN_IF_ERROR(
@@ -242,7 +246,8 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
   size_t free_bytes = 0, total_bytes = 0;
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes), "memory info"));
   const double budget = options.gpu_memory_fraction * static_cast<double>(total_bytes);
-  const double used = static_cast<double>(total_bytes - free_bytes);
+  // This backend's own use so far (weights, workspace), against its share.
+  const double used = static_cast<double>(free_at_start) - static_cast<double>(free_bytes);
   const double for_kv = std::min(budget - used, static_cast<double>(free_bytes) - (256 << 20));
   kv_spec.num_blocks = for_kv > 0 ? kv_spec.BlocksForBudget(static_cast<uint64_t>(for_kv)) : 0;
   if (kv_spec.num_blocks < 2) {
@@ -317,7 +322,8 @@ std::string CudaBackend::Describe() const {
   cudaGetDeviceProperties(&prop, impl_->options.device);
   return absl::StrCat("cuda:", impl_->options.device, " (", prop.name, "), bf16, ",
                       impl_->config.num_hidden_layers, " layers, KV ", impl_->scratch_block,
-                      " blocks of ", impl_->kv_spec.block_size, " tokens");
+                      " blocks of ", impl_->kv_spec.block_size, " tokens (",
+                      numeric::DTypeName(impl_->kv_spec.dtype), ")");
 }
 
 namespace {

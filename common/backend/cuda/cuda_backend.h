@@ -37,7 +37,8 @@ namespace trident::backend {
 struct CudaBackendOptions {
   int32_t device = 0;
   // Share of the device's memory the backend may use (weights, workspace and
-  // KV pool together).
+  // KV pool together), counted from what was free when it started: two
+  // backends (or processes) of 0.45 each share one device.
   double gpu_memory_fraction = 0.9;
   int32_t kv_block_size = 16;
   // Largest number of tokens one Forward may carry (sizes the workspace).

@@ -125,6 +125,10 @@ struct StepShape {
   int32_t local_seqs = 0;
   int64_t local_tokens = 0;
   bool all_decode = false;  // every resident sequence runs one token
+  // Resident sequences [0, decode_seqs) run one token each (the pass orders
+  // them first) over contexts up to max_decode_context; plan is theirs.
+  int32_t decode_seqs = 0;
+  int32_t max_decode_context = 0;
   int32_t max_query = 0;
   int32_t table_stride = 0;
   kc::DecodePlan plan;
@@ -237,6 +241,10 @@ struct Impl {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
+
+  // Free device memory when Load began: what the backend has taken since is
+  // its own use, budgeted against gpu_memory_fraction.
+  size_t free_at_start = 0;
 
   kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
     const int32_t default_variant = options.kv_cache_dtype == numeric::DType::kFP8E4M3

@@ -50,6 +50,7 @@ ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
 ABSL_FLAG(bool, gemv, true,
           "Single-row projections take the GEMV kernel (false: cuBLASLt for all).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
+ABSL_FLAG(bool, kv_fp8, false, "FP8 E4M3 KV cache (CudaBackendOptions::kv_cache_dtype).");
 ABSL_FLAG(std::string, peer_json, "",
           "Output of bench/peers/hf_generate_peer.py for the same shapes (JSON lines).");
 ABSL_FLAG(uint32_t, seed, 0, "Seed of the random prompts.");
@@ -225,6 +226,7 @@ int Main() {
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.pdl = absl::GetFlag(FLAGS_pdl);
+  if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;
   const auto load_start = Clock::now();
   auto backend = CudaBackend::Create(model_dir, options);
   if (!backend.ok()) {

@@ -98,10 +98,19 @@ absl::Status Impl::Split(absl::Span<const StepSequence> batch) {
                                                    options.max_batch_sequences));
   }
   for (Pass& pass : passes) pass.order.clear();
-  // Pass order: resident sequences first, then CPU-resident ones.
+  // Pass order: resident sequences first, those decoding one token ahead of
+  // prompts (a mixed step runs its attention as a decode launch over the
+  // first and a prefill launch over the rest), then CPU-resident ones.
   for (int32_t i = 0; i < static_cast<int32_t>(batch.size()); ++i) {
     TRIDENT_RETURN_IF_ERROR(Validate(batch[i]));
-    if (batch[i].remote.service == nullptr) passes[0].order.push_back(i);
+    if (batch[i].remote.service == nullptr && batch[i].tokens.size() == 1) {
+      passes[0].order.push_back(i);
+    }
+  }
+  for (int32_t i = 0; i < static_cast<int32_t>(batch.size()); ++i) {
+    if (batch[i].remote.service == nullptr && batch[i].tokens.size() != 1) {
+      passes[0].order.push_back(i);
+    }
   }
   for (int32_t i = 0; i < static_cast<int32_t>(batch.size()); ++i) {
     if (batch[i].remote.service != nullptr) passes[batch[i].sub_batch].order.push_back(i);
@@ -145,6 +154,11 @@ absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batc
     max_context = std::max<int32_t>(max_context, static_cast<int32_t>(end));
     max_table = std::max<int32_t>(max_table, static_cast<int32_t>((end + bs - 1) / bs));
     shape.all_decode = shape.all_decode && n == 1;
+    if (n == 1 && shape.decode_seqs + 1 == shape.local_seqs) {
+      ++shape.decode_seqs;  // The leading one-token sequences.
+      shape.max_decode_context =
+          std::max<int32_t>(shape.max_decode_context, static_cast<int32_t>(end));
+    }
   }
   if (shape.total > pass.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,6 +177,8 @@ absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batc
     shape.plan = GraphShape(padded, max_context).plan;
   } else if (shape.all_decode && shape.local_seqs > 0) {
     shape.plan = PlanDecode(shape.local_seqs, max_context);
+  } else if (shape.decode_seqs > 0) {
+    shape.plan = PlanDecode(shape.decode_seqs, shape.max_decode_context);
   }
 
   const MetaView& m = pass.hmeta;
@@ -365,18 +381,26 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
     a.batch = shape.local_seqs;
     a.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
   };
-  if (shape.all_decode) {
+  // Decode launch over the leading one-token sequences (all of them in a
+  // decode step), prefill launch over the rest.
+  const int32_t decode_seqs = shape.all_decode ? shape.local_seqs : shape.decode_seqs;
+  if (decode_seqs > 0) {
     kc::PagedDecodeArgs a;
     paged_args(a);
+    a.batch = decode_seqs;
     a.kv_dtype = kv_spec.fp8() ? kc::DecodeKvDtype::kFp8E4M3 : kc::DecodeKvDtype::kBf16;
-    return kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
-                                          decode_workspace.bytes(), stream);
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
+                                                           decode_workspace.bytes(), stream));
   }
+  if (decode_seqs == shape.local_seqs) return absl::OkStatus();
   kc::PagedPrefillArgs a;
   paged_args(a);
   a.kv_fp8 = kv_spec.fp8();
-  a.query_lens = pass.dmeta.query_lens;
-  a.query_starts = pass.dmeta.query_starts;
+  a.block_tables += int64_t{decode_seqs} * shape.table_stride;
+  a.context_lens += decode_seqs;
+  a.batch = shape.local_seqs - decode_seqs;
+  a.query_lens = pass.dmeta.query_lens + decode_seqs;
+  a.query_starts = pass.dmeta.query_starts + decode_seqs;
   a.max_query_len = shape.max_query;
   return kc::LaunchPagedPrefillAttention(a, stream);
 }
