@@ -304,40 +304,35 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
     TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaEventRecord(pass.qkv_ready, stream), "remote q/k/v"));
   }
   if (shape.local_tokens == 0) return absl::OkStatus();
-  if (kv_spec.fp8()) {
-    kc::KvAppendFp8Args append;
+  // The fields the bf16 and FP8 appends share: this layer's pool, the step's
+  // k and v (sections of the qkv rows) and slots.
+  auto fill = [&](auto& append) {
     append.kv.base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
     append.kv.num_blocks = kv_spec.num_blocks;
     append.kv.block_size = kv_spec.block_size;
     append.kv.num_kv_heads = config.num_key_value_heads;
     append.kv.head_dim = config.head_dim;
-    append.kv.block_stride_bytes = kv_spec.block_stride_elements();
-    append.kv.value_offset_bytes = kv_spec.value_offset_elements();
-    append.kv.scale_offset_bytes = kv_spec.scale_offset_elements();
     append.k = pass.qkv.get<char>() + q_out() * 2;
     append.k_stride = qkv_width();
     append.v = pass.qkv.get<char>() + (q_out() + kv_out()) * 2;
     append.v_stride = qkv_width();
     append.slots = pass.dmeta.slots;
     append.num_tokens = shape.local_tokens;
+  };
+  if (kv_spec.fp8()) {
+    kc::KvAppendFp8Args append;
+    fill(append);
+    append.kv.block_stride_bytes = kv_spec.block_stride_elements();
+    append.kv.value_offset_bytes = kv_spec.value_offset_elements();
+    append.kv.scale_offset_bytes = kv_spec.scale_offset_elements();
     TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppendFp8(append, stream));
-    return ReportLayer(pass, l);
+  } else {
+    kc::KvAppendArgs append;
+    fill(append);
+    append.kv.block_stride_elems = kv_spec.block_stride_elements();
+    append.kv.value_offset_elems = kv_spec.value_offset_elements();
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
   }
-  kc::KvAppendArgs append;
-  append.kv.base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
-  append.kv.num_blocks = kv_spec.num_blocks;
-  append.kv.block_size = kv_spec.block_size;
-  append.kv.num_kv_heads = config.num_key_value_heads;
-  append.kv.head_dim = config.head_dim;
-  append.kv.block_stride_elems = kv_spec.block_stride_elements();
-  append.kv.value_offset_elems = kv_spec.value_offset_elements();
-  append.k = pass.qkv.get<char>() + q_out() * 2;
-  append.k_stride = qkv_width();
-  append.v = pass.qkv.get<char>() + (q_out() + kv_out()) * 2;
-  append.v_stride = qkv_width();
-  append.slots = pass.dmeta.slots;
-  append.num_tokens = shape.local_tokens;
-  TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
   return ReportLayer(pass, l);
 }
 
