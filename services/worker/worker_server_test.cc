@@ -293,5 +293,17 @@ TEST(WorkerServerTest, ModelOptionsTheLoaderRefusesFailCreateWithItsError) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--dtype")));
 }
 
+TEST(WorkerServerTest, AnFp8KvCacheIsRefusedOnTheCpuBackendAndAnUnknownOneEverywhere) {
+  prometheus::Registry registry;
+  WorkerServerOptions options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.kv_cache_dtype = "fp8_e4m3";
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only the CUDA backend")));
+  options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.kv_cache_dtype = "int4";
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--kv_cache_dtype")));
+}
+
 }  // namespace
 }  // namespace trident::worker
