@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/numeric/fp8_fragment.h"
 
 namespace trident::kernels::cpu {
 
@@ -41,9 +42,7 @@ struct PagedKvFp8 {
 };
 
 // Byte position within its group of 16 of group index i in [0, 16).
-constexpr int32_t Fp8FragmentPosition(int32_t i) {
-  return i < 8 ? 4 * (i / 2) + i % 2 : 4 * ((i - 8) / 2) + 2 + i % 2;
-}
+using numeric::Fp8FragmentPosition;
 
 // The packed layout's offsets: K at 0, V right after it, the scales after V
 // (16-byte aligned), and the block stride (a multiple of 16).

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/numeric/fp8_fragment.h"
 #include "kernels/cuda/kv_append/kv_append_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -33,11 +34,6 @@ __global__ void KvAppendKernel(T* __restrict__ base, int64_t capacity_slots, int
         block_start + (is_v ? value_offset_units : 0) + (h * block_size + offset) * head_units + d;
     base[dst] = is_v ? v[token * v_stride_units + e] : k[token * k_stride_units + e];
   }
-}
-
-// Byte position of index i of a 16-element group (cpu::Fp8FragmentPosition).
-__device__ __forceinline__ int FragmentPosition(int i) {
-  return i < 8 ? 4 * (i / 2) + i % 2 : 4 * ((i - 8) / 2) + 2 + i % 2;
 }
 
 constexpr int kFp8Warps = 8;
@@ -88,10 +84,10 @@ __global__ void __launch_bounds__(kFp8Warps * 32)
       int64_t at;
       if (which == 0) {
         at = (static_cast<int64_t>(h) * block_size + offset) * head_dim + d / 16 * 16 +
-             FragmentPosition(d % 16);
+             numeric::Fp8FragmentPosition(d % 16);
       } else {
         const int64_t group = static_cast<int64_t>(h) * (block_size / 16) + offset / 16;
-        at = value_offset + (group * head_dim + d) * 16 + FragmentPosition(offset % 16);
+        at = value_offset + (group * head_dim + d) * 16 + numeric::Fp8FragmentPosition(offset % 16);
       }
       block[at] = byte;
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/numeric/fp8_fragment.h"
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -77,12 +78,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Byte position of index i of a 16-element group of the FP8 cache
-// (cpu::Fp8FragmentPosition).
-__device__ __forceinline__ int FragmentPosition(int i) {
-  return i < 8 ? 4 * (i / 2) + i % 2 : 4 * ((i - 8) / 2) + 2 + i % 2;
-}
-
 __device__ __forceinline__ __nv_bfloat16 Fp8ToBf16(unsigned char byte, float scale) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
   return __float2bfloat16_rn(__half2float(__half(h)) * scale);
@@ -117,7 +112,8 @@ __device__ __forceinline__ void LoadKvFp8(const PagedPrefillParams& p, const int
           block + p.scale_offset_elems + (static_cast<int64_t>(kv_head) * bs + slot) * 4);
       const unsigned char* bytes = reinterpret_cast<const unsigned char*>(&raw);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) values[i] = Fp8ToBf16(bytes[FragmentPosition(i)], scale);
+      for (int i = 0; i < 16; ++i)
+        values[i] = Fp8ToBf16(bytes[numeric::Fp8FragmentPosition(i)], scale);
     } else {
 #pragma unroll
       for (int i = 0; i < 16; ++i) values[i] = __float2bfloat16_rn(0.0f);
@@ -150,7 +146,8 @@ __device__ __forceinline__ void LoadKvFp8(const PagedPrefillParams& p, const int
     for (int i = 0; i < 16; ++i) {
       const bool live = first + i < kv_end;
       sv[(key_group * 16 + i) * kRowStride + d] =
-          live ? Fp8ToBf16(bytes[FragmentPosition(i)], scales[i]) : __float2bfloat16_rn(0.0f);
+          live ? Fp8ToBf16(bytes[numeric::Fp8FragmentPosition(i)], scales[i])
+               : __float2bfloat16_rn(0.0f);
     }
   }
 }
