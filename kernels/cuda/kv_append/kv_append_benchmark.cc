@@ -1,7 +1,9 @@
-// Bandwidth of the paged bf16 KV append against a device-to-device copy of
-// the same bytes, measured in the same run: the copy's GB/s is the ceiling the
+// Bandwidth of the paged KV append against a device-to-device copy of the
+// same bytes, measured in the same run: the copy's GB/s is the ceiling the
 // append's GB/s is read against. Llama-3-8B shapes: 8 kv heads of 128,
-// block_size 16, tokens spread over blocks in a shuffled order.
+// block_size 16, tokens spread over blocks in a shuffled order. BM_KvAppend
+// stores bf16; BM_KvAppendFp8 quantizes to the FP8 E4M3 cache (bytes: bf16
+// K and V read, a byte per element and a 4-byte scale per row written).
 
 #include <cuda_runtime_api.h>
 
@@ -64,6 +66,54 @@ void BM_KvAppend(benchmark::State& state) {
   cudaFree(d_slots);
 }
 
+void BM_KvAppendFp8(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int64_t num_blocks = (tokens + kBlockSize - 1) / kBlockSize;
+  const int64_t half = kRow * kBlockSize;  // Bytes of a block's K (or V).
+  const int64_t scale_bytes = int64_t{2} * kKvHeads * kBlockSize * 4;
+  const int64_t block_stride = 2 * half + scale_bytes;
+  std::vector<int64_t> blocks(num_blocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::mt19937 rng(3);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  std::vector<int64_t> slots(tokens);
+  for (int64_t t = 0; t < tokens; ++t)
+    slots[t] = blocks[t / kBlockSize] * kBlockSize + t % kBlockSize;
+  void* cache = nullptr;
+  void* qkv = nullptr;
+  int64_t* d_slots = nullptr;
+  cudaMalloc(&cache, static_cast<size_t>(num_blocks * block_stride));
+  cudaMalloc(&qkv, static_cast<size_t>(tokens * kWidth * 2));
+  cudaMemset(qkv, 0x3c, static_cast<size_t>(tokens * kWidth * 2));
+  cudaMalloc(reinterpret_cast<void**>(&d_slots), slots.size() * 8);
+  cudaMemcpy(d_slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice);
+  const uint16_t* k = static_cast<const uint16_t*>(qkv) + 4 * kRow;
+  const KvAppendFp8Args args{.kv = {.base = cache,
+                                    .num_blocks = num_blocks,
+                                    .block_size = kBlockSize,
+                                    .num_kv_heads = kKvHeads,
+                                    .head_dim = kHeadDim,
+                                    .block_stride_bytes = block_stride,
+                                    .value_offset_bytes = half,
+                                    .scale_offset_bytes = 2 * half},
+                             .k = k,
+                             .k_stride = kWidth,
+                             .v = k + kRow,
+                             .v_stride = kWidth,
+                             .slots = d_slots,
+                             .num_tokens = tokens};
+  if (const absl::Status status = LaunchKvAppendFp8(args, nullptr); !status.ok()) {
+    state.SkipWithError(status.ToString().c_str());
+    return;
+  }
+  const int64_t bytes = tokens * (kRow * 2 * 2 + kRow * 2 + int64_t{2} * kKvHeads * 4);
+  testing::TimeOnDevice(state, static_cast<size_t>(bytes),
+                        [&] { (void)LaunchKvAppendFp8(args, nullptr); });
+  cudaFree(cache);
+  cudaFree(qkv);
+  cudaFree(d_slots);
+}
+
 void BM_CopyCeiling(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0) * kRow * 2 * 2);
   void* src = nullptr;
@@ -77,6 +127,7 @@ void BM_CopyCeiling(benchmark::State& state) {
 }
 
 BENCHMARK(BM_KvAppend)->UseManualTime()->Arg(1)->Arg(64)->Arg(4096);
+BENCHMARK(BM_KvAppendFp8)->UseManualTime()->Arg(1)->Arg(64)->Arg(4096);
 BENCHMARK(BM_CopyCeiling)->UseManualTime()->Arg(1)->Arg(64)->Arg(4096);
 
 }  // namespace

@@ -34,6 +34,27 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Division of 32-bit non-negative numbers below 2^31 by a divisor fixed for
+// the kernel (block_size) with a multiply and a shift: the quotient is
+// (umulhi(n, mul) + n) >> shift, exact for n, d < 2^31.
+struct FastDivisor {
+  uint32_t d;
+  uint32_t mul;
+  uint32_t shift;
+};
+
+__device__ __forceinline__ FastDivisor MakeFastDivisor(uint32_t d) {
+  uint32_t shift = 0;
+  while ((uint64_t{1} << shift) < d) ++shift;
+  const uint32_t mul =
+      static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  return FastDivisor{d, mul, shift};
+}
+
+__device__ __forceinline__ uint32_t FastDiv(uint32_t n, const FastDivisor& v) {
+  return (__umulhi(n, v.mul) + n) >> v.shift;
+}
+
 // The tokens [begin, end) of `split` of sequence `seq`: the context (clamped
 // to the block table) cut into num_splits pieces of a multiple of kChunk.
 template <int kChunk>

@@ -111,6 +111,9 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     const __nv_bfloat16* q_row = static_cast<const __nv_bfloat16*>(p.q) +
                                  static_cast<int64_t>(seq) * p.q_stride +
                                  static_cast<int64_t>(kv_head * group + row) * hd + 2 * quad;
+    // Each pair is one 4-byte load where q and its stride allow it (the same
+    // for every thread).
+    const bool paired = ((reinterpret_cast<uintptr_t>(p.q) | (p.q_stride * 2)) & 3) == 0;
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
@@ -118,9 +121,16 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
         uint32_t packed = 0;
         if (row < group && 16 * ks < hd) {
           const __nv_bfloat16* at = q_row + 16 * ks + 8 * half;
+          __nv_bfloat162 pair;
+          if (paired) {
+            pair = __ldg(reinterpret_cast<const __nv_bfloat162*>(at));
+          } else {
+            pair.x = at[0];
+            pair.y = at[1];
+          }
           // fp16 holds |q| up to 65504; beyond it saturates.
-          const float lo = fminf(fmaxf(__bfloat162float(at[0]), -65504.0f), 65504.0f);
-          const float hi = fminf(fmaxf(__bfloat162float(at[1]), -65504.0f), 65504.0f);
+          const float lo = fminf(fmaxf(__bfloat162float(pair.x), -65504.0f), 65504.0f);
+          const float hi = fminf(fmaxf(__bfloat162float(pair.y), -65504.0f), 65504.0f);
           packed = PackHalf(lo, hi);
         }
         qa[ks][half] = packed;
@@ -138,6 +148,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const int block_size = p.block_size;
+  // Positions fit 32 bits (context_lens are int32).
+  const FastDivisor block_div = MakeFastDivisor(static_cast<uint32_t>(block_size));
   const uint32_t warp_smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
                              static_cast<uint32_t>(warp * kNumStages * kStageBytes);
   const unsigned char* warp_smem_ptr = smem + warp * kNumStages * kStageBytes;
@@ -150,7 +162,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   };
   auto fetch_block = [&](int i) -> int32_t {
     if (i >= my_chunks) return 0;
-    return __ldg(table + static_cast<int>(chunk_start(i) / block_size));
+    return __ldg(table + FastDiv(static_cast<uint32_t>(chunk_start(i)), block_div));
   };
   // Starts the copies of the warp's chunk i into `stage`: K rows past the
   // context and pieces past head_dim are zero-filled; V rows (dims) past
@@ -158,7 +170,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   auto issue_chunk = [&](int i, int32_t block, int stage) {
     const int64_t start = chunk_start(i);
     const int valid = valid_tokens(start);
-    const int slot = static_cast<int>(start % block_size);
+    const uint32_t position = static_cast<uint32_t>(start);
+    const int slot = static_cast<int>(position - FastDiv(position, block_div) * block_size);
     const unsigned char* block_base = kv + static_cast<int64_t>(block) * p.block_stride;
     const uint32_t k_dst = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
     const uint32_t v_dst = k_dst + kKTileBytes;

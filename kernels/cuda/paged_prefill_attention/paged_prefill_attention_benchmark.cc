@@ -3,7 +3,9 @@
 // on shuffled blocks. Reports TFLOP/s
 // counting the causal half of both matmuls, 2 * 2 * L * L / 2 * heads *
 // head_dim, and the ratio to the H200's dense bf16 tensor-core peak
-// (989 TFLOP/s, a datasheet figure, not measured here).
+// (989 TFLOP/s, a datasheet figure, not measured here). With fp8 = 1 the
+// cache is FP8 E4M3 (kernels/cpu/paged_kv_fp8's layout), dequantized into
+// the kernel's bf16 tiles as it loads them.
 
 #include <cuda_runtime_api.h>
 
@@ -50,13 +52,23 @@ void* Upload(const std::vector<T>& host) {
 void BM_PagedPrefillCausal(benchmark::State& state) {
   const int32_t len = static_cast<int32_t>(state.range(0));
   const int32_t head_dim = static_cast<int32_t>(state.range(1));
+  const bool fp8 = state.range(2) != 0;
   const int32_t num_blocks = len / kBlockSize;
   const int64_t half = static_cast<int64_t>(kNumKvHeads) * kBlockSize * head_dim;
+  // FP8: bytes of K, V and the f32 scales per block.
+  const int64_t fp8_block = 2 * half + int64_t{2} * kNumKvHeads * kBlockSize * 4;
   const int64_t row = static_cast<int64_t>(kNumQHeads) * head_dim;
   std::vector<int32_t> table(num_blocks);
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));
-  void* d_cache = Upload(RandomBf16(static_cast<size_t>(num_blocks) * 2 * half, 1));
+  // FP8: every byte 0x3c (elements 1.5, scales about 0.0115).
+  void* d_cache = nullptr;
+  if (fp8) {
+    cudaMalloc(&d_cache, static_cast<size_t>(num_blocks) * fp8_block);
+    cudaMemset(d_cache, 0x3c, static_cast<size_t>(num_blocks) * fp8_block);
+  } else {
+    d_cache = Upload(RandomBf16(static_cast<size_t>(num_blocks) * 2 * half, 1));
+  }
   void* d_q = Upload(RandomBf16(static_cast<size_t>(len) * row, 2));
   void* d_out = nullptr;
   cudaMalloc(&d_out, static_cast<size_t>(len) * row * 2);
@@ -69,8 +81,10 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
                               .out = d_out,
                               .out_stride = row,
                               .kv_base = d_cache,
-                              .block_stride_elems = 2 * half,
+                              .kv_fp8 = fp8,
+                              .block_stride_elems = fp8 ? fp8_block : 2 * half,
                               .value_offset_elems = half,
+                              .scale_offset_elems = fp8 ? 2 * half : 0,
                               .block_size = kBlockSize,
                               .num_q_heads = kNumQHeads,
                               .num_kv_heads = kNumKvHeads,
@@ -83,6 +97,7 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
                               .batch = 1,
                               .max_query_len = len,
                               .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
+  state.SetLabel(fp8 ? "fp8" : "bf16");
   const absl::Status status = LaunchPagedPrefillAttention(args, nullptr);  // Warm-up.
   if (!status.ok() || cudaDeviceSynchronize() != cudaSuccess) {
     state.SkipWithError(status.ok() ? "kernel failed" : std::string(status.message()).c_str());
@@ -115,18 +130,21 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
 
 // Lengths at head_dim 128 (the Llama shape), and the other common head dims
 // (80 and 96 on the 128-wide tiles with the rest masked; 256 on its own) at
-// 8192.
+// 8192; the FP8 cache at head_dim 128.
 BENCHMARK(BM_PagedPrefillCausal)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
-    ->ArgNames({"len", "head_dim"})
-    ->Args({4096, 128})
-    ->Args({8192, 128})
-    ->Args({16384, 128})
-    ->Args({8192, 64})
-    ->Args({8192, 80})
-    ->Args({8192, 96})
-    ->Args({8192, 256});
+    ->ArgNames({"len", "head_dim", "fp8"})
+    ->Args({4096, 128, 0})
+    ->Args({8192, 128, 0})
+    ->Args({16384, 128, 0})
+    ->Args({8192, 64, 0})
+    ->Args({8192, 80, 0})
+    ->Args({8192, 96, 0})
+    ->Args({8192, 256, 0})
+    ->Args({4096, 128, 1})
+    ->Args({8192, 128, 1})
+    ->Args({16384, 128, 1});
 
 }  // namespace
 }  // namespace trident::kernels::cuda
