@@ -74,8 +74,13 @@ __global__ void RopeKernel(uint16_t* q, int64_t q_token_stride, int32_t num_q_he
   }
 }
 
-// One block per token: the token's cos/sin first, then each thread rotates
-// pairs (i, i + half) of the q and k heads and rounds the v heads.
+// Heads of a token one block of RopeQkvF32Kernel takes.
+constexpr int32_t kQkvHeadsPerBlock = 4;
+
+// One block per (token, kQkvHeadsPerBlock heads of its q, k and v heads in
+// that order), so one token's row spreads over several SMs: a block with q
+// or k heads computes the token's cos/sin first, then rotates their pairs
+// (i, i + half); v heads are rounded to bf16 as they are.
 __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride,
                                  uint16_t* __restrict__ out, int64_t out_stride,
                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
@@ -84,29 +89,33 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
   extern __shared__ float cos_sin[];  // cos[half], then sin[half].
   const int64_t token = blockIdx.x;
   const int32_t half = head_dim / 2;
-  const float position = static_cast<float>(positions[token]);
-  for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
-    float s;
-    float c;
-    sincosf(__fmul_rn(position, inv_freq[i]), &s, &c);
-    cos_sin[i] = c;
-    cos_sin[half + i] = s;
-  }
-  __syncthreads();
+  const int32_t rope_heads = num_q_heads + num_kv_heads;
+  const int32_t head0 = static_cast<int32_t>(blockIdx.y) * kQkvHeadsPerBlock;
+  const int32_t head_end = min(head0 + kQkvHeadsPerBlock, rope_heads + num_kv_heads);
   const float* src = in + token * in_stride;
   uint16_t* dst = out + token * out_stride;
-  const int64_t pairs = static_cast<int64_t>(num_q_heads + num_kv_heads) * half;
-  for (int64_t u = threadIdx.x; u < pairs; u += blockDim.x) {
-    const int64_t h = u / half;
-    const int32_t i = static_cast<int32_t>(u % half);
-    const int64_t at = h * head_dim + i;
-    float x, y;
-    Rotate(src[at], src[at + half], cos_sin[i], cos_sin[half + i], x, y);
-    dst[at] = static_cast<uint16_t>(FloatToBf16Bits(x));
-    dst[at + half] = static_cast<uint16_t>(FloatToBf16Bits(y));
+  if (head0 < rope_heads) {  // The same for the whole block.
+    const float position = static_cast<float>(positions[token]);
+    for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+      float s;
+      float c;
+      sincosf(__fmul_rn(position, inv_freq[i]), &s, &c);
+      cos_sin[i] = c;
+      cos_sin[half + i] = s;
+    }
+    __syncthreads();
+    const int32_t pairs = (min(head_end, rope_heads) - head0) * half;
+    for (int32_t u = threadIdx.x; u < pairs; u += blockDim.x) {
+      const int32_t i = u % half;
+      const int64_t at = static_cast<int64_t>(head0 + u / half) * head_dim + i;
+      float x, y;
+      Rotate(src[at], src[at + half], cos_sin[i], cos_sin[half + i], x, y);
+      dst[at] = static_cast<uint16_t>(FloatToBf16Bits(x));
+      dst[at + half] = static_cast<uint16_t>(FloatToBf16Bits(y));
+    }
   }
-  const int64_t v_begin = static_cast<int64_t>(num_q_heads + num_kv_heads) * head_dim;
-  const int64_t v_end = v_begin + static_cast<int64_t>(num_kv_heads) * head_dim;
+  const int64_t v_begin = static_cast<int64_t>(max(head0, rope_heads)) * head_dim;
+  const int64_t v_end = static_cast<int64_t>(head_end) * head_dim;
   for (int64_t e = v_begin + threadIdx.x; e < v_end; e += blockDim.x) {
     dst[e] = static_cast<uint16_t>(FloatToBf16Bits(src[e]));
   }
@@ -120,8 +129,11 @@ cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t ou
                        cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  RopeQkvF32Kernel<<<static_cast<unsigned>(num_tokens), kThreads,
-                     static_cast<size_t>(head_dim) * sizeof(float), stream>>>(
+  const int32_t heads = num_q_heads + 2 * num_kv_heads;
+  if (heads == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(num_tokens),
+                  static_cast<unsigned>((heads + kQkvHeadsPerBlock - 1) / kQkvHeadsPerBlock));
+  RopeQkvF32Kernel<<<grid, kThreads, static_cast<size_t>(head_dim) * sizeof(float), stream>>>(
       in, in_stride, static_cast<uint16_t*>(out), out_stride, num_q_heads, num_kv_heads, head_dim,
       positions, inv_freq);
   return cudaGetLastError();
