@@ -263,6 +263,65 @@ absl::Status Checkpoint::ReadBf16(absl::string_view name, absl::Span<uint16_t> o
   return absl::OkStatus();
 }
 
+template <typename Out, typename Convert>
+absl::Status Checkpoint::ReadSlice(absl::string_view name, const TensorSlice& slice,
+                                   absl::Span<Out> out, Convert convert) const {
+  TRIDENT_ASSIGN_OR_RETURN(const Entry entry, Find(name));
+  TRIDENT_RETURN_IF_ERROR(entry.file->TensorBytes(name).status());
+  const std::vector<int64_t>& shape = entry.tensor->shape;
+  const std::string where = absl::StrCat("tensor \"", name, "\" in ", entry.file->path());
+  if (shape.empty() || shape.size() > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", shape.size(), " dimensions; slices need 1 or 2"));
+  }
+  const bool columns = slice.axis == SliceAxis::kColumns;
+  if (columns && shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is 1-D: it has no columns"));
+  }
+  const int64_t rows = shape[0];
+  const int64_t row_length = shape.size() == 2 ? shape[1] : 1;
+  const int64_t extent = columns ? row_length : rows;
+  if (slice.begin < 0 || slice.end > extent || slice.begin >= slice.end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", columns ? "columns" : "rows", " [", slice.begin, ", ", slice.end,
+                     ") are not a non-empty part of [0, ", extent, ")"));
+  }
+  const int64_t width = slice.end - slice.begin;
+  const int64_t want = columns ? rows * width : width * row_length;
+  if (static_cast<int64_t>(out.size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the slice has ", want, " elements; the output holds ", out.size()));
+  }
+  const numeric::DType dtype = *entry.tensor->dtype;
+  const size_t elem = numeric::ElementSize(dtype);
+  const uint8_t* base = entry.file->RawBytes(*entry.tensor).data();
+  if (!columns) {
+    ConvertUnaligned(dtype, base + slice.begin * row_length * elem, out.data(), out.size(),
+                     convert);
+    return absl::OkStatus();
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    ConvertUnaligned(dtype, base + (r * row_length + slice.begin) * elem, out.data() + r * width,
+                     static_cast<size_t>(width), convert);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint::ReadFloatSlice(absl::string_view name, const TensorSlice& slice,
+                                        absl::Span<float> out) const {
+  return ReadSlice(name, slice, out, [](numeric::DType t, const void* src, float* dst, size_t n) {
+    numeric::ToFloat(t, src, dst, n);
+  });
+}
+
+absl::Status Checkpoint::ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
+                                       absl::Span<uint16_t> out) const {
+  return ReadSlice(name, slice, out,
+                   [](numeric::DType t, const void* src, uint16_t* dst, size_t n) {
+                     numeric::ToBf16(t, src, dst, n);
+                   });
+}
+
 std::vector<std::string> Checkpoint::TensorNames() const {
   std::vector<std::string> names;
   names.reserve(tensors_.size());

@@ -38,6 +38,16 @@ struct TensorInfo {
   uint64_t num_bytes = 0;
 };
 
+// A block of a tensor: rows [begin, end) of a 2-D tensor (elements of a 1-D
+// one), or columns [begin, end) of every row of a 2-D tensor.
+enum class SliceAxis { kRows, kColumns };
+
+struct TensorSlice {
+  SliceAxis axis = SliceAxis::kRows;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
 // Thread-safe after Open() (every method is const and the mappings are
 // read-only).
 class Checkpoint {
@@ -72,6 +82,17 @@ class Checkpoint {
   absl::Status ReadFloat(absl::string_view name, absl::Span<float> out) const;
   absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const;
 
+  // The same for a slice, read straight from the mapping (a row block is one
+  // run of bytes, a column block one run per row): what a tensor-parallel
+  // rank loads of its shard, without a copy of the whole tensor. `out` holds
+  // the slice row-major. kInvalidArgument for a slice outside the tensor or
+  // empty, columns of a tensor that is not 2-D, a tensor of more than two
+  // dimensions, or an `out` of the wrong size; otherwise errors as ReadFloat.
+  absl::Status ReadFloatSlice(absl::string_view name, const TensorSlice& slice,
+                              absl::Span<float> out) const;
+  absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
+                             absl::Span<uint16_t> out) const;
+
   // The tensor's bytes as stored (F32, BF16 or F16), valid while this object
   // lives; not necessarily aligned to the element size. Errors as ReadFloat.
   absl::StatusOr<absl::Span<const uint8_t>> RawBytes(absl::string_view name) const;
@@ -95,6 +116,10 @@ class Checkpoint {
   absl::StatusOr<Entry> Find(absl::string_view name) const;
   // Finds a readable tensor and checks `out_size` against its numel.
   absl::StatusOr<Entry> FindForRead(absl::string_view name, size_t out_size) const;
+  // Reads `slice` of `name` into `out` with `convert` (aligned input).
+  template <typename Out, typename Convert>
+  absl::Status ReadSlice(absl::string_view name, const TensorSlice& slice, absl::Span<Out> out,
+                         Convert convert) const;
 
   std::string dir_;
   // unique_ptr keeps the addresses that `tensors_` points into stable.

@@ -124,6 +124,54 @@ TEST(CheckpointTest, ReadErrors) {
   EXPECT_THAT(two, ElementsAre(0.0f, 0.0f));
 }
 
+TEST(CheckpointTest, ReadsRowAndColumnSlicesOfEveryDtype) {
+  const std::string dir = TestDir();
+  ASSERT_THAT(ThreeDtypes().Write(dir + "/model.safetensors"), IsOk());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+  ASSERT_THAT(checkpoint, IsOk());
+  const Checkpoint& ckpt = **checkpoint;
+  // f32 [2, 3] = {{1, -2.5, 0.125}, {3, -0.75, 16}}.
+  std::vector<float> f(2);
+  ASSERT_THAT(ckpt.ReadFloatSlice("f32", {SliceAxis::kColumns, 1, 2}, absl::MakeSpan(f)), IsOk());
+  EXPECT_THAT(f, ElementsAre(-2.5f, -0.75f));
+  std::vector<float> row(3);
+  ASSERT_THAT(ckpt.ReadFloatSlice("f32", {SliceAxis::kRows, 1, 2}, absl::MakeSpan(row)), IsOk());
+  EXPECT_THAT(row, ElementsAre(3.0f, -0.75f, 16.0f));
+  // f16 [3, 2] = {{1, -2.5}, {0.125, 3}, {-0.75, 16}}, as bf16.
+  std::vector<uint16_t> b(3);
+  ASSERT_THAT(ckpt.ReadBf16Slice("f16", {SliceAxis::kColumns, 1, 2}, absl::MakeSpan(b)), IsOk());
+  EXPECT_EQ(numeric::Bf16ToFloat(b[0]), -2.5f);
+  EXPECT_EQ(numeric::Bf16ToFloat(b[1]), 3.0f);
+  EXPECT_EQ(numeric::Bf16ToFloat(b[2]), 16.0f);
+  // bf16 [6]: rows are elements.
+  std::vector<float> middle(2);
+  ASSERT_THAT(ckpt.ReadFloatSlice("bf16", {SliceAxis::kRows, 2, 4}, absl::MakeSpan(middle)),
+              IsOk());
+  EXPECT_THAT(middle, ElementsAre(0.125f, 3.0f));
+}
+
+TEST(CheckpointTest, SliceErrorsNameTheTensorAndTheRange) {
+  const std::string dir = TestDir();
+  ASSERT_THAT(ThreeDtypes().Write(dir + "/model.safetensors"), IsOk());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+  ASSERT_THAT(checkpoint, IsOk());
+  const Checkpoint& ckpt = **checkpoint;
+  std::vector<float> two(2), four(4);
+  EXPECT_THAT(ckpt.ReadFloatSlice("f32", {SliceAxis::kColumns, 2, 4}, absl::MakeSpan(two)),
+              StatusIs(kInvalid, AllOf(HasSubstr("\"f32\""), HasSubstr("columns [2, 4)"),
+                                       HasSubstr("[0, 3)"))));
+  EXPECT_THAT(ckpt.ReadFloatSlice("f32", {SliceAxis::kRows, 1, 1}, absl::MakeSpan(two)),
+              StatusIs(kInvalid, HasSubstr("non-empty")));
+  EXPECT_THAT(ckpt.ReadFloatSlice("f32", {SliceAxis::kRows, -1, 1}, absl::MakeSpan(two)),
+              StatusIs(kInvalid));
+  EXPECT_THAT(ckpt.ReadFloatSlice("bf16", {SliceAxis::kColumns, 0, 1}, absl::MakeSpan(two)),
+              StatusIs(kInvalid, HasSubstr("1-D")));
+  EXPECT_THAT(ckpt.ReadFloatSlice("f32", {SliceAxis::kRows, 0, 1}, absl::MakeSpan(four)),
+              StatusIs(kInvalid, HasSubstr("the slice has 3 elements; the output holds 4")));
+  EXPECT_THAT(ckpt.ReadFloatSlice("nope", {SliceAxis::kRows, 0, 1}, absl::MakeSpan(two)),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST(CheckpointTest, ConvertsMisalignedData) {
   const std::string dir = TestDir();
   // Header length 61: data starts at byte 69, so f32 and bf16 data are misaligned in memory.
