@@ -26,10 +26,10 @@ constexpr int32_t kBlockSize = 16;
 constexpr int64_t kRow = kKvHeads * kHeadDim;
 constexpr int64_t kWidth = 6 * kRow;  // Fused qkv row, GQA 4:1.
 
-void BM_KvAppend(benchmark::State& state) {
-  const int64_t tokens = state.range(0);
+// The device slots of `tokens` tokens spread over their blocks in a shuffled
+// order (seed 3).
+int64_t* ShuffledSlots(int64_t tokens) {
   const int64_t num_blocks = (tokens + kBlockSize - 1) / kBlockSize;
-  const int64_t block_stride = 2 * kRow * kBlockSize;
   std::vector<int64_t> blocks(num_blocks);
   std::iota(blocks.begin(), blocks.end(), 0);
   std::mt19937 rng(3);
@@ -37,13 +37,21 @@ void BM_KvAppend(benchmark::State& state) {
   std::vector<int64_t> slots(tokens);
   for (int64_t t = 0; t < tokens; ++t)
     slots[t] = blocks[t / kBlockSize] * kBlockSize + t % kBlockSize;
-  void* cache = nullptr;
-  void* qkv = nullptr;
   int64_t* d_slots = nullptr;
-  cudaMalloc(&cache, static_cast<size_t>(num_blocks * block_stride * 2));
-  cudaMalloc(&qkv, static_cast<size_t>(tokens * kWidth * 2));
   cudaMalloc(reinterpret_cast<void**>(&d_slots), slots.size() * 8);
   cudaMemcpy(d_slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice);
+  return d_slots;
+}
+
+void BM_KvAppend(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int64_t num_blocks = (tokens + kBlockSize - 1) / kBlockSize;
+  const int64_t block_stride = 2 * kRow * kBlockSize;
+  void* cache = nullptr;
+  void* qkv = nullptr;
+  int64_t* d_slots = ShuffledSlots(tokens);
+  cudaMalloc(&cache, static_cast<size_t>(num_blocks * block_stride * 2));
+  cudaMalloc(&qkv, static_cast<size_t>(tokens * kWidth * 2));
   const uint16_t* k = static_cast<const uint16_t*>(qkv) + 4 * kRow;
   const KvAppendArgs args{.kv = {.base = cache,
                                  .num_blocks = num_blocks,
@@ -72,21 +80,12 @@ void BM_KvAppendFp8(benchmark::State& state) {
   const int64_t half = kRow * kBlockSize;  // Bytes of a block's K (or V).
   const int64_t scale_bytes = int64_t{2} * kKvHeads * kBlockSize * 4;
   const int64_t block_stride = 2 * half + scale_bytes;
-  std::vector<int64_t> blocks(num_blocks);
-  std::iota(blocks.begin(), blocks.end(), 0);
-  std::mt19937 rng(3);
-  std::shuffle(blocks.begin(), blocks.end(), rng);
-  std::vector<int64_t> slots(tokens);
-  for (int64_t t = 0; t < tokens; ++t)
-    slots[t] = blocks[t / kBlockSize] * kBlockSize + t % kBlockSize;
   void* cache = nullptr;
   void* qkv = nullptr;
-  int64_t* d_slots = nullptr;
+  int64_t* d_slots = ShuffledSlots(tokens);
   cudaMalloc(&cache, static_cast<size_t>(num_blocks * block_stride));
   cudaMalloc(&qkv, static_cast<size_t>(tokens * kWidth * 2));
   cudaMemset(qkv, 0x3c, static_cast<size_t>(tokens * kWidth * 2));
-  cudaMalloc(reinterpret_cast<void**>(&d_slots), slots.size() * 8);
-  cudaMemcpy(d_slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice);
   const uint16_t* k = static_cast<const uint16_t*>(qkv) + 4 * kRow;
   const KvAppendFp8Args args{.kv = {.base = cache,
                                     .num_blocks = num_blocks,
