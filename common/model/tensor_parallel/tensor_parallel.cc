@@ -146,4 +146,32 @@ absl::Status ReadShardBf16(const Checkpoint& checkpoint, const ModelConfig& conf
   return checkpoint.ReadBf16Slice(name, shard->slice, out);
 }
 
+absl::StatusOr<std::vector<KvHeadRoute>> KvReshardRoutes(const ModelConfig& config,
+                                                         int32_t src_size, int32_t dst_size) {
+  if (src_size < 1 || dst_size < 1) {
+    return Invalid(absl::StrCat("KV moves from ", src_size, " to ", dst_size,
+                                " ranks; want at least one each"));
+  }
+  std::vector<KvHeadRoute> routes(static_cast<size_t>(std::max(config.num_key_value_heads, 0)));
+  for (size_t h = 0; h < routes.size(); ++h) {
+    routes[h].kv_head = static_cast<int32_t>(h);
+    routes[h].src_rank = -1;
+  }
+  for (int32_t rank = src_size - 1; rank >= 0; --rank) {  // The lowest holder wins.
+    absl::StatusOr<TensorParallelLayout> layout = MakeTensorParallelLayout(config, src_size, rank);
+    if (!layout.ok()) return layout.status();
+    for (int32_t h = layout->first_kv_head; h < layout->first_kv_head + layout->kv_heads; ++h) {
+      routes[static_cast<size_t>(h)].src_rank = rank;
+    }
+  }
+  for (int32_t rank = 0; rank < dst_size; ++rank) {
+    absl::StatusOr<TensorParallelLayout> layout = MakeTensorParallelLayout(config, dst_size, rank);
+    if (!layout.ok()) return layout.status();
+    for (int32_t h = layout->first_kv_head; h < layout->first_kv_head + layout->kv_heads; ++h) {
+      routes[static_cast<size_t>(h)].dst_ranks.push_back(rank);
+    }
+  }
+  return routes;
+}
+
 }  // namespace trident::model

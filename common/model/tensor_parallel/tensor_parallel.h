@@ -76,6 +76,21 @@ absl::Status ReadShardBf16(const Checkpoint& checkpoint, const ModelConfig& conf
                            const TensorParallelLayout& layout, absl::string_view name,
                            absl::Span<uint16_t> out);
 
+// Moving a prompt's KV cache between workers of different TP degrees (a
+// prefill worker at TP = src_size pushing to a decode worker at TP =
+// dst_size): each KV head goes from one source rank holding it (the lowest,
+// where KV heads are replicated) to every destination rank holding it.
+struct KvHeadRoute {
+  int32_t kv_head = 0;
+  int32_t src_rank = 0;
+  std::vector<int32_t> dst_ranks;  // Ascending.
+};
+
+// One route per KV head, in head order. Errors as MakeTensorParallelLayout
+// for either size.
+absl::StatusOr<std::vector<KvHeadRoute>> KvReshardRoutes(const ModelConfig& config,
+                                                         int32_t src_size, int32_t dst_size);
+
 }  // namespace trident::model
 
 #endif  // TRIDENT_COMMON_MODEL_TENSOR_PARALLEL_TENSOR_PARALLEL_H_

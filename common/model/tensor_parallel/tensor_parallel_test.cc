@@ -98,6 +98,33 @@ TEST(TensorParallelLayoutTest, RefusesShapesThatDoNotSplit) {
               StatusIs(kInvalid, HasSubstr("intermediate size 66")));
 }
 
+TEST(KvReshardTest, RoutesEachKvHeadFromOneHolderToEveryHolder) {
+  // 8 KV heads: TP 2 (4 heads a rank) to TP 4 (2 a rank).
+  absl::StatusOr<std::vector<KvHeadRoute>> routes = KvReshardRoutes(Config(32, 8, 64, 10), 2, 4);
+  ASSERT_THAT(routes, IsOk());
+  ASSERT_EQ(routes->size(), 8u);
+  for (int32_t h = 0; h < 8; ++h) {
+    EXPECT_EQ((*routes)[h].kv_head, h);
+    EXPECT_EQ((*routes)[h].src_rank, h / 4);
+    EXPECT_THAT((*routes)[h].dst_ranks, ElementsAre(h / 2));
+  }
+  // 2 KV heads, TP 4 (replicated: ranks 0-1 hold head 0, 2-3 head 1) to
+  // TP 1 and back.
+  routes = KvReshardRoutes(Config(8, 2, 64, 10), 4, 1);
+  ASSERT_THAT(routes, IsOk());
+  EXPECT_EQ((*routes)[0].src_rank, 0);
+  EXPECT_EQ((*routes)[1].src_rank, 2);
+  EXPECT_THAT((*routes)[1].dst_ranks, ElementsAre(0));
+  routes = KvReshardRoutes(Config(8, 2, 64, 10), 1, 4);
+  ASSERT_THAT(routes, IsOk());
+  EXPECT_EQ((*routes)[1].src_rank, 0);
+  EXPECT_THAT((*routes)[0].dst_ranks, ElementsAre(0, 1));
+  EXPECT_THAT((*routes)[1].dst_ranks, ElementsAre(2, 3));
+  EXPECT_THAT(KvReshardRoutes(Config(8, 2, 64, 10), 3, 1),
+              StatusIs(kInvalid, HasSubstr("8 attention heads do not split over 3 ranks")));
+  EXPECT_THAT(KvReshardRoutes(Config(8, 2, 64, 10), 1, 0), StatusIs(kInvalid));
+}
+
 TEST(TensorParallelShardTest, NamesOutsideTheModelAreRefused) {
   const ModelConfig config = Config(4, 2, 64, 10);
   absl::StatusOr<TensorParallelLayout> layout = MakeTensorParallelLayout(config, 2, 0);
