@@ -21,23 +21,14 @@ TensorShard Whole(std::vector<int64_t> shape) {
   return shard;
 }
 
-// Rows [first, first + count) of a tensor of `full` shape (1-D or 2-D).
-TensorShard Rows(const std::vector<int64_t>& full, int64_t first, int64_t count) {
+// Rows [first, first + count) of a tensor of `full` shape (1-D or 2-D), or
+// columns of a 2-D one.
+TensorShard Part(const std::vector<int64_t>& full, SliceAxis axis, int64_t first, int64_t count) {
   TensorShard shard;
   shard.whole = false;
-  shard.slice = TensorSlice{SliceAxis::kRows, first, first + count};
+  shard.slice = TensorSlice{axis, first, first + count};
   shard.shape = full;
-  shard.shape[0] = count;
-  return shard;
-}
-
-// Columns [first, first + count) of a 2-D tensor of `full` shape.
-TensorShard Columns(const std::vector<int64_t>& full, int64_t first, int64_t count) {
-  TensorShard shard;
-  shard.whole = false;
-  shard.slice = TensorSlice{SliceAxis::kColumns, first, first + count};
-  shard.shape = full;
-  shard.shape[1] = count;
+  shard.shape[axis == SliceAxis::kRows ? 0 : 1] = count;
   return shard;
 }
 
@@ -52,16 +43,18 @@ absl::optional<TensorShard> LayerShard(const ModelConfig& config,
   const int64_t q_count = layout.q_heads * head_dim;
   const int64_t kv_first = layout.first_kv_head * head_dim;
   const int64_t kv_count = layout.kv_heads * head_dim;
-  if (suffix == kQProj || suffix == kQProjBias) return Rows(full, q_first, q_count);
+  if (suffix == kQProj || suffix == kQProjBias)
+    return Part(full, SliceAxis::kRows, q_first, q_count);
   if (suffix == kKProj || suffix == kKProjBias || suffix == kVProj || suffix == kVProjBias) {
-    return Rows(full, kv_first, kv_count);
+    return Part(full, SliceAxis::kRows, kv_first, kv_count);
   }
-  if (suffix == kOProj) return Columns(full, q_first, q_count);
+  if (suffix == kOProj) return Part(full, SliceAxis::kColumns, q_first, q_count);
   if (suffix == kGateProj || suffix == kGateProjBias || suffix == kUpProj ||
       suffix == kUpProjBias) {
-    return Rows(full, layout.first_intermediate, layout.intermediate);
+    return Part(full, SliceAxis::kRows, layout.first_intermediate, layout.intermediate);
   }
-  if (suffix == kDownProj) return Columns(full, layout.first_intermediate, layout.intermediate);
+  if (suffix == kDownProj)
+    return Part(full, SliceAxis::kColumns, layout.first_intermediate, layout.intermediate);
   // Norms, and the biases added once after a row-parallel sum.
   return Whole(full);
 }
@@ -114,7 +107,7 @@ absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
   absl::optional<TensorShard> shard;
   absl::string_view rest = name;
   if (name == kEmbedTokensName || (name == kLmHeadName && !config.tie_word_embeddings)) {
-    shard = Rows({config.vocab_size, hidden}, layout.first_vocab, layout.vocab);
+    shard = Part({config.vocab_size, hidden}, SliceAxis::kRows, layout.first_vocab, layout.vocab);
   } else if (name == kFinalNormName) {
     shard = Whole({hidden});
   } else if (absl::ConsumePrefix(&rest, "model.layers.")) {

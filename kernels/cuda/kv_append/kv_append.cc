@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/paged_kv_fp8/paged_kv_fp8.h"
 #include "kernels/cuda/kv_append/kv_append_kernel.h"
 
 namespace trident::kernels::cuda {
@@ -51,37 +52,23 @@ absl::Status CheckRows(int64_t num_tokens, int64_t row, int64_t k_stride, int64_
 }  // namespace
 
 absl::Status ValidatePagedKvFp8Gpu(const PagedKvFp8Gpu& kv) {
-  if (kv.base == nullptr) return absl::InvalidArgumentError("PagedKvFp8Gpu: base is null");
-  if (kv.num_blocks <= 0 || kv.num_kv_heads <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedKvFp8Gpu: num_blocks ", kv.num_blocks,
-                                                   " and num_kv_heads ", kv.num_kv_heads,
-                                                   " must be positive"));
-  }
-  if (kv.block_size <= 0 || kv.block_size % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedKvFp8Gpu: block_size ", kv.block_size,
-                                                   " is not a positive multiple of 16"));
-  }
-  if (kv.head_dim <= 0 || kv.head_dim % 16 != 0 || kv.head_dim > 256) {
-    return absl::InvalidArgumentError(absl::StrCat("PagedKvFp8Gpu: head_dim ", kv.head_dim,
-                                                   " is not a multiple of 16 in [16, 256]"));
-  }
-  if (reinterpret_cast<uintptr_t>(kv.base) % 16 != 0 || kv.block_stride_bytes % 16 != 0 ||
-      kv.value_offset_bytes % 16 != 0 || kv.scale_offset_bytes % 16 != 0) {
+  if (kv.num_blocks <= 0) {
     return absl::InvalidArgumentError(
-        "PagedKvFp8Gpu: base, block_stride_bytes, value_offset_bytes and scale_offset_bytes "
-        "must be 16-byte aligned");
+        absl::StrCat("PagedKvFp8Gpu: num_blocks ", kv.num_blocks, " must be positive"));
   }
-  const int64_t half = static_cast<int64_t>(kv.num_kv_heads) * kv.block_size * kv.head_dim;
-  const int64_t scales = static_cast<int64_t>(2) * kv.num_kv_heads * kv.block_size * 4;
-  if (kv.value_offset_bytes < half || kv.scale_offset_bytes < kv.value_offset_bytes + half ||
-      kv.block_stride_bytes < kv.scale_offset_bytes + scales) {
+  if (kv.head_dim > 256) {
     return absl::InvalidArgumentError(
-        absl::StrCat("PagedKvFp8Gpu: value_offset_bytes ", kv.value_offset_bytes,
-                     ", scale_offset_bytes ", kv.scale_offset_bytes, " and block_stride_bytes ",
-                     kv.block_stride_bytes, " must hold K and V (", half,
-                     " bytes each) and the scales (", scales, " bytes) in that order"));
+        absl::StrCat("PagedKvFp8Gpu: head_dim ", kv.head_dim, " is above 256"));
   }
-  return absl::OkStatus();
+  // The layout's own rules (heads, multiples of 16, alignment, K, V and the
+  // scales inside the block and apart).
+  return cpu::ValidatePagedKvFp8(cpu::PagedKvFp8{.base = kv.base,
+                                                 .block_size = kv.block_size,
+                                                 .num_kv_heads = kv.num_kv_heads,
+                                                 .head_dim = kv.head_dim,
+                                                 .block_stride_bytes = kv.block_stride_bytes,
+                                                 .value_offset_bytes = kv.value_offset_bytes,
+                                                 .scale_offset_bytes = kv.scale_offset_bytes});
 }
 
 absl::Status LaunchKvAppendFp8(const KvAppendFp8Args& args, cudaStream_t stream) {

@@ -84,8 +84,8 @@ struct PagedKvFp8Gpu {
   int64_t scale_offset_bytes = 0;
 };
 
-// OK, or kInvalidArgument naming the field (as cpu::ValidatePagedKvFp8, plus
-// positive num_blocks and head_dim <= 256).
+// OK, or kInvalidArgument naming the field: positive num_blocks, head_dim
+// <= 256, and cpu::ValidatePagedKvFp8 (which it calls) for the rest.
 absl::Status ValidatePagedKvFp8Gpu(const PagedKvFp8Gpu& kv);
 
 struct KvAppendFp8Args {
