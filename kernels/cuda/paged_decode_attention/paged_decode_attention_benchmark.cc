@@ -11,7 +11,8 @@
 // assumed. With fp8 = 1 the cache is FP8 E4M3 (kernels/cpu/paged_kv_fp8's
 // layout: a byte per element plus an f32 scale per token, head and K or V),
 // and bytes count those; time per step against the bf16 row of the same
-// shape is the gain.
+// shape is the gain. A positive `splits` replaces the planner's count (the
+// batch-1 rows: how many pieces a short context is best cut into).
 
 #include <cuda_runtime_api.h>
 
@@ -59,6 +60,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
       state.range(2) < 0 ? kDefaultDecodeVariant : static_cast<int32_t>(state.range(2));
   const int32_t head_dim = static_cast<int32_t>(state.range(3));
   const bool fp8 = state.range(4) != 0;
+  const int32_t forced_splits = static_cast<int32_t>(state.range(5));
   state.SetLabel(std::string(DecodeVariantName(variant)) + (fp8 ? " fp8" : " bf16"));
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * head_dim;  // Elements.
@@ -75,7 +77,8 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   int sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, head_dim, context, sms, variant);
+  DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, head_dim, context, sms, variant);
+  if (forced_splits > 0) plan.num_splits = forced_splits;
   const size_t workspace_bytes = DecodeWorkspaceBytes(plan, batch, kQHeads, head_dim);
 
   void* cache = nullptr;
@@ -174,24 +177,31 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                {64, 4096}, {64, 8192}, {128, 2048}};
   for (const auto& shape : shapes) {
     for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
-      b->Args({shape[0], shape[1], variant, 128, 0});
+      b->Args({shape[0], shape[1], variant, 128, 0, 0});
     }
     // FP8: the default and the tensor-core variants (0 runs the default).
     for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
-      if (variant != 0) b->Args({shape[0], shape[1], variant, 128, 1});
+      if (variant != 0) b->Args({shape[0], shape[1], variant, 128, 1, 0});
     }
   }
   // The other common head dims with the default variant: 80 and 96 on the
   // 128-wide kernels with the rest masked, 64 and 256 on their own.
   for (int64_t head_dim : {64, 80, 96, 256}) {
-    b->Args({16, 16384, -1, head_dim, 0});
-    b->Args({16, 16384, -1, head_dim, 1});
+    b->Args({16, 16384, -1, head_dim, 0, 0});
+    b->Args({16, 16384, -1, head_dim, 1, 0});
+  }
+  // A batch-1 step at a short context (a 512-token prompt): the planner's
+  // count (0) against forced ones, for the 2-, 4- and 8-warp CTAs.
+  for (int64_t context : {576, 2048}) {
+    for (int64_t variant : {4, 1, 5}) {
+      for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({1, context, variant, 128, 0, splits});
+    }
   }
 }
 
 BENCHMARK(BM_PagedDecodeAttention)
     ->UseManualTime()
-    ->ArgNames({"batch", "context", "variant", "head_dim", "fp8"})
+    ->ArgNames({"batch", "context", "variant", "head_dim", "fp8", "splits"})
     ->Apply(Shapes);
 
 }  // namespace

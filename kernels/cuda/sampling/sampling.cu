@@ -23,6 +23,8 @@ constexpr int kLevels = 3;
 constexpr int kItems = 4;
 constexpr int kChunk = kThreads * kItems;
 constexpr int kMaxTop = 20;
+// Logits each thread loads ahead in the first pass over a row.
+constexpr int kPassLoads = 8;
 constexpr int kNoId = 0x7fffffff;
 static_assert(kBins == kThreads);
 static_assert(kWarps == 32);
@@ -632,19 +634,33 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleKernelArgs a) {
     top_values[j] = -INFINITY;
     top_ids[j] = kNoId;
   }
-  for (int i = tid; i < vocab; i += kThreads) {
-    const float raw = Load(logits, i);
-    const bool is_patched = patched && ((bitmap[i >> 5] >> (i & 31)) & 1u);
-    const float x = Key(is_patched ? ws[i] : raw);
-    if (greedy) {
-      if (Better(x, i, best.value, best.id)) best = {x, i};
-    } else {
-      max_scaled = fmaxf(max_scaled, __fdiv_rn(x, p.temperature));
+  // kPassLoads logits per thread are loaded before any is used: one block
+  // streams the whole row, so its speed is the loads it keeps in flight.
+  // Each thread still visits its ids in ascending order.
+  for (int base = tid; base < vocab; base += kThreads * kPassLoads) {
+    float raws[kPassLoads];
+#pragma unroll
+    for (int u = 0; u < kPassLoads; ++u) {
+      const int i = base + u * kThreads;
+      raws[u] = i < vocab ? Load(logits, i) : 0.0f;
     }
-    if (want_logprobs) {
-      const float key = Key(raw);
-      LseAdd(lse, key);
-      if (top_n > 0) TopInsert(top_values, top_ids, top_n, key, i);
+#pragma unroll
+    for (int u = 0; u < kPassLoads; ++u) {
+      const int i = base + u * kThreads;
+      if (i >= vocab) break;
+      const float raw = raws[u];
+      const bool is_patched = patched && ((bitmap[i >> 5] >> (i & 31)) & 1u);
+      const float x = Key(is_patched ? ws[i] : raw);
+      if (greedy) {
+        if (Better(x, i, best.value, best.id)) best = {x, i};
+      } else {
+        max_scaled = fmaxf(max_scaled, __fdiv_rn(x, p.temperature));
+      }
+      if (want_logprobs) {
+        const float key = Key(raw);
+        LseAdd(lse, key);
+        if (top_n > 0) TopInsert(top_values, top_ids, top_n, key, i);
+      }
     }
   }
 
