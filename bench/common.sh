@@ -2,10 +2,12 @@
 # built programs' directory) and `out` (logs and reports), and an array
 # `pids` that an EXIT trap kills.
 
-# tool PATH: the built program at $bin/PATH, or $bin/NAME, or NAME on PATH.
+# tool PATH: the built program at $bin/PATH, or $bin/NAME, or NAME's file on
+# PATH (its full path: a script's shell function of the same name, such as
+# serving.sh's `worker`, must not shadow it).
 tool() {
   if [[ -x "$bin/$1" ]]; then echo "$bin/$1"; elif [[ -x "$bin/$(basename "$1")" ]]; then
-    echo "$bin/$(basename "$1")"; else basename "$1"; fi
+    echo "$bin/$(basename "$1")"; else type -P "$(basename "$1")" || basename "$1"; fi
 }
 
 # start NAME BINARY FLAGS...: runs a service on free ports and sets
