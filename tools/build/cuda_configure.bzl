@@ -1,8 +1,8 @@
 """Repository rule that finds the CUDA toolkit (nvcc) on the build machine.
 
 It writes `@local_cuda//:defs.bzl` with `CUDA_FOUND`, `CUDA_PATH` and
-`NVCC_VERSION`, and `@local_cuda//:cuda` (headers and the CUDA runtime) for
-targets to link. cuBLASLt is not linked: kernels/cuda/gemm loads it at run
+`NVCC_VERSION`, and `@local_cuda//:cuda` (headers and the CUDA runtime) and `@local_cuda//:nccl`
+for targets to link. cuBLASLt is not linked: kernels/cuda/gemm loads it at run
 time, because its large static TLS would otherwise shrink every thread's
 usable stack below what small-stack threads (civetweb's, 100 KiB) need.
 The toolkit is looked up in `$TRIDENT_CUDA_PATH`, `$CUDA_PATH`, then
@@ -56,6 +56,13 @@ cc_library(
     includes = ["include"],
     linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcudart"],
 )
+
+# NCCL, where the toolkit carries it (common/parallel links it).
+cc_library(
+    name = "nccl",
+    deps = [":cuda"],
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lnccl"],
+)
 """.format(lib = lib_dir)
     else:
         build = """
@@ -64,6 +71,8 @@ package(default_visibility = ["//visibility:public"])
 exports_files(["defs.bzl"])
 
 cc_library(name = "cuda")
+
+cc_library(name = "nccl")
 """
     rctx.file("BUILD", content = build)
 
