@@ -92,9 +92,9 @@ void BM_AllReduce(benchmark::State& state) {
 BENCHMARK(BM_AllReduce)
     ->UseManualTime()
     ->ArgNames({"ranks", "bytes", "bf16"})
-    ->ArgsProduct({{2, 4}, {8 << 10, 16 << 10, 512 << 10, 1 << 20, 16 << 20, 256 << 20}, {1}})
-    ->Args({2, 16 << 10, 0})
-    ->Args({4, 16 << 10, 0})
+    ->ArgsProduct({{2, 4},
+                   {8 << 10, 16 << 10, 32 << 10, 512 << 10, 1 << 20, 16 << 20, 256 << 20},
+                   {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
