@@ -48,9 +48,21 @@ struct TensorSlice {
   int64_t end = 0;
 };
 
+// Where a model's tensors are read from as bf16, whole or a block of one:
+// a checkpoint on disk, or weights computed on demand (model/generate's
+// RandomWeights, which benchmarks load a large shape's shards from). Errors
+// as Checkpoint's.
+class Bf16TensorReader {
+ public:
+  virtual ~Bf16TensorReader() = default;
+  virtual absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const = 0;
+  virtual absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
+                                     absl::Span<uint16_t> out) const = 0;
+};
+
 // Thread-safe after Open() (every method is const and the mappings are
 // read-only).
-class Checkpoint {
+class Checkpoint : public Bf16TensorReader {
  public:
   // Opens the weights in `dir`, choosing, in this order (as `transformers`
   // does): `model.safetensors`; `model.safetensors.index.json`; the only
@@ -80,7 +92,7 @@ class Checkpoint {
   // must hold exactly numel elements. kNotFound if absent; kFailedPrecondition
   // for other dtypes; kInvalidArgument if `out` has the wrong size.
   absl::Status ReadFloat(absl::string_view name, absl::Span<float> out) const;
-  absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const;
+  absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const override;
 
   // The same for a slice, read straight from the mapping (a row block is one
   // run of bytes, a column block one run per row): what a tensor-parallel
@@ -91,7 +103,7 @@ class Checkpoint {
   absl::Status ReadFloatSlice(absl::string_view name, const TensorSlice& slice,
                               absl::Span<float> out) const;
   absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
-                             absl::Span<uint16_t> out) const;
+                             absl::Span<uint16_t> out) const override;
 
   // The tensor's bytes as stored (F32, BF16 or F16), valid while this object
   // lives; not necessarily aligned to the element size. Errors as ReadFloat.

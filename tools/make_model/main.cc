@@ -13,7 +13,8 @@
 #include "common/model/generate/model_gen.h"
 
 ABSL_FLAG(std::string, preset, "llama3-tiny",
-          "Model shape: llama3-tiny, qwen2-tiny, mistral-tiny, llama-100m or llama3-8b.");
+          "Model shape: llama3-tiny, qwen2-tiny, mistral-tiny, llama-100m, llama3-8b or "
+          "llama3-70b (141 GB).");
 ABSL_FLAG(std::string, out_dir, "", "Directory to write (created if missing). Required.");
 ABSL_FLAG(std::string, dtype, "", "Weight format: f32 or bf16 (default: the preset's).");
 ABSL_FLAG(int64_t, seed, -1, "Weight seed (default: the preset's).");

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging/log.h"
+#include "common/model/generate/tensor_plan.h"
 #include "common/model/generate/tokenizer_gen.h"
 #include "common/model/safetensors_writer.h"
 #include "common/status/status_macros.h"
@@ -36,19 +37,13 @@ uint64_t NameHash(const std::string& name) {
   return h;
 }
 
-// Uniform values with mean `mean` and standard deviation `stddev`, drawn from
-// the stream of (seed, name).
-std::vector<float> RandomTensor(uint64_t seed, const std::string& name, int64_t n, float mean,
-                                float stddev) {
-  std::vector<float> out(static_cast<size_t>(n));
-  const uint64_t base = SplitMix64(seed ^ NameHash(name));
+// Uniform in [mean - sqrt(3) stddev, mean + sqrt(3) stddev): mean `mean`,
+// standard deviation `stddev`; element i of a stream depends on i alone.
+float Uniform(uint64_t base, int64_t i, float mean, float stddev) {
   const float half_width = stddev * std::sqrt(3.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t r = SplitMix64(base + static_cast<uint64_t>(i));
-    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    out[static_cast<size_t>(i)] = mean + (2.0f * u - 1.0f) * half_width;
-  }
-  return out;
+  const uint64_t r = SplitMix64(base + static_cast<uint64_t>(i));
+  const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+  return mean + (2.0f * u - 1.0f) * half_width;
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& contents) {
@@ -150,7 +145,7 @@ nlohmann::json ConfigJson(const ModelSpec& s, int32_t vocab, const GeneratedToke
 }  // namespace
 
 std::vector<std::string> PresetNames() {
-  return {"llama3-tiny", "qwen2-tiny", "mistral-tiny", "llama-100m", "llama3-8b"};
+  return {"llama3-tiny", "qwen2-tiny", "mistral-tiny", "llama-100m", "llama3-8b", "llama3-70b"};
 }
 
 absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
@@ -216,54 +211,74 @@ absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
     s.seed = 4;
     return s;
   }
+  if (name == "llama3-70b") {
+    // 141 GB in bf16: benchmarks load its shards through RandomWeights.
+    s.hidden_size = 8192;
+    s.num_layers = 80;
+    s.num_heads = 64;
+    s.num_kv_heads = 8;
+    s.head_dim = 128;
+    s.intermediate_size = 28672;
+    s.vocab_size = 128256;
+    s.tokenizer_vocab_size = 1024;
+    s.rope_original_max_position = 8192;
+    s.max_position_embeddings = 131072;
+    s.tie_word_embeddings = false;
+    s.dtype = DType::kBF16;
+    s.max_shard_bytes = 5ull << 30;
+    s.seed = 5;
+    return s;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown preset \"", name, "\"; presets: ", absl::StrJoin(PresetNames(), ", ")));
 }
 
-absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
+namespace internal {
+
+uint64_t StreamBase(uint64_t seed, const std::string& name) {
+  return SplitMix64(seed ^ NameHash(name));
+}
+
+float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t index) {
+  float v = Uniform(base, index, t.mean, t.stddev);
+  if (t.vocab_rows && plan.partial_utf8_ids.count(static_cast<int32_t>(index / t.shape[1])) > 0) {
+    v *= 0.25f;
+  }
+  return v;
+}
+
+absl::StatusOr<Plan> MakePlan(const ModelSpec& s) {
   if (s.hidden_size <= 0 || s.num_layers <= 0 || s.num_heads <= 0 || s.num_kv_heads <= 0 ||
       s.head_dim <= 0 || s.intermediate_size <= 0 || s.num_heads % s.num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         "model spec: sizes must be positive and num_heads a "
         "multiple of num_kv_heads");
   }
-  TRIDENT_ASSIGN_OR_RETURN(GeneratedTokenizer tok,
+  Plan plan;
+  TRIDENT_ASSIGN_OR_RETURN(plan.tokenizer,
                            GenerateTokenizer(StyleOf(s.family), s.tokenizer_vocab_size));
+  const GeneratedTokenizer& tok = plan.tokenizer;
   const int32_t vocab = s.vocab_size > 0 ? s.vocab_size : tok.vocab_size;
   if (vocab < tok.vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("vocab_size ", vocab, " is smaller than the tokenizer's ", tok.vocab_size));
   }
-  TRIDENT_RETURN_IF_ERROR(MakeDirs(out_dir));
-
+  plan.vocab = vocab;
+  plan.partial_utf8_ids.insert(tok.partial_utf8_ids.begin(), tok.partial_utf8_ids.end());
+  plan.config = ConfigJson(s, vocab, tok);
   const int64_t h = s.hidden_size;
   const int64_t q_out = static_cast<int64_t>(s.num_heads) * s.head_dim;
   const int64_t kv_out = static_cast<int64_t>(s.num_kv_heads) * s.head_dim;
   const int64_t inter = s.intermediate_size;
-  model::SafetensorsWriter writer;
-  uint64_t total_params = 0;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean, float stddev) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    total_params += static_cast<uint64_t>(n);
-    writer.AddFloats(name, s.dtype, std::move(shape), RandomTensor(s.seed, name, n, mean, stddev));
+  auto add = [&](std::string name, std::vector<int64_t> shape, float mean, float stddev,
+                 bool vocab_rows = false) {
+    plan.tensors.push_back({std::move(name), std::move(shape), mean, stddev, vocab_rows});
   };
   const float in_h = 1.0f / std::sqrt(static_cast<float>(h));
   // Logits get a standard deviation near 4 (tied or not), which keeps greedy
   // choices well separated from rounding noise.
   const float embed_std = s.tie_word_embeddings ? 4.0f * in_h : 1.0f;
-  // Output rows of tokens that are not whole UTF-8 characters are scaled
-  // down, so that sampled text is made of whole characters (word salad
-  // rather than replacement characters), as a trained model's would be.
-  auto add_vocab_rows = [&](const std::string& name, float stddev) {
-    std::vector<float> values = RandomTensor(s.seed, name, int64_t{vocab} * h, 0.0f, stddev);
-    for (int32_t id : tok.partial_utf8_ids) {
-      for (int64_t i = 0; i < h; ++i) values[static_cast<size_t>(id) * h + i] *= 0.25f;
-    }
-    total_params += static_cast<uint64_t>(vocab) * h;
-    writer.AddFloats(name, s.dtype, {vocab, h}, values);
-  };
-  add_vocab_rows("model.embed_tokens.weight", embed_std);
+  add("model.embed_tokens.weight", {vocab, h}, 0.0f, embed_std, true);
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     add(p + "input_layernorm.weight", {h}, 1.0f, 0.1f);
@@ -283,7 +298,28 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
     add(p + "mlp.down_proj.weight", {h, inter}, 0.0f, 1.0f / std::sqrt(static_cast<float>(inter)));
   }
   add("model.norm.weight", {h}, 1.0f, 0.1f);
-  if (!s.tie_word_embeddings) add_vocab_rows("lm_head.weight", 4.0f * in_h);
+  if (!s.tie_word_embeddings) add("lm_head.weight", {vocab, h}, 0.0f, 4.0f * in_h, true);
+  return plan;
+}
+
+}  // namespace internal
+
+absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
+  TRIDENT_ASSIGN_OR_RETURN(internal::Plan plan, internal::MakePlan(s));
+  const GeneratedTokenizer& tok = plan.tokenizer;
+  TRIDENT_RETURN_IF_ERROR(MakeDirs(out_dir));
+  model::SafetensorsWriter writer;
+  uint64_t total_params = 0;
+  for (const internal::PlannedTensor& t : plan.tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    total_params += static_cast<uint64_t>(n);
+    std::vector<float> values(static_cast<size_t>(n));
+    const uint64_t base = internal::StreamBase(s.seed, t.name);
+    for (int64_t i = 0; i < n; ++i)
+      values[static_cast<size_t>(i)] = internal::Element(plan, t, base, i);
+    writer.AddFloats(t.name, s.dtype, t.shape, std::move(values));
+  }
   writer.AddMetadata("format", "pt");
 
   TRIDENT_LOG(INFO) << "writing " << (s.preset.empty() ? "model" : s.preset) << " (" << total_params
@@ -293,8 +329,7 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
   } else {
     TRIDENT_RETURN_IF_ERROR(writer.Write(out_dir + "/model.safetensors"));
   }
-  TRIDENT_RETURN_IF_ERROR(
-      WriteFile(out_dir + "/config.json", ConfigJson(s, vocab, tok).dump(2) + "\n"));
+  TRIDENT_RETURN_IF_ERROR(WriteFile(out_dir + "/config.json", plan.config.dump(2) + "\n"));
   nlohmann::json gen;
   if (tok.bos_id >= 0) gen["bos_token_id"] = tok.bos_id;
   if (tok.eos_ids.size() == 1) {

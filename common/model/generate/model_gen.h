@@ -50,7 +50,9 @@ struct ModelSpec {
 
 // Names: llama3-tiny (the default of `trident up` and the tests),
 // qwen2-tiny, mistral-tiny, llama-100m (the CPU benchmark model),
-// llama3-8b (the shape of Llama-3-8B, for GPU benchmarks).
+// llama3-8b (the shape of Llama-3-8B, for GPU benchmarks), llama3-70b (the
+// shape of Llama-3-70B: 141 GB, read through RandomWeights rather than
+// written).
 absl::StatusOr<ModelSpec> PresetSpec(const std::string& name);
 std::vector<std::string> PresetNames();
 

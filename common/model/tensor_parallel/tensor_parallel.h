@@ -69,10 +69,11 @@ struct TensorShard {
 absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
                                     const TensorParallelLayout& layout, absl::string_view name);
 
-// Reads the rank's shard of `name` from `checkpoint` into `out` (bf16,
+// Reads the rank's shard of `name` from `checkpoint` (a Checkpoint, or
+// generated weights) into `out` (bf16,
 // row-major in the shard's shape; sized as the shard). Errors as ShardOf and
 // Checkpoint::ReadBf16Slice / ReadBf16.
-absl::Status ReadShardBf16(const Checkpoint& checkpoint, const ModelConfig& config,
+absl::Status ReadShardBf16(const Bf16TensorReader& checkpoint, const ModelConfig& config,
                            const TensorParallelLayout& layout, absl::string_view name,
                            absl::Span<uint16_t> out);
 

@@ -1,0 +1,57 @@
+// A generated model's weights computed on demand, without writing them:
+// element for element what WriteModel writes for the same spec (rounded to
+// bf16 as a Checkpoint reads them), any block of any tensor computed alone.
+// A benchmark and test source: a tensor-parallel rank of a 70B shape loads
+// its shard (model/tensor_parallel's ReadShardBf16) without 141 GB on disk.
+
+#ifndef TRIDENT_COMMON_MODEL_GENERATE_RANDOM_WEIGHTS_H_
+#define TRIDENT_COMMON_MODEL_GENERATE_RANDOM_WEIGHTS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/model/checkpoint.h"
+#include "common/model/config.h"
+#include "common/model/generate/model_gen.h"
+
+namespace trident::model::generate {
+
+namespace internal {
+struct Plan;
+}  // namespace internal
+
+// Thread-safe (every method is const).
+class RandomWeights : public Bf16TensorReader {
+ public:
+  // Errors as WriteModel's for the spec.
+  static absl::StatusOr<std::unique_ptr<RandomWeights>> Create(const ModelSpec& spec);
+  ~RandomWeights() override;
+
+  // What the written config.json would parse to.
+  const ModelConfig& config() const { return config_; }
+
+  // As Checkpoint's: kNotFound for a tensor the spec has not; kInvalidArgument
+  // for a slice outside the tensor or empty, columns of a 1-D tensor, or an
+  // `out` of the wrong size.
+  absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const override;
+  absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
+                             absl::Span<uint16_t> out) const override;
+
+ private:
+  RandomWeights(ModelSpec spec, std::unique_ptr<internal::Plan> plan, ModelConfig config);
+
+  ModelSpec spec_;
+  std::unique_ptr<internal::Plan> plan_;
+  ModelConfig config_;
+  std::map<std::string, size_t, std::less<>> index_;  // name -> plan_->tensors
+};
+
+}  // namespace trident::model::generate
+
+#endif  // TRIDENT_COMMON_MODEL_GENERATE_RANDOM_WEIGHTS_H_

@@ -1,0 +1,131 @@
+#include "common/model/generate/random_weights.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/model/checkpoint.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/llama_weights.h"
+#include "common/model/tensor_parallel/tensor_parallel.h"
+#include "common/testing/status_matchers.h"
+#include "gtest/gtest.h"
+
+namespace trident::model::generate {
+namespace {
+
+using ::trident::testing::IsOk;
+
+std::string TempDir(const std::string& leaf) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + leaf;
+}
+
+int64_t Elements(const TensorShard& shard) {
+  int64_t n = 1;
+  for (int64_t d : shard.shape) n *= d;
+  return n;
+}
+
+// Every rank's shard of every tensor, at each TP degree the shape allows,
+// read from the written checkpoint and from RandomWeights: the same bits.
+void ExpectSameShards(const std::string& preset) {
+  auto spec = PresetSpec(preset);
+  ASSERT_THAT(spec.status(), IsOk());
+  const std::string dir = TempDir(preset);
+  ASSERT_THAT(WriteModel(*spec, dir), IsOk());
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_THAT(checkpoint.status(), IsOk());
+  auto weights = RandomWeights::Create(*spec);
+  ASSERT_THAT(weights.status(), IsOk());
+  auto written_config = LoadModelConfig(dir);
+  ASSERT_THAT(written_config.status(), IsOk());
+  const ModelConfig& config = (*weights)->config();
+  EXPECT_EQ(config.vocab_size, written_config->vocab_size);
+  EXPECT_EQ(config.num_hidden_layers, written_config->num_hidden_layers);
+  EXPECT_EQ(config.tie_word_embeddings, written_config->tie_word_embeddings);
+  int compared = 0;
+  for (int32_t size : {1, 2, 4}) {
+    for (int32_t rank = 0; rank < size; ++rank) {
+      auto layout = MakeTensorParallelLayout(config, size, rank);
+      if (!layout.ok()) continue;  // The shape does not split this way.
+      for (const ExpectedTensor& t : ExpectedLlamaTensors(config)) {
+        auto shard = ShardOf(config, *layout, t.name);
+        ASSERT_THAT(shard.status(), IsOk());
+        std::vector<uint16_t> from_file(Elements(*shard)), generated(Elements(*shard), 0xffff);
+        ASSERT_THAT(ReadShardBf16(**checkpoint, config, *layout, t.name, absl::MakeSpan(from_file)),
+                    IsOk());
+        ASSERT_THAT(ReadShardBf16(**weights, config, *layout, t.name, absl::MakeSpan(generated)),
+                    IsOk());
+        EXPECT_EQ(from_file, generated)
+            << preset << " " << t.name << " rank " << rank << " of " << size;
+        ++compared;
+      }
+    }
+  }
+  std::printf("%s: %d shards compared\n", preset.c_str(), compared);
+  EXPECT_GT(compared, 0);
+}
+
+TEST(RandomWeightsTest, EqualsTheWrittenCheckpointShardByShard) {
+  for (const char* preset : {"llama3-tiny", "qwen2-tiny", "mistral-tiny"}) {
+    SCOPED_TRACE(preset);
+    ExpectSameShards(preset);
+  }
+}
+
+// The 70B shape is never written: its config and a rank's block of a
+// tensor, computed twice, the same.
+TEST(RandomWeightsTest, GivesTheLargeShapesShardsWithoutWritingThem) {
+  auto spec = PresetSpec("llama3-70b");
+  ASSERT_THAT(spec.status(), IsOk());
+  auto weights = RandomWeights::Create(*spec);
+  ASSERT_THAT(weights.status(), IsOk());
+  const ModelConfig& config = (*weights)->config();
+  EXPECT_EQ(config.hidden_size, 8192);
+  EXPECT_EQ(config.num_hidden_layers, 80);
+  EXPECT_EQ(config.num_attention_heads, 64);
+  EXPECT_EQ(config.num_key_value_heads, 8);
+  EXPECT_EQ(config.intermediate_size, 28672);
+  auto layout = MakeTensorParallelLayout(config, 4, 3);
+  ASSERT_THAT(layout.status(), IsOk());
+  const std::string name = "model.layers.79.self_attn.k_proj.weight";
+  auto shard = ShardOf(config, *layout, name);
+  ASSERT_THAT(shard.status(), IsOk());
+  ASSERT_EQ(shard->shape, (std::vector<int64_t>{256, 8192}));  // 2 KV heads of 128
+  std::vector<uint16_t> a(Elements(*shard)), b(Elements(*shard));
+  ASSERT_THAT(ReadShardBf16(**weights, config, *layout, name, absl::MakeSpan(a)), IsOk());
+  ASSERT_THAT(ReadShardBf16(**weights, config, *layout, name, absl::MakeSpan(b)), IsOk());
+  EXPECT_EQ(a, b);
+  int distinct = 0;
+  for (size_t i = 1; i < a.size(); ++i) distinct += a[i] != a[i - 1];
+  EXPECT_GT(distinct, static_cast<int>(a.size() / 2));  // Random, not a fill.
+}
+
+TEST(RandomWeightsTest, RejectsWhatACheckpointRejects) {
+  auto spec = PresetSpec("llama3-tiny");
+  ASSERT_THAT(spec.status(), IsOk());
+  auto weights = RandomWeights::Create(*spec);
+  ASSERT_THAT(weights.status(), IsOk());
+  std::vector<uint16_t> out(4);
+  EXPECT_EQ((*weights)->ReadBf16("model.nope", absl::MakeSpan(out)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*weights)->ReadBf16("model.norm.weight", absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);  // Wrong size.
+  EXPECT_EQ(
+      (*weights)
+          ->ReadBf16Slice("model.norm.weight", {SliceAxis::kColumns, 0, 4}, absl::MakeSpan(out))
+          .code(),
+      absl::StatusCode::kInvalidArgument);  // Columns of a 1-D tensor.
+  EXPECT_EQ((*weights)
+                ->ReadBf16Slice("model.norm.weight", {SliceAxis::kRows, 4, 4}, absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // Empty.
+  ModelSpec bad = *spec;
+  bad.num_kv_heads = 3;
+  EXPECT_EQ(RandomWeights::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trident::model::generate

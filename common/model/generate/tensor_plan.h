@@ -1,0 +1,53 @@
+// What WriteModel writes and RandomWeights computes, shared: each tensor's
+// name, shape and distribution, and the value of any one element (a
+// counter-based stream per (seed, name), so a block of a tensor is computed
+// without the rest). Internal to the package.
+
+#ifndef TRIDENT_COMMON_MODEL_GENERATE_TENSOR_PLAN_H_
+#define TRIDENT_COMMON_MODEL_GENERATE_TENSOR_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/generate/tokenizer_gen.h"
+#include "nlohmann/json.hpp"
+
+namespace trident::model::generate::internal {
+
+struct PlannedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float mean = 0.0f;
+  float stddev = 0.0f;
+  // Rows are token ids: those of tokens that are not whole UTF-8 characters
+  // are scaled by 0.25 (sampled text is then made of whole characters).
+  bool vocab_rows = false;
+};
+
+// A checked spec with its tokenizer, vocabulary and tensors.
+struct Plan {
+  GeneratedTokenizer tokenizer;
+  int32_t vocab = 0;
+  std::vector<PlannedTensor> tensors;
+  std::unordered_set<int32_t> partial_utf8_ids;
+  nlohmann::json config;  // config.json's contents
+};
+
+// kInvalidArgument for non-positive sizes, heads not a multiple of KV
+// heads, or a vocabulary smaller than the tokenizer's.
+absl::StatusOr<Plan> MakePlan(const ModelSpec& spec);
+
+// The stream of tensor `name` under `seed`.
+uint64_t StreamBase(uint64_t seed, const std::string& name);
+
+// Element `index` (row-major) of `t`, as WriteModel computes it before the
+// file's dtype rounds it.
+float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t index);
+
+}  // namespace trident::model::generate::internal
+
+#endif  // TRIDENT_COMMON_MODEL_GENERATE_TENSOR_PLAN_H_
