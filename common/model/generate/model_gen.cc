@@ -212,20 +212,16 @@ absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
     return s;
   }
   if (name == "llama3-70b") {
-    // 141 GB in bf16: benchmarks load its shards through RandomWeights.
+    // Llama-3-8B's settings at Llama-3-70B's sizes. 141 GB in bf16:
+    // benchmarks load its shards through RandomWeights.
+    absl::StatusOr<ModelSpec> base = PresetSpec("llama3-8b");
+    if (!base.ok()) return base.status();
+    s = *base;
+    s.preset = name;
     s.hidden_size = 8192;
     s.num_layers = 80;
     s.num_heads = 64;
-    s.num_kv_heads = 8;
-    s.head_dim = 128;
     s.intermediate_size = 28672;
-    s.vocab_size = 128256;
-    s.tokenizer_vocab_size = 1024;
-    s.rope_original_max_position = 8192;
-    s.max_position_embeddings = 131072;
-    s.tie_word_embeddings = false;
-    s.dtype = DType::kBF16;
-    s.max_shard_bytes = 5ull << 30;
     s.seed = 5;
     return s;
   }
