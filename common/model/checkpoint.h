@@ -48,21 +48,25 @@ struct TensorSlice {
   int64_t end = 0;
 };
 
-// Where a model's tensors are read from as bf16, whole or a block of one:
-// a checkpoint on disk, or weights computed on demand (model/generate's
-// RandomWeights, which benchmarks load a large shape's shards from). Errors
-// as Checkpoint's.
-class Bf16TensorReader {
+// Where a model's tensors are read from: a checkpoint on disk, or weights
+// computed on demand (model/generate's RandomWeights, which benchmarks load
+// large shapes from without writing them). Errors as Checkpoint's.
+class TensorReader {
  public:
-  virtual ~Bf16TensorReader() = default;
+  virtual ~TensorReader() = default;
+  virtual bool Has(absl::string_view name) const = 0;
+  virtual absl::StatusOr<TensorInfo> Info(absl::string_view name) const = 0;
+  virtual absl::Status ReadFloat(absl::string_view name, absl::Span<float> out) const = 0;
   virtual absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const = 0;
   virtual absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
                                      absl::Span<uint16_t> out) const = 0;
+  // Bytes of every tensor as stored (what loading reads).
+  virtual uint64_t total_bytes() const = 0;
 };
 
 // Thread-safe after Open() (every method is const and the mappings are
 // read-only).
-class Checkpoint : public Bf16TensorReader {
+class Checkpoint : public TensorReader {
  public:
   // Opens the weights in `dir`, choosing, in this order (as `transformers`
   // does): `model.safetensors`; `model.safetensors.index.json`; the only
@@ -83,15 +87,15 @@ class Checkpoint : public Bf16TensorReader {
 
   const std::string& dir() const { return dir_; }
 
-  bool Has(absl::string_view name) const;
+  bool Has(absl::string_view name) const override;
 
   // kNotFound naming the tensor and directory if absent.
-  absl::StatusOr<TensorInfo> Info(absl::string_view name) const;
+  absl::StatusOr<TensorInfo> Info(absl::string_view name) const override;
 
   // Converts the tensor (F32, BF16 or F16) to f32 / bf16 into `out`, which
   // must hold exactly numel elements. kNotFound if absent; kFailedPrecondition
   // for other dtypes; kInvalidArgument if `out` has the wrong size.
-  absl::Status ReadFloat(absl::string_view name, absl::Span<float> out) const;
+  absl::Status ReadFloat(absl::string_view name, absl::Span<float> out) const override;
   absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const override;
 
   // The same for a slice, read straight from the mapping (a row block is one
@@ -110,7 +114,7 @@ class Checkpoint : public Bf16TensorReader {
   absl::StatusOr<absl::Span<const uint8_t>> RawBytes(absl::string_view name) const;
 
   // Sum of every tensor's bytes (what loading reads).
-  uint64_t total_bytes() const { return total_bytes_; }
+  uint64_t total_bytes() const override { return total_bytes_; }
 
   // Every tensor name, sorted.
   std::vector<std::string> TensorNames() const;

@@ -8,6 +8,15 @@
 #include "common/status/status_macros.h"
 
 namespace trident::model::generate {
+namespace {
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RandomWeights>> RandomWeights::Create(const ModelSpec& spec) {
   TRIDENT_ASSIGN_OR_RETURN(internal::Plan plan, internal::MakePlan(spec));
@@ -20,26 +29,45 @@ absl::StatusOr<std::unique_ptr<RandomWeights>> RandomWeights::Create(const Model
 RandomWeights::RandomWeights(ModelSpec spec, std::unique_ptr<internal::Plan> plan,
                              ModelConfig config)
     : spec_(std::move(spec)), plan_(std::move(plan)), config_(std::move(config)) {
-  for (size_t i = 0; i < plan_->tensors.size(); ++i) index_.emplace(plan_->tensors[i].name, i);
+  const uint64_t element_bytes = spec_.dtype == numeric::DType::kBF16 ? 2 : 4;
+  for (size_t i = 0; i < plan_->tensors.size(); ++i) {
+    index_.emplace(plan_->tensors[i].name, i);
+    total_bytes_ += static_cast<uint64_t>(Numel(plan_->tensors[i].shape)) * element_bytes;
+  }
 }
 
 RandomWeights::~RandomWeights() = default;
 
-absl::Status RandomWeights::ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const {
+absl::StatusOr<size_t> RandomWeights::Find(absl::string_view name) const {
   auto it = index_.find(name);
   if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat("generated model has no tensor \"", name, "\""));
   }
-  return ReadBf16Slice(name, {SliceAxis::kRows, 0, plan_->tensors[it->second].shape[0]}, out);
+  return it->second;
 }
 
-absl::Status RandomWeights::ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
-                                          absl::Span<uint16_t> out) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) {
-    return absl::NotFoundError(absl::StrCat("generated model has no tensor \"", name, "\""));
-  }
-  const internal::PlannedTensor& t = plan_->tensors[it->second];
+bool RandomWeights::Has(absl::string_view name) const { return index_.contains(name); }
+
+absl::StatusOr<TensorInfo> RandomWeights::Info(absl::string_view name) const {
+  TRIDENT_ASSIGN_OR_RETURN(size_t i, Find(name));
+  const internal::PlannedTensor& t = plan_->tensors[i];
+  TensorInfo info;
+  info.name = t.name;
+  info.file = "(generated)";
+  info.dtype = spec_.dtype;
+  info.dtype_name = spec_.dtype == numeric::DType::kBF16 ? "BF16" : "F32";
+  info.shape = t.shape;
+  info.numel = Numel(t.shape);
+  info.num_bytes =
+      static_cast<uint64_t>(info.numel) * (spec_.dtype == numeric::DType::kBF16 ? 2 : 4);
+  return info;
+}
+
+template <typename Emit>
+absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& slice,
+                                    size_t out_size, Emit emit) const {
+  TRIDENT_ASSIGN_OR_RETURN(size_t index, Find(name));
+  const internal::PlannedTensor& t = plan_->tensors[index];
   const int64_t rows = t.shape[0];
   const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
   const bool by_rows = slice.axis == SliceAxis::kRows;
@@ -55,22 +83,40 @@ absl::Status RandomWeights::ReadBf16Slice(absl::string_view name, const TensorSl
   }
   const int64_t out_rows = by_rows ? slice.end - slice.begin : rows;
   const int64_t out_cols = by_rows ? cols : slice.end - slice.begin;
-  if (static_cast<int64_t>(out.size()) != out_rows * out_cols) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\": out holds ", out.size(),
-                                                   " elements; the slice has ",
-                                                   out_rows * out_cols));
+  if (static_cast<int64_t>(out_size) != out_rows * out_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", name, "\": out holds ", out_size, " elements; the slice has ", out_rows * out_cols));
   }
   const uint64_t base = internal::StreamBase(spec_.seed, t.name);
   const int64_t row0 = by_rows ? slice.begin : 0;
   const int64_t col0 = by_rows ? 0 : slice.begin;
   for (int64_t r = 0; r < out_rows; ++r) {
     for (int64_t c = 0; c < out_cols; ++c) {
-      const int64_t index = (row0 + r) * cols + col0 + c;
-      out[static_cast<size_t>(r * out_cols + c)] =
-          numeric::FloatToBf16(internal::Element(*plan_, t, base, index));
+      const int64_t element = (row0 + r) * cols + col0 + c;
+      emit(static_cast<size_t>(r * out_cols + c), internal::Element(*plan_, t, base, element));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status RandomWeights::ReadFloat(absl::string_view name, absl::Span<float> out) const {
+  TRIDENT_ASSIGN_OR_RETURN(size_t i, Find(name));
+  const bool bf16 = spec_.dtype == numeric::DType::kBF16;
+  return ForEach(name, {SliceAxis::kRows, 0, plan_->tensors[i].shape[0]}, out.size(),
+                 [&](size_t at, float v) {
+                   out[at] = bf16 ? numeric::Bf16ToFloat(numeric::FloatToBf16(v)) : v;
+                 });
+}
+
+absl::Status RandomWeights::ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const {
+  TRIDENT_ASSIGN_OR_RETURN(size_t i, Find(name));
+  return ReadBf16Slice(name, {SliceAxis::kRows, 0, plan_->tensors[i].shape[0]}, out);
+}
+
+absl::Status RandomWeights::ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
+                                          absl::Span<uint16_t> out) const {
+  return ForEach(name, slice, out.size(),
+                 [&](size_t at, float v) { out[at] = numeric::FloatToBf16(v); });
 }
 
 }  // namespace trident::model::generate

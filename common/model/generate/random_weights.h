@@ -27,7 +27,7 @@ struct Plan;
 }  // namespace internal
 
 // Thread-safe (every method is const).
-class RandomWeights : public Bf16TensorReader {
+class RandomWeights : public TensorReader {
  public:
   // Errors as WriteModel's for the spec.
   static absl::StatusOr<std::unique_ptr<RandomWeights>> Create(const ModelSpec& spec);
@@ -38,10 +38,16 @@ class RandomWeights : public Bf16TensorReader {
 
   // As Checkpoint's: kNotFound for a tensor the spec has not; kInvalidArgument
   // for a slice outside the tensor or empty, columns of a 1-D tensor, or an
-  // `out` of the wrong size.
+  // `out` of the wrong size. Info's file is "(generated)"; ReadFloat gives
+  // the values as the written file would hold them (bf16-rounded for a bf16
+  // spec).
+  bool Has(absl::string_view name) const override;
+  absl::StatusOr<TensorInfo> Info(absl::string_view name) const override;
+  absl::Status ReadFloat(absl::string_view name, absl::Span<float> out) const override;
   absl::Status ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const override;
   absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
                              absl::Span<uint16_t> out) const override;
+  uint64_t total_bytes() const override { return total_bytes_; }
 
  private:
   RandomWeights(ModelSpec spec, std::unique_ptr<internal::Plan> plan, ModelConfig config);
@@ -50,6 +56,15 @@ class RandomWeights : public Bf16TensorReader {
   std::unique_ptr<internal::Plan> plan_;
   ModelConfig config_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> plan_->tensors
+  uint64_t total_bytes_ = 0;
+
+  // The planned tensor `name`, or kNotFound.
+  absl::StatusOr<size_t> Find(absl::string_view name) const;
+  // Calls emit(out index, value) over the slice's elements, row-major, after
+  // checking it against the tensor and `out_size`.
+  template <typename Emit>
+  absl::Status ForEach(absl::string_view name, const TensorSlice& slice, size_t out_size,
+                       Emit emit) const;
 };
 
 }  // namespace trident::model::generate

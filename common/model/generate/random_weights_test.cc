@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/model/checkpoint.h"
+#include "common/numeric/dtype.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/llama_weights.h"
 #include "common/model/tensor_parallel/tensor_parallel.h"
@@ -30,8 +31,7 @@ int64_t Elements(const TensorShard& shard) {
 
 // Every rank's shard of every tensor, at each TP degree the shape allows,
 // read from the written checkpoint and from RandomWeights: the same bits.
-void ExpectSameShards(const std::string& preset) {
-  auto spec = PresetSpec(preset);
+void ExpectSameShards(const std::string& preset, absl::StatusOr<ModelSpec> spec) {
   ASSERT_THAT(spec.status(), IsOk());
   const std::string dir = TempDir(preset);
   ASSERT_THAT(WriteModel(*spec, dir), IsOk());
@@ -64,6 +64,21 @@ void ExpectSameShards(const std::string& preset) {
       }
     }
   }
+  // Whole tensors, as a single-GPU loader reads them: info and f32 values.
+  EXPECT_EQ((*weights)->total_bytes(), (*checkpoint)->total_bytes());
+  for (const ExpectedTensor& t : ExpectedLlamaTensors(config)) {
+    auto want = (*checkpoint)->Info(t.name);
+    auto got = (*weights)->Info(t.name);
+    ASSERT_THAT(got.status(), IsOk());
+    EXPECT_EQ(got->shape, want->shape) << t.name;
+    EXPECT_EQ(got->dtype, want->dtype) << t.name;
+    EXPECT_EQ(got->num_bytes, want->num_bytes) << t.name;
+    std::vector<float> a(want->numel), b(want->numel);
+    ASSERT_THAT((*checkpoint)->ReadFloat(t.name, absl::MakeSpan(a)), IsOk());
+    ASSERT_THAT((*weights)->ReadFloat(t.name, absl::MakeSpan(b)), IsOk());
+    EXPECT_EQ(a, b) << t.name;
+  }
+  EXPECT_FALSE((*weights)->Has("lm_head.weight") && config.tie_word_embeddings);
   std::printf("%s: %d shards compared\n", preset.c_str(), compared);
   EXPECT_GT(compared, 0);
 }
@@ -71,8 +86,14 @@ void ExpectSameShards(const std::string& preset) {
 TEST(RandomWeightsTest, EqualsTheWrittenCheckpointShardByShard) {
   for (const char* preset : {"llama3-tiny", "qwen2-tiny", "mistral-tiny"}) {
     SCOPED_TRACE(preset);
-    ExpectSameShards(preset);
+    ExpectSameShards(preset, PresetSpec(preset));
   }
+  // bf16 in shards of at most 1 MiB, as the large presets are written.
+  absl::StatusOr<ModelSpec> bf16 = PresetSpec("llama3-tiny");
+  ASSERT_THAT(bf16.status(), IsOk());
+  bf16->dtype = numeric::DType::kBF16;
+  bf16->max_shard_bytes = 1 << 20;
+  ExpectSameShards("llama3-tiny-bf16", bf16);
 }
 
 // The 70B shape is never written: its config and a rank's block of a

@@ -125,7 +125,7 @@ absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
   return *std::move(shard);
 }
 
-absl::Status ReadShardBf16(const Bf16TensorReader& checkpoint, const ModelConfig& config,
+absl::Status ReadShardBf16(const TensorReader& checkpoint, const ModelConfig& config,
                            const TensorParallelLayout& layout, absl::string_view name,
                            absl::Span<uint16_t> out) {
   absl::StatusOr<TensorShard> shard = ShardOf(config, layout, name);

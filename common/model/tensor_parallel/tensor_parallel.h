@@ -73,7 +73,7 @@ absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
 // generated weights) into `out` (bf16,
 // row-major in the shard's shape; sized as the shard). Errors as ShardOf and
 // Checkpoint::ReadBf16Slice / ReadBf16.
-absl::Status ReadShardBf16(const Bf16TensorReader& checkpoint, const ModelConfig& config,
+absl::Status ReadShardBf16(const TensorReader& checkpoint, const ModelConfig& config,
                            const TensorParallelLayout& layout, absl::string_view name,
                            absl::Span<uint16_t> out);
 
