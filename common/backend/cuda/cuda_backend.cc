@@ -59,8 +59,9 @@ size_t MetaBytes(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_se
 
 // Copies `n` converted elements of a checkpoint tensor (or the
 // concatenation of several) to a new device buffer.
-absl::Status Impl::UploadBf16(model::Checkpoint& ckpt, const std::vector<std::string>& names,
-                        DeviceBuffer* out, model::LoadProgress& progress) {
+absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
+                              const std::vector<std::string>& names, DeviceBuffer* out,
+                              model::LoadProgress& progress) {
   std::vector<uint16_t> host;
   for (const std::string& name : names) {
     TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
@@ -74,8 +75,8 @@ absl::Status Impl::UploadBf16(model::Checkpoint& ckpt, const std::vector<std::st
                    "weight upload");
 }
 
-absl::Status Impl::UploadF32(model::Checkpoint& ckpt, const std::vector<std::string>& names,
-                       DeviceBuffer* out, model::LoadProgress& progress) {
+absl::Status Impl::UploadF32(const model::TensorReader& ckpt, const std::vector<std::string>& names,
+                             DeviceBuffer* out, model::LoadProgress& progress) {
   std::vector<float> host;
   for (const std::string& name : names) {
     TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
@@ -90,6 +91,14 @@ absl::Status Impl::UploadF32(model::Checkpoint& ckpt, const std::vector<std::str
 }
 
 absl::Status Impl::Load(const std::string& dir) {
+  TRIDENT_ASSIGN_OR_RETURN(model::ModelConfig dir_config, model::LoadModelConfig(dir));
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
+  TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(dir_config, *ckpt));
+  return LoadFrom(*ckpt, dir_config, dir);
+}
+
+absl::Status Impl::LoadFrom(const model::TensorReader& weights, const model::ModelConfig& model,
+                            const std::string& source) {
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(options.device), "set device"));
   // What other backends and processes hold already is not this one's.
   size_t total_at_start = 0;
@@ -100,12 +109,11 @@ absl::Status Impl::Load(const std::string& dir) {
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv = options.gemv, .pdl = options.pdl}));
-  TRIDENT_ASSIGN_OR_RETURN(config, model::LoadModelConfig(dir));
-  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
-  TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));
+  config = model;
+  const model::TensorReader* ckpt = &weights;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        dir, "/config.json: head_dim ", config.head_dim,
+        source, "/config.json: head_dim ", config.head_dim,
         " is not supported by the CUDA attention kernels (a multiple of 16 up to 256)"));
   }
   RealClock real_clock;
@@ -284,6 +292,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   TRIDENT_RETURN_IF_ERROR(impl->Load(model_dir));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateFromWeights(
+    const model::TensorReader& weights, const model::ModelConfig& config,
+    const CudaBackendOptions& options) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " not present (", count, " devices)"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  TRIDENT_RETURN_IF_ERROR(impl->LoadFrom(weights, config, "generated weights"));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 

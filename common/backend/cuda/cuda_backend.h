@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/model_backend.h"
+#include "common/model/checkpoint.h"
 #include "common/model/config.h"
 #include "common/numeric/dtype.h"
 #include "common/time/clock.h"
@@ -91,6 +92,12 @@ class CudaBackend : public ModelBackend {
   // unsupported models, naming the file and tensor.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const std::string& model_dir,
                                                              const CudaBackendOptions& options);
+  // The same over weights from any reader, with their config: a benchmark
+  // loads model/generate's RandomWeights without a checkpoint on disk. The
+  // weights are not checked against the config (a checkpoint's are).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateFromWeights(
+      const model::TensorReader& weights, const model::ModelConfig& config,
+      const CudaBackendOptions& options);
   ~CudaBackend() override;
 
   int32_t vocab_size() const override;

@@ -261,9 +261,13 @@ struct Impl {
 
   // Loading (cuda_backend.cc).
   absl::Status Load(const std::string& dir);
-  absl::Status UploadBf16(model::Checkpoint& ckpt, const std::vector<std::string>& names,
+  // The weights from any reader (a checkpoint, or generated ones); `source`
+  // names them in messages.
+  absl::Status LoadFrom(const model::TensorReader& weights, const model::ModelConfig& model,
+                        const std::string& source);
+  absl::Status UploadBf16(const model::TensorReader& ckpt, const std::vector<std::string>& names,
                           DeviceBuffer* out, model::LoadProgress& progress);
-  absl::Status UploadF32(model::Checkpoint& ckpt, const std::vector<std::string>& names,
+  absl::Status UploadF32(const model::TensorReader& ckpt, const std::vector<std::string>& names,
                          DeviceBuffer* out, model::LoadProgress& progress);
   absl::Status AllocateWorkspaceAndKv();
   absl::Status AllocatePass(Pass& pass, int64_t max_tokens, int64_t max_seqs);

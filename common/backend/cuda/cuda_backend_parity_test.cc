@@ -17,6 +17,8 @@
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/generate/random_weights.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -162,6 +164,49 @@ TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
               GetParam().c_str(), same, total, worst);
   EXPECT_LE(worst, 1e-2);
   EXPECT_GE(static_cast<double>(same) / total, 0.99);
+}
+
+// The fixture's preset generated in memory (RandomWeights) and loaded
+// without its checkpoint: the same weights, so the same logits up to the
+// run-to-run noise of cuBLASLt's prefill algorithms (as between two
+// backends over one checkpoint: GraphReplayMatchesDirectLaunches).
+TEST_P(CudaParityTest, GeneratedWeightsLoadTheSameModel) {
+  auto spec = model::generate::PresetSpec(GetParam());
+  ASSERT_THAT(spec.status(), IsOk());
+  auto weights = model::generate::RandomWeights::Create(*spec);
+  ASSERT_THAT(weights.status(), IsOk());
+  CudaBackendOptions options;
+  options.gpu_memory_fraction = 0.6;  // Counts the first backend's memory as used.
+  options.max_batch_tokens = 2048;
+  options.max_batch_sequences = 64;
+  auto generated = CudaBackend::CreateFromWeights(**weights, (*weights)->config(), options);
+  ASSERT_THAT(generated.status(), IsOk());
+  int same_argmax = 0, rows = 0, exact_rows = 0;
+  double worst = 0;
+  for (const FixturePrompt& prompt : fixture_.prompts) {
+    const int32_t steps = std::min<int32_t>(static_cast<int32_t>(prompt.greedy.size()), 8);
+    auto from_dir = testing::TeacherForced(*backend_, prompt, steps);
+    auto from_memory = testing::TeacherForced(**generated, prompt, steps);
+    ASSERT_THAT(from_dir.status(), IsOk());
+    ASSERT_THAT(from_memory.status(), IsOk());
+    for (int32_t s = 0; s < steps; ++s) {
+      const std::vector<float>& a = (*from_dir)[s];
+      const std::vector<float>& b = (*from_memory)[s];
+      const auto [lo, hi] = std::minmax_element(a.begin(), a.end());
+      double diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff = std::max<double>(diff, std::abs(a[i] - b[i]));
+      worst = std::max(worst, diff / std::max(1e-6f, *hi - *lo));
+      exact_rows += a == b ? 1 : 0;
+      same_argmax += Argmax(a) == Argmax(b) ? 1 : 0;
+      ++rows;
+    }
+  }
+  std::printf(
+      "%s cuda: generated weights vs checkpoint, %d/%d rows bit-identical, argmax %d/%d, max "
+      "|dlogit| / range %.3g\n",
+      GetParam().c_str(), exact_rows, rows, same_argmax, rows, worst);
+  EXPECT_LE(worst, 1e-2);
+  EXPECT_GE(static_cast<double>(same_argmax) / rows, 0.99);
 }
 
 // Sampling on the GPU (the default) gives the host sampler's tokens and

@@ -37,10 +37,15 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/generate/random_weights.h"
 #include "kernels/cuda/testing/read_ceiling.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model_dir, "", "Model directory (e.g. make_model --preset=llama3-8b).");
+ABSL_FLAG(std::string, preset, "",
+          "Instead of --model_dir: a make_model preset's random weights, computed in memory "
+          "(model/generate's RandomWeights) rather than read from disk.");
 ABSL_FLAG(std::string, batch, "1,16,64", "Comma-separated batch sizes.");
 ABSL_FLAG(int32_t, prompt_len, 512, "Prompt tokens per request.");
 ABSL_FLAG(int32_t, new_tokens, 128, "Generated tokens per request.");
@@ -188,10 +193,23 @@ absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int3
   return 1e3 * Seconds(start, Clock::now()) / kSteps;
 }
 
+// The backend over `model_dir`, or over `preset`'s generated weights.
+absl::StatusOr<std::unique_ptr<CudaBackend>> Load(const std::string& model_dir,
+                                                  const std::string& preset,
+                                                  const CudaBackendOptions& options) {
+  if (preset.empty()) return CudaBackend::Create(model_dir, options);
+  absl::StatusOr<model::generate::ModelSpec> spec = model::generate::PresetSpec(preset);
+  if (!spec.ok()) return spec.status();
+  auto weights = model::generate::RandomWeights::Create(*spec);
+  if (!weights.ok()) return weights.status();
+  return CudaBackend::CreateFromWeights(**weights, (*weights)->config(), options);
+}
+
 int Main() {
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  if (model_dir.empty()) {
-    std::fprintf(stderr, "--model_dir is required\n");
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  if (model_dir.empty() == preset.empty()) {
+    std::fprintf(stderr, "give one of --model_dir and --preset\n");
     return 2;
   }
   std::vector<int32_t> batches;
@@ -228,12 +246,13 @@ int Main() {
   options.pdl = absl::GetFlag(FLAGS_pdl);
   if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;
   const auto load_start = Clock::now();
-  auto backend = CudaBackend::Create(model_dir, options);
+  auto backend = Load(model_dir, preset, options);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
     return 1;
   }
-  std::printf("model %s loaded in %.1f s: %s\n", model_dir.c_str(),
+  std::printf("model %s loaded in %.1f s: %s\n",
+              preset.empty() ? model_dir.c_str() : preset.c_str(),
               Seconds(load_start, Clock::now()), (*backend)->Describe().c_str());
   const double weight_bytes = DecodeWeightBytes((*backend)->config());
   const double ceiling = MeasureReadCeiling(size_t{4} << 30);

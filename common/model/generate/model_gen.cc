@@ -237,7 +237,7 @@ uint64_t StreamBase(uint64_t seed, const std::string& name) {
 
 float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t index) {
   float v = Uniform(base, index, t.mean, t.stddev);
-  if (t.vocab_rows && plan.partial_utf8_ids.count(static_cast<int32_t>(index / t.shape[1])) > 0) {
+  if (t.vocab_rows && plan.partial_utf8[static_cast<size_t>(index / t.shape[1])]) {
     v *= 0.25f;
   }
   return v;
@@ -260,7 +260,8 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& s) {
         absl::StrCat("vocab_size ", vocab, " is smaller than the tokenizer's ", tok.vocab_size));
   }
   plan.vocab = vocab;
-  plan.partial_utf8_ids.insert(tok.partial_utf8_ids.begin(), tok.partial_utf8_ids.end());
+  plan.partial_utf8.assign(static_cast<size_t>(vocab), false);
+  for (int32_t id : tok.partial_utf8_ids) plan.partial_utf8[static_cast<size_t>(id)] = true;
   plan.config = ConfigJson(s, vocab, tok);
   const int64_t h = s.hidden_size;
   const int64_t q_out = static_cast<int64_t>(s.num_heads) * s.head_dim;

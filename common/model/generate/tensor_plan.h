@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,7 +32,8 @@ struct Plan {
   GeneratedTokenizer tokenizer;
   int32_t vocab = 0;
   std::vector<PlannedTensor> tensors;
-  std::unordered_set<int32_t> partial_utf8_ids;
+  // Per token id: whether its rows are scaled (not a whole UTF-8 character).
+  std::vector<bool> partial_utf8;
   nlohmann::json config;  // config.json's contents
 };
 
