@@ -282,15 +282,25 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
 CudaBackend::CudaBackend(std::unique_ptr<cuda_internal::Impl> impl) : impl_(std::move(impl)) {}
 CudaBackend::~CudaBackend() = default;
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
-    const std::string& model_dir, const CudaBackendOptions& options) {
+namespace {
+
+// A backend's state before loading, on a device that exists.
+absl::StatusOr<std::unique_ptr<cuda_internal::Impl>> NewImpl(const CudaBackendOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", options.device, " not present (", count, " devices)"));
   }
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<cuda_internal::Impl>();
   impl->options = options;
+  return impl;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const std::string& model_dir, const CudaBackendOptions& options) {
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<cuda_internal::Impl> impl, NewImpl(options));
   TRIDENT_RETURN_IF_ERROR(impl->Load(model_dir));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
@@ -298,13 +308,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateFromWeights(
     const model::TensorReader& weights, const model::ModelConfig& config,
     const CudaBackendOptions& options) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", options.device, " not present (", count, " devices)"));
-  }
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<cuda_internal::Impl> impl, NewImpl(options));
   TRIDENT_RETURN_IF_ERROR(impl->LoadFrom(weights, config, "generated weights"));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }

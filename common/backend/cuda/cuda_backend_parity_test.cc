@@ -34,6 +34,40 @@ using ::trident::testing::IsOk;
 
 constexpr double kBf16Tolerance = 2e-2;
 
+// Teacher-forced logits of two backends over the fixture's prompts (up to
+// `max_steps` each): rows compared, rows bit-identical, argmax agreement,
+// and the largest |dlogit| over the row's logit range.
+struct LogitComparison {
+  int rows = 0;
+  int exact_rows = 0;
+  int same_argmax = 0;
+  double worst = 0;
+};
+
+absl::StatusOr<LogitComparison> CompareTeacherForced(ModelBackend& a, ModelBackend& b,
+                                                     const HfFixture& fixture, int32_t max_steps) {
+  LogitComparison c;
+  for (const FixturePrompt& prompt : fixture.prompts) {
+    const int32_t steps = std::min<int32_t>(static_cast<int32_t>(prompt.greedy.size()), max_steps);
+    auto left = testing::TeacherForced(a, prompt, steps);
+    if (!left.ok()) return left.status();
+    auto right = testing::TeacherForced(b, prompt, steps);
+    if (!right.ok()) return right.status();
+    for (int32_t s = 0; s < steps; ++s) {
+      const std::vector<float>& x = (*left)[s];
+      const std::vector<float>& y = (*right)[s];
+      const auto [lo, hi] = std::minmax_element(y.begin(), y.end());
+      double diff = 0;
+      for (size_t i = 0; i < x.size(); ++i) diff = std::max<double>(diff, std::abs(x[i] - y[i]));
+      c.worst = std::max(c.worst, diff / std::max(1e-6f, *hi - *lo));
+      c.exact_rows += x == y ? 1 : 0;
+      c.same_argmax += Argmax(x) == Argmax(y) ? 1 : 0;
+      ++c.rows;
+    }
+  }
+  return c;
+}
+
 class CudaParityTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -130,25 +164,10 @@ TEST_P(CudaParityTest, GraphReplayMatchesDirectLaunches) {
   EXPECT_GT(at_start.captured, 10);
   EXPECT_EQ(at_start.replays, 0);
   EXPECT_EQ((*direct)->graph_stats().captured, 0);
-  int same = 0, total = 0;
-  double worst = 0;
-  for (const FixturePrompt& prompt : fixture_.prompts) {
-    const int32_t steps = std::min<int32_t>(static_cast<int32_t>(prompt.greedy.size()), 32);
-    auto graphed = testing::TeacherForced(*backend_, prompt, steps);
-    auto launched = testing::TeacherForced(**direct, prompt, steps);
-    ASSERT_THAT(graphed.status(), IsOk());
-    ASSERT_THAT(launched.status(), IsOk());
-    for (int32_t s = 0; s < steps; ++s) {
-      const std::vector<float>& a = (*graphed)[s];
-      const std::vector<float>& b = (*launched)[s];
-      const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
-      double diff = 0;
-      for (size_t i = 0; i < a.size(); ++i) diff = std::max<double>(diff, std::abs(a[i] - b[i]));
-      worst = std::max(worst, diff / std::max(1e-6f, *hi - *lo));
-      same += Argmax(a) == Argmax(b) ? 1 : 0;
-      ++total;
-    }
-  }
+  auto compared = CompareTeacherForced(*backend_, **direct, fixture_, 32);
+  ASSERT_THAT(compared.status(), IsOk());
+  const int same = compared->same_argmax, total = compared->rows;
+  const double worst = compared->worst;
   // Decode steps replayed those graphs; none was captured while serving.
   const GraphStats after = backend_->graph_stats();
   std::printf(
@@ -181,32 +200,14 @@ TEST_P(CudaParityTest, GeneratedWeightsLoadTheSameModel) {
   options.max_batch_sequences = 64;
   auto generated = CudaBackend::CreateFromWeights(**weights, (*weights)->config(), options);
   ASSERT_THAT(generated.status(), IsOk());
-  int same_argmax = 0, rows = 0, exact_rows = 0;
-  double worst = 0;
-  for (const FixturePrompt& prompt : fixture_.prompts) {
-    const int32_t steps = std::min<int32_t>(static_cast<int32_t>(prompt.greedy.size()), 8);
-    auto from_dir = testing::TeacherForced(*backend_, prompt, steps);
-    auto from_memory = testing::TeacherForced(**generated, prompt, steps);
-    ASSERT_THAT(from_dir.status(), IsOk());
-    ASSERT_THAT(from_memory.status(), IsOk());
-    for (int32_t s = 0; s < steps; ++s) {
-      const std::vector<float>& a = (*from_dir)[s];
-      const std::vector<float>& b = (*from_memory)[s];
-      const auto [lo, hi] = std::minmax_element(a.begin(), a.end());
-      double diff = 0;
-      for (size_t i = 0; i < a.size(); ++i) diff = std::max<double>(diff, std::abs(a[i] - b[i]));
-      worst = std::max(worst, diff / std::max(1e-6f, *hi - *lo));
-      exact_rows += a == b ? 1 : 0;
-      same_argmax += Argmax(a) == Argmax(b) ? 1 : 0;
-      ++rows;
-    }
-  }
+  auto c = CompareTeacherForced(*backend_, **generated, fixture_, 8);
+  ASSERT_THAT(c.status(), IsOk());
   std::printf(
       "%s cuda: generated weights vs checkpoint, %d/%d rows bit-identical, argmax %d/%d, max "
       "|dlogit| / range %.3g\n",
-      GetParam().c_str(), exact_rows, rows, same_argmax, rows, worst);
-  EXPECT_LE(worst, 1e-2);
-  EXPECT_GE(static_cast<double>(same_argmax) / rows, 0.99);
+      GetParam().c_str(), c->exact_rows, c->rows, c->same_argmax, c->rows, c->worst);
+  EXPECT_LE(c->worst, 1e-2);
+  EXPECT_GE(static_cast<double>(c->same_argmax) / c->rows, 0.99);
 }
 
 // Sampling on the GPU (the default) gives the host sampler's tokens and
