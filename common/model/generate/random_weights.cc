@@ -1,6 +1,9 @@
 #include "common/model/generate/random_weights.h"
 
+#include <algorithm>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/generate/tensor_plan.h"
@@ -90,12 +93,28 @@ absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& s
   const uint64_t base = internal::StreamBase(spec_.seed, t.name);
   const int64_t row0 = by_rows ? slice.begin : 0;
   const int64_t col0 = by_rows ? 0 : slice.begin;
-  for (int64_t r = 0; r < out_rows; ++r) {
-    for (int64_t c = 0; c < out_cols; ++c) {
-      const int64_t element = (row0 + r) * cols + col0 + c;
-      emit(static_cast<size_t>(r * out_cols + c), internal::Element(*plan_, t, base, element));
+  auto rows_range = [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      for (int64_t c = 0; c < out_cols; ++c) {
+        const int64_t element = (row0 + r) * cols + col0 + c;
+        emit(static_cast<size_t>(r * out_cols + c), internal::Element(*plan_, t, base, element));
+      }
     }
+  };
+  // Every element is computed alone, so large blocks are split by rows over
+  // the machine's cores (a 70B rank's shard is ~17 billion elements).
+  const int64_t threads =
+      std::min<int64_t>({static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
+                         16, out_rows * out_cols / (int64_t{1} << 20) + 1, out_rows});
+  if (threads <= 1) {
+    rows_range(0, out_rows);
+    return absl::OkStatus();
   }
+  std::vector<std::thread> workers;
+  for (int64_t w = 0; w < threads; ++w) {
+    workers.emplace_back(rows_range, out_rows * w / threads, out_rows * (w + 1) / threads);
+  }
+  for (std::thread& worker : workers) worker.join();
   return absl::OkStatus();
 }
 

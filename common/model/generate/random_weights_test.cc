@@ -119,6 +119,17 @@ TEST(RandomWeightsTest, GivesTheLargeShapesShardsWithoutWritingThem) {
   ASSERT_THAT(ReadShardBf16(**weights, config, *layout, name, absl::MakeSpan(a)), IsOk());
   ASSERT_THAT(ReadShardBf16(**weights, config, *layout, name, absl::MakeSpan(b)), IsOk());
   EXPECT_EQ(a, b);
+  // Read in blocks small enough to be computed on one thread: the same as
+  // the large read split over threads.
+  std::vector<uint16_t> pieces;
+  for (int64_t row = 0; row < 256; row += 64) {
+    std::vector<uint16_t> piece(64 * 8192);
+    ASSERT_THAT((*weights)->ReadBf16Slice(name, {SliceAxis::kRows, 768 + row, 768 + row + 64},
+                                          absl::MakeSpan(piece)),
+                IsOk());
+    pieces.insert(pieces.end(), piece.begin(), piece.end());
+  }
+  EXPECT_EQ(pieces, a);
   int distinct = 0;
   for (size_t i = 1; i < a.size(); ++i) distinct += a[i] != a[i - 1];
   EXPECT_GT(distinct, static_cast<int>(a.size() / 2));  // Random, not a fill.
