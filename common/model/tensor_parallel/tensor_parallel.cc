@@ -125,6 +125,15 @@ absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
   return *std::move(shard);
 }
 
+ModelConfig RankModelConfig(const ModelConfig& config, const TensorParallelLayout& layout) {
+  ModelConfig rank = config;
+  rank.num_attention_heads = layout.q_heads;
+  rank.num_key_value_heads = layout.kv_heads;
+  rank.head_dim = config.head_dim;  // Explicit: hidden / heads no longer gives it.
+  rank.intermediate_size = static_cast<int32_t>(layout.intermediate);
+  return rank;
+}
+
 absl::Status ReadShardBf16(const TensorReader& checkpoint, const ModelConfig& config,
                            const TensorParallelLayout& layout, absl::string_view name,
                            absl::Span<uint16_t> out) {

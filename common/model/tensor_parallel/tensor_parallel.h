@@ -57,6 +57,13 @@ struct TensorParallelLayout {
 absl::StatusOr<TensorParallelLayout> MakeTensorParallelLayout(const ModelConfig& config,
                                                               int32_t size, int32_t rank);
 
+// The model as rank `layout.rank` computes it: its query heads, its KV
+// heads and its intermediate block; head_dim, the hidden size, the layers
+// and the vocabulary unchanged (a rank's LM head covers layout.vocab rows
+// of it). A rank's engine sizes its projections, attention kernels and KV
+// pool from this config.
+ModelConfig RankModelConfig(const ModelConfig& config, const TensorParallelLayout& layout);
+
 // How a rank holds one tensor.
 struct TensorShard {
   bool whole = true;      // Replicated (every rank holds all of it).

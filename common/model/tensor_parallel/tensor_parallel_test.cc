@@ -73,6 +73,39 @@ TEST(TensorParallelLayoutTest, ReplicatesKvHeadsWhenFewerThanRanks) {
   }
 }
 
+// A rank runs the model with its own head counts: its kernels map local
+// query head j to local KV head j / (q_heads / kv_heads), which must be the
+// KV head the global mapping gives, whether KV heads are split or
+// replicated.
+TEST(TensorParallelLayoutTest, RankConfigKeepsEveryQueryHeadOnItsKvHead) {
+  const int32_t shapes[][2] = {{32, 8}, {64, 8}, {8, 2}, {4, 1}, {4, 4}};
+  for (const auto& shape : shapes) {
+    const ModelConfig config = Config(shape[0], shape[1], 64, 100);
+    const int32_t group = config.num_attention_heads / config.num_key_value_heads;
+    for (int32_t size : {1, 2, 4, 8}) {
+      for (int32_t rank = 0; rank < size; ++rank) {
+        absl::StatusOr<TensorParallelLayout> layout = MakeTensorParallelLayout(config, size, rank);
+        if (!layout.ok()) continue;  // Does not split this way.
+        const ModelConfig local = RankModelConfig(config, *layout);
+        SCOPED_TRACE(::testing::Message()
+                     << shape[0] << "/" << shape[1] << " heads, rank " << rank << " of " << size);
+        EXPECT_EQ(local.num_attention_heads, layout->q_heads);
+        EXPECT_EQ(local.num_key_value_heads, layout->kv_heads);
+        EXPECT_EQ(local.intermediate_size, layout->intermediate);
+        EXPECT_EQ(local.head_dim, config.head_dim);
+        EXPECT_EQ(local.hidden_size, config.hidden_size);
+        EXPECT_EQ(local.vocab_size, config.vocab_size);
+        ASSERT_EQ(local.num_attention_heads % local.num_key_value_heads, 0);
+        const int32_t local_group = local.num_attention_heads / local.num_key_value_heads;
+        for (int32_t j = 0; j < local.num_attention_heads; ++j) {
+          EXPECT_EQ(layout->first_kv_head + j / local_group, (layout->first_q_head + j) / group)
+              << "local query head " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorParallelLayoutTest, UnevenVocabularyLeavesTheLastBlockShort) {
   const ModelConfig config = Config(4, 4, 64, 10);
   std::vector<int64_t> first, count;
