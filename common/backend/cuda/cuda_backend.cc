@@ -94,11 +94,11 @@ absl::Status Impl::Load(const std::string& dir) {
   TRIDENT_ASSIGN_OR_RETURN(model::ModelConfig dir_config, model::LoadModelConfig(dir));
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt, model::Checkpoint::Open(dir));
   TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(dir_config, *ckpt));
-  return LoadFrom(*ckpt, dir_config, dir);
+  return LoadFrom(*ckpt, dir_config, dir + "/config.json");
 }
 
-absl::Status Impl::LoadFrom(const model::TensorReader& weights, const model::ModelConfig& model,
-                            const std::string& source) {
+absl::Status Impl::LoadFrom(const model::TensorReader& weights,
+                            const model::ModelConfig& model_config, const std::string& source) {
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(options.device), "set device"));
   // What other backends and processes hold already is not this one's.
   size_t total_at_start = 0;
@@ -109,63 +109,65 @@ absl::Status Impl::LoadFrom(const model::TensorReader& weights, const model::Mod
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv = options.gemv, .pdl = options.pdl}));
-  config = model;
-  const model::TensorReader* ckpt = &weights;
+  config = model_config;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        source, "/config.json: head_dim ", config.head_dim,
+        source, ": head_dim ", config.head_dim,
         " is not supported by the CUDA attention kernels (a multiple of 16 up to 256)"));
   }
   RealClock real_clock;
-  model::LoadProgress progress(ckpt->total_bytes(),
+  model::LoadProgress progress(weights.total_bytes(),
                                options.clock != nullptr ? options.clock : &real_clock);
 
   {
-    TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt->Info("model.embed_tokens.weight"));
+    TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, weights.Info("model.embed_tokens.weight"));
     f32_embedding = info.dtype == DType::kF32;
   }
   if (f32_embedding) {
-    TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+    TRIDENT_RETURN_IF_ERROR(
+        UploadF32(weights, {"model.embed_tokens.weight"}, &embedding, progress));
   } else {
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &embedding, progress));
+    TRIDENT_RETURN_IF_ERROR(
+        UploadBf16(weights, {"model.embed_tokens.weight"}, &embedding, progress));
   }
   layers.resize(config.num_hidden_layers);
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     Layer& layer = layers[l];
     auto name = [l](const char* suffix) { return model::LayerTensorName(l, suffix); };
     TRIDENT_RETURN_IF_ERROR(
-        UploadF32(*ckpt, {name(model::kInputLayernorm)}, &layer.input_norm, progress));
+        UploadF32(weights, {name(model::kInputLayernorm)}, &layer.input_norm, progress));
     TRIDENT_RETURN_IF_ERROR(
-        UploadF32(*ckpt, {name(model::kPostAttentionLayernorm)}, &layer.post_norm, progress));
+        UploadF32(weights, {name(model::kPostAttentionLayernorm)}, &layer.post_norm, progress));
     TRIDENT_RETURN_IF_ERROR(
-        UploadBf16(*ckpt, {name(model::kQProj), name(model::kKProj), name(model::kVProj)},
+        UploadBf16(weights, {name(model::kQProj), name(model::kKProj), name(model::kVProj)},
                    &layer.qkv, progress));
     if (config.attention_bias) {
       TRIDENT_RETURN_IF_ERROR(UploadF32(
-          *ckpt, {name(model::kQProjBias), name(model::kKProjBias), name(model::kVProjBias)},
+          weights, {name(model::kQProjBias), name(model::kKProjBias), name(model::kVProjBias)},
           &layer.qkv_bias, progress));
     }
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kOProj)}, &layer.o, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {name(model::kOProj)}, &layer.o, progress));
     if (config.o_proj_bias) {
-      TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {name(model::kOProjBias)}, &layer.o_bias, progress));
+      TRIDENT_RETURN_IF_ERROR(
+          UploadF32(weights, {name(model::kOProjBias)}, &layer.o_bias, progress));
     }
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kGateProj), name(model::kUpProj)},
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {name(model::kGateProj), name(model::kUpProj)},
                                        &layer.gate_up, progress));
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {name(model::kDownProj)}, &layer.down, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {name(model::kDownProj)}, &layer.down, progress));
     if (config.mlp_bias) {
-      TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt,
+      TRIDENT_RETURN_IF_ERROR(UploadF32(weights,
                                         {name(model::kGateProjBias), name(model::kUpProjBias)},
                                         &layer.gate_up_bias, progress));
       TRIDENT_RETURN_IF_ERROR(
-          UploadF32(*ckpt, {name(model::kDownProjBias)}, &layer.down_bias, progress));
+          UploadF32(weights, {name(model::kDownProjBias)}, &layer.down_bias, progress));
     }
   }
-  TRIDENT_RETURN_IF_ERROR(UploadF32(*ckpt, {"model.norm.weight"}, &final_norm, progress));
-  if (!config.tie_word_embeddings || ckpt->Has("lm_head.weight")) {
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"lm_head.weight"}, &lm_head, progress));
+  TRIDENT_RETURN_IF_ERROR(UploadF32(weights, {"model.norm.weight"}, &final_norm, progress));
+  if (!config.tie_word_embeddings || weights.Has("lm_head.weight")) {
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {"lm_head.weight"}, &lm_head, progress));
   } else if (f32_embedding) {
     // Tied to an f32 embedding: the head GEMM needs its own bf16 copy.
-    TRIDENT_RETURN_IF_ERROR(UploadBf16(*ckpt, {"model.embed_tokens.weight"}, &lm_head, progress));
+    TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {"model.embed_tokens.weight"}, &lm_head, progress));
   }
 
   const kernels::cpu::RopeConfig rope = RopeConfigFor(config);

@@ -262,8 +262,8 @@ struct Impl {
   // Loading (cuda_backend.cc).
   absl::Status Load(const std::string& dir);
   // The weights from any reader (a checkpoint, or generated ones); `source`
-  // names them in messages.
-  absl::Status LoadFrom(const model::TensorReader& weights, const model::ModelConfig& model,
+  // names their config in messages.
+  absl::Status LoadFrom(const model::TensorReader& weights, const model::ModelConfig& model_config,
                         const std::string& source);
   absl::Status UploadBf16(const model::TensorReader& ckpt, const std::vector<std::string>& names,
                           DeviceBuffer* out, model::LoadProgress& progress);

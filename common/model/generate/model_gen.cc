@@ -235,11 +235,9 @@ uint64_t StreamBase(uint64_t seed, const std::string& name) {
   return SplitMix64(seed ^ NameHash(name));
 }
 
-float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t index) {
-  float v = Uniform(base, index, t.mean, t.stddev);
-  if (t.vocab_rows && plan.partial_utf8[static_cast<size_t>(index / t.shape[1])]) {
-    v *= 0.25f;
-  }
+float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t row, int64_t col) {
+  float v = Uniform(base, row * t.cols() + col, t.mean, t.stddev);
+  if (t.vocab_rows && plan.partial_utf8[static_cast<size_t>(row)]) v *= 0.25f;
   return v;
 }
 
@@ -308,13 +306,14 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
   model::SafetensorsWriter writer;
   uint64_t total_params = 0;
   for (const internal::PlannedTensor& t : plan.tensors) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    total_params += static_cast<uint64_t>(n);
-    std::vector<float> values(static_cast<size_t>(n));
+    std::vector<float> values;
+    values.reserve(static_cast<size_t>(t.rows() * t.cols()));
     const uint64_t base = internal::StreamBase(s.seed, t.name);
-    for (int64_t i = 0; i < n; ++i)
-      values[static_cast<size_t>(i)] = internal::Element(plan, t, base, i);
+    for (int64_t r = 0; r < t.rows(); ++r) {
+      for (int64_t c = 0; c < t.cols(); ++c)
+        values.push_back(internal::Element(plan, t, base, r, c));
+    }
+    total_params += values.size();
     writer.AddFloats(t.name, s.dtype, t.shape, std::move(values));
   }
   writer.AddMetadata("format", "pt");

@@ -11,16 +11,6 @@
 #include "common/status/status_macros.h"
 
 namespace trident::model::generate {
-namespace {
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<RandomWeights>> RandomWeights::Create(const ModelSpec& spec) {
   TRIDENT_ASSIGN_OR_RETURN(internal::Plan plan, internal::MakePlan(spec));
   TRIDENT_ASSIGN_OR_RETURN(ModelConfig config,
@@ -35,7 +25,8 @@ RandomWeights::RandomWeights(ModelSpec spec, std::unique_ptr<internal::Plan> pla
   const uint64_t element_bytes = spec_.dtype == numeric::DType::kBF16 ? 2 : 4;
   for (size_t i = 0; i < plan_->tensors.size(); ++i) {
     index_.emplace(plan_->tensors[i].name, i);
-    total_bytes_ += static_cast<uint64_t>(Numel(plan_->tensors[i].shape)) * element_bytes;
+    const internal::PlannedTensor& t = plan_->tensors[i];
+    total_bytes_ += static_cast<uint64_t>(t.rows() * t.cols()) * element_bytes;
   }
 }
 
@@ -60,7 +51,7 @@ absl::StatusOr<TensorInfo> RandomWeights::Info(absl::string_view name) const {
   info.dtype = spec_.dtype;
   info.dtype_name = spec_.dtype == numeric::DType::kBF16 ? "BF16" : "F32";
   info.shape = t.shape;
-  info.numel = Numel(t.shape);
+  info.numel = t.rows() * t.cols();
   info.num_bytes =
       static_cast<uint64_t>(info.numel) * (spec_.dtype == numeric::DType::kBF16 ? 2 : 4);
   return info;
@@ -71,8 +62,8 @@ absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& s
                                     size_t out_size, Emit emit) const {
   TRIDENT_ASSIGN_OR_RETURN(size_t index, Find(name));
   const internal::PlannedTensor& t = plan_->tensors[index];
-  const int64_t rows = t.shape[0];
-  const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+  const int64_t rows = t.rows();
+  const int64_t cols = t.cols();
   const bool by_rows = slice.axis == SliceAxis::kRows;
   if (!by_rows && t.shape.size() != 2) {
     return absl::InvalidArgumentError(
@@ -96,8 +87,8 @@ absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& s
   auto rows_range = [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       for (int64_t c = 0; c < out_cols; ++c) {
-        const int64_t element = (row0 + r) * cols + col0 + c;
-        emit(static_cast<size_t>(r * out_cols + c), internal::Element(*plan_, t, base, element));
+        emit(static_cast<size_t>(r * out_cols + c),
+             internal::Element(*plan_, t, base, row0 + r, col0 + c));
       }
     }
   };
@@ -121,7 +112,7 @@ absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& s
 absl::Status RandomWeights::ReadFloat(absl::string_view name, absl::Span<float> out) const {
   TRIDENT_ASSIGN_OR_RETURN(size_t i, Find(name));
   const bool bf16 = spec_.dtype == numeric::DType::kBF16;
-  return ForEach(name, {SliceAxis::kRows, 0, plan_->tensors[i].shape[0]}, out.size(),
+  return ForEach(name, {SliceAxis::kRows, 0, plan_->tensors[i].rows()}, out.size(),
                  [&](size_t at, float v) {
                    out[at] = bf16 ? numeric::Bf16ToFloat(numeric::FloatToBf16(v)) : v;
                  });
@@ -129,7 +120,7 @@ absl::Status RandomWeights::ReadFloat(absl::string_view name, absl::Span<float> 
 
 absl::Status RandomWeights::ReadBf16(absl::string_view name, absl::Span<uint16_t> out) const {
   TRIDENT_ASSIGN_OR_RETURN(size_t i, Find(name));
-  return ReadBf16Slice(name, {SliceAxis::kRows, 0, plan_->tensors[i].shape[0]}, out);
+  return ReadBf16Slice(name, {SliceAxis::kRows, 0, plan_->tensors[i].rows()}, out);
 }
 
 absl::Status RandomWeights::ReadBf16Slice(absl::string_view name, const TensorSlice& slice,

@@ -25,6 +25,9 @@ struct PlannedTensor {
   // Rows are token ids: those of tokens that are not whole UTF-8 characters
   // are scaled by 0.25 (sampled text is then made of whole characters).
   bool vocab_rows = false;
+
+  int64_t rows() const { return shape[0]; }
+  int64_t cols() const { return shape.size() == 2 ? shape[1] : 1; }
 };
 
 // A checked spec with its tokenizer, vocabulary and tensors.
@@ -44,9 +47,9 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec);
 // The stream of tensor `name` under `seed`.
 uint64_t StreamBase(uint64_t seed, const std::string& name);
 
-// Element `index` (row-major) of `t`, as WriteModel computes it before the
-// file's dtype rounds it.
-float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t index);
+// Element (row, col) of `t` (a 1-D tensor: row 0), as WriteModel computes
+// it before the file's dtype rounds it.
+float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t row, int64_t col);
 
 }  // namespace trident::model::generate::internal
 
