@@ -18,6 +18,11 @@
 #include "services/worker/worker_services.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Where the model runs: 'cpu' or 'cuda:N'.");
+ABSL_FLAG(int32_t, tensor_parallel, 1,
+          "CUDA: split the model over this many GPUs (tensor parallelism), rank r on cuda:N+r "
+          "of --device=cuda:N; the GPUs need peer access (NVLink or PCIe P2P). One process, one "
+          "engine and scheduler, one gRPC identity. Not yet with a KV transport or attention "
+          "services.");
 ABSL_FLAG(std::string, role, "both",
           "Initial role: 'prefill', 'decode' or 'both' (colocated). WorkerControl.SetRole (the "
           "controller) changes it at run time; without a KV transport only 'both' can be set.");
@@ -206,6 +211,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.model_dir = absl::GetFlag(FLAGS_model);
   model.cuda_device = device.kind == Device::Kind::kCuda ? device.ordinal : -1;
   model.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  model.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   model.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   model.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);

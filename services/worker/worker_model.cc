@@ -64,6 +64,11 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
         "--kv_cache_dtype=", options.kv_cache_dtype,
         ": the CPU backend keeps its KV cache in --dtype; only the CUDA backend has fp8_e4m3"));
   }
+  if (options.tensor_parallel != 1 && options.cuda_device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tensor_parallel=", options.tensor_parallel,
+        ": tensor parallelism splits a model over GPUs; the CPU backend runs it whole"));
+  }
   std::unique_ptr<backend::ModelBackend> backend;
   if (options.cuda_device >= 0) {
 #ifdef TRIDENT_HAVE_CUDA
@@ -80,6 +85,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     co.max_batch_sequences = options.max_running;
     co.max_model_len = options.max_model_len;
     co.kv_cache_dtype = kv_dtype;
+    co.tensor_parallel = options.tensor_parallel;
     TRIDENT_ASSIGN_OR_RETURN(backend, backend::CudaBackend::Create(options.model_dir, co));
 #else
     return absl::FailedPreconditionError(

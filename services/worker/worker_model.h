@@ -27,6 +27,8 @@ struct WorkerModelOptions {
   int32_t cuda_device = -1;
   // CUDA: share of the device's memory for weights, workspace and KV cache.
   double gpu_memory_fraction = 0.9;
+  // CUDA: GPUs the model is split over (cuda_device onwards).
+  int32_t tensor_parallel = 1;
   // CUDA: caps the KV cache at this many tokens (0: what the memory
   // fraction leaves).
   int32_t gpu_kv_cache_tokens = 0;

@@ -20,6 +20,7 @@
 #include "common/status/status_macros.h"
 #include "kernels/cpu/rope/rope.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
+#include "kernels/cuda/peer_allreduce/peer_allreduce.h"
 #include "kernels/cuda/sampling/sampling.h"
 
 namespace trident::backend {
@@ -57,18 +58,36 @@ size_t MetaBytes(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_se
                              max_seqs * max_blocks_per_seq * 4);
 }
 
-// Copies `n` converted elements of a checkpoint tensor (or the
-// concatenation of several) to a new device buffer.
-absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
-                              const std::vector<std::string>& names, DeviceBuffer* out,
-                              model::LoadProgress& progress) {
-  std::vector<uint16_t> host;
-  for (const std::string& name : names) {
+absl::Status Impl::ReadBf16(const model::TensorReader& ckpt, const std::string& name,
+                            std::vector<uint16_t>& host, model::LoadProgress& progress,
+                            bool whole) {
+  const size_t at = host.size();
+  if (tp.group == nullptr || whole) {
     TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
-    const size_t at = host.size();
     host.resize(at + static_cast<size_t>(info.numel));
     TRIDENT_RETURN_IF_ERROR(ckpt.ReadBf16(name, absl::MakeSpan(host).subspan(at, info.numel)));
     progress.Add(info.num_bytes);
+    return absl::OkStatus();
+  }
+  TRIDENT_ASSIGN_OR_RETURN(model::TensorShard shard, model::ShardOf(full_config, tp.layout, name));
+  int64_t numel = 1;
+  for (int64_t d : shard.shape) numel *= d;
+  host.resize(at + static_cast<size_t>(numel));
+  TRIDENT_RETURN_IF_ERROR(model::ReadShardBf16(ckpt, full_config, tp.layout, name,
+                                               absl::MakeSpan(host).subspan(at, numel)));
+  progress.Add(static_cast<uint64_t>(numel) * 2);
+  return absl::OkStatus();
+}
+
+// Copies the converted elements of a checkpoint tensor (or the
+// concatenation of several; the rank's parts of them under tensor
+// parallelism) to a new device buffer.
+absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
+                              const std::vector<std::string>& names, DeviceBuffer* out,
+                              model::LoadProgress& progress, bool whole) {
+  std::vector<uint16_t> host;
+  for (const std::string& name : names) {
+    TRIDENT_RETURN_IF_ERROR(ReadBf16(ckpt, name, host, progress, whole));
   }
   TRIDENT_RETURN_IF_ERROR(out->Allocate(host.size() * 2, names.front().c_str()));
   return CudaCheck(cudaMemcpy(out->get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice),
@@ -76,14 +95,24 @@ absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
 }
 
 absl::Status Impl::UploadF32(const model::TensorReader& ckpt, const std::vector<std::string>& names,
-                             DeviceBuffer* out, model::LoadProgress& progress) {
+                             DeviceBuffer* out, model::LoadProgress& progress, bool whole) {
   std::vector<float> host;
   for (const std::string& name : names) {
     TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
-    const size_t at = host.size();
-    host.resize(at + static_cast<size_t>(info.numel));
-    TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(host).subspan(at, info.numel)));
+    std::vector<float> values(static_cast<size_t>(info.numel));
+    TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(values)));
     progress.Add(info.num_bytes);
+    // Norms and 1-D biases: the rank's block of a split bias.
+    int64_t begin = 0, end = info.numel;
+    if (tp.group != nullptr && !whole) {
+      TRIDENT_ASSIGN_OR_RETURN(model::TensorShard shard,
+                               model::ShardOf(full_config, tp.layout, name));
+      if (!shard.whole) {
+        begin = shard.slice.begin;
+        end = shard.slice.end;
+      }
+    }
+    host.insert(host.end(), values.begin() + begin, values.begin() + end);
   }
   TRIDENT_RETURN_IF_ERROR(out->Allocate(host.size() * 4, names.front().c_str()));
   return CudaCheck(cudaMemcpy(out->get(), host.data(), host.size() * 4, cudaMemcpyHostToDevice),
@@ -99,6 +128,15 @@ absl::Status Impl::Load(const std::string& dir) {
 
 absl::Status Impl::LoadFrom(const model::TensorReader& weights,
                             const model::ModelConfig& model_config, const std::string& source) {
+  TRIDENT_RETURN_IF_ERROR(LoadWeights(weights, model_config, source));
+  TRIDENT_RETURN_IF_ERROR(AllocateWorkspace());
+  TRIDENT_ASSIGN_OR_RETURN(const int32_t blocks, KvBlocksAvailable());
+  TRIDENT_RETURN_IF_ERROR(AllocateKv(blocks));
+  return CaptureGraphs();
+}
+
+absl::Status Impl::LoadWeights(const model::TensorReader& weights,
+                               const model::ModelConfig& model_config, const std::string& source) {
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(options.device), "set device"));
   // What other backends and processes hold already is not this one's.
   size_t total_at_start = 0;
@@ -109,14 +147,15 @@ absl::Status Impl::LoadFrom(const model::TensorReader& weights,
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
   TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv = options.gemv, .pdl = options.pdl}));
-  config = model_config;
+  full_config = model_config;
+  config = tp.group != nullptr ? model::RankModelConfig(model_config, tp.layout) : model_config;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         source, ": head_dim ", config.head_dim,
         " is not supported by the CUDA attention kernels (a multiple of 16 up to 256)"));
   }
   RealClock real_clock;
-  model::LoadProgress progress(weights.total_bytes(),
+  model::LoadProgress progress(weights.total_bytes() / static_cast<uint64_t>(tp.layout.size),
                                options.clock != nullptr ? options.clock : &real_clock);
 
   {
@@ -125,10 +164,10 @@ absl::Status Impl::LoadFrom(const model::TensorReader& weights,
   }
   if (f32_embedding) {
     TRIDENT_RETURN_IF_ERROR(
-        UploadF32(weights, {"model.embed_tokens.weight"}, &embedding, progress));
+        UploadF32(weights, {"model.embed_tokens.weight"}, &embedding, progress, /*whole=*/true));
   } else {
     TRIDENT_RETURN_IF_ERROR(
-        UploadBf16(weights, {"model.embed_tokens.weight"}, &embedding, progress));
+        UploadBf16(weights, {"model.embed_tokens.weight"}, &embedding, progress, /*whole=*/true));
   }
   layers.resize(config.num_hidden_layers);
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -147,7 +186,8 @@ absl::Status Impl::LoadFrom(const model::TensorReader& weights,
           &layer.qkv_bias, progress));
     }
     TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {name(model::kOProj)}, &layer.o, progress));
-    if (config.o_proj_bias) {
+    // A row-parallel projection's bias is added once, by rank 0.
+    if (config.o_proj_bias && tp.rank() == 0) {
       TRIDENT_RETURN_IF_ERROR(
           UploadF32(weights, {name(model::kOProjBias)}, &layer.o_bias, progress));
     }
@@ -158,12 +198,21 @@ absl::Status Impl::LoadFrom(const model::TensorReader& weights,
       TRIDENT_RETURN_IF_ERROR(UploadF32(weights,
                                         {name(model::kGateProjBias), name(model::kUpProjBias)},
                                         &layer.gate_up_bias, progress));
-      TRIDENT_RETURN_IF_ERROR(
-          UploadF32(weights, {name(model::kDownProjBias)}, &layer.down_bias, progress));
+      if (tp.rank() == 0) {
+        TRIDENT_RETURN_IF_ERROR(
+            UploadF32(weights, {name(model::kDownProjBias)}, &layer.down_bias, progress));
+      }
     }
   }
   TRIDENT_RETURN_IF_ERROR(UploadF32(weights, {"model.norm.weight"}, &final_norm, progress));
-  if (!config.tie_word_embeddings || weights.Has("lm_head.weight")) {
+  if (tp.group != nullptr) {
+    // The rank's vocabulary block of the head (of the embedding when tied).
+    const bool tied = config.tie_word_embeddings && !weights.Has("lm_head.weight");
+    if (tp.layout.vocab > 0) {
+      TRIDENT_RETURN_IF_ERROR(UploadBf16(
+          weights, {tied ? "model.embed_tokens.weight" : "lm_head.weight"}, &lm_head, progress));
+    }
+  } else if (!config.tie_word_embeddings || weights.Has("lm_head.weight")) {
     TRIDENT_RETURN_IF_ERROR(UploadBf16(weights, {"lm_head.weight"}, &lm_head, progress));
   } else if (f32_embedding) {
     // Tied to an f32 embedding: the head GEMM needs its own bf16 copy.
@@ -178,8 +227,7 @@ absl::Status Impl::LoadFrom(const model::TensorReader& weights,
                 "inv_freq upload"));
   max_model_len = config.max_position_embeddings;
   if (options.max_model_len > 0) max_model_len = std::min(max_model_len, options.max_model_len);
-  TRIDENT_RETURN_IF_ERROR(AllocateWorkspaceAndKv());
-  return CaptureGraphs();
+  return absl::OkStatus();
 }
 
 absl::Status Impl::AllocatePass(Pass& pass, int64_t t, int64_t s) {
@@ -213,7 +261,7 @@ absl::Status Impl::AllocatePass(Pass& pass, int64_t t, int64_t s) {
   return absl::OkStatus();
 }
 
-absl::Status Impl::AllocateWorkspaceAndKv() {
+absl::Status Impl::AllocateWorkspace() {
   const int64_t s = options.max_batch_sequences;
   TRIDENT_RETURN_IF_ERROR(AllocatePass(passes[0], options.max_batch_tokens, s));
   // The pipelined sub-batch: CPU-resident decode rows only.
@@ -237,7 +285,21 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
                                                      config.num_attention_heads, config.head_dim));
   }
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
+  if (tp.group != nullptr) {
+    TRIDENT_RETURN_IF_ERROR(tp.partial.Allocate(
+        static_cast<size_t>(passes[0].max_tokens) * config.hidden_size * 4, "partial projection"));
+    TRIDENT_RETURN_IF_ERROR(
+        tp.signals.Allocate(kc::PeerAllReduceSignalBytes(), "all-reduce signals"));
+    TRIDENT_RETURN_IF_ERROR(tp.barrier.Allocate(64, "head barrier"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMemset(tp.signals.get(), 0, tp.signals.bytes()), "all-reduce signals"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMemset(tp.barrier.get(), 0, tp.barrier.bytes()), "head barrier"));
+  }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<int32_t> Impl::KvBlocksAvailable() {
   kv_spec.num_layers = config.num_hidden_layers;
   kv_spec.num_kv_heads = config.num_key_value_heads;
   kv_spec.head_dim = config.head_dim;
@@ -271,6 +333,11 @@ absl::Status Impl::AllocateWorkspaceAndKv() {
     const int32_t capped = (options.kv_cache_tokens + kv_spec.block_size - 1) / kv_spec.block_size;
     kv_spec.num_blocks = std::min(kv_spec.num_blocks, capped + 1);
   }
+  return kv_spec.num_blocks;
+}
+
+absl::Status Impl::AllocateKv(int32_t num_blocks) {
+  kv_spec.num_blocks = num_blocks;
   scratch_block = kv_spec.num_blocks - 1;
   TRIDENT_RETURN_IF_ERROR(kv_pool.Allocate(kv_spec.TotalBytes(), "KV cache"));
   TRIDENT_LOG(INFO) << absl::StrFormat(
@@ -302,6 +369,16 @@ absl::StatusOr<std::unique_ptr<cuda_internal::Impl>> NewImpl(const CudaBackendOp
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const std::string& model_dir, const CudaBackendOptions& options) {
+  if (options.tensor_parallel != 1) {
+    TRIDENT_ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
+    TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt,
+                             model::Checkpoint::Open(model_dir));
+    TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));
+    TRIDENT_ASSIGN_OR_RETURN(
+        std::unique_ptr<cuda_internal::Impl> impl,
+        cuda_internal::LoadTensorParallel(*ckpt, config, model_dir + "/config.json", options));
+    return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+  }
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<cuda_internal::Impl> impl, NewImpl(options));
   TRIDENT_RETURN_IF_ERROR(impl->Load(model_dir));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
@@ -310,6 +387,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateFromWeights(
     const model::TensorReader& weights, const model::ModelConfig& config,
     const CudaBackendOptions& options) {
+  if (options.tensor_parallel != 1) {
+    TRIDENT_ASSIGN_OR_RETURN(
+        std::unique_ptr<cuda_internal::Impl> impl,
+        cuda_internal::LoadTensorParallel(weights, config, "generated weights", options));
+    return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+  }
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<cuda_internal::Impl> impl, NewImpl(options));
   TRIDENT_RETURN_IF_ERROR(impl->LoadFrom(weights, config, "generated weights"));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
@@ -317,12 +400,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateFromWeights(
 
 int32_t CudaBackend::vocab_size() const { return impl_->config.vocab_size; }
 
-bool CudaBackend::supports_remote_attention() const { return !impl_->kv_spec.fp8(); }
+bool CudaBackend::supports_remote_attention() const {
+  return !impl_->kv_spec.fp8() && impl_->tp.group == nullptr;
+}
 int32_t CudaBackend::max_model_len() const { return impl_->max_model_len; }
 KvCapacity CudaBackend::kv_capacity() const {
   return {impl_->scratch_block, impl_->kv_spec.block_size};
 }
 absl::StatusOr<KvMemory> CudaBackend::kv_memory() const {
+  if (impl_->tp.group != nullptr) {
+    return absl::UnimplementedError(
+        "a tensor-parallel backend's KV cache (one pool per rank) is not exported yet");
+  }
   KvMemory m;
   m.base = impl_->kv_pool.get();
   m.bytes = impl_->kv_pool.bytes();
@@ -348,7 +437,11 @@ const model::ModelConfig& CudaBackend::config() const { return impl_->config; }
 std::string CudaBackend::Describe() const {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, impl_->options.device);
-  return absl::StrCat("cuda:", impl_->options.device, " (", prop.name, "), bf16, ",
+  const std::string tp =
+      impl_->tp.group != nullptr
+          ? absl::StrCat("tensor parallel x", impl_->tp.group->ranks.size(), " from ")
+          : "";
+  return absl::StrCat(tp, "cuda:", impl_->options.device, " (", prop.name, "), bf16, ",
                       impl_->config.num_hidden_layers, " layers, KV ", impl_->scratch_block,
                       " blocks of ", impl_->kv_spec.block_size, " tokens (",
                       numeric::DTypeName(impl_->kv_spec.dtype), ")");

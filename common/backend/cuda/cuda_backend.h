@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/backend/model_backend.h"
@@ -77,6 +78,16 @@ struct CudaBackendOptions {
   // KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED, kv_block_size a multiple of 16). An
   // FP8 cache serves no CPU-resident sequences (supports_remote_attention).
   numeric::DType kv_cache_dtype = numeric::DType::kBF16;
+  // Tensor parallelism: the model split over this many GPUs of the process
+  // (cuda_backend_impl.h, TpGroup), rank r on tensor_parallel_devices[r],
+  // or on device + r when that list is empty (a list may name one GPU
+  // twice: ranks that share it, for tests). Needs peer access between the
+  // GPUs; serves no CPU-resident sequences and exports no KV pool yet.
+  int32_t tensor_parallel = 1;
+  std::vector<int32_t> tensor_parallel_devices;
+  // Row-parallel sums of at least this many bytes (a step's rows x hidden x
+  // 4) go through NCCL, smaller ones through the peer all-reduce kernel.
+  int64_t tensor_parallel_nccl_min_bytes = int64_t{4} << 20;
   // For load-progress reporting; nullptr means the real clock.
   Clock* clock = nullptr;
 };

@@ -36,6 +36,8 @@
 #include "common/kv/kv_layout.h"
 #include "common/model/checkpoint.h"
 #include "common/model/load_progress.h"
+#include "common/model/tensor_parallel/tensor_parallel.h"
+#include "common/parallel/nccl_group.h"
 #include "kernels/cuda/gemm/gemm.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
 
@@ -172,6 +174,41 @@ struct Pass {
   }
 };
 
+struct Impl;
+
+// Tensor parallelism (cuda_tensor_parallel.cc): one Impl per rank, each on
+// its GPU, all driven from rank 0's calls on the caller's thread. Collectives
+// run on the devices (the peer kernel's flag barriers, NCCL), so one thread
+// enqueues every rank without waiting on any. Row-parallel projections (o,
+// down) sum over ranks into every rank's residual stream: small steps
+// through the peer all-reduce (captured in decode graphs; each rank's
+// partial in TpRank::partial), larger ones through NCCL in place (rank 0
+// adds its partial to the residual, the others replace theirs with theirs).
+// The LM head is split by vocabulary: each rank writes its columns of rank
+// 0's logits, and an empty peer all-reduce (a barrier) orders rank 0's
+// sampling after every rank's columns.
+struct TpGroup {
+  std::vector<Impl*> ranks;                   // rank order; ranks[0] drives the others
+  std::vector<std::unique_ptr<Impl>> owned;   // ranks 1..N-1
+  std::unique_ptr<parallel::NcclGroup> nccl;  // null: the peer kernel at every size
+  // Row-parallel sums of at least this many bytes take NCCL.
+  int64_t nccl_min_bytes = int64_t{4} << 20;
+  int64_t nccl_steps = 0;  // steps whose sums went through NCCL
+};
+
+// One rank's part (group null: TP = 1).
+struct TpRank {
+  TpGroup* group = nullptr;
+  std::unique_ptr<TpGroup> owned_group;  // rank 0's
+  model::TensorParallelLayout layout;
+  DeviceBuffer partial;  // f32 [max_tokens][hidden]: a row-parallel projection's part
+  DeviceBuffer signals;  // the peer all-reduce's signal area
+  DeviceBuffer barrier;  // f32 [8]: the head barrier's empty all-reduce
+  // This step's row-parallel sums go through NCCL.
+  bool nccl_step = false;
+  int rank() const { return layout.rank; }
+};
+
 struct Impl {
   // The engine's layer observer during a forward with one; null otherwise.
   const std::function<void(int32_t)>* layer_observer = nullptr;
@@ -179,7 +216,11 @@ struct Impl {
   std::vector<std::pair<Impl*, int32_t>> layer_marks;
   static void CUDART_CB LayerDone(void* mark);
 
+  // The rank's model (its heads and intermediate block under tensor
+  // parallelism), and the whole model.
   model::ModelConfig config;
+  model::ModelConfig full_config;
+  TpRank tp;
   CudaBackendOptions options;
   int32_t max_model_len = 0;
   int32_t num_sms = 132;
@@ -238,6 +279,8 @@ struct Impl {
   std::atomic<int64_t> graph_misses{0};
 
   ~Impl() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    tp.owned_group.reset();  // The other ranks first: their graphs read our buffers.
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -258,18 +301,33 @@ struct Impl {
   int64_t q_out() const { return int64_t{config.num_attention_heads} * config.head_dim; }
   int64_t kv_out() const { return int64_t{config.num_key_value_heads} * config.head_dim; }
   int64_t qkv_width() const { return q_out() + 2 * kv_out(); }
+  // Rows of the LM head this rank holds (its vocabulary block).
+  int64_t head_vocab() const { return tp.group != nullptr ? tp.layout.vocab : config.vocab_size; }
 
   // Loading (cuda_backend.cc).
   absl::Status Load(const std::string& dir);
   // The weights from any reader (a checkpoint, or generated ones); `source`
-  // names their config in messages.
+  // names their config in messages. LoadFrom = LoadWeights, AllocateWorkspace,
+  // AllocateKv(KvBlocksAvailable()) and CaptureGraphs; a tensor-parallel
+  // group takes the KV blocks every rank has room for.
   absl::Status LoadFrom(const model::TensorReader& weights, const model::ModelConfig& model_config,
                         const std::string& source);
+  // The rank's part of the weights (all of them at TP = 1).
+  absl::Status LoadWeights(const model::TensorReader& weights,
+                           const model::ModelConfig& model_config, const std::string& source);
+  // The rank's part of a tensor (the whole tensor at TP = 1), in bf16.
+  // `whole`: every rank holds all of it (the embedding).
+  absl::Status ReadBf16(const model::TensorReader& ckpt, const std::string& name,
+                        std::vector<uint16_t>& host, model::LoadProgress& progress,
+                        bool whole = false);
   absl::Status UploadBf16(const model::TensorReader& ckpt, const std::vector<std::string>& names,
-                          DeviceBuffer* out, model::LoadProgress& progress);
+                          DeviceBuffer* out, model::LoadProgress& progress, bool whole = false);
   absl::Status UploadF32(const model::TensorReader& ckpt, const std::vector<std::string>& names,
-                         DeviceBuffer* out, model::LoadProgress& progress);
-  absl::Status AllocateWorkspaceAndKv();
+                         DeviceBuffer* out, model::LoadProgress& progress, bool whole = false);
+  absl::Status AllocateWorkspace();
+  // KV blocks (the scratch block included) the memory budget leaves room for.
+  absl::StatusOr<int32_t> KvBlocksAvailable();
+  absl::Status AllocateKv(int32_t num_blocks);
   absl::Status AllocatePass(Pass& pass, int64_t max_tokens, int64_t max_seqs);
 
   // Steps (cuda_step.cc).
@@ -301,7 +359,22 @@ struct Impl {
   // progress) once the device has written it.
   absl::Status ReportLayer(Pass& pass, int32_t layer);
   absl::Status EnqueueLocalAttention(Pass& pass, int32_t layer);
+  // The o projection (and, under tensor parallelism, the peer all-reduce
+  // that sums it), then the MLP (and its sum).
   absl::Status EnqueuePostAttention(Pass& pass, int32_t layer);
+  absl::Status EnqueueOProj(Pass& pass, int32_t layer);
+  absl::Status EnqueueMlp(Pass& pass, int32_t layer);
+  // Where a row-parallel projection (o, down) writes, and whether it adds.
+  std::pair<float*, bool> RowParallelOut(Pass& pass);
+  // Tensor parallelism (cuda_tensor_parallel.cc): this rank's peer
+  // all-reduce adding every rank's partial into its residual stream; the
+  // head barrier; a whole step of every rank; recovery after a failed one.
+  absl::Status EnqueuePeerSum(Pass& pass);
+  absl::Status EnqueueHeadBarrier();
+  absl::StatusOr<int64_t> RunTensorParallel(absl::Span<const StepSequence> batch);
+  absl::Status EnqueueTensorParallel();
+  absl::Status SumOverRanks(bool after_o, int32_t layer);
+  void RecoverTensorParallel();
   absl::Status EnqueueHead(Pass& pass);
   absl::Status Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows);
   // Layer by layer with the passes' remote requests (and, with two passes,
@@ -319,6 +392,17 @@ struct Impl {
   // Captures every graph the options ask for, then seals them.
   absl::Status CaptureGraphs();
 };
+
+// A tensor-parallel group over options.tensor_parallel ranks
+// (cuda_tensor_parallel.cc): rank r on tensor_parallel_devices[r] (or
+// device + r), each loading its shard of `weights`; returns rank 0, which
+// owns the others. kInvalidArgument for a model that does not split over
+// the ranks; kFailedPrecondition for missing devices or GPUs without peer
+// access.
+absl::StatusOr<std::unique_ptr<Impl>> LoadTensorParallel(const model::TensorReader& weights,
+                                                         const model::ModelConfig& config,
+                                                         const std::string& source,
+                                                         const CudaBackendOptions& options);
 
 }  // namespace trident::backend::cuda_internal
 

@@ -59,6 +59,9 @@ ABSL_FLAG(bool, kv_fp8, false, "FP8 E4M3 KV cache (CudaBackendOptions::kv_cache_
 ABSL_FLAG(std::string, peer_json, "",
           "Output of bench/peers/hf_generate_peer.py for the same shapes (JSON lines).");
 ABSL_FLAG(uint32_t, seed, 0, "Seed of the random prompts.");
+ABSL_FLAG(int32_t, tensor_parallel, 1,
+          "Split the model over this many GPUs (CudaBackendOptions::tensor_parallel); the "
+          "roofline and floors are per rank.");
 
 namespace trident::backend {
 namespace {
@@ -95,14 +98,21 @@ double MeasureReadCeiling(size_t bytes) {
   return static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
 }
 
-// Bytes of weights one decode step reads: every layer's matrices and the
-// head (the embedding contributes one row per token).
-double DecodeWeightBytes(const model::ModelConfig& c) {
+// Bytes of weights one decode step reads on one rank of `tp` (`c` is the
+// rank's config): every layer's matrices and the rank's block of the head
+// (the embedding contributes one row per token).
+double DecodeWeightBytes(const model::ModelConfig& c, int32_t tp) {
   const double h = c.hidden_size;
   const double q = static_cast<double>(c.num_attention_heads) * c.head_dim;
   const double kv = static_cast<double>(c.num_key_value_heads) * c.head_dim;
   const double layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size;
-  return 2.0 * (c.num_hidden_layers * layer + static_cast<double>(c.vocab_size) * h);
+  return 2.0 * (c.num_hidden_layers * layer + static_cast<double>(c.vocab_size) * h / tp);
+}
+
+// Bytes of KV one decode step reads on one rank per sequence at `context`.
+double DecodeKvBytes(const model::ModelConfig& c, int32_t context, bool fp8) {
+  return static_cast<double>(context) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+         2 * (fp8 ? 1.0 : 2.0);
 }
 
 struct Round {
@@ -111,6 +121,7 @@ struct Round {
   int64_t decode_steps = 0;
   int64_t generated = 0;
   double mean_ttft = 0;
+  double prefill_seconds = 0;  // submit to every request's first token
 };
 
 absl::StatusOr<Round> RunRound(CudaBackend& backend, int32_t batch, int32_t prompt_len,
@@ -156,6 +167,7 @@ absl::StatusOr<Round> RunRound(CudaBackend& backend, int32_t batch, int32_t prom
   const Clock::time_point end = Clock::now();
   round.seconds = Seconds(start, end);
   round.decode_seconds = Seconds(decode_start, end);
+  round.prefill_seconds = Seconds(start, decode_start);
   round.mean_ttft = ttft_sum / batch;
   return round;
 }
@@ -245,6 +257,8 @@ int Main() {
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;
+  const int32_t tp = absl::GetFlag(FLAGS_tensor_parallel);
+  options.tensor_parallel = tp;
   const auto load_start = Clock::now();
   auto backend = Load(model_dir, preset, options);
   if (!backend.ok()) {
@@ -254,17 +268,19 @@ int Main() {
   std::printf("model %s loaded in %.1f s: %s\n",
               preset.empty() ? model_dir.c_str() : preset.c_str(),
               Seconds(load_start, Clock::now()), (*backend)->Describe().c_str());
-  const double weight_bytes = DecodeWeightBytes((*backend)->config());
+  const double weight_bytes = DecodeWeightBytes((*backend)->config(), tp);
   const double ceiling = MeasureReadCeiling(size_t{4} << 30);
   const double roofline = ceiling * 1e9 / weight_bytes;
   std::printf(
-      "seed %u; decode weight bytes %.2f GB; read ceiling %.0f GB/s (4 GiB, same run); "
-      "batch-1 roofline %.1f tokens/s\n",
-      seed, weight_bytes / 1e9, ceiling, roofline);
+      "seed %u; TP %d; decode weight bytes per rank %.2f GB; read ceiling %.0f GB/s (4 GiB, "
+      "same run); batch-1 roofline %.1f tokens/s\n",
+      seed, tp, weight_bytes / 1e9, ceiling, roofline);
   std::printf(
       "\n| batch | prompt | new | tokens/s (all) | decode tokens/s | decode step ms | "
-      "backend step ms | mean TTFT ms | peer tokens/s | ours / peer | of roofline |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "backend step ms | weights+KV floor ms | mean TTFT ms | prefill tokens/s | peer tokens/s | "
+      "ours / peer | of "
+      "roofline |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (int32_t batch : batches) {
     if (auto warm = RunRound(**backend, batch, prompt_len, new_tokens, seed + 1); !warm.ok()) {
       std::fprintf(stderr, "batch %d warm-up: %s\n", batch, warm.status().ToString().c_str());
@@ -291,9 +307,19 @@ int Main() {
       ratio_cell = absl::StrFormat("%.2f", all / it->second);
     }
     if (batch == 1) roof_cell = absl::StrFormat("%.2f", decode_tps / roofline);
-    std::printf("| %d | %d | %d | %.1f | %.1f | %.2f | %.2f | %.1f | %s | %s | %s |\n", batch,
-                prompt_len, new_tokens, all, decode_tps, step_ms, *backend_ms,
-                1e3 * round->mean_ttft, peer_cell.c_str(), ratio_cell.c_str(), roof_cell.c_str());
+    // One rank's weights and its KV heads of every sequence at the probe's
+    // context, read once at the ceiling.
+    const double floor_ms =
+        1e3 *
+        (weight_bytes + batch * DecodeKvBytes((*backend)->config(), prompt_len + new_tokens / 2,
+                                              absl::GetFlag(FLAGS_kv_fp8))) /
+        (ceiling * 1e9);
+    const double prefill_tps = static_cast<double>(batch) * prompt_len / round->prefill_seconds;
+    std::printf(
+        "| %d | %d | %d | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f | %.0f | %s | %s | %s |\n", batch,
+        prompt_len, new_tokens, all, decode_tps, step_ms, *backend_ms, floor_ms,
+        1e3 * round->mean_ttft, prefill_tps, peer_cell.c_str(), ratio_cell.c_str(),
+        roof_cell.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -333,7 +333,9 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
     append.kv.value_offset_elems = kv_spec.value_offset_elements();
     TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
   }
-  return ReportLayer(pass, l);
+  // A tensor-parallel step reports a layer once every rank wrote its KV
+  // (after the o projection's sum).
+  return tp.group != nullptr ? absl::OkStatus() : ReportLayer(pass, l);
 }
 
 absl::Status Impl::ReportLayer(Pass& pass, int32_t l) {
@@ -400,12 +402,24 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
   return kc::LaunchPagedPrefillAttention(a, stream);
 }
 
+std::pair<float*, bool> Impl::RowParallelOut(Pass& pass) {
+  if (tp.group == nullptr) return {pass.residual.get<float>(), true};
+  // NCCL sums the residual in place: rank 0 adds its part to it, the others
+  // put theirs in its place. The peer kernel reads each rank's partial.
+  if (tp.nccl_step) return {pass.residual.get<float>(), tp.rank() == 0};
+  return {tp.partial.get<float>(), false};
+}
+
 absl::Status Impl::EnqueuePostAttention(Pass& pass, int32_t l) {
+  TRIDENT_RETURN_IF_ERROR(EnqueueOProj(pass, l));
+  if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass));
+  TRIDENT_RETURN_IF_ERROR(EnqueueMlp(pass, l));
+  if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass));
+  return absl::OkStatus();
+}
+
+absl::Status Impl::EnqueueOProj(Pass& pass, int32_t l) {
   const StepShape& shape = pass.shape;
-  const int64_t h = config.hidden_size;
-  const int64_t inter = config.intermediate_size;
-  const int64_t total = shape.total;
-  Layer& layer = layers[l];
   if (shape.remote_rows() > 0) {
     // The services' answers (ReceiveRemote put them in host_remote_o).
     const size_t row_bytes = static_cast<size_t>(q_out()) * 2;
@@ -415,24 +429,48 @@ absl::Status Impl::EnqueuePostAttention(Pass& pass, int32_t l) {
                         cudaMemcpyHostToDevice, stream),
         "remote attention"));
   }
-  // y (f32) = x·Wᵀ + bias, or y += x·Wᵀ + bias with `accumulate`.
-  auto linear = [&](const void* x, int64_t k, const DeviceBuffer& w, const DeviceBuffer& bias,
-                    float* y, int64_t n, bool accumulate) {
-    kc::GemmArgs g{x, k, w.get(), bias.get(), y, n, total, n, k};
-    g.y_dtype = DType::kF32;
-    g.accumulate = accumulate;
-    return gemm->Run(g, stream);
-  };
-  TRIDENT_RETURN_IF_ERROR(linear(pass.attn.get(), q_out(), layer.o, layer.o_bias,
-                                 pass.residual.get<float>(), h, true));
+  const auto [out, accumulate] = RowParallelOut(pass);
+  const Layer& layer = layers[l];
+  kc::GemmArgs g{pass.attn.get(),
+                 q_out(),
+                 layer.o.get(),
+                 layer.o_bias.get(),
+                 out,
+                 config.hidden_size,
+                 shape.total,
+                 config.hidden_size,
+                 q_out()};
+  g.y_dtype = DType::kF32;
+  g.accumulate = accumulate;
+  return gemm->Run(g, stream);
+}
+
+absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
+  const int64_t h = config.hidden_size;
+  const int64_t inter = config.intermediate_size;
+  const int64_t total = pass.shape.total;
+  const Layer& layer = layers[l];
   TRIDENT_RETURN_IF_ERROR(Norm(pass, layer.post_norm, total));
-  TRIDENT_RETURN_IF_ERROR(linear(pass.hn.get(), h, layer.gate_up, layer.gate_up_bias,
-                                 pass.gate_up32.get<float>(), 2 * inter, false));
+  kc::GemmArgs up{pass.hn.get(),
+                  h,
+                  layer.gate_up.get(),
+                  layer.gate_up_bias.get(),
+                  pass.gate_up32.get(),
+                  2 * inter,
+                  total,
+                  2 * inter,
+                  h};
+  up.y_dtype = DType::kF32;
+  TRIDENT_RETURN_IF_ERROR(gemm->Run(up, stream));
   kc::SiluMulArgs silu{pass.gate_up32.get(), 2 * inter, pass.act.get(), inter, total, inter};
   silu.gate_up_dtype = DType::kF32;
   TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
-  return linear(pass.act.get(), inter, layer.down, layer.down_bias, pass.residual.get<float>(), h,
-                true);
+  const auto [out, accumulate] = RowParallelOut(pass);
+  kc::GemmArgs down{
+      pass.act.get(), inter, layer.down.get(), layer.down_bias.get(), out, h, total, h, inter};
+  down.y_dtype = DType::kF32;
+  down.accumulate = accumulate;
+  return gemm->Run(down, stream);
 }
 
 absl::Status Impl::EnqueueHead(Pass& pass) {
@@ -450,14 +488,19 @@ absl::Status Impl::EnqueueHead(Pass& pass) {
   }
   // fp32 logits: bf16 would round near-ties (an ulp is 1/16 at 10) before
   // anyone samples them.
+  // Under tensor parallelism, this rank's block of columns of rank 0's
+  // logits (peer memory).
+  float* out = tp.group != nullptr ? tp.group->ranks[0]->logits.get<float>() + tp.layout.first_vocab
+                                   : logits.get<float>();
+  if (head_vocab() == 0) return absl::OkStatus();
   kc::GemmArgs head_args{head_in,
                          h,
                          head(),
                          nullptr,
-                         logits.get<float>() + pass.logits_row0 * config.vocab_size,
+                         out + pass.logits_row0 * config.vocab_size,
                          config.vocab_size,
                          shape.head_rows,
-                         config.vocab_size,
+                         head_vocab(),
                          h};
   head_args.y_dtype = DType::kF32;
   return gemm->Run(head_args, stream);
@@ -470,7 +513,10 @@ absl::Status Impl::Enqueue(Pass& pass) {
     TRIDENT_RETURN_IF_ERROR(EnqueueLocalAttention(pass, l));
     TRIDENT_RETURN_IF_ERROR(EnqueuePostAttention(pass, l));
   }
-  return EnqueueHead(pass);
+  TRIDENT_RETURN_IF_ERROR(EnqueueHead(pass));
+  // One rank's whole step is a graph capture's (decode steps: the peer
+  // kernel sums); the head's barrier ends it.
+  return tp.group != nullptr ? EnqueueHeadBarrier() : absl::OkStatus();
 }
 
 absl::Status Impl::SendRemote(Pass& pass, int32_t layer) {
@@ -610,6 +656,7 @@ absl::Status Impl::LaunchGraph(Pass& pass) {
 }
 
 absl::StatusOr<int64_t> Impl::Run(absl::Span<const StepSequence> batch) {
+  if (tp.group != nullptr) return RunTensorParallel(batch);
   TRIDENT_RETURN_IF_ERROR(Split(batch));
   if (passes[0].order.empty()) return int64_t{0};
   bool any_remote = num_passes == 2;

@@ -94,7 +94,10 @@ absl::StatusOr<TensorParallelLayout> MakeTensorParallelLayout(const ModelConfig&
   }
   layout.intermediate = config.intermediate_size / size;
   layout.first_intermediate = int64_t{rank} * layout.intermediate;
-  const int64_t per_rank = (int64_t{config.vocab_size} + size - 1) / size;
+  // Blocks of whole 64-token groups: each rank's columns of the gathered
+  // f32 logits start 256-byte aligned, as GEMM epilogues want them.
+  const int64_t per_rank = ((int64_t{config.vocab_size} + size - 1) / size + kVocabBlockAlign - 1) /
+                           kVocabBlockAlign * kVocabBlockAlign;
   layout.first_vocab = std::min<int64_t>(config.vocab_size, rank * per_rank);
   layout.vocab = std::min<int64_t>(config.vocab_size, layout.first_vocab + per_rank) -
                  layout.first_vocab;

@@ -33,6 +33,8 @@
 
 namespace trident::model {
 
+inline constexpr int64_t kVocabBlockAlign = 64;
+
 // What rank `rank` of `size` computes: ranges are [first, first + count).
 struct TensorParallelLayout {
   int32_t size = 1;
@@ -46,7 +48,8 @@ struct TensorParallelLayout {
   int64_t first_intermediate = 0;
   int64_t intermediate = 0;
   // Token ids [first_vocab, first_vocab + vocab): ceil(vocab_size / size)
-  // per rank, the last rank's block shorter (or empty).
+  // rounded up to a multiple of kVocabBlockAlign per rank, the last ranks'
+  // blocks shorter (or empty).
   int64_t first_vocab = 0;
   int64_t vocab = 0;
 };

@@ -107,7 +107,7 @@ TEST(TensorParallelLayoutTest, RankConfigKeepsEveryQueryHeadOnItsKvHead) {
 }
 
 TEST(TensorParallelLayoutTest, UnevenVocabularyLeavesTheLastBlockShort) {
-  const ModelConfig config = Config(4, 4, 64, 10);
+  const ModelConfig config = Config(4, 4, 64, 300);
   std::vector<int64_t> first, count;
   for (int32_t rank = 0; rank < 4; ++rank) {
     absl::StatusOr<TensorParallelLayout> layout = MakeTensorParallelLayout(config, 4, rank);
@@ -115,8 +115,9 @@ TEST(TensorParallelLayoutTest, UnevenVocabularyLeavesTheLastBlockShort) {
     first.push_back(layout->first_vocab);
     count.push_back(layout->vocab);
   }
-  EXPECT_THAT(first, ElementsAre(0, 3, 6, 9));
-  EXPECT_THAT(count, ElementsAre(3, 3, 3, 1));
+  // ceil(300 / 4) = 75, rounded up to whole 64-token groups: 128.
+  EXPECT_THAT(first, ElementsAre(0, 128, 256, 300));
+  EXPECT_THAT(count, ElementsAre(128, 128, 44, 0));
 }
 
 TEST(TensorParallelLayoutTest, RefusesShapesThatDoNotSplit) {

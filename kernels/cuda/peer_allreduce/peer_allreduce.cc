@@ -57,11 +57,11 @@ absl::StatusOr<bool> PeerAllReduceFailed(const void* signal_area) {
   return word != 0;
 }
 
-void SumInRankOrder(const float* const* in, int ranks, int64_t count, float* out) {
+void SumInRankOrder(const float* const* in, int ranks, int64_t count, float* out, bool accumulate) {
   for (int64_t i = 0; i < count; ++i) {
     float acc = in[0][i];
     for (int q = 1; q < ranks; ++q) acc += in[q][i];
-    out[i] = acc;
+    out[i] = accumulate ? out[i] + acc : acc;
   }
 }
 

@@ -65,13 +65,20 @@ __global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArg
         acc.z += v.z;
         acc.w += v.w;
       }
+      if (a.accumulate) {
+        const float4 o = reinterpret_cast<const float4*>(a.out)[i];
+        acc.x = o.x + acc.x;
+        acc.y = o.y + acc.y;
+        acc.z = o.z + acc.z;
+        acc.w = o.w + acc.w;
+      }
       reinterpret_cast<float4*>(a.out)[i] = acc;
     }
   } else {
     for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < a.count; i += stride) {
       float acc = a.in[0][i];
       for (int q = 1; q < a.ranks; ++q) acc += a.in[q][i];
-      a.out[i] = acc;
+      a.out[i] = a.accumulate ? a.out[i] + acc : acc;
     }
   }
   __syncthreads();

@@ -45,6 +45,9 @@ struct PeerAllReduceArgs {
   void* signals[kMaxPeerAllReduceRanks] = {};
   float* out = nullptr;
   int64_t count = 0;
+  // out[i] += the sum instead of out[i] = the sum (a tensor-parallel
+  // step's residual stream taking the ranks' partial projections).
+  bool accumulate = false;
   // How long a rank waits for a silent peer before giving up.
   int64_t timeout_ns = kPeerAllReduceTimeoutNs;
 };
@@ -58,8 +61,10 @@ absl::Status LaunchPeerAllReduce(const PeerAllReduceArgs& args, cudaStream_t str
 // out waiting for a peer since the area was zeroed. Synchronous read.
 absl::StatusOr<bool> PeerAllReduceFailed(const void* signal_area);
 
-// The CPU reference: out[i] = in[0][i] + in[1][i] + ... in rank order.
-void SumInRankOrder(const float* const* in, int ranks, int64_t count, float* out);
+// The CPU reference: out[i] = in[0][i] + in[1][i] + ... in rank order;
+// with `accumulate`, out[i] += that sum.
+void SumInRankOrder(const float* const* in, int ranks, int64_t count, float* out,
+                    bool accumulate = false);
 
 }  // namespace trident::kernels::cuda
 

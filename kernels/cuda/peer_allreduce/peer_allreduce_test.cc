@@ -142,6 +142,36 @@ TEST(PeerAllReduceTest, SumsInRankOrderOnEveryRank) {
   }
 }
 
+// accumulate: each rank's out (its own starting values, as a residual
+// stream) += the sum, equal to the CPU reference's out + sum bit for bit.
+TEST(PeerAllReduceTest, AccumulatesIntoEachRanksOutput) {
+  const uint32_t seed = 1128;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  for (int ranks : {2, 3}) {
+    Ranks group(ranks, 8192);
+    for (int64_t count : {int64_t{5}, int64_t{8192}}) {
+      std::vector<float> start(count);
+      for (auto& v : start) v = normal(rng);
+      for (int r = 0; r < ranks; ++r) {
+        cudaSetDevice(group.device_[r]);
+        cudaMemcpy(group.out_[r], start.data(), count * 4, cudaMemcpyHostToDevice);
+      }
+      const std::vector<float> sum = group.Fill(rng, count);
+      std::vector<float> want = start;
+      for (int64_t i = 0; i < count; ++i) want[i] = start[i] + sum[i];
+      for (int r = 0; r < ranks; ++r) {
+        cudaSetDevice(group.device_[r]);
+        PeerAllReduceArgs args = group.Args(r, count);
+        args.accumulate = true;
+        ASSERT_THAT(LaunchPeerAllReduce(args, group.streams_[r]), IsOk());
+      }
+      group.Check(want, count);
+    }
+  }
+}
+
 // Captured once per rank and replayed: the epochs advance in device memory.
 TEST(PeerAllReduceTest, ReplaysFromCudaGraphs) {
   std::mt19937 rng(7);
