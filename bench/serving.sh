@@ -33,7 +33,9 @@
 # once, the throughput at an infinite rate), PHASE_S (40), WARMUP_S (5),
 # TTFT_SLO_MS (300), TPOT_SLO_MS (25), SEED (20261128), OUT (logs, JSON
 # reports, per-request CSVs, plots), BIN_DIR (the built programs; else
-# bazel-bin, else PATH), WORKER_FLAGS (extra worker flags).
+# bazel-bin, else PATH), WORKER_FLAGS (extra worker flags), PREFILL_TP and
+# DECODE_TP (--tensor_parallel of prefill and of decode or colocated workers,
+# 1; a worker at DEVICES' cuda:N with TP t takes cuda:N..N+t-1).
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 device=${2:-cuda:0}
@@ -93,7 +95,7 @@ decoders=()
 if [[ "$topology" == colocated ]]; then
   worker_list=""
   for ((i = 0; i < num_decode; i++)); do
-    worker "w$i" both "$i" "${offload[@]}"
+    worker "w$i" both "$i" --tensor_parallel="${DECODE_TP:-1}" "${offload[@]}"
     port_var="PORT_w$i"
     worker_list+="${worker_list:+,}127.0.0.1:${!port_var}"
     decoders+=("w$i")
@@ -103,12 +105,13 @@ else
   prefill_list=""
   decode_list=""
   for ((i = 0; i < num_prefill; i++)); do
-    worker "p$i" prefill "$i" --kv_transport=ucx
+    worker "p$i" prefill "$i" --kv_transport=ucx --tensor_parallel="${PREFILL_TP:-1}"
     port_var="PORT_p$i"
     prefill_list+="${prefill_list:+,}127.0.0.1:${!port_var}"
   done
   for ((i = 0; i < num_decode; i++)); do
-    worker "d$i" decode $((num_prefill + i)) --kv_transport=ucx "${offload[@]}"
+    worker "d$i" decode $((num_prefill + i)) --kv_transport=ucx \
+        --tensor_parallel="${DECODE_TP:-1}" "${offload[@]}"
     port_var="PORT_d$i"
     decode_list+="${decode_list:+,}127.0.0.1:${!port_var}"
     decoders+=("d$i")

@@ -128,6 +128,11 @@ struct KvMemory {
   // CUDA device memory on device `device_ordinal`; else host memory.
   bool device = false;
   int32_t device_ordinal = -1;
+  // The pool is a view of several (a tensor-parallel backend's ranks,
+  // model/tensor_parallel/kv_view.h) in `spec`'s layout: `base` only anchors
+  // offsets and is never to be dereferenced or registered; only
+  // CreateKvCopier() reaches the bytes.
+  bool view = false;
 };
 
 // Shape of the KV cache a backend holds, which the engine needs to allocate

@@ -132,6 +132,9 @@ absl::Status WorkerServer::StartKvTransport() {
   kv_options.receive_fetches = options_.kv_receive_fetches;
   kv_options.lanes = options_.kv_lanes != 0 ? options_.kv_lanes : (memory.device ? 2 : 1);
   const int lanes = kv_options.lanes;
+  // A tensor-parallel backend's ranks, seen as one pool: reached only
+  // through its copier.
+  kv_options.force_staging = memory.view;
   if (memory.device) {
     // Stages the pool when UCX cannot register it, and copies KV messages
     // (tcp, shared memory) into it either way.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/backend/cuda/cuda_backend_impl.h"
 #include "common/backend/cuda/cuda_kv_copier.h"
+#include "common/backend/cuda/tp_kv_copier.h"
 #include "common/backend/rope_config.h"
 #include "common/kv/kv_layout.h"
 #include "common/logging/log.h"
@@ -408,11 +409,19 @@ KvCapacity CudaBackend::kv_capacity() const {
   return {impl_->scratch_block, impl_->kv_spec.block_size};
 }
 absl::StatusOr<KvMemory> CudaBackend::kv_memory() const {
-  if (impl_->tp.group != nullptr) {
-    return absl::UnimplementedError(
-        "a tensor-parallel backend's KV cache (one pool per rank) is not exported yet");
-  }
   KvMemory m;
+  if (impl_->tp.group != nullptr) {
+    // The ranks' pools as one TP = 1 pool (tp_kv_copier.h reaches it).
+    TRIDENT_ASSIGN_OR_RETURN(const model::KvView view, TensorParallelKvView());
+    m.base = impl_->kv_pool.get();
+    m.bytes = view.spec().TotalBytes();
+    m.spec = view.spec();
+    m.usable_blocks = impl_->scratch_block;
+    m.device = true;
+    m.device_ordinal = impl_->options.device;
+    m.view = true;
+    return m;
+  }
   m.base = impl_->kv_pool.get();
   m.bytes = impl_->kv_pool.bytes();
   m.spec = impl_->kv_spec;
@@ -503,7 +512,22 @@ RemoteAttentionTiming CudaBackend::remote_attention_timing() const {
   return impl_->remote_timing;
 }
 
+absl::StatusOr<model::KvView> CudaBackend::TensorParallelKvView() const {
+  return model::KvView::Create(impl_->full_config,
+                               static_cast<int32_t>(impl_->tp.group->ranks.size()), impl_->kv_spec);
+}
+
 absl::StatusOr<std::unique_ptr<KvCopier>> CudaBackend::CreateKvCopier() const {
+  if (impl_->tp.group != nullptr) {
+    TRIDENT_ASSIGN_OR_RETURN(model::KvView view, TensorParallelKvView());
+    std::vector<TensorParallelKvCopier::RankPool> pools;
+    for (const Impl* rank : impl_->tp.group->ranks) {
+      pools.push_back({rank->options.device, rank->kv_pool.get<char>(), rank->kv_pool.bytes()});
+    }
+    TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelKvCopier> copier,
+                             TensorParallelKvCopier::Create(std::move(view), std::move(pools)));
+    return std::unique_ptr<KvCopier>(std::move(copier));
+  }
   TRIDENT_ASSIGN_OR_RETURN(KvMemory memory, kv_memory());
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvCopier> copier, CudaKvCopier::Create(memory));
   return std::unique_ptr<KvCopier>(std::move(copier));

@@ -31,6 +31,7 @@
 #include "common/backend/model_backend.h"
 #include "common/model/checkpoint.h"
 #include "common/model/config.h"
+#include "common/model/tensor_parallel/kv_view.h"
 #include "common/numeric/dtype.h"
 #include "common/time/clock.h"
 
@@ -82,7 +83,7 @@ struct CudaBackendOptions {
   // (cuda_backend_impl.h, TpGroup), rank r on tensor_parallel_devices[r],
   // or on device + r when that list is empty (a list may name one GPU
   // twice: ranks that share it, for tests). Needs peer access between the
-  // GPUs; serves no CPU-resident sequences and exports no KV pool yet.
+  // GPUs; serves no CPU-resident sequences.
   int32_t tensor_parallel = 1;
   std::vector<int32_t> tensor_parallel_devices;
   // Row-parallel sums of at least this many bytes (a step's rows x hidden x
@@ -114,9 +115,14 @@ class CudaBackend : public ModelBackend {
   int32_t vocab_size() const override;
   int32_t max_model_len() const override;
   KvCapacity kv_capacity() const override;
+  // Under tensor parallelism: the ranks' pools seen as one pool in the TP = 1
+  // layout (KvMemory::view; kFailedPrecondition for an FP8 cache), which
+  // CreateKvCopier's TensorParallelKvCopier re-shards, so that workers of
+  // different TP degrees exchange KV.
   absl::StatusOr<KvMemory> kv_memory() const override;
   GraphStats graph_stats() const override;
-  // A CudaKvCopier (cuda_kv_copier.h) for the KV pool, with default options.
+  // A CudaKvCopier (cuda_kv_copier.h) for the KV pool, with default options
+  // (a TensorParallelKvCopier under tensor parallelism).
   absl::StatusOr<std::unique_ptr<KvCopier>> CreateKvCopier() const override;
   std::string Describe() const override;
   // INVALID_ARGUMENT for batches beyond max_batch_tokens / sequences, bad
@@ -142,6 +148,7 @@ class CudaBackend : public ModelBackend {
 
  private:
   explicit CudaBackend(std::unique_ptr<cuda_internal::Impl> impl);
+  absl::StatusOr<model::KvView> TensorParallelKvView() const;
   std::unique_ptr<cuda_internal::Impl> impl_;
 };
 

@@ -12,15 +12,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_backend.h"
+#include "common/backend/kv_copier.h"
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
 #include "common/kv/paged_block_allocator.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/generate/random_weights.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -166,6 +171,162 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(testing::FixtureTestName(info.param.preset), "_tp", info.param.tp,
                           info.param.nccl_min_bytes == 0 ? "_nccl" : "_peer");
     });
+
+// Greedy tokens of `prompt`: prefilled on `prefill`, its KV moved to
+// `decode` through both backends' copiers (the TP = 1 layout between them)
+// into other block ids, then `steps` tokens decoded there. `moved` gets the
+// bytes that travelled, and `back` what `decode`'s copier reads of them.
+std::vector<int32_t> PrefillThenDecode(CudaBackend& prefill, CudaBackend& decode,
+                                       const std::vector<int32_t>& prompt, int32_t steps,
+                                       std::vector<char>* moved, std::vector<char>* back) {
+  const int32_t bs = prefill.kv_capacity().block_size;
+  const int32_t len = static_cast<int32_t>(prompt.size()) + steps;
+  const int32_t n = (len + bs - 1) / bs;
+  std::vector<int32_t> src_blocks, dst_blocks;
+  for (int32_t i = 0; i < n; ++i) {
+    src_blocks.push_back(i);
+    dst_blocks.push_back(3 + 2 * i);
+  }
+  std::vector<float> logits(prefill.vocab_size());
+  StepSequence first;
+  first.tokens = prompt;
+  first.block_table = src_blocks;
+  first.want_logits = true;
+  EXPECT_THAT(prefill.Forward({&first, 1}, logits.data()), IsOk());
+  std::vector<int32_t> out = {Argmax(logits)};
+  auto ranges = [&](CudaBackend& b, const std::vector<int32_t>& blocks) {
+    auto memory = b.kv_memory();
+    EXPECT_THAT(memory.status(), IsOk());
+    std::vector<KvRange> r;
+    const int32_t prompt_blocks = (static_cast<int32_t>(prompt.size()) + bs - 1) / bs;
+    for (int32_t l = 0; l < memory->spec.num_layers; ++l) {
+      for (int32_t i = 0; i < prompt_blocks; ++i) {
+        r.push_back({memory->spec.KeyOffsetBytes(l, blocks[i]), memory->spec.block_stride_bytes()});
+      }
+    }
+    return r;
+  };
+  const std::vector<KvRange> from = ranges(prefill, src_blocks), to = ranges(decode, dst_blocks);
+  auto out_copier = prefill.CreateKvCopier();
+  auto in_copier = decode.CreateKvCopier();
+  EXPECT_THAT(out_copier.status(), IsOk());
+  EXPECT_THAT(in_copier.status(), IsOk());
+  if (!out_copier.ok() || !in_copier.ok()) return out;
+  moved->assign(TotalBytes(from), 0);
+  back->assign(TotalBytes(to), 1);
+  EXPECT_THAT((*out_copier)->CopyToHost(from, moved->data()), IsOk());
+  EXPECT_THAT((*in_copier)->CopyFromHost(moved->data(), to), IsOk());
+  EXPECT_THAT((*in_copier)->CopyToHost(to, back->data()), IsOk());
+  for (int32_t s = 1; s < steps; ++s) {
+    const int32_t token = out.back();
+    StepSequence next;
+    next.tokens = {&token, 1};
+    next.start_position = static_cast<int32_t>(prompt.size()) + s - 1;
+    next.block_table = dst_blocks;
+    next.want_logits = true;
+    EXPECT_THAT(decode.Forward({&next, 1}, logits.data()), IsOk());
+    out.push_back(Argmax(logits));
+  }
+  return out;
+}
+
+// Stage-specific parallelism: a prompt prefilled at one TP degree and
+// decoded at another (2 -> 1, 1 -> 2, 4 -> 2, 2 -> 4) gives the tokens of
+// the whole request at TP = 1; the KV arrives byte for byte.
+TEST(CudaTensorParallelReshardTest, PrefillAndDecodeAtDifferentDegrees) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const std::string preset : {"llama3-tiny", "mistral-tiny"}) {
+    auto fixture = testing::LoadHfFixture(preset);
+    ASSERT_THAT(fixture.status(), IsOk());
+    std::map<int32_t, std::unique_ptr<CudaBackend>> at;
+    for (int32_t tp : {1, 2, 4}) {
+      auto backend = CudaBackend::Create(fixture->model_dir, Options(tp, int64_t{4} << 20));
+      ASSERT_THAT(backend.status(), IsOk());
+      at[tp] = std::move(*backend);
+    }
+    for (const auto& [src, dst] :
+         std::vector<std::pair<int32_t, int32_t>>{{1, 1}, {2, 1}, {1, 2}, {4, 2}, {2, 4}, {4, 1}}) {
+      int same = 0, total = 0;
+      bool bytes_equal = true;
+      for (const FixturePrompt& prompt : fixture->prompts) {
+        const int32_t steps = static_cast<int32_t>(prompt.greedy.size());
+        std::vector<char> moved, back, unused_moved, unused_back;
+        const std::vector<int32_t> colocated =
+            PrefillThenDecode(*at[1], *at[1], prompt.ids, steps, &unused_moved, &unused_back);
+        const std::vector<int32_t> split =
+            PrefillThenDecode(*at[src], *at[dst], prompt.ids, steps, &moved, &back);
+        bytes_equal = bytes_equal && moved == back;
+        for (size_t i = 0; i < colocated.size() && i < split.size(); ++i) {
+          ++total;
+          if (colocated[i] != split[i]) break;
+          ++same;
+        }
+      }
+      std::printf(
+          "%s prefill TP=%d -> decode TP=%d: first-divergence agreement with TP=1 colocated "
+          "%d/%d; KV bytes read back %s\n",
+          preset.c_str(), src, dst, same, total, bytes_equal ? "equal" : "DIFFERENT");
+      EXPECT_TRUE(bytes_equal);
+      EXPECT_GE(static_cast<double>(same) / total, 0.95);
+    }
+  }
+}
+
+// The 8B shape (llama3-8b's generated weights) at TP = 2 against TP = 1:
+// bf16 teacher-forced greedy choices over random prompts and continuations.
+TEST(CudaTensorParallel8bTest, TeacherForcedAgreementOnThe8bShape) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (total_bytes < (size_t{60} << 30)) GTEST_SKIP() << "needs a GPU of 60 GiB or more";
+  auto spec = model::generate::PresetSpec("llama3-8b");
+  ASSERT_THAT(spec.status(), IsOk());
+  auto weights = model::generate::RandomWeights::Create(*spec);
+  ASSERT_THAT(weights.status(), IsOk());
+  CudaBackendOptions options = Options(1, int64_t{4} << 20);
+  options.gpu_memory_fraction = 0.25;
+  options.max_model_len = 1024;
+  auto one = CudaBackend::CreateFromWeights(**weights, (*weights)->config(), options);
+  ASSERT_THAT(one.status(), IsOk());
+  options = Options(2, int64_t{4} << 20);
+  options.gpu_memory_fraction = DeviceCount() > 1 ? 0.25 : 0.5;
+  options.max_model_len = 1024;
+  auto split = CudaBackend::CreateFromWeights(**weights, (*weights)->config(), options);
+  ASSERT_THAT(split.status(), IsOk());
+  const uint32_t seed = 8;
+  std::printf("seed %u; %s\n", seed, (*split)->Describe().c_str());
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, (*one)->vocab_size() - 1);
+  int rows = 0, same = 0;
+  double worst = 0;
+  for (int p = 0; p < 8; ++p) {
+    FixturePrompt prompt;
+    prompt.ids.resize(64 + 64 * p);  // 64-512 tokens: prefill through the peer kernel and NCCL
+    for (int32_t& t : prompt.ids) t = token(rng);
+    prompt.greedy.resize(32);
+    for (int32_t& t : prompt.greedy) t = token(rng);
+    auto a = testing::TeacherForced(**one, prompt, 32);
+    ASSERT_THAT(a.status(), IsOk());
+    auto b = testing::TeacherForced(**split, prompt, 32);
+    ASSERT_THAT(b.status(), IsOk());
+    for (size_t s = 0; s < a->size(); ++s) {
+      const std::vector<float>& x = (*a)[s];
+      const std::vector<float>& y = (*b)[s];
+      const auto [lo, hi] = std::minmax_element(x.begin(), x.end());
+      double diff = 0;
+      for (size_t i = 0; i < x.size(); ++i) diff = std::max<double>(diff, std::abs(x[i] - y[i]));
+      worst = std::max(worst, diff / std::max(1e-6f, *hi - *lo));
+      same += Argmax(x) == Argmax(y) ? 1 : 0;
+      ++rows;
+    }
+  }
+  std::printf(
+      "llama3-8b shape TP=2 vs TP=1, bf16 teacher-forced: argmax agreement %d/%d = %.4f, max "
+      "|dlogit| / range %.3g\n",
+      same, rows, static_cast<double>(same) / rows, worst);
+  EXPECT_GE(static_cast<double>(same) / rows, 0.99);
+  EXPECT_LE(worst, 2e-2);
+}
 
 // A model whose heads do not split over the ranks, and ranks beyond the
 // machine's GPUs, are refused with the reason.

@@ -1,0 +1,148 @@
+#include "common/model/tensor_parallel/kv_view.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/kv/kv_layout.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/generate/random_weights.h"
+#include "common/model/tensor_parallel/kv_reshard.h"
+#include "common/model/tensor_parallel/tensor_parallel.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trident::model {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trident::testing::IsOk;
+using ::trident::testing::StatusIs;
+
+const ModelConfig& ConfigOf(const std::string& preset) {
+  static auto* configs = new std::map<std::string, ModelConfig>();
+  auto it = configs->find(preset);
+  if (it != configs->end()) return it->second;
+  auto spec = generate::PresetSpec(preset);
+  EXPECT_THAT(spec.status(), IsOk());
+  auto weights = generate::RandomWeights::Create(*spec);
+  EXPECT_THAT(weights.status(), IsOk());
+  return configs->emplace(preset, (*weights)->config()).first->second;
+}
+
+kv::KvCacheSpec RankSpec(const ModelConfig& config, int32_t size, int32_t num_blocks) {
+  auto layout = MakeTensorParallelLayout(config, size, 0);
+  EXPECT_THAT(layout.status(), IsOk());
+  kv::KvCacheSpec spec;
+  spec.num_layers = config.num_hidden_layers;
+  spec.num_kv_heads = layout->kv_heads;
+  spec.head_dim = config.head_dim;
+  spec.block_size = 16;
+  spec.num_blocks = num_blocks;
+  return spec;
+}
+
+// The view is the TP = 1 pool: a read of whole blocks gives what
+// PlanKvReshard moves from TP = size to TP = 1, and a write what it moves
+// from TP = 1 to TP = size (the same byte runs, as sets).
+TEST(KvViewTest, WholeBlocksMapAsTheReshardPlanMovesThem) {
+  for (const std::string preset : {"llama3-tiny", "mistral-tiny"}) {
+    const ModelConfig& config = ConfigOf(preset);
+    for (int32_t size : {1, 2, 4}) {
+      const kv::KvCacheSpec rank_spec = RankSpec(config, size, 9);
+      auto view = KvView::Create(config, size, rank_spec);
+      ASSERT_THAT(view.status(), IsOk());
+      const kv::KvCacheSpec& spec = view->spec();
+      EXPECT_EQ(spec.num_kv_heads, config.num_key_value_heads);
+      const std::vector<int32_t> blocks = {3, 4, 7};
+      for (bool write : {false, true}) {
+        std::vector<KvViewPiece> mapped;
+        for (int32_t l = 0; l < spec.num_layers; ++l) {
+          for (int32_t b : blocks) {
+            auto pieces = view->Map(spec.KeyOffsetBytes(l, b), spec.block_stride_bytes(), write);
+            ASSERT_THAT(pieces.status(), IsOk());
+            mapped.insert(mapped.end(), pieces->begin(), pieces->end());
+          }
+        }
+        KvReshardRequest request;
+        request.src_size = write ? 1 : size;
+        request.dst_size = write ? size : 1;
+        request.src_spec = write ? spec : rank_spec;
+        request.dst_spec = write ? rank_spec : spec;
+        request.src_blocks = blocks;
+        request.dst_blocks = blocks;
+        request.num_layers = spec.num_layers;
+        auto runs = PlanKvReshard(config, request);
+        ASSERT_THAT(runs.status(), IsOk());
+        // Both split at head-run boundaries; compare byte by byte as sets of
+        // (rank, view byte, rank byte) per run start, after expanding each
+        // to its heads.
+        const uint64_t head = uint64_t{16} * spec.head_dim * 2;
+        std::vector<std::tuple<int32_t, uint64_t, uint64_t>> ours, plan;
+        for (const KvViewPiece& p : mapped) {
+          for (uint64_t at = 0; at < p.bytes; at += head) {
+            ours.emplace_back(p.rank, p.view_offset + at, p.rank_offset + at);
+          }
+        }
+        for (const KvCopyRun& r : *runs) {
+          for (uint64_t at = 0; at < r.bytes; at += head) {
+            if (write) {
+              plan.emplace_back(r.dst_rank, r.src_offset + at, r.dst_offset + at);
+            } else {
+              plan.emplace_back(r.src_rank, r.dst_offset + at, r.src_offset + at);
+            }
+          }
+        }
+        std::sort(ours.begin(), ours.end());
+        std::sort(plan.begin(), plan.end());
+        EXPECT_EQ(ours, plan) << preset << " TP " << size << (write ? " write" : " read");
+      }
+    }
+  }
+}
+
+// Ranges that start and end inside a head (a staging slot's cut) cover the
+// range exactly once when read, and once per holding rank when written.
+TEST(KvViewTest, ArbitraryRangesCoverEveryByte) {
+  const ModelConfig& config = ConfigOf("mistral-tiny");  // 1 KV head: replicated at TP 2 and 4
+  for (int32_t size : {2, 4}) {
+    auto view = KvView::Create(config, size, RankSpec(config, size, 5));
+    ASSERT_THAT(view.status(), IsOk());
+    const uint64_t total = view->spec().TotalBytes();
+    for (uint64_t offset : {uint64_t{0}, uint64_t{77}, total / 3}) {
+      for (uint64_t bytes : {uint64_t{1}, uint64_t{5000}, total / 2}) {
+        for (bool write : {false, true}) {
+          auto pieces = view->Map(offset, bytes, write);
+          ASSERT_THAT(pieces.status(), IsOk());
+          uint64_t covered = 0;
+          for (const KvViewPiece& p : *pieces) {
+            EXPECT_GE(p.view_offset, offset);
+            EXPECT_LE(p.view_offset + p.bytes, offset + bytes);
+            EXPECT_LE(p.rank_offset + p.bytes, view->rank_spec().TotalBytes());
+            covered += p.bytes;
+          }
+          EXPECT_EQ(covered, write ? bytes * size : bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST(KvViewTest, RefusesRangesOutsideAndFp8) {
+  const ModelConfig& config = ConfigOf("llama3-tiny");
+  auto view = KvView::Create(config, 2, RankSpec(config, 2, 4));
+  ASSERT_THAT(view.status(), IsOk());
+  EXPECT_THAT(view->Map(view->spec().TotalBytes() - 1, 2, false).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the view")));
+  kv::KvCacheSpec fp8 = RankSpec(config, 2, 4);
+  fp8.dtype = numeric::DType::kFP8E4M3;
+  EXPECT_THAT(KvView::Create(config, 2, fp8).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("FP8")));
+  EXPECT_THAT(KvView::Create(config, 3, RankSpec(config, 2, 4)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace trident::model
