@@ -11,6 +11,7 @@
 #include "common/model/generate/model_gen.h"
 #include "common/model/generate/random_weights.h"
 #include "common/model/tensor_parallel/tensor_parallel.h"
+#include "common/model/tensor_parallel/tp_testing.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 
@@ -19,29 +20,8 @@ namespace {
 
 using ::trident::testing::IsOk;
 
-// The preset's config (generating its tokenizer once per preset).
-const ModelConfig& ConfigOf(const std::string& preset) {
-  static auto* configs = new std::map<std::string, ModelConfig>();
-  auto it = configs->find(preset);
-  if (it != configs->end()) return it->second;
-  auto spec = generate::PresetSpec(preset);
-  EXPECT_THAT(spec.status(), IsOk());
-  auto weights = generate::RandomWeights::Create(*spec);
-  EXPECT_THAT(weights.status(), IsOk());
-  return configs->emplace(preset, (*weights)->config()).first->second;
-}
-
-kv::KvCacheSpec RankSpec(const ModelConfig& config, int32_t size, int32_t num_blocks) {
-  auto layout = MakeTensorParallelLayout(config, size, 0);
-  EXPECT_THAT(layout.status(), IsOk());
-  kv::KvCacheSpec spec;
-  spec.num_layers = config.num_hidden_layers;
-  spec.num_kv_heads = layout->kv_heads;
-  spec.head_dim = config.head_dim;
-  spec.block_size = 16;
-  spec.num_blocks = num_blocks;
-  return spec;
-}
+using tp_testing::ConfigOf;
+using tp_testing::RankSpec;
 
 // The element of the prompt's KV at (layer, prompt block, K/V, global head,
 // token slot, dim), as 16 bits that differ between any two of them here.

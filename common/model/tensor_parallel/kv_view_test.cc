@@ -10,6 +10,7 @@
 #include "common/model/generate/random_weights.h"
 #include "common/model/tensor_parallel/kv_reshard.h"
 #include "common/model/tensor_parallel/tensor_parallel.h"
+#include "common/model/tensor_parallel/tp_testing.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,28 +22,8 @@ using ::testing::HasSubstr;
 using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
 
-const ModelConfig& ConfigOf(const std::string& preset) {
-  static auto* configs = new std::map<std::string, ModelConfig>();
-  auto it = configs->find(preset);
-  if (it != configs->end()) return it->second;
-  auto spec = generate::PresetSpec(preset);
-  EXPECT_THAT(spec.status(), IsOk());
-  auto weights = generate::RandomWeights::Create(*spec);
-  EXPECT_THAT(weights.status(), IsOk());
-  return configs->emplace(preset, (*weights)->config()).first->second;
-}
-
-kv::KvCacheSpec RankSpec(const ModelConfig& config, int32_t size, int32_t num_blocks) {
-  auto layout = MakeTensorParallelLayout(config, size, 0);
-  EXPECT_THAT(layout.status(), IsOk());
-  kv::KvCacheSpec spec;
-  spec.num_layers = config.num_hidden_layers;
-  spec.num_kv_heads = layout->kv_heads;
-  spec.head_dim = config.head_dim;
-  spec.block_size = 16;
-  spec.num_blocks = num_blocks;
-  return spec;
-}
+using tp_testing::ConfigOf;
+using tp_testing::RankSpec;
 
 // The view is the TP = 1 pool: a read of whole blocks gives what
 // PlanKvReshard moves from TP = size to TP = 1, and a write what it moves

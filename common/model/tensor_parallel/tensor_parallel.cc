@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <string>
 
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/model/llama_weights.h"
 
 namespace trident::model {
@@ -72,8 +72,8 @@ absl::StatusOr<TensorParallelLayout> MakeTensorParallelLayout(const ModelConfig&
     return Invalid(absl::StrCat(heads, " attention heads do not split over ", size, " ranks"));
   }
   if (kv <= 0 || (kv % size != 0 && size % kv != 0)) {
-    return Invalid(absl::StrCat(kv, " key-value heads neither split over ", size,
-                                " ranks nor divide them"));
+    return Invalid(
+        absl::StrCat(kv, " key-value heads neither split over ", size, " ranks nor divide them"));
   }
   if (config.intermediate_size % size != 0) {
     return Invalid(absl::StrCat("intermediate size ", config.intermediate_size,
@@ -99,13 +99,13 @@ absl::StatusOr<TensorParallelLayout> MakeTensorParallelLayout(const ModelConfig&
   const int64_t per_rank = ((int64_t{config.vocab_size} + size - 1) / size + kVocabBlockAlign - 1) /
                            kVocabBlockAlign * kVocabBlockAlign;
   layout.first_vocab = std::min<int64_t>(config.vocab_size, rank * per_rank);
-  layout.vocab = std::min<int64_t>(config.vocab_size, layout.first_vocab + per_rank) -
-                 layout.first_vocab;
+  layout.vocab =
+      std::min<int64_t>(config.vocab_size, layout.first_vocab + per_rank) - layout.first_vocab;
   return layout;
 }
 
-absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
-                                    const TensorParallelLayout& layout, absl::string_view name) {
+absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config, const TensorParallelLayout& layout,
+                                    absl::string_view name) {
   const int64_t hidden = config.hidden_size;
   absl::optional<TensorShard> shard;
   absl::string_view rest = name;

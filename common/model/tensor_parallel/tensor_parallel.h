@@ -69,15 +69,15 @@ ModelConfig RankModelConfig(const ModelConfig& config, const TensorParallelLayou
 
 // How a rank holds one tensor.
 struct TensorShard {
-  bool whole = true;      // Replicated (every rank holds all of it).
-  TensorSlice slice;      // Unless whole.
+  bool whole = true;           // Replicated (every rank holds all of it).
+  TensorSlice slice;           // Unless whole.
   std::vector<int64_t> shape;  // Of what the rank holds.
 };
 
 // The shard of `name` (a tensor of ExpectedLlamaTensors(config)) rank
 // `layout.rank` holds. kInvalidArgument for a name that is not one.
-absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config,
-                                    const TensorParallelLayout& layout, absl::string_view name);
+absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config, const TensorParallelLayout& layout,
+                                    absl::string_view name);
 
 // Reads the rank's shard of `name` from `checkpoint` (a Checkpoint, or
 // generated weights) into `out` (bf16,

@@ -203,9 +203,8 @@ TEST_P(TensorParallelCheckpointTest, ShardsReassembleEveryTensor) {
       ASSERT_THAT(shard, IsOk());
       if (shard->whole) {
         holders = size;
-      } else if (layout->kv_replicated &&
-                 (tensor.name.find("k_proj") != std::string::npos ||
-                  tensor.name.find("v_proj") != std::string::npos)) {
+      } else if (layout->kv_replicated && (tensor.name.find("k_proj") != std::string::npos ||
+                                           tensor.name.find("v_proj") != std::string::npos)) {
         holders = size / config->num_key_value_heads;
       }
       int64_t shard_numel = 1;
@@ -240,7 +239,8 @@ TEST_P(TensorParallelCheckpointTest, ShardsReassembleEveryTensor) {
 
 INSTANTIATE_TEST_SUITE_P(
     Presets, TensorParallelCheckpointTest,
-    ::testing::Combine(::testing::Values("llama3-tiny", "mistral-tiny"), ::testing::Values(1, 2, 4)),
+    ::testing::Combine(::testing::Values("llama3-tiny", "mistral-tiny"),
+                       ::testing::Values(1, 2, 4)),
     [](const ::testing::TestParamInfo<std::tuple<std::string, int32_t>>& info) {
       std::string name = std::get<0>(info.param);
       for (char& c : name) {
