@@ -305,5 +305,15 @@ TEST(WorkerServerTest, AnFp8KvCacheIsRefusedOnTheCpuBackendAndAnUnknownOneEveryw
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--kv_cache_dtype")));
 }
 
+TEST(WorkerServerTest, TensorParallelismIsRefusedOnTheCpuBackend) {
+  prometheus::Registry registry;
+  WorkerServerOptions options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.tensor_parallel = 2;
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--tensor_parallel=2: tensor parallelism splits a model over "
+                                 "GPUs")));
+}
+
 }  // namespace
 }  // namespace trident::worker
