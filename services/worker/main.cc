@@ -18,6 +18,10 @@
 #include "services/worker/worker_services.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Where the model runs: 'cpu' or 'cuda:N'.");
+ABSL_FLAG(bool, generated_weights, false,
+          "Benchmarks: compute the weights in memory from --model's generated_weights.json "
+          "(make_model --preset=P --weights=false) instead of reading safetensors: the preset's "
+          "random weights, bit for bit what make_model would write.");
 ABSL_FLAG(int32_t, tensor_parallel, 1,
           "CUDA: split the model over this many GPUs (tensor parallelism), rank r on cuda:N+r "
           "of --device=cuda:N; the GPUs need peer access (NVLink or PCIe P2P). One process, one "
@@ -212,6 +216,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_device = device.kind == Device::Kind::kCuda ? device.ordinal : -1;
   model.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   model.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  model.generated_weights = absl::GetFlag(FLAGS_generated_weights);
   model.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   model.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/model/config.h"
+#include "common/model/generate/model_gen.h"
+#include "common/model/generate/random_weights.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include "common/backend/cuda/cuda_backend.h"
 #endif
@@ -35,6 +37,34 @@ std::string CacheModelIdentity(const model::ModelConfig& config, const std::stri
                       "|head_dim=", config.head_dim, "|vocab=", config.vocab_size,
                       "|kv=", numeric::DTypeName(kv_dtype));
 }
+
+namespace {
+
+// --generated_weights: the weights model_dir's generated_weights.json names,
+// computed in memory; null without the flag. kFailedPrecondition when they
+// are not the model config.json describes.
+absl::StatusOr<std::unique_ptr<model::generate::RandomWeights>> GeneratedWeights(
+    const WorkerModelOptions& options, const model::ModelConfig& config) {
+  if (!options.generated_weights) return nullptr;
+  TRIDENT_ASSIGN_OR_RETURN(const model::generate::ModelSpec spec,
+                           model::generate::GeneratedSpecOf(options.model_dir));
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::generate::RandomWeights> weights,
+                           model::generate::RandomWeights::Create(spec));
+  const model::ModelConfig& g = weights->config();
+  if (g.hidden_size != config.hidden_size || g.num_hidden_layers != config.num_hidden_layers ||
+      g.num_attention_heads != config.num_attention_heads ||
+      g.num_key_value_heads != config.num_key_value_heads || g.head_dim != config.head_dim ||
+      g.intermediate_size != config.intermediate_size || g.vocab_size != config.vocab_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(options.model_dir, ": config.json is not the shape of preset ", spec.preset,
+                     " that generated_weights.json names"));
+  }
+  TRIDENT_LOG(INFO) << "--generated_weights: " << spec.preset << "'s weights (seed " << spec.seed
+                    << ") computed in memory";
+  return weights;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOptions& options,
                                                              prometheus::Registry* registry) {
@@ -69,6 +99,8 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
         "--tensor_parallel=", options.tensor_parallel,
         ": tensor parallelism splits a model over GPUs; the CPU backend runs it whole"));
   }
+  TRIDENT_ASSIGN_OR_RETURN(const std::unique_ptr<model::generate::RandomWeights> generated,
+                           GeneratedWeights(options, c));
   std::unique_ptr<backend::ModelBackend> backend;
   if (options.cuda_device >= 0) {
 #ifdef TRIDENT_HAVE_CUDA
@@ -86,7 +118,11 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     co.max_model_len = options.max_model_len;
     co.kv_cache_dtype = kv_dtype;
     co.tensor_parallel = options.tensor_parallel;
-    TRIDENT_ASSIGN_OR_RETURN(backend, backend::CudaBackend::Create(options.model_dir, co));
+    if (generated != nullptr) {
+      TRIDENT_ASSIGN_OR_RETURN(backend, backend::CudaBackend::CreateFromWeights(*generated, c, co));
+    } else {
+      TRIDENT_ASSIGN_OR_RETURN(backend, backend::CudaBackend::Create(options.model_dir, co));
+    }
 #else
     return absl::FailedPreconditionError(
         "--device=cuda: this worker was built without CUDA; rebuild where nvcc is installed, or "
@@ -102,7 +138,11 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     bo.max_model_len = options.max_model_len;
     bo.num_threads = options.cpu_threads;
     bo.pin_threads = options.pin_threads;
-    TRIDENT_ASSIGN_OR_RETURN(backend, backend::CpuBackend::Create(options.model_dir, bo));
+    if (generated != nullptr) {
+      TRIDENT_ASSIGN_OR_RETURN(backend, backend::CpuBackend::CreateFromWeights(*generated, c, bo));
+    } else {
+      TRIDENT_ASSIGN_OR_RETURN(backend, backend::CpuBackend::Create(options.model_dir, bo));
+    }
   }
   if (model->tokenizer->vocab_size() > c.vocab_size) {
     return absl::FailedPreconditionError(

@@ -29,6 +29,9 @@ struct WorkerModelOptions {
   double gpu_memory_fraction = 0.9;
   // CUDA: GPUs the model is split over (cuda_device onwards).
   int32_t tensor_parallel = 1;
+  // The weights computed in memory from model_dir's generated_weights.json
+  // (model/generate's RandomWeights) instead of read from safetensors.
+  bool generated_weights = false;
   // CUDA: caps the KV cache at this many tokens (0: what the memory
   // fraction leaves).
   int32_t gpu_kv_cache_tokens = 0;

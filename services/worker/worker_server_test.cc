@@ -8,6 +8,7 @@
 #include "services/worker/worker_server.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ namespace {
 
 namespace v1 = ::trident::v1;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::SizeIs;
 using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
@@ -303,6 +305,36 @@ TEST(WorkerServerTest, AnFp8KvCacheIsRefusedOnTheCpuBackendAndAnUnknownOneEveryw
   options.model.kv_cache_dtype = "int4";
   EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--kv_cache_dtype")));
+}
+
+// make_model --weights=false: the worker computes the same weights in memory
+// and generates what a worker over the written checkpoint does.
+TEST(WorkerServerTest, GeneratedWeightsServeWhatTheWrittenCheckpointServes) {
+  const std::string dir = ::trident::testing::TestTmpPath("llama3-tiny-generated");
+  absl::StatusOr<model::generate::ModelSpec> spec = model::generate::PresetSpec("llama3-tiny");
+  ASSERT_THAT(spec.status(), IsOk());
+  spec->write_weights = false;
+  ASSERT_THAT(model::generate::WriteModel(*spec, dir), IsOk());
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.safetensors"));
+
+  Served written, generated;
+  ASSERT_THAT(Serve(OptionsFor(FixtureModel(), v1::ROLE_BOTH, "written"), written), IsOk());
+  WorkerServerOptions options = OptionsFor(dir, v1::ROLE_BOTH, "generated");
+  options.model.generated_weights = true;
+  ASSERT_THAT(Serve(std::move(options), generated), IsOk());
+  const std::vector<int32_t> want = Generate(written);
+  EXPECT_THAT(want, SizeIs(kMaxTokens));
+  EXPECT_EQ(Generate(generated), want);
+
+  // Without the flag the directory has no weights; with it, a directory
+  // without generated_weights.json is refused naming the file.
+  prometheus::Registry registry;
+  EXPECT_THAT(WorkerServer::Create(OptionsFor(dir, v1::ROLE_BOTH, "w"), &registry).status(),
+              Not(IsOk()));
+  options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.generated_weights = true;
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("generated_weights.json")));
 }
 
 TEST(WorkerServerTest, TensorParallelismIsRefusedOnTheCpuBackend) {

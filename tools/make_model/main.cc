@@ -1,6 +1,7 @@
 // make_model: writes a deterministic random-weight model directory.
 //
 //   make_model --preset=llama3-tiny --out_dir=/tmp/model [--dtype=bf16] [--seed=N]
+//       [--weights=false]
 
 #include <cstdio>
 #include <string>
@@ -18,6 +19,10 @@ ABSL_FLAG(std::string, preset, "llama3-tiny",
 ABSL_FLAG(std::string, out_dir, "", "Directory to write (created if missing). Required.");
 ABSL_FLAG(std::string, dtype, "", "Weight format: f32 or bf16 (default: the preset's).");
 ABSL_FLAG(int64_t, seed, -1, "Weight seed (default: the preset's).");
+ABSL_FLAG(bool, weights, true,
+          "Write the weights. false: config, tokenizer and generated_weights.json only; a "
+          "worker started with --generated_weights computes the same weights in memory (a "
+          "llama3-70b serving benchmark without 141 GB on disk).");
 ABSL_FLAG(int64_t, max_shard_mb, -1,
           "Shard the weights into files of at most this many MiB with an index "
           "(0: one file; default: the preset's).");
@@ -48,6 +53,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_max_shard_mb) >= 0) {
     spec->max_shard_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_shard_mb)) << 20;
   }
+  spec->write_weights = absl::GetFlag(FLAGS_weights);
   absl::Status status = trident::model::generate::WriteModel(*spec, absl::GetFlag(FLAGS_out_dir));
   if (!status.ok()) {
     std::fprintf(stderr, "make_model: %s\n", status.ToString().c_str());

@@ -31,7 +31,7 @@ class StackedWeight {
   StackedWeight(DType dtype, int64_t in_features, kernels::cpu::LinearCompute mode)
       : dtype_(dtype), in_(in_features), mode_(mode) {}
 
-  absl::Status Append(model::Checkpoint& ckpt, const std::string& name, int64_t rows,
+  absl::Status Append(const model::TensorReader& ckpt, const std::string& name, int64_t rows,
                       model::LoadProgress& progress) {
     const int64_t n = rows * in_;
     if (dtype_ == DType::kF32) {
@@ -71,8 +71,9 @@ class StackedWeight {
   std::vector<uint16_t> bf16_;
 };
 
-absl::StatusOr<std::vector<float>> ReadVector(model::Checkpoint& ckpt, const std::string& name,
-                                              int64_t n, model::LoadProgress& progress) {
+absl::StatusOr<std::vector<float>> ReadVector(const model::TensorReader& ckpt,
+                                              const std::string& name, int64_t n,
+                                              model::LoadProgress& progress) {
   std::vector<float> v(n);
   TRIDENT_RETURN_IF_ERROR(ckpt.ReadFloat(name, absl::MakeSpan(v)));
   TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name));
@@ -91,6 +92,18 @@ CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const std::string& model_dir,
                                                                const CpuBackendOptions& options) {
+  TRIDENT_ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt,
+                           model::Checkpoint::Open(model_dir));
+  TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config, *ckpt));
+  // The weights are copied into the backend's own layout: the checkpoint's
+  // mapping ends with this call.
+  return CreateFromWeights(*ckpt, config, options);
+}
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::CreateFromWeights(
+    const model::TensorReader& weights, const model::ModelConfig& config,
+    const CpuBackendOptions& options) {
   if (options.compute_dtype == DType::kF16 || options.kv_dtype == DType::kF16) {
     return absl::InvalidArgumentError("the CPU backend computes in f32 or bf16, not f16");
   }
@@ -98,15 +111,12 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const std::string
   backend->options_ = options;
   TRIDENT_RETURN_IF_ERROR(cpu::ConfigureCpuThreads(options.num_threads, options.pin_threads));
   backend->threads_configured_for_ = std::this_thread::get_id();
-  TRIDENT_RETURN_IF_ERROR(backend->Load(model_dir));
+  TRIDENT_RETURN_IF_ERROR(backend->Load(weights, config));
   return backend;
 }
 
-absl::Status CpuBackend::Load(const std::string& model_dir) {
-  TRIDENT_ASSIGN_OR_RETURN(config_, model::LoadModelConfig(model_dir));
-  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<model::Checkpoint> ckpt,
-                           model::Checkpoint::Open(model_dir));
-  TRIDENT_RETURN_IF_ERROR(model::ValidateLlamaCheckpoint(config_, *ckpt));
+absl::Status CpuBackend::Load(const model::TensorReader& ckpt, const model::ModelConfig& config) {
+  config_ = config;
   const int64_t h = config_.hidden_size;
   const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
   const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
@@ -118,69 +128,69 @@ absl::Status CpuBackend::Load(const std::string& model_dir) {
 
   RealClock real_clock;
   Clock* clock = options_.clock != nullptr ? options_.clock : &real_clock;
-  model::LoadProgress progress(ckpt->total_bytes(), clock);
+  model::LoadProgress progress(ckpt.total_bytes(), clock);
 
   TRIDENT_ASSIGN_OR_RETURN(
-      embedding_, ReadVector(*ckpt, "model.embed_tokens.weight", config_.vocab_size * h, progress));
+      embedding_, ReadVector(ckpt, "model.embed_tokens.weight", config_.vocab_size * h, progress));
   layers_.resize(config_.num_hidden_layers);
   for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
     Layer& layer = layers_[l];
     auto name = [l](const char* suffix) { return model::LayerTensorName(l, suffix); };
     TRIDENT_ASSIGN_OR_RETURN(layer.input_norm,
-                             ReadVector(*ckpt, name("input_layernorm.weight"), h, progress));
+                             ReadVector(ckpt, name("input_layernorm.weight"), h, progress));
     TRIDENT_ASSIGN_OR_RETURN(
-        layer.post_norm, ReadVector(*ckpt, name("post_attention_layernorm.weight"), h, progress));
+        layer.post_norm, ReadVector(ckpt, name("post_attention_layernorm.weight"), h, progress));
     StackedWeight qkv(dt, h, mode);
-    TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.q_proj.weight"), q_out, progress));
-    TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.k_proj.weight"), kv_out, progress));
-    TRIDENT_RETURN_IF_ERROR(qkv.Append(*ckpt, name("self_attn.v_proj.weight"), kv_out, progress));
+    TRIDENT_RETURN_IF_ERROR(qkv.Append(ckpt, name("self_attn.q_proj.weight"), q_out, progress));
+    TRIDENT_RETURN_IF_ERROR(qkv.Append(ckpt, name("self_attn.k_proj.weight"), kv_out, progress));
+    TRIDENT_RETURN_IF_ERROR(qkv.Append(ckpt, name("self_attn.v_proj.weight"), kv_out, progress));
     std::vector<float> qkv_bias;
     if (config_.attention_bias) {
       for (const char* b :
            {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
-        TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt->Info(name(b)));
+        TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, ckpt.Info(name(b)));
         TRIDENT_ASSIGN_OR_RETURN(std::vector<float> v,
-                                 ReadVector(*ckpt, name(b), info.numel, progress));
+                                 ReadVector(ckpt, name(b), info.numel, progress));
         qkv_bias.insert(qkv_bias.end(), v.begin(), v.end());
       }
     }
     TRIDENT_ASSIGN_OR_RETURN(layer.qkv, qkv.Build(qkv_bias.empty() ? nullptr : qkv_bias.data(),
                                                   &weight_bytes_per_step_));
     StackedWeight o(dt, q_out, mode);
-    TRIDENT_RETURN_IF_ERROR(o.Append(*ckpt, name("self_attn.o_proj.weight"), h, progress));
+    TRIDENT_RETURN_IF_ERROR(o.Append(ckpt, name("self_attn.o_proj.weight"), h, progress));
     std::vector<float> o_bias;
     if (config_.o_proj_bias) {
-      TRIDENT_ASSIGN_OR_RETURN(o_bias, ReadVector(*ckpt, name(model::kOProjBias), h, progress));
+      TRIDENT_ASSIGN_OR_RETURN(o_bias, ReadVector(ckpt, name(model::kOProjBias), h, progress));
     }
     TRIDENT_ASSIGN_OR_RETURN(
         layer.o, o.Build(o_bias.empty() ? nullptr : o_bias.data(), &weight_bytes_per_step_));
     StackedWeight gate_up(dt, h, mode);
-    TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.gate_proj.weight"), inter, progress));
-    TRIDENT_RETURN_IF_ERROR(gate_up.Append(*ckpt, name("mlp.up_proj.weight"), inter, progress));
+    TRIDENT_RETURN_IF_ERROR(gate_up.Append(ckpt, name("mlp.gate_proj.weight"), inter, progress));
+    TRIDENT_RETURN_IF_ERROR(gate_up.Append(ckpt, name("mlp.up_proj.weight"), inter, progress));
     std::vector<float> gate_up_bias, down_bias;
     if (config_.mlp_bias) {
       TRIDENT_ASSIGN_OR_RETURN(gate_up_bias,
-                               ReadVector(*ckpt, name(model::kGateProjBias), inter, progress));
+                               ReadVector(ckpt, name(model::kGateProjBias), inter, progress));
       TRIDENT_ASSIGN_OR_RETURN(std::vector<float> up_bias,
-                               ReadVector(*ckpt, name(model::kUpProjBias), inter, progress));
+                               ReadVector(ckpt, name(model::kUpProjBias), inter, progress));
       gate_up_bias.insert(gate_up_bias.end(), up_bias.begin(), up_bias.end());
       TRIDENT_ASSIGN_OR_RETURN(down_bias,
-                               ReadVector(*ckpt, name(model::kDownProjBias), h, progress));
+                               ReadVector(ckpt, name(model::kDownProjBias), h, progress));
     }
     TRIDENT_ASSIGN_OR_RETURN(layer.gate_up,
                              gate_up.Build(gate_up_bias.empty() ? nullptr : gate_up_bias.data(),
                                            &weight_bytes_per_step_));
     StackedWeight down(dt, inter, mode);
-    TRIDENT_RETURN_IF_ERROR(down.Append(*ckpt, name("mlp.down_proj.weight"), h, progress));
+    TRIDENT_RETURN_IF_ERROR(down.Append(ckpt, name("mlp.down_proj.weight"), h, progress));
     TRIDENT_ASSIGN_OR_RETURN(layer.down, down.Build(down_bias.empty() ? nullptr : down_bias.data(),
                                                     &weight_bytes_per_step_));
   }
-  TRIDENT_ASSIGN_OR_RETURN(final_norm_, ReadVector(*ckpt, "model.norm.weight", h, progress));
+  TRIDENT_ASSIGN_OR_RETURN(final_norm_, ReadVector(ckpt, "model.norm.weight", h, progress));
   StackedWeight head(dt, h, mode);
-  const std::string head_name = config_.tie_word_embeddings && !ckpt->Has("lm_head.weight")
+  const std::string head_name = config_.tie_word_embeddings && !ckpt.Has("lm_head.weight")
                                     ? "model.embed_tokens.weight"
                                     : "lm_head.weight";
-  TRIDENT_RETURN_IF_ERROR(head.Append(*ckpt, head_name, config_.vocab_size, progress));
+  TRIDENT_RETURN_IF_ERROR(head.Append(ckpt, head_name, config_.vocab_size, progress));
   TRIDENT_ASSIGN_OR_RETURN(lm_head_, head.Build(nullptr, &weight_bytes_per_step_));
 
   const kernels::cpu::RopeConfig rope = RopeConfigFor(config_);

@@ -56,6 +56,12 @@ class CpuBackend : public ModelBackend {
   // unsupported models, naming the file and tensor.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const std::string& model_dir,
                                                             const CpuBackendOptions& options);
+  // The same over weights from any reader, with their config (model/generate's
+  // RandomWeights: a worker's --generated_weights). The weights are not
+  // checked against the config (a checkpoint's are).
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> CreateFromWeights(
+      const model::TensorReader& weights, const model::ModelConfig& config,
+      const CpuBackendOptions& options);
   ~CpuBackend() override;
 
   int32_t vocab_size() const override { return config_.vocab_size; }
@@ -121,7 +127,7 @@ class CpuBackend : public ModelBackend {
   kernels::cpu::PagedKv LayerKv(int32_t layer) const;
 
   CpuBackend() = default;
-  absl::Status Load(const std::string& model_dir);
+  absl::Status Load(const model::TensorReader& ckpt, const model::ModelConfig& config);
 
   model::ModelConfig config_;
   CpuBackendOptions options_;

@@ -287,8 +287,11 @@ absl::Status Impl::AllocateWorkspace() {
   }
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
   if (tp.group != nullptr) {
-    TRIDENT_RETURN_IF_ERROR(tp.partial.Allocate(
-        static_cast<size_t>(passes[0].max_tokens) * config.hidden_size * 4, "partial projection"));
+    // Two halves: the o projection's and the down projection's (see
+    // EnqueuePeerSum).
+    TRIDENT_RETURN_IF_ERROR(
+        tp.partial.Allocate(2 * static_cast<size_t>(passes[0].max_tokens) * config.hidden_size * 4,
+                            "partial projections"));
     TRIDENT_RETURN_IF_ERROR(
         tp.signals.Allocate(kc::PeerAllReduceSignalBytes(), "all-reduce signals"));
     TRIDENT_RETURN_IF_ERROR(tp.barrier.Allocate(64, "head barrier"));
@@ -508,9 +511,7 @@ absl::Status CudaBackend::ForwardSample(absl::Span<const StepSequence> batch,
   return status;
 }
 
-RemoteAttentionTiming CudaBackend::remote_attention_timing() const {
-  return impl_->remote_timing;
-}
+RemoteAttentionTiming CudaBackend::remote_attention_timing() const { return impl_->remote_timing; }
 
 absl::StatusOr<model::KvView> CudaBackend::TensorParallelKvView() const {
   return model::KvView::Create(impl_->full_config,

@@ -73,10 +73,11 @@ class CudaBuffer {
     if (err != cudaSuccess) {
       ptr_ = nullptr;
       const char* kind = kPinnedHost ? "pinned host" : "device";
-      return kPinnedHost ? absl::ResourceExhaustedError(absl::StrCat(
-                               "cannot allocate ", bytes, " bytes of ", kind, " memory for ", what))
-                         : absl::FailedPreconditionError(absl::StrCat(
-                               "cannot allocate ", bytes, " bytes of ", kind, " memory for ", what));
+      return kPinnedHost
+                 ? absl::ResourceExhaustedError(absl::StrCat(
+                       "cannot allocate ", bytes, " bytes of ", kind, " memory for ", what))
+                 : absl::FailedPreconditionError(absl::StrCat(
+                       "cannot allocate ", bytes, " bytes of ", kind, " memory for ", what));
     }
     bytes_ = bytes;
     return absl::OkStatus();
@@ -150,8 +151,8 @@ struct Pass {
   // only) max_batch_sequences.
   int64_t max_tokens = 0;
   int64_t max_seqs = 0;
-  DeviceBuffer residual;          // f32 [T][hidden]
-  DeviceBuffer qkv32, gate_up32;  // f32 projections
+  DeviceBuffer residual;                 // f32 [T][hidden]
+  DeviceBuffer qkv32, gate_up32;         // f32 projections
   DeviceBuffer hn, qkv, attn, tmp, act;  // bf16
   DeviceBuffer meta;
   PinnedBuffer host_meta;
@@ -201,7 +202,8 @@ struct TpRank {
   TpGroup* group = nullptr;
   std::unique_ptr<TpGroup> owned_group;  // rank 0's
   model::TensorParallelLayout layout;
-  DeviceBuffer partial;  // f32 [max_tokens][hidden]: a row-parallel projection's part
+  // f32 [2][max_tokens][hidden]: the o and the down projection's parts.
+  DeviceBuffer partial;
   DeviceBuffer signals;  // the peer all-reduce's signal area
   DeviceBuffer barrier;  // f32 [8]: the head barrier's empty all-reduce
   // This step's row-parallel sums go through NCCL.
@@ -252,7 +254,7 @@ struct Impl {
   // row_origin[r].
   std::vector<int32_t> row_origin;
   std::vector<int32_t> wanted_index;  // Split's scratch: batch index -> caller's row
-  DeviceBuffer last, logits;  // bf16 [S][hidden], f32 [S][vocab]
+  DeviceBuffer last, logits;          // bf16 [S][hidden], f32 [S][vocab]
   DeviceBuffer decode_workspace;
   PinnedBuffer host_logits;
 
@@ -340,8 +342,8 @@ struct Impl {
   absl::Status ForwardSample(absl::Span<const StepSequence> batch,
                              absl::Span<const RowSampling> rows,
                              absl::Span<sampling::SampledToken> out);
-  absl::Status StageSampling(absl::Span<const RowSampling> rows, size_t* in_bytes,
-                             size_t* seen_at, size_t* counts_at);
+  absl::Status StageSampling(absl::Span<const RowSampling> rows, size_t* in_bytes, size_t* seen_at,
+                             size_t* counts_at);
   absl::Status Validate(const StepSequence& s) const;
   absl::Status Split(absl::Span<const StepSequence> batch);
   // Fills the pass's metadata and shape; `graphable`: a decode step with
@@ -365,15 +367,20 @@ struct Impl {
   absl::Status EnqueueOProj(Pass& pass, int32_t layer);
   absl::Status EnqueueMlp(Pass& pass, int32_t layer);
   // Where a row-parallel projection (o, down) writes, and whether it adds.
-  std::pair<float*, bool> RowParallelOut(Pass& pass);
+  // `down`: the MLP's down projection (else o), whose partial has a half
+  // of its own.
+  std::pair<float*, bool> RowParallelOut(Pass& pass, bool down);
+  float* Partial(bool down) const {
+    return tp.partial.get<float>() + (down ? passes[0].max_tokens * config.hidden_size : 0);
+  }
   // Tensor parallelism (cuda_tensor_parallel.cc): this rank's peer
   // all-reduce adding every rank's partial into its residual stream; the
   // head barrier; a whole step of every rank; recovery after a failed one.
-  absl::Status EnqueuePeerSum(Pass& pass);
+  absl::Status EnqueuePeerSum(Pass& pass, bool down);
   absl::Status EnqueueHeadBarrier();
   absl::StatusOr<int64_t> RunTensorParallel(absl::Span<const StepSequence> batch);
   absl::Status EnqueueTensorParallel();
-  absl::Status SumOverRanks(bool after_o, int32_t layer);
+  absl::Status SumOverRanks(bool down, int32_t layer);
   void RecoverTensorParallel();
   absl::Status EnqueueHead(Pass& pass);
   absl::Status Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows);

@@ -6,14 +6,14 @@
 // of order, and through the engine with device sampling; a dead service
 // fails the step with a status that names it, and no block leaks.
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/cuda_backend.h"
@@ -171,8 +171,7 @@ TEST_P(CudaRemoteAttentionTest, APipelinedSubBatchDecodesAsTheWholeBatchDoes) {
     worst = std::max({worst, Deviation(rows[1], rows[0]), Deviation(rows[1], rows[2])});
     token = Argmax(rows[1]);
   }
-  std::printf("%s pipelined: worst deviation %.2e of the logit range\n", GetParam().c_str(),
-              worst);
+  std::printf("%s pipelined: worst deviation %.2e of the logit range\n", GetParam().c_str(), worst);
   EXPECT_LE(worst, kTolerance);
   // Two requests per layer (one per sub-batch), each timed.
   const int32_t layers = backend_->config().num_hidden_layers;
@@ -206,16 +205,18 @@ TEST_P(CudaRemoteAttentionTest, BadSubBatchesAndADeadServiceFailCleanly) {
   fake_->Kill();
   const std::vector<int32_t> token = {4};
   absl::Status status = backend_->Forward(
-      {StepSequence{.tokens = token, .start_position = 3, .block_table = blocks,
-                    .want_logits = true},
-       StepSequence{.tokens = token, .start_position = 3, .want_logits = true,
+      {StepSequence{
+           .tokens = token, .start_position = 3, .block_table = blocks, .want_logits = true},
+       StepSequence{.tokens = token,
+                    .start_position = 3,
+                    .want_logits = true,
                     .remote = {fake_.get(), handle}}},
       logits.data());
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(FailedRemoteAttention(status), fake_.get());
   // The backend still runs resident steps afterwards.
-  Step({StepSequence{.tokens = token, .start_position = 3, .block_table = blocks,
-                     .want_logits = true}});
+  Step({StepSequence{
+      .tokens = token, .start_position = 3, .block_table = blocks, .want_logits = true}});
 }
 
 // Through the engine (device sampling): requests decode resident, move to

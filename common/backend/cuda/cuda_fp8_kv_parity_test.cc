@@ -97,8 +97,8 @@ TEST_P(Fp8KvParityTest, AgreesWithTransformersAndTheBf16Cache) {
       "%s: HF f32 greedy agreement bf16 KV %d/%d, fp8 KV %d/%d; fp8 vs bf16 argmax %d/%d; "
       "max |dlogit| / range bf16 %.3g, fp8 %.3g; perplexity of HF's continuation bf16 %.4f, "
       "fp8 %.4f (%+.2f%%)\n",
-      GetParam().c_str(), s16.agree_with_target, n, s8.agree_with_target, n,
-      s8.agree_with_other, n, s16.worst, s8.worst, ppl16, ppl8, 100.0 * (ppl8 / ppl16 - 1));
+      GetParam().c_str(), s16.agree_with_target, n, s8.agree_with_target, n, s8.agree_with_other, n,
+      s16.worst, s8.worst, ppl16, ppl8, 100.0 * (ppl8 / ppl16 - 1));
   EXPECT_GE(s8.agree_with_target, n * 95 / 100);
   EXPECT_LE(s8.worst, 0.1);
   EXPECT_LE(std::fabs(ppl8 / ppl16 - 1), 0.05);

@@ -39,14 +39,12 @@ constexpr int32_t kForcedTokens = 40;
 constexpr uint32_t kSeed = 11;
 
 absl::StatusOr<std::string> WriteModel(int32_t head_dim) {
-  absl::StatusOr<model::generate::ModelSpec> spec =
-      model::generate::PresetSpec("llama3-tiny");
+  absl::StatusOr<model::generate::ModelSpec> spec = model::generate::PresetSpec("llama3-tiny");
   if (!spec.ok()) return spec.status();
   spec->head_dim = head_dim;
   spec->dtype = numeric::DType::kBF16;
   spec->seed = kSeed;
-  const std::string dir =
-      ::trident::testing::TestTmpPath("head_dim_" + std::to_string(head_dim));
+  const std::string dir = ::trident::testing::TestTmpPath("head_dim_" + std::to_string(head_dim));
   absl::Status written = model::generate::WriteModel(*spec, dir);
   if (!written.ok()) return written;
   return dir;
@@ -87,8 +85,8 @@ TEST_P(HeadDimParityTest, CudaLogitsMatchTheCpuBackend) {
   for (int32_t s = 0; s < kForcedTokens; ++s) {
     agree += testing::Argmax((*got)[s]) == testing::Argmax((*want)[s]) ? 1 : 0;
   }
-  std::printf("head_dim %d: max |dlogit| / range %.3g, greedy agreement %d/%d\n", head_dim,
-              worst, agree, kForcedTokens);
+  std::printf("head_dim %d: max |dlogit| / range %.3g, greedy agreement %d/%d\n", head_dim, worst,
+              agree, kForcedTokens);
   EXPECT_LE(worst, kBf16Tolerance);
   EXPECT_GE(agree, kForcedTokens * 9 / 10);
 }

@@ -73,7 +73,8 @@ absl::Status Impl::Validate(const StepSequence& s) const {
   }
   for (int32_t token : s.tokens) {
     if (token < 0 || token >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", token, " outside the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", token, " outside the vocabulary"));
     }
   }
   TRIDENT_RETURN_IF_ERROR(ValidateOffloadFields(s));
@@ -133,8 +134,7 @@ absl::Status Impl::Split(absl::Span<const StepSequence> batch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batch,
-                                 bool graphable) {
+absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batch, bool graphable) {
   const int32_t bs = kv_spec.block_size;
   const int32_t max_blocks = (max_model_len + bs - 1) / bs;
   StepShape& shape = pass.shape;
@@ -191,8 +191,8 @@ absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batc
       const int32_t pos = s.start_position + static_cast<int32_t>(j);
       m.tokens[row + j] = s.tokens[j];
       m.positions[row + j] = pos;
-      m.slots[row + j] = remote ? int64_t{scratch_block} * bs
-                                : int64_t{s.block_table[pos / bs]} * bs + pos % bs;
+      m.slots[row + j] =
+          remote ? int64_t{scratch_block} * bs : int64_t{s.block_table[pos / bs]} * bs + pos % bs;
     }
     if (remote) {
       pass.remote.Add(s.remote, s.start_position, row - shape.local_tokens);
@@ -227,10 +227,10 @@ absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batc
     shape.head_rows = row;
     shape.gather = false;
   }
-  const size_t meta_bytes = reinterpret_cast<const char*>(
-                                m.tables + int64_t{std::max(shape.num_seqs, 1)} *
-                                               shape.table_stride) -
-                            pass.host_meta.get<const char>();
+  const size_t meta_bytes =
+      reinterpret_cast<const char*>(m.tables +
+                                    int64_t{std::max(shape.num_seqs, 1)} * shape.table_stride) -
+      pass.host_meta.get<const char>();
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(pass.meta.get(), pass.host_meta.get(),
                                                     meta_bytes, cudaMemcpyHostToDevice, stream),
                                     "metadata"));
@@ -261,9 +261,9 @@ absl::Status Impl::EnqueueEmbedding(Pass& pass) {
                                 config.vocab_size, 2 * h, pass.residual.get()},
                                stream);
   }
-  return kc::LaunchEmbedding({pass.dmeta.tokens, pass.shape.total, embedding.get(),
-                              config.vocab_size, h, pass.tmp.get()},
-                             stream);
+  return kc::LaunchEmbedding(
+      {pass.dmeta.tokens, pass.shape.total, embedding.get(), config.vocab_size, h, pass.tmp.get()},
+      stream);
 }
 
 absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
@@ -272,13 +272,19 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   Layer& layer = layers[l];
   if (l == 0 && !f32_embedding) {
     TRIDENT_RETURN_IF_ERROR(AddRmsNorm(pass.residual.get<float>(), pass.tmp.get(),
-                                       /*replace=*/true, layer.input_norm.get<float>(),
-                                       shape.total, h, config.rms_norm_eps, pass.hn.get(), stream));
+                                       /*replace=*/true, layer.input_norm.get<float>(), shape.total,
+                                       h, config.rms_norm_eps, pass.hn.get(), stream));
   } else {
     TRIDENT_RETURN_IF_ERROR(Norm(pass, layer.input_norm, shape.total));
   }
-  kc::GemmArgs g{pass.hn.get(), h,           layer.qkv.get(), layer.qkv_bias.get(),
-                 pass.qkv32.get(), qkv_width(), shape.total,     qkv_width(),
+  kc::GemmArgs g{pass.hn.get(),
+                 h,
+                 layer.qkv.get(),
+                 layer.qkv_bias.get(),
+                 pass.qkv32.get(),
+                 qkv_width(),
+                 shape.total,
+                 qkv_width(),
                  h};
   g.y_dtype = DType::kF32;
   TRIDENT_RETURN_IF_ERROR(gemm->Run(g, stream));
@@ -297,10 +303,11 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   if (shape.remote_rows() > 0) {
     // The CPU-resident rows' q/k/v, for their services.
     const size_t row_bytes = static_cast<size_t>(qkv_width()) * 2;
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(pass.host_remote_qkv.get(), pass.qkv.get<char>() + shape.local_tokens * row_bytes,
-                        shape.remote_rows() * row_bytes, cudaMemcpyDeviceToHost, stream),
-        "remote q/k/v"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(pass.host_remote_qkv.get(),
+                                  pass.qkv.get<char>() + shape.local_tokens * row_bytes,
+                                  shape.remote_rows() * row_bytes, cudaMemcpyDeviceToHost, stream),
+                  "remote q/k/v"));
     TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaEventRecord(pass.qkv_ready, stream), "remote q/k/v"));
   }
   if (shape.local_tokens == 0) return absl::OkStatus();
@@ -402,19 +409,19 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
   return kc::LaunchPagedPrefillAttention(a, stream);
 }
 
-std::pair<float*, bool> Impl::RowParallelOut(Pass& pass) {
+std::pair<float*, bool> Impl::RowParallelOut(Pass& pass, bool down) {
   if (tp.group == nullptr) return {pass.residual.get<float>(), true};
   // NCCL sums the residual in place: rank 0 adds its part to it, the others
   // put theirs in its place. The peer kernel reads each rank's partial.
   if (tp.nccl_step) return {pass.residual.get<float>(), tp.rank() == 0};
-  return {tp.partial.get<float>(), false};
+  return {Partial(down), false};
 }
 
 absl::Status Impl::EnqueuePostAttention(Pass& pass, int32_t l) {
   TRIDENT_RETURN_IF_ERROR(EnqueueOProj(pass, l));
-  if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass));
+  if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass, /*down=*/false));
   TRIDENT_RETURN_IF_ERROR(EnqueueMlp(pass, l));
-  if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass));
+  if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass, /*down=*/true));
   return absl::OkStatus();
 }
 
@@ -423,13 +430,13 @@ absl::Status Impl::EnqueueOProj(Pass& pass, int32_t l) {
   if (shape.remote_rows() > 0) {
     // The services' answers (ReceiveRemote put them in host_remote_o).
     const size_t row_bytes = static_cast<size_t>(q_out()) * 2;
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(pass.attn.get<char>() + shape.local_tokens * row_bytes,
-                        pass.host_remote_o.get(), shape.remote_rows() * row_bytes,
-                        cudaMemcpyHostToDevice, stream),
-        "remote attention"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(pass.attn.get<char>() + shape.local_tokens * row_bytes,
+                                  pass.host_remote_o.get(), shape.remote_rows() * row_bytes,
+                                  cudaMemcpyHostToDevice, stream),
+                  "remote attention"));
   }
-  const auto [out, accumulate] = RowParallelOut(pass);
+  const auto [out, accumulate] = RowParallelOut(pass, /*down=*/false);
   const Layer& layer = layers[l];
   kc::GemmArgs g{pass.attn.get(),
                  q_out(),
@@ -465,7 +472,7 @@ absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
   kc::SiluMulArgs silu{pass.gate_up32.get(), 2 * inter, pass.act.get(), inter, total, inter};
   silu.gate_up_dtype = DType::kF32;
   TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
-  const auto [out, accumulate] = RowParallelOut(pass);
+  const auto [out, accumulate] = RowParallelOut(pass, /*down=*/true);
   kc::GemmArgs down{
       pass.act.get(), inter, layer.down.get(), layer.down_bias.get(), out, h, total, h, inter};
   down.y_dtype = DType::kF32;
@@ -738,8 +745,8 @@ absl::Status Impl::ForwardSample(absl::Span<const StepSequence> batch,
   // before it ended).
   size_t in_bytes = 0, seen_at = 0, counts_at = 0;
   TRIDENT_RETURN_IF_ERROR(StageSampling(rows, &in_bytes, &seen_at, &counts_at));
-  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(sample_in.get(), host_sample_in.get(),
-                                                    in_bytes, cudaMemcpyHostToDevice, stream),
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(sample_in.get(), host_sample_in.get(), in_bytes,
+                                                    cudaMemcpyHostToDevice, stream),
                                     "sampler inputs"));
   const int64_t s_cap = options.max_batch_sequences;
   char* dout = sample_out.get<char>();

@@ -146,18 +146,22 @@ absl::StatusOr<std::unique_ptr<Impl>> LoadTensorParallel(const model::TensorRead
   return first;
 }
 
-absl::Status Impl::EnqueuePeerSum(Pass& pass) {
+absl::Status Impl::EnqueuePeerSum(Pass& pass, bool down) {
   const TpGroup& g = *tp.group;
   kc::PeerAllReduceArgs a;
   a.rank = tp.rank();
   a.ranks = static_cast<int>(g.ranks.size());
   for (int q = 0; q < a.ranks; ++q) {
-    a.in[q] = g.ranks[q]->tp.partial.get<float>();
+    a.in[q] = g.ranks[q]->Partial(down);
     a.signals[q] = g.ranks[q]->tp.signals.get();
   }
   a.out = pass.residual.get<float>();
   a.count = pass.shape.total * config.hidden_size;
   a.accumulate = true;
+  // The o and down sums alternate between the two halves of the partials,
+  // so a rank writes a half again only after every peer started the next
+  // sum, that is, finished reading this one: no closing barrier needed.
+  a.skip_end_barrier = true;
   return kc::LaunchPeerAllReduce(a, stream);
 }
 
@@ -175,7 +179,7 @@ absl::Status Impl::EnqueueHeadBarrier() {
   return kc::LaunchPeerAllReduce(a, stream);
 }
 
-absl::Status Impl::SumOverRanks(bool after_o, int32_t layer) {
+absl::Status Impl::SumOverRanks(bool down, int32_t layer) {
   TpGroup& g = *tp.group;
   if (tp.nccl_step) {
     std::vector<void*> buffers;
@@ -189,10 +193,10 @@ absl::Status Impl::SumOverRanks(bool after_o, int32_t layer) {
   } else {
     for (Impl* r : g.ranks) {
       TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(r->options.device), "set device"));
-      TRIDENT_RETURN_IF_ERROR(r->EnqueuePeerSum(r->passes[0]));
+      TRIDENT_RETURN_IF_ERROR(r->EnqueuePeerSum(r->passes[0], down));
     }
   }
-  if (!after_o) return absl::OkStatus();
+  if (down) return absl::OkStatus();
   // Every rank's KV of this layer precedes its part of the sum.
   TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(options.device), "set device"));
   return ReportLayer(passes[0], layer);
@@ -222,9 +226,9 @@ absl::Status Impl::EnqueueTensorParallel() {
       TRIDENT_RETURN_IF_ERROR(r.EnqueueLocalAttention(p, l));
       return r.EnqueueOProj(p, l);
     }));
-    TRIDENT_RETURN_IF_ERROR(SumOverRanks(/*after_o=*/true, l));
+    TRIDENT_RETURN_IF_ERROR(SumOverRanks(/*down=*/false, l));
     TRIDENT_RETURN_IF_ERROR(each([&](Impl& r, Pass& p) { return r.EnqueueMlp(p, l); }));
-    TRIDENT_RETURN_IF_ERROR(SumOverRanks(/*after_o=*/false, l));
+    TRIDENT_RETURN_IF_ERROR(SumOverRanks(/*down=*/true, l));
   }
   return each([&](Impl& r, Pass& p) {
     TRIDENT_RETURN_IF_ERROR(r.EnqueueHead(p));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -299,10 +300,45 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& s) {
 
 }  // namespace internal
 
-absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
-  TRIDENT_ASSIGN_OR_RETURN(internal::Plan plan, internal::MakePlan(s));
-  const GeneratedTokenizer& tok = plan.tokenizer;
-  TRIDENT_RETURN_IF_ERROR(MakeDirs(out_dir));
+absl::StatusOr<ModelSpec> GeneratedSpecOf(const std::string& dir) {
+  const std::string path = dir + "/" + kGeneratedWeightsFile;
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path, " not found: write it with make_model --weights=false"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("preset") || !j["preset"].is_string() || !j.contains("seed") ||
+      !j["seed"].is_number_unsigned() || !j.contains("dtype") || !j["dtype"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": want {\"preset\": name, \"seed\": n, \"dtype\": \"f32\" or \"bf16\"}"));
+  }
+  TRIDENT_ASSIGN_OR_RETURN(ModelSpec spec, PresetSpec(j["preset"].get<std::string>()));
+  spec.seed = j["seed"].get<uint64_t>();
+  const std::string dtype = j["dtype"].get<std::string>();
+  if (dtype != "f32" && dtype != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": dtype \"", dtype, "\" is not f32 or bf16"));
+  }
+  spec.dtype = dtype == "f32" ? numeric::DType::kF32 : numeric::DType::kBF16;
+  return spec;
+}
+
+namespace {
+
+absl::Status WriteWeights(const ModelSpec& s, const internal::Plan& plan,
+                          const std::string& out_dir) {
+  if (!s.write_weights) {
+    nlohmann::json marker;
+    marker["preset"] = s.preset;
+    marker["seed"] = s.seed;
+    marker["dtype"] = s.dtype == numeric::DType::kF32 ? "f32" : "bf16";
+    TRIDENT_LOG(INFO) << "writing " << s.preset << "'s config and tokenizer to " << out_dir
+                      << "; its weights are computed where they are loaded";
+    return WriteFile(out_dir + "/" + kGeneratedWeightsFile, marker.dump(2) + "\n");
+  }
   model::SafetensorsWriter writer;
   uint64_t total_params = 0;
   for (const internal::PlannedTensor& t : plan.tensors) {
@@ -320,11 +356,17 @@ absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
 
   TRIDENT_LOG(INFO) << "writing " << (s.preset.empty() ? "model" : s.preset) << " (" << total_params
                     << " parameters, " << numeric::DTypeName(s.dtype) << ") to " << out_dir;
-  if (s.max_shard_bytes > 0) {
-    TRIDENT_RETURN_IF_ERROR(writer.WriteSharded(out_dir, s.max_shard_bytes));
-  } else {
-    TRIDENT_RETURN_IF_ERROR(writer.Write(out_dir + "/model.safetensors"));
-  }
+  if (s.max_shard_bytes > 0) return writer.WriteSharded(out_dir, s.max_shard_bytes);
+  return writer.Write(out_dir + "/model.safetensors");
+}
+
+}  // namespace
+
+absl::Status WriteModel(const ModelSpec& s, const std::string& out_dir) {
+  TRIDENT_ASSIGN_OR_RETURN(internal::Plan plan, internal::MakePlan(s));
+  const GeneratedTokenizer& tok = plan.tokenizer;
+  TRIDENT_RETURN_IF_ERROR(MakeDirs(out_dir));
+  TRIDENT_RETURN_IF_ERROR(WriteWeights(s, plan, out_dir));
   TRIDENT_RETURN_IF_ERROR(WriteFile(out_dir + "/config.json", plan.config.dump(2) + "\n"));
   nlohmann::json gen;
   if (tok.bos_id >= 0) gen["bos_token_id"] = tok.bos_id;

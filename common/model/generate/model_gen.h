@@ -46,7 +46,20 @@ struct ModelSpec {
   // 0 writes model.safetensors; otherwise shards of at most this many bytes
   // with model.safetensors.index.json.
   uint64_t max_shard_bytes = 0;
+  // False: no safetensors, but generated_weights.json naming the preset,
+  // seed and dtype, from which a worker's --generated_weights computes the
+  // same weights in memory (RandomWeights; a 70B shape without 141 GB on
+  // disk).
+  bool write_weights = true;
 };
+
+// The file WriteModel writes instead of the weights when !write_weights.
+inline constexpr char kGeneratedWeightsFile[] = "generated_weights.json";
+
+// The spec whose weights `dir`'s generated_weights.json names. kNotFound
+// naming the file when it is missing; kInvalidArgument for a file that is
+// not {"preset": a preset, "seed": n, "dtype": "f32" or "bf16"}.
+absl::StatusOr<ModelSpec> GeneratedSpecOf(const std::string& dir);
 
 // Names: llama3-tiny (the default of `trident up` and the tests),
 // qwen2-tiny, mistral-tiny, llama-100m (the CPU benchmark model),

@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArg
       a.out[i] = a.accumulate ? a.out[i] + acc : acc;
     }
   }
+  if (a.skip_end_barrier) return;
   __syncthreads();
   Barrier(a, 1, e);  // Every rank is done reading the inputs.
 }

@@ -48,6 +48,12 @@ struct PeerAllReduceArgs {
   // out[i] += the sum instead of out[i] = the sum (a tensor-parallel
   // step's residual stream taking the ranks' partial projections).
   bool accumulate = false;
+  // Skip the closing barrier (every rank done reading the inputs): one
+  // barrier's latency less. Only when no rank writes this call's input
+  // again before its next call has started on every rank, e.g. each rank
+  // alternating between two input buffers from call to call (passing the
+  // next call's opening barrier means every peer finished this one).
+  bool skip_end_barrier = false;
   // How long a rank waits for a silent peer before giving up.
   int64_t timeout_ns = kPeerAllReduceTimeoutNs;
 };

@@ -172,6 +172,58 @@ TEST(PeerAllReduceTest, AccumulatesIntoEachRanksOutput) {
   }
 }
 
+// skip_end_barrier with each rank alternating between two inputs, calls
+// back to back with each call's input copied in on the rank's stream just
+// before it: every call's sum still lands (accumulated into out, compared
+// with the CPU reference bit for bit).
+TEST(PeerAllReduceTest, SkipsTheEndBarrierWithDoubleBufferedInputs) {
+  const uint32_t seed = 29;
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 10.0f);
+  const int64_t count = 8192;
+  const int calls = 40;
+  for (int ranks : {2, 4}) {
+    Ranks group(ranks, count);
+    std::vector<float*> second(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      cudaSetDevice(group.device_[r]);
+      cudaMalloc(&second[r], count * 4);
+      cudaMemsetAsync(group.out_[r], 0, count * 4, group.streams_[r]);
+    }
+    std::vector<std::vector<std::vector<float>>> inputs(
+        calls, std::vector<std::vector<float>>(ranks, std::vector<float>(count)));
+    std::vector<float> want(count, 0.0f);
+    for (int k = 0; k < calls; ++k) {
+      std::vector<const float*> rows;
+      for (int r = 0; r < ranks; ++r) {
+        for (auto& v : inputs[k][r]) v = normal(rng);
+        rows.push_back(inputs[k][r].data());
+      }
+      SumInRankOrder(rows.data(), ranks, count, want.data(), /*accumulate=*/true);
+    }
+    for (int k = 0; k < calls; ++k) {
+      for (int r = 0; r < ranks; ++r) {
+        cudaSetDevice(group.device_[r]);
+        float* in = k % 2 == 0 ? group.in_[r] : second[r];
+        ASSERT_EQ(cudaMemcpyAsync(in, inputs[k][r].data(), count * 4, cudaMemcpyHostToDevice,
+                                  group.streams_[r]),
+                  cudaSuccess);
+        PeerAllReduceArgs args = group.Args(r, count);
+        for (int q = 0; q < ranks; ++q) args.in[q] = k % 2 == 0 ? group.in_[q] : second[q];
+        args.accumulate = true;
+        args.skip_end_barrier = true;
+        ASSERT_THAT(LaunchPeerAllReduce(args, group.streams_[r]), IsOk());
+      }
+    }
+    group.Check(want, count);
+    for (int r = 0; r < ranks; ++r) {
+      cudaSetDevice(group.device_[r]);
+      cudaFree(second[r]);
+    }
+  }
+}
+
 // Captured once per rank and replayed: the epochs advance in device memory.
 TEST(PeerAllReduceTest, ReplaysFromCudaGraphs) {
   std::mt19937 rng(7);
