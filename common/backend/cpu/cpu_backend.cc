@@ -213,8 +213,7 @@ absl::Status CpuBackend::Load(const model::TensorReader& ckpt, const model::Mode
                                                    kv_spec_.BytesPerBlockAllLayers(), " bytes"));
   }
   TRIDENT_ASSIGN_OR_RETURN(kv_cache_, kv::HostKvCache::Create(kv_spec_));
-  TRIDENT_LOG(INFO) << "loaded " << config_.architecture << " from " << model_dir << ": "
-                    << Describe();
+  TRIDENT_LOG(INFO) << "loaded " << config_.architecture << ": " << Describe();
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "common/backend/model_backend.h"
 #include "common/backend/remote_rows.h"
 #include "common/kv/kv_cache.h"
+#include "common/model/checkpoint.h"
 #include "common/model/config.h"
 #include "common/numeric/dtype.h"
 #include "common/time/clock.h"

@@ -188,7 +188,7 @@ TEST(PeerAllReduceTest, SkipsTheEndBarrierWithDoubleBufferedInputs) {
     std::vector<float*> second(ranks);
     for (int r = 0; r < ranks; ++r) {
       cudaSetDevice(group.device_[r]);
-      cudaMalloc(&second[r], count * 4);
+      cudaMalloc(reinterpret_cast<void**>(&second[r]), count * 4);
       cudaMemsetAsync(group.out_[r], 0, count * 4, group.streams_[r]);
     }
     std::vector<std::vector<std::vector<float>>> inputs(
