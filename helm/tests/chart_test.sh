@@ -172,14 +172,15 @@ node "${workspace}/helm/tests/validate_manifests.mjs" --node_modules="${node_mod
   fail "the dashboard renders are invalid"
 echo "dashboards: none without JSON files; a test dashboard becomes a ConfigMap"
 
-# --- 5. TLS and API keys: the flags, the mounts and the probes are there.
+# --- 5. TLS, API keys and tensor parallelism: the flags, the mounts and the
+# probes are there.
 # expect_lines RENDER COUNT LINE: RENDER has COUNT lines that are LINE, less
 # their indentation.
 expect_lines() {
   local render="${work}/render-$1.yaml" want="$2" line="$3" got
   got=$(sed 's/^ *//' "${render}" | grep -cxF -- "${line}" || true)
   [ "${got}" -eq "${want}" ] ||
-    fail "render $1: ${got} line(s) '${line}', expected ${want}: the TLS or API key wiring broke"
+    fail "render $1: ${got} line(s) '${line}', expected ${want}: the wiring broke"
 }
 # TLS with cert-manager and API keys: router, prefill, decode, attention and
 # controller containers.
@@ -203,6 +204,11 @@ expect_lines "${render}" 2 'kind: NetworkPolicy'
 expect_lines "${render}" 0 'grpc:'
 expect_lines "${render}" 10 'tcpSocket:'
 expect_lines "${render}" 5 'path: /metrics'
+# Tensor parallelism: decode pods of 2 GPUs run --tensor_parallel=2 and ask
+# for both; the 1-GPU prefill pods run without the flag.
+render=pvc-created
+expect_lines "${render}" 1 '- "--tensor_parallel=2"'
+expect_lines "${render}" 2 'nvidia.com/mig-3g.71gb: 2'
 # Existing Secrets: router, prefill, decode and controller containers; the
 # router's certificate from its own Secret, with the shared CA bundle.
 render=tls-existing-secret
