@@ -26,7 +26,6 @@
 
 namespace trident::backend {
 
-using cuda_internal::CudaCheck;
 using cuda_internal::DeviceBuffer;
 using cuda_internal::Impl;
 using cuda_internal::Pass;
@@ -268,13 +267,18 @@ absl::Status Impl::AllocateWorkspace() {
   // The pipelined sub-batch: CPU-resident decode rows only.
   TRIDENT_RETURN_IF_ERROR(AllocatePass(passes[1], s, s));
   TRIDENT_RETURN_IF_ERROR(last.Allocate(s * int64_t{config.hidden_size} * 2, "last rows"));
-  TRIDENT_RETURN_IF_ERROR(logits.Allocate(s * int64_t{config.vocab_size} * 4, "logits"));
-  TRIDENT_RETURN_IF_ERROR(host_logits.Allocate(s * int64_t{config.vocab_size} * 4, "logits"));
-  TRIDENT_RETURN_IF_ERROR(sample_ws.Allocate(
-      std::max<size_t>(kc::SampleWorkspaceBytes(s, config.vocab_size), 256), "sampler workspace"));
-  const size_t sample_out_bytes = static_cast<size_t>(s) * (8 + 8 * kc::kMaxSampleTopLogprobs);
-  TRIDENT_RETURN_IF_ERROR(sample_out.Allocate(sample_out_bytes, "sampler outputs"));
-  TRIDENT_RETURN_IF_ERROR(host_sample_out.Allocate(sample_out_bytes, "sampler outputs"));
+  // The whole vocabulary's logits and the sampler: rank 0's alone (the other
+  // ranks write their columns into rank 0's logits).
+  if (tp.rank() == 0) {
+    TRIDENT_RETURN_IF_ERROR(logits.Allocate(s * int64_t{config.vocab_size} * 4, "logits"));
+    TRIDENT_RETURN_IF_ERROR(host_logits.Allocate(s * int64_t{config.vocab_size} * 4, "logits"));
+    TRIDENT_RETURN_IF_ERROR(
+        sample_ws.Allocate(std::max<size_t>(kc::SampleWorkspaceBytes(s, config.vocab_size), 256),
+                           "sampler workspace"));
+    const size_t sample_out_bytes = static_cast<size_t>(s) * (8 + 8 * kc::kMaxSampleTopLogprobs);
+    TRIDENT_RETURN_IF_ERROR(sample_out.Allocate(sample_out_bytes, "sampler outputs"));
+    TRIDENT_RETURN_IF_ERROR(host_sample_out.Allocate(sample_out_bytes, "sampler outputs"));
+  }
   // The split count of a plan depends on the batch, and not monotonically
   // (a batch between two powers of two may take more splits than either):
   // take the largest need over every batch.

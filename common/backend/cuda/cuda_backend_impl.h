@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/backend/cuda/cuda_backend.h"
+#include "common/backend/cuda/cuda_util.h"
 #include "common/backend/cuda/sampling_batch.h"
 #include "common/backend/remote_rows.h"
 #include "common/kv/kv_layout.h"
@@ -45,10 +46,7 @@ namespace trident::backend::cuda_internal {
 
 namespace kc = ::trident::kernels::cuda;
 
-inline absl::Status CudaCheck(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(err)));
-}
+using ::trident::backend::CudaCheck;
 
 // Owns one CUDA allocation: device memory (DeviceBuffer) or page-locked
 // host memory (PinnedBuffer).

@@ -8,33 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/cuda_util.h"
 #include "common/status/status_macros.h"
 
 namespace trident::backend {
 namespace {
-
-absl::Status CudaCheck(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(err)));
-}
-
-// Makes `device` current on this thread for its lifetime.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int32_t device) : device_(device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = CudaCheck(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
-  }
-  const absl::Status& status() const { return status_; }
-
- private:
-  const int32_t device_;
-  int previous_ = -1;
-  absl::Status status_;
-};
 
 // `ranges` with neighbours that are adjacent in the pool merged (they are
 // adjacent on the host side too: host bytes are back to back).
@@ -134,16 +112,9 @@ absl::StatusOr<std::unique_ptr<CudaKvCopier>> CudaKvCopier::Create(const KvMemor
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> CudaKvCopier::AllocateHost(size_t size_bytes) {
-  if (size_bytes == 0) return absl::InvalidArgumentError("AllocateHost of 0 bytes");
   DeviceGuard guard(device_);
   TRIDENT_RETURN_IF_ERROR(guard.status());
-  void* data = nullptr;
-  if (cudaHostAlloc(&data, size_bytes, cudaHostAllocPortable) != cudaSuccess) {
-    cudaGetLastError();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", size_bytes, " bytes of pinned host memory"));
-  }
-  return std::make_unique<HostBuffer>(data, size_bytes, [](void* p) { cudaFreeHost(p); });
+  return AllocatePinnedHost(size_bytes);
 }
 
 absl::Status CudaKvCopier::CopyToHost(absl::Span<const KvRange> ranges, void* dst) {

@@ -3,31 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/cuda_util.h"
 #include "common/status/status_macros.h"
 
 namespace trident::backend {
-namespace {
-
-absl::Status CudaCheck(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(err)));
-}
-
-// Restores the thread's current device when it ends.
-class RestoreDevice {
- public:
-  RestoreDevice() {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-  }
-  ~RestoreDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<TensorParallelKvCopier>> TensorParallelKvCopier::Create(
     model::KvView view, std::vector<RankPool> ranks) {
@@ -44,7 +23,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelKvCopier>> TensorParallelKvCopier::
   }
   std::unique_ptr<TensorParallelKvCopier> copier(
       new TensorParallelKvCopier(std::move(view), std::move(ranks)));
-  RestoreDevice restore;
+  DeviceGuard restore(copier->ranks_[0].device);
   absl::MutexLock to(&copier->to_host_mu_);
   absl::MutexLock from(&copier->from_host_mu_);
   for (const RankPool& pool : copier->ranks_) {
@@ -60,7 +39,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelKvCopier>> TensorParallelKvCopier::
 }
 
 TensorParallelKvCopier::~TensorParallelKvCopier() {
-  RestoreDevice restore;
+  DeviceGuard restore(ranks_[0].device);
   absl::MutexLock to(&to_host_mu_);
   absl::MutexLock from(&from_host_mu_);
   for (auto* streams : {&to_host_, &from_host_}) {
@@ -74,20 +53,15 @@ TensorParallelKvCopier::~TensorParallelKvCopier() {
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> TensorParallelKvCopier::AllocateHost(
     size_t size_bytes) {
-  if (size_bytes == 0) return absl::InvalidArgumentError("AllocateHost: 0 bytes");
-  void* p = nullptr;
-  if (cudaHostAlloc(&p, size_bytes, cudaHostAllocPortable) != cudaSuccess) {
-    cudaGetLastError();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", size_bytes, " bytes of pinned host memory"));
-  }
-  return std::make_unique<HostBuffer>(p, size_bytes, [](void* q) { cudaFreeHost(q); });
+  DeviceGuard guard(ranks_[0].device);
+  TRIDENT_RETURN_IF_ERROR(guard.status());
+  return AllocatePinnedHost(size_bytes);
 }
 
 absl::Status TensorParallelKvCopier::Copy(absl::Span<const KvRange> ranges, char* host,
                                           bool to_host, const std::vector<cudaStream_t>& streams) {
   TRIDENT_RETURN_IF_ERROR(CheckKvRanges(ranges, view_.spec().TotalBytes()));
-  RestoreDevice restore;
+  DeviceGuard restore(ranks_[0].device);
   std::vector<bool> used(ranks_.size(), false);
   absl::Status status;
   uint64_t host_at = 0;
