@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/backend/kv_copier.h"
+#include "common/backend/kv_peer_lane.h"
 #include "common/kv/kv_layout.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
@@ -172,6 +173,13 @@ class ModelBackend {
   // directly (host memory) or that have none.
   virtual absl::StatusOr<std::unique_ptr<KvCopier>> CreateKvCopier() const {
     return absl::UnimplementedError("this backend's KV pool needs no copier");
+  }
+
+  // A GPU-to-GPU lane to and from other processes' KV pools on this host
+  // (kv_peer_lane.h); each call makes a new one. UNIMPLEMENTED for backends
+  // whose pool is not in GPU memory.
+  virtual absl::StatusOr<std::unique_ptr<KvPeerLane>> CreateKvPeerLane() const {
+    return absl::UnimplementedError("this backend's KV pool has no peer lane");
   }
 
   // Whether Forward takes StepSequences with `remote` set.

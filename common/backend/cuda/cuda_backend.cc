@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/backend/cuda/cuda_backend_impl.h"
 #include "common/backend/cuda/cuda_kv_copier.h"
+#include "common/backend/cuda/cuda_peer_lane.h"
 #include "common/backend/cuda/tp_kv_copier.h"
 #include "common/backend/rope_config.h"
 #include "common/kv/kv_layout.h"
@@ -536,6 +537,21 @@ absl::StatusOr<std::unique_ptr<KvCopier>> CudaBackend::CreateKvCopier() const {
   TRIDENT_ASSIGN_OR_RETURN(KvMemory memory, kv_memory());
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvCopier> copier, CudaKvCopier::Create(memory));
   return std::unique_ptr<KvCopier>(std::move(copier));
+}
+
+absl::StatusOr<std::unique_ptr<KvPeerLane>> CudaBackend::CreateKvPeerLane() const {
+  TRIDENT_ASSIGN_OR_RETURN(const KvMemory memory, kv_memory());
+  std::vector<CudaKvPeerLane::RankPool> pools;
+  if (impl_->tp.group != nullptr) {
+    for (const Impl* rank : impl_->tp.group->ranks) {
+      pools.push_back({rank->options.device, rank->kv_pool.get<char>(), rank->kv_pool.bytes()});
+    }
+  } else {
+    pools.push_back({impl_->options.device, impl_->kv_pool.get<char>(), impl_->kv_pool.bytes()});
+  }
+  TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvPeerLane> lane,
+                           CudaKvPeerLane::Create(impl_->full_config, memory.spec, std::move(pools)));
+  return std::unique_ptr<KvPeerLane>(std::move(lane));
 }
 
 }  // namespace trident::backend

@@ -124,6 +124,8 @@ class CudaBackend : public ModelBackend {
   // A CudaKvCopier (cuda_kv_copier.h) for the KV pool, with default options
   // (a TensorParallelKvCopier under tensor parallelism).
   absl::StatusOr<std::unique_ptr<KvCopier>> CreateKvCopier() const override;
+  // A CudaKvPeerLane (cuda_peer_lane.h) over every rank's pool.
+  absl::StatusOr<std::unique_ptr<KvPeerLane>> CreateKvPeerLane() const override;
   std::string Describe() const override;
   // INVALID_ARGUMENT for batches beyond max_batch_tokens / sequences, bad
   // positions or block ids; INTERNAL for CUDA errors.

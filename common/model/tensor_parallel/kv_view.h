@@ -43,6 +43,12 @@ class KvView {
   static absl::StatusOr<KvView> Create(const ModelConfig& config, int32_t size,
                                        const kv::KvCacheSpec& rank_spec);
 
+  // The view of `size` ranks' pools whose TP = 1 layout is `spec` (each
+  // rank's spec derived: its share of the KV heads). Errors as Create;
+  // kInvalidArgument when `spec` does not hold the model's KV heads.
+  static absl::StatusOr<KvView> ForPool(const ModelConfig& config, int32_t size,
+                                        const kv::KvCacheSpec& spec);
+
   // The view's spec (every KV head) and a rank's.
   const kv::KvCacheSpec& spec() const { return spec_; }
   const kv::KvCacheSpec& rank_spec() const { return rank_spec_; }
@@ -62,6 +68,35 @@ class KvView {
   kv::KvCacheSpec rank_spec_;
   std::vector<TensorParallelLayout> layouts_;
 };
+
+// `bytes` from `src_offset` of source rank `src_rank`'s pool to
+// `dst_offset` of destination rank `dst_rank`'s.
+struct KvRankCopy {
+  int32_t src_rank = 0;
+  uint64_t src_offset = 0;
+  int32_t dst_rank = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
+
+  friend bool operator==(const KvRankCopy&, const KvRankCopy&) = default;
+};
+
+// One end of a copy between pools in the same TP = 1 layout: a view of
+// ranks' pools, or (view null) one pool of `pool_bytes` laid out as the
+// TP = 1 layout itself.
+struct KvPoolSide {
+  const KvView* view = nullptr;
+  uint64_t pool_bytes = 0;
+};
+
+// The rank-to-rank copies that move [src_at, src_at + bytes) of `src` into
+// [dst_at, dst_at + bytes) of `dst`: each byte read from the lowest source
+// rank holding it and written to every destination rank holding it; copies
+// adjacent on both ranks merged. kInvalidArgument for a range outside
+// either pool.
+absl::StatusOr<std::vector<KvRankCopy>> PlanRankCopies(const KvPoolSide& src, uint64_t src_at,
+                                                       const KvPoolSide& dst, uint64_t dst_at,
+                                                       uint64_t bytes);
 
 }  // namespace trident::model
 

@@ -1,10 +1,13 @@
 #include "common/model/tensor_parallel/kv_view.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/generate/random_weights.h"
@@ -109,6 +112,100 @@ TEST(KvViewTest, ArbitraryRangesCoverEveryByte) {
       }
     }
   }
+}
+
+// Pools of `side`'s ranks holding the TP = 1 bytes `view_bytes` (every
+// replica of a head).
+std::vector<std::vector<uint8_t>> Scatter(const KvPoolSide& side, uint64_t rank_bytes,
+                                          const std::vector<uint8_t>& view_bytes) {
+  const int32_t ranks = side.view == nullptr ? 1 : side.view->size();
+  std::vector<std::vector<uint8_t>> pools(ranks, std::vector<uint8_t>(rank_bytes, 0));
+  auto pieces = side.view == nullptr
+                    ? std::vector<KvViewPiece>{{0, 0, 0, view_bytes.size()}}
+                    : *side.view->Map(0, view_bytes.size(), /*write=*/true);
+  for (const KvViewPiece& p : pieces) {
+    std::copy_n(view_bytes.begin() + p.view_offset, p.bytes, pools[p.rank].begin() + p.rank_offset);
+  }
+  return pools;
+}
+
+// Every replica of every byte of the pools, checked against `view_bytes`.
+void ExpectHolds(const KvPoolSide& side, const std::vector<std::vector<uint8_t>>& pools,
+                 const std::vector<uint8_t>& view_bytes, const std::string& what) {
+  auto pieces = side.view == nullptr
+                    ? std::vector<KvViewPiece>{{0, 0, 0, view_bytes.size()}}
+                    : *side.view->Map(0, view_bytes.size(), /*write=*/true);
+  for (const KvViewPiece& p : pieces) {
+    for (uint64_t i = 0; i < p.bytes; ++i) {
+      ASSERT_EQ(pools[p.rank][p.rank_offset + i], view_bytes[p.view_offset + i])
+          << what << ": rank " << p.rank << " byte " << p.rank_offset + i;
+    }
+  }
+}
+
+// Copies between pools of any two TP degrees (or a plain pool) move exactly
+// the range, into every replica, and nothing else.
+TEST(KvViewTest, RankCopiesMoveTheRangeBetweenAnyDegrees) {
+  for (const std::string preset : {"llama3-tiny", "mistral-tiny"}) {
+    const ModelConfig& config = ConfigOf(preset);
+    std::map<int32_t, KvView> views;
+    for (int32_t size : {1, 2, 4}) {
+      auto view = KvView::Create(config, size, RankSpec(config, size, 6));
+      ASSERT_THAT(view.status(), IsOk());
+      views.emplace(size, *view);
+    }
+    const kv::KvCacheSpec& spec = views.at(1).spec();
+    const uint64_t total = spec.TotalBytes();
+    // 0: a plain pool (no view).
+    for (int32_t from : {0, 1, 2, 4}) {
+      for (int32_t to : {0, 1, 2, 4}) {
+        const KvPoolSide src{from == 0 ? nullptr : &views.at(from), total};
+        const KvPoolSide dst{to == 0 ? nullptr : &views.at(to), total};
+        const uint64_t src_rank_bytes = from == 0 ? total : views.at(from).rank_spec().TotalBytes();
+        const uint64_t dst_rank_bytes = to == 0 ? total : views.at(to).rank_spec().TotalBytes();
+        std::vector<uint8_t> src_view(total), dst_view(total);
+        for (uint64_t i = 0; i < total; ++i) {
+          src_view[i] = static_cast<uint8_t>(i * 131 + 7);
+          dst_view[i] = static_cast<uint8_t>(i * 29 + 200);
+        }
+        auto src_pools = Scatter(src, src_rank_bytes, src_view);
+        auto dst_pools = Scatter(dst, dst_rank_bytes, dst_view);
+        // Two blocks of layer 1 into two others, and a cut inside heads.
+        const uint64_t stride = spec.block_stride_bytes();
+        const std::vector<std::array<uint64_t, 3>> moves = {
+            {spec.KeyOffsetBytes(1, 2), spec.KeyOffsetBytes(1, 4), 2 * stride},
+            {spec.KeyOffsetBytes(0, 1) + 77, spec.KeyOffsetBytes(spec.num_layers - 1, 3) + 77, stride + 300}};
+        for (const auto& [src_at, dst_at, bytes] : moves) {
+          auto copies = PlanRankCopies(src, src_at, dst, dst_at, bytes);
+          ASSERT_THAT(copies.status(), IsOk());
+          uint64_t moved = 0;
+          for (const KvRankCopy& c : *copies) {
+            ASSERT_LE(c.src_offset + c.bytes, src_rank_bytes);
+            ASSERT_LE(c.dst_offset + c.bytes, dst_rank_bytes);
+            std::copy_n(src_pools[c.src_rank].begin() + c.src_offset, c.bytes,
+                        dst_pools[c.dst_rank].begin() + c.dst_offset);
+            moved += c.bytes;
+          }
+          const int32_t replicas = to <= 1 ? 1
+                                           : std::max<int32_t>(1, to / std::max<int32_t>(
+                                                                           1, config.num_key_value_heads));
+          EXPECT_GE(moved, bytes);
+          EXPECT_LE(moved, bytes * replicas);
+          std::copy_n(src_view.begin() + src_at, bytes, dst_view.begin() + dst_at);
+        }
+        ExpectHolds(dst, dst_pools, dst_view,
+                    absl::StrCat(preset, " TP ", from, " -> TP ", to));
+      }
+    }
+  }
+  const ModelConfig& config = ConfigOf("llama3-tiny");
+  auto view = KvView::Create(config, 2, RankSpec(config, 2, 4));
+  ASSERT_THAT(view.status(), IsOk());
+  const uint64_t total = view->spec().TotalBytes();
+  EXPECT_THAT(PlanRankCopies({&*view, total}, 0, {nullptr, total}, 1, total).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside the pool")));
+  EXPECT_THAT(PlanRankCopies({nullptr, total}, 1, {&*view, total}, 0, total).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(KvViewTest, RefusesRangesOutsideAndFp8) {
