@@ -35,7 +35,10 @@
 # reports, per-request CSVs, plots), BIN_DIR (the built programs; else
 # bazel-bin, else PATH), WORKER_FLAGS (extra worker flags), PREFILL_TP and
 # DECODE_TP (--tensor_parallel of prefill and of decode or colocated workers,
-# 1; a worker at DEVICES' cuda:N with TP t takes cuda:N..N+t-1).
+# 1; a worker at DEVICES' cuda:N with TP t takes cuda:N..N+t-1),
+# PROMPT_TOKENS and OUTPUT_TOKENS (loadgen length specs, e.g. fixed:8192;
+# default the ShareGPT-like rows), MAX_MODEL_LEN (2048). Disaggregated runs
+# end with the lanes the prefill workers' KV transfers took.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 device=${2:-cuda:0}
@@ -47,6 +50,7 @@ tpot_slo=${TPOT_SLO_MS:-25}
 seed=${SEED:-20261128}
 out=${OUT:-$(mktemp -d)}
 bin=${BIN_DIR:-bazel-bin}
+max_model_len=${MAX_MODEL_LEN:-2048}
 mkdir -p "$out"
 pids=()
 source "$(dirname "$0")/common.sh"
@@ -89,7 +93,7 @@ worker() {
   # shellcheck disable=SC2086
   start "$name" "$(tool services/worker/worker)" --model="$model_dir" --role="$role" \
       --device="$dev" --worker_id="$name" --gpu_memory_fraction="$(share_of "$dev")" \
-      --max_model_len=2048 "$@" ${WORKER_FLAGS:-}
+      --max_model_len="$max_model_len" "$@" ${WORKER_FLAGS:-}
 }
 decoders=()
 if [[ "$topology" == colocated ]]; then
@@ -129,7 +133,7 @@ decode_metric() {
 }
 graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
 start router "$(tool services/router/router)" --model="$model_dir" "${route[@]}" \
-    --admission=false --max_model_len=2048
+    --admission=false --max_model_len="$max_model_len"
 grep -h "decode graphs at start-up" "$out"/*.log || true
 echo "model $model_dir, $topology on ${devices[*]}$([[ ${CPU_ATTENTION:-0} == 1 ]] &&
     echo " + CPU attention"), ${phase} s a rate (first ${warmup} s left out)," \
@@ -144,8 +148,8 @@ for rate in $rates; do
     schedule=(--rate="$rate" --duration_s="$phase" --warmup_s="$warmup")
   fi
   "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_router" "${schedule[@]}" \
-      --max_inflight=100000 --prompt_tokens="csv:$out/lengths.csv" \
-      --output_tokens="csv:$out/lengths.csv" --ttft_slo_ms="$ttft_slo" \
+      --max_inflight=100000 --prompt_tokens="${PROMPT_TOKENS:-csv:$out/lengths.csv}" \
+      --output_tokens="${OUTPUT_TOKENS:-csv:$out/lengths.csv}" --ttft_slo_ms="$ttft_slo" \
       --tpot_slo_ms="$tpot_slo" --seed="$seed" --progress=false \
       --json_out="$out/$label.json" --requests_csv="$out/$label.csv" >"$out/$label.txt" 2>&1
   python3 - "$out/$label.json" "$rate" <<'EOF'
@@ -167,6 +171,12 @@ echo "decode graphs: $graphs_at_start at start-up," \
     "$(decode_metric trident_worker_cuda_graph_replays_total) steps replayed," \
     "$(decode_metric trident_worker_cuda_graph_misses_total) without a graph" |
     tee -a "$out/summary.txt"
+for ((i = 0; i < num_prefill; i++)); do
+  port_var="METRICS_p$i"
+  echo "p$i KV transfers by lane: $(curl -s "http://127.0.0.1:${!port_var}/metrics" |
+      awk '/^trident_worker_kv_transfers_total\{/ { printf "%s ", $0 }')" |
+      tee -a "$out/summary.txt"
+done
 if [[ "${CPU_ATTENTION:-0}" == 1 ]]; then
   echo "CPU attention: $(decode_metric 'trident_worker_offload_decisions_total{decision="moved"}')" \
       "sequences moved to the service" | tee -a "$out/summary.txt"

@@ -122,6 +122,11 @@ ABSL_FLAG(int32_t, kv_lanes, 0,
           "transfer spreads its messages over min(sender's, receiver's) lanes, so that several "
           "cores copy at once over shared memory and tcp. 0: 2 for a KV cache on a GPU, else 1 "
           "(CPU cores compute there). 1 to 16 otherwise.");
+ABSL_FLAG(bool, kv_peer_lane, true,
+          "KV pool on a GPU: KV to decode workers on this host goes GPU to GPU over CUDA IPC "
+          "(copy engines, NVLink where the GPUs have it), chosen per decode worker when it "
+          "exports its pool; UCX to the others, and where the pool cannot be mapped. false: "
+          "UCX only.");
 ABSL_FLAG(int32_t, kv_receive_threads, 2,
           "Threads that copy received KV messages into the KV pool off UCX's progress thread, "
           "so that receiving one message overlaps copying the last. 0: copy on the progress "
@@ -241,6 +246,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   options.ucx_transports = absl::GetFlag(FLAGS_ucx_transports);
   options.kv_staging_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_kv_staging_mb)) << 20;
   options.kv_lanes = absl::GetFlag(FLAGS_kv_lanes);
+  options.kv_peer_lane = absl::GetFlag(FLAGS_kv_peer_lane);
   options.kv_receive_threads = absl::GetFlag(FLAGS_kv_receive_threads);
   options.kv_receive_fetches = absl::GetFlag(FLAGS_kv_receive_fetches);
   options.testonly_stall_kv_transfer_after_layers =

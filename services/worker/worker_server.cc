@@ -147,6 +147,23 @@ absl::Status WorkerServer::StartKvTransport() {
       kv_, transport::UcxKv::Create(ucx_.get(), memory, identity_.worker_id, identity_.incarnation,
                                     std::move(kv_options)));
   LogKvTransport(ucx_options, memory, *kv_, options_.kv_staging_bytes, lanes);
+  kv_sender_ = kv_.get();
+  kv_receiver_ = kv_.get();
+  if (!memory.device || !options_.kv_peer_lane) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<backend::KvPeerLane>> lane =
+      model_->engine->backend().CreateKvPeerLane();
+  absl::StatusOr<std::unique_ptr<transport::PeerLaneKv>> peer_kv =
+      lane.ok() ? transport::PeerLaneKv::Create(kv_.get(), kv_.get(), memory.spec, *std::move(lane))
+                : absl::StatusOr<std::unique_ptr<transport::PeerLaneKv>>(lane.status());
+  if (!peer_kv.ok()) {
+    TRIDENT_LOG(WARNING) << "KV goes over UCX only: no GPU-to-GPU lane: " << peer_kv.status();
+    return absl::OkStatus();
+  }
+  peer_kv_ = *std::move(peer_kv);
+  kv_sender_ = peer_kv_.get();
+  kv_receiver_ = peer_kv_.get();
+  TRIDENT_LOG(INFO) << "KV transport: GPU to GPU (cuda_ipc) to decode workers on this host ("
+                    << peer_kv_->host_id() << "), UCX to the others";
   return absl::OkStatus();
 }
 
@@ -212,7 +229,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
 
   if (kv_ != nullptr) {
     metered_kv_ =
-        std::make_unique<transport::MeteredKvSender>(kv_.get(), kv_metrics_.get(), clock_);
+        std::make_unique<transport::MeteredKvSender>(kv_sender_, kv_metrics_.get(), clock_);
   }
   if (model_ != nullptr && ucx_ != nullptr) {
     // The prefill side writes CPU-placed prompts straight into attention
@@ -249,7 +266,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   decode_options.worker_role = role_.get();
   decode_options.placer = offload_.get();
   decode_ = std::make_unique<DecodeService>(model_->engine.get(), model_->info, reservations_.get(),
-                                            kv_.get(), clock_, decode_options);
+                                            kv_receiver_, clock_, decode_options);
   PrefillServiceOptions prefill_options;
   prefill_options.worker_id = identity_.worker_id;
   prefill_options.worker_role = role_.get();

@@ -49,6 +49,7 @@
 #include "common/grpc/server.h"
 #include "common/time/clock.h"
 #include "common/transport/kv/transfer_metrics.h"
+#include "common/transport/kv/peer_lane_kv.h"
 #include "common/transport/kv/ucx_kv.h"
 #include "common/transport/ucx_worker.h"
 #include "prometheus/registry.h"
@@ -105,6 +106,9 @@ struct WorkerServerOptions {
   uint64_t kv_staging_bytes = uint64_t{256} << 20;
   // UcxKvOptions::lanes; 0: 2 for a KV pool on a GPU, else 1.
   int32_t kv_lanes = 0;
+  // KV to decode workers on this host goes GPU to GPU (CUDA IPC) when both
+  // pools are on GPUs (transport/kv/peer_lane_kv.h); false: over UCX only.
+  bool kv_peer_lane = true;
   // UcxKvOptions::receive_threads and receive_fetches.
   int32_t kv_receive_threads = 2;
   int32_t kv_receive_fetches = 4;
@@ -228,6 +232,11 @@ class WorkerServer {
   std::unique_ptr<KvReservations> reservations_;
   std::unique_ptr<transport::UcxWorker> ucx_;
   std::unique_ptr<transport::UcxKv> kv_;
+  // Over kv_, with the GPU-to-GPU lane; null without one.
+  std::unique_ptr<transport::PeerLaneKv> peer_kv_;
+  // What the services send and receive KV through: peer_kv_, else kv_.
+  transport::KvSender* kv_sender_ = nullptr;
+  transport::KvReceiver* kv_receiver_ = nullptr;
   std::unique_ptr<AttentionServicePool> attention_pool_;
   std::unique_ptr<AttentionOffload> offload_;
   // Before the tier: the tier's fetch threads (joined when it goes) hand

@@ -87,6 +87,7 @@ CudaKvPeerLane::~CudaKvPeerLane() {
   if (completion_.joinable()) completion_.join();
   DeviceGuard guard(ranks_[0].device);
   absl::MutexLock lock(&mu_);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (pointers_ != nullptr) cudaFree(pointers_);
 }
@@ -163,7 +164,10 @@ void CudaKvPeerLane::Copy(const std::shared_ptr<KvPeerPool>& peer,
   absl::Status status = guard.status();
   if (status.ok()) status = Enqueue(planned, pool->bases());
   Pending p;
-  if (status.ok()) {
+  if (status.ok() && !free_events_.empty()) {
+    p.event = free_events_.back();
+    free_events_.pop_back();
+  } else if (status.ok()) {
     status = CudaCheck(
         cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming | cudaEventBlockingSync),
         "KV peer lane event");
@@ -258,7 +262,10 @@ void CudaKvPeerLane::CompletionLoop() {
     {
       DeviceGuard guard(ranks_[0].device);
       status = CudaCheck(cudaEventSynchronize(p.event), "KV peer copy");
-      cudaEventDestroy(p.event);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      free_events_.push_back(p.event);
     }
     p.peer.reset();
     p.done(status);

@@ -109,6 +109,8 @@ class CudaKvPeerLane final : public KvPeerLane {
   void** pointers_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t pointer_capacity_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Events of ended copies, for the next ones.
+  std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t kernel_copies_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t engine_copies_ ABSL_GUARDED_BY(mu_) = 0;
