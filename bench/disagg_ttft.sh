@@ -16,7 +16,9 @@
 # WARMUP_S (3), RATE (0.5 requests/s, spaced almost evenly so that requests
 # never overlap), OUT (a directory for logs and JSON reports), BIN_DIR (the
 # built programs; else bazel-bin, else PATH), DISAGG_FLAGS (more flags for
-# the prefill and decode workers, e.g. --kv_lanes=1), PLACED=1 (a third
+# the prefill and decode workers, e.g. --kv_lanes=1 or --kv_peer_lane=false),
+# WORKER_FLAGS (more flags for every worker, e.g. --generated_weights),
+# PLACED=1 (a third
 # run: the decode worker with a CPU attention service on ATTENTION_THREADS
 # (12) cores places every prompt there at reservation, and the prefill
 # worker writes its KV there layer by layer instead of into GPU blocks).
@@ -44,7 +46,7 @@ worker() {
   shift 3
   start "$name" "$(tool services/worker/worker)" --model="$model_dir" --role="$role" \
       --device="$device" --worker_id="$name" --gpu_memory_fraction="$fraction" \
-      --max_batch_tokens="$prompt" --max_model_len=$((prompt + 64)) "$@"
+      --max_batch_tokens="$prompt" --max_model_len=$((prompt + 64)) "$@" ${WORKER_FLAGS:-}
 }
 
 load() {
