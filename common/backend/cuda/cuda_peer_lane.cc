@@ -57,14 +57,22 @@ absl::StatusOr<std::unique_ptr<CudaKvPeerLane>> CudaKvPeerLane::Create(
           absl::StrCat("rank ", r, "'s KV pool is smaller than its layout's ", rank_bytes));
     }
   }
+  if (options.streams < 1 || options.streams > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV peer lane streams is ", options.streams, "; want 1 to 8"));
+  }
   std::unique_ptr<CudaKvPeerLane> lane(
       new CudaKvPeerLane(config, spec, std::move(view), std::move(ranks), options));
   {
     DeviceGuard guard(lane->ranks_[0].device);
     TRIDENT_RETURN_IF_ERROR(guard.status());
     absl::MutexLock lock(&lane->mu_);
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking), "KV peer lane stream"));
+    for (int32_t i = 0; i < options.streams; ++i) {
+      Stream s;
+      TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
+                                        "KV peer lane stream"));
+      lane->streams_.push_back(s);
+    }
   }
   lane->completion_ = std::thread([l = lane.get()] { l->CompletionLoop(); });
   return lane;
@@ -88,8 +96,10 @@ CudaKvPeerLane::~CudaKvPeerLane() {
   DeviceGuard guard(ranks_[0].device);
   absl::MutexLock lock(&mu_);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  if (pointers_ != nullptr) cudaFree(pointers_);
+  for (Stream& s : streams_) {
+    cudaStreamDestroy(s.stream);
+    if (s.pointers != nullptr) cudaFree(s.pointers);
+  }
 }
 
 absl::StatusOr<KvPeerExport> CudaKvPeerLane::Export() const {
@@ -161,8 +171,10 @@ void CudaKvPeerLane::Copy(const std::shared_ptr<KvPeerPool>& peer,
   }
   absl::MutexLock lock(&mu_);
   DeviceGuard guard(ranks_[0].device);
+  Stream& stream = streams_[next_stream_];
+  next_stream_ = (next_stream_ + 1) % streams_.size();
   absl::Status status = guard.status();
-  if (status.ok()) status = Enqueue(planned, pool->bases());
+  if (status.ok()) status = Enqueue(planned, pool->bases(), stream);
   Pending p;
   if (status.ok() && !free_events_.empty()) {
     p.event = free_events_.back();
@@ -172,10 +184,12 @@ void CudaKvPeerLane::Copy(const std::shared_ptr<KvPeerPool>& peer,
         cudaEventCreateWithFlags(&p.event, cudaEventDisableTiming | cudaEventBlockingSync),
         "KV peer lane event");
   }
-  if (status.ok()) status = CudaCheck(cudaEventRecord(p.event, stream_), "KV peer lane event");
+  if (status.ok()) {
+    status = CudaCheck(cudaEventRecord(p.event, stream.stream), "KV peer lane event");
+  }
   if (!status.ok()) {
     // Whatever was enqueued ends before the failure is reported.
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream.stream);
     if (p.event != nullptr) cudaEventDestroy(p.event);
     done(status);
     return;
@@ -186,7 +200,7 @@ void CudaKvPeerLane::Copy(const std::shared_ptr<KvPeerPool>& peer,
 }
 
 absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvRankCopy>& copies,
-                                     const std::vector<char*>& peer_bases) {
+                                     const std::vector<char*>& peer_bases, Stream& stream) {
   // Copies of one size, 16-byte aligned, go together as a kernel when there
   // are enough of them.
   std::map<uint64_t, std::vector<const model::KvRankCopy*>> by_size;
@@ -198,7 +212,7 @@ absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvRankCopy>& copie
   std::vector<bool> in_kernel(copies.size(), false);
   for (const auto& [bytes, group] : by_size) {
     if (static_cast<int32_t>(group.size()) < options_.kernel_min_copies) continue;
-    TRIDENT_RETURN_IF_ERROR(LaunchKernel(group, peer_bases));
+    TRIDENT_RETURN_IF_ERROR(LaunchKernel(group, peer_bases, stream));
     for (const model::KvRankCopy* c : group) in_kernel[c - copies.data()] = true;
     kernel_copies_ += static_cast<int64_t>(group.size());
   }
@@ -207,7 +221,7 @@ absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvRankCopy>& copie
     const model::KvRankCopy& c = copies[i];
     TRIDENT_RETURN_IF_ERROR(CudaCheck(
         cudaMemcpyAsync(peer_bases[c.dst_rank] + c.dst_offset, ranks_[c.src_rank].base + c.src_offset,
-                        c.bytes, cudaMemcpyDefault, stream_),
+                        c.bytes, cudaMemcpyDefault, stream.stream),
         "KV peer copy"));
     ++engine_copies_;
   }
@@ -215,16 +229,20 @@ absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvRankCopy>& copie
 }
 
 absl::Status CudaKvPeerLane::LaunchKernel(const std::vector<const model::KvRankCopy*>& copies,
-                                          const std::vector<char*>& peer_bases) {
+                                          const std::vector<char*>& peer_bases, Stream& stream) {
   const int64_t n = static_cast<int64_t>(copies.size());
-  if (n > pointer_capacity_) {
-    // cudaFree waits for the device: the last launch has read the arrays.
-    if (pointers_ != nullptr) cudaFree(pointers_);
-    pointers_ = nullptr;
-    pointer_capacity_ = 0;
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMalloc(reinterpret_cast<void**>(&pointers_), 2 * n * sizeof(void*)), "KV peer lane"));
-    pointer_capacity_ = n;
+  if (n > stream.capacity) {
+    // The stream's last launch must have read the arrays before they go.
+    if (stream.pointers != nullptr) {
+      cudaStreamSynchronize(stream.stream);
+      cudaFree(stream.pointers);
+    }
+    stream.pointers = nullptr;
+    stream.capacity = 0;
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMalloc(reinterpret_cast<void**>(&stream.pointers), 2 * n * sizeof(void*)),
+                  "KV peer lane"));
+    stream.capacity = n;
   }
   std::vector<void*> host(2 * n);
   for (int64_t i = 0; i < n; ++i) {
@@ -232,16 +250,17 @@ absl::Status CudaKvPeerLane::LaunchKernel(const std::vector<const model::KvRankC
     host[n + i] = peer_bases[copies[i]->dst_rank] + copies[i]->dst_offset;
   }
   // From pageable memory: returns once the bytes are taken, and lands in
-  // stream order, after the previous launch read the arrays.
-  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(pointers_, host.data(), 2 * n * sizeof(void*),
-                                                    cudaMemcpyHostToDevice, stream_),
-                                    "KV peer lane pointers"));
+  // the stream's order, after its previous launch read the arrays.
+  TRIDENT_RETURN_IF_ERROR(
+      CudaCheck(cudaMemcpyAsync(stream.pointers, host.data(), 2 * n * sizeof(void*),
+                                cudaMemcpyHostToDevice, stream.stream),
+                "KV peer lane pointers"));
   kernels::cuda::BlockCopyArgs args;
-  args.src = pointers_;
-  args.dst = pointers_ + n;
+  args.src = stream.pointers;
+  args.dst = stream.pointers + n;
   args.num_blocks = n;
   args.block_bytes = static_cast<int64_t>(copies.front()->bytes);
-  return kernels::cuda::LaunchBlockCopy(args, stream_);
+  return kernels::cuda::LaunchBlockCopy(args, stream.stream);
 }
 
 void CudaKvPeerLane::CompletionLoop() {

@@ -42,6 +42,10 @@ struct CudaPeerLaneOptions {
   // At least this many copies of one size go as one kernel launch; fewer
   // (and copies of odd sizes or alignments) go on the copy engines.
   int32_t kernel_min_copies = 16;
+  // Streams that successive Copy calls take in turn, so that one layer's
+  // copies start while the previous layer's finish (each copy-engine
+  // operation has a fixed start-up cost of microseconds). 1 to 8.
+  int32_t streams = 2;
 };
 
 // Thread-safe.
@@ -86,12 +90,21 @@ class CudaKvPeerLane final : public KvPeerLane {
   CudaKvPeerLane(const model::ModelConfig& config, const kv::KvCacheSpec& spec,
                  std::optional<model::KvView> view, std::vector<RankPool> ranks,
                  CudaPeerLaneOptions options);
-  // Enqueues the rank copies on stream_; the first CUDA error.
+  // One stream of the lane, with the kernel's pointer arrays on the device
+  // (src then dst), grown as needed and refilled only in the stream's
+  // order, after its last launch read them.
+  struct Stream {
+    cudaStream_t stream = nullptr;
+    void** pointers = nullptr;
+    int64_t capacity = 0;
+  };
+  // Enqueues the rank copies on `stream`; the first CUDA error.
   absl::Status Enqueue(const std::vector<model::KvRankCopy>& copies,
-                       const std::vector<char*>& peer_bases) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Launches block_copy for `copies` (all of `bytes` each).
+                       const std::vector<char*>& peer_bases, Stream& stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Launches block_copy for `copies` (all of one size).
   absl::Status LaunchKernel(const std::vector<const model::KvRankCopy*>& copies,
-                            const std::vector<char*>& peer_bases)
+                            const std::vector<char*>& peer_bases, Stream& stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompletionLoop();
 
@@ -103,11 +116,8 @@ class CudaKvPeerLane final : public KvPeerLane {
   const CudaPeerLaneOptions options_;
 
   mutable absl::Mutex mu_;
-  cudaStream_t stream_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // The kernel's pointer arrays on the device (src then dst), grown as
-  // needed; refilled only in stream order after the last launch read them.
-  void** pointers_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int64_t pointer_capacity_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Stream> streams_ ABSL_GUARDED_BY(mu_);
+  size_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   // Events of ended copies, for the next ones.
   std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);

@@ -71,6 +71,7 @@ struct Case {
   int32_t from;  // TP degree of this process's pool (0: a plain pool)
   int32_t to;    // the peer's
   int32_t kernel_min_copies;
+  int32_t streams = 2;
 };
 
 class CudaPeerLaneTest : public ::testing::TestWithParam<Case> {};
@@ -97,7 +98,8 @@ TEST_P(CudaPeerLaneTest, CopiesLandByteForByteInThePeersPool) {
   const std::vector<uint8_t> local_view = peer_lane_testing::RandomViewBytes(spec.TotalBytes(), seed);
   ASSERT_THAT((*pools)->Fill(peer_lane_testing::ScatterView(*local_shape, local_view)), IsOk());
   auto lane = CudaKvPeerLane::Create(config, spec, (*pools)->ranks(),
-                                     {.kernel_min_copies = c.kernel_min_copies});
+                                     {.kernel_min_copies = c.kernel_min_copies,
+                                      .streams = c.streams});
   ASSERT_THAT(lane.status(), IsOk());
   auto mapped = (*lane)->Open(*exported);
   ASSERT_THAT(mapped.status(), IsOk());
@@ -140,13 +142,15 @@ TEST_P(CudaPeerLaneTest, CopiesLandByteForByteInThePeersPool) {
 INSTANTIATE_TEST_SUITE_P(
     Degrees, CudaPeerLaneTest,
     ::testing::Values(Case{"llama3-tiny", 0, 0, 1 << 20}, Case{"llama3-tiny", 0, 0, 1},
+                      Case{"llama3-tiny", 0, 0, 1 << 20, 1}, Case{"llama3-tiny", 2, 4, 1, 1},
                       Case{"llama3-tiny", 2, 0, 1 << 20}, Case{"llama3-tiny", 0, 2, 1},
                       Case{"llama3-tiny", 2, 4, 1}, Case{"llama3-tiny", 4, 2, 1 << 20},
                       Case{"mistral-tiny", 0, 2, 1}, Case{"mistral-tiny", 2, 0, 1 << 20}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return absl::StrCat(absl::StrReplaceAll(info.param.preset, {{"-", "_"}}), "_tp",
                           info.param.from, "_to_tp", info.param.to,
-                          info.param.kernel_min_copies <= 1 ? "_kernel" : "_engines");
+                          info.param.kernel_min_copies <= 1 ? "_kernel" : "_engines",
+                          info.param.streams == 1 ? "_one_stream" : "");
     });
 
 TEST(CudaPeerLaneRefusalTest, RefusesWhatItCannotMapOrCopy) {

@@ -37,6 +37,7 @@ ABSL_FLAG(int32_t, iters, 5, "Timed repetitions per figure (median).");
 ABSL_FLAG(int32_t, engines_max_tokens, 8192,
           "Longest prompt timed with one copy-engine call per block.");
 ABSL_FLAG(uint32_t, seed, 2026, "Seed of the shuffled block order.");
+ABSL_FLAG(int32_t, streams, 2, "CudaPeerLaneOptions::streams of the lane.");
 
 namespace trident::backend {
 namespace {
@@ -104,10 +105,12 @@ int Main() {
   const uint64_t pool_bytes = shape.spec.TotalBytes();
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("%s KV (%llu bytes a token), cuda:0 -> cuda:%d (%s), pools of %.2f GiB, seed %u\n",
+  std::printf("%s KV (%llu bytes a token), cuda:0 -> cuda:%d (%s), pools of %.2f GiB, %d lane "
+              "stream(s), seed %u\n",
               absl::GetFlag(FLAGS_preset).c_str(),
               static_cast<unsigned long long>(shape.spec.BytesPerBlockAllLayers() / 16),
-              peer_device, prop.name, pool_bytes / double(1 << 30), absl::GetFlag(FLAGS_seed));
+              peer_device, prop.name, pool_bytes / double(1 << 30), absl::GetFlag(FLAGS_streams),
+              absl::GetFlag(FLAGS_seed));
 
   auto peer = peer_lane_testing::PeerProcess::Start();
   auto exported = (*peer)->Pools(absl::GetFlag(FLAGS_preset), 0, max_blocks, peer_device, 0);
@@ -117,9 +120,10 @@ int Main() {
   }
   exported->spec = shape.spec;
   auto pools = *peer_lane_testing::DevicePools::Create(shape, 0);
-  auto lane = *CudaKvPeerLane::Create(config, shape.spec, pools->ranks());
+  const int32_t streams = absl::GetFlag(FLAGS_streams);
+  auto lane = *CudaKvPeerLane::Create(config, shape.spec, pools->ranks(), {.streams = streams});
   auto engines = *CudaKvPeerLane::Create(config, shape.spec, pools->ranks(),
-                                         {.kernel_min_copies = 1 << 30});
+                                         {.kernel_min_copies = 1 << 30, .streams = streams});
   auto mapped = lane->Open(*exported);
   auto mapped_engines = engines->Open(*exported);
   if (!mapped.ok() || !mapped_engines.ok()) {
