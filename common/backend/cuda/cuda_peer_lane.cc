@@ -46,8 +46,7 @@ absl::StatusOr<std::unique_ptr<CudaKvPeerLane>> CudaKvPeerLane::Create(
   uint64_t rank_bytes = spec.TotalBytes();
   if (ranks.size() > 1) {
     TRIDENT_ASSIGN_OR_RETURN(
-        model::KvView v,
-        model::KvView::ForPool(config, static_cast<int32_t>(ranks.size()), spec));
+        model::KvView v, model::KvView::ForPool(config, static_cast<int32_t>(ranks.size()), spec));
     rank_bytes = v.rank_spec().TotalBytes();
     view = std::move(v);
   }
@@ -109,7 +108,8 @@ absl::StatusOr<KvPeerExport> CudaKvPeerLane::Export() const {
     DeviceGuard guard(pool.device);
     TRIDENT_RETURN_IF_ERROR(guard.status());
     cudaIpcMemHandle_t handle;
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaIpcGetMemHandle(&handle, pool.base), "cudaIpcGetMemHandle"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaIpcGetMemHandle(&handle, pool.base), "cudaIpcGetMemHandle"));
     out.rank_handles.emplace_back(reinterpret_cast<const char*>(&handle), sizeof(handle));
   }
   return out;
@@ -146,8 +146,9 @@ absl::StatusOr<std::shared_ptr<KvPeerPool>> CudaKvPeerLane::Open(const KvPeerExp
     const cudaError_t err = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
       cudaGetLastError();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot map KV peer pool rank ", r, " (cudaIpcOpenMemHandle): ", cudaGetErrorString(err)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot map KV peer pool rank ", r,
+                       " (cudaIpcOpenMemHandle): ", cudaGetErrorString(err)));
     }
     pool->mutable_bases().push_back(static_cast<char*>(base));
   }
@@ -158,10 +159,10 @@ void CudaKvPeerLane::Copy(const std::shared_ptr<KvPeerPool>& peer,
                           absl::Span<const KvPeerCopy> copies,
                           std::function<void(absl::Status)> done) {
   auto* pool = static_cast<CudaPeerPool*>(peer.get());
-  std::vector<model::KvRankCopy> planned;
+  std::vector<model::KvCopyRun> planned;
   const model::KvPoolSide local{view_.has_value() ? &*view_ : nullptr, spec_.TotalBytes()};
   for (const KvPeerCopy& c : copies) {
-    absl::StatusOr<std::vector<model::KvRankCopy>> rank_copies =
+    absl::StatusOr<std::vector<model::KvCopyRun>> rank_copies =
         model::PlanRankCopies(local, c.local_offset, pool->side(), c.peer_offset, c.bytes);
     if (!rank_copies.ok()) {
       done(rank_copies.status());
@@ -199,12 +200,12 @@ void CudaKvPeerLane::Copy(const std::shared_ptr<KvPeerPool>& peer,
   pending_.push_back(std::move(p));
 }
 
-absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvRankCopy>& copies,
+absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvCopyRun>& copies,
                                      const std::vector<char*>& peer_bases, Stream& stream) {
   // Copies of one size, 16-byte aligned, go together as a kernel when there
   // are enough of them.
-  std::map<uint64_t, std::vector<const model::KvRankCopy*>> by_size;
-  for (const model::KvRankCopy& c : copies) {
+  std::map<uint64_t, std::vector<const model::KvCopyRun*>> by_size;
+  for (const model::KvCopyRun& c : copies) {
     if (Aligned16(c.bytes) && Aligned16(c.src_offset) && Aligned16(c.dst_offset)) {
       by_size[c.bytes].push_back(&c);
     }
@@ -213,22 +214,22 @@ absl::Status CudaKvPeerLane::Enqueue(const std::vector<model::KvRankCopy>& copie
   for (const auto& [bytes, group] : by_size) {
     if (static_cast<int32_t>(group.size()) < options_.kernel_min_copies) continue;
     TRIDENT_RETURN_IF_ERROR(LaunchKernel(group, peer_bases, stream));
-    for (const model::KvRankCopy* c : group) in_kernel[c - copies.data()] = true;
+    for (const model::KvCopyRun* c : group) in_kernel[c - copies.data()] = true;
     kernel_copies_ += static_cast<int64_t>(group.size());
   }
   for (size_t i = 0; i < copies.size(); ++i) {
     if (in_kernel[i]) continue;
-    const model::KvRankCopy& c = copies[i];
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(peer_bases[c.dst_rank] + c.dst_offset, ranks_[c.src_rank].base + c.src_offset,
-                        c.bytes, cudaMemcpyDefault, stream.stream),
-        "KV peer copy"));
+    const model::KvCopyRun& c = copies[i];
+    TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(peer_bases[c.dst_rank] + c.dst_offset,
+                                                      ranks_[c.src_rank].base + c.src_offset,
+                                                      c.bytes, cudaMemcpyDefault, stream.stream),
+                                      "KV peer copy"));
     ++engine_copies_;
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaKvPeerLane::LaunchKernel(const std::vector<const model::KvRankCopy*>& copies,
+absl::Status CudaKvPeerLane::LaunchKernel(const std::vector<const model::KvCopyRun*>& copies,
                                           const std::vector<char*>& peer_bases, Stream& stream) {
   const int64_t n = static_cast<int64_t>(copies.size());
   if (n > stream.capacity) {
@@ -269,9 +270,8 @@ void CudaKvPeerLane::CompletionLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](CudaKvPeerLane* l) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return l->stopping_ || !l->pending_.empty();
-          },
+          +[](CudaKvPeerLane* l)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return l->stopping_ || !l->pending_.empty(); },
           this));
       if (pending_.empty()) return;  // stopping, nothing left
       p = std::move(pending_.front());

@@ -99,11 +99,11 @@ class CudaKvPeerLane final : public KvPeerLane {
     int64_t capacity = 0;
   };
   // Enqueues the rank copies on `stream`; the first CUDA error.
-  absl::Status Enqueue(const std::vector<model::KvRankCopy>& copies,
+  absl::Status Enqueue(const std::vector<model::KvCopyRun>& copies,
                        const std::vector<char*>& peer_bases, Stream& stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Launches block_copy for `copies` (all of one size).
-  absl::Status LaunchKernel(const std::vector<const model::KvRankCopy*>& copies,
+  absl::Status LaunchKernel(const std::vector<const model::KvCopyRun*>& copies,
                             const std::vector<char*>& peer_bases, Stream& stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompletionLoop();

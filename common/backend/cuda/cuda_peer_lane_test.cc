@@ -33,10 +33,10 @@
 namespace trident::backend {
 namespace {
 
+using peer_lane_testing::PoolShape;
 using ::testing::HasSubstr;
 using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
-using peer_lane_testing::PoolShape;
 
 model::ModelConfig ConfigOf(const std::string& preset) {
   auto spec = model::generate::PresetSpec(preset);
@@ -95,11 +95,12 @@ TEST_P(CudaPeerLaneTest, CopiesLandByteForByteInThePeersPool) {
 
   auto pools = peer_lane_testing::DevicePools::Create(*local_shape, 0);
   ASSERT_THAT(pools.status(), IsOk());
-  const std::vector<uint8_t> local_view = peer_lane_testing::RandomViewBytes(spec.TotalBytes(), seed);
+  const std::vector<uint8_t> local_view =
+      peer_lane_testing::RandomViewBytes(spec.TotalBytes(), seed);
   ASSERT_THAT((*pools)->Fill(peer_lane_testing::ScatterView(*local_shape, local_view)), IsOk());
-  auto lane = CudaKvPeerLane::Create(config, spec, (*pools)->ranks(),
-                                     {.kernel_min_copies = c.kernel_min_copies,
-                                      .streams = c.streams});
+  auto lane =
+      CudaKvPeerLane::Create(config, spec, (*pools)->ranks(),
+                             {.kernel_min_copies = c.kernel_min_copies, .streams = c.streams});
   ASSERT_THAT(lane.status(), IsOk());
   auto mapped = (*lane)->Open(*exported);
   ASSERT_THAT(mapped.status(), IsOk());
@@ -129,8 +130,8 @@ TEST_P(CudaPeerLaneTest, CopiesLandByteForByteInThePeersPool) {
   for (uint64_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i], expected[i]) << "byte " << i << " of the peer's TP = 1 pool";
   }
-  std::printf("%s TP %d -> TP %d: %lld copies on the engines, %lld in kernels\n",
-              c.preset.c_str(), c.from, c.to, static_cast<long long>((*lane)->engine_copies()),
+  std::printf("%s TP %d -> TP %d: %lld copies on the engines, %lld in kernels\n", c.preset.c_str(),
+              c.from, c.to, static_cast<long long>((*lane)->engine_copies()),
               static_cast<long long>((*lane)->kernel_copies()));
   if (c.kernel_min_copies <= 1) {
     EXPECT_GT((*lane)->kernel_copies(), 0);
@@ -165,8 +166,8 @@ TEST(CudaPeerLaneRefusalTest, RefusesWhatItCannotMapOrCopy) {
   ASSERT_THAT(own.status(), IsOk());
   EXPECT_EQ(own->rank_handles.size(), 1u);
   // This process's own pool: CUDA IPC maps other processes' memory only.
-  EXPECT_THAT((*lane)->Open(*own).status(), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                                     HasSubstr("cudaIpcOpenMemHandle")));
+  EXPECT_THAT((*lane)->Open(*own).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cudaIpcOpenMemHandle")));
   KvPeerExport bad = *own;
   bad.rank_handles[0] = "short";
   EXPECT_THAT((*lane)->Open(bad).status(),
@@ -191,9 +192,9 @@ TEST(CudaPeerLaneRefusalTest, RefusesWhatItCannotMapOrCopy) {
   EXPECT_EQ((*mapped)->bytes(), exported->spec.TotalBytes());
   // Past the peer's (smaller) pool: refused, nothing copied.
   const uint64_t stride = shape->spec.block_stride_bytes();
-  EXPECT_THAT(CopyAndWait(**lane, *mapped,
-                          {{0, 0, stride}, {0, (*mapped)->bytes() - stride, 2 * stride}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside")));
+  EXPECT_THAT(
+      CopyAndWait(**lane, *mapped, {{0, 0, stride}, {0, (*mapped)->bytes() - stride, 2 * stride}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside")));
   EXPECT_EQ((*lane)->engine_copies() + (*lane)->kernel_copies(), 0);
 }
 

@@ -56,20 +56,24 @@ int RunChild() {
       const int32_t size = std::stoi(w[2]), blocks = std::stoi(w[3]), device = std::stoi(w[4]);
       const uint32_t seed = static_cast<uint32_t>(std::stoul(w[5]));
       absl::StatusOr<model::ModelConfig> config = PresetConfig(w[1]);
-      absl::StatusOr<PoolShape> s = config.ok() ? ShapeOf(*config, size, blocks)
-                                                : absl::StatusOr<PoolShape>(config.status());
+      absl::StatusOr<PoolShape> s =
+          config.ok() ? ShapeOf(*config, size, blocks) : absl::StatusOr<PoolShape>(config.status());
       absl::StatusOr<std::unique_ptr<DevicePools>> p =
-          s.ok() ? DevicePools::Create(*s, device) : absl::StatusOr<std::unique_ptr<DevicePools>>(s.status());
+          s.ok() ? DevicePools::Create(*s, device)
+                 : absl::StatusOr<std::unique_ptr<DevicePools>>(s.status());
       status = p.status();
       if (status.ok()) {
         shape = *std::move(s);
         pools = *std::move(p);
-        if (seed != 0) status = pools->Fill(ScatterView(*shape, RandomViewBytes(shape->spec.TotalBytes(), seed)));
+        if (seed != 0)
+          status =
+              pools->Fill(ScatterView(*shape, RandomViewBytes(shape->spec.TotalBytes(), seed)));
       }
       absl::StatusOr<std::unique_ptr<CudaKvPeerLane>> l =
           status.ok() ? CudaKvPeerLane::Create(*config, shape->spec, pools->ranks())
                       : absl::StatusOr<std::unique_ptr<CudaKvPeerLane>>(status);
-      absl::StatusOr<KvPeerExport> e = l.ok() ? (*l)->Export() : absl::StatusOr<KvPeerExport>(l.status());
+      absl::StatusOr<KvPeerExport> e =
+          l.ok() ? (*l)->Export() : absl::StatusOr<KvPeerExport>(l.status());
       status = e.status();
       if (status.ok()) {
         lane = *std::move(l);
@@ -82,7 +86,8 @@ int RunChild() {
       status = bytes.status();
       if (status.ok()) {
         std::ofstream out(w[1], std::ios::binary);
-        for (const auto& rank : *bytes) out.write(reinterpret_cast<const char*>(rank.data()), rank.size());
+        for (const auto& rank : *bytes)
+          out.write(reinterpret_cast<const char*>(rank.data()), rank.size());
         if (!out) status = absl::InternalError(absl::StrCat("cannot write ", w[1]));
       }
     } else {
@@ -90,7 +95,8 @@ int RunChild() {
     }
     if (!status.ok()) reply = absl::StrCat("error ", status.ToString());
     // One line each: the parent reads up to the newline.
-    for (char& c : reply) if (c == '\n') c = ' ';
+    for (char& c : reply)
+      if (c == '\n') c = ' ';
     std::cout << kReplyMark << reply << std::endl;
   }
   lane.reset();
@@ -188,8 +194,8 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> DevicePools::Read() const {
   for (const auto& r : ranks_) {
     DeviceGuard guard(r.device);
     out.emplace_back(r.bytes);
-    TRIDENT_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpy(out.back().data(), r.base, r.bytes, cudaMemcpyDeviceToHost), "read"));
+    TRIDENT_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpy(out.back().data(), r.base, r.bytes, cudaMemcpyDeviceToHost), "read"));
   }
   return out;
 }
@@ -249,11 +255,10 @@ absl::StatusOr<std::string> PeerProcess::Command(const std::string& line) {
 }
 
 absl::StatusOr<KvPeerExport> PeerProcess::Pools(const std::string& preset, int32_t size,
-                                                int32_t num_blocks, int32_t device,
-                                                uint32_t seed) {
-  TRIDENT_ASSIGN_OR_RETURN(const std::string reply,
-                           Command(absl::StrCat("pools ", preset, " ", size, " ", num_blocks, " ",
-                                                device, " ", seed)));
+                                                int32_t num_blocks, int32_t device, uint32_t seed) {
+  TRIDENT_ASSIGN_OR_RETURN(
+      const std::string reply,
+      Command(absl::StrCat("pools ", preset, " ", size, " ", num_blocks, " ", device, " ", seed)));
   std::vector<std::string> w = absl::StrSplit(reply, ' ', absl::SkipEmpty());
   if (w.empty() || w[0] != "handles") return absl::InternalError(absl::StrCat("peer: ", reply));
   KvPeerExport e;
@@ -262,7 +267,7 @@ absl::StatusOr<KvPeerExport> PeerProcess::Pools(const std::string& preset, int32
 }
 
 absl::StatusOr<std::vector<std::vector<uint8_t>>> PeerProcess::Dump(int32_t ranks,
-                                                                   uint64_t rank_bytes) {
+                                                                    uint64_t rank_bytes) {
   char path[] = "/tmp/peer_lane_dump_XXXXXX";
   const int fd = mkstemp(path);
   if (fd < 0) return absl::InternalError("mkstemp");

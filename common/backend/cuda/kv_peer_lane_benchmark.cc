@@ -75,7 +75,8 @@ std::vector<std::vector<KvPeerCopy>> Plan(const kv::KvCacheSpec& spec, int32_t b
       continue;
     }
     for (int32_t b = 0; b < blocks; ++b) {
-      layers[l].push_back({spec.KeyOffsetBytes(l, b), spec.KeyOffsetBytes(l, (*shuffled)[b]), stride});
+      layers[l].push_back(
+          {spec.KeyOffsetBytes(l, b), spec.KeyOffsetBytes(l, (*shuffled)[b]), stride});
     }
   }
   return layers;
@@ -105,12 +106,13 @@ int Main() {
   const uint64_t pool_bytes = shape.spec.TotalBytes();
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("%s KV (%llu bytes a token), cuda:0 -> cuda:%d (%s), pools of %.2f GiB, %d lane "
-              "stream(s), seed %u\n",
-              absl::GetFlag(FLAGS_preset).c_str(),
-              static_cast<unsigned long long>(shape.spec.BytesPerBlockAllLayers() / 16),
-              peer_device, prop.name, pool_bytes / double(1 << 30), absl::GetFlag(FLAGS_streams),
-              absl::GetFlag(FLAGS_seed));
+  std::printf(
+      "%s KV (%llu bytes a token), cuda:0 -> cuda:%d (%s), pools of %.2f GiB, %d lane "
+      "stream(s), seed %u\n",
+      absl::GetFlag(FLAGS_preset).c_str(),
+      static_cast<unsigned long long>(shape.spec.BytesPerBlockAllLayers() / 16), peer_device,
+      prop.name, pool_bytes / double(1 << 30), absl::GetFlag(FLAGS_streams),
+      absl::GetFlag(FLAGS_seed));
 
   auto peer = peer_lane_testing::PeerProcess::Start();
   auto exported = (*peer)->Pools(absl::GetFlag(FLAGS_preset), 0, max_blocks, peer_device, 0);
@@ -139,8 +141,9 @@ int Main() {
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
 
-  std::printf("| tokens | MiB | cudaMemcpyPeer GB/s | lane, runs GB/s | of peer | lane, scattered "
-              "(kernel) GB/s | of peer | scattered, engines GB/s | of peer |\n");
+  std::printf(
+      "| tokens | MiB | cudaMemcpyPeer GB/s | lane, runs GB/s | of peer | lane, scattered "
+      "(kernel) GB/s | of peer | scattered, engines GB/s | of peer |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::mt19937 rng(absl::GetFlag(FLAGS_seed));
   const int32_t iters = std::max(1, absl::GetFlag(FLAGS_iters));

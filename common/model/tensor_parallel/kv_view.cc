@@ -33,9 +33,8 @@ absl::StatusOr<KvView> KvView::Create(const ModelConfig& config, int32_t size,
 absl::StatusOr<KvView> KvView::ForPool(const ModelConfig& config, int32_t size,
                                        const kv::KvCacheSpec& spec) {
   if (spec.num_kv_heads != config.num_key_value_heads) {
-    return absl::InvalidArgumentError(absl::StrCat("a KV pool of ", spec.num_kv_heads,
-                                                   " heads for a model of ",
-                                                   config.num_key_value_heads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV pool of ", spec.num_kv_heads, " heads for a model of ", config.num_key_value_heads));
   }
   absl::StatusOr<TensorParallelLayout> layout = MakeTensorParallelLayout(config, size, 0);
   if (!layout.ok()) return layout.status();
@@ -112,40 +111,41 @@ absl::StatusOr<std::vector<KvViewPiece>> MapSide(const KvPoolSide& side, uint64_
                                                  uint64_t bytes, bool write) {
   if (side.view != nullptr) return side.view->Map(offset, bytes, write);
   if (offset > side.pool_bytes || bytes > side.pool_bytes - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("KV range [", offset, ", +", bytes,
-                                                   ") outside the pool of ", side.pool_bytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV range [", offset, ", +", bytes, ") outside the pool of ", side.pool_bytes, " bytes"));
   }
   return std::vector<KvViewPiece>{{0, offset, offset, bytes}};
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<KvRankCopy>> PlanRankCopies(const KvPoolSide& src, uint64_t src_at,
-                                                       const KvPoolSide& dst, uint64_t dst_at,
-                                                       uint64_t bytes) {
+absl::StatusOr<std::vector<KvCopyRun>> PlanRankCopies(const KvPoolSide& src, uint64_t src_at,
+                                                      const KvPoolSide& dst, uint64_t dst_at,
+                                                      uint64_t bytes) {
   absl::StatusOr<std::vector<KvViewPiece>> reads = MapSide(src, src_at, bytes, /*write=*/false);
   if (!reads.ok()) return reads.status();
   absl::StatusOr<std::vector<KvViewPiece>> writes = MapSide(dst, dst_at, bytes, /*write=*/true);
   if (!writes.ok()) return writes.status();
   // Reads are in view order and cover the range once: each write's span
   // (in the source's view offsets) meets a run of them.
-  std::vector<KvRankCopy> copies;
+  std::vector<KvCopyRun> copies;
   for (const KvViewPiece& w : *writes) {
     const uint64_t begin = w.view_offset - dst_at + src_at;
     const uint64_t end = begin + w.bytes;
-    auto r = std::upper_bound(
-        reads->begin(), reads->end(), begin,
-        [](uint64_t at, const KvViewPiece& p) { return at < p.view_offset; });
+    auto r = std::upper_bound(reads->begin(), reads->end(), begin,
+                              [](uint64_t at, const KvViewPiece& p) { return at < p.view_offset; });
     if (r != reads->begin()) --r;
     for (; r != reads->end() && r->view_offset < end; ++r) {
       const uint64_t lo = std::max(begin, r->view_offset);
       const uint64_t hi = std::min(end, r->view_offset + r->bytes);
       if (lo >= hi) continue;
-      const KvRankCopy c{r->rank, r->rank_offset + (lo - r->view_offset), w.rank,
-                         w.rank_offset + (lo - begin), hi - lo};
+      const KvCopyRun c{.src_rank = r->rank,
+                        .dst_rank = w.rank,
+                        .src_offset = r->rank_offset + (lo - r->view_offset),
+                        .dst_offset = w.rank_offset + (lo - begin),
+                        .bytes = hi - lo};
       if (!copies.empty()) {
-        KvRankCopy& last = copies.back();
+        KvCopyRun& last = copies.back();
         if (last.src_rank == c.src_rank && last.dst_rank == c.dst_rank &&
             last.src_offset + last.bytes == c.src_offset &&
             last.dst_offset + last.bytes == c.dst_offset) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/config.h"
+#include "common/model/tensor_parallel/kv_reshard.h"
 #include "common/model/tensor_parallel/tensor_parallel.h"
 
 namespace trident::model {
@@ -69,18 +70,6 @@ class KvView {
   std::vector<TensorParallelLayout> layouts_;
 };
 
-// `bytes` from `src_offset` of source rank `src_rank`'s pool to
-// `dst_offset` of destination rank `dst_rank`'s.
-struct KvRankCopy {
-  int32_t src_rank = 0;
-  uint64_t src_offset = 0;
-  int32_t dst_rank = 0;
-  uint64_t dst_offset = 0;
-  uint64_t bytes = 0;
-
-  friend bool operator==(const KvRankCopy&, const KvRankCopy&) = default;
-};
-
 // One end of a copy between pools in the same TP = 1 layout: a view of
 // ranks' pools, or (view null) one pool of `pool_bytes` laid out as the
 // TP = 1 layout itself.
@@ -94,9 +83,9 @@ struct KvPoolSide {
 // rank holding it and written to every destination rank holding it; copies
 // adjacent on both ranks merged. kInvalidArgument for a range outside
 // either pool.
-absl::StatusOr<std::vector<KvRankCopy>> PlanRankCopies(const KvPoolSide& src, uint64_t src_at,
-                                                       const KvPoolSide& dst, uint64_t dst_at,
-                                                       uint64_t bytes);
+absl::StatusOr<std::vector<KvCopyRun>> PlanRankCopies(const KvPoolSide& src, uint64_t src_at,
+                                                      const KvPoolSide& dst, uint64_t dst_at,
+                                                      uint64_t bytes);
 
 }  // namespace trident::model
 

@@ -120,9 +120,8 @@ std::vector<std::vector<uint8_t>> Scatter(const KvPoolSide& side, uint64_t rank_
                                           const std::vector<uint8_t>& view_bytes) {
   const int32_t ranks = side.view == nullptr ? 1 : side.view->size();
   std::vector<std::vector<uint8_t>> pools(ranks, std::vector<uint8_t>(rank_bytes, 0));
-  auto pieces = side.view == nullptr
-                    ? std::vector<KvViewPiece>{{0, 0, 0, view_bytes.size()}}
-                    : *side.view->Map(0, view_bytes.size(), /*write=*/true);
+  auto pieces = side.view == nullptr ? std::vector<KvViewPiece>{{0, 0, 0, view_bytes.size()}}
+                                     : *side.view->Map(0, view_bytes.size(), /*write=*/true);
   for (const KvViewPiece& p : pieces) {
     std::copy_n(view_bytes.begin() + p.view_offset, p.bytes, pools[p.rank].begin() + p.rank_offset);
   }
@@ -132,9 +131,8 @@ std::vector<std::vector<uint8_t>> Scatter(const KvPoolSide& side, uint64_t rank_
 // Every replica of every byte of the pools, checked against `view_bytes`.
 void ExpectHolds(const KvPoolSide& side, const std::vector<std::vector<uint8_t>>& pools,
                  const std::vector<uint8_t>& view_bytes, const std::string& what) {
-  auto pieces = side.view == nullptr
-                    ? std::vector<KvViewPiece>{{0, 0, 0, view_bytes.size()}}
-                    : *side.view->Map(0, view_bytes.size(), /*write=*/true);
+  auto pieces = side.view == nullptr ? std::vector<KvViewPiece>{{0, 0, 0, view_bytes.size()}}
+                                     : *side.view->Map(0, view_bytes.size(), /*write=*/true);
   for (const KvViewPiece& p : pieces) {
     for (uint64_t i = 0; i < p.bytes; ++i) {
       ASSERT_EQ(pools[p.rank][p.rank_offset + i], view_bytes[p.view_offset + i])
@@ -174,27 +172,27 @@ TEST(KvViewTest, RankCopiesMoveTheRangeBetweenAnyDegrees) {
         const uint64_t stride = spec.block_stride_bytes();
         const std::vector<std::array<uint64_t, 3>> moves = {
             {spec.KeyOffsetBytes(1, 2), spec.KeyOffsetBytes(1, 4), 2 * stride},
-            {spec.KeyOffsetBytes(0, 1) + 77, spec.KeyOffsetBytes(spec.num_layers - 1, 3) + 77, stride + 300}};
+            {spec.KeyOffsetBytes(0, 1) + 77, spec.KeyOffsetBytes(spec.num_layers - 1, 3) + 77,
+             stride + 300}};
         for (const auto& [src_at, dst_at, bytes] : moves) {
           auto copies = PlanRankCopies(src, src_at, dst, dst_at, bytes);
           ASSERT_THAT(copies.status(), IsOk());
           uint64_t moved = 0;
-          for (const KvRankCopy& c : *copies) {
+          for (const KvCopyRun& c : *copies) {
             ASSERT_LE(c.src_offset + c.bytes, src_rank_bytes);
             ASSERT_LE(c.dst_offset + c.bytes, dst_rank_bytes);
             std::copy_n(src_pools[c.src_rank].begin() + c.src_offset, c.bytes,
                         dst_pools[c.dst_rank].begin() + c.dst_offset);
             moved += c.bytes;
           }
-          const int32_t replicas = to <= 1 ? 1
-                                           : std::max<int32_t>(1, to / std::max<int32_t>(
-                                                                           1, config.num_key_value_heads));
+          const int32_t replicas =
+              to <= 1 ? 1
+                      : std::max<int32_t>(1, to / std::max<int32_t>(1, config.num_key_value_heads));
           EXPECT_GE(moved, bytes);
           EXPECT_LE(moved, bytes * replicas);
           std::copy_n(src_view.begin() + src_at, bytes, dst_view.begin() + dst_at);
         }
-        ExpectHolds(dst, dst_pools, dst_view,
-                    absl::StrCat(preset, " TP ", from, " -> TP ", to));
+        ExpectHolds(dst, dst_pools, dst_view, absl::StrCat(preset, " TP ", from, " -> TP ", to));
       }
     }
   }

@@ -48,8 +48,8 @@ class PeerLaneTransfer final : public KvTransfer {
     for (const KvPut& put : PlanLayerPuts(spec_, destination_, layer, local_blocks)) {
       const v1::KvRegion& region = destination_.regions(put.region);
       // The region's offset in the destination's pool (its first layer's).
-      const uint64_t region_at = static_cast<uint64_t>(region.first_layer()) *
-                                 destination_.layout().layer_stride_bytes();
+      const uint64_t region_at =
+          static_cast<uint64_t>(region.first_layer()) * destination_.layout().layer_stride_bytes();
       copies.push_back({.local_offset = put.local_offset_bytes,
                         .peer_offset = put.remote_address - region.base_address() + region_at,
                         .bytes = put.length_bytes});
@@ -136,15 +136,13 @@ std::shared_ptr<backend::KvPeerPool> PeerLaneKv::PeerFor(const v1::KvDestination
                          << lane_->name() << " pool cannot be mapped here: " << pool.status();
     return nullptr;
   }
-  TRIDENT_LOG(INFO) << "KV to " << endpoint.owner_id() << " goes GPU to GPU over "
-                    << lane_->name() << " (" << destination.peer_pool().rank_handles_size()
-                    << " rank(s))";
+  TRIDENT_LOG(INFO) << "KV to " << endpoint.owner_id() << " goes GPU to GPU over " << lane_->name()
+                    << " (" << destination.peer_pool().rank_handles_size() << " rank(s))";
   peer.pool = *std::move(pool);
   return peer.pool;
 }
 
-absl::StatusOr<std::unique_ptr<KvTransfer>> PeerLaneKv::Open(
-    const v1::KvDestination& destination) {
+absl::StatusOr<std::unique_ptr<KvTransfer>> PeerLaneKv::Open(const v1::KvDestination& destination) {
   if (std::shared_ptr<backend::KvPeerPool> pool = PeerFor(destination)) {
     TRIDENT_RETURN_IF_ERROR(ValidateKvDestination(spec_, destination));
     ++lane_transfers_;

@@ -88,7 +88,8 @@ class MemoryPeerLane final : public backend::KvPeerLane {
             std::function<void(absl::Status)> done) override {
     auto* pool = static_cast<MemoryPeerPool*>(peer.get());
     for (const backend::KvPeerCopy& c : copies) {
-      if (c.local_offset + c.bytes > Spec().TotalBytes() || c.peer_offset + c.bytes > pool->bytes()) {
+      if (c.local_offset + c.bytes > Spec().TotalBytes() ||
+          c.peer_offset + c.bytes > pool->bytes()) {
         done(absl::InvalidArgumentError("copy outside a pool"));
         return;
       }
@@ -180,9 +181,10 @@ TEST(PeerLaneKvTest, SameHostGoesOverTheLaneIntoTheReservedBlocks) {
   for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
     for (size_t i = 0; i < local.size(); ++i) {
       const int32_t remote = d.block_ids(static_cast<int>(i));
-      EXPECT_EQ(0, std::memcmp(plane.decode_receiver.pool().data() + spec.KeyOffsetBytes(layer, remote),
-                               plane.local.data() + spec.KeyOffsetBytes(layer, local[i]),
-                               spec.block_stride_bytes()))
+      EXPECT_EQ(
+          0, std::memcmp(plane.decode_receiver.pool().data() + spec.KeyOffsetBytes(layer, remote),
+                         plane.local.data() + spec.KeyOffsetBytes(layer, local[i]),
+                         spec.block_stride_bytes()))
           << "layer " << layer << " block " << remote;
     }
   }
