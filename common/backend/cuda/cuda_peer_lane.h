@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/backend/cuda/tp_kv_copier.h"
 #include "common/backend/kv_peer_lane.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/config.h"
@@ -51,13 +52,8 @@ struct CudaPeerLaneOptions {
 // Thread-safe.
 class CudaKvPeerLane final : public KvPeerLane {
  public:
-  // Rank r's pool: `bytes` of device memory at `base` (the first byte of a
-  // cudaMalloc allocation) on CUDA device `device`.
-  struct RankPool {
-    int32_t device = 0;
-    char* base = nullptr;
-    uint64_t bytes = 0;
-  };
+  // Rank r's pool (`base`: the first byte of a cudaMalloc allocation).
+  using RankPool = TensorParallelKvCopier::RankPool;
   // `spec`: the pool's TP = 1 layout; `ranks`: one pool (laid out as `spec`)
   // or a tensor-parallel group's (each its share of the heads; peer access
   // enabled between the first rank's device and the others'). `config` is

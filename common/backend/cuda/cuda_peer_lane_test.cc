@@ -154,75 +154,83 @@ INSTANTIATE_TEST_SUITE_P(
                           info.param.streams == 1 ? "_one_stream" : "");
     });
 
-TEST(CudaPeerLaneRefusalTest, RefusesWhatItCannotMapOrCopy) {
-  const model::ModelConfig config = ConfigOf("llama3-tiny");
-  auto shape = peer_lane_testing::ShapeOf(config, 0, kBlocks);
-  ASSERT_THAT(shape.status(), IsOk());
-  auto pools = peer_lane_testing::DevicePools::Create(*shape, 0);
-  ASSERT_THAT(pools.status(), IsOk());
-  auto lane = CudaKvPeerLane::Create(config, shape->spec, (*pools)->ranks());
-  ASSERT_THAT(lane.status(), IsOk());
-  auto own = (*lane)->Export();
+// A plain llama3-tiny pool on GPU 0 and a lane over it.
+class CudaPeerLaneRefusalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = ConfigOf("llama3-tiny");
+    auto shape = peer_lane_testing::ShapeOf(config_, 0, kBlocks);
+    ASSERT_THAT(shape.status(), IsOk());
+    shape_ = *std::move(shape);
+    auto pools = peer_lane_testing::DevicePools::Create(shape_, 0);
+    ASSERT_THAT(pools.status(), IsOk());
+    pools_ = *std::move(pools);
+    auto lane = CudaKvPeerLane::Create(config_, shape_.spec, pools_->ranks());
+    ASSERT_THAT(lane.status(), IsOk());
+    lane_ = *std::move(lane);
+  }
+
+  model::ModelConfig config_;
+  PoolShape shape_;
+  std::unique_ptr<peer_lane_testing::DevicePools> pools_;
+  std::unique_ptr<CudaKvPeerLane> lane_;
+};
+
+TEST_F(CudaPeerLaneRefusalTest, RefusesWhatItCannotMapOrCopy) {
+  auto own = lane_->Export();
   ASSERT_THAT(own.status(), IsOk());
   EXPECT_EQ(own->rank_handles.size(), 1u);
   // This process's own pool: CUDA IPC maps other processes' memory only.
-  EXPECT_THAT((*lane)->Open(*own).status(),
+  EXPECT_THAT(lane_->Open(*own).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cudaIpcOpenMemHandle")));
   KvPeerExport bad = *own;
   bad.rank_handles[0] = "short";
-  EXPECT_THAT((*lane)->Open(bad).status(),
+  EXPECT_THAT(lane_->Open(bad).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("handle")));
   bad = *own;
   bad.spec.head_dim *= 2;
-  EXPECT_THAT((*lane)->Open(bad).status(),
+  EXPECT_THAT(lane_->Open(bad).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("laid out")));
   bad = *own;
   bad.rank_handles.push_back(bad.rank_handles[0]);
   bad.rank_handles.push_back(bad.rank_handles[0]);  // 3 ranks: 2 KV heads do not split
-  EXPECT_THAT((*lane)->Open(bad).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(lane_->Open(bad).status(), StatusIs(absl::StatusCode::kInvalidArgument));
 
   auto peer = peer_lane_testing::PeerProcess::Start();
   ASSERT_THAT(peer.status(), IsOk());
   auto exported = (*peer)->Pools("llama3-tiny", 0, kBlocks / 2, PeerDevice(), 3);
   ASSERT_THAT(exported.status(), IsOk());
-  exported->spec = shape->spec;
+  exported->spec = shape_.spec;
   exported->spec.num_blocks = kBlocks / 2;
-  auto mapped = (*lane)->Open(*exported);
+  auto mapped = lane_->Open(*exported);
   ASSERT_THAT(mapped.status(), IsOk());
   EXPECT_EQ((*mapped)->bytes(), exported->spec.TotalBytes());
   // Past the peer's (smaller) pool: refused, nothing copied.
-  const uint64_t stride = shape->spec.block_stride_bytes();
+  const uint64_t stride = shape_.spec.block_stride_bytes();
   EXPECT_THAT(
-      CopyAndWait(**lane, *mapped, {{0, 0, stride}, {0, (*mapped)->bytes() - stride, 2 * stride}}),
+      CopyAndWait(*lane_, *mapped, {{0, 0, stride}, {0, (*mapped)->bytes() - stride, 2 * stride}}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside")));
-  EXPECT_EQ((*lane)->engine_copies() + (*lane)->kernel_copies(), 0);
+  EXPECT_EQ(lane_->engine_copies() + lane_->kernel_copies(), 0);
 }
 
 // A decode worker that dies with its pool mapped here: the mapping keeps
 // the memory, the copy ends (either way) and this process's GPU still works.
-TEST(CudaPeerLaneRefusalTest, APeerThatDiesLeavesThisProcessWorking) {
-  const model::ModelConfig config = ConfigOf("llama3-tiny");
-  auto shape = peer_lane_testing::ShapeOf(config, 0, kBlocks);
-  ASSERT_THAT(shape.status(), IsOk());
-  auto pools = peer_lane_testing::DevicePools::Create(*shape, 0);
-  ASSERT_THAT(pools.status(), IsOk());
-  auto lane = CudaKvPeerLane::Create(config, shape->spec, (*pools)->ranks());
-  ASSERT_THAT(lane.status(), IsOk());
+TEST_F(CudaPeerLaneRefusalTest, APeerThatDiesLeavesThisProcessWorking) {
   auto peer = peer_lane_testing::PeerProcess::Start();
   ASSERT_THAT(peer.status(), IsOk());
   auto exported = (*peer)->Pools("llama3-tiny", 0, kBlocks, PeerDevice(), 3);
   ASSERT_THAT(exported.status(), IsOk());
-  exported->spec = shape->spec;
-  auto mapped = (*lane)->Open(*exported);
+  exported->spec = shape_.spec;
+  auto mapped = lane_->Open(*exported);
   ASSERT_THAT(mapped.status(), IsOk());
   peer->reset();  // the peer exits (its pool freed on its side)
-  const absl::Status copied = CopyAndWait(**lane, *mapped, {{0, 0, shape->spec.TotalBytes()}});
+  const absl::Status copied = CopyAndWait(*lane_, *mapped, {{0, 0, shape_.spec.TotalBytes()}});
   std::printf("copy into a dead peer's pool: %s\n", copied.ToString().c_str());
   mapped->reset();
   // This process's own memory still reads back.
-  auto read = (*pools)->Read();
+  auto read = pools_->Read();
   EXPECT_THAT(read.status(), IsOk());
-  auto again = CudaKvPeerLane::Create(config, shape->spec, (*pools)->ranks());
+  auto again = CudaKvPeerLane::Create(config_, shape_.spec, pools_->ranks());
   EXPECT_THAT(again.status(), IsOk());
 }
 
