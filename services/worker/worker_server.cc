@@ -147,8 +147,6 @@ absl::Status WorkerServer::StartKvTransport() {
       kv_, transport::UcxKv::Create(ucx_.get(), memory, identity_.worker_id, identity_.incarnation,
                                     std::move(kv_options)));
   LogKvTransport(ucx_options, memory, *kv_, options_.kv_staging_bytes, lanes);
-  kv_sender_ = kv_.get();
-  kv_receiver_ = kv_.get();
   if (!memory.device || !options_.kv_peer_lane) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<backend::KvPeerLane>> lane =
       model_->engine->backend().CreateKvPeerLane();
@@ -160,8 +158,6 @@ absl::Status WorkerServer::StartKvTransport() {
     return absl::OkStatus();
   }
   peer_kv_ = *std::move(peer_kv);
-  kv_sender_ = peer_kv_.get();
-  kv_receiver_ = peer_kv_.get();
   TRIDENT_LOG(INFO) << "KV transport: GPU to GPU (cuda_ipc) to decode workers on this host ("
                     << peer_kv_->host_id() << "), UCX to the others";
   return absl::OkStatus();
@@ -229,7 +225,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
 
   if (kv_ != nullptr) {
     metered_kv_ =
-        std::make_unique<transport::MeteredKvSender>(kv_sender_, kv_metrics_.get(), clock_);
+        std::make_unique<transport::MeteredKvSender>(ServiceKvSender(), kv_metrics_.get(), clock_);
   }
   if (model_ != nullptr && ucx_ != nullptr) {
     // The prefill side writes CPU-placed prompts straight into attention
@@ -266,7 +262,7 @@ void WorkerServer::BuildServices(prometheus::Registry* registry) {
   decode_options.worker_role = role_.get();
   decode_options.placer = offload_.get();
   decode_ = std::make_unique<DecodeService>(model_->engine.get(), model_->info, reservations_.get(),
-                                            kv_receiver_, clock_, decode_options);
+                                            ServiceKvReceiver(), clock_, decode_options);
   PrefillServiceOptions prefill_options;
   prefill_options.worker_id = identity_.worker_id;
   prefill_options.worker_role = role_.get();

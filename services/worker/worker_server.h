@@ -218,6 +218,14 @@ class WorkerServer {
   // Create's steps, in order.
   absl::Status LoadModel(prometheus::Registry* registry);
   absl::Status StartKvTransport();
+  // What the services send and receive KV through: peer_kv_, else kv_
+  // (null without a KV transport).
+  transport::KvSender* ServiceKvSender() const {
+    return peer_kv_ != nullptr ? static_cast<transport::KvSender*>(peer_kv_.get()) : kv_.get();
+  }
+  transport::KvReceiver* ServiceKvReceiver() const {
+    return peer_kv_ != nullptr ? static_cast<transport::KvReceiver*>(peer_kv_.get()) : kv_.get();
+  }
   absl::Status StartOffload();
   void BuildServices(prometheus::Registry* registry);
   void StartLoadReports();
@@ -232,11 +240,9 @@ class WorkerServer {
   std::unique_ptr<KvReservations> reservations_;
   std::unique_ptr<transport::UcxWorker> ucx_;
   std::unique_ptr<transport::UcxKv> kv_;
-  // Over kv_, with the GPU-to-GPU lane; null without one.
+  // Over kv_, with the GPU-to-GPU lane; null without one. The services send
+  // and receive KV through it when there is one (KvSender, KvReceiver).
   std::unique_ptr<transport::PeerLaneKv> peer_kv_;
-  // What the services send and receive KV through: peer_kv_, else kv_.
-  transport::KvSender* kv_sender_ = nullptr;
-  transport::KvReceiver* kv_receiver_ = nullptr;
   std::unique_ptr<AttentionServicePool> attention_pool_;
   std::unique_ptr<AttentionOffload> offload_;
   // Before the tier: the tier's fetch threads (joined when it goes) hand

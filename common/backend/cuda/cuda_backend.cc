@@ -523,15 +523,24 @@ absl::StatusOr<model::KvView> CudaBackend::TensorParallelKvView() const {
                                static_cast<int32_t>(impl_->tp.group->ranks.size()), impl_->kv_spec);
 }
 
+std::vector<TensorParallelKvCopier::RankPool> CudaBackend::KvRankPools() const {
+  std::vector<TensorParallelKvCopier::RankPool> pools;
+  auto add = [&pools](const Impl& rank) {
+    pools.push_back({rank.options.device, rank.kv_pool.get<char>(), rank.kv_pool.bytes()});
+  };
+  if (impl_->tp.group == nullptr) {
+    add(*impl_);
+  } else {
+    for (const Impl* rank : impl_->tp.group->ranks) add(*rank);
+  }
+  return pools;
+}
+
 absl::StatusOr<std::unique_ptr<KvCopier>> CudaBackend::CreateKvCopier() const {
   if (impl_->tp.group != nullptr) {
     TRIDENT_ASSIGN_OR_RETURN(model::KvView view, TensorParallelKvView());
-    std::vector<TensorParallelKvCopier::RankPool> pools;
-    for (const Impl* rank : impl_->tp.group->ranks) {
-      pools.push_back({rank->options.device, rank->kv_pool.get<char>(), rank->kv_pool.bytes()});
-    }
     TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<TensorParallelKvCopier> copier,
-                             TensorParallelKvCopier::Create(std::move(view), std::move(pools)));
+                             TensorParallelKvCopier::Create(std::move(view), KvRankPools()));
     return std::unique_ptr<KvCopier>(std::move(copier));
   }
   TRIDENT_ASSIGN_OR_RETURN(KvMemory memory, kv_memory());
@@ -541,16 +550,8 @@ absl::StatusOr<std::unique_ptr<KvCopier>> CudaBackend::CreateKvCopier() const {
 
 absl::StatusOr<std::unique_ptr<KvPeerLane>> CudaBackend::CreateKvPeerLane() const {
   TRIDENT_ASSIGN_OR_RETURN(const KvMemory memory, kv_memory());
-  std::vector<CudaKvPeerLane::RankPool> pools;
-  if (impl_->tp.group != nullptr) {
-    for (const Impl* rank : impl_->tp.group->ranks) {
-      pools.push_back({rank->options.device, rank->kv_pool.get<char>(), rank->kv_pool.bytes()});
-    }
-  } else {
-    pools.push_back({impl_->options.device, impl_->kv_pool.get<char>(), impl_->kv_pool.bytes()});
-  }
   TRIDENT_ASSIGN_OR_RETURN(std::unique_ptr<CudaKvPeerLane> lane,
-                           CudaKvPeerLane::Create(impl_->full_config, memory.spec, std::move(pools)));
+                           CudaKvPeerLane::Create(impl_->full_config, memory.spec, KvRankPools()));
   return std::unique_ptr<KvPeerLane>(std::move(lane));
 }
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/backend/cuda/tp_kv_copier.h"
 #include "common/backend/model_backend.h"
 #include "common/model/checkpoint.h"
 #include "common/model/config.h"
@@ -151,6 +152,8 @@ class CudaBackend : public ModelBackend {
  private:
   explicit CudaBackend(std::unique_ptr<cuda_internal::Impl> impl);
   absl::StatusOr<model::KvView> TensorParallelKvView() const;
+  // Each rank's KV pool (one without tensor parallelism).
+  std::vector<TensorParallelKvCopier::RankPool> KvRankPools() const;
   std::unique_ptr<cuda_internal::Impl> impl_;
 };
 

@@ -24,8 +24,6 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
 #include "common/backend/cuda/cuda_peer_lane_testing.h"
-#include "common/model/generate/model_gen.h"
-#include "common/model/generate/random_weights.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -39,11 +37,9 @@ using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
 
 model::ModelConfig ConfigOf(const std::string& preset) {
-  auto spec = model::generate::PresetSpec(preset);
-  EXPECT_THAT(spec.status(), IsOk());
-  auto weights = model::generate::RandomWeights::Create(*spec);
-  EXPECT_THAT(weights.status(), IsOk());
-  return (*weights)->config();
+  auto config = peer_lane_testing::PresetConfig(preset);
+  EXPECT_THAT(config.status(), IsOk());
+  return config.ok() ? *config : model::ModelConfig{};
 }
 
 int32_t PeerDevice() {

@@ -25,12 +25,6 @@
 namespace trident::backend::peer_lane_testing {
 namespace {
 
-absl::StatusOr<model::ModelConfig> PresetConfig(const std::string& preset) {
-  TRIDENT_ASSIGN_OR_RETURN(model::generate::ModelSpec spec, model::generate::PresetSpec(preset));
-  TRIDENT_ASSIGN_OR_RETURN(auto weights, model::generate::RandomWeights::Create(spec));
-  return weights->config();
-}
-
 std::vector<model::KvViewPiece> AllPieces(const PoolShape& shape, bool write) {
   const uint64_t total = shape.spec.TotalBytes();
   if (!shape.view.has_value()) return {{0, 0, 0, total}};
@@ -105,6 +99,12 @@ int RunChild() {
 }
 
 }  // namespace
+
+absl::StatusOr<model::ModelConfig> PresetConfig(const std::string& preset) {
+  TRIDENT_ASSIGN_OR_RETURN(model::generate::ModelSpec spec, model::generate::PresetSpec(preset));
+  TRIDENT_ASSIGN_OR_RETURN(auto weights, model::generate::RandomWeights::Create(spec));
+  return weights->config();
+}
 
 absl::StatusOr<PoolShape> ShapeOf(const model::ModelConfig& config, int32_t size,
                                   int32_t num_blocks) {

@@ -30,6 +30,9 @@
 
 namespace trident::backend::peer_lane_testing {
 
+// A preset's config (model/generate's presets).
+absl::StatusOr<model::ModelConfig> PresetConfig(const std::string& preset);
+
 // A preset's KV at TP `size` (0: one plain pool): the TP = 1 spec, the view
 // (none for a plain pool) and one rank's bytes.
 struct PoolShape {

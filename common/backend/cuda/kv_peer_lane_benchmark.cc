@@ -28,8 +28,6 @@
 #include "absl/synchronization/notification.h"
 #include "common/backend/cuda/cuda_peer_lane.h"
 #include "common/backend/cuda/cuda_peer_lane_testing.h"
-#include "common/model/generate/model_gen.h"
-#include "common/model/generate/random_weights.h"
 
 ABSL_FLAG(std::string, preset, "llama3-8b", "Model preset whose KV shape is moved.");
 ABSL_FLAG(std::string, tokens, "1024,2048,4096,8192,16384,32768", "Prompt lengths.");
@@ -96,12 +94,13 @@ int Main() {
   int count = 0;
   cudaGetDeviceCount(&count);
   const int32_t peer_device = count > 1 ? 1 : 0;
-  auto spec = model::generate::PresetSpec(absl::GetFlag(FLAGS_preset));
-  if (!spec.ok()) {
-    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+  const absl::StatusOr<model::ModelConfig> preset =
+      peer_lane_testing::PresetConfig(absl::GetFlag(FLAGS_preset));
+  if (!preset.ok()) {
+    std::fprintf(stderr, "%s\n", preset.status().ToString().c_str());
     return 2;
   }
-  const model::ModelConfig config = (*model::generate::RandomWeights::Create(*spec))->config();
+  const model::ModelConfig& config = *preset;
   auto shape = *peer_lane_testing::ShapeOf(config, 0, max_blocks);
   const uint64_t pool_bytes = shape.spec.TotalBytes();
   cudaDeviceProp prop;
