@@ -87,6 +87,11 @@ void ConvertUnaligned(numeric::DType dtype, const uint8_t* src, Out* out, size_t
 
 }  // namespace
 
+absl::StatusOr<numeric::CounterStreamBlock> TensorReader::StreamBlock(
+    absl::string_view name, const TensorSlice& /*slice*/) const {
+  return absl::UnimplementedError(absl::StrCat("\"", name, "\" is stored, not a computed stream"));
+}
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   switch (Stat(dir)) {
     case PathKind::kMissing:

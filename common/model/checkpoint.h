@@ -20,6 +20,7 @@
 #include "absl/types/optional.h"
 #include "absl/types/span.h"
 #include "common/model/safetensors.h"
+#include "common/numeric/counter_stream.h"
 #include "common/numeric/dtype.h"
 
 namespace trident::model {
@@ -62,6 +63,12 @@ class TensorReader {
                                      absl::Span<uint16_t> out) const = 0;
   // Bytes of every tensor as stored (what loading reads).
   virtual uint64_t total_bytes() const = 0;
+  // A reader whose values are computed rather than stored (model/generate's
+  // RandomWeights) gives a slice of tensor `name` as a counter-based stream,
+  // for a device to compute in the memory it is loaded into, instead of
+  // reading it. kUnimplemented for stored tensors (the default).
+  virtual absl::StatusOr<numeric::CounterStreamBlock> StreamBlock(absl::string_view name,
+                                                                  const TensorSlice& slice) const;
 };
 
 // Thread-safe after Open() (every method is const and the mappings are

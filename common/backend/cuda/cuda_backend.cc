@@ -18,11 +18,13 @@
 #include "common/model/checkpoint.h"
 #include "common/model/llama_weights.h"
 #include "common/model/load_progress.h"
+#include "common/numeric/counter_stream.h"
 #include "common/numeric/dtype.h"
 #include "common/status/status_macros.h"
 #include "kernels/cpu/rope/rope.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
 #include "kernels/cuda/peer_allreduce/peer_allreduce.h"
+#include "kernels/cuda/random_fill/random_fill.h"
 #include "kernels/cuda/sampling/sampling.h"
 
 namespace trident::backend {
@@ -86,6 +88,7 @@ absl::Status Impl::ReadBf16(const model::TensorReader& ckpt, const std::string& 
 absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
                               const std::vector<std::string>& names, DeviceBuffer* out,
                               model::LoadProgress& progress, bool whole) {
+  if (device_streams) return StreamBf16(ckpt, names, out, progress, whole);
   std::vector<uint16_t> host;
   for (const std::string& name : names) {
     TRIDENT_RETURN_IF_ERROR(ReadBf16(ckpt, name, host, progress, whole));
@@ -93,6 +96,52 @@ absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
   TRIDENT_RETURN_IF_ERROR(out->Allocate(host.size() * 2, names.front().c_str()));
   return CudaCheck(cudaMemcpy(out->get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice),
                    "weight upload");
+}
+
+absl::Status Impl::StreamBf16(const model::TensorReader& weights,
+                              const std::vector<std::string>& names, DeviceBuffer* out,
+                              model::LoadProgress& progress, bool whole) {
+  std::vector<numeric::CounterStreamBlock> blocks;
+  int64_t total = 0;
+  for (const std::string& name : names) {
+    model::TensorSlice slice;
+    if (tp.group == nullptr || whole) {
+      TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, weights.Info(name));
+      slice = {model::SliceAxis::kRows, 0, info.shape.empty() ? 1 : info.shape[0]};
+    } else {
+      TRIDENT_ASSIGN_OR_RETURN(model::TensorShard shard,
+                               model::ShardOf(full_config, tp.layout, name));
+      if (!shard.whole && shard.slice.begin == shard.slice.end) continue;  // An empty block.
+      if (shard.whole) {
+        slice = {model::SliceAxis::kRows, 0, shard.shape[0]};
+      } else {
+        slice = shard.slice;
+      }
+    }
+    TRIDENT_ASSIGN_OR_RETURN(numeric::CounterStreamBlock block, weights.StreamBlock(name, slice));
+    total += block.rows * block.cols;
+    blocks.push_back(std::move(block));
+  }
+  TRIDENT_RETURN_IF_ERROR(out->Allocate(static_cast<size_t>(total) * 2, names.front().c_str()));
+  std::vector<DeviceBuffer> flags(blocks.size());
+  int64_t at = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const numeric::CounterStreamBlock& block = blocks[i];
+    if (!block.quarter_rows.empty()) {
+      TRIDENT_RETURN_IF_ERROR(flags[i].Allocate(block.quarter_rows.size(), "row flags"));
+      TRIDENT_RETURN_IF_ERROR(
+          CudaCheck(cudaMemcpy(flags[i].get(), block.quarter_rows.data(), block.quarter_rows.size(),
+                               cudaMemcpyHostToDevice),
+                    "row flags upload"));
+    }
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchRandomFillBf16(
+        {&block, flags[i].get<uint8_t>(), out->get<uint16_t>() + at}, stream));
+    at += block.rows * block.cols;
+  }
+  // The flags live until the fills that read them end.
+  TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "weight fill"));
+  progress.Add(static_cast<uint64_t>(total) * 2);
+  return absl::OkStatus();
 }
 
 absl::Status Impl::UploadF32(const model::TensorReader& ckpt, const std::vector<std::string>& names,
@@ -155,6 +204,11 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
         source, ": head_dim ", config.head_dim,
         " is not supported by the CUDA attention kernels (a multiple of 16 up to 256)"));
   }
+  // A reader of computed weights streams them on the device: a 70B rank's
+  // shard in milliseconds instead of minutes of host cores.
+  device_streams =
+      options.device_generated_weights &&
+      weights.StreamBlock("model.embed_tokens.weight", {model::SliceAxis::kRows, 0, 1}).ok();
   RealClock real_clock;
   model::LoadProgress progress(weights.total_bytes() / static_cast<uint64_t>(tp.layout.size),
                                options.clock != nullptr ? options.clock : &real_clock);

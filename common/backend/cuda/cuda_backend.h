@@ -73,6 +73,11 @@ struct CudaBackendOptions {
   // weight-streaming GEMV kernel of kernels/cuda/gemm instead of cuBLASLt
   // (GemmOptions::gemv); false: cuBLASLt for all.
   bool gemv = true;
+  // Weights a reader computes rather than stores (model/generate's
+  // RandomWeights, for benchmarks of large presets) are computed on the
+  // device where they live (kernels/cuda's random_fill), the same bits as
+  // the host computes; false: computed on host cores and copied.
+  bool device_generated_weights = true;
   // Launch those GEMVs with programmatic dependent launch (GemmOptions).
   bool pdl = true;
   // The KV cache's element type: kBF16, or kFP8E4M3 (half the bytes per

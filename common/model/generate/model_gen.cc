@@ -14,6 +14,7 @@
 #include "common/model/generate/tensor_plan.h"
 #include "common/model/generate/tokenizer_gen.h"
 #include "common/model/safetensors_writer.h"
+#include "common/numeric/counter_stream.h"
 #include "common/status/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -22,12 +23,7 @@ namespace {
 
 using numeric::DType;
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using numeric::SplitMix64;
 
 uint64_t NameHash(const std::string& name) {
   uint64_t h = 1469598103934665603ull;
@@ -36,15 +32,6 @@ uint64_t NameHash(const std::string& name) {
     h *= 1099511628211ull;
   }
   return h;
-}
-
-// Uniform in [mean - sqrt(3) stddev, mean + sqrt(3) stddev): mean `mean`,
-// standard deviation `stddev`; element i of a stream depends on i alone.
-float Uniform(uint64_t base, int64_t i, float mean, float stddev) {
-  const float half_width = stddev * std::sqrt(3.0f);
-  const uint64_t r = SplitMix64(base + static_cast<uint64_t>(i));
-  const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-  return mean + (2.0f * u - 1.0f) * half_width;
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& contents) {
@@ -236,8 +223,11 @@ uint64_t StreamBase(uint64_t seed, const std::string& name) {
   return SplitMix64(seed ^ NameHash(name));
 }
 
+float HalfWidth(const PlannedTensor& t) { return t.stddev * std::sqrt(3.0f); }
+
 float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t row, int64_t col) {
-  float v = Uniform(base, row * t.cols() + col, t.mean, t.stddev);
+  float v = numeric::StreamUniform(base, static_cast<uint64_t>(row * t.cols() + col), t.mean,
+                                   HalfWidth(t));
   if (t.vocab_rows && plan.partial_utf8[static_cast<size_t>(row)]) v *= 0.25f;
   return v;
 }

@@ -57,9 +57,8 @@ absl::StatusOr<TensorInfo> RandomWeights::Info(absl::string_view name) const {
   return info;
 }
 
-template <typename Emit>
-absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& slice,
-                                    size_t out_size, Emit emit) const {
+absl::StatusOr<numeric::CounterStreamBlock> RandomWeights::StreamBlock(
+    absl::string_view name, const TensorSlice& slice) const {
   TRIDENT_ASSIGN_OR_RETURN(size_t index, Find(name));
   const internal::PlannedTensor& t = plan_->tensors[index];
   const int64_t rows = t.rows();
@@ -75,20 +74,38 @@ absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& s
                                                    slice.end, ") of ", extent,
                                                    by_rows ? " rows" : " columns"));
   }
-  const int64_t out_rows = by_rows ? slice.end - slice.begin : rows;
-  const int64_t out_cols = by_rows ? cols : slice.end - slice.begin;
-  if (static_cast<int64_t>(out_size) != out_rows * out_cols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", name, "\": out holds ", out_size, " elements; the slice has ", out_rows * out_cols));
+  numeric::CounterStreamBlock block;
+  block.base = internal::StreamBase(spec_.seed, t.name);
+  block.mean = t.mean;
+  block.half_width = internal::HalfWidth(t);
+  block.tensor_cols = cols;
+  block.row0 = by_rows ? slice.begin : 0;
+  block.col0 = by_rows ? 0 : slice.begin;
+  block.rows = by_rows ? slice.end - slice.begin : rows;
+  block.cols = by_rows ? cols : slice.end - slice.begin;
+  if (t.vocab_rows) {
+    block.quarter_rows.resize(static_cast<size_t>(block.rows));
+    for (int64_t r = 0; r < block.rows; ++r) {
+      block.quarter_rows[static_cast<size_t>(r)] =
+          plan_->partial_utf8[static_cast<size_t>(block.row0 + r)] ? 1 : 0;
+    }
   }
-  const uint64_t base = internal::StreamBase(spec_.seed, t.name);
-  const int64_t row0 = by_rows ? slice.begin : 0;
-  const int64_t col0 = by_rows ? 0 : slice.begin;
+  return block;
+}
+
+template <typename Emit>
+absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& slice,
+                                    size_t out_size, Emit emit) const {
+  TRIDENT_ASSIGN_OR_RETURN(const numeric::CounterStreamBlock block, StreamBlock(name, slice));
+  if (static_cast<int64_t>(out_size) != block.rows * block.cols) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\": out holds ", out_size,
+                                                   " elements; the slice has ",
+                                                   block.rows * block.cols));
+  }
   auto rows_range = [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
-      for (int64_t c = 0; c < out_cols; ++c) {
-        emit(static_cast<size_t>(r * out_cols + c),
-             internal::Element(*plan_, t, base, row0 + r, col0 + c));
+      for (int64_t c = 0; c < block.cols; ++c) {
+        emit(static_cast<size_t>(r * block.cols + c), numeric::BlockElement(block, r, c));
       }
     }
   };
@@ -96,14 +113,14 @@ absl::Status RandomWeights::ForEach(absl::string_view name, const TensorSlice& s
   // the machine's cores (a 70B rank's shard is ~17 billion elements).
   const int64_t threads =
       std::min<int64_t>({static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
-                         16, out_rows * out_cols / (int64_t{1} << 20) + 1, out_rows});
+                         16, block.rows * block.cols / (int64_t{1} << 20) + 1, block.rows});
   if (threads <= 1) {
-    rows_range(0, out_rows);
+    rows_range(0, block.rows);
     return absl::OkStatus();
   }
   std::vector<std::thread> workers;
   for (int64_t w = 0; w < threads; ++w) {
-    workers.emplace_back(rows_range, out_rows * w / threads, out_rows * (w + 1) / threads);
+    workers.emplace_back(rows_range, block.rows * w / threads, block.rows * (w + 1) / threads);
   }
   for (std::thread& worker : workers) worker.join();
   return absl::OkStatus();

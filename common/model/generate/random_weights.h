@@ -48,6 +48,10 @@ class RandomWeights : public TensorReader {
   absl::Status ReadBf16Slice(absl::string_view name, const TensorSlice& slice,
                              absl::Span<uint16_t> out) const override;
   uint64_t total_bytes() const override { return total_bytes_; }
+  // The slice as a counter-based stream (a device computes it in place:
+  // kernels/cuda's random_fill); errors as ReadBf16Slice's.
+  absl::StatusOr<numeric::CounterStreamBlock> StreamBlock(absl::string_view name,
+                                                          const TensorSlice& slice) const override;
 
  private:
   RandomWeights(ModelSpec spec, std::unique_ptr<internal::Plan> plan, ModelConfig config);
@@ -61,7 +65,7 @@ class RandomWeights : public TensorReader {
   // The planned tensor `name`, or kNotFound.
   absl::StatusOr<size_t> Find(absl::string_view name) const;
   // Calls emit(out index, value) over the slice's elements, row-major, after
-  // checking it against the tensor and `out_size`.
+  // checking it (StreamBlock) and `out_size`.
   template <typename Emit>
   absl::Status ForEach(absl::string_view name, const TensorSlice& slice, size_t out_size,
                        Emit emit) const;

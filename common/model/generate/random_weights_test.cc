@@ -6,10 +6,11 @@
 #include <vector>
 
 #include "common/model/checkpoint.h"
-#include "common/numeric/dtype.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/llama_weights.h"
 #include "common/model/tensor_parallel/tensor_parallel.h"
+#include "common/numeric/counter_stream.h"
+#include "common/numeric/dtype.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 
@@ -133,6 +134,54 @@ TEST(RandomWeightsTest, GivesTheLargeShapesShardsWithoutWritingThem) {
   int distinct = 0;
   for (size_t i = 1; i < a.size(); ++i) distinct += a[i] != a[i - 1];
   EXPECT_GT(distinct, static_cast<int>(a.size() / 2));  // Random, not a fill.
+}
+
+// What a device computes from (kernels/cuda's random_fill evaluates each
+// block element by element as numeric::BlockElement does): every rank's
+// block of every tensor, evaluated from its description, equals the
+// written checkpoint's shard; a stored checkpoint has no streams.
+TEST(RandomWeightsTest, DescribesEachShardAsAStream) {
+  auto spec = PresetSpec("llama3-tiny");
+  ASSERT_THAT(spec.status(), IsOk());
+  spec->dtype = numeric::DType::kBF16;
+  const std::string dir = TempDir("llama3-tiny-streams");
+  ASSERT_THAT(WriteModel(*spec, dir), IsOk());
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_THAT(checkpoint.status(), IsOk());
+  auto weights = RandomWeights::Create(*spec);
+  ASSERT_THAT(weights.status(), IsOk());
+  const ModelConfig& config = (*weights)->config();
+  int quartered = 0;
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    auto layout = MakeTensorParallelLayout(config, 2, rank);
+    ASSERT_THAT(layout.status(), IsOk());
+    for (const ExpectedTensor& t : ExpectedLlamaTensors(config)) {
+      auto shard = ShardOf(config, *layout, t.name);
+      ASSERT_THAT(shard.status(), IsOk());
+      const TensorSlice slice =
+          shard->whole ? TensorSlice{SliceAxis::kRows, 0, shard->shape[0]} : shard->slice;
+      auto block = (*weights)->StreamBlock(t.name, slice);
+      ASSERT_THAT(block.status(), IsOk()) << t.name;
+      ASSERT_EQ(block->rows * block->cols, Elements(*shard)) << t.name;
+      std::vector<uint16_t> want(Elements(*shard));
+      ASSERT_THAT(ReadShardBf16(**checkpoint, config, *layout, t.name, absl::MakeSpan(want)),
+                  IsOk());
+      for (int64_t r = 0; r < block->rows; ++r) {
+        for (int64_t c = 0; c < block->cols; ++c) {
+          ASSERT_EQ(numeric::StreamBf16(numeric::BlockElement(*block, r, c)),
+                    want[static_cast<size_t>(r * block->cols + c)])
+              << t.name << " rank " << rank << " (" << r << ", " << c << ")";
+        }
+      }
+      for (uint8_t q : block->quarter_rows) quartered += q;
+    }
+  }
+  EXPECT_GT(quartered, 0);  // The vocabulary's partial characters are scaled.
+  EXPECT_EQ(
+      (*checkpoint)->StreamBlock("model.norm.weight", {SliceAxis::kRows, 0, 1}).status().code(),
+      absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*weights)->StreamBlock("model.nope", {SliceAxis::kRows, 0, 1}).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(RandomWeightsTest, RejectsWhatACheckpointRejects) {

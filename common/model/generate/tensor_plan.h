@@ -47,6 +47,9 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec);
 // The stream of tensor `name` under `seed`.
 uint64_t StreamBase(uint64_t seed, const std::string& name);
 
+// Half the width of `t`'s uniform distribution: sqrt(3) stddev.
+float HalfWidth(const PlannedTensor& t);
+
 // Element (row, col) of `t` (a 1-D tensor: row 0), as WriteModel computes
 // it before the file's dtype rounds it.
 float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t row, int64_t col);
