@@ -1,6 +1,7 @@
 #include "common/model/load_progress.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,7 +38,14 @@ std::string FormatBytes(double bytes) {
 }
 
 LoadProgress::LoadProgress(uint64_t total_bytes, Clock* clock)
-    : total_bytes_(total_bytes), clock_(clock), start_(clock->Now()), last_log_(start_) {}
+    : LoadProgress(total_bytes, clock, "") {}
+
+LoadProgress::LoadProgress(uint64_t total_bytes, Clock* clock, std::string label)
+    : total_bytes_(total_bytes),
+      clock_(clock),
+      label_(std::move(label)),
+      start_(clock->Now()),
+      last_log_(start_) {}
 
 void LoadProgress::Add(uint64_t bytes) {
   const absl::Time now = clock_->Now();
@@ -80,7 +88,7 @@ std::string LoadProgress::LineLocked(absl::Time now) const {
   const Unit unit = UnitFor(static_cast<double>(total_bytes_));
   const std::string rate =
       seconds > 0 ? absl::StrCat(FormatBytes(loaded_bytes_ / seconds), "/s") : "-";
-  return absl::StrFormat("loading weights: %d%% (%.*f of %.*f %s, %s)",
+  return absl::StrFormat("%sloading weights: %d%% (%.*f of %.*f %s, %s)", label_,
                          static_cast<int>(std::floor(percent)), unit.decimals,
                          loaded_bytes_ / unit.size, unit.decimals, total_bytes_ / unit.size,
                          unit.name, rate);

@@ -23,6 +23,9 @@ class LoadProgress {
  public:
   // `clock` must outlive this object. The start time is clock->Now().
   LoadProgress(uint64_t total_bytes, Clock* clock);
+  // Lines begin with `label` (e.g. "rank 2: " for one of several loaders
+  // logging at once).
+  LoadProgress(uint64_t total_bytes, Clock* clock, std::string label);
 
   // Records `bytes` more loaded, and logs a line if a second has passed since
   // the last one or the total has just been reached. Bytes beyond the total
@@ -45,6 +48,7 @@ class LoadProgress {
 
   const uint64_t total_bytes_;
   Clock* const clock_;
+  const std::string label_;
   const absl::Time start_;
   mutable absl::Mutex mu_;
   uint64_t loaded_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -71,5 +71,11 @@ TEST(LoadProgressTest, EmptyCheckpointCompletesOnFirstAdd) {
   EXPECT_EQ(progress.num_lines_logged_for_testing(), 1);
 }
 
+TEST(LoadProgressTest, ALabelBeginsEachLine) {
+  FakeClock clock;
+  LoadProgress progress(100, &clock, "rank 2: ");
+  EXPECT_EQ(progress.Line(), "rank 2: loading weights: 0% (0 of 100 B, -)");
+}
+
 }  // namespace
 }  // namespace trident::model

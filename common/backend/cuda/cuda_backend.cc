@@ -210,8 +210,10 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
       options.device_generated_weights &&
       weights.StreamBlock("model.embed_tokens.weight", {model::SliceAxis::kRows, 0, 1}).ok();
   RealClock real_clock;
+  // Ranks load at once (LoadTensorParallel): each line names its rank.
   model::LoadProgress progress(weights.total_bytes() / static_cast<uint64_t>(tp.layout.size),
-                               options.clock != nullptr ? options.clock : &real_clock);
+                               options.clock != nullptr ? options.clock : &real_clock,
+                               tp.group != nullptr ? absl::StrCat("rank ", tp.rank(), ": ") : "");
 
   {
     TRIDENT_ASSIGN_OR_RETURN(model::TensorInfo info, weights.Info("model.embed_tokens.weight"));

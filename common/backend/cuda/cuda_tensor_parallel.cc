@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -79,6 +80,33 @@ bool Distinct(std::vector<int> devices) {
   return std::adjacent_find(devices.begin(), devices.end()) == devices.end();
 }
 
+// Each rank's shard and workspace. On distinct devices every rank loads at
+// once, on a start-up thread of its own: reading and converting a shard is
+// host work (a checkpoint's pages, bf16 conversion) that one rank at a time
+// would leave idle n - 1 times over. Ranks sharing a device load in turn,
+// each budgeting from the memory the ones before it left free.
+absl::Status LoadShards(const TpGroup& g, const model::TensorReader& weights,
+                        const model::ModelConfig& config, const std::string& source, bool at_once) {
+  auto load = [&](Impl* rank) -> absl::Status {
+    TRIDENT_LOG(INFO) << "tensor-parallel rank " << rank->tp.rank() << " of " << g.ranks.size()
+                      << " on cuda:" << rank->options.device << ": loading its shard";
+    TRIDENT_RETURN_IF_ERROR(rank->LoadWeights(weights, config, source));
+    return rank->AllocateWorkspace();
+  };
+  if (!at_once) {
+    for (Impl* rank : g.ranks) TRIDENT_RETURN_IF_ERROR(load(rank));
+    return absl::OkStatus();
+  }
+  std::vector<absl::Status> loaded(g.ranks.size());
+  std::vector<std::thread> loaders;
+  for (size_t r = 0; r < g.ranks.size(); ++r) {
+    loaders.emplace_back([&, r] { loaded[r] = load(g.ranks[r]); });
+  }
+  for (std::thread& loader : loaders) loader.join();
+  for (const absl::Status& status : loaded) TRIDENT_RETURN_IF_ERROR(status);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Impl>> LoadTensorParallel(const model::TensorReader& weights,
@@ -106,12 +134,7 @@ absl::StatusOr<std::unique_ptr<Impl>> LoadTensorParallel(const model::TensorRead
     }
   }
   first->tp.owned_group = std::move(group);
-  for (Impl* rank : g->ranks) {
-    TRIDENT_LOG(INFO) << "tensor-parallel rank " << rank->tp.rank() << " of " << n
-                      << " on cuda:" << rank->options.device << ": loading its shard";
-    TRIDENT_RETURN_IF_ERROR(rank->LoadWeights(weights, config, source));
-    TRIDENT_RETURN_IF_ERROR(rank->AllocateWorkspace());
-  }
+  TRIDENT_RETURN_IF_ERROR(LoadShards(*g, weights, config, source, Distinct(devices)));
   // Block ids are shared: every rank's pool holds as many as the smallest.
   int32_t blocks = INT32_MAX;
   for (Impl* rank : g->ranks) {
