@@ -1,18 +1,24 @@
 #ifndef TRIDENT_COMMON_ENGINE_ENGINE_TESTING_H_
 #define TRIDENT_COMMON_ENGINE_ENGINE_TESTING_H_
 
-// Helpers the engine's tests share (testonly): a greedy request, and the
-// fake backend's own greedy continuation computed without any scheduler,
-// which every schedule (batched, chunked, preempted, cached) must reproduce.
+// Helpers the engine's tests and the backends' share (testonly): a greedy
+// request; the fake backend's own greedy continuation computed without any
+// scheduler, which every schedule (batched, chunked, preempted, cached) must
+// reproduce; and a core stepped until it is idle.
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/backend/fake_model_backend.h"
+#include "common/backend/model_backend.h"
+#include "common/engine/engine_core.h"
 #include "common/engine/request.h"
+#include "common/kv/paged_block_allocator.h"
+#include "gtest/gtest.h"
 
 namespace trident::engine {
 
@@ -37,6 +43,41 @@ inline std::vector<int32_t> ExpectedGreedy(const backend::FakeModelBackend& fake
     out.push_back(best);
     history.push_back(best);
   }
+  return out;
+}
+
+// Steps `core` until it has no work: each request's tokens by id. A failed
+// step fails the calling test and ends the run.
+inline std::map<std::string, std::vector<int32_t>> DrainTokens(EngineCore& core) {
+  std::map<std::string, std::vector<int32_t>> out;
+  while (core.HasWork()) {
+    auto events = core.Step();
+    if (!events.ok()) {
+      ADD_FAILURE() << "engine step: " << events.status();
+      break;
+    }
+    for (const TokenEvent& ev : *events) out[ev.request_id].push_back(ev.token);
+  }
+  return out;
+}
+
+// Greedy continuations through an EngineCore over `backend` with `options`:
+// request i (of those in `which`, all added at once) continues prompts[i]
+// by lengths[i] tokens. Returns the tokens by prompt index (empty for those
+// not in `which`), and checks that every KV block came back.
+inline std::vector<std::vector<int32_t>> GreedyThroughEngine(
+    backend::ModelBackend* backend, const std::vector<std::vector<int32_t>>& prompts,
+    const std::vector<int32_t>& lengths, const std::vector<size_t>& which,
+    const EngineOptions& options) {
+  kv::PagedBlockAllocator allocator(backend->kv_capacity().num_blocks);
+  EngineCore core(backend, &allocator, options);
+  for (size_t p : which) {
+    const absl::Status added = core.Add(Greedy(std::to_string(p), prompts[p], lengths[p]));
+    EXPECT_TRUE(added.ok()) << "prompt " << p << ": " << added;
+  }
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (auto& [id, tokens] : DrainTokens(core)) out[std::stoul(id)] = std::move(tokens);
+  EXPECT_EQ(allocator.num_free(), allocator.num_total());
   return out;
 }
 

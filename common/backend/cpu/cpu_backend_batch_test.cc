@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine_core.h"
+#include "common/engine/engine_testing.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/model/generate/model_gen.h"
 #include "common/testing/runfiles.h"
@@ -34,17 +35,6 @@ std::unique_ptr<CpuBackend> Load(const std::string& dir, int64_t kv_bytes) {
   auto backend = CpuBackend::Create(dir, options);
   EXPECT_THAT(backend.status(), IsOk());
   return backend.ok() ? std::move(*backend) : nullptr;
-}
-
-std::map<std::string, std::vector<int32_t>> Drain(engine::EngineCore& core) {
-  std::map<std::string, std::vector<int32_t>> out;
-  while (core.HasWork()) {
-    auto events = core.Step();
-    EXPECT_THAT(events.status(), IsOk());
-    if (!events.ok()) break;
-    for (const auto& ev : *events) out[ev.request_id].push_back(ev.token);
-  }
-  return out;
 }
 
 TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
@@ -81,7 +71,7 @@ TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
     engine::EngineCore core(backend.get(), &allocator, {});
     for (const auto& r : requests) {
       ASSERT_THAT(core.Add(r), IsOk());
-      solo[r.id] = Drain(core)[r.id];
+      solo[r.id] = engine::DrainTokens(core)[r.id];
       ASSERT_EQ(static_cast<int32_t>(solo[r.id].size()), r.max_tokens);
     }
   }
@@ -111,7 +101,7 @@ TEST(CpuBackendBatchTest, SixtyFourMixedRequestsMatchTheirSoloRuns) {
   options.max_batch_tokens = 48;
   engine::EngineCore core(backend.get(), &allocator, options);
   for (const auto& r : requests) ASSERT_THAT(core.Add(r), IsOk());
-  auto together = Drain(core);
+  auto together = engine::DrainTokens(core);
   for (const auto& r : requests) {
     EXPECT_THAT(together[r.id], ::testing::ElementsAreArray(solo[r.id])) << r.id;
   }

@@ -17,11 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
-#include "common/kv/paged_block_allocator.h"
+#include "common/engine/engine_testing.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -87,26 +86,13 @@ TEST_P(ParityTest, F32LogitsMatchTransformers) {
 TEST_P(ParityTest, F32GreedyContinuationEqualsTransformers) {
   auto backend = Backend(numeric::DType::kF32);
   ASSERT_NE(backend, nullptr);
-  kv::PagedBlockAllocator allocator(backend->kv_capacity().num_blocks);
-  engine::EngineCore core(backend.get(), &allocator, {});
-  for (size_t p = 0; p < fixture_.prompts.size(); ++p) {
-    engine::EngineRequest r;
-    r.id = absl::StrCat("p", p);
-    r.prompt = fixture_.prompts[p].ids;
-    r.max_tokens = static_cast<int32_t>(fixture_.prompts[p].greedy.size());
-    r.sampling.temperature = 0;
-    ASSERT_THAT(core.Add(r), IsOk());
-  }
-  std::vector<std::vector<int32_t>> out(fixture_.prompts.size());
-  while (core.HasWork()) {
-    auto events = core.Step();
-    ASSERT_THAT(events.status(), IsOk());
-    for (const auto& ev : *events) out[std::stoi(ev.request_id.substr(1))].push_back(ev.token);
-  }
+  std::vector<size_t> all(fixture_.prompts.size());
+  for (size_t p = 0; p < all.size(); ++p) all[p] = p;
+  const std::vector<std::vector<int32_t>> out = engine::GreedyThroughEngine(
+      backend.get(), fixture_.prompt_ids(), fixture_.greedy_lengths(), all, {});
   for (size_t p = 0; p < fixture_.prompts.size(); ++p) {
     EXPECT_THAT(out[p], ::testing::ElementsAreArray(fixture_.prompts[p].greedy)) << "prompt " << p;
   }
-  EXPECT_EQ(allocator.num_free(), allocator.num_total());
 }
 
 // bf16 weights and KV, matmul inputs rounded to bf16 (the fast default) or

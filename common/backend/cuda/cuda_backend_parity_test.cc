@@ -16,6 +16,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
+#include "common/engine/engine_testing.h"
 #include "common/kv/paged_block_allocator.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/generate/random_weights.h"
@@ -288,26 +289,9 @@ TEST_P(CudaParityTest, DeviceSamplingMatchesTheHostSampler) {
 // All prompts at once through the engine (chunked prefill mixing with
 // decode) give the tokens each gives alone.
 TEST_P(CudaParityTest, BatchedGreedyEqualsOneAtATime) {
-  auto run = [&](const std::vector<size_t>& which, engine::EngineOptions options) {
-    kv::PagedBlockAllocator allocator(backend_->kv_capacity().num_blocks);
-    engine::EngineCore core(backend_.get(), &allocator, options);
-    for (size_t p : which) {
-      engine::EngineRequest r;
-      r.id = std::to_string(p);
-      r.prompt = fixture_.prompts[p].ids;
-      r.max_tokens = static_cast<int32_t>(fixture_.prompts[p].greedy.size());
-      r.sampling.temperature = 0;
-      EXPECT_THAT(core.Add(r), IsOk());
-    }
-    std::vector<std::vector<int32_t>> out(fixture_.prompts.size());
-    while (core.HasWork()) {
-      auto events = core.Step();
-      EXPECT_THAT(events.status(), IsOk());
-      if (!events.ok()) break;
-      for (const auto& ev : *events) out[std::stoul(ev.request_id)].push_back(ev.token);
-    }
-    EXPECT_EQ(allocator.num_free(), allocator.num_total());
-    return out;
+  auto run = [&](const std::vector<size_t>& which, const engine::EngineOptions& options) {
+    return engine::GreedyThroughEngine(backend_.get(), fixture_.prompt_ids(),
+                                       fixture_.greedy_lengths(), which, options);
   };
   std::vector<std::vector<int32_t>> alone(fixture_.prompts.size());
   for (size_t p = 0; p < fixture_.prompts.size(); ++p) alone[p] = run({p}, {})[p];

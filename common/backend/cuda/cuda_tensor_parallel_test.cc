@@ -23,7 +23,7 @@
 #include "common/backend/kv_copier.h"
 #include "common/backend/testing/hf_fixture.h"
 #include "common/engine/engine_core.h"
-#include "common/kv/paged_block_allocator.h"
+#include "common/engine/engine_testing.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/generate/random_weights.h"
 #include "common/testing/status_matchers.h"
@@ -60,27 +60,12 @@ CudaBackendOptions Options(int32_t tp, int64_t nccl_min_bytes) {
 
 // Greedy generation of every prompt at once through the engine.
 std::vector<std::vector<int32_t>> Generate(CudaBackend& backend, const HfFixture& fixture) {
-  kv::PagedBlockAllocator allocator(backend.kv_capacity().num_blocks);
   engine::EngineOptions options;
   options.max_batch_tokens = 64;  // Chunked prefill mixed with decode steps.
-  engine::EngineCore core(&backend, &allocator, options);
-  for (size_t p = 0; p < fixture.prompts.size(); ++p) {
-    engine::EngineRequest r;
-    r.id = std::to_string(p);
-    r.prompt = fixture.prompts[p].ids;
-    r.max_tokens = static_cast<int32_t>(fixture.prompts[p].greedy.size());
-    r.sampling.temperature = 0;
-    EXPECT_THAT(core.Add(r), IsOk());
-  }
-  std::vector<std::vector<int32_t>> out(fixture.prompts.size());
-  while (core.HasWork()) {
-    auto events = core.Step();
-    EXPECT_THAT(events.status(), IsOk());
-    if (!events.ok()) break;
-    for (const auto& ev : *events) out[std::stoul(ev.request_id)].push_back(ev.token);
-  }
-  EXPECT_EQ(allocator.num_free(), allocator.num_total());
-  return out;
+  std::vector<size_t> all(fixture.prompts.size());
+  for (size_t p = 0; p < all.size(); ++p) all[p] = p;
+  return engine::GreedyThroughEngine(&backend, fixture.prompt_ids(), fixture.greedy_lengths(), all,
+                                     options);
 }
 
 struct TpCase {

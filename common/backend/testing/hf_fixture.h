@@ -31,6 +31,18 @@ struct HfFixture {
   std::vector<FixturePrompt> prompts;
   // Where the model was regenerated.
   std::string model_dir;
+
+  // Each prompt's ids, and the length of HF's greedy continuation of it.
+  std::vector<std::vector<int32_t>> prompt_ids() const {
+    std::vector<std::vector<int32_t>> ids;
+    for (const FixturePrompt& p : prompts) ids.push_back(p.ids);
+    return ids;
+  }
+  std::vector<int32_t> greedy_lengths() const {
+    std::vector<int32_t> lengths;
+    for (const FixturePrompt& p : prompts) lengths.push_back(static_cast<int32_t>(p.greedy.size()));
+    return lengths;
+  }
 };
 
 // Loads the fixture of `preset` from the test's runfiles and regenerates the
