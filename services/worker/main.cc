@@ -66,6 +66,10 @@ ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
 ABSL_FLAG(bool, cuda_gemv, true,
           "CUDA backend: single-sequence decode steps run their projections on Trident's "
           "weight-streaming GEMV kernel instead of cuBLASLt (false: cuBLASLt for all).");
+ABSL_FLAG(bool, cuda_pdl_chain, false,
+          "CUDA backend: launch the norms, RoPE, the KV append, SwiGLU and decode attention with "
+          "programmatic dependent launch too, so that each kernel of a step is scheduled before "
+          "the one ahead of it ends (experimental; the projections always are).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "CUDA backend: the KV cache's element type, 'bf16' or 'fp8_e4m3' (FP8 E4M3 with a scale "
@@ -226,6 +230,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);
   model.cuda_gemv = absl::GetFlag(FLAGS_cuda_gemv);
+  model.cuda_pdl_chain = absl::GetFlag(FLAGS_cuda_pdl_chain);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);
   model.model_name = absl::GetFlag(FLAGS_model_name);
   model.dtype = absl::GetFlag(FLAGS_dtype);

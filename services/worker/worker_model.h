@@ -43,6 +43,8 @@ struct WorkerModelOptions {
   int32_t cuda_graph_max_context = 0;
   // Single-row projections take the GEMV kernel (CudaBackendOptions::gemv).
   bool cuda_gemv = true;
+  // The small kernels launched with PDL too (CudaBackendOptions::pdl_chain).
+  bool cuda_pdl_chain = false;
   // Name reported by ModelInfo; empty: the directory's last component.
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.

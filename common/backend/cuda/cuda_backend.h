@@ -80,6 +80,13 @@ struct CudaBackendOptions {
   bool device_generated_weights = true;
   // Launch those GEMVs with programmatic dependent launch (GemmOptions).
   bool pdl = true;
+  // Launch the norms, RoPE, the KV append, SwiGLU and decode attention with
+  // programmatic dependent launch too (each waits for the kernel ahead at its
+  // first instruction: kernels/cuda/pdl): every kernel of a layer may be
+  // scheduled before the one ahead ends, so launch gaps and the next
+  // projection's first weight loads overlap the kernels ahead (the sums of
+  // tensor parallelism included). Off until measured against the default.
+  bool pdl_chain = false;
   // The KV cache's element type: kBF16, or kFP8E4M3 (half the bytes per
   // token, so twice the tokens in the pool; per-token, per-head scales;
   // KV_BLOCK_LAYOUT_FP8_GROUPED_SCALED, kv_block_size a multiple of 16). An

@@ -55,6 +55,9 @@ ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
 ABSL_FLAG(bool, gemv, true,
           "Single-row projections take the GEMV kernel (false: cuBLASLt for all).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
+ABSL_FLAG(bool, pdl_chain, false,
+          "Launch the norms, RoPE, the KV append, SwiGLU and decode attention with programmatic "
+          "dependent launch too (CudaBackendOptions::pdl_chain).");
 ABSL_FLAG(bool, kv_fp8, false, "FP8 E4M3 KV cache (CudaBackendOptions::kv_cache_dtype).");
 ABSL_FLAG(std::string, peer_json, "",
           "Output of bench/peers/hf_generate_peer.py for the same shapes (JSON lines).");
@@ -256,6 +259,7 @@ int Main() {
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.pdl = absl::GetFlag(FLAGS_pdl);
+  options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
   if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;
   const int32_t tp = absl::GetFlag(FLAGS_tensor_parallel);
   options.tensor_parallel = tp;

@@ -33,7 +33,8 @@ using numeric::DType;
 // residual (f32) += delta (or = delta with `replace`); out = RMSNorm(residual)
 // * weight, in bf16.
 absl::Status AddRmsNorm(float* residual, const void* delta, bool replace, const float* weight,
-                        int64_t rows, int64_t dim, float eps, void* out, cudaStream_t stream) {
+                        int64_t rows, int64_t dim, float eps, void* out, bool pdl,
+                        cudaStream_t stream) {
   kc::AddRmsNormArgs a;
   a.residual = residual;
   a.residual_stride = dim;
@@ -46,6 +47,7 @@ absl::Status AddRmsNorm(float* residual, const void* delta, bool replace, const 
   a.rows = rows;
   a.dim = dim;
   a.eps = eps;
+  a.pdl = pdl;
   return kc::LaunchAddRmsNorm(a, stream);
 }
 
@@ -248,6 +250,7 @@ absl::Status Impl::Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows) {
   a.rows = rows;
   a.dim = config.hidden_size;
   a.eps = config.rms_norm_eps;
+  a.pdl = options.pdl_chain;
   return kc::LaunchRmsNorm(a, stream);
 }
 
@@ -273,7 +276,8 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   if (l == 0 && !f32_embedding) {
     TRIDENT_RETURN_IF_ERROR(AddRmsNorm(pass.residual.get<float>(), pass.tmp.get(),
                                        /*replace=*/true, layer.input_norm.get<float>(), shape.total,
-                                       h, config.rms_norm_eps, pass.hn.get(), stream));
+                                       h, config.rms_norm_eps, pass.hn.get(), options.pdl_chain,
+                                       stream));
   } else {
     TRIDENT_RETURN_IF_ERROR(Norm(pass, layer.input_norm, shape.total));
   }
@@ -299,6 +303,7 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   rope.positions = pass.dmeta.positions;
   rope.num_tokens = shape.total;
   rope.inv_freq = inv_freq.get<float>();
+  rope.pdl = options.pdl_chain;
   TRIDENT_RETURN_IF_ERROR(kc::LaunchRopeQkv(rope, stream));
   if (shape.remote_rows() > 0) {
     // The CPU-resident rows' q/k/v, for their services.
@@ -325,6 +330,7 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
     append.v_stride = qkv_width();
     append.slots = pass.dmeta.slots;
     append.num_tokens = shape.local_tokens;
+    append.pdl = options.pdl_chain;
   };
   if (kv_spec.fp8()) {
     kc::KvAppendFp8Args append;
@@ -393,6 +399,7 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
     paged_args(a);
     a.batch = decode_seqs;
     a.kv_dtype = kv_spec.fp8() ? kc::DecodeKvDtype::kFp8E4M3 : kc::DecodeKvDtype::kBf16;
+    a.pdl = options.pdl_chain;
     TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
                                                            decode_workspace.bytes(), stream));
   }
@@ -471,6 +478,7 @@ absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
   TRIDENT_RETURN_IF_ERROR(gemm->Run(up, stream));
   kc::SiluMulArgs silu{pass.gate_up32.get(), 2 * inter, pass.act.get(), inter, total, inter};
   silu.gate_up_dtype = DType::kF32;
+  silu.pdl = options.pdl_chain;
   TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
   const auto [out, accumulate] = RowParallelOut(pass, /*down=*/true);
   kc::GemmArgs down{

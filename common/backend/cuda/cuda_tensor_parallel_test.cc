@@ -74,6 +74,9 @@ struct TpCase {
   // 0: every row-parallel sum through NCCL (GPUs permitting); large: the
   // peer kernel for all.
   int64_t nccl_min_bytes;
+  // CudaBackendOptions::pdl_chain: the norm after each sum scheduled while
+  // the sum runs.
+  bool pdl_chain = false;
 };
 
 class CudaTensorParallelTest : public ::testing::TestWithParam<TpCase> {};
@@ -85,7 +88,9 @@ TEST_P(CudaTensorParallelTest, MatchesOneRank) {
   ASSERT_THAT(fixture.status(), IsOk());
   auto one = CudaBackend::Create(fixture->model_dir, Options(1, 0));
   ASSERT_THAT(one.status(), IsOk());
-  auto split = CudaBackend::Create(fixture->model_dir, Options(c.tp, c.nccl_min_bytes));
+  CudaBackendOptions split_options = Options(c.tp, c.nccl_min_bytes);
+  split_options.pdl_chain = c.pdl_chain;
+  auto split = CudaBackend::Create(fixture->model_dir, split_options);
   ASSERT_THAT(split.status(), IsOk());
   std::printf("%s\n", (*split)->Describe().c_str());
   EXPECT_EQ((*split)->vocab_size(), (*one)->vocab_size());
@@ -152,10 +157,13 @@ INSTANTIATE_TEST_SUITE_P(
                       TpCase{"llama3-tiny", 4, int64_t{1} << 40},
                       TpCase{"qwen2-tiny", 2, int64_t{1} << 40}, TpCase{"qwen2-tiny", 4, 0},
                       TpCase{"mistral-tiny", 2, int64_t{1} << 40},
-                      TpCase{"mistral-tiny", 4, int64_t{1} << 40}),
+                      TpCase{"mistral-tiny", 4, int64_t{1} << 40},
+                      TpCase{"llama3-tiny", 2, int64_t{1} << 40, /*pdl_chain=*/true},
+                      TpCase{"llama3-tiny", 4, int64_t{1} << 40, /*pdl_chain=*/true}),
     [](const auto& info) {
       return absl::StrCat(testing::FixtureTestName(info.param.preset), "_tp", info.param.tp,
-                          info.param.nccl_min_bytes == 0 ? "_nccl" : "_peer");
+                          info.param.nccl_min_bytes == 0 ? "_nccl" : "_peer",
+                          info.param.pdl_chain ? "_pdl_chain" : "");
     });
 
 // Greedy tokens of `prompt`: prefilled on `prefill`, its KV moved to

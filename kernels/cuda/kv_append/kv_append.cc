@@ -83,7 +83,7 @@ absl::Status LaunchKvAppendFp8(const KvAppendFp8Args& args, cudaStream_t stream)
   const cudaError_t error = internal::KvAppendFp8(
       kv.base, kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim, kv.block_stride_bytes,
       kv.value_offset_bytes, kv.scale_offset_bytes, args.k, args.k_stride, args.v, args.v_stride,
-      args.slots, args.num_tokens, stream);
+      args.slots, args.num_tokens, args.pdl, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("kv_append fp8 launch: ", cudaGetErrorString(error)));
   }
@@ -107,7 +107,7 @@ absl::Status LaunchKvAppend(const KvAppendArgs& args, cudaStream_t stream) {
   const cudaError_t error = internal::KvAppendBf16(
       kv.base, kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim, kv.block_stride_elems,
       kv.value_offset_elems, args.k, args.k_stride, args.v, args.v_stride, args.slots,
-      args.num_tokens, vectorized, stream);
+      args.num_tokens, vectorized, args.pdl, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("kv_append launch: ", cudaGetErrorString(error)));
   }

@@ -6,6 +6,7 @@
 
 #include "common/numeric/fp8_fragment.h"
 #include "kernels/cuda/kv_append/kv_append_kernel.h"
+#include "kernels/cuda/pdl/pdl_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
@@ -19,6 +20,9 @@ __global__ void KvAppendKernel(T* __restrict__ base, int64_t capacity_slots, int
                                int64_t value_offset_units, const T* __restrict__ k,
                                int64_t k_stride_units, const T* __restrict__ v,
                                int64_t v_stride_units, const int64_t* __restrict__ slots) {
+  // Launched with programmatic dependent launch, wait for the kernel ahead
+  // (RoPE writes k) before the first load.
+  pdl::LetDependentsLaunchThenWait();
   const int64_t token = blockIdx.x;
   const int64_t slot = slots[token];
   if (slot < 0 || slot >= capacity_slots) return;  // Padding, or a bad slot: write nothing.
@@ -47,6 +51,7 @@ __global__ void __launch_bounds__(kFp8Warps * 32)
                       const __nv_bfloat16* __restrict__ k, int64_t k_stride,
                       const __nv_bfloat16* __restrict__ v, int64_t v_stride,
                       const int64_t* __restrict__ slots) {
+  pdl::LetDependentsLaunchThenWait();  // As KvAppendKernel.
   const int64_t token = blockIdx.x;
   const int64_t slot = slots[token];
   if (slot < 0 || slot >= capacity_slots) return;
@@ -104,39 +109,38 @@ int ThreadsFor(int64_t units) {
 cudaError_t KvAppendBf16(void* base, int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                          int32_t head_dim, int64_t block_stride_elems, int64_t value_offset_elems,
                          const void* k, int64_t k_stride, const void* v, int64_t v_stride,
-                         const int64_t* slots, int64_t num_tokens, bool vectorized,
+                         const int64_t* slots, int64_t num_tokens, bool vectorized, bool pdl,
                          cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t capacity = num_blocks * block_size;
-  const unsigned blocks = static_cast<unsigned>(num_tokens);
+  const dim3 blocks(static_cast<unsigned>(num_tokens));
   if (vectorized) {
     const int32_t head_units = head_dim / 8;
-    KvAppendKernel<uint4><<<blocks, ThreadsFor(2 * num_kv_heads * head_units), 0, stream>>>(
-        static_cast<uint4*>(base), capacity, block_size, num_kv_heads, head_units,
-        block_stride_elems / 8, value_offset_elems / 8, static_cast<const uint4*>(k), k_stride / 8,
-        static_cast<const uint4*>(v), v_stride / 8, slots);
-  } else {
-    KvAppendKernel<uint16_t><<<blocks, ThreadsFor(2 * num_kv_heads * head_dim), 0, stream>>>(
-        static_cast<uint16_t*>(base), capacity, block_size, num_kv_heads, head_dim,
-        block_stride_elems, value_offset_elems, static_cast<const uint16_t*>(k), k_stride,
-        static_cast<const uint16_t*>(v), v_stride, slots);
+    return pdl::Launch(&KvAppendKernel<uint4>, blocks,
+                       dim3(ThreadsFor(2 * num_kv_heads * head_units)), 0, stream, pdl,
+                       static_cast<uint4*>(base), capacity, block_size, num_kv_heads, head_units,
+                       block_stride_elems / 8, value_offset_elems / 8, static_cast<const uint4*>(k),
+                       k_stride / 8, static_cast<const uint4*>(v), v_stride / 8, slots);
   }
-  return cudaGetLastError();
+  return pdl::Launch(&KvAppendKernel<uint16_t>, blocks,
+                     dim3(ThreadsFor(2 * num_kv_heads * head_dim)), 0, stream, pdl,
+                     static_cast<uint16_t*>(base), capacity, block_size, num_kv_heads, head_dim,
+                     block_stride_elems, value_offset_elems, static_cast<const uint16_t*>(k),
+                     k_stride, static_cast<const uint16_t*>(v), v_stride, slots);
 }
 
 cudaError_t KvAppendFp8(void* base, int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                         int32_t head_dim, int64_t block_stride_bytes, int64_t value_offset_bytes,
                         int64_t scale_offset_bytes, const void* k, int64_t k_stride, const void* v,
-                        int64_t v_stride, const int64_t* slots, int64_t num_tokens,
+                        int64_t v_stride, const int64_t* slots, int64_t num_tokens, bool pdl,
                         cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const int warps = 2 * num_kv_heads < kFp8Warps ? 2 * num_kv_heads : kFp8Warps;
-  KvAppendFp8Kernel<<<static_cast<unsigned>(num_tokens), warps * 32, 0, stream>>>(
-      static_cast<unsigned char*>(base), num_blocks * block_size, block_size, num_kv_heads,
-      head_dim, block_stride_bytes, value_offset_bytes, scale_offset_bytes,
-      static_cast<const __nv_bfloat16*>(k), k_stride, static_cast<const __nv_bfloat16*>(v),
-      v_stride, slots);
-  return cudaGetLastError();
+  return pdl::Launch(&KvAppendFp8Kernel, dim3(static_cast<unsigned>(num_tokens)), dim3(warps * 32),
+                     0, stream, pdl, static_cast<unsigned char*>(base), num_blocks * block_size,
+                     block_size, num_kv_heads, head_dim, block_stride_bytes, value_offset_bytes,
+                     scale_offset_bytes, static_cast<const __nv_bfloat16*>(k), k_stride,
+                     static_cast<const __nv_bfloat16*>(v), v_stride, slots);
 }
 
 }  // namespace trident::kernels::cuda::internal

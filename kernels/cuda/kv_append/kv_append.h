@@ -56,6 +56,9 @@ struct KvAppendArgs {
   // Device pointer to num_tokens slots; distinct where non-negative.
   const int64_t* slots = nullptr;
   int64_t num_tokens = 0;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
+  // before the kernel ahead of it ends, waiting for it before any load.
+  bool pdl = false;
 };
 
 // Enqueues the copy on `stream`. kInvalidArgument for an invalid kv (see
@@ -97,6 +100,9 @@ struct KvAppendFp8Args {
   int64_t v_stride = 0;
   const int64_t* slots = nullptr;
   int64_t num_tokens = 0;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
+  // before the kernel ahead of it ends, waiting for it before any load.
+  bool pdl = false;
 };
 
 // Quantizes and stores a step's K and V, byte for byte as cpu::AppendKvFp8:

@@ -234,6 +234,7 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
   p.num_splits = plan.num_splits;
   p.scale_log2 = args.scale * 1.4426950408889634f;
   p.variant = plan.variant;
+  p.pdl = args.pdl;
   const cudaError_t error = internal::PagedDecode(p, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/paged_decode_attention/decode_device.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
+#include "kernels/cuda/pdl/pdl_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
@@ -66,8 +67,10 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(const DecodeKernel
   __shared__ float run_max[kMaxGroup];
   __shared__ float run_sum[kMaxGroup];
   // The merge, or the output projection, after it may start early (each
-  // waits for this grid to end before it reads its output).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // waits for this grid to end before it reads its output); launched with
+  // programmatic dependent launch itself, this kernel waits for the one
+  // ahead (the KV append) before its first load.
+  pdl::LetDependentsLaunchThenWait();
   __shared__ float rescale[kMaxGroup];
 
   const int kv_head = blockIdx.x;
@@ -351,8 +354,9 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   extern __shared__ __align__(128) unsigned char smem[];
 
   // A merge kernel launched with programmatic dependent launch may start its
-  // CTAs now; they wait for this whole grid before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // CTAs now; they wait for this whole grid before reading anything. As
+  // the legacy kernel, this one waits for the kernel ahead.
+  pdl::LetDependentsLaunchThenWait();
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -611,16 +615,11 @@ template <int kHeadDim, bool kMasked>
 cudaError_t LaunchLegacy(const DecodeKernelParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
-  if (p.group <= 1) {
-    DecodeSplitKernel<kHeadDim, kMasked, 1><<<grid, kThreads, 0, stream>>>(p);
-  } else if (p.group <= 2) {
-    DecodeSplitKernel<kHeadDim, kMasked, 2><<<grid, kThreads, 0, stream>>>(p);
-  } else if (p.group <= 4) {
-    DecodeSplitKernel<kHeadDim, kMasked, 4><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    DecodeSplitKernel<kHeadDim, kMasked, 8><<<grid, kThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  void (*kernel)(DecodeKernelParams) = p.group <= 1   ? DecodeSplitKernel<kHeadDim, kMasked, 1>
+                                       : p.group <= 2 ? DecodeSplitKernel<kHeadDim, kMasked, 2>
+                                       : p.group <= 4 ? DecodeSplitKernel<kHeadDim, kMasked, 4>
+                                                      : DecodeSplitKernel<kHeadDim, kMasked, 8>;
+  return pdl::Launch(kernel, grid, dim3(kThreads), 0, stream, p.pdl, p);
 }
 
 template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock>
@@ -636,8 +635,8 @@ cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kNumWarps * 32, static_cast<size_t>(kSmemBytes), stream>>>(p);
-  return cudaGetLastError();
+  return pdl::Launch(kernel, grid, dim3(kNumWarps * 32), static_cast<size_t>(kSmemBytes), stream,
+                     p.pdl, p);
 }
 
 template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages>

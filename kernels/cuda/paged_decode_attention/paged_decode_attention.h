@@ -63,6 +63,10 @@ struct PagedDecodeArgs {
   const int32_t* context_lens = nullptr;
   int32_t batch = 0;
   float scale = 1.0f;  // Softmax scale, usually 1 / sqrt(head_dim).
+  // Launch the split kernel with programmatic dependent launch
+  // (kernels/cuda/pdl): scheduled before the kernel ahead of it ends (the
+  // KV append), waiting for it before any load.
+  bool pdl = false;
 };
 
 // Kernel variants (all correct for every supported shape; they differ in

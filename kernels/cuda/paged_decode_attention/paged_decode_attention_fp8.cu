@@ -33,6 +33,7 @@
 
 #include "kernels/cuda/paged_decode_attention/decode_device.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
+#include "kernels/cuda/pdl/pdl_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
@@ -87,7 +88,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
                 "a stage holds K, V and the scales");
 
   extern __shared__ __align__(128) unsigned char smem[];
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // As the bf16 kernels (paged_decode_attention.cu).
+  pdl::LetDependentsLaunchThenWait();
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -339,8 +341,8 @@ cudaError_t LaunchFp8Kernel(const DecodeKernelParams& p, cudaStream_t stream) {
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kNumWarps * 32, static_cast<size_t>(kSmemBytes), stream>>>(p);
-  return cudaGetLastError();
+  return pdl::Launch(kernel, grid, dim3(kNumWarps * 32), static_cast<size_t>(kSmemBytes), stream,
+                     p.pdl, p);
 }
 
 template <int kHeadDim, bool kMasked, int kVariant>

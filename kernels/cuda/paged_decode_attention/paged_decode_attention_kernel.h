@@ -137,6 +137,7 @@ struct DecodeKernelParams {
   float* partial_out = nullptr;    // Null with one split.
   float* partial_stats = nullptr;  // (max, sum) pairs; null with one split.
   int32_t variant = 0;             // Index into kDecodeVariants.
+  bool pdl = false;                // The split kernel's launch (PagedDecodeArgs::pdl).
 };
 
 // Launches the split kernel of params.variant and, with more than one split,

@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/peer_allreduce/peer_allreduce_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -44,6 +45,12 @@ __device__ void Barrier(const PeerAllReduceArgs& a, int set, uint32_t epoch) {
 
 template <bool kVec4>
 __global__ void __launch_bounds__(kThreads) PeerAllReduceKernel(PeerAllReduceArgs a) {
+  // The norm after the sum, launched with programmatic dependent launch, may
+  // be scheduled now (it waits for this grid to end), and the projection
+  // after the norm with it: its first weight loads overlap the sum. Every
+  // block of this grid is resident by then, so none waits behind them for a
+  // slot while its peers spin.
+  pdl::LetDependentsLaunch();
   __shared__ uint32_t epoch;
   if (threadIdx.x == 0) {
     uint32_t* counter = static_cast<uint32_t*>(a.signals[a.rank]) + kEpochOffset + blockIdx.x;

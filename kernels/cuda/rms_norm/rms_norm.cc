@@ -63,7 +63,7 @@ absl::Status LaunchRmsNorm(const RmsNormArgs& args, cudaStream_t stream) {
                           Aligned(args.out, 8);
   return LaunchStatus(kOp, internal::RmsNormBf16Out(args.x, x_is_bf16, args.x_stride, args.weight,
                                                     args.out, args.out_stride, args.rows, args.dim,
-                                                    args.eps, vectorized, stream));
+                                                    args.eps, vectorized, args.pdl, stream));
 }
 
 absl::Status LaunchAddRmsNorm(const AddRmsNormArgs& args, cudaStream_t stream) {
@@ -91,7 +91,7 @@ absl::Status LaunchAddRmsNorm(const AddRmsNormArgs& args, cudaStream_t stream) {
   return LaunchStatus(kOp, internal::AddRmsNormBf16Out(
                                args.residual, args.residual_stride, args.delta, args.delta_stride,
                                args.replace_residual, args.weight, args.out, args.out_stride,
-                               args.rows, args.dim, args.eps, vectorized, stream));
+                               args.rows, args.dim, args.eps, vectorized, args.pdl, stream));
 }
 
 }  // namespace trident::kernels::cuda

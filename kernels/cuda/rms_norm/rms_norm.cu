@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/rms_norm/rms_norm_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -114,8 +115,9 @@ __global__ void RmsNormKernel(const XT* x, int64_t x_stride, const float* __rest
                               uint16_t* out, int64_t out_stride, int64_t dim, float eps) {
   // A projection launched after this kernel with programmatic dependent
   // launch may start loading its weights now (it waits for this grid to end
-  // before it reads this kernel's output).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // before it reads this kernel's output); launched so itself, this kernel
+  // waits for the one ahead before its first load.
+  pdl::LetDependentsLaunchThenWait();
   const int64_t row = blockIdx.x;
   const XT* x_row = x + row * x_stride;
   float sum = 0.0f;
@@ -137,8 +139,9 @@ __global__ void AddRmsNormKernel(float* residual, int64_t residual_stride, const
                                  int64_t out_stride, int64_t dim, float eps) {
   // A projection launched after this kernel with programmatic dependent
   // launch may start loading its weights now (it waits for this grid to end
-  // before it reads this kernel's output).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // before it reads this kernel's output); launched so itself, this kernel
+  // waits for the one ahead before its first load.
+  pdl::LetDependentsLaunchThenWait();
   const int64_t row = blockIdx.x;
   float* res_row = residual + row * residual_stride;
   const uint16_t* delta_row = delta + row * delta_stride;
@@ -174,51 +177,34 @@ int ThreadsFor(int64_t units) {
 
 cudaError_t RmsNormBf16Out(const void* x, bool x_is_bf16, int64_t x_stride, const float* weight,
                            void* out, int64_t out_stride, int64_t rows, int64_t dim, float eps,
-                           bool vectorized, cudaStream_t stream) {
+                           bool vectorized, bool pdl, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(rows);
+  const dim3 blocks(static_cast<unsigned>(rows));
   uint16_t* o = static_cast<uint16_t*>(out);
-  const int threads = ThreadsFor(vectorized ? dim / 4 : dim);
+  const dim3 threads(ThreadsFor(vectorized ? dim / 4 : dim));
   if (x_is_bf16) {
     const uint16_t* xb = static_cast<const uint16_t*>(x);
-    if (vectorized) {
-      RmsNormKernel<4>
-          <<<blocks, threads, 0, stream>>>(xb, x_stride, weight, o, out_stride, dim, eps);
-    } else {
-      RmsNormKernel<1>
-          <<<blocks, threads, 0, stream>>>(xb, x_stride, weight, o, out_stride, dim, eps);
-    }
-  } else {
-    const float* xf = static_cast<const float*>(x);
-    if (vectorized) {
-      RmsNormKernel<4>
-          <<<blocks, threads, 0, stream>>>(xf, x_stride, weight, o, out_stride, dim, eps);
-    } else {
-      RmsNormKernel<1>
-          <<<blocks, threads, 0, stream>>>(xf, x_stride, weight, o, out_stride, dim, eps);
-    }
+    return pdl::Launch(vectorized ? &RmsNormKernel<4, uint16_t> : &RmsNormKernel<1, uint16_t>,
+                       blocks, threads, 0, stream, pdl, xb, x_stride, weight, o, out_stride, dim,
+                       eps);
   }
-  return cudaGetLastError();
+  const float* xf = static_cast<const float*>(x);
+  return pdl::Launch(vectorized ? &RmsNormKernel<4, float> : &RmsNormKernel<1, float>, blocks,
+                     threads, 0, stream, pdl, xf, x_stride, weight, o, out_stride, dim, eps);
 }
 
 cudaError_t AddRmsNormBf16Out(float* residual, int64_t residual_stride, const void* delta,
                               int64_t delta_stride, bool replace_residual, const float* weight,
                               void* out, int64_t out_stride, int64_t rows, int64_t dim, float eps,
-                              bool vectorized, cudaStream_t stream) {
+                              bool vectorized, bool pdl, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(rows);
+  const dim3 blocks(static_cast<unsigned>(rows));
   const uint16_t* d = static_cast<const uint16_t*>(delta);
   uint16_t* o = static_cast<uint16_t*>(out);
-  if (vectorized) {
-    AddRmsNormKernel<4><<<blocks, ThreadsFor(dim / 4), 0, stream>>>(
-        residual, residual_stride, d, delta_stride, replace_residual, weight, o, out_stride, dim,
-        eps);
-  } else {
-    AddRmsNormKernel<1><<<blocks, ThreadsFor(dim), 0, stream>>>(residual, residual_stride, d,
-                                                                delta_stride, replace_residual,
-                                                                weight, o, out_stride, dim, eps);
-  }
-  return cudaGetLastError();
+  return pdl::Launch(vectorized ? &AddRmsNormKernel<4> : &AddRmsNormKernel<1>, blocks,
+                     dim3(ThreadsFor(vectorized ? dim / 4 : dim)), 0, stream, pdl, residual,
+                     residual_stride, d, delta_stride, replace_residual, weight, o, out_stride, dim,
+                     eps);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -48,6 +48,9 @@ struct RmsNormArgs {
   int64_t rows = 0;
   int64_t dim = 0;
   float eps = 1e-5f;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
+  // before the kernel ahead of it ends, waiting for it before any load.
+  bool pdl = false;
 };
 
 struct AddRmsNormArgs {
@@ -70,6 +73,9 @@ struct AddRmsNormArgs {
   int64_t rows = 0;
   int64_t dim = 0;
   float eps = 1e-5f;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
+  // before the kernel ahead of it ends, waiting for it before any load.
+  bool pdl = false;
 };
 
 // Enqueue the kernel on `stream`. kInvalidArgument naming the field for

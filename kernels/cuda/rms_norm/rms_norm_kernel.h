@@ -13,12 +13,12 @@ namespace trident::kernels::cuda::internal {
 
 cudaError_t RmsNormBf16Out(const void* x, bool x_is_bf16, int64_t x_stride, const float* weight,
                            void* out, int64_t out_stride, int64_t rows, int64_t dim, float eps,
-                           bool vectorized, cudaStream_t stream);
+                           bool vectorized, bool pdl, cudaStream_t stream);
 
 cudaError_t AddRmsNormBf16Out(float* residual, int64_t residual_stride, const void* delta,
                               int64_t delta_stride, bool replace_residual, const float* weight,
                               void* out, int64_t out_stride, int64_t rows, int64_t dim, float eps,
-                              bool vectorized, cudaStream_t stream);
+                              bool vectorized, bool pdl, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 

@@ -274,6 +274,59 @@ INSTANTIATE_TEST_SUITE_P(Strided, RmsNormTest,
                          ::testing::Combine(::testing::Values(128, 5120), ::testing::Values(3),
                                             ::testing::Values(1, 4)));
 
+// A chain of norms, each reading the one ahead's output, launched with
+// programmatic dependent launch (scheduled before the one ahead ends, waiting
+// for it at its first instruction): the same bits as plain launches. A norm
+// that did not wait would read rows the one ahead had not written yet.
+TEST(RmsNormPdlTest, EachWaitsForTheNormAhead) {
+  constexpr int64_t kRows = 2048;
+  constexpr int64_t kDim = 4096;
+  constexpr int kChain = 8;
+  constexpr uint32_t kSeed = 20261129;
+  std::printf("seed %u\n", kSeed);
+  std::mt19937 rng(kSeed);
+  const size_t n = static_cast<size_t>(kRows * kDim);
+  std::vector<uint16_t> x_bits;
+  std::vector<float> x_f;
+  RandomBf16(rng, 2.0f, n, x_bits, x_f);
+  const std::vector<float> weight = RandomWeights(rng, kDim);
+  DeviceArray<float> d_weight(kDim);
+  DeviceArray<uint16_t> d_x(n), d_ping(n), d_pong(n);
+  ASSERT_TRUE(d_weight.ok() && d_x.ok() && d_ping.ok() && d_pong.ok());
+  ASSERT_EQ(d_weight.Upload(weight), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<uint16_t> results[2];
+  for (const bool pdl : {false, true}) {
+    ASSERT_EQ(d_x.Upload(x_bits), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_ping.get(), 0, n * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_pong.get(), 0, n * 2), cudaSuccess);
+    const uint16_t* in = d_x.get();
+    for (int i = 0; i < kChain; ++i) {
+      uint16_t* out = i % 2 == 0 ? d_ping.get() : d_pong.get();
+      ASSERT_THAT(LaunchRmsNorm({.x = in,
+                                 .x_dtype = numeric::DType::kBF16,
+                                 .x_stride = kDim,
+                                 .weight = d_weight.get(),
+                                 .out = out,
+                                 .out_stride = kDim,
+                                 .rows = kRows,
+                                 .dim = kDim,
+                                 .eps = kEps,
+                                 .pdl = pdl},
+                                stream),
+                  IsOk());
+      in = out;
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ((kChain % 2 == 1 ? d_ping : d_pong).Download(results[pdl ? 1 : 0]), cudaSuccess);
+  }
+  cudaStreamDestroy(stream);
+  size_t differ = 0;
+  for (size_t i = 0; i < n; ++i) differ += results[0][i] != results[1][i];
+  EXPECT_EQ(differ, 0u) << "of " << n << " elements";
+}
+
 TEST(RmsNormArgsTest, RejectsBadArguments) {
   alignas(16) char dummy[64];
   const float* w = reinterpret_cast<const float*>(dummy);

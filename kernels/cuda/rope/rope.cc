@@ -89,7 +89,7 @@ absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream) {
   }
   const cudaError_t error = internal::RopeQkvF32(
       args.in, args.in_stride, args.out, args.out_stride, args.num_q_heads, args.num_kv_heads,
-      args.head_dim, args.positions, args.num_tokens, args.inv_freq, stream);
+      args.head_dim, args.positions, args.num_tokens, args.inv_freq, args.pdl, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("rope_qkv launch: ", cudaGetErrorString(error)));
   }

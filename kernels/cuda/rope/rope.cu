@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/rope/rope_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -87,6 +88,9 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
                                  const int32_t* __restrict__ positions,
                                  const float* __restrict__ inv_freq) {
   extern __shared__ float cos_sin[];  // cos[half], then sin[half].
+  // Launched with programmatic dependent launch, wait for the projection
+  // ahead (and let the KV append behind be scheduled).
+  pdl::LetDependentsLaunchThenWait();
   const int64_t token = blockIdx.x;
   const int32_t half = head_dim / 2;
   const int32_t rope_heads = num_q_heads + num_kv_heads;
@@ -126,17 +130,17 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
 cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t out_stride,
                        int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                        const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                       cudaStream_t stream) {
+                       bool pdl, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int32_t heads = num_q_heads + 2 * num_kv_heads;
   if (heads == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(num_tokens),
                   static_cast<unsigned>((heads + kQkvHeadsPerBlock - 1) / kQkvHeadsPerBlock));
-  RopeQkvF32Kernel<<<grid, kThreads, static_cast<size_t>(head_dim) * sizeof(float), stream>>>(
-      in, in_stride, static_cast<uint16_t*>(out), out_stride, num_q_heads, num_kv_heads, head_dim,
-      positions, inv_freq);
-  return cudaGetLastError();
+  return pdl::Launch(&RopeQkvF32Kernel, grid, dim3(kThreads),
+                     static_cast<size_t>(head_dim) * sizeof(float), stream, pdl, in, in_stride,
+                     static_cast<uint16_t*>(out), out_stride, num_q_heads, num_kv_heads, head_dim,
+                     positions, inv_freq);
 }
 
 cudaError_t RopeBf16(void* q, int64_t q_token_stride, int32_t num_q_heads, void* k,

@@ -78,6 +78,9 @@ struct RopeQkvArgs {
   const int32_t* positions = nullptr;
   int64_t num_tokens = 0;
   const float* inv_freq = nullptr;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
+  // before the kernel ahead of it ends, waiting for it before any load.
+  bool pdl = false;
 };
 
 // kInvalidArgument naming the field for the same shape errors as LaunchRope

@@ -19,7 +19,7 @@ cudaError_t RopeBf16(void* q, int64_t q_token_stride, int32_t num_q_heads, void*
 cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t out_stride,
                        int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                        const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                       cudaStream_t stream);
+                       bool pdl, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 

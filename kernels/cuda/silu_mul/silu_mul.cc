@@ -34,7 +34,7 @@ absl::Status LaunchSiluMul(const SiluMulArgs& args, cudaStream_t stream) {
   }
   const cudaError_t error = internal::SiluMulBf16(
       args.gate_up, args.gate_up_stride, args.gate_up_dtype == numeric::DType::kF32, args.out,
-      args.out_stride, args.num_tokens, args.hidden, stream);
+      args.out_stride, args.num_tokens, args.hidden, args.pdl, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("silu_mul launch: ", cudaGetErrorString(error)));
   }

@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/silu_mul/silu_mul_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -15,8 +16,9 @@ __global__ void SiluMulBf16Kernel(const __nv_bfloat162* __restrict__ gate_up,
                                   int64_t out_stride_pairs, int64_t hidden_pairs) {
   // A projection launched after this kernel with programmatic dependent
   // launch may start loading its weights now (it waits for this grid to end
-  // before it reads this kernel's output).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // before it reads this kernel's output); launched so itself, this kernel
+  // waits for the one ahead before its first load.
+  pdl::LetDependentsLaunchThenWait();
   const int64_t token = blockIdx.x;
   const __nv_bfloat162* gate = gate_up + token * gate_up_stride_pairs;
   const __nv_bfloat162* up = gate + hidden_pairs;
@@ -35,7 +37,7 @@ __global__ void SiluMulBf16Kernel(const __nv_bfloat162* __restrict__ gate_up,
 __global__ void SiluMulF32Kernel(const float2* __restrict__ gate_up, int64_t gate_up_stride_pairs,
                                  __nv_bfloat162* __restrict__ out, int64_t out_stride_pairs,
                                  int64_t hidden_pairs) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // As above.
+  pdl::LetDependentsLaunchThenWait();  // As above.
   const int64_t token = blockIdx.x;
   const float2* gate = gate_up + token * gate_up_stride_pairs;
   const float2* up = gate + hidden_pairs;
@@ -53,7 +55,7 @@ __global__ void SiluMulF32Kernel(const float2* __restrict__ gate_up, int64_t gat
 }  // namespace
 
 cudaError_t SiluMulBf16(const void* gate_up, int64_t gate_up_stride, bool f32_in, void* out,
-                        int64_t out_stride, int64_t num_tokens, int64_t hidden,
+                        int64_t out_stride, int64_t num_tokens, int64_t hidden, bool pdl,
                         cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t hidden_pairs = hidden / 2;
@@ -62,15 +64,13 @@ cudaError_t SiluMulBf16(const void* gate_up, int64_t gate_up_stride, bool f32_in
   const dim3 grid(static_cast<unsigned>(num_tokens),
                   static_cast<unsigned>(column_blocks < 65535 ? column_blocks : 65535));
   if (f32_in) {
-    SiluMulF32Kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const float2*>(gate_up), gate_up_stride / 2, static_cast<__nv_bfloat162*>(out),
-        out_stride / 2, hidden_pairs);
-    return cudaGetLastError();
+    return pdl::Launch(&SiluMulF32Kernel, grid, dim3(threads), 0, stream, pdl,
+                       static_cast<const float2*>(gate_up), gate_up_stride / 2,
+                       static_cast<__nv_bfloat162*>(out), out_stride / 2, hidden_pairs);
   }
-  SiluMulBf16Kernel<<<grid, threads, 0, stream>>>(
-      static_cast<const __nv_bfloat162*>(gate_up), gate_up_stride / 2,
-      static_cast<__nv_bfloat162*>(out), out_stride / 2, hidden_pairs);
-  return cudaGetLastError();
+  return pdl::Launch(&SiluMulBf16Kernel, grid, dim3(threads), 0, stream, pdl,
+                     static_cast<const __nv_bfloat162*>(gate_up), gate_up_stride / 2,
+                     static_cast<__nv_bfloat162*>(out), out_stride / 2, hidden_pairs);
 }
 
 }  // namespace trident::kernels::cuda::internal

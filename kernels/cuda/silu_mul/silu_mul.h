@@ -30,6 +30,9 @@ struct SiluMulArgs {
   int64_t hidden = 0;
   // kBF16 or kF32.
   numeric::DType gate_up_dtype = numeric::DType::kBF16;
+  // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
+  // before the kernel ahead of it ends, waiting for it before any load.
+  bool pdl = false;
 };
 
 // Enqueues the kernel on `stream`. kInvalidArgument for negative sizes,

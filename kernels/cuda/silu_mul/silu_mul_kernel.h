@@ -10,7 +10,7 @@
 namespace trident::kernels::cuda::internal {
 
 cudaError_t SiluMulBf16(const void* gate_up, int64_t gate_up_stride, bool f32_in, void* out,
-                        int64_t out_stride, int64_t num_tokens, int64_t hidden,
+                        int64_t out_stride, int64_t num_tokens, int64_t hidden, bool pdl,
                         cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
