@@ -71,14 +71,16 @@ def _cuda_compatible():
         "//conditions:default": [],
     })
 
-def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda_hdrs = [], **kwargs):
+def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda_hdrs = [], archs = None, **kwargs):
     """Compiles `.cu` sources with nvcc and wraps the objects in a cc_library.
 
     `.cc` files in `srcs` are host code compiled by the C++ compiler (argument
     checks, absl::Status wrappers); `.cu` files go through nvcc. `hdrs` are
     host headers (usable from plain C++); `cuda_hdrs` are private headers the
-    `.cu` and `.cc` sources share (launcher declarations). Where nvcc is absent, or the
-    build runs with `--config=cpu`, the target is incompatible and skipped.
+    `.cu` and `.cc` sources share (launcher declarations). `archs` replaces
+    CUDA_ARCHS for this target (e.g. ["90a"] for Hopper-only instructions such
+    as wgmma). Where nvcc is absent, or the build runs with `--config=cpu`,
+    the target is incompatible and skipped.
     """
     compatible = _cuda_compatible()
     objs = []
@@ -87,7 +89,7 @@ def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda
     if CUDA_FOUND:
         gencode = " ".join([
             "-gencode arch=compute_%s,code=sm_%s" % (a, a)
-            for a in CUDA_ARCHS
+            for a in (archs if archs else CUDA_ARCHS)
         ])
         for src in srcs:
             obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")

@@ -1,0 +1,82 @@
+#ifndef TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_
+#define TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_
+
+// Hopper's warpgroup MMA (wgmma) for nvcc, sm_90a only (a .cu file of a
+// trident_cuda_library with archs = ["90a"]): shared-memory matrix
+// descriptors for the canonical layout without swizzling, the fences, and
+// one m64n64k16 bf16 -> f32 product. The base of the prefill attention and
+// FP8 decode kernels to come; kernels/cuda/wgmma's probe test checks the
+// encoding against a CPU product.
+//
+// Layout of a K-major operand (rows of M or N, K contiguous), no swizzle:
+// the matrix is cut into core matrices of 8 rows x 16 bytes (8 bf16 along
+// K), each stored as 128 contiguous bytes (row r at byte 16 r). The
+// descriptor gives the byte distance between core matrices adjacent along K
+// (the leading dimension offset) and along M or N (the stride dimension
+// offset).
+//
+// Accumulator fragment of m64nN (128 threads, f32 d[N / 2]): warp w holds
+// rows 16 w .. 16 w + 15; lane l, for each 8 columns j: d[4 j] and
+// d[4 j + 1] are row 16 w + l / 4, columns 8 j + 2 (l % 4) and + 1; d[4 j +
+// 2] and d[4 j + 3] the same columns 8 rows below (mma.sync's m16n8 C
+// fragment, repeated along N).
+
+#include <cstdint>
+
+namespace trident::kernels::cuda::wgmma {
+
+// The descriptor of a no-swizzle K-major operand at shared address `smem`
+// (16-byte aligned); offsets in bytes, multiples of 16.
+__device__ __forceinline__ uint64_t NoSwizzleDescriptor(const void* smem, uint32_t leading_bytes,
+                                                        uint32_t stride_bytes) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return static_cast<uint64_t>((address & 0x3ffff) >> 4) |
+         (static_cast<uint64_t>((leading_bytes >> 4) & 0x3fff) << 16) |
+         (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32);
+}
+
+// Shared memory written with ordinary stores, made visible to wgmma's
+// (async proxy) reads; a barrier must follow before another thread's wgmma.
+__device__ __forceinline__ void FenceSharedForAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Before the first wgmma of a group, and after registers it accumulates into
+// were written by other instructions.
+__device__ __forceinline__ void Fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+__device__ __forceinline__ void CommitGroup() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// Waits until at most kPending committed groups are still running.
+template <int kPending>
+__device__ __forceinline__ void WaitGroup() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// d (+)= A B^T for A 64 x 16 and B 64 x 16, both K-major bf16 in shared
+// memory (descriptors a and b); `accumulate` false overwrites d. Issued by
+// all 128 threads of a warpgroup; asynchronous until CommitGroup and
+// WaitGroup.
+__device__ __forceinline__ void MmaM64N64K16Bf16(uint64_t a, uint64_t b, float (&d)[32],
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+}  // namespace trident::kernels::cuda::wgmma
+
+#endif  // TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_

@@ -1,0 +1,66 @@
+#include <cstdint>
+
+#include "kernels/cuda/wgmma/wgmma_device.h"
+#include "kernels/cuda/wgmma/wgmma_probe_kernel.h"
+
+namespace trident::kernels::cuda::internal {
+namespace {
+
+constexpr int kMaxK = 128;
+constexpr int kStepElems = 64 * 16;  // One 64 x 16 tile: 16 core matrices.
+
+// Element (row, kk) of a 64 x k operand in the probe's layout: the tile of
+// k step kk / 16, its core matrix (row / 8, kk % 16 / 8) at 64 elements per
+// core matrix, K-adjacent ones next to each other, then row % 8 and kk % 8.
+__device__ int LayoutIndex(int row, int kk) {
+  return (kk / 16) * kStepElems + ((row / 8) * 2 + (kk % 16) / 8) * 64 + (row % 8) * 8 + kk % 8;
+}
+
+__global__ void __launch_bounds__(128)
+    WgmmaProbeKernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b, int k,
+                     float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes) {
+  __shared__ __align__(128) uint16_t sa[64 * kMaxK];
+  __shared__ __align__(128) uint16_t sb[64 * kMaxK];
+  for (int i = threadIdx.x; i < 64 * k; i += blockDim.x) {
+    const int row = i / k;
+    const int kk = i % k;
+    sa[LayoutIndex(row, kk)] = a[i];
+    sb[LayoutIndex(row, kk)] = b[i];
+  }
+  wgmma::FenceSharedForAsync();
+  __syncthreads();
+  float acc[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+  wgmma::Fence();
+  for (int s = 0; s < k / 16; ++s) {
+    const uint64_t da =
+        wgmma::NoSwizzleDescriptor(sa + s * kStepElems, leading_bytes, stride_bytes);
+    const uint64_t db =
+        wgmma::NoSwizzleDescriptor(sb + s * kStepElems, leading_bytes, stride_bytes);
+    wgmma::MmaM64N64K16Bf16(da, db, acc, s > 0);
+  }
+  wgmma::CommitGroup();
+  wgmma::WaitGroup<0>();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row = 16 * warp + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+    d[row * 64 + col] = acc[4 * j];
+    d[row * 64 + col + 1] = acc[4 * j + 1];
+    d[(row + 8) * 64 + col] = acc[4 * j + 2];
+    d[(row + 8) * 64 + col + 1] = acc[4 * j + 3];
+  }
+}
+
+}  // namespace
+
+cudaError_t WgmmaProbe(const uint16_t* a, const uint16_t* b, int32_t k, float* d,
+                       uint32_t leading_bytes, uint32_t stride_bytes, cudaStream_t stream) {
+  WgmmaProbeKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes);
+  return cudaGetLastError();
+}
+
+}  // namespace trident::kernels::cuda::internal
