@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/gemm/gemv_kernel.h"
+#include "kernels/cuda/pdl/pdl_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
@@ -15,18 +16,15 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
   return v;
 }
 
-// Programmatic dependent launch: a GEMV launched with it may start while
-// the kernel before it (a norm, the activation, attention) still runs, once
-// that kernel lets its dependents launch. The weights do not depend on that
-// kernel, so the first steps' loads are issued at once; x does, so the
-// kernel waits for the previous grid to end (and its writes to be visible)
-// before the first x load. Both are no-ops in a launch without it.
-__device__ __forceinline__ void LetDependentsLaunch() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void WaitForPreviousGrid() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
+// Programmatic dependent launch (kernels/cuda/pdl): a GEMV launched with it
+// may start while the kernel before it (a norm, the activation, attention)
+// still runs, once that kernel lets its dependents launch. The weights do
+// not depend on that kernel, so the first steps' loads are issued at once;
+// x does, so the kernel waits for the previous grid to end (and its writes
+// to be visible) before the first x load. Both are no-ops in a launch
+// without it.
+using pdl::LetDependentsLaunch;
+using pdl::WaitForPreviousGrid;
 
 // Adds the bias (and y's old value with `accumulate`) and writes y[row].
 template <bool kF32Out>
@@ -130,19 +128,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 cudaError_t GemvBf16(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
                      bool f32_out, bool accumulate, bool pdl, cudaStream_t stream) {
   const int64_t warps = (n + kRows - 1) / kRows;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  config.blockDim = dim3(kWarpsPerBlock * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
-  return cudaLaunchKernelEx(&config, f32_out ? GemvKernel<true> : GemvKernel<false>, xb, wb, bias,
-                            y, n, k, accumulate);
+  return pdl::Launch(f32_out ? &GemvKernel<true> : &GemvKernel<false>,
+                     dim3(static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+                     dim3(kWarpsPerBlock * 32), 0, stream, pdl, xb, wb, bias, y, n, k, accumulate);
 }
 
 }  // namespace trident::kernels::cuda::internal

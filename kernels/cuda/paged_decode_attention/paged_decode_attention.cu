@@ -584,11 +584,10 @@ __global__ void DecodeMergeKernel(const DecodeKernelParams p) {
   const int h = blockIdx.x;
   const int seq = blockIdx.y;
   const int d = threadIdx.x;
-  // The output projection after it may start loading its weights.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  // Launched with programmatic dependent launch, wait for the split kernel
-  // (a no-op otherwise).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The output projection after it may start loading its weights; launched
+  // with programmatic dependent launch, this kernel waits for the split
+  // kernel (a no-op otherwise).
+  pdl::LetDependentsLaunchThenWait();
   const int64_t first = (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits;
   float global_max = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) {
@@ -719,20 +718,12 @@ cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream) {
     error = LaunchBf16Split(p, stream);
   }
   if (error != cudaSuccess || p.partial_out == nullptr) return error;
-  cudaLaunchConfig_t config = {};
-  config.gridDim =
-      dim3(static_cast<unsigned>(params.num_q_heads), static_cast<unsigned>(params.batch));
-  config.blockDim = dim3(static_cast<unsigned>(params.head_dim));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
   // With pdl the merge kernel's launch overlaps the split kernel's tail; it
   // waits (griddepcontrol.wait) for the split kernel's results.
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = kDecodeVariants[p.variant].pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, DecodeMergeKernel, p);
+  return pdl::Launch(
+      &DecodeMergeKernel,
+      dim3(static_cast<unsigned>(params.num_q_heads), static_cast<unsigned>(params.batch)),
+      dim3(static_cast<unsigned>(params.head_dim)), 0, stream, kDecodeVariants[p.variant].pdl, p);
 }
 
 }  // namespace trident::kernels::cuda::internal
