@@ -62,16 +62,18 @@ inline std::map<std::string, std::vector<int32_t>> DrainTokens(EngineCore& core)
 }
 
 // Greedy continuations through an EngineCore over `backend` with `options`:
-// request i (of those in `which`, all added at once) continues prompts[i]
-// by lengths[i] tokens. Returns the tokens by prompt index (empty for those
-// not in `which`), and checks that every KV block came back.
+// request i (of those in `which`, every prompt when it is empty; all added
+// at once) continues prompts[i] by lengths[i] tokens. Returns the tokens by
+// prompt index (empty for those not run), and checks that every KV block
+// came back.
 inline std::vector<std::vector<int32_t>> GreedyThroughEngine(
     backend::ModelBackend* backend, const std::vector<std::vector<int32_t>>& prompts,
     const std::vector<int32_t>& lengths, const std::vector<size_t>& which,
     const EngineOptions& options) {
   kv::PagedBlockAllocator allocator(backend->kv_capacity().num_blocks);
   EngineCore core(backend, &allocator, options);
-  for (size_t p : which) {
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    if (!which.empty() && std::find(which.begin(), which.end(), p) == which.end()) continue;
     const absl::Status added = core.Add(Greedy(std::to_string(p), prompts[p], lengths[p]));
     EXPECT_TRUE(added.ok()) << "prompt " << p << ": " << added;
   }

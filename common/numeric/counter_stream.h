@@ -7,10 +7,9 @@
 // RandomWeights) or by a device where the block lives (kernels/cuda's
 // random_fill). Header-only and the same bits on both: the product and the
 // sum are rounded separately everywhere (never fused into one FMA, whatever
-// the compiler's contraction flags), and bf16 rounds to nearest even.
+// the compiler's contraction flags).
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -49,19 +48,6 @@ TRIDENT_STREAM_HD inline float StreamUniform(uint64_t base, uint64_t i, float me
 #endif
   return mean + product;
 #endif
-}
-
-// f32 to bf16, round to nearest even; NaN stays NaN (quiet). As
-// numeric::FloatToBf16, for device code too.
-TRIDENT_STREAM_HD inline uint16_t StreamBf16(float f) {
-  uint32_t u;
-#if defined(__CUDA_ARCH__)
-  u = __float_as_uint(f);
-#else
-  std::memcpy(&u, &f, sizeof(u));
-#endif
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 // A row-major block of a 2-D tensor (1-D: one column) whose elements are a

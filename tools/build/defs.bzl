@@ -2,6 +2,7 @@
 rules, so that warnings, sanitizers, CUDA handling and GPU tags stay uniform."""
 
 load("@local_cuda//:defs.bzl", "CUDA_FOUND", "CUDA_PATH")
+load("//tools/build:cc_headers.bzl", "cc_headers")
 
 # Warnings are errors in project code. Generated code (protoc) and system
 # headers (under /usr/include, which the compiler treats as system headers)
@@ -71,18 +72,30 @@ def _cuda_compatible():
         "//conditions:default": [],
     })
 
-def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda_hdrs = [], archs = None, **kwargs):
+def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda_hdrs = [], device_deps = [], archs = None, **kwargs):
     """Compiles `.cu` sources with nvcc and wraps the objects in a cc_library.
 
     `.cc` files in `srcs` are host code compiled by the C++ compiler (argument
     checks, absl::Status wrappers); `.cu` files go through nvcc. `hdrs` are
     host headers (usable from plain C++); `cuda_hdrs` are private headers the
-    `.cu` and `.cc` sources share (launcher declarations). `archs` replaces
+    `.cu` and `.cc` sources share (launcher declarations). `device_deps` are
+    header-only libraries the `.cu` sources include (common/numeric's
+    counter_stream, kernels/cuda/pdl): nvcc sees only the files its rule
+    lists, so their headers are listed through cc_headers; they are deps of
+    the library as well. `archs` replaces
     CUDA_ARCHS for this target (e.g. ["90a"] for Hopper-only instructions such
     as wgmma). Where nvcc is absent, or the build runs with `--config=cpu`,
     the target is incompatible and skipped.
     """
     compatible = _cuda_compatible()
+    if device_deps:
+        cc_headers(
+            name = name + "_device_headers",
+            deps = device_deps,
+            testonly = kwargs.get("testonly", False),
+        )
+        cuda_hdrs = cuda_hdrs + [":" + name + "_device_headers"]
+        deps = deps + device_deps
     objs = []
     cc_srcs = [s for s in srcs if not s.endswith(".cu")]
     srcs = [s for s in srcs if s.endswith(".cu")]
@@ -108,6 +121,7 @@ def trident_cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], cuda
                 ]),
                 target_compatible_with = compatible,
                 tags = kwargs.get("tags", []),
+                testonly = kwargs.get("testonly", False),
             )
             objs.append(":" + obj)
     native.cc_library(

@@ -88,7 +88,7 @@ absl::Status Impl::ReadBf16(const model::TensorReader& ckpt, const std::string& 
 absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
                               const std::vector<std::string>& names, DeviceBuffer* out,
                               model::LoadProgress& progress, bool whole) {
-  if (device_streams) return StreamBf16(ckpt, names, out, progress, whole);
+  if (device_streams) return GenerateBf16(ckpt, names, out, progress, whole);
   std::vector<uint16_t> host;
   for (const std::string& name : names) {
     TRIDENT_RETURN_IF_ERROR(ReadBf16(ckpt, name, host, progress, whole));
@@ -98,9 +98,9 @@ absl::Status Impl::UploadBf16(const model::TensorReader& ckpt,
                    "weight upload");
 }
 
-absl::Status Impl::StreamBf16(const model::TensorReader& weights,
-                              const std::vector<std::string>& names, DeviceBuffer* out,
-                              model::LoadProgress& progress, bool whole) {
+absl::Status Impl::GenerateBf16(const model::TensorReader& weights,
+                                const std::vector<std::string>& names, DeviceBuffer* out,
+                                model::LoadProgress& progress, bool whole) {
   std::vector<numeric::CounterStreamBlock> blocks;
   int64_t total = 0;
   for (const std::string& name : names) {

@@ -288,7 +288,7 @@ struct Impl {
   // Free device memory when Load began: what the backend has taken since is
   // its own use, budgeted against gpu_memory_fraction.
   size_t free_at_start = 0;
-  // Loading computes the reader's streams on the device (StreamBf16).
+  // Loading computes the reader's streams on the device (GenerateBf16).
   bool device_streams = false;
 
   kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
@@ -326,8 +326,9 @@ struct Impl {
                           DeviceBuffer* out, model::LoadProgress& progress, bool whole = false);
   // UploadBf16 for a reader whose tensors are counter-based streams: each
   // rank's part computed on the device (kernels/cuda's random_fill).
-  absl::Status StreamBf16(const model::TensorReader& weights, const std::vector<std::string>& names,
-                          DeviceBuffer* out, model::LoadProgress& progress, bool whole);
+  absl::Status GenerateBf16(const model::TensorReader& weights,
+                            const std::vector<std::string>& names, DeviceBuffer* out,
+                            model::LoadProgress& progress, bool whole);
   absl::Status UploadF32(const model::TensorReader& ckpt, const std::vector<std::string>& names,
                          DeviceBuffer* out, model::LoadProgress& progress, bool whole = false);
   absl::Status AllocateWorkspace();

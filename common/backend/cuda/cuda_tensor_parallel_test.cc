@@ -62,10 +62,8 @@ CudaBackendOptions Options(int32_t tp, int64_t nccl_min_bytes) {
 std::vector<std::vector<int32_t>> Generate(CudaBackend& backend, const HfFixture& fixture) {
   engine::EngineOptions options;
   options.max_batch_tokens = 64;  // Chunked prefill mixed with decode steps.
-  std::vector<size_t> all(fixture.prompts.size());
-  for (size_t p = 0; p < all.size(); ++p) all[p] = p;
-  return engine::GreedyThroughEngine(&backend, fixture.prompt_ids(), fixture.greedy_lengths(), all,
-                                     options);
+  return engine::GreedyThroughEngine(&backend, fixture.prompt_ids(), fixture.greedy_lengths(),
+                                     /*which=*/{}, options);
 }
 
 struct TpCase {

@@ -23,8 +23,6 @@ namespace {
 
 using numeric::DType;
 
-using numeric::SplitMix64;
-
 uint64_t NameHash(const std::string& name) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) {
@@ -219,17 +217,25 @@ absl::StatusOr<ModelSpec> PresetSpec(const std::string& name) {
 
 namespace internal {
 
-uint64_t StreamBase(uint64_t seed, const std::string& name) {
-  return SplitMix64(seed ^ NameHash(name));
-}
-
-float HalfWidth(const PlannedTensor& t) { return t.stddev * std::sqrt(3.0f); }
-
-float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t row, int64_t col) {
-  float v = numeric::StreamUniform(base, static_cast<uint64_t>(row * t.cols() + col), t.mean,
-                                   HalfWidth(t));
-  if (t.vocab_rows && plan.partial_utf8[static_cast<size_t>(row)]) v *= 0.25f;
-  return v;
+numeric::CounterStreamBlock TensorBlock(const Plan& plan, const PlannedTensor& t, uint64_t seed,
+                                        int64_t row0, int64_t col0, int64_t rows, int64_t cols) {
+  numeric::CounterStreamBlock block;
+  block.base = numeric::SplitMix64(seed ^ NameHash(t.name));
+  block.mean = t.mean;
+  block.half_width = t.stddev * std::sqrt(3.0f);
+  block.tensor_cols = t.cols();
+  block.row0 = row0;
+  block.col0 = col0;
+  block.rows = rows;
+  block.cols = cols;
+  if (t.vocab_rows) {  // Rows are token ids: those of partial characters scaled.
+    block.quarter_rows.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      block.quarter_rows[static_cast<size_t>(r)] =
+          plan.partial_utf8[static_cast<size_t>(row0 + r)] ? 1 : 0;
+    }
+  }
+  return block;
 }
 
 absl::StatusOr<Plan> MakePlan(const ModelSpec& s) {
@@ -334,10 +340,10 @@ absl::Status WriteWeights(const ModelSpec& s, const internal::Plan& plan,
   for (const internal::PlannedTensor& t : plan.tensors) {
     std::vector<float> values;
     values.reserve(static_cast<size_t>(t.rows() * t.cols()));
-    const uint64_t base = internal::StreamBase(s.seed, t.name);
+    const numeric::CounterStreamBlock block =
+        internal::TensorBlock(plan, t, s.seed, 0, 0, t.rows(), t.cols());
     for (int64_t r = 0; r < t.rows(); ++r) {
-      for (int64_t c = 0; c < t.cols(); ++c)
-        values.push_back(internal::Element(plan, t, base, r, c));
+      for (int64_t c = 0; c < t.cols(); ++c) values.push_back(numeric::BlockElement(block, r, c));
     }
     total_params += values.size();
     writer.AddFloats(t.name, s.dtype, t.shape, std::move(values));

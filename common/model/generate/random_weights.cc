@@ -74,23 +74,9 @@ absl::StatusOr<numeric::CounterStreamBlock> RandomWeights::StreamBlock(
                                                    slice.end, ") of ", extent,
                                                    by_rows ? " rows" : " columns"));
   }
-  numeric::CounterStreamBlock block;
-  block.base = internal::StreamBase(spec_.seed, t.name);
-  block.mean = t.mean;
-  block.half_width = internal::HalfWidth(t);
-  block.tensor_cols = cols;
-  block.row0 = by_rows ? slice.begin : 0;
-  block.col0 = by_rows ? 0 : slice.begin;
-  block.rows = by_rows ? slice.end - slice.begin : rows;
-  block.cols = by_rows ? cols : slice.end - slice.begin;
-  if (t.vocab_rows) {
-    block.quarter_rows.resize(static_cast<size_t>(block.rows));
-    for (int64_t r = 0; r < block.rows; ++r) {
-      block.quarter_rows[static_cast<size_t>(r)] =
-          plan_->partial_utf8[static_cast<size_t>(block.row0 + r)] ? 1 : 0;
-    }
-  }
-  return block;
+  return internal::TensorBlock(*plan_, t, spec_.seed, by_rows ? slice.begin : 0,
+                               by_rows ? 0 : slice.begin, by_rows ? slice.end - slice.begin : rows,
+                               by_rows ? cols : slice.end - slice.begin);
 }
 
 template <typename Emit>

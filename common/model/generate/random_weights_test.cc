@@ -168,7 +168,7 @@ TEST(RandomWeightsTest, DescribesEachShardAsAStream) {
                   IsOk());
       for (int64_t r = 0; r < block->rows; ++r) {
         for (int64_t c = 0; c < block->cols; ++c) {
-          ASSERT_EQ(numeric::StreamBf16(numeric::BlockElement(*block, r, c)),
+          ASSERT_EQ(numeric::FloatToBf16(numeric::BlockElement(*block, r, c)),
                     want[static_cast<size_t>(r * block->cols + c)])
               << t.name << " rank " << rank << " (" << r << ", " << c << ")";
         }

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/generate/tokenizer_gen.h"
+#include "common/numeric/counter_stream.h"
 #include "nlohmann/json.hpp"
 
 namespace trident::model::generate::internal {
@@ -44,15 +45,12 @@ struct Plan {
 // heads, or a vocabulary smaller than the tokenizer's.
 absl::StatusOr<Plan> MakePlan(const ModelSpec& spec);
 
-// The stream of tensor `name` under `seed`.
-uint64_t StreamBase(uint64_t seed, const std::string& name);
-
-// Half the width of `t`'s uniform distribution: sqrt(3) stddev.
-float HalfWidth(const PlannedTensor& t);
-
-// Element (row, col) of `t` (a 1-D tensor: row 0), as WriteModel computes
-// it before the file's dtype rounds it.
-float Element(const Plan& plan, const PlannedTensor& t, uint64_t base, int64_t row, int64_t col);
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of `t` under
+// `seed` as a counter-based stream, unchecked: the values WriteModel writes
+// (for the whole tensor) before the file's dtype rounds them, and that
+// RandomWeights gives any block of.
+numeric::CounterStreamBlock TensorBlock(const Plan& plan, const PlannedTensor& t, uint64_t seed,
+                                        int64_t row0, int64_t col0, int64_t rows, int64_t cols);
 
 }  // namespace trident::model::generate::internal
 

@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "common/numeric/counter_stream.h"
@@ -14,7 +16,7 @@ __device__ uint16_t Value(const RandomFillParams& p, const uint8_t* quarter_rows
   const uint64_t i = static_cast<uint64_t>((p.row0 + r) * p.tensor_cols + p.col0 + c);
   float v = numeric::StreamUniform(p.base, i, p.mean, p.half_width);
   if (quarter_rows != nullptr && quarter_rows[r] != 0) v = __fmul_rn(v, 0.25f);
-  return numeric::StreamBf16(v);
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));  // numeric::FloatToBf16's rounding.
 }
 
 // Thread g computes elements [8 g, 8 g + 8) of the block, row-major (a

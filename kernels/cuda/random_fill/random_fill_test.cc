@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/numeric/counter_stream.h"
+#include "common/numeric/dtype.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 
@@ -65,7 +66,7 @@ void CheckFill(const numeric::CounterStreamBlock& block, int64_t offset) {
   for (int64_t r = 0; r < block.rows; ++r) {
     for (int64_t c = 0; c < block.cols; ++c) {
       ASSERT_EQ(got[offset + r * block.cols + c],
-                numeric::StreamBf16(numeric::BlockElement(block, r, c)))
+                numeric::FloatToBf16(numeric::BlockElement(block, r, c)))
           << "element (" << r << ", " << c << ")";
     }
   }
