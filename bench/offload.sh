@@ -24,7 +24,9 @@
 # BACKGROUND_MOVES (true: the offload run's --offload_background_moves, which
 # copies a move's KV while the engine keeps stepping), MOVE_THREADS (2: its
 # --offload_move_threads, moves copied at once), REQUESTS_PER_CAP (2:
-# requests per sequence the pool holds, all arriving at once), OUT, BIN_DIR.
+# requests per sequence the pool holds, all arriving at once), WORKER_FLAGS
+# (more flags for both workers, e.g. --generated_weights with a model
+# written by make_model --weights=false), OUT, BIN_DIR.
 set -euo pipefail
 model_dir=${1:-/tmp/llama3-8b}
 device=${2:-cuda:0}
@@ -59,7 +61,7 @@ run() {  # run LABEL CAP [WORKER FLAGS...]: one load; its JSON in $out/LABEL.jso
   shift 2
   start worker "$(tool services/worker/worker)" --model="$model_dir" --role=both \
       --device="$device" --worker_id="$label" --gpu_kv_cache_tokens=$((cap * per_seq)) \
-      --max_model_len="$max_len" --max_batch_tokens="$((prompt * 2))" "$@"
+      --max_model_len="$max_len" --max_batch_tokens="$((prompt * 2))" ${WORKER_FLAGS:-} "$@"
   "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_worker" --rate=1000 \
       --num_requests=$((per_cap * cap)) --prompt_tokens="fixed:$prompt" \
       --output_tokens="fixed:$output" --tpot_slo_ms="$slo" --seed=1 --progress=false \

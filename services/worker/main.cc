@@ -66,10 +66,10 @@ ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
 ABSL_FLAG(bool, cuda_gemv, true,
           "CUDA backend: single-sequence decode steps run their projections on Trident's "
           "weight-streaming GEMV kernel instead of cuBLASLt (false: cuBLASLt for all).");
-ABSL_FLAG(bool, cuda_pdl_chain, false,
+ABSL_FLAG(bool, cuda_pdl_chain, true,
           "CUDA backend: launch the norms, RoPE, the KV append, SwiGLU and decode attention with "
           "programmatic dependent launch too, so that each kernel of a step is scheduled before "
-          "the one ahead of it ends (experimental; the projections always are).");
+          "the one ahead of it ends (the projections always are; false: only they are).");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per KV cache block.");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "CUDA backend: the KV cache's element type, 'bf16' or 'fp8_e4m3' (FP8 E4M3 with a scale "

@@ -44,7 +44,7 @@ struct WorkerModelOptions {
   // Single-row projections take the GEMV kernel (CudaBackendOptions::gemv).
   bool cuda_gemv = true;
   // The small kernels launched with PDL too (CudaBackendOptions::pdl_chain).
-  bool cuda_pdl_chain = false;
+  bool cuda_pdl_chain = true;
   // Name reported by ModelInfo; empty: the directory's last component.
   std::string model_name;
   // "f32" or "bf16": matmul weights and inputs, and the KV cache.

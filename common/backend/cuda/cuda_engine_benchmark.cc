@@ -55,7 +55,7 @@ ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
 ABSL_FLAG(bool, gemv, true,
           "Single-row projections take the GEMV kernel (false: cuBLASLt for all).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
-ABSL_FLAG(bool, pdl_chain, false,
+ABSL_FLAG(bool, pdl_chain, true,
           "Launch the norms, RoPE, the KV append, SwiGLU and decode attention with programmatic "
           "dependent launch too (CudaBackendOptions::pdl_chain).");
 ABSL_FLAG(bool, kv_fp8, false, "FP8 E4M3 KV cache (CudaBackendOptions::kv_cache_dtype).");

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 
@@ -93,6 +94,26 @@ absl::Status Validate(const PagedPrefillArgs& a) {
   return absl::OkStatus();
 }
 
+// Whether the current device is sm_90 (H100, H200), whose wgmma kernel is
+// built for sm_90a.
+absl::StatusOr<bool> IsSm90Device() {
+  int device = 0;
+  int major = 0;
+  int minor = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error == cudaSuccess) {
+    error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  if (error == cudaSuccess) {
+    error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  }
+  if (error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("paged_prefill_attention: device query: ", cudaGetErrorString(error)));
+  }
+  return major == 9 && minor == 0;
+}
+
 }  // namespace
 
 absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStream_t stream) {
@@ -121,7 +142,25 @@ absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStrea
       .max_query_len = args.max_query_len,
       .scale = args.scale,
   };
-  const cudaError_t error = internal::PagedPrefillAttention(params, stream);
+  bool hopper = false;
+  if (args.kernel != PrefillKernel::kMmaSync) {
+    const bool supported = internal::PagedPrefillSm90Supports(params);
+    if (args.kernel == PrefillKernel::kWgmma && !supported) {
+      return Invalid(absl::StrCat("the wgmma kernel takes head_dim 128 and a bf16 cache, not "
+                                  "head_dim ",
+                                  args.head_dim, args.kv_fp8 ? " and an FP8 cache" : ""));
+    }
+    const absl::StatusOr<bool> sm90_or = IsSm90Device();
+    if (!sm90_or.ok()) return sm90_or.status();
+    const bool sm90 = *sm90_or;
+    if (args.kernel == PrefillKernel::kWgmma && !sm90) {
+      return absl::FailedPreconditionError(
+          "paged_prefill_attention: the wgmma kernel needs an sm_90 device");
+    }
+    hopper = supported && sm90;
+  }
+  const cudaError_t error = hopper ? internal::PagedPrefillAttentionSm90(params, stream)
+                                   : internal::PagedPrefillAttention(params, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(
         absl::StrCat("paged_prefill_attention launch: ", cudaGetErrorString(error)));

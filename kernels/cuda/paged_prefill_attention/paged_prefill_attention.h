@@ -41,6 +41,11 @@
 
 namespace trident::kernels::cuda {
 
+// Which kernel runs: kAuto takes Hopper's wgmma kernel
+// (paged_prefill_attention_sm90.cu) where it applies (an sm_90 device,
+// head_dim 128, the bf16 cache) and the mma.sync kernel otherwise.
+enum class PrefillKernel { kAuto, kMmaSync, kWgmma };
+
 struct PagedPrefillArgs {
   // Device pointer, bf16 [total_q_tokens][num_q_heads * head_dim], row stride
   // q_stride elements (>= num_q_heads * head_dim; q may be a fused qkv row).
@@ -75,6 +80,7 @@ struct PagedPrefillArgs {
   // Host-side upper bound on every query_lens[s]; sizes the grid.
   int32_t max_query_len = 0;
   float scale = 1.0f;  // Usually 1 / sqrt(head_dim).
+  PrefillKernel kernel = PrefillKernel::kAuto;
 };
 
 // Enqueues the kernel on `stream` and returns without waiting.
@@ -86,7 +92,9 @@ struct PagedPrefillArgs {
 // not a multiple of 8 or letting one block's K and V overlap each other or
 // the next block; null pointers or pointers not 16-byte aligned (q, out,
 // kv_base) when there is work; negative batch, max_query_len or
-// max_blocks_per_seq. kInternal if the launch fails. batch == 0 or
+// max_blocks_per_seq; kernel kWgmma with a head_dim other than 128 or an
+// FP8 cache. kFailedPrecondition for kWgmma on a device other than sm_90.
+// kInternal if the launch fails. batch == 0 or
 // max_query_len == 0 is a no-op.
 //
 // REQUIRES (device data, not checkable without a sync): for every s,

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -53,6 +54,7 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
   const int32_t len = static_cast<int32_t>(state.range(0));
   const int32_t head_dim = static_cast<int32_t>(state.range(1));
   const bool fp8 = state.range(2) != 0;
+  const bool wgmma = state.range(3) != 0;
   const int32_t num_blocks = len / kBlockSize;
   const int64_t half = static_cast<int64_t>(kNumKvHeads) * kBlockSize * head_dim;
   // FP8: bytes of K, V and the f32 scales per block.
@@ -96,8 +98,9 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
                               .query_starts = static_cast<const int32_t*>(d_start),
                               .batch = 1,
                               .max_query_len = len,
-                              .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
-  state.SetLabel(fp8 ? "fp8" : "bf16");
+                              .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                              .kernel = wgmma ? PrefillKernel::kWgmma : PrefillKernel::kMmaSync};
+  state.SetLabel(std::string(fp8 ? "fp8" : "bf16") + (wgmma ? " wgmma" : " mma.sync"));
   const absl::Status status = LaunchPagedPrefillAttention(args, nullptr);  // Warm-up.
   if (!status.ok() || cudaDeviceSynchronize() != cudaSuccess) {
     state.SkipWithError(status.ok() ? "kernel failed" : std::string(status.message()).c_str());
@@ -128,23 +131,22 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
   for (void* p : {d_cache, d_q, d_out, d_table, d_context, d_query, d_start}) cudaFree(p);
 }
 
-// Lengths at head_dim 128 (the Llama shape), and the other common head dims
-// (80 and 96 on the 128-wide tiles with the rest masked; 256 on its own) at
-// 8192; the FP8 cache at head_dim 128.
+// Lengths at head_dim 128 (the Llama shape) on both kernels (Hopper's wgmma
+// one and the mma.sync one), and the other common head dims (80 and 96 on
+// the 128-wide tiles with the rest masked; 256 on its own) at 8192; the FP8
+// cache at head_dim 128.
 BENCHMARK(BM_PagedPrefillCausal)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
-    ->ArgNames({"len", "head_dim", "fp8"})
-    ->Args({4096, 128, 0})
-    ->Args({8192, 128, 0})
-    ->Args({16384, 128, 0})
-    ->Args({8192, 64, 0})
-    ->Args({8192, 80, 0})
-    ->Args({8192, 96, 0})
-    ->Args({8192, 256, 0})
-    ->Args({4096, 128, 1})
-    ->Args({8192, 128, 1})
-    ->Args({16384, 128, 1});
+    ->ArgNames({"len", "head_dim", "fp8", "wgmma"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {128}, {0}, {0, 1}})
+    ->Args({8192, 64, 0, 0})
+    ->Args({8192, 80, 0, 0})
+    ->Args({8192, 96, 0, 0})
+    ->Args({8192, 256, 0, 0})
+    ->Args({4096, 128, 1, 0})
+    ->Args({8192, 128, 1, 0})
+    ->Args({16384, 128, 1, 0});
 
 }  // namespace
 }  // namespace trident::kernels::cuda

@@ -35,6 +35,13 @@ struct PagedPrefillParams {
   float scale;
 };
 
+// Hopper's wgmma kernel (paged_prefill_attention_sm90.cu, built for sm_90a).
+// Supports: head_dim 128 and the bf16 cache.
+bool PagedPrefillSm90Supports(const PagedPrefillParams& params);
+// REQUIRES: as PagedPrefillAttention, PagedPrefillSm90Supports(params), and
+// an sm_90 device.
+cudaError_t PagedPrefillAttentionSm90(const PagedPrefillParams& params, cudaStream_t stream);
+
 // REQUIRES: the checks of LaunchPagedPrefillAttention passed; batch > 0 and
 // max_query_len > 0.
 cudaError_t PagedPrefillAttention(const PagedPrefillParams& params, cudaStream_t stream);

@@ -49,6 +49,14 @@ struct Case {
   float q_scale = 1.0f;
 };
 
+bool IsSm90() {
+  int major = 0;
+  int minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+}
+
 template <typename T>
 T* DeviceCopy(const std::vector<T>& host) {
   void* p = nullptr;
@@ -132,7 +140,7 @@ class Batch {
   // Runs the GPU kernel and the CPU PagedAttention on the same bf16 data;
   // expects agreement, and untouched columns past the heads and rows no
   // sequence owns.
-  void ExpectMatchesCpu() {
+  void ExpectMatchesCpu(PrefillKernel kernel) {
     const Config& c = config_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     std::vector<float> want(num_rows_ * out_stride_, NAN);
@@ -165,7 +173,8 @@ class Batch {
                                 .query_starts = d_starts,
                                 .batch = static_cast<int32_t>(context_lens_.size()),
                                 .max_query_len = max_query_len_,
-                                .scale = scale};
+                                .scale = scale,
+                                .kernel = kernel};
     EXPECT_THAT(LaunchPagedPrefillAttention(args, nullptr), IsOk());
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint16_t> got(out_init.size());
@@ -263,7 +272,12 @@ TEST_P(PagedPrefillAttentionTest, MatchesCpuPagedAttention) {
   const auto& [config, test_case] = GetParam();
   std::printf("seed %u, %s, %s\n", kSeed, ConfigName(config).c_str(), test_case.name.c_str());
   Batch batch(config, test_case.seqs, test_case.q_scale, kSeed);
-  batch.ExpectMatchesCpu();
+  batch.ExpectMatchesCpu(PrefillKernel::kMmaSync);
+  // Hopper's wgmma kernel on the same data, where it applies.
+  if (config.head_dim == 128 && IsSm90()) {
+    std::printf("wgmma kernel: ");
+    batch.ExpectMatchesCpu(PrefillKernel::kWgmma);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -329,6 +343,11 @@ TEST(PagedPrefillAttentionArgsTest, RejectsBadArgumentsNamingTheField) {
       {"scale", [](PagedPrefillArgs& a) { a.scale = 0.0f; }},
       {"null pointer", [](PagedPrefillArgs& a) { a.query_starts = nullptr; }},
       {"aligned", [](PagedPrefillArgs& a) { a.q = static_cast<const char*>(a.q) + 2; }},
+      {"wgmma kernel takes head_dim 128",
+       [](PagedPrefillArgs& a) {
+         a.head_dim = 64;
+         a.kernel = PrefillKernel::kWgmma;
+       }},
   };
   for (const Bad& b : bad) {
     PagedPrefillArgs args = ValidArgs();

@@ -14,7 +14,7 @@ absl::Status LaunchWgmmaProbe(const WgmmaProbeArgs& args, cudaStream_t stream) {
         absl::StrCat("wgmma_probe: k is ", args.k, "; want a multiple of 16 in [16, 128]"));
   }
   const cudaError_t error = internal::WgmmaProbe(args.a, args.b, args.k, args.d, args.leading_bytes,
-                                                 args.stride_bytes, stream);
+                                                 args.stride_bytes, args.register_a, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("wgmma_probe launch: ", cudaGetErrorString(error)));
   }

@@ -16,6 +16,50 @@ __device__ int LayoutIndex(int row, int kk) {
   return (kk / 16) * kStepElems + ((row / 8) * 2 + (kk % 16) / 8) * 64 + (row % 8) * 8 + kk % 8;
 }
 
+// Element (kk, n) of a k x 64 MN-major operand: core matrices of 8 K rows x
+// 8 N values, K-adjacent ones next to each other as above.
+__device__ int MnLayoutIndex(int kk, int n) {
+  return (kk / 16) * kStepElems + ((n / 8) * 2 + (kk % 16) / 8) * 64 + (kk % 8) * 8 + n % 8;
+}
+
+// D = A B with A from registers and B (k x 64, N contiguous) MN-major.
+__global__ void __launch_bounds__(128)
+    WgmmaProbeRegAKernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b, int k,
+                         float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes) {
+  __shared__ __align__(128) uint16_t sb[64 * kMaxK];
+  for (int i = threadIdx.x; i < 64 * k; i += blockDim.x) sb[MnLayoutIndex(i / 64, i % 64)] = b[i];
+  wgmma::FenceSharedForAsync();
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row = 16 * warp + lane / 4;
+  float acc[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+  auto pair = [&](int r, int c) {
+    return static_cast<uint32_t>(a[r * k + c]) | (static_cast<uint32_t>(a[r * k + c + 1]) << 16);
+  };
+  for (int s = 0; s < k / 16; ++s) {
+    const int c = 16 * s + 2 * (lane % 4);
+    const uint32_t frag[4] = {pair(row, c), pair(row + 8, c), pair(row, c + 8),
+                              pair(row + 8, c + 8)};
+    wgmma::Fence();
+    wgmma::MmaM64N64K16Bf16RegA(
+        frag, wgmma::NoSwizzleDescriptor(sb + s * kStepElems, leading_bytes, stride_bytes), acc,
+        s > 0);
+    wgmma::CommitGroup();
+    wgmma::WaitGroup<0>();
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+    d[row * 64 + col] = acc[4 * j];
+    d[row * 64 + col + 1] = acc[4 * j + 1];
+    d[(row + 8) * 64 + col] = acc[4 * j + 2];
+    d[(row + 8) * 64 + col + 1] = acc[4 * j + 3];
+  }
+}
+
 __global__ void __launch_bounds__(128)
     WgmmaProbeKernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b, int k,
                      float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes) {
@@ -58,8 +102,13 @@ __global__ void __launch_bounds__(128)
 }  // namespace
 
 cudaError_t WgmmaProbe(const uint16_t* a, const uint16_t* b, int32_t k, float* d,
-                       uint32_t leading_bytes, uint32_t stride_bytes, cudaStream_t stream) {
-  WgmmaProbeKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes);
+                       uint32_t leading_bytes, uint32_t stride_bytes, bool register_a,
+                       cudaStream_t stream) {
+  if (register_a) {
+    WgmmaProbeRegAKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes);
+  } else {
+    WgmmaProbeKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes);
+  }
   return cudaGetLastError();
 }
 

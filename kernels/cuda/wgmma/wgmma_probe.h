@@ -1,6 +1,7 @@
 // A probe of kernels/cuda/wgmma's encoding (testonly): one warpgroup stores
 // A and B in the no-swizzle K-major layout and computes D = A B^T with
-// m64n64k16 wgmma steps, so that a test compares the descriptors, the
+// m64n64k16 wgmma steps (or A B with A in registers and B MN-major), so
+// that a test compares the descriptors, the
 // fences and the accumulator fragment against a CPU product.
 
 #ifndef TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_PROBE_H_
@@ -26,6 +27,10 @@ struct WgmmaProbeArgs {
   // Swapped, the test learns which field is which.
   uint32_t leading_bytes = 128;
   uint32_t stride_bytes = 256;
+  // D = A B instead, A from registers (the fragment wgmma_device documents)
+  // and b k x 64 row-major (N contiguous), stored MN-major with the same
+  // offsets: the P.V product of attention.
+  bool register_a = false;
 };
 
 // kInvalidArgument for null pointers or k outside [16, 128] or not a

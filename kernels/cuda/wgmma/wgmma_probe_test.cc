@@ -28,11 +28,13 @@ bool HasHopper() {
 
 struct Probe {
   std::vector<float> a, b;    // bf16-representable
-  std::vector<double> want;   // A B^T in double
+  std::vector<double> want;   // A B^T (or A B) in double
   std::vector<double> scale;  // sum |a| |b| per element: the rounding bound's scale
 };
 
-Probe MakeProbe(int32_t k, uint32_t seed) {
+// With b_rows_k, b is k x 64 (row kk, column n at kk * 64 + n) and want is
+// A B; otherwise b is 64 x k and want is A B^T.
+Probe MakeProbe(int32_t k, uint32_t seed, bool b_rows_k = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Probe p;
@@ -45,8 +47,9 @@ Probe MakeProbe(int32_t k, uint32_t seed) {
   for (int m = 0; m < 64; ++m) {
     for (int n = 0; n < 64; ++n) {
       for (int kk = 0; kk < k; ++kk) {
-        p.want[m * 64 + n] += double{p.a[m * k + kk]} * p.b[n * k + kk];
-        p.scale[m * 64 + n] += std::abs(double{p.a[m * k + kk]} * p.b[n * k + kk]);
+        const float bv = b_rows_k ? p.b[kk * 64 + n] : p.b[n * k + kk];
+        p.want[m * 64 + n] += double{p.a[m * k + kk]} * bv;
+        p.scale[m * 64 + n] += std::abs(double{p.a[m * k + kk]} * bv);
       }
     }
   }
@@ -55,7 +58,8 @@ Probe MakeProbe(int32_t k, uint32_t seed) {
 
 // Runs the probe with the given offsets; returns how many of the 4096
 // elements are within f32 accumulation error of the product.
-int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride) {
+int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride,
+             bool register_a = false) {
   std::vector<uint16_t> a(p.a.size()), b(p.b.size());
   for (size_t i = 0; i < a.size(); ++i) a[i] = numeric::FloatToBf16(p.a[i]);
   for (size_t i = 0; i < b.size(); ++i) b[i] = numeric::FloatToBf16(p.b[i]);
@@ -67,7 +71,7 @@ int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride) {
   cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
   cudaMemset(dd, 0xff, 64 * 64 * 4);  // NaN where nothing is written.
   EXPECT_THAT(LaunchWgmmaProbe({static_cast<const uint16_t*>(da), static_cast<const uint16_t*>(db),
-                                k, static_cast<float*>(dd), leading, stride},
+                                k, static_cast<float*>(dd), leading, stride, register_a},
                                nullptr),
               IsOk());
   std::vector<float> got(64 * 64);
@@ -94,6 +98,22 @@ TEST(WgmmaProbeTest, M64N64ProductsEqualTheCpuProduct) {
     const int swapped = Matching(p, k, 256, 128);
     std::printf("k %d seed %u: %d/4096 match with (leading 128, stride 256), %d/4096 swapped\n", k,
                 seed, documented, swapped);
+    EXPECT_EQ(documented, 4096) << "k " << k;
+  }
+}
+
+// P.V's form: A from registers, B MN-major (N contiguous in each 16-byte
+// row of a core matrix).
+TEST(WgmmaProbeTest, RegisterAWithMnMajorBEqualsTheCpuProduct) {
+  if (!HasHopper()) GTEST_SKIP() << "needs an sm_90 device";
+  for (int32_t k : {16, 64, 128}) {
+    const uint32_t seed = 20261130 + k;
+    const Probe p = MakeProbe(k, seed, /*b_rows_k=*/true);
+    const int documented = Matching(p, k, 128, 256, /*register_a=*/true);
+    const int swapped = Matching(p, k, 256, 128, /*register_a=*/true);
+    std::printf("register A, k %d seed %u: %d/4096 match with (leading 128, stride 256), %d/4096 "
+                "swapped\n",
+                k, seed, documented, swapped);
     EXPECT_EQ(documented, 4096) << "k " << k;
   }
 }

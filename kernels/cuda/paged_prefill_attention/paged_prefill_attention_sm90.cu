@@ -1,0 +1,350 @@
+// Hopper's prefill attention for head_dim 128 and the bf16 cache: the
+// contract of paged_prefill_attention.h, with warpgroup MMA (wgmma) instead
+// of mma.sync.
+//
+// One CTA of two warpgroups takes 128 query rows of one q head (64 rows per
+// warpgroup) and walks the sequence's KV in tiles of 128 keys. All 256
+// threads gather the next tile through the block table with cp.async while
+// the warpgroups compute on the current one (two buffers). Each warpgroup
+// computes S = Q K^T with Q and K read by wgmma from shared memory, keeps the
+// softmax online in fp32 registers, and accumulates O += P V with P taken
+// from registers (the accumulator's fragment is the A operand's) and V read
+// MN-major from shared memory. One warpgroup's softmax overlaps the other's
+// MMAs on the SM's tensor cores.
+//
+// Shared memory uses wgmma's canonical layout without swizzling: core
+// matrices of 8 rows x 16 bytes stored as 128 contiguous bytes. Q and K are
+// K-major (a row's 8 dims in each 16 bytes; core matrices adjacent along the
+// dims 128 bytes apart, along the rows 2048 bytes apart); V is MN-major (8
+// dims of one key in each 16 bytes; core matrices adjacent along the keys
+// 128 bytes apart, along the dims 2048 bytes apart). cp.async places each
+// 16-byte chunk where the layout wants it, so the gather costs nothing more.
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
+#include "kernels/cuda/wgmma/wgmma_device.h"
+
+namespace trident::kernels::cuda::internal {
+namespace {
+
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;  // Query rows per CTA: 64 per warpgroup.
+constexpr int kBlockN = 128;  // Keys per KV tile.
+constexpr int kThreads = 256;
+constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // 32 KiB: one of Q, K or V.
+// Q, then two buffers of (K, V).
+constexpr int kSmemBytes = 5 * kTileBytes;
+// Bytes between core matrices adjacent along the 128-wide dimension of a
+// tile's layout (rows for Q and K, dims for V) and along the 8-wide one.
+constexpr uint32_t kCoreStride = 2048;
+constexpr uint32_t kCoreLeading = 128;
+constexpr int kChunks = kBlockN * kHeadDim / 8;  // 16-byte chunks per tile.
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_size));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Chunk i of a tile (i in [0, kChunks)): row (query or key) and 16-byte
+// column chunk, numbered so that 8 consecutive threads fill 128 contiguous
+// bytes of shared memory (one core matrix).
+struct Chunk {
+  int row;
+  int col;  // In units of 8 dims.
+};
+__device__ __forceinline__ Chunk ChunkOf(int i) { return {(i / 128) * 8 + i % 8, (i / 8) % 16}; }
+
+// Byte offsets of a chunk in the K-major (Q, K) and MN-major (V) layouts.
+__device__ __forceinline__ uint32_t KMajorOffset(Chunk c) {
+  return (c.row / 8) * kCoreStride + c.col * kCoreLeading + (c.row % 8) * 16;
+}
+__device__ __forceinline__ uint32_t MnMajorOffset(Chunk c) {
+  return c.col * kCoreStride + (c.row / 8) * kCoreLeading + (c.row % 8) * 16;
+}
+
+struct CtaWork {
+  int seq;
+  int head;
+  int kv_head;
+  int m0;
+  int rows;
+  int query_start;
+  int first_row_pos;
+  int kv_end;
+};
+
+// Gathers keys [n0, n0 + kBlockN) of the CTA's kv head into sk (K-major) and
+// sv (MN-major); keys at or past kv_end become zeros.
+__device__ __forceinline__ void LoadKvTile(const PagedPrefillParams& p, const int32_t* table,
+                                           const CtaWork& w, int n0, unsigned char* sk,
+                                           unsigned char* sv) {
+  const __nv_bfloat16* const kv = static_cast<const __nv_bfloat16*>(p.kv_base);
+#pragma unroll
+  for (int pass = 0; pass < kChunks / kThreads; ++pass) {
+    const Chunk c = ChunkOf(pass * kThreads + threadIdx.x);
+    const int pos = n0 + c.row;
+    const bool valid = pos < w.kv_end;
+    int64_t offset = 0;
+    if (valid) {
+      const int block_index = pos / p.block_size;
+      const int slot = pos - block_index * p.block_size;
+      offset = static_cast<int64_t>(table[block_index]) * p.block_stride_elems +
+               (static_cast<int64_t>(w.kv_head) * p.block_size + slot) * kHeadDim + c.col * 8;
+    }
+    CpAsync16(SmemAddr(sk + KMajorOffset(c)), kv + offset, valid);
+    CpAsync16(SmemAddr(sv + MnMajorOffset(c)), kv + (valid ? offset + p.value_offset_elems : 0),
+              valid);
+  }
+}
+
+__device__ __forceinline__ void LoadQ(const PagedPrefillParams& p, const CtaWork& w,
+                                      unsigned char* sq) {
+  const __nv_bfloat16* const q = static_cast<const __nv_bfloat16*>(p.q);
+#pragma unroll
+  for (int pass = 0; pass < kChunks / kThreads; ++pass) {
+    const Chunk c = ChunkOf(pass * kThreads + threadIdx.x);
+    const bool valid = c.row < w.rows;
+    const __nv_bfloat16* src =
+        valid ? q + static_cast<int64_t>(w.query_start + w.m0 + c.row) * p.q_stride +
+                    static_cast<int64_t>(w.head) * kHeadDim + c.col * 8
+              : q;
+    CpAsync16(SmemAddr(sq + KMajorOffset(c)), src, valid);
+  }
+}
+
+// One warpgroup's running state: its O accumulator (m64n128 fragment) and the
+// softmax statistics of the thread's two rows (g and g + 8 of its warp).
+struct Softmax {
+  float row_max[2];  // In log2 units (scores * scale_log2).
+  float row_sum[2];  // This thread's share; the quad sums at the end.
+};
+
+// Masks S where keys pass a row's position, updates the running max and sum,
+// rescales o, and turns S into probabilities in place.
+__device__ __forceinline__ void OnlineSoftmax(float (&s)[64], float (&o)[64], Softmax& sm,
+                                              bool masked, int n0, int pos0, float scale_log2) {
+  const int t = threadIdx.x % 4;
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int key = n0 + j * 8 + 2 * t;
+      if (key > pos0) s[4 * j] = -INFINITY;
+      if (key + 1 > pos0) s[4 * j + 1] = -INFINITY;
+      if (key > pos0 + 8) s[4 * j + 2] = -INFINITY;
+      if (key + 1 > pos0 + 8) s[4 * j + 3] = -INFINITY;
+    }
+  }
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    tile_max[0] = fmaxf(tile_max[0], fmaxf(s[4 * j], s[4 * j + 1]));
+    tile_max[1] = fmaxf(tile_max[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  float shift[2];
+  float alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const float new_max = fmaxf(sm.row_max[h], tile_max[h] * scale_log2);
+    // A row with nothing visible yet keeps max -inf; shifting by 0 then keeps
+    // exp2(-inf) == 0 instead of NaN.
+    shift[h] = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[h] = Exp2(sm.row_max[h] - shift[h]);
+    sm.row_max[h] = new_max;
+  }
+  float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2;
+      s[4 * j + e] = Exp2(fmaf(s[4 * j + e], scale_log2, -shift[h]));
+      tile_sum[h] += s[4 * j + e];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) sm.row_sum[h] = sm.row_sum[h] * alpha[h] + tile_sum[h];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    o[4 * j] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+}
+
+// One warpgroup's step over a KV tile: S = Q K^T, the softmax, O += P V.
+__device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsigned char* sk,
+                                         const unsigned char* sv, float (&o)[64], Softmax& sm,
+                                         bool masked, int n0, int pos0, float scale_log2) {
+  float s[64];
+  wgmma::Fence();
+#pragma unroll
+  for (int k = 0; k < kHeadDim / 16; ++k) {
+    wgmma::MmaM64N128K16Bf16(
+        wgmma::NoSwizzleDescriptor(sq_wg + k * 2 * kCoreLeading, kCoreLeading, kCoreStride),
+        wgmma::NoSwizzleDescriptor(sk + k * 2 * kCoreLeading, kCoreLeading, kCoreStride), s,
+        k > 0);
+  }
+  wgmma::CommitGroup();
+  wgmma::WaitGroup<0>();
+  OnlineSoftmax(s, o, sm, masked, n0, pos0, scale_log2);
+  // P's A fragment for keys 16 kk .. 16 kk + 15 is S's accumulators of the
+  // 8-key column blocks 2 kk and 2 kk + 1.
+  uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    pa[kk][0] = PackBf16(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+  wgmma::Fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    wgmma::MmaM64N128K16Bf16RegA(
+        pa[kk], wgmma::NoSwizzleDescriptor(sv + kk * 2 * kCoreLeading, kCoreLeading, kCoreStride),
+        o, true);
+  }
+  wgmma::CommitGroup();
+  wgmma::WaitGroup<0>();
+}
+
+__device__ __forceinline__ void StoreOutput(const PagedPrefillParams& p, const CtaWork& w,
+                                            const float (&o)[64], Softmax& sm, int row0) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    sm.row_sum[h] += __shfl_xor_sync(0xffffffffu, sm.row_sum[h], 1);
+    sm.row_sum[h] += __shfl_xor_sync(0xffffffffu, sm.row_sum[h], 2);
+  }
+  const float inv0 = sm.row_sum[0] > 0.0f ? 1.0f / sm.row_sum[0] : 0.0f;
+  const float inv1 = sm.row_sum[1] > 0.0f ? 1.0f / sm.row_sum[1] : 0.0f;
+  const int t = threadIdx.x % 4;
+  __nv_bfloat16* const out0 = static_cast<__nv_bfloat16*>(p.out) +
+                              static_cast<int64_t>(w.query_start + w.m0 + row0) * p.out_stride +
+                              static_cast<int64_t>(w.head) * kHeadDim + 2 * t;
+  __nv_bfloat16* const out1 = out0 + 8 * p.out_stride;
+  const bool live0 = row0 < w.rows;
+  const bool live1 = row0 + 8 < w.rows;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if (live0) {
+      *reinterpret_cast<uint32_t*>(out0 + 8 * j) = PackBf16(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    }
+    if (live1) {
+      *reinterpret_cast<uint32_t*>(out1 + 8 * j) =
+          PackBf16(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) PagedPrefillSm90Kernel(const PagedPrefillParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  // Heads fastest (the heads of a kv head share its tiles in L2), query tiles
+  // heaviest first (the causal triangle's long tail starts early).
+  CtaWork w;
+  w.seq = blockIdx.z;
+  w.head = blockIdx.x;
+  w.m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
+  const int query_len = p.query_lens[w.seq];
+  const int context_len = p.context_lens[w.seq];
+  if (w.m0 >= query_len || query_len > context_len ||
+      context_len > p.max_blocks_per_seq * p.block_size) {
+    return;
+  }
+  w.kv_head = w.head / (p.num_q_heads / p.num_kv_heads);
+  w.rows = min(kBlockM, query_len - w.m0);
+  w.query_start = p.query_starts[w.seq];
+  w.first_row_pos = context_len - query_len + w.m0;
+  w.kv_end = w.first_row_pos + w.rows;
+  const int num_n_tiles = (w.kv_end + kBlockN - 1) / kBlockN;
+  const int32_t* const table = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks_per_seq;
+
+  const int wg = threadIdx.x / 128;
+  const int warp_in_wg = (threadIdx.x % 128) / 32;
+  const int g = (threadIdx.x % 32) / 4;
+  const int row0 = wg * 64 + warp_in_wg * 16 + g;  // The thread's first row in the tile.
+  const int wg_first_pos = w.first_row_pos + wg * 64;
+  const bool wg_has_rows = wg * 64 < w.rows;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  unsigned char* const sq = smem;
+  LoadQ(p, w, sq);
+  LoadKvTile(p, table, w, 0, smem + kTileBytes, smem + 2 * kTileBytes);
+  CpAsyncCommit();
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
+
+  for (int it = 0; it < num_n_tiles; ++it) {
+    if (it + 1 < num_n_tiles) {
+      unsigned char* const next = smem + (1 + 2 * ((it + 1) & 1)) * kTileBytes;
+      LoadKvTile(p, table, w, (it + 1) * kBlockN, next, next + kTileBytes);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    // cp.async wrote through the generic proxy; wgmma reads through the
+    // async one.
+    wgmma::FenceSharedForAsync();
+    __syncthreads();
+    const int n0 = it * kBlockN;
+    if (wg_has_rows && n0 <= wg_first_pos + 63) {
+      const unsigned char* const sk = smem + (1 + 2 * (it & 1)) * kTileBytes;
+      const bool masked = n0 + kBlockN - 1 > wg_first_pos;
+      TileStep(sq + wg * (kTileBytes / 2), sk, sk + kTileBytes, o, sm, masked, n0,
+               w.first_row_pos + row0, scale_log2);
+    }
+    // The next iteration refills the buffer this one read.
+    __syncthreads();
+  }
+  if (wg_has_rows) StoreOutput(p, w, o, sm, row0);
+}
+
+}  // namespace
+
+bool PagedPrefillSm90Supports(const PagedPrefillParams& params) {
+  return params.head_dim == kHeadDim && !params.kv_fp8;
+}
+
+cudaError_t PagedPrefillAttentionSm90(const PagedPrefillParams& params, cudaStream_t stream) {
+  const cudaError_t error = cudaFuncSetAttribute(
+      PagedPrefillSm90Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(params.num_q_heads, (params.max_query_len + kBlockM - 1) / kBlockM, params.batch);
+  PagedPrefillSm90Kernel<<<grid, kThreads, kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace trident::kernels::cuda::internal
