@@ -24,7 +24,9 @@
 # BACKGROUND_MOVES (true: the offload run's --offload_background_moves, which
 # copies a move's KV while the engine keeps stepping), MOVE_THREADS (2: its
 # --offload_move_threads, moves copied at once), REQUESTS_PER_CAP (2:
-# requests per sequence the pool holds, all arriving at once), WORKER_FLAGS
+# requests per sequence the pool holds, all arriving at once), ATTN_KV_MB (the
+# service's --kv_budget_mb; default room for every sequence twice over, which
+# a host whose NUMA node has less memory cannot give), WORKER_FLAGS
 # (more flags for both workers, e.g. --generated_weights with a model
 # written by make_model --weights=false), OUT, BIN_DIR.
 set -euo pipefail
@@ -82,7 +84,8 @@ echo "model $model_dir on $device; $prompt-token prompts, $output output tokens,
   "background moves $background ($move_threads at once)"
 for cap in $caps; do
   run "gpu-$cap" "$cap"
-  start attention "$(tool services/attention/attention)" --kv_budget_mb=$((2 * per_cap * cap * per_seq * kv_per_token >> 20)) \
+  start attention "$(tool services/attention/attention)" \
+      --kv_budget_mb="${ATTN_KV_MB:-$((2 * per_cap * cap * per_seq * kv_per_token >> 20))}" \
       --threads="$threads"
   run "offload-$cap" "$cap" --attention_services="127.0.0.1:$PORT_attention" \
       --offload_min_context_tokens=0 --offload_pipeline="$pipeline" \

@@ -2,15 +2,18 @@
 // contract of paged_prefill_attention.h, with warpgroup MMA (wgmma) instead
 // of mma.sync.
 //
-// One CTA of two warpgroups takes 128 query rows of one q head (64 rows per
-// warpgroup) and walks the sequence's KV in tiles of 128 keys. All 256
-// threads gather the next tile through the block table with cp.async while
-// the warpgroups compute on the current one (two buffers). Each warpgroup
-// computes S = Q K^T with Q and K read by wgmma from shared memory, keeps the
-// softmax online in fp32 registers, and accumulates O += P V with P taken
-// from registers (the accumulator's fragment is the A operand's) and V read
-// MN-major from shared memory. One warpgroup's softmax overlaps the other's
-// MMAs on the SM's tensor cores.
+// One CTA of three warpgroups takes 128 query rows of one q head and walks
+// the sequence's KV in tiles of 128 keys. The first warpgroup (the producer,
+// few registers) gathers tiles through the block table with cp.async into two
+// stages of shared memory; each of the other two (the consumers, 64 query
+// rows each, most of the registers) computes S = Q K^T with Q and K read by
+// wgmma from shared memory, keeps the softmax online in fp32 registers, and
+// accumulates O += P V with P taken from registers (the accumulator's
+// fragment is the A operand's) and V read MN-major from shared memory.
+// Shared-memory barriers hand stages between them: a stage is full when the
+// producer's copies into it have landed, empty when both consumers are done
+// with it. The consumers never wait on a global load, and one consumer's
+// softmax overlaps the other's MMAs on the SM's tensor cores.
 //
 // Shared memory uses wgmma's canonical layout without swizzling: core
 // matrices of 8 rows x 16 bytes stored as 128 contiguous bytes. Q and K are
@@ -24,6 +27,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 #include "kernels/cuda/wgmma/wgmma_device.h"
@@ -32,17 +36,41 @@ namespace trident::kernels::cuda::internal {
 namespace {
 
 constexpr int kHeadDim = 128;
-constexpr int kBlockM = 128;  // Query rows per CTA: 64 per warpgroup.
-constexpr int kBlockN = 128;  // Keys per KV tile.
-constexpr int kThreads = 256;
-constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // 32 KiB: one of Q, K or V.
-// Q, then two buffers of (K, V).
-constexpr int kSmemBytes = 5 * kTileBytes;
-// Bytes between core matrices adjacent along the 128-wide dimension of a
-// tile's layout (rows for Q and K, dims for V) and along the 8-wide one.
-constexpr uint32_t kCoreStride = 2048;
+constexpr int kBlockM = 128;   // Query rows per CTA: 64 per warpgroup.
+constexpr int kThreads = 384;  // A producer and two consumer warpgroups.
+constexpr int kLoaders = 128;
+constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB.
+constexpr int kBarrierBytes = 128;
+// The block table goes to shared memory up to this size (8192 blocks).
+constexpr int kMaxTableBytes = 32 * 1024;
+// Registers per thread after the hand-over (setmaxnreg): 128 x 24 + 256 x
+// 240 <= 65536.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+// Bytes between core matrices adjacent along a tile's head dims (K-major: Q
+// and K) or keys (MN-major: V).
 constexpr uint32_t kCoreLeading = 128;
-constexpr int kChunks = kBlockN * kHeadDim / 8;  // 16-byte chunks per tile.
+// Bytes between core matrices adjacent along a K-major tile's rows (queries
+// or keys): the 16 core matrices of a row group's 128 dims.
+constexpr uint32_t kKMajorStride = 2048;
+
+// KV tiles of kBlockN keys in kStages stages of shared memory.
+template <int kBlockNArg, int kStagesArg>
+struct Tiles {
+  static constexpr int kBlockN = kBlockNArg;
+  static constexpr int kStages = kStagesArg;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // One of K or V.
+  static constexpr int kChunks = kBlockN * kHeadDim / 8;   // 16-byte chunks of K (or V).
+  // A V tile is MN-major: core matrices adjacent along the dims lie
+  // kBlockN / 8 core matrices apart.
+  static constexpr uint32_t kVStride = kBlockN / 8 * kCoreLeading;
+  // Q, then kStages stages of (K, V), then the stages' full and empty
+  // barriers, then (when it fits) the sequence's block table.
+  static constexpr int kTilesBytes = kQBytes + kStages * 2 * kKvBytes;
+  static constexpr int kSmemBytes = kTilesBytes + kBarrierBytes;
+  static_assert(kStages * 2 * 8 <= kBarrierBytes, "barriers fit");
+  static_assert(kSmemBytes + kMaxTableBytes <= 227 * 1024, "shared memory fits");
+};
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -54,12 +82,7 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                "r"(src_size));
 }
 
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::); }
 
 __device__ __forceinline__ float Exp2(float x) {
   float y;
@@ -72,7 +95,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Chunk i of a tile (i in [0, kChunks)): row (query or key) and 16-byte
+// Chunk i of a tile (i in [0, rows * 16)): row (query or key) and 16-byte
 // column chunk, numbered so that 8 consecutive threads fill 128 contiguous
 // bytes of shared memory (one core matrix).
 struct Chunk {
@@ -83,10 +106,11 @@ __device__ __forceinline__ Chunk ChunkOf(int i) { return {(i / 128) * 8 + i % 8,
 
 // Byte offsets of a chunk in the K-major (Q, K) and MN-major (V) layouts.
 __device__ __forceinline__ uint32_t KMajorOffset(Chunk c) {
-  return (c.row / 8) * kCoreStride + c.col * kCoreLeading + (c.row % 8) * 16;
+  return (c.row / 8) * kKMajorStride + c.col * kCoreLeading + (c.row % 8) * 16;
 }
+template <uint32_t kVStride>
 __device__ __forceinline__ uint32_t MnMajorOffset(Chunk c) {
-  return c.col * kCoreStride + (c.row / 8) * kCoreLeading + (c.row % 8) * 16;
+  return c.col * kVStride + (c.row / 8) * kCoreLeading + (c.row % 8) * 16;
 }
 
 struct CtaWork {
@@ -101,14 +125,16 @@ struct CtaWork {
 };
 
 // Gathers keys [n0, n0 + kBlockN) of the CTA's kv head into sk (K-major) and
-// sv (MN-major); keys at or past kv_end become zeros.
+// sv (MN-major); keys at or past kv_end become zeros. `table` is the
+// sequence's block table; `t` the producer thread (0 .. kLoaders - 1).
+template <typename Cfg>
 __device__ __forceinline__ void LoadKvTile(const PagedPrefillParams& p, const int32_t* table,
-                                           const CtaWork& w, int n0, unsigned char* sk,
+                                           const CtaWork& w, int n0, int t, unsigned char* sk,
                                            unsigned char* sv) {
   const __nv_bfloat16* const kv = static_cast<const __nv_bfloat16*>(p.kv_base);
-#pragma unroll
-  for (int pass = 0; pass < kChunks / kThreads; ++pass) {
-    const Chunk c = ChunkOf(pass * kThreads + threadIdx.x);
+#pragma unroll 4
+  for (int pass = 0; pass < Cfg::kChunks / kLoaders; ++pass) {
+    const Chunk c = ChunkOf(pass * kLoaders + t);
     const int pos = n0 + c.row;
     const bool valid = pos < w.kv_end;
     int64_t offset = 0;
@@ -119,17 +145,17 @@ __device__ __forceinline__ void LoadKvTile(const PagedPrefillParams& p, const in
                (static_cast<int64_t>(w.kv_head) * p.block_size + slot) * kHeadDim + c.col * 8;
     }
     CpAsync16(SmemAddr(sk + KMajorOffset(c)), kv + offset, valid);
-    CpAsync16(SmemAddr(sv + MnMajorOffset(c)), kv + (valid ? offset + p.value_offset_elems : 0),
-              valid);
+    CpAsync16(SmemAddr(sv + MnMajorOffset<Cfg::kVStride>(c)),
+              kv + (valid ? offset + p.value_offset_elems : 0), valid);
   }
 }
 
-__device__ __forceinline__ void LoadQ(const PagedPrefillParams& p, const CtaWork& w,
+__device__ __forceinline__ void LoadQ(const PagedPrefillParams& p, const CtaWork& w, int t,
                                       unsigned char* sq) {
   const __nv_bfloat16* const q = static_cast<const __nv_bfloat16*>(p.q);
-#pragma unroll
-  for (int pass = 0; pass < kChunks / kThreads; ++pass) {
-    const Chunk c = ChunkOf(pass * kThreads + threadIdx.x);
+#pragma unroll 4
+  for (int pass = 0; pass < kBlockM * kHeadDim / 8 / kLoaders; ++pass) {
+    const Chunk c = ChunkOf(pass * kLoaders + t);
     const bool valid = c.row < w.rows;
     const __nv_bfloat16* src =
         valid ? q + static_cast<int64_t>(w.query_start + w.m0 + c.row) * p.q_stride +
@@ -139,21 +165,23 @@ __device__ __forceinline__ void LoadQ(const PagedPrefillParams& p, const CtaWork
   }
 }
 
-// One warpgroup's running state: its O accumulator (m64n128 fragment) and the
-// softmax statistics of the thread's two rows (g and g + 8 of its warp).
+// The softmax statistics of a consumer thread's two rows (g and g + 8 of its
+// warp).
 struct Softmax {
   float row_max[2];  // In log2 units (scores * scale_log2).
   float row_sum[2];  // This thread's share; the quad sums at the end.
 };
 
-// Masks S where keys pass a row's position, updates the running max and sum,
-// rescales o, and turns S into probabilities in place.
-__device__ __forceinline__ void OnlineSoftmax(float (&s)[64], float (&o)[64], Softmax& sm,
+// Masks S (64 rows x kN keys, the m64nkN accumulator fragment) where keys
+// pass a row's position, updates the running max and sum, rescales o, and
+// turns S into probabilities in place.
+template <int kN>
+__device__ __forceinline__ void OnlineSoftmax(float (&s)[kN / 2], float (&o)[64], Softmax& sm,
                                               bool masked, int n0, int pos0, float scale_log2) {
   const int t = threadIdx.x % 4;
   if (masked) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kN / 8; ++j) {
       const int key = n0 + j * 8 + 2 * t;
       if (key > pos0) s[4 * j] = -INFINITY;
       if (key + 1 > pos0) s[4 * j + 1] = -INFINITY;
@@ -163,7 +191,7 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[64], float (&o)[64], So
   }
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kN / 8; ++j) {
     tile_max[0] = fmaxf(tile_max[0], fmaxf(s[4 * j], s[4 * j + 1]));
     tile_max[1] = fmaxf(tile_max[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
   }
@@ -182,7 +210,7 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[64], float (&o)[64], So
   }
   float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e / 2;
@@ -201,22 +229,34 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[64], float (&o)[64], So
   }
 }
 
+// S (+)= Q K^T over one k step of a 64-row slice against kN keys.
+template <int kN>
+__device__ __forceinline__ void MmaQk(uint64_t q, uint64_t k, float (&s)[kN / 2], bool accumulate) {
+  if constexpr (kN == 128) {
+    wgmma::MmaM64N128K16Bf16(q, k, s, accumulate);
+  } else {
+    wgmma::MmaM64N64K16Bf16(q, k, s, accumulate);
+  }
+}
+
 // One warpgroup's step over a KV tile: S = Q K^T, the softmax, O += P V.
+template <typename Cfg>
 __device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsigned char* sk,
                                          const unsigned char* sv, float (&o)[64], Softmax& sm,
                                          bool masked, int n0, int pos0, float scale_log2) {
-  float s[64];
+  constexpr int kBlockN = Cfg::kBlockN;
+  float s[kBlockN / 2];
   wgmma::Fence();
 #pragma unroll
   for (int k = 0; k < kHeadDim / 16; ++k) {
-    wgmma::MmaM64N128K16Bf16(
-        wgmma::NoSwizzleDescriptor(sq_wg + k * 2 * kCoreLeading, kCoreLeading, kCoreStride),
-        wgmma::NoSwizzleDescriptor(sk + k * 2 * kCoreLeading, kCoreLeading, kCoreStride), s,
+    MmaQk<kBlockN>(
+        wgmma::NoSwizzleDescriptor(sq_wg + k * 2 * kCoreLeading, kCoreLeading, kKMajorStride),
+        wgmma::NoSwizzleDescriptor(sk + k * 2 * kCoreLeading, kCoreLeading, kKMajorStride), s,
         k > 0);
   }
   wgmma::CommitGroup();
   wgmma::WaitGroup<0>();
-  OnlineSoftmax(s, o, sm, masked, n0, pos0, scale_log2);
+  OnlineSoftmax<kBlockN>(s, o, sm, masked, n0, pos0, scale_log2);
   // P's A fragment for keys 16 kk .. 16 kk + 15 is S's accumulators of the
   // 8-key column blocks 2 kk and 2 kk + 1.
   uint32_t pa[kBlockN / 16][4];
@@ -231,7 +271,7 @@ __device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsig
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     wgmma::MmaM64N128K16Bf16RegA(
-        pa[kk], wgmma::NoSwizzleDescriptor(sv + kk * 2 * kCoreLeading, kCoreLeading, kCoreStride),
+        pa[kk], wgmma::NoSwizzleDescriptor(sv + kk * 2 * kCoreLeading, kCoreLeading, Cfg::kVStride),
         o, true);
   }
   wgmma::CommitGroup();
@@ -266,6 +306,71 @@ __device__ __forceinline__ void StoreOutput(const PagedPrefillParams& p, const C
   }
 }
 
+template <typename Cfg>
+struct Stages {
+  unsigned char* smem;
+  uint64_t* full;   // [kStages]: the stage's tile has landed.
+  uint64_t* empty;  // [kStages]: both consumers are done with the stage's tile.
+  __device__ unsigned char* k(int stage) const {
+    return smem + kQBytes + stage * 2 * Cfg::kKvBytes;
+  }
+  __device__ unsigned char* v(int stage) const { return k(stage) + Cfg::kKvBytes; }
+};
+
+// The producer warpgroup: Q, then KV tile `it` into stage it % kStages once
+// the tile before it there has been consumed.
+template <typename Cfg>
+__device__ __forceinline__ void Produce(const PagedPrefillParams& p, const int32_t* table,
+                                        const CtaWork& w, int num_n_tiles, const Stages<Cfg>& st) {
+  const int t = threadIdx.x;
+  LoadQ(p, w, t, st.smem);
+  for (int it = 0; it < num_n_tiles; ++it) {
+    const int stage = it % Cfg::kStages;
+    const int use = it / Cfg::kStages;  // Tiles the stage held before this one.
+    if (use > 0) wgmma::BarrierWait(&st.empty[stage], (use - 1) & 1);
+    LoadKvTile<Cfg>(p, table, w, it * Cfg::kBlockN, t, st.k(stage), st.v(stage));
+    wgmma::CpAsyncArriveOnBarrier(&st.full[stage]);
+  }
+  CpAsyncWaitAll();
+}
+
+// A consumer warpgroup (c = 0 or 1: query rows 64 c .. 64 c + 63 of the
+// tile): every tile is waited for and released, computed on when some of its
+// keys are visible to the warpgroup's rows.
+template <typename Cfg>
+__device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWork& w,
+                                        int num_n_tiles, const Stages<Cfg>& st, int c) {
+  constexpr int kBlockN = Cfg::kBlockN;
+  const int warp_in_wg = (threadIdx.x % 128) / 32;
+  const int g = (threadIdx.x % 32) / 4;
+  const int row0 = c * 64 + warp_in_wg * 16 + g;  // The thread's first row in the tile.
+  const int wg_first_pos = w.first_row_pos + c * 64;
+  const bool wg_has_rows = c * 64 < w.rows;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
+  for (int it = 0; it < num_n_tiles; ++it) {
+    const int stage = it % Cfg::kStages;
+    wgmma::BarrierWait(&st.full[stage], (it / Cfg::kStages) & 1);
+    // cp.async wrote through the generic proxy; wgmma reads through the
+    // async one.
+    wgmma::FenceSharedForAsync();
+    const int n0 = it * kBlockN;
+    if (wg_has_rows && n0 <= wg_first_pos + 63) {
+      const bool masked = n0 + kBlockN - 1 > wg_first_pos;
+      TileStep<Cfg>(st.smem + c * (kQBytes / 2), st.k(stage), st.v(stage), o, sm, masked, n0,
+                    w.first_row_pos + row0, scale_log2);
+    }
+    wgmma::BarrierArrive(&st.empty[stage]);
+  }
+  if (wg_has_rows) StoreOutput(p, w, o, sm, row0);
+}
+
+// kTableInSmem: the sequence's block table is copied into shared memory first,
+// so the producer's gathers wait on shared memory instead of a global load.
+template <typename Cfg, bool kTableInSmem>
 __global__ void __launch_bounds__(kThreads, 1) PagedPrefillSm90Kernel(const PagedPrefillParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   // Heads fastest (the heads of a kv head share its tiles in L2), query tiles
@@ -285,51 +390,49 @@ __global__ void __launch_bounds__(kThreads, 1) PagedPrefillSm90Kernel(const Page
   w.query_start = p.query_starts[w.seq];
   w.first_row_pos = context_len - query_len + w.m0;
   w.kv_end = w.first_row_pos + w.rows;
-  const int num_n_tiles = (w.kv_end + kBlockN - 1) / kBlockN;
-  const int32_t* const table = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks_per_seq;
+  const int num_n_tiles = (w.kv_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
 
-  const int wg = threadIdx.x / 128;
-  const int warp_in_wg = (threadIdx.x % 128) / 32;
-  const int g = (threadIdx.x % 32) / 4;
-  const int row0 = wg * 64 + warp_in_wg * 16 + g;  // The thread's first row in the tile.
-  const int wg_first_pos = w.first_row_pos + wg * 64;
-  const bool wg_has_rows = wg * 64 < w.rows;
-  const float scale_log2 = p.scale * 1.4426950408889634f;
-
-  unsigned char* const sq = smem;
-  LoadQ(p, w, sq);
-  LoadKvTile(p, table, w, 0, smem + kTileBytes, smem + 2 * kTileBytes);
-  CpAsyncCommit();
-
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
-
-  for (int it = 0; it < num_n_tiles; ++it) {
-    if (it + 1 < num_n_tiles) {
-      unsigned char* const next = smem + (1 + 2 * ((it + 1) & 1)) * kTileBytes;
-      LoadKvTile(p, table, w, (it + 1) * kBlockN, next, next + kTileBytes);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
+  uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Cfg::kTilesBytes);
+  const Stages<Cfg> st{smem, barriers, barriers + Cfg::kStages};
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      wgmma::BarrierInit(&st.full[i], kLoaders);
+      wgmma::BarrierInit(&st.empty[i], kThreads - kLoaders);
     }
-    // cp.async wrote through the generic proxy; wgmma reads through the
-    // async one.
-    wgmma::FenceSharedForAsync();
-    __syncthreads();
-    const int n0 = it * kBlockN;
-    if (wg_has_rows && n0 <= wg_first_pos + 63) {
-      const unsigned char* const sk = smem + (1 + 2 * (it & 1)) * kTileBytes;
-      const bool masked = n0 + kBlockN - 1 > wg_first_pos;
-      TileStep(sq + wg * (kTileBytes / 2), sk, sk + kTileBytes, o, sm, masked, n0,
-               w.first_row_pos + row0, scale_log2);
-    }
-    // The next iteration refills the buffer this one read.
-    __syncthreads();
   }
-  if (wg_has_rows) StoreOutput(p, w, o, sm, row0);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks_per_seq;
+  if constexpr (kTableInSmem) {
+    int32_t* const copy = reinterpret_cast<int32_t*>(smem + Cfg::kSmemBytes);
+    const int blocks = (w.kv_end + p.block_size - 1) / p.block_size;
+    for (int i = threadIdx.x; i < blocks; i += kThreads) copy[i] = table[i];
+    table = copy;
+  }
+  __syncthreads();
+  if (threadIdx.x < kLoaders) {
+    wgmma::DecreaseRegisters<kProducerRegisters>();
+    Produce<Cfg>(p, table, w, num_n_tiles, st);
+  } else {
+    wgmma::IncreaseRegisters<kConsumerRegisters>();
+    Consume<Cfg>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
+  }
+}
+
+template <typename Cfg, bool kTableInSmem>
+cudaError_t LaunchSm90(const PagedPrefillParams& params, int smem_bytes, cudaStream_t stream) {
+  auto* kernel = &PagedPrefillSm90Kernel<Cfg, kTableInSmem>;
+  const cudaError_t error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(params.num_q_heads, (params.max_query_len + kBlockM - 1) / kBlockM, params.batch);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <typename Cfg>
+cudaError_t LaunchTiles(const PagedPrefillParams& params, cudaStream_t stream) {
+  const int table_bytes = (params.max_blocks_per_seq * 4 + 15) / 16 * 16;
+  if (table_bytes > kMaxTableBytes) return LaunchSm90<Cfg, false>(params, Cfg::kSmemBytes, stream);
+  return LaunchSm90<Cfg, true>(params, Cfg::kSmemBytes + table_bytes, stream);
 }
 
 }  // namespace
@@ -339,12 +442,12 @@ bool PagedPrefillSm90Supports(const PagedPrefillParams& params) {
 }
 
 cudaError_t PagedPrefillAttentionSm90(const PagedPrefillParams& params, cudaStream_t stream) {
-  const cudaError_t error = cudaFuncSetAttribute(
-      PagedPrefillSm90Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (error != cudaSuccess) return error;
-  const dim3 grid(params.num_q_heads, (params.max_query_len + kBlockM - 1) / kBlockM, params.batch);
-  PagedPrefillSm90Kernel<<<grid, kThreads, kSmemBytes, stream>>>(params);
-  return cudaGetLastError();
+  const char* e = getenv("TRIDENT_PREFILL_TILES");
+  const int tiles = e ? atoi(e) : 0;
+  if (tiles == 1) return LaunchTiles<Tiles<128, 2>>(params, stream);
+  if (tiles == 2) return LaunchTiles<Tiles<64, 3>>(params, stream);
+  if (tiles == 3) return LaunchTiles<Tiles<64, 2>>(params, stream);
+  return LaunchTiles<Tiles<64, 4>>(params, stream);
 }
 
 }  // namespace trident::kernels::cuda::internal

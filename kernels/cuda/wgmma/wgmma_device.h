@@ -157,6 +157,53 @@ __device__ __forceinline__ void MmaM64N128K16Bf16RegA(const uint32_t (&a)[4], ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
+// Shared-memory barriers (mbarrier) for producer / consumer pipelines.
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Before any thread uses it; a CTA barrier must follow.
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SharedAddress(bar)) : "memory");
+}
+
+// Waits until the barrier's phase of the given parity (0 for its first
+// completion, 1 for its second, 0 again ...) has completed.
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(SharedAddress(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Arrives on the barrier once every cp.async this thread issued so far has
+// landed (the arrival is counted in the barrier's expected count).
+__device__ __forceinline__ void CpAsyncArriveOnBarrier(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddress(bar))
+               : "memory");
+}
+
+// Moves registers between the warpgroups of a CTA launched with a register
+// cap (__launch_bounds__(threads, 1)): each warpgroup's role one branch.
+template <int kRegisters>
+__device__ __forceinline__ void IncreaseRegisters() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void DecreaseRegisters() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
 }  // namespace trident::kernels::cuda::wgmma
 
 #endif  // TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_
