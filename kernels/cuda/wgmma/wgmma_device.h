@@ -35,6 +35,26 @@ __device__ __forceinline__ uint64_t NoSwizzleDescriptor(const void* smem, uint32
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32);
 }
 
+// The descriptor of a 128-byte-swizzled operand at `smem`: rows of 128
+// bytes (64 bf16) in atoms of 8 rows (1024 bytes, 1024-byte aligned), the 16
+// -byte chunk c of row r stored at chunk c ^ (r % 8). K-major: a row is one
+// M (N) index's 64 K values, and a k16 step starts 32 bytes further on;
+// MN-major: a row is one K index's 64 M (N) values. stride_bytes is the
+// distance between atoms adjacent along M (N) for K-major, along K for
+// MN-major; an operand's second atom along the other dimension is addressed
+// by a descriptor of its own (the leading offset is not used).
+__device__ __forceinline__ uint64_t Swizzle128Descriptor(const void* smem, uint32_t stride_bytes) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return static_cast<uint64_t>((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) |
+         (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32) | (uint64_t{1} << 62);
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a
+// 128-byte-swizzled tile of 128-byte rows.
+__host__ __device__ __forceinline__ uint32_t Swizzle128Offset(uint32_t row, uint32_t chunk) {
+  return row * 128 + ((chunk ^ (row % 8)) * 16);
+}
+
 // Shared memory written with ordinary stores, made visible to wgmma's
 // (async proxy) reads; a barrier must follow before another thread's wgmma.
 __device__ __forceinline__ void FenceSharedForAsync() {
@@ -202,6 +222,26 @@ __device__ __forceinline__ void IncreaseRegisters() {
 template <int kRegisters>
 __device__ __forceinline__ void DecreaseRegisters() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// Arrives on the barrier and adds `bytes` to the transfer count its phase
+// waits for (the bulk copies below complete it).
+__device__ __forceinline__ void BarrierArriveExpectBytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// The tensor copy engine (TMA): the box of a 2-D tensor map at coordinates
+// (inner, outer) into shared memory at `dst`, its bytes counted on `bar`.
+// `tensor_map` is the address of a __grid_constant__ CUtensorMap parameter.
+__device__ __forceinline__ void TensorLoad2d(void* dst, const void* tensor_map, int32_t inner,
+                                             int32_t outer, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(inner), "r"(outer), "r"(SharedAddress(bar))
+      : "memory");
 }
 
 }  // namespace trident::kernels::cuda::wgmma

@@ -13,8 +13,9 @@ absl::Status LaunchWgmmaProbe(const WgmmaProbeArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         absl::StrCat("wgmma_probe: k is ", args.k, "; want a multiple of 16 in [16, 128]"));
   }
-  const cudaError_t error = internal::WgmmaProbe(args.a, args.b, args.k, args.d, args.leading_bytes,
-                                                 args.stride_bytes, args.register_a, stream);
+  const cudaError_t error =
+      internal::WgmmaProbe(args.a, args.b, args.k, args.d, args.leading_bytes, args.stride_bytes,
+                           args.register_a, args.swizzle128, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("wgmma_probe launch: ", cudaGetErrorString(error)));
   }

@@ -23,11 +23,26 @@ __device__ int MnLayoutIndex(int kk, int n) {
 }
 
 // D = A B with A from registers and B (k x 64, N contiguous) MN-major.
+// Byte offsets in the 128-byte-swizzled layouts: K-major element (row, kk)
+// of a 64 x k operand, 64-wide K atoms of 64 rows one after another; and
+// MN-major element (kk, n) of a k x 64 operand, one atom along N.
+__device__ int SwizzledKMajorByte(int row, int kk) {
+  return (kk / 64) * 8192 + wgmma::Swizzle128Offset(row, (kk % 64) / 8) + (kk % 8) * 2;
+}
+__device__ int SwizzledMnMajorByte(int kk, int n) {
+  return wgmma::Swizzle128Offset(kk, n / 8) + (n % 8) * 2;
+}
+
 __global__ void __launch_bounds__(128)
     WgmmaProbeRegAKernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b, int k,
-                         float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes) {
-  __shared__ __align__(128) uint16_t sb[64 * kMaxK];
-  for (int i = threadIdx.x; i < 64 * k; i += blockDim.x) sb[MnLayoutIndex(i / 64, i % 64)] = b[i];
+                         float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes,
+                         bool swizzle) {
+  __shared__ __align__(1024) uint16_t sb[64 * kMaxK];
+  for (int i = threadIdx.x; i < 64 * k; i += blockDim.x) {
+    const int at =
+        swizzle ? SwizzledMnMajorByte(i / 64, i % 64) / 2 : MnLayoutIndex(i / 64, i % 64);
+    sb[at] = b[i];
+  }
   wgmma::FenceSharedForAsync();
   __syncthreads();
   const int warp = threadIdx.x / 32;
@@ -44,9 +59,11 @@ __global__ void __launch_bounds__(128)
     const uint32_t frag[4] = {pair(row, c), pair(row + 8, c), pair(row, c + 8),
                               pair(row + 8, c + 8)};
     wgmma::Fence();
-    wgmma::MmaM64N64K16Bf16RegA(
-        frag, wgmma::NoSwizzleDescriptor(sb + s * kStepElems, leading_bytes, stride_bytes), acc,
-        s > 0);
+    // Swizzled: a k16 step is 16 rows of 128 bytes on.
+    const uint64_t db =
+        swizzle ? wgmma::Swizzle128Descriptor(sb + s * 16 * 64, stride_bytes)
+                : wgmma::NoSwizzleDescriptor(sb + s * kStepElems, leading_bytes, stride_bytes);
+    wgmma::MmaM64N64K16Bf16RegA(frag, db, acc, s > 0);
     wgmma::CommitGroup();
     wgmma::WaitGroup<0>();
   }
@@ -62,14 +79,16 @@ __global__ void __launch_bounds__(128)
 
 __global__ void __launch_bounds__(128)
     WgmmaProbeKernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b, int k,
-                     float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes) {
-  __shared__ __align__(128) uint16_t sa[64 * kMaxK];
-  __shared__ __align__(128) uint16_t sb[64 * kMaxK];
+                     float* __restrict__ d, uint32_t leading_bytes, uint32_t stride_bytes,
+                     bool swizzle) {
+  __shared__ __align__(1024) uint16_t sa[64 * kMaxK];
+  __shared__ __align__(1024) uint16_t sb[64 * kMaxK];
   for (int i = threadIdx.x; i < 64 * k; i += blockDim.x) {
     const int row = i / k;
     const int kk = i % k;
-    sa[LayoutIndex(row, kk)] = a[i];
-    sb[LayoutIndex(row, kk)] = b[i];
+    const int at = swizzle ? SwizzledKMajorByte(row, kk) / 2 : LayoutIndex(row, kk);
+    sa[at] = a[i];
+    sb[at] = b[i];
   }
   wgmma::FenceSharedForAsync();
   __syncthreads();
@@ -78,10 +97,14 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
   wgmma::Fence();
   for (int s = 0; s < k / 16; ++s) {
+    // Swizzled: k16 steps 32 bytes apart within a 64-wide atom.
+    const int swizzled = (s / 4) * 4096 + (s % 4) * 16;  // In elements.
     const uint64_t da =
-        wgmma::NoSwizzleDescriptor(sa + s * kStepElems, leading_bytes, stride_bytes);
+        swizzle ? wgmma::Swizzle128Descriptor(sa + swizzled, stride_bytes)
+                : wgmma::NoSwizzleDescriptor(sa + s * kStepElems, leading_bytes, stride_bytes);
     const uint64_t db =
-        wgmma::NoSwizzleDescriptor(sb + s * kStepElems, leading_bytes, stride_bytes);
+        swizzle ? wgmma::Swizzle128Descriptor(sb + swizzled, stride_bytes)
+                : wgmma::NoSwizzleDescriptor(sb + s * kStepElems, leading_bytes, stride_bytes);
     wgmma::MmaM64N64K16Bf16(da, db, acc, s > 0);
   }
   wgmma::CommitGroup();
@@ -102,12 +125,12 @@ __global__ void __launch_bounds__(128)
 }  // namespace
 
 cudaError_t WgmmaProbe(const uint16_t* a, const uint16_t* b, int32_t k, float* d,
-                       uint32_t leading_bytes, uint32_t stride_bytes, bool register_a,
+                       uint32_t leading_bytes, uint32_t stride_bytes, bool register_a, bool swizzle,
                        cudaStream_t stream) {
   if (register_a) {
-    WgmmaProbeRegAKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes);
+    WgmmaProbeRegAKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes, swizzle);
   } else {
-    WgmmaProbeKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes);
+    WgmmaProbeKernel<<<1, 128, 0, stream>>>(a, b, k, d, leading_bytes, stride_bytes, swizzle);
   }
   return cudaGetLastError();
 }

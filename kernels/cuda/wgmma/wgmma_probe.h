@@ -31,6 +31,10 @@ struct WgmmaProbeArgs {
   // and b k x 64 row-major (N contiguous), stored MN-major with the same
   // offsets: the P.V product of attention.
   bool register_a = false;
+  // The 128-byte-swizzled layouts instead (wgmma_device's
+  // Swizzle128Descriptor, stride_bytes between 8-row atoms, leading_bytes
+  // unused).
+  bool swizzle128 = false;
 };
 
 // kInvalidArgument for null pointers or k outside [16, 128] or not a

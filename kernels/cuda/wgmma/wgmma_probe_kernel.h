@@ -10,7 +10,7 @@
 namespace trident::kernels::cuda::internal {
 
 cudaError_t WgmmaProbe(const uint16_t* a, const uint16_t* b, int32_t k, float* d,
-                       uint32_t leading_bytes, uint32_t stride_bytes, bool register_a,
+                       uint32_t leading_bytes, uint32_t stride_bytes, bool register_a, bool swizzle,
                        cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal

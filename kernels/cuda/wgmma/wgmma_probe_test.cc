@@ -58,8 +58,8 @@ Probe MakeProbe(int32_t k, uint32_t seed, bool b_rows_k = false) {
 
 // Runs the probe with the given offsets; returns how many of the 4096
 // elements are within f32 accumulation error of the product.
-int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride,
-             bool register_a = false) {
+int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride, bool register_a = false,
+             bool swizzle = false) {
   std::vector<uint16_t> a(p.a.size()), b(p.b.size());
   for (size_t i = 0; i < a.size(); ++i) a[i] = numeric::FloatToBf16(p.a[i]);
   for (size_t i = 0; i < b.size(); ++i) b[i] = numeric::FloatToBf16(p.b[i]);
@@ -71,7 +71,7 @@ int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride,
   cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
   cudaMemset(dd, 0xff, 64 * 64 * 4);  // NaN where nothing is written.
   EXPECT_THAT(LaunchWgmmaProbe({static_cast<const uint16_t*>(da), static_cast<const uint16_t*>(db),
-                                k, static_cast<float*>(dd), leading, stride, register_a},
+                                k, static_cast<float*>(dd), leading, stride, register_a, swizzle},
                                nullptr),
               IsOk());
   std::vector<float> got(64 * 64);
@@ -111,10 +111,27 @@ TEST(WgmmaProbeTest, RegisterAWithMnMajorBEqualsTheCpuProduct) {
     const Probe p = MakeProbe(k, seed, /*b_rows_k=*/true);
     const int documented = Matching(p, k, 128, 256, /*register_a=*/true);
     const int swapped = Matching(p, k, 256, 128, /*register_a=*/true);
-    std::printf("register A, k %d seed %u: %d/4096 match with (leading 128, stride 256), %d/4096 "
-                "swapped\n",
-                k, seed, documented, swapped);
+    std::printf(
+        "register A, k %d seed %u: %d/4096 match with (leading 128, stride 256), %d/4096 "
+        "swapped\n",
+        k, seed, documented, swapped);
     EXPECT_EQ(documented, 4096) << "k " << k;
+  }
+}
+
+// The 128-byte-swizzled layouts, K-major (A and B) and MN-major (B with A
+// from registers), atoms of 8 rows 1024 bytes apart.
+TEST(WgmmaProbeTest, Swizzled128LayoutsEqualTheCpuProduct) {
+  if (!HasHopper()) GTEST_SKIP() << "needs an sm_90 device";
+  for (int32_t k : {16, 64, 128}) {
+    const Probe kmajor = MakeProbe(k, 20261131 + k);
+    const int a = Matching(kmajor, k, 16, 1024, /*register_a=*/false, /*swizzle=*/true);
+    const Probe mnmajor = MakeProbe(k, 20261132 + k, /*b_rows_k=*/true);
+    const int b = Matching(mnmajor, k, 16, 1024, /*register_a=*/true, /*swizzle=*/true);
+    std::printf("swizzle 128, k %d: K-major %d/4096, MN-major with register A %d/4096 match\n", k,
+                a, b);
+    EXPECT_EQ(a, 4096) << "k " << k;
+    EXPECT_EQ(b, 4096) << "k " << k;
   }
 }
 
