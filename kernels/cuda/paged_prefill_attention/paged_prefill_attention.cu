@@ -6,9 +6,16 @@
 
 #include "common/numeric/fp8_fragment.h"
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
+#include "kernels/cuda/paged_prefill_attention/prefill_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
+
+using prefill::CpAsync16;
+using prefill::CpAsyncCommit;
+using prefill::CpAsyncWait;
+using prefill::PackBf16;
+using prefill::SmemAddr;
 
 // Keys per KV tile: 4 blocks of 16 at the default block size.
 constexpr int kBlockN = 64;
@@ -29,24 +36,6 @@ struct TileConfig {
   static_assert(kThreads % kChunksPerRow == 0, "a pass covers whole rows");
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "whole passes");
 };
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Copies 16 bytes, or writes 16 zero bytes when !valid (no global read then).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_size));
-}
-
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
                                            uint32_t& r3) {
@@ -70,12 +59,6 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Packs two floats as bf16x2, `lo` in the low half (the lower column index).
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 __device__ __forceinline__ __nv_bfloat16 Fp8ToBf16(unsigned char byte, float scale) {

@@ -30,10 +30,15 @@
 #include <cstdint>
 
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
+#include "kernels/cuda/paged_prefill_attention/prefill_device.h"
 #include "kernels/cuda/wgmma/wgmma_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
+
+using prefill::CpAsync16;
+using prefill::PackBf16;
+using prefill::SmemAddr;
 
 constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;   // Query rows per CTA: 64 per warpgroup.
@@ -69,27 +74,12 @@ struct Tiles {
   static_assert(kSmemBytes + kMaxTableBytes <= 227 * 1024, "shared memory fits");
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_size));
-}
-
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::); }
 
 __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // The 128-byte-swizzled layout of a tile of `rows` rows (queries or keys) x

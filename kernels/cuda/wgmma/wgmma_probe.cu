@@ -23,6 +23,22 @@ __device__ int MnLayoutIndex(int kk, int n) {
 }
 
 // D = A B with A from registers and B (k x 64, N contiguous) MN-major.
+// Writes a m64n64 accumulator fragment (wgmma_device's layout) to D, 64 x
+// 64 row-major.
+__device__ void StoreAccumulator(const float (&acc)[32], float* __restrict__ d) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row = 16 * warp + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = 8 * j + 2 * (lane % 4);
+    d[row * 64 + col] = acc[4 * j];
+    d[row * 64 + col + 1] = acc[4 * j + 1];
+    d[(row + 8) * 64 + col] = acc[4 * j + 2];
+    d[(row + 8) * 64 + col + 1] = acc[4 * j + 3];
+  }
+}
+
 // Byte offsets in the 128-byte-swizzled layouts: K-major element (row, kk)
 // of a 64 x k operand, 64-wide K atoms of 64 rows one after another; and
 // MN-major element (kk, n) of a k x 64 operand, one atom along N.
@@ -67,14 +83,7 @@ __global__ void __launch_bounds__(128)
     wgmma::CommitGroup();
     wgmma::WaitGroup<0>();
   }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = 8 * j + 2 * (lane % 4);
-    d[row * 64 + col] = acc[4 * j];
-    d[row * 64 + col + 1] = acc[4 * j + 1];
-    d[(row + 8) * 64 + col] = acc[4 * j + 2];
-    d[(row + 8) * 64 + col + 1] = acc[4 * j + 3];
-  }
+  StoreAccumulator(acc, d);
 }
 
 __global__ void __launch_bounds__(128)
@@ -109,17 +118,7 @@ __global__ void __launch_bounds__(128)
   }
   wgmma::CommitGroup();
   wgmma::WaitGroup<0>();
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int row = 16 * warp + lane / 4;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int col = 8 * j + 2 * (lane % 4);
-    d[row * 64 + col] = acc[4 * j];
-    d[row * 64 + col + 1] = acc[4 * j + 1];
-    d[(row + 8) * 64 + col] = acc[4 * j + 2];
-    d[(row + 8) * 64 + col + 1] = acc[4 * j + 3];
-  }
+  StoreAccumulator(acc, d);
 }
 
 }  // namespace
