@@ -25,8 +25,8 @@ ABSL_FLAG(bool, generated_weights, false,
 ABSL_FLAG(int32_t, tensor_parallel, 1,
           "CUDA: split the model over this many GPUs (tensor parallelism), rank r on cuda:N+r "
           "of --device=cuda:N; the GPUs need peer access (NVLink or PCIe P2P). One process, one "
-          "engine and scheduler, one gRPC identity. Not yet with a KV transport or attention "
-          "services.");
+          "engine and scheduler, one gRPC identity. KV moves to and from workers of any TP "
+          "degree over the KV transports; CPU attention services take none of its sequences.");
 ABSL_FLAG(std::string, role, "both",
           "Initial role: 'prefill', 'decode' or 'both' (colocated). WorkerControl.SetRole (the "
           "controller) changes it at run time; without a KV transport only 'both' can be set.");
