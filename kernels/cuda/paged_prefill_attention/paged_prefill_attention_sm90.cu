@@ -258,16 +258,12 @@ __device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsig
     pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
   }
   wgmma::Fence();
-  // Dims 0-63 and 64-127 are two atoms: one m64n64 product each, into the
-  // two halves of o's fragment; a k16 step is 16 keys (rows) on.
-  float(&lo)[32] = *reinterpret_cast<float(*)[32]>(&o[0]);
-  float(&hi)[32] = *reinterpret_cast<float(*)[32]>(&o[32]);
+  // A k16 step is 16 keys (rows) on; dims 0-63 and 64-127 are two atoms,
+  // kBlockN rows of 128 bytes apart (the descriptor's leading offset).
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    wgmma::MmaM64N64K16Bf16RegA(pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride),
-                                lo, true);
-    wgmma::MmaM64N64K16Bf16RegA(
-        pa[kk], wgmma::Swizzle128Descriptor(sv + kBlockN * 128 + kk * 2048, kAtomStride), hi, true);
+    wgmma::MmaM64N128K16Bf16RegA(
+        pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride, kBlockN * 128), o, true);
   }
   wgmma::CommitGroup();
   wgmma::WaitGroup<0>();

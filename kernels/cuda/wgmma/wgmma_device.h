@@ -55,9 +55,11 @@ __device__ __forceinline__ uint64_t NoSwizzleDescriptor(const void* smem, uint32
 // distance between atoms adjacent along M (N) for K-major, along K for
 // MN-major; an operand's second atom along the other dimension is addressed
 // by a descriptor of its own (the leading offset is not used).
-__device__ __forceinline__ uint64_t Swizzle128Descriptor(const void* smem, uint32_t stride_bytes) {
+__device__ __forceinline__ uint64_t Swizzle128Descriptor(const void* smem, uint32_t stride_bytes,
+                                                         uint32_t leading_bytes = 16) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return static_cast<uint64_t>((address & 0x3ffff) >> 4) | (uint64_t{1} << 16) |
+  return static_cast<uint64_t>((address & 0x3ffff) >> 4) |
+         (static_cast<uint64_t>((leading_bytes >> 4) & 0x3fff) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32) | (uint64_t{1} << 62);
 }
 
@@ -143,6 +145,25 @@ __device__ __forceinline__ void MmaM64N128K16Bf16(uint64_t a, uint64_t b, float 
       "}\n"
       : TRIDENT_WGMMA_ACCUMULATORS_64(d)
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// MmaM64N64K16Bf16RegA with N = 128 (d[64]). For a 128-byte-swizzled
+// MN-major B the 128 N values span two atoms, `leading_bytes` apart in its
+// descriptor (Swizzle128Descriptor's third argument).
+__device__ __forceinline__ void MmaM64N128K16Bf16RegA(const uint32_t (&a)[4], uint64_t b,
+                                                      float (&d)[64], bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : TRIDENT_WGMMA_ACCUMULATORS_64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
 // Shared-memory barriers (mbarrier) for producer / consumer pipelines.
