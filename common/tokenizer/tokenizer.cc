@@ -21,7 +21,6 @@
 #include "common/status/status_macros.h"
 #include "common/tokenizer/tokenizer_data.h"
 #include "common/tokenizer/unicode.h"
-#include "nlohmann/json.hpp"
 
 namespace trident::tokenizer {
 namespace internal {
@@ -39,7 +38,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }  // namespace
 }  // namespace internal
 
-using internal::Json;
 using internal::TokenizerData;
 
 Tokenizer::Tokenizer(std::unique_ptr<TokenizerData> data) : data_(std::move(data)) {}

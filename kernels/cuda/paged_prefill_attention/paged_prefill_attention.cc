@@ -114,6 +114,29 @@ absl::StatusOr<bool> IsSm90Device() {
   return major == 9 && minor == 0;
 }
 
+// Whether `kernel` (kAuto: wherever it applies) takes Hopper's wgmma kernel;
+// kInvalidArgument or kFailedPrecondition when kWgmma is asked for where it
+// does not apply.
+absl::StatusOr<bool> UseHopperKernel(PrefillKernel kernel,
+                                     const internal::PagedPrefillParams& params) {
+  if (kernel == PrefillKernel::kMmaSync) return false;
+  const bool supported = internal::PagedPrefillSm90Supports(params);
+  if (kernel == PrefillKernel::kWgmma && !supported) {
+    return Invalid(
+        absl::StrCat("the wgmma kernel takes head_dim 128 and a bf16 cache, not "
+                     "head_dim ",
+                     params.head_dim, params.kv_fp8 ? " and an FP8 cache" : ""));
+  }
+  if (!supported) return false;
+  const absl::StatusOr<bool> sm90 = IsSm90Device();
+  if (!sm90.ok()) return sm90.status();
+  if (kernel == PrefillKernel::kWgmma && !*sm90) {
+    return absl::FailedPreconditionError(
+        "paged_prefill_attention: the wgmma kernel needs an sm_90 device");
+  }
+  return *sm90;
+}
+
 }  // namespace
 
 absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStream_t stream) {
@@ -142,25 +165,10 @@ absl::Status LaunchPagedPrefillAttention(const PagedPrefillArgs& args, cudaStrea
       .max_query_len = args.max_query_len,
       .scale = args.scale,
   };
-  bool hopper = false;
-  if (args.kernel != PrefillKernel::kMmaSync) {
-    const bool supported = internal::PagedPrefillSm90Supports(params);
-    if (args.kernel == PrefillKernel::kWgmma && !supported) {
-      return Invalid(absl::StrCat("the wgmma kernel takes head_dim 128 and a bf16 cache, not "
-                                  "head_dim ",
-                                  args.head_dim, args.kv_fp8 ? " and an FP8 cache" : ""));
-    }
-    const absl::StatusOr<bool> sm90_or = IsSm90Device();
-    if (!sm90_or.ok()) return sm90_or.status();
-    const bool sm90 = *sm90_or;
-    if (args.kernel == PrefillKernel::kWgmma && !sm90) {
-      return absl::FailedPreconditionError(
-          "paged_prefill_attention: the wgmma kernel needs an sm_90 device");
-    }
-    hopper = supported && sm90;
-  }
-  const cudaError_t error = hopper ? internal::PagedPrefillAttentionSm90(params, stream)
-                                   : internal::PagedPrefillAttention(params, stream);
+  const absl::StatusOr<bool> hopper = UseHopperKernel(args.kernel, params);
+  if (!hopper.ok()) return hopper.status();
+  const cudaError_t error = *hopper ? internal::PagedPrefillAttentionSm90(params, stream)
+                                    : internal::PagedPrefillAttention(params, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(
         absl::StrCat("paged_prefill_attention launch: ", cudaGetErrorString(error)));

@@ -16,6 +16,7 @@ using prefill::CpAsyncCommit;
 using prefill::CpAsyncWait;
 using prefill::PackBf16;
 using prefill::SmemAddr;
+using prefill::UpdateRowMax;
 
 // Keys per KV tile: 4 blocks of 16 at the default block size.
 constexpr int kBlockN = 64;
@@ -320,14 +321,7 @@ __global__ void __launch_bounds__(TileConfig<kHeadDim, kBlockM>::kThreads)
       float shift[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float new_max = fmaxf(row_max[h], tile_max[h] * scale_log2);
-        // A row with nothing visible yet keeps max -inf; shifting by 0 then
-        // keeps exp2(-inf) == 0 instead of NaN.
-        shift[h] = new_max == -INFINITY ? 0.0f : new_max;
-        alpha[h] = exp2f(row_max[h] - shift[h]);
-        row_max[h] = new_max;
+        shift[h] = UpdateRowMax(tile_max[h], scale_log2, row_max[h], alpha[h]);
       }
       float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll

@@ -37,11 +37,16 @@
 
 namespace trident::kernels::cuda::wgmma {
 
+// The 32-bit shared-memory address of a pointer into shared memory.
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // The descriptor of a no-swizzle K-major operand at shared address `smem`
 // (16-byte aligned); offsets in bytes, multiples of 16.
 __device__ __forceinline__ uint64_t NoSwizzleDescriptor(const void* smem, uint32_t leading_bytes,
                                                         uint32_t stride_bytes) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t address = SharedAddress(smem);
   return static_cast<uint64_t>((address & 0x3ffff) >> 4) |
          (static_cast<uint64_t>((leading_bytes >> 4) & 0x3fff) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32);
@@ -57,7 +62,7 @@ __device__ __forceinline__ uint64_t NoSwizzleDescriptor(const void* smem, uint32
 // by a descriptor of its own (the leading offset is not used).
 __device__ __forceinline__ uint64_t Swizzle128Descriptor(const void* smem, uint32_t stride_bytes,
                                                          uint32_t leading_bytes = 16) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t address = SharedAddress(smem);
   return static_cast<uint64_t>((address & 0x3ffff) >> 4) |
          (static_cast<uint64_t>((leading_bytes >> 4) & 0x3fff) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32) | (uint64_t{1} << 62);
@@ -167,9 +172,6 @@ __device__ __forceinline__ void MmaM64N128K16Bf16RegA(const uint32_t (&a)[4], ui
 }
 
 // Shared-memory barriers (mbarrier) for producer / consumer pipelines.
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Before any thread uses it; a CTA barrier must follow.
 __device__ __forceinline__ void BarrierInit(uint64_t* bar, uint32_t count) {
