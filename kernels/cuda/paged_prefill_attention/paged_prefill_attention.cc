@@ -122,10 +122,10 @@ absl::StatusOr<bool> UseHopperKernel(PrefillKernel kernel,
   if (kernel == PrefillKernel::kMmaSync) return false;
   const bool supported = internal::PagedPrefillSm90Supports(params);
   if (kernel == PrefillKernel::kWgmma && !supported) {
-    return Invalid(
-        absl::StrCat("the wgmma kernel takes head_dim 128 and a bf16 cache, not "
-                     "head_dim ",
-                     params.head_dim, params.kv_fp8 ? " and an FP8 cache" : ""));
+    return Invalid(absl::StrCat(
+        "the wgmma kernel takes head_dim 128 (and an FP8 cache only in blocks of at most 128 "
+        "tokens, 128-byte aligned), not head_dim ",
+        params.head_dim, params.kv_fp8 ? " and this FP8 cache" : ""));
   }
   if (!supported) return false;
   const absl::StatusOr<bool> sm90 = IsSm90Device();

@@ -43,7 +43,10 @@ namespace trident::kernels::cuda {
 
 // Which kernel runs: kAuto takes Hopper's wgmma kernel
 // (paged_prefill_attention_sm90.cu) where it applies (an sm_90 device,
-// head_dim 128, the bf16 cache) and the mma.sync kernel otherwise.
+// head_dim 128; the bf16 cache, or the FP8 cache in blocks of at most 128
+// tokens whose K and V start on 128-byte boundaries, as
+// kernels/cpu/paged_kv_fp8's dense layout does) and the mma.sync kernel
+// otherwise.
 enum class PrefillKernel { kAuto, kMmaSync, kWgmma };
 
 struct PagedPrefillArgs {
@@ -93,7 +96,8 @@ struct PagedPrefillArgs {
 // the next block; null pointers or pointers not 16-byte aligned (q, out,
 // kv_base) when there is work; negative batch, max_query_len or
 // max_blocks_per_seq; kernel kWgmma with a head_dim other than 128 or an
-// FP8 cache. kFailedPrecondition for kWgmma on a device other than sm_90.
+// FP8 cache it does not take. kFailedPrecondition for kWgmma on a device
+// other than sm_90.
 // kInternal if the launch fails. batch == 0 or
 // max_query_len == 0 is a no-op.
 //

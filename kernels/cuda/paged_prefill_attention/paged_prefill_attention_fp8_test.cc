@@ -1,8 +1,10 @@
 // GPU prefill attention over the FP8 E4M3 cache against the CPU reference
 // (PagedAttentionReference) over the same stored values: the cache is
 // written by cpu::AppendKvFp8 and the reference reads its dequantized K and
-// V (cpu::ReadKvFp8). The kernel rounds each dequantized value to bf16 as it
-// loads it (2^-9 relative) and P to bf16, so the bf16 test's tolerance holds.
+// V (cpu::ReadKvFp8). Both kernels round each dequantized value to bf16 as
+// they load it (2^-9 relative) and P to bf16, so the bf16 test's tolerance
+// holds. At head_dim 128 on an sm_90 device the test runs Hopper's kernel as
+// well as the mma.sync one.
 // Bytes the cache does not hold are 0x7f (E4M3 NaN): a read past a context
 // that is not masked poisons the output.
 
@@ -35,6 +37,14 @@ constexpr uint32_t kSeed = 9090;
 constexpr float kAbsTolerance = 2e-2f;
 constexpr float kRelTolerance = 1e-2f;
 constexpr uint16_t kBf16Sentinel = 0x7fc1;
+
+bool IsSm90() {
+  int major = 0;
+  int minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  return major == 9 && minor == 0;
+}
 
 struct Case {
   std::string name;
@@ -144,8 +154,8 @@ TEST_P(PagedPrefillFp8Test, MatchesCpuReferenceOverTheStoredValues) {
   void* d_ctx = DeviceCopy(context_lens);
   void* d_query = DeviceCopy(query_lens);
   void* d_starts = DeviceCopy(query_starts);
-  std::vector<uint16_t> out(static_cast<size_t>(rows) * out_stride, kBf16Sentinel);
-  void* d_out = DeviceCopy(out);
+  const std::vector<uint16_t> sentinel(static_cast<size_t>(rows) * out_stride, kBf16Sentinel);
+  void* d_out = DeviceCopy(sentinel);
   PagedPrefillArgs args;
   args.q = d_q;
   args.q_stride = q_stride;
@@ -168,33 +178,43 @@ TEST_P(PagedPrefillFp8Test, MatchesCpuReferenceOverTheStoredValues) {
   args.batch = batch;
   args.max_query_len = max_query;
   args.scale = scale;
-  ASSERT_THAT(LaunchPagedPrefillAttention(args, nullptr), IsOk());
-  ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (void* p : {d_cache, d_q, d_tables, d_ctx, d_query, d_starts, d_out}) cudaFree(p);
-  int64_t failures = 0;
-  float max_error = 0.0f;
-  for (int32_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < out_stride; ++i) {
-      const size_t at = static_cast<size_t>(r) * out_stride + i;
-      if (i >= width) {
-        if (out[at] != kBf16Sentinel && ++failures <= 5) {
-          ADD_FAILURE() << "row " << r << " column " << i << " past the heads written";
+  // Both kernels where Hopper's applies: head_dim 128 in blocks that divide
+  // its 128-key tiles, on an sm_90 device.
+  std::vector<PrefillKernel> kernels = {PrefillKernel::kMmaSync};
+  if (d == 128 && 128 % c.block_size == 0 && IsSm90()) kernels.push_back(PrefillKernel::kWgmma);
+  for (const PrefillKernel kernel : kernels) {
+    const char* name = kernel == PrefillKernel::kWgmma ? "wgmma" : "mma.sync";
+    args.kernel = kernel;
+    std::vector<uint16_t> out = sentinel;
+    ASSERT_EQ(cudaMemcpy(d_out, out.data(), out.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_THAT(LaunchPagedPrefillAttention(args, nullptr), IsOk()) << name;
+    ASSERT_EQ(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t failures = 0;
+    float max_error = 0.0f;
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < out_stride; ++i) {
+        const size_t at = static_cast<size_t>(r) * out_stride + i;
+        if (i >= width) {
+          if (out[at] != kBf16Sentinel && ++failures <= 5) {
+            ADD_FAILURE() << name << ": row " << r << " column " << i << " past the heads written";
+          }
+          continue;
         }
-        continue;
-      }
-      const float error = std::abs(numeric::Bf16ToFloat(out[at]) - want[at]);
-      if (!(error <= kAbsTolerance + kRelTolerance * std::abs(want[at]))) {
-        if (++failures <= 5) {
-          ADD_FAILURE() << "row " << r << " head " << i / d << " dim " << i % d << ": got "
-                        << numeric::Bf16ToFloat(out[at]) << ", want " << want[at];
+        const float error = std::abs(numeric::Bf16ToFloat(out[at]) - want[at]);
+        if (!(error <= kAbsTolerance + kRelTolerance * std::abs(want[at]))) {
+          if (++failures <= 5) {
+            ADD_FAILURE() << name << ": row " << r << " head " << i / d << " dim " << i % d
+                          << ": got " << numeric::Bf16ToFloat(out[at]) << ", want " << want[at];
+          }
+          continue;
         }
-        continue;
+        max_error = std::max(max_error, error);
       }
-      max_error = std::max(max_error, error);
     }
+    EXPECT_EQ(failures, 0) << name;
+    std::printf("%s: max abs error %g\n", name, max_error);
   }
-  EXPECT_EQ(failures, 0);
-  std::printf("max abs error %g\n", max_error);
+  for (void* p : {d_cache, d_q, d_tables, d_ctx, d_query, d_starts, d_out}) cudaFree(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -203,6 +223,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Whole prompts, chunks after a cached prefix, a decode-like row.
         Case{"Dim128Gqa4", 128, 8, 2, 16, {{100, 100}, {300, 37}, {64, 1}, {1, 1}}},
         Case{"Dim128Gqa4Long", 128, 32, 8, 16, {{1500, 700}, {2048, 2048}}},
+        // Hopper's kernel: blocks of 32 and 128 keys, GQA 8, a context
+        // ending mid-group, one row past several tiles.
+        Case{"Dim128Gqa8Block32", 128, 16, 2, 32, {{777, 777}, {1000, 129}, {530, 1}}},
+        Case{"Dim128Block128", 128, 4, 2, 128, {{300, 300}, {129, 2}}},
         Case{"Dim64Block32", 64, 8, 8, 32, {{257, 257}, {500, 100}}},
         Case{"Dim256Gqa2", 256, 4, 2, 16, {{200, 200}, {129, 64}}},
         Case{"Dim80Gqa4Block48", 80, 8, 2, 48, {{300, 150}, {47, 47}}},

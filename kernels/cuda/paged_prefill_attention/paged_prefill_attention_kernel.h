@@ -36,7 +36,8 @@ struct PagedPrefillParams {
 };
 
 // Hopper's wgmma kernel (paged_prefill_attention_sm90.cu, built for sm_90a).
-// Supports: head_dim 128 and the bf16 cache.
+// Supports: head_dim 128, with the bf16 cache, or the FP8 cache when its
+// blocks lie whole 128-byte rows apart and the block size divides 128.
 bool PagedPrefillSm90Supports(const PagedPrefillParams& params);
 // REQUIRES: as PagedPrefillAttention, PagedPrefillSm90Supports(params), and
 // an sm_90 device.

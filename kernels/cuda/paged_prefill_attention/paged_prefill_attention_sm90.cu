@@ -25,6 +25,8 @@
 
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -56,10 +58,13 @@ constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB.
 constexpr int kBarrierBytes = kStages * 2 * 8;
 // The block table goes to shared memory up to this size (8192 blocks).
 constexpr int kMaxTableBytes = 32 * 1024;
-// Registers per thread after the hand-over (setmaxnreg): 128 x 24 + 256 x
-// 240 <= 65536.
+// Registers per thread after the hand-over (setmaxnreg). The CTA holds what
+// its launch gave it, 384 x 168 (__launch_bounds__(384, 1)): the split must
+// not ask for more, or the consumers' setmaxnreg.inc waits forever.
+constexpr int kLaunchRegisters = 168;
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
+static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * kLaunchRegisters);
 // Bytes between the 8-row atoms of the swizzled layout (below).
 constexpr uint32_t kAtomStride = 1024;
 
@@ -68,6 +73,35 @@ constexpr uint32_t kAtomStride = 1024;
 constexpr int kTilesBytes = kQBytes + kStages * 2 * kKvBytes;
 constexpr int kSmemBytes = kTilesBytes + kBarrierBytes;
 static_assert(kSmemBytes + kMaxTableBytes <= 227 * 1024, "shared memory fits");
+
+// How the producer fills a stage: cp.async alone, the tensor copy engine
+// (with cp.async for a context's last partial block), or, over the FP8
+// cache, the tensor copy engine into a staging buffer that the producer
+// dequantizes into the same bf16 tiles (V transposed: K-major for P V).
+enum class Load { kCpAsync, kTma, kFp8 };
+
+// The FP8 cache's raw bytes of a tile: K rows (128 bytes a token) then V's
+// transposed 16-token groups (2 KiB each), both whole 128-byte rows of the
+// cache, in two staging buffers; then each buffer's K and V scales. After
+// them, the stages' barriers and the two staging buffers' barriers. The
+// block table stays in global memory.
+constexpr int kFp8StagingBytes = 2 * kBlockN * kHeadDim;
+constexpr int kFp8ScaleBytes = 2 * kBlockN * 4;
+constexpr int kFp8BarrierOffset = kTilesBytes + 2 * kFp8StagingBytes + 2 * kFp8ScaleBytes;
+constexpr int kFp8SmemBytes = kFp8BarrierOffset + kBarrierBytes + 2 * 8;
+static_assert(kFp8SmemBytes <= 227 * 1024, "FP8 shared memory fits");
+
+// Registers per thread after setmaxnreg. The FP8 producer dequantizes, so it
+// keeps more.
+constexpr int kFp8ProducerRegisters = 56;
+constexpr int kFp8ConsumerRegisters = 224;
+static_assert(128 * kFp8ProducerRegisters + 256 * kFp8ConsumerRegisters <= 384 * kLaunchRegisters);
+__host__ __device__ constexpr int ProducerRegisters(Load load) {
+  return load == Load::kFp8 ? kFp8ProducerRegisters : kProducerRegisters;
+}
+__host__ __device__ constexpr int ConsumerRegisters(Load load) {
+  return load == Load::kFp8 ? kFp8ConsumerRegisters : kConsumerRegisters;
+}
 
 __device__ __forceinline__ float Exp2(float x) {
   float y;
@@ -201,6 +235,9 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kBlockN / 2], float (&o
 }
 
 // One warpgroup's step over a KV tile: S = Q K^T, the softmax, O += P V.
+// kVKMajor: V is stored transposed (rows of dims, keys along the 128-byte
+// swizzled rows, as K is), which B reads K-major.
+template <bool kVKMajor>
 __device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsigned char* sk,
                                          const unsigned char* sv, float (&o)[64], Softmax& sm,
                                          bool masked, int n0, int pos0, float scale_log2) {
@@ -233,8 +270,17 @@ __device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsig
   // kBlockN rows of 128 bytes apart (the descriptor's leading offset).
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    wgmma::MmaM64N128K16Bf16RegA(
-        pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride, kBlockN * 128), o, true);
+    if constexpr (kVKMajor) {
+      // Keys 16 kk on: atom kk / 4 of 64 keys, 32 bytes per step within it.
+      wgmma::MmaM64N128K16Bf16RegA<false>(
+          pa[kk],
+          wgmma::Swizzle128Descriptor(sv + (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32,
+                                      kAtomStride),
+          o, true);
+    } else {
+      wgmma::MmaM64N128K16Bf16RegA(
+          pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride, kBlockN * 128), o, true);
+    }
   }
   wgmma::CommitGroup();
   wgmma::WaitGroup<0>();
@@ -281,9 +327,9 @@ struct Stages {
 // cache come by the tensor copy engine (kv_map), the rest (a context's last
 // partial block) by cp.async; otherwise everything by cp.async.
 template <bool kTma>
-__device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUtensorMap* kv_map,
-                                        const int32_t* table, const CtaWork& w, int num_n_tiles,
-                                        const Stages& st) {
+__device__ __forceinline__ void ProduceBf16(const PagedPrefillParams& p, const CUtensorMap* kv_map,
+                                            const int32_t* table, const CtaWork& w, int num_n_tiles,
+                                            const Stages& st) {
   const int t = threadIdx.x;
   LoadQ(p, w, t, st.smem);
   for (int it = 0; it < num_n_tiles; ++it) {
@@ -322,9 +368,194 @@ __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUten
   CpAsyncWaitAll();
 }
 
+// The FP8 staging buffers (Load::kFp8).
+struct Fp8Staging {
+  unsigned char* raw;  // [2][kFp8StagingBytes]: K rows, then V's 16-token groups.
+  float* scales;       // [2][2][kBlockN]: K's, then V's.
+  uint64_t* full;      // [2]: the buffer's bytes have landed.
+  __device__ unsigned char* k(int b) const { return raw + b * kFp8StagingBytes; }
+  __device__ unsigned char* v(int b) const { return k(b) + kBlockN * kHeadDim; }
+  __device__ float* k_scales(int b) const { return scales + b * 2 * kBlockN; }
+  __device__ float* v_scales(int b) const { return k_scales(b) + kBlockN; }
+};
+
+struct TokenScales {
+  float k = 0.0f;
+  float v = 0.0f;
+};
+
+// Starts tile `it` into staging buffer it % 2: thread 0 issues a box of
+// block_size 128-byte rows per block of the tile with keys before kv_end,
+// for K and for V (whose 16-token groups are 128-byte rows too); every
+// thread loads its key's two scales (zero past kv_end), which it stores with
+// StoreScales once they are needed.
+__device__ __forceinline__ TokenScales StartFp8Tile(const PagedPrefillParams& p,
+                                                    const CUtensorMap* map, const int32_t* table,
+                                                    const CtaWork& w, int it,
+                                                    const Fp8Staging& fs) {
+  const int b = it % 2;
+  const int n0 = it * kBlockN;
+  const int bs = p.block_size;
+  if (threadIdx.x == 0) {
+    const int blocks = (min(kBlockN, w.kv_end - n0) + bs - 1) / bs;
+    wgmma::BarrierArriveExpectBytes(&fs.full[b], blocks * bs * 128 * 2);
+    const int64_t rows_per_block = p.block_stride_elems / 128;
+    const int32_t value_rows = static_cast<int32_t>(p.value_offset_elems / 128);
+    for (int i = 0; i < blocks; ++i) {
+      const int32_t k_row = static_cast<int32_t>(table[n0 / bs + i] * rows_per_block +
+                                                 static_cast<int64_t>(w.kv_head) * bs);
+      wgmma::TensorLoad2d(fs.k(b) + i * bs * 128, map, 0, k_row, &fs.full[b]);
+      wgmma::TensorLoad2d(fs.v(b) + i * bs * 128, map, 0, k_row + value_rows, &fs.full[b]);
+    }
+  }
+  TokenScales scales;
+  const int pos = n0 + static_cast<int>(threadIdx.x);
+  if (pos < w.kv_end) {
+    const int block = table[pos / bs];
+    const int slot = pos % bs;
+    const float* at =
+        reinterpret_cast<const float*>(static_cast<const unsigned char*>(p.kv_base) +
+                                       block * p.block_stride_elems + p.scale_offset_elems);
+    scales.k = at[w.kv_head * bs + slot];
+    scales.v = at[(p.num_kv_heads + w.kv_head) * bs + slot];
+  }
+  return scales;
+}
+
+__device__ __forceinline__ void StoreScales(int it, const TokenScales& scales,
+                                            const Fp8Staging& fs) {
+  fs.k_scales(it % 2)[threadIdx.x] = scales.k;
+  fs.v_scales(it % 2)[threadIdx.x] = scales.v;
+}
+
+// The producer warpgroup's barrier among itself (named barrier 1).
+__device__ __forceinline__ void ProducerSync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kLoaders) : "memory");
+}
+
+// 16 stored E4M3 values of one group (index i at byte Fp8FragmentPosition(i):
+// word l holds indices 2l, 2l + 1, 2l + 8, 2l + 9) times their scales, as
+// bf16: indices 0-7 in `lo`, 8-15 in `hi`. scale(i) gives index i's scale.
+template <typename ScaleOf>
+__device__ __forceinline__ void DequantizeGroup(const uint4& raw, ScaleOf scale, uint4& lo,
+                                                uint4& hi) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int l = 0; l < 4; ++l) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(words[l] >> (16 * half)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      const int i = 2 * l + 8 * half;
+      out[4 * half + l] = PackBf16(f.x * scale(i), f.y * scale(i + 1));
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// Dequantizes staging buffer it % 2 into the bf16 tiles: K rows into sk
+// (K-major, as the bf16 path's), V's 16-token groups into sv transposed
+// (rows of dims, keys along the swizzled rows). Keys at or past kv_end
+// become zeros (the cache there may hold anything, NaN included).
+__device__ __forceinline__ void DequantizeFp8Tile(const CtaWork& w, int it, const Fp8Staging& fs,
+                                                  unsigned char* sk, unsigned char* sv) {
+  const int b = it % 2;
+  const int live = w.kv_end - it * kBlockN;  // Keys of the tile before kv_end (may pass 128).
+  const int t = threadIdx.x;
+  const float* const k_scales = fs.k_scales(b);
+  const float* const v_scales = fs.v_scales(b);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 2
+  for (int pass = 0; pass < kBlockN * kHeadDim / 16 / kLoaders; ++pass) {
+    // Key r's 16-dim group c: consecutive threads read consecutive bytes.
+    const int i = pass * kLoaders + t;
+    const int r = i / (kHeadDim / 16);
+    const int c = i % (kHeadDim / 16);
+    uint4 lo = zero;
+    uint4 hi = zero;
+    if (r < live) {
+      const float scale = k_scales[r];
+      DequantizeGroup(
+          *reinterpret_cast<const uint4*>(fs.k(b) + r * kHeadDim + c * 16),
+          [scale](int) { return scale; }, lo, hi);
+    }
+    *reinterpret_cast<uint4*>(sk + SwizzledOffset<kBlockN>({r, 2 * c})) = lo;
+    *reinterpret_cast<uint4*>(sk + SwizzledOffset<kBlockN>({r, 2 * c + 1})) = hi;
+  }
+#pragma unroll 2
+  for (int g = 0; g < kBlockN / 16; ++g) {
+    // Dim t's 16 keys of group g.
+    const float* const scales = v_scales + 16 * g;
+    uint4 lo = zero;
+    uint4 hi = zero;
+    if (16 * g < live) {
+      const int valid = live - 16 * g;
+      DequantizeGroup(
+          *reinterpret_cast<const uint4*>(fs.v(b) + g * 2048 + t * 16),
+          [scales, valid](int i) { return i < valid ? scales[i] : 0.0f; }, lo, hi);
+      if (valid < 16) {
+        // 0 x NaN is NaN: clear the keys past kv_end outright.
+        uint32_t* const words[2] = {&lo.x, &hi.x};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          if (i >= valid) words[i / 8][(i % 8) / 2] &= (i % 2 == 0) ? 0xffff0000u : 0x0000ffffu;
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(sv + SwizzledOffset<kHeadDim>({t, 2 * g})) = lo;
+    *reinterpret_cast<uint4*>(sv + SwizzledOffset<kHeadDim>({t, 2 * g + 1})) = hi;
+  }
+}
+
+// The producer warpgroup over the FP8 cache: Q by cp.async; tile it + 1's
+// raw bytes on their way into one staging buffer while tile it's are
+// dequantized from the other into stage it % kStages (once its tile before
+// has been consumed).
+__device__ __forceinline__ void ProduceFp8(const PagedPrefillParams& p, const CUtensorMap* map,
+                                           const int32_t* table, const CtaWork& w, int num_n_tiles,
+                                           const Stages& st, const Fp8Staging& fs) {
+  LoadQ(p, w, threadIdx.x, st.smem);
+  StoreScales(0, StartFp8Tile(p, map, table, w, 0, fs), fs);
+  ProducerSync();
+  for (int it = 0; it < num_n_tiles; ++it) {
+    const int stage = it % kStages;
+    const int use = it / kStages;
+    TokenScales next;
+    if (it + 1 < num_n_tiles) next = StartFp8Tile(p, map, table, w, it + 1, fs);
+    wgmma::BarrierWait(&fs.full[it % 2], (it / 2) & 1);
+    if (use > 0) wgmma::BarrierWait(&st.empty[stage], (use - 1) & 1);
+    DequantizeFp8Tile(w, it, fs, st.k(stage), st.v(stage));
+    if (it == 0) CpAsyncWaitAll();  // Q, which the consumers read from tile 0 on.
+    // Plain stores here, wgmma's reads through the async proxy there.
+    wgmma::FenceSharedForAsync();
+    wgmma::BarrierArrive(&st.full[stage]);
+    if (it + 1 < num_n_tiles) StoreScales(it + 1, next, fs);
+    // Staging buffer it % 2 is free, and tile it + 1's scales are stored.
+    ProducerSync();
+  }
+}
+
+template <Load kLoad>
+__device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUtensorMap* kv_map,
+                                        const int32_t* table, const CtaWork& w, int num_n_tiles,
+                                        const Stages& st, unsigned char* smem) {
+  if constexpr (kLoad == Load::kFp8) {
+    const Fp8Staging fs{smem + kTilesBytes,
+                        reinterpret_cast<float*>(smem + kTilesBytes + 2 * kFp8StagingBytes),
+                        reinterpret_cast<uint64_t*>(smem + kFp8BarrierOffset + kBarrierBytes)};
+    ProduceFp8(p, kv_map, table, w, num_n_tiles, st, fs);
+  } else {
+    ProduceBf16<kLoad == Load::kTma>(p, kv_map, table, w, num_n_tiles, st);
+  }
+}
+
 // A consumer warpgroup (c = 0 or 1: query rows 64 c .. 64 c + 63 of the
 // tile): every tile is waited for and released, computed on when some of its
 // keys are visible to the warpgroup's rows.
+template <bool kVKMajor>
 __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWork& w,
                                         int num_n_tiles, const Stages& st, int c) {
   const int warp_in_wg = (threadIdx.x % 128) / 32;
@@ -340,14 +571,14 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
   for (int it = 0; it < num_n_tiles; ++it) {
     const int stage = it % kStages;
     wgmma::BarrierWait(&st.full[stage], (it / kStages) & 1);
-    // cp.async wrote through the generic proxy; wgmma reads through the
-    // async one.
+    // cp.async (or the FP8 producer's stores) wrote through the generic
+    // proxy; wgmma reads through the async one.
     wgmma::FenceSharedForAsync();
     const int n0 = it * kBlockN;
     if (wg_has_rows && n0 <= wg_first_pos + 63) {
       const bool masked = n0 + kBlockN - 1 > wg_first_pos;
-      TileStep(st.smem + c * 64 * 128, st.k(stage), st.v(stage), o, sm, masked, n0,
-               w.first_row_pos + row0, scale_log2);
+      TileStep<kVKMajor>(st.smem + c * 64 * 128, st.k(stage), st.v(stage), o, sm, masked, n0,
+                         w.first_row_pos + row0, scale_log2);
     }
     wgmma::BarrierArrive(&st.empty[stage]);
   }
@@ -356,7 +587,7 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
 
 // kTableInSmem: the sequence's block table is copied into shared memory first,
 // so the producer's gathers wait on shared memory instead of a global load.
-template <bool kTma, bool kTableInSmem>
+template <Load kLoad, bool kTableInSmem>
 __global__ void __launch_bounds__(kThreads, 1)
     PagedPrefillSm90Kernel(const PagedPrefillParams p, const __grid_constant__ CUtensorMap kv_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -379,14 +610,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   w.kv_end = w.first_row_pos + w.rows;
   const int num_n_tiles = (w.kv_end + kBlockN - 1) / kBlockN;
 
-  uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + kTilesBytes);
+  constexpr bool kFp8 = kLoad == Load::kFp8;
+  uint64_t* const barriers =
+      reinterpret_cast<uint64_t*>(smem + (kFp8 ? kFp8BarrierOffset : kTilesBytes));
   const Stages st{smem, barriers, barriers + kStages};
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
-      // Every producer thread's cp.async arrival, and with the tensor copy
-      // engine the first thread's expected bytes.
-      wgmma::BarrierInit(&st.full[i], kLoaders + (kTma ? 1 : 0));
+      // Every producer thread's arrival (cp.async's, or the FP8 producer's
+      // after its stores), and with the tensor copy engine into the stage
+      // the first thread's expected bytes.
+      wgmma::BarrierInit(&st.full[i], kLoaders + (kLoad == Load::kTma ? 1 : 0));
       wgmma::BarrierInit(&st.empty[i], kThreads - kLoaders);
+    }
+    if constexpr (kFp8) {
+      // The staging buffers: the first thread's expected bytes alone.
+      for (int i = 0; i < 2; ++i) wgmma::BarrierInit(barriers + 2 * kStages + i, 1);
     }
   }
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks_per_seq;
@@ -398,18 +636,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (threadIdx.x < kLoaders) {
-    wgmma::DecreaseRegisters<kProducerRegisters>();
-    Produce<kTma>(p, &kv_map, table, w, num_n_tiles, st);
+    wgmma::DecreaseRegisters<ProducerRegisters(kLoad)>();
+    Produce<kLoad>(p, &kv_map, table, w, num_n_tiles, st, smem);
   } else {
-    wgmma::IncreaseRegisters<kConsumerRegisters>();
-    Consume(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
+    wgmma::IncreaseRegisters<ConsumerRegisters(kLoad)>();
+    Consume<kFp8>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
   }
 }
 
-template <bool kTma, bool kTableInSmem>
+template <Load kLoad, bool kTableInSmem>
 cudaError_t LaunchSm90(const PagedPrefillParams& params, const CUtensorMap& kv_map, int smem_bytes,
                        cudaStream_t stream) {
-  auto* kernel = &PagedPrefillSm90Kernel<kTma, kTableInSmem>;
+  auto* kernel = &PagedPrefillSm90Kernel<kLoad, kTableInSmem>;
   const cudaError_t error =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (error != cudaSuccess) return error;
@@ -419,64 +657,98 @@ cudaError_t LaunchSm90(const PagedPrefillParams& params, const CUtensorMap& kv_m
 }
 
 // The block table in shared memory when it fits.
-template <bool kTma>
+template <Load kLoad>
 cudaError_t LaunchPlacingTable(const PagedPrefillParams& params, const CUtensorMap& kv_map,
                                cudaStream_t stream) {
   const int table_bytes = (params.max_blocks_per_seq * 4 + 15) / 16 * 16;
   if (table_bytes > kMaxTableBytes) {
-    return LaunchSm90<kTma, false>(params, kv_map, kSmemBytes, stream);
+    return LaunchSm90<kLoad, false>(params, kv_map, kSmemBytes, stream);
   }
-  return LaunchSm90<kTma, true>(params, kv_map, kSmemBytes + table_bytes, stream);
+  return LaunchSm90<kLoad, true>(params, kv_map, kSmemBytes + table_bytes, stream);
 }
 
-// The cache as a 2-D tensor of 256-byte rows (one token's 128 dims of one kv
-// head), boxes of block_size rows x 64 dims landing 128-byte-swizzled: the
-// tile layout above. False where the tensor copy engine cannot take the
-// cache (blocks not whole 128-element rows apart, a block size that does not
-// tile the KV tiles, or no encoder in the driver).
+// cuTensorMapEncodeTiled from the driver, or null.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled Encoder() {
+  static const EncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<EncodeTiled>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(fn);
+  }();
+  return encode;
+}
+
+// The cache as a 2-D tensor of `rows` rows of `row_elems` elements, boxes of
+// box_elems x block_size rows. Rows are addressed by 32-bit coordinates; the
+// map spans 256 GiB, past any cache, and only rows of named blocks are read.
+bool EncodeRows(const PagedPrefillParams& params, CUtensorMapDataType type, int elem_bytes,
+                int box_elems, CUtensorMapSwizzle swizzle, CUtensorMap* map) {
+  const EncodeTiled encode = Encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(kHeadDim) * elem_bytes;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDim), (cuuint64_t{1} << 38) / row_bytes};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_elems),
+                             static_cast<cuuint32_t>(params.block_size)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, type, 2, const_cast<void*>(params.kv_base), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The bf16 cache as rows of 256 bytes (one token's 128 dims of one kv head),
+// boxes of block_size rows x 64 dims landing 128-byte-swizzled: the tile
+// layout above. False where the tensor copy engine cannot take the cache
+// (blocks not whole 128-element rows apart, a block size that does not tile
+// the KV tiles, or no encoder in the driver).
 bool EncodeKvMap(const PagedPrefillParams& params, CUtensorMap* map) {
   const int bs = params.block_size;
   if (bs % 8 != 0 || kBlockN % bs != 0 || params.block_stride_elems % kHeadDim != 0 ||
       params.value_offset_elems % kHeadDim != 0) {
     return false;
   }
-  using Encode =
-      CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return static_cast<Encode>(nullptr);
-    }
-    return reinterpret_cast<Encode>(fn);
-  }();
-  if (encode == nullptr) return false;
-  // Rows are addressed by 32-bit coordinates; the map spans 2^30 rows (256
-  // GiB), past any cache, and only rows of named blocks are read.
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDim), cuuint64_t{1} << 30};
-  const cuuint64_t strides[1] = {kHeadDim * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(bs)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(params.kv_base), dims,
-                strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeRows(params, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, 64, CU_TENSOR_MAP_SWIZZLE_128B,
+                    map);
+}
+
+// Whether the FP8 cache's blocks lie whole 128-byte rows apart, K's and V's
+// alike, in blocks that tile the KV tiles: what Load::kFp8 stages.
+bool Fp8RowsApply(const PagedPrefillParams& params) {
+  return params.block_size % 16 == 0 && kBlockN % params.block_size == 0 &&
+         params.block_stride_elems % 128 == 0 && params.value_offset_elems % 128 == 0;
+}
+
+// The FP8 cache as rows of 128 bytes (a token's K for one kv head, or 8 dims
+// of a V group), boxes of block_size whole rows, unswizzled.
+bool EncodeFp8Map(const PagedPrefillParams& params, CUtensorMap* map) {
+  return Fp8RowsApply(params) && EncodeRows(params, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, kHeadDim,
+                                            CU_TENSOR_MAP_SWIZZLE_NONE, map);
 }
 
 }  // namespace
 
 bool PagedPrefillSm90Supports(const PagedPrefillParams& params) {
-  return params.head_dim == kHeadDim && !params.kv_fp8;
+  return params.head_dim == kHeadDim && (!params.kv_fp8 || Fp8RowsApply(params));
 }
 
 cudaError_t PagedPrefillAttentionSm90(const PagedPrefillParams& params, cudaStream_t stream) {
   CUtensorMap map{};
-  if (EncodeKvMap(params, &map)) return LaunchPlacingTable<true>(params, map, stream);
-  return LaunchPlacingTable<false>(params, map, stream);
+  if (params.kv_fp8) {
+    // Without the tensor copy engine, the mma.sync kernel reads the FP8 cache.
+    if (!EncodeFp8Map(params, &map)) return PagedPrefillAttention(params, stream);
+    return LaunchSm90<Load::kFp8, false>(params, map, kFp8SmemBytes, stream);
+  }
+  if (EncodeKvMap(params, &map)) return LaunchPlacingTable<Load::kTma>(params, map, stream);
+  return LaunchPlacingTable<Load::kCpAsync>(params, map, stream);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -154,7 +154,9 @@ __device__ __forceinline__ void MmaM64N128K16Bf16(uint64_t a, uint64_t b, float 
 
 // MmaM64N64K16Bf16RegA with N = 128 (d[64]). For a 128-byte-swizzled
 // MN-major B the 128 N values span two atoms, `leading_bytes` apart in its
-// descriptor (Swizzle128Descriptor's third argument).
+// descriptor (Swizzle128Descriptor's third argument). kMnMajorB false: B is
+// K-major instead (N rows of K contiguous values, as in the SS products).
+template <bool kMnMajorB = true>
 __device__ __forceinline__ void MmaM64N128K16Bf16RegA(const uint32_t (&a)[4], uint64_t b,
                                                       float (&d)[64], bool accumulate) {
   asm volatile(
@@ -165,10 +167,11 @@ __device__ __forceinline__ void MmaM64N128K16Bf16RegA(const uint32_t (&a)[4], ui
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
       "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
       "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
       "}\n"
       : TRIDENT_WGMMA_ACCUMULATORS_64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)),
+        "n"(kMnMajorB ? 1 : 0));
 }
 
 // Shared-memory barriers (mbarrier) for producer / consumer pipelines.
