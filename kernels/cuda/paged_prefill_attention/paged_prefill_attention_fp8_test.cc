@@ -27,6 +27,7 @@
 #include "kernels/cpu/paged_attention/paged_attention_reference.h"
 #include "kernels/cpu/paged_kv_fp8/paged_kv_fp8.h"
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention.h"
+#include "kernels/cuda/testing/device_arch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -37,14 +38,6 @@ constexpr uint32_t kSeed = 9090;
 constexpr float kAbsTolerance = 2e-2f;
 constexpr float kRelTolerance = 1e-2f;
 constexpr uint16_t kBf16Sentinel = 0x7fc1;
-
-bool IsSm90() {
-  int major = 0;
-  int minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-}
 
 struct Case {
   std::string name;
@@ -181,7 +174,8 @@ TEST_P(PagedPrefillFp8Test, MatchesCpuReferenceOverTheStoredValues) {
   // Both kernels where Hopper's applies: head_dim 128 in blocks that divide
   // its 128-key tiles, on an sm_90 device.
   std::vector<PrefillKernel> kernels = {PrefillKernel::kMmaSync};
-  if (d == 128 && 128 % c.block_size == 0 && IsSm90()) kernels.push_back(PrefillKernel::kWgmma);
+  if (d == 128 && 128 % c.block_size == 0 && testing::IsSm90Device())
+    kernels.push_back(PrefillKernel::kWgmma);
   for (const PrefillKernel kernel : kernels) {
     const char* name = kernel == PrefillKernel::kWgmma ? "wgmma" : "mma.sync";
     args.kernel = kernel;

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/paged_attention/paged_attention.h"
+#include "kernels/cuda/testing/device_arch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -48,14 +49,6 @@ struct Case {
   std::vector<SeqShape> seqs;
   float q_scale = 1.0f;
 };
-
-bool IsSm90() {
-  int major = 0;
-  int minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  return major == 9 && minor == 0;
-}
 
 template <typename T>
 T* DeviceCopy(const std::vector<T>& host) {
@@ -274,7 +267,7 @@ TEST_P(PagedPrefillAttentionTest, MatchesCpuPagedAttention) {
   Batch batch(config, test_case.seqs, test_case.q_scale, kSeed);
   batch.ExpectMatchesCpu(PrefillKernel::kMmaSync);
   // Hopper's wgmma kernel on the same data, where it applies.
-  if (config.head_dim == 128 && IsSm90()) {
+  if (config.head_dim == 128 && testing::IsSm90Device()) {
     std::printf("wgmma kernel: ");
     batch.ExpectMatchesCpu(PrefillKernel::kWgmma);
   }
