@@ -76,8 +76,7 @@ __device__ __forceinline__ void SplitRange(const DecodeKernelParams& p, int seq,
 // the CTA writes the bf16 output (one split) or the normalized partial and
 // its (max, sum) for the merge kernel. Dims past hd are not written.
 template <int kHeadDim, int kNumWarps>
-__device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p,
-                                                   unsigned char* smem,
+__device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, unsigned char* smem,
                                                    const float (&acc)[kHeadDim / 8][2],
                                                    float run_max, float run_sum, int hd,
                                                    int kv_head, int split, int seq) {

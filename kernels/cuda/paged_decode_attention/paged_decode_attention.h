@@ -73,10 +73,12 @@ struct PagedDecodeArgs {
 // speed): 0 is the first kernel (fp32 FMAs, 128 threads, two CTA-wide
 // cp.async stages); the others use tensor cores with per-warp cp.async
 // pipelines of 16-token chunks, `warps` x `stages` deep (see
-// DecodeVariantName). The benchmark compares them; PlanDecode picks
+// DecodeVariantName); 9, wgmma_fp8, is Hopper's FP8 kernel (wgmma on the
+// stored E4M3 bytes, at head_dim 128 on sm_90 devices; over the bf16 cache
+// and elsewhere it runs as mma_w4_s2). The benchmark compares them; PlanDecode picks
 // kDefaultDecodeVariant, mma_w8_s2 (8 warps, 2 stages, one 128 KiB CTA per
 // SM), the fastest or within 3% of it on every benchmark shape on the H200.
-inline constexpr int32_t kNumDecodeVariants = 9;
+inline constexpr int32_t kNumDecodeVariants = 10;
 inline constexpr int32_t kDefaultDecodeVariant = 5;
 // Over an FP8 cache: mma_w4_s2, the fastest or within 7% of it on every
 // benchmark shape on the H200 (the FP8 kernel is compute-bound, and more,

@@ -57,8 +57,8 @@ __device__ __forceinline__ uint32_t PackHalf(float lo, float hi) {
 
 // Two E4M3 bytes (low byte first) as an fp16 pair (low half first).
 __device__ __forceinline__ uint32_t Fp8PairToHalf2(uint32_t two_bytes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
       const int r = piece_index / kRowPieces;
       const int piece = piece_index % kRowPieces;
       const bool ok = r < valid && piece * 16 < hd;
-      CpAsync16Shared(k_dst + static_cast<uint32_t>(r * kHeadDim +
-                                                    SwizzledPiece<kRowPieces>(r, piece) * 16),
-                      ok ? k_src + r * hd + piece * 16 : kv, ok);
+      CpAsync16Shared(
+          k_dst + static_cast<uint32_t>(r * kHeadDim + SwizzledPiece<kRowPieces>(r, piece) * 16),
+          ok ? k_src + r * hd + piece * 16 : kv, ok);
     }
     const unsigned char* v_src =
         block_base + p.value_offset +
@@ -196,8 +196,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
 #pragma unroll
     for (int j = 0; j < kHeadDim / 32; ++j) {
       const int d = lane + 32 * j;
-      CpAsync16Shared(v_dst + static_cast<uint32_t>(d * 16), d < hd ? v_src + d * 16 : kv,
-                      d < hd);
+      CpAsync16Shared(v_dst + static_cast<uint32_t>(d * 16), d < hd ? v_src + d * 16 : kv, d < hd);
     }
     if (lane < 8) {
       // Lanes 0-3: the chunk's K scales; 4-7: its V scales.
@@ -310,8 +309,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     for (int nt = 0; nt < kDimTiles; ++nt) {
       if (8 * nt >= hd) break;
       const uint32_t word =
-          *reinterpret_cast<const uint32_t*>(v_tile + (8 * nt + row) * 16 + 4 * quad) &
-          token_mask;
+          *reinterpret_cast<const uint32_t*>(v_tile + (8 * nt + row) * 16 + 4 * quad) & token_mask;
       MmaTopRowsF16(acc[nt][0], acc[nt][1], pa0, pa2, Fp8PairToHalf2(word),
                     Fp8PairToHalf2(word >> 16));
     }
@@ -326,16 +324,14 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     acc[nt][1] *= unit;
   }
   __syncthreads();  // All warps are done with their stages.
-  MergeWarpsAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split,
-                                          seq);
+  MergeWarpsAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split, seq);
 }
 
 template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages>
 cudaError_t LaunchFp8Kernel(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int64_t kSmemBytes = MmaFp8SharedBytes(kNumWarps, kNumStages, kHeadDim);
   static_assert(kSmemBytes <= kMaxSharedBytesPerCta, "fits one SM's shared memory");
-  void (*kernel)(DecodeKernelParams) =
-      DecodeMmaFp8Kernel<kHeadDim, kMasked, kNumWarps, kNumStages>;
+  void (*kernel)(DecodeKernelParams) = DecodeMmaFp8Kernel<kHeadDim, kMasked, kNumWarps, kNumStages>;
   static std::atomic<uint64_t> configured{0};
   const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kSmemBytes, configured);
   if (error != cudaSuccess) return error;
@@ -357,7 +353,7 @@ cudaError_t LaunchFp8Variant(const DecodeKernelParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, bool kMasked>
 cudaError_t LaunchFp8Width(const DecodeKernelParams& p, cudaStream_t stream) {
-  static_assert(kNumDecodeKernelVariants == 9, "one case per variant below");
+  static_assert(kNumDecodeKernelVariants == 10, "one case per variant below");
   switch (p.variant) {
     case 1:
       return LaunchFp8Variant<kHeadDim, kMasked, 1>(p, stream);
@@ -375,6 +371,8 @@ cudaError_t LaunchFp8Width(const DecodeKernelParams& p, cudaStream_t stream) {
       return LaunchFp8Variant<kHeadDim, kMasked, 7>(p, stream);
     case 8:
       return LaunchFp8Variant<kHeadDim, kMasked, 8>(p, stream);
+    case 9:
+      return LaunchFp8Variant<kHeadDim, kMasked, 9>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }

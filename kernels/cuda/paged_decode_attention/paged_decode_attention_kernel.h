@@ -12,12 +12,14 @@
 namespace trident::kernels::cuda::internal {
 
 // One way to run the split kernel. kLegacy: the first kernel (128 threads,
-// fp32 FMAs, two CTA-wide 16 KiB cp.async stages). kMma: tensor-core QK and
+// fp32 FMAs, two CTA-wide 16 KiB cp.async stages). kWgmmaFp8: Hopper's FP8
+// kernel (paged_decode_attention_fp8_sm90.cu) over the FP8 cache at head_dim
+// 128 on sm_90 devices, mma_w4_s2 elsewhere. kMma: tensor-core QK and
 // PV (mma.sync m16n8k16, q heads as rows), `warps` warps per CTA each running
 // its own `stages`-deep cp.async pipeline of 16-token chunks over every
 // warps-th chunk of the CTA's split, merged through shared memory at the end;
 // `pdl` launches the merge kernel with programmatic dependent launch.
-enum class DecodeKernelKind { kLegacy, kMma };
+enum class DecodeKernelKind { kLegacy, kMma, kWgmmaFp8 };
 
 struct DecodeVariantSpec {
   DecodeKernelKind kind;
@@ -28,15 +30,16 @@ struct DecodeVariantSpec {
 };
 
 inline constexpr DecodeVariantSpec kDecodeVariants[] = {
-    {DecodeKernelKind::kLegacy, 4, 2, false, "legacy"},     // 0
-    {DecodeKernelKind::kMma, 4, 2, false, "mma_w4_s2"},     // 1
-    {DecodeKernelKind::kMma, 4, 3, false, "mma_w4_s3"},     // 2
-    {DecodeKernelKind::kMma, 4, 4, false, "mma_w4_s4"},     // 3
-    {DecodeKernelKind::kMma, 2, 4, false, "mma_w2_s4"},     // 4
-    {DecodeKernelKind::kMma, 8, 2, false, "mma_w8_s2"},     // 5
-    {DecodeKernelKind::kMma, 2, 3, false, "mma_w2_s3"},     // 6
-    {DecodeKernelKind::kMma, 4, 6, false, "mma_w4_s6"},     // 7
-    {DecodeKernelKind::kMma, 4, 3, true, "mma_w4_s3_pdl"},  // 8
+    {DecodeKernelKind::kLegacy, 4, 2, false, "legacy"},       // 0
+    {DecodeKernelKind::kMma, 4, 2, false, "mma_w4_s2"},       // 1
+    {DecodeKernelKind::kMma, 4, 3, false, "mma_w4_s3"},       // 2
+    {DecodeKernelKind::kMma, 4, 4, false, "mma_w4_s4"},       // 3
+    {DecodeKernelKind::kMma, 2, 4, false, "mma_w2_s4"},       // 4
+    {DecodeKernelKind::kMma, 8, 2, false, "mma_w8_s2"},       // 5
+    {DecodeKernelKind::kMma, 2, 3, false, "mma_w2_s3"},       // 6
+    {DecodeKernelKind::kMma, 4, 6, false, "mma_w4_s6"},       // 7
+    {DecodeKernelKind::kMma, 4, 3, true, "mma_w4_s3_pdl"},    // 8
+    {DecodeKernelKind::kWgmmaFp8, 4, 4, false, "wgmma_fp8"},  // 9
 };
 inline constexpr int32_t kNumDecodeKernelVariants =
     static_cast<int32_t>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
@@ -82,6 +85,7 @@ inline constexpr int64_t kMaxSharedBytesPerCta = 227 * 1024;
 // Whether `spec` runs at kernel width `width`.
 TRIDENT_DECODE_HOST_DEVICE constexpr bool VariantRunsAt(const DecodeVariantSpec& spec,
                                                         int32_t width) {
+  if (spec.kind == DecodeKernelKind::kWgmmaFp8) return false;  // The bf16 cache: mma_w4_s2.
   return width <= 128 || (spec.kind == DecodeKernelKind::kMma &&
                           MmaSharedBytes(spec.warps, spec.stages, width) <= kMaxSharedBytesPerCta);
 }
@@ -102,10 +106,18 @@ TRIDENT_DECODE_HOST_DEVICE constexpr int64_t MmaFp8SharedBytes(int32_t warps, in
   const int64_t merge_bytes = static_cast<int64_t>(warps) * (8 * head_dim + 16) * 4;
   return stage_bytes > merge_bytes ? stage_bytes : merge_bytes;
 }
-// The variant the FP8 kernel runs for `variant`: the mma ones as they are
-// (all fit at every width), the legacy one as the default.
+// The variant the FP8 mma kernel runs for `variant`: the mma ones as they
+// are (all fit at every width), the legacy one as the default, wgmma_fp8
+// (where Hopper's kernel does not apply) as mma_w4_s2.
 constexpr int32_t EffectiveFp8Variant(int32_t variant) {
-  return kDecodeVariants[variant].kind == DecodeKernelKind::kLegacy ? 5 : variant;
+  switch (kDecodeVariants[variant].kind) {
+    case DecodeKernelKind::kLegacy:
+      return 5;
+    case DecodeKernelKind::kWgmmaFp8:
+      return 1;
+    default:
+      return variant;
+  }
 }
 
 // Resident CTAs per SM of the legacy kernel (head_dim 128, GQA 4: 106
@@ -147,6 +159,12 @@ cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream);
 // The FP8 cache's split kernel (paged_decode_attention_fp8.cu) for
 // EffectiveFp8Variant(params.variant); block_size a multiple of 16.
 cudaError_t LaunchFp8Split(const DecodeKernelParams& params, cudaStream_t stream);
+
+// Hopper's FP8 split kernel (paged_decode_attention_fp8_sm90.cu): whether it
+// takes `params` (the FP8 cache, head_dim 128, a group of at most 8, blocks a
+// multiple of 16; the device must be sm_90), and its launch.
+bool Fp8WgmmaSupports(const DecodeKernelParams& params);
+cudaError_t LaunchFp8WgmmaSplit(const DecodeKernelParams& params, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 
