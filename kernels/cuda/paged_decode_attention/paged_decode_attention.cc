@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/arch/arch.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
 
 namespace trident::kernels::cuda {
@@ -18,6 +19,9 @@ static_assert(kNumDecodeVariants == internal::kNumDecodeKernelVariants,
               "the public variant count matches the kernel table");
 static_assert(kDefaultDecodeVariant >= 0 && kDefaultDecodeVariant < kNumDecodeVariants,
               "the default variant exists");
+static_assert(internal::kDecodeVariants[kWgmmaFp8DecodeVariant].kind ==
+                  internal::DecodeKernelKind::kWgmmaFp8,
+              "kWgmmaFp8DecodeVariant names Hopper's FP8 kernel");
 
 bool ValidVariant(int32_t variant) { return variant >= 0 && variant < kNumDecodeVariants; }
 
@@ -235,6 +239,7 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
   p.scale_log2 = args.scale * 1.4426950408889634f;
   p.variant = plan.variant;
   p.pdl = args.pdl;
+  p.sm90 = CurrentDeviceIsSm90();
   const cudaError_t error = internal::PagedDecode(p, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(

@@ -703,25 +703,6 @@ cudaError_t LaunchBf16Split(const DecodeKernelParams& p, cudaStream_t stream) {
   return masked ? LaunchSplit<256, true>(p, stream) : LaunchSplit<256, false>(p, stream);
 }
 
-// Whether the current device is sm_90 (Hopper's kernels are built for
-// sm_90a alone), asked once per device.
-bool DeviceIsSm90() {
-  static std::atomic<uint8_t> known[64];  // 0: not asked; 1: sm_90; 2: not.
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device < 0 || device >= 64) return false;
-  const uint8_t seen = known[device].load(std::memory_order_relaxed);
-  if (seen != 0) return seen == 1;
-  int major = 0;
-  int minor = 0;
-  const bool sm90 =
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-      major == 9 && minor == 0;
-  known[device].store(sm90 ? 1 : 2, std::memory_order_relaxed);
-  return sm90;
-}
-
 }  // namespace
 
 cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream) {
@@ -732,7 +713,7 @@ cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream) {
   DecodeKernelParams p = params;
   cudaError_t error;
   if (params.fp8 && kDecodeVariants[params.variant].kind == DecodeKernelKind::kWgmmaFp8 &&
-      Fp8WgmmaSupports(params) && DeviceIsSm90()) {
+      Fp8WgmmaSupports(params) && params.sm90) {
     error = LaunchFp8WgmmaSplit(p, stream);
   } else if (params.fp8) {
     p.variant = EffectiveFp8Variant(params.variant);

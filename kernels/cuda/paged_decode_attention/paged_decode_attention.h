@@ -80,6 +80,8 @@ struct PagedDecodeArgs {
 // SM), the fastest or within 3% of it on every benchmark shape on the H200.
 inline constexpr int32_t kNumDecodeVariants = 10;
 inline constexpr int32_t kDefaultDecodeVariant = 5;
+// Hopper's FP8 kernel (see above).
+inline constexpr int32_t kWgmmaFp8DecodeVariant = 9;
 // Over an FP8 cache: mma_w4_s2, the fastest or within 7% of it on every
 // benchmark shape on the H200 (the FP8 kernel is compute-bound, and more,
 // smaller CTAs suit it).

@@ -229,7 +229,7 @@ TEST_P(PagedDecodeFp8Test, MatchesCpuReferenceOverTheStoredValues) {
     }
     // Hopper's kernel carries q and the probabilities as two E4M3 terms (about
     // 8 significant bits, against fp16's 11): twice the relative tolerance.
-    const bool wgmma = std::string(DecodeVariantName(variant)) == "wgmma_fp8";
+    const bool wgmma = variant == kWgmmaFp8DecodeVariant;
     const float abs_tolerance = wgmma ? 2e-2f : 1e-2f;
     const float rel_tolerance = wgmma ? 1.0f / 128.0f : 1.0f / 256.0f;
     std::vector<uint16_t> out(static_cast<size_t>(batch) * out_stride, kBf16Nan);

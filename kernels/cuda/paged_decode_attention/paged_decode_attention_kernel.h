@@ -150,6 +150,8 @@ struct DecodeKernelParams {
   float* partial_stats = nullptr;  // (max, sum) pairs; null with one split.
   int32_t variant = 0;             // Index into kDecodeVariants.
   bool pdl = false;                // The split kernel's launch (PagedDecodeArgs::pdl).
+  // The device is sm_90 (kernels/cuda/arch): Hopper's kernel may run.
+  bool sm90 = false;
 };
 
 // Launches the split kernel of params.variant and, with more than one split,

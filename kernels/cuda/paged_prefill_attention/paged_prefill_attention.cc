@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/arch/arch.h"
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 
 namespace trident::kernels::cuda {
@@ -94,26 +95,6 @@ absl::Status Validate(const PagedPrefillArgs& a) {
   return absl::OkStatus();
 }
 
-// Whether the current device is sm_90 (H100, H200), whose wgmma kernel is
-// built for sm_90a.
-absl::StatusOr<bool> IsSm90Device() {
-  int device = 0;
-  int major = 0;
-  int minor = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error == cudaSuccess) {
-    error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  }
-  if (error == cudaSuccess) {
-    error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  }
-  if (error != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("paged_prefill_attention: device query: ", cudaGetErrorString(error)));
-  }
-  return major == 9 && minor == 0;
-}
-
 // Whether `kernel` (kAuto: wherever it applies) takes Hopper's wgmma kernel;
 // kInvalidArgument or kFailedPrecondition when kWgmma is asked for where it
 // does not apply.
@@ -128,13 +109,12 @@ absl::StatusOr<bool> UseHopperKernel(PrefillKernel kernel,
         params.head_dim, params.kv_fp8 ? " and this FP8 cache" : ""));
   }
   if (!supported) return false;
-  const absl::StatusOr<bool> sm90 = IsSm90Device();
-  if (!sm90.ok()) return sm90.status();
-  if (kernel == PrefillKernel::kWgmma && !*sm90) {
+  const bool sm90 = CurrentDeviceIsSm90();
+  if (kernel == PrefillKernel::kWgmma && !sm90) {
     return absl::FailedPreconditionError(
         "paged_prefill_attention: the wgmma kernel needs an sm_90 device");
   }
-  return *sm90;
+  return sm90;
 }
 
 }  // namespace

@@ -26,8 +26,8 @@
 #include "kernels/cpu/paged_attention/paged_attention.h"
 #include "kernels/cpu/paged_attention/paged_attention_reference.h"
 #include "kernels/cpu/paged_kv_fp8/paged_kv_fp8.h"
+#include "kernels/cuda/arch/arch.h"
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention.h"
-#include "kernels/cuda/testing/device_arch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -174,7 +174,7 @@ TEST_P(PagedPrefillFp8Test, MatchesCpuReferenceOverTheStoredValues) {
   // Both kernels where Hopper's applies: head_dim 128 in blocks that divide
   // its 128-key tiles, on an sm_90 device.
   std::vector<PrefillKernel> kernels = {PrefillKernel::kMmaSync};
-  if (d == 128 && 128 % c.block_size == 0 && testing::IsSm90Device())
+  if (d == 128 && 128 % c.block_size == 0 && CurrentDeviceIsSm90())
     kernels.push_back(PrefillKernel::kWgmma);
   for (const PrefillKernel kernel : kernels) {
     const char* name = kernel == PrefillKernel::kWgmma ? "wgmma" : "mma.sync";

@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/paged_attention/paged_attention.h"
-#include "kernels/cuda/testing/device_arch.h"
+#include "kernels/cuda/arch/arch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -267,7 +267,7 @@ TEST_P(PagedPrefillAttentionTest, MatchesCpuPagedAttention) {
   Batch batch(config, test_case.seqs, test_case.q_scale, kSeed);
   batch.ExpectMatchesCpu(PrefillKernel::kMmaSync);
   // Hopper's wgmma kernel on the same data, where it applies.
-  if (config.head_dim == 128 && testing::IsSm90Device()) {
+  if (config.head_dim == 128 && CurrentDeviceIsSm90()) {
     std::printf("wgmma kernel: ");
     batch.ExpectMatchesCpu(PrefillKernel::kWgmma);
   }

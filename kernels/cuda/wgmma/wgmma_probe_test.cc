@@ -11,7 +11,7 @@
 #include "common/numeric/dtype.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/testing/device_arch.h"
+#include "kernels/cuda/arch/arch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -83,7 +83,7 @@ int Matching(const Probe& p, int32_t k, uint32_t leading, uint32_t stride, bool 
 // The swapped offsets are run too and printed, so that a failure says
 // whether the two descriptor fields are the other way round.
 TEST(WgmmaProbeTest, M64N64ProductsEqualTheCpuProduct) {
-  if (!testing::IsSm90Device()) GTEST_SKIP() << "needs an sm_90 device";
+  if (!CurrentDeviceIsSm90()) GTEST_SKIP() << "needs an sm_90 device";
   for (int32_t k : {16, 64, 128}) {
     const uint32_t seed = 20261129 + k;
     const Probe p = MakeProbe(k, seed);
@@ -98,7 +98,7 @@ TEST(WgmmaProbeTest, M64N64ProductsEqualTheCpuProduct) {
 // P.V's form: A from registers, B MN-major (N contiguous in each 16-byte
 // row of a core matrix).
 TEST(WgmmaProbeTest, RegisterAWithMnMajorBEqualsTheCpuProduct) {
-  if (!testing::IsSm90Device()) GTEST_SKIP() << "needs an sm_90 device";
+  if (!CurrentDeviceIsSm90()) GTEST_SKIP() << "needs an sm_90 device";
   for (int32_t k : {16, 64, 128}) {
     const uint32_t seed = 20261130 + k;
     const Probe p = MakeProbe(k, seed, /*b_rows_k=*/true);
@@ -115,7 +115,7 @@ TEST(WgmmaProbeTest, RegisterAWithMnMajorBEqualsTheCpuProduct) {
 // The 128-byte-swizzled layouts, K-major (A and B) and MN-major (B with A
 // from registers), atoms of 8 rows 1024 bytes apart.
 TEST(WgmmaProbeTest, Swizzled128LayoutsEqualTheCpuProduct) {
-  if (!testing::IsSm90Device()) GTEST_SKIP() << "needs an sm_90 device";
+  if (!CurrentDeviceIsSm90()) GTEST_SKIP() << "needs an sm_90 device";
   for (int32_t k : {16, 64, 128}) {
     const Probe kmajor = MakeProbe(k, 20261131 + k);
     const int a = Matching(kmajor, k, 16, 1024, /*register_a=*/false, /*swizzle=*/true);
