@@ -73,6 +73,10 @@ struct CudaBackendOptions {
   // weight-streaming GEMV kernel of kernels/cuda/gemm instead of cuBLASLt
   // (GemmOptions::gemv); false: cuBLASLt for all.
   bool gemv = true;
+  // On sm_90 those projections take Hopper's GEMV, which streams weights
+  // through shared memory by the bulk copy engine (GemmOptions::gemv_bulk);
+  // false: the register-streaming GEMV.
+  bool gemv_bulk = true;
   // Weights a reader computes rather than stores (model/generate's
   // RandomWeights, for benchmarks of large presets) are computed on the
   // device where they live (kernels/cuda's random_fill), the same bits as

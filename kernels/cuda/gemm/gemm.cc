@@ -9,7 +9,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/arch/arch.h"
 #include "kernels/cuda/gemm/gemv_kernel.h"
+#include "kernels/cuda/gemm/gemv_sm90_kernel.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -93,9 +95,18 @@ constexpr int64_t kGemvMaxK = 8192;
 // kGemvMaxK, 16-byte loads along k (k a multiple of 8, x and W 16-byte
 // aligned).
 bool GemvSuits(const GemmArgs& args) {
-  return args.m == 1 && args.k <= kGemvMaxK && args.k % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
+  return args.m == 1 && args.k % 8 == 0 && reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(args.w) % 16 == 0;
+}
+
+// Which single-row kernel takes the call, if any. Hopper's streams any k
+// (its pipeline does not depend on k); the other, k up to kGemvMaxK.
+enum class GemvPath { kNone, kRegisters, kBulk };
+
+GemvPath ChooseGemv(const GemmOptions& options, const GemmArgs& args) {
+  if (!options.gemv || !GemvSuits(args)) return GemvPath::kNone;
+  if (options.gemv_bulk && CurrentDeviceIsSm90()) return GemvPath::kBulk;
+  return args.k <= kGemvMaxK ? GemvPath::kRegisters : GemvPath::kNone;
 }
 
 }  // namespace
@@ -218,10 +229,15 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemm: y dtype ", numeric::DTypeName(args.y_dtype), " is not supported (bf16 or f32)"));
   }
-  if (impl_->options.gemv && GemvSuits(args)) {
-    const cudaError_t error = internal::GemvBf16(args.x, args.w, args.bias, args.y, args.n, args.k,
-                                                 args.y_dtype == numeric::DType::kF32,
-                                                 args.accumulate, impl_->options.pdl, stream);
+  const GemvPath gemv = ChooseGemv(impl_->options, args);
+  if (gemv != GemvPath::kNone) {
+    const bool f32_out = args.y_dtype == numeric::DType::kF32;
+    const cudaError_t error =
+        gemv == GemvPath::kBulk
+            ? internal::GemvBf16Bulk(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
+                                     args.accumulate, impl_->options.pdl, stream)
+            : internal::GemvBf16(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
+                                 args.accumulate, impl_->options.pdl, stream);
     if (error != cudaSuccess) {
       return absl::InternalError(absl::StrCat("Gemm: GEMV launch: ", cudaGetErrorString(error)));
     }

@@ -58,6 +58,10 @@ struct GemmOptions {
   // project that precede projections let it: norms, the activation,
   // decode attention).
   bool pdl = true;
+  // On sm_90, the single-row calls take Hopper's GEMV, which streams the
+  // weights through shared memory with the bulk copy engine, for any k;
+  // false keeps the register-streaming GEMV (k up to 8192, cuBLASLt beyond).
+  bool gemv_bulk = true;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally

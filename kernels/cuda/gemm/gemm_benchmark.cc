@@ -3,11 +3,12 @@
 // kernels/cuda/testing) measured in the same run. The weights rotate over
 // enough copies (>= 256 MiB in all) that no call finds its weights in L2,
 // as in a forward pass. Output mode 0: bf16 y; 1: fp32 y accumulated into
-// (the CUDA backend's projections). Path 0: cuBLASLt; 1: the GEMV kernel
-// (m = 1, k <= 8192; cuBLASLt beyond); 2: the same with programmatic
-// dependent launch, where
-// each call loads its first weights while the previous one ends (as after
-// the norms and the activation in a forward pass).
+// (the CUDA backend's projections). Path 0: cuBLASLt; 1: the
+// register-streaming GEMV kernel (m = 1, k <= 8192; cuBLASLt beyond); 2:
+// the same with programmatic dependent launch, where each call loads its
+// first weights while the previous one ends (as after the norms and the
+// activation in a forward pass); 3 and 4: Hopper's bulk-copy GEMV (sm_90,
+// any k), plain and with programmatic dependent launch.
 
 #include <cuda_runtime_api.h>
 
@@ -37,7 +38,8 @@ void BM_Gemm(benchmark::State& state) {
   cudaMemset(x, 0, m * k * 2);
   cudaMemset(w, 0, w_bytes * copies);
   cudaMemset(y, 0, m * n * 4);
-  auto gemm = Gemm::Create({.gemv = path != 0, .pdl = path == 2});
+  auto gemm =
+      Gemm::Create({.gemv = path != 0, .pdl = path == 2 || path == 4, .gemv_bulk = path >= 3});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
@@ -93,7 +95,7 @@ void BM_Gemm(benchmark::State& state) {
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t mode : {0, 1}) {
     for (int64_t m : {1, 2, 4, 8, 16, 64, 512, 4096}) {
-      for (int64_t path : {0, 1, 2}) {
+      for (int64_t path : {0, 1, 2, 3, 4}) {
         if (path > 0 && m > 1) continue;
         b->Args({m, 6144, 4096, mode, path});    // fused q/k/v
         b->Args({m, 4096, 4096, mode, path});    // o

@@ -36,19 +36,23 @@ T* ToDevice(const std::vector<T>& host) {
   return d;
 }
 
-// Each shape through cuBLASLt alone and with the GEMV kernel taking the
-// single-row calls that suit it.
-class GemmTest : public ::testing::TestWithParam<std::tuple<Shape, bool>> {};
+// Which kernels may take a call: cuBLASLt alone, the register-streaming
+// GEMV for the single-row calls that suit it, or Hopper's GEMV (on sm_90;
+// elsewhere the same as the register GEMV).
+enum Path { kCublas = 0, kGemv = 1, kGemvBulk = 2 };
+
+// Each shape through each path.
+class GemmTest : public ::testing::TestWithParam<std::tuple<Shape, int>> {};
 
 // Against the double reference on the same bf16 values. A bf16 output is off
 // by its rounding (relative 2^-8) plus fp32 accumulation; an fp32 output only
 // by the accumulation order.
 TEST_P(GemmTest, MatchesCpuReference) {
-  const auto [s, gemv] = GetParam();
+  const auto [s, path] = GetParam();
   const uint32_t seed = 7;
-  std::printf("m=%lld n=%lld k=%lld bias=%d f32_out=%d accumulate=%d gemv=%d seed %u\n",
+  std::printf("m=%lld n=%lld k=%lld bias=%d f32_out=%d accumulate=%d path=%d seed %u\n",
               static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-              s.bias, s.f32_out, s.accumulate, gemv, seed);
+              s.bias, s.f32_out, s.accumulate, path, seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t x_stride = s.k + s.x_pad;
@@ -83,7 +87,7 @@ TEST_P(GemmTest, MatchesCpuReference) {
   }
   std::vector<float> bias32(bias_f);
 
-  auto gemm = Gemm::Create({.gemv = gemv});
+  auto gemm = Gemm::Create({.gemv = path != kCublas, .gemv_bulk = path == kGemvBulk});
   ASSERT_THAT(gemm.status(), IsOk());
   void* dx = ToDevice(x);
   void* dw = ToDevice(w);
@@ -139,8 +143,13 @@ INSTANTIATE_TEST_SUITE_P(
             Shape{7, 3, 8, true, 0, true, true}, Shape{8, 4095, 14336, true, 0, true, true},
             Shape{2, 50, 100, true}, Shape{12, 8000, 520, true, 8, true, true},
             Shape{16, 10000, 4096, false, 0, true}, Shape{1, 300, 8192, true, 0, true, true},
-            Shape{11, 37, 72, true}),
-        ::testing::Bool()));
+            Shape{11, 37, 72, true},
+            // Hopper's GEMV: fewer items than SMs, a row longer than its
+            // chunk by a partial chunk, and the 8B shapes' down projection
+            // and head rows.
+            Shape{1, 4096, 14336, false, 0, true, true}, Shape{1, 130, 2056, true, 8, true},
+            Shape{1, 9000, 4096, true}, Shape{1, 5, 6152, false, 0, true, true}),
+        ::testing::Values(kCublas, kGemv, kGemvBulk)));
 
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/gemm/gemv_device.h"
 #include "kernels/cuda/gemm/gemv_kernel.h"
 #include "kernels/cuda/pdl/pdl_device.h"
 
@@ -26,23 +27,6 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
 using pdl::LetDependentsLaunch;
 using pdl::WaitForPreviousGrid;
 
-// Adds the bias (and y's old value with `accumulate`) and writes y[row].
-template <bool kF32Out>
-__device__ __forceinline__ void Store(float v, const void* bias, void* y, int64_t row,
-                                      bool accumulate) {
-  if constexpr (kF32Out) {
-    float* out = static_cast<float*>(y) + row;
-    if (bias != nullptr) v += static_cast<const float*>(bias)[row];
-    if (accumulate) v += *out;
-    *out = v;
-  } else {
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(y) + row;
-    if (bias != nullptr) v += __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[row]);
-    if (accumulate) v += __bfloat162float(*out);
-    *out = __float2bfloat16_rn(v);
-  }
-}
-
 // y[n] (+)= x[k] · Wᵀ for one row of x (a single sequence's decode step): a
 // weight-streaming kernel. Each warp owns two rows of W and sweeps them
 // along k, 16 bytes per lane per load, four loads per row in flight
@@ -52,16 +36,6 @@ __device__ __forceinline__ void Store(float v, const void* bias, void* y, int64_
 constexpr int kRows = 2;
 constexpr int kSteps = 4;
 constexpr int kWarpsPerBlock = 4;
-
-__device__ __forceinline__ void Unpack(const uint4& v, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
 
 template <bool kF32Out>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
@@ -115,10 +89,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
-    }
+    acc[r] = WarpSum(acc[r]);
     if (lane == r && row0 + r < n) Store<kF32Out>(acc[r], bias, y, row0 + r, accumulate);
   }
 }

@@ -238,6 +238,26 @@ __device__ __forceinline__ void TensorLoad2d(void* dst, const void* tensor_map, 
       : "memory");
 }
 
+// An L2 policy for data read once (streamed weights): its lines are the
+// first to be evicted, so they do not push out what is read again.
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// The bulk copy engine: `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from global memory into shared memory at `dst`, counted on
+// `bar`, with the L2 policy `policy`.
+__device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                         uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1], %2, [%3], %4;" ::"r"(SharedAddress(dst)),
+      "l"(src), "r"(bytes), "r"(SharedAddress(bar)), "l"(policy)
+      : "memory");
+}
+
 }  // namespace trident::kernels::cuda::wgmma
 
 #endif  // TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_

@@ -1,0 +1,23 @@
+#ifndef TRIDENT_KERNELS_CUDA_GEMM_GEMV_SM90_KERNEL_H_
+#define TRIDENT_KERNELS_CUDA_GEMM_GEMV_SM90_KERNEL_H_
+
+// Hopper's single-row launcher (built for sm_90a alone); gemm.cc checks the
+// arguments, that the shape suits a GEMV and that the device is sm_90.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace trident::kernels::cuda::internal {
+
+// y[n] (+)= x[k] · Wᵀ (+ bias) for one row x, as GemvBf16 (gemv_kernel.h),
+// for any k (a multiple of 8): W streams through shared memory by the bulk
+// copy engine, two CTAs per SM at most. With `pdl` the kernel is launched
+// with programmatic dependent launch and fills its pipeline before waiting
+// for the kernel ahead.
+cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
+                         int64_t k, bool f32_out, bool accumulate, bool pdl, cudaStream_t stream);
+
+}  // namespace trident::kernels::cuda::internal
+
+#endif  // TRIDENT_KERNELS_CUDA_GEMM_GEMV_SM90_KERNEL_H_
