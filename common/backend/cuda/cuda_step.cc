@@ -475,11 +475,19 @@ absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
                   2 * inter,
                   h};
   up.y_dtype = DType::kF32;
-  TRIDENT_RETURN_IF_ERROR(gemm->Run(up, stream));
-  kc::SiluMulArgs silu{pass.gate_up32.get(), 2 * inter, pass.act.get(), inter, total, inter};
-  silu.gate_up_dtype = DType::kF32;
-  silu.pdl = options.pdl_chain;
-  TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
+  kc::GemmArgs fused = up;
+  fused.y = pass.act.get();
+  fused.y_stride = inter;
+  if (gemm->FusesSiluMul(fused)) {
+    // One row on Hopper: the activation is the projection's epilogue.
+    TRIDENT_RETURN_IF_ERROR(gemm->RunSiluMul(fused, stream));
+  } else {
+    TRIDENT_RETURN_IF_ERROR(gemm->Run(up, stream));
+    kc::SiluMulArgs silu{pass.gate_up32.get(), 2 * inter, pass.act.get(), inter, total, inter};
+    silu.gate_up_dtype = DType::kF32;
+    silu.pdl = options.pdl_chain;
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchSiluMul(silu, stream));
+  }
   const auto [out, accumulate] = RowParallelOut(pass, /*down=*/true);
   kc::GemmArgs down{
       pass.act.get(), inter, layer.down.get(), layer.down_bias.get(), out, h, total, h, inter};

@@ -259,4 +259,30 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+bool Gemm::FusesSiluMul(const GemmArgs& args) const {
+  return ChooseGemv(impl_->options, args) == GemvPath::kBulk && args.n % 2 == 0;
+}
+
+absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
+  if (args.m != 1 || args.n <= 0 || args.n % 2 != 0 || args.k <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm SiLU-mul: m=", args.m, " n=", args.n,
+                                                   " k=", args.k,
+                                                   " must be one row, n even and positive, k > 0"));
+  }
+  if (args.x == nullptr || args.w == nullptr || args.y == nullptr) {
+    return absl::InvalidArgumentError("Gemm SiLU-mul: x, w and y must not be null");
+  }
+  if (!FusesSiluMul(args)) {
+    return absl::FailedPreconditionError(
+        "Gemm SiLU-mul: needs Hopper's GEMV (an sm_90 device, gemv and gemv_bulk on, k a multiple "
+        "of 8, x and W 16-byte aligned)");
+  }
+  const cudaError_t error = internal::GemvSiluMulBulk(args.x, args.w, args.bias, args.y, args.n / 2,
+                                                      args.k, impl_->options.pdl, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("Gemm SiLU-mul launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace trident::kernels::cuda

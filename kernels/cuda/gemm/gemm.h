@@ -81,6 +81,16 @@ class Gemm {
   // algorithm. m == 0 is a no-op.
   absl::Status Run(const GemmArgs& args, cudaStream_t stream);
 
+  // A gate/up projection with SwiGLU's activation as its epilogue, for one
+  // row x: W [n][k] holds the n/2 gate rows, then the n/2 up rows; y gets
+  // silu(g_j) * u_j for j < n/2, in bf16 (the bias, when given, is f32 [n]
+  // and added to g and u). One kernel where FusesSiluMul (single-row calls
+  // that take Hopper's GEMV); kFailedPrecondition elsewhere (the caller
+  // runs Run into f32 and then kernels/cuda/silu_mul, which computes the
+  // same values). kInvalidArgument for bad shapes or null pointers.
+  bool FusesSiluMul(const GemmArgs& args) const;
+  absl::Status RunSiluMul(const GemmArgs& args, cudaStream_t stream);
+
  private:
   struct Impl;
   explicit Gemm(std::unique_ptr<Impl> impl);

@@ -13,6 +13,7 @@
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/linear/linear_reference.h"
+#include "kernels/cuda/arch/arch.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -169,6 +170,88 @@ TEST(GemmArgsTest, RejectsBadShapes) {
   args.x_stride = args.y_stride = 4;
   args.y_dtype = numeric::DType::kF16;
   EXPECT_EQ((*gemm)->Run(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The gate/up projection with SwiGLU's activation fused (Hopper's GEMV),
+// against the double reference: silu(g) * u of the bf16 values, rounded to
+// bf16. Elsewhere the call is refused with kFailedPrecondition.
+struct SiluShape {
+  int64_t half, k;
+  bool bias;
+};
+
+class GemmSiluMulTest : public ::testing::TestWithParam<SiluShape> {};
+
+TEST_P(GemmSiluMulTest, MatchesCpuReference) {
+  const SiluShape s = GetParam();
+  const uint32_t seed = 11;
+  std::printf("half=%lld k=%lld bias=%d seed %u\n", static_cast<long long>(s.half),
+              static_cast<long long>(s.k), s.bias, seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 2 * s.half;
+  std::vector<uint16_t> x(s.k), w(n * s.k);
+  std::vector<float> bias(n);
+  const float w_scale = 2.0f / std::sqrt(static_cast<float>(s.k));
+  for (auto& v : x) v = numeric::FloatToBf16(normal(rng));
+  for (auto& v : w) v = numeric::FloatToBf16(normal(rng) * w_scale);
+  for (auto& v : bias) v = normal(rng);
+  std::vector<float> xf(s.k), gate_up(n);
+  for (int64_t i = 0; i < s.k; ++i) xf[i] = numeric::Bf16ToFloat(x[i]);
+  cpu::LinearReference(xf.data(), 1, s.k, n, numeric::DType::kBF16, w.data(),
+                       s.bias ? bias.data() : nullptr, gate_up.data());
+  auto gemm = Gemm::Create();
+  ASSERT_THAT(gemm.status(), IsOk());
+  void* dx = ToDevice(x);
+  void* dw = ToDevice(w);
+  void* db = ToDevice(bias);
+  void* dy = ToDevice(std::vector<uint16_t>(s.half, 0xffff));
+  GemmArgs args{dx, s.k, dw, s.bias ? db : nullptr, dy, s.half, 1, n, s.k};
+  const absl::Status status = (*gemm)->RunSiluMul(args, nullptr);
+  if (!CurrentDeviceIsSm90()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE((*gemm)->FusesSiluMul(args));
+  } else {
+    ASSERT_THAT(status, IsOk());
+    EXPECT_TRUE((*gemm)->FusesSiluMul(args));
+    std::vector<uint16_t> y(s.half);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    double worst = 0;
+    for (int64_t j = 0; j < s.half; ++j) {
+      const double g = gate_up[j], u = gate_up[s.half + j];
+      const double want = g / (1.0 + std::exp(-g)) * u;
+      const double got = numeric::Bf16ToFloat(y[j]);
+      worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+    }
+    std::printf("  max relative error %.3g\n", worst);
+    EXPECT_LE(worst, 8e-3);
+  }
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(db);
+  cudaFree(dy);
+}
+
+// An odd number of outputs (the last item's second gate row past the end),
+// a partial chunk, the 8B shape, and fewer items than CTAs.
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmSiluMulTest,
+                         ::testing::Values(SiluShape{7, 200, true}, SiluShape{1001, 2056, false},
+                                           SiluShape{14336, 4096, false},
+                                           SiluShape{5, 6152, true}));
+
+TEST(GemmSiluMulArgsTest, RejectsBadShapes) {
+  auto gemm = Gemm::Create({.workspace_bytes = 0});
+  ASSERT_THAT(gemm.status(), IsOk());
+  int dummy = 0;
+  GemmArgs args{&dummy, 8, &dummy, nullptr, &dummy, 3, 1, 3, 8};
+  EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // odd n
+  args.n = 4;
+  args.m = 2;
+  EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  args.m = 1;
+  args.w = nullptr;
+  EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -43,7 +43,33 @@ constexpr int kConsumerWarps = kItemRows;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr uint32_t kRowBytes = kChunk * 2;
 constexpr uint32_t kStageBytes = kItemRows * kRowBytes;
-constexpr size_t kSharedBytes = kStages * kStageBytes + 2 * kStages * sizeof(uint64_t);
+constexpr size_t kBarrierBytes = 2 * kStages * sizeof(uint64_t);
+constexpr size_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + 4 * sizeof(float);
+
+// What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
+// rows n.. are the up projection of rows 0..n-1 (the gate), and y[j] =
+// silu(gate_j) * up_j in bf16. An item then holds gate rows 2i and 2i + 1
+// and their up rows, in that order.
+enum class Out { kBf16, kF32, kSiluMulBf16 };
+
+// W's row behind row r of item `item`, or -1 past the end.
+template <Out kOut>
+__device__ __forceinline__ int64_t SourceRow(int64_t item, int r, int64_t n) {
+  if constexpr (kOut == Out::kSiluMulBf16) {
+    const int64_t j = 2 * item + (r & 1);
+    return j < n ? j + (r >= 2 ? n : 0) : -1;
+  } else {
+    const int64_t row = item * kItemRows + r;
+    return row < n ? row : -1;
+  }
+}
+
+// Items of n outputs.
+template <Out kOut>
+__host__ __device__ __forceinline__ int64_t Items(int64_t n) {
+  constexpr int kPerItem = kOut == Out::kSiluMulBf16 ? 2 : kItemRows;
+  return (n + kPerItem - 1) / kPerItem;
+}
 
 struct Walk {
   int64_t n, k;
@@ -52,27 +78,27 @@ struct Walk {
   int64_t stages;      // this CTA's items times chunks
 };
 
+template <Out kOut>
 __device__ __forceinline__ Walk MakeWalk(int64_t n, int64_t k) {
   Walk w;
   w.n = n;
   w.k = k;
   w.chunks = (k + kChunk - 1) / kChunk;
-  const int64_t items = (n + kItemRows - 1) / kItemRows;
+  const int64_t items = Items<kOut>(n);
   w.first_item = items * blockIdx.x / gridDim.x;
   w.stages = (items * (blockIdx.x + 1) / gridDim.x - w.first_item) * w.chunks;
   return w;
 }
 
 // Where a CTA's walk is: the stage's ring slot and phase, and the item
-// rows and the columns the stage covers. Next() steps without divisions.
+// and the columns the stage covers. Next() steps without divisions.
 struct Cursor {
   int slot = 0;
   uint32_t phase = 0;
-  int64_t row0;     // the item's first row
+  int64_t item;
   int64_t col = 0;  // the chunk's first column
 
-  __device__ __forceinline__ explicit Cursor(const Walk& walk)
-      : row0(walk.first_item * kItemRows) {}
+  __device__ __forceinline__ explicit Cursor(const Walk& walk) : item(walk.first_item) {}
   __device__ __forceinline__ bool LastChunk(int64_t k) const { return col + kChunk >= k; }
   __device__ __forceinline__ void Next(int64_t k) {
     if (++slot == kStages) {
@@ -82,11 +108,12 @@ struct Cursor {
     col += kChunk;
     if (col >= k) {
       col = 0;
-      row0 += kItemRows;
+      ++item;
     }
   }
 };
 
+template <Out kOut>
 __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, unsigned char* ring,
                         uint64_t* full, uint64_t* empty) {
   const uint64_t policy = wgmma::EvictFirstPolicy();
@@ -95,12 +122,20 @@ __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, u
     // The slot's previous stage (one lap back, the other phase) consumed.
     if (s >= kStages) wgmma::BarrierWait(&empty[at.slot], at.phase ^ 1);
     const uint32_t bytes = static_cast<uint32_t>(min(int64_t{kChunk}, walk.k - at.col)) * 2;
-    const int rows = static_cast<int>(min(int64_t{kItemRows}, walk.n - at.row0));
-    wgmma::BarrierArriveExpectBytes(&full[at.slot], bytes * rows);
+    int64_t rows[kItemRows];
+    uint32_t total = 0;
+#pragma unroll
+    for (int r = 0; r < kItemRows; ++r) {
+      rows[r] = SourceRow<kOut>(at.item, r, walk.n);
+      total += rows[r] >= 0 ? bytes : 0;
+    }
+    wgmma::BarrierArriveExpectBytes(&full[at.slot], total);
     unsigned char* const stage = ring + at.slot * kStageBytes;
-    const __nv_bfloat16* const src = w + at.row0 * walk.k + at.col;
-    for (int r = 0; r < rows; ++r) {
-      wgmma::BulkLoad(stage + r * kRowBytes, src + r * walk.k, bytes, &full[at.slot], policy);
+#pragma unroll
+    for (int r = 0; r < kItemRows; ++r) {
+      if (rows[r] < 0) continue;
+      wgmma::BulkLoad(stage + r * kRowBytes, w + rows[r] * walk.k + at.col, bytes, &full[at.slot],
+                      policy);
     }
   }
 }
@@ -126,10 +161,37 @@ __device__ __forceinline__ float DotChunk(const uint4* ws, const uint4* xs, int 
   return acc;
 }
 
-template <bool kF32Out>
+// Writes an item's results, once each consumer warp holds its row's sum
+// (in every lane). `exchange` is two pairs of floats of shared memory.
+template <Out kOut>
+__device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int warp,
+                                       int lane, const void* bias, void* y, bool accumulate,
+                                       float* exchange) {
+  if constexpr (kOut == Out::kSiluMulBf16) {
+    if (source_row >= 0 && bias != nullptr) sum += static_cast<const float*>(bias)[source_row];
+    // The up warps hand their sums to the gate warps (a buffer per item
+    // parity: a warp writes one again only after the other parity's
+    // barrier, which the readers pass after reading).
+    float* const pair = exchange + 2 * (item & 1);
+    if (warp >= 2 && lane == 0) pair[warp - 2] = sum;
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+    if (warp < 2 && lane == 0 && source_row >= 0) {
+      const float up = pair[warp];
+      static_cast<__nv_bfloat16*>(y)[source_row] =
+          __float2bfloat16_rn(sum / (1.0f + __expf(-sum)) * up);
+    }
+  } else {
+    if (lane == 0 && source_row >= 0) {
+      Store<kOut == Out::kF32>(sum, bias, y, source_row, accumulate);
+    }
+  }
+}
+
+template <Out kOut>
 __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restrict__ bias,
                         void* __restrict__ y, bool accumulate, const Walk& walk,
-                        const unsigned char* ring, uint64_t* full, uint64_t* empty) {
+                        const unsigned char* ring, uint64_t* full, uint64_t* empty,
+                        float* exchange) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const uint4* xs = reinterpret_cast<const uint4*>(x);
@@ -137,8 +199,8 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
   Cursor at(walk);
   for (int64_t s = 0; s < walk.stages; ++s, at.Next(walk.k)) {
     wgmma::BarrierWait(&full[at.slot], at.phase);
-    const int64_t row = at.row0 + warp;
-    if (row < walk.n) {
+    const int64_t row = SourceRow<kOut>(at.item, warp, walk.n);
+    if (row >= 0) {
       const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - at.col) / 8);
       const unsigned char* const mine = ring + at.slot * kStageBytes + warp * kRowBytes;
       acc = DotChunk(reinterpret_cast<const uint4*>(mine), xs + at.col / 8, pieces, lane, acc);
@@ -146,14 +208,13 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
     __syncwarp();
     if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
     if (at.LastChunk(walk.k)) {
-      acc = WarpSum(acc);
-      if (lane == 0 && row < walk.n) Store<kF32Out>(acc, bias, y, row, accumulate);
+      Finish<kOut>(WarpSum(acc), row, at.item, warp, lane, bias, y, accumulate, exchange);
       acc = 0.0f;
     }
   }
 }
 
-template <bool kF32Out>
+template <Out kOut>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     GemvBulkKernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                    const void* __restrict__ bias, void* __restrict__ y, int64_t n, int64_t k,
@@ -161,7 +222,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
-  const Walk walk = MakeWalk(n, k);
+  float* const exchange = reinterpret_cast<float*>(smem + kStages * kStageBytes + kBarrierBytes);
+  const Walk walk = MakeWalk<kOut>(n, k);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes
@@ -171,17 +233,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   __syncthreads();
   pdl::LetDependentsLaunch();
   if (threadIdx.x / 32 == kConsumerWarps) {
-    if (threadIdx.x % 32 == 0) Produce(w, walk, smem, full, empty);
+    if (threadIdx.x % 32 == 0) Produce<kOut>(w, walk, smem, full, empty);
     return;
   }
   pdl::WaitForPreviousGrid();
-  Consume<kF32Out>(x, bias, y, accumulate, walk, smem, full, empty);
+  Consume<kOut>(x, bias, y, accumulate, walk, smem, full, empty, exchange);
 }
 
-template <bool kF32Out>
+template <Out kOut>
 cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
                    bool accumulate, bool pdl, cudaStream_t stream) {
-  auto* kernel = &GemvBulkKernel<kF32Out>;
+  auto* kernel = &GemvBulkKernel<kOut>;
   cudaError_t error =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
   if (error != cudaSuccess) return error;
@@ -191,8 +253,8 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
     error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   }
   if (error != cudaSuccess) return error;
-  const int64_t items = (n + kItemRows - 1) / kItemRows;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t{sms} * kCtasPerSm));
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
   return pdl::Launch(kernel, dim3(grid), dim3(kThreads), kSharedBytes, stream, pdl,
                      static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
                      bias, y, n, k, accumulate);
@@ -202,8 +264,13 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
 
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, bool f32_out, bool accumulate, bool pdl, cudaStream_t stream) {
-  return f32_out ? Launch<true>(x, w, bias, y, n, k, accumulate, pdl, stream)
-                 : Launch<false>(x, w, bias, y, n, k, accumulate, pdl, stream);
+  return f32_out ? Launch<Out::kF32>(x, w, bias, y, n, k, accumulate, pdl, stream)
+                 : Launch<Out::kBf16>(x, w, bias, y, n, k, accumulate, pdl, stream);
+}
+
+cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
+                            int64_t k, bool pdl, cudaStream_t stream) {
+  return Launch<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, pdl, stream);
 }
 
 }  // namespace trident::kernels::cuda::internal

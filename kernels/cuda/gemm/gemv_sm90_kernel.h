@@ -18,6 +18,12 @@ namespace trident::kernels::cuda::internal {
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, bool f32_out, bool accumulate, bool pdl, cudaStream_t stream);
 
+// y[j] = silu(g_j) * u_j in bf16 for j < n, where g = x · W[0, n)ᵀ and
+// u = x · W[n, 2n)ᵀ (+ the f32 bias [2n] on both, when given): the same
+// kernel with the SiLU-and-multiply as its epilogue.
+cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
+                            int64_t k, bool pdl, cudaStream_t stream);
+
 }  // namespace trident::kernels::cuda::internal
 
 #endif  // TRIDENT_KERNELS_CUDA_GEMM_GEMV_SM90_KERNEL_H_
