@@ -22,8 +22,8 @@ namespace {
 //
 // One producer thread walks the CTA's items chunk by chunk (kChunk
 // elements of each of the item's rows: a stage) and copies each stage into
-// a ring of kStages shared buffers with the bulk copy engine. Four consumer
-// warps, one per row of the item, take the stages in turn: each lane dots
+// a ring of kStages shared buffers with the bulk copy engine. A consumer
+// warp per row of the item takes the stages in turn: each lane dots
 // eight of the row's 16-byte pieces with x (read through L1) and, after the
 // item's last chunk, the warp's lanes are summed and lane 0 writes y[row].
 //
@@ -32,32 +32,35 @@ namespace {
 // ring fills while that kernel ends; the consumers wait for it (x, and y
 // when accumulating, are its results).
 //
-// Two CTAs per SM: each CTA's consumers are then half of the SM's, and
-// 192 KiB of W are in flight per SM (on an H200, 8B shape, one CTA per SM
-// with 6 or 13 stages, and four with 3, were slower: bench/RESULTS.md).
-constexpr int kItemRows = 4;
+// Eight rows of 4 KiB a stage, three stages, two CTAs per SM: 16 consumer
+// warps and 192 KiB of W in flight per SM. On an H200 (8B shape) this beat
+// 4 rows x 6 stages, 4 x 3 with four CTAs, 4 x 6 or 13 with one CTA, 16
+// rows of 2 KiB, 12 x 2 stages and 1 or 4 KiB chunks, and the evict-first
+// hint beat none (bench/RESULTS.md).
+constexpr int kItemRows = 8;
 constexpr int kChunk = 2048;
-constexpr int kStages = 6;
+constexpr int kStages = 3;
 constexpr int kCtasPerSm = 2;
 constexpr int kConsumerWarps = kItemRows;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr uint32_t kRowBytes = kChunk * 2;
 constexpr uint32_t kStageBytes = kItemRows * kRowBytes;
 constexpr size_t kBarrierBytes = 2 * kStages * sizeof(uint64_t);
-constexpr size_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + 4 * sizeof(float);
+constexpr size_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + kItemRows * sizeof(float);
 
 // What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
 // rows n.. are the up projection of rows 0..n-1 (the gate), and y[j] =
-// silu(gate_j) * up_j in bf16. An item then holds gate rows 2i and 2i + 1
-// and their up rows, in that order.
+// silu(gate_j) * up_j in bf16. An item then holds kItemRows / 2 gate rows
+// and then their up rows.
 enum class Out { kBf16, kF32, kSiluMulBf16 };
 
 // W's row behind row r of item `item`, or -1 past the end.
 template <Out kOut>
 __device__ __forceinline__ int64_t SourceRow(int64_t item, int r, int64_t n) {
   if constexpr (kOut == Out::kSiluMulBf16) {
-    const int64_t j = 2 * item + (r & 1);
-    return j < n ? j + (r >= 2 ? n : 0) : -1;
+    constexpr int kHalf = kItemRows / 2;
+    const int64_t j = kHalf * item + r % kHalf;
+    return j < n ? j + (r >= kHalf ? n : 0) : -1;
   } else {
     const int64_t row = item * kItemRows + r;
     return row < n ? row : -1;
@@ -67,7 +70,7 @@ __device__ __forceinline__ int64_t SourceRow(int64_t item, int r, int64_t n) {
 // Items of n outputs.
 template <Out kOut>
 __host__ __device__ __forceinline__ int64_t Items(int64_t n) {
-  constexpr int kPerItem = kOut == Out::kSiluMulBf16 ? 2 : kItemRows;
+  constexpr int kPerItem = kOut == Out::kSiluMulBf16 ? kItemRows / 2 : kItemRows;
   return (n + kPerItem - 1) / kPerItem;
 }
 
@@ -162,7 +165,7 @@ __device__ __forceinline__ float DotChunk(const uint4* ws, const uint4* xs, int 
 }
 
 // Writes an item's results, once each consumer warp holds its row's sum
-// (in every lane). `exchange` is two pairs of floats of shared memory.
+// (in every lane). `exchange` is kItemRows floats of shared memory.
 template <Out kOut>
 __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int warp,
                                        int lane, const void* bias, void* y, bool accumulate,
@@ -172,11 +175,12 @@ __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t it
     // The up warps hand their sums to the gate warps (a buffer per item
     // parity: a warp writes one again only after the other parity's
     // barrier, which the readers pass after reading).
-    float* const pair = exchange + 2 * (item & 1);
-    if (warp >= 2 && lane == 0) pair[warp - 2] = sum;
+    constexpr int kHalf = kItemRows / 2;
+    float* const ups = exchange + kHalf * (item & 1);
+    if (warp >= kHalf && lane == 0) ups[warp - kHalf] = sum;
     asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-    if (warp < 2 && lane == 0 && source_row >= 0) {
-      const float up = pair[warp];
+    if (warp < kHalf && lane == 0 && source_row >= 0) {
+      const float up = ups[warp];
       static_cast<__nv_bfloat16*>(y)[source_row] =
           __float2bfloat16_rn(sum / (1.0f + __expf(-sum)) * up);
     }
