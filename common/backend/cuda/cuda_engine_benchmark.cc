@@ -54,6 +54,9 @@ ABSL_FLAG(double, gpu_memory_fraction, 0.9, "Device memory share for the backend
 ABSL_FLAG(bool, cuda_graphs, true, "Replay decode steps from CUDA graphs.");
 ABSL_FLAG(bool, gemv, true,
           "Single-row projections take the GEMV kernel (false: cuBLASLt for all).");
+ABSL_FLAG(int32_t, decode_variant, -1,
+          "Decode attention kernel variant (kernels/cuda/paged_decode_attention; -1: the "
+          "backend's default).");
 ABSL_FLAG(bool, gemv_bulk, true,
           "On sm_90 those projections take Hopper's bulk-copy GEMV (false: the "
           "register-streaming GEMV; CudaBackendOptions::gemv_bulk).");
@@ -262,6 +265,7 @@ int Main() {
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
+  options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
   if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;

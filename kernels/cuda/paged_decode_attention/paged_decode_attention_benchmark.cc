@@ -197,6 +197,11 @@ void Shapes(benchmark::internal::Benchmark* b) {
       for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({1, context, variant, 128, 0, splits});
     }
   }
+  // A batch-64 step at the same context (the end-to-end table's): every
+  // variant, at the planner's count and at 1 and 2 splits.
+  for (int64_t variant = 0; variant < kNumDecodeVariants; ++variant) {
+    for (int64_t splits : {0, 1, 2}) b->Args({64, 576, variant, 128, 0, splits});
+  }
 }
 
 BENCHMARK(BM_PagedDecodeAttention)

@@ -135,7 +135,34 @@ struct TileSource {
   const int32_t* table;
   int64_t begin;
   int64_t end;
+  FastDivisor block_div;  // by the block size
 };
+
+// Where each of a tile's kTile / 16 token groups starts: its block's bytes
+// and its first slot. A group lies in one block (the block size is a
+// multiple of 16), so one table lookup and one division per group give every
+// piece's address. Groups past the split's end are not looked up.
+struct TileGroups {
+  const unsigned char* block[kTile / 16];
+  int slot[kTile / 16];
+};
+
+__device__ __forceinline__ TileGroups LocateGroups(const DecodeKernelParams& p,
+                                                   const TileSource& src, int64_t tok0) {
+  TileGroups t;
+#pragma unroll
+  for (int g = 0; g < kTile / 16; ++g) {
+    const int64_t pos = tok0 + 16 * g;
+    t.block[g] = src.kv;
+    t.slot[g] = 0;
+    if (pos < src.end) {
+      const uint32_t b = FastDiv(static_cast<uint32_t>(pos), src.block_div);
+      t.block[g] = src.kv + static_cast<int64_t>(__ldg(src.table + b)) * p.block_stride;
+      t.slot[g] = static_cast<int>(pos - static_cast<int64_t>(b) * p.block_size);
+    }
+  }
+  return t;
+}
 
 // Starts the copies of tile `it` into `stage`: K rows (zero past the
 // split's end), V's 16-token groups (zero when wholly past it; a group cut
@@ -145,51 +172,51 @@ __device__ __forceinline__ void IssueTile(const DecodeKernelParams& p, const Til
   const int tid = threadIdx.x;
   const int bs = p.block_size;
   const int64_t tok0 = src.begin + static_cast<int64_t>(it) * kTile;
+  const TileGroups groups = LocateGroups(p, src, tok0);
   const uint32_t k_dst = wgmma::SharedAddress(smem + kKOffset + stage * kKBytes);
   const uint32_t v_dst = wgmma::SharedAddress(smem + kVOffset + stage * kVBytes);
   const uint32_t s_dst = wgmma::SharedAddress(smem + kScaleOffset + stage * kScaleBytes);
+  // K: piece j of the thread is row tid / 8 of group j, 16 bytes at tid % 8.
+  static_assert(kTile * 8 / kThreads == kTile / 16, "a K piece per group and thread");
+  const int64_t head_row = static_cast<int64_t>(kv_head) * bs;
 #pragma unroll
-  for (int j = 0; j < kTile * 8 / kThreads; ++j) {
-    const int piece = j * kThreads + tid;
-    const int r = piece / 8;
-    const int c = piece % 8;
-    const int64_t pos = tok0 + r;
-    const bool ok = pos < src.end;
-    const unsigned char* from = src.kv;
-    if (ok) {
-      const int32_t block = __ldg(src.table + pos / bs);
-      const int slot = static_cast<int>(pos % bs);
-      from = src.kv + block * p.block_stride + (static_cast<int64_t>(kv_head) * bs + slot) * 128 +
-             c * 16;
-    }
-    CpAsync16Shared(k_dst + wgmma::Swizzle128Offset(r, c), from, ok);
+  for (int j = 0; j < kTile / 16; ++j) {
+    const int r = 16 * j + tid / 8;
+    const int c = tid % 8;
+    const bool ok = tok0 + r < src.end;
+    const int64_t offset = (head_row + groups.slot[j] + tid / 8) * 128 + c * 16;
+    CpAsync16Shared(k_dst + wgmma::Swizzle128Offset(r, c), ok ? groups.block[j] + offset : src.kv,
+                    ok);
   }
+  // V: the thread's 16 bytes of each group.
+  const int64_t head_group = static_cast<int64_t>(kv_head) * (bs / 16);
 #pragma unroll
   for (int g = 0; g < kTile / 16; ++g) {
-    const int64_t pos = tok0 + 16 * g;
-    const bool ok = pos < src.end;
-    const unsigned char* from = src.kv;
-    if (ok) {
-      const int32_t block = __ldg(src.table + pos / bs);
-      const int slot = static_cast<int>(pos % bs);
-      from = src.kv + block * p.block_stride + p.value_offset +
-             ((static_cast<int64_t>(kv_head) * (bs / 16) + slot / 16) * kHeadDim + tid) * 16;
-    }
-    CpAsync16Shared(v_dst + g * 2048 + tid * 16, from, ok);
+    const bool ok = tok0 + 16 * g < src.end;
+    const int64_t offset =
+        p.value_offset + ((head_group + groups.slot[g] / 16) * kHeadDim + tid) * 16;
+    CpAsync16Shared(v_dst + g * 2048 + tid * 16, ok ? groups.block[g] + offset : src.kv, ok);
   }
   if (tid < 32) {
     // Threads 0-15: the tile's K scales, 16-31: its V scales, 4 tokens each.
     const int which = tid / 16;
-    const int64_t pos = tok0 + 4 * (tid % 16);
-    const bool ok = pos < src.end;
-    const unsigned char* from = src.kv;
-    if (ok) {
-      const int32_t block = __ldg(src.table + pos / bs);
-      const int slot = static_cast<int>(pos % bs);
-      from = src.kv + block * p.block_stride + p.scale_offset +
-             ((static_cast<int64_t>(which) * p.num_kv_heads + kv_head) * bs + slot) * 4;
+    const int g = (tid % 16) / 4;
+    const int first = 4 * (tid % 4);
+    const bool ok = tok0 + 16 * g + first < src.end;
+    // The group picked without indexing by a variable (which would put the
+    // arrays in local memory).
+    const unsigned char* block = groups.block[0];
+    int slot = groups.slot[0];
+#pragma unroll
+    for (int i = 1; i < kTile / 16; ++i) {
+      if (g == i) {
+        block = groups.block[i];
+        slot = groups.slot[i];
+      }
     }
-    CpAsync16Shared(s_dst + tid * 16, from, ok);
+    const int64_t offset =
+        p.scale_offset + ((which * p.num_kv_heads + kv_head) * int64_t{bs} + slot + first) * 4;
+    CpAsync16Shared(s_dst + tid * 16, ok ? block + offset : src.kv, ok);
   }
 }
 
@@ -224,6 +251,7 @@ __global__ void __launch_bounds__(kThreads) DecodeFp8WgmmaKernel(const DecodeKer
   SplitRange<kTile>(p, seq, split, &src.begin, &src.end);
   src.kv = static_cast<const unsigned char*>(p.kv);
   src.table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  src.block_div = MakeFastDivisor(static_cast<uint32_t>(p.block_size));
   const int num_tiles = static_cast<int>((src.end - src.begin + kTile - 1) / kTile);
 
   StageQ(p, seq, kv_head, smem + kQOffset, q_scales);
