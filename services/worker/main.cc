@@ -66,6 +66,10 @@ ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
 ABSL_FLAG(bool, cuda_gemv, true,
           "CUDA backend: single-sequence decode steps run their projections on Trident's "
           "weight-streaming GEMV kernel instead of cuBLASLt (false: cuBLASLt for all).");
+ABSL_FLAG(bool, cuda_gemv_bulk, true,
+          "CUDA backend: on sm_90 (H100, H200) that GEMV streams the weights through shared "
+          "memory with the bulk copy engine, the MLP's activation fused into the gate/up "
+          "projection (false: the register-streaming GEMV, k up to 8192, and cuBLASLt beyond).");
 ABSL_FLAG(bool, cuda_pdl_chain, true,
           "CUDA backend: launch the norms, RoPE, the KV append, SwiGLU and decode attention with "
           "programmatic dependent launch too, so that each kernel of a step is scheduled before "
@@ -230,6 +234,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_graph_max_batch = absl::GetFlag(FLAGS_cuda_graph_max_batch);
   model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);
   model.cuda_gemv = absl::GetFlag(FLAGS_cuda_gemv);
+  model.cuda_gemv_bulk = absl::GetFlag(FLAGS_cuda_gemv_bulk);
   model.cuda_pdl_chain = absl::GetFlag(FLAGS_cuda_pdl_chain);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);
   model.model_name = absl::GetFlag(FLAGS_model_name);

@@ -11,11 +11,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
-#include "services/worker/engine_metrics.h"
 #include "common/model/config.h"
 #include "common/numeric/dtype.h"
 #include "common/tokenizer/tokenizer.h"
 #include "prometheus/registry.h"
+#include "services/worker/engine_metrics.h"
 #include "trident/v1/generation.pb.h"
 
 namespace trident::worker {
@@ -43,6 +43,9 @@ struct WorkerModelOptions {
   int32_t cuda_graph_max_context = 0;
   // Single-row projections take the GEMV kernel (CudaBackendOptions::gemv).
   bool cuda_gemv = true;
+  // On sm_90, those projections take Hopper's bulk-copy GEMV
+  // (CudaBackendOptions::gemv_bulk).
+  bool cuda_gemv_bulk = true;
   // The small kernels launched with PDL too (CudaBackendOptions::pdl_chain).
   bool cuda_pdl_chain = true;
   // Name reported by ModelInfo; empty: the directory's last component.
