@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,21 +124,31 @@ inline std::optional<trident::v1::WorkerLoad> NextLoadSample(
 }
 
 // Reads the worker's load samples until every KV block is free and no
-// reservation holds any (true), or until `timeout` (false).
+// reservation holds any (true), or until `timeout` (false). A load stream
+// that ends early (the channel reset by a peer's death, say) is opened again,
+// waiting for the channel to be ready, up to three times.
 inline bool AllKvBlocksFree(const std::shared_ptr<grpc::Channel>& worker,
                             absl::Duration timeout = absl::Seconds(20)) {
   auto stub = trident::v1::WorkerControl::NewStub(worker);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const absl::Time deadline = absl::Now() + timeout;
   trident::v1::GetLoadRequest request;
   request.mutable_interval()->set_nanos(10'000'000);
-  auto reader = stub->GetLoad(&context, request);
-  trident::v1::WorkerLoad load;
-  while (reader->Read(&load)) {
-    if (load.kv_blocks_free() == load.kv_blocks_total() && load.kv_blocks_reserved() == 0) {
-      context.TryCancel();
-      return true;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    context.set_wait_for_ready(true);
+    auto reader = stub->GetLoad(&context, request);
+    trident::v1::WorkerLoad load;
+    while (reader->Read(&load)) {
+      if (load.kv_blocks_free() == load.kv_blocks_total() && load.kv_blocks_reserved() == 0) {
+        context.TryCancel();
+        return true;
+      }
     }
+    const grpc::Status status = reader->Finish();
+    std::fprintf(stderr, "AllKvBlocksFree: load stream ended (%d '%s')\n",
+                 static_cast<int>(status.error_code()), status.error_message().c_str());
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return false;
   }
   return false;
 }
