@@ -10,6 +10,7 @@
 #include "common/logging/log.h"
 #include "common/status/error_details.h"
 #include "common/status/status_macros.h"
+#include "services/router/admission/rolling_quantile.h"
 
 namespace trident::router::admission {
 namespace {
@@ -99,21 +100,17 @@ struct AdmissionController::Record {
   bool tpot_observed = false;
 };
 
-struct AdmissionController::Calibration {
-  // (when, value) of the latest outcomes, oldest first.
-  std::deque<std::pair<double, double>> outcomes;
-  // The quantile of `outcomes`, valid unless `dirty`.
-  double quantile = 0;
-  bool dirty = false;
-};
-
 struct AdmissionController::Worker {
   Worker(std::string worker_id, const AdmissionOptions& options, size_t num_classes)
       : id(std::move(worker_id)),
         prefill_model(options.prefill_model),
         decode_model(options.decode_model),
         class_prefill_tokens(num_classes, 0),
-        class_kv_blocks(num_classes, 0) {}
+        class_kv_blocks(num_classes, 0),
+        ttft_calibration(options.calibration_window, options.calibration_max_age,
+                         options.calibration_quantile),
+        tpot_calibration(options.calibration_window, options.calibration_max_age,
+                         options.calibration_quantile) {}
 
   std::string id;
   bool present = true;
@@ -148,8 +145,8 @@ struct AdmissionController::Worker {
   double released_blocks = 0;
   // Outcomes against predictions: TTFT errors here as a prefill worker, TPOT
   // ratios as a decode worker.
-  Calibration ttft_calibration;
-  Calibration tpot_calibration;
+  RollingQuantile ttft_calibration;
+  RollingQuantile tpot_calibration;
   // The outcomes behind ttft_calibration, (when, forecast, measured), so
   // that its factors follow the overhead as it is learned; and the overhead
   // (AdmissionOptions::learn_ttft_overhead), in seconds.
@@ -282,23 +279,10 @@ absl::optional<WorkerModelSnapshot> AdmissionController::ModelsOf(
   const Worker& worker = *workers_[it->second];
   WorkerModelSnapshot snapshot;
   const double now = NowSeconds();
-  auto quantile = [&](const Calibration& c, double none) {
-    std::vector<double> values;
-    for (const auto& [when, value] : c.outcomes) {
-      if (now - when <= absl::ToDoubleSeconds(options_.calibration_max_age)) {
-        values.push_back(value);
-      }
-    }
-    if (values.empty()) return none;
-    std::sort(values.begin(), values.end());
-    const size_t k = static_cast<size_t>(
-        std::ceil(options_.calibration_quantile * static_cast<double>(values.size())));
-    return values[std::clamp<size_t>(k, 1, values.size()) - 1];
-  };
-  snapshot.ttft_scale = std::clamp(quantile(worker.ttft_calibration, 1),
+  snapshot.ttft_scale = std::clamp(worker.ttft_calibration.QuantileAt(now, 1),
                                    options_.min_calibration_scale, options_.max_calibration_scale);
   snapshot.ttft_overhead = absl::Seconds(TtftOverhead(worker));
-  snapshot.tpot_scale = std::clamp(quantile(worker.tpot_calibration, 1),
+  snapshot.tpot_scale = std::clamp(worker.tpot_calibration.QuantileAt(now, 1),
                                    options_.min_calibration_scale, options_.max_calibration_scale);
   snapshot.prefill_fixed_seconds = worker.prefill_model.fixed_seconds();
   snapshot.prefill_seconds_per_token = worker.prefill_model.seconds_per_token();
@@ -463,43 +447,13 @@ double AdmissionController::DecodeWaitSeconds(const Worker& worker, const Decode
     const bool kv_ok =
         free_blocks - UnusedReservedByOthers(class_scratch_, capacity, klass) >= need_blocks;
     const bool tpot_ok =
-        eval.tpot_scale * model.PredictSeconds(
-                              static_cast<int64_t>(std::max(batch, 0.0)) + 1,
-                              static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <=
+        eval.tpot_scale *
+            model.PredictSeconds(static_cast<int64_t>(std::max(batch, 0.0)) + 1,
+                                 static_cast<int64_t>(std::max(context, 0.0)) + prompt_tokens) <=
         tpot_limit;
     if (kv_ok && tpot_ok) return finish - t;
   }
   return -1;
-}
-
-void AdmissionController::AddOutcome(Calibration& c, double now, double value) {
-  if (!std::isfinite(value)) return;
-  c.outcomes.emplace_back(now, value);
-  while (static_cast<int>(c.outcomes.size()) > std::max(1, options_.calibration_window)) {
-    c.outcomes.pop_front();
-  }
-  c.dirty = true;
-}
-
-double AdmissionController::CalibrationQuantile(Calibration& c, double now, double none) {
-  const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
-  while (!c.outcomes.empty() && now - c.outcomes.front().first > max_age) {
-    c.outcomes.pop_front();
-    c.dirty = true;
-  }
-  if (c.outcomes.empty()) return none;
-  if (c.dirty) {
-    calibration_scratch_.clear();
-    for (const auto& [when, value] : c.outcomes) calibration_scratch_.push_back(value);
-    const size_t k = static_cast<size_t>(std::ceil(
-        options_.calibration_quantile * static_cast<double>(calibration_scratch_.size())));
-    const size_t index = std::clamp<size_t>(k, 1, calibration_scratch_.size()) - 1;
-    std::nth_element(calibration_scratch_.begin(), calibration_scratch_.begin() + index,
-                     calibration_scratch_.end());
-    c.quantile = calibration_scratch_[index];
-    c.dirty = false;
-  }
-  return c.quantile;
 }
 
 double AdmissionController::TtftOverhead(const Worker& worker) const {
@@ -535,7 +489,7 @@ double AdmissionController::FitTtftOverhead(const Worker& worker, double now) co
 }
 
 double AdmissionController::TtftScale(Worker& worker, double now) {
-  double scale = CalibrationQuantile(worker.ttft_calibration, now, 1);
+  double scale = worker.ttft_calibration.Quantile(now, 1);
   // The oldest prompt still waiting here has a TTFT of at least its age: a
   // lower bound on its ratio, known before it ends (a stalled or slowed
   // worker shows here at once, not one request later).
@@ -556,8 +510,8 @@ double AdmissionController::TtftScale(Worker& worker, double now) {
 }
 
 double AdmissionController::TpotScale(Worker& worker, double now) {
-  return std::clamp(CalibrationQuantile(worker.tpot_calibration, now, 1),
-                    options_.min_calibration_scale, options_.max_calibration_scale);
+  return std::clamp(worker.tpot_calibration.Quantile(now, 1), options_.min_calibration_scale,
+                    options_.max_calibration_scale);
 }
 
 void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
@@ -569,7 +523,7 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
   Worker& worker = *workers_[r->prefill];
   const double measured = absl::ToDoubleSeconds(ttft);
   if (!options_.learn_ttft_overhead) {
-    AddOutcome(worker.ttft_calibration, now, r->ttft_forecast.ScaleFor(measured));
+    worker.ttft_calibration.Add(now, r->ttft_forecast.ScaleFor(measured));
     return;
   }
   worker.ttft_samples.emplace_back(now, r->ttft_forecast, measured);
@@ -580,9 +534,9 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
   // Every factor again, against the overhead as now learned (a factor
   // taken before the overhead was known would overprice for the window).
   const double overhead = TtftOverhead(worker);
-  worker.ttft_calibration.outcomes.clear();
+  worker.ttft_calibration.Clear();
   for (const auto& [when, forecast, value] : worker.ttft_samples) {
-    AddOutcome(worker.ttft_calibration, when, forecast.ScaleFor(value - overhead));
+    worker.ttft_calibration.Add(when, forecast.ScaleFor(value - overhead));
   }
 }
 
@@ -592,7 +546,7 @@ void AdmissionController::ObserveTpot(AdmissionId id, absl::Duration tpot) {
   Record* r = FindRecord(id);
   if (r == nullptr || r->tpot_observed || !(r->raw_tpot > 0)) return;
   r->tpot_observed = true;
-  AddOutcome(workers_[r->decode]->tpot_calibration, now, absl::ToDoubleSeconds(tpot) / r->raw_tpot);
+  workers_[r->decode]->tpot_calibration.Add(now, absl::ToDoubleSeconds(tpot) / r->raw_tpot);
 }
 
 absl::Duration AdmissionController::ClampRetry(double seconds) const {
@@ -772,8 +726,7 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   const int num_prefill = EvaluatePrefill(scope, &best_pass_ttft, &best_any_ttft);
   // Decode candidates are forecast at T: when this request would join a
   // batch.
-  const double t =
-      scope.now + (std::isfinite(best_pass_ttft) ? best_pass_ttft : best_any_ttft);
+  const double t = scope.now + (std::isfinite(best_pass_ttft) ? best_pass_ttft : best_any_ttft);
   int best_decode = -1;
   int decode_stage = kStagePassed;
   const int num_decode = EvaluateDecode(scope, t, &best_decode, &decode_stage);
@@ -800,21 +753,20 @@ bool AdmissionController::Pairable(int prefill, int decode) const {
          (!workers_[prefill]->report.colocated_only && !workers_[decode]->report.colocated_only);
 }
 
-TtftForecast AdmissionController::ForecastFor(const PrefillEval& e,
-                                                                   bool colocated) {
+TtftForecast AdmissionController::ForecastFor(const PrefillEval& e, bool colocated) {
   // No transfer when the prefill worker is the decode worker itself.
   TtftForecast forecast = e.forecast;
   if (colocated) forecast.request_work -= e.transfer;
   return forecast;
 }
 
-int64_t AdmissionController::PrefillTokens(const AdmissionRequest& request,
-                                           const Worker& worker) {
+int64_t AdmissionController::PrefillTokens(const AdmissionRequest& request, const Worker& worker) {
   int64_t cached = 0;
   if (auto it = request.cached_tokens.find(worker.id); it != request.cached_tokens.end()) {
     cached += it->second;
   }
-  if (auto it = request.dram_cached_tokens.find(worker.id); it != request.dram_cached_tokens.end()) {
+  if (auto it = request.dram_cached_tokens.find(worker.id);
+      it != request.dram_cached_tokens.end()) {
     cached += it->second;
   }
   return request.prompt_tokens - std::clamp<int64_t>(cached, 0, request.prompt_tokens - 1);
@@ -853,9 +805,8 @@ int AdmissionController::EvaluatePrefill(const AdmitScope& s, double* best_pass_
     *best_any_ttft = std::min(*best_any_ttft, e.ttft);
     const double b = w.prefill_model.seconds_per_token();
     const double queued = e.backlog_tokens + static_cast<double>(e.tokens);
-    const double class_room =
-        s.queue_capacity -
-        UnusedReservedByOthers(w.class_prefill_tokens, s.queue_capacity, s.klass);
+    const double class_room = s.queue_capacity - UnusedReservedByOthers(w.class_prefill_tokens,
+                                                                        s.queue_capacity, s.klass);
     if (queued > s.queue_capacity) {
       e.stage = kStageTtft;
       e.retry = (queued - s.queue_capacity) * b;
@@ -889,7 +840,7 @@ int AdmissionController::EvaluateDecode(const AdmitScope& s, double t, int* best
     e.tpot_scale = TpotScale(w, s.now);
     e.tpot = e.tpot_scale *
              DecodeModelOf(w).PredictSeconds(static_cast<int64_t>(e.batch) + 1,
-                                           static_cast<int64_t>(e.context_tokens) + s.n);
+                                             static_cast<int64_t>(e.context_tokens) + s.n);
     const double limit = std::min(s.tpot_target, e.min_tpot_target) * s.margin;
     e.slack = limit - e.tpot;
     const double kv_total = w.report.kv_blocks_total;
@@ -1030,10 +981,9 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
   }
   decision->admitted = true;
   const DecodeEval& chosen = decode_scratch_[best_decode];
-  decision->id =
-      AddRecord(s.request, s.klass, best_prefill, best_decode, s.now, s.now + best_ttft,
-                chosen.tpot, s.tpot_target, s.need_blocks, best_forecast,
-                chosen.tpot / chosen.tpot_scale);
+  decision->id = AddRecord(s.request, s.klass, best_prefill, best_decode, s.now, s.now + best_ttft,
+                           chosen.tpot, s.tpot_target, s.need_blocks, best_forecast,
+                           chosen.tpot / chosen.tpot_scale);
   decision->prefill_worker_id = workers_[best_prefill]->id;
   decision->decode_worker_id = workers_[best_decode]->id;
   decision->colocated = best_prefill == best_decode && workers_[best_decode]->report.colocated_only;

@@ -412,11 +412,6 @@ class AdmissionController {
   // That overhead, fitted to the worker's recent TTFT samples.
   double FitTtftOverhead(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double TpotScale(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct Calibration;
-  void AddOutcome(Calibration& calibration, double now, double value)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  double CalibrationQuantile(Calibration& calibration, double now, double none)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AdmissionOptions options_;
   const QosConfig qos_;
@@ -435,7 +430,6 @@ class AdmissionController {
   std::vector<DecodeEval> decode_scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<double, uint32_t>> finish_scratch_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> class_scratch_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> calibration_scratch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trident::router::admission

@@ -720,8 +720,7 @@ TEST(AdmissionPrefixTest, ARepeatedPrefixGoesToTheWorkerHoldingIt) {
   cluster.Load(PrefillLoad("p0"));
   cluster.Load(PrefillLoad("p1"));
   cluster.Load(DecodeLoad("d"));
-  AdmissionRequest request =
-      Request(4096, 16, absl::Milliseconds(2000), absl::Milliseconds(200));
+  AdmissionRequest request = Request(4096, 16, absl::Milliseconds(2000), absl::Milliseconds(200));
   request.cached_tokens = {{"p1", 4000}};
   const AdmissionDecision decision = cluster.Admit(request);
   ASSERT_TRUE(decision.admitted);
@@ -745,8 +744,7 @@ TEST(AdmissionPrefixTest, TheTransferIsPricedAtWhatTheDecodeWorkerLacks) {
   Cluster cluster(options);
   cluster.Load(PrefillLoad("p0"));
   cluster.Load(DecodeLoad("d"));
-  AdmissionRequest request =
-      Request(4096, 16, absl::Milliseconds(5000), absl::Milliseconds(200));
+  AdmissionRequest request = Request(4096, 16, absl::Milliseconds(5000), absl::Milliseconds(200));
   const AdmissionDecision cold = cluster.Admit(request);
   ASSERT_TRUE(cold.admitted);
   cluster.controller().Release(cold.id);

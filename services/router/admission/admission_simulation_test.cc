@@ -48,7 +48,7 @@ constexpr double kDecodePerContext = 5e-7;   // s/token
 constexpr int64_t kBytesPerToken = 131072;   // Llama-3-8B-like KV.
 constexpr double kLinkBytesPerSecond = 20e9;
 constexpr double kTransferLatency = 0.002;
-constexpr double kNoise = 0.03;  // Relative standard deviation of every duration.
+constexpr double kNoise = 0.03;          // Relative standard deviation of every duration.
 constexpr double kTtftOverhead = 0.012;  // s, unmodeled, on every request.
 constexpr int32_t kKvBlocksPerDecodeWorker = 4000;
 constexpr int32_t kBlockTokens = 16;
@@ -133,7 +133,7 @@ struct Result {
   double mean_ttft = 0;
   double mean_tpot = 0;
   int rejected_by_reason[5] = {};
-  absl::Duration admit_wall_per_call;  // Real time, for information only.
+  absl::Duration admit_wall_per_call;    // Real time, for information only.
   std::vector<std::string> rejected_at;  // The first few rejections: "time/prompt tokens".
 };
 
