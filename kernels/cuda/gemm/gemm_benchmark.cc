@@ -23,74 +23,134 @@
 namespace trident::kernels::cuda {
 namespace {
 
+// The weights in rotating copies, a stream, its events, and the read
+// ceiling over every copy, measured once.
+class WeightRig {
+ public:
+  explicit WeightRig(int64_t w_bytes)
+      : w_bytes_(w_bytes),
+        copies_(std::max<int64_t>(1, ((int64_t{256} << 20) + w_bytes - 1) / w_bytes)) {
+    cudaMalloc(&w_, w_bytes_ * copies_);
+    cudaMemset(w_, 0, w_bytes_ * copies_);
+    cudaMalloc(reinterpret_cast<void**>(&sink_), sizeof(unsigned));
+    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    cudaEventCreate(&start_);
+    cudaEventCreate(&stop_);
+    LaunchReadCeiling(w_, w_bytes_ * copies_, sink_, stream_);
+    cudaEventRecord(start_, stream_);
+    for (int i = 0; i < 5; ++i) LaunchReadCeiling(w_, w_bytes_ * copies_, sink_, stream_);
+    cudaEventRecord(stop_, stream_);
+    cudaEventSynchronize(stop_);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start_, stop_);
+    ceiling_gbps_ = 5.0 * w_bytes_ * copies_ / (ms * 1e-3) / 1e9;
+  }
+  ~WeightRig() {
+    cudaFree(w_);
+    cudaFree(sink_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const void* weights(int i) const {
+    return static_cast<const char*>(w_) + (i % copies_) * w_bytes_;
+  }
+  cudaStream_t stream() const { return stream_; }
+
+  // Times ten calls of call(weights(i), stream) per iteration with CUDA
+  // events, and sets the weight GB/s counters; returns seconds per call.
+  template <typename Call>
+  double Time(benchmark::State& state, Call call) {
+    double total_ms = 0;
+    for (auto _ : state) {
+      cudaEventRecord(start_, stream_);
+      for (int i = 0; i < 10; ++i) call(weights(i), stream_);
+      cudaEventRecord(stop_, stream_);
+      cudaEventSynchronize(stop_);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start_, stop_);
+      state.SetIterationTime(ms * 1e-3 / 10);
+      total_ms += ms / 10;
+    }
+    const double per_call_s = total_ms * 1e-3 / state.iterations();
+    const double gbps = w_bytes_ / per_call_s / 1e9;
+    state.counters["weight_GBps"] = gbps;
+    state.counters["ceiling_GBps"] = ceiling_gbps_;
+    state.counters["vs_ceiling"] = gbps / ceiling_gbps_;
+    state.counters["weight_copies"] = static_cast<double>(copies_);
+    return per_call_s;
+  }
+
+ private:
+  int64_t w_bytes_;
+  int64_t copies_;
+  void* w_ = nullptr;
+  unsigned* sink_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  double ceiling_gbps_ = 0;
+};
+
 void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool f32_out = state.range(3) == 1;
   const int64_t path = state.range(4);
-  const int64_t w_bytes = n * k * 2;
-  const int64_t copies = std::max<int64_t>(1, ((int64_t{256} << 20) + w_bytes - 1) / w_bytes);
-  void *x, *w, *y;
-  unsigned* sink;
-  cudaMalloc(&x, m * k * 2);
-  cudaMalloc(&w, w_bytes * copies);
-  cudaMalloc(&y, m * n * 4);
-  cudaMalloc(reinterpret_cast<void**>(&sink), sizeof(unsigned));
-  cudaMemset(x, 0, m * k * 2);
-  cudaMemset(w, 0, w_bytes * copies);
-  cudaMemset(y, 0, m * n * 4);
   auto gemm =
       Gemm::Create({.gemv = path != 0, .pdl = path == 2 || path == 4, .gemv_bulk = path >= 3});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
   }
-  GemmArgs args{x, k, w, nullptr, y, n, m, n, k};
+  WeightRig rig(n * k * 2);
+  void *x, *y;
+  cudaMalloc(&x, m * k * 2);
+  cudaMalloc(&y, m * n * 4);
+  cudaMemset(x, 0, m * k * 2);
+  cudaMemset(y, 0, m * n * 4);
+  GemmArgs args{x, k, rig.weights(0), nullptr, y, n, m, n, k};
   if (f32_out) {
     args.y_dtype = numeric::DType::kF32;
     args.accumulate = true;
   }
-  auto weights = [&](int i) { return static_cast<const char*>(w) + (i % copies) * w_bytes; };
-  cudaStream_t stream;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  // The ceiling: reading every copy of the weights once.
-  LaunchReadCeiling(w, w_bytes * copies, sink, stream);
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < 5; ++i) LaunchReadCeiling(w, w_bytes * copies, sink, stream);
-  cudaEventRecord(stop, stream);
-  cudaEventSynchronize(stop);
-  float ceiling_ms = 0;
-  cudaEventElapsedTime(&ceiling_ms, start, stop);
-  const double ceiling_gbps = 5.0 * w_bytes * copies / (ceiling_ms * 1e-3) / 1e9;
-  (void)(*gemm)->Run(args, stream);
-  double total_ms = 0;
-  for (auto _ : state) {
-    cudaEventRecord(start, stream);
-    for (int i = 0; i < 10; ++i) {
-      args.w = weights(i);
-      (void)(*gemm)->Run(args, stream);
-    }
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3 / 10);
-    total_ms += ms / 10;
-  }
-  const double per_call_s = total_ms * 1e-3 / state.iterations();
+  (void)(*gemm)->Run(args, rig.stream());
+  const double per_call_s = rig.Time(state, [&](const void* w, cudaStream_t stream) {
+    args.w = w;
+    (void)(*gemm)->Run(args, stream);
+  });
   state.counters["TFLOPs"] = 2.0 * m * n * k / per_call_s / 1e12;
-  state.counters["weight_GBps"] = n * k * 2.0 / per_call_s / 1e9;
-  state.counters["ceiling_GBps"] = ceiling_gbps;
-  state.counters["vs_ceiling"] = n * k * 2.0 / per_call_s / 1e9 / ceiling_gbps;
-  state.counters["weight_copies"] = static_cast<double>(copies);
   cudaFree(x);
-  cudaFree(w);
   cudaFree(y);
-  cudaFree(sink);
-  cudaStreamDestroy(stream);
 }
+
+// One row's gate/up projection with SwiGLU's activation fused
+// (Gemm::RunSiluMul, Hopper's GEMV), against the same run's ceiling: the
+// fused call writes bf16 silu(g) * u instead of the f32 gate/up row.
+void BM_GemvSiluMul(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  auto gemm = Gemm::Create();
+  if (!gemm.ok()) {
+    state.SkipWithError(std::string(gemm.status().message()).c_str());
+    return;
+  }
+  WeightRig rig(n * k * 2);
+  void *x, *y;
+  cudaMalloc(&x, k * 2);
+  cudaMalloc(&y, n);
+  cudaMemset(x, 0, k * 2);
+  GemmArgs args{x, k, rig.weights(0), nullptr, y, n / 2, 1, n, k};
+  if ((*gemm)->FusesSiluMul(args)) {
+    rig.Time(state, [&](const void* w, cudaStream_t stream) {
+      args.w = w;
+      (void)(*gemm)->RunSiluMul(args, stream);
+    });
+  } else {
+    state.SkipWithError("the fused GEMV needs an sm_90 device");
+  }
+  cudaFree(x);
+  cudaFree(y);
+}
+BENCHMARK(BM_GemvSiluMul)->Args({28672, 4096})->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t mode : {0, 1}) {
