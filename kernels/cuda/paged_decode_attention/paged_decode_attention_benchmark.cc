@@ -202,6 +202,12 @@ void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t variant = 0; variant < kNumDecodeVariants; ++variant) {
     for (int64_t splits : {0, 1, 2}) b->Args({64, 576, variant, 128, 0, splits});
   }
+  // Around it, for a planner that picks the variant by shape: the CTAs per
+  // SM (1 for mma_w8_s2, 2-4 for the smaller ones) against the waves.
+  const int64_t around[][2] = {{16, 576}, {128, 576}, {64, 1024}, {64, 2048}, {256, 576}};
+  for (const auto& shape : around) {
+    for (int64_t variant : {1, 2, 5, 6, 8}) b->Args({shape[0], shape[1], variant, 128, 0, 0});
+  }
 }
 
 BENCHMARK(BM_PagedDecodeAttention)
