@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixture_models.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
@@ -88,6 +89,8 @@ class RouterDisaggregatedTest
         TestTmpPath(absl::StrCat("router-", tag, ".log")));
     ASSERT_THAT(router, IsOk());
     router_ = *router;
+    // Requests sent before the first load reports are refused at once.
+    ASSERT_TRUE(testing::RouterKnowsWorkers(router_, {"prefill", "decode"}));
   }
 
   void TearDown() override {
@@ -238,6 +241,7 @@ TEST(RouterColocatedTest, RoleBothWorkersWithoutAKvTransportServeThroughTheRoute
        "--load_interval_ms=20"},
       TestTmpPath("router-colocated.log"));
   ASSERT_THAT(router, IsOk());
+  ASSERT_TRUE(testing::RouterKnowsWorkers(*router, {"both-a", "both-b"}));
   int n = 0;
   for (const v1::GenerateRequest& request : ReferenceRequests("llama3-tiny", 16)) {
     const auto alone = RouterDisaggregatedTest::Generate(workers[0], request);
@@ -296,6 +300,7 @@ class WorkerDeathTest : public ::testing::TestWithParam<std::string> {
         TestTmpPath(absl::StrCat("router-death-", tag, ".log")));
     ASSERT_THAT(router, IsOk());
     router_ = *router;
+    ASSERT_TRUE(testing::RouterKnowsWorkers(router_, {"prefill", "decode"}));
   }
 
   void TearDown() override {

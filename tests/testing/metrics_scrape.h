@@ -4,6 +4,7 @@
 #define TRIDENT_TESTS_TESTING_METRICS_SCRAPE_H_
 
 #include <functional>
+#include <initializer_list>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -48,6 +49,23 @@ inline std::string ScrapeUntil(const ServiceProcess& s,
     if (done(body)) break;
   } while (absl::Now() < deadline);
   return body;
+}
+
+// Scrapes the router `router` until its load gauges name every worker of
+// `worker_ids` (each has sent it a load report, so admission can place
+// requests there), or 20 s passed; whether they all did.
+inline bool RouterKnowsWorkers(const ServiceProcess& router,
+                               std::initializer_list<absl::string_view> worker_ids) {
+  auto knows = [&](const std::string& body) {
+    for (absl::string_view id : worker_ids) {
+      if (!ValueOf(body,
+                   absl::StrCat("trident_router_worker_kv_usage_ratio{worker=\"", id, "\"}"))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  return knows(ScrapeUntil(router, knows));
 }
 
 }  // namespace trident::testing
