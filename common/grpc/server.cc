@@ -119,9 +119,16 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Clients ping to notice a stopped peer: controller members and topology
   // watchers every 10 s, the router's channels to workers every 2 s
-  // (--keepalive_ms, at least 1 s). gRPC's default refuses pings more often
-  // than every 5 minutes on a connection without data and drops it.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1'000);
+  // (--keepalive_ms, at least 1 s), with or without calls in flight. gRPC's
+  // defaults refuse pings more often than every 5 minutes on a connection
+  // without data, and every 2 hours on one without calls, and drop the
+  // connection ("too_many_pings") after the third such ping: the fault
+  // matrix saw every worker drop the router's channel while a decode worker
+  // stalled, and the router then had no worker to move its requests to. The
+  // floor is half the shortest client interval, as timers on a loaded host
+  // can bring two pings closer than they were sent.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.max_metadata_bytes);
@@ -175,8 +182,9 @@ void GrpcServer::Drain(absl::Time deadline) {
   // and the server is then shut down at once.
   {
     absl::MutexLock lock(&calls_->mu);
-    calls_->mu.AwaitWithDeadline(
-        absl::Condition(+[](int64_t* n) { return *n == 0; }, &calls_->in_flight), deadline);
+    calls_->mu.AwaitWithDeadline(absl::Condition(
+                                     +[](int64_t* n) { return *n == 0; }, &calls_->in_flight),
+                                 deadline);
   }
   server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Wait();
