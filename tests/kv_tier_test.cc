@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/http/http_client.h"
@@ -31,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/disaggregated_call.h"
 #include "tests/testing/fixture_models.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/attention.grpc.pb.h"
 #include "trident/v1/generation.grpc.pb.h"
@@ -148,25 +148,6 @@ bool WaitForRelayedPrompt(const ServiceProcess& worker, const std::vector<int32_
   return after >= 2;
 }
 
-// Polls `router`'s metrics (another process) until it has a load report
-// from each of `worker_ids`; false if not within 60 s.
-bool RouterSeesWorkers(const ServiceProcess& router, const std::vector<std::string>& worker_ids) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    absl::StatusOr<http::HttpResponse> metrics = http::Get(
-        absl::StrCat("http://127.0.0.1:", router.metrics_port, "/metrics"), absl::Seconds(5));
-    bool all = metrics.ok();
-    for (const std::string& id : worker_ids) {
-      all = all && absl::StrContains(
-                       metrics->body,
-                       absl::StrCat("trident_router_worker_running_sequences{worker=\"", id, "\"}"));
-    }
-    if (all) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
-}
-
 // The worker's count of idle checks that found its KV pool's books broken.
 int64_t KvInvariantFailures(const ServiceProcess& worker) {
   v1::KvStats stats;
@@ -183,13 +164,12 @@ class KvTierTest : public ::testing::TestWithParam<Param> {
   // A worker of `role` with the tier, on the store's service.
   // `offload_min_context`: its sequences move to the service once they
   // decode at this context (0: never).
-  absl::StatusOr<ServiceProcess> StartTieredWorker(const std::string& role,
-                                                   const std::string& name,
+  absl::StatusOr<ServiceProcess> StartTieredWorker(const std::string& role, const std::string& name,
                                                    int32_t offload_min_context = 0,
                                                    bool tier = true,
                                                    std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = testing::SmallCpuWorkerArgv(
-        RunfilePath("services/worker/worker"), model_dir_, role, name);
+    std::vector<std::string> argv =
+        testing::SmallCpuWorkerArgv(RunfilePath("services/worker/worker"), model_dir_, role, name);
     argv.push_back(absl::StrCat("--ucx_transports=", GetParam().transport));
     argv.push_back(absl::StrCat("--attention_services=", attention_.address));
     argv.push_back(absl::StrCat("--kv_block_size=", kBlockSize));
@@ -284,8 +264,8 @@ TEST_P(KvTierTest, AnotherWorkerFetchesThePrefixFromTheStore) {
   ASSERT_EQ(first.tokens.size(), 12u);
 
   // A's prompt blocks reach the store (written through in the background).
-  const v1::BlockStoreStats written = StoreStatsOnce(
-      [](const v1::BlockStoreStats& s) { return s.blocks() >= kCachedBlocks; });
+  const v1::BlockStoreStats written =
+      StoreStatsOnce([](const v1::BlockStoreStats& s) { return s.blocks() >= kCachedBlocks; });
   ASSERT_GE(written.blocks(), kCachedBlocks);
 
   const Result second = Generate(b_, "second");
@@ -329,23 +309,21 @@ TEST_P(KvTierTest, AMovedSequenceReadsItsPrefixInPlaceInTheStore) {
   const Result moved = Generate(c, "moved");
   ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
   EXPECT_EQ(moved.tokens, first.tokens);
-  absl::StatusOr<http::HttpResponse> metrics = http::Get(
-      absl::StrCat("http://127.0.0.1:", c.metrics_port, "/metrics"), absl::Seconds(5));
+  absl::StatusOr<http::HttpResponse> metrics =
+      http::Get(absl::StrCat("http://127.0.0.1:", c.metrics_port, "/metrics"), absl::Seconds(5));
   ASSERT_THAT(metrics.status(), IsOk());
-  EXPECT_THAT(metrics->body, ::testing::HasSubstr(
-                                 "trident_worker_offload_decisions_total{decision=\"moved\"} 1"));
+  EXPECT_THAT(metrics->body,
+              ::testing::HasSubstr("trident_worker_offload_decisions_total{decision=\"moved\"} 1"));
   // The 6 cached blocks were read in place; the prompt's last 4 tokens (and
   // any decoded before the move) were copied.
-  EXPECT_THAT(metrics->body,
-              ::testing::HasSubstr(absl::StrCat(
-                  "trident_worker_offload_moved_tokens_total{how=\"in_place\"} ",
-                  kCachedBlocks * kBlockSize, "\n")));
+  EXPECT_THAT(metrics->body, ::testing::HasSubstr(absl::StrCat(
+                                 "trident_worker_offload_moved_tokens_total{how=\"in_place\"} ",
+                                 kCachedBlocks * kBlockSize, "\n")));
   EXPECT_THAT(metrics->body, ::testing::ContainsRegex(
                                  "trident_worker_offload_moved_tokens_total\\{how=\"copied\"\\} "
                                  "[1-9]"));
-  const v1::BlockStoreStats end = StoreStatsOnce([](const v1::BlockStoreStats& s) {
-    return s.borrows() == 0 && s.pinned_blocks() == 0;
-  });
+  const v1::BlockStoreStats end = StoreStatsOnce(
+      [](const v1::BlockStoreStats& s) { return s.borrows() == 0 && s.pinned_blocks() == 0; });
   EXPECT_EQ(end.borrows(), 0);
   EXPECT_EQ(end.pinned_blocks(), 0);
   EXPECT_EQ(end.invariant_violation(), "");
@@ -380,9 +358,8 @@ TEST_P(KvTierTest, APlacedPromptIsWrittenOnlyPastThePrefixTheStoreHolds) {
   EXPECT_TRUE(r.placed_on_cpu);
   EXPECT_EQ(r.cached_blocks, kCachedBlocks);
   EXPECT_EQ(r.tokens, first.tokens);
-  const v1::BlockStoreStats end = StoreStatsOnce([](const v1::BlockStoreStats& s) {
-    return s.borrows() == 0 && s.pinned_blocks() == 0;
-  });
+  const v1::BlockStoreStats end = StoreStatsOnce(
+      [](const v1::BlockStoreStats& s) { return s.borrows() == 0 && s.pinned_blocks() == 0; });
   EXPECT_EQ(end.borrows(), 0);
   EXPECT_EQ(end.invariant_violation(), "");
   std::cout << "over " << GetParam().transport << ": the placed prompt's first "
@@ -399,8 +376,8 @@ TEST_P(KvTierTest, TheRouterSendsAPromptOnlyTheStoreHoldsToAWorkerThatCanFetchIt
   // Fetching pays here whatever this machine measures (on it, fetching a
   // tiny model's KV may well lose to computing it, and the router would
   // then rightly prefer neither).
-  auto tiered = StartTieredWorker("prefill", "prefill-tiered", 0, true,
-                                  {"--testonly_dram_hit_value=1"});
+  auto tiered =
+      StartTieredWorker("prefill", "prefill-tiered", 0, true, {"--testonly_dram_hit_value=1"});
   ASSERT_THAT(tiered.status(), IsOk());
   prefill_ = *std::move(tiered);
   auto untiered = StartTieredWorker("prefill", "prefill-untiered", 0, /*tier=*/false);
@@ -425,7 +402,7 @@ TEST_P(KvTierTest, TheRouterSendsAPromptOnlyTheStoreHoldsToAWorkerThatCanFetchIt
     router_ = *std::move(router);
     // Both prefill workers' first load reports (the tiered one's carries
     // the store's keys) have reached the router.
-    ASSERT_TRUE(RouterSeesWorkers(router_, {"prefill-tiered", "prefill-untiered"}));
+    ASSERT_TRUE(testing::RouterKnowsWorkers(router_, {"prefill-tiered", "prefill-untiered"}));
     const Result routed = Generate(router_, absl::StrCat("routed-", variant), variant);
     ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
     EXPECT_EQ(routed.tokens, computed.tokens);
@@ -434,8 +411,8 @@ TEST_P(KvTierTest, TheRouterSendsAPromptOnlyTheStoreHoldsToAWorkerThatCanFetchIt
     absl::StatusOr<http::HttpResponse> metrics = http::Get(
         absl::StrCat("http://127.0.0.1:", router_.metrics_port, "/metrics"), absl::Seconds(5));
     ASSERT_THAT(metrics.status(), IsOk());
-    EXPECT_THAT(metrics->body,
-                ::testing::HasSubstr("trident_router_routing_decisions_total{reason=\"prefix\"} 1"));
+    EXPECT_THAT(metrics->body, ::testing::HasSubstr(
+                                   "trident_router_routing_decisions_total{reason=\"prefix\"} 1"));
     ASSERT_THAT(testing::StopService(router_), IsOk());
   }
   std::cout << "over " << GetParam().transport << ": " << fetched
@@ -462,7 +439,7 @@ TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
   router_ = *std::move(router);
   // Until both workers' first load reports arrive the router has nowhere
   // to send it.
-  ASSERT_TRUE(RouterSeesWorkers(router_, {"prefill-0", "decode-0"}));
+  ASSERT_TRUE(testing::RouterKnowsWorkers(router_, {"prefill-0", "decode-0"}));
   const Result routed = Generate(router_, "routed");
   ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
   EXPECT_EQ(routed.tokens, first.tokens);
@@ -486,8 +463,7 @@ TEST_P(KvTierTest, APrefillWorkerBehindTheRouterFetchesThePrefixToo) {
 INSTANTIATE_TEST_SUITE_P(ModelsAndTransports, KvTierTest,
                          ::testing::Values(Param{"llama3-tiny", "tcp"},
                                            Param{"llama3-tiny", "posix"},
-                                           Param{"qwen2-tiny", "tcp"},
-                                           Param{"qwen2-tiny", "posix"},
+                                           Param{"qwen2-tiny", "tcp"}, Param{"qwen2-tiny", "posix"},
                                            Param{"mistral-tiny", "tcp"},
                                            Param{"mistral-tiny", "posix"}),
                          Name);
