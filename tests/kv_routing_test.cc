@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixture_models.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/service_process.h"
 #include "trident/v1/generation.grpc.pb.h"
 #include "trident/v1/worker.grpc.pb.h"
@@ -70,6 +71,8 @@ class KvRoutingTest : public ::testing::Test {
         TestTmpPath(absl::StrCat(log, ".log")));
     ASSERT_THAT(router, IsOk());
     router_ = *router;
+    // Requests sent before the first load reports are refused at once.
+    ASSERT_TRUE(testing::RouterKnowsWorkers(router_, {"p0", "p1", "d"}));
   }
 
   struct Result {

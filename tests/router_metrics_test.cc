@@ -69,6 +69,8 @@ class RouterMetricsTest : public ::testing::Test {
         TestTmpPath("router.log"));
     ASSERT_THAT(router, IsOk());
     router_ = new ServiceProcess(*router);
+    // Requests sent before the first load reports are refused at once.
+    ASSERT_TRUE(testing::RouterKnowsWorkers(*router_, {"prefill", "decode"}));
     generation_ = v1::Generation::NewStub(router_->channel).release();
   }
 
