@@ -70,6 +70,26 @@ __device__ __forceinline__ void SplitRange(const DecodeKernelParams& p, int seq,
   *end = *begin + per_split < ctx ? *begin + per_split : ctx;
 }
 
+// Element d of head h's result for one split of sequence `seq`: the bf16
+// output row when the context is not split, else the f32 partial, with the
+// split's (max, denominator) beside it once per row (d == 0).
+__device__ __forceinline__ void StoreSplitResult(const DecodeKernelParams& p, int seq, int split,
+                                                 int h, int hd, int d, float value, float max,
+                                                 float denom) {
+  if (p.partial_out == nullptr) {
+    static_cast<__nv_bfloat16*>(
+        p.out)[static_cast<int64_t>(seq) * p.out_stride + static_cast<int64_t>(h) * hd + d] =
+        __float2bfloat16_rn(value);
+    return;
+  }
+  const int64_t out_row = (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
+  p.partial_out[out_row * hd + d] = value;
+  if (d == 0) {
+    p.partial_stats[2 * out_row] = max;
+    p.partial_stats[2 * out_row + 1] = denom;
+  }
+}
+
 // The end of an mma kernel: each warp's (max, sum) of head `row` and its
 // output tiles acc (dims 8 nt + 2 quad + {0, 1}) are merged over the warps
 // through `smem` (kNumWarps * (8 * kHeadDim + 16) floats, free by now), and
@@ -115,20 +135,7 @@ __device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, 
       }
     }
     const float value = denom > 0.0f ? total / denom : 0.0f;
-    const int h = kv_head * p.group + g;
-    if (p.partial_out == nullptr) {
-      static_cast<__nv_bfloat16*>(
-          p.out)[static_cast<int64_t>(seq) * p.out_stride + static_cast<int64_t>(h) * hd + d] =
-          __float2bfloat16_rn(value);
-    } else {
-      const int64_t out_row =
-          (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
-      p.partial_out[out_row * hd + d] = value;
-      if (d == 0) {
-        p.partial_stats[2 * out_row] = max;
-        p.partial_stats[2 * out_row + 1] = denom;
-      }
-    }
+    StoreSplitResult(p, seq, split, kv_head * p.group + g, hd, d, value, max, denom);
   }
 }
 

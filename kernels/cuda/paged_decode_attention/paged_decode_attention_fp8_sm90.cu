@@ -447,19 +447,7 @@ __global__ void __launch_bounds__(kThreads) DecodeFp8WgmmaKernel(const DecodeKer
       for (int t = 0; t < 2; ++t) {
         const int d = 64 * mh + 16 * warp + g + 8 * t;
         const float value = (o[mh][2 * t + e] + o[mh][4 + 2 * t + e] / kLoScale) * inv;
-        if (p.partial_out == nullptr) {
-          static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
-                                             static_cast<int64_t>(h) * kHeadDim + d] =
-              __float2bfloat16_rn(value);
-        } else {
-          const int64_t out_row =
-              (static_cast<int64_t>(seq) * p.num_q_heads + h) * p.num_splits + split;
-          p.partial_out[out_row * kHeadDim + d] = value;
-          if (d == 0) {
-            p.partial_stats[2 * out_row] = run.max[e];
-            p.partial_stats[2 * out_row + 1] = denom[e];
-          }
-        }
+        StoreSplitResult(p, seq, split, h, kHeadDim, d, value, run.max[e], denom[e]);
       }
     }
   }
