@@ -46,6 +46,9 @@ struct WorkerModelOptions {
   // On sm_90, those projections take Hopper's bulk-copy GEMV
   // (CudaBackendOptions::gemv_bulk).
   bool cuda_gemv_bulk = true;
+  // On sm_90, decode batches' projections take Hopper's skinny GEMM
+  // (CudaBackendOptions::gemm_skinny).
+  bool cuda_gemm_skinny = false;
   // The small kernels launched with PDL too (CudaBackendOptions::pdl_chain).
   bool cuda_pdl_chain = true;
   // Name reported by ModelInfo; empty: the directory's last component.

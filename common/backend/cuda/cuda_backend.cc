@@ -196,9 +196,10 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
       cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device), "SMs"));
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
-  TRIDENT_ASSIGN_OR_RETURN(
-      gemm,
-      kc::Gemm::Create({.gemv = options.gemv, .pdl = options.pdl, .gemv_bulk = options.gemv_bulk}));
+  TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv = options.gemv,
+                                                   .pdl = options.pdl,
+                                                   .gemv_bulk = options.gemv_bulk,
+                                                   .skinny = options.gemm_skinny}));
   full_config = model_config;
   config = tp.group != nullptr ? model::RankModelConfig(model_config, tp.layout) : model_config;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {

@@ -77,6 +77,10 @@ struct CudaBackendOptions {
   // through shared memory by the bulk copy engine (GemmOptions::gemv_bulk);
   // false: the register-streaming GEMV.
   bool gemv_bulk = true;
+  // On sm_90, projections of 2-64 rows (decode batches) take Hopper's skinny
+  // GEMM, the MLP's activation fused into the gate/up projection
+  // (GemmOptions::skinny; slower than cuBLASLt so far, hence off).
+  bool gemm_skinny = false;
   // Weights a reader computes rather than stores (model/generate's
   // RandomWeights, for benchmarks of large presets) are computed on the
   // device where they live (kernels/cuda's random_fill), the same bits as

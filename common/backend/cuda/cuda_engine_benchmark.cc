@@ -60,6 +60,9 @@ ABSL_FLAG(int32_t, decode_variant, -1,
 ABSL_FLAG(bool, gemv_bulk, true,
           "On sm_90 those projections take Hopper's bulk-copy GEMV (false: the "
           "register-streaming GEMV; CudaBackendOptions::gemv_bulk).");
+ABSL_FLAG(bool, gemm_skinny, false,
+          "On sm_90 projections of 2-64 rows take Hopper's skinny GEMM instead of cuBLASLt "
+          "(CudaBackendOptions::gemm_skinny).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
 ABSL_FLAG(bool, pdl_chain, true,
           "Launch the norms, RoPE, the KV append, SwiGLU and decode attention with programmatic "
@@ -265,6 +268,7 @@ int Main() {
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
+  options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
   options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);

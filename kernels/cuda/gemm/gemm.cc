@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/arch/arch.h"
+#include "kernels/cuda/gemm/gemm_skinny_sm90_kernel.h"
 #include "kernels/cuda/gemm/gemv_kernel.h"
 #include "kernels/cuda/gemm/gemv_sm90_kernel.h"
 
@@ -109,12 +110,59 @@ GemvPath ChooseGemv(const GemmOptions& options, const GemmArgs& args) {
   return args.k <= kGemvMaxK ? GemvPath::kRegisters : GemvPath::kNone;
 }
 
+// Tiles the skinny GEMM's counters cover (the largest n / 64 it takes).
+constexpr size_t kSkinnyMaxTiles = size_t{1} << 16;
+
+internal::SkinnyArgs SkinnyArgsOf(const GemmOptions& options, const GemmArgs& args, bool silu_mul) {
+  internal::SkinnyArgs s;
+  s.x = args.x;
+  s.x_stride = args.x_stride;
+  s.w = args.w;
+  s.bias = args.bias;
+  s.y = args.y;
+  s.y_stride = args.y_stride;
+  s.m = args.m;
+  s.n = silu_mul ? args.n / 2 : args.n;
+  s.k = args.k;
+  s.f32_out = !silu_mul && args.y_dtype == numeric::DType::kF32;
+  s.accumulate = !silu_mul && args.accumulate;
+  s.silu_mul = silu_mul;
+  s.tile_rows = options.skinny_tile_rows;
+  s.pdl = options.pdl;
+  return s;
+}
+
 }  // namespace
 
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   GemmOptions options;
+  // Hopper's skinny GEMM (options.skinny on an sm_90 device): SMs, the
+  // counters (zeroed once; the kernel leaves them zero) and the partial
+  // sums, which live in the cuBLASLt workspace (neither keeps anything
+  // between calls on the one stream a Gemm serves at a time).
+  int sms = 0;
+  int32_t* skinny_counters = nullptr;
+
+  // Whether the skinny GEMM takes the call.
+  bool TakesSkinny(const internal::SkinnyArgs& s) const {
+    return skinny_counters != nullptr && internal::SkinnySuits(s) &&
+           internal::SkinnyPartialBytes(s, sms) <= options.workspace_bytes &&
+           internal::SkinnyCounterBytes(s) <= kSkinnyMaxTiles * sizeof(int32_t);
+  }
+
+  absl::Status RunSkinny(const internal::SkinnyArgs& s, cudaStream_t stream) {
+    const internal::SkinnyScratch scratch{workspace, options.workspace_bytes, skinny_counters,
+                                          kSkinnyMaxTiles * sizeof(int32_t)};
+    const cudaError_t error = internal::GemmSkinny(s, scratch, sms, stream);
+    if (error != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("Gemm: skinny GEMM launch (m=", s.m, " n=", s.n,
+                                              " k=", s.k, "): ", cudaGetErrorString(error)));
+    }
+    return absl::OkStatus();
+  }
+
   // Key: m, n, k, x_stride, y_stride, bias, y dtype. Value: descriptors and
   // algorithm.
   struct Plan {
@@ -132,6 +180,7 @@ struct Gemm::Impl {
       if (p.c) Lt().MatrixLayoutDestroy(p.c);
     }
     if (workspace) cudaFree(workspace);
+    if (skinny_counters) cudaFree(skinny_counters);
     if (handle) Lt().Destroy(handle);
   }
 
@@ -209,6 +258,24 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
           absl::StrCat("Gemm workspace of ", workspace_bytes, " bytes: ", cudaGetErrorString(err)));
     }
   }
+  if (options.skinny && workspace_bytes > 0 && CurrentDeviceIsSm90()) {
+    int device = 0;
+    const size_t counter_bytes = kSkinnyMaxTiles * sizeof(int32_t);
+    void* counters = nullptr;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) {
+      err = cudaDeviceGetAttribute(&impl->sms, cudaDevAttrMultiProcessorCount, device);
+    }
+    if (err == cudaSuccess) err = cudaMalloc(&counters, counter_bytes);
+    if (err == cudaSuccess) {
+      impl->skinny_counters = static_cast<int32_t*>(counters);
+      err = cudaMemset(counters, 0, counter_bytes);
+    }
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Gemm skinny GEMM counters: ", cudaGetErrorString(err)));
+    }
+  }
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
 
@@ -243,6 +310,10 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     }
     return absl::OkStatus();
   }
+  if (const internal::SkinnyArgs skinny = SkinnyArgsOf(impl_->options, args, false);
+      impl_->TakesSkinny(skinny)) {
+    return impl_->RunSkinny(skinny, stream);
+  }
   auto plan = impl_->PlanFor(args);
   if (!plan.ok()) return plan.status();
   const Impl::Plan& p = **plan;
@@ -260,23 +331,26 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
 }
 
 bool Gemm::FusesSiluMul(const GemmArgs& args) const {
-  return ChooseGemv(impl_->options, args) == GemvPath::kBulk && args.n % 2 == 0;
+  if (args.n % 2 != 0) return false;
+  return ChooseGemv(impl_->options, args) == GemvPath::kBulk ||
+         impl_->TakesSkinny(SkinnyArgsOf(impl_->options, args, true));
 }
 
 absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
-  if (args.m != 1 || args.n <= 0 || args.n % 2 != 0 || args.k <= 0) {
+  if (args.m <= 0 || args.n <= 0 || args.n % 2 != 0 || args.k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("Gemm SiLU-mul: m=", args.m, " n=", args.n,
                                                    " k=", args.k,
-                                                   " must be one row, n even and positive, k > 0"));
+                                                   " must be m, k > 0 and n even and positive"));
   }
   if (args.x == nullptr || args.w == nullptr || args.y == nullptr) {
     return absl::InvalidArgumentError("Gemm SiLU-mul: x, w and y must not be null");
   }
   if (!FusesSiluMul(args)) {
     return absl::FailedPreconditionError(
-        "Gemm SiLU-mul: needs Hopper's GEMV (an sm_90 device, gemv and gemv_bulk on, k a multiple "
-        "of 8, x and W 16-byte aligned)");
+        "Gemm SiLU-mul: needs Hopper's GEMV (one row) or skinny GEMM (2-64 rows): an sm_90 "
+        "device, the kernel's option on, k a multiple of 8, x and W 16-byte aligned");
   }
+  if (args.m > 1) return impl_->RunSkinny(SkinnyArgsOf(impl_->options, args, true), stream);
   const cudaError_t error = internal::GemvSiluMulBulk(args.x, args.w, args.bias, args.y, args.n / 2,
                                                       args.k, impl_->options.pdl, stream);
   if (error != cudaSuccess) {

@@ -62,6 +62,17 @@ struct GemmOptions {
   // weights through shared memory with the bulk copy engine, for any k;
   // false keeps the register-streaming GEMV (k up to 8192, cuBLASLt beyond).
   bool gemv_bulk = true;
+  // On sm_90, calls of 2 to 64 rows (a decode step's batch) take Hopper's
+  // skinny GEMM: W streamed once by the tensor copy engine, multiplied on
+  // wgmma with x as the narrow operand, k split across CTAs (launched with
+  // programmatic dependent launch when `pdl`). Off by default: on the H200
+  // it read the 8B shapes at 0.36-0.76 of the ceiling at 64 rows against
+  // cuBLASLt's 0.58-0.94, and matched it only on the LM head
+  // (bench/RESULTS.md).
+  bool skinny = false;
+  // Its W rows per tile, 128 or 256 (256 halves x's re-reads from L2 and
+  // doubles the partial sums of split tiles).
+  int skinny_tile_rows = 128;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally
@@ -81,13 +92,13 @@ class Gemm {
   // algorithm. m == 0 is a no-op.
   absl::Status Run(const GemmArgs& args, cudaStream_t stream);
 
-  // A gate/up projection with SwiGLU's activation as its epilogue, for one
-  // row x: W [n][k] holds the n/2 gate rows, then the n/2 up rows; y gets
+  // A gate/up projection with SwiGLU's activation as its epilogue: W [n][k]
+  // holds the n/2 gate rows, then the n/2 up rows; y [m][y_stride] gets
   // silu(g_j) * u_j for j < n/2, in bf16 (the bias, when given, is f32 [n]
-  // and added to g and u). One kernel where FusesSiluMul (single-row calls
-  // that take Hopper's GEMV); kFailedPrecondition elsewhere (the caller
-  // runs Run into f32 and then kernels/cuda/silu_mul, which computes the
-  // same values). kInvalidArgument for bad shapes or null pointers.
+  // and added to g and u). One kernel where FusesSiluMul (calls that take
+  // Hopper's GEMV or skinny GEMM); kFailedPrecondition elsewhere (the
+  // caller runs Run into f32 and then kernels/cuda/silu_mul, which computes
+  // the same values). kInvalidArgument for bad shapes or null pointers.
   bool FusesSiluMul(const GemmArgs& args) const;
   absl::Status RunSiluMul(const GemmArgs& args, cudaStream_t stream);
 

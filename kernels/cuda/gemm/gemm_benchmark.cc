@@ -8,7 +8,9 @@
 // the same with programmatic dependent launch, where each call loads its
 // first weights while the previous one ends (as after the norms and the
 // activation in a forward pass); 3 and 4: Hopper's bulk-copy GEMV (sm_90,
-// any k), plain and with programmatic dependent launch.
+// any k), plain and with programmatic dependent launch; 5 and 6: Hopper's
+// skinny GEMM (2-64 rows, sm_90) in tiles of 128 and 256 W rows, with
+// programmatic dependent launch. Paths 0-4 keep 2-64 rows on cuBLASLt.
 
 #include <cuda_runtime_api.h>
 
@@ -96,8 +98,11 @@ void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const bool f32_out = state.range(3) == 1;
   const int64_t path = state.range(4);
-  auto gemm =
-      Gemm::Create({.gemv = path != 0, .pdl = path == 2 || path == 4, .gemv_bulk = path >= 3});
+  auto gemm = Gemm::Create({.gemv = path != 0,
+                            .pdl = path == 2 || path >= 4,
+                            .gemv_bulk = path >= 3,
+                            .skinny = path >= 5,
+                            .skinny_tile_rows = path == 6 ? 256 : 128});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
@@ -123,40 +128,49 @@ void BM_Gemm(benchmark::State& state) {
   cudaFree(y);
 }
 
-// One row's gate/up projection with SwiGLU's activation fused
-// (Gemm::RunSiluMul, Hopper's GEMV), against the same run's ceiling: the
-// fused call writes bf16 silu(g) * u instead of the f32 gate/up row.
+// The gate/up projection with SwiGLU's activation fused (Gemm::RunSiluMul:
+// Hopper's GEMV for one row, its skinny GEMM for more, tiles of
+// tile_rows), against the same run's ceiling: the fused call writes bf16
+// silu(g) * u instead of the f32 gate/up rows.
 void BM_GemvSiluMul(benchmark::State& state) {
-  const int64_t n = state.range(0), k = state.range(1);
-  auto gemm = Gemm::Create();
+  const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
+  auto gemm = Gemm::Create({.skinny = true, .skinny_tile_rows = static_cast<int>(state.range(3))});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
   }
   WeightRig rig(n * k * 2);
   void *x, *y;
-  cudaMalloc(&x, k * 2);
-  cudaMalloc(&y, n);
-  cudaMemset(x, 0, k * 2);
-  GemmArgs args{x, k, rig.weights(0), nullptr, y, n / 2, 1, n, k};
+  cudaMalloc(&x, m * k * 2);
+  cudaMalloc(&y, m * n);
+  cudaMemset(x, 0, m * k * 2);
+  GemmArgs args{x, k, rig.weights(0), nullptr, y, n / 2, m, n, k};
   if ((*gemm)->FusesSiluMul(args)) {
     rig.Time(state, [&](const void* w, cudaStream_t stream) {
       args.w = w;
       (void)(*gemm)->RunSiluMul(args, stream);
     });
   } else {
-    state.SkipWithError("the fused GEMV needs an sm_90 device");
+    state.SkipWithError("the fused projection needs an sm_90 device");
   }
   cudaFree(x);
   cudaFree(y);
 }
-BENCHMARK(BM_GemvSiluMul)->Args({28672, 4096})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GemvSiluMul)
+    ->ArgNames({"n", "k", "m", "tile_rows"})
+    ->Args({28672, 4096, 1, 128})
+    ->Args({28672, 4096, 16, 128})
+    ->Args({28672, 4096, 64, 128})
+    ->Args({28672, 4096, 64, 256})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t mode : {0, 1}) {
     for (int64_t m : {1, 2, 4, 8, 16, 64, 512, 4096}) {
-      for (int64_t path : {0, 1, 2, 3, 4}) {
-        if (path > 0 && m > 1) continue;
+      for (int64_t path : {0, 1, 2, 3, 4, 5, 6}) {
+        if (m > 1 && path >= 1 && path <= 4) continue;
+        if ((m == 1 || m > 64) && path >= 5) continue;
         b->Args({m, 6144, 4096, mode, path});    // fused q/k/v
         b->Args({m, 4096, 4096, mode, path});    // o
         b->Args({m, 28672, 4096, mode, path});   // fused gate/up

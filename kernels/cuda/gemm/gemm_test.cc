@@ -38,9 +38,17 @@ T* ToDevice(const std::vector<T>& host) {
 }
 
 // Which kernels may take a call: cuBLASLt alone, the register-streaming
-// GEMV for the single-row calls that suit it, or Hopper's GEMV (on sm_90;
-// elsewhere the same as the register GEMV).
-enum Path { kCublas = 0, kGemv = 1, kGemvBulk = 2 };
+// GEMV for the single-row calls that suit it, Hopper's GEMV (on sm_90;
+// elsewhere the same as the register GEMV), and with it Hopper's skinny
+// GEMM for 2-64 rows, in tiles of 128 or 256 W rows (elsewhere cuBLASLt).
+enum Path { kCublas = 0, kGemv = 1, kGemvBulk = 2, kSkinny = 3, kSkinny256 = 4 };
+
+GemmOptions OptionsFor(int path) {
+  return {.gemv = path != kCublas,
+          .gemv_bulk = path >= kGemvBulk,
+          .skinny = path >= kSkinny,
+          .skinny_tile_rows = path == kSkinny256 ? 256 : 128};
+}
 
 // Each shape through each path.
 class GemmTest : public ::testing::TestWithParam<std::tuple<Shape, int>> {};
@@ -88,7 +96,7 @@ TEST_P(GemmTest, MatchesCpuReference) {
   }
   std::vector<float> bias32(bias_f);
 
-  auto gemm = Gemm::Create({.gemv = path != kCublas, .gemv_bulk = path == kGemvBulk});
+  auto gemm = Gemm::Create(OptionsFor(path));
   ASSERT_THAT(gemm.status(), IsOk());
   void* dx = ToDevice(x);
   void* dw = ToDevice(w);
@@ -149,8 +157,14 @@ INSTANTIATE_TEST_SUITE_P(
             // chunk by a partial chunk, and the 8B shapes' down projection
             // and head rows.
             Shape{1, 4096, 14336, false, 0, true, true}, Shape{1, 130, 2056, true, 8, true},
-            Shape{1, 9000, 4096, true}, Shape{1, 5, 6152, false, 0, true, true}),
-        ::testing::Values(kCublas, kGemv, kGemvBulk)));
+            Shape{1, 9000, 4096, true}, Shape{1, 5, 6152, false, 0, true, true},
+            // Hopper's skinny GEMM: the 8B shape's o projection at batch 64
+            // into the f32 residual (tiles split across CTAs), its q/k/v at
+            // 48 rows, n not a multiple of 64 with k past a chunk, and x's
+            // rows a stride apart.
+            Shape{64, 4096, 4096, false, 0, true, true}, Shape{48, 6144, 4096, true},
+            Shape{20, 1000, 4104, true, 0, false, true}, Shape{64, 96, 64, true, 24}),
+        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinny256)));
 
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});
@@ -172,12 +186,15 @@ TEST(GemmArgsTest, RejectsBadShapes) {
   EXPECT_EQ((*gemm)->Run(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The gate/up projection with SwiGLU's activation fused (Hopper's GEMV),
-// against the double reference: silu(g) * u of the bf16 values, rounded to
-// bf16. Elsewhere the call is refused with kFailedPrecondition.
+// The gate/up projection with SwiGLU's activation fused (Hopper's GEMV for
+// one row, its skinny GEMM for 2-64), against the double reference:
+// silu(g) * u of the bf16 values, rounded to bf16. Elsewhere the call is
+// refused with kFailedPrecondition.
 struct SiluShape {
   int64_t half, k;
   bool bias;
+  int64_t m = 1;
+  int tile_rows = 128;
 };
 
 class GemmSiluMulTest : public ::testing::TestWithParam<SiluShape> {};
@@ -185,28 +202,29 @@ class GemmSiluMulTest : public ::testing::TestWithParam<SiluShape> {};
 TEST_P(GemmSiluMulTest, MatchesCpuReference) {
   const SiluShape s = GetParam();
   const uint32_t seed = 11;
-  std::printf("half=%lld k=%lld bias=%d seed %u\n", static_cast<long long>(s.half),
-              static_cast<long long>(s.k), s.bias, seed);
+  std::printf("m=%lld half=%lld k=%lld bias=%d tile_rows=%d seed %u\n", static_cast<long long>(s.m),
+              static_cast<long long>(s.half), static_cast<long long>(s.k), s.bias, s.tile_rows,
+              seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 2 * s.half;
-  std::vector<uint16_t> x(s.k), w(n * s.k);
+  std::vector<uint16_t> x(s.m * s.k), w(n * s.k);
   std::vector<float> bias(n);
   const float w_scale = 2.0f / std::sqrt(static_cast<float>(s.k));
   for (auto& v : x) v = numeric::FloatToBf16(normal(rng));
   for (auto& v : w) v = numeric::FloatToBf16(normal(rng) * w_scale);
   for (auto& v : bias) v = normal(rng);
-  std::vector<float> xf(s.k), gate_up(n);
-  for (int64_t i = 0; i < s.k; ++i) xf[i] = numeric::Bf16ToFloat(x[i]);
-  cpu::LinearReference(xf.data(), 1, s.k, n, numeric::DType::kBF16, w.data(),
+  std::vector<float> xf(s.m * s.k), gate_up(s.m * n);
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = numeric::Bf16ToFloat(x[i]);
+  cpu::LinearReference(xf.data(), s.m, s.k, n, numeric::DType::kBF16, w.data(),
                        s.bias ? bias.data() : nullptr, gate_up.data());
-  auto gemm = Gemm::Create();
+  auto gemm = Gemm::Create({.skinny = true, .skinny_tile_rows = s.tile_rows});
   ASSERT_THAT(gemm.status(), IsOk());
   void* dx = ToDevice(x);
   void* dw = ToDevice(w);
   void* db = ToDevice(bias);
-  void* dy = ToDevice(std::vector<uint16_t>(s.half, 0xffff));
-  GemmArgs args{dx, s.k, dw, s.bias ? db : nullptr, dy, s.half, 1, n, s.k};
+  void* dy = ToDevice(std::vector<uint16_t>(s.m * s.half, 0xffff));
+  GemmArgs args{dx, s.k, dw, s.bias ? db : nullptr, dy, s.half, s.m, n, s.k};
   const absl::Status status = (*gemm)->RunSiluMul(args, nullptr);
   if (!CurrentDeviceIsSm90()) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
@@ -214,14 +232,16 @@ TEST_P(GemmSiluMulTest, MatchesCpuReference) {
   } else {
     ASSERT_THAT(status, IsOk());
     EXPECT_TRUE((*gemm)->FusesSiluMul(args));
-    std::vector<uint16_t> y(s.half);
+    std::vector<uint16_t> y(s.m * s.half);
     ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     double worst = 0;
-    for (int64_t j = 0; j < s.half; ++j) {
-      const double g = gate_up[j], u = gate_up[s.half + j];
-      const double want = g / (1.0 + std::exp(-g)) * u;
-      const double got = numeric::Bf16ToFloat(y[j]);
-      worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+    for (int64_t r = 0; r < s.m; ++r) {
+      for (int64_t j = 0; j < s.half; ++j) {
+        const double g = gate_up[r * n + j], u = gate_up[r * n + s.half + j];
+        const double want = g / (1.0 + std::exp(-g)) * u;
+        const double got = numeric::Bf16ToFloat(y[r * s.half + j]);
+        worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+      }
     }
     std::printf("  max relative error %.3g\n", worst);
     EXPECT_LE(worst, 8e-3);
@@ -232,12 +252,17 @@ TEST_P(GemmSiluMulTest, MatchesCpuReference) {
   cudaFree(dy);
 }
 
-// An odd number of outputs (the last item's second gate row past the end),
-// a partial chunk, the 8B shape, and fewer items than CTAs.
+// One row: an odd number of outputs (the last item's second gate row past
+// the end), a partial chunk, the 8B shape, and fewer items than CTAs. Rows:
+// the 8B shape at batch 64 (tiles of 128 and 256 rows), and odd counts of
+// rows and outputs with a bias.
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmSiluMulTest,
                          ::testing::Values(SiluShape{7, 200, true}, SiluShape{1001, 2056, false},
-                                           SiluShape{14336, 4096, false},
-                                           SiluShape{5, 6152, true}));
+                                           SiluShape{14336, 4096, false}, SiluShape{5, 6152, true},
+                                           SiluShape{14336, 4096, false, 64},
+                                           SiluShape{14336, 4096, false, 64, 256},
+                                           SiluShape{1001, 2056, true, 7},
+                                           SiluShape{100, 136, true, 33, 256}));
 
 TEST(GemmSiluMulArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});
@@ -247,8 +272,11 @@ TEST(GemmSiluMulArgsTest, RejectsBadShapes) {
   EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // odd n
   args.n = 4;
-  args.m = 2;
+  args.m = 0;
   EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  // Two rows want the skinny GEMM, which needs the workspace.
+  args.m = 2;
+  EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(), absl::StatusCode::kFailedPrecondition);
   args.m = 1;
   args.w = nullptr;
   EXPECT_EQ((*gemm)->RunSiluMul(args, nullptr).code(), absl::StatusCode::kInvalidArgument);

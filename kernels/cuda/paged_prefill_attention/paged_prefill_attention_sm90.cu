@@ -33,6 +33,7 @@
 
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 #include "kernels/cuda/paged_prefill_attention/prefill_device.h"
+#include "kernels/cuda/wgmma/tensor_map.h"
 #include "kernels/cuda/wgmma/wgmma_device.h"
 
 namespace trident::kernels::cuda::internal {
@@ -667,42 +668,15 @@ cudaError_t LaunchPlacingTable(const PagedPrefillParams& params, const CUtensorM
   return LaunchSm90<kLoad, true>(params, kv_map, kSmemBytes + table_bytes, stream);
 }
 
-// cuTensorMapEncodeTiled from the driver, or null.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiled Encoder() {
-  static const EncodeTiled encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return static_cast<EncodeTiled>(nullptr);
-    }
-    return reinterpret_cast<EncodeTiled>(fn);
-  }();
-  return encode;
-}
-
 // The cache as a 2-D tensor of `rows` rows of `row_elems` elements, boxes of
 // box_elems x block_size rows. Rows are addressed by 32-bit coordinates; the
 // map spans 256 GiB, past any cache, and only rows of named blocks are read.
 bool EncodeRows(const PagedPrefillParams& params, CUtensorMapDataType type, int elem_bytes,
                 int box_elems, CUtensorMapSwizzle swizzle, CUtensorMap* map) {
-  const EncodeTiled encode = Encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(kHeadDim) * elem_bytes;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHeadDim), (cuuint64_t{1} << 38) / row_bytes};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_elems),
-                             static_cast<cuuint32_t>(params.block_size)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode(map, type, 2, const_cast<void*>(params.kv_base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const uint64_t row_bytes = static_cast<uint64_t>(kHeadDim) * elem_bytes;
+  return wgmma::EncodeRowMap(map, params.kv_base, type, kHeadDim, (uint64_t{1} << 38) / row_bytes,
+                             row_bytes, static_cast<uint32_t>(box_elems),
+                             static_cast<uint32_t>(params.block_size), swizzle);
 }
 
 // The bf16 cache as rows of 256 bytes (one token's 128 dims of one kv head),

@@ -27,6 +27,8 @@
 #define TRIDENT_WGMMA_ACCUMULATORS_8(d, i)                                                  \
   "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), \
       "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define TRIDENT_WGMMA_ACCUMULATORS_16(d) \
+  TRIDENT_WGMMA_ACCUMULATORS_8(d, 0), TRIDENT_WGMMA_ACCUMULATORS_8(d, 8)
 #define TRIDENT_WGMMA_ACCUMULATORS_32(d)                                  \
   TRIDENT_WGMMA_ACCUMULATORS_8(d, 0), TRIDENT_WGMMA_ACCUMULATORS_8(d, 8), \
       TRIDENT_WGMMA_ACCUMULATORS_8(d, 16), TRIDENT_WGMMA_ACCUMULATORS_8(d, 24)
@@ -110,6 +112,38 @@ __device__ __forceinline__ void MmaM64N64K16Bf16(uint64_t a, uint64_t b, float (
       "}\n"
       : TRIDENT_WGMMA_ACCUMULATORS_32(d)
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// MmaM64N64K16Bf16 for N = 16, 32 or 64 (d[N / 2]): a product whose B
+// operand is a few rows (a skinny GEMM's activations).
+template <int kN>
+__device__ __forceinline__ void MmaM64NK16Bf16(uint64_t a, uint64_t b, float (&d)[kN / 2],
+                                               bool accumulate) {
+  static_assert(kN == 16 || kN == 32 || kN == 64, "N of 16, 32 or 64");
+  if constexpr (kN == 64) {
+    MmaM64N64K16Bf16(a, b, d, accumulate);
+  } else if constexpr (kN == 32) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, 0, 0;\n"
+        "}\n"
+        : TRIDENT_WGMMA_ACCUMULATORS_16(d)
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : TRIDENT_WGMMA_ACCUMULATORS_8(d, 0)
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+  }
 }
 
 // d (+)= A B for A 64 x 16 bf16 in registers (mma.sync's m16n8k16 A
@@ -235,6 +269,17 @@ __device__ __forceinline__ void TensorLoad2d(void* dst, const void* tensor_map, 
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
       "{%2, %3}], [%4];" ::"r"(SharedAddress(dst)),
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(inner), "r"(outer), "r"(SharedAddress(bar))
+      : "memory");
+}
+
+// TensorLoad2d with an L2 cache policy (EvictFirstPolicy's).
+__device__ __forceinline__ void TensorLoad2dHint(void* dst, const void* tensor_map, int32_t inner,
+                                                 int32_t outer, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_"
+      "hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(inner), "r"(outer), "r"(SharedAddress(bar)),
+      "l"(policy)
       : "memory");
 }
 

@@ -1,0 +1,424 @@
+// Hopper's skinny GEMM: y[m, n] = x[m, k] · Wᵀ for a decode step's few rows.
+// W is read once, through a ring of shared-memory stages filled by the
+// tensor copy engine; wgmma multiplies each stage with W's rows as the
+// 64-row A operand and x's rows as the narrow B operand (N = m rounded up to
+// 16, 32 or 64), so the tensor cores do the work that bounds a GEMV at
+// these batch sizes, and the pipeline keeps the read ceiling busy.
+//
+// Work: tiles of 128 (or 256) W rows times chunks of 64 k values, shared
+// among one CTA per SM as contiguous runs (skinny_split.h): a run's
+// segments that span a whole tile write y; the others write partial sums,
+// and the last CTA of a tile adds them up.
+//
+// CTA: one producer warp (one thread issues the copies) and one consumer
+// warpgroup. Stage: W's tile rows x 64 k (8 KiB per 64 rows) and x's rows x
+// 64 k, both 128-byte swizzled (one swizzle row per matrix row), as many
+// stages as fit in 200 KiB. The producer copies the first stages' W before
+// waiting for the kernel ahead (programmatic dependent launch): W is not
+// its output, x is.
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/gemm/gemm_skinny_sm90_kernel.h"
+#include "kernels/cuda/gemm/skinny_split.h"
+#include "kernels/cuda/pdl/pdl_device.h"
+#include "kernels/cuda/wgmma/tensor_map.h"
+#include "kernels/cuda/wgmma/wgmma_device.h"
+
+namespace trident::kernels::cuda::internal {
+namespace {
+
+constexpr int kSliceRows = 64;  // wgmma's M
+constexpr int kChunk = 64;      // k per stage: a 128-byte swizzle row of bf16
+constexpr int kSliceBytes = kSliceRows * kChunk * 2;
+constexpr int kConsumerThreads = 128;
+constexpr int kConsumerWarps = kConsumerThreads / 32;
+constexpr int kThreads = kConsumerThreads + 32;
+constexpr int kRingBudget = 200 * 1024;
+
+enum class Out { kBf16, kF32, kSiluMulBf16 };
+
+template <int kSlices, int kN>
+struct Shape {
+  static constexpr int kWBytes = kSlices * kSliceBytes;
+  static constexpr int kXBytes = kN * kChunk * 2;  // a multiple of 1024: swizzle atoms stay aligned
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kStages = kRingBudget / kStageBytes;
+  static constexpr int kAccumulators = kN / 2;  // per slice and thread
+  static constexpr int kSlotFloats = kSlices * kAccumulators * kConsumerThreads;
+  static constexpr size_t kSharedBytes =
+      static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + 16;
+};
+
+struct Params {
+  void* y;
+  int64_t y_stride;
+  const void* bias;
+  int64_t m, n, k;
+  bool accumulate;
+  float* partials;
+  int32_t* counters;
+  int64_t tiles, chunks;
+};
+
+// W's first row of slice `slice` of tile `tile`. With kSiluMulBf16 a tile
+// is kTileRows / 2 outputs: its gate rows, then the matching up rows.
+template <Out kOut, int kSlices>
+__device__ __forceinline__ int32_t SliceRow(int64_t tile, int slice, int64_t n) {
+  if constexpr (kOut == Out::kSiluMulBf16) {
+    constexpr int kHalf = kSlices / 2;
+    const int64_t row = tile * kHalf * kSliceRows + (slice % kHalf) * kSliceRows;
+    return static_cast<int32_t>(slice < kHalf ? row : n + row);
+  } else {
+    return static_cast<int32_t>((tile * kSlices + slice) * kSliceRows);
+  }
+}
+
+// A run's position: ring slot and phase, tile and chunk. Next() steps
+// without divisions.
+template <int kStages>
+struct Cursor {
+  int slot = 0;
+  uint32_t phase = 0;
+  int64_t tile, chunk;
+  __device__ __forceinline__ Cursor(int64_t unit, int64_t chunks)
+      : tile(unit / chunks), chunk(unit % chunks) {}
+  __device__ __forceinline__ void Next(int64_t chunks) {
+    if (++slot == kStages) {
+      slot = 0;
+      phase ^= 1;
+    }
+    if (++chunk == chunks) {
+      chunk = 0;
+      ++tile;
+    }
+  }
+};
+
+template <Out kOut, int kSlices, int kN>
+__device__ void Produce(const CUtensorMap* w_map, const CUtensorMap* x_map, const Params& p,
+                        int64_t begin, int64_t end, unsigned char* ring, uint64_t* full,
+                        uint64_t* empty) {
+  using S = Shape<kSlices, kN>;
+  const uint64_t policy = wgmma::EvictFirstPolicy();
+  const int64_t total = end - begin;
+  const int64_t head = min(total, int64_t{S::kStages});
+  Cursor<S::kStages> at(begin, p.chunks);
+  for (int64_t s = 0; s < total; ++s, at.Next(p.chunks)) {
+    if (s >= S::kStages) wgmma::BarrierWait(&empty[at.slot], at.phase ^ 1);
+    unsigned char* const stage = ring + at.slot * S::kStageBytes;
+    const int32_t col = static_cast<int32_t>(at.chunk * kChunk);
+    wgmma::BarrierArriveExpectBytes(&full[at.slot], S::kStageBytes);
+#pragma unroll
+    for (int slice = 0; slice < kSlices; ++slice) {
+      wgmma::TensorLoad2dHint(stage + slice * kSliceBytes, w_map, col,
+                              SliceRow<kOut, kSlices>(at.tile, slice, p.n), &full[at.slot], policy);
+    }
+    if (s >= head) wgmma::TensorLoad2d(stage + S::kWBytes, x_map, col, 0, &full[at.slot]);
+    if (s == head - 1) {
+      // The ring's first lap holds W; x is the kernel ahead's output.
+      pdl::WaitForPreviousGrid();
+      for (int64_t j = 0; j < head; ++j) {
+        const int32_t c = static_cast<int32_t>((begin + j) % p.chunks * kChunk);
+        wgmma::TensorLoad2d(ring + j * S::kStageBytes + S::kWBytes, x_map, c, 0, &full[j]);
+      }
+    }
+  }
+}
+
+// One stage's products: 4 k16 steps per slice.
+template <int kSlices, int kN>
+__device__ __forceinline__ void MultiplyStage(const unsigned char* stage,
+                                              float (&acc)[kSlices][kN / 2], bool overwrite) {
+  using S = Shape<kSlices, kN>;
+  wgmma::Fence();
+#pragma unroll
+  for (int step = 0; step < kChunk / 16; ++step) {
+    const uint64_t b = wgmma::Swizzle128Descriptor(stage + S::kWBytes + step * 32, 1024);
+#pragma unroll
+    for (int slice = 0; slice < kSlices; ++slice) {
+      const uint64_t a = wgmma::Swizzle128Descriptor(stage + slice * kSliceBytes + step * 32, 1024);
+      wgmma::MmaM64NK16Bf16<kN>(a, b, acc[slice], !(overwrite && step == 0));
+    }
+  }
+  wgmma::CommitGroup();
+}
+
+__device__ __forceinline__ void ConsumerBarrier() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+}
+
+// The output index and x row of accumulator i of slice `slice` (fragment of
+// m64nN: i = 4 j + 2 h + e is W row 16 warp + lane / 4 + 8 h of the slice
+// and x row 8 j + 2 (lane % 4) + e).
+struct Place {
+  int64_t out, row;
+};
+template <int kOutSlices>
+__device__ __forceinline__ Place PlaceOf(int64_t tile, int slice, int i) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  return {(tile * kOutSlices + slice) * kSliceRows + 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
+          8 * (i / 4) + 2 * (lane % 4) + i % 2};
+}
+
+// Writes a tile's sums. Per slice, every load (bias, y's old values) is
+// issued before any store, so the loads overlap instead of each waiting for
+// the store ahead (which the compiler cannot prove does not alias it).
+template <Out kOut, int kSlices, int kN>
+__device__ __forceinline__ void StoreTile(const float (&v)[kSlices][kN / 2], int64_t tile,
+                                          const Params& p) {
+  constexpr int kOutSlices = kOut == Out::kSiluMulBf16 ? kSlices / 2 : kSlices;
+#pragma unroll
+  for (int slice = 0; slice < kOutSlices; ++slice) {
+    float add[kN / 2], add_up[kN / 2];
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const Place at = PlaceOf<kOutSlices>(tile, slice, i);
+      add[i] = add_up[i] = 0.0f;
+      if (at.out >= p.n || at.row >= p.m) continue;
+      if constexpr (kOut == Out::kSiluMulBf16) {
+        if (p.bias != nullptr) {
+          add[i] = static_cast<const float*>(p.bias)[at.out];
+          add_up[i] = static_cast<const float*>(p.bias)[p.n + at.out];
+        }
+      } else if constexpr (kOut == Out::kF32) {
+        if (p.bias != nullptr) add[i] = static_cast<const float*>(p.bias)[at.out];
+        if (p.accumulate) add[i] += static_cast<const float*>(p.y)[at.row * p.y_stride + at.out];
+      } else {
+        const auto* const y = static_cast<const __nv_bfloat16*>(p.y);
+        if (p.bias != nullptr) {
+          add[i] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[at.out]);
+        }
+        if (p.accumulate) add[i] += __bfloat162float(y[at.row * p.y_stride + at.out]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const Place at = PlaceOf<kOutSlices>(tile, slice, i);
+      if (at.out >= p.n || at.row >= p.m) continue;
+      const int64_t offset = at.row * p.y_stride + at.out;
+      if constexpr (kOut == Out::kSiluMulBf16) {
+        const float gate = v[slice][i] + add[i];
+        const float up = v[slice + kOutSlices][i] + add_up[i];
+        static_cast<__nv_bfloat16*>(p.y)[offset] =
+            __float2bfloat16_rn(gate / (1.0f + __expf(-gate)) * up);
+      } else if constexpr (kOut == Out::kF32) {
+        static_cast<float*>(p.y)[offset] = v[slice][i] + add[i];
+      } else {
+        static_cast<__nv_bfloat16*>(p.y)[offset] = __float2bfloat16_rn(v[slice][i] + add[i]);
+      }
+    }
+  }
+}
+
+// A segment that covered part of its tile: its partial sums go to the
+// CTA's slot; the tile's last CTA to arrive adds every slot in CTA order
+// (into acc) and writes y, and re-arms the tile's counter.
+template <Out kOut, int kSlices, int kN>
+__device__ void FinishPartial(float (&acc)[kSlices][kN / 2], int64_t tile, const Params& p,
+                              const SkinnySplit& split, int32_t* arrivals) {
+  using S = Shape<kSlices, kN>;
+  const int t = threadIdx.x;
+  float* const mine = p.partials + split.Slot(blockIdx.x, tile) * S::kSlotFloats;
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      __stcg(mine + (slice * (kN / 2) + i) * kConsumerThreads + t, acc[slice][i]);
+    }
+  }
+  __threadfence();
+  ConsumerBarrier();
+  const int64_t first = split.FirstCta(tile);
+  const int64_t last = split.LastCta(tile);
+  if (t == 0) *arrivals = atomicAdd(&p.counters[tile], 1);
+  ConsumerBarrier();
+  const bool reduce = *arrivals == last - first;
+  ConsumerBarrier();  // *arrivals read before the next segment writes it
+  if (!reduce) return;
+  __threadfence();
+  if (t == 0) p.counters[tile] = 0;
+    // Every slot, this CTA's too, in CTA order: the sum does not depend on
+    // the order of arrival.
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) acc[slice][i] = 0.0f;
+  }
+  for (int64_t b = first; b <= last; ++b) {
+    const float* const slot = p.partials + split.Slot(b, tile) * S::kSlotFloats;
+#pragma unroll
+    for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) {
+        acc[slice][i] += __ldcg(slot + (slice * (kN / 2) + i) * kConsumerThreads + t);
+      }
+    }
+  }
+  StoreTile<kOut, kSlices, kN>(acc, tile, p);
+}
+
+template <Out kOut, int kSlices, int kN>
+__device__ void Consume(const Params& p, const SkinnySplit& split, int64_t begin, int64_t end,
+                        const unsigned char* ring, uint64_t* full, uint64_t* empty,
+                        int32_t* arrivals) {
+  using S = Shape<kSlices, kN>;
+  const int lane = threadIdx.x % 32;
+  float acc[kSlices][kN / 2];
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) acc[slice][i] = 0.0f;
+  }
+  Cursor<S::kStages> at(begin, p.chunks);
+  int64_t segment_first_chunk = at.chunk;
+  int pending = -1;  // the slot whose products may still be running
+  for (int64_t s = begin; s < end; ++s, at.Next(p.chunks)) {
+    wgmma::BarrierWait(&full[at.slot], at.phase);
+    const bool first = at.chunk == segment_first_chunk;
+    MultiplyStage<kSlices, kN>(ring + at.slot * S::kStageBytes, acc, first);
+    const bool last = at.chunk == p.chunks - 1 || s == end - 1;
+    if (last) {
+      wgmma::WaitGroup<0>();
+    } else {
+      wgmma::WaitGroup<1>();
+    }
+    if (pending >= 0 && lane == 0) wgmma::BarrierArrive(&empty[pending]);
+    pending = at.slot;
+    if (!last) continue;
+    if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
+    pending = -1;
+    if (segment_first_chunk == 0 && at.chunk == p.chunks - 1) {
+      StoreTile<kOut, kSlices, kN>(acc, at.tile, p);
+    } else {
+      FinishPartial<kOut, kSlices, kN>(acc, at.tile, p, split, arrivals);
+    }
+    segment_first_chunk = 0;
+  }
+}
+
+template <Out kOut, int kSlices, int kN>
+__global__ void __launch_bounds__(kThreads, 1)
+    SkinnyKernel(const Params p, const __grid_constant__ CUtensorMap w_map,
+                 const __grid_constant__ CUtensorMap x_map) {
+  using S = Shape<kSlices, kN>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);
+  uint64_t* const empty = full + S::kStages;
+  int32_t* const arrivals = reinterpret_cast<int32_t*>(empty + S::kStages);
+  const SkinnySplit split(p.tiles, p.chunks, gridDim.x);
+  const int64_t begin = split.Start(blockIdx.x);
+  const int64_t end = split.Start(blockIdx.x + 1);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S::kStages; ++i) {
+      wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes
+      wgmma::BarrierInit(&empty[i], kConsumerWarps);  // each consumer warp's lane 0
+    }
+  }
+  __syncthreads();
+  pdl::LetDependentsLaunch();
+  if (threadIdx.x >= kConsumerThreads) {
+    if (threadIdx.x == kConsumerThreads) {
+      Produce<kOut, kSlices, kN>(&w_map, &x_map, p, begin, end, smem, full, empty);
+    }
+    return;
+  }
+  pdl::WaitForPreviousGrid();
+  Consume<kOut, kSlices, kN>(p, split, begin, end, smem, full, empty, arrivals);
+}
+
+int SlicesOf(const SkinnyArgs& args) { return args.tile_rows / kSliceRows; }
+
+// x's rows rounded up to the product's N.
+int NOf(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+
+int64_t TilesOf(const SkinnyArgs& args) {
+  const int64_t outputs_per_tile = args.silu_mul ? args.tile_rows / 2 : args.tile_rows;
+  return (args.n + outputs_per_tile - 1) / outputs_per_tile;
+}
+
+template <Out kOut, int kSlices, int kN>
+cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
+                        cudaStream_t stream) {
+  using S = Shape<kSlices, kN>;
+  CUtensorMap w_map{}, x_map{};
+  const uint64_t w_rows = args.silu_mul ? 2 * args.n : args.n;
+  if (!wgmma::EncodeRowMap(&w_map, args.w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, args.k, w_rows,
+                           args.k * 2, kChunk, kSliceRows, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !wgmma::EncodeRowMap(&x_map, args.x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, args.k, args.m,
+                           args.x_stride * 2, kChunk, kN, CU_TENSOR_MAP_SWIZZLE_128B)) {
+    return cudaErrorInvalidValue;
+  }
+  auto* kernel = &SkinnyKernel<kOut, kSlices, kN>;
+  const cudaError_t error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSharedBytes);
+  if (error != cudaSuccess) return error;
+  Params p{};
+  p.y = args.y;
+  p.y_stride = args.y_stride;
+  p.bias = args.bias;
+  p.m = args.m;
+  p.n = args.n;
+  p.k = args.k;
+  p.accumulate = args.accumulate;
+  p.partials = static_cast<float*>(scratch.partials);
+  p.counters = scratch.counters;
+  p.tiles = TilesOf(args);
+  p.chunks = (args.k + kChunk - 1) / kChunk;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.tiles * p.chunks, sms));
+  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), S::kSharedBytes, stream, args.pdl, p,
+                     w_map, x_map);
+}
+
+template <Out kOut>
+cudaError_t LaunchOut(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
+                      cudaStream_t stream) {
+  const int n = NOf(args.m);
+  if (SlicesOf(args) == 4) {
+    if (n == 64) return LaunchShape<kOut, 4, 64>(args, scratch, sms, stream);
+    if (n == 32) return LaunchShape<kOut, 4, 32>(args, scratch, sms, stream);
+    return LaunchShape<kOut, 4, 16>(args, scratch, sms, stream);
+  }
+  if (n == 64) return LaunchShape<kOut, 2, 64>(args, scratch, sms, stream);
+  if (n == 32) return LaunchShape<kOut, 2, 32>(args, scratch, sms, stream);
+  return LaunchShape<kOut, 2, 16>(args, scratch, sms, stream);
+}
+
+}  // namespace
+
+bool SkinnySuits(const SkinnyArgs& args) {
+  return args.m >= 2 && args.m <= kSkinnyMaxRows && args.n > 0 && args.k > 0 && args.k % 8 == 0 &&
+         args.x_stride % 8 == 0 && args.x_stride >= args.k &&
+         reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(args.w) % 16 == 0 &&
+         (args.tile_rows == 128 || args.tile_rows == 256) &&
+         (!args.silu_mul || (!args.f32_out && !args.accumulate));
+}
+
+size_t SkinnyPartialBytes(const SkinnyArgs& args, int sms) {
+  const size_t slot = static_cast<size_t>(SlicesOf(args)) * (NOf(args.m) / 2) * kConsumerThreads;
+  return 2 * static_cast<size_t>(std::max(sms, 1)) * slot * sizeof(float);
+}
+
+size_t SkinnyCounterBytes(const SkinnyArgs& args) {
+  return static_cast<size_t>(TilesOf(args)) * sizeof(int32_t);
+}
+
+cudaError_t GemmSkinny(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
+                       cudaStream_t stream) {
+  if (!SkinnySuits(args) || sms <= 0 || scratch.partials == nullptr ||
+      scratch.counters == nullptr || scratch.partial_bytes < SkinnyPartialBytes(args, sms) ||
+      scratch.counter_bytes < SkinnyCounterBytes(args)) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.silu_mul) return LaunchOut<Out::kSiluMulBf16>(args, scratch, sms, stream);
+  if (args.f32_out) return LaunchOut<Out::kF32>(args, scratch, sms, stream);
+  return LaunchOut<Out::kBf16>(args, scratch, sms, stream);
+}
+
+}  // namespace trident::kernels::cuda::internal
