@@ -292,9 +292,10 @@ struct Impl {
   bool device_streams = false;
 
   kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
-    const int32_t default_variant = options.kv_cache_dtype == numeric::DType::kFP8E4M3
-                                        ? kc::kDefaultFp8DecodeVariant
-                                        : kc::kDefaultDecodeVariant;
+    const int32_t default_variant =
+        options.kv_cache_dtype == numeric::DType::kFP8E4M3
+            ? kc::kDefaultFp8DecodeVariant
+            : kc::DefaultDecodeVariant(batch, config.num_key_value_heads, config.head_dim, num_sms);
     return kc::PlanDecodeVariant(
         batch, config.num_key_value_heads, config.head_dim, max_context, num_sms,
         options.decode_variant >= 0 ? options.decode_variant : default_variant);

@@ -137,7 +137,15 @@ int32_t DecodeCtasPerSm(int32_t variant, int32_t head_dim) {
 DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
                       int32_t num_sms) {
   return PlanDecodeVariant(batch, num_kv_heads, 128, max_context_len, num_sms,
-                           kDefaultDecodeVariant);
+                           DefaultDecodeVariant(batch, num_kv_heads, 128, num_sms));
+}
+
+int32_t DefaultDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                             int32_t num_sms) {
+  const int64_t items = int64_t{batch} * num_kv_heads;
+  return head_dim == 128 && num_sms > 0 && items >= int64_t{kManyItemsPerSm} * num_sms
+             ? kManyItemsDecodeVariant
+             : kDefaultDecodeVariant;
 }
 
 DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
@@ -192,8 +200,9 @@ size_t MaxDecodeWorkspaceBytes(int32_t max_batch, int32_t num_kv_heads, int32_t 
                                int32_t head_dim, int32_t max_context_len, int32_t num_sms) {
   size_t most = 0;
   for (int32_t batch = 1; batch <= max_batch; ++batch) {
-    const DecodePlan plan = PlanDecodeVariant(batch, num_kv_heads, head_dim, max_context_len,
-                                              num_sms, kDefaultDecodeVariant);
+    const DecodePlan plan =
+        PlanDecodeVariant(batch, num_kv_heads, head_dim, max_context_len, num_sms,
+                          DefaultDecodeVariant(batch, num_kv_heads, head_dim, num_sms));
     most = std::max(most, DecodeWorkspaceBytes(plan, batch, num_q_heads, head_dim));
   }
   return most;

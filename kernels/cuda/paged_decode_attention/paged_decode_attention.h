@@ -82,10 +82,26 @@ inline constexpr int32_t kNumDecodeVariants = 10;
 inline constexpr int32_t kDefaultDecodeVariant = 5;
 // Hopper's FP8 kernel (see above).
 inline constexpr int32_t kWgmmaFp8DecodeVariant = 9;
+// With many (sequence, KV head) items, at least kManyItemsPerSm per SM at
+// head_dim 128, the planner takes mma_w2_s3 instead (2 warps, 3 stages,
+// four 48 KiB CTAs per SM): on the H200, 0.86 of the read ceiling against
+// mma_w8_s2's 0.75 at 64 sequences x 576 tokens, 0.89 against 0.81 at 128 x
+// 576 and 0.95 against 0.93 at 128 x 2048; with fewer items (16 x 576, 1 x
+// any) mma_w8_s2 stays ahead (bench/RESULTS.md).
+inline constexpr int32_t kManyItemsDecodeVariant = 6;
+inline constexpr int32_t kManyItemsPerSm = 2;
 // Over an FP8 cache: mma_w4_s2, the fastest or within 7% of it on every
 // benchmark shape on the H200 (the FP8 kernel is compute-bound, and more,
 // smaller CTAs suit it).
 inline constexpr int32_t kDefaultFp8DecodeVariant = 1;
+
+// The bf16 variant PlanDecode takes for the shape: kManyItemsDecodeVariant
+// when head_dim is 128 and batch x num_kv_heads >= kManyItemsPerSm x
+// num_sms, else kDefaultDecodeVariant. It depends on the batch alone (not
+// the context), so a plan per batch made for the longest context serves
+// every shorter one.
+int32_t DefaultDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                             int32_t num_sms);
 
 // "legacy", "mma_w4_s3", ...; "invalid" outside [0, kNumDecodeVariants).
 const char* DecodeVariantName(int32_t variant);
@@ -110,8 +126,8 @@ inline constexpr int32_t kMinDecodeSplitTokens = 256;
 // PlanDecode): the count whose last wave is fullest, the fewest such, with
 // pieces of at least kMinDecodeSplitTokens (and 64 tokens per warp of the
 // CTA) of max_context_len and at most kMaxDecodeSplits. Non-positive inputs
-// give 1. The plan's variant is kDefaultDecodeVariant (PlanDecode) or
-// `variant`.
+// give 1. The plan's variant is DefaultDecodeVariant's at head_dim 128
+// (PlanDecode) or `variant`.
 DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_len,
                       int32_t num_sms);
 DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,

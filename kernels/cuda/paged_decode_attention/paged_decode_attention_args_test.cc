@@ -36,8 +36,15 @@ TEST(PlanDecodeTest, FillsTheSmsWithSplitsOfAtLeast256Tokens) {
   EXPECT_EQ(PlanDecodeVariant(4, 8, 128, 255, 132, 2).num_splits, 1);
   EXPECT_EQ(PlanDecodeVariant(0, 8, 128, 4096, 132, 2).num_splits, 1);
   EXPECT_EQ(PlanDecodeVariant(4, 8, 128, 4096, 0, 2).num_splits, 1);
-  // PlanDecode is the default variant at head_dim 128.
+  // PlanDecode is the default variant at head_dim 128, and mma_w2_s3 from
+  // 2 items per SM on.
   EXPECT_EQ(PlanDecode(1, 8, 32768, 132).variant, kDefaultDecodeVariant);
+  EXPECT_EQ(PlanDecode(32, 8, 576, 132).variant, kDefaultDecodeVariant);  // 256 items
+  EXPECT_EQ(PlanDecode(33, 8, 576, 132).variant, kManyItemsDecodeVariant);
+  EXPECT_EQ(PlanDecode(64, 8, 576, 132).variant, kManyItemsDecodeVariant);
+  EXPECT_EQ(PlanDecode(64, 8, 576, 132).num_splits, 1);
+  EXPECT_EQ(DefaultDecodeVariant(64, 8, 64, 132), kDefaultDecodeVariant);
+  EXPECT_EQ(DefaultDecodeVariant(64, 8, 128, 0), kDefaultDecodeVariant);
   EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits,
             PlanDecodeVariant(1, 8, 128, 32768, 132, kDefaultDecodeVariant).num_splits);
 }

@@ -56,9 +56,13 @@ float TimeLaunches(int launches, Launch launch) {
 void BM_PagedDecodeAttention(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(0));
   const int32_t context = static_cast<int32_t>(state.range(1));
-  const int32_t variant =
-      state.range(2) < 0 ? kDefaultDecodeVariant : static_cast<int32_t>(state.range(2));
   const int32_t head_dim = static_cast<int32_t>(state.range(3));
+  int device = 0;
+  int sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int32_t variant = state.range(2) < 0 ? DefaultDecodeVariant(batch, kKvHeads, head_dim, sms)
+                                             : static_cast<int32_t>(state.range(2));
   const bool fp8 = state.range(4) != 0;
   const int32_t forced_splits = static_cast<int32_t>(state.range(5));
   state.SetLabel(std::string(DecodeVariantName(variant)) + (fp8 ? " fp8" : " bf16"));
@@ -73,10 +77,6 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
       fp8 ? static_cast<int64_t>(kKvHeads) * (2 * head_dim + 8) : int64_t{kKvHeads} * head_dim * 4;
   const size_t kv_bytes = static_cast<size_t>(batch) * context * token_bytes;
 
-  int device = 0;
-  int sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, head_dim, context, sms, variant);
   if (forced_splits > 0) plan.num_splits = forced_splits;
   const size_t workspace_bytes = DecodeWorkspaceBytes(plan, batch, kQHeads, head_dim);
