@@ -66,11 +66,13 @@ ABSL_FLAG(int32_t, cuda_graph_max_context, 0,
 ABSL_FLAG(bool, cuda_gemv, true,
           "CUDA backend: single-sequence decode steps run their projections on Trident's "
           "weight-streaming GEMV kernel instead of cuBLASLt (false: cuBLASLt for all).");
-ABSL_FLAG(bool, cuda_gemm_skinny, false,
-          "CUDA backend: on sm_90 (H100, H200) decode batches of 2-64 sequences run their "
-          "projections on Trident's skinny GEMM (weights streamed once by the tensor copy engine "
-          "into wgmma, the MLP's activation fused) instead of cuBLASLt; slower than cuBLASLt so "
-          "far (bench/RESULTS.md).");
+ABSL_FLAG(
+    bool, cuda_gemm_skinny, false,
+    "CUDA backend: on sm_90 (H100, H200) decode batches of 2-64 sequences run their "
+    "projections on Trident's skinny GEMM (weights streamed once by the tensor copy engine "
+    "into wgmma, the MLP's activation fused) instead of cuBLASLt; slower than cuBLASLt so "
+    "far, except for the MLP's fused gate/up of up to 16 sequences, which takes it regardless "
+    "(bench/RESULTS.md).");
 ABSL_FLAG(bool, cuda_gemv_bulk, true,
           "CUDA backend: on sm_90 (H100, H200) that GEMV streams the weights through shared "
           "memory with the bulk copy engine, the MLP's activation fused into the gate/up "

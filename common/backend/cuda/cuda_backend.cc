@@ -196,10 +196,12 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
       cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, options.device), "SMs"));
   TRIDENT_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
-  TRIDENT_ASSIGN_OR_RETURN(gemm, kc::Gemm::Create({.gemv = options.gemv,
-                                                   .pdl = options.pdl,
-                                                   .gemv_bulk = options.gemv_bulk,
-                                                   .skinny = options.gemm_skinny}));
+  TRIDENT_ASSIGN_OR_RETURN(
+      gemm, kc::Gemm::Create({.gemv = options.gemv,
+                              .pdl = options.pdl,
+                              .gemv_bulk = options.gemv_bulk,
+                              .skinny = options.gemm_skinny,
+                              .skinny_silu_max_rows = options.gemm_skinny_silu_max_rows}));
   full_config = model_config;
   config = tp.group != nullptr ? model::RankModelConfig(model_config, tp.layout) : model_config;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {

@@ -79,8 +79,11 @@ struct CudaBackendOptions {
   bool gemv_bulk = true;
   // On sm_90, projections of 2-64 rows (decode batches) take Hopper's skinny
   // GEMM, the MLP's activation fused into the gate/up projection
-  // (GemmOptions::skinny; slower than cuBLASLt so far, hence off).
+  // (GemmOptions::skinny; slower than cuBLASLt so far, hence off). Without
+  // it, the fused gate/up + SwiGLU of up to 16 rows still takes the skinny
+  // GEMM, where it measured ahead (GemmOptions::skinny_silu_max_rows).
   bool gemm_skinny = false;
+  int64_t gemm_skinny_silu_max_rows = 16;
   // Weights a reader computes rather than stores (model/generate's
   // RandomWeights, for benchmarks of large presets) are computed on the
   // device where they live (kernels/cuda's random_fill), the same bits as

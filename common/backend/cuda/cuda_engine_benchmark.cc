@@ -63,6 +63,10 @@ ABSL_FLAG(bool, gemv_bulk, true,
 ABSL_FLAG(bool, gemm_skinny, false,
           "On sm_90 projections of 2-64 rows take Hopper's skinny GEMM instead of cuBLASLt "
           "(CudaBackendOptions::gemm_skinny).");
+ABSL_FLAG(int64_t, gemm_skinny_silu_max_rows, 16,
+          "Without --gemm_skinny, the fused gate/up + SwiGLU of up to this many rows still takes "
+          "the skinny GEMM (0: cuBLASLt and the activation kernel; "
+          "CudaBackendOptions::gemm_skinny_silu_max_rows).");
 ABSL_FLAG(bool, pdl, true, "Launch the GEMV kernels with programmatic dependent launch.");
 ABSL_FLAG(bool, pdl_chain, true,
           "Launch the norms, RoPE, the KV append, SwiGLU and decode attention with programmatic "
@@ -269,6 +273,7 @@ int Main() {
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
   options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
+  options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
   options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);

@@ -138,16 +138,20 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   GemmOptions options;
-  // Hopper's skinny GEMM (options.skinny on an sm_90 device): SMs, the
+  // Hopper's skinny GEMM (on an sm_90 device, when options let it take
+  // calls): SMs, the
   // counters (zeroed once; the kernel leaves them zero) and the partial
   // sums, which live in the cuBLASLt workspace (neither keeps anything
   // between calls on the one stream a Gemm serves at a time).
   int sms = 0;
   int32_t* skinny_counters = nullptr;
 
-  // Whether the skinny GEMM takes the call.
+  // Whether the skinny GEMM takes the call: every suitable call with
+  // options.skinny, else the fused gate/up + SwiGLU of up to
+  // skinny_silu_max_rows rows.
   bool TakesSkinny(const internal::SkinnyArgs& s) const {
-    return skinny_counters != nullptr && internal::SkinnySuits(s) &&
+    const bool wanted = options.skinny || (s.silu_mul && s.m <= options.skinny_silu_max_rows);
+    return wanted && skinny_counters != nullptr && internal::SkinnySuits(s) &&
            internal::SkinnyPartialBytes(s, sms) <= options.workspace_bytes &&
            internal::SkinnyCounterBytes(s) <= kSkinnyMaxTiles * sizeof(int32_t);
   }
@@ -258,7 +262,8 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
           absl::StrCat("Gemm workspace of ", workspace_bytes, " bytes: ", cudaGetErrorString(err)));
     }
   }
-  if (options.skinny && workspace_bytes > 0 && CurrentDeviceIsSm90()) {
+  if ((options.skinny || options.skinny_silu_max_rows >= 2) && workspace_bytes > 0 &&
+      CurrentDeviceIsSm90()) {
     int device = 0;
     const size_t counter_bytes = kSkinnyMaxTiles * sizeof(int32_t);
     void* counters = nullptr;

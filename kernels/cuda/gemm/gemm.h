@@ -70,6 +70,11 @@ struct GemmOptions {
   // cuBLASLt's 0.58-0.94, and matched it only on the LM head
   // (bench/RESULTS.md).
   bool skinny = false;
+  // Without `skinny`, the fused gate/up + SwiGLU (RunSiluMul) of 2 up to
+  // this many rows still takes it, where it measured ahead: 63.0 µs for
+  // the 8B shape at 16 rows against cuBLASLt's 64.1 µs before the separate
+  // activation kernel (0.87 of the ceiling). 0 or 1: never.
+  int64_t skinny_silu_max_rows = 16;
   // Its W rows per tile, 128 or 256 (256 halves x's re-reads from L2 and
   // doubles the partial sums of split tiles).
   int skinny_tile_rows = 128;

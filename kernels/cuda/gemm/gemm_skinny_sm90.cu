@@ -283,14 +283,14 @@ __device__ void Consume(const Params& p, const SkinnySplit& split, int64_t begin
     const bool first = at.chunk == segment_first_chunk;
     MultiplyStage<kSlices, kN>(ring + at.slot * S::kStageBytes, acc, first);
     const bool last = at.chunk == p.chunks - 1 || s == end - 1;
-    if (last) {
-      wgmma::WaitGroup<0>();
-    } else {
-      wgmma::WaitGroup<1>();
-    }
+    // One group stays in flight while the next stage is awaited; the
+    // segment's last waits for all (branches around in-flight products are
+    // uniform: see the role's shuffle in the kernel).
+    wgmma::WaitGroup<1>();
     if (pending >= 0 && lane == 0) wgmma::BarrierArrive(&empty[pending]);
     pending = at.slot;
     if (!last) continue;
+    wgmma::WaitGroup<0>();
     if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
     pending = -1;
     if (segment_first_chunk == 0 && at.chunk == p.chunks - 1) {
@@ -322,7 +322,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   pdl::LetDependentsLaunch();
-  if (threadIdx.x >= kConsumerThreads) {
+  // The role as a warp-uniform value (a shuffle's result), so that the
+  // compiler sees the consumer's branches as uniform.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  if (warpgroup != 0) {
     if (threadIdx.x == kConsumerThreads) {
       Produce<kOut, kSlices, kN>(&w_map, &x_map, p, begin, end, smem, full, empty);
     }

@@ -264,6 +264,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmSiluMulTest,
                                            SiluShape{1001, 2056, true, 7},
                                            SiluShape{100, 136, true, 33, 256}));
 
+// By default only the fused gate/up of up to 16 rows takes the skinny GEMM
+// (GemmOptions::skinny_silu_max_rows), on sm_90 alone.
+TEST(GemmSiluMulDefaultsTest, FuseUpTo16Rows) {
+  auto gemm = Gemm::Create();
+  ASSERT_THAT(gemm.status(), IsOk());
+  void* buffer = nullptr;
+  ASSERT_EQ(cudaMalloc(&buffer, 1 << 20), cudaSuccess);
+  GemmArgs args{buffer, 64, buffer, nullptr, buffer, 64, 16, 128, 64};
+  EXPECT_EQ((*gemm)->FusesSiluMul(args), CurrentDeviceIsSm90());
+  args.m = 17;
+  EXPECT_FALSE((*gemm)->FusesSiluMul(args));
+  cudaFree(buffer);
+}
+
 TEST(GemmSiluMulArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});
   ASSERT_THAT(gemm.status(), IsOk());
