@@ -75,9 +75,14 @@ struct GemmOptions {
   // the 8B shape at 16 rows against cuBLASLt's 64.1 µs before the separate
   // activation kernel (0.87 of the ceiling). 0 or 1: never.
   int64_t skinny_silu_max_rows = 16;
-  // Its W rows per tile, 128 or 256 (256 halves x's re-reads from L2 and
-  // doubles the partial sums of split tiles).
+  // Its W rows per tile, 64 or 128 (128 halves x's re-reads from L2 and
+  // doubles the partial sums of split tiles; the fused SwiGLU takes 128).
   int skinny_tile_rows = 128;
+  // 0, 16 or 32: with 16 or 32, the batch is cut into slices of this many
+  // rows, each on its own share of the SMs (cuBLASLt's decomposition at
+  // these shapes: longer W runs per CTA, smaller partial sums, W's second
+  // read from L2). Not yet measured.
+  int skinny_m_split_rows = 0;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally

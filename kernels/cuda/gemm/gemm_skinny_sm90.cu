@@ -54,7 +54,10 @@ struct Shape {
       static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + 16;
 };
 
+// Per CTA: m0 is the first of x's rows its slice of the batch covers
+// (blockIdx.y * N), and partials and counters point at its slice's own.
 struct Params {
+  int32_t m0;
   void* y;
   int64_t y_stride;
   const void* bias;
@@ -118,13 +121,13 @@ __device__ void Produce(const CUtensorMap* w_map, const CUtensorMap* x_map, cons
       wgmma::TensorLoad2dHint(stage + slice * kSliceBytes, w_map, col,
                               SliceRow<kOut, kSlices>(at.tile, slice, p.n), &full[at.slot], policy);
     }
-    if (s >= head) wgmma::TensorLoad2d(stage + S::kWBytes, x_map, col, 0, &full[at.slot]);
+    if (s >= head) wgmma::TensorLoad2d(stage + S::kWBytes, x_map, col, p.m0, &full[at.slot]);
     if (s == head - 1) {
       // The ring's first lap holds W; x is the kernel ahead's output.
       pdl::WaitForPreviousGrid();
       for (int64_t j = 0; j < head; ++j) {
         const int32_t c = static_cast<int32_t>((begin + j) % p.chunks * kChunk);
-        wgmma::TensorLoad2d(ring + j * S::kStageBytes + S::kWBytes, x_map, c, 0, &full[j]);
+        wgmma::TensorLoad2d(ring + j * S::kStageBytes + S::kWBytes, x_map, c, p.m0, &full[j]);
       }
     }
   }
@@ -158,12 +161,12 @@ __device__ __forceinline__ void ConsumerBarrier() {
 struct Place {
   int64_t out, row;
 };
-template <int kOutSlices>
+template <int kOutSlices, int kN>
 __device__ __forceinline__ Place PlaceOf(int64_t tile, int slice, int i) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   return {(tile * kOutSlices + slice) * kSliceRows + 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
-          8 * (i / 4) + 2 * (lane % 4) + i % 2};
+          blockIdx.y * kN + 8 * (i / 4) + 2 * (lane % 4) + i % 2};
 }
 
 // Writes a tile's sums. Per slice, every load (bias, y's old values) is
@@ -178,7 +181,7 @@ __device__ __forceinline__ void StoreTile(const float (&v)[kSlices][kN / 2], int
     float add[kN / 2], add_up[kN / 2];
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) {
-      const Place at = PlaceOf<kOutSlices>(tile, slice, i);
+      const Place at = PlaceOf<kOutSlices, kN>(tile, slice, i);
       add[i] = add_up[i] = 0.0f;
       if (at.out >= p.n || at.row >= p.m) continue;
       if constexpr (kOut == Out::kSiluMulBf16) {
@@ -199,7 +202,7 @@ __device__ __forceinline__ void StoreTile(const float (&v)[kSlices][kN / 2], int
     }
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) {
-      const Place at = PlaceOf<kOutSlices>(tile, slice, i);
+      const Place at = PlaceOf<kOutSlices, kN>(tile, slice, i);
       if (at.out >= p.n || at.row >= p.m) continue;
       const int64_t offset = at.row * p.y_stride + at.out;
       if constexpr (kOut == Out::kSiluMulBf16) {
@@ -304,13 +307,19 @@ __device__ void Consume(const Params& p, const SkinnySplit& split, int64_t begin
 
 template <Out kOut, int kSlices, int kN>
 __global__ void __launch_bounds__(kThreads, 1)
-    SkinnyKernel(const Params p, const __grid_constant__ CUtensorMap w_map,
+    SkinnyKernel(const Params params, const __grid_constant__ CUtensorMap w_map,
                  const __grid_constant__ CUtensorMap x_map) {
   using S = Shape<kSlices, kN>;
   extern __shared__ __align__(1024) unsigned char smem[];
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);
   uint64_t* const empty = full + S::kStages;
   int32_t* const arrivals = reinterpret_cast<int32_t*>(empty + S::kStages);
+  // The batch's slice blockIdx.y: its own x rows, partial slots and
+  // counters.
+  Params p = params;
+  p.m0 = static_cast<int32_t>(blockIdx.y * kN);
+  p.partials += static_cast<int64_t>(blockIdx.y) * 2 * gridDim.x * S::kSlotFloats;
+  p.counters += static_cast<int64_t>(blockIdx.y) * p.tiles;
   const SkinnySplit split(p.tiles, p.chunks, gridDim.x);
   const int64_t begin = split.Start(blockIdx.x);
   const int64_t end = split.Start(blockIdx.x + 1);
@@ -337,8 +346,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int SlicesOf(const SkinnyArgs& args) { return args.tile_rows / kSliceRows; }
 
-// x's rows rounded up to the product's N.
-int NOf(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+// The rows of x one CTA takes: all of them, or m_split_rows.
+int64_t RowsPerCta(const SkinnyArgs& args) {
+  return args.m_split_rows > 0 ? std::min<int64_t>(args.m, args.m_split_rows) : args.m;
+}
+
+// A CTA's rows rounded up to the product's N.
+int NOf(const SkinnyArgs& args) {
+  const int64_t rows = RowsPerCta(args);
+  return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
+// Slices of the batch (the grid's y).
+int64_t BatchSlices(const SkinnyArgs& args) {
+  const int n = NOf(args);
+  return (args.m + n - 1) / n;
+}
 
 int64_t TilesOf(const SkinnyArgs& args) {
   const int64_t outputs_per_tile = args.silu_mul ? args.tile_rows / 2 : args.tile_rows;
@@ -373,19 +396,24 @@ cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, in
   p.counters = scratch.counters;
   p.tiles = TilesOf(args);
   p.chunks = (args.k + kChunk - 1) / kChunk;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.tiles * p.chunks, sms));
-  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), S::kSharedBytes, stream, args.pdl, p,
-                     w_map, x_map);
+  // Each slice of the batch gets an equal share of the SMs.
+  const int64_t slices = BatchSlices(args);
+  const unsigned grid = static_cast<unsigned>(
+      std::min<int64_t>(p.tiles * p.chunks, std::max<int64_t>(1, sms / slices)));
+  return pdl::Launch(kernel, dim3(grid, static_cast<unsigned>(slices)), dim3(kThreads),
+                     S::kSharedBytes, stream, args.pdl, p, w_map, x_map);
 }
 
 template <Out kOut>
 cudaError_t LaunchOut(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
                       cudaStream_t stream) {
-  const int n = NOf(args.m);
-  if (SlicesOf(args) == 4) {
-    if (n == 64) return LaunchShape<kOut, 4, 64>(args, scratch, sms, stream);
-    if (n == 32) return LaunchShape<kOut, 4, 32>(args, scratch, sms, stream);
-    return LaunchShape<kOut, 4, 16>(args, scratch, sms, stream);
+  const int n = NOf(args);
+  if constexpr (kOut != Out::kSiluMulBf16) {
+    if (SlicesOf(args) == 1) {
+      if (n == 64) return LaunchShape<kOut, 1, 64>(args, scratch, sms, stream);
+      if (n == 32) return LaunchShape<kOut, 1, 32>(args, scratch, sms, stream);
+      return LaunchShape<kOut, 1, 16>(args, scratch, sms, stream);
+    }
   }
   if (n == 64) return LaunchShape<kOut, 2, 64>(args, scratch, sms, stream);
   if (n == 32) return LaunchShape<kOut, 2, 32>(args, scratch, sms, stream);
@@ -399,17 +427,19 @@ bool SkinnySuits(const SkinnyArgs& args) {
          args.x_stride % 8 == 0 && args.x_stride >= args.k &&
          reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(args.w) % 16 == 0 &&
-         (args.tile_rows == 128 || args.tile_rows == 256) &&
+         (args.tile_rows == 128 || (args.tile_rows == 64 && !args.silu_mul)) &&
+         (args.m_split_rows == 0 || args.m_split_rows == 16 || args.m_split_rows == 32) &&
          (!args.silu_mul || (!args.f32_out && !args.accumulate));
 }
 
 size_t SkinnyPartialBytes(const SkinnyArgs& args, int sms) {
-  const size_t slot = static_cast<size_t>(SlicesOf(args)) * (NOf(args.m) / 2) * kConsumerThreads;
-  return 2 * static_cast<size_t>(std::max(sms, 1)) * slot * sizeof(float);
+  const size_t slot = static_cast<size_t>(SlicesOf(args)) * (NOf(args) / 2) * kConsumerThreads;
+  return 2 * static_cast<size_t>(std::max(sms, 1)) * slot * sizeof(float) *
+         static_cast<size_t>(BatchSlices(args));
 }
 
 size_t SkinnyCounterBytes(const SkinnyArgs& args) {
-  return static_cast<size_t>(TilesOf(args)) * sizeof(int32_t);
+  return static_cast<size_t>(TilesOf(args) * BatchSlices(args)) * sizeof(int32_t);
 }
 
 cudaError_t GemmSkinny(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
