@@ -66,9 +66,9 @@ struct GemmOptions {
   // skinny GEMM: W streamed once by the tensor copy engine, multiplied on
   // wgmma with x as the narrow operand, k split across CTAs (launched with
   // programmatic dependent launch when `pdl`). Off by default: on the H200
-  // it read the 8B shapes at 0.36-0.76 of the ceiling at 64 rows against
-  // cuBLASLt's 0.58-0.94, and matched it only on the LM head
-  // (bench/RESULTS.md).
+  // it read the 8B shapes' q/k/v, o and down projections at 0.30-0.78 of
+  // the ceiling against cuBLASLt's 0.47-0.82, and led only on gate/up and
+  // the LM head (bench/RESULTS.md).
   bool skinny = false;
   // Without `skinny`, the fused gate/up + SwiGLU (RunSiluMul) of 2 up to
   // this many rows still takes it, where it measured ahead: 63.0 µs for
