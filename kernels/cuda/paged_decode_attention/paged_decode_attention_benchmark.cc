@@ -210,8 +210,13 @@ void Shapes(benchmark::internal::Benchmark* b) {
   }
 }
 
+// An iteration times kLaunchesPerIteration launches and reports one's time,
+// so the default half second of reported time would be 20 x 0.5 s of wall
+// time per row (10 s at 64 x 2048); 25 ms of reported time is still ~2000
+// launches at the slowest rows, and the whole table runs in minutes.
 BENCHMARK(BM_PagedDecodeAttention)
     ->UseManualTime()
+    ->MinTime(0.025)
     ->ArgNames({"batch", "context", "variant", "head_dim", "fp8", "splits"})
     ->Apply(Shapes);
 
