@@ -83,6 +83,8 @@ struct CudaBackendOptions {
   // it, the fused gate/up + SwiGLU of up to 16 rows still takes the skinny
   // GEMM, where it measured ahead (GemmOptions::skinny_silu_max_rows).
   bool gemm_skinny = false;
+  // The fused gate/up's row limit above (0: cuBLASLt and the activation
+  // kernel for every batch).
   int64_t gemm_skinny_silu_max_rows = 16;
   // Weights a reader computes rather than stores (model/generate's
   // RandomWeights, for benchmarks of large presets) are computed on the

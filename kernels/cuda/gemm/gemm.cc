@@ -100,13 +100,14 @@ bool GemvSuits(const GemmArgs& args) {
          reinterpret_cast<uintptr_t>(args.w) % 16 == 0;
 }
 
-// Which single-row kernel takes the call, if any. Hopper's streams any k
-// (its pipeline does not depend on k); the other, k up to kGemvMaxK.
+// Which single-row kernel takes the call, if any. Hopper's (`sm90`: the
+// Gemm's device is one) streams any k (its pipeline does not depend on k);
+// the other, k up to kGemvMaxK.
 enum class GemvPath { kNone, kRegisters, kBulk };
 
-GemvPath ChooseGemv(const GemmOptions& options, const GemmArgs& args) {
+GemvPath ChooseGemv(const GemmOptions& options, bool sm90, const GemmArgs& args) {
   if (!options.gemv || !GemvSuits(args)) return GemvPath::kNone;
-  if (options.gemv_bulk && CurrentDeviceIsSm90()) return GemvPath::kBulk;
+  if (options.gemv_bulk && sm90) return GemvPath::kBulk;
   return args.k <= kGemvMaxK ? GemvPath::kRegisters : GemvPath::kNone;
 }
 
@@ -139,12 +140,14 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   GemmOptions options;
-  // Hopper's skinny GEMM (on an sm_90 device, when options let it take
-  // calls): SMs, the
-  // counters (zeroed once; the kernel leaves them zero) and the partial
-  // sums, which live in the cuBLASLt workspace (neither keeps anything
-  // between calls on the one stream a Gemm serves at a time).
+  // The device's SMs, queried once on an sm_90 device, else 0 (Hopper's GEMV
+  // and skinny GEMM are taken only when positive, and size their grids by
+  // it).
   int sms = 0;
+  // The skinny GEMM's counters (zeroed once; the kernel leaves them zero),
+  // when options let it take calls. Its partial sums live in the cuBLASLt
+  // workspace: neither keeps anything between calls on the one stream a
+  // Gemm serves at a time.
   int32_t* skinny_counters = nullptr;
 
   // Whether the skinny GEMM takes the call: every suitable call with
@@ -263,16 +266,19 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
           absl::StrCat("Gemm workspace of ", workspace_bytes, " bytes: ", cudaGetErrorString(err)));
     }
   }
-  if ((options.skinny || options.skinny_silu_max_rows >= 2) && workspace_bytes > 0 &&
-      CurrentDeviceIsSm90()) {
-    int device = 0;
+  if (!CurrentDeviceIsSm90()) return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&impl->sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("Gemm: SM count: ", cudaGetErrorString(err)));
+  }
+  if ((options.skinny || options.skinny_silu_max_rows >= 2) && workspace_bytes > 0) {
     const size_t counter_bytes = kSkinnyMaxTiles * sizeof(int32_t);
     void* counters = nullptr;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) {
-      err = cudaDeviceGetAttribute(&impl->sms, cudaDevAttrMultiProcessorCount, device);
-    }
-    if (err == cudaSuccess) err = cudaMalloc(&counters, counter_bytes);
+    err = cudaMalloc(&counters, counter_bytes);
     if (err == cudaSuccess) {
       impl->skinny_counters = static_cast<int32_t*>(counters);
       err = cudaMemset(counters, 0, counter_bytes);
@@ -302,13 +308,13 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemm: y dtype ", numeric::DTypeName(args.y_dtype), " is not supported (bf16 or f32)"));
   }
-  const GemvPath gemv = ChooseGemv(impl_->options, args);
+  const GemvPath gemv = ChooseGemv(impl_->options, impl_->sms > 0, args);
   if (gemv != GemvPath::kNone) {
     const bool f32_out = args.y_dtype == numeric::DType::kF32;
     const cudaError_t error =
         gemv == GemvPath::kBulk
             ? internal::GemvBf16Bulk(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
-                                     args.accumulate, impl_->options.pdl, stream)
+                                     args.accumulate, impl_->sms, impl_->options.pdl, stream)
             : internal::GemvBf16(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
                                  args.accumulate, impl_->options.pdl, stream);
     if (error != cudaSuccess) {
@@ -338,7 +344,7 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
 
 bool Gemm::FusesSiluMul(const GemmArgs& args) const {
   if (args.n % 2 != 0) return false;
-  return ChooseGemv(impl_->options, args) == GemvPath::kBulk ||
+  return ChooseGemv(impl_->options, impl_->sms > 0, args) == GemvPath::kBulk ||
          impl_->TakesSkinny(SkinnyArgsOf(impl_->options, args, true));
 }
 
@@ -357,8 +363,9 @@ absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
         "device, the kernel's option on, k a multiple of 8, x and W 16-byte aligned");
   }
   if (args.m > 1) return impl_->RunSkinny(SkinnyArgsOf(impl_->options, args, true), stream);
-  const cudaError_t error = internal::GemvSiluMulBulk(args.x, args.w, args.bias, args.y, args.n / 2,
-                                                      args.k, impl_->options.pdl, stream);
+  const cudaError_t error =
+      internal::GemvSiluMulBulk(args.x, args.w, args.bias, args.y, args.n / 2, args.k, impl_->sms,
+                                impl_->options.pdl, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm SiLU-mul launch: ", cudaGetErrorString(error)));
   }

@@ -246,16 +246,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
 template <Out kOut>
 cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
-                   bool accumulate, bool pdl, cudaStream_t stream) {
+                   bool accumulate, int sms, bool pdl, cudaStream_t stream) {
+  if (sms <= 0) return cudaErrorInvalidValue;
   auto* kernel = &GemvBulkKernel<kOut>;
-  cudaError_t error =
+  const cudaError_t error =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-  if (error != cudaSuccess) return error;
-  int device = 0, sms = 0;
-  error = cudaGetDevice(&device);
-  if (error == cudaSuccess) {
-    error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
   if (error != cudaSuccess) return error;
   const unsigned grid =
       static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
@@ -267,14 +262,15 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
 }  // namespace
 
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                         int64_t k, bool f32_out, bool accumulate, bool pdl, cudaStream_t stream) {
-  return f32_out ? Launch<Out::kF32>(x, w, bias, y, n, k, accumulate, pdl, stream)
-                 : Launch<Out::kBf16>(x, w, bias, y, n, k, accumulate, pdl, stream);
+                         int64_t k, bool f32_out, bool accumulate, int sms, bool pdl,
+                         cudaStream_t stream) {
+  return f32_out ? Launch<Out::kF32>(x, w, bias, y, n, k, accumulate, sms, pdl, stream)
+                 : Launch<Out::kBf16>(x, w, bias, y, n, k, accumulate, sms, pdl, stream);
 }
 
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                            int64_t k, bool pdl, cudaStream_t stream) {
-  return Launch<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, pdl, stream);
+                            int64_t k, int sms, bool pdl, cudaStream_t stream) {
+  return Launch<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -12,17 +12,19 @@ namespace trident::kernels::cuda::internal {
 
 // y[n] (+)= x[k] · Wᵀ (+ bias) for one row x, as GemvBf16 (gemv_kernel.h),
 // for any k (a multiple of 8): W streams through shared memory by the bulk
-// copy engine, two CTAs per SM at most. With `pdl` the kernel is launched
-// with programmatic dependent launch and fills its pipeline before waiting
-// for the kernel ahead.
+// copy engine, two CTAs per SM at most (`sms`: the device's count, which
+// the caller queries once). With `pdl` the kernel is launched with
+// programmatic dependent launch and fills its pipeline before waiting for
+// the kernel ahead. cudaErrorInvalidValue for sms <= 0.
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                         int64_t k, bool f32_out, bool accumulate, bool pdl, cudaStream_t stream);
+                         int64_t k, bool f32_out, bool accumulate, int sms, bool pdl,
+                         cudaStream_t stream);
 
 // y[j] = silu(g_j) * u_j in bf16 for j < n, where g = x · W[0, n)ᵀ and
 // u = x · W[n, 2n)ᵀ (+ the f32 bias [2n] on both, when given): the same
 // kernel with the SiLU-and-multiply as its epilogue.
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                            int64_t k, bool pdl, cudaStream_t stream);
+                            int64_t k, int sms, bool pdl, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 
