@@ -129,7 +129,6 @@ internal::SkinnyArgs SkinnyArgsOf(const GemmOptions& options, const GemmArgs& ar
   s.accumulate = !silu_mul && args.accumulate;
   s.silu_mul = silu_mul;
   s.tile_rows = silu_mul ? 128 : options.skinny_tile_rows;
-  s.m_split_rows = options.skinny_m_split_rows;
   s.pdl = options.pdl;
   return s;
 }

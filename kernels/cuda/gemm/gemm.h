@@ -78,11 +78,6 @@ struct GemmOptions {
   // Its W rows per tile, 64 or 128 (128 halves x's re-reads from L2 and
   // doubles the partial sums of split tiles; the fused SwiGLU takes 128).
   int skinny_tile_rows = 128;
-  // 0, 16 or 32: with 16 or 32, the batch is cut into slices of this many
-  // rows, each on its own share of the SMs (cuBLASLt's decomposition at
-  // these shapes: longer W runs per CTA, smaller partial sums, W's second
-  // read from L2). Not yet measured.
-  int skinny_m_split_rows = 0;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally

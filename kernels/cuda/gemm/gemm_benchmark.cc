@@ -9,9 +9,8 @@
 // first weights while the previous one ends (as after the norms and the
 // activation in a forward pass); 3 and 4: Hopper's bulk-copy GEMV (sm_90,
 // any k), plain and with programmatic dependent launch; 5 and 6: Hopper's
-// skinny GEMM (2-64 rows, sm_90) in tiles of 128 W rows, and of 64 with the
-// batch in slices of 32 rows, with
-// programmatic dependent launch. Paths 0-4 keep 2-64 rows on cuBLASLt.
+// skinny GEMM (2-64 rows, sm_90, programmatic dependent launch) in tiles of
+// 128 W rows and of 64. Paths 0-4 keep 2-64 rows on cuBLASLt.
 
 #include <cuda_runtime_api.h>
 
@@ -103,8 +102,7 @@ void BM_Gemm(benchmark::State& state) {
                             .pdl = path == 2 || path >= 4,
                             .gemv_bulk = path >= 3,
                             .skinny = path >= 5,
-                            .skinny_tile_rows = path == 6 ? 64 : 128,
-                            .skinny_m_split_rows = path == 6 ? 32 : 0});
+                            .skinny_tile_rows = path == 6 ? 64 : 128});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
@@ -131,13 +129,12 @@ void BM_Gemm(benchmark::State& state) {
 }
 
 // The gate/up projection with SwiGLU's activation fused (Gemm::RunSiluMul:
-// Hopper's GEMV for one row, its skinny GEMM for more, the batch in
-// slices of m_split_rows), against the same run's ceiling: the fused call writes bf16
-// silu(g) * u instead of the f32 gate/up rows.
+// Hopper's GEMV for one row, its skinny GEMM for more), against the same
+// run's ceiling: the fused call writes bf16 silu(g) * u instead of the f32
+// gate/up rows.
 void BM_GemvSiluMul(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1), m = state.range(2);
-  auto gemm =
-      Gemm::Create({.skinny = true, .skinny_m_split_rows = static_cast<int>(state.range(3))});
+  auto gemm = Gemm::Create({.skinny = true});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
@@ -160,11 +157,10 @@ void BM_GemvSiluMul(benchmark::State& state) {
   cudaFree(y);
 }
 BENCHMARK(BM_GemvSiluMul)
-    ->ArgNames({"n", "k", "m", "m_split_rows"})
-    ->Args({28672, 4096, 1, 0})
-    ->Args({28672, 4096, 16, 0})
-    ->Args({28672, 4096, 64, 0})
-    ->Args({28672, 4096, 64, 32})
+    ->ArgNames({"n", "k", "m"})
+    ->Args({28672, 4096, 1})
+    ->Args({28672, 4096, 16})
+    ->Args({28672, 4096, 64})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

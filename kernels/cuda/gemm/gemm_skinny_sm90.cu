@@ -54,10 +54,7 @@ struct Shape {
       static_cast<size_t>(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + 16;
 };
 
-// Per CTA: m0 is the first of x's rows its slice of the batch covers
-// (blockIdx.y * N), and partials and counters point at its slice's own.
 struct Params {
-  int32_t m0;
   void* y;
   int64_t y_stride;
   const void* bias;
@@ -121,13 +118,13 @@ __device__ void Produce(const CUtensorMap* w_map, const CUtensorMap* x_map, cons
       wgmma::TensorLoad2dHint(stage + slice * kSliceBytes, w_map, col,
                               SliceRow<kOut, kSlices>(at.tile, slice, p.n), &full[at.slot], policy);
     }
-    if (s >= head) wgmma::TensorLoad2d(stage + S::kWBytes, x_map, col, p.m0, &full[at.slot]);
+    if (s >= head) wgmma::TensorLoad2d(stage + S::kWBytes, x_map, col, 0, &full[at.slot]);
     if (s == head - 1) {
       // The ring's first lap holds W; x is the kernel ahead's output.
       pdl::WaitForPreviousGrid();
       for (int64_t j = 0; j < head; ++j) {
         const int32_t c = static_cast<int32_t>((begin + j) % p.chunks * kChunk);
-        wgmma::TensorLoad2d(ring + j * S::kStageBytes + S::kWBytes, x_map, c, p.m0, &full[j]);
+        wgmma::TensorLoad2d(ring + j * S::kStageBytes + S::kWBytes, x_map, c, 0, &full[j]);
       }
     }
   }
@@ -166,7 +163,7 @@ __device__ __forceinline__ Place PlaceOf(int64_t tile, int slice, int i) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   return {(tile * kOutSlices + slice) * kSliceRows + 16 * warp + lane / 4 + 8 * ((i / 2) % 2),
-          blockIdx.y * kN + 8 * (i / 4) + 2 * (lane % 4) + i % 2};
+          8 * (i / 4) + 2 * (lane % 4) + i % 2};
 }
 
 // Writes a tile's sums. Per slice, every load (bias, y's old values) is
@@ -314,12 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);
   uint64_t* const empty = full + S::kStages;
   int32_t* const arrivals = reinterpret_cast<int32_t*>(empty + S::kStages);
-  // The batch's slice blockIdx.y: its own x rows, partial slots and
-  // counters.
-  Params p = params;
-  p.m0 = static_cast<int32_t>(blockIdx.y * kN);
-  p.partials += static_cast<int64_t>(blockIdx.y) * 2 * gridDim.x * S::kSlotFloats;
-  p.counters += static_cast<int64_t>(blockIdx.y) * p.tiles;
+  const Params& p = params;
   const SkinnySplit split(p.tiles, p.chunks, gridDim.x);
   const int64_t begin = split.Start(blockIdx.x);
   const int64_t end = split.Start(blockIdx.x + 1);
@@ -346,22 +338,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int SlicesOf(const SkinnyArgs& args) { return args.tile_rows / kSliceRows; }
 
-// The rows of x one CTA takes: all of them, or m_split_rows.
-int64_t RowsPerCta(const SkinnyArgs& args) {
-  return args.m_split_rows > 0 ? std::min<int64_t>(args.m, args.m_split_rows) : args.m;
-}
-
-// A CTA's rows rounded up to the product's N.
-int NOf(const SkinnyArgs& args) {
-  const int64_t rows = RowsPerCta(args);
-  return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
-}
-
-// Slices of the batch (the grid's y).
-int64_t BatchSlices(const SkinnyArgs& args) {
-  const int n = NOf(args);
-  return (args.m + n - 1) / n;
-}
+// The batch's rows rounded up to the product's N.
+int NOf(const SkinnyArgs& args) { return args.m <= 16 ? 16 : args.m <= 32 ? 32 : 64; }
 
 int64_t TilesOf(const SkinnyArgs& args) {
   const int64_t outputs_per_tile = args.silu_mul ? args.tile_rows / 2 : args.tile_rows;
@@ -396,12 +374,9 @@ cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, in
   p.counters = scratch.counters;
   p.tiles = TilesOf(args);
   p.chunks = (args.k + kChunk - 1) / kChunk;
-  // Each slice of the batch gets an equal share of the SMs.
-  const int64_t slices = BatchSlices(args);
-  const unsigned grid = static_cast<unsigned>(
-      std::min<int64_t>(p.tiles * p.chunks, std::max<int64_t>(1, sms / slices)));
-  return pdl::Launch(kernel, dim3(grid, static_cast<unsigned>(slices)), dim3(kThreads),
-                     S::kSharedBytes, stream, args.pdl, p, w_map, x_map);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.tiles * p.chunks, sms));
+  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), S::kSharedBytes, stream, args.pdl, p,
+                     w_map, x_map);
 }
 
 template <Out kOut>
@@ -428,18 +403,16 @@ bool SkinnySuits(const SkinnyArgs& args) {
          reinterpret_cast<uintptr_t>(args.x) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(args.w) % 16 == 0 &&
          (args.tile_rows == 128 || (args.tile_rows == 64 && !args.silu_mul)) &&
-         (args.m_split_rows == 0 || args.m_split_rows == 16 || args.m_split_rows == 32) &&
          (!args.silu_mul || (!args.f32_out && !args.accumulate));
 }
 
 size_t SkinnyPartialBytes(const SkinnyArgs& args, int sms) {
   const size_t slot = static_cast<size_t>(SlicesOf(args)) * (NOf(args) / 2) * kConsumerThreads;
-  return 2 * static_cast<size_t>(std::max(sms, 1)) * slot * sizeof(float) *
-         static_cast<size_t>(BatchSlices(args));
+  return 2 * static_cast<size_t>(std::max(sms, 1)) * slot * sizeof(float);
 }
 
 size_t SkinnyCounterBytes(const SkinnyArgs& args) {
-  return static_cast<size_t>(TilesOf(args) * BatchSlices(args)) * sizeof(int32_t);
+  return static_cast<size_t>(TilesOf(args)) * sizeof(int32_t);
 }
 
 cudaError_t GemmSkinny(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,

@@ -35,12 +35,6 @@ struct SkinnyArgs {
   // the partial sums' size; silu_mul takes 128 alone: 64 gate and 64 up
   // rows).
   int tile_rows = 128;
-  // 0: every CTA takes all m rows. 16 or 32: the batch is cut into slices
-  // of this many rows, each with its own share of the SMs (the grid's y),
-  // so that a CTA's W run is longer and its partial sums smaller; W is read
-  // once per slice, the second time from L2 (cuBLASLt's decomposition at
-  // these shapes).
-  int m_split_rows = 0;
   bool pdl = true;
 };
 
@@ -55,8 +49,7 @@ struct SkinnyScratch {
 };
 
 // Whether the kernel takes the shape: m in [2, kSkinnyMaxRows], k and
-// x_stride multiples of 8, x and W 16-byte aligned, tile_rows and
-// m_split_rows as above.
+// x_stride multiples of 8, x and W 16-byte aligned, tile_rows as above.
 bool SkinnySuits(const SkinnyArgs& args);
 
 // Scratch the call needs on a device of `sms` SMs.

@@ -40,16 +40,15 @@ T* ToDevice(const std::vector<T>& host) {
 // Which kernels may take a call: cuBLASLt alone, the register-streaming
 // GEMV for the single-row calls that suit it, Hopper's GEMV (on sm_90;
 // elsewhere the same as the register GEMV), and with it Hopper's skinny
-// GEMM for 2-64 rows, in tiles of 128 W rows, or of 64 with the batch in
-// slices of 32 rows (elsewhere cuBLASLt).
-enum Path { kCublas = 0, kGemv = 1, kGemvBulk = 2, kSkinny = 3, kSkinnySplit = 4 };
+// GEMM for 2-64 rows, in tiles of 128 W rows or of 64 (elsewhere
+// cuBLASLt).
+enum Path { kCublas = 0, kGemv = 1, kGemvBulk = 2, kSkinny = 3, kSkinnyTile64 = 4 };
 
 GemmOptions OptionsFor(int path) {
   return {.gemv = path != kCublas,
           .gemv_bulk = path >= kGemvBulk,
           .skinny = path >= kSkinny,
-          .skinny_tile_rows = path == kSkinnySplit ? 64 : 128,
-          .skinny_m_split_rows = path == kSkinnySplit ? 32 : 0};
+          .skinny_tile_rows = path == kSkinnyTile64 ? 64 : 128};
 }
 
 // Each shape through each path.
@@ -166,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(
             // rows a stride apart.
             Shape{64, 4096, 4096, false, 0, true, true}, Shape{48, 6144, 4096, true},
             Shape{20, 1000, 4104, true, 0, false, true}, Shape{64, 96, 64, true, 24}),
-        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnySplit)));
+        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64)));
 
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});
@@ -196,7 +195,6 @@ struct SiluShape {
   int64_t half, k;
   bool bias;
   int64_t m = 1;
-  int m_split_rows = 0;
 };
 
 class GemmSiluMulTest : public ::testing::TestWithParam<SiluShape> {};
@@ -204,9 +202,8 @@ class GemmSiluMulTest : public ::testing::TestWithParam<SiluShape> {};
 TEST_P(GemmSiluMulTest, MatchesCpuReference) {
   const SiluShape s = GetParam();
   const uint32_t seed = 11;
-  std::printf("m=%lld half=%lld k=%lld bias=%d m_split_rows=%d seed %u\n",
-              static_cast<long long>(s.m), static_cast<long long>(s.half),
-              static_cast<long long>(s.k), s.bias, s.m_split_rows, seed);
+  std::printf("m=%lld half=%lld k=%lld bias=%d seed %u\n", static_cast<long long>(s.m),
+              static_cast<long long>(s.half), static_cast<long long>(s.k), s.bias, seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 2 * s.half;
@@ -220,7 +217,7 @@ TEST_P(GemmSiluMulTest, MatchesCpuReference) {
   for (size_t i = 0; i < x.size(); ++i) xf[i] = numeric::Bf16ToFloat(x[i]);
   cpu::LinearReference(xf.data(), s.m, s.k, n, numeric::DType::kBF16, w.data(),
                        s.bias ? bias.data() : nullptr, gate_up.data());
-  auto gemm = Gemm::Create({.skinny = true, .skinny_m_split_rows = s.m_split_rows});
+  auto gemm = Gemm::Create({.skinny = true});
   ASSERT_THAT(gemm.status(), IsOk());
   void* dx = ToDevice(x);
   void* dw = ToDevice(w);
@@ -256,15 +253,13 @@ TEST_P(GemmSiluMulTest, MatchesCpuReference) {
 
 // One row: an odd number of outputs (the last item's second gate row past
 // the end), a partial chunk, the 8B shape, and fewer items than CTAs. Rows:
-// the 8B shape at batch 64 (whole, and in slices of 32 rows), and odd counts of
-// rows and outputs with a bias.
+// the 8B shape at batch 64, and odd counts of rows and outputs with a bias.
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmSiluMulTest,
                          ::testing::Values(SiluShape{7, 200, true}, SiluShape{1001, 2056, false},
                                            SiluShape{14336, 4096, false}, SiluShape{5, 6152, true},
                                            SiluShape{14336, 4096, false, 64},
-                                           SiluShape{14336, 4096, false, 64, 32},
                                            SiluShape{1001, 2056, true, 7},
-                                           SiluShape{100, 136, true, 33, 16}));
+                                           SiluShape{100, 136, true, 33}));
 
 // By default only the fused gate/up of up to 16 rows takes the skinny GEMM
 // (GemmOptions::skinny_silu_max_rows), on sm_90 alone.

@@ -191,9 +191,10 @@ void Shapes(benchmark::internal::Benchmark* b) {
     b->Args({16, 16384, -1, head_dim, 1, 0});
   }
   // A batch-1 step at a short context (a 512-token prompt): the planner's
-  // count (0) against forced ones, for the 2-, 4- and 8-warp CTAs.
+  // count (0) against forced ones, for the 2-, 4- and 8-warp CTAs and
+  // the 2-warp, 3-stage one.
   for (int64_t context : {576, 2048}) {
-    for (int64_t variant : {4, 1, 5}) {
+    for (int64_t variant : {4, 1, 5, 6}) {
       for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({1, context, variant, 128, 0, splits});
     }
   }
