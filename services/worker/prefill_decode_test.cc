@@ -317,8 +317,9 @@ TEST_F(PrefillDecodeTest, SecondTurnMovesOnlyTheNewTokens) {
   EXPECT_EQ(decode_engine_->stats().kv_reserved_cached_blocks_total, 3);
 }
 
-// A block-aligned prompt the decode worker holds whole: nothing is written,
-// and the tokens are still the model's.
+// A block-aligned prompt the decode worker holds whole: nothing is written
+// and no transfer is opened (a lane's metrics would count one opened and
+// left unused as incomplete), and the tokens are still the model's.
 TEST_F(PrefillDecodeTest, AFullHitAtTheDecodeWorkerWritesNothing) {
   const std::vector<int32_t> prompt = {2, 7, 1, 8, 2, 8, 1, 8};
   const Outcome first = Run("first", prompt, 3);
@@ -328,6 +329,8 @@ TEST_F(PrefillDecodeTest, AFullHitAtTheDecodeWorkerWritesNothing) {
   ASSERT_TRUE(again.decode_status.ok()) << again.decode_status.error_message();
   EXPECT_EQ(again.decode_cached_blocks, 2);
   EXPECT_EQ(again.sent_bytes, 0);
+  const std::vector<std::string> calls = sender_->calls();
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "open"), 1);
   EXPECT_EQ(again.tokens, Alone(prompt, 3));
   EXPECT_EQ(again.tokens, first.tokens);
 }

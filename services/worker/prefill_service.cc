@@ -186,9 +186,9 @@ void PrefillService::Commit(const std::shared_ptr<Call>& call, v1::CommitKvReque
       [this, pending, call, done = std::move(done)](grpc::Status status) mutable {
         absl::Status result;
         if (!status.ok()) {
-          result = FromGrpcStatus(status, absl::StrCat("CommitKv to ",
-                                                       call->destination.decode_worker_id(), " at ",
-                                                       call->destination.decode_address()));
+          result = FromGrpcStatus(
+              status, absl::StrCat("CommitKv to ", call->destination.decode_worker_id(), " at ",
+                                   call->destination.decode_address()));
         }
         done(result);
         // The call's context goes here, inside the callback, not with the
@@ -210,6 +210,20 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
                                const std::vector<int32_t>& blocks) {
   if (!call->open_error.ok() || call->cancelled.load()) return;
   if (layer != call->layers_posted) return;  // Out of order: Transfer posts the rest.
+  // The prompt's blocks past those the destination holds already (a
+  // CPU-placed prompt's writer takes them all and skips the tokens its
+  // service reads in place).
+  const size_t held = call->destination.cpu_resident()
+                          ? 0
+                          : static_cast<size_t>(call->destination.num_cached_blocks());
+  const absl::Span<const int32_t> tail =
+      absl::MakeConstSpan(blocks).subspan(std::min(blocks.size(), held));
+  if (tail.empty()) {
+    // A full hit at the decode worker: nothing of this layer (nor of any
+    // other) to write, and no transfer is opened for it.
+    ++call->layers_posted;
+    return;
+  }
   if (call->transfer == nullptr) {
     if (clock_->Now() >= leases_.LeaseEnd(call->lease_key)) {
       call->open_error = absl::DeadlineExceededError(absl::StrCat(
@@ -230,19 +244,6 @@ void PrefillService::SendLayer(const std::shared_ptr<Call>& call, int32_t layer,
                          << layer << " layers (--testonly_stall_kv_transfer_after_layers)";
     // Test-only: poll for the cancellation that is never signalled otherwise.
     while (!call->cancelled.load()) absl::SleepFor(absl::Milliseconds(10));
-    return;
-  }
-  // The prompt's blocks past those the destination holds already (a
-  // CPU-placed prompt's writer takes them all and skips the tokens its
-  // service reads in place).
-  const size_t held = call->destination.cpu_resident()
-                          ? 0
-                          : static_cast<size_t>(call->destination.num_cached_blocks());
-  const absl::Span<const int32_t> tail =
-      absl::MakeConstSpan(blocks).subspan(std::min(blocks.size(), held));
-  if (tail.empty()) {
-    // A full hit at the decode worker: nothing of this layer to write.
-    ++call->layers_posted;
     return;
   }
   {
@@ -306,17 +307,19 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
   // reservation handed over.
   const absl::Status sent = DrainSends(*call);
   if (!sent.ok()) return fail(sent, true);
-  const absl::Time start = call->transfer_start;
-  transport::KvTransfer* transfer = call->transfer.get();
+  // No transfer after a full hit at the decode worker: nothing was sent.
+  const transport::KvTransfer* transfer = call->transfer.get();
+  const absl::Time start = transfer != nullptr ? call->transfer_start : clock_->Now();
+  const int64_t sent_bytes = transfer != nullptr ? transfer->bytes_sent() : 0;
   v1::PrefillResponse progress;
   progress.mutable_progress()->set_layers_sent(sender_->num_layers());
-  progress.mutable_progress()->set_sent_bytes(transfer->bytes_sent());
+  progress.mutable_progress()->set_sent_bytes(sent_bytes);
   call->channel->Push(std::move(progress));
 
   v1::CommitKvRequest commit = CommitRequest(*call, v1::COMMIT_OUTCOME_COMPLETE);
   SetProtoDuration(call->first_token_time - call->submitted, commit.mutable_prefill_time());
   commit.set_num_tokens(call->prompt_tokens);
-  commit.set_message_bytes(transfer->message_bytes());
+  commit.set_message_bytes(transfer != nullptr ? transfer->message_bytes() : 0);
   *commit.mutable_first_token() = call->first_token;
   SetProtoDuration(clock_->Now() - start, commit.mutable_transfer_time());
   const google::protobuf::Duration prefill_time = commit.prefill_time();
@@ -334,11 +337,13 @@ void PrefillService::Transfer(std::shared_ptr<Call> call, std::vector<int32_t> b
            v1::PrefillResponse done;
            v1::KvTransferDone* d = done.mutable_transfer_done();
            d->set_outcome(v1::COMMIT_OUTCOME_COMPLETE);
-           d->set_sent_bytes(transfer->bytes_sent());
-           d->set_messages(transfer->messages());
+           if (transfer != nullptr) {
+             d->set_sent_bytes(transfer->bytes_sent());
+             d->set_messages(transfer->messages());
+             d->set_lane(transfer->lane());
+           }
            SetProtoDuration(clock->Now() - start, d->mutable_transfer_time());
            *d->mutable_prefill_time() = prefill_time;
-           d->set_lane(transfer->lane());
            call->channel->Push(std::move(done));
            call->channel->Close(absl::OkStatus());
          });
@@ -407,11 +412,11 @@ absl::StatusOr<engine::EngineRequest> PrefillService::PrepareRequest(
                                                         engine->Abort(c->request_id);
                                                       }
                                                     }));
-  TRIDENT_ASSIGN_OR_RETURN(engine::EngineRequest er,
-                           frontend::EngineRequestFromProto(
-                               request.request_id(), request.prompt_token_ids(), request.sampling(),
-                               request.stop(), request.options(), model_info_,
-                               request.resumed_outputs()));
+  TRIDENT_ASSIGN_OR_RETURN(
+      engine::EngineRequest er,
+      frontend::EngineRequestFromProto(request.request_id(), request.prompt_token_ids(),
+                                       request.sampling(), request.stop(), request.options(),
+                                       model_info_, request.resumed_outputs()));
   er.prefill_only = true;
   er.cache_salt = request.cache_salt();
   if (!request.has_destination()) return er;
