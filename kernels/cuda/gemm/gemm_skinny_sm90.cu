@@ -21,8 +21,10 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/arch/shared_memory.h"
 #include "kernels/cuda/gemm/gemm_skinny_sm90_kernel.h"
 #include "kernels/cuda/gemm/skinny_split.h"
 #include "kernels/cuda/pdl/pdl_device.h"
@@ -359,8 +361,8 @@ cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, in
     return cudaErrorInvalidValue;
   }
   auto* kernel = &SkinnyKernel<kOut, kSlices, kN>;
-  const cudaError_t error =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSharedBytes);
+  static std::atomic<uint64_t> configured{0};
+  const cudaError_t error = ConfigureSharedMemoryOnce(kernel, S::kSharedBytes, configured);
   if (error != cudaSuccess) return error;
   Params p{};
   p.y = args.y;

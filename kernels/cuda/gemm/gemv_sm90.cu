@@ -5,8 +5,10 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/arch/shared_memory.h"
 #include "kernels/cuda/gemm/gemv_device.h"
 #include "kernels/cuda/gemm/gemv_sm90_kernel.h"
 #include "kernels/cuda/pdl/pdl_device.h"
@@ -249,8 +251,8 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
                    bool accumulate, int sms, bool pdl, cudaStream_t stream) {
   if (sms <= 0) return cudaErrorInvalidValue;
   auto* kernel = &GemvBulkKernel<kOut>;
-  const cudaError_t error =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+  static std::atomic<uint64_t> configured{0};
+  const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kSharedBytes, configured);
   if (error != cudaSuccess) return error;
   const unsigned grid =
       static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/arch/shared_memory.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -137,28 +138,6 @@ __device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, 
     const float value = denom > 0.0f ? total / denom : 0.0f;
     StoreSplitResult(p, seq, split, kv_head * p.group + g, hd, d, value, max, denom);
   }
-}
-
-// Opts `kernel` into `bytes` of dynamic shared memory (above 48 KiB needs
-// it) with shared memory preferred over L1, once per device.
-template <typename Kernel>
-cudaError_t ConfigureSharedMemoryOnce(Kernel kernel, int64_t bytes,
-                                      std::atomic<uint64_t>& configured) {
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error != cudaSuccess) return error;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit != 0 && (configured.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
-  error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes));
-  if (error != cudaSuccess) return error;
-  // The loads bypass L1, so the CTAs that fit by shared memory are resident
-  // together.
-  error = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-  if (error != cudaSuccess) return error;
-  configured.fetch_or(bit, std::memory_order_release);
-  return cudaSuccess;
 }
 
 }  // namespace trident::kernels::cuda::internal
