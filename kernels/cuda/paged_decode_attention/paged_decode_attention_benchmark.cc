@@ -29,6 +29,7 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
+#include "kernels/cuda/testing/device_timer.h"
 #include "kernels/cuda/testing/read_ceiling.h"
 
 namespace trident::kernels::cuda {
@@ -38,51 +39,6 @@ constexpr int kLaunchesPerIteration = 20;
 constexpr int32_t kQHeads = 32;
 constexpr int32_t kKvHeads = 8;
 constexpr int32_t kBlockSize = 16;
-
-// Replays `launches` calls of launch(stream), captured once into a CUDA
-// graph; Time() gives milliseconds per call of one replay.
-class GraphTimer {
- public:
-  template <typename Launch>
-  GraphTimer(int launches, Launch launch) : launches_(launches) {
-    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-    cudaEventCreate(&start_);
-    cudaEventCreate(&stop_);
-    cudaGraph_t graph = nullptr;
-    cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
-    for (int i = 0; i < launches; ++i) launch(stream_);
-    ok_ = cudaStreamEndCapture(stream_, &graph) == cudaSuccess &&
-          cudaGraphInstantiate(&exec_, graph, 0) == cudaSuccess;
-    if (graph != nullptr) cudaGraphDestroy(graph);
-  }
-  GraphTimer(const GraphTimer&) = delete;
-  GraphTimer& operator=(const GraphTimer&) = delete;
-  ~GraphTimer() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    cudaStreamDestroy(stream_);
-  }
-
-  bool ok() const { return ok_; }
-
-  float Time() {
-    cudaEventRecord(start_, stream_);
-    cudaGraphLaunch(exec_, stream_);
-    cudaEventRecord(stop_, stream_);
-    cudaEventSynchronize(stop_);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start_, stop_);
-    return ms / launches_;
-  }
-
- private:
-  int launches_;
-  bool ok_ = false;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-};
 
 // Milliseconds per launch of `launch`, on the default stream.
 template <typename Launch>
@@ -194,7 +150,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   }
   PagedDecodeArgs chained = args;
   chained.pdl = true;
-  GraphTimer timer(kLaunchesPerIteration, [&](cudaStream_t stream) {
+  testing::GraphTimer timer(kLaunchesPerIteration, [&](cudaStream_t stream) {
     (void)LaunchPagedDecodeAttention(chained, plan, workspace, workspace_bytes, stream);
   });
   if (!timer.ok()) {

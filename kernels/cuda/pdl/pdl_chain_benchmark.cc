@@ -9,6 +9,7 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cuda/pdl/pdl_chain.h"
+#include "kernels/cuda/testing/device_timer.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -21,45 +22,27 @@ void BM_PdlChain(benchmark::State& state) {
   unsigned* counter = nullptr;
   cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(unsigned));
   cudaMemset(counter, 0, sizeof(unsigned));
-  cudaStream_t stream;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-  for (int i = 0; i < kSteps; ++i) LaunchChainStep(counter, blocks, pdl, stream);
-  cudaStreamEndCapture(stream, &graph);
-  if (graph == nullptr || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-    state.SkipWithError("graph capture failed");
-    cudaFree(counter);
-    cudaStreamDestroy(stream);
-    return;
+  {
+    testing::GraphTimer timer(
+        kSteps, [&](cudaStream_t stream) { LaunchChainStep(counter, blocks, pdl, stream); });
+    if (!timer.ok()) {
+      state.SkipWithError("graph capture failed");
+    } else {
+      timer.Time();  // warm-up
+      double total_ms = 0;
+      for (auto _ : state) {
+        const float ms = timer.Time();
+        state.SetIterationTime(ms * kSteps * 1e-3);
+        total_ms += ms;
+      }
+      unsigned got = 0;
+      cudaMemcpy(&got, counter, sizeof(got), cudaMemcpyDeviceToHost);
+      const unsigned want = static_cast<unsigned>(kSteps * (state.iterations() + 1));
+      if (got != want) state.SkipWithError("the chain's order did not hold");
+      state.counters["us_per_kernel"] = total_ms * 1e3 / state.iterations();
+    }
   }
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaGraphLaunch(exec, stream);  // warm-up
-  double total_ms = 0;
-  for (auto _ : state) {
-    cudaEventRecord(start, stream);
-    cudaGraphLaunch(exec, stream);
-    cudaEventRecord(stop, stream);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-    total_ms += ms;
-  }
-  unsigned got = 0;
-  cudaMemcpy(&got, counter, sizeof(got), cudaMemcpyDeviceToHost);
-  const unsigned want = static_cast<unsigned>(kSteps * (state.iterations() + 1));
-  if (got != want) state.SkipWithError("the chain's order did not hold");
-  state.counters["us_per_kernel"] = total_ms * 1e3 / state.iterations() / kSteps;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaFree(counter);
-  cudaStreamDestroy(stream);
 }
 BENCHMARK(BM_PdlChain)
     ->ArgNames({"blocks", "pdl"})
