@@ -129,6 +129,7 @@ internal::SkinnyArgs SkinnyArgsOf(const GemmOptions& options, const GemmArgs& ar
   s.accumulate = !silu_mul && args.accumulate;
   s.silu_mul = silu_mul;
   s.tile_rows = silu_mul ? 128 : options.skinny_tile_rows;
+  s.cluster_split = options.skinny_cluster_split;
   s.pdl = options.pdl;
   return s;
 }

@@ -78,6 +78,12 @@ struct GemmOptions {
   // Its W rows per tile, 64 or 128 (128 halves x's re-reads from L2 and
   // doubles the partial sums of split tiles; the fused SwiGLU takes 128).
   int skinny_tile_rows = 128;
+  // With 128-row tiles: a call whose tiles fit one wave as clusters of 4 (or
+  // 2) CTAs splits each tile's k within its cluster and adds the shares in
+  // the cluster's shared memory (o and down at the 8B shape: 32 tiles of
+  // 4 CTAs), instead of stream-K's fix-ups through global memory. Not yet
+  // measured.
+  bool skinny_cluster_split = false;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally

@@ -10,7 +10,8 @@
 // activation in a forward pass); 3 and 4: Hopper's bulk-copy GEMV (sm_90,
 // any k), plain and with programmatic dependent launch; 5 and 6: Hopper's
 // skinny GEMM (2-64 rows, sm_90, programmatic dependent launch) in tiles of
-// 128 W rows and of 64. Paths 0-4 keep 2-64 rows on cuBLASLt.
+// 128 W rows and of 64; 7: 128-row tiles, split in clusters where the tiles
+// fit one wave. Paths 0-4 keep 2-64 rows on cuBLASLt.
 
 #include <cuda_runtime_api.h>
 
@@ -102,7 +103,8 @@ void BM_Gemm(benchmark::State& state) {
                             .pdl = path == 2 || path >= 4,
                             .gemv_bulk = path >= 3,
                             .skinny = path >= 5,
-                            .skinny_tile_rows = path == 6 ? 64 : 128});
+                            .skinny_tile_rows = path == 6 ? 64 : 128,
+                            .skinny_cluster_split = path == 7});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
@@ -167,7 +169,7 @@ BENCHMARK(BM_GemvSiluMul)
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t mode : {0, 1}) {
     for (int64_t m : {1, 2, 4, 8, 16, 64, 512, 4096}) {
-      for (int64_t path : {0, 1, 2, 3, 4, 5, 6}) {
+      for (int64_t path : {0, 1, 2, 3, 4, 5, 6, 7}) {
         if (m > 1 && path >= 1 && path <= 4) continue;
         if ((m == 1 || m > 64) && path >= 5) continue;
         b->Args({m, 6144, 4096, mode, path});    // fused q/k/v

@@ -168,12 +168,18 @@ __device__ __forceinline__ Place PlaceOf(int64_t tile, int slice, int i) {
           8 * (i / 4) + 2 * (lane % 4) + i % 2};
 }
 
-// Writes a tile's sums. Per slice, every load (bias, y's old values) is
+// Every output of a tile's fragment (StoreTile's `keep`).
+struct AllOutputs {
+  __device__ __forceinline__ bool operator()(int /*slice*/, int /*i*/) const { return true; }
+};
+
+// Writes a tile's sums, those of output slice `slice` and accumulator i
+// where keep(slice, i). Per slice, every load (bias, y's old values) is
 // issued before any store, so the loads overlap instead of each waiting for
 // the store ahead (which the compiler cannot prove does not alias it).
-template <Out kOut, int kSlices, int kN>
+template <Out kOut, int kSlices, int kN, typename Keep>
 __device__ __forceinline__ void StoreTile(const float (&v)[kSlices][kN / 2], int64_t tile,
-                                          const Params& p) {
+                                          const Params& p, Keep keep) {
   constexpr int kOutSlices = kOut == Out::kSiluMulBf16 ? kSlices / 2 : kSlices;
 #pragma unroll
   for (int slice = 0; slice < kOutSlices; ++slice) {
@@ -182,7 +188,7 @@ __device__ __forceinline__ void StoreTile(const float (&v)[kSlices][kN / 2], int
     for (int i = 0; i < kN / 2; ++i) {
       const Place at = PlaceOf<kOutSlices, kN>(tile, slice, i);
       add[i] = add_up[i] = 0.0f;
-      if (at.out >= p.n || at.row >= p.m) continue;
+      if (!keep(slice, i) || at.out >= p.n || at.row >= p.m) continue;
       if constexpr (kOut == Out::kSiluMulBf16) {
         if (p.bias != nullptr) {
           add[i] = static_cast<const float*>(p.bias)[at.out];
@@ -202,7 +208,7 @@ __device__ __forceinline__ void StoreTile(const float (&v)[kSlices][kN / 2], int
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) {
       const Place at = PlaceOf<kOutSlices, kN>(tile, slice, i);
-      if (at.out >= p.n || at.row >= p.m) continue;
+      if (!keep(slice, i) || at.out >= p.n || at.row >= p.m) continue;
       const int64_t offset = at.row * p.y_stride + at.out;
       if constexpr (kOut == Out::kSiluMulBf16) {
         const float gate = v[slice][i] + add[i];
@@ -262,13 +268,51 @@ __device__ void FinishPartial(float (&acc)[kSlices][kN / 2], int64_t tile, const
       }
     }
   }
-  StoreTile<kOut, kSlices, kN>(acc, tile, p);
+  StoreTile<kOut, kSlices, kN>(acc, tile, p, AllOutputs{});
 }
 
-template <Out kOut, int kSlices, int kN>
+// The cluster's reduction of a tile whose k its kCluster CTAs split: each
+// CTA puts its sums in its own shared memory (the ring, every stage of which
+// has been consumed), and after a cluster barrier adds, for the outputs it
+// owns (every kCluster-th accumulator), the cluster's sums in rank order
+// (deterministic) and writes them. A second barrier keeps each CTA's shared
+// memory alive until every CTA has read it.
+template <Out kOut, int kSlices, int kN, int kCluster>
+__device__ void ClusterFinish(float (&acc)[kSlices][kN / 2], int64_t tile, const Params& p,
+                              unsigned char* ring) {
+  static_assert(kOut != Out::kSiluMulBf16, "the fused SwiGLU splits k stream-K style");
+  const int t = threadIdx.x;
+  const int rank = static_cast<int>(blockIdx.x % kCluster);
+  float* const mine = reinterpret_cast<float*>(ring);
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i)
+      mine[(slice * (kN / 2) + i) * kConsumerThreads + t] = acc[slice][i];
+  }
+  wgmma::ClusterSync();
+  auto owned = [rank](int slice, int i) { return (slice * (kN / 2) + i) % kCluster == rank; };
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      if (!owned(slice, i)) continue;
+      const float* const at = mine + (slice * (kN / 2) + i) * kConsumerThreads + t;
+      float sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) sum += wgmma::LoadClusterShared(at, q);
+      acc[slice][i] = sum;
+    }
+  }
+  wgmma::ClusterSync();
+  StoreTile<kOut, kSlices, kN>(acc, tile, p, owned);
+}
+
+// kCluster > 0: the run is one tile's share of k, and the cluster adds the
+// shares up (ClusterFinish); 0: stream-K's segments and fix-ups.
+template <Out kOut, int kSlices, int kN, int kCluster>
 __device__ void Consume(const Params& p, const SkinnySplit& split, int64_t begin, int64_t end,
-                        const unsigned char* ring, uint64_t* full, uint64_t* empty,
-                        int32_t* arrivals) {
+                        unsigned char* ring, uint64_t* full, uint64_t* empty, int32_t* arrivals) {
   using S = Shape<kSlices, kN>;
   const int lane = threadIdx.x % 32;
   float acc[kSlices][kN / 2];
@@ -295,16 +339,21 @@ __device__ void Consume(const Params& p, const SkinnySplit& split, int64_t begin
     wgmma::WaitGroup<0>();
     if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
     pending = -1;
-    if (segment_first_chunk == 0 && at.chunk == p.chunks - 1) {
-      StoreTile<kOut, kSlices, kN>(acc, at.tile, p);
-    } else {
-      FinishPartial<kOut, kSlices, kN>(acc, at.tile, p, split, arrivals);
+    if constexpr (kCluster == 0) {
+      if (segment_first_chunk == 0 && at.chunk == p.chunks - 1) {
+        StoreTile<kOut, kSlices, kN>(acc, at.tile, p, AllOutputs{});
+      } else {
+        FinishPartial<kOut, kSlices, kN>(acc, at.tile, p, split, arrivals);
+      }
     }
     segment_first_chunk = 0;
   }
+  if constexpr (kCluster > 0) {
+    ClusterFinish<kOut, kSlices, kN, kCluster>(acc, blockIdx.x / kCluster, p, ring);
+  }
 }
 
-template <Out kOut, int kSlices, int kN>
+template <Out kOut, int kSlices, int kN, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     SkinnyKernel(const Params params, const __grid_constant__ CUtensorMap w_map,
                  const __grid_constant__ CUtensorMap x_map) {
@@ -315,8 +364,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* const arrivals = reinterpret_cast<int32_t*>(empty + S::kStages);
   const Params& p = params;
   const SkinnySplit split(p.tiles, p.chunks, gridDim.x);
-  const int64_t begin = split.Start(blockIdx.x);
-  const int64_t end = split.Start(blockIdx.x + 1);
+  int64_t begin = split.Start(blockIdx.x);
+  int64_t end = split.Start(blockIdx.x + 1);
+  if constexpr (kCluster > 0) {
+    // Tile blockIdx.x / kCluster, its k in kCluster near-equal shares.
+    const int64_t tile = blockIdx.x / kCluster;
+    const int64_t rank = blockIdx.x % kCluster;
+    const int64_t share = (p.chunks + kCluster - 1) / kCluster;
+    begin = tile * p.chunks + min(p.chunks, rank * share);
+    end = tile * p.chunks + min(p.chunks, (rank + 1) * share);
+  }
   if (threadIdx.x == 0) {
     for (int i = 0; i < S::kStages; ++i) {
       wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes
@@ -335,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   pdl::WaitForPreviousGrid();
-  Consume<kOut, kSlices, kN>(p, split, begin, end, smem, full, empty, arrivals);
+  Consume<kOut, kSlices, kN, kCluster>(p, split, begin, end, smem, full, empty, arrivals);
 }
 
 int SlicesOf(const SkinnyArgs& args) { return args.tile_rows / kSliceRows; }
@@ -348,7 +405,10 @@ int64_t TilesOf(const SkinnyArgs& args) {
   return (args.n + outputs_per_tile - 1) / outputs_per_tile;
 }
 
-template <Out kOut, int kSlices, int kN>
+// Enqueues the kernel: kCluster > 0 runs each tile on a cluster of
+// kCluster CTAs (grid: tiles x kCluster), 0 shares the units stream-K style
+// among up to `sms` CTAs.
+template <Out kOut, int kSlices, int kN, int kCluster>
 cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
                         cudaStream_t stream) {
   using S = Shape<kSlices, kN>;
@@ -360,7 +420,7 @@ cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, in
                            args.x_stride * 2, kChunk, kN, CU_TENSOR_MAP_SWIZZLE_128B)) {
     return cudaErrorInvalidValue;
   }
-  auto* kernel = &SkinnyKernel<kOut, kSlices, kN>;
+  auto* kernel = &SkinnyKernel<kOut, kSlices, kN, kCluster>;
   static std::atomic<uint64_t> configured{0};
   const cudaError_t error = ConfigureSharedMemoryOnce(kernel, S::kSharedBytes, configured);
   if (error != cudaSuccess) return error;
@@ -376,25 +436,71 @@ cudaError_t LaunchShape(const SkinnyArgs& args, const SkinnyScratch& scratch, in
   p.counters = scratch.counters;
   p.tiles = TilesOf(args);
   p.chunks = (args.k + kChunk - 1) / kChunk;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.tiles * p.chunks, sms));
-  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), S::kSharedBytes, stream, args.pdl, p,
-                     w_map, x_map);
+  const unsigned grid = static_cast<unsigned>(
+      kCluster > 0 ? p.tiles * kCluster : std::min<int64_t>(p.tiles * p.chunks, sms));
+  return pdl::LaunchClustered(kernel, dim3(grid), dim3(kThreads), S::kSharedBytes, stream, args.pdl,
+                              kCluster > 0 ? kCluster : 1, p, w_map, x_map);
+}
+
+// How many clusters of kCluster CTAs of the kernel the device runs at once,
+// asked once per device (0 when the query fails).
+template <Out kOut, int kN, int kCluster>
+int ActiveClusters() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int32_t> known[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 0;
+  if (const int32_t n = known[device].load(std::memory_order_acquire); n > 0) return n;
+  using S = Shape<2, kN>;
+  auto* kernel = &SkinnyKernel<kOut, 2, kN, kCluster>;
+  static std::atomic<uint64_t> configured{0};
+  if (ConfigureSharedMemoryOnce(kernel, S::kSharedBytes, configured) != cudaSuccess) return 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kCluster);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = S::kSharedBytes;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) return 0;
+  known[device].store(n, std::memory_order_release);
+  return n;
+}
+
+// With args.cluster_split, a call of 128-row tiles whose tiles run in one
+// wave as clusters of 4 CTAs (each on a quarter of k), else of 2, takes
+// them; every other call is shared stream-K style.
+template <Out kOut, int kN>
+cudaError_t LaunchN(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
+                    cudaStream_t stream) {
+  if constexpr (kOut != Out::kSiluMulBf16) {
+    if (SlicesOf(args) == 1) return LaunchShape<kOut, 1, kN, 0>(args, scratch, sms, stream);
+    const int64_t tiles = TilesOf(args);
+    const int64_t chunks = (args.k + kChunk - 1) / kChunk;
+    if (args.cluster_split) {
+      if (tiles * 4 <= sms && chunks >= 4 && tiles <= ActiveClusters<kOut, kN, 4>()) {
+        return LaunchShape<kOut, 2, kN, 4>(args, scratch, sms, stream);
+      }
+      if (tiles * 2 <= sms && chunks >= 2 && tiles <= ActiveClusters<kOut, kN, 2>()) {
+        return LaunchShape<kOut, 2, kN, 2>(args, scratch, sms, stream);
+      }
+    }
+  }
+  return LaunchShape<kOut, 2, kN, 0>(args, scratch, sms, stream);
 }
 
 template <Out kOut>
 cudaError_t LaunchOut(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
                       cudaStream_t stream) {
   const int n = NOf(args);
-  if constexpr (kOut != Out::kSiluMulBf16) {
-    if (SlicesOf(args) == 1) {
-      if (n == 64) return LaunchShape<kOut, 1, 64>(args, scratch, sms, stream);
-      if (n == 32) return LaunchShape<kOut, 1, 32>(args, scratch, sms, stream);
-      return LaunchShape<kOut, 1, 16>(args, scratch, sms, stream);
-    }
-  }
-  if (n == 64) return LaunchShape<kOut, 2, 64>(args, scratch, sms, stream);
-  if (n == 32) return LaunchShape<kOut, 2, 32>(args, scratch, sms, stream);
-  return LaunchShape<kOut, 2, 16>(args, scratch, sms, stream);
+  if (n == 64) return LaunchN<kOut, 64>(args, scratch, sms, stream);
+  if (n == 32) return LaunchN<kOut, 32>(args, scratch, sms, stream);
+  return LaunchN<kOut, 16>(args, scratch, sms, stream);
 }
 
 }  // namespace

@@ -35,6 +35,11 @@ struct SkinnyArgs {
   // the partial sums' size; silu_mul takes 128 alone: 64 gate and 64 up
   // rows).
   int tile_rows = 128;
+  // With 128-row tiles and no fused SwiGLU: where the tiles fit one wave as
+  // clusters of 4 (or 2) CTAs, each CTA takes a quarter (half) of its tile's
+  // k and the cluster adds the shares in shared memory, instead of
+  // stream-K's fix-ups through global memory.
+  bool cluster_split = false;
   bool pdl = true;
 };
 

@@ -40,15 +40,23 @@ T* ToDevice(const std::vector<T>& host) {
 // Which kernels may take a call: cuBLASLt alone, the register-streaming
 // GEMV for the single-row calls that suit it, Hopper's GEMV (on sm_90;
 // elsewhere the same as the register GEMV), and with it Hopper's skinny
-// GEMM for 2-64 rows, in tiles of 128 W rows or of 64 (elsewhere
-// cuBLASLt).
-enum Path { kCublas = 0, kGemv = 1, kGemvBulk = 2, kSkinny = 3, kSkinnyTile64 = 4 };
+// GEMM for 2-64 rows, in tiles of 128 W rows or of 64, and in clusters
+// that split a tile's k where the tiles fit one wave (elsewhere cuBLASLt).
+enum Path {
+  kCublas = 0,
+  kGemv = 1,
+  kGemvBulk = 2,
+  kSkinny = 3,
+  kSkinnyTile64 = 4,
+  kSkinnyCluster = 5
+};
 
 GemmOptions OptionsFor(int path) {
   return {.gemv = path != kCublas,
           .gemv_bulk = path >= kGemvBulk,
           .skinny = path >= kSkinny,
-          .skinny_tile_rows = path == kSkinnyTile64 ? 64 : 128};
+          .skinny_tile_rows = path == kSkinnyTile64 ? 64 : 128,
+          .skinny_cluster_split = path == kSkinnyCluster};
 }
 
 // Each shape through each path.
@@ -162,10 +170,12 @@ INSTANTIATE_TEST_SUITE_P(
             // Hopper's skinny GEMM: the 8B shape's o projection at batch 64
             // into the f32 residual (tiles split across CTAs), its q/k/v at
             // 48 rows, n not a multiple of 64 with k past a chunk, and x's
-            // rows a stride apart.
+            // rows a stride apart; in clusters of 4, a CTA whose share of k
+            // is empty (5 chunks in shares of 2).
             Shape{64, 4096, 4096, false, 0, true, true}, Shape{48, 6144, 4096, true},
-            Shape{20, 1000, 4104, true, 0, false, true}, Shape{64, 96, 64, true, 24}),
-        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64)));
+            Shape{20, 1000, 4104, true, 0, false, true}, Shape{64, 96, 64, true, 24},
+            Shape{10, 500, 300, true, 0, true, true}),
+        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster)));
 
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});

@@ -33,22 +33,43 @@ __device__ __forceinline__ void LetDependentsLaunchThenWait() {
   WaitForPreviousGrid();
 }
 
-// Launches `kernel` on `stream`, with programmatic dependent launch when
-// `pdl` (a plain launch otherwise).
+// Launches `kernel` on `stream` in clusters of `cluster_x` CTAs along x
+// (grid.x a multiple of it; 1: no clusters), with programmatic dependent
+// launch when `pdl`.
 template <typename... Params, typename... Args>
-cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                   cudaStream_t stream, bool pdl, Args&&... args) {
+cudaError_t LaunchClustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                            cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
+  cudaLaunchAttribute attributes[2];
+  unsigned count = 0;
+  if (pdl) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster_x > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster_x;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Launches `kernel` on `stream`, with programmatic dependent launch when
+// `pdl` (a plain launch otherwise).
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, bool pdl, Args&&... args) {
+  return LaunchClustered(kernel, grid, block, shared_bytes, stream, pdl, 1,
+                         std::forward<Args>(args)...);
 }
 
 }  // namespace trident::kernels::cuda::pdl

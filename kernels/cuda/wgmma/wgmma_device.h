@@ -303,6 +303,25 @@ __device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t by
       : "memory");
 }
 
+// A barrier across the thread block cluster: every thread of every CTA in
+// it (exited threads count as arrived), with release and acquire, so shared
+// memory written before it is visible to the cluster's reads after it.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// The f32 at `p` (this CTA's shared memory) in the shared memory of the
+// cluster's CTA of rank `rank`, where the same kernel put the same layout.
+__device__ __forceinline__ float LoadClusterShared(const float* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(SharedAddress(p)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
 }  // namespace trident::kernels::cuda::wgmma
 
 #endif  // TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_
