@@ -201,7 +201,8 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
                               .pdl = options.pdl,
                               .gemv_bulk = options.gemv_bulk,
                               .skinny = options.gemm_skinny,
-                              .skinny_silu_max_rows = options.gemm_skinny_silu_max_rows}));
+                              .skinny_silu_max_rows = options.gemm_skinny_silu_max_rows,
+                              .skinny_cluster_split = options.gemm_skinny_cluster}));
   full_config = model_config;
   config = tp.group != nullptr ? model::RankModelConfig(model_config, tp.layout) : model_config;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {

@@ -86,6 +86,10 @@ struct CudaBackendOptions {
   // The fused gate/up's row limit above (0: cuBLASLt and the activation
   // kernel for every batch).
   int64_t gemm_skinny_silu_max_rows = 16;
+  // With gemm_skinny: projections whose tiles fit one wave as clusters
+  // split each tile's k within a cluster (GemmOptions::skinny_cluster_split;
+  // not yet measured, hence off).
+  bool gemm_skinny_cluster = false;
   // Weights a reader computes rather than stores (model/generate's
   // RandomWeights, for benchmarks of large presets) are computed on the
   // device where they live (kernels/cuda's random_fill), the same bits as

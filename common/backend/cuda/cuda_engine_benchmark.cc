@@ -63,6 +63,9 @@ ABSL_FLAG(bool, gemv_bulk, true,
 ABSL_FLAG(bool, gemm_skinny, false,
           "On sm_90 projections of 2-64 rows take Hopper's skinny GEMM instead of cuBLASLt "
           "(CudaBackendOptions::gemm_skinny).");
+ABSL_FLAG(bool, gemm_skinny_cluster, false,
+          "With --gemm_skinny, projections whose tiles fit one wave as clusters split each "
+          "tile's k within a cluster (CudaBackendOptions::gemm_skinny_cluster).");
 ABSL_FLAG(int64_t, gemm_skinny_silu_max_rows, 16,
           "Without --gemm_skinny, the fused gate/up + SwiGLU of up to this many rows still takes "
           "the skinny GEMM (0: cuBLASLt and the activation kernel; "
@@ -274,6 +277,7 @@ int Main() {
   options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
   options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
   options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
+  options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
   options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
