@@ -5,10 +5,13 @@
 // 16, 32 or 64), so the tensor cores do the work that bounds a GEMV at
 // these batch sizes, and the pipeline keeps the read ceiling busy.
 //
-// Work: tiles of 128 (or 256) W rows times chunks of 64 k values, shared
+// Work: tiles of 64 or 128 W rows times chunks of 64 k values, shared
 // among one CTA per SM as contiguous runs (skinny_split.h): a run's
-// segments that span a whole tile write y; the others write partial sums,
-// and the last CTA of a tile adds them up.
+// segments that span a whole tile write y; the others write partial sums
+// to global memory, and the last CTA of a tile adds them up. Or, with
+// SkinnyArgs::cluster_split where the tiles fit one wave: a cluster of 4
+// (or 2) CTAs per tile, each on its share of k, adding the shares in the
+// cluster's shared memory.
 //
 // CTA: one producer warp (one thread issues the copies) and one consumer
 // warpgroup. Stage: W's tile rows x 64 k (8 KiB per 64 rows) and x's rows x
