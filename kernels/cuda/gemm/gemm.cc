@@ -348,6 +348,11 @@ bool Gemm::FusesSiluMul(const GemmArgs& args) const {
          impl_->TakesSkinny(SkinnyArgsOf(impl_->options, args, true));
 }
 
+int Gemm::SkinnyClusterSize(const GemmArgs& args) const {
+  const internal::SkinnyArgs skinny = SkinnyArgsOf(impl_->options, args, false);
+  return impl_->TakesSkinny(skinny) ? internal::SkinnyClusterSize(skinny, impl_->sms) : 0;
+}
+
 absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
   if (args.m <= 0 || args.n <= 0 || args.n % 2 != 0 || args.k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("Gemm SiLU-mul: m=", args.m, " n=", args.n,

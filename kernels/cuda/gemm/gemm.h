@@ -113,6 +113,12 @@ class Gemm {
   bool FusesSiluMul(const GemmArgs& args) const;
   absl::Status RunSiluMul(const GemmArgs& args, cudaStream_t stream);
 
+  // The CTAs per cluster (4 or 2) where Run takes the skinny GEMM split in
+  // clusters for `args` (GemmOptions::skinny_cluster_split, on the calling
+  // thread's current device); 0 where it does not. For tests and
+  // benchmarks: which kernel a call gets.
+  int SkinnyClusterSize(const GemmArgs& args) const;
+
  private:
   struct Impl;
   explicit Gemm(std::unique_ptr<Impl> impl);

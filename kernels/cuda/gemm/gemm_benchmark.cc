@@ -126,6 +126,7 @@ void BM_Gemm(benchmark::State& state) {
     (void)(*gemm)->Run(args, stream);
   });
   state.counters["TFLOPs"] = 2.0 * m * n * k / per_call_s / 1e12;
+  state.counters["cluster"] = (*gemm)->SkinnyClusterSize(args);  // CTAs per cluster, 0: none
   cudaFree(x);
   cudaFree(y);
 }

@@ -476,25 +476,41 @@ int ActiveClusters() {
 }
 
 // With args.cluster_split, a call of 128-row tiles whose tiles run in one
-// wave as clusters of 4 CTAs (each on a quarter of k), else of 2, takes
-// them; every other call is shared stream-K style.
+// wave as clusters of 4 CTAs (each on a quarter of k) takes 4, else 2 if
+// they fit as pairs; 0: stream-K.
+template <Out kOut, int kN>
+int ClusterSizeOf(const SkinnyArgs& args, int sms) {
+  if (!args.cluster_split || SlicesOf(args) != 2) return 0;
+  const int64_t tiles = TilesOf(args);
+  const int64_t chunks = (args.k + kChunk - 1) / kChunk;
+  if (tiles * 4 <= sms && chunks >= 4 && tiles <= ActiveClusters<kOut, kN, 4>()) return 4;
+  if (tiles * 2 <= sms && chunks >= 2 && tiles <= ActiveClusters<kOut, kN, 2>()) return 2;
+  return 0;
+}
+
 template <Out kOut, int kN>
 cudaError_t LaunchN(const SkinnyArgs& args, const SkinnyScratch& scratch, int sms,
                     cudaStream_t stream) {
   if constexpr (kOut != Out::kSiluMulBf16) {
     if (SlicesOf(args) == 1) return LaunchShape<kOut, 1, kN, 0>(args, scratch, sms, stream);
-    const int64_t tiles = TilesOf(args);
-    const int64_t chunks = (args.k + kChunk - 1) / kChunk;
-    if (args.cluster_split) {
-      if (tiles * 4 <= sms && chunks >= 4 && tiles <= ActiveClusters<kOut, kN, 4>()) {
+    switch (ClusterSizeOf<kOut, kN>(args, sms)) {
+      case 4:
         return LaunchShape<kOut, 2, kN, 4>(args, scratch, sms, stream);
-      }
-      if (tiles * 2 <= sms && chunks >= 2 && tiles <= ActiveClusters<kOut, kN, 2>()) {
+      case 2:
         return LaunchShape<kOut, 2, kN, 2>(args, scratch, sms, stream);
-      }
+      default:
+        break;
     }
   }
   return LaunchShape<kOut, 2, kN, 0>(args, scratch, sms, stream);
+}
+
+template <Out kOut>
+int ClusterSizeOut(const SkinnyArgs& args, int sms) {
+  const int n = NOf(args);
+  if (n == 64) return ClusterSizeOf<kOut, 64>(args, sms);
+  if (n == 32) return ClusterSizeOf<kOut, 32>(args, sms);
+  return ClusterSizeOf<kOut, 16>(args, sms);
 }
 
 template <Out kOut>
@@ -515,6 +531,12 @@ bool SkinnySuits(const SkinnyArgs& args) {
          reinterpret_cast<uintptr_t>(args.w) % 16 == 0 &&
          (args.tile_rows == 128 || (args.tile_rows == 64 && !args.silu_mul)) &&
          (!args.silu_mul || (!args.f32_out && !args.accumulate));
+}
+
+int SkinnyClusterSize(const SkinnyArgs& args, int sms) {
+  if (!SkinnySuits(args) || args.silu_mul || sms <= 0) return 0;
+  return args.f32_out ? ClusterSizeOut<Out::kF32>(args, sms)
+                      : ClusterSizeOut<Out::kBf16>(args, sms);
 }
 
 size_t SkinnyPartialBytes(const SkinnyArgs& args, int sms) {

@@ -57,6 +57,12 @@ struct SkinnyScratch {
 // x_stride multiples of 8, x and W 16-byte aligned, tile_rows as above.
 bool SkinnySuits(const SkinnyArgs& args);
 
+// The CTAs per cluster (4 or 2) that GemmSkinny runs `args` with on the
+// calling thread's current device of `sms` SMs, or 0 where it shares the
+// work stream-K style: without cluster_split, with 64-row tiles or the
+// fused SwiGLU, or where the tiles do not fit one wave as clusters.
+int SkinnyClusterSize(const SkinnyArgs& args, int sms);
+
 // Scratch the call needs on a device of `sms` SMs.
 size_t SkinnyPartialBytes(const SkinnyArgs& args, int sms);
 size_t SkinnyCounterBytes(const SkinnyArgs& args);

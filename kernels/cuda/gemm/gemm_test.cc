@@ -177,6 +177,41 @@ INSTANTIATE_TEST_SUITE_P(
             Shape{10, 500, 300, true, 0, true, true}),
         ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster)));
 
+// The cluster split where the tiles fit one wave (a 132-SM H100 or H200):
+// the 8B shape's o and down projections at 16 rows (32 tiles) in clusters
+// of 4, its q/k/v (48 tiles) in pairs, its gate/up (224 tiles) stream-K;
+// without the option, never.
+TEST(GemmSkinnyClusterTest, TakesClustersWhereTheTilesFitOneWave) {
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  if (!CurrentDeviceIsSm90() || sms < 128) {
+    GTEST_SKIP() << "needs an sm_90 device of at least 128 SMs (" << sms << " here)";
+  }
+  auto split = Gemm::Create({.skinny = true, .skinny_cluster_split = true});
+  auto plain = Gemm::Create({.skinny = true});
+  ASSERT_THAT(split.status(), IsOk());
+  ASSERT_THAT(plain.status(), IsOk());
+  void* buffer = nullptr;
+  ASSERT_EQ(cudaMalloc(&buffer, 256), cudaSuccess);
+  auto residual = [buffer](int64_t n, int64_t k) {
+    GemmArgs args{buffer, k, buffer, nullptr, buffer, n, 16, n, k};
+    args.y_dtype = numeric::DType::kF32;
+    args.accumulate = true;
+    return args;
+  };
+  const GemmArgs o = residual(4096, 4096);
+  const GemmArgs down = residual(4096, 14336);
+  const GemmArgs qkv{buffer, 4096, buffer, nullptr, buffer, 6144, 16, 6144, 4096};
+  const GemmArgs gate_up{buffer, 4096, buffer, nullptr, buffer, 28672, 16, 28672, 4096};
+  EXPECT_EQ((*split)->SkinnyClusterSize(o), 4);
+  EXPECT_EQ((*split)->SkinnyClusterSize(down), 4);
+  EXPECT_EQ((*split)->SkinnyClusterSize(qkv), 2);
+  EXPECT_EQ((*split)->SkinnyClusterSize(gate_up), 0);
+  EXPECT_EQ((*plain)->SkinnyClusterSize(o), 0);
+  cudaFree(buffer);
+}
+
 TEST(GemmArgsTest, RejectsBadShapes) {
   auto gemm = Gemm::Create({.workspace_bytes = 0});
   ASSERT_THAT(gemm.status(), IsOk());
