@@ -101,6 +101,27 @@ json WaitForHealthyTargets(const std::string& prometheus_url, size_t expected) {
   return targets;
 }
 
+// The result of the instant query `query` once it holds `expected` series:
+// a target reported healthy may still have its scrape's samples on the way
+// into the queryable head, so one query right after the targets can miss
+// them.
+json WaitForQueryResult(const std::string& prometheus_url, const std::string& query,
+                        size_t expected) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  json result;
+  while (absl::Now() < deadline) {
+    auto response = http::Get(prometheus_url + "/api/v1/query?query=" + http::UrlEncode(query));
+    if (response.ok() && response->status_code == 200) {
+      result = json::parse(response->body, nullptr, false)["data"]["result"];
+      if (result.size() == expected) return result;
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  ADD_FAILURE() << "the query " << query << " never held " << expected
+                << " series: " << result.dump(2);
+  return result;
+}
+
 TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   const std::string state_dir = TestTmpPath("cluster");
   const std::string log = TestTmpPath("trident.log");
@@ -179,19 +200,13 @@ TEST(ClusterUpTest, AllServicesServeHealthReflectionAndMetrics) {
   std::set<std::string> scraped_jobs;
   for (const json& target : targets) scraped_jobs.insert(target["labels"]["job"]);
   EXPECT_EQ(scraped_jobs, (std::set<std::string>{"router", "worker", "attention", "controller"}));
-  auto up = http::Get(state->PrometheusUrl() + "/api/v1/query?query=" + http::UrlEncode("up"));
-  ASSERT_THAT(up, IsOk());
-  const json result = json::parse(up->body, nullptr, false)["data"]["result"];
-  ASSERT_EQ(result.size(), expected_services.size()) << up->body;
+  const json result = WaitForQueryResult(state->PrometheusUrl(), "up", expected_services.size());
+  ASSERT_EQ(result.size(), expected_services.size());
   for (const json& sample : result) {
     EXPECT_EQ(sample["value"][1], "1") << sample.dump();
   }
   // Each service exports its build info, so the scrape carried real metrics.
-  auto build_info = http::Get(state->PrometheusUrl() + "/api/v1/query?query=" +
-                              http::UrlEncode("trident_router_build_info"));
-  ASSERT_THAT(build_info, IsOk());
-  EXPECT_EQ(json::parse(build_info->body, nullptr, false)["data"]["result"].size(), 1u)
-      << build_info->body;
+  EXPECT_EQ(WaitForQueryResult(state->PrometheusUrl(), "trident_router_build_info", 1).size(), 1u);
 
   // `trident status` agrees, and shows each worker's role and load.
   const std::string status_log = TestTmpPath("status.log");
