@@ -294,16 +294,19 @@ __device__ void ClusterFinish(float (&acc)[kSlices][kN / 2], int64_t tile, const
       mine[(slice * (kN / 2) + i) * kConsumerThreads + t] = acc[slice][i];
   }
   wgmma::ClusterSync();
+  uint32_t theirs[kCluster];  // this thread's first sum in each rank's shared memory
+#pragma unroll
+  for (int q = 0; q < kCluster; ++q) theirs[q] = wgmma::ClusterSharedAddress(mine + t, q);
   auto owned = [rank](int slice, int i) { return (slice * (kN / 2) + i) % kCluster == rank; };
 #pragma unroll
   for (int slice = 0; slice < kSlices; ++slice) {
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) {
       if (!owned(slice, i)) continue;
-      const float* const at = mine + (slice * (kN / 2) + i) * kConsumerThreads + t;
+      const uint32_t offset = (slice * (kN / 2) + i) * kConsumerThreads * sizeof(float);
       float sum = 0.0f;
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q) sum += wgmma::LoadClusterShared(at, q);
+      for (int q = 0; q < kCluster; ++q) sum += wgmma::LoadClusterShared(theirs[q] + offset);
       acc[slice][i] = sum;
     }
   }
@@ -356,6 +359,19 @@ __device__ void Consume(const Params& p, const SkinnySplit& split, int64_t begin
   }
 }
 
+// Where CTA b's run of units starts (and CTA b - 1's ends): its stream-K
+// share, or with kCluster, rank b % kCluster's share of tile b / kCluster's
+// k (the last rank's end is the next tile's start).
+template <int kCluster>
+__device__ __forceinline__ int64_t RunStart(const Params& p, const SkinnySplit& split, int64_t b) {
+  if constexpr (kCluster == 0) {
+    return split.Start(b);
+  } else {
+    const int64_t share = (p.chunks + kCluster - 1) / kCluster;
+    return b / kCluster * p.chunks + min(p.chunks, b % kCluster * share);
+  }
+}
+
 template <Out kOut, int kSlices, int kN, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     SkinnyKernel(const Params params, const __grid_constant__ CUtensorMap w_map,
@@ -367,16 +383,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* const arrivals = reinterpret_cast<int32_t*>(empty + S::kStages);
   const Params& p = params;
   const SkinnySplit split(p.tiles, p.chunks, gridDim.x);
-  int64_t begin = split.Start(blockIdx.x);
-  int64_t end = split.Start(blockIdx.x + 1);
-  if constexpr (kCluster > 0) {
-    // Tile blockIdx.x / kCluster, its k in kCluster near-equal shares.
-    const int64_t tile = blockIdx.x / kCluster;
-    const int64_t rank = blockIdx.x % kCluster;
-    const int64_t share = (p.chunks + kCluster - 1) / kCluster;
-    begin = tile * p.chunks + min(p.chunks, rank * share);
-    end = tile * p.chunks + min(p.chunks, (rank + 1) * share);
-  }
+  const int64_t begin = RunStart<kCluster>(p, split, blockIdx.x);
+  const int64_t end = RunStart<kCluster>(p, split, blockIdx.x + 1);
   if (threadIdx.x == 0) {
     for (int i = 0; i < S::kStages; ++i) {
       wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes

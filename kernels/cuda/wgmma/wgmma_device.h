@@ -310,13 +310,17 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// The f32 at `p` (this CTA's shared memory) in the shared memory of the
+// The address of `p` (this CTA's shared memory) in the shared memory of the
 // cluster's CTA of rank `rank`, where the same kernel put the same layout.
-__device__ __forceinline__ float LoadClusterShared(const float* p, uint32_t rank) {
+// Pure: map a base once and offset it.
+__device__ __forceinline__ uint32_t ClusterSharedAddress(const void* p, uint32_t rank) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote)
-               : "r"(SharedAddress(p)), "r"(rank));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(p)), "r"(rank));
+  return remote;
+}
+
+// The f32 at a ClusterSharedAddress.
+__device__ __forceinline__ float LoadClusterShared(uint32_t remote) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
   return v;
