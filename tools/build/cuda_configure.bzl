@@ -57,6 +57,13 @@ cc_library(
     linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcudart"],
 )
 
+# CUPTI's activity records (the kernel trace of the benchmarks).
+cc_library(
+    name = "cupti",
+    deps = [":cuda"],
+    linkopts = ["-L{lib}", "-Wl,-rpath,{lib}", "-lcupti"],
+)
+
 # NCCL, where the toolkit carries it (common/parallel links it).
 cc_library(
     name = "nccl",
@@ -71,6 +78,8 @@ package(default_visibility = ["//visibility:public"])
 exports_files(["defs.bzl"])
 
 cc_library(name = "cuda")
+
+cc_library(name = "cupti")
 
 cc_library(name = "nccl")
 """

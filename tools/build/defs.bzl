@@ -24,7 +24,11 @@ def _with_copts(kwargs):
     kwargs["copts"] = TRIDENT_COPTS + kwargs.get("copts", [])
     return kwargs
 
-def trident_cc_library(name, **kwargs):
+def trident_cc_library(name, gpu = False, **kwargs):
+    """A library. `gpu = True` makes it incompatible where CUDA is absent or
+    disabled (host code that links a CUDA toolkit library)."""
+    if gpu:
+        kwargs["target_compatible_with"] = _cuda_compatible()
     native.cc_library(name = name, **_with_copts(kwargs))
 
 def trident_cc_binary(name, **kwargs):

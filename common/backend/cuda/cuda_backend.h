@@ -77,6 +77,10 @@ struct CudaBackendOptions {
   // through shared memory by the bulk copy engine (GemmOptions::gemv_bulk);
   // false: the register-streaming GEMV.
   bool gemv_bulk = true;
+  // Hopper's GEMV takes the RMSNorm ahead of a single-row projection
+  // itself (q/k/v, gate/up and the LM head: GemmArgs::norm_weight), so
+  // those norms launch no kernel; the same bits either way.
+  bool gemv_norm = true;
   // On sm_90, projections of 2-64 rows (decode batches) take Hopper's skinny
   // GEMM, the MLP's activation fused into the gate/up projection
   // (GemmOptions::skinny; slower than cuBLASLt so far, hence off). Without

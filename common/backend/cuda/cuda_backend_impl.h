@@ -390,6 +390,9 @@ struct Impl {
   void RecoverTensorParallel();
   absl::Status EnqueueHead(Pass& pass);
   absl::Status Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows);
+  // The norm ahead of projection `g` (whose x is pass.hn): fused into it
+  // where the GEMM takes it (g then reads the residual), else Norm().
+  absl::Status NormInto(Pass& pass, const DeviceBuffer& weight, int64_t rows, kc::GemmArgs& g);
   // Layer by layer with the passes' remote requests (and, with two passes,
   // pass 1's requests in flight while pass 0's layer runs).
   absl::Status RunLayers();

@@ -39,6 +39,8 @@
 #include "common/kv/paged_block_allocator.h"
 #include "common/model/generate/model_gen.h"
 #include "common/model/generate/random_weights.h"
+#include "kernels/cuda/testing/kernel_profile.h"
+#include "kernels/cuda/testing/kernel_trace.h"
 #include "kernels/cuda/testing/read_ceiling.h"
 #include "nlohmann/json.hpp"
 
@@ -60,6 +62,9 @@ ABSL_FLAG(int32_t, decode_variant, -1,
 ABSL_FLAG(bool, gemv_bulk, true,
           "On sm_90 those projections take Hopper's bulk-copy GEMV (false: the "
           "register-streaming GEMV; CudaBackendOptions::gemv_bulk).");
+ABSL_FLAG(bool, gemv_norm, true,
+          "Hopper's GEMV takes the RMSNorm ahead of single-row projections itself "
+          "(CudaBackendOptions::gemv_norm).");
 ABSL_FLAG(bool, gemm_skinny, false,
           "On sm_90 projections of 2-64 rows take Hopper's skinny GEMM instead of cuBLASLt "
           "(CudaBackendOptions::gemm_skinny).");
@@ -78,6 +83,10 @@ ABSL_FLAG(bool, kv_fp8, false, "FP8 E4M3 KV cache (CudaBackendOptions::kv_cache_
 ABSL_FLAG(std::string, peer_json, "",
           "Output of bench/peers/hf_generate_peer.py for the same shapes (JSON lines).");
 ABSL_FLAG(uint32_t, seed, 0, "Seed of the random prompts.");
+ABSL_FLAG(int32_t, trace_steps, 0,
+          "After each batch's row, trace this many more of the probe's decode steps (CUPTI's "
+          "kernel records) and print where their device time goes, per kernel and per position "
+          "in a layer (0: no trace).");
 ABSL_FLAG(int32_t, tensor_parallel, 1,
           "Split the model over this many GPUs (CudaBackendOptions::tensor_parallel); the "
           "roofline and floors are per rank.");
@@ -191,10 +200,29 @@ absl::StatusOr<Round> RunRound(CudaBackend& backend, int32_t batch, int32_t prom
   return round;
 }
 
+// Where the device time of `steps` calls of step() goes (each call ends
+// with its work done), in a model of `layers` layers.
+template <typename Step>
+absl::StatusOr<kernels::cuda::testing::StepProfile> TraceSteps(int32_t steps, int32_t layers,
+                                                               Step step) {
+  auto trace = kernels::cuda::testing::KernelTrace::Start();
+  if (!trace.ok()) return trace.status();
+  std::vector<uint64_t> boundaries = {(*trace)->Now()};
+  for (int32_t i = 0; i < steps; ++i) {
+    if (absl::Status s = step(); !s.ok()) return s;
+    boundaries.push_back((*trace)->Now());
+  }
+  auto records = (*trace)->Stop();
+  if (!records.ok()) return records.status();
+  return kernels::cuda::testing::ProfileSteps(*std::move(records), boundaries, layers);
+}
+
 // Milliseconds per ForwardSample of `batch` one-token decode sequences at
 // context `context` (greedy), without the engine: the backend's share of a
-// decode step.
-absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int32_t context) {
+// decode step. With `trace_steps`, `trace` gets the profile of that many
+// more steps.
+absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int32_t context,
+                                       int32_t trace_steps, std::string* trace) {
   const int32_t bs = backend.kv_capacity().block_size;
   const int32_t blocks_per_seq = (context + bs - 1) / bs;
   if (int64_t{blocks_per_seq} * batch > backend.kv_capacity().num_blocks) {
@@ -221,7 +249,15 @@ absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int3
     if (i == 3) start = Clock::now();  // after warm-up and graph capture
     if (absl::Status s = backend.ForwardSample(seqs, rows, absl::MakeSpan(out)); !s.ok()) return s;
   }
-  return 1e3 * Seconds(start, Clock::now()) / kSteps;
+  const double ms = 1e3 * Seconds(start, Clock::now()) / kSteps;
+  if (trace_steps > 0) {
+    auto profile = TraceSteps(trace_steps, backend.config().num_hidden_layers, [&] {
+      return backend.ForwardSample(seqs, rows, absl::MakeSpan(out));
+    });
+    if (!profile.ok()) return profile.status();
+    *trace = kernels::cuda::testing::FormatStepProfile(*profile);
+  }
+  return ms;
 }
 
 // The backend over `model_dir`, or over `preset`'s generated weights.
@@ -275,6 +311,7 @@ int Main() {
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
+  options.gemv_norm = absl::GetFlag(FLAGS_gemv_norm);
   options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
   options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
   options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
@@ -306,6 +343,7 @@ int Main() {
       "ours / peer | of "
       "roofline |\n"
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::vector<std::string> traces;
   for (int32_t batch : batches) {
     if (auto warm = RunRound(**backend, batch, prompt_len, new_tokens, seed + 1); !warm.ok()) {
       std::fprintf(stderr, "batch %d warm-up: %s\n", batch, warm.status().ToString().c_str());
@@ -321,7 +359,9 @@ int Main() {
         round->decode_steps > 0 ? batch * round->decode_steps / round->decode_seconds : 0;
     const double step_ms =
         round->decode_steps > 0 ? 1e3 * round->decode_seconds / round->decode_steps : 0;
-    auto backend_ms = BackendDecodeMs(**backend, batch, prompt_len + new_tokens / 2);
+    std::string trace;
+    auto backend_ms = BackendDecodeMs(**backend, batch, prompt_len + new_tokens / 2,
+                                      absl::GetFlag(FLAGS_trace_steps), &trace);
     if (!backend_ms.ok()) {
       std::fprintf(stderr, "batch %d probe: %s\n", batch, backend_ms.status().ToString().c_str());
       return 1;
@@ -345,8 +385,10 @@ int Main() {
         prompt_len, new_tokens, all, decode_tps, step_ms, *backend_ms, floor_ms,
         1e3 * round->mean_ttft, prefill_tps, peer_cell.c_str(), ratio_cell.c_str(),
         roof_cell.c_str());
+    if (!trace.empty()) traces.push_back(absl::StrCat("\nbatch ", batch, ": ", trace));
     std::fflush(stdout);
   }
+  for (const std::string& t : traces) std::printf("%s", t.c_str());
   return 0;
 }
 

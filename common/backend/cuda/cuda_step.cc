@@ -254,6 +254,19 @@ absl::Status Impl::Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows) {
   return kc::LaunchRmsNorm(a, stream);
 }
 
+absl::Status Impl::NormInto(Pass& pass, const DeviceBuffer& weight, int64_t rows, kc::GemmArgs& g) {
+  kc::GemmArgs fused = g;
+  fused.x = pass.residual.get();
+  fused.x_stride = config.hidden_size;
+  fused.norm_weight = weight.get<float>();
+  fused.norm_eps = config.rms_norm_eps;
+  if (options.gemv_norm && gemm->FusesNorm(fused)) {
+    g = fused;
+    return absl::OkStatus();
+  }
+  return Norm(pass, weight, rows);
+}
+
 absl::Status Impl::EnqueueEmbedding(Pass& pass) {
   const int64_t h = config.hidden_size;
   // A bf16 embedding goes to tmp, and layer 0's fused add+norm starts the
@@ -273,14 +286,6 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   const StepShape& shape = pass.shape;
   const int64_t h = config.hidden_size;
   Layer& layer = layers[l];
-  if (l == 0 && !f32_embedding) {
-    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(pass.residual.get<float>(), pass.tmp.get(),
-                                       /*replace=*/true, layer.input_norm.get<float>(), shape.total,
-                                       h, config.rms_norm_eps, pass.hn.get(), options.pdl_chain,
-                                       stream));
-  } else {
-    TRIDENT_RETURN_IF_ERROR(Norm(pass, layer.input_norm, shape.total));
-  }
   kc::GemmArgs g{pass.hn.get(),
                  h,
                  layer.qkv.get(),
@@ -291,6 +296,14 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
                  qkv_width(),
                  h};
   g.y_dtype = DType::kF32;
+  if (l == 0 && !f32_embedding) {
+    TRIDENT_RETURN_IF_ERROR(AddRmsNorm(pass.residual.get<float>(), pass.tmp.get(),
+                                       /*replace=*/true, layer.input_norm.get<float>(), shape.total,
+                                       h, config.rms_norm_eps, pass.hn.get(), options.pdl_chain,
+                                       stream));
+  } else {
+    TRIDENT_RETURN_IF_ERROR(NormInto(pass, layer.input_norm, shape.total, g));
+  }
   TRIDENT_RETURN_IF_ERROR(gemm->Run(g, stream));
   kc::RopeQkvArgs rope;
   rope.in = pass.qkv32.get<float>();
@@ -464,7 +477,6 @@ absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
   const int64_t inter = config.intermediate_size;
   const int64_t total = pass.shape.total;
   const Layer& layer = layers[l];
-  TRIDENT_RETURN_IF_ERROR(Norm(pass, layer.post_norm, total));
   kc::GemmArgs up{pass.hn.get(),
                   h,
                   layer.gate_up.get(),
@@ -475,6 +487,7 @@ absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
                   2 * inter,
                   h};
   up.y_dtype = DType::kF32;
+  TRIDENT_RETURN_IF_ERROR(NormInto(pass, layer.post_norm, total, up));
   kc::GemmArgs fused = up;
   fused.y = pass.act.get();
   fused.y_stride = inter;
@@ -500,23 +513,13 @@ absl::Status Impl::EnqueueHead(Pass& pass) {
   const StepShape& shape = pass.shape;
   if (shape.head_rows == 0) return absl::OkStatus();
   const int64_t h = config.hidden_size;
-  TRIDENT_RETURN_IF_ERROR(Norm(pass, final_norm, shape.total));
-  const void* head_in = pass.hn.get();
-  if (shape.gather) {
-    // The wanted rows of the normed hidden states, gathered like an embedding
-    // lookup with row ids for token ids.
-    TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
-        {pass.dmeta.rows, shape.head_rows, pass.hn.get(), shape.total, h, last.get()}, stream));
-    head_in = last.get();
-  }
   // fp32 logits: bf16 would round near-ties (an ulp is 1/16 at 10) before
   // anyone samples them.
   // Under tensor parallelism, this rank's block of columns of rank 0's
   // logits (peer memory).
   float* out = tp.group != nullptr ? tp.group->ranks[0]->logits.get<float>() + tp.layout.first_vocab
                                    : logits.get<float>();
-  if (head_vocab() == 0) return absl::OkStatus();
-  kc::GemmArgs head_args{head_in,
+  kc::GemmArgs head_args{pass.hn.get(),
                          h,
                          head(),
                          nullptr,
@@ -525,6 +528,19 @@ absl::Status Impl::EnqueueHead(Pass& pass) {
                          shape.head_rows,
                          head_vocab(),
                          h};
+  if (shape.gather || head_vocab() == 0) {
+    TRIDENT_RETURN_IF_ERROR(Norm(pass, final_norm, shape.total));
+  } else {
+    TRIDENT_RETURN_IF_ERROR(NormInto(pass, final_norm, shape.total, head_args));
+  }
+  if (shape.gather) {
+    // The wanted rows of the normed hidden states, gathered like an embedding
+    // lookup with row ids for token ids.
+    TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
+        {pass.dmeta.rows, shape.head_rows, pass.hn.get(), shape.total, h, last.get()}, stream));
+    head_args.x = last.get();
+  }
+  if (head_vocab() == 0) return absl::OkStatus();
   head_args.y_dtype = DType::kF32;
   return gemm->Run(head_args, stream);
 }

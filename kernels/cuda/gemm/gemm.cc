@@ -308,13 +308,15 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemm: y dtype ", numeric::DTypeName(args.y_dtype), " is not supported (bf16 or f32)"));
   }
+  if (absl::Status s = CheckNorm(args); !s.ok()) return s;
   const GemvPath gemv = ChooseGemv(impl_->options, impl_->sms > 0, args);
   if (gemv != GemvPath::kNone) {
     const bool f32_out = args.y_dtype == numeric::DType::kF32;
     const cudaError_t error =
         gemv == GemvPath::kBulk
             ? internal::GemvBf16Bulk(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
-                                     args.accumulate, impl_->sms, impl_->options.pdl, stream)
+                                     args.accumulate, impl_->sms, impl_->options.pdl, stream,
+                                     {args.norm_weight, args.norm_eps})
             : internal::GemvBf16(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
                                  args.accumulate, impl_->options.pdl, stream);
     if (error != cudaSuccess) {
@@ -342,6 +344,20 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+bool Gemm::FusesNorm(const GemmArgs& args) const {
+  return ChooseGemv(impl_->options, impl_->sms > 0, args) == GemvPath::kBulk &&
+         args.k <= internal::GemvBulkNormMaxK() &&
+         reinterpret_cast<uintptr_t>(args.norm_weight) % 16 == 0;
+}
+
+absl::Status Gemm::CheckNorm(const GemmArgs& args) const {
+  if (args.norm_weight == nullptr || FusesNorm(args)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "Gemm: a fused norm needs Hopper's GEMV (one row on an sm_90 device, the option on), k a "
+      "multiple of 8 up to ",
+      internal::GemvBulkNormMaxK(), " (", args.k, " here), x and the norm weight 16-byte aligned"));
+}
+
 bool Gemm::FusesSiluMul(const GemmArgs& args) const {
   if (args.n % 2 != 0) return false;
   return ChooseGemv(impl_->options, impl_->sms > 0, args) == GemvPath::kBulk ||
@@ -367,10 +383,11 @@ absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
         "Gemm SiLU-mul: needs Hopper's GEMV (one row) or skinny GEMM (2-64 rows): an sm_90 "
         "device, the kernel's option on, k a multiple of 8, x and W 16-byte aligned");
   }
+  if (absl::Status s = CheckNorm(args); !s.ok()) return s;
   if (args.m > 1) return impl_->RunSkinny(SkinnyArgsOf(impl_->options, args, true), stream);
   const cudaError_t error =
       internal::GemvSiluMulBulk(args.x, args.w, args.bias, args.y, args.n / 2, args.k, impl_->sms,
-                                impl_->options.pdl, stream);
+                                impl_->options.pdl, stream, {args.norm_weight, args.norm_eps});
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm SiLU-mul launch: ", cudaGetErrorString(error)));
   }

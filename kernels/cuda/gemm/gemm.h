@@ -42,6 +42,14 @@ struct GemmArgs {
   numeric::DType y_dtype = numeric::DType::kBF16;
   // y += x·Wᵀ (+ bias) instead of y = ...
   bool accumulate = false;
+  // An RMSNorm fused ahead of the product, where Gemm::FusesNorm (non-null
+  // elsewhere: kFailedPrecondition): x is then the f32 row [k] (the
+  // residual stream) and the product takes bf16(norm_weight * (x * r)),
+  // r = 1 / sqrt(mean(x²) + norm_eps), the bits kernels/cuda/rms_norm
+  // writes, so the norm needs no kernel of its own. norm_weight: f32 [k],
+  // 16-byte aligned.
+  const float* norm_weight = nullptr;
+  float norm_eps = 0;
 };
 
 struct GemmOptions {
@@ -81,8 +89,10 @@ struct GemmOptions {
   // With 128-row tiles: a call whose tiles fit one wave as clusters of 4 (or
   // 2) CTAs splits each tile's k within its cluster and adds the shares in
   // the cluster's shared memory (o and down at the 8B shape: 32 tiles of
-  // 4 CTAs), instead of stream-K's fix-ups through global memory. Not yet
-  // measured.
+  // 4 CTAs; on an H200 clusters of 4 do not fit one wave, so pairs),
+  // instead of stream-K's fix-ups through global memory. Off by default: at
+  // 8-16 rows it beat cuBLASLt alone (o 12.5 against 15.7 µs) but in a
+  // decode step only q/k/v gained (bench/RESULTS.md).
   bool skinny_cluster_split = false;
 };
 
@@ -113,6 +123,11 @@ class Gemm {
   bool FusesSiluMul(const GemmArgs& args) const;
   absl::Status RunSiluMul(const GemmArgs& args, cudaStream_t stream);
 
+  // Whether Run and RunSiluMul take `args` with its norm fused: one row
+  // on Hopper's GEMV, k at most internal::GemvBulkNormMaxK() (8632), x and
+  // norm_weight 16-byte aligned.
+  bool FusesNorm(const GemmArgs& args) const;
+
   // The CTAs per cluster (4 or 2) where Run takes the skinny GEMM split in
   // clusters for `args` (GemmOptions::skinny_cluster_split, on the calling
   // thread's current device); 0 where it does not. For tests and
@@ -122,6 +137,8 @@ class Gemm {
  private:
   struct Impl;
   explicit Gemm(std::unique_ptr<Impl> impl);
+  // kFailedPrecondition for a norm that does not fuse.
+  absl::Status CheckNorm(const GemmArgs& args) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -12,6 +12,7 @@
 #include "kernels/cuda/gemm/gemv_device.h"
 #include "kernels/cuda/gemm/gemv_sm90_kernel.h"
 #include "kernels/cuda/pdl/pdl_device.h"
+#include "kernels/cuda/rms_norm/rms_norm_device.h"
 #include "kernels/cuda/wgmma/wgmma_device.h"
 
 namespace trident::kernels::cuda::internal {
@@ -49,6 +50,13 @@ constexpr uint32_t kRowBytes = kChunk * 2;
 constexpr uint32_t kStageBytes = kItemRows * kRowBytes;
 constexpr size_t kBarrierBytes = 2 * kStages * sizeof(uint64_t);
 constexpr size_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + kItemRows * sizeof(float);
+// With a fused norm: the warps' partial sums of squares (at most 16: the
+// norm kernel's 512 threads), then the normed bf16 row.
+constexpr size_t kNormSumsOffset = kSharedBytes;
+constexpr size_t kNormRowOffset = (kNormSumsOffset + 16 * sizeof(float) + 15) / 16 * 16;
+// An SM's 228 KiB, less 1 KiB per CTA the runtime keeps.
+constexpr int64_t kNormMaxK =
+    ((int64_t{228} * 1024 / kCtasPerSm - 1024 - static_cast<int64_t>(kNormRowOffset)) / 2) / 8 * 8;
 
 // What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
 // rows n.. are the up projection of rows 0..n-1 (the gate), and y[j] =
@@ -147,6 +155,18 @@ __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, u
 
 // The dot product of one row's chunk (its 16-byte pieces in shared memory)
 // with x's matching pieces, accumulated into acc.
+// x's 16-byte piece: through L1 from global memory, or (kSharedX, the
+// fused norm's row) from shared memory.
+template <bool kSharedX>
+__device__ __forceinline__ uint4 XPiece(const uint4* xs, int p) {
+  if constexpr (kSharedX) {
+    return xs[p];
+  } else {
+    return __ldg(xs + p);
+  }
+}
+
+template <bool kSharedX>
 __device__ __forceinline__ float DotChunk(const uint4* ws, const uint4* xs, int pieces, int lane,
                                           float acc) {
   if (pieces == kChunk / 8) {
@@ -155,15 +175,95 @@ __device__ __forceinline__ float DotChunk(const uint4* ws, const uint4* xs, int 
 #pragma unroll
     for (int i = 0; i < kPiecesPerLane; ++i) {
       wv[i] = ws[lane + 32 * i];
-      xv[i] = __ldg(xs + lane + 32 * i);
+      xv[i] = XPiece<kSharedX>(xs, lane + 32 * i);
     }
     float part[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kPiecesPerLane; ++i) part[i & 1] = Dot8(wv[i], xv[i], part[i & 1]);
     return acc + (part[0] + part[1]);
   }
-  for (int p = lane; p < pieces; p += 32) acc = Dot8(ws[p], __ldg(xs + p), acc);
+  for (int p = lane; p < pieces; p += 32) acc = Dot8(ws[p], XPiece<kSharedX>(xs, p), acc);
   return acc;
+}
+
+// The fused norm's per-thread vectors: a consumer thread plays threads tid
+// and tid + 256 of the norm kernel's block (rms_norm::BlockThreads(k / 4)
+// threads; thread t takes 4-element vectors t, t + threads, ...), at most
+// kNormVecs vectors each.
+constexpr int kNormVecs = static_cast<int>((kNormMaxK / 4 + 511) / 512);
+
+struct NormVectors {
+  float4 v[2][kNormVecs];
+};
+
+// Vector m of the consumer thread's virtual thread h, or zeros past the row.
+__device__ __forceinline__ bool NormVectorAt(int64_t k, int h, int m, int64_t& i) {
+  const int threads = rms_norm::BlockThreads(k / 4);
+  const int t = static_cast<int>(threadIdx.x) + h * kConsumerWarps * 32;
+  i = t + int64_t{m} * threads;
+  return t < threads && i < k / 4;
+}
+
+__device__ __forceinline__ void LoadNormVectors(const float* __restrict__ p, int64_t k,
+                                                NormVectors& out) {
+  const float4* p4 = reinterpret_cast<const float4*>(p);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int m = 0; m < kNormVecs; ++m) {
+      int64_t i;
+      out.v[h][m] = NormVectorAt(k, h, m, i) ? p4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+}
+
+// The consumer warps write bf16(weight * (x * r)) of the f32 row x [k] to
+// `row` in shared memory with the norm kernel's bits: each of their warps'
+// butterflies is one of the kernel's, and `sums` holds the kernel's
+// per-warp sums in its order. `weight` holds the norm's weights, loaded
+// (before the kernel ahead ended) by LoadNormVectors.
+__device__ void NormRow(const float* __restrict__ x, const NormVectors& weight, float eps,
+                        int64_t k, __nv_bfloat16* row, float* sums) {
+  constexpr int kConsumers = kConsumerWarps * 32;
+  NormVectors xv;
+  LoadNormVectors(x, k, xv);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kNormVecs; ++m) {
+      const float4 v = xv.v[h][m];
+      sum = fmaf(v.x, v.x, sum);
+      sum = fmaf(v.y, v.y, sum);
+      sum = fmaf(v.z, v.z, sum);
+      sum = fmaf(v.w, v.w, sum);
+    }
+    sum = rms_norm::WarpButterflySum(sum);
+    int64_t i;
+    const int t = static_cast<int>(threadIdx.x) + h * kConsumers;
+    if (NormVectorAt(k, h, 0, i) && t % 32 == 0) sums[t / 32] = sum;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+  const int threads = rms_norm::BlockThreads(k / 4);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const float total = rms_norm::WarpButterflySum(lane < threads / 32 ? sums[lane] : 0.0f);
+  const float r = rms_norm::InverseRms(total, k, eps);
+  auto* row2 = reinterpret_cast<__nv_bfloat162*>(row);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int m = 0; m < kNormVecs; ++m) {
+      int64_t i;
+      if (!NormVectorAt(k, h, m, i)) continue;
+      const float4 v = xv.v[h][m];
+      const float4 g = weight.v[h][m];
+      row2[2 * i] =
+          __floats2bfloat162_rn(rms_norm::Scaled(v.x, g.x, r), rms_norm::Scaled(v.y, g.y, r));
+      row2[2 * i + 1] =
+          __floats2bfloat162_rn(rms_norm::Scaled(v.z, g.z, r), rms_norm::Scaled(v.w, g.w, r));
+    }
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
 }
 
 // Writes an item's results, once each consumer warp holds its row's sum
@@ -193,7 +293,7 @@ __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t it
   }
 }
 
-template <Out kOut>
+template <Out kOut, bool kSharedX>
 __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restrict__ bias,
                         void* __restrict__ y, bool accumulate, const Walk& walk,
                         const unsigned char* ring, uint64_t* full, uint64_t* empty,
@@ -209,7 +309,8 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
     if (row >= 0) {
       const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - at.col) / 8);
       const unsigned char* const mine = ring + at.slot * kStageBytes + warp * kRowBytes;
-      acc = DotChunk(reinterpret_cast<const uint4*>(mine), xs + at.col / 8, pieces, lane, acc);
+      acc = DotChunk<kSharedX>(reinterpret_cast<const uint4*>(mine), xs + at.col / 8, pieces, lane,
+                               acc);
     }
     __syncwarp();
     if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
@@ -220,11 +321,12 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
   }
 }
 
-template <Out kOut>
+// kNorm: x is the f32 row the fused norm takes (GemvNorm).
+template <Out kOut, bool kNorm>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
-    GemvBulkKernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+    GemvBulkKernel(const void* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                    const void* __restrict__ bias, void* __restrict__ y, int64_t n, int64_t k,
-                   bool accumulate) {
+                   bool accumulate, GemvNorm norm) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
@@ -242,37 +344,64 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (threadIdx.x % 32 == 0) Produce<kOut>(w, walk, smem, full, empty);
     return;
   }
-  pdl::WaitForPreviousGrid();
-  Consume<kOut>(x, bias, y, accumulate, walk, smem, full, empty, exchange);
+  if constexpr (kNorm) {
+    // The norm's weights do not depend on the kernel ahead; x does.
+    NormVectors weight;
+    LoadNormVectors(norm.weight, k, weight);
+    pdl::WaitForPreviousGrid();
+    auto* row = reinterpret_cast<__nv_bfloat16*>(smem + kNormRowOffset);
+    NormRow(static_cast<const float*>(x), weight, norm.eps, k, row,
+            reinterpret_cast<float*>(smem + kNormSumsOffset));
+    Consume<kOut, true>(row, bias, y, accumulate, walk, smem, full, empty, exchange);
+  } else {
+    pdl::WaitForPreviousGrid();
+    Consume<kOut, false>(static_cast<const __nv_bfloat16*>(x), bias, y, accumulate, walk, smem,
+                         full, empty, exchange);
+  }
+}
+
+template <Out kOut, bool kNorm>
+cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
+                   bool accumulate, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm) {
+  if (sms <= 0 || (kNorm && (k % 8 != 0 || k > kNormMaxK))) return cudaErrorInvalidValue;
+  auto* kernel = &GemvBulkKernel<kOut, kNorm>;
+  // The norm's row is sized for the longest k, so the attribute is set once.
+  constexpr size_t kBytes = kNorm ? kNormRowOffset + 2 * kNormMaxK : kSharedBytes;
+  static std::atomic<uint64_t> configured{0};
+  const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kBytes, configured);
+  if (error != cudaSuccess) return error;
+  const size_t bytes = kNorm ? kNormRowOffset + 2 * static_cast<size_t>(k) : kSharedBytes;
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
+  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), bytes, stream, pdl, x,
+                     static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm);
 }
 
 template <Out kOut>
-cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
-                   bool accumulate, int sms, bool pdl, cudaStream_t stream) {
-  if (sms <= 0) return cudaErrorInvalidValue;
-  auto* kernel = &GemvBulkKernel<kOut>;
-  static std::atomic<uint64_t> configured{0};
-  const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kSharedBytes, configured);
-  if (error != cudaSuccess) return error;
-  const unsigned grid =
-      static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
-  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), kSharedBytes, stream, pdl,
-                     static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
-                     bias, y, n, k, accumulate);
+cudaError_t LaunchOut(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
+                      bool accumulate, int sms, bool pdl, cudaStream_t stream,
+                      const GemvNorm& norm) {
+  return norm.weight != nullptr
+             ? Launch<kOut, true>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm)
+             : Launch<kOut, false>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm);
 }
 
 }  // namespace
 
+int64_t GemvBulkNormMaxK() { return kNormMaxK; }
+
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, bool f32_out, bool accumulate, int sms, bool pdl,
-                         cudaStream_t stream) {
-  return f32_out ? Launch<Out::kF32>(x, w, bias, y, n, k, accumulate, sms, pdl, stream)
-                 : Launch<Out::kBf16>(x, w, bias, y, n, k, accumulate, sms, pdl, stream);
+                         cudaStream_t stream, const GemvNorm& norm) {
+  return f32_out ? LaunchOut<Out::kF32>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm)
+                 : LaunchOut<Out::kBf16>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm);
 }
 
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                            int64_t k, int sms, bool pdl, cudaStream_t stream) {
-  return Launch<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream);
+                            int64_t k, int sms, bool pdl, cudaStream_t stream,
+                            const GemvNorm& norm) {
+  return LaunchOut<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,
+                                      norm);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -10,6 +10,19 @@
 
 namespace trident::kernels::cuda::internal {
 
+// An RMSNorm fused ahead of the product (weight null: none). x is then the
+// f32 row [k] (k a multiple of 8, at most GemvBulkNormMaxK()) and each CTA
+// multiplies by bf16(weight * (x * r)), r = 1 / sqrt(mean(x²) + eps), held
+// in its shared memory: the bits kernels/cuda/rms_norm writes.
+struct GemvNorm {
+  const float* weight = nullptr;
+  float eps = 0;
+};
+
+// The longest row a fused norm takes (its bf16 copy beside the ring, two
+// CTAs still fitting an SM).
+int64_t GemvBulkNormMaxK();
+
 // y[n] (+)= x[k] · Wᵀ (+ bias) for one row x, as GemvBf16 (gemv_kernel.h),
 // for any k (a multiple of 8): W streams through shared memory by the bulk
 // copy engine, two CTAs per SM at most (`sms`: the device's count, which
@@ -18,13 +31,14 @@ namespace trident::kernels::cuda::internal {
 // the kernel ahead. cudaErrorInvalidValue for sms <= 0.
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, bool f32_out, bool accumulate, int sms, bool pdl,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const GemvNorm& norm = {});
 
 // y[j] = silu(g_j) * u_j in bf16 for j < n, where g = x · W[0, n)ᵀ and
 // u = x · W[n, 2n)ᵀ (+ the f32 bias [2n] on both, when given): the same
 // kernel with the SiLU-and-multiply as its epilogue.
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                            int64_t k, int sms, bool pdl, cudaStream_t stream);
+                            int64_t k, int sms, bool pdl, cudaStream_t stream,
+                            const GemvNorm& norm = {});
 
 }  // namespace trident::kernels::cuda::internal
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/pdl/pdl_device.h"
+#include "kernels/cuda/rms_norm/rms_norm_device.h"
 #include "kernels/cuda/rms_norm/rms_norm_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -69,27 +70,21 @@ __device__ __forceinline__ void StoreBf16(uint16_t* p, const float* v) {
 __device__ float BlockSum(float v) {
   __shared__ float warp_sums[32];
   __shared__ float total;
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  v = rms_norm::WarpButterflySum(v);
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   if (lane == 0) warp_sums[warp] = v;
   __syncthreads();
   if (warp == 0) {
     const int num_warps = blockDim.x / 32;
-    float s = lane < num_warps ? warp_sums[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+    const float s = rms_norm::WarpButterflySum(lane < num_warps ? warp_sums[lane] : 0.0f);
     if (lane == 0) total = s;
   }
   __syncthreads();
   return total;
 }
 
-// 1 / sqrt(mean + eps) with IEEE-rounded division and square root, as the
-// CPU computes it.
-__device__ __forceinline__ float InverseRms(float sum_squares, int64_t dim, float eps) {
-  const float variance = __fdiv_rn(sum_squares, static_cast<float>(dim));
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
-}
+using rms_norm::InverseRms;
 
 // Writes out = weight * (x * r) for the elements this thread owns (the same
 // ones it read in the first pass, so `out` may alias the input).
@@ -104,7 +99,7 @@ __device__ __forceinline__ void ScaleRow(const XT* x, const float* weight, float
     Load<VEC>(x + i, v);
     Load<VEC>(weight + i, w);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) y[j] = __fmul_rn(w[j], __fmul_rn(v[j], r));
+    for (int j = 0; j < VEC; ++j) y[j] = rms_norm::Scaled(v[j], w[j], r);
     StoreBf16<VEC>(out + i, y);
   }
 }
@@ -168,10 +163,7 @@ __global__ void AddRmsNormKernel(float* residual, int64_t residual_stride, const
   ScaleRow<VEC>(static_cast<const float*>(res_row), weight, r, dim, out + row * out_stride);
 }
 
-int ThreadsFor(int64_t units) {
-  if (units >= 512) return 512;
-  return static_cast<int>((units + 31) / 32 * 32);
-}
+int ThreadsFor(int64_t units) { return rms_norm::BlockThreads(units); }
 
 }  // namespace
 
