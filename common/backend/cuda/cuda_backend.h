@@ -81,6 +81,11 @@ struct CudaBackendOptions {
   // itself (q/k/v, gate/up and the LM head: GemmArgs::norm_weight), so
   // those norms launch no kernel; the same bits either way.
   bool gemv_norm = true;
+  // Hopper's GEMV rotates a single token's q and k in its q/k/v
+  // projection's epilogue and stores its k and v in a bf16 cache
+  // (Gemm::RunRope), so RoPE and the KV append launch no kernel; the same
+  // bits either way.
+  bool gemv_rope = true;
   // On sm_90, projections of 2-64 rows (decode batches) take Hopper's skinny
   // GEMM, the MLP's activation fused into the gate/up projection
   // (GemmOptions::skinny; slower than cuBLASLt so far, hence off). Without

@@ -390,6 +390,9 @@ struct Impl {
   void RecoverTensorParallel();
   absl::Status EnqueueHead(Pass& pass);
   absl::Status Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows);
+  // Layer l's norm, q/k/v projection and RoPE, into pass.qkv; *kv_stored:
+  // whether the projection also stored the step's k and v in the cache.
+  absl::Status EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored);
   // The norm ahead of projection `g` (whose x is pass.hn): fused into it
   // where the GEMM takes it (g then reads the residual), else Norm().
   absl::Status NormInto(Pass& pass, const DeviceBuffer& weight, int64_t rows, kc::GemmArgs& g);

@@ -65,6 +65,9 @@ ABSL_FLAG(bool, gemv_bulk, true,
 ABSL_FLAG(bool, gemv_norm, true,
           "Hopper's GEMV takes the RMSNorm ahead of single-row projections itself "
           "(CudaBackendOptions::gemv_norm).");
+ABSL_FLAG(bool, gemv_rope, true,
+          "Hopper's GEMV rotates a single token's q and k in its q/k/v projection's epilogue "
+          "(CudaBackendOptions::gemv_rope).");
 ABSL_FLAG(bool, gemm_skinny, false,
           "On sm_90 projections of 2-64 rows take Hopper's skinny GEMM instead of cuBLASLt "
           "(CudaBackendOptions::gemm_skinny).");
@@ -312,6 +315,7 @@ int Main() {
   options.gemv = absl::GetFlag(FLAGS_gemv);
   options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
   options.gemv_norm = absl::GetFlag(FLAGS_gemv_norm);
+  options.gemv_rope = absl::GetFlag(FLAGS_gemv_rope);
   options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
   options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
   options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);

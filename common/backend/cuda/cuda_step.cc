@@ -282,7 +282,8 @@ absl::Status Impl::EnqueueEmbedding(Pass& pass) {
       stream);
 }
 
-absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
+absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
+  *kv_stored = false;
   const StepShape& shape = pass.shape;
   const int64_t h = config.hidden_size;
   Layer& layer = layers[l];
@@ -304,6 +305,26 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   } else {
     TRIDENT_RETURN_IF_ERROR(NormInto(pass, layer.input_norm, shape.total, g));
   }
+  // One token on Hopper's GEMV: RoPE is the projection's epilogue, into
+  // the bf16 rows directly.
+  kc::GemmRope epilogue{pass.dmeta.positions, inv_freq.get<float>(), config.num_attention_heads,
+                        config.num_key_value_heads, config.head_dim};
+  if (shape.local_tokens == shape.total && !kv_spec.fp8()) {
+    // The token's k and v into the bf16 cache as well (the KV append's).
+    epilogue.kv_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
+    epilogue.kv_num_blocks = kv_spec.num_blocks;
+    epilogue.kv_block_size = kv_spec.block_size;
+    epilogue.kv_block_stride_elems = kv_spec.block_stride_elements();
+    epilogue.kv_value_offset_elems = kv_spec.value_offset_elements();
+    epilogue.slots = pass.dmeta.slots;
+  }
+  kc::GemmArgs rotated = g;
+  rotated.y = pass.qkv.get();
+  rotated.y_dtype = DType::kBF16;
+  if (options.gemv_rope && gemm->FusesRope(rotated, epilogue)) {
+    *kv_stored = epilogue.kv_base != nullptr;
+    return gemm->RunRope(rotated, epilogue, stream);
+  }
   TRIDENT_RETURN_IF_ERROR(gemm->Run(g, stream));
   kc::RopeQkvArgs rope;
   rope.in = pass.qkv32.get<float>();
@@ -317,7 +338,13 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   rope.num_tokens = shape.total;
   rope.inv_freq = inv_freq.get<float>();
   rope.pdl = options.pdl_chain;
-  TRIDENT_RETURN_IF_ERROR(kc::LaunchRopeQkv(rope, stream));
+  return kc::LaunchRopeQkv(rope, stream);
+}
+
+absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
+  const StepShape& shape = pass.shape;
+  bool kv_stored = false;
+  TRIDENT_RETURN_IF_ERROR(EnqueueQkv(pass, l, &kv_stored));
   if (shape.remote_rows() > 0) {
     // The CPU-resident rows' q/k/v, for their services.
     const size_t row_bytes = static_cast<size_t>(qkv_width()) * 2;
@@ -329,6 +356,9 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
     TRIDENT_RETURN_IF_ERROR(CudaCheck(cudaEventRecord(pass.qkv_ready, stream), "remote q/k/v"));
   }
   if (shape.local_tokens == 0) return absl::OkStatus();
+  // A tensor-parallel step reports a layer once every rank wrote its KV
+  // (after the o projection's sum).
+  if (kv_stored) return tp.group != nullptr ? absl::OkStatus() : ReportLayer(pass, l);
   // The fields the bf16 and FP8 appends share: this layer's pool, the step's
   // k and v (sections of the qkv rows) and slots.
   auto fill = [&](auto& append) {

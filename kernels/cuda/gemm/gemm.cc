@@ -358,6 +358,41 @@ absl::Status Gemm::CheckNorm(const GemmArgs& args) const {
       internal::GemvBulkNormMaxK(), " (", args.k, " here), x and the norm weight 16-byte aligned"));
 }
 
+bool Gemm::FusesRope(const GemmArgs& args, const GemmRope& rope) const {
+  return ChooseGemv(impl_->options, impl_->sms > 0, args) == GemvPath::kBulk &&
+         args.y_dtype == numeric::DType::kBF16 && !args.accumulate && rope.head_dim > 0 &&
+         rope.head_dim % 8 == 0 && rope.num_q_heads >= 0 && rope.num_kv_heads >= 0 &&
+         args.n == int64_t{rope.num_q_heads + 2 * rope.num_kv_heads} * rope.head_dim &&
+         rope.positions != nullptr && rope.inv_freq != nullptr &&
+         (rope.kv_base == nullptr ||
+          (rope.slots != nullptr && rope.kv_block_size > 0 && rope.kv_num_blocks > 0));
+}
+
+absl::Status Gemm::RunRope(const GemmArgs& args, const GemmRope& rope, cudaStream_t stream) {
+  if (args.x == nullptr || args.w == nullptr || args.y == nullptr) {
+    return absl::InvalidArgumentError("Gemm RoPE: x, w and y must not be null");
+  }
+  if (!FusesRope(args, rope)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Gemm RoPE: needs Hopper's GEMV (one row on an sm_90 device, the option on, k a multiple "
+        "of 8, x and W 16-byte aligned), bf16 y without accumulate, positions and inv_freq, and n ",
+        args.n, " = (q heads ", rope.num_q_heads, " + 2 x kv heads ", rope.num_kv_heads,
+        ") x head_dim ", rope.head_dim, " (a multiple of 8)"));
+  }
+  if (absl::Status s = CheckNorm(args); !s.ok()) return s;
+  const cudaError_t error = internal::GemvRopeBulk(
+      args.x, args.w, args.bias, args.y, args.n, args.k, impl_->sms, impl_->options.pdl, stream,
+      {args.norm_weight, args.norm_eps},
+      {rope.positions, rope.inv_freq, rope.head_dim, rope.num_q_heads + rope.num_kv_heads,
+       rope.num_q_heads, static_cast<__nv_bfloat16*>(rope.kv_base),
+       rope.kv_num_blocks * rope.kv_block_size, rope.kv_block_size, rope.kv_block_stride_elems,
+       rope.kv_value_offset_elems, rope.slots});
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("Gemm RoPE launch: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
 bool Gemm::FusesSiluMul(const GemmArgs& args) const {
   if (args.n % 2 != 0) return false;
   return ChooseGemv(impl_->options, impl_->sms > 0, args) == GemvPath::kBulk ||

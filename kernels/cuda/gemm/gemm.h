@@ -52,6 +52,28 @@ struct GemmArgs {
   float norm_eps = 0;
 };
 
+// RoPE in a q/k/v projection's epilogue (Gemm::RunRope): one token at
+// positions[0] (device), inv_freq [head_dim / 2] (device), its q and k
+// heads rotated as kernels/cuda/rope's RopeQkvF32 rotates them.
+struct GemmRope {
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  // Optional (kv_base null: not stored): k and v also stored at slots[0]
+  // (device) of a bf16 paged KV cache, where kernels/cuda/kv_append's
+  // LaunchKvAppend stores them (a slot outside the cache: not stored). Per
+  // block, K [num_kv_heads][block_size][head_dim], V value_offset elements
+  // further on.
+  void* kv_base = nullptr;
+  int64_t kv_num_blocks = 0;
+  int32_t kv_block_size = 0;
+  int64_t kv_block_stride_elems = 0;
+  int64_t kv_value_offset_elems = 0;
+  const int64_t* slots = nullptr;
+};
+
 struct GemmOptions {
   // Device memory for cuBLASLt, allocated once (32 MiB, as cuBLAS
   // recommends for Hopper).
@@ -122,6 +144,15 @@ class Gemm {
   // the same values). kInvalidArgument for bad shapes or null pointers.
   bool FusesSiluMul(const GemmArgs& args) const;
   absl::Status RunSiluMul(const GemmArgs& args, cudaStream_t stream);
+
+  // One token's fused q/k/v projection with RoPE as its epilogue: y (bf16,
+  // n = (num_q_heads + 2 * num_kv_heads) * head_dim) gets q and k rotated
+  // and v, the bits of Run into f32 followed by kernels/cuda/rope's
+  // LaunchRopeQkv; the bias, when given, is f32 [n]. One kernel where
+  // FusesRope (one row on Hopper's GEMV, head_dim a multiple of 8, y bf16,
+  // no accumulate); kFailedPrecondition elsewhere. The norm fuses as in Run.
+  bool FusesRope(const GemmArgs& args, const GemmRope& rope) const;
+  absl::Status RunRope(const GemmArgs& args, const GemmRope& rope, cudaStream_t stream);
 
   // Whether Run and RunSiluMul take `args` with its norm fused: one row
   // on Hopper's GEMV, k at most internal::GemvBulkNormMaxK() (8632), x and

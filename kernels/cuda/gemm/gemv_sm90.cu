@@ -13,6 +13,7 @@
 #include "kernels/cuda/gemm/gemv_sm90_kernel.h"
 #include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/rms_norm/rms_norm_device.h"
+#include "kernels/cuda/rope/rope_device.h"
 #include "kernels/cuda/wgmma/wgmma_device.h"
 
 namespace trident::kernels::cuda::internal {
@@ -60,20 +61,42 @@ constexpr int64_t kNormMaxK =
 
 // What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
 // rows n.. are the up projection of rows 0..n-1 (the gate), and y[j] =
-// silu(gate_j) * up_j in bf16. An item then holds kItemRows / 2 gate rows
-// and then their up rows.
-enum class Out { kBf16, kF32, kSiluMulBf16 };
+// silu(gate_j) * up_j in bf16 (an item then holds kItemRows / 2 gate rows
+// and then their up rows), or (kRopeBf16) y is q, k and v of one token in
+// bf16 with q and k rotated (GemvRope: an item of the rotated heads holds
+// kItemRows / 2 dims i of one head and then their partners i + half).
+enum class Out { kBf16, kF32, kSiluMulBf16, kRopeBf16 };
+
+struct Walk {
+  int64_t n, k;
+  int64_t chunks;      // per item: ceil(k / kChunk)
+  int64_t first_item;  // this CTA's first item
+  int64_t stages;      // this CTA's items times chunks
+  GemvRope rope;       // kRopeBf16's heads
+};
+
+// Items of kRopeBf16's rotated heads.
+__device__ __forceinline__ int64_t RopeItems(const GemvRope& rope) {
+  return int64_t{rope.rope_heads} * rope.head_dim / kItemRows;
+}
 
 // W's row behind row r of item `item`, or -1 past the end.
 template <Out kOut>
-__device__ __forceinline__ int64_t SourceRow(int64_t item, int r, int64_t n) {
+__device__ __forceinline__ int64_t SourceRow(int64_t item, int r, const Walk& walk) {
+  constexpr int kHalf = kItemRows / 2;
   if constexpr (kOut == Out::kSiluMulBf16) {
-    constexpr int kHalf = kItemRows / 2;
     const int64_t j = kHalf * item + r % kHalf;
-    return j < n ? j + (r >= kHalf ? n : 0) : -1;
+    return j < walk.n ? j + (r >= kHalf ? walk.n : 0) : -1;
   } else {
+    const int64_t rope_items = kOut == Out::kRopeBf16 ? RopeItems(walk.rope) : 0;
+    if (item < rope_items) {
+      // Pair p: dim p % half of rotated head p / half (32-bit: n < 2^31).
+      const uint32_t half = static_cast<uint32_t>(walk.rope.head_dim) / 2;
+      const uint32_t p = static_cast<uint32_t>(item) * kHalf + r % kHalf;
+      return int64_t{p / half} * walk.rope.head_dim + p % half + (r >= kHalf ? half : 0);
+    }
     const int64_t row = item * kItemRows + r;
-    return row < n ? row : -1;
+    return row < walk.n ? row : -1;
   }
 }
 
@@ -84,18 +107,12 @@ __host__ __device__ __forceinline__ int64_t Items(int64_t n) {
   return (n + kPerItem - 1) / kPerItem;
 }
 
-struct Walk {
-  int64_t n, k;
-  int64_t chunks;      // per item: ceil(k / kChunk)
-  int64_t first_item;  // this CTA's first item
-  int64_t stages;      // this CTA's items times chunks
-};
-
 template <Out kOut>
-__device__ __forceinline__ Walk MakeWalk(int64_t n, int64_t k) {
+__device__ __forceinline__ Walk MakeWalk(int64_t n, int64_t k, const GemvRope& rope) {
   Walk w;
   w.n = n;
   w.k = k;
+  w.rope = rope;
   w.chunks = (k + kChunk - 1) / kChunk;
   const int64_t items = Items<kOut>(n);
   w.first_item = items * blockIdx.x / gridDim.x;
@@ -139,7 +156,7 @@ __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, u
     uint32_t total = 0;
 #pragma unroll
     for (int r = 0; r < kItemRows; ++r) {
-      rows[r] = SourceRow<kOut>(at.item, r, walk.n);
+      rows[r] = SourceRow<kOut>(at.item, r, walk);
       total += rows[r] >= 0 ? bytes : 0;
     }
     wgmma::BarrierArriveExpectBytes(&full[at.slot], total);
@@ -266,13 +283,67 @@ __device__ void NormRow(const float* __restrict__ x, const NormVectors& weight, 
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
 }
 
+// kRopeBf16's item results: the sum (+ the f32 bias) of each row, as the
+// f32 GEMV would store it; in a rotated head the partner warps hand theirs
+// over (as the SiLU's up warps do) and warp w < kItemRows / 2 rotates its
+// pair with the RoPE kernel's arithmetic; v rows are rounded as they are.
+// Element `row` of y (q, k, v) into the KV cache where it is k or v and
+// GemvRope::kv_base is set, as kernels/cuda/kv_append stores it.
+__device__ __forceinline__ void StoreKv(const GemvRope& rope, int64_t row, __nv_bfloat16 value) {
+  const int64_t first_k = int64_t{rope.q_heads} * rope.head_dim;
+  if (rope.kv_base == nullptr || row < first_k) return;
+  const int64_t slot = rope.slots[0];
+  if (slot < 0 || slot >= rope.kv_slots) return;
+  const int64_t first_v = int64_t{rope.rope_heads} * rope.head_dim;
+  const bool is_v = row >= first_v;
+  const int64_t e = row - (is_v ? first_v : first_k);
+  const int64_t head = e / rope.head_dim;
+  const int64_t block = slot / rope.kv_block_size;
+  const int64_t offset = slot - block * rope.kv_block_size;
+  rope.kv_base[block * rope.kv_block_stride + (is_v ? rope.kv_value_offset : 0) +
+               (head * rope.kv_block_size + offset) * rope.head_dim + e % rope.head_dim] = value;
+}
+
+__device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_t item, int warp,
+                                           int lane, const float* bias, __nv_bfloat16* y,
+                                           float* exchange, const GemvRope& rope) {
+  if (source_row >= 0 && bias != nullptr) sum += bias[source_row];
+  if (item >= RopeItems(rope)) {
+    if (lane == 0 && source_row >= 0) {
+      const __nv_bfloat16 v = __float2bfloat16_rn(sum);
+      y[source_row] = v;
+      StoreKv(rope, source_row, v);
+    }
+    return;
+  }
+  constexpr int kHalf = kItemRows / 2;
+  float* const partners = exchange + kHalf * (item & 1);
+  if (warp >= kHalf && lane == 0) partners[warp - kHalf] = sum;
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+  if (warp < kHalf && lane == 0) {
+    const int half = rope.head_dim / 2;
+    const int i = static_cast<int>(source_row % rope.head_dim);
+    float c, s, a, b;
+    rope::CosSin(static_cast<float>(rope.positions[0]), rope.inv_freq[i], c, s);
+    rope::Rotate(sum, partners[warp], c, s, a, b);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(a), hi = __float2bfloat16_rn(b);
+    y[source_row] = lo;
+    y[source_row + half] = hi;
+    StoreKv(rope, source_row, lo);
+    StoreKv(rope, source_row + half, hi);
+  }
+}
+
 // Writes an item's results, once each consumer warp holds its row's sum
 // (in every lane). `exchange` is kItemRows floats of shared memory.
 template <Out kOut>
 __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int warp,
                                        int lane, const void* bias, void* y, bool accumulate,
-                                       float* exchange) {
-  if constexpr (kOut == Out::kSiluMulBf16) {
+                                       float* exchange, const Walk& walk) {
+  if constexpr (kOut == Out::kRopeBf16) {
+    FinishRope(sum, source_row, item, warp, lane, static_cast<const float*>(bias),
+               static_cast<__nv_bfloat16*>(y), exchange, walk.rope);
+  } else if constexpr (kOut == Out::kSiluMulBf16) {
     if (source_row >= 0 && bias != nullptr) sum += static_cast<const float*>(bias)[source_row];
     // The up warps hand their sums to the gate warps (a buffer per item
     // parity: a warp writes one again only after the other parity's
@@ -305,7 +376,7 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
   Cursor at(walk);
   for (int64_t s = 0; s < walk.stages; ++s, at.Next(walk.k)) {
     wgmma::BarrierWait(&full[at.slot], at.phase);
-    const int64_t row = SourceRow<kOut>(at.item, warp, walk.n);
+    const int64_t row = SourceRow<kOut>(at.item, warp, walk);
     if (row >= 0) {
       const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - at.col) / 8);
       const unsigned char* const mine = ring + at.slot * kStageBytes + warp * kRowBytes;
@@ -315,7 +386,7 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
     __syncwarp();
     if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
     if (at.LastChunk(walk.k)) {
-      Finish<kOut>(WarpSum(acc), row, at.item, warp, lane, bias, y, accumulate, exchange);
+      Finish<kOut>(WarpSum(acc), row, at.item, warp, lane, bias, y, accumulate, exchange, walk);
       acc = 0.0f;
     }
   }
@@ -326,12 +397,12 @@ template <Out kOut, bool kNorm>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     GemvBulkKernel(const void* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                    const void* __restrict__ bias, void* __restrict__ y, int64_t n, int64_t k,
-                   bool accumulate, GemvNorm norm) {
+                   bool accumulate, GemvNorm norm, GemvRope rope) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
   float* const exchange = reinterpret_cast<float*>(smem + kStages * kStageBytes + kBarrierBytes);
-  const Walk walk = MakeWalk<kOut>(n, k);
+  const Walk walk = MakeWalk<kOut>(n, k, rope);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes
@@ -362,7 +433,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 
 template <Out kOut, bool kNorm>
 cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
-                   bool accumulate, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm) {
+                   bool accumulate, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
+                   const GemvRope& rope) {
   if (sms <= 0 || (kNorm && (k % 8 != 0 || k > kNormMaxK))) return cudaErrorInvalidValue;
   auto* kernel = &GemvBulkKernel<kOut, kNorm>;
   // The norm's row is sized for the longest k, so the attribute is set once.
@@ -374,16 +446,16 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
   const unsigned grid =
       static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
   return pdl::Launch(kernel, dim3(grid), dim3(kThreads), bytes, stream, pdl, x,
-                     static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm);
+                     static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm, rope);
 }
 
 template <Out kOut>
 cudaError_t LaunchOut(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
-                      bool accumulate, int sms, bool pdl, cudaStream_t stream,
-                      const GemvNorm& norm) {
+                      bool accumulate, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
+                      const GemvRope& rope = {}) {
   return norm.weight != nullptr
-             ? Launch<kOut, true>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm)
-             : Launch<kOut, false>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm);
+             ? Launch<kOut, true>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm, rope)
+             : Launch<kOut, false>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm, rope);
 }
 
 }  // namespace
@@ -402,6 +474,19 @@ cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void
                             const GemvNorm& norm) {
   return LaunchOut<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,
                                       norm);
+}
+
+cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
+                         int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
+                         const GemvRope& rope) {
+  if (rope.head_dim <= 0 || rope.head_dim % kItemRows != 0 ||
+      int64_t{rope.rope_heads} * rope.head_dim > n || rope.positions == nullptr ||
+      rope.inv_freq == nullptr ||
+      (rope.kv_base != nullptr && (rope.slots == nullptr || rope.kv_block_size <= 0))) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchOut<Out::kRopeBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,
+                                   norm, rope);
 }
 
 }  // namespace trident::kernels::cuda::internal

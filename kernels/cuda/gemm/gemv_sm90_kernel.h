@@ -4,6 +4,7 @@
 // Hopper's single-row launcher (built for sm_90a alone); gemm.cc checks the
 // arguments, that the shape suits a GEMV and that the device is sm_90.
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -17,6 +18,27 @@ namespace trident::kernels::cuda::internal {
 struct GemvNorm {
   const float* weight = nullptr;
   float eps = 0;
+};
+
+// RoPE in the epilogue (GemvRopeBulk): y is one token's q, k and v, and
+// its first rope_heads heads of head_dim (a multiple of 8) are rotated at
+// positions[0] with inv_freq [head_dim / 2], as kernels/cuda/rope does.
+// With kv_base, k (rotated; heads q_heads.. of the rope heads) and v are
+// also stored at slots[0] of a bf16 paged KV cache ([block][K, then V
+// value_offset elements on][kv head][block_size][head_dim]), unless the
+// slot is outside it.
+struct GemvRope {
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int32_t head_dim = 0;
+  int32_t rope_heads = 0;
+  int32_t q_heads = 0;
+  __nv_bfloat16* kv_base = nullptr;
+  int64_t kv_slots = 0;  // blocks x block_size
+  int32_t kv_block_size = 0;
+  int64_t kv_block_stride = 0;
+  int64_t kv_value_offset = 0;
+  const int64_t* slots = nullptr;
 };
 
 // The longest row a fused norm takes (its bf16 copy beside the ring, two
@@ -39,6 +61,15 @@ cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                             int64_t k, int sms, bool pdl, cudaStream_t stream,
                             const GemvNorm& norm = {});
+
+// y [n] in bf16 = x · Wᵀ (+ the f32 bias [n]) for one token's fused
+// q/k/v projection, its first rope.rope_heads heads rotated (GemvRope):
+// the bits of the f32 GEMV followed by kernels/cuda/rope's RopeQkvF32.
+// cudaErrorInvalidValue for a head_dim that is not a positive multiple of
+// 8, rotated heads past n, or null positions or inv_freq.
+cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
+                         int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
+                         const GemvRope& rope);
 
 }  // namespace trident::kernels::cuda::internal
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/pdl/pdl_device.h"
+#include "kernels/cuda/rope/rope_device.h"
 #include "kernels/cuda/rope/rope_kernel.h"
 
 namespace trident::kernels::cuda::internal {
@@ -16,12 +17,7 @@ __device__ __forceinline__ uint32_t FloatToBf16Bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-// x' = a * c - b * s and y' = b * c + a * s, every product and sum rounded on
-// its own, as the CPU reference (built with -ffp-contract=off) computes them.
-__device__ __forceinline__ void Rotate(float a, float b, float c, float s, float& x, float& y) {
-  x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  y = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
+using rope::Rotate;
 
 // One block per token. The token's cos/sin of its half angles go to shared
 // memory first; then each thread rotates VEC (2 or 1) adjacent pairs
@@ -36,10 +32,9 @@ __global__ void RopeKernel(uint16_t* q, int64_t q_token_stride, int32_t num_q_he
   const int32_t half = head_dim / 2;
   const float position = static_cast<float>(positions[token]);
   for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = __fmul_rn(position, inv_freq[i]);
     float s;
     float c;
-    sincosf(angle, &s, &c);  // Accurate (full range reduction), not __sincosf.
+    rope::CosSin(position, inv_freq[i], c, s);
     cos_sin[i] = c;
     cos_sin[half + i] = s;
   }
@@ -103,7 +98,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
     for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
       float s;
       float c;
-      sincosf(__fmul_rn(position, inv_freq[i]), &s, &c);
+      rope::CosSin(position, inv_freq[i], c, s);
       cos_sin[i] = c;
       cos_sin[half + i] = s;
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -152,7 +153,13 @@ absl::StatusOr<StepProfile> ProfileSteps(std::vector<KernelRecord> records,
   }
   std::vector<std::string> names;
   for (const KernelRecord* r : by_step[0]) names.push_back(ShortKernelName(r->name));
-  const auto [period, first] = FindLayers(names, layers);
+  // The first or last layer may run other kernels (the embedding's add
+  // fused into layer 0's norm, the head's norm): fold the rest then.
+  auto [period, first] = FindLayers(names, layers);
+  if (period == 0) {
+    --layers;
+    std::tie(period, first) = FindLayers(names, layers);
+  }
   profile.layer_kernels = period;
   const int layer_end = first + layers * period;
   for (int i = 0; i < static_cast<int>(n); ++i) {

@@ -39,8 +39,9 @@ struct StepProfile {
   double wall_us = 0;  // mean from one step's boundary to the next
   double span_us = 0;  // mean first start to last end
   double busy_us = 0;  // mean time at least one kernel ran
-  // Kernels per layer (0: no repeat of `layers` layers was found, and every
-  // kernel is in `before`).
+  // Kernels per layer (0: no repeat of `layers` or `layers` - 1 layers was
+  // found, and every kernel is in `before`). Where only `layers` - 1 repeat,
+  // the odd layer's kernels are in `before` or `after`.
   int layer_kernels = 0;
   std::vector<KernelCost> before;  // the kernels ahead of the layers
   std::vector<KernelCost> layer;   // one per position in a layer

@@ -76,8 +76,18 @@ TEST(ProfileStepsTest, FoldsTheLayersAndChargesOnlyExposedTime) {
   EXPECT_THAT(table, HasSubstr("| layer | (all) | 8.00 | - | 24.0 |"));
 }
 
-TEST(ProfileStepsTest, WithoutARepeatEveryKernelIsAhead) {
+TEST(ProfileStepsTest, FoldsAllButOneOddLayer) {
+  // Asked for 4 layers, the 3 that repeat are folded; the rest stay.
   auto profile = ProfileSteps(TwoSteps(100000), {0, 100000, 200000}, /*layers=*/4);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->layer_kernels, 3);
+  EXPECT_EQ(profile->before.size(), 1u);
+  EXPECT_EQ(profile->after.size(), 1u);
+  EXPECT_THAT(FormatStepProfile(*profile), HasSubstr("(3 layers of 3)"));
+}
+
+TEST(ProfileStepsTest, WithoutARepeatEveryKernelIsAhead) {
+  auto profile = ProfileSteps(TwoSteps(100000), {0, 100000, 200000}, /*layers=*/5);
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(profile->layer_kernels, 0);
   EXPECT_EQ(profile->before.size(), 11u);
