@@ -837,6 +837,7 @@ absl::Status Impl::ForwardSample(absl::Span<const StepSequence> batch,
   }
   a.workspace = sample_ws.get();
   a.workspace_bytes = sample_ws.bytes();
+  a.greedy_only = sample_batch.greedy_only();
   TRIDENT_RETURN_IF_ERROR(kc::LaunchSample(a, stream));
   // Tokens and logprobs; the top lists only when asked for.
   char* hout = host_sample_out.get<char>();

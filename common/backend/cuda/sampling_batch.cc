@@ -28,6 +28,7 @@ void SamplingBatchBuilder::Clear() {
   output_counts_.clear();
   max_top_logprobs_ = 0;
   any_logprobs_ = false;
+  greedy_only_ = true;
 }
 
 void SamplingBatchBuilder::Add(const sampling::SamplingParams& params,
@@ -48,6 +49,8 @@ void SamplingBatchBuilder::Add(const sampling::SamplingParams& params,
   row.counts_end = static_cast<int32_t>(output_counts_.size());
   max_top_logprobs_ = std::max(max_top_logprobs_, row.top_logprobs);
   any_logprobs_ = any_logprobs_ || row.logprobs;
+  greedy_only_ = greedy_only_ && row.temperature == 0.0f && !row.logprobs &&
+                 row.seen_end == row.seen_begin && row.counts_end == row.counts_begin;
   rows_.push_back(row);
 }
 

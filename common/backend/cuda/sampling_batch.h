@@ -42,6 +42,9 @@ class SamplingBatchBuilder {
   int32_t max_top_logprobs() const { return max_top_logprobs_; }
   // Whether any row asks for logprobs (then SampleArgs::logprobs is needed).
   bool any_logprobs() const { return any_logprobs_; }
+  // Whether every row is greedy with no penalty list and no logprobs:
+  // SampleArgs::greedy_only.
+  bool greedy_only() const { return greedy_only_; }
 
  private:
   std::vector<kernels::cuda::SamplingRow> rows_;
@@ -49,6 +52,7 @@ class SamplingBatchBuilder {
   std::vector<kernels::cuda::SamplingTokenCount> output_counts_;
   int32_t max_top_logprobs_ = 0;
   bool any_logprobs_ = false;
+  bool greedy_only_ = true;
 };
 
 // The row for one sequence with its CSR ranges empty: the parameter mapping

@@ -73,6 +73,7 @@ absl::Status LaunchSample(const SampleArgs& args, cudaStream_t stream) {
       .top_ids = args.top_ids,
       .top_logprobs = args.top_logprobs,
       .workspace = static_cast<float*>(args.workspace),
+      .greedy_only = args.greedy_only && args.max_top_logprobs == 0,
   };
   const cudaError_t error = internal::Sample(kernel_args, args.rows, stream);
   if (error != cudaSuccess) {

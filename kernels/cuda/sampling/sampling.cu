@@ -3,7 +3,9 @@
 #include <cstdint>
 
 #include "common/sampling/philox.h"
+#include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/sampling/sampling_kernel.h"
+#include "kernels/cuda/wgmma/wgmma_device.h"
 
 namespace trident::kernels::cuda::internal {
 namespace {
@@ -709,10 +711,87 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleKernelArgs a) {
   }
 }
 
+// Greedy rows without penalties or logprobs (SampleKernelArgs::greedy_only):
+// a cluster of kArgmaxCluster CTAs per row, each the argmax of one slice of
+// the row; rank 0 takes the best of the slices' bests from their shared
+// memory. The same order as the one-block pass (larger value, then lower
+// id; NaN as -inf), so the same tokens, read by 8 SMs a row instead of one.
+constexpr int kArgmaxCluster = 8;
+constexpr int kArgmaxThreads = 512;
+
+template <typename T>
+__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(SampleKernelArgs a) {
+  __shared__ float best_value;
+  __shared__ float best_id;  // the id's bits, for one f32 load from a peer
+  __shared__ float warp_value[kArgmaxThreads / 32];
+  __shared__ int warp_id[kArgmaxThreads / 32];
+  const int64_t row = blockIdx.x / kArgmaxCluster;
+  const int rank = static_cast<int>(blockIdx.x % kArgmaxCluster);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int slice = (a.vocab + kArgmaxCluster - 1) / kArgmaxCluster;
+  const int begin = rank * slice;
+  const int end = min(a.vocab, begin + slice);
+  const T* logits = static_cast<const T*>(a.logits) + row * a.logits_stride;
+  Best best{-INFINITY, kNoId};
+  for (int base = begin + tid; base < end; base += kArgmaxThreads * kPassLoads) {
+    float raws[kPassLoads];
+#pragma unroll
+    for (int u = 0; u < kPassLoads; ++u) {
+      const int i = base + u * kArgmaxThreads;
+      raws[u] = i < end ? Load(logits, i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kPassLoads; ++u) {
+      const int i = base + u * kArgmaxThreads;
+      if (i >= end) break;
+      const float x = Key(raws[u]);
+      if (Better(x, i, best.value, best.id)) best = {x, i};
+    }
+  }
+  best = WarpBest(best);
+  if (Lane() == 0) {
+    warp_value[Warp()] = best.value;
+    warp_id[Warp()] = best.id;
+  }
+  __syncthreads();
+  if (Warp() == 0) {
+    constexpr int kWarps = kArgmaxThreads / 32;
+    best = WarpBest(Lane() < kWarps ? Best{warp_value[Lane()], warp_id[Lane()]}
+                                    : Best{-INFINITY, kNoId});
+    if (Lane() == 0) {
+      best_value = best.value;
+      best_id = __int_as_float(best.id);
+    }
+  }
+  wgmma::ClusterSync();
+  if (rank == 0 && Warp() == 0) {
+    Best slice_best{-INFINITY, kNoId};
+    if (Lane() < kArgmaxCluster) {
+      slice_best = {
+          wgmma::LoadClusterShared(wgmma::ClusterSharedAddress(&best_value, Lane())),
+          __float_as_int(wgmma::LoadClusterShared(wgmma::ClusterSharedAddress(&best_id, Lane())))};
+    }
+    slice_best = WarpBest(slice_best);
+    if (Lane() == 0) {
+      a.tokens[row] = slice_best.id;
+      if (a.logprobs != nullptr) a.logprobs[row] = 0.0f;
+    }
+  }
+  // The peers' shared memory stays until rank 0 has read it.
+  wgmma::ClusterSync();
+}
+
 }  // namespace
 
 cudaError_t Sample(const SampleKernelArgs& args, int64_t rows, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
+  if (args.greedy_only) {
+    void (*argmax)(SampleKernelArgs) =
+        args.logits_bf16 ? ArgmaxKernel<__nv_bfloat16> : ArgmaxKernel<float>;
+    return pdl::LaunchClustered(argmax, dim3(static_cast<unsigned>(rows * kArgmaxCluster)),
+                                dim3(kArgmaxThreads), 0, stream, /*pdl=*/false, kArgmaxCluster,
+                                args);
+  }
   const size_t shared_bytes =
       sizeof(Shared) + static_cast<size_t>((args.vocab + 31) / 32) * sizeof(unsigned);
   void (*kernel)(SampleKernelArgs) =

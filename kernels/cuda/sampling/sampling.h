@@ -79,6 +79,13 @@ struct SampleArgs {
   // by anything else until the launch completes.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+
+  // The caller's promise that every row is greedy (temperature 0) with no
+  // penalty in effect and no logprobs (max_top_logprobs 0): the rows then
+  // take an argmax over several SMs each instead of the one-block sampler,
+  // with the same tokens (logprobs, when given, get 0 as for rows that do
+  // not ask). Rows that break the promise get the argmax all the same.
+  bool greedy_only = false;
 };
 
 // Workspace bytes a launch with `rows` rows of `vocab` logits needs (one fp32

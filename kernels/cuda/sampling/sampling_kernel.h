@@ -28,7 +28,8 @@ struct SampleKernelArgs {
   int32_t max_top_logprobs;
   int32_t* top_ids;
   float* top_logprobs;
-  float* workspace;  // [rows][SampleWorkspaceRowFloats(vocab)]
+  float* workspace;          // [rows][SampleWorkspaceRowFloats(vocab)]
+  bool greedy_only = false;  // SampleArgs::greedy_only
 };
 
 cudaError_t Sample(const SampleKernelArgs& args, int64_t rows, cudaStream_t stream);

@@ -167,6 +167,7 @@ void RunOnGpu(const std::vector<RowCase>& rows, int32_t vocab, numeric::DType dt
       .top_logprobs = out.max_top > 0 ? top_logprobs.as<float>() : nullptr,
       .workspace = workspace.as<void>(),
       .workspace_bytes = workspace_bytes,
+      .greedy_only = builder.greedy_only(),
   };
   ASSERT_THAT(LaunchSample(args, nullptr), IsOk());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -653,6 +654,57 @@ TEST(SamplingEdgeTest, NanAndAllNegativeInfinityRows) {
     CompareWithCpu(rows, vocab, dtype, vocab, absl::StrCat("nan/-inf ", numeric::DTypeName(dtype)));
     ASSERT_FALSE(HasFatalFailure());
   }
+}
+
+// Launches whose rows are all greedy without penalties or logprobs take the
+// multi-SM argmax (SampleArgs::greedy_only): NaN and -inf rows, vocabularies
+// smaller than its 8 slices, ties across slices, Llama 3's vocabulary.
+TEST(SamplingEdgeTest, GreedyOnlyLaunchesTakeTheArgmax) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  for (const int32_t vocab : {1, 5, 9, 1000, 128256}) {
+    std::vector<float> random(vocab), tied(vocab, -2.0f), mixed(vocab, -kInf);
+    for (float& x : random) x = normal(rng);
+    tied[vocab - 1] = 4.0f;
+    tied[vocab / 2] = 4.0f;
+    for (int32_t i = 0; i < vocab; i += 2) mixed[i] = kNan;
+    std::vector<RowCase> rows = {Row("random", random, greedy, 0), Row("tied", tied, greedy, 1),
+                                 Row("nan/-inf", mixed, greedy, 2),
+                                 Row("-inf", std::vector<float>(vocab, -kInf), greedy, 3)};
+    backend::SamplingBatchBuilder builder;
+    for (const RowCase& row : rows) builder.Add(row.params, row.penalties, row.position);
+    ASSERT_TRUE(builder.greedy_only());
+    for (const numeric::DType dtype : {numeric::DType::kF32, numeric::DType::kBF16}) {
+      CompareWithCpu(rows, vocab, dtype, vocab + 3,
+                     absl::StrCat("greedy only, vocab ", vocab, " ", numeric::DTypeName(dtype)));
+      ASSERT_FALSE(HasFatalFailure());
+      GpuOutput gpu;
+      RunOnGpu(rows, vocab, dtype, vocab, gpu);
+      ASSERT_FALSE(HasFatalFailure());
+      EXPECT_EQ(gpu.tokens[1], vocab / 2) << vocab;
+      EXPECT_EQ(gpu.tokens[3], 0) << vocab;
+      for (const float lp : gpu.logprobs) EXPECT_EQ(lp, 0.0f);
+    }
+  }
+  SamplingParams asks = greedy;
+  asks.logprobs = true;
+  SamplingParams penalized = greedy;
+  penalized.repetition_penalty = 1.2f;
+  const int32_t prompt[] = {3};
+  PenaltyState seen(prompt);
+  backend::SamplingBatchBuilder builder;
+  builder.Add(greedy, PenaltyState(), 0);
+  EXPECT_TRUE(builder.greedy_only());
+  builder.Add(asks, PenaltyState(), 0);
+  EXPECT_FALSE(builder.greedy_only());
+  builder.Clear();
+  builder.Add(penalized, seen, 0);
+  EXPECT_FALSE(builder.greedy_only());
+  builder.Clear();
+  builder.Add(SamplingParams(), PenaltyState(), 0);
+  EXPECT_FALSE(builder.greedy_only());
 }
 
 TEST(SamplingEdgeTest, ExactTiesAtEveryCutKeepTheLowerIds) {
