@@ -89,12 +89,12 @@ struct CudaBackendOptions {
   // On sm_90, projections of 2-64 rows (decode batches) take Hopper's skinny
   // GEMM, the MLP's activation fused into the gate/up projection
   // (GemmOptions::skinny; slower than cuBLASLt so far, hence off). Without
-  // it, the fused gate/up + SwiGLU of up to 16 rows still takes the skinny
+  // it, the fused gate/up + SwiGLU of up to 64 rows still takes the skinny
   // GEMM, where it measured ahead (GemmOptions::skinny_silu_max_rows).
   bool gemm_skinny = false;
   // The fused gate/up's row limit above (0: cuBLASLt and the activation
   // kernel for every batch).
-  int64_t gemm_skinny_silu_max_rows = 16;
+  int64_t gemm_skinny_silu_max_rows = 64;
   // With gemm_skinny: projections whose tiles fit one wave as clusters
   // split each tile's k within a cluster (GemmOptions::skinny_cluster_split;
   // not yet measured, hence off).

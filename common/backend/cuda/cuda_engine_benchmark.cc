@@ -74,7 +74,7 @@ ABSL_FLAG(bool, gemm_skinny, false,
 ABSL_FLAG(bool, gemm_skinny_cluster, false,
           "With --gemm_skinny, projections whose tiles fit one wave as clusters split each "
           "tile's k within a cluster (CudaBackendOptions::gemm_skinny_cluster).");
-ABSL_FLAG(int64_t, gemm_skinny_silu_max_rows, 16,
+ABSL_FLAG(int64_t, gemm_skinny_silu_max_rows, 64,
           "Without --gemm_skinny, the fused gate/up + SwiGLU of up to this many rows still takes "
           "the skinny GEMM (0: cuBLASLt and the activation kernel; "
           "CudaBackendOptions::gemm_skinny_silu_max_rows).");

@@ -103,8 +103,10 @@ struct GemmOptions {
   // Without `skinny`, the fused gate/up + SwiGLU (RunSiluMul) of 2 up to
   // this many rows still takes it, where it measured ahead: 63.0 µs for
   // the 8B shape at 16 rows against cuBLASLt's 64.1 µs before the separate
-  // activation kernel (0.87 of the ceiling). 0 or 1: never.
-  int64_t skinny_silu_max_rows = 16;
+  // activation kernel (0.87 of the ceiling); in a decode step at 32 and 64
+  // rows the step was 2.1% and 0.9% shorter than with cuBLASLt and the
+  // activation kernel (bench/RESULTS.md). 0 or 1: never.
+  int64_t skinny_silu_max_rows = 64;
   // Its W rows per tile, 64 or 128 (128 halves x's re-reads from L2 and
   // doubles the partial sums of split tiles; the fused SwiGLU takes 128).
   int skinny_tile_rows = 128;

@@ -307,16 +307,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmSiluMulTest,
                                            SiluShape{1001, 2056, true, 7},
                                            SiluShape{100, 136, true, 33}));
 
-// By default only the fused gate/up of up to 16 rows takes the skinny GEMM
+// By default only the fused gate/up of up to 64 rows takes the skinny GEMM
 // (GemmOptions::skinny_silu_max_rows), on sm_90 alone.
-TEST(GemmSiluMulDefaultsTest, FuseUpTo16Rows) {
+TEST(GemmSiluMulDefaultsTest, FuseUpTo64Rows) {
   auto gemm = Gemm::Create();
   ASSERT_THAT(gemm.status(), IsOk());
   void* buffer = nullptr;
   ASSERT_EQ(cudaMalloc(&buffer, 1 << 20), cudaSuccess);
-  GemmArgs args{buffer, 64, buffer, nullptr, buffer, 64, 16, 128, 64};
+  GemmArgs args{buffer, 64, buffer, nullptr, buffer, 64, 64, 128, 64};
   EXPECT_EQ((*gemm)->FusesSiluMul(args), CurrentDeviceIsSm90());
-  args.m = 17;
+  args.m = 65;
   EXPECT_FALSE((*gemm)->FusesSiluMul(args));
   cudaFree(buffer);
 }
