@@ -22,6 +22,7 @@
 #include "kernels/cuda/kv_append/kv_append.h"
 #include "kernels/cuda/rms_norm/rms_norm.h"
 #include "kernels/cuda/rope/rope.h"
+#include "kernels/cuda/testing/to_device.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -35,14 +36,7 @@ struct NormShape {
   Mode mode;
 };
 
-template <typename T>
-T* ToDevice(const std::vector<T>& host) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), host.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return d;
-}
+using ::trident::kernels::cuda::testing::ToDevice;
 
 class GemmNormTest : public ::testing::TestWithParam<NormShape> {};
 

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/linear/linear_reference.h"
 #include "kernels/cuda/arch/arch.h"
+#include "kernels/cuda/testing/to_device.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -28,14 +29,7 @@ struct Shape {
   bool accumulate = false;  // y += x·Wᵀ over random old contents
 };
 
-template <typename T>
-T* ToDevice(const std::vector<T>& host) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), host.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return d;
-}
+using ::trident::kernels::cuda::testing::ToDevice;
 
 // Which kernels may take a call: cuBLASLt alone, the register-streaming
 // GEMV for the single-row calls that suit it, Hopper's GEMV (on sm_90;
