@@ -112,7 +112,9 @@ struct CudaBackendOptions {
   // scheduled before the one ahead ends, so launch gaps and the next
   // projection's first weight loads overlap the kernels ahead (the sums of
   // tensor parallelism included). On an H200 (8B shape) it shortened decode
-  // steps 1-2% at batch 1, 16 and 64 (bench/RESULTS.md).
+  // steps 1-2% at batch 1, 16 and 64 (bench/RESULTS.md). Tensor-parallel
+  // ranks that share a device take neither this nor `pdl`: a kernel
+  // resident early behind one rank's spinning sum would starve the other.
   bool pdl_chain = true;
   // The KV cache's element type: kBF16, or kFP8E4M3 (half the bytes per
   // token, so twice the tokens in the pool; per-token, per-head scales;

@@ -124,6 +124,13 @@ absl::StatusOr<std::unique_ptr<Impl>> LoadTensorParallel(const model::TensorRead
     auto impl = std::make_unique<Impl>();
     impl->options = options;
     impl->options.device = devices[r];
+    if (!Distinct(devices)) {
+      // Ranks sharing a device: a kernel launched early by PDL would hold
+      // SMs waiting behind a sum that spins for the other rank, whose own
+      // kernels then find no room.
+      impl->options.pdl = false;
+      impl->options.pdl_chain = false;
+    }
     TRIDENT_ASSIGN_OR_RETURN(impl->tp.layout, model::MakeTensorParallelLayout(config, n, r));
     impl->tp.group = g;
     g->ranks.push_back(impl.get());

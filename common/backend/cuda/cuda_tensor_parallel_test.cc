@@ -310,10 +310,7 @@ Agreement TeacherForcedAgreement(CudaBackend& a, CudaBackend& b,
 // floor is two TP = 1 backends that differ only in their GEMM kernels
 // (cuBLASLt for every projection, against the GEMV kernel at one row).
 TEST(CudaTensorParallel8bTest, TeacherForcedAgreementOnThe8bShape) {
-  // Two ranks of the 8B shape on one device did not finish within 120 s on
-  // an H200 (with and without the GEMV's fused norm and RoPE); the case is
-  // for two devices or more.
-  if (DeviceCount() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
   if (total_bytes < (size_t{60} << 30)) GTEST_SKIP() << "needs a GPU of 60 GiB or more";
@@ -332,7 +329,7 @@ TEST(CudaTensorParallel8bTest, TeacherForcedAgreementOnThe8bShape) {
   ASSERT_THAT(one.status(), IsOk());
   auto other = load(1, false, 0.4);
   ASSERT_THAT(other.status(), IsOk());
-  auto split = load(2, true, 0.6);
+  auto split = load(2, true, DeviceCount() > 1 ? 0.6 : 0.8);
   ASSERT_THAT(split.status(), IsOk());
   const uint32_t seed = 8;
   std::printf("seed %u; %s\n", seed, (*split)->Describe().c_str());
