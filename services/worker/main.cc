@@ -71,12 +71,17 @@ ABSL_FLAG(
     "CUDA backend: on sm_90 (H100, H200) decode batches of 2-64 sequences run their "
     "projections on Trident's skinny GEMM (weights streamed once by the tensor copy engine "
     "into wgmma, the MLP's activation fused) instead of cuBLASLt; slower than cuBLASLt so "
-    "far, except for the MLP's fused gate/up of up to 16 sequences, which takes it regardless "
+    "far, except for the MLP's fused gate/up of up to 64 sequences, which takes it regardless "
     "(bench/RESULTS.md).");
 ABSL_FLAG(bool, cuda_gemv_bulk, true,
           "CUDA backend: on sm_90 (H100, H200) that GEMV streams the weights through shared "
           "memory with the bulk copy engine, the MLP's activation fused into the gate/up "
           "projection (false: the register-streaming GEMV, k up to 8192, and cuBLASLt beyond).");
+ABSL_FLAG(bool, cuda_gemv_fusions, true,
+          "CUDA backend: on sm_90 that GEMV also computes the RMSNorm ahead of the q/k/v, "
+          "gate/up and LM head projections, and RoPE and the bf16 KV append after q/k/v, so "
+          "those launch no kernel of their own; the same bits either way (false: the separate "
+          "kernels).");
 ABSL_FLAG(bool, cuda_pdl_chain, true,
           "CUDA backend: launch the norms, RoPE, the KV append, SwiGLU and decode attention with "
           "programmatic dependent launch too, so that each kernel of a step is scheduled before "
@@ -242,6 +247,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_graph_max_context = absl::GetFlag(FLAGS_cuda_graph_max_context);
   model.cuda_gemv = absl::GetFlag(FLAGS_cuda_gemv);
   model.cuda_gemv_bulk = absl::GetFlag(FLAGS_cuda_gemv_bulk);
+  model.cuda_gemv_fusions = absl::GetFlag(FLAGS_cuda_gemv_fusions);
   model.cuda_gemm_skinny = absl::GetFlag(FLAGS_cuda_gemm_skinny);
   model.cuda_pdl_chain = absl::GetFlag(FLAGS_cuda_pdl_chain);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);

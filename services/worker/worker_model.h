@@ -46,6 +46,9 @@ struct WorkerModelOptions {
   // On sm_90, those projections take Hopper's bulk-copy GEMV
   // (CudaBackendOptions::gemv_bulk).
   bool cuda_gemv_bulk = true;
+  // On sm_90, that GEMV fuses the norms ahead of it and RoPE and the KV
+  // append after q/k/v (CudaBackendOptions::gemv_norm and gemv_rope).
+  bool cuda_gemv_fusions = true;
   // On sm_90, decode batches' projections take Hopper's skinny GEMM
   // (CudaBackendOptions::gemm_skinny).
   bool cuda_gemm_skinny = false;
