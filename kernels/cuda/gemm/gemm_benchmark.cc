@@ -11,13 +11,15 @@
 // any k), plain and with programmatic dependent launch; 5 and 6: Hopper's
 // skinny GEMM (2-64 rows, sm_90, programmatic dependent launch) in tiles of
 // 128 W rows and of 64; 7: 128-row tiles, split in clusters where the tiles
-// fit one wave. Paths 0-4 keep 2-64 rows on cuBLASLt.
+// fit one wave. Paths 0-4 keep 2-64 rows on cuBLASLt. BM_GemvFused times
+// the single-row GEMV with the norm, RoPE and KV append it fuses.
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "benchmark/benchmark.h"
 #include "common/numeric/dtype.h"
 #include "kernels/cuda/gemm/gemm.h"
@@ -164,6 +166,78 @@ BENCHMARK(BM_GemvSiluMul)
     ->Args({28672, 4096, 1})
     ->Args({28672, 4096, 16})
     ->Args({28672, 4096, 64})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// One token's q/k/v and gate/up on Hopper's GEMV with what it fuses, each
+// against the same run's ceiling. Fusion 0: the plain projection (q/k/v
+// into f32, gate/up with SwiGLU); 1: the RMSNorm ahead of it fused (x is
+// the f32 residual); 2 (q/k/v only): also RoPE and the KV append in its
+// epilogue (Gemm::RunRope). The weights' bytes are what the figures count.
+void BM_GemvFused(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1), fusion = state.range(2);
+  const bool silu = n > 8192;
+  auto gemm = Gemm::Create();
+  if (!gemm.ok()) {
+    state.SkipWithError(std::string(gemm.status().message()).c_str());
+    return;
+  }
+  WeightRig rig(n * k * 2);
+  constexpr int32_t kHeadDim = 128, kKvHeads = 8, kBlocks = 4, kBlockSize = 16;
+  const int32_t q_heads = static_cast<int32_t>(n / kHeadDim) - 2 * kKvHeads;
+  const int64_t cache_elems = int64_t{kBlocks} * 2 * kKvHeads * kBlockSize * kHeadDim;
+  void *x, *y, *norm, *freq, *position, *slot, *cache;
+  cudaMalloc(&x, k * 4);
+  cudaMalloc(&y, n * 4);
+  cudaMalloc(&norm, k * 4);
+  cudaMalloc(&freq, kHeadDim / 2 * 4);
+  cudaMalloc(&position, 4);
+  cudaMalloc(&slot, 8);
+  cudaMalloc(&cache, cache_elems * 2);
+  cudaMemset(x, 0, k * 4);
+  cudaMemset(norm, 0, k * 4);
+  cudaMemset(freq, 0, kHeadDim / 2 * 4);
+  cudaMemset(position, 0, 4);
+  cudaMemset(slot, 0, 8);
+  GemmArgs args{x, k, rig.weights(0), nullptr, y, silu ? n / 2 : n, 1, n, k};
+  args.y_dtype = silu || fusion == 2 ? numeric::DType::kBF16 : numeric::DType::kF32;
+  if (fusion >= 1) {
+    args.norm_weight = static_cast<const float*>(norm);
+    args.norm_eps = 1e-5f;
+  }
+  const GemmRope rope{static_cast<const int32_t*>(position),
+                      static_cast<const float*>(freq),
+                      q_heads,
+                      kKvHeads,
+                      kHeadDim,
+                      cache,
+                      kBlocks,
+                      kBlockSize,
+                      cache_elems / kBlocks,
+                      cache_elems / kBlocks / 2,
+                      static_cast<const int64_t*>(slot)};
+  auto call = [&](cudaStream_t stream) {
+    if (silu) return (*gemm)->RunSiluMul(args, stream);
+    if (fusion == 2) return (*gemm)->RunRope(args, rope, stream);
+    return (*gemm)->Run(args, stream);
+  };
+  if (absl::Status status = call(rig.stream()); !status.ok()) {
+    state.SkipWithError(std::string(status.message()).c_str());
+  } else {
+    rig.Time(state, [&](const void* w, cudaStream_t stream) {
+      args.w = w;
+      (void)call(stream);
+    });
+  }
+  for (void* p : {x, y, norm, freq, position, slot, cache}) cudaFree(p);
+}
+BENCHMARK(BM_GemvFused)
+    ->ArgNames({"n", "k", "fusion"})
+    ->Args({6144, 4096, 0})
+    ->Args({6144, 4096, 1})
+    ->Args({6144, 4096, 2})
+    ->Args({28672, 4096, 0})
+    ->Args({28672, 4096, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
