@@ -541,7 +541,8 @@ absl::Status Impl::EnqueueMlp(Pass& pass, int32_t l) {
 
 absl::Status Impl::EnqueueHead(Pass& pass) {
   const StepShape& shape = pass.shape;
-  if (shape.head_rows == 0) return absl::OkStatus();
+  // A rank without columns of the head has no logits to write.
+  if (shape.head_rows == 0 || head_vocab() == 0) return absl::OkStatus();
   const int64_t h = config.hidden_size;
   // fp32 logits: bf16 would round near-ties (an ulp is 1/16 at 10) before
   // anyone samples them.
@@ -558,19 +559,16 @@ absl::Status Impl::EnqueueHead(Pass& pass) {
                          shape.head_rows,
                          head_vocab(),
                          h};
-  if (shape.gather || head_vocab() == 0) {
-    TRIDENT_RETURN_IF_ERROR(Norm(pass, final_norm, shape.total));
-  } else {
-    TRIDENT_RETURN_IF_ERROR(NormInto(pass, final_norm, shape.total, head_args));
-  }
   if (shape.gather) {
     // The wanted rows of the normed hidden states, gathered like an embedding
     // lookup with row ids for token ids.
+    TRIDENT_RETURN_IF_ERROR(Norm(pass, final_norm, shape.total));
     TRIDENT_RETURN_IF_ERROR(kc::LaunchEmbedding(
         {pass.dmeta.rows, shape.head_rows, pass.hn.get(), shape.total, h, last.get()}, stream));
     head_args.x = last.get();
+  } else {
+    TRIDENT_RETURN_IF_ERROR(NormInto(pass, final_norm, shape.total, head_args));
   }
-  if (head_vocab() == 0) return absl::OkStatus();
   head_args.y_dtype = DType::kF32;
   return gemm->Run(head_args, stream);
 }

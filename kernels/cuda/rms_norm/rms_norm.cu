@@ -163,8 +163,6 @@ __global__ void AddRmsNormKernel(float* residual, int64_t residual_stride, const
   ScaleRow<VEC>(static_cast<const float*>(res_row), weight, r, dim, out + row * out_stride);
 }
 
-int ThreadsFor(int64_t units) { return rms_norm::BlockThreads(units); }
-
 }  // namespace
 
 cudaError_t RmsNormBf16Out(const void* x, bool x_is_bf16, int64_t x_stride, const float* weight,
@@ -173,7 +171,7 @@ cudaError_t RmsNormBf16Out(const void* x, bool x_is_bf16, int64_t x_stride, cons
   if (rows == 0) return cudaSuccess;
   const dim3 blocks(static_cast<unsigned>(rows));
   uint16_t* o = static_cast<uint16_t*>(out);
-  const dim3 threads(ThreadsFor(vectorized ? dim / 4 : dim));
+  const dim3 threads(rms_norm::BlockThreads(vectorized ? dim / 4 : dim));
   if (x_is_bf16) {
     const uint16_t* xb = static_cast<const uint16_t*>(x);
     return pdl::Launch(vectorized ? &RmsNormKernel<4, uint16_t> : &RmsNormKernel<1, uint16_t>,
@@ -194,9 +192,9 @@ cudaError_t AddRmsNormBf16Out(float* residual, int64_t residual_stride, const vo
   const uint16_t* d = static_cast<const uint16_t*>(delta);
   uint16_t* o = static_cast<uint16_t*>(out);
   return pdl::Launch(vectorized ? &AddRmsNormKernel<4> : &AddRmsNormKernel<1>, blocks,
-                     dim3(ThreadsFor(vectorized ? dim / 4 : dim)), 0, stream, pdl, residual,
-                     residual_stride, d, delta_stride, replace_residual, weight, o, out_stride, dim,
-                     eps);
+                     dim3(rms_norm::BlockThreads(vectorized ? dim / 4 : dim)), 0, stream, pdl,
+                     residual, residual_stride, d, delta_stride, replace_residual, weight, o,
+                     out_stride, dim, eps);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -16,7 +16,7 @@ constexpr size_t kBufferBytes = size_t{8} << 20;
 
 std::atomic<bool> running{false};
 std::mutex mu;
-std::vector<KernelRecord>* collected = nullptr;  // guarded by mu
+std::vector<KernelRecord> collected;  // guarded by mu
 
 absl::Status Check(CUptiResult result, const char* what) {
   if (result == CUPTI_SUCCESS) return absl::OkStatus();
@@ -35,10 +35,9 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   CUpti_Activity* record = nullptr;
   std::lock_guard<std::mutex> lock(mu);
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || collected == nullptr) continue;
+    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    collected->push_back(
-        {kernel->name != nullptr ? kernel->name : "?", kernel->start, kernel->end});
+    collected.push_back({kernel->name != nullptr ? kernel->name : "?", kernel->start, kernel->end});
   }
   std::free(buffer);
 }
@@ -49,7 +48,7 @@ absl::StatusOr<std::unique_ptr<KernelTrace>> KernelTrace::Start() {
   if (running.exchange(true)) return absl::FailedPreconditionError("a kernel trace is running");
   {
     std::lock_guard<std::mutex> lock(mu);
-    collected = new std::vector<KernelRecord>();
+    collected.clear();
   }
   absl::Status s = Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
                          "cuptiActivityRegisterCallbacks");
@@ -79,9 +78,7 @@ absl::StatusOr<std::vector<KernelRecord>> KernelTrace::Stop() {
   std::vector<KernelRecord> records;
   {
     std::lock_guard<std::mutex> lock(mu);
-    records = std::move(*collected);
-    delete collected;
-    collected = nullptr;
+    records.swap(collected);
   }
   running = false;
   if (!s.ok()) return s;
