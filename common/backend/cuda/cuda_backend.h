@@ -67,8 +67,12 @@ struct CudaBackendOptions {
   // leaves), to serve a workload that does not fit (offload benchmarks).
   int32_t kv_cache_tokens = 0;
   // Decode attention kernel variant (kernels/cuda/paged_decode_attention);
-  // -1: its default.
+  // -1: PlanDecodeAuto's pick (over an FP8 cache, the FP8 default).
   int32_t decode_variant = -1;
+  // With pdl_chain: decode attention copies the cached positions before
+  // the step's token while the q/k/v projection ahead of it still runs
+  // (PagedDecodeArgs::stable_prefix).
+  bool decode_stable_prefix = true;
   // Single-row projections (a decode step of one sequence) take the
   // weight-streaming GEMV kernel of kernels/cuda/gemm instead of cuBLASLt
   // (GemmOptions::gemv); false: cuBLASLt for all.

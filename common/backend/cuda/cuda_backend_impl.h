@@ -292,6 +292,10 @@ struct Impl {
   bool device_streams = false;
 
   kc::DecodePlan PlanDecode(int32_t batch, int32_t max_context) const {
+    if (options.decode_variant < 0 && options.kv_cache_dtype != numeric::DType::kFP8E4M3) {
+      return kc::PlanDecodeAuto(batch, config.num_key_value_heads, config.head_dim, max_context,
+                                num_sms);
+    }
     const int32_t default_variant =
         options.kv_cache_dtype == numeric::DType::kFP8E4M3
             ? kc::kDefaultFp8DecodeVariant

@@ -59,6 +59,9 @@ ABSL_FLAG(bool, gemv, true,
 ABSL_FLAG(int32_t, decode_variant, -1,
           "Decode attention kernel variant (kernels/cuda/paged_decode_attention; -1: the "
           "backend's default).");
+ABSL_FLAG(bool, decode_stable_prefix, true,
+          "Decode attention copies the cached positions before the step's token ahead of its "
+          "wait on the q/k/v projection (CudaBackendOptions::decode_stable_prefix).");
 ABSL_FLAG(bool, gemv_bulk, true,
           "On sm_90 those projections take Hopper's bulk-copy GEMV (false: the "
           "register-streaming GEMV; CudaBackendOptions::gemv_bulk).");
@@ -320,6 +323,7 @@ int Main() {
   options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
   options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
   options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
+  options.decode_stable_prefix = absl::GetFlag(FLAGS_decode_stable_prefix);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
   if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;

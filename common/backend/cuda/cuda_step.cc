@@ -443,6 +443,9 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
     a.batch = decode_seqs;
     a.kv_dtype = kv_spec.fp8() ? kc::DecodeKvDtype::kFp8E4M3 : kc::DecodeKvDtype::kBf16;
     a.pdl = options.pdl_chain;
+    // The step's kernels write no cached position of a decode sequence but
+    // its last (this step's token); its inputs are uploaded before them.
+    a.stable_prefix = options.pdl_chain && options.decode_stable_prefix;
     TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
                                                            decode_workspace.bytes(), stream));
   }

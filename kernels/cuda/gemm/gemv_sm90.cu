@@ -59,6 +59,15 @@ constexpr size_t kNormRowOffset = (kNormSumsOffset + 16 * sizeof(float) + 15) / 
 constexpr int64_t kNormMaxK =
     ((int64_t{228} * 1024 / kCtasPerSm - 1024 - static_cast<int64_t>(kNormRowOffset)) / 2) / 8 * 8;
 
+// Past the ring (and the fused norm's row): kRopeBf16's table of each of the
+// CTA's items' kItemRows / 2 (cos, sin) pairs, at most kRopeTableMaxBytes
+// (128 items a CTA: GemvRopeBulk refuses more).
+constexpr size_t kRopeTableItemBytes = kItemRows / 2 * sizeof(float2);
+constexpr size_t kRopeTableMaxBytes = 128 * kRopeTableItemBytes;
+__host__ __device__ constexpr size_t RopeTableOffset(bool norm, int64_t k) {
+  return norm ? (kNormRowOffset + 2 * static_cast<size_t>(k) + 15) / 16 * 16 : kSharedBytes;
+}
+
 // What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
 // rows n.. are the up projection of rows 0..n-1 (the gate), and y[j] =
 // silu(gate_j) * up_j in bf16 (an item then holds kItemRows / 2 gate rows
@@ -73,6 +82,12 @@ struct Walk {
   int64_t first_item;  // this CTA's first item
   int64_t stages;      // this CTA's items times chunks
   GemvRope rope;       // kRopeBf16's heads
+  // kRopeBf16, set before the wait on the kernel ahead (RopeTables): the
+  // (cos, sin) of each of the CTA's rotated items' kItemRows / 2 pairs, in
+  // shared memory, and where the token's slot starts in the KV cache (-1:
+  // nothing stored).
+  float2* rope_cs = nullptr;
+  int64_t kv_slot_base = -1;
 };
 
 // Items of kRopeBf16's rotated heads.
@@ -289,48 +304,84 @@ __device__ void NormRow(const float* __restrict__ x, const NormVectors& weight, 
 // pair with the RoPE kernel's arithmetic; v rows are rounded as they are.
 // Element `row` of y (q, k, v) into the KV cache where it is k or v and
 // GemvRope::kv_base is set, as kernels/cuda/kv_append stores it.
-__device__ __forceinline__ void StoreKv(const GemvRope& rope, int64_t row, __nv_bfloat16 value) {
+__device__ __forceinline__ void StoreKv(const Walk& walk, int64_t row, __nv_bfloat16 value) {
+  const GemvRope& rope = walk.rope;
   const int64_t first_k = int64_t{rope.q_heads} * rope.head_dim;
-  if (rope.kv_base == nullptr || row < first_k) return;
-  const int64_t slot = rope.slots[0];
-  if (slot < 0 || slot >= rope.kv_slots) return;
+  if (walk.kv_slot_base < 0 || row < first_k) return;
   const int64_t first_v = int64_t{rope.rope_heads} * rope.head_dim;
   const bool is_v = row >= first_v;
-  const int64_t e = row - (is_v ? first_v : first_k);
-  const int64_t head = e / rope.head_dim;
-  const int64_t block = slot / rope.kv_block_size;
-  const int64_t offset = slot - block * rope.kv_block_size;
-  rope.kv_base[block * rope.kv_block_stride + (is_v ? rope.kv_value_offset : 0) +
-               (head * rope.kv_block_size + offset) * rope.head_dim + e % rope.head_dim] = value;
+  // 32-bit: n < 2^31.
+  const uint32_t e = static_cast<uint32_t>(row - (is_v ? first_v : first_k));
+  const uint32_t head_dim = static_cast<uint32_t>(rope.head_dim);
+  const uint32_t head = e / head_dim;
+  rope.kv_base[walk.kv_slot_base + (is_v ? rope.kv_value_offset : 0) +
+               int64_t{head} * rope.kv_block_size * rope.head_dim + (e - head * head_dim)] = value;
+}
+
+// The pair of consumer warps w and w + kItemRows / 2 (a gate and its up
+// row, a dim and its partner) meet at named barrier 2 + w % (kItemRows / 2).
+__device__ __forceinline__ void PairBarrier(int warp) {
+  asm volatile("bar.sync %0, 64;" ::"r"(2 + warp % (kItemRows / 2)) : "memory");
+}
+
+// Before the wait on the kernel ahead (positions, inv_freq and slots are
+// the step's inputs, not its results): the CTA's consumers compute the
+// (cos, sin) of each of its rotated items' pairs into walk.rope_cs and the
+// token's slot base; then they meet at barrier 1.
+__device__ __forceinline__ void RopeTables(Walk& walk, float2* cs) {
+  constexpr int kHalf = kItemRows / 2;
+  const GemvRope& rope = walk.rope;
+  walk.rope_cs = cs;
+  const int64_t items = walk.stages / walk.chunks;
+  const int64_t rotated = RopeItems(rope);
+  const float position = static_cast<float>(rope.positions[0]);
+  const uint32_t half = static_cast<uint32_t>(rope.head_dim) / 2;
+  for (int64_t t = threadIdx.x; t < items * kHalf; t += kConsumerWarps * 32) {
+    const int64_t item = walk.first_item + t / kHalf;
+    if (item >= rotated) break;
+    const uint32_t p = static_cast<uint32_t>(item) * kHalf + static_cast<uint32_t>(t % kHalf);
+    float c, s;
+    rope::CosSin(position, rope.inv_freq[p % half], c, s);
+    cs[t] = make_float2(c, s);
+  }
+  if (rope.kv_base != nullptr) {
+    const int64_t slot = rope.slots[0];
+    if (slot >= 0 && slot < rope.kv_slots) {
+      const int64_t block = slot / rope.kv_block_size;
+      walk.kv_slot_base =
+          block * rope.kv_block_stride + (slot - block * rope.kv_block_size) * rope.head_dim;
+    }
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
 }
 
 __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_t item, int warp,
                                            int lane, const float* bias, __nv_bfloat16* y,
-                                           float* exchange, const GemvRope& rope) {
+                                           float* exchange, const Walk& walk) {
+  const GemvRope& rope = walk.rope;
   if (source_row >= 0 && bias != nullptr) sum += bias[source_row];
   if (item >= RopeItems(rope)) {
     if (lane == 0 && source_row >= 0) {
       const __nv_bfloat16 v = __float2bfloat16_rn(sum);
       y[source_row] = v;
-      StoreKv(rope, source_row, v);
+      StoreKv(walk, source_row, v);
     }
     return;
   }
   constexpr int kHalf = kItemRows / 2;
   float* const partners = exchange + kHalf * (item & 1);
   if (warp >= kHalf && lane == 0) partners[warp - kHalf] = sum;
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+  PairBarrier(warp);
   if (warp < kHalf && lane == 0) {
     const int half = rope.head_dim / 2;
-    const int i = static_cast<int>(source_row % rope.head_dim);
-    float c, s, a, b;
-    rope::CosSin(static_cast<float>(rope.positions[0]), rope.inv_freq[i], c, s);
-    rope::Rotate(sum, partners[warp], c, s, a, b);
+    const float2 cs = walk.rope_cs[(item - walk.first_item) * kHalf + warp];
+    float a, b;
+    rope::Rotate(sum, partners[warp], cs.x, cs.y, a, b);
     const __nv_bfloat16 lo = __float2bfloat16_rn(a), hi = __float2bfloat16_rn(b);
     y[source_row] = lo;
     y[source_row + half] = hi;
-    StoreKv(rope, source_row, lo);
-    StoreKv(rope, source_row + half, hi);
+    StoreKv(walk, source_row, lo);
+    StoreKv(walk, source_row + half, hi);
   }
 }
 
@@ -342,7 +393,7 @@ __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t it
                                        float* exchange, const Walk& walk) {
   if constexpr (kOut == Out::kRopeBf16) {
     FinishRope(sum, source_row, item, warp, lane, static_cast<const float*>(bias),
-               static_cast<__nv_bfloat16*>(y), exchange, walk.rope);
+               static_cast<__nv_bfloat16*>(y), exchange, walk);
   } else if constexpr (kOut == Out::kSiluMulBf16) {
     if (source_row >= 0 && bias != nullptr) sum += static_cast<const float*>(bias)[source_row];
     // The up warps hand their sums to the gate warps (a buffer per item
@@ -351,7 +402,7 @@ __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t it
     constexpr int kHalf = kItemRows / 2;
     float* const ups = exchange + kHalf * (item & 1);
     if (warp >= kHalf && lane == 0) ups[warp - kHalf] = sum;
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+    PairBarrier(warp);
     if (warp < kHalf && lane == 0 && source_row >= 0) {
       const float up = ups[warp];
       static_cast<__nv_bfloat16*>(y)[source_row] =
@@ -402,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
   float* const exchange = reinterpret_cast<float*>(smem + kStages * kStageBytes + kBarrierBytes);
-  const Walk walk = MakeWalk<kOut>(n, k, rope);
+  Walk walk = MakeWalk<kOut>(n, k, rope);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes
@@ -414,6 +465,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   if (threadIdx.x / 32 == kConsumerWarps) {
     if (threadIdx.x % 32 == 0) Produce<kOut>(w, walk, smem, full, empty);
     return;
+  }
+  if constexpr (kOut == Out::kRopeBf16) {
+    RopeTables(walk, reinterpret_cast<float2*>(smem + RopeTableOffset(kNorm, k)));
   }
   if constexpr (kNorm) {
     // The norm's weights do not depend on the kernel ahead; x does.
@@ -437,14 +491,20 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
                    const GemvRope& rope) {
   if (sms <= 0 || (kNorm && (k % 8 != 0 || k > kNormMaxK))) return cudaErrorInvalidValue;
   auto* kernel = &GemvBulkKernel<kOut, kNorm>;
-  // The norm's row is sized for the longest k, so the attribute is set once.
-  constexpr size_t kBytes = kNorm ? kNormRowOffset + 2 * kNormMaxK : kSharedBytes;
+  constexpr bool kRope = kOut == Out::kRopeBf16;
+  // The norm's row is sized for the longest k (and the RoPE table for the
+  // most items), so the attribute is set once.
+  constexpr size_t kBytes =
+      RopeTableOffset(kNorm, kNorm ? kNormMaxK : 0) + (kRope ? kRopeTableMaxBytes : 0);
   static std::atomic<uint64_t> configured{0};
   const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kBytes, configured);
   if (error != cudaSuccess) return error;
-  const size_t bytes = kNorm ? kNormRowOffset + 2 * static_cast<size_t>(k) : kSharedBytes;
-  const unsigned grid =
-      static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
+  const int64_t items = Items<kOut>(n);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t{sms} * kCtasPerSm));
+  const size_t table =
+      kRope ? static_cast<size_t>((items + grid - 1) / grid) * kRopeTableItemBytes : 0;
+  if (table > kRopeTableMaxBytes) return cudaErrorInvalidValue;
+  const size_t bytes = RopeTableOffset(kNorm, k) + table;
   return pdl::Launch(kernel, dim3(grid), dim3(kThreads), bytes, stream, pdl, x,
                      static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm, rope);
 }

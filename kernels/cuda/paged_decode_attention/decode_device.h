@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/arch/shared_memory.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
+#include "kernels/cuda/wgmma/wgmma_device.h"
 
 namespace trident::kernels::cuda::internal {
 
@@ -58,12 +59,15 @@ __device__ __forceinline__ uint32_t FastDiv(uint32_t n, const FastDivisor& v) {
 
 // The tokens [begin, end) of `split` of sequence `seq`: the context (clamped
 // to the block table) cut into num_splits pieces of a multiple of kChunk.
+// `context` (when given) gets the clamped context.
 template <int kChunk>
 __device__ __forceinline__ void SplitRange(const DecodeKernelParams& p, int seq, int split,
-                                           int64_t* begin, int64_t* end) {
+                                           int64_t* begin, int64_t* end,
+                                           int64_t* context = nullptr) {
   const int64_t table_cap = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
   int64_t ctx = p.context_lens[seq];
   ctx = ctx < 0 ? 0 : (ctx > table_cap ? table_cap : ctx);
+  if (context != nullptr) *context = ctx;
   int64_t per_split = (ctx + p.num_splits - 1) / p.num_splits;
   per_split = (per_split + kChunk - 1) / kChunk * kChunk;
   const int64_t split_begin = split * per_split;
@@ -91,16 +95,14 @@ __device__ __forceinline__ void StoreSplitResult(const DecodeKernelParams& p, in
   }
 }
 
-// The end of an mma kernel: each warp's (max, sum) of head `row` and its
-// output tiles acc (dims 8 nt + 2 quad + {0, 1}) are merged over the warps
-// through `smem` (kNumWarps * (8 * kHeadDim + 16) floats, free by now), and
-// the CTA writes the bf16 output (one split) or the normalized partial and
-// its (max, sum) for the merge kernel. Dims past hd are not written.
-template <int kHeadDim, int kNumWarps>
-__device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, unsigned char* smem,
-                                                   const float (&acc)[kHeadDim / 8][2],
-                                                   float run_max, float run_sum, int hd,
-                                                   int kv_head, int split, int seq) {
+// Each warp's (max, sum) of head `row` and its output tiles acc (dims
+// 8 nt + 2 quad + {0, 1}) merged over the warps through `smem`
+// (kMergeWarpsBytes, free by now): store(g, d, value, max, denom) for each
+// element d < hd of q head g of the group, value normalized.
+template <int kHeadDim, int kNumWarps, typename Store>
+__device__ __forceinline__ void MergeWarps(const DecodeKernelParams& p, unsigned char* smem,
+                                           const float (&acc)[kHeadDim / 8][2], float run_max,
+                                           float run_sum, int hd, Store store) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int row = lane / 4;
@@ -135,10 +137,142 @@ __device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, 
         total = fmaf(weight, red_o[(w * 8 + g) * kHeadDim + d], total);
       }
     }
-    const float value = denom > 0.0f ? total / denom : 0.0f;
-    StoreSplitResult(p, seq, split, kv_head * p.group + g, hd, d, value, max, denom);
+    store(g, d, denom > 0.0f ? total / denom : 0.0f, max, denom);
   }
 }
+
+// The end of an mma kernel: each warp's (max, sum) of head `row` and its
+// output tiles acc (dims 8 nt + 2 quad + {0, 1}) are merged over the warps
+// through `smem` (kNumWarps * (8 * kHeadDim + 16) floats, free by now), and
+// the CTA writes the bf16 output (one split) or the normalized partial and
+// its (max, sum) for the merge kernel. Dims past hd are not written.
+template <int kHeadDim, int kNumWarps>
+__device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, unsigned char* smem,
+                                                   const float (&acc)[kHeadDim / 8][2],
+                                                   float run_max, float run_sum, int hd,
+                                                   int kv_head, int split, int seq) {
+  MergeWarps<kHeadDim, kNumWarps>(
+      p, smem, acc, run_max, run_sum, hd, [&](int g, int d, float value, float max, float denom) {
+        StoreSplitResult(p, seq, split, kv_head * p.group + g, hd, d, value, max, denom);
+      });
+}
+
+// The shared memory MergeWarps takes.
+template <int kHeadDim, int kNumWarps>
+inline constexpr int kMergeWarpsBytes = kNumWarps*(8 * kHeadDim + 16) * 4;
+
+// The end of a kMmaCluster kernel: its warps merged as MergeWarpsAndWrite
+// merges them, each CTA's normalized result and (max, sum) per q head kept
+// in its shared memory past MergeWarps' (kMergeWarpsBytes, then
+// (8 * kHeadDim + 16) floats); then the cluster's CTAs (the splits, in
+// rank order) each merge a share of the group's elements over every split's
+// result through distributed shared memory and write it in bf16. The
+// merge kernel's arithmetic (DecodeMergeKernel).
+template <int kHeadDim, int kNumWarps>
+__device__ __forceinline__ void MergeClusterAndWrite(const DecodeKernelParams& p,
+                                                     unsigned char* smem,
+                                                     const float (&acc)[kHeadDim / 8][2],
+                                                     float run_max, float run_sum, int hd,
+                                                     int kv_head, int split, int seq) {
+  float* const mine = reinterpret_cast<float*>(smem + kMergeWarpsBytes<kHeadDim, kNumWarps>);
+  float* const stats = mine + 8 * kHeadDim;  // (max, sum) per q head of the group
+  MergeWarps<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd,
+                                  [&](int g, int d, float value, float max, float denom) {
+                                    mine[g * kHeadDim + d] = value;
+                                    if (d == 0) {
+                                      stats[2 * g] = max;
+                                      stats[2 * g + 1] = denom;
+                                    }
+                                  });
+  wgmma::ClusterSync();
+  const int splits = p.num_splits;
+  const int threads = kNumWarps * 32;
+  for (int i = split * threads + static_cast<int>(threadIdx.x); i < p.group * kHeadDim;
+       i += splits * threads) {
+    const int g = i / kHeadDim;
+    const int d = i % kHeadDim;
+    if (d >= hd) continue;
+    float global_max = -INFINITY;
+    for (int s = 0; s < splits; ++s) {
+      global_max = fmaxf(global_max,
+                         wgmma::LoadClusterShared(wgmma::ClusterSharedAddress(stats + 2 * g, s)));
+    }
+    float num = 0.0f;
+    float den = 0.0f;
+    if (global_max != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float l = wgmma::LoadClusterShared(wgmma::ClusterSharedAddress(stats + 2 * g + 1, s));
+        if (l > 0.0f) {
+          const float m = wgmma::LoadClusterShared(wgmma::ClusterSharedAddress(stats + 2 * g, s));
+          const float w = exp2f(m - global_max) * l;
+          num = fmaf(w, wgmma::LoadClusterShared(wgmma::ClusterSharedAddress(mine + i, s)), num);
+          den += w;
+        }
+      }
+    }
+    static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
+                                       static_cast<int64_t>(kv_head * p.group + g) * hd + d] =
+        __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  }
+  // No CTA leaves while another may still read its shared memory.
+  wgmma::ClusterSync();
+}
+
+// With stable_prefix: the newest position of the context (this step's token,
+// which the kernel ahead may have written) when the prologue of a warp's
+// pipeline (its first kPrefetched chunks, copied before the wait) covered
+// it. Load (after the wait) reads its K and V rows into registers and Store
+// writes them over the stale copy in the landed stage, in the mma kernels'
+// layout ([token][head_dim] tiles, 16-byte piece c of row r at c ^ (r % 8)).
+template <int kHeadDim>
+struct NewestRow {
+  static constexpr int kRowPieces = kHeadDim / 8;
+  static constexpr int kPerLane = (2 * kRowPieces + 31) / 32;
+  int chunk = -1;  // the warp's chunk (its i) holding the row; -1: none
+  int row = 0;     // the row in that chunk
+  int hd = 0;
+  uint4 piece[kPerLane];
+
+  template <int kNumWarps, int kPrefetched>
+  __device__ __forceinline__ void Load(const DecodeKernelParams& p, const __nv_bfloat16* kv,
+                                       const int32_t* table, int kv_head, int head_dim,
+                                       int64_t begin, int64_t end, int64_t context, int warp,
+                                       int lane) {
+    const int64_t t = context - 1;
+    if (t < begin || t >= end) return;
+    const int c = static_cast<int>((t - begin) / 16);
+    if (c % kNumWarps != warp || c / kNumWarps >= kPrefetched) return;
+    chunk = c / kNumWarps;
+    row = static_cast<int>(t % 16);  // chunks start at multiples of 16
+    hd = head_dim;
+    const int32_t block = table[t / p.block_size];
+    const __nv_bfloat16* k_row =
+        kv + static_cast<int64_t>(block) * p.block_stride +
+        (static_cast<int64_t>(kv_head) * p.block_size + t % p.block_size) * head_dim;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = lane + 32 * j;
+      const int c8 = e % kRowPieces;
+      if (e < 2 * kRowPieces && c8 * 8 < head_dim) {
+        piece[j] = __ldcg(reinterpret_cast<const uint4*>(
+            k_row + (e >= kRowPieces ? p.value_offset : 0) + c8 * 8));
+      }
+    }
+  }
+
+  // `stage`: the chunk's K tile, its V tile tile_bytes further.
+  __device__ __forceinline__ void Store(unsigned char* stage, int tile_bytes, int lane) const {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int e = lane + 32 * j;
+      const int c8 = e % kRowPieces;
+      if (e < 2 * kRowPieces && c8 * 8 < hd) {
+        *reinterpret_cast<uint4*>(stage + (e >= kRowPieces ? tile_bytes : 0) + row * kHeadDim * 2 +
+                                  ((c8 ^ (row & 7)) * 16)) = piece[j];
+      }
+    }
+  }
+};
 
 }  // namespace trident::kernels::cuda::internal
 

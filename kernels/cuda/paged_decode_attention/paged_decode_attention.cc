@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/arch/arch.h"
@@ -148,50 +149,111 @@ int32_t DefaultDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_d
              : kDefaultDecodeVariant;
 }
 
-DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
-                             int32_t max_context_len, int32_t num_sms, int32_t variant) {
+namespace {
+
+// Cost of `splits` in units of one CTA's time per token: waves of resident
+// CTAs x (tokens per split + a fixed cost per CTA: start-up and the first
+// loads' latency, not all of it hidden by the SM's other CTAs) + the merge
+// kernel's launch where one runs. Tokens per split are counted exactly (not
+// rounded up to whole chunks): then the chosen count never decreases as
+// max_context_len grows (a larger count only wins at a longer context if its
+// waves are fuller per token), so a plan's workspace for the longest context
+// covers every shorter one.
+double SplitCost(int64_t items, int64_t slots, int64_t splits, int32_t max_context_len,
+                 bool merge_kernel) {
+  constexpr double kCtaOverheadTokens = 64.0;
+  constexpr double kMergeOverheadTokens = 100.0;
+  const int64_t waves = (items * splits + slots - 1) / slots;
+  return static_cast<double>(waves) *
+             (static_cast<double>(max_context_len) / static_cast<double>(splits) +
+              kCtaOverheadTokens) +
+         (merge_kernel ? kMergeOverheadTokens : 0.0);
+}
+
+bool IsCluster(int32_t variant) {
+  return internal::kDecodeVariants[variant].kind == internal::DecodeKernelKind::kMmaCluster;
+}
+
+// Whether the plan's splits merge in clusters (bf16): no merge kernel.
+bool ClusterMerge(const DecodePlan& plan) {
+  return ValidVariant(plan.variant) && IsCluster(plan.variant) && plan.num_splits >= 2 &&
+         plan.num_splits <= internal::kMaxClusterSplits;
+}
+
+// The cheapest split count and its cost; the fewest splits on ties.
+std::pair<int32_t, double> BestSplits(int64_t items, int64_t slots, int64_t longest,
+                                      int32_t max_context_len, bool cluster) {
+  int32_t best = 1;
+  double best_cost = 0.0;
+  for (int64_t splits = 1; splits <= longest; ++splits) {
+    const bool merge_kernel = splits > 1 && !(cluster && splits <= internal::kMaxClusterSplits);
+    const double cost = SplitCost(items, slots, splits, max_context_len, merge_kernel);
+    if (splits == 1 || cost < best_cost * (1.0 - 1e-12)) {
+      best_cost = cost;
+      best = static_cast<int32_t>(splits);
+    }
+  }
+  return {best, best_cost};
+}
+
+std::pair<DecodePlan, double> PlanWithCost(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                                           int32_t max_context_len, int32_t num_sms,
+                                           int32_t variant) {
   DecodePlan plan;
   plan.variant = variant;
   if (batch <= 0 || num_kv_heads <= 0 || max_context_len <= 0 || num_sms <= 0 ||
       !ValidVariant(variant)) {
-    return plan;
+    return {plan, 0.0};
   }
-  // Cost of `splits` in units of one CTA's time per token: waves of resident
-  // CTAs x (tokens per split + a fixed cost per CTA: start-up and the first
-  // loads' latency, not all of it hidden by the SM's other CTAs) + the merge
-  // kernel's launch. The cheapest wins, the fewest splits on ties: e.g. one
-  // wave of 264 CTAs of 1000 tokens beats two of 528 CTAs of 500.
   const internal::DecodeVariantSpec& spec = internal::kDecodeVariants[variant];
+  const int64_t items = static_cast<int64_t>(batch) * num_kv_heads;
+  const int64_t slots = static_cast<int64_t>(num_sms) * DecodeCtasPerSm(variant, head_dim);
+  if (IsCluster(variant)) {
+    // A cluster's splits are at least one chunk per warp, at most 8.
+    const int64_t longest =
+        std::clamp<int64_t>(max_context_len / (int64_t{internal::kMmaChunkTokens} * spec.warps), 1,
+                            internal::kMaxClusterSplits);
+    const auto [splits, cost] = BestSplits(items, slots, longest, max_context_len, true);
+    plan.num_splits = splits;
+    return {plan, cost};
+  }
   const int64_t min_tokens = std::max<int64_t>(
       kMinDecodeSplitTokens,
       spec.kind == internal::DecodeKernelKind::kMma ? int64_t{64} * spec.warps : 0);
-  const int64_t items = static_cast<int64_t>(batch) * num_kv_heads;
-  const int64_t slots = static_cast<int64_t>(num_sms) * DecodeCtasPerSm(variant, head_dim);
   const int64_t longest = std::clamp<int64_t>(max_context_len / min_tokens, 1, kMaxDecodeSplits);
-  // Tokens per split are counted exactly (not rounded up to whole chunks):
-  // then the chosen count never decreases as max_context_len grows (a larger
-  // count only wins at a longer context if its waves are fuller per token),
-  // so a plan's workspace for the longest context covers every shorter one.
-  constexpr double kCtaOverheadTokens = 64.0;
-  constexpr double kMergeOverheadTokens = 100.0;
-  double best_cost = 0.0;
-  for (int64_t splits = 1; splits <= longest; ++splits) {
-    const int64_t waves = (items * splits + slots - 1) / slots;
-    const double cost = static_cast<double>(waves) *
-                            (static_cast<double>(max_context_len) / static_cast<double>(splits) +
-                             kCtaOverheadTokens) +
-                        (splits > 1 ? kMergeOverheadTokens : 0.0);
-    if (splits == 1 || cost < best_cost * (1.0 - 1e-12)) {
-      best_cost = cost;
-      plan.num_splits = static_cast<int32_t>(splits);
-    }
+  const auto [splits, cost] = BestSplits(items, slots, longest, max_context_len, false);
+  plan.num_splits = splits;
+  return {plan, cost};
+}
+
+}  // namespace
+
+DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                             int32_t max_context_len, int32_t num_sms, int32_t variant) {
+  return PlanWithCost(batch, num_kv_heads, head_dim, max_context_len, num_sms, variant).first;
+}
+
+DecodePlan PlanDecodeAuto(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                          int32_t max_context_len, int32_t num_sms) {
+  const auto [plan, cost] =
+      PlanWithCost(batch, num_kv_heads, head_dim, max_context_len, num_sms,
+                   DefaultDecodeVariant(batch, num_kv_heads, head_dim, num_sms));
+  const int64_t cluster_ctas = int64_t{batch} * num_kv_heads * internal::kMaxClusterSplits;
+  if (head_dim > 128 ||
+      cluster_ctas > int64_t{num_sms} * DecodeCtasPerSm(kClusterDecodeVariant, head_dim)) {
+    return plan;
   }
-  return plan;
+  const auto [cluster_plan, cluster_cost] =
+      PlanWithCost(batch, num_kv_heads, head_dim, max_context_len, num_sms, kClusterDecodeVariant);
+  return cluster_cost < cost ? cluster_plan : plan;
 }
 
 size_t DecodeWorkspaceBytes(const DecodePlan& plan, int32_t batch, int32_t num_q_heads,
                             int32_t head_dim) {
-  if (plan.num_splits <= 1 || batch <= 0 || num_q_heads <= 0 || head_dim <= 0) return 0;
+  if (plan.num_splits <= 1 || ClusterMerge(plan) || batch <= 0 || num_q_heads <= 0 ||
+      head_dim <= 0) {
+    return 0;
+  }
   const size_t rows = static_cast<size_t>(batch) * num_q_heads * plan.num_splits;
   return rows * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
 }
@@ -213,8 +275,8 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
                                         cudaStream_t stream) {
   if (absl::Status status = ValidateArgs(args, plan); !status.ok()) return status;
   internal::DecodeKernelParams p;
-  if (plan.num_splits > 1 && args.batch > 0) {
-    const size_t needed = DecodeWorkspaceBytes(plan, args.batch, args.num_q_heads, args.head_dim);
+  const size_t needed = DecodeWorkspaceBytes(plan, args.batch, args.num_q_heads, args.head_dim);
+  if (needed > 0 && args.batch > 0) {
     if (workspace == nullptr || workspace_bytes < needed || !Aligned(workspace, 16)) {
       return Invalid(absl::StrCat(
           "workspace (", workspace_bytes, " bytes", workspace == nullptr ? ", null" : "",
@@ -247,7 +309,10 @@ absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const Decod
   p.num_splits = plan.num_splits;
   p.scale_log2 = args.scale * 1.4426950408889634f;
   p.variant = plan.variant;
+  // The FP8 kernels merge in no cluster; with no workspace they take one split.
+  if (p.fp8 && ClusterMerge(plan)) p.num_splits = 1;
   p.pdl = args.pdl;
+  p.stable_prefix = args.pdl && args.stable_prefix;
   p.sm90 = CurrentDeviceIsSm90();
   const cudaError_t error = internal::PagedDecode(p, stream);
   if (error != cudaSuccess) {

@@ -333,7 +333,10 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock>
+// kCluster: the grid is (split, kv head, sequence), each sequence's and kv
+// head's splits one cluster, merged through distributed shared memory
+// (MergeClusterAndWrite).
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock, bool kCluster>
 __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumStages, kHeadDim))
     DecodeMmaKernel(const DecodeKernelParams p) {
   constexpr int kChunk = kMmaChunkTokens;
@@ -355,13 +358,15 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
 
   // A merge kernel launched with programmatic dependent launch may start its
   // CTAs now; they wait for this whole grid before reading anything. As
-  // the legacy kernel, this one waits for the kernel ahead.
-  pdl::LetDependentsLaunchThenWait();
+  // the legacy kernel, this one waits for the kernel ahead before its first
+  // load, or (stable_prefix) after its pipeline's first copies.
+  pdl::LetDependentsLaunch();
+  if (!p.stable_prefix) pdl::WaitForPreviousGrid();
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.x;
-  const int split = blockIdx.y;
+  const int kv_head = kCluster ? blockIdx.y : blockIdx.x;
+  const int split = kCluster ? blockIdx.x : blockIdx.y;
   const int seq = blockIdx.z;
   const int group = p.group;
   const int row = lane / 4;   // Head within the group this lane's accumulators hold.
@@ -371,48 +376,14 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   // every chunk starts at a multiple of kChunk of the sequence.
   int64_t begin = 0;
   int64_t end = 0;
-  SplitRange<kChunk>(p, seq, split, &begin, &end);
+  int64_t context = 0;
+  SplitRange<kChunk>(p, seq, split, &begin, &end, &context);
   const int num_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
   const int my_chunks = warp < num_chunks ? (num_chunks - warp + kNumWarps - 1) / kNumWarps : 0;
-
-  // q as MMA A fragments (bf16 as stored; the scale is applied to the fp32
-  // scores): qa[ks][0] = q[row][16 ks + 2 quad + {0,1}], qa[ks][1] at + 8.
-  // The model's head_dim (a multiple of 16, <= kHeadDim): dims past it are
-  // zeros in q and in the K and V tiles, and their k steps and output tiles
-  // are skipped.
   const int hd = kMasked ? p.head_dim : kHeadDim;
-  uint32_t qa[kKSteps][2];
-  {
-    const uint16_t* q_row = static_cast<const uint16_t*>(p.q) +
-                            static_cast<int64_t>(seq) * p.q_stride +
-                            static_cast<int64_t>(kv_head * group + row) * hd + 2 * quad;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t packed = 0;
-        if (row < group && 16 * ks < hd) {
-          const uint16_t* at = q_row + 16 * ks + 8 * half;
-          packed = static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 16);
-        }
-        qa[ks][half] = packed;
-      }
-    }
-  }
-
-  float acc[kDimTiles][2];
-#pragma unroll
-  for (int nt = 0; nt < kDimTiles; ++nt) acc[nt][0] = acc[nt][1] = 0.0f;
-  float run_max = -INFINITY;
-  float run_sum = 0.0f;  // This lane's tokens only; summed over the quad at the end.
-
   const __nv_bfloat16* kv = static_cast<const __nv_bfloat16*>(p.kv);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   const int block_size = p.block_size;
-  // kOneBlock (block_size a multiple of 16): a chunk lies inside one block,
-  // so one table entry per chunk and contiguous rows. Otherwise lane t < 16
-  // looks up token t's block and the other lanes get its row by shuffle.
-  const int lane_token = kOneBlock ? 0 : lane % kChunk;
   const uint32_t warp_smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
                              static_cast<uint32_t>(warp * kNumStages * kStageBytes);
 
@@ -423,6 +394,10 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     return static_cast<int>(end - start < kChunk ? end - start : kChunk);
   };
   // The table entry this lane needs for the warp's chunk i (0 past the end).
+  // kOneBlock (block_size a multiple of 16): a chunk lies inside one block,
+  // so one table entry per chunk and contiguous rows. Otherwise lane t < 16
+  // looks up token t's block and the other lanes get its row by shuffle.
+  const int lane_token = kOneBlock ? 0 : lane % kChunk;
   auto fetch_block = [&](int i) -> int32_t {
     if (i >= my_chunks) return 0;
     const int64_t t = chunk_start(i) + lane_token;
@@ -485,6 +460,46 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     if (s < my_chunks) issue_chunk(s, first_blocks[s], s);
     CpAsyncCommit();
   }
+  // With stable_prefix the prologue's copies ran before the kernel ahead
+  // ended. The newest position (this step's token, which that kernel may
+  // write) is read again now, and written over its row once its chunk has
+  // landed (NewestRow).
+  NewestRow<kHeadDim> newest;
+  if (p.stable_prefix) {
+    pdl::WaitForPreviousGrid();
+    newest.template Load<kNumWarps, kNumStages - 1>(p, kv, table, kv_head, hd, begin, end, context,
+                                                    warp, lane);
+  }
+
+  // q as MMA A fragments (bf16 as stored; the scale is applied to the fp32
+  // scores): qa[ks][0] = q[row][16 ks + 2 quad + {0,1}], qa[ks][1] at + 8.
+  // The model's head_dim (a multiple of 16, <= kHeadDim): dims past it are
+  // zeros in q and in the K and V tiles, and their k steps and output tiles
+  // are skipped.
+  uint32_t qa[kKSteps][2];
+  {
+    const uint16_t* q_row = static_cast<const uint16_t*>(p.q) +
+                            static_cast<int64_t>(seq) * p.q_stride +
+                            static_cast<int64_t>(kv_head * group + row) * hd + 2 * quad;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t packed = 0;
+        if (row < group && 16 * ks < hd) {
+          const uint16_t* at = q_row + 16 * ks + 8 * half;
+          packed = static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 16);
+        }
+        qa[ks][half] = packed;
+      }
+    }
+  }
+
+  float acc[kDimTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kDimTiles; ++nt) acc[nt][0] = acc[nt][1] = 0.0f;
+  float run_max = -INFINITY;
+  float run_sum = 0.0f;  // This lane's tokens only; summed over the quad at the end.
 
   for (int i = 0; i < my_chunks; ++i) {
     // Refill the stage chunk i - 1 used (all lanes passed the __syncwarp
@@ -500,6 +515,10 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     __syncwarp();                   // ... and every lane's.
 
     const int stage = i % kNumStages;
+    if (i == newest.chunk) {
+      newest.Store(smem + warp * kNumStages * kStageBytes + stage * kStageBytes, kTileBytes, lane);
+      __syncwarp();
+    }
     const uint32_t k_src = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
     const uint32_t v_src = k_src + kTileBytes;
     const int valid = valid_tokens(chunk_start(i));
@@ -575,7 +594,13 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   run_sum += __shfl_xor_sync(~0u, run_sum, 2);
   __syncthreads();  // All warps are done with their stages.
 
-  MergeWarpsAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split, seq);
+  if constexpr (kCluster) {
+    MergeClusterAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split,
+                                              seq);
+  } else {
+    MergeWarpsAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split,
+                                            seq);
+  }
 }
 
 // One CTA per (q head, sequence), one thread per dim: out = sum_s w_s o_s /
@@ -621,28 +646,40 @@ cudaError_t LaunchLegacy(const DecodeKernelParams& p, cudaStream_t stream) {
   return pdl::Launch(kernel, grid, dim3(kThreads), 0, stream, p.pdl, p);
 }
 
-template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock>
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock, bool kCluster>
 cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int64_t kSmemBytes = MmaSharedBytes(kNumWarps, kNumStages, kHeadDim);
   static_assert(kSmemBytes == int64_t{kNumWarps} * kNumStages * 2 * kMmaChunkTokens * kHeadDim * 2,
                 "the kernel's stages fill the shared memory");
   static_assert(kSmemBytes <= kMaxSharedBytesPerCta, "fits one SM's shared memory");
+  static_assert(kMergeWarpsBytes<kHeadDim, kNumWarps> + (8 * kHeadDim + 16) * 4 <= kSmemBytes,
+                "the cluster merge reuses the stages");
   void (*kernel)(DecodeKernelParams) =
-      DecodeMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, kOneBlock>;
+      DecodeMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, kOneBlock, kCluster>;
   static std::atomic<uint64_t> configured{0};
   const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kSmemBytes, configured);
   if (error != cudaSuccess) return error;
-  const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_splits),
-                  static_cast<unsigned>(p.batch));
-  return pdl::Launch(kernel, grid, dim3(kNumWarps * 32), static_cast<size_t>(kSmemBytes), stream,
-                     p.pdl, p);
+  const unsigned heads = static_cast<unsigned>(p.num_kv_heads);
+  const unsigned splits = static_cast<unsigned>(p.num_splits);
+  const dim3 grid = kCluster ? dim3(splits, heads, static_cast<unsigned>(p.batch))
+                             : dim3(heads, splits, static_cast<unsigned>(p.batch));
+  return pdl::LaunchClustered(kernel, grid, dim3(kNumWarps * 32), static_cast<size_t>(kSmemBytes),
+                              stream, p.pdl, kCluster ? splits : 1u, p);
 }
 
-template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages>
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kCluster>
 cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
   return p.block_size % kMmaChunkTokens == 0
-             ? LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, true>(p, stream)
-             : LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, false>(p, stream);
+             ? LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, true, kCluster>(p, stream)
+             : LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, false, kCluster>(p,
+                                                                                          stream);
+}
+
+// Whether params' splits merge in clusters (a kMmaCluster variant with 2 to
+// kMaxClusterSplits splits over the bf16 cache), so no merge kernel runs.
+bool MergesInClusters(const DecodeKernelParams& p) {
+  return !p.fp8 && kDecodeVariants[p.variant].kind == DecodeKernelKind::kMmaCluster &&
+         p.num_splits >= 2 && p.num_splits <= kMaxClusterSplits;
 }
 
 template <int kHeadDim, bool kMasked, int kVariant>
@@ -653,14 +690,18 @@ cudaError_t LaunchVariant(const DecodeKernelParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   } else if constexpr (kSpec.kind == DecodeKernelKind::kLegacy) {
     return LaunchLegacy<kHeadDim, kMasked>(p, stream);
+  } else if constexpr (kSpec.kind == DecodeKernelKind::kMmaCluster) {
+    return MergesInClusters(p)
+               ? LaunchMma<kHeadDim, kMasked, kSpec.warps, kSpec.stages, true>(p, stream)
+               : LaunchMma<kHeadDim, kMasked, kSpec.warps, kSpec.stages, false>(p, stream);
   } else {
-    return LaunchMma<kHeadDim, kMasked, kSpec.warps, kSpec.stages>(p, stream);
+    return LaunchMma<kHeadDim, kMasked, kSpec.warps, kSpec.stages, false>(p, stream);
   }
 }
 
 template <int kHeadDim, bool kMasked>
 cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
-  static_assert(kNumDecodeKernelVariants == 10, "one case per variant below");
+  static_assert(kNumDecodeKernelVariants == 12, "one case per variant below");
   switch (p.variant) {
     case 0:
       return LaunchVariant<kHeadDim, kMasked, 0>(p, stream);
@@ -682,6 +723,10 @@ cudaError_t LaunchSplit(const DecodeKernelParams& p, cudaStream_t stream) {
       return LaunchVariant<kHeadDim, kMasked, 8>(p, stream);
     case 9:
       return LaunchVariant<kHeadDim, kMasked, 9>(p, stream);
+    case 10:
+      return LaunchVariant<kHeadDim, kMasked, 10>(p, stream);
+    case 11:
+      return LaunchVariant<kHeadDim, kMasked, 11>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -722,7 +767,7 @@ cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream) {
     p.variant = EffectiveVariant(params.variant, params.head_dim);
     error = LaunchBf16Split(p, stream);
   }
-  if (error != cudaSuccess || p.partial_out == nullptr) return error;
+  if (error != cudaSuccess || p.partial_out == nullptr || MergesInClusters(p)) return error;
   // With pdl the merge kernel's launch overlaps the split kernel's tail; it
   // waits (griddepcontrol.wait) for the split kernel's results.
   return pdl::Launch(

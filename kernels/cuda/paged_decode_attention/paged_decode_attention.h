@@ -10,9 +10,11 @@
 // `num_splits` pieces; one CTA per (kv head, split, sequence) reads its
 // piece's K and V once for all the q heads of the kv head (GQA group 1..8),
 // runs an online softmax per q head and writes an fp32 partial output with
-// its (max, sum). A second kernel merges the splits (log-sum-exp) into bf16.
-// With one split the first kernel writes the bf16 output itself and no
-// workspace is needed. Kernels take raw device pointers and a stream, never
+// its (max, sum). A second kernel merges the splits (log-sum-exp) into bf16,
+// or (the cluster variants, 2 to 8 splits) the splits of a (sequence, kv
+// head) run as one thread block cluster and merge through distributed shared
+// memory. With one split, or a cluster merge, the first kernel writes the
+// bf16 output itself and no workspace is needed. Kernels take raw device pointers and a stream, never
 // allocate and never synchronize.
 
 #include <cuda_runtime_api.h>
@@ -67,6 +69,13 @@ struct PagedDecodeArgs {
   // (kernels/cuda/pdl): scheduled before the kernel ahead of it ends (the
   // KV append), waiting for it before any load.
   bool pdl = false;
+  // With pdl: the kernels still running ahead of this one write no cached
+  // position of these sequences but the last (this step's token), so the
+  // mma variants over the bf16 cache copy their first chunks of K and V
+  // before they wait, and read the last position again after. A decode
+  // step's q/k/v projection (or KV append) ahead, with the step's inputs
+  // uploaded before its first kernel, keeps this.
+  bool stable_prefix = false;
 };
 
 // Kernel variants (all correct for every supported shape; they differ in
@@ -78,7 +87,13 @@ struct PagedDecodeArgs {
 // and elsewhere it runs as mma_w4_s2). The benchmark compares them; PlanDecode picks
 // kDefaultDecodeVariant, mma_w8_s2 (8 warps, 2 stages, one 128 KiB CTA per
 // SM), the fastest or within 3% of it on every benchmark shape on the H200.
-inline constexpr int32_t kNumDecodeVariants = 10;
+// 10 and 11 (mma_w4_s2_cluster, mma_w8_s2_cluster) are mma variants whose 2
+// to 8 splits run as one thread block cluster and merge through distributed
+// shared memory: no merge kernel and no workspace (over the FP8 cache they
+// run as mma_w4_s2 with one split). PlanDecodeAuto takes one where its cost
+// model says it pays: few sequences at short and middle contexts.
+inline constexpr int32_t kNumDecodeVariants = 12;
+inline constexpr int32_t kClusterDecodeVariant = 10;
 inline constexpr int32_t kDefaultDecodeVariant = 5;
 // Hopper's FP8 kernel (see above).
 inline constexpr int32_t kWgmmaFp8DecodeVariant = 9;
@@ -133,12 +148,20 @@ DecodePlan PlanDecode(int32_t batch, int32_t num_kv_heads, int32_t max_context_l
 DecodePlan PlanDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
                              int32_t max_context_len, int32_t num_sms, int32_t variant);
 
+// The cheaper, by PlanDecodeVariant's cost model, of DefaultDecodeVariant's
+// plan and (when batch * num_kv_heads * 8 CTAs fit one wave at head_dim <=
+// 128) kClusterDecodeVariant's: what the backend runs over a bf16 cache. A
+// cluster plan needs no workspace, so MaxDecodeWorkspaceBytes covers these.
+DecodePlan PlanDecodeAuto(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                          int32_t max_context_len, int32_t num_sms);
+
 // Resident CTAs per SM the planner assumes for `variant` at `head_dim` (0 for
 // an invalid variant). For reports: bytes in flight per SM are about
 // CTAs x warps x stages x 16 tokens x 4 x head_dim bytes for the mma variants.
 int32_t DecodeCtasPerSm(int32_t variant, int32_t head_dim);
 
-// Bytes of workspace LaunchPagedDecodeAttention needs: 0 for one split, else
+// Bytes of workspace LaunchPagedDecodeAttention needs: 0 for one split or a
+// cluster variant's 2 to 8 splits, else
 // fp32 partial outputs [batch][num_q_heads][num_splits][head_dim] followed by
 // (max, sum) pairs [batch][num_q_heads][num_splits][2].
 size_t DecodeWorkspaceBytes(const DecodePlan& plan, int32_t batch, int32_t num_q_heads,

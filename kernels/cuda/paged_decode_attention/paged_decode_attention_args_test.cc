@@ -76,6 +76,33 @@ TEST(PlanDecodeTest, CountsEachVariantsResidentCtas) {
   EXPECT_STREQ(DecodeVariantName(kNumDecodeVariants), "invalid");
 }
 
+// PlanDecodeAuto: a few sequences at a short or middle context merge their
+// splits in clusters (no merge kernel, no workspace); long contexts and
+// large batches keep DefaultDecodeVariant's plan.
+TEST(PlannerTest, ClusterPlansForFewSequences) {
+  const DecodePlan short_context = PlanDecodeAuto(1, 8, 128, 576, 132);
+  EXPECT_EQ(short_context.variant, kClusterDecodeVariant);
+  EXPECT_EQ(short_context.num_splits, 8);  // 72 tokens a CTA, one wave
+  EXPECT_EQ(DecodeWorkspaceBytes(short_context, 1, 32, 128), 0u);
+  const DecodePlan middle = PlanDecodeAuto(1, 8, 128, 4096, 132);
+  EXPECT_EQ(middle.variant, kClusterDecodeVariant);
+  EXPECT_EQ(middle.num_splits, 8);
+  // 32k tokens: 16 splits on one wave of the 8-warp kernel plus the merge
+  // cost less than 8 splits of 4096 tokens.
+  const DecodePlan long_context = PlanDecodeAuto(1, 8, 128, 32768, 132);
+  EXPECT_EQ(long_context.variant, kDefaultDecodeVariant);
+  EXPECT_EQ(long_context.num_splits, 16);
+  // 64 x 8 x 8 CTAs do not fit one wave: the many-items variant.
+  EXPECT_EQ(PlanDecodeAuto(64, 8, 128, 576, 132).variant, kManyItemsDecodeVariant);
+  EXPECT_NE(PlanDecodeAuto(1, 8, 256, 576, 132).variant, kClusterDecodeVariant);
+  // A cluster variant's splits past 8 take the merge kernel and its workspace.
+  EXPECT_GT(DecodeWorkspaceBytes(DecodePlan{16, kClusterDecodeVariant}, 1, 32, 128), 0u);
+  EXPECT_EQ(DecodeWorkspaceBytes(DecodePlan{1, kClusterDecodeVariant}, 1, 32, 128), 0u);
+  // A cluster plan never splits past 8, nor below one chunk per warp.
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 100000, 132, kClusterDecodeVariant).num_splits, 8);
+  EXPECT_EQ(PlanDecodeVariant(1, 8, 128, 64, 132, kClusterDecodeVariant).num_splits, 1);
+}
+
 // The backend sizes its workspace once for the longest context; that only
 // works if no shorter context gets more splits.
 TEST(PlanDecodeTest, SplitsNeverGrowAsTheContextShrinks) {
@@ -99,6 +126,10 @@ TEST(MaxDecodeWorkspaceBytesTest, CoversEveryBatchAndShorterContext) {
     for (int32_t context : {1, 300, 1000, 4096, 10000, 32768}) {
       const size_t bytes = DecodeWorkspaceBytes(PlanDecode(batch, 8, context, 132), batch, 32, 128);
       EXPECT_LE(bytes, most) << "batch " << batch << " context " << context;
+      // The backend's plans (PlanDecodeAuto) fit the same workspace.
+      EXPECT_LE(DecodeWorkspaceBytes(PlanDecodeAuto(batch, 8, 128, context, 132), batch, 32, 128),
+                most)
+          << "batch " << batch << " context " << context;
       seen = std::max(seen, bytes);
     }
   }

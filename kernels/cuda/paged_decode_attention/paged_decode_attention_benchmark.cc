@@ -12,7 +12,10 @@
 // layout: a byte per element plus an f32 scale per token, head and K or V),
 // and bytes count those; time per step against the bf16 row of the same
 // shape is the gain. A positive `splits` replaces the planner's count (the
-// batch-1 rows: how many pieces a short context is best cut into). The
+// batch-1 rows: how many pieces a short context is best cut into); stable
+// = 1 launches with stable_prefix (the first chunks copied before each
+// launch's wait on the one ahead). Variant -1 takes PlanDecodeAuto's plan
+// over the bf16 cache. The
 // kernel is timed as the backend runs it: 20 launches (and their merges)
 // with programmatic dependent launch, replayed from one CUDA graph, so no
 // host launch cost sits between them.
@@ -69,7 +72,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
                                              : static_cast<int32_t>(state.range(2));
   const bool fp8 = state.range(4) != 0;
   const int32_t forced_splits = static_cast<int32_t>(state.range(5));
-  state.SetLabel(std::string(DecodeVariantName(variant)) + (fp8 ? " fp8" : " bf16"));
+
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t half = static_cast<int64_t>(kKvHeads) * kBlockSize * head_dim;  // Elements.
   const int64_t num_blocks = static_cast<int64_t>(batch) * blocks_per_seq;
@@ -81,9 +84,14 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
       fp8 ? static_cast<int64_t>(kKvHeads) * (2 * head_dim + 8) : int64_t{kKvHeads} * head_dim * 4;
   const size_t kv_bytes = static_cast<size_t>(batch) * context * token_bytes;
 
-  DecodePlan plan = PlanDecodeVariant(batch, kKvHeads, head_dim, context, sms, variant);
+  DecodePlan plan = state.range(2) < 0 && !fp8
+                        ? PlanDecodeAuto(batch, kKvHeads, head_dim, context, sms)
+                        : PlanDecodeVariant(batch, kKvHeads, head_dim, context, sms, variant);
   if (forced_splits > 0) plan.num_splits = forced_splits;
+  const bool stable_prefix = state.range(6) != 0;
   const size_t workspace_bytes = DecodeWorkspaceBytes(plan, batch, kQHeads, head_dim);
+  state.SetLabel(std::string(DecodeVariantName(plan.variant)) + (fp8 ? " fp8" : " bf16") +
+                 (stable_prefix ? " stable_prefix" : ""));
 
   void* cache = nullptr;
   void* q = nullptr;
@@ -150,6 +158,7 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   }
   PagedDecodeArgs chained = args;
   chained.pdl = true;
+  chained.stable_prefix = stable_prefix;
   testing::GraphTimer timer(kLaunchesPerIteration, [&](cudaStream_t stream) {
     (void)LaunchPagedDecodeAttention(chained, plan, workspace, workspace_bytes, stream);
   });
@@ -166,8 +175,8 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
   state.counters["ceiling_GB/s"] = ceiling_gbps;
   state.counters["splits"] = plan.num_splits;
-  state.counters["variant"] = variant;
-  state.counters["ctas_per_sm"] = DecodeCtasPerSm(variant, head_dim);
+  state.counters["variant"] = plan.variant;
+  state.counters["ctas_per_sm"] = DecodeCtasPerSm(plan.variant, head_dim);
   state.counters["of_ceiling"] =
       benchmark::Counter(static_cast<double>(kv_bytes) / 1e9 / ceiling_gbps,
                          benchmark::Counter::kIsIterationInvariantRate);
@@ -185,37 +194,48 @@ void Shapes(benchmark::internal::Benchmark* b) {
                                {64, 4096}, {64, 8192}, {128, 2048}};
   for (const auto& shape : shapes) {
     for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
-      b->Args({shape[0], shape[1], variant, 128, 0, 0});
+      b->Args({shape[0], shape[1], variant, 128, 0, 0, 0});
     }
     // FP8: the default and the tensor-core variants (0 runs the default).
     for (int64_t variant = -1; variant < kNumDecodeVariants; ++variant) {
-      if (variant != 0) b->Args({shape[0], shape[1], variant, 128, 1, 0});
+      if (variant != 0) b->Args({shape[0], shape[1], variant, 128, 1, 0, 0});
     }
   }
   // The other common head dims with the default variant: 80 and 96 on the
   // 128-wide kernels with the rest masked, 64 and 256 on their own.
   for (int64_t head_dim : {64, 80, 96, 256}) {
-    b->Args({16, 16384, -1, head_dim, 0, 0});
-    b->Args({16, 16384, -1, head_dim, 1, 0});
+    b->Args({16, 16384, -1, head_dim, 0, 0, 0});
+    b->Args({16, 16384, -1, head_dim, 1, 0, 0});
   }
   // A batch-1 step at a short context (a 512-token prompt): the planner's
   // count (0) against forced ones, for the 2-, 4- and 8-warp CTAs and
   // the 2-warp, 3-stage one.
   for (int64_t context : {576, 2048}) {
     for (int64_t variant : {4, 1, 5, 6}) {
-      for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({1, context, variant, 128, 0, splits});
+      for (int64_t splits : {0, 1, 2, 4, 8, 16}) b->Args({1, context, variant, 128, 0, splits, 0});
+    }
+  }
+  // Batch 1 and 2 at short and middle contexts: the default (w8_s2), the
+  // cluster variants and the planner's pick, each with and without
+  // stable_prefix (its first chunks copied before the wait on the launch
+  // ahead).
+  for (int64_t batch : {1, 2}) {
+    for (int64_t context : {576, 2048, 4096, 8192}) {
+      for (int64_t variant : {-1, 5, 10, 11}) {
+        for (int64_t stable : {0, 1}) b->Args({batch, context, variant, 128, 0, 0, stable});
+      }
     }
   }
   // A batch-64 step at the same context (the end-to-end table's): every
   // variant, at the planner's count and at 1 and 2 splits.
   for (int64_t variant = 0; variant < kNumDecodeVariants; ++variant) {
-    for (int64_t splits : {0, 1, 2}) b->Args({64, 576, variant, 128, 0, splits});
+    for (int64_t splits : {0, 1, 2}) b->Args({64, 576, variant, 128, 0, splits, 0});
   }
   // Around it, for a planner that picks the variant by shape: the CTAs per
   // SM (1 for mma_w8_s2, 2-4 for the smaller ones) against the waves.
   const int64_t around[][2] = {{16, 576}, {128, 576}, {64, 1024}, {64, 2048}, {256, 576}};
   for (const auto& shape : around) {
-    for (int64_t variant : {1, 2, 5, 6, 8}) b->Args({shape[0], shape[1], variant, 128, 0, 0});
+    for (int64_t variant : {1, 2, 5, 6, 8}) b->Args({shape[0], shape[1], variant, 128, 0, 0, 0});
   }
 }
 
@@ -226,7 +246,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_PagedDecodeAttention)
     ->UseManualTime()
     ->MinTime(0.025)
-    ->ArgNames({"batch", "context", "variant", "head_dim", "fp8", "splits"})
+    ->ArgNames({"batch", "context", "variant", "head_dim", "fp8", "splits", "stable"})
     ->Apply(Shapes);
 
 }  // namespace

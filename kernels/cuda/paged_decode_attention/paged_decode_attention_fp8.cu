@@ -353,7 +353,8 @@ cudaError_t LaunchFp8Variant(const DecodeKernelParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, bool kMasked>
 cudaError_t LaunchFp8Width(const DecodeKernelParams& p, cudaStream_t stream) {
-  static_assert(kNumDecodeKernelVariants == 10, "one case per variant below");
+  static_assert(kNumDecodeKernelVariants == 12,
+                "one case per variant below (the cluster ones run as 1)");
   switch (p.variant) {
     case 1:
       return LaunchFp8Variant<kHeadDim, kMasked, 1>(p, stream);

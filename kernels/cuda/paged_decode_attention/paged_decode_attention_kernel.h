@@ -19,7 +19,14 @@ namespace trident::kernels::cuda::internal {
 // its own `stages`-deep cp.async pipeline of 16-token chunks over every
 // warps-th chunk of the CTA's split, merged through shared memory at the end;
 // `pdl` launches the merge kernel with programmatic dependent launch.
-enum class DecodeKernelKind { kLegacy, kMma, kWgmmaFp8 };
+// kMmaCluster: the kMma kernel whose 2 to kMaxClusterSplits splits of a
+// (sequence, kv head) run as one thread block cluster and merge through
+// distributed shared memory, with no merge kernel and no workspace (one
+// split, or more than kMaxClusterSplits, run as kMma).
+enum class DecodeKernelKind { kLegacy, kMma, kWgmmaFp8, kMmaCluster };
+
+// The most splits a cluster merges (the portable cluster size).
+inline constexpr int32_t kMaxClusterSplits = 8;
 
 struct DecodeVariantSpec {
   DecodeKernelKind kind;
@@ -30,16 +37,18 @@ struct DecodeVariantSpec {
 };
 
 inline constexpr DecodeVariantSpec kDecodeVariants[] = {
-    {DecodeKernelKind::kLegacy, 4, 2, false, "legacy"},       // 0
-    {DecodeKernelKind::kMma, 4, 2, false, "mma_w4_s2"},       // 1
-    {DecodeKernelKind::kMma, 4, 3, false, "mma_w4_s3"},       // 2
-    {DecodeKernelKind::kMma, 4, 4, false, "mma_w4_s4"},       // 3
-    {DecodeKernelKind::kMma, 2, 4, false, "mma_w2_s4"},       // 4
-    {DecodeKernelKind::kMma, 8, 2, false, "mma_w8_s2"},       // 5
-    {DecodeKernelKind::kMma, 2, 3, false, "mma_w2_s3"},       // 6
-    {DecodeKernelKind::kMma, 4, 6, false, "mma_w4_s6"},       // 7
-    {DecodeKernelKind::kMma, 4, 3, true, "mma_w4_s3_pdl"},    // 8
-    {DecodeKernelKind::kWgmmaFp8, 4, 4, false, "wgmma_fp8"},  // 9
+    {DecodeKernelKind::kLegacy, 4, 2, false, "legacy"},                 // 0
+    {DecodeKernelKind::kMma, 4, 2, false, "mma_w4_s2"},                 // 1
+    {DecodeKernelKind::kMma, 4, 3, false, "mma_w4_s3"},                 // 2
+    {DecodeKernelKind::kMma, 4, 4, false, "mma_w4_s4"},                 // 3
+    {DecodeKernelKind::kMma, 2, 4, false, "mma_w2_s4"},                 // 4
+    {DecodeKernelKind::kMma, 8, 2, false, "mma_w8_s2"},                 // 5
+    {DecodeKernelKind::kMma, 2, 3, false, "mma_w2_s3"},                 // 6
+    {DecodeKernelKind::kMma, 4, 6, false, "mma_w4_s6"},                 // 7
+    {DecodeKernelKind::kMma, 4, 3, true, "mma_w4_s3_pdl"},              // 8
+    {DecodeKernelKind::kWgmmaFp8, 4, 4, false, "wgmma_fp8"},            // 9
+    {DecodeKernelKind::kMmaCluster, 4, 2, false, "mma_w4_s2_cluster"},  // 10
+    {DecodeKernelKind::kMmaCluster, 8, 2, false, "mma_w8_s2_cluster"},  // 11
 };
 inline constexpr int32_t kNumDecodeKernelVariants =
     static_cast<int32_t>(sizeof(kDecodeVariants) / sizeof(kDecodeVariants[0]));
@@ -86,11 +95,15 @@ inline constexpr int64_t kMaxSharedBytesPerCta = 227 * 1024;
 TRIDENT_DECODE_HOST_DEVICE constexpr bool VariantRunsAt(const DecodeVariantSpec& spec,
                                                         int32_t width) {
   if (spec.kind == DecodeKernelKind::kWgmmaFp8) return false;  // The bf16 cache: mma_w4_s2.
-  return width <= 128 || (spec.kind == DecodeKernelKind::kMma &&
-                          MmaSharedBytes(spec.warps, spec.stages, width) <= kMaxSharedBytesPerCta);
+  return width <= 128 ||
+         ((spec.kind == DecodeKernelKind::kMma || spec.kind == DecodeKernelKind::kMmaCluster) &&
+          MmaSharedBytes(spec.warps, spec.stages, width) <= kMaxSharedBytesPerCta);
 }
+// (A cluster variant gives way to mma_w4_s2_cluster, which runs at every
+// width: its splits then still merge in clusters.)
 constexpr int32_t EffectiveVariant(int32_t variant, int32_t head_dim) {
-  return VariantRunsAt(kDecodeVariants[variant], KernelHeadDim(head_dim)) ? variant : 1;
+  if (VariantRunsAt(kDecodeVariants[variant], KernelHeadDim(head_dim))) return variant;
+  return kDecodeVariants[variant].kind == DecodeKernelKind::kMmaCluster ? 10 : 1;
 }
 
 // The FP8 mma kernel: per warp, `stages` chunks of K (16 tokens x head_dim
@@ -108,12 +121,13 @@ TRIDENT_DECODE_HOST_DEVICE constexpr int64_t MmaFp8SharedBytes(int32_t warps, in
 }
 // The variant the FP8 mma kernel runs for `variant`: the mma ones as they
 // are (all fit at every width), the legacy one as the default, wgmma_fp8
-// (where Hopper's kernel does not apply) as mma_w4_s2.
+// (where Hopper's kernel does not apply) and the cluster ones as mma_w4_s2.
 constexpr int32_t EffectiveFp8Variant(int32_t variant) {
   switch (kDecodeVariants[variant].kind) {
     case DecodeKernelKind::kLegacy:
       return 5;
     case DecodeKernelKind::kWgmmaFp8:
+    case DecodeKernelKind::kMmaCluster:
       return 1;
     default:
       return variant;
@@ -150,6 +164,7 @@ struct DecodeKernelParams {
   float* partial_stats = nullptr;  // (max, sum) pairs; null with one split.
   int32_t variant = 0;             // Index into kDecodeVariants.
   bool pdl = false;                // The split kernel's launch (PagedDecodeArgs::pdl).
+  bool stable_prefix = false;      // PagedDecodeArgs::stable_prefix (mma kernels, bf16).
   // The device is sm_90 (kernels/cuda/arch): Hopper's kernel may run.
   bool sm90 = false;
 };

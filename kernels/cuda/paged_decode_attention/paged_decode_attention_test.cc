@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/paged_attention/paged_attention.h"
 #include "kernels/cpu/paged_attention/paged_attention_reference.h"
+#include "kernels/cuda/testing/pdl_late_copy.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -51,7 +52,14 @@ struct Case {
 };
 
 // How the test picks the plan: PlanDecode for the device, or a fixed count.
-enum class SplitMode { kPlanner, kOne, kSeven, kMax };
+// kStablePrefix: the planner's, launched with pdl and stable_prefix behind a
+// chain of late copies (kernels/cuda/testing:pdl_late_copy) that write the
+// block of each sequence's last position, which the cache held stale until
+// then: a kernel that read that position before its wait would be wrong.
+enum class SplitMode { kPlanner, kOne, kSeven, kMax, kStablePrefix };
+
+// How long the first late copy waits before it writes.
+constexpr int64_t kLateCopyDelayNs = 200000;
 
 int32_t NumSms() {
   int device = 0;
@@ -175,6 +183,32 @@ TEST_P(PagedDecodeAttentionTest, MatchesCpuReference) {
   ASSERT_EQ(cudaMemcpyAsync(d_cache.get(), cache.data(), cache.size() * 2, cudaMemcpyHostToDevice,
                             stream),
             cudaSuccess);
+  // kStablePrefix: the good cache aside, and the cache with each sequence's
+  // last position (K and V of every kv head) changed.
+  const bool stable = mode == SplitMode::kStablePrefix;
+  DeviceBuffer d_good(stable ? cache.size() * 2 : 0);
+  std::vector<uint16_t> stale;
+  if (stable) {
+    ASSERT_EQ(d_good.status(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(d_good.get(), cache.data(), cache.size() * 2, cudaMemcpyHostToDevice,
+                              stream),
+              cudaSuccess);
+    stale = cache;
+    for (const cpu::AttentionSequence& q : live) {
+      const int32_t t = q.context_len - 1;
+      const int64_t block = q.block_table[t / c.block_size];
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        const int64_t at = block * kv.block_stride_elems +
+                           (static_cast<int64_t>(h) * c.block_size + t % c.block_size) * d;
+        for (int32_t e = 0; e < d; ++e) {
+          for (int64_t offset : {int64_t{0}, kv.value_offset_elems}) {
+            uint16_t& x = stale[at + offset + e];
+            x = numeric::FloatToBf16(numeric::Bf16ToFloat(x) * -3.0f + 2.0f);
+          }
+        }
+      }
+    }
+  }
   ASSERT_EQ(
       cudaMemcpyAsync(d_q.get(), q_bf16.data(), q_bf16.size() * 2, cudaMemcpyHostToDevice, stream),
       cudaSuccess);
@@ -199,7 +233,9 @@ TEST_P(PagedDecodeAttentionTest, MatchesCpuReference) {
                              .max_blocks_per_seq = max_blocks,
                              .context_lens = static_cast<const int32_t*>(d_lens.get()),
                              .batch = batch,
-                             .scale = scale};
+                             .scale = scale,
+                             .pdl = stable,
+                             .stable_prefix = stable};
 
   // Every variant on the same inputs; a failing variant is reported with its
   // first mismatch and its count of mismatches, and the others still run.
@@ -209,6 +245,7 @@ TEST_P(PagedDecodeAttentionTest, MatchesCpuReference) {
     DecodePlan plan;
     switch (mode) {
       case SplitMode::kPlanner:
+      case SplitMode::kStablePrefix:
         plan = PlanDecodeVariant(batch, c.num_kv_heads, d, max_context, NumSms(), variant);
         break;
       case SplitMode::kOne:
@@ -234,6 +271,22 @@ TEST_P(PagedDecodeAttentionTest, MatchesCpuReference) {
       // NaN everywhere: a partial the merge reads but the split kernel did
       // not write poisons the output.
       ASSERT_EQ(cudaMemsetAsync(d_workspace.get(), 0xff, workspace_bytes, stream), cudaSuccess);
+    }
+    if (stable) {
+      ASSERT_EQ(cudaMemcpyAsync(d_cache.get(), stale.data(), stale.size() * 2,
+                                cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
+      bool first = true;
+      for (const cpu::AttentionSequence& q : live) {
+        const int64_t block_bytes = kv.block_stride_elems * 2;
+        const int64_t at = q.block_table[(q.context_len - 1) / c.block_size] * block_bytes;
+        ASSERT_EQ(LaunchPdlLateCopy(static_cast<char*>(d_cache.get()) + at,
+                                    static_cast<const char*>(d_good.get()) + at,
+                                    static_cast<size_t>(block_bytes), first ? kLateCopyDelayNs : 0,
+                                    /*pdl=*/true, stream),
+                  cudaSuccess);
+        first = false;
+      }
     }
     ASSERT_THAT(LaunchPagedDecodeAttention(args, plan, d_workspace.get(), workspace_bytes, stream),
                 IsOk());
@@ -327,14 +380,16 @@ std::vector<Case> Cases() {
 }
 
 std::string TestName(const ::testing::TestParamInfo<std::tuple<Case, SplitMode>>& info) {
-  static const char* const kModes[] = {"Planned", "OneSplit", "SevenSplits", "MaxSplits"};
+  static const char* const kModes[] = {"Planned", "OneSplit", "SevenSplits", "MaxSplits",
+                                       "StablePrefix"};
   return std::get<0>(info.param).name + kModes[static_cast<int>(std::get<1>(info.param))];
 }
 
 INSTANTIATE_TEST_SUITE_P(ShapesAndSplits, PagedDecodeAttentionTest,
                          ::testing::Combine(::testing::ValuesIn(Cases()),
                                             ::testing::Values(SplitMode::kPlanner, SplitMode::kOne,
-                                                              SplitMode::kSeven, SplitMode::kMax)),
+                                                              SplitMode::kSeven, SplitMode::kMax,
+                                                              SplitMode::kStablePrefix)),
                          TestName);
 
 TEST(PagedDecodeAttentionBatchTest, EmptyBatchIsANoOp) {
