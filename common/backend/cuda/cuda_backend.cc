@@ -200,6 +200,7 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
       gemm, kc::Gemm::Create({.gemv = options.gemv,
                               .pdl = options.pdl,
                               .gemv_bulk = options.gemv_bulk,
+                              .gemv_dynamic = options.gemv_dynamic,
                               .skinny = options.gemm_skinny,
                               .skinny_silu_max_rows = options.gemm_skinny_silu_max_rows,
                               .skinny_cluster_split = options.gemm_skinny_cluster}));

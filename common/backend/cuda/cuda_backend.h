@@ -81,6 +81,9 @@ struct CudaBackendOptions {
   // through shared memory by the bulk copy engine (GemmOptions::gemv_bulk);
   // false: the register-streaming GEMV.
   bool gemv_bulk = true;
+  // Hopper's GEMV hands its items to CTAs as they ask
+  // (GemmOptions::gemv_dynamic).
+  bool gemv_dynamic = true;
   // Hopper's GEMV takes the RMSNorm ahead of a single-row projection
   // itself (q/k/v, gate/up and the LM head: GemmArgs::norm_weight), so
   // those norms launch no kernel; the same bits either way.

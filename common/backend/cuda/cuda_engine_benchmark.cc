@@ -62,6 +62,8 @@ ABSL_FLAG(int32_t, decode_variant, -1,
 ABSL_FLAG(bool, decode_stable_prefix, true,
           "Decode attention copies the cached positions before the step's token ahead of its "
           "wait on the q/k/v projection (CudaBackendOptions::decode_stable_prefix).");
+ABSL_FLAG(bool, gemv_dynamic, true,
+          "Hopper's GEMV hands its items to CTAs as they ask (CudaBackendOptions::gemv_dynamic).");
 ABSL_FLAG(bool, gemv_bulk, true,
           "On sm_90 those projections take Hopper's bulk-copy GEMV (false: the "
           "register-streaming GEMV; CudaBackendOptions::gemv_bulk).");
@@ -278,6 +280,32 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> Load(const std::string& model_dir,
   return CudaBackend::CreateFromWeights(**weights, (*weights)->config(), options);
 }
 
+// The backend's options from the flags, for `batches` of prompt_len +
+// new_tokens tokens.
+CudaBackendOptions OptionsFromFlags(const std::vector<int32_t>& batches, int32_t prompt_len,
+                                    int32_t new_tokens) {
+  CudaBackendOptions options;
+  options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.max_batch_sequences = std::max(256, *std::max_element(batches.begin(), batches.end()));
+  options.max_model_len = prompt_len + new_tokens;
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  options.gemv = absl::GetFlag(FLAGS_gemv);
+  options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
+  options.gemv_dynamic = absl::GetFlag(FLAGS_gemv_dynamic);
+  options.gemv_norm = absl::GetFlag(FLAGS_gemv_norm);
+  options.gemv_rope = absl::GetFlag(FLAGS_gemv_rope);
+  options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
+  options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
+  options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
+  options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
+  options.decode_stable_prefix = absl::GetFlag(FLAGS_decode_stable_prefix);
+  options.pdl = absl::GetFlag(FLAGS_pdl);
+  options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
+  if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;
+  return options;
+}
+
 int Main() {
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   const std::string preset = absl::GetFlag(FLAGS_preset);
@@ -309,24 +337,7 @@ int Main() {
     }
   }
 
-  CudaBackendOptions options;
-  options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
-  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  options.max_batch_sequences = std::max(256, *std::max_element(batches.begin(), batches.end()));
-  options.max_model_len = prompt_len + new_tokens;
-  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  options.gemv = absl::GetFlag(FLAGS_gemv);
-  options.gemv_bulk = absl::GetFlag(FLAGS_gemv_bulk);
-  options.gemv_norm = absl::GetFlag(FLAGS_gemv_norm);
-  options.gemv_rope = absl::GetFlag(FLAGS_gemv_rope);
-  options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
-  options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
-  options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
-  options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
-  options.decode_stable_prefix = absl::GetFlag(FLAGS_decode_stable_prefix);
-  options.pdl = absl::GetFlag(FLAGS_pdl);
-  options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
-  if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;
+  CudaBackendOptions options = OptionsFromFlags(batches, prompt_len, new_tokens);
   const int32_t tp = absl::GetFlag(FLAGS_tensor_parallel);
   options.tensor_parallel = tp;
   const auto load_start = Clock::now();

@@ -113,6 +113,10 @@ GemvPath ChooseGemv(const GemmOptions& options, bool sm90, const GemmArgs& args)
 
 // Tiles the skinny GEMM's counters cover (the largest n / 64 it takes).
 constexpr size_t kSkinnyMaxTiles = size_t{1} << 16;
+// Hopper's GEMV with dynamic items: a ring of counter pairs, one per launch
+// in turn, so launches that overlap (programmatic dependent launch lets the
+// next few start early) never share one; each launch leaves its pair zero.
+constexpr uint32_t kGemvCounterPairs = 1024;
 
 internal::SkinnyArgs SkinnyArgsOf(const GemmOptions& options, const GemmArgs& args, bool silu_mul) {
   internal::SkinnyArgs s;
@@ -149,6 +153,16 @@ struct Gemm::Impl {
   // workspace: neither keeps anything between calls on the one stream a
   // Gemm serves at a time.
   int32_t* skinny_counters = nullptr;
+  uint32_t* gemv_counters = nullptr;  // kGemvCounterPairs pairs (options.gemv_dynamic)
+  uint32_t next_gemv_counter = 0;
+
+  // The next launch's counter pair for Hopper's GEMV, or null (static items).
+  uint32_t* GemvCounter() {
+    if (gemv_counters == nullptr) return nullptr;
+    uint32_t* const pair = gemv_counters + 2 * next_gemv_counter;
+    next_gemv_counter = (next_gemv_counter + 1) % kGemvCounterPairs;
+    return pair;
+  }
 
   // Whether the skinny GEMM takes the call: every suitable call with
   // options.skinny, else the fused gate/up + SwiGLU of up to
@@ -189,6 +203,7 @@ struct Gemm::Impl {
     }
     if (workspace) cudaFree(workspace);
     if (skinny_counters) cudaFree(skinny_counters);
+    if (gemv_counters) cudaFree(gemv_counters);
     if (handle) Lt().Destroy(handle);
   }
 
@@ -288,6 +303,19 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
           absl::StrCat("Gemm skinny GEMM counters: ", cudaGetErrorString(err)));
     }
   }
+  if (options.gemv && options.gemv_bulk && options.gemv_dynamic) {
+    const size_t counter_bytes = 2 * kGemvCounterPairs * sizeof(uint32_t);
+    void* counters = nullptr;
+    err = cudaMalloc(&counters, counter_bytes);
+    if (err == cudaSuccess) {
+      impl->gemv_counters = static_cast<uint32_t*>(counters);
+      err = cudaMemset(counters, 0, counter_bytes);
+    }
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Gemm GEMV counters: ", cudaGetErrorString(err)));
+    }
+  }
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
 
@@ -316,7 +344,7 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
         gemv == GemvPath::kBulk
             ? internal::GemvBf16Bulk(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
                                      args.accumulate, impl_->sms, impl_->options.pdl, stream,
-                                     {args.norm_weight, args.norm_eps})
+                                     {args.norm_weight, args.norm_eps}, {impl_->GemvCounter()})
             : internal::GemvBf16(args.x, args.w, args.bias, args.y, args.n, args.k, f32_out,
                                  args.accumulate, impl_->options.pdl, stream);
     if (error != cudaSuccess) {
@@ -386,7 +414,8 @@ absl::Status Gemm::RunRope(const GemmArgs& args, const GemmRope& rope, cudaStrea
       {rope.positions, rope.inv_freq, rope.head_dim, rope.num_q_heads + rope.num_kv_heads,
        rope.num_q_heads, static_cast<__nv_bfloat16*>(rope.kv_base),
        rope.kv_num_blocks * rope.kv_block_size, rope.kv_block_size, rope.kv_block_stride_elems,
-       rope.kv_value_offset_elems, rope.slots});
+       rope.kv_value_offset_elems, rope.slots},
+      {impl_->GemvCounter()});
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm RoPE launch: ", cudaGetErrorString(error)));
   }
@@ -420,9 +449,9 @@ absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
   }
   if (absl::Status s = CheckNorm(args); !s.ok()) return s;
   if (args.m > 1) return impl_->RunSkinny(SkinnyArgsOf(impl_->options, args, true), stream);
-  const cudaError_t error =
-      internal::GemvSiluMulBulk(args.x, args.w, args.bias, args.y, args.n / 2, args.k, impl_->sms,
-                                impl_->options.pdl, stream, {args.norm_weight, args.norm_eps});
+  const cudaError_t error = internal::GemvSiluMulBulk(
+      args.x, args.w, args.bias, args.y, args.n / 2, args.k, impl_->sms, impl_->options.pdl, stream,
+      {args.norm_weight, args.norm_eps}, {impl_->GemvCounter()});
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm SiLU-mul launch: ", cudaGetErrorString(error)));
   }

@@ -92,6 +92,11 @@ struct GemmOptions {
   // weights through shared memory with the bulk copy engine, for any k;
   // false keeps the register-streaming GEMV (k up to 8192, cuBLASLt beyond).
   bool gemv_bulk = true;
+  // Hopper's GEMV hands out W's items (8 rows) to its CTAs as they ask
+  // (a counter per launch) instead of a fixed run each, so a CTA that
+  // starts late (behind the kernel ahead) or reads slowly takes fewer and
+  // the grid ends together.
+  bool gemv_dynamic = true;
   // On sm_90, calls of 2 to 64 rows (a decode step's batch) take Hopper's
   // skinny GEMM: W streamed once by the tensor copy engine, multiplied on
   // wgmma with x as the narrow operand, k split across CTAs (launched with
@@ -157,7 +162,7 @@ class Gemm {
   absl::Status RunRope(const GemmArgs& args, const GemmRope& rope, cudaStream_t stream);
 
   // Whether Run and RunSiluMul take `args` with its norm fused: one row
-  // on Hopper's GEMV, k at most internal::GemvBulkNormMaxK() (8632), x and
+  // on Hopper's GEMV, k at most internal::GemvBulkNormMaxK() (8624), x and
   // norm_weight 16-byte aligned.
   bool FusesNorm(const GemmArgs& args) const;
 

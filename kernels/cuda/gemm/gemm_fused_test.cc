@@ -244,20 +244,30 @@ TEST_P(GemmRopeTest, MatchesTheGemvThenTheRopeKernel) {
     rope.slots = dslot;
   }
   ASSERT_TRUE((*gemm)->FusesRope(fused, rope));
-  ASSERT_THAT((*gemm)->RunRope(fused, rope, nullptr), IsOk());
-  std::vector<uint16_t> want(n), got(n);
+  std::vector<uint16_t> want(n), cache_want(garbage.size());
   ASSERT_EQ(cudaMemcpy(want.data(), dwant, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(got.data(), dgot, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) differ += want[i] != got[i];
-  EXPECT_EQ(differ, 0) << "of " << n << " outputs";
-  std::vector<uint16_t> cache_want(garbage.size()), cache_got(garbage.size());
   ASSERT_EQ(cudaMemcpy(cache_want.data(), dcache_want, garbage.size() * 2, cudaMemcpyDeviceToHost),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(cache_got.data(), dcache_got, garbage.size() * 2, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_TRUE(cache_got == cache_want) << "the KV cache differs from LaunchKvAppend's";
-  EXPECT_EQ(cache_got == garbage, s.slot < 0) << "stored where it should not, or nothing";
+  // Items handed out as CTAs ask (the default) and in a fixed run per CTA
+  // (its RoPE table computed ahead): the same bits.
+  for (const bool dynamic : {true, false}) {
+    SCOPED_TRACE(dynamic ? "dynamic items" : "static items");
+    auto fusing = Gemm::Create({.gemv_dynamic = dynamic});
+    ASSERT_THAT(fusing.status(), IsOk());
+    ASSERT_EQ(cudaMemcpy(dcache_got, garbage.data(), garbage.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(dgot, 0xff, n * 2), cudaSuccess);
+    ASSERT_THAT((*fusing)->RunRope(fused, rope, nullptr), IsOk());
+    std::vector<uint16_t> got(n), cache_got(garbage.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), dgot, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) differ += want[i] != got[i];
+    EXPECT_EQ(differ, 0) << "of " << n << " outputs";
+    ASSERT_EQ(cudaMemcpy(cache_got.data(), dcache_got, garbage.size() * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(cache_got == cache_want) << "the KV cache differs from LaunchKvAppend's";
+    EXPECT_EQ(cache_got == garbage, s.slot < 0) << "stored where it should not, or nothing";
+  }
   for (void* p :
        {dx, static_cast<void*>(dg), static_cast<void*>(db), static_cast<void*>(dfreq),
         static_cast<void*>(dpos), static_cast<void*>(dw), static_cast<void*>(dy32),

@@ -42,13 +42,15 @@ enum Path {
   kGemvBulk = 2,
   kSkinny = 3,
   kSkinnyTile64 = 4,
-  kSkinnyCluster = 5
+  kSkinnyCluster = 5,
+  kGemvBulkStatic = 6,  // Hopper's GEMV with a fixed run of items per CTA
 };
 
 GemmOptions OptionsFor(int path) {
   return {.gemv = path != kCublas,
           .gemv_bulk = path >= kGemvBulk,
-          .skinny = path >= kSkinny,
+          .gemv_dynamic = path != kGemvBulkStatic,
+          .skinny = path >= kSkinny && path != kGemvBulkStatic,
           .skinny_tile_rows = path == kSkinnyTile64 ? 64 : 128,
           .skinny_cluster_split = path == kSkinnyCluster};
 }
@@ -169,7 +171,8 @@ INSTANTIATE_TEST_SUITE_P(
             Shape{64, 4096, 4096, false, 0, true, true}, Shape{48, 6144, 4096, true},
             Shape{20, 1000, 4104, true, 0, false, true}, Shape{64, 96, 64, true, 24},
             Shape{10, 500, 300, true, 0, true, true}),
-        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster)));
+        ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster,
+                          kGemvBulkStatic)));
 
 // The cluster split where the tiles fit one wave (a 132-SM H100 or H200):
 // the 8B shape's o and down projections at 16 rows (32 tiles) in clusters

@@ -50,7 +50,11 @@ constexpr int kThreads = (kConsumerWarps + 1) * 32;
 constexpr uint32_t kRowBytes = kChunk * 2;
 constexpr uint32_t kStageBytes = kItemRows * kRowBytes;
 constexpr size_t kBarrierBytes = 2 * kStages * sizeof(uint64_t);
-constexpr size_t kSharedBytes = kStages * kStageBytes + kBarrierBytes + kItemRows * sizeof(float);
+// Past the ring: the barriers, the epilogues' exchange (kItemRows floats),
+// then (dynamic items) the item each ring slot holds.
+constexpr size_t kStageItemsOffset =
+    kStages * kStageBytes + kBarrierBytes + kItemRows * sizeof(float);
+constexpr size_t kSharedBytes = kStageItemsOffset + kStages * sizeof(int32_t);
 // With a fused norm: the warps' partial sums of squares (at most 16: the
 // norm kernel's 512 threads), then the normed bf16 row.
 constexpr size_t kNormSumsOffset = kSharedBytes;
@@ -65,7 +69,7 @@ constexpr int64_t kNormMaxK =
 constexpr size_t kRopeTableItemBytes = kItemRows / 2 * sizeof(float2);
 constexpr size_t kRopeTableMaxBytes = 128 * kRopeTableItemBytes;
 __host__ __device__ constexpr size_t RopeTableOffset(bool norm, int64_t k) {
-  return norm ? (kNormRowOffset + 2 * static_cast<size_t>(k) + 15) / 16 * 16 : kSharedBytes;
+  return ((norm ? kNormRowOffset + 2 * static_cast<size_t>(k) : kSharedBytes) + 15) / 16 * 16;
 }
 
 // What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
@@ -81,7 +85,13 @@ struct Walk {
   int64_t chunks;      // per item: ceil(k / kChunk)
   int64_t first_item;  // this CTA's first item
   int64_t stages;      // this CTA's items times chunks
-  GemvRope rope;       // kRopeBf16's heads
+  int64_t items;       // the grid's
+  // Dynamic items (GemvSchedule): the grid claims items one at a time from
+  // counter[0]; the producer puts each slot's item in stage_items (-1: no
+  // more). Null: each CTA takes its contiguous run.
+  uint32_t* counter = nullptr;
+  int32_t* stage_items = nullptr;
+  GemvRope rope;  // kRopeBf16's heads
   // kRopeBf16, set before the wait on the kernel ahead (RopeTables): the
   // (cos, sin) of each of the CTA's rotated items' kItemRows / 2 pairs, in
   // shared memory, and where the token's slot starts in the KV cache (-1:
@@ -130,59 +140,74 @@ __device__ __forceinline__ Walk MakeWalk(int64_t n, int64_t k, const GemvRope& r
   w.rope = rope;
   w.chunks = (k + kChunk - 1) / kChunk;
   const int64_t items = Items<kOut>(n);
+  w.items = items;
   w.first_item = items * blockIdx.x / gridDim.x;
   w.stages = (items * (blockIdx.x + 1) / gridDim.x - w.first_item) * w.chunks;
   return w;
 }
 
-// Where a CTA's walk is: the stage's ring slot and phase, and the item
-// and the columns the stage covers. Next() steps without divisions.
-struct Cursor {
-  int slot = 0;
-  uint32_t phase = 0;
-  int64_t item;
-  int64_t col = 0;  // the chunk's first column
+// The next item of the CTA's (-1: none): `next` of its run, or claimed
+// from the grid's counter.
+__device__ __forceinline__ int64_t TakeItem(const Walk& walk, int64_t& next, int64_t end) {
+  if (walk.counter == nullptr) return next < end ? next++ : -1;
+  const int64_t item = atomicAdd(walk.counter, 1u);
+  return item < walk.items ? item : -1;
+}
 
-  __device__ __forceinline__ explicit Cursor(const Walk& walk) : item(walk.first_item) {}
-  __device__ __forceinline__ bool LastChunk(int64_t k) const { return col + kChunk >= k; }
-  __device__ __forceinline__ void Next(int64_t k) {
-    if (++slot == kStages) {
-      slot = 0;
-      phase ^= 1;
-    }
-    col += kChunk;
-    if (col >= k) {
-      col = 0;
-      ++item;
-    }
+// Dynamic items, after the producer's last claim: a slot whose item is -1
+// ends the consumers' walk, and the grid's last CTA to get there zeroes the
+// counters for the next launch that takes them.
+__device__ __forceinline__ void EndDynamicWalk(const Walk& walk, uint64_t* full, uint64_t* empty,
+                                               int slot, uint32_t phase, int64_t s) {
+  if (s >= kStages) wgmma::BarrierWait(&empty[slot], phase ^ 1);
+  walk.stage_items[slot] = -1;
+  wgmma::BarrierArrive(&full[slot]);
+  if (atomicAdd(walk.counter + 1, 1u) == gridDim.x - 1) {
+    atomicExch(walk.counter, 0u);
+    atomicExch(walk.counter + 1, 0u);
   }
-};
+}
 
 template <Out kOut>
 __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, unsigned char* ring,
                         uint64_t* full, uint64_t* empty) {
   const uint64_t policy = wgmma::EvictFirstPolicy();
-  Cursor at(walk);
-  for (int64_t s = 0; s < walk.stages; ++s, at.Next(walk.k)) {
-    // The slot's previous stage (one lap back, the other phase) consumed.
-    if (s >= kStages) wgmma::BarrierWait(&empty[at.slot], at.phase ^ 1);
-    const uint32_t bytes = static_cast<uint32_t>(min(int64_t{kChunk}, walk.k - at.col)) * 2;
+  int slot = 0;
+  uint32_t phase = 0;
+  int64_t s = 0;
+  int64_t next = walk.first_item;
+  const int64_t end = walk.first_item + walk.stages / walk.chunks;
+  // The next claim is made before the current item's copies, so its
+  // latency hides behind them.
+  for (int64_t item = TakeItem(walk, next, end); item >= 0;) {
+    const int64_t following = TakeItem(walk, next, end);
     int64_t rows[kItemRows];
-    uint32_t total = 0;
 #pragma unroll
-    for (int r = 0; r < kItemRows; ++r) {
-      rows[r] = SourceRow<kOut>(at.item, r, walk);
-      total += rows[r] >= 0 ? bytes : 0;
-    }
-    wgmma::BarrierArriveExpectBytes(&full[at.slot], total);
-    unsigned char* const stage = ring + at.slot * kStageBytes;
+    for (int r = 0; r < kItemRows; ++r) rows[r] = SourceRow<kOut>(item, r, walk);
+    for (int64_t col = 0; col < walk.k; col += kChunk, ++s) {
+      // The slot's previous stage (one lap back, the other phase) consumed.
+      if (s >= kStages) wgmma::BarrierWait(&empty[slot], phase ^ 1);
+      if (walk.counter != nullptr) walk.stage_items[slot] = static_cast<int32_t>(item);
+      const uint32_t bytes = static_cast<uint32_t>(min(int64_t{kChunk}, walk.k - col)) * 2;
+      uint32_t total = 0;
 #pragma unroll
-    for (int r = 0; r < kItemRows; ++r) {
-      if (rows[r] < 0) continue;
-      wgmma::BulkLoad(stage + r * kRowBytes, w + rows[r] * walk.k + at.col, bytes, &full[at.slot],
-                      policy);
+      for (int r = 0; r < kItemRows; ++r) total += rows[r] >= 0 ? bytes : 0;
+      wgmma::BarrierArriveExpectBytes(&full[slot], total);
+      unsigned char* const stage = ring + slot * kStageBytes;
+#pragma unroll
+      for (int r = 0; r < kItemRows; ++r) {
+        if (rows[r] < 0) continue;
+        wgmma::BulkLoad(stage + r * kRowBytes, w + rows[r] * walk.k + col, bytes, &full[slot],
+                        policy);
+      }
+      if (++slot == kStages) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
+    item = following;
   }
+  if (walk.counter != nullptr) EndDynamicWalk(walk, full, empty, slot, phase, s);
 }
 
 // The dot product of one row's chunk (its 16-byte pieces in shared memory)
@@ -331,8 +356,9 @@ __device__ __forceinline__ void PairBarrier(int warp) {
 __device__ __forceinline__ void RopeTables(Walk& walk, float2* cs) {
   constexpr int kHalf = kItemRows / 2;
   const GemvRope& rope = walk.rope;
-  walk.rope_cs = cs;
-  const int64_t items = walk.stages / walk.chunks;
+  // Dynamic items are not known ahead: the epilogue computes its own.
+  walk.rope_cs = walk.counter == nullptr ? cs : nullptr;
+  const int64_t items = walk.counter == nullptr ? walk.stages / walk.chunks : 0;
   const int64_t rotated = RopeItems(rope);
   const float position = static_cast<float>(rope.positions[0]);
   const uint32_t half = static_cast<uint32_t>(rope.head_dim) / 2;
@@ -355,8 +381,8 @@ __device__ __forceinline__ void RopeTables(Walk& walk, float2* cs) {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
 }
 
-__device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_t item, int warp,
-                                           int lane, const float* bias, __nv_bfloat16* y,
+__device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_t item, int parity,
+                                           int warp, int lane, const float* bias, __nv_bfloat16* y,
                                            float* exchange, const Walk& walk) {
   const GemvRope& rope = walk.rope;
   if (source_row >= 0 && bias != nullptr) sum += bias[source_row];
@@ -369,12 +395,18 @@ __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_
     return;
   }
   constexpr int kHalf = kItemRows / 2;
-  float* const partners = exchange + kHalf * (item & 1);
+  float* const partners = exchange + kHalf * parity;
   if (warp >= kHalf && lane == 0) partners[warp - kHalf] = sum;
   PairBarrier(warp);
   if (warp < kHalf && lane == 0) {
     const int half = rope.head_dim / 2;
-    const float2 cs = walk.rope_cs[(item - walk.first_item) * kHalf + warp];
+    float2 cs;
+    if (walk.rope_cs != nullptr) {
+      cs = walk.rope_cs[(item - walk.first_item) * kHalf + warp];
+    } else {
+      rope::CosSin(static_cast<float>(rope.positions[0]),
+                   rope.inv_freq[static_cast<int>(source_row % rope.head_dim)], cs.x, cs.y);
+    }
     float a, b;
     rope::Rotate(sum, partners[warp], cs.x, cs.y, a, b);
     const __nv_bfloat16 lo = __float2bfloat16_rn(a), hi = __float2bfloat16_rn(b);
@@ -388,19 +420,19 @@ __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_
 // Writes an item's results, once each consumer warp holds its row's sum
 // (in every lane). `exchange` is kItemRows floats of shared memory.
 template <Out kOut>
-__device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int warp,
-                                       int lane, const void* bias, void* y, bool accumulate,
-                                       float* exchange, const Walk& walk) {
+__device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int parity,
+                                       int warp, int lane, const void* bias, void* y,
+                                       bool accumulate, float* exchange, const Walk& walk) {
   if constexpr (kOut == Out::kRopeBf16) {
-    FinishRope(sum, source_row, item, warp, lane, static_cast<const float*>(bias),
+    FinishRope(sum, source_row, item, parity, warp, lane, static_cast<const float*>(bias),
                static_cast<__nv_bfloat16*>(y), exchange, walk);
   } else if constexpr (kOut == Out::kSiluMulBf16) {
     if (source_row >= 0 && bias != nullptr) sum += static_cast<const float*>(bias)[source_row];
-    // The up warps hand their sums to the gate warps (a buffer per item
-    // parity: a warp writes one again only after the other parity's
-    // barrier, which the readers pass after reading).
+    // The up warps hand their sums to the gate warps (a buffer per parity
+    // of the CTA's items: a warp writes one again only after the other
+    // parity's barrier, which the readers pass after reading).
     constexpr int kHalf = kItemRows / 2;
-    float* const ups = exchange + kHalf * (item & 1);
+    float* const ups = exchange + kHalf * parity;
     if (warp >= kHalf && lane == 0) ups[warp - kHalf] = sum;
     PairBarrier(warp);
     if (warp < kHalf && lane == 0 && source_row >= 0) {
@@ -423,22 +455,40 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const uint4* xs = reinterpret_cast<const uint4*>(x);
+  const bool dynamic = walk.counter != nullptr;
   float acc = 0.0f;
-  Cursor at(walk);
-  for (int64_t s = 0; s < walk.stages; ++s, at.Next(walk.k)) {
-    wgmma::BarrierWait(&full[at.slot], at.phase);
-    const int64_t row = SourceRow<kOut>(at.item, warp, walk);
+  int slot = 0;
+  uint32_t phase = 0;
+  int64_t col = 0;   // the chunk's first column
+  int64_t done = 0;  // items finished (their parity picks the exchange buffer)
+  int64_t item = walk.first_item;
+  for (int64_t s = 0; dynamic || s < walk.stages; ++s) {
+    wgmma::BarrierWait(&full[slot], phase);
+    if (dynamic) {
+      item = walk.stage_items[slot];
+      if (item < 0) break;
+    }
+    const int64_t row = SourceRow<kOut>(item, warp, walk);
     if (row >= 0) {
-      const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - at.col) / 8);
-      const unsigned char* const mine = ring + at.slot * kStageBytes + warp * kRowBytes;
-      acc = DotChunk<kSharedX>(reinterpret_cast<const uint4*>(mine), xs + at.col / 8, pieces, lane,
-                               acc);
+      const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - col) / 8);
+      const unsigned char* const mine = ring + slot * kStageBytes + warp * kRowBytes;
+      acc =
+          DotChunk<kSharedX>(reinterpret_cast<const uint4*>(mine), xs + col / 8, pieces, lane, acc);
     }
     __syncwarp();
-    if (lane == 0) wgmma::BarrierArrive(&empty[at.slot]);
-    if (at.LastChunk(walk.k)) {
-      Finish<kOut>(WarpSum(acc), row, at.item, warp, lane, bias, y, accumulate, exchange, walk);
+    if (lane == 0) wgmma::BarrierArrive(&empty[slot]);
+    if (++slot == kStages) {
+      slot = 0;
+      phase ^= 1;
+    }
+    col += kChunk;
+    if (col >= walk.k) {
+      Finish<kOut>(WarpSum(acc), row, item, static_cast<int>(done & 1), warp, lane, bias, y,
+                   accumulate, exchange, walk);
       acc = 0.0f;
+      col = 0;
+      ++done;
+      ++item;
     }
   }
 }
@@ -448,12 +498,14 @@ template <Out kOut, bool kNorm>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     GemvBulkKernel(const void* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                    const void* __restrict__ bias, void* __restrict__ y, int64_t n, int64_t k,
-                   bool accumulate, GemvNorm norm, GemvRope rope) {
+                   bool accumulate, GemvNorm norm, GemvRope rope, GemvSchedule schedule) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* const empty = full + kStages;
   float* const exchange = reinterpret_cast<float*>(smem + kStages * kStageBytes + kBarrierBytes);
   Walk walk = MakeWalk<kOut>(n, k, rope);
+  walk.counter = schedule.counter;
+  walk.stage_items = reinterpret_cast<int32_t*>(smem + kStageItemsOffset);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       wgmma::BarrierInit(&full[i], 1);                // the producer's expected bytes
@@ -488,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 template <Out kOut, bool kNorm>
 cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
                    bool accumulate, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
-                   const GemvRope& rope) {
+                   const GemvRope& rope, const GemvSchedule& schedule) {
   if (sms <= 0 || (kNorm && (k % 8 != 0 || k > kNormMaxK))) return cudaErrorInvalidValue;
   auto* kernel = &GemvBulkKernel<kOut, kNorm>;
   constexpr bool kRope = kOut == Out::kRopeBf16;
@@ -506,16 +558,18 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
   if (table > kRopeTableMaxBytes) return cudaErrorInvalidValue;
   const size_t bytes = RopeTableOffset(kNorm, k) + table;
   return pdl::Launch(kernel, dim3(grid), dim3(kThreads), bytes, stream, pdl, x,
-                     static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm, rope);
+                     static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm, rope,
+                     schedule);
 }
 
 template <Out kOut>
 cudaError_t LaunchOut(const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t k,
                       bool accumulate, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
-                      const GemvRope& rope = {}) {
-  return norm.weight != nullptr
-             ? Launch<kOut, true>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm, rope)
-             : Launch<kOut, false>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm, rope);
+                      const GemvRope& rope, const GemvSchedule& schedule) {
+  return norm.weight != nullptr ? Launch<kOut, true>(x, w, bias, y, n, k, accumulate, sms, pdl,
+                                                     stream, norm, rope, schedule)
+                                : Launch<kOut, false>(x, w, bias, y, n, k, accumulate, sms, pdl,
+                                                      stream, norm, rope, schedule);
 }
 
 }  // namespace
@@ -524,21 +578,23 @@ int64_t GemvBulkNormMaxK() { return kNormMaxK; }
 
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, bool f32_out, bool accumulate, int sms, bool pdl,
-                         cudaStream_t stream, const GemvNorm& norm) {
-  return f32_out ? LaunchOut<Out::kF32>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm)
-                 : LaunchOut<Out::kBf16>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm);
+                         cudaStream_t stream, const GemvNorm& norm, const GemvSchedule& schedule) {
+  return f32_out ? LaunchOut<Out::kF32>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm, {},
+                                        schedule)
+                 : LaunchOut<Out::kBf16>(x, w, bias, y, n, k, accumulate, sms, pdl, stream, norm,
+                                         {}, schedule);
 }
 
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
-                            int64_t k, int sms, bool pdl, cudaStream_t stream,
-                            const GemvNorm& norm) {
+                            int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
+                            const GemvSchedule& schedule) {
   return LaunchOut<Out::kSiluMulBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,
-                                      norm);
+                                      norm, {}, schedule);
 }
 
 cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
-                         const GemvRope& rope) {
+                         const GemvRope& rope, const GemvSchedule& schedule) {
   if (rope.head_dim <= 0 || rope.head_dim % kItemRows != 0 ||
       int64_t{rope.rope_heads} * rope.head_dim > n || rope.positions == nullptr ||
       rope.inv_freq == nullptr ||
@@ -546,7 +602,7 @@ cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y
     return cudaErrorInvalidValue;
   }
   return LaunchOut<Out::kRopeBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,
-                                   norm, rope);
+                                   norm, rope, schedule);
 }
 
 }  // namespace trident::kernels::cuda::internal

@@ -41,6 +41,16 @@ struct GemvRope {
   const int64_t* slots = nullptr;
 };
 
+// How a launch hands out its work. Dynamic items: with `counter` (device,
+// two words, zero before the launch, used by no other launch that may run
+// at the same time; the kernel leaves them zero), the CTAs claim W's items
+// of 8 rows one at a time instead of each taking a contiguous run, so CTAs
+// that start late or read slowly take fewer and the grid ends together.
+// Null: each CTA takes its contiguous run.
+struct GemvSchedule {
+  uint32_t* counter = nullptr;
+};
+//
 // The longest row a fused norm takes (its bf16 copy beside the ring, two
 // CTAs still fitting an SM).
 int64_t GemvBulkNormMaxK();
@@ -53,14 +63,15 @@ int64_t GemvBulkNormMaxK();
 // the kernel ahead. cudaErrorInvalidValue for sms <= 0.
 cudaError_t GemvBf16Bulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, bool f32_out, bool accumulate, int sms, bool pdl,
-                         cudaStream_t stream, const GemvNorm& norm = {});
+                         cudaStream_t stream, const GemvNorm& norm = {},
+                         const GemvSchedule& schedule = {});
 
 // y[j] = silu(g_j) * u_j in bf16 for j < n, where g = x · W[0, n)ᵀ and
 // u = x · W[n, 2n)ᵀ (+ the f32 bias [2n] on both, when given): the same
 // kernel with the SiLU-and-multiply as its epilogue.
 cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                             int64_t k, int sms, bool pdl, cudaStream_t stream,
-                            const GemvNorm& norm = {});
+                            const GemvNorm& norm = {}, const GemvSchedule& schedule = {});
 
 // y [n] in bf16 = x · Wᵀ (+ the f32 bias [n]) for one token's fused
 // q/k/v projection, its first rope.rope_heads heads rotated (GemvRope):
@@ -72,7 +83,7 @@ cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void
 // (n above 2048 x sms).
 cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
-                         const GemvRope& rope);
+                         const GemvRope& rope, const GemvSchedule& schedule = {});
 
 }  // namespace trident::kernels::cuda::internal
 
