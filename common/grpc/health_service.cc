@@ -17,7 +17,8 @@ using ::grpc::health::v1::HealthCheckResponse;
 // deletes it later under its own lock.
 class HealthService::WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse> {
  public:
-  explicit WatchReactor(std::string name) : name_(std::move(name)) {}
+  WatchReactor(HealthService* service, std::string name)
+      : service_(service), name_(std::move(name)) {}
 
   const std::string& name() const { return name_; }
   bool done() const { return done_.load(std::memory_order_acquire); }
@@ -46,7 +47,10 @@ class HealthService::WatchReactor final : public grpc::ServerWriteReactor<Health
 
   void OnCancel() override { FinishOnce(grpc::Status::CANCELLED); }
 
-  void OnDone() override { done_.store(true, std::memory_order_release); }
+  void OnDone() override {
+    done_.store(true, std::memory_order_release);
+    service_->WatcherDone();
+  }
 
  private:
   // Starts the next write, or the finish, if one is due.
@@ -80,6 +84,7 @@ class HealthService::WatchReactor final : public grpc::ServerWriteReactor<Health
     Finish(std::move(status));
   }
 
+  HealthService* const service_;
   const std::string name_;
   std::atomic<bool> done_{false};
   absl::Mutex mu_;
@@ -135,6 +140,18 @@ void HealthService::Shutdown() {
   }
 }
 
+void HealthService::WatcherDone() {
+  absl::MutexLock lock(&open_mu_);
+  --open_;
+}
+
+void HealthService::AwaitWatchersDone(absl::Time deadline) {
+  absl::MutexLock lock(&open_mu_);
+  open_mu_.AwaitWithDeadline(absl::Condition(
+                                 +[](int64_t* open) { return *open == 0; }, &open_),
+                             deadline);
+}
+
 grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* context,
                                                const HealthCheckRequest* request,
                                                HealthCheckResponse* response) {
@@ -142,8 +159,8 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
   absl::MutexLock lock(&mu_);
   const ServingStatus status = StatusLocked(request->service());
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 "unknown service '" + request->service() + "'"));
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + request->service() + "'"));
   } else {
     response->set_status(status);
     reactor->Finish(grpc::Status::OK);
@@ -153,7 +170,11 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
 
 grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
     grpc::CallbackServerContext* context, const HealthCheckRequest* request) {
-  auto* reactor = new WatchReactor(request->service());
+  {
+    absl::MutexLock open(&open_mu_);
+    ++open_;
+  }
+  auto* reactor = new WatchReactor(this, request->service());
   absl::MutexLock lock(&mu_);
   SweepLocked();
   watchers_.insert(reactor);

@@ -10,12 +10,14 @@
 // an unknown name answers NOT_FOUND; Watch of one answers SERVICE_UNKNOWN and
 // keeps watching, as the protocol says.
 
+#include <cstdint>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace trident {
@@ -39,6 +41,11 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   // ends their streams with OK. Later Watch calls get NOT_SERVING and end.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Waits until every Watch stream has ended (after Shutdown, each is sent
+  // NOT_SERVING and finished), or until `deadline`: a server that shuts
+  // down before then cuts the streams off before that last message.
+  void AwaitWatchersDone(absl::Time deadline) ABSL_LOCKS_EXCLUDED(open_mu_);
+
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
                                   const grpc::health::v1::HealthCheckRequest* request,
                                   grpc::health::v1::HealthCheckResponse* response) override;
@@ -49,6 +56,8 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
  private:
   class WatchReactor;
 
+  // A watcher's stream is done (its OnDone).
+  void WatcherDone() ABSL_LOCKS_EXCLUDED(open_mu_);
   // Deletes the watchers whose streams are done.
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ServingStatus StatusLocked(const std::string& service) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -57,6 +66,10 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   absl::flat_hash_map<std::string, ServingStatus> statuses_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<WatchReactor*> watchers_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Watch streams not yet done; apart from mu_, which is held while
+  // reactions may run inline.
+  absl::Mutex open_mu_;
+  int64_t open_ ABSL_GUARDED_BY(open_mu_) = 0;
 };
 
 }  // namespace trident

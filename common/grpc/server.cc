@@ -176,6 +176,7 @@ void GrpcServer::Drain(absl::Time deadline) {
   // hold the drain open until the deadline. Both shutdowns are safe to call
   // again: a second server Shutdown() returns once the first one's calls end.
   health_->Shutdown();
+  health_->AwaitWatchersDone(deadline);
   // gRPC's own graceful shutdown also waits for every client to acknowledge
   // its GOAWAY, which an idle client that polls nothing never does: the
   // drain would last until the deadline. So the calls are waited for here,

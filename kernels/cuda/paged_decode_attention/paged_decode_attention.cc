@@ -159,13 +159,14 @@ namespace {
 // max_context_len grows (a larger count only wins at a longer context if its
 // waves are fuller per token), so a plan's workspace for the longest context
 // covers every shorter one.
+// `token_cost` scales a CTA's time per token (1: the 8-warp kernel).
 double SplitCost(int64_t items, int64_t slots, int64_t splits, int32_t max_context_len,
-                 bool merge_kernel) {
+                 bool merge_kernel, double token_cost = 1.0) {
   constexpr double kCtaOverheadTokens = 64.0;
   constexpr double kMergeOverheadTokens = 100.0;
   const int64_t waves = (items * splits + slots - 1) / slots;
   return static_cast<double>(waves) *
-             (static_cast<double>(max_context_len) / static_cast<double>(splits) +
+             (token_cost * static_cast<double>(max_context_len) / static_cast<double>(splits) +
               kCtaOverheadTokens) +
          (merge_kernel ? kMergeOverheadTokens : 0.0);
 }
@@ -182,12 +183,13 @@ bool ClusterMerge(const DecodePlan& plan) {
 
 // The cheapest split count and its cost; the fewest splits on ties.
 std::pair<int32_t, double> BestSplits(int64_t items, int64_t slots, int64_t longest,
-                                      int32_t max_context_len, bool cluster) {
+                                      int32_t max_context_len, bool cluster,
+                                      double token_cost = 1.0) {
   int32_t best = 1;
   double best_cost = 0.0;
   for (int64_t splits = 1; splits <= longest; ++splits) {
     const bool merge_kernel = splits > 1 && !(cluster && splits <= internal::kMaxClusterSplits);
-    const double cost = SplitCost(items, slots, splits, max_context_len, merge_kernel);
+    const double cost = SplitCost(items, slots, splits, max_context_len, merge_kernel, token_cost);
     if (splits == 1 || cost < best_cost * (1.0 - 1e-12)) {
       best_cost = cost;
       best = static_cast<int32_t>(splits);
@@ -209,11 +211,15 @@ std::pair<DecodePlan, double> PlanWithCost(int32_t batch, int32_t num_kv_heads, 
   const int64_t items = static_cast<int64_t>(batch) * num_kv_heads;
   const int64_t slots = static_cast<int64_t>(num_sms) * DecodeCtasPerSm(variant, head_dim);
   if (IsCluster(variant)) {
-    // A cluster's splits are at least one chunk per warp, at most 8.
+    // A cluster's splits are at least one chunk per warp, at most 8. Its
+    // CTAs are priced by their warps against the 8-warp kernel's: on the
+    // H200 the 4-warp one led mma_w8_s2 at batch 1 up to 2048 tokens and
+    // fell behind from 4096 (bench/RESULTS.md).
     const int64_t longest =
         std::clamp<int64_t>(max_context_len / (int64_t{internal::kMmaChunkTokens} * spec.warps), 1,
                             internal::kMaxClusterSplits);
-    const auto [splits, cost] = BestSplits(items, slots, longest, max_context_len, true);
+    const auto [splits, cost] =
+        BestSplits(items, slots, longest, max_context_len, true, 8.0 / spec.warps);
     plan.num_splits = splits;
     return {plan, cost};
   }

@@ -84,9 +84,14 @@ TEST(PlannerTest, ClusterPlansForFewSequences) {
   EXPECT_EQ(short_context.variant, kClusterDecodeVariant);
   EXPECT_EQ(short_context.num_splits, 8);  // 72 tokens a CTA, one wave
   EXPECT_EQ(DecodeWorkspaceBytes(short_context, 1, 32, 128), 0u);
-  const DecodePlan middle = PlanDecodeAuto(1, 8, 128, 4096, 132);
+  const DecodePlan middle = PlanDecodeAuto(1, 8, 128, 2048, 132);
   EXPECT_EQ(middle.variant, kClusterDecodeVariant);
   EXPECT_EQ(middle.num_splits, 8);
+  // 4096 tokens: 512 a cluster CTA of 4 warps costs more than mma_w8_s2's 8
+  // splits and their merge.
+  const DecodePlan longer = PlanDecodeAuto(1, 8, 128, 4096, 132);
+  EXPECT_EQ(longer.variant, kDefaultDecodeVariant);
+  EXPECT_EQ(longer.num_splits, 8);
   // 32k tokens: 16 splits on one wave of the 8-warp kernel plus the merge
   // cost less than 8 splits of 4096 tokens.
   const DecodePlan long_context = PlanDecodeAuto(1, 8, 128, 32768, 132);
