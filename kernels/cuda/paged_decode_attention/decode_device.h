@@ -157,6 +157,39 @@ __device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, 
       });
 }
 
+// q of the kv head's group as the mma kernels' A fragments: qa[ks][0] =
+// pack(q[row][16 ks + 2 quad + {0, 1}]), qa[ks][1] the pair 8 dims on;
+// zero for rows past the group and dims past hd. Each pair is one 4-byte
+// load where q and its stride allow it (the same for every thread).
+template <int kKSteps, typename Pack>
+__device__ __forceinline__ void LoadQFragments(const DecodeKernelParams& p, int seq, int kv_head,
+                                               int row, int quad, int hd, Pack pack,
+                                               uint32_t (&qa)[kKSteps][2]) {
+  const __nv_bfloat16* q_row = static_cast<const __nv_bfloat16*>(p.q) +
+                               static_cast<int64_t>(seq) * p.q_stride +
+                               static_cast<int64_t>(kv_head * p.group + row) * hd + 2 * quad;
+  const bool paired = ((reinterpret_cast<uintptr_t>(p.q) | (p.q_stride * 2)) & 3) == 0;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t packed = 0;
+      if (row < p.group && 16 * ks < hd) {
+        const __nv_bfloat16* at = q_row + 16 * ks + 8 * half;
+        __nv_bfloat162 pair;
+        if (paired) {
+          pair = __ldg(reinterpret_cast<const __nv_bfloat162*>(at));
+        } else {
+          pair.x = at[0];
+          pair.y = at[1];
+        }
+        packed = pack(pair);
+      }
+      qa[ks][half] = packed;
+    }
+  }
+}
+
 // The shared memory MergeWarps takes.
 template <int kHeadDim, int kNumWarps>
 inline constexpr int kMergeWarpsBytes = kNumWarps*(8 * kHeadDim + 16) * 4;

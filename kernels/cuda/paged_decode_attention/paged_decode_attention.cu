@@ -368,7 +368,6 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   const int kv_head = kCluster ? blockIdx.y : blockIdx.x;
   const int split = kCluster ? blockIdx.x : blockIdx.y;
   const int seq = blockIdx.z;
-  const int group = p.group;
   const int row = lane / 4;   // Head within the group this lane's accumulators hold.
   const int quad = lane % 4;  // Tokens / dims 2 * quad + {0, 1} of each 8-wide tile.
 
@@ -477,23 +476,9 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   // zeros in q and in the K and V tiles, and their k steps and output tiles
   // are skipped.
   uint32_t qa[kKSteps][2];
-  {
-    const uint16_t* q_row = static_cast<const uint16_t*>(p.q) +
-                            static_cast<int64_t>(seq) * p.q_stride +
-                            static_cast<int64_t>(kv_head * group + row) * hd + 2 * quad;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t packed = 0;
-        if (row < group && 16 * ks < hd) {
-          const uint16_t* at = q_row + 16 * ks + 8 * half;
-          packed = static_cast<uint32_t>(at[0]) | (static_cast<uint32_t>(at[1]) << 16);
-        }
-        qa[ks][half] = packed;
-      }
-    }
-  }
+  LoadQFragments<kKSteps>(
+      p, seq, kv_head, row, quad, hd,
+      [](__nv_bfloat162 pair) { return *reinterpret_cast<const uint32_t*>(&pair); }, qa);
 
   float acc[kDimTiles][2];
 #pragma unroll

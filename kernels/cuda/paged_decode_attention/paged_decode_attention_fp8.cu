@@ -96,7 +96,6 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   const int kv_head = blockIdx.x;
   const int split = blockIdx.y;
   const int seq = blockIdx.z;
-  const int group = p.group;
   const int row = lane / 4;   // Head of the accumulators; token (or dim) of the B loads.
   const int quad = lane % 4;  // Tokens / dims 2 quad + {0, 1} (+ 8) of each tile.
 
@@ -109,36 +108,15 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   // q as fp16 A fragments: qa[ks][0] = q[row][16 ks + 2 quad + {0,1}], [1] at + 8.
   const int hd = kMasked ? p.head_dim : kHeadDim;
   uint32_t qa[kKSteps][2];
-  {
-    const __nv_bfloat16* q_row = static_cast<const __nv_bfloat16*>(p.q) +
-                                 static_cast<int64_t>(seq) * p.q_stride +
-                                 static_cast<int64_t>(kv_head * group + row) * hd + 2 * quad;
-    // Each pair is one 4-byte load where q and its stride allow it (the same
-    // for every thread).
-    const bool paired = ((reinterpret_cast<uintptr_t>(p.q) | (p.q_stride * 2)) & 3) == 0;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint32_t packed = 0;
-        if (row < group && 16 * ks < hd) {
-          const __nv_bfloat16* at = q_row + 16 * ks + 8 * half;
-          __nv_bfloat162 pair;
-          if (paired) {
-            pair = __ldg(reinterpret_cast<const __nv_bfloat162*>(at));
-          } else {
-            pair.x = at[0];
-            pair.y = at[1];
-          }
-          // fp16 holds |q| up to 65504; beyond it saturates.
-          const float lo = fminf(fmaxf(__bfloat162float(pair.x), -65504.0f), 65504.0f);
-          const float hi = fminf(fmaxf(__bfloat162float(pair.y), -65504.0f), 65504.0f);
-          packed = PackHalf(lo, hi);
-        }
-        qa[ks][half] = packed;
-      }
-    }
-  }
+  // fp16 holds |q| up to 65504; beyond it saturates.
+  LoadQFragments<kKSteps>(
+      p, seq, kv_head, row, quad, hd,
+      [](__nv_bfloat162 pair) {
+        const float lo = fminf(fmaxf(__bfloat162float(pair.x), -65504.0f), 65504.0f);
+        const float hi = fminf(fmaxf(__bfloat162float(pair.y), -65504.0f), 65504.0f);
+        return PackHalf(lo, hi);
+      },
+      qa);
 
   float acc[kDimTiles][2];
 #pragma unroll
