@@ -82,6 +82,13 @@ ABSL_FLAG(bool, cuda_gemv_fusions, true,
           "gate/up and LM head projections, and RoPE and the bf16 KV append after q/k/v, so "
           "those launch no kernel of their own; the same bits either way (false: the separate "
           "kernels).");
+ABSL_FLAG(bool, cuda_gemv_dynamic, true,
+          "CUDA backend: on sm_90 that GEMV hands its items of 8 weight rows to its CTAs as they "
+          "ask, so the grid ends together (false: a fixed run per CTA; the same bits).");
+ABSL_FLAG(bool, cuda_decode_stable_prefix, true,
+          "CUDA backend: with --cuda_pdl_chain, decode attention copies the cached positions "
+          "before the step's token while the q/k/v projection ahead of it still runs (false: "
+          "it waits for that projection before any load).");
 ABSL_FLAG(bool, cuda_pdl_chain, true,
           "CUDA backend: launch the norms, RoPE, the KV append, SwiGLU and decode attention with "
           "programmatic dependent launch too, so that each kernel of a step is scheduled before "
@@ -248,6 +255,8 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_gemv = absl::GetFlag(FLAGS_cuda_gemv);
   model.cuda_gemv_bulk = absl::GetFlag(FLAGS_cuda_gemv_bulk);
   model.cuda_gemv_fusions = absl::GetFlag(FLAGS_cuda_gemv_fusions);
+  model.cuda_gemv_dynamic = absl::GetFlag(FLAGS_cuda_gemv_dynamic);
+  model.cuda_decode_stable_prefix = absl::GetFlag(FLAGS_cuda_decode_stable_prefix);
   model.cuda_gemm_skinny = absl::GetFlag(FLAGS_cuda_gemm_skinny);
   model.cuda_pdl_chain = absl::GetFlag(FLAGS_cuda_pdl_chain);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);

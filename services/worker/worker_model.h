@@ -49,6 +49,12 @@ struct WorkerModelOptions {
   // On sm_90, that GEMV fuses the norms ahead of it and RoPE and the KV
   // append after q/k/v (CudaBackendOptions::gemv_norm and gemv_rope).
   bool cuda_gemv_fusions = true;
+  // On sm_90, that GEMV hands its items to CTAs as they ask
+  // (CudaBackendOptions::gemv_dynamic).
+  bool cuda_gemv_dynamic = true;
+  // Decode attention loads the cached prefix before its PDL wait
+  // (CudaBackendOptions::decode_stable_prefix).
+  bool cuda_decode_stable_prefix = true;
   // On sm_90, decode batches' projections take Hopper's skinny GEMM
   // (CudaBackendOptions::gemm_skinny).
   bool cuda_gemm_skinny = false;
