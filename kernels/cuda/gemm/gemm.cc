@@ -268,6 +268,25 @@ struct Gemm::Impl {
 Gemm::Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gemm::~Gemm() = default;
 
+namespace {
+
+// `bytes` of device memory set to zero (the kernels' counters), freed by
+// the caller; kResourceExhausted without memory.
+absl::StatusOr<void*> ZeroedCounters(size_t bytes, const char* what) {
+  void* counters = nullptr;
+  cudaError_t err = cudaMalloc(&counters, bytes);
+  if (err == cudaSuccess) {
+    err = cudaMemset(counters, 0, bytes);
+    if (err != cudaSuccess) cudaFree(counters);
+  }
+  if (err != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+  }
+  return counters;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
   if (!Lt().status.ok()) return Lt().status;
   auto impl = std::make_unique<Impl>();
@@ -291,30 +310,16 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
     return absl::InternalError(absl::StrCat("Gemm: SM count: ", cudaGetErrorString(err)));
   }
   if ((options.skinny || options.skinny_silu_max_rows >= 2) && workspace_bytes > 0) {
-    const size_t counter_bytes = kSkinnyMaxTiles * sizeof(int32_t);
-    void* counters = nullptr;
-    err = cudaMalloc(&counters, counter_bytes);
-    if (err == cudaSuccess) {
-      impl->skinny_counters = static_cast<int32_t*>(counters);
-      err = cudaMemset(counters, 0, counter_bytes);
-    }
-    if (err != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("Gemm skinny GEMM counters: ", cudaGetErrorString(err)));
-    }
+    absl::StatusOr<void*> counters =
+        ZeroedCounters(kSkinnyMaxTiles * sizeof(int32_t), "Gemm skinny GEMM counters");
+    if (!counters.ok()) return counters.status();
+    impl->skinny_counters = static_cast<int32_t*>(*counters);
   }
   if (options.gemv && options.gemv_bulk && options.gemv_dynamic) {
-    const size_t counter_bytes = 2 * kGemvCounterPairs * sizeof(uint32_t);
-    void* counters = nullptr;
-    err = cudaMalloc(&counters, counter_bytes);
-    if (err == cudaSuccess) {
-      impl->gemv_counters = static_cast<uint32_t*>(counters);
-      err = cudaMemset(counters, 0, counter_bytes);
-    }
-    if (err != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("Gemm GEMV counters: ", cudaGetErrorString(err)));
-    }
+    absl::StatusOr<void*> counters =
+        ZeroedCounters(2 * kGemvCounterPairs * sizeof(uint32_t), "Gemm GEMV counters");
+    if (!counters.ok()) return counters.status();
+    impl->gemv_counters = static_cast<uint32_t*>(*counters);
   }
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }

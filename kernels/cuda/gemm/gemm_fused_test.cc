@@ -248,8 +248,8 @@ TEST_P(GemmRopeTest, MatchesTheGemvThenTheRopeKernel) {
   ASSERT_EQ(cudaMemcpy(want.data(), dwant, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(cache_want.data(), dcache_want, garbage.size() * 2, cudaMemcpyDeviceToHost),
             cudaSuccess);
-  // Items handed out as CTAs ask (the default) and in a fixed run per CTA
-  // (its RoPE table computed ahead): the same bits.
+  // Items handed out as CTAs ask (the default) and in a fixed run per CTA:
+  // the same bits.
   for (const bool dynamic : {true, false}) {
     SCOPED_TRACE(dynamic ? "dynamic items" : "static items");
     auto fusing = Gemm::Create({.gemv_dynamic = dynamic});

@@ -63,15 +63,6 @@ constexpr size_t kNormRowOffset = (kNormSumsOffset + 16 * sizeof(float) + 15) / 
 constexpr int64_t kNormMaxK =
     ((int64_t{228} * 1024 / kCtasPerSm - 1024 - static_cast<int64_t>(kNormRowOffset)) / 2) / 8 * 8;
 
-// Past the ring (and the fused norm's row): kRopeBf16's table of each of the
-// CTA's items' kItemRows / 2 (cos, sin) pairs, at most kRopeTableMaxBytes
-// (128 items a CTA: GemvRopeBulk refuses more).
-constexpr size_t kRopeTableItemBytes = kItemRows / 2 * sizeof(float2);
-constexpr size_t kRopeTableMaxBytes = 128 * kRopeTableItemBytes;
-__host__ __device__ constexpr size_t RopeTableOffset(bool norm, int64_t k) {
-  return ((norm ? kNormRowOffset + 2 * static_cast<size_t>(k) : kSharedBytes) + 15) / 16 * 16;
-}
-
 // What the consumers write: y[row] in bf16 or f32, or (kSiluMulBf16) W's
 // rows n.. are the up projection of rows 0..n-1 (the gate), and y[j] =
 // silu(gate_j) * up_j in bf16 (an item then holds kItemRows / 2 gate rows
@@ -92,11 +83,8 @@ struct Walk {
   uint32_t* counter = nullptr;
   int32_t* stage_items = nullptr;
   GemvRope rope;  // kRopeBf16's heads
-  // kRopeBf16, set before the wait on the kernel ahead (RopeTables): the
-  // (cos, sin) of each of the CTA's rotated items' kItemRows / 2 pairs, in
-  // shared memory, and where the token's slot starts in the KV cache (-1:
-  // nothing stored).
-  float2* rope_cs = nullptr;
+  // kRopeBf16: where the token's slot starts in the KV cache (-1: nothing
+  // stored), set before the wait on the kernel ahead (KvSlotBase).
   int64_t kv_slot_base = -1;
 };
 
@@ -349,36 +337,15 @@ __device__ __forceinline__ void PairBarrier(int warp) {
   asm volatile("bar.sync %0, 64;" ::"r"(2 + warp % (kItemRows / 2)) : "memory");
 }
 
-// Before the wait on the kernel ahead (positions, inv_freq and slots are
-// the step's inputs, not its results): the CTA's consumers compute the
-// (cos, sin) of each of its rotated items' pairs into walk.rope_cs and the
-// token's slot base; then they meet at barrier 1.
-__device__ __forceinline__ void RopeTables(Walk& walk, float2* cs) {
-  constexpr int kHalf = kItemRows / 2;
-  const GemvRope& rope = walk.rope;
-  // Dynamic items are not known ahead: the epilogue computes its own.
-  walk.rope_cs = walk.counter == nullptr ? cs : nullptr;
-  const int64_t items = walk.counter == nullptr ? walk.stages / walk.chunks : 0;
-  const int64_t rotated = RopeItems(rope);
-  const float position = static_cast<float>(rope.positions[0]);
-  const uint32_t half = static_cast<uint32_t>(rope.head_dim) / 2;
-  for (int64_t t = threadIdx.x; t < items * kHalf; t += kConsumerWarps * 32) {
-    const int64_t item = walk.first_item + t / kHalf;
-    if (item >= rotated) break;
-    const uint32_t p = static_cast<uint32_t>(item) * kHalf + static_cast<uint32_t>(t % kHalf);
-    float c, s;
-    rope::CosSin(position, rope.inv_freq[p % half], c, s);
-    cs[t] = make_float2(c, s);
-  }
-  if (rope.kv_base != nullptr) {
-    const int64_t slot = rope.slots[0];
-    if (slot >= 0 && slot < rope.kv_slots) {
-      const int64_t block = slot / rope.kv_block_size;
-      walk.kv_slot_base =
-          block * rope.kv_block_stride + (slot - block * rope.kv_block_size) * rope.head_dim;
-    }
-  }
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+// The start of the token's slot in the KV cache, or -1 (no cache, or a
+// slot outside it). slots is a step input, not the kernel ahead's result,
+// so this runs before the wait.
+__device__ __forceinline__ int64_t KvSlotBase(const GemvRope& rope) {
+  if (rope.kv_base == nullptr) return -1;
+  const int64_t slot = rope.slots[0];
+  if (slot < 0 || slot >= rope.kv_slots) return -1;
+  const int64_t block = slot / rope.kv_block_size;
+  return block * rope.kv_block_stride + (slot - block * rope.kv_block_size) * rope.head_dim;
 }
 
 __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_t item, int parity,
@@ -400,15 +367,10 @@ __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_
   PairBarrier(warp);
   if (warp < kHalf && lane == 0) {
     const int half = rope.head_dim / 2;
-    float2 cs;
-    if (walk.rope_cs != nullptr) {
-      cs = walk.rope_cs[(item - walk.first_item) * kHalf + warp];
-    } else {
-      rope::CosSin(static_cast<float>(rope.positions[0]),
-                   rope.inv_freq[static_cast<int>(source_row % rope.head_dim)], cs.x, cs.y);
-    }
-    float a, b;
-    rope::Rotate(sum, partners[warp], cs.x, cs.y, a, b);
+    float c, s, a, b;
+    rope::CosSin(static_cast<float>(rope.positions[0]),
+                 rope.inv_freq[static_cast<int>(source_row % rope.head_dim)], c, s);
+    rope::Rotate(sum, partners[warp], c, s, a, b);
     const __nv_bfloat16 lo = __float2bfloat16_rn(a), hi = __float2bfloat16_rn(b);
     y[source_row] = lo;
     y[source_row + half] = hi;
@@ -518,9 +480,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if (threadIdx.x % 32 == 0) Produce<kOut>(w, walk, smem, full, empty);
     return;
   }
-  if constexpr (kOut == Out::kRopeBf16) {
-    RopeTables(walk, reinterpret_cast<float2*>(smem + RopeTableOffset(kNorm, k)));
-  }
+  if constexpr (kOut == Out::kRopeBf16) walk.kv_slot_base = KvSlotBase(rope);
   if constexpr (kNorm) {
     // The norm's weights do not depend on the kernel ahead; x does.
     NormVectors weight;
@@ -543,20 +503,14 @@ cudaError_t Launch(const void* x, const void* w, const void* bias, void* y, int6
                    const GemvRope& rope, const GemvSchedule& schedule) {
   if (sms <= 0 || (kNorm && (k % 8 != 0 || k > kNormMaxK))) return cudaErrorInvalidValue;
   auto* kernel = &GemvBulkKernel<kOut, kNorm>;
-  constexpr bool kRope = kOut == Out::kRopeBf16;
-  // The norm's row is sized for the longest k (and the RoPE table for the
-  // most items), so the attribute is set once.
-  constexpr size_t kBytes =
-      RopeTableOffset(kNorm, kNorm ? kNormMaxK : 0) + (kRope ? kRopeTableMaxBytes : 0);
+  // The norm's row is sized for the longest k, so the attribute is set once.
+  constexpr size_t kBytes = kNorm ? kNormRowOffset + 2 * kNormMaxK : kSharedBytes;
   static std::atomic<uint64_t> configured{0};
   const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kBytes, configured);
   if (error != cudaSuccess) return error;
-  const int64_t items = Items<kOut>(n);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t{sms} * kCtasPerSm));
-  const size_t table =
-      kRope ? static_cast<size_t>((items + grid - 1) / grid) * kRopeTableItemBytes : 0;
-  if (table > kRopeTableMaxBytes) return cudaErrorInvalidValue;
-  const size_t bytes = RopeTableOffset(kNorm, k) + table;
+  const size_t bytes = kNorm ? kNormRowOffset + 2 * static_cast<size_t>(k) : kSharedBytes;
+  const unsigned grid =
+      static_cast<unsigned>(std::min<int64_t>(Items<kOut>(n), int64_t{sms} * kCtasPerSm));
   return pdl::Launch(kernel, dim3(grid), dim3(kThreads), bytes, stream, pdl, x,
                      static_cast<const __nv_bfloat16*>(w), bias, y, n, k, accumulate, norm, rope,
                      schedule);

@@ -76,11 +76,10 @@ cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void
 // y [n] in bf16 = x · Wᵀ (+ the f32 bias [n]) for one token's fused
 // q/k/v projection, its first rope.rope_heads heads rotated (GemvRope):
 // the bits of the f32 GEMV followed by kernels/cuda/rope's RopeQkvF32.
-// positions, inv_freq and slots are read before the wait on the kernel
-// ahead (with `pdl`): no kernel still running may write them. cudaErrorInvalidValue
-// for a head_dim that is not a positive multiple of 8, rotated heads past
-// n, null positions or inv_freq, or more than 128 items of 8 rows per CTA
-// (n above 2048 x sms).
+// slots is read before the wait on the kernel ahead (with `pdl`): no kernel
+// still running may write it. cudaErrorInvalidValue for a head_dim that is
+// not a positive multiple of 8, rotated heads past n, or null positions or
+// inv_freq.
 cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
                          const GemvRope& rope, const GemvSchedule& schedule = {});
