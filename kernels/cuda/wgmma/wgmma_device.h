@@ -326,6 +326,16 @@ __device__ __forceinline__ float LoadClusterShared(uint32_t remote) {
   return v;
 }
 
+// The two f32s at an 8-byte aligned ClusterSharedAddress.
+__device__ __forceinline__ float2 LoadClusterSharedPair(uint32_t remote) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+               : "=f"(v.x), "=f"(v.y)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
 }  // namespace trident::kernels::cuda::wgmma
 
 #endif  // TRIDENT_KERNELS_CUDA_WGMMA_WGMMA_DEVICE_H_
