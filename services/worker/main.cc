@@ -89,10 +89,6 @@ ABSL_FLAG(bool, cuda_decode_stable_prefix, true,
           "CUDA backend: with --cuda_pdl_chain, decode attention copies the cached positions "
           "before the step's token while the q/k/v projection ahead of it still runs (false: "
           "it waits for that projection before any load).");
-ABSL_FLAG(bool, cuda_decode_fuse_o, false,
-          "CUDA backend: on sm_90, a decode step of one sequence (contexts up to 2048, head_dim "
-          "128) runs its attention output projection inside the decode attention kernel "
-          "(false: a GEMV of its own after attention).");
 ABSL_FLAG(bool, cuda_pdl_chain, true,
           "CUDA backend: launch the norms, RoPE, the KV append, SwiGLU and decode attention with "
           "programmatic dependent launch too, so that each kernel of a step is scheduled before "
@@ -261,7 +257,6 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_gemv_fusions = absl::GetFlag(FLAGS_cuda_gemv_fusions);
   model.cuda_gemv_dynamic = absl::GetFlag(FLAGS_cuda_gemv_dynamic);
   model.cuda_decode_stable_prefix = absl::GetFlag(FLAGS_cuda_decode_stable_prefix);
-  model.cuda_decode_fuse_o = absl::GetFlag(FLAGS_cuda_decode_fuse_o);
   model.cuda_gemm_skinny = absl::GetFlag(FLAGS_cuda_gemm_skinny);
   model.cuda_pdl_chain = absl::GetFlag(FLAGS_cuda_pdl_chain);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);

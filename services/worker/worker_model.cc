@@ -116,7 +116,6 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     co.gemv_rope = options.cuda_gemv_fusions;
     co.gemv_dynamic = options.cuda_gemv_dynamic;
     co.decode_stable_prefix = options.cuda_decode_stable_prefix;
-    co.decode_fuse_o = options.cuda_decode_fuse_o;
     co.gemm_skinny = options.cuda_gemm_skinny;
     co.pdl_chain = options.cuda_pdl_chain;
     co.kv_cache_tokens = options.gpu_kv_cache_tokens;

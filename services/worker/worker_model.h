@@ -55,9 +55,6 @@ struct WorkerModelOptions {
   // Decode attention loads the cached prefix before its PDL wait
   // (CudaBackendOptions::decode_stable_prefix).
   bool cuda_decode_stable_prefix = true;
-  // A batch-1 decode step runs its o projection inside decode attention
-  // (CudaBackendOptions::decode_fuse_o).
-  bool cuda_decode_fuse_o = false;
   // On sm_90, decode batches' projections take Hopper's skinny GEMM
   // (CudaBackendOptions::gemm_skinny).
   bool cuda_gemm_skinny = false;

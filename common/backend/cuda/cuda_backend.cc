@@ -354,16 +354,6 @@ absl::Status Impl::AllocateWorkspace() {
                                                      config.num_attention_heads, config.head_dim));
   }
   TRIDENT_RETURN_IF_ERROR(decode_workspace.Allocate(decode_ws, "decode workspace"));
-  if (options.decode_fuse_o && tp.group == nullptr &&
-      options.kv_cache_dtype != numeric::DType::kFP8E4M3 &&
-      kc::DecodeOProjectionSupported(config.num_attention_heads, config.num_key_value_heads,
-                                     config.head_dim)) {
-    const size_t bytes =
-        kc::DecodeOProjectionWorkspaceBytes(config.num_key_value_heads, config.hidden_size);
-    TRIDENT_RETURN_IF_ERROR(o_workspace.Allocate(bytes, "fused o projection workspace"));
-    TRIDENT_RETURN_IF_ERROR(
-        CudaCheck(cudaMemset(o_workspace.get(), 0, bytes), "fused o projection workspace"));
-  }
   if (tp.group != nullptr) {
     // Two halves: the o projection's and the down projection's (see
     // EnqueuePeerSum).

@@ -73,12 +73,6 @@ struct CudaBackendOptions {
   // the step's token while the q/k/v projection ahead of it still runs
   // (PagedDecodeArgs::stable_prefix).
   bool decode_stable_prefix = true;
-  // A decode step of one sequence runs its output projection inside decode
-  // attention (kernels/cuda/paged_decode_attention's
-  // LaunchPagedDecodeAttentionO: head_dim 128, GQA 1/2/4/8, sm_90, a bf16
-  // cache, one GPU, contexts up to kFuseOMaxContext), so the o projection
-  // launches no kernel of its own.
-  bool decode_fuse_o = false;
   // Single-row projections (a decode step of one sequence) take the
   // weight-streaming GEMV kernel of kernels/cuda/gemm instead of cuBLASLt
   // (GemmOptions::gemv); false: cuBLASLt for all.

@@ -118,12 +118,6 @@ size_t MetaBytes(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_se
 
 // The shape of one pass's device work: everything the enqueueing needs that
 // is not in the metadata buffer.
-// The longest context at which a batch-1 decode step fuses the o
-// projection into attention: each kv head's attention runs in every one of
-// its clusters (reading its KV once per cluster), which pays for itself at
-// short and middle contexts.
-inline constexpr int32_t kFuseOMaxContext = 2048;
-
 struct StepShape {
   int64_t total = 0;  // token rows
   int32_t num_seqs = 0;
@@ -139,15 +133,13 @@ struct StepShape {
   int32_t max_query = 0;
   int32_t table_stride = 0;
   kc::DecodePlan plan;
-  // The decode attention kernel also runs the o projection (Impl::FusesO).
-  bool fuse_o = false;
   int64_t head_rows = 0;  // rows of logits
   bool gather = false;    // head rows are meta.rows of the token rows
   int64_t remote_rows() const { return total - local_tokens; }
 };
 
-// A decode graph's key: (padded batch, splits * 16 + kernel variant (+ 2^16
-// with the o projection fused), table stride).
+// A decode graph's key: (padded batch, splits * 16 + kernel variant, table
+// stride).
 using GraphMapKey = std::tuple<int32_t, int32_t, int32_t>;
 GraphMapKey GraphKey(const StepShape& shape);
 
@@ -262,15 +254,6 @@ struct Impl {
   std::vector<int32_t> wanted_index;  // Split's scratch: batch index -> caller's row
   DeviceBuffer last, logits;          // bf16 [S][hidden], f32 [S][vocab]
   DeviceBuffer decode_workspace;
-  // The fused o projection's partials and tickets (zeroed once; empty when
-  // the model or options rule it out).
-  DeviceBuffer o_workspace;
-  // Whether a decode step of `seqs` local one-token sequences (and no
-  // CPU-resident rows) up to max_context runs the o projection inside
-  // decode attention.
-  bool FusesO(int32_t seqs, int32_t max_context) const {
-    return seqs == 1 && o_workspace.get() != nullptr && max_context <= kFuseOMaxContext;
-  }
   PinnedBuffer host_logits;
 
   // CPU-resident sequences' attention: the wait for an answer, and totals.
@@ -391,9 +374,6 @@ struct Impl {
   // The o projection (and, under tensor parallelism, the peer all-reduce
   // that sums it), then the MLP (and its sum).
   absl::Status EnqueuePostAttention(Pass& pass, int32_t layer);
-  // Decode attention with the o projection fused (shape.fuse_o): `args`
-  // are the step's decode attention arguments.
-  absl::Status EnqueueAttentionO(Pass& pass, int32_t layer, const kc::PagedDecodeArgs& args);
   absl::Status EnqueueOProj(Pass& pass, int32_t layer);
   absl::Status EnqueueMlp(Pass& pass, int32_t layer);
   // Where a row-parallel projection (o, down) writes, and whether it adds.

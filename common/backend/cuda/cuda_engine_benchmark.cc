@@ -62,9 +62,6 @@ ABSL_FLAG(int32_t, decode_variant, -1,
 ABSL_FLAG(bool, decode_stable_prefix, true,
           "Decode attention copies the cached positions before the step's token ahead of its "
           "wait on the q/k/v projection (CudaBackendOptions::decode_stable_prefix).");
-ABSL_FLAG(bool, decode_fuse_o, false,
-          "A batch-1 decode step runs its o projection inside decode attention "
-          "(CudaBackendOptions::decode_fuse_o).");
 ABSL_FLAG(bool, gemv_dynamic, true,
           "Hopper's GEMV hands its items to CTAs as they ask (CudaBackendOptions::gemv_dynamic).");
 ABSL_FLAG(bool, gemv_bulk, true,
@@ -303,7 +300,6 @@ CudaBackendOptions OptionsFromFlags(const std::vector<int32_t>& batches, int32_t
   options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
   options.decode_variant = absl::GetFlag(FLAGS_decode_variant);
   options.decode_stable_prefix = absl::GetFlag(FLAGS_decode_stable_prefix);
-  options.decode_fuse_o = absl::GetFlag(FLAGS_decode_fuse_o);
   options.pdl = absl::GetFlag(FLAGS_pdl);
   options.pdl_chain = absl::GetFlag(FLAGS_pdl_chain);
   if (absl::GetFlag(FLAGS_kv_fp8)) options.kv_cache_dtype = numeric::DType::kFP8E4M3;

@@ -176,12 +176,9 @@ absl::StatusOr<bool> Impl::Stage(Pass& pass, absl::Span<const StepSequence> batc
   if (use_graph) shape.local_seqs = padded;
   shape.table_stride = std::min(NextPow2(max_table), max_blocks);
   if (use_graph) {
-    const StepShape graph = GraphShape(padded, max_context);
-    shape.plan = graph.plan;
-    shape.fuse_o = graph.fuse_o;
+    shape.plan = GraphShape(padded, max_context).plan;
   } else if (shape.all_decode && shape.local_seqs > 0) {
     shape.plan = PlanDecode(shape.local_seqs, max_context);
-    shape.fuse_o = shape.total == shape.local_tokens && FusesO(shape.local_seqs, max_context);
   } else if (shape.decode_seqs > 0) {
     shape.plan = PlanDecode(shape.decode_seqs, shape.max_decode_context);
   }
@@ -449,7 +446,6 @@ absl::Status Impl::EnqueueLocalAttention(Pass& pass, int32_t l) {
     // The step's kernels write no cached position of a decode sequence but
     // its last (this step's token); its inputs are uploaded before them.
     a.stable_prefix = options.pdl_chain && options.decode_stable_prefix;
-    if (shape.fuse_o) return EnqueueAttentionO(pass, l, a);
     TRIDENT_RETURN_IF_ERROR(kc::LaunchPagedDecodeAttention(a, shape.plan, decode_workspace.get(),
                                                            decode_workspace.bytes(), stream));
   }
@@ -482,22 +478,8 @@ absl::Status Impl::EnqueuePostAttention(Pass& pass, int32_t l) {
   return absl::OkStatus();
 }
 
-absl::Status Impl::EnqueueAttentionO(Pass& pass, int32_t l, const kc::PagedDecodeArgs& args) {
-  const Layer& layer = layers[l];
-  const kc::DecodeOProjection o{.weight = layer.o.get(),
-                                .weight_stride = q_out(),
-                                .bias = layer.o_bias.get<float>(),
-                                .residual = pass.residual.get<float>(),
-                                .hidden = config.hidden_size,
-                                .workspace = o_workspace.get(),
-                                .workspace_bytes = o_workspace.bytes()};
-  return kc::LaunchPagedDecodeAttentionO(args, o, stream);
-}
-
 absl::Status Impl::EnqueueOProj(Pass& pass, int32_t l) {
   const StepShape& shape = pass.shape;
-  // Decode attention ran the projection (EnqueueAttentionO).
-  if (shape.fuse_o) return absl::OkStatus();
   if (shape.remote_rows() > 0) {
     // The services' answers (ReceiveRemote put them in host_remote_o).
     const size_t row_bytes = static_cast<size_t>(q_out()) * 2;
@@ -647,8 +629,7 @@ absl::Status Impl::RunLayers() {
 }
 
 GraphMapKey GraphKey(const StepShape& shape) {
-  return std::make_tuple(shape.num_seqs,
-                         shape.plan.num_splits * 16 + shape.plan.variant + (shape.fuse_o << 16),
+  return std::make_tuple(shape.num_seqs, shape.plan.num_splits * 16 + shape.plan.variant,
                          shape.table_stride);
 }
 
@@ -668,9 +649,7 @@ StepShape Impl::GraphShape(int32_t padded, int32_t max_context) const {
   shape.max_query = 1;
   shape.table_stride = TableStride(max_context);
   // Graphs bake the split count in: plan for the context bucket.
-  const int32_t bucket = std::min(NextPow2(max_context), max_model_len);
-  shape.plan = PlanDecode(padded, bucket);
-  shape.fuse_o = FusesO(padded, bucket);
+  shape.plan = PlanDecode(padded, std::min(NextPow2(max_context), max_model_len));
   shape.head_rows = padded;
   shape.gather = false;
   return shape;

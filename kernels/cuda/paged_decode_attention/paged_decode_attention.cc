@@ -276,11 +276,24 @@ size_t MaxDecodeWorkspaceBytes(int32_t max_batch, int32_t num_kv_heads, int32_t 
   return most;
 }
 
-namespace {
-
-// The kernel's view of args under `plan` (no workspace).
-internal::DecodeKernelParams KernelParams(const PagedDecodeArgs& args, const DecodePlan& plan) {
+absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,
+                                        void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream) {
+  if (absl::Status status = ValidateArgs(args, plan); !status.ok()) return status;
   internal::DecodeKernelParams p;
+  const size_t needed = DecodeWorkspaceBytes(plan, args.batch, args.num_q_heads, args.head_dim);
+  if (needed > 0 && args.batch > 0) {
+    if (workspace == nullptr || workspace_bytes < needed || !Aligned(workspace, 16)) {
+      return Invalid(absl::StrCat(
+          "workspace (", workspace_bytes, " bytes", workspace == nullptr ? ", null" : "",
+          ") must be 16-byte aligned and hold DecodeWorkspaceBytes = ", needed, " bytes for ",
+          plan.num_splits, " splits"));
+    }
+    const size_t rows = static_cast<size_t>(args.batch) * args.num_q_heads * plan.num_splits;
+    p.partial_out = static_cast<float*>(workspace);
+    p.partial_stats = p.partial_out + rows * args.head_dim;
+  }
+  if (args.batch == 0) return absl::OkStatus();
   p.q = args.q;
   p.q_stride = args.q_stride;
   p.out = args.out;
@@ -307,102 +320,12 @@ internal::DecodeKernelParams KernelParams(const PagedDecodeArgs& args, const Dec
   p.pdl = args.pdl;
   p.stable_prefix = args.pdl && args.stable_prefix;
   p.sm90 = CurrentDeviceIsSm90();
-  return p;
-}
-
-absl::Status LaunchError(cudaError_t error) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("paged_decode_attention launch: ", cudaGetErrorString(error)));
-}
-
-}  // namespace
-
-absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,
-                                        void* workspace, size_t workspace_bytes,
-                                        cudaStream_t stream) {
-  if (absl::Status status = ValidateArgs(args, plan); !status.ok()) return status;
-  internal::DecodeKernelParams p = KernelParams(args, plan);
-  const size_t needed = DecodeWorkspaceBytes(plan, args.batch, args.num_q_heads, args.head_dim);
-  if (needed > 0 && args.batch > 0) {
-    if (workspace == nullptr || workspace_bytes < needed || !Aligned(workspace, 16)) {
-      return Invalid(absl::StrCat(
-          "workspace (", workspace_bytes, " bytes", workspace == nullptr ? ", null" : "",
-          ") must be 16-byte aligned and hold DecodeWorkspaceBytes = ", needed, " bytes for ",
-          plan.num_splits, " splits"));
-    }
-    const size_t rows = static_cast<size_t>(args.batch) * args.num_q_heads * plan.num_splits;
-    p.partial_out = static_cast<float*>(workspace);
-    p.partial_stats = p.partial_out + rows * args.head_dim;
+  const cudaError_t error = internal::PagedDecode(p, stream);
+  if (error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("paged_decode_attention launch: ", cudaGetErrorString(error)));
   }
-  if (args.batch == 0) return absl::OkStatus();
-  return LaunchError(internal::PagedDecode(p, stream));
-}
-
-bool DecodeOProjectionSupported(int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim) {
-  if (num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0 || head_dim != 128) return false;
-  const int32_t group = num_q_heads / num_kv_heads;
-  return (group == 1 || group == 2 || group == 4 || group == 8) && CurrentDeviceIsSm90();
-}
-
-int32_t DecodeOProjectionParts(int32_t num_kv_heads, int32_t hidden) {
-  static const int32_t max_clusters = internal::DecodeAttentionOMaxClusters(kDecodeOSplits);
-  if (num_kv_heads <= 0) return 1;
-  const int32_t by_rows = hidden / (kDecodeOSplits * internal::kORowsPerStage);
-  return std::clamp(std::min(max_clusters / num_kv_heads, by_rows), 1, 8);
-}
-
-size_t DecodeOProjectionWorkspaceBytes(int32_t num_kv_heads, int32_t hidden) {
-  if (num_kv_heads <= 0 || hidden <= 0) return 0;
-  // Partials, then a ticket per row block (8 parts of kDecodeOSplits at most).
-  return static_cast<size_t>(num_kv_heads) * hidden * sizeof(float) +
-         8 * kDecodeOSplits * sizeof(uint32_t);
-}
-
-absl::Status LaunchPagedDecodeAttentionO(const PagedDecodeArgs& args, const DecodeOProjection& o,
-                                         cudaStream_t stream) {
-  const DecodePlan plan{kDecodeOSplits, kClusterDecodeVariant};
-  if (absl::Status status = ValidateArgs(args, plan); !status.ok()) return status;
-  if (args.batch != 1) return Invalid(absl::StrCat("fused o: batch ", args.batch, " is not 1"));
-  if (args.kv_dtype != DecodeKvDtype::kBf16) return Invalid("fused o: the cache is not bf16");
-  if (!DecodeOProjectionSupported(args.num_q_heads, args.num_kv_heads, args.head_dim)) {
-    return Invalid(absl::StrCat("fused o: needs head_dim 128, a group of 1, 2, 4 or 8 and sm_90 (",
-                                args.num_q_heads, " q heads, ", args.num_kv_heads,
-                                " kv heads, head_dim ", args.head_dim, ")"));
-  }
-  const int64_t width = int64_t{args.num_q_heads} * args.head_dim;
-  if (o.weight == nullptr || !Aligned(o.weight, 16) || o.weight_stride < width ||
-      o.weight_stride % 8 != 0) {
-    return Invalid(absl::StrCat("fused o: weight must be 16-byte aligned with a stride (",
-                                o.weight_stride, ") of at least ", width, " and a multiple of 8"));
-  }
-  if (o.residual == nullptr || o.hidden <= 0 || !Aligned(o.residual, 4)) {
-    return Invalid(absl::StrCat("fused o: residual must be 4-byte aligned and hidden (", o.hidden,
-                                ") positive"));
-  }
-  const size_t needed = DecodeOProjectionWorkspaceBytes(args.num_kv_heads, o.hidden);
-  if (o.workspace == nullptr || o.workspace_bytes < needed || !Aligned(o.workspace, 16)) {
-    return Invalid(absl::StrCat("fused o: workspace (", o.workspace_bytes,
-                                " bytes) must be 16-byte aligned and hold ", needed, " bytes"));
-  }
-  internal::DecodeKernelParams p = KernelParams(args, plan);
-  p.o_weight = o.weight;
-  p.o_weight_stride = o.weight_stride;
-  p.o_bias = o.bias;
-  p.o_residual = o.residual;
-  p.o_partials = static_cast<float*>(o.workspace);
-  p.o_tickets = reinterpret_cast<uint32_t*>(p.o_partials + int64_t{args.num_kv_heads} * o.hidden);
-  p.o_rows = o.hidden;
-  p.o_parts = DecodeOProjectionParts(args.num_kv_heads, o.hidden);
-  const int32_t blocks = p.o_parts * kDecodeOSplits;
-  const int32_t per_cta = (o.hidden + blocks - 1) / blocks;
-  p.o_rows_per_cta = (per_cta + internal::kORowsPerStage - 1) / internal::kORowsPerStage *
-                     internal::kORowsPerStage;
-  const int64_t ring = internal::kMaxSharedBytesPerCta - internal::kORingOffset;
-  p.o_stages = static_cast<int32_t>(
-      std::min<int64_t>(ring / internal::OStageBytes(static_cast<int32_t>(p.group * args.head_dim)),
-                        internal::kMaxOStages - 1));
-  return LaunchError(internal::LaunchDecodeAttentionO(p, stream));
+  return absl::OkStatus();
 }
 
 }  // namespace trident::kernels::cuda

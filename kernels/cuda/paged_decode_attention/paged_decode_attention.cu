@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/paged_decode_attention/decode_device.h"
-#include "kernels/cuda/paged_decode_attention/decode_o_device.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention_kernel.h"
 #include "kernels/cuda/pdl/pdl_device.h"
 
@@ -334,23 +333,10 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-// How an mma kernel ends: its warps merged and the output (or the split's
-// partial) written; kCluster: the grid is (split, kv head, sequence), each
-// sequence's and kv head's splits one cluster, merged through distributed
-// shared memory (MergeClusterAndWrite); kClusterO: kCluster for one
-// sequence, the grid (split, kv head, part), the merged output multiplied
-// by the output projection's rows of the cluster's CTAs (ORing) instead of
-// written.
-enum class DecodeEnd { kWarps, kCluster, kClusterO };
-
-// Stores a bf16 at a ClusterSharedAddress.
-__device__ __forceinline__ void StoreClusterShared(uint32_t remote, __nv_bfloat16 value) {
-  asm volatile("st.shared::cluster.b16 [%0], %1;" ::"r"(remote),
-               "h"(*reinterpret_cast<const unsigned short*>(&value))
-               : "memory");
-}
-
-template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock, DecodeEnd kEnd>
+// kCluster: the grid is (split, kv head, sequence), each sequence's and kv
+// head's splits one cluster, merged through distributed shared memory
+// (MergeClusterAndWrite).
+template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages, bool kOneBlock, bool kCluster>
 __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumStages, kHeadDim))
     DecodeMmaKernel(const DecodeKernelParams p) {
   constexpr int kChunk = kMmaChunkTokens;
@@ -370,28 +356,18 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
 
   extern __shared__ __align__(128) unsigned char smem[];
 
-  constexpr bool kCluster = kEnd != DecodeEnd::kWarps;
-  constexpr bool kFusedO = kEnd == DecodeEnd::kClusterO;
+  // A merge kernel launched with programmatic dependent launch may start its
+  // CTAs now; they wait for this whole grid before reading anything. As
+  // the legacy kernel, this one waits for the kernel ahead before its first
+  // load, or (stable_prefix) after its pipeline's first copies.
+  pdl::LetDependentsLaunch();
+  if (!p.stable_prefix) pdl::WaitForPreviousGrid();
+
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int kv_head = kCluster ? blockIdx.y : blockIdx.x;
   const int split = kCluster ? blockIdx.x : blockIdx.y;
-  const int seq = kFusedO ? 0 : blockIdx.z;
-  const int o_block = kFusedO ? static_cast<int>(blockIdx.z) * p.num_splits + split : 0;
-  const ORing ring(p, smem + kOAttentionBytes, kv_head, o_block);
-  if constexpr (kFusedO) {
-    if (threadIdx.x == 0) ring.Init();
-    __syncthreads();
-  }
-
-  // A merge kernel launched with programmatic dependent launch may start its
-  // CTAs now; they wait for this whole grid before reading anything. As
-  // the legacy kernel, this one waits for the kernel ahead before its first
-  // load, or (stable_prefix) after its pipeline's first copies (and the
-  // fused projection's first weight stages).
-  pdl::LetDependentsLaunch();
-  if (!p.stable_prefix) pdl::WaitForPreviousGrid();
-
+  const int seq = blockIdx.z;
   const int row = lane / 4;   // Head within the group this lane's accumulators hold.
   const int quad = lane % 4;  // Tokens / dims 2 * quad + {0, 1} of each 8-wide tile.
 
@@ -483,7 +459,6 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     if (s < my_chunks) issue_chunk(s, first_blocks[s], s);
     CpAsyncCommit();
   }
-  if constexpr (kFusedO) ring.Prologue<kNumWarps>(warp, lane);
   // With stable_prefix the prologue's copies ran before the kernel ahead
   // ended. The newest position (this step's token, which that kernel may
   // write) is read again now, and written over its row once its chunk has
@@ -604,20 +579,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   run_sum += __shfl_xor_sync(~0u, run_sum, 2);
   __syncthreads();  // All warps are done with their stages.
 
-  if constexpr (kFusedO) {
-    // Every CTA of the cluster gets the group's bf16 output (the bits the
-    // unfused kernel writes), then multiplies its rows of the weight.
-    __nv_bfloat16* const vec = ring.vector();
-    MergeCluster<kHeadDim, kNumWarps>(
-        p, smem, acc, run_max, run_sum, hd, split, [&](int g, int d, float value) {
-          const __nv_bfloat16 v = __float2bfloat16_rn(value);
-          for (int r = 0; r < p.num_splits; ++r) {
-            StoreClusterShared(wgmma::ClusterSharedAddress(vec + g * kHeadDim + d, r), v);
-          }
-        });
-    ring.Multiply<kNumWarps>(warp, lane);
-    ring.Reduce(o_block, reinterpret_cast<bool*>(ring.full(kMaxOStages - 1)));
-  } else if constexpr (kCluster) {
+  if constexpr (kCluster) {
     MergeClusterAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split,
                                               seq);
   } else {
@@ -677,8 +639,8 @@ cudaError_t LaunchMmaKernel(const DecodeKernelParams& p, cudaStream_t stream) {
   static_assert(kSmemBytes <= kMaxSharedBytesPerCta, "fits one SM's shared memory");
   static_assert(kMergeWarpsBytes<kHeadDim, kNumWarps> + (8 * kHeadDim + 16) * 4 <= kSmemBytes,
                 "the cluster merge reuses the stages");
-  void (*kernel)(DecodeKernelParams) = DecodeMmaKernel < kHeadDim, kMasked, kNumWarps, kNumStages,
-       kOneBlock, kCluster ? DecodeEnd::kCluster : DecodeEnd::kWarps > ;
+  void (*kernel)(DecodeKernelParams) =
+      DecodeMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, kOneBlock, kCluster>;
   static std::atomic<uint64_t> configured{0};
   const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kSmemBytes, configured);
   if (error != cudaSuccess) return error;
@@ -696,22 +658,6 @@ cudaError_t LaunchMma(const DecodeKernelParams& p, cudaStream_t stream) {
              ? LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, true, kCluster>(p, stream)
              : LaunchMmaKernel<kHeadDim, kMasked, kNumWarps, kNumStages, false, kCluster>(p,
                                                                                           stream);
-}
-
-// The fused kernel: mma_w4_s2's cluster at head_dim 128, its shared memory
-// the attention's stages and the weight ring.
-template <bool kOneBlock>
-cudaError_t LaunchFusedO(const DecodeKernelParams& p, cudaStream_t stream) {
-  void (*kernel)(DecodeKernelParams) =
-      DecodeMmaKernel<128, false, 4, 2, kOneBlock, DecodeEnd::kClusterO>;
-  static std::atomic<uint64_t> configured{0};
-  const cudaError_t error = ConfigureSharedMemoryOnce(kernel, kMaxSharedBytesPerCta, configured);
-  if (error != cudaSuccess) return error;
-  const int64_t bytes = kORingOffset + p.o_stages * OStageBytes(p.group * p.head_dim);
-  const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_kv_heads),
-                  static_cast<unsigned>(p.o_parts));
-  return pdl::LaunchClustered(kernel, grid, dim3(128), static_cast<size_t>(bytes), stream, p.pdl,
-                              static_cast<unsigned>(p.num_splits), p);
 }
 
 // Whether params' splits merge in clusters (a kMmaCluster variant with 2 to
@@ -788,37 +734,6 @@ cudaError_t LaunchBf16Split(const DecodeKernelParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-cudaError_t LaunchDecodeAttentionO(const DecodeKernelParams& params, cudaStream_t stream) {
-  static_assert(kOAttentionBytes == MmaSharedBytes(4, 2, 128) &&
-                    kMergeWarpsBytes<128, 4> + (8 * 128 + 16) * 4 <= kOAttentionBytes,
-                "the fused kernel's attention part is mma_w4_s2's");
-  return params.block_size % kMmaChunkTokens == 0 ? LaunchFusedO<true>(params, stream)
-                                                  : LaunchFusedO<false>(params, stream);
-}
-
-int32_t DecodeAttentionOMaxClusters(int32_t splits) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(splits), 64, 1);
-  config.blockDim = dim3(128);
-  config.dynamicSmemBytes = kMaxSharedBytesPerCta;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(splits);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  void (*kernel)(DecodeKernelParams) =
-      DecodeMmaKernel<128, false, 4, 2, true, DecodeEnd::kClusterO>;
-  static std::atomic<uint64_t> configured{0};
-  if (ConfigureSharedMemoryOnce(kernel, kMaxSharedBytesPerCta, configured) != cudaSuccess) {
-    return 0;
-  }
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) return 0;
-  return clusters;
-}
 
 cudaError_t PagedDecode(const DecodeKernelParams& params, cudaStream_t stream) {
   if (params.batch == 0) return cudaSuccess;

@@ -14,8 +14,8 @@
 // or (the cluster variants, 2 to 8 splits) the splits of a (sequence, kv
 // head) run as one thread block cluster and merge through distributed shared
 // memory. With one split, or a cluster merge, the first kernel writes the
-// bf16 output itself and no workspace is needed. Kernels take raw device pointers and a stream,
-// never allocate and never synchronize.
+// bf16 output itself and no workspace is needed. Kernels take raw device pointers and a stream, never
+// allocate and never synchronize.
 
 #include <cuda_runtime_api.h>
 
@@ -187,51 +187,6 @@ size_t MaxDecodeWorkspaceBytes(int32_t max_batch, int32_t num_kv_heads, int32_t 
 absl::Status LaunchPagedDecodeAttention(const PagedDecodeArgs& args, const DecodePlan& plan,
                                         void* workspace, size_t workspace_bytes,
                                         cudaStream_t stream);
-
-// The attention output projection fused into decode attention, for one
-// sequence (a batch-1 decode step): residual += out · weightᵀ (+ bias), out
-// the attention output the plain launch writes (not written here). The
-// splits of each kv head run as one cluster of kDecodeOSplits CTAs (as
-// mma_w4_s2_cluster), o_parts clusters per kv head, each cluster's CTAs
-// computing the attention and then multiplying it by their share of the
-// weight rows (its columns of the kv head's q heads). The weight's first
-// rows are copied before the kernel waits for the one ahead (with pdl), so
-// the projection needs no boundary and no kernel of its own. The kv heads'
-// products meet in the workspace and the last CTA of each row block adds
-// them, in kv-head order, to the residual: the result does not depend on
-// timing.
-struct DecodeOProjection {
-  const void* weight = nullptr;  // bf16 [hidden][weight_stride], 16-byte aligned
-  int64_t weight_stride = 0;     // >= num_q_heads * head_dim, a multiple of 8
-  const float* bias = nullptr;   // f32 [hidden], or null
-  float* residual = nullptr;     // f32 [hidden]
-  int32_t hidden = 0;
-  // DecodeOProjectionWorkspaceBytes, zeroed before its first launch (the
-  // kernel leaves it so); launches using one workspace run in stream order.
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-};
-
-inline constexpr int32_t kDecodeOSplits = 8;
-
-// Whether LaunchPagedDecodeAttentionO takes the model's shape: head_dim 128,
-// a GQA group of 1, 2, 4 or 8, and an sm_90 device (clusters and the bulk
-// copy engine).
-bool DecodeOProjectionSupported(int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim);
-
-size_t DecodeOProjectionWorkspaceBytes(int32_t num_kv_heads, int32_t hidden);
-
-// The clusters per kv head the launch takes on this device: as many as run
-// at once, at most one CTA per 16 rows of the weight and 8 in all.
-int32_t DecodeOProjectionParts(int32_t num_kv_heads, int32_t hidden);
-
-// Enqueues the fused kernel for args (batch 1, the bf16 cache, as
-// DecodeOProjectionSupported) on `stream`. kInvalidArgument (and no launch)
-// as LaunchPagedDecodeAttention's, and for a batch other than 1, the FP8
-// cache, a shape DecodeOProjectionSupported refuses, or a null, misaligned
-// or short weight, residual or workspace; kInternal if the launch fails.
-absl::Status LaunchPagedDecodeAttentionO(const PagedDecodeArgs& args, const DecodeOProjection& o,
-                                         cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda
 

@@ -167,46 +167,7 @@ struct DecodeKernelParams {
   bool stable_prefix = false;      // PagedDecodeArgs::stable_prefix (mma kernels, bf16).
   // The device is sm_90 (kernels/cuda/arch): Hopper's kernel may run.
   bool sm90 = false;
-  // The output projection fused into the cluster kernel
-  // (LaunchDecodeAttentionO, one sequence): CTA rank r of the cluster of kv
-  // head h and part z (blockIdx.z) multiplies the group's attention output
-  // by rows [(z * num_splits + r) * o_rows_per_cta, + o_rows_per_cta) of
-  // the weight's columns of head h, writes them to o_partials[h][row], and
-  // the last CTA of a row block to arrive (its o_tickets entry) adds the
-  // kv heads' partials in order (and the bias) to the residual.
-  const void* o_weight = nullptr;  // bf16 [o_rows][o_weight_stride]
-  int64_t o_weight_stride = 0;
-  const float* o_bias = nullptr;  // f32 [o_rows] or null
-  float* o_residual = nullptr;    // f32 [o_rows]
-  float* o_partials = nullptr;    // f32 [num_kv_heads][o_rows]
-  uint32_t* o_tickets = nullptr;  // [o_parts * num_splits], zero between launches
-  int32_t o_rows = 0;
-  int32_t o_rows_per_cta = 0;  // a multiple of kORowsPerStage
-  int32_t o_parts = 1;
-  int32_t o_stages = 0;  // the weight ring's stages (kMaxOStages at most)
 };
-
-// The fused output projection's weight ring (LaunchDecodeAttentionO): stages
-// of kORowsPerStage rows of the kv head's group * head_dim columns, each row
-// kORowPad bytes longer than its data (conflict-free ldmatrix), past the
-// attention's stages, the ring's barriers and the bf16 attention vector.
-inline constexpr int32_t kORowsPerStage = 16;
-inline constexpr int32_t kORowPad = 16;
-inline constexpr int32_t kMaxOStages = 64;
-inline constexpr int32_t kOBarrierBytes = kMaxOStages * 8;
-inline constexpr int32_t kOVectorBytes = 8 * 128 * 2;  // group <= 8, head_dim 128
-TRIDENT_DECODE_HOST_DEVICE constexpr int64_t OStageBytes(int32_t width) {
-  return int64_t{kORowsPerStage} * (width * 2 + kORowPad);
-}
-// The attention part's stages: mma_w4_s2 at head_dim 128.
-inline constexpr int64_t kOAttentionBytes = MmaSharedBytes(4, 2, 128);
-inline constexpr int64_t kORingOffset = kOAttentionBytes + kOBarrierBytes + kOVectorBytes;
-
-// Launches the fused kernel (params' o fields set, num_splits the cluster
-// size, o_parts clusters per kv head).
-cudaError_t LaunchDecodeAttentionO(const DecodeKernelParams& params, cudaStream_t stream);
-// Clusters of `splits` fused CTAs the device runs at once (0 on error).
-int32_t DecodeAttentionOMaxClusters(int32_t splits);
 
 // Launches the split kernel of params.variant and, with more than one split,
 // the merge kernel.
