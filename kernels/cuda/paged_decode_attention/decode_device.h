@@ -160,7 +160,10 @@ __device__ __forceinline__ void MergeWarpsAndWrite(const DecodeKernelParams& p, 
 // q of the kv head's group as the mma kernels' A fragments: qa[ks][0] =
 // pack(q[row][16 ks + 2 quad + {0, 1}]), qa[ks][1] the pair 8 dims on;
 // zero for rows past the group and dims past hd. Each pair is one 4-byte
-// load where q and its stride allow it (the same for every thread).
+// load where q and its stride allow it (the same for every thread). Every
+// load is issued before any is packed: q is read right after the wait on
+// the kernel ahead, and loads consumed one by one would cost a round trip
+// each.
 template <int kKSteps, typename Pack>
 __device__ __forceinline__ void LoadQFragments(const DecodeKernelParams& p, int seq, int kv_head,
                                                int row, int quad, int hd, Pack pack,
@@ -169,23 +172,36 @@ __device__ __forceinline__ void LoadQFragments(const DecodeKernelParams& p, int 
                                static_cast<int64_t>(seq) * p.q_stride +
                                static_cast<int64_t>(kv_head * p.group + row) * hd + 2 * quad;
   const bool paired = ((reinterpret_cast<uintptr_t>(p.q) | (p.q_stride * 2)) & 3) == 0;
+  __nv_bfloat162 pairs[kKSteps][2];
+  if (paired) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool live = row < p.group && 16 * ks < hd;
+        const __nv_bfloat162* at =
+            reinterpret_cast<const __nv_bfloat162*>(q_row + 16 * ks + 8 * half);
+        pairs[ks][half] = live ? __ldg(at) : __floats2bfloat162_rn(0.0f, 0.0f);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool live = row < p.group && 16 * ks < hd;
+        const __nv_bfloat16* at = q_row + 16 * ks + 8 * half;
+        pairs[ks][half].x = live ? at[0] : __float2bfloat16_rn(0.0f);
+        pairs[ks][half].y = live ? at[1] : __float2bfloat16_rn(0.0f);
+      }
+    }
+  }
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      uint32_t packed = 0;
-      if (row < p.group && 16 * ks < hd) {
-        const __nv_bfloat16* at = q_row + 16 * ks + 8 * half;
-        __nv_bfloat162 pair;
-        if (paired) {
-          pair = __ldg(reinterpret_cast<const __nv_bfloat162*>(at));
-        } else {
-          pair.x = at[0];
-          pair.y = at[1];
-        }
-        packed = pack(pair);
-      }
-      qa[ks][half] = packed;
+      const bool live = row < p.group && 16 * ks < hd;
+      qa[ks][half] = live ? pack(pairs[ks][half]) : 0u;
     }
   }
 }
