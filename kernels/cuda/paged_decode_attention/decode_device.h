@@ -215,14 +215,14 @@ inline constexpr int kMergeWarpsBytes = kNumWarps*(8 * kHeadDim + 16) * 4;
 // in its shared memory past MergeWarps' (kMergeWarpsBytes, then
 // (8 * kHeadDim + 16) floats); then the cluster's CTAs (the splits, in
 // rank order) each merge a share of the group's elements over every split's
-// result through distributed shared memory: store(g, d, value) for each
-// element d < hd of q head g (once in the cluster). The merge kernel's
-// arithmetic (DecodeMergeKernel). It ends with a cluster barrier, so what
-// store writes to other CTAs' shared memory is visible after it.
-template <int kHeadDim, int kNumWarps, typename Store>
-__device__ __forceinline__ void MergeCluster(const DecodeKernelParams& p, unsigned char* smem,
-                                             const float (&acc)[kHeadDim / 8][2], float run_max,
-                                             float run_sum, int hd, int split, Store store) {
+// result through distributed shared memory and write it in bf16. The
+// merge kernel's arithmetic (DecodeMergeKernel).
+template <int kHeadDim, int kNumWarps>
+__device__ __forceinline__ void MergeClusterAndWrite(const DecodeKernelParams& p,
+                                                     unsigned char* smem,
+                                                     const float (&acc)[kHeadDim / 8][2],
+                                                     float run_max, float run_sum, int hd,
+                                                     int kv_head, int split, int seq) {
   float* const mine = reinterpret_cast<float*>(smem + kMergeWarpsBytes<kHeadDim, kNumWarps>);
   float* const stats = mine + 8 * kHeadDim;  // (max, sum) per q head of the group
   MergeWarps<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd,
@@ -269,25 +269,12 @@ __device__ __forceinline__ void MergeCluster(const DecodeKernelParams& p, unsign
         }
       }
     }
-    store(g, d, den > 0.0f ? num / den : 0.0f);
+    static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
+                                       static_cast<int64_t>(kv_head * p.group + g) * hd + d] =
+        __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
   }
   // No CTA leaves while another may still read its shared memory.
   wgmma::ClusterSync();
-}
-
-// MergeCluster writing the bf16 output row.
-template <int kHeadDim, int kNumWarps>
-__device__ __forceinline__ void MergeClusterAndWrite(const DecodeKernelParams& p,
-                                                     unsigned char* smem,
-                                                     const float (&acc)[kHeadDim / 8][2],
-                                                     float run_max, float run_sum, int hd,
-                                                     int kv_head, int split, int seq) {
-  MergeCluster<kHeadDim, kNumWarps>(
-      p, smem, acc, run_max, run_sum, hd, split, [&](int g, int d, float value) {
-        static_cast<__nv_bfloat16*>(p.out)[static_cast<int64_t>(seq) * p.out_stride +
-                                           static_cast<int64_t>(kv_head * p.group + g) * hd + d] =
-            __float2bfloat16_rn(value);
-      });
 }
 
 // With stable_prefix: the newest position of the context (this step's token,
