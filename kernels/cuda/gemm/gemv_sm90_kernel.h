@@ -50,7 +50,7 @@ struct GemvRope {
 struct GemvSchedule {
   uint32_t* counter = nullptr;
 };
-//
+
 // The longest row a fused norm takes (its bf16 copy beside the ring, two
 // CTAs still fitting an SM).
 int64_t GemvBulkNormMaxK();
