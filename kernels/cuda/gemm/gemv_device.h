@@ -31,21 +31,47 @@ __device__ __forceinline__ float Dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-// Adds the bias (and y's old value with `accumulate`) and writes y[row].
+// An output row's bias and (with `accumulate`) y's old value, as floats:
+// loadable ahead of the row's sum, so its store then waits for no load.
+struct RowInputs {
+  float bias = 0.0f;
+  float y = 0.0f;
+};
+
+template <bool kF32Out>
+__device__ __forceinline__ RowInputs LoadRowInputs(const void* bias, const void* y, int64_t row,
+                                                   bool accumulate) {
+  RowInputs in;
+  if constexpr (kF32Out) {
+    if (bias != nullptr) in.bias = static_cast<const float*>(bias)[row];
+    if (accumulate) in.y = static_cast<const float*>(y)[row];
+  } else {
+    if (bias != nullptr) in.bias = __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[row]);
+    if (accumulate) in.y = __bfloat162float(static_cast<const __nv_bfloat16*>(y)[row]);
+  }
+  return in;
+}
+
+// Adds the bias (and y's old value with `accumulate`), in that order, and
+// writes y[row].
+template <bool kF32Out>
+__device__ __forceinline__ void StoreRow(float v, const RowInputs& in, bool has_bias, void* y,
+                                         int64_t row, bool accumulate) {
+  if (has_bias) v += in.bias;
+  if (accumulate) v += in.y;
+  if constexpr (kF32Out) {
+    static_cast<float*>(y)[row] = v;
+  } else {
+    static_cast<__nv_bfloat16*>(y)[row] = __float2bfloat16_rn(v);
+  }
+}
+
+// StoreRow with the inputs loaded now.
 template <bool kF32Out>
 __device__ __forceinline__ void Store(float v, const void* bias, void* y, int64_t row,
                                       bool accumulate) {
-  if constexpr (kF32Out) {
-    float* out = static_cast<float*>(y) + row;
-    if (bias != nullptr) v += static_cast<const float*>(bias)[row];
-    if (accumulate) v += *out;
-    *out = v;
-  } else {
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(y) + row;
-    if (bias != nullptr) v += __bfloat162float(static_cast<const __nv_bfloat16*>(bias)[row]);
-    if (accumulate) v += __bfloat162float(*out);
-    *out = __float2bfloat16_rn(v);
-  }
+  StoreRow<kF32Out>(v, LoadRowInputs<kF32Out>(bias, y, row, accumulate), bias != nullptr, y, row,
+                    accumulate);
 }
 
 // The sum of a warp's 32 partial sums, in every lane.

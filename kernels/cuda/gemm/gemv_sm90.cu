@@ -381,10 +381,24 @@ __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_
 
 // Writes an item's results, once each consumer warp holds its row's sum
 // (in every lane). `exchange` is kItemRows floats of shared memory.
+// The plain outputs' RowInputs (the bias, and y's old value when
+// accumulating) are loaded by lane 0 as an item starts and used as it ends
+// (Finish): loaded at the end, each item's last step waited an L2 round
+// trip for them.
+template <Out kOut>
+__device__ __forceinline__ RowInputs StartItem(const void* bias, const void* y, int64_t row,
+                                               bool accumulate, int lane) {
+  if constexpr (kOut == Out::kBf16 || kOut == Out::kF32) {
+    if (lane == 0 && row >= 0) return LoadRowInputs<kOut == Out::kF32>(bias, y, row, accumulate);
+  }
+  return RowInputs{};
+}
+
 template <Out kOut>
 __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int parity,
                                        int warp, int lane, const void* bias, void* y,
-                                       bool accumulate, float* exchange, const Walk& walk) {
+                                       bool accumulate, const RowInputs& in, float* exchange,
+                                       const Walk& walk) {
   if constexpr (kOut == Out::kRopeBf16) {
     FinishRope(sum, source_row, item, parity, warp, lane, static_cast<const float*>(bias),
                static_cast<__nv_bfloat16*>(y), exchange, walk);
@@ -404,7 +418,7 @@ __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t it
     }
   } else {
     if (lane == 0 && source_row >= 0) {
-      Store<kOut == Out::kF32>(sum, bias, y, source_row, accumulate);
+      StoreRow<kOut == Out::kF32>(sum, in, bias != nullptr, y, source_row, accumulate);
     }
   }
 }
@@ -424,6 +438,7 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
   int64_t col = 0;   // the chunk's first column
   int64_t done = 0;  // items finished (their parity picks the exchange buffer)
   int64_t item = walk.first_item;
+  RowInputs in;
   for (int64_t s = 0; dynamic || s < walk.stages; ++s) {
     wgmma::BarrierWait(&full[slot], phase);
     if (dynamic) {
@@ -431,6 +446,7 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
       if (item < 0) break;
     }
     const int64_t row = SourceRow<kOut>(item, warp, walk);
+    if (col == 0) in = StartItem<kOut>(bias, y, row, accumulate, lane);
     if (row >= 0) {
       const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - col) / 8);
       const unsigned char* const mine = ring + slot * kStageBytes + warp * kRowBytes;
@@ -446,7 +462,7 @@ __device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restr
     col += kChunk;
     if (col >= walk.k) {
       Finish<kOut>(WarpSum(acc), row, item, static_cast<int>(done & 1), warp, lane, bias, y,
-                   accumulate, exchange, walk);
+                   accumulate, in, exchange, walk);
       acc = 0.0f;
       col = 0;
       ++done;
