@@ -379,8 +379,6 @@ __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_
   }
 }
 
-// Writes an item's results, once each consumer warp holds its row's sum
-// (in every lane). `exchange` is kItemRows floats of shared memory.
 // The plain outputs' RowInputs (the bias, and y's old value when
 // accumulating) are loaded by lane 0 as an item starts and used as it ends
 // (Finish): loaded at the end, each item's last step waited an L2 round
@@ -394,6 +392,9 @@ __device__ __forceinline__ RowInputs StartItem(const void* bias, const void* y, 
   return RowInputs{};
 }
 
+// Writes an item's results, once each consumer warp holds its row's sum
+// (in every lane); `in` is StartItem's. `exchange` is kItemRows floats of
+// shared memory.
 template <Out kOut>
 __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t item, int parity,
                                        int warp, int lane, const void* bias, void* y,
