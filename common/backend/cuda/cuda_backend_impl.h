@@ -298,7 +298,8 @@ struct Impl {
     }
     const int32_t default_variant =
         options.kv_cache_dtype == numeric::DType::kFP8E4M3
-            ? kc::kDefaultFp8DecodeVariant
+            ? kc::DefaultFp8DecodeVariant(batch, config.num_key_value_heads, config.head_dim,
+                                          num_sms)
             : kc::DefaultDecodeVariant(batch, config.num_key_value_heads, config.head_dim, num_sms);
     return kc::PlanDecodeVariant(
         batch, config.num_key_value_heads, config.head_dim, max_context, num_sms,

@@ -95,6 +95,76 @@ __device__ __forceinline__ void StoreSplitResult(const DecodeKernelParams& p, in
   }
 }
 
+// The warps' partials MergeWarps reduces, in `smem` (kMergeWarpsBytes):
+// each warp's output as [8 q heads][kHeadDim] floats, then its (max, sum)
+// per q head. StageWarpTiles writes them from the mma layout.
+// `warp`, `row` and `quad` are the calling thread's warp and its lane's
+// l / 4 and l % 4 (the mma fragments' row and column pair).
+template <int kHeadDim, int kNumWarps>
+struct StagedWarps {
+  float* o;  // [kNumWarps][8][kHeadDim]
+  float* m;  // [kNumWarps][8]
+  float* l;  // [kNumWarps][8]
+  int warp;
+  int row;
+  int quad;
+  __device__ __forceinline__ explicit StagedWarps(unsigned char* smem)
+      : o(reinterpret_cast<float*>(smem)),
+        m(o + kNumWarps * 8 * kHeadDim),
+        l(m + kNumWarps * 8),
+        warp(static_cast<int>(threadIdx.x) / 32),
+        row(static_cast<int>(threadIdx.x) % 32 / 4),
+        quad(static_cast<int>(threadIdx.x) % 4) {}
+};
+
+// Each warp's (max, sum) of head `row` and its output tiles acc (dims
+// 8 nt + 2 quad + {0, 1}) into StagedWarps.
+template <int kHeadDim, int kNumWarps>
+__device__ __forceinline__ void StageWarpTiles(unsigned char* smem,
+                                               const float (&acc)[kHeadDim / 8][2], float run_max,
+                                               float run_sum) {
+  const StagedWarps<kHeadDim, kNumWarps> staged(smem);
+  const int head = staged.warp * 8 + staged.row;
+#pragma unroll
+  for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+    *reinterpret_cast<float2*>(staged.o + head * kHeadDim + 8 * nt + 2 * staged.quad) =
+        make_float2(acc[nt][0], acc[nt][1]);
+  }
+  if (staged.quad == 0) {
+    staged.m[head] = run_max;
+    staged.l[head] = run_sum;
+  }
+}
+
+// The staged warps (StagedWarps, once every warp has written) merged:
+// store(g, d, value, max, denom) for each element d < hd of q head g of the
+// group, value normalized.
+template <int kHeadDim, int kNumWarps, typename Store>
+__device__ __forceinline__ void ReduceStagedWarps(const DecodeKernelParams& p, unsigned char* smem,
+                                                  int hd, Store store) {
+  const StagedWarps<kHeadDim, kNumWarps> staged(smem);
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.group * kHeadDim; i += kNumWarps * 32) {
+    const int g = i / kHeadDim;
+    const int d = i % kHeadDim;
+    if (d >= hd) continue;
+    float max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kNumWarps; ++w) max = fmaxf(max, staged.m[w * 8 + g]);
+    float denom = 0.0f;
+    float total = 0.0f;
+    if (max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kNumWarps; ++w) {
+        const float weight = exp2f(staged.m[w * 8 + g] - max);  // 0 for a warp without tokens.
+        denom = fmaf(weight, staged.l[w * 8 + g], denom);
+        total = fmaf(weight, staged.o[(w * 8 + g) * kHeadDim + d], total);
+      }
+    }
+    store(g, d, denom > 0.0f ? total / denom : 0.0f, max, denom);
+  }
+}
+
 // Each warp's (max, sum) of head `row` and its output tiles acc (dims
 // 8 nt + 2 quad + {0, 1}) merged over the warps through `smem`
 // (kMergeWarpsBytes, free by now): store(g, d, value, max, denom) for each
@@ -103,42 +173,8 @@ template <int kHeadDim, int kNumWarps, typename Store>
 __device__ __forceinline__ void MergeWarps(const DecodeKernelParams& p, unsigned char* smem,
                                            const float (&acc)[kHeadDim / 8][2], float run_max,
                                            float run_sum, int hd, Store store) {
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int row = lane / 4;
-  const int quad = lane % 4;
-  float* red_o = reinterpret_cast<float*>(smem);
-  float* red_m = red_o + kNumWarps * 8 * kHeadDim;
-  float* red_l = red_m + kNumWarps * 8;
-#pragma unroll
-  for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-    *reinterpret_cast<float2*>(red_o + (warp * 8 + row) * kHeadDim + 8 * nt + 2 * quad) =
-        make_float2(acc[nt][0], acc[nt][1]);
-  }
-  if (quad == 0) {
-    red_m[warp * 8 + row] = run_max;
-    red_l[warp * 8 + row] = run_sum;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < p.group * kHeadDim; i += kNumWarps * 32) {
-    const int g = i / kHeadDim;
-    const int d = i % kHeadDim;
-    if (d >= hd) continue;
-    float max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kNumWarps; ++w) max = fmaxf(max, red_m[w * 8 + g]);
-    float denom = 0.0f;
-    float total = 0.0f;
-    if (max != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kNumWarps; ++w) {
-        const float weight = exp2f(red_m[w * 8 + g] - max);  // 0 for a warp without tokens.
-        denom = fmaf(weight, red_l[w * 8 + g], denom);
-        total = fmaf(weight, red_o[(w * 8 + g) * kHeadDim + d], total);
-      }
-    }
-    store(g, d, denom > 0.0f ? total / denom : 0.0f, max, denom);
-  }
+  StageWarpTiles<kHeadDim, kNumWarps>(smem, acc, run_max, run_sum);
+  ReduceStagedWarps<kHeadDim, kNumWarps>(p, smem, hd, store);
 }
 
 // The end of an mma kernel: each warp's (max, sum) of head `row` and its

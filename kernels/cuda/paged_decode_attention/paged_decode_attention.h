@@ -14,8 +14,8 @@
 // or (the cluster variants, 2 to 8 splits) the splits of a (sequence, kv
 // head) run as one thread block cluster and merge through distributed shared
 // memory. With one split, or a cluster merge, the first kernel writes the
-// bf16 output itself and no workspace is needed. Kernels take raw device pointers and a stream, never
-// allocate and never synchronize.
+// bf16 output itself and no workspace is needed. Kernels take raw device pointers and a stream,
+// never allocate and never synchronize.
 
 #include <cuda_runtime_api.h>
 
@@ -105,10 +105,17 @@ inline constexpr int32_t kWgmmaFp8DecodeVariant = 9;
 // any) mma_w8_s2 stays ahead (bench/RESULTS.md).
 inline constexpr int32_t kManyItemsDecodeVariant = 6;
 inline constexpr int32_t kManyItemsPerSm = 2;
-// Over an FP8 cache: mma_w4_s2, the fastest or within 7% of it on every
-// benchmark shape on the H200 (the FP8 kernel is compute-bound, and more,
-// smaller CTAs suit it).
+// Over an FP8 cache: mma_w4_s2 (kDefaultFp8DecodeVariant); with many
+// (sequence, KV head) items, at least kManyItemsPerSm per SM, mma_w4_s3
+// (kManyItemsFp8DecodeVariant); past head_dim 128, mma_w8_s2
+// (kDefaultDecodeVariant: the 4-warp variants' launch bounds allow one CTA
+// per SM there). On the H200, mma_w4_s2 leads at 16 sequences (149 against
+// 190 us for mma_w8_s2 at 16 x 16384) and is within 4% of the best at
+// 1 x 32768; mma_w4_s3 is within 1% of the best from 64 sequences up and 9%
+// ahead of mma_w4_s2 at 128 x 2048; at head_dim 256, 16 x 16384, mma_w8_s2
+// takes 266 us against mma_w4_s2's 409 (bench/RESULTS.md).
 inline constexpr int32_t kDefaultFp8DecodeVariant = 1;
+inline constexpr int32_t kManyItemsFp8DecodeVariant = 2;
 
 // The bf16 variant PlanDecode takes for the shape: kManyItemsDecodeVariant
 // when head_dim is 128 and batch x num_kv_heads >= kManyItemsPerSm x
@@ -117,6 +124,11 @@ inline constexpr int32_t kDefaultFp8DecodeVariant = 1;
 // every shorter one.
 int32_t DefaultDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
                              int32_t num_sms);
+
+// The FP8 variant the backend takes for the shape (see above); like
+// DefaultDecodeVariant it depends on the batch alone.
+int32_t DefaultFp8DecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
+                                int32_t num_sms);
 
 // "legacy", "mma_w4_s3", ...; "invalid" outside [0, kNumDecodeVariants).
 const char* DecodeVariantName(int32_t variant);

@@ -14,8 +14,9 @@
 // shape is the gain. A positive `splits` replaces the planner's count (the
 // batch-1 rows: how many pieces a short context is best cut into); stable
 // = 1 launches with stable_prefix (the first chunks copied before each
-// launch's wait on the one ahead). Variant -1 takes PlanDecodeAuto's plan
-// over the bf16 cache. The
+// launch's wait on the one ahead). Variant -1 takes the backend's plan:
+// PlanDecodeAuto's over the bf16 cache, DefaultFp8DecodeVariant's over the
+// FP8 one. The
 // kernel is timed as the backend runs it: 20 launches (and their merges)
 // with programmatic dependent launch, replayed from one CUDA graph, so no
 // host launch cost sits between them.
@@ -68,9 +69,12 @@ void BM_PagedDecodeAttention(benchmark::State& state) {
   int sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int32_t variant = state.range(2) < 0 ? DefaultDecodeVariant(batch, kKvHeads, head_dim, sms)
-                                             : static_cast<int32_t>(state.range(2));
   const bool fp8 = state.range(4) != 0;
+  int32_t variant = static_cast<int32_t>(state.range(2));
+  if (variant < 0) {
+    variant = fp8 ? DefaultFp8DecodeVariant(batch, kKvHeads, head_dim, sms)
+                  : DefaultDecodeVariant(batch, kKvHeads, head_dim, sms);
+  }
   const int32_t forced_splits = static_cast<int32_t>(state.range(5));
 
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;

@@ -7,17 +7,24 @@
 // split's 16-token chunks w, w + kNumWarps, ... through its own kNumStages-
 // deep cp.async pipeline. A chunk lies inside one block (block_size is a
 // multiple of 16), so its K rows, its V group (16 tokens transposed: one
-// 16-byte row per dim) and its 32 scales are each contiguous. Per chunk:
-//   S = Q . K^T    mma m16n8k16 f16: A = q (fp16, registers), B from one
-//                  32-bit shared load per (8 tokens, 16 dims): the group's
-//                  fragment order puts dims 2l, 2l + 1, 2l + 8, 2l + 9 at
-//                  bytes 4l..4l + 3, exactly lane quad l's two B registers;
-//                  each token's score times its K scale;
-//   online softmax in base 2;
-//   O += P . V     A = P times each token's V scale over the chunk's largest
-//                  (so in [0, 1] for fp16), B from one 32-bit load per 8 dims
-//                  (tokens in fragment order); O is kept in units of that
-//                  largest scale, rescaled when the next chunk's differs.
+// 16-byte row per dim) and its 32 scales are each contiguous. Both products
+// are taken transposed, so that the m16n8k16 fp16 MMA's 16 rows are all
+// tokens or dims (the q heads, at most 8, are its 8 columns) and no operand
+// or accumulator holds zeros that would be set again for every MMA:
+//   S^T = K . Q^T  A = 16 tokens x 16 dims of K from one 32-bit shared load
+//                  per (token, lane quad): the group's fragment order puts
+//                  dims 2l, 2l + 1, 2l + 8, 2l + 9 at bytes 4l..4l + 3,
+//                  exactly a lane's two A registers of one row; B = q
+//                  (fp16, registers); each token's score times its K scale;
+//   online softmax in base 2, per q head over the tokens (the lanes of a
+//                  column);
+//   P^T            the probabilities times each token's V scale over the
+//                  chunk's largest (so in [0, 1] for fp16), turned from the
+//                  accumulator layout into a B operand by movmatrix;
+//   O^T += V^T . P^T  A = 16 dims x 16 tokens of the V group, one 32-bit
+//                  load per (dim, lane quad) (tokens in fragment order);
+//                  O is kept in units of that largest scale, rescaled when
+//                  the next chunk's differs.
 // K rows in shared memory have their 16-byte pieces swizzled by row, so the
 // 8 rows of a load hit 8 different bank groups. Bytes of tokens past the
 // context (stale, perhaps NaN) are masked: their scores are -inf and their V
@@ -38,16 +45,32 @@
 namespace trident::kernels::cuda::internal {
 namespace {
 
-// d[row l/4][2(l%4) + {0,1}] += A . B, an m16n8k16 fp16 MMA whose A rows
-// 8..15 are zero (as MmaTopRows in paged_decode_attention.cu).
-__device__ __forceinline__ void MmaTopRowsF16(float& d0, float& d1, uint32_t a0, uint32_t a2,
-                                              uint32_t b0, uint32_t b1) {
-  [[maybe_unused]] float unused0;
-  [[maybe_unused]] float unused1;
+// d += A . B, an m16n8k16 fp16 MMA with f32 accumulators: a0..a3 are A's
+// (row l/4, cols 2(l%4) + {0,1}), (row + 8, same), (row, cols + 8),
+// (row + 8, cols + 8); b0, b1 B's (rows 2(l%4) + {0,1}, col l/4), (rows + 8,
+// same); d the accumulators (row l/4, cols 2(l%4) + {0,1}), (row + 8, same).
+__device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %10, %11};\n"
-      : "+f"(d0), "+f"(d1), "=f"(unused0), "=f"(unused1)
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f));
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 2^x in one instruction; results below 2^-126 flush to zero (probabilities
+// that small add nothing to a sum of at least 1).
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The 8x8 matrix of 16-bit elements whose row l/4, cols 2(l%4) + {0,1} lane
+// l holds, transposed across the warp.
+__device__ __forceinline__ uint32_t Transpose8x8(uint32_t pair) {
+  uint32_t out;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(out) : "r"(pair));
+  return out;
 }
 
 __device__ __forceinline__ uint32_t PackHalf(float lo, float hi) {
@@ -73,6 +96,92 @@ __device__ __forceinline__ int SwizzledPiece(int r, int piece) {
   }
 }
 
+// One chunk's online softmax over S^T (st: tokens row, row + 8 of heads
+// 2 quad + {0, 1}, base-2 scores before the K scales): st becomes each
+// probability times its token's V scale over the chunk's largest (`unit`
+// after), zero past `valid`; run_max, run_sum and O^T (acc, in units of the
+// old `unit`) are carried over.
+template <int kDimTiles>
+__device__ __forceinline__ void Fp8ChunkSoftmax(float (&st)[4], const float* k_scales,
+                                                const float* v_scales, int valid, float scale_log2,
+                                                float (&run_max)[2], float (&run_sum)[2],
+                                                float& unit, float (&acc)[kDimTiles][4]) {
+  const int row = static_cast<int>(threadIdx.x % 32) / 4;
+  float v_scale[2];
+  float v_unit = 0.0f;
+  float chunk_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int t = row + 8 * j;
+    const float k_scale = t < valid ? k_scales[t] * scale_log2 : 0.0f;
+    v_scale[j] = t < valid ? v_scales[t] : 0.0f;
+    v_unit = fmaxf(v_unit, v_scale[j]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st[2 * j + h] = t < valid ? st[2 * j + h] * k_scale : -INFINITY;
+      chunk_max[h] = fmaxf(chunk_max[h], st[2 * j + h]);
+    }
+  }
+#pragma unroll
+  for (int offset = 4; offset < 32; offset *= 2) {
+    v_unit = fmaxf(v_unit, __shfl_xor_sync(~0u, v_unit, offset));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      chunk_max[h] = fmaxf(chunk_max[h], __shfl_xor_sync(~0u, chunk_max[h], offset));
+    }
+  }
+  v_unit = v_unit > 0.0f ? v_unit : 1.0f;
+  const float inverse_unit = 1.0f / v_unit;
+  float rescale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float new_max = fmaxf(run_max[h], chunk_max[h]);
+    const float alpha = Exp2Approx(run_max[h] - new_max);  // 0 on the first chunk.
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float prob = Exp2Approx(st[2 * j + h] - new_max);
+      sum += prob;
+      st[2 * j + h] = prob * (v_scale[j] * inverse_unit);
+    }
+    run_sum[h] = run_sum[h] * alpha + sum;
+    run_max[h] = new_max;
+    // O / v_unit = (O_old / unit) * alpha * unit / v_unit.
+    rescale[h] = alpha * (unit * inverse_unit);
+  }
+  unit = v_unit;
+#pragma unroll
+  for (int mt = 0; mt < kDimTiles; ++mt) {
+    acc[mt][0] *= rescale[0];
+    acc[mt][1] *= rescale[1];
+    acc[mt][2] *= rescale[0];
+    acc[mt][3] *= rescale[1];
+  }
+}
+
+// O^T (acc: dims 16 mt + row (+ 8) of heads 2 quad + {0, 1}) and the (max,
+// sum) of those heads into StagedWarps, as StageWarpTiles stages O.
+template <int kHeadDim, int kNumWarps>
+__device__ __forceinline__ void StageTransposedWarp(unsigned char* smem,
+                                                    const float (&acc)[kHeadDim / 16][4],
+                                                    const float (&run_max)[2],
+                                                    const float (&run_sum)[2]) {
+  const StagedWarps<kHeadDim, kNumWarps> staged(smem);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = staged.warp * 8 + 2 * staged.quad + h;
+#pragma unroll
+    for (int mt = 0; mt < kHeadDim / 16; ++mt) {
+      staged.o[head * kHeadDim + 16 * mt + staged.row] = acc[mt][h];
+      staged.o[head * kHeadDim + 16 * mt + staged.row + 8] = acc[mt][2 + h];
+    }
+    if (staged.row == 0) {
+      staged.m[head] = run_max[h];
+      staged.l[head] = run_sum[h];
+    }
+  }
+}
+
 template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages>
 __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumStages, kHeadDim))
     DecodeMmaFp8Kernel(const DecodeKernelParams p) {
@@ -82,7 +191,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   constexpr int kVTileBytes = kHeadDim * kChunk;
   constexpr int kStageBytes = static_cast<int>(MmaFp8StageBytes(kHeadDim));
   constexpr int kKSteps = kHeadDim / 16;
-  constexpr int kDimTiles = kHeadDim / 8;
+  constexpr int kDimTiles = kHeadDim / 16;  // Of O^T's rows.
   static_assert(kChunk == 16, "a chunk is one k step of the PV mma and one V group");
   static_assert(kStageBytes == kKTileBytes + kVTileBytes + kFp8ScaleBytesPerChunk,
                 "a stage holds K, V and the scales");
@@ -96,8 +205,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   const int kv_head = blockIdx.x;
   const int split = blockIdx.y;
   const int seq = blockIdx.z;
-  const int row = lane / 4;   // Head of the accumulators; token (or dim) of the B loads.
-  const int quad = lane % 4;  // Tokens / dims 2 quad + {0, 1} (+ 8) of each tile.
+  const int row = lane / 4;   // Token or dim (+ 8) of the A loads; q head of B (q, P^T).
+  const int quad = lane % 4;  // Heads 2 quad + {0, 1} of the accumulators.
 
   int64_t begin = 0;
   int64_t end = 0;
@@ -105,7 +214,8 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
   const int num_chunks = static_cast<int>((end - begin + kChunk - 1) / kChunk);
   const int my_chunks = warp < num_chunks ? (num_chunks - warp + kNumWarps - 1) / kNumWarps : 0;
 
-  // q as fp16 A fragments: qa[ks][0] = q[row][16 ks + 2 quad + {0,1}], [1] at + 8.
+  // q as fp16 B fragments of Q^T: qa[ks][0] = q[row][16 ks + 2 quad + {0,1}],
+  // [1] at + 8.
   const int hd = kMasked ? p.head_dim : kHeadDim;
   uint32_t qa[kKSteps][2];
   // fp16 holds |q| up to 65504; beyond it saturates.
@@ -118,12 +228,15 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
       },
       qa);
 
-  float acc[kDimTiles][2];
+  // O^T: acc[mt] = dims 16 mt + row (+ 8) of heads 2 quad + {0, 1}.
+  float acc[kDimTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < kDimTiles; ++nt) acc[nt][0] = acc[nt][1] = 0.0f;
-  float run_max = -INFINITY;
-  float run_sum = 0.0f;  // This lane's tokens; summed over the quad at the end.
-  float unit = 1.0f;     // acc holds O / unit.
+  for (int mt = 0; mt < kDimTiles; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+  // Heads 2 quad + {0, 1}: the running max, and this lane's tokens' sum
+  // (summed over the column's lanes at the end).
+  float run_max[2] = {-INFINITY, -INFINITY};
+  float run_sum[2] = {0.0f, 0.0f};
+  float unit = 1.0f;  // acc holds O / unit.
 
   const unsigned char* kv = static_cast<const unsigned char*>(p.kv);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
@@ -144,6 +257,28 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     if (i >= my_chunks) return 0;
     return __ldg(table + FastDiv(static_cast<uint32_t>(chunk_start(i)), block_div));
   };
+  // Each lane's K pieces of a chunk, fixed for the kernel: piece j is row
+  // k_row0 + j * kRowsPerCopy, at k_src0 + j * kRowsPerCopy * hd past the
+  // chunk's first row and at k_dst[j] in the stage.
+  constexpr int kKCopies = kChunk * kRowPieces / 32;
+  constexpr int kRowsPerCopy = 32 / kRowPieces;
+  const int k_row0 = lane / kRowPieces;
+  const int k_piece = lane % kRowPieces;
+  const bool k_live = k_piece * 16 < hd;
+  const uint32_t k_src0 = static_cast<uint32_t>(k_row0 * hd + k_piece * 16);
+  uint32_t k_dst[kKCopies];
+#pragma unroll
+  for (int j = 0; j < kKCopies; ++j) {
+    const int r = k_row0 + j * kRowsPerCopy;
+    k_dst[j] = static_cast<uint32_t>(r * kHeadDim + SwizzledPiece<kRowPieces>(r, k_piece) * 16);
+  }
+  const int64_t k_head = static_cast<int64_t>(kv_head) * block_size * hd;
+  const int64_t v_head = p.value_offset + static_cast<int64_t>(kv_head) * block_size * hd;
+  // Lanes 0-3: a chunk's K scales; 4-7: its V scales.
+  const int64_t s_lane =
+      p.scale_offset +
+      (static_cast<int64_t>(lane / 4) * p.num_kv_heads + kv_head) * block_size * 4 +
+      (lane % 4) * 16;
   // Starts the copies of the warp's chunk i into `stage`: K rows past the
   // context and pieces past head_dim are zero-filled; V rows (dims) past
   // head_dim are zero-filled, its tokens past the context masked later.
@@ -153,37 +288,27 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     const uint32_t position = static_cast<uint32_t>(start);
     const int slot = static_cast<int>(position - FastDiv(position, block_div) * block_size);
     const unsigned char* block_base = kv + static_cast<int64_t>(block) * p.block_stride;
-    const uint32_t k_dst = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
-    const uint32_t v_dst = k_dst + kKTileBytes;
+    const uint32_t k_dst_base = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
+    const uint32_t v_dst = k_dst_base + kKTileBytes;
     const uint32_t s_dst = v_dst + kVTileBytes;
-    const unsigned char* k_src =
-        block_base + (static_cast<int64_t>(kv_head) * block_size + slot) * hd;
+    // Rows past the context lie in the block (a chunk does not cross one).
+    const unsigned char* k_src = block_base + k_head + slot * hd + k_src0;
 #pragma unroll
-    for (int j = 0; j < kChunk * kRowPieces / 32; ++j) {
-      const int piece_index = lane + 32 * j;
-      const int r = piece_index / kRowPieces;
-      const int piece = piece_index % kRowPieces;
-      const bool ok = r < valid && piece * 16 < hd;
-      CpAsync16Shared(
-          k_dst + static_cast<uint32_t>(r * kHeadDim + SwizzledPiece<kRowPieces>(r, piece) * 16),
-          ok ? k_src + r * hd + piece * 16 : kv, ok);
+    for (int j = 0; j < kKCopies; ++j) {
+      const bool ok = k_live && k_row0 + j * kRowsPerCopy < valid;
+      CpAsync16Shared(k_dst_base + k_dst[j], ok ? k_src + j * kRowsPerCopy * hd : kv, ok);
     }
-    const unsigned char* v_src =
-        block_base + p.value_offset +
-        (static_cast<int64_t>(kv_head) * (block_size / kChunk) + slot / kChunk) * hd * kChunk;
+    // The chunk's V group: 16 bytes a dim.
+    const unsigned char* v_src = block_base + v_head + slot * hd + lane * 16;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 32; ++j) {
-      const int d = lane + 32 * j;
-      CpAsync16Shared(v_dst + static_cast<uint32_t>(d * 16), d < hd ? v_src + d * 16 : kv, d < hd);
+      const bool live = lane + 32 * j < hd;
+      CpAsync16Shared(v_dst + static_cast<uint32_t>((lane + 32 * j) * 16),
+                      live ? v_src + j * 512 : kv, live);
     }
     if (lane < 8) {
-      // Lanes 0-3: the chunk's K scales; 4-7: its V scales.
-      const int which = lane / 4;
-      const unsigned char* s_src =
-          block_base + p.scale_offset +
-          ((static_cast<int64_t>(which) * p.num_kv_heads + kv_head) * block_size + slot) * 4 +
-          (lane % 4) * 16;
-      CpAsync16Shared(s_dst + static_cast<uint32_t>(lane * 16), s_src, true);
+      CpAsync16Shared(s_dst + static_cast<uint32_t>(lane * 16), block_base + s_lane + slot * 4,
+                      true);
     }
   };
 
@@ -215,94 +340,70 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     const float* v_scales = k_scales + kChunk;
     const int valid = valid_tokens(chunk_start(i));
 
-    // S = Q . K^T for tokens 0..7 (s[0]) and 8..15 (s[1]).
-    float s[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    // S^T = K . Q^T: st = tokens row (+ 8) of heads 2 quad + {0, 1}, summed
+    // over the k steps in two chains (even and odd) that run side by side.
+    float st[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float st_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       if (16 * ks >= hd) break;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int r = 8 * j + row;
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(
-            k_tile + r * kHeadDim + SwizzledPiece<kRowPieces>(r, ks) * 16 + 4 * quad);
-        MmaTopRowsF16(s[j][0], s[j][1], qa[ks][0], qa[ks][1], Fp8PairToHalf2(word),
-                      Fp8PairToHalf2(word >> 16));
-      }
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(
+          k_tile + row * kHeadDim + SwizzledPiece<kRowPieces>(row, ks) * 16 + 4 * quad);
+      const uint32_t hi = *reinterpret_cast<const uint32_t*>(
+          k_tile + (row + 8) * kHeadDim + SwizzledPiece<kRowPieces>(row + 8, ks) * 16 + 4 * quad);
+      MmaF16(ks % 2 == 0 ? st : st_odd, Fp8PairToHalf2(lo), Fp8PairToHalf2(hi),
+             Fp8PairToHalf2(lo >> 16), Fp8PairToHalf2(hi >> 16), qa[ks][0], qa[ks][1]);
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[e] += st_odd[e];
+    Fp8ChunkSoftmax(st, k_scales, v_scales, valid, p.scale_log2, run_max, run_sum, unit, acc);
 
-    // Scores (base 2) with each token's K scale; the chunk's largest V scale.
-    float chunk_max = -INFINITY;
-    float v_scale[2][2];
-    float v_unit = 0.0f;
+    // O^T += V^T . P^T, with P^T (probabilities of heads row) from st.
+    const uint32_t pb0 = Transpose8x8(PackHalf(st[0], st[1]));
+    const uint32_t pb1 = Transpose8x8(PackHalf(st[2], st[3]));
+    auto accumulate_pv = [&](uint32_t token_mask) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = 8 * j + 2 * quad + e;
-        s[j][e] = t < valid ? s[j][e] * (k_scales[t] * p.scale_log2) : -INFINITY;
-        v_scale[j][e] = t < valid ? v_scales[t] : 0.0f;
-        chunk_max = fmaxf(chunk_max, s[j][e]);
-        v_unit = fmaxf(v_unit, v_scale[j][e]);
+      for (int mt = 0; mt < kDimTiles; ++mt) {
+        if (16 * mt >= hd) break;
+        const uint32_t lo =
+            *reinterpret_cast<const uint32_t*>(v_tile + (16 * mt + row) * 16 + 4 * quad) &
+            token_mask;
+        const uint32_t hi =
+            *reinterpret_cast<const uint32_t*>(v_tile + (16 * mt + row + 8) * 16 + 4 * quad) &
+            token_mask;
+        MmaF16(acc[mt], Fp8PairToHalf2(lo), Fp8PairToHalf2(hi), Fp8PairToHalf2(lo >> 16),
+               Fp8PairToHalf2(hi >> 16), pb0, pb1);
       }
-    }
-    chunk_max = fmaxf(chunk_max, __shfl_xor_sync(~0u, chunk_max, 1));
-    chunk_max = fmaxf(chunk_max, __shfl_xor_sync(~0u, chunk_max, 2));
-    v_unit = fmaxf(v_unit, __shfl_xor_sync(~0u, v_unit, 1));
-    v_unit = fmaxf(v_unit, __shfl_xor_sync(~0u, v_unit, 2));
-    v_unit = v_unit > 0.0f ? v_unit : 1.0f;
-    const float new_max = fmaxf(run_max, chunk_max);
-    const float alpha = exp2f(run_max - new_max);  // 0 on the first chunk.
-    float sum = 0.0f;
-    float pv[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float prob = exp2f(s[j][e] - new_max);
-        sum += prob;
-        pv[j][e] = prob * (v_scale[j][e] / v_unit);
-      }
-    }
-    run_sum = run_sum * alpha + sum;
-    run_max = new_max;
-    const uint32_t pa0 = PackHalf(pv[0][0], pv[0][1]);
-    const uint32_t pa2 = PackHalf(pv[1][0], pv[1][1]);
-
-    // O / v_unit = (O_old / unit) * alpha * unit / v_unit + P' . V.
-    const float rescale = alpha * (unit / v_unit);
-    unit = v_unit;
-#pragma unroll
-    for (int nt = 0; nt < kDimTiles; ++nt) {
-      acc[nt][0] *= rescale;
-      acc[nt][1] *= rescale;
-    }
-    // Bytes 4 quad + {0, 1, 2, 3} of a V row are tokens 2 quad + {0, 1, 8, 9}.
-    uint32_t token_mask = ~0u;
+    };
     if (valid < kChunk) {
-      token_mask = (2 * quad < valid ? 0xffu : 0u) | (2 * quad + 1 < valid ? 0xff00u : 0u) |
-                   (2 * quad + 8 < valid ? 0xff0000u : 0u) |
-                   (2 * quad + 9 < valid ? 0xff000000u : 0u);
-    }
-#pragma unroll
-    for (int nt = 0; nt < kDimTiles; ++nt) {
-      if (8 * nt >= hd) break;
-      const uint32_t word =
-          *reinterpret_cast<const uint32_t*>(v_tile + (8 * nt + row) * 16 + 4 * quad) & token_mask;
-      MmaTopRowsF16(acc[nt][0], acc[nt][1], pa0, pa2, Fp8PairToHalf2(word),
-                    Fp8PairToHalf2(word >> 16));
+      // Bytes 4 quad + {0, 1, 2, 3} of a V row are tokens 2 quad + {0, 1, 8, 9}.
+      accumulate_pv((2 * quad < valid ? 0xffu : 0u) | (2 * quad + 1 < valid ? 0xff00u : 0u) |
+                    (2 * quad + 8 < valid ? 0xff0000u : 0u) |
+                    (2 * quad + 9 < valid ? 0xff000000u : 0u));
+    } else {
+      accumulate_pv(~0u);
     }
     __syncwarp();
   }
   CpAsyncWait<0>();
-  run_sum += __shfl_xor_sync(~0u, run_sum, 1);
-  run_sum += __shfl_xor_sync(~0u, run_sum, 2);
 #pragma unroll
-  for (int nt = 0; nt < kDimTiles; ++nt) {
-    acc[nt][0] *= unit;
-    acc[nt][1] *= unit;
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int offset = 4; offset < 32; offset *= 2) {
+      run_sum[h] += __shfl_xor_sync(~0u, run_sum[h], offset);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < kDimTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[mt][e] *= unit;
   }
   __syncthreads();  // All warps are done with their stages.
-  MergeWarpsAndWrite<kHeadDim, kNumWarps>(p, smem, acc, run_max, run_sum, hd, kv_head, split, seq);
+  StageTransposedWarp<kHeadDim, kNumWarps>(smem, acc, run_max, run_sum);
+  ReduceStagedWarps<kHeadDim, kNumWarps>(
+      p, smem, hd, [&](int g, int d, float value, float max, float denom) {
+        StoreSplitResult(p, seq, split, kv_head * p.group + g, hd, d, value, max, denom);
+      });
 }
 
 template <int kHeadDim, bool kMasked, int kNumWarps, int kNumStages>
