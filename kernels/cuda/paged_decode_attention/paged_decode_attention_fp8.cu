@@ -272,34 +272,37 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
     const int r = k_row0 + j * kRowsPerCopy;
     k_dst[j] = static_cast<uint32_t>(r * kHeadDim + SwizzledPiece<kRowPieces>(r, k_piece) * 16);
   }
-  const int64_t k_head = static_cast<int64_t>(kv_head) * block_size * hd;
-  const int64_t v_head = p.value_offset + static_cast<int64_t>(kv_head) * block_size * hd;
-  // Lanes 0-3: a chunk's K scales; 4-7: its V scales.
-  const int64_t s_lane =
-      p.scale_offset +
-      (static_cast<int64_t>(lane / 4) * p.num_kv_heads + kv_head) * block_size * 4 +
-      (lane % 4) * 16;
+  // Offsets in a block (which holds them all, far below 2^31 bytes): the
+  // lane's first K piece in the kv head's rows, its V dim, and (lanes 0-7)
+  // its 16 bytes of the scales (lanes 0-3: K's; 4-7: V's).
+  const uint32_t k_lane = static_cast<uint32_t>(kv_head * block_size * hd) + k_src0;
+  const uint32_t v_lane =
+      static_cast<uint32_t>(p.value_offset + int64_t{kv_head} * block_size * hd + lane * 16);
+  const uint32_t s_lane = static_cast<uint32_t>(
+      p.scale_offset + (int64_t{lane / 4} * p.num_kv_heads + kv_head) * block_size * 4 +
+      (lane % 4) * 16);
   // Starts the copies of the warp's chunk i into `stage`: K rows past the
-  // context and pieces past head_dim are zero-filled; V rows (dims) past
+  // context and pieces past head_dim are zero-filled (their addresses still
+  // lie in the block: a chunk does not cross one); V rows (dims) past
   // head_dim are zero-filled, its tokens past the context masked later.
   auto issue_chunk = [&](int i, int32_t block, int stage) {
     const int64_t start = chunk_start(i);
     const int valid = valid_tokens(start);
     const uint32_t position = static_cast<uint32_t>(start);
-    const int slot = static_cast<int>(position - FastDiv(position, block_div) * block_size);
-    const unsigned char* block_base = kv + static_cast<int64_t>(block) * p.block_stride;
+    const uint32_t slot = position - FastDiv(position, block_div) * block_size;
+    // The chunk's first row in the block, as seen from each of its parts.
+    const unsigned char* chunk = kv + static_cast<int64_t>(block) * p.block_stride;
+    const uint32_t row_bytes = slot * static_cast<uint32_t>(hd);
     const uint32_t k_dst_base = warp_smem + static_cast<uint32_t>(stage * kStageBytes);
     const uint32_t v_dst = k_dst_base + kKTileBytes;
     const uint32_t s_dst = v_dst + kVTileBytes;
-    // Rows past the context lie in the block (a chunk does not cross one).
-    const unsigned char* k_src = block_base + k_head + slot * hd + k_src0;
+    const unsigned char* k_src = chunk + (k_lane + row_bytes);
 #pragma unroll
     for (int j = 0; j < kKCopies; ++j) {
-      const bool ok = k_live && k_row0 + j * kRowsPerCopy < valid;
-      CpAsync16Shared(k_dst_base + k_dst[j], ok ? k_src + j * kRowsPerCopy * hd : kv, ok);
+      CpAsync16Shared(k_dst_base + k_dst[j], k_src + j * kRowsPerCopy * hd,
+                      k_live && k_row0 + j * kRowsPerCopy < valid);
     }
-    // The chunk's V group: 16 bytes a dim.
-    const unsigned char* v_src = block_base + v_head + slot * hd + lane * 16;
+    const unsigned char* v_src = chunk + (v_lane + row_bytes);
 #pragma unroll
     for (int j = 0; j < kHeadDim / 32; ++j) {
       const bool live = lane + 32 * j < hd;
@@ -307,8 +310,7 @@ __global__ void __launch_bounds__(kNumWarps * 32, MmaCtasPerSm(kNumWarps, kNumSt
                       live ? v_src + j * 512 : kv, live);
     }
     if (lane < 8) {
-      CpAsync16Shared(s_dst + static_cast<uint32_t>(lane * 16), block_base + s_lane + slot * 4,
-                      true);
+      CpAsync16Shared(s_dst + static_cast<uint32_t>(lane * 16), chunk + (s_lane + slot * 4), true);
     }
   };
 
