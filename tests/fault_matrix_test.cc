@@ -83,7 +83,7 @@ struct FaultCase {
   // Sent to the target once every stream is mid-way.
   Signal signal = Signal::kNone;
   // Tokens every stream has when the signal is sent (0: as the requests
-  // start).
+  // start; -1: just before they start).
   int tokens_before = kTokensBeforeFault;
 
   bool hits_router() const { return target == "router"; }
@@ -250,7 +250,11 @@ class Cluster {
                             << r.decode_status.error_message();
       }
     }
-    testing::RunConcurrentStreams(router_, kStreams, /*max_tokens=*/4, /*tokens_before=*/0, [] {});
+    // Prompts the runs do not use: no prefill worker then holds a run's
+    // prefix, and the router places a run's requests as it would cold.
+    testing::RunConcurrentStreams(
+        router_, kStreams, /*max_tokens=*/4, /*tokens_before=*/0, [] {},
+        /*first=*/kStreams);
   }
 
   bool HitsPrefillWorker() const {
@@ -297,8 +301,7 @@ class FaultMatrixTest : public ::testing::Test {
   }
 
   // One faulted run, checked against `reference`.
-  RunOutcome RunFault(const FaultCase& fault, int run,
-                      const std::vector<StreamRecord>& reference) {
+  RunOutcome RunFault(const FaultCase& fault, int run, const std::vector<StreamRecord>& reference) {
     if (fault.hits_control_plane()) return RunControlPlaneFault(fault, run, reference);
     RunOutcome out;
     Cluster cluster(model_dir_, absl::StrCat("fault", &fault - kCases, "-run", run), &fault);
@@ -355,8 +358,8 @@ class FaultMatrixTest : public ::testing::Test {
     for (const std::string name : {"p1", "p2", "d1", "d2"}) {
       if (name == fault.target) continue;  // The attention service is no worker.
       const bool free = testing::AllKvBlocksFree(cluster.worker(name).channel);
-      EXPECT_TRUE(free) << fault.name << " run " << run << ": " << name << " holds KV: "
-                        << KvSummary(cluster.worker(name));
+      EXPECT_TRUE(free) << fault.name << " run " << run << ": " << name
+                        << " holds KV: " << KvSummary(cluster.worker(name));
       out.kv_free = out.kv_free && free;
     }
     if (fault.target != "attention") {
@@ -512,7 +515,10 @@ const FaultCase FaultMatrixTest::kCases[] = {
     {"decode wedged at decode.token", "d1", "decode.token=hang@30~", Signal::kNone},
     {"prefill crash mid-prefill", "p1", "prefill.compute=crash~", Signal::kNone},
     {"prefill crash mid-transfer", "p1", "prefill.transfer=crash~", Signal::kNone},
-    {"prefill SIGSTOP as requests come", "p1", "", Signal::kStop, /*tokens_before=*/0},
+    // Stopped just before the requests come: those the router sends it
+    // (it still looks idle) are in its hands. A stop racing their arrival
+    // could find its prefills done and nothing left to migrate.
+    {"prefill SIGSTOP as requests come", "p1", "", Signal::kStop, /*tokens_before=*/-1},
     {"router SIGKILL, restarted", "router", "", Signal::kKill},
     // Every sequence's KV and attention at the service, which is killed:
     // the decode workers end its sequences UNAVAILABLE and the router

@@ -68,21 +68,24 @@ inline grpc::Status AwaitRouterServing(const ServiceProcess& router) {
   return status;
 }
 
-// Runs `n` streams (FaultStreamRequest) at once, one client thread each;
-// `mid_way` runs once every stream has `tokens_before` tokens (or ended).
+// Runs `n` streams at once (FaultStreamRequest first .. first + n - 1), one
+// client thread each; `mid_way` runs once every stream has `tokens_before`
+// tokens (or ended), or, with tokens_before < 0, before any stream starts.
 inline std::vector<StreamRecord> RunConcurrentStreams(const ServiceProcess& router, int n,
                                                       int max_tokens, int tokens_before,
-                                                      const std::function<void()>& mid_way) {
+                                                      const std::function<void()>& mid_way,
+                                                      int first = 0) {
   std::vector<StreamRecord> streams(static_cast<size_t>(n));
   absl::Mutex mu;
   std::vector<std::thread> threads;
   auto stub = trident::v1::Generation::NewStub(router.channel);
+  if (tokens_before < 0) mid_way();
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       StreamRecord& record = streams[static_cast<size_t>(i)];
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-      auto reader = stub->Generate(&context, FaultStreamRequest(i, max_tokens));
+      auto reader = stub->Generate(&context, FaultStreamRequest(first + i, max_tokens));
       trident::v1::GenerateResponse response;
       while (reader->Read(&response)) {
         absl::MutexLock lock(&mu);
@@ -109,7 +112,7 @@ inline std::vector<StreamRecord> RunConcurrentStreams(const ServiceProcess& rout
     };
     mu.Await(absl::Condition(&ready));
   }
-  mid_way();
+  if (tokens_before >= 0) mid_way();
   for (std::thread& t : threads) t.join();
   return streams;
 }
@@ -123,9 +126,7 @@ struct StreamCheck {
   int lost = 0;
   int duplicated = 0;
   int mismatched = 0;
-  bool ok() const {
-    return one_terminal_state && lost == 0 && duplicated == 0 && mismatched == 0;
-  }
+  bool ok() const { return one_terminal_state && lost == 0 && duplicated == 0 && mismatched == 0; }
 };
 
 inline StreamCheck CheckStream(const StreamRecord& got, const StreamRecord& reference) {
