@@ -151,8 +151,8 @@ int32_t DefaultDecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_d
 
 int32_t DefaultFp8DecodeVariant(int32_t batch, int32_t num_kv_heads, int32_t head_dim,
                                 int32_t num_sms) {
-  if (head_dim > 128) return kDefaultDecodeVariant;
   const int64_t items = int64_t{batch} * num_kv_heads;
+  if (head_dim > 128 || items * kFewItemsSms <= num_sms) return kDefaultDecodeVariant;
   return num_sms > 0 && items >= int64_t{kManyItemsPerSm} * num_sms ? kManyItemsFp8DecodeVariant
                                                                     : kDefaultFp8DecodeVariant;
 }

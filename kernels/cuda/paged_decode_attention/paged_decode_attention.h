@@ -107,15 +107,19 @@ inline constexpr int32_t kManyItemsDecodeVariant = 6;
 inline constexpr int32_t kManyItemsPerSm = 2;
 // Over an FP8 cache: mma_w4_s2 (kDefaultFp8DecodeVariant); with many
 // (sequence, KV head) items, at least kManyItemsPerSm per SM, mma_w4_s3
-// (kManyItemsFp8DecodeVariant); past head_dim 128, mma_w8_s2
-// (kDefaultDecodeVariant: the 4-warp variants' launch bounds allow one CTA
-// per SM there). On the H200, mma_w4_s2 leads at 16 sequences (149 against
-// 190 us for mma_w8_s2 at 16 x 16384) and is within 4% of the best at
-// 1 x 32768; mma_w4_s3 is within 1% of the best from 64 sequences up and 9%
-// ahead of mma_w4_s2 at 128 x 2048; at head_dim 256, 16 x 16384, mma_w8_s2
-// takes 266 us against mma_w4_s2's 409 (bench/RESULTS.md).
+// (kManyItemsFp8DecodeVariant); with few, at most one per kFewItemsSms SMs
+// (one sequence of 8 KV heads on an H100 or H200), and past head_dim 128,
+// mma_w8_s2 (kDefaultDecodeVariant: past head_dim 128 the 4-warp variants'
+// launch bounds allow one CTA per SM). On the H200, mma_w4_s2 leads at 16
+// sequences (149 against 190 us for mma_w8_s2 at 16 x 16384); mma_w4_s3 is
+// within 1% of the best from 64 sequences up and 9% ahead of mma_w4_s2 at
+// 128 x 2048; at one sequence mma_w8_s2 takes 34.5 against 37.3 us at
+// 32768 tokens, and the 8B engine's step 4.58 against 4.73 ms at 16384; at
+// head_dim 256, 16 x 16384, mma_w8_s2 takes 266 us against mma_w4_s2's
+// 409 (bench/RESULTS.md).
 inline constexpr int32_t kDefaultFp8DecodeVariant = 1;
 inline constexpr int32_t kManyItemsFp8DecodeVariant = 2;
+inline constexpr int32_t kFewItemsSms = 16;
 
 // The bf16 variant PlanDecode takes for the shape: kManyItemsDecodeVariant
 // when head_dim is 128 and batch x num_kv_heads >= kManyItemsPerSm x

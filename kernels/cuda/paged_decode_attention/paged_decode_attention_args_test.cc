@@ -48,8 +48,10 @@ TEST(PlanDecodeTest, FillsTheSmsWithSplitsOfAtLeast256Tokens) {
   EXPECT_EQ(PlanDecode(1, 8, 32768, 132).num_splits,
             PlanDecodeVariant(1, 8, 128, 32768, 132, kDefaultDecodeVariant).num_splits);
   // Over the FP8 cache: mma_w4_s2, mma_w4_s3 from 2 items per SM on, and
-  // mma_w8_s2 past head_dim 128.
-  EXPECT_EQ(DefaultFp8DecodeVariant(1, 8, 128, 132), kDefaultFp8DecodeVariant);
+  // mma_w8_s2 for one sequence of 8 kv heads and past head_dim 128.
+  EXPECT_EQ(DefaultFp8DecodeVariant(1, 8, 128, 132), kDefaultDecodeVariant);  // 8 items
+  EXPECT_EQ(DefaultFp8DecodeVariant(2, 8, 128, 132), kDefaultFp8DecodeVariant);
+  EXPECT_EQ(DefaultFp8DecodeVariant(1, 8, 128, 100), kDefaultFp8DecodeVariant);
   EXPECT_EQ(DefaultFp8DecodeVariant(32, 8, 128, 132), kDefaultFp8DecodeVariant);  // 256 items
   EXPECT_EQ(DefaultFp8DecodeVariant(33, 8, 128, 132), kManyItemsFp8DecodeVariant);
   EXPECT_EQ(DefaultFp8DecodeVariant(128, 8, 64, 132), kManyItemsFp8DecodeVariant);
