@@ -93,12 +93,6 @@ struct CudaBackendOptions {
   // (Gemm::RunRope), so RoPE and the KV append launch no kernel; the same
   // bits either way.
   bool gemv_rope = true;
-  // A single token's o projection, norm + gate/up + SwiGLU, down and the
-  // next layer's norm + q/k/v + RoPE run as one kernel on Hopper's GEMV
-  // (Gemm::RunChain): its CTAs stream the weights without the pause between
-  // kernels; the same bits either way.
-  // 2: o and gate/up only; 3: and down; 4: and the next q/k/v; 0: off.
-  int gemv_chain = 0;
   // On sm_90, projections of 2-64 rows (decode batches) take Hopper's skinny
   // GEMM, the MLP's activation fused into the gate/up projection
   // (GemmOptions::skinny; slower than cuBLASLt so far, hence off). Without

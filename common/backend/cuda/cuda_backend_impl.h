@@ -167,11 +167,6 @@ struct Pass {
   cudaEvent_t qkv_ready = nullptr;
   // First row of the shared logits buffer that this pass's head writes.
   int64_t logits_row0 = 0;
-  // The layer whose q/k/v (RoPE, and the cache's k and v where
-  // qkv_chained_kv) the layer before's chain already wrote (Impl::
-  // EnqueueChain), or -1.
-  int32_t qkv_chained = -1;
-  bool qkv_chained_kv = false;
 
   ~Pass() {
     if (qkv_ready != nullptr) cudaEventDestroy(qkv_ready);
@@ -382,17 +377,6 @@ struct Impl {
   absl::Status EnqueuePostAttention(Pass& pass, int32_t layer);
   absl::Status EnqueueOProj(Pass& pass, int32_t layer);
   absl::Status EnqueueMlp(Pass& pass, int32_t layer);
-  // One token without tensor parallelism or remote rows
-  // (CudaBackendOptions::gemv_chain): the o projection, norm + gate/up +
-  // SwiGLU, down and the next layer's norm + q/k/v + RoPE as one kernel
-  // (Gemm::RunChain). *chained: false where it does not fuse (nothing
-  // enqueued).
-  absl::Status EnqueueChain(Pass& pass, int32_t layer, bool* chained);
-  // Layer l's one-token q/k/v projection with RoPE (and, where the cache is
-  // bf16 and every token local, the k and v store) in its epilogue, its
-  // input `g` (norm fused or not): false where the GEMM does not fuse it.
-  bool RopeArgs(Pass& pass, int32_t l, const kc::GemmArgs& g, kc::GemmArgs* rotated,
-                kc::GemmRope* epilogue);
   // Where a row-parallel projection (o, down) writes, and whether it adds.
   // `down`: the MLP's down projection (else o), whose partial has a half
   // of its own.

@@ -211,27 +211,6 @@ TEST_P(CudaParityTest, DependentLaunchChainMatchesPlainLaunches) {
   EXPECT_GT(backend_->graph_stats().replays, 0);
 }
 
-// A single token's o, norm + gate/up, down and next q/k/v as one chain
-// kernel (gemv_chain) write the bits of the kernels one by one
-// (gemm_chain_test checks the bits; here the prompts' prefill, cuBLASLt's
-// alike in both, may differ between two backends by run-to-run noise).
-TEST_P(CudaParityTest, GemvChainMatchesTheKernelsOneByOne) {
-  CudaBackendOptions options;
-  options.gpu_memory_fraction = 0.6;  // Counts the first backend's memory as used.
-  options.max_batch_tokens = 2048;
-  options.max_batch_sequences = 64;
-  options.gemv_chain = CudaBackendOptions{}.gemv_chain > 0 ? 0 : 4;
-  auto other = CudaBackend::Create(fixture_.model_dir, options);
-  ASSERT_THAT(other.status(), IsOk());
-  auto c = CompareTeacherForced(*backend_, **other, fixture_, 32);
-  ASSERT_THAT(c.status(), IsOk());
-  std::printf("%s cuda: gemv chain %d vs %d, %d/%d rows bit-identical, argmax %d/%d\n",
-              GetParam().c_str(), options.gemv_chain, CudaBackendOptions{}.gemv_chain,
-              c->exact_rows, c->rows, c->same_argmax, c->rows);
-  EXPECT_LE(c->worst, 1e-2);
-  EXPECT_GE(static_cast<double>(c->same_argmax) / c->rows, 0.99);
-}
-
 // The fixture's preset generated in memory (RandomWeights) and loaded
 // without its checkpoint: the same weights, so the same logits up to the
 // run-to-run noise of cuBLASLt's prefill algorithms (as between two

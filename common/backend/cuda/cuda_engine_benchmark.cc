@@ -73,9 +73,6 @@ ABSL_FLAG(bool, gemv_norm, true,
 ABSL_FLAG(bool, gemv_rope, true,
           "Hopper's GEMV rotates a single token's q and k in its q/k/v projection's epilogue "
           "(CudaBackendOptions::gemv_rope).");
-ABSL_FLAG(int32_t, gemv_chain, 0,
-          "One token's o, norm + gate/up (2), down (3) and the next q/k/v (4) as one kernel "
-          "(CudaBackendOptions::gemv_chain; 0: off).");
 ABSL_FLAG(bool, gemm_skinny, false,
           "On sm_90 projections of 2-64 rows take Hopper's skinny GEMM instead of cuBLASLt "
           "(CudaBackendOptions::gemm_skinny).");
@@ -298,7 +295,6 @@ CudaBackendOptions OptionsFromFlags(const std::vector<int32_t>& batches, int32_t
   options.gemv_dynamic = absl::GetFlag(FLAGS_gemv_dynamic);
   options.gemv_norm = absl::GetFlag(FLAGS_gemv_norm);
   options.gemv_rope = absl::GetFlag(FLAGS_gemv_rope);
-  options.gemv_chain = absl::GetFlag(FLAGS_gemv_chain);
   options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
   options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
   options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);

@@ -282,36 +282,8 @@ absl::Status Impl::EnqueueEmbedding(Pass& pass) {
       stream);
 }
 
-bool Impl::RopeArgs(Pass& pass, int32_t l, const kc::GemmArgs& g, kc::GemmArgs* rotated,
-                    kc::GemmRope* epilogue) {
-  const StepShape& shape = pass.shape;
-  // One token on Hopper's GEMV: RoPE is the projection's epilogue, into
-  // the bf16 rows directly.
-  *epilogue = {pass.dmeta.positions, inv_freq.get<float>(), config.num_attention_heads,
-               config.num_key_value_heads, config.head_dim};
-  if (shape.local_tokens == shape.total && !kv_spec.fp8()) {
-    // The token's k and v into the bf16 cache as well (the KV append's).
-    epilogue->kv_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
-    epilogue->kv_num_blocks = kv_spec.num_blocks;
-    epilogue->kv_block_size = kv_spec.block_size;
-    epilogue->kv_block_stride_elems = kv_spec.block_stride_elements();
-    epilogue->kv_value_offset_elems = kv_spec.value_offset_elements();
-    epilogue->slots = pass.dmeta.slots;
-  }
-  *rotated = g;
-  rotated->y = pass.qkv.get();
-  rotated->y_dtype = DType::kBF16;
-  return options.gemv_rope && gemm->FusesRope(*rotated, *epilogue);
-}
-
 absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
   *kv_stored = false;
-  if (pass.qkv_chained == l) {
-    // The layer before's chain wrote it.
-    *kv_stored = pass.qkv_chained_kv;
-    pass.qkv_chained = -1;
-    return absl::OkStatus();
-  }
   const StepShape& shape = pass.shape;
   const int64_t h = config.hidden_size;
   Layer& layer = layers[l];
@@ -333,9 +305,23 @@ absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
   } else {
     TRIDENT_RETURN_IF_ERROR(NormInto(pass, layer.input_norm, shape.total, g));
   }
-  kc::GemmArgs rotated;
-  kc::GemmRope epilogue;
-  if (RopeArgs(pass, l, g, &rotated, &epilogue)) {
+  // One token on Hopper's GEMV: RoPE is the projection's epilogue, into
+  // the bf16 rows directly.
+  kc::GemmRope epilogue{pass.dmeta.positions, inv_freq.get<float>(), config.num_attention_heads,
+                        config.num_key_value_heads, config.head_dim};
+  if (shape.local_tokens == shape.total && !kv_spec.fp8()) {
+    // The token's k and v into the bf16 cache as well (the KV append's).
+    epilogue.kv_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
+    epilogue.kv_num_blocks = kv_spec.num_blocks;
+    epilogue.kv_block_size = kv_spec.block_size;
+    epilogue.kv_block_stride_elems = kv_spec.block_stride_elements();
+    epilogue.kv_value_offset_elems = kv_spec.value_offset_elements();
+    epilogue.slots = pass.dmeta.slots;
+  }
+  kc::GemmArgs rotated = g;
+  rotated.y = pass.qkv.get();
+  rotated.y_dtype = DType::kBF16;
+  if (options.gemv_rope && gemm->FusesRope(rotated, epilogue)) {
     *kv_stored = epilogue.kv_base != nullptr;
     return gemm->RunRope(rotated, epilogue, stream);
   }
@@ -484,61 +470,7 @@ std::pair<float*, bool> Impl::RowParallelOut(Pass& pass, bool down) {
   return {Partial(down), false};
 }
 
-absl::Status Impl::EnqueueChain(Pass& pass, int32_t l, bool* chained) {
-  *chained = false;
-  const StepShape& shape = pass.shape;
-  if (options.gemv_chain < 2 || tp.group != nullptr || shape.total != 1 ||
-      shape.remote_rows() > 0) {
-    return absl::OkStatus();
-  }
-  const int64_t h = config.hidden_size;
-  const int64_t inter = config.intermediate_size;
-  const Layer& layer = layers[l];
-  float* const residual = pass.residual.get<float>();
-  kc::GemmChainStep steps[4];
-  steps[0].args = {pass.attn.get(), q_out(), layer.o.get(), layer.o_bias.get(), residual, h, 1, h,
-                   q_out()};
-  steps[0].args.y_dtype = DType::kF32;
-  steps[0].args.accumulate = true;
-  steps[1].kind = kc::GemmChainStep::Kind::kSiluMul;
-  steps[1].args = {
-      residual,  h, layer.gate_up.get(), layer.gate_up_bias.get(), pass.act.get(), inter, 1,
-      2 * inter, h};
-  steps[1].args.norm_weight = layer.post_norm.get<float>();
-  steps[1].args.norm_eps = config.rms_norm_eps;
-  steps[2].args = {
-      pass.act.get(), inter, layer.down.get(), layer.down_bias.get(), residual, h, 1, h, inter};
-  steps[2].args.y_dtype = DType::kF32;
-  steps[2].args.accumulate = true;
-  int count = std::min(options.gemv_chain, 3);
-  if (options.gemv_chain >= 4 && l + 1 < config.num_hidden_layers && options.gemv_norm) {
-    // The next layer's q/k/v, its norm fused.
-    const Layer& next = layers[l + 1];
-    kc::GemmArgs g{
-        residual,    h, next.qkv.get(), next.qkv_bias.get(), pass.qkv32.get(), qkv_width(), 1,
-        qkv_width(), h};
-    g.norm_weight = next.input_norm.get<float>();
-    g.norm_eps = config.rms_norm_eps;
-    steps[3].kind = kc::GemmChainStep::Kind::kRope;
-    if (RopeArgs(pass, l + 1, g, &steps[3].args, &steps[3].rope) && gemm->FusesChain(steps, 4)) {
-      count = 4;
-    }
-  }
-  if (!gemm->FusesChain(steps, count)) return absl::OkStatus();
-  TRIDENT_RETURN_IF_ERROR(gemm->RunChain(steps, count, stream));
-  *chained = true;
-  if (count == 2) return gemm->Run(steps[2].args, stream);
-  if (count == 4) {
-    pass.qkv_chained = l + 1;
-    pass.qkv_chained_kv = steps[3].rope.kv_base != nullptr;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Impl::EnqueuePostAttention(Pass& pass, int32_t l) {
-  bool chained = false;
-  TRIDENT_RETURN_IF_ERROR(EnqueueChain(pass, l, &chained));
-  if (chained) return absl::OkStatus();
   TRIDENT_RETURN_IF_ERROR(EnqueueOProj(pass, l));
   if (tp.group != nullptr) TRIDENT_RETURN_IF_ERROR(EnqueuePeerSum(pass, /*down=*/false));
   TRIDENT_RETURN_IF_ERROR(EnqueueMlp(pass, l));
@@ -645,7 +577,6 @@ absl::Status Impl::EnqueueHead(Pass& pass) {
 }
 
 absl::Status Impl::Enqueue(Pass& pass) {
-  pass.qkv_chained = -1;
   TRIDENT_RETURN_IF_ERROR(EnqueueEmbedding(pass));
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {
     TRIDENT_RETURN_IF_ERROR(EnqueuePreAttention(pass, l));
@@ -671,10 +602,7 @@ absl::Status Impl::ReceiveRemote(Pass& pass) {
 }
 
 absl::Status Impl::RunLayers() {
-  for (int p = 0; p < num_passes; ++p) {
-    passes[p].qkv_chained = -1;
-    TRIDENT_RETURN_IF_ERROR(EnqueueEmbedding(passes[p]));
-  }
+  for (int p = 0; p < num_passes; ++p) TRIDENT_RETURN_IF_ERROR(EnqueueEmbedding(passes[p]));
   Pass& main = passes[0];
   Pass& cpu = passes[1];
   for (int32_t l = 0; l < config.num_hidden_layers; ++l) {

@@ -117,26 +117,6 @@ constexpr size_t kSkinnyMaxTiles = size_t{1} << 16;
 // in turn, so launches that overlap (programmatic dependent launch lets the
 // next few start early) never share one; each launch leaves its pair zero.
 constexpr uint32_t kGemvCounterPairs = 1024;
-// Chains' counter sets (16 words each, kGemvChainCounterWords used): a
-// decode step of 32 layers takes 32, so launches PDL may overlap never
-// share one.
-constexpr uint32_t kChainCounterSets = 256;
-constexpr uint32_t kChainCounterStride = 16;
-static_assert(internal::kGemvChainCounterWords <= kChainCounterStride);
-
-internal::GemvRope GemvRopeOf(const GemmRope& rope) {
-  return {rope.positions,
-          rope.inv_freq,
-          rope.head_dim,
-          rope.num_q_heads + rope.num_kv_heads,
-          rope.num_q_heads,
-          static_cast<__nv_bfloat16*>(rope.kv_base),
-          rope.kv_num_blocks * rope.kv_block_size,
-          rope.kv_block_size,
-          rope.kv_block_stride_elems,
-          rope.kv_value_offset_elems,
-          rope.slots};
-}
 
 internal::SkinnyArgs SkinnyArgsOf(const GemmOptions& options, const GemmArgs& args, bool silu_mul) {
   internal::SkinnyArgs s;
@@ -175,14 +155,6 @@ struct Gemm::Impl {
   int32_t* skinny_counters = nullptr;
   uint32_t* gemv_counters = nullptr;  // kGemvCounterPairs pairs (options.gemv_dynamic)
   uint32_t next_gemv_counter = 0;
-  uint32_t* chain_counters = nullptr;  // kChainCounterSets sets (options.gemv_dynamic)
-  uint32_t next_chain_counter = 0;
-
-  uint32_t* ChainCounter() {
-    uint32_t* const set = chain_counters + kChainCounterStride * next_chain_counter;
-    next_chain_counter = (next_chain_counter + 1) % kChainCounterSets;
-    return set;
-  }
 
   // The next launch's counter pair for Hopper's GEMV, or null (static items).
   uint32_t* GemvCounter() {
@@ -232,7 +204,6 @@ struct Gemm::Impl {
     if (workspace) cudaFree(workspace);
     if (skinny_counters) cudaFree(skinny_counters);
     if (gemv_counters) cudaFree(gemv_counters);
-    if (chain_counters) cudaFree(chain_counters);
     if (handle) Lt().Destroy(handle);
   }
 
@@ -349,10 +320,6 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
         ZeroedCounters(2 * kGemvCounterPairs * sizeof(uint32_t), "Gemm GEMV counters");
     if (!counters.ok()) return counters.status();
     impl->gemv_counters = static_cast<uint32_t*>(*counters);
-    counters = ZeroedCounters(kChainCounterSets * kChainCounterStride * sizeof(uint32_t),
-                              "Gemm GEMV chain counters");
-    if (!counters.ok()) return counters.status();
-    impl->chain_counters = static_cast<uint32_t*>(*counters);
   }
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
@@ -448,7 +415,12 @@ absl::Status Gemm::RunRope(const GemmArgs& args, const GemmRope& rope, cudaStrea
   if (absl::Status s = CheckNorm(args); !s.ok()) return s;
   const cudaError_t error = internal::GemvRopeBulk(
       args.x, args.w, args.bias, args.y, args.n, args.k, impl_->sms, impl_->options.pdl, stream,
-      {args.norm_weight, args.norm_eps}, GemvRopeOf(rope), {impl_->GemvCounter()});
+      {args.norm_weight, args.norm_eps},
+      {rope.positions, rope.inv_freq, rope.head_dim, rope.num_q_heads + rope.num_kv_heads,
+       rope.num_q_heads, static_cast<__nv_bfloat16*>(rope.kv_base),
+       rope.kv_num_blocks * rope.kv_block_size, rope.kv_block_size, rope.kv_block_stride_elems,
+       rope.kv_value_offset_elems, rope.slots},
+      {impl_->GemvCounter()});
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm RoPE launch: ", cudaGetErrorString(error)));
   }
@@ -487,91 +459,6 @@ absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {
       {args.norm_weight, args.norm_eps}, {impl_->GemvCounter()});
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm SiLU-mul launch: ", cudaGetErrorString(error)));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-// The chain's launch arguments (counters left null).
-internal::GemvChain ToGemvChain(const GemmChainStep* steps, int count) {
-  internal::GemvChain chain;
-  chain.count = count;
-  for (int i = 0; i < count && i < internal::kGemvChainMaxSteps; ++i) {
-    const GemmArgs& a = steps[i].args;
-    internal::GemvChainStep& c = chain.steps[i];
-    c.x = a.x;
-    c.w = a.w;
-    c.bias = a.bias;
-    c.y = a.y;
-    c.n = a.n;
-    c.k = a.k;
-    c.accumulate = a.accumulate;
-    c.norm = {a.norm_weight, a.norm_eps};
-    switch (steps[i].kind) {
-      case GemmChainStep::Kind::kPlain:
-        c.out = a.y_dtype == numeric::DType::kF32 ? internal::GemvChainOut::kF32
-                                                  : internal::GemvChainOut::kBf16;
-        break;
-      case GemmChainStep::Kind::kSiluMul:
-        c.out = internal::GemvChainOut::kSiluMul;
-        c.n = a.n / 2;
-        break;
-      case GemmChainStep::Kind::kRope:
-        c.out = internal::GemvChainOut::kRope;
-        c.rope = GemvRopeOf(steps[i].rope);
-        break;
-    }
-  }
-  return chain;
-}
-
-}  // namespace
-
-bool Gemm::FusesChain(const GemmChainStep* steps, int count) const {
-  if (impl_->chain_counters == nullptr || count < 1 || count > internal::kGemvChainMaxSteps ||
-      !internal::GemvChainSupported(ToGemvChain(steps, count))) {
-    return false;
-  }
-  for (int i = 0; i < count; ++i) {
-    const GemmArgs& a = steps[i].args;
-    const bool bulk = ChooseGemv(impl_->options, impl_->sms > 0, a) == GemvPath::kBulk;
-    const bool norm = a.norm_weight == nullptr || FusesNorm(a);
-    switch (steps[i].kind) {
-      case GemmChainStep::Kind::kPlain:
-        if (!bulk || !norm) return false;
-        break;
-      case GemmChainStep::Kind::kSiluMul:
-        if (!bulk || !norm || a.n % 2 != 0 || a.accumulate) return false;
-        break;
-      case GemmChainStep::Kind::kRope:
-        if (!FusesRope(a, steps[i].rope) || !norm) return false;
-        break;
-    }
-  }
-  return true;
-}
-
-absl::Status Gemm::RunChain(const GemmChainStep* steps, int count, cudaStream_t stream) {
-  for (int i = 0; i < count; ++i) {
-    const GemmArgs& a = steps[i].args;
-    if (a.x == nullptr || a.w == nullptr || a.y == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm chain: step ", i, ": x, w and y must not be null"));
-    }
-  }
-  if (!FusesChain(steps, count)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Gemm chain: needs a decode layer's o (f32), norm + gate/up + SwiGLU, down (f32) and ",
-        "next norm + q/k/v + RoPE, or their first 1 to 3 (", count,
-        " steps here), each one row on Hopper's GEMV (an sm_90 device, the GEMV options on, ",
-        "dynamic items) with its norm fused where it has one"));
-  }
-  internal::GemvChain chain = ToGemvChain(steps, count);
-  chain.counters = impl_->ChainCounter();
-  const cudaError_t error = internal::GemvChainBulk(chain, impl_->sms, impl_->options.pdl, stream);
-  if (error != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("Gemm chain launch: ", cudaGetErrorString(error)));
   }
   return absl::OkStatus();
 }

@@ -74,15 +74,6 @@ struct GemmRope {
   const int64_t* slots = nullptr;
 };
 
-// One projection of a chain (Gemm::RunChain): what Run (kPlain),
-// RunSiluMul or RunRope would take.
-struct GemmChainStep {
-  enum class Kind { kPlain, kSiluMul, kRope };
-  GemmArgs args;
-  Kind kind = Kind::kPlain;
-  GemmRope rope;  // kRope's
-};
-
 struct GemmOptions {
   // Device memory for cuBLASLt, allocated once (32 MiB, as cuBLAS
   // recommends for Hopper).
@@ -169,20 +160,6 @@ class Gemm {
   // no accumulate); kFailedPrecondition elsewhere. The norm fuses as in Run.
   bool FusesRope(const GemmArgs& args, const GemmRope& rope) const;
   absl::Status RunRope(const GemmArgs& args, const GemmRope& rope, cudaStream_t stream);
-
-  // A chain of single-row projections, each step's x an earlier step's y
-  // or written before the call (a decode step's o, norm + gate/up + SwiGLU
-  // and down), as one kernel: the same bits as the steps' Run, RunSiluMul
-  // and RunRope one after another. Its CTAs stay resident across the steps,
-  // so the weights stream without the pause between kernels; each step
-  // waits for the items of the step before (a count, not a grid barrier:
-  // only running CTAs take items, so it needs no CTA resident beside another).
-  // FusesChain: 1 to 4 steps, each one row on Hopper's GEMV with its norm
-  // fused where it has one, and the dynamic items' counters
-  // (GemmOptions::gemv_dynamic). RunChain: kFailedPrecondition where it does
-  // not, kInvalidArgument for null pointers.
-  bool FusesChain(const GemmChainStep* steps, int count) const;
-  absl::Status RunChain(const GemmChainStep* steps, int count, cudaStream_t stream);
 
   // Whether Run and RunSiluMul take `args` with its norm fused: one row
   // on Hopper's GEMV, k at most internal::GemvBulkNormMaxK() (8624), x and

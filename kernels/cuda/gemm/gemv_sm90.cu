@@ -142,33 +142,15 @@ __device__ __forceinline__ int64_t TakeItem(const Walk& walk, int64_t& next, int
   return item < walk.items ? item : -1;
 }
 
-// Where a thread stands in the ring: the slot, its phase, and the stages
-// it has passed (the producer's count, for the first lap's missing waits).
-// A chain of projections (GemvChainBulk) carries it from one to the next.
-struct RingCursor {
-  int slot = 0;
-  uint32_t phase = 0;
-  int64_t s = 0;
-  __device__ __forceinline__ void Advance() {
-    ++s;
-    if (++slot == kStages) {
-      slot = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 // Dynamic items, after the producer's last claim: a slot whose item is -1
-// ends the consumers' walk (they release it), and with `reset` the grid's
-// last CTA to get there zeroes the counters for the next launch that takes
-// them (a chain resets its own as it exits).
+// ends the consumers' walk, and the grid's last CTA to get there zeroes the
+// counters for the next launch that takes them.
 __device__ __forceinline__ void EndDynamicWalk(const Walk& walk, uint64_t* full, uint64_t* empty,
-                                               RingCursor& c, bool reset) {
-  if (c.s >= kStages) wgmma::BarrierWait(&empty[c.slot], c.phase ^ 1);
-  walk.stage_items[c.slot] = -1;
-  wgmma::BarrierArrive(&full[c.slot]);
-  c.Advance();
-  if (reset && atomicAdd(walk.counter + 1, 1u) == gridDim.x - 1) {
+                                               int slot, uint32_t phase, int64_t s) {
+  if (s >= kStages) wgmma::BarrierWait(&empty[slot], phase ^ 1);
+  walk.stage_items[slot] = -1;
+  wgmma::BarrierArrive(&full[slot]);
+  if (atomicAdd(walk.counter + 1, 1u) == gridDim.x - 1) {
     atomicExch(walk.counter, 0u);
     atomicExch(walk.counter + 1, 0u);
   }
@@ -176,8 +158,11 @@ __device__ __forceinline__ void EndDynamicWalk(const Walk& walk, uint64_t* full,
 
 template <Out kOut>
 __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, unsigned char* ring,
-                        uint64_t* full, uint64_t* empty, RingCursor& c, bool reset = true) {
+                        uint64_t* full, uint64_t* empty) {
   const uint64_t policy = wgmma::EvictFirstPolicy();
+  int slot = 0;
+  uint32_t phase = 0;
+  int64_t s = 0;
   int64_t next = walk.first_item;
   const int64_t end = walk.first_item + walk.stages / walk.chunks;
   // The next claim is made before the current item's copies, so its
@@ -187,10 +172,9 @@ __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, u
     int64_t rows[kItemRows];
 #pragma unroll
     for (int r = 0; r < kItemRows; ++r) rows[r] = SourceRow<kOut>(item, r, walk);
-    for (int64_t col = 0; col < walk.k; col += kChunk, c.Advance()) {
-      const int slot = c.slot;
+    for (int64_t col = 0; col < walk.k; col += kChunk, ++s) {
       // The slot's previous stage (one lap back, the other phase) consumed.
-      if (c.s >= kStages) wgmma::BarrierWait(&empty[slot], c.phase ^ 1);
+      if (s >= kStages) wgmma::BarrierWait(&empty[slot], phase ^ 1);
       if (walk.counter != nullptr) walk.stage_items[slot] = static_cast<int32_t>(item);
       const uint32_t bytes = static_cast<uint32_t>(min(int64_t{kChunk}, walk.k - col)) * 2;
       uint32_t total = 0;
@@ -204,37 +188,30 @@ __device__ void Produce(const __nv_bfloat16* __restrict__ w, const Walk& walk, u
         wgmma::BulkLoad(stage + r * kRowBytes, w + rows[r] * walk.k + col, bytes, &full[slot],
                         policy);
       }
+      if (++slot == kStages) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
     item = following;
   }
-  if (walk.counter != nullptr) EndDynamicWalk(walk, full, empty, c, reset);
+  if (walk.counter != nullptr) EndDynamicWalk(walk, full, empty, slot, phase, s);
 }
 
 // The dot product of one row's chunk (its 16-byte pieces in shared memory)
 // with x's matching pieces, accumulated into acc.
-// Where x's 16-byte pieces come from: the fused norm's row in shared
-// memory; global memory through the read-only path (x written before the
-// kernel started); or global memory by plain loads, for an x a chain's
-// earlier projection wrote in this kernel (after the grid barrier's
-// acquire, which leaves L1 no stale line).
-enum class XFrom { kShared, kReadOnly, kCoherent };
-
-template <XFrom kX>
+// x's 16-byte piece: through L1 from global memory, or (kSharedX, the
+// fused norm's row) from shared memory.
+template <bool kSharedX>
 __device__ __forceinline__ uint4 XPiece(const uint4* xs, int p) {
-  if constexpr (kX == XFrom::kShared) {
+  if constexpr (kSharedX) {
     return xs[p];
-  } else if constexpr (kX == XFrom::kReadOnly) {
-    return __ldg(xs + p);
   } else {
-    uint4 v;
-    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(xs + p));
-    return v;
+    return __ldg(xs + p);
   }
 }
 
-template <XFrom kX>
+template <bool kSharedX>
 __device__ __forceinline__ float DotChunk(const uint4* ws, const uint4* xs, int pieces, int lane,
                                           float acc) {
   if (pieces == kChunk / 8) {
@@ -243,14 +220,14 @@ __device__ __forceinline__ float DotChunk(const uint4* ws, const uint4* xs, int 
 #pragma unroll
     for (int i = 0; i < kPiecesPerLane; ++i) {
       wv[i] = ws[lane + 32 * i];
-      xv[i] = XPiece<kX>(xs, lane + 32 * i);
+      xv[i] = XPiece<kSharedX>(xs, lane + 32 * i);
     }
     float part[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kPiecesPerLane; ++i) part[i & 1] = Dot8(wv[i], xv[i], part[i & 1]);
     return acc + (part[0] + part[1]);
   }
-  for (int p = lane; p < pieces; p += 32) acc = Dot8(ws[p], XPiece<kX>(xs, p), acc);
+  for (int p = lane; p < pieces; p += 32) acc = Dot8(ws[p], XPiece<kSharedX>(xs, p), acc);
   return acc;
 }
 
@@ -272,31 +249,15 @@ __device__ __forceinline__ bool NormVectorAt(int64_t k, int h, int m, int64_t& i
   return t < threads && i < k / 4;
 }
 
-// A float4 by a plain load: a chain's row written in this kernel, never
-// through the read-only path.
-__device__ __forceinline__ float4 LoadCoherent(const float4* p) {
-  float4 v;
-  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p));
-  return v;
-}
-
-template <bool kCoherent = false>
-__device__ __forceinline__ void LoadNormVectors(const float* p, int64_t k, NormVectors& out) {
+__device__ __forceinline__ void LoadNormVectors(const float* __restrict__ p, int64_t k,
+                                                NormVectors& out) {
   const float4* p4 = reinterpret_cast<const float4*>(p);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int m = 0; m < kNormVecs; ++m) {
       int64_t i;
-      if (!NormVectorAt(k, h, m, i)) {
-        out.v[h][m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      } else if constexpr (kCoherent) {
-        out.v[h][m] = LoadCoherent(p4 + i);
-      } else {
-        out.v[h][m] = p4[i];
-      }
+      out.v[h][m] = NormVectorAt(k, h, m, i) ? p4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
 }
@@ -306,12 +267,11 @@ __device__ __forceinline__ void LoadNormVectors(const float* p, int64_t k, NormV
 // butterflies is one of the kernel's, and `sums` holds the kernel's
 // per-warp sums in its order. `weight` holds the norm's weights, loaded
 // (before the kernel ahead ended) by LoadNormVectors.
-template <bool kCoherent = false>
-__device__ void NormRow(const float* x, const NormVectors& weight, float eps, int64_t k,
-                        __nv_bfloat16* row, float* sums) {
+__device__ void NormRow(const float* __restrict__ x, const NormVectors& weight, float eps,
+                        int64_t k, __nv_bfloat16* row, float* sums) {
   constexpr int kConsumers = kConsumerWarps * 32;
   NormVectors xv;
-  LoadNormVectors<kCoherent>(x, k, xv);
+  LoadNormVectors(x, k, xv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = 0.0f;
@@ -464,44 +424,42 @@ __device__ __forceinline__ void Finish(float sum, int64_t source_row, int64_t it
   }
 }
 
-// The consumers' walk over the items of one projection, from cursor c on.
-// A dynamic walk ends at a slot holding -1, which it releases. Returns the
-// items written.
-template <Out kOut, XFrom kX>
-__device__ int64_t Consume(const __nv_bfloat16* x, const void* bias, void* y, bool accumulate,
-                           const Walk& walk, const unsigned char* ring, uint64_t* full,
-                           uint64_t* empty, float* exchange, RingCursor& c) {
+template <Out kOut, bool kSharedX>
+__device__ void Consume(const __nv_bfloat16* __restrict__ x, const void* __restrict__ bias,
+                        void* __restrict__ y, bool accumulate, const Walk& walk,
+                        const unsigned char* ring, uint64_t* full, uint64_t* empty,
+                        float* exchange) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const uint4* xs = reinterpret_cast<const uint4*>(x);
   const bool dynamic = walk.counter != nullptr;
   float acc = 0.0f;
+  int slot = 0;
+  uint32_t phase = 0;
   int64_t col = 0;   // the chunk's first column
   int64_t done = 0;  // items finished (their parity picks the exchange buffer)
   int64_t item = walk.first_item;
   RowInputs in;
   for (int64_t s = 0; dynamic || s < walk.stages; ++s) {
-    const int slot = c.slot;
-    wgmma::BarrierWait(&full[slot], c.phase);
+    wgmma::BarrierWait(&full[slot], phase);
     if (dynamic) {
       item = walk.stage_items[slot];
-      if (item < 0) {
-        __syncwarp();
-        if (lane == 0) wgmma::BarrierArrive(&empty[slot]);
-        c.Advance();
-        break;
-      }
+      if (item < 0) break;
     }
     const int64_t row = SourceRow<kOut>(item, warp, walk);
     if (col == 0) in = StartItem<kOut>(bias, y, row, accumulate, lane);
     if (row >= 0) {
       const int pieces = static_cast<int>(min(int64_t{kChunk}, walk.k - col) / 8);
       const unsigned char* const mine = ring + slot * kStageBytes + warp * kRowBytes;
-      acc = DotChunk<kX>(reinterpret_cast<const uint4*>(mine), xs + col / 8, pieces, lane, acc);
+      acc =
+          DotChunk<kSharedX>(reinterpret_cast<const uint4*>(mine), xs + col / 8, pieces, lane, acc);
     }
     __syncwarp();
     if (lane == 0) wgmma::BarrierArrive(&empty[slot]);
-    c.Advance();
+    if (++slot == kStages) {
+      slot = 0;
+      phase ^= 1;
+    }
     col += kChunk;
     if (col >= walk.k) {
       Finish<kOut>(WarpSum(acc), row, item, static_cast<int>(done & 1), warp, lane, bias, y,
@@ -512,7 +470,6 @@ __device__ int64_t Consume(const __nv_bfloat16* x, const void* bias, void* y, bo
       ++item;
     }
   }
-  return done;
 }
 
 // kNorm: x is the f32 row the fused norm takes (GemvNorm).
@@ -536,9 +493,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   __syncthreads();
   pdl::LetDependentsLaunch();
-  RingCursor cursor;
   if (threadIdx.x / 32 == kConsumerWarps) {
-    if (threadIdx.x % 32 == 0) Produce<kOut>(w, walk, smem, full, empty, cursor);
+    if (threadIdx.x % 32 == 0) Produce<kOut>(w, walk, smem, full, empty);
     return;
   }
   if constexpr (kOut == Out::kRopeBf16) walk.kv_slot_base = KvSlotBase(rope);
@@ -550,12 +506,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     auto* row = reinterpret_cast<__nv_bfloat16*>(smem + kNormRowOffset);
     NormRow(static_cast<const float*>(x), weight, norm.eps, k, row,
             reinterpret_cast<float*>(smem + kNormSumsOffset));
-    Consume<kOut, XFrom::kShared>(row, bias, y, accumulate, walk, smem, full, empty, exchange,
-                                  cursor);
+    Consume<kOut, true>(row, bias, y, accumulate, walk, smem, full, empty, exchange);
   } else {
     pdl::WaitForPreviousGrid();
-    Consume<kOut, XFrom::kReadOnly>(static_cast<const __nv_bfloat16*>(x), bias, y, accumulate, walk,
-                                    smem, full, empty, exchange, cursor);
+    Consume<kOut, false>(static_cast<const __nv_bfloat16*>(x), bias, y, accumulate, walk, smem,
+                         full, empty, exchange);
   }
 }
 
@@ -588,202 +543,6 @@ cudaError_t LaunchOut(const void* x, const void* w, const void* bias, void* y, i
                                                       stream, norm, rope, schedule);
 }
 
-// A chain's barrier between steps (GemvChainBulk) counts a step's items
-// written, not CTAs: only CTAs that are running claim items, so a CTA that
-// waits only waits on running CTAs, and the chain needs no CTA resident
-// beside another (other streams' kernels may hold SMs). A CTA's consumers
-// have written `items` items of a step: thread 0 publishes them with a
-// release.
-__device__ __forceinline__ void ArriveStep(uint32_t* done, int64_t items) {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-  if (threadIdx.x == 0 && items > 0) {
-    __threadfence();
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(done),
-                 "r"(static_cast<uint32_t>(items))
-                 : "memory");
-  }
-}
-
-// Before a step: the first waits for the kernel ahead; a later one until
-// all `items` of the step before are written (an acquire, which also drops
-// L1's lines, so plain loads then see the other CTAs' writes).
-__device__ __forceinline__ void AwaitStep(const uint32_t* done, int64_t items) {
-  if (done == nullptr) {
-    pdl::WaitForPreviousGrid();
-    return;
-  }
-  if (threadIdx.x == 0) {
-    uint32_t written;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(written) : "l"(done) : "memory");
-    } while (written < static_cast<uint32_t>(items));
-  }
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-}
-
-// What a chain's producer and consumers share of a CTA.
-struct ChainCta {
-  unsigned char* smem;
-  uint64_t* full;
-  uint64_t* empty;
-  float* exchange;
-  int32_t* stage_items;
-};
-
-template <Out kOut>
-__device__ __forceinline__ Walk ChainWalk(const GemvChainStep& step, uint32_t* counter,
-                                          const ChainCta& cta) {
-  Walk walk = MakeWalk<kOut>(step.n, step.k, step.rope);
-  walk.counter = counter;
-  walk.stage_items = cta.stage_items;
-  return walk;
-}
-
-// The cursors pass by value, so that they stay in registers across the
-// steps' kinds.
-template <Out kOut>
-__device__ __forceinline__ RingCursor ProduceStep(const GemvChainStep& step, uint32_t* counter,
-                                                  const ChainCta& cta, RingCursor c) {
-  Produce<kOut>(static_cast<const __nv_bfloat16*>(step.w), ChainWalk<kOut>(step, counter, cta),
-                cta.smem, cta.full, cta.empty, c, /*reset=*/false);
-  return c;
-}
-
-// The step before's barrier and its items (await null: the first step).
-struct StepWait {
-  const uint32_t* await = nullptr;
-  int64_t items = 0;
-};
-
-// One step's consumers: x from the kernel ahead (the first step, through
-// the read-only path) or from an earlier step (plain loads), or the fused
-// norm's row of either. Returns the items the CTA wrote.
-template <Out kOut>
-__device__ __forceinline__ int64_t ConsumeStep(const GemvChainStep& step, uint32_t* counter,
-                                               StepWait wait, const ChainCta& cta, RingCursor& c) {
-  Walk walk = ChainWalk<kOut>(step, counter, cta);
-  const uint32_t* const await = wait.await;
-  if constexpr (kOut == Out::kRopeBf16) walk.kv_slot_base = KvSlotBase(step.rope);
-  if (step.norm.weight != nullptr) {
-    NormVectors weight;
-    LoadNormVectors(step.norm.weight, step.k, weight);
-    AwaitStep(await, wait.items);
-    auto* row = reinterpret_cast<__nv_bfloat16*>(cta.smem + kNormRowOffset);
-    auto* sums = reinterpret_cast<float*>(cta.smem + kNormSumsOffset);
-    const float* x = static_cast<const float*>(step.x);
-    if (await == nullptr) {
-      NormRow<false>(x, weight, step.norm.eps, step.k, row, sums);
-    } else {
-      NormRow<true>(x, weight, step.norm.eps, step.k, row, sums);
-    }
-    return Consume<kOut, XFrom::kShared>(row, step.bias, step.y, step.accumulate, walk, cta.smem,
-                                         cta.full, cta.empty, cta.exchange, c);
-  }
-  AwaitStep(await, wait.items);
-  const auto* x = static_cast<const __nv_bfloat16*>(step.x);
-  if (await == nullptr) {
-    return Consume<kOut, XFrom::kReadOnly>(x, step.bias, step.y, step.accumulate, walk, cta.smem,
-                                           cta.full, cta.empty, cta.exchange, c);
-  }
-  return Consume<kOut, XFrom::kCoherent>(x, step.bias, step.y, step.accumulate, walk, cta.smem,
-                                         cta.full, cta.empty, cta.exchange, c);
-}
-
-// The chain's steps from kI on, their kinds fixed at compile time (so each
-// step's arguments are constant-bank operands, as in GemvBulkKernel): the
-// producer's walk.
-template <int kI, Out kOut, Out... kRest>
-__device__ __forceinline__ void ProduceFrom(const GemvChain& chain, const ChainCta& cta,
-                                            RingCursor c) {
-  c = ProduceStep<kOut>(chain.steps[kI], chain.counters + kI, cta, c);
-  if constexpr (sizeof...(kRest) > 0) ProduceFrom<kI + 1, kRest...>(chain, cta, c);
-}
-
-// The consumers' walk: each step past the first waits for the items of
-// the one before (counters kGemvChainMaxSteps + i).
-template <int kI, Out kOut, Out... kRest>
-__device__ __forceinline__ void ConsumeFrom(const GemvChain& chain, const ChainCta& cta,
-                                            StepWait wait, RingCursor c) {
-  uint32_t* const done = chain.counters + kGemvChainMaxSteps + kI;
-  const int64_t written = ConsumeStep<kOut>(chain.steps[kI], chain.counters + kI, wait, cta, c);
-  if constexpr (sizeof...(kRest) > 0) {
-    ArriveStep(done, written);
-    ConsumeFrom<kI + 1, kRest...>(chain, cta, {done, Items<kOut>(chain.steps[kI].n)}, c);
-  }
-}
-
-// GemvChainBulk's kernel: counters [0, kGemvChainMaxSteps) are the steps'
-// item claims, the next kGemvChainMaxSteps their items written (the
-// barriers), the last the CTAs that have finished (the last zeroes them
-// all).
-template <Out... kOuts>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm)
-    GemvChainKernel(const __grid_constant__ GemvChain chain) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  ChainCta cta;
-  cta.smem = smem;
-  cta.full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
-  cta.empty = cta.full + kStages;
-  cta.exchange = reinterpret_cast<float*>(smem + kStages * kStageBytes + kBarrierBytes);
-  cta.stage_items = reinterpret_cast<int32_t*>(smem + kStageItemsOffset);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      wgmma::BarrierInit(&cta.full[i], 1);
-      wgmma::BarrierInit(&cta.empty[i], kConsumerWarps);
-    }
-  }
-  __syncthreads();
-  pdl::LetDependentsLaunch();
-  if (threadIdx.x / 32 == kConsumerWarps) {
-    if (threadIdx.x % 32 == 0) ProduceFrom<0, kOuts...>(chain, cta, RingCursor{});
-    return;
-  }
-  ConsumeFrom<0, kOuts...>(chain, cta, StepWait{}, RingCursor{});
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-  if (threadIdx.x == 0 && atomicAdd(chain.counters + 2 * kGemvChainMaxSteps, 1u) == gridDim.x - 1) {
-    for (int i = 0; i < kGemvChainCounterWords; ++i) atomicExch(chain.counters + i, 0u);
-  }
-}
-
-// The kernel for a chain's kinds: the decode layer's (o, gate/up, down and
-// the next q/k/v) and its prefixes; null for any other.
-using ChainKernel = void (*)(GemvChain);
-
-ChainKernel ChainKernelFor(const GemvChain& chain) {
-  using K = GemvChainOut;
-  const K layer[] = {K::kF32, K::kSiluMul, K::kF32, K::kRope};
-  if (chain.count < 1 || chain.count > kGemvChainMaxSteps) return nullptr;
-  for (int p = 0; p < chain.count; ++p) {
-    if (chain.steps[p].out != layer[p]) return nullptr;
-  }
-  switch (chain.count) {
-    case 1:
-      return &GemvChainKernel<Out::kF32>;
-    case 2:
-      return &GemvChainKernel<Out::kF32, Out::kSiluMulBf16>;
-    case 3:
-      return &GemvChainKernel<Out::kF32, Out::kSiluMulBf16, Out::kF32>;
-    default:
-      return &GemvChainKernel<Out::kF32, Out::kSiluMulBf16, Out::kF32, Out::kRopeBf16>;
-  }
-}
-
-// What GemvRopeBulk checks of its heads.
-bool RopeFits(const GemvRope& rope, int64_t n) {
-  return rope.head_dim > 0 && rope.head_dim % kItemRows == 0 &&
-         int64_t{rope.rope_heads} * rope.head_dim <= n && rope.positions != nullptr &&
-         rope.inv_freq != nullptr &&
-         (rope.kv_base == nullptr || (rope.slots != nullptr && rope.kv_block_size > 0));
-}
-
-bool ChainStepFits(const GemvChainStep& step) {
-  if (step.x == nullptr || step.w == nullptr || step.y == nullptr || step.n <= 0 || step.k <= 0 ||
-      step.k % 8 != 0 || (step.norm.weight != nullptr && step.k > kNormMaxK)) {
-    return false;
-  }
-  return step.out != GemvChainOut::kRope || RopeFits(step.rope, step.n);
-}
-
 }  // namespace
 
 int64_t GemvBulkNormMaxK() { return kNormMaxK; }
@@ -807,32 +566,14 @@ cudaError_t GemvSiluMulBulk(const void* x, const void* w, const void* bias, void
 cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y, int64_t n,
                          int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
                          const GemvRope& rope, const GemvSchedule& schedule) {
-  if (!RopeFits(rope, n)) return cudaErrorInvalidValue;
+  if (rope.head_dim <= 0 || rope.head_dim % kItemRows != 0 ||
+      int64_t{rope.rope_heads} * rope.head_dim > n || rope.positions == nullptr ||
+      rope.inv_freq == nullptr ||
+      (rope.kv_base != nullptr && (rope.slots == nullptr || rope.kv_block_size <= 0))) {
+    return cudaErrorInvalidValue;
+  }
   return LaunchOut<Out::kRopeBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,
                                    norm, rope, schedule);
 }
-
-cudaError_t GemvChainBulk(const GemvChain& chain, int sms, bool pdl, cudaStream_t stream) {
-  const ChainKernel kernel = ChainKernelFor(chain);
-  if (sms <= 0 || kernel == nullptr || chain.counters == nullptr) return cudaErrorInvalidValue;
-  for (int p = 0; p < chain.count; ++p) {
-    if (!ChainStepFits(chain.steps[p])) return cudaErrorInvalidValue;
-  }
-  // The norm's row is sized for the longest k, so the attribute is set once
-  // per kernel.
-  constexpr size_t kBytes = kNormRowOffset + 2 * kNormMaxK;
-  static std::atomic<uint64_t> configured[kGemvChainMaxSteps + 1] = {};
-  cudaError_t error = ConfigureSharedMemoryOnce(kernel, kBytes, configured[chain.count]);
-  if (error != cudaSuccess) return error;
-  int64_t norm_k = 0;
-  for (int p = 0; p < chain.count; ++p) {
-    if (chain.steps[p].norm.weight != nullptr) norm_k = std::max(norm_k, chain.steps[p].k);
-  }
-  const size_t bytes = norm_k > 0 ? kNormRowOffset + 2 * static_cast<size_t>(norm_k) : kSharedBytes;
-  const unsigned grid = static_cast<unsigned>(sms * kCtasPerSm);
-  return pdl::Launch(kernel, dim3(grid), dim3(kThreads), bytes, stream, pdl, chain);
-}
-
-bool GemvChainSupported(const GemvChain& chain) { return ChainKernelFor(chain) != nullptr; }
 
 }  // namespace trident::kernels::cuda::internal

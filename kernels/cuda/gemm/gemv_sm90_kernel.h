@@ -84,56 +84,6 @@ cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y
                          int64_t k, int sms, bool pdl, cudaStream_t stream, const GemvNorm& norm,
                          const GemvRope& rope, const GemvSchedule& schedule = {});
 
-// One projection of a chain (GemvChainBulk): a single row, as the
-// launchers above take it.
-enum class GemvChainOut : int32_t {
-  kBf16,     // GemvBf16Bulk into bf16
-  kF32,      // GemvBf16Bulk into f32
-  kSiluMul,  // GemvSiluMulBulk (n: the gate rows)
-  kRope,     // GemvRopeBulk
-};
-
-struct GemvChainStep {
-  const void* x = nullptr;
-  const void* w = nullptr;
-  const void* bias = nullptr;
-  void* y = nullptr;
-  int64_t n = 0;
-  int64_t k = 0;
-  GemvChainOut out = GemvChainOut::kBf16;
-  bool accumulate = false;
-  GemvNorm norm;
-  GemvRope rope;
-};
-
-constexpr int kGemvChainMaxSteps = 4;
-// Zeroed device words a chain launch takes (and leaves zero); launches that
-// may run at the same time (programmatic dependent launch) take distinct
-// ones.
-constexpr int kGemvChainCounterWords = 2 * kGemvChainMaxSteps + 1;
-
-struct GemvChain {
-  GemvChainStep steps[kGemvChainMaxSteps];
-  int32_t count = 0;
-  uint32_t* counters = nullptr;  // kGemvChainCounterWords
-};
-
-// The chain's projections in one kernel, each step's x being an earlier
-// step's y (or the kernel ahead's result): the same bits as launching them
-// one after another. Its CTAs stay resident across the steps: one producer
-// streams every step's W through the ring without a pause, and the
-// consumers meet at a grid barrier before each step past the first (a
-// step's norm or x needs the whole of the step before). The barriers count
-// items written, and only running CTAs claim items, so no CTA need be
-// resident beside another. cudaErrorInvalidValue for a chain of
-// 0 or more than kGemvChainMaxSteps steps, a norm past GemvBulkNormMaxK(),
-// a step the launchers above refuse, or null counters.
-// The kinds a chain may take: a decode layer's o (kF32), gate/up
-// (kSiluMul), down (kF32) and next q/k/v (kRope), or the first 1-3 of them
-// (GemvChainSupported).
-cudaError_t GemvChainBulk(const GemvChain& chain, int sms, bool pdl, cudaStream_t stream);
-bool GemvChainSupported(const GemvChain& chain);
-
 }  // namespace trident::kernels::cuda::internal
 
 #endif  // TRIDENT_KERNELS_CUDA_GEMM_GEMV_SM90_KERNEL_H_
