@@ -3,7 +3,8 @@
 // kernels/cuda/testing) measured in the same run. The weights rotate over
 // enough copies (>= 256 MiB in all) that no call finds its weights in L2,
 // as in a forward pass. Output mode 0: bf16 y; 1: fp32 y accumulated into
-// (the CUDA backend's projections). Path 0: cuBLASLt; 1: the
+// (the CUDA backend's projections); 2: fp32 y written (the LM head's
+// logits). Path 0: cuBLASLt; 1: the
 // register-streaming GEMV kernel (m = 1, k <= 8192; cuBLASLt beyond); 2:
 // the same with programmatic dependent launch, where each call loads its
 // first weights while the previous one ends (as after the norms and the
@@ -99,7 +100,7 @@ class WeightRig {
 
 void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const bool f32_out = state.range(3) == 1;
+  const int64_t mode = state.range(3);
   const int64_t path = state.range(4);
   auto gemm = Gemm::Create({.gemv = path != 0,
                             .pdl = path == 2 || path >= 4,
@@ -118,9 +119,9 @@ void BM_Gemm(benchmark::State& state) {
   cudaMemset(x, 0, m * k * 2);
   cudaMemset(y, 0, m * n * 4);
   GemmArgs args{x, k, rig.weights(0), nullptr, y, n, m, n, k};
-  if (f32_out) {
+  if (mode >= 1) {
     args.y_dtype = numeric::DType::kF32;
-    args.accumulate = true;
+    args.accumulate = mode == 1;
   }
   (void)(*gemm)->Run(args, rig.stream());
   const double per_call_s = rig.Time(state, [&](const void* w, cudaStream_t stream) {
@@ -242,7 +243,7 @@ BENCHMARK(BM_GemvFused)
     ->Unit(benchmark::kMicrosecond);
 
 void Shapes(benchmark::internal::Benchmark* b) {
-  for (int64_t mode : {0, 1}) {
+  for (int64_t mode : {0, 1, 2}) {
     for (int64_t m : {1, 2, 4, 8, 16, 64, 512, 4096}) {
       for (int64_t path : {0, 1, 2, 3, 4, 5, 6, 7}) {
         if (m > 1 && path >= 1 && path <= 4) continue;

@@ -170,7 +170,10 @@ INSTANTIATE_TEST_SUITE_P(
             // is empty (5 chunks in shares of 2).
             Shape{64, 4096, 4096, false, 0, true, true}, Shape{48, 6144, 4096, true},
             Shape{20, 1000, 4104, true, 0, false, true}, Shape{64, 96, 64, true, 24},
-            Shape{10, 500, 300, true, 0, true, true}),
+            Shape{10, 500, 300, true, 0, true, true},
+            // An LM head's vocabulary into f32 logits (written, not
+            // accumulated): 547 tiles of 128 rows.
+            Shape{6, 70000, 64, false, 0, true}),
         ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster,
                           kGemvBulkStatic)));
 
