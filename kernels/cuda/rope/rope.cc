@@ -87,9 +87,21 @@ absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream) {
                               args.positions == nullptr || args.inv_freq == nullptr)) {
     return absl::InvalidArgumentError("rope_qkv: null in, out, positions or inv_freq");
   }
+  if (args.kv_base != nullptr &&
+      (args.slots == nullptr || args.kv_block_size <= 0 || args.kv_num_blocks <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_qkv: a KV cache needs slots, kv_block_size (", args.kv_block_size,
+                     ") and kv_num_blocks (", args.kv_num_blocks, ") > 0"));
+  }
+  const internal::RopeKvStore store{args.kv_base,
+                                    args.kv_num_blocks * args.kv_block_size,
+                                    args.kv_block_size,
+                                    args.kv_block_stride_elems,
+                                    args.kv_value_offset_elems,
+                                    args.slots};
   const cudaError_t error = internal::RopeQkvF32(
       args.in, args.in_stride, args.out, args.out_stride, args.num_q_heads, args.num_kv_heads,
-      args.head_dim, args.positions, args.num_tokens, args.inv_freq, args.pdl, stream);
+      args.head_dim, args.positions, args.num_tokens, args.inv_freq, args.pdl, store, stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("rope_qkv launch: ", cudaGetErrorString(error)));
   }

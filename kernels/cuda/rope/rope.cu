@@ -73,18 +73,45 @@ __global__ void RopeKernel(uint16_t* q, int64_t q_token_stride, int32_t num_q_he
 // Heads of a token one block of RopeQkvF32Kernel takes.
 constexpr int32_t kQkvHeadsPerBlock = 4;
 
+// Where element e of the token's k (v: rope_heads on) heads goes in the
+// cache: KvAppendKernel's place for it, or -1 (no cache, or the slot is
+// outside it).
+struct KvPlace {
+  int64_t base = -1;  // the slot's element 0 of kv head 0 in K
+  int64_t value_offset = 0;
+  int64_t head_stride = 0;  // block_size x head_dim
+
+  __device__ __forceinline__ int64_t At(bool is_v, int64_t head, int64_t d) const {
+    return base + (is_v ? value_offset : 0) + head * head_stride + d;
+  }
+};
+
+__device__ __forceinline__ KvPlace PlaceOf(const RopeKvStore& store, int64_t token,
+                                           int32_t head_dim) {
+  KvPlace place;
+  if (store.base == nullptr) return place;
+  const int64_t slot = store.slots[token];
+  if (slot < 0 || slot >= store.capacity_slots) return place;
+  const int64_t block = slot / store.block_size;
+  place.base = block * store.block_stride + (slot - block * store.block_size) * head_dim;
+  place.value_offset = store.value_offset;
+  place.head_stride = static_cast<int64_t>(store.block_size) * head_dim;
+  return place;
+}
+
 // One block per (token, kQkvHeadsPerBlock heads of its q, k and v heads in
 // that order), so one token's row spreads over several SMs: a block with q
 // or k heads computes the token's cos/sin first, then rotates their pairs
-// (i, i + half); v heads are rounded to bf16 as they are.
+// (i, i + half); v heads are rounded to bf16 as they are. With a cache, k
+// and v heads' values are stored there too.
 __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride,
                                  uint16_t* __restrict__ out, int64_t out_stride,
                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                  const int32_t* __restrict__ positions,
-                                 const float* __restrict__ inv_freq) {
+                                 const float* __restrict__ inv_freq, RopeKvStore store) {
   extern __shared__ float cos_sin[];  // cos[half], then sin[half].
   // Launched with programmatic dependent launch, wait for the projection
-  // ahead (and let the KV append behind be scheduled).
+  // ahead (and let the kernel behind be scheduled).
   pdl::LetDependentsLaunchThenWait();
   const int64_t token = blockIdx.x;
   const int32_t half = head_dim / 2;
@@ -93,6 +120,8 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
   const int32_t head_end = min(head0 + kQkvHeadsPerBlock, rope_heads + num_kv_heads);
   const float* src = in + token * in_stride;
   uint16_t* dst = out + token * out_stride;
+  uint16_t* const cache = static_cast<uint16_t*>(store.base);
+  const KvPlace place = PlaceOf(store, token, head_dim);
   if (head0 < rope_heads) {  // The same for the whole block.
     const float position = static_cast<float>(positions[token]);
     for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -109,14 +138,26 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
       const int64_t at = static_cast<int64_t>(head0 + u / half) * head_dim + i;
       float x, y;
       Rotate(src[at], src[at + half], cos_sin[i], cos_sin[half + i], x, y);
-      dst[at] = static_cast<uint16_t>(FloatToBf16Bits(x));
-      dst[at + half] = static_cast<uint16_t>(FloatToBf16Bits(y));
+      const uint16_t lo = static_cast<uint16_t>(FloatToBf16Bits(x));
+      const uint16_t hi = static_cast<uint16_t>(FloatToBf16Bits(y));
+      dst[at] = lo;
+      dst[at + half] = hi;
+      const int32_t h = head0 + u / half;
+      if (place.base >= 0 && h >= num_q_heads) {
+        cache[place.At(false, h - num_q_heads, i)] = lo;
+        cache[place.At(false, h - num_q_heads, i + half)] = hi;
+      }
     }
   }
   const int64_t v_begin = static_cast<int64_t>(max(head0, rope_heads)) * head_dim;
   const int64_t v_end = static_cast<int64_t>(head_end) * head_dim;
   for (int64_t e = v_begin + threadIdx.x; e < v_end; e += blockDim.x) {
-    dst[e] = static_cast<uint16_t>(FloatToBf16Bits(src[e]));
+    const uint16_t v = static_cast<uint16_t>(FloatToBf16Bits(src[e]));
+    dst[e] = v;
+    if (place.base >= 0) {
+      const int64_t ve = e - static_cast<int64_t>(rope_heads) * head_dim;
+      cache[place.At(true, ve / head_dim, ve % head_dim)] = v;
+    }
   }
 }
 
@@ -125,7 +166,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
 cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t out_stride,
                        int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                        const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                       bool pdl, cudaStream_t stream) {
+                       bool pdl, const RopeKvStore& store, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int32_t heads = num_q_heads + 2 * num_kv_heads;
@@ -135,7 +176,7 @@ cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t ou
   return pdl::Launch(&RopeQkvF32Kernel, grid, dim3(kThreads),
                      static_cast<size_t>(head_dim) * sizeof(float), stream, pdl, in, in_stride,
                      static_cast<uint16_t*>(out), out_stride, num_q_heads, num_kv_heads, head_dim,
-                     positions, inv_freq);
+                     positions, inv_freq, store);
 }
 
 cudaError_t RopeBf16(void* q, int64_t q_token_stride, int32_t num_q_heads, void* k,

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/rope/rope.h"
+#include "kernels/cuda/kv_append/kv_append.h"
 
 namespace trident::kernels::cuda {
 namespace {
@@ -230,6 +231,94 @@ TEST_P(RopeTest, QkvF32MatchesCpuApplyRope) {
   EXPECT_EQ(bad, 0) << "elements out of tolerance";
 }
 
+// With a KV cache, LaunchRopeQkv stores each token's k and v where the KV
+// append stores them, from the rows it writes: the same bytes as the
+// kernel then LaunchKvAppend, padding and out-of-cache slots untouched.
+TEST(RopeQkvTest, StoresKAndVAsTheAppend) {
+  constexpr int32_t kQHeads = 6, kKvHeads = 2, kHeadDim = 64, kBlockSize = 16, kBlocks = 5;
+  constexpr int64_t kTokens = 37;
+  const uint32_t seed = 23;
+  std::printf("tokens %lld heads %d/%d head_dim %d seed %u\n", static_cast<long long>(kTokens),
+              kQHeads, kKvHeads, kHeadDim, seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t width = int64_t{kQHeads + 2 * kKvHeads} * kHeadDim;
+  std::vector<float> in(kTokens * width);
+  for (float& x : in) x = normal(rng);
+  std::vector<int32_t> positions(kTokens);
+  std::vector<int64_t> slots(kTokens);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    positions[t] = static_cast<int32_t>(3 * t + 1);
+    slots[t] = (t * 7) % (kBlocks * kBlockSize);  // distinct: 7 and 80 are coprime
+  }
+  slots[5] = -1;                    // padding
+  slots[9] = kBlocks * kBlockSize;  // past the cache
+  std::vector<float> inv_freq(kHeadDim / 2);
+  for (int i = 0; i < kHeadDim / 2; ++i) {
+    inv_freq[i] = 1.0f / std::pow(10000.0f, 2.0f * i / kHeadDim);
+  }
+  const int64_t kv_elems = int64_t{kKvHeads} * kBlockSize * kHeadDim;
+  const size_t cache_count = static_cast<size_t>(kBlocks * 2 * kv_elems);
+  std::vector<uint16_t> garbage(cache_count);
+  for (uint16_t& g : garbage) g = static_cast<uint16_t>(rng());
+  auto to_device = [](const auto& host) {
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, host.size() * sizeof(host[0])), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return d;
+  };
+  void* d_in = to_device(in);
+  void* d_positions = to_device(positions);
+  void* d_slots = to_device(slots);
+  void* d_inv_freq = to_device(inv_freq);
+  void* d_out_want = to_device(std::vector<uint16_t>(kTokens * width));
+  void* d_out_got = to_device(std::vector<uint16_t>(kTokens * width));
+  void* d_cache_want = to_device(garbage);
+  void* d_cache_got = to_device(garbage);
+  RopeQkvArgs rope{.in = static_cast<const float*>(d_in),
+                   .in_stride = width,
+                   .out = d_out_want,
+                   .out_stride = width,
+                   .num_q_heads = kQHeads,
+                   .num_kv_heads = kKvHeads,
+                   .head_dim = kHeadDim,
+                   .positions = static_cast<const int32_t*>(d_positions),
+                   .num_tokens = kTokens,
+                   .inv_freq = static_cast<const float*>(d_inv_freq)};
+  ASSERT_THAT(LaunchRopeQkv(rope, nullptr), IsOk());
+  KvAppendArgs append;
+  append.kv = {d_cache_want, kBlocks, kBlockSize, kKvHeads, kHeadDim, 2 * kv_elems, kv_elems};
+  append.k = static_cast<uint16_t*>(d_out_want) + int64_t{kQHeads} * kHeadDim;
+  append.k_stride = width;
+  append.v = static_cast<uint16_t*>(d_out_want) + int64_t{kQHeads + kKvHeads} * kHeadDim;
+  append.v_stride = width;
+  append.slots = static_cast<const int64_t*>(d_slots);
+  append.num_tokens = kTokens;
+  ASSERT_THAT(LaunchKvAppend(append, nullptr), IsOk());
+  rope.out = d_out_got;
+  rope.kv_base = d_cache_got;
+  rope.kv_num_blocks = kBlocks;
+  rope.kv_block_size = kBlockSize;
+  rope.kv_block_stride_elems = 2 * kv_elems;
+  rope.kv_value_offset_elems = kv_elems;
+  rope.slots = static_cast<const int64_t*>(d_slots);
+  ASSERT_THAT(LaunchRopeQkv(rope, nullptr), IsOk());
+  auto to_host = [](const void* d, size_t count) {
+    std::vector<uint16_t> h(count);
+    EXPECT_EQ(cudaMemcpy(h.data(), d, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  };
+  EXPECT_EQ(to_host(d_out_got, kTokens * width), to_host(d_out_want, kTokens * width));
+  const std::vector<uint16_t> cache_want = to_host(d_cache_want, cache_count);
+  EXPECT_EQ(to_host(d_cache_got, cache_count), cache_want) << "the cache differs from the append's";
+  EXPECT_NE(cache_want, garbage) << "the append stored nothing";
+  for (void* p :
+       {d_in, d_positions, d_slots, d_inv_freq, d_out_want, d_out_got, d_cache_want, d_cache_got}) {
+    cudaFree(p);
+  }
+}
+
 TEST(RopeArgsTest, QkvRejectsBadArguments) {
   alignas(16) char dummy[256];
   const RopeQkvArgs good{.in = reinterpret_cast<const float*>(dummy),
@@ -254,6 +343,10 @@ TEST(RopeArgsTest, QkvRejectsBadArguments) {
   bad.out = nullptr;
   EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("null")));
+  bad = good;
+  bad.kv_base = dummy;  // no slots, blocks or block size
+  EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("KV cache")));
 }
 
 TEST(RopeArgsTest, RejectsBadArguments) {
