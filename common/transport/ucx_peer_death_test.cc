@@ -2,11 +2,11 @@
 // while writes are in flight, and this process must see every write complete
 // (UNAVAILABLE once the death is noticed) without hanging, and keep working.
 
-#include <cstdlib>
 #include <signal.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -25,11 +25,11 @@
 #include "absl/time/time.h"
 #include "common/process/subprocess.h"
 #include "common/status/status_macros.h"
+#include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"
 #include "common/transport/ucx_worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/testing/runfiles.h"
 
 namespace trident::transport {
 namespace {
@@ -316,11 +316,16 @@ TEST_P(UcxMessengerDeathTest, ReceiverKeepsWorkingWhenASenderIsKilledMidMessage)
     // does more often. tcp is unaffected.
     GTEST_SKIP() << "UCX 1.13.1 posix FIFO can wedge after a sender dies; see the comment";
   }
-  auto worker = UcxWorker::Create({.transports = transports, .name = "receiver"});
-  ASSERT_THAT(worker, IsOk());
+  // Declared before the worker, so that they outlive it: over tcp a message
+  // the dead senders sent can still arrive while the worker shuts down, and
+  // its handler takes `mu` and counts into the map (declared after the
+  // worker, the map was gone by then: LeakSanitizer caught a handler's
+  // insert into it).
   absl::Mutex mu;
   // By header: the killed senders' ("m"), and the last one's ("after").
   absl::flat_hash_map<std::string, int64_t> received_bytes;
+  auto worker = UcxWorker::Create({.transports = transports, .name = "receiver"});
+  ASSERT_THAT(worker, IsOk());
   ASSERT_THAT((*worker)->SetMessageHandler(1,
                                            [&](absl::string_view header, absl::string_view data) {
                                              absl::MutexLock lock(&mu);
@@ -445,10 +450,11 @@ class UcxHandshakeDeathTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(UcxHandshakeDeathTest, ReceiverSurvivesPeersKilledRightAfterTheirHandshake) {
   const std::string transports = GetParam();
-  auto worker = UcxWorker::Create({.transports = transports, .name = "receiver"});
-  ASSERT_THAT(worker, IsOk());
+  // Declared before the worker, which may run the handler as it shuts down.
   absl::Mutex mu;
   int64_t received = 0;
+  auto worker = UcxWorker::Create({.transports = transports, .name = "receiver"});
+  ASSERT_THAT(worker, IsOk());
   ASSERT_THAT((*worker)->SetMessageHandler(1,
                                            [&](absl::string_view, absl::string_view data) {
                                              absl::MutexLock lock(&mu);

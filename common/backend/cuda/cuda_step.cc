@@ -341,11 +341,13 @@ absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
   if (epilogue.kv_base != nullptr) {
     // Every token is local and the cache bf16: the RoPE kernel stores k
     // and v as well (the KV append's).
-    rope.kv_base = epilogue.kv_base;
-    rope.kv_num_blocks = epilogue.kv_num_blocks;
-    rope.kv_block_size = epilogue.kv_block_size;
-    rope.kv_block_stride_elems = epilogue.kv_block_stride_elems;
-    rope.kv_value_offset_elems = epilogue.kv_value_offset_elems;
+    rope.kv = {epilogue.kv_base,
+               epilogue.kv_num_blocks,
+               epilogue.kv_block_size,
+               config.num_key_value_heads,
+               config.head_dim,
+               epilogue.kv_block_stride_elems,
+               epilogue.kv_value_offset_elems};
     rope.slots = epilogue.slots;
     *kv_stored = true;
   }

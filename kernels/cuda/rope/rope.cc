@@ -87,17 +87,22 @@ absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream) {
                               args.positions == nullptr || args.inv_freq == nullptr)) {
     return absl::InvalidArgumentError("rope_qkv: null in, out, positions or inv_freq");
   }
-  if (args.kv_base != nullptr &&
-      (args.slots == nullptr || args.kv_block_size <= 0 || args.kv_num_blocks <= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rope_qkv: a KV cache needs slots, kv_block_size (", args.kv_block_size,
-                     ") and kv_num_blocks (", args.kv_num_blocks, ") > 0"));
+  if (args.kv.base != nullptr) {
+    if (absl::Status s = ValidatePagedKvBf16(args.kv); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rope_qkv: KV cache: ", s.message()));
+    }
+    if (args.kv.num_kv_heads != args.num_kv_heads || args.kv.head_dim != args.head_dim ||
+        args.slots == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope_qkv: the KV cache's ", args.kv.num_kv_heads, " heads of ", args.kv.head_dim,
+          " must be the step's ", args.num_kv_heads, " of ", args.head_dim, ", with slots"));
+    }
   }
-  const internal::RopeKvStore store{args.kv_base,
-                                    args.kv_num_blocks * args.kv_block_size,
-                                    args.kv_block_size,
-                                    args.kv_block_stride_elems,
-                                    args.kv_value_offset_elems,
+  const internal::RopeKvStore store{args.kv.base,
+                                    args.kv.num_blocks * args.kv.block_size,
+                                    args.kv.block_size,
+                                    args.kv.block_stride_elems,
+                                    args.kv.value_offset_elems,
                                     args.slots};
   const cudaError_t error = internal::RopeQkvF32(
       args.in, args.in_stride, args.out, args.out_stride, args.num_q_heads, args.num_kv_heads,

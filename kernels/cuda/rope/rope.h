@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/kv_append/kv_append.h"
 
 namespace trident::kernels::cuda {
 
@@ -81,23 +82,19 @@ struct RopeQkvArgs {
   // Launch with programmatic dependent launch (kernels/cuda/pdl): scheduled
   // before the kernel ahead of it ends, waiting for it before any load.
   bool pdl = false;
-  // Optional (kv_base null: not stored): each token's k (rotated) and v, as
-  // written to `out`, also stored at slots[t] (device) of a bf16 paged KV
-  // cache, where kernels/cuda/kv_append's LaunchKvAppend stores them (a
-  // slot outside the cache: not stored), so the append launches no kernel
-  // of its own. Per block, K [num_kv_heads][block_size][head_dim], V
-  // value_offset elements further on.
-  void* kv_base = nullptr;
-  int64_t kv_num_blocks = 0;
-  int32_t kv_block_size = 0;
-  int64_t kv_block_stride_elems = 0;
-  int64_t kv_value_offset_elems = 0;
+  // Optional (kv.base null: not stored): each token's k (rotated) and v, as
+  // written to `out`, also stored at slots[t] (device) of this layer's bf16
+  // paged KV cache, where kernels/cuda/kv_append's LaunchKvAppend stores
+  // them (a slot outside the cache: not stored), so the append launches no
+  // kernel of its own. kv's heads and head_dim are the ones above.
+  PagedKvBf16 kv;
   const int64_t* slots = nullptr;
 };
 
 // kInvalidArgument naming the field for the same shape errors as LaunchRope,
-// strides smaller than a row, and a cache without slots, blocks or a block
-// size; kInternal if the launch fails.
+// strides smaller than a row, and a cache that ValidatePagedKvBf16 refuses,
+// whose heads or head_dim differ, or without slots; kInternal if the launch
+// fails.
 absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda

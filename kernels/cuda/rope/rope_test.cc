@@ -297,11 +297,8 @@ TEST(RopeQkvTest, StoresKAndVAsTheAppend) {
   append.num_tokens = kTokens;
   ASSERT_THAT(LaunchKvAppend(append, nullptr), IsOk());
   rope.out = d_out_got;
-  rope.kv_base = d_cache_got;
-  rope.kv_num_blocks = kBlocks;
-  rope.kv_block_size = kBlockSize;
-  rope.kv_block_stride_elems = 2 * kv_elems;
-  rope.kv_value_offset_elems = kv_elems;
+  rope.kv = append.kv;
+  rope.kv.base = d_cache_got;
   rope.slots = static_cast<const int64_t*>(d_slots);
   ASSERT_THAT(LaunchRopeQkv(rope, nullptr), IsOk());
   auto to_host = [](const void* d, size_t count) {
@@ -343,8 +340,17 @@ TEST(RopeArgsTest, QkvRejectsBadArguments) {
   bad.out = nullptr;
   EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("null")));
+  const PagedKvBf16 cache{dummy, 1, 4, 1, 8, 256, 128};
   bad = good;
-  bad.kv_base = dummy;  // no slots, blocks or block size
+  bad.kv = cache;  // no slots
+  EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("slots")));
+  bad.slots = reinterpret_cast<const int64_t*>(dummy);
+  bad.kv.num_kv_heads = 2;  // not the step's
+  EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("heads")));
+  bad.kv = cache;
+  bad.kv.value_offset_elems = 8;  // V over K
   EXPECT_THAT(LaunchRopeQkv(bad, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("KV cache")));
 }
