@@ -14,10 +14,12 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/rope/rope.h"
 #include "kernels/cuda/kv_append/kv_append.h"
+#include "kernels/cuda/testing/to_device.h"
 
 namespace trident::kernels::cuda {
 namespace {
 
+using ::trident::kernels::cuda::testing::ToDevice;
 using ::trident::testing::IsOk;
 using ::trident::testing::StatusIs;
 
@@ -261,45 +263,38 @@ TEST(RopeQkvTest, StoresKAndVAsTheAppend) {
   const size_t cache_count = static_cast<size_t>(kBlocks * 2 * kv_elems);
   std::vector<uint16_t> garbage(cache_count);
   for (uint16_t& g : garbage) g = static_cast<uint16_t>(rng());
-  auto to_device = [](const auto& host) {
-    void* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, host.size() * sizeof(host[0])), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    return d;
-  };
-  void* d_in = to_device(in);
-  void* d_positions = to_device(positions);
-  void* d_slots = to_device(slots);
-  void* d_inv_freq = to_device(inv_freq);
-  void* d_out_want = to_device(std::vector<uint16_t>(kTokens * width));
-  void* d_out_got = to_device(std::vector<uint16_t>(kTokens * width));
-  void* d_cache_want = to_device(garbage);
-  void* d_cache_got = to_device(garbage);
-  RopeQkvArgs rope{.in = static_cast<const float*>(d_in),
+  float* d_in = ToDevice(in);
+  int32_t* d_positions = ToDevice(positions);
+  int64_t* d_slots = ToDevice(slots);
+  float* d_inv_freq = ToDevice(inv_freq);
+  uint16_t* d_out_want = ToDevice(std::vector<uint16_t>(kTokens * width));
+  uint16_t* d_out_got = ToDevice(std::vector<uint16_t>(kTokens * width));
+  uint16_t* d_cache_want = ToDevice(garbage);
+  uint16_t* d_cache_got = ToDevice(garbage);
+  RopeQkvArgs rope{.in = d_in,
                    .in_stride = width,
                    .out = d_out_want,
                    .out_stride = width,
                    .num_q_heads = kQHeads,
                    .num_kv_heads = kKvHeads,
                    .head_dim = kHeadDim,
-                   .positions = static_cast<const int32_t*>(d_positions),
+                   .positions = d_positions,
                    .num_tokens = kTokens,
-                   .inv_freq = static_cast<const float*>(d_inv_freq)};
+                   .inv_freq = d_inv_freq};
   ASSERT_THAT(LaunchRopeQkv(rope, nullptr), IsOk());
   KvAppendArgs append;
   append.kv = {d_cache_want, kBlocks, kBlockSize, kKvHeads, kHeadDim, 2 * kv_elems, kv_elems};
-  append.k = static_cast<uint16_t*>(d_out_want) + int64_t{kQHeads} * kHeadDim;
+  append.k = d_out_want + int64_t{kQHeads} * kHeadDim;
   append.k_stride = width;
-  append.v = static_cast<uint16_t*>(d_out_want) + int64_t{kQHeads + kKvHeads} * kHeadDim;
+  append.v = d_out_want + int64_t{kQHeads + kKvHeads} * kHeadDim;
   append.v_stride = width;
-  append.slots = static_cast<const int64_t*>(d_slots);
+  append.slots = d_slots;
   append.num_tokens = kTokens;
   ASSERT_THAT(LaunchKvAppend(append, nullptr), IsOk());
   rope.out = d_out_got;
   rope.kv = append.kv;
   rope.kv.base = d_cache_got;
-  rope.slots = static_cast<const int64_t*>(d_slots);
+  rope.slots = d_slots;
   ASSERT_THAT(LaunchRopeQkv(rope, nullptr), IsOk());
   auto to_host = [](const void* d, size_t count) {
     std::vector<uint16_t> h(count);
@@ -310,8 +305,10 @@ TEST(RopeQkvTest, StoresKAndVAsTheAppend) {
   const std::vector<uint16_t> cache_want = to_host(d_cache_want, cache_count);
   EXPECT_EQ(to_host(d_cache_got, cache_count), cache_want) << "the cache differs from the append's";
   EXPECT_NE(cache_want, garbage) << "the append stored nothing";
-  for (void* p :
-       {d_in, d_positions, d_slots, d_inv_freq, d_out_want, d_out_got, d_cache_want, d_cache_got}) {
+  for (void* p : {static_cast<void*>(d_in), static_cast<void*>(d_positions),
+                  static_cast<void*>(d_slots), static_cast<void*>(d_inv_freq),
+                  static_cast<void*>(d_out_want), static_cast<void*>(d_out_got),
+                  static_cast<void*>(d_cache_want), static_cast<void*>(d_cache_got)}) {
     cudaFree(p);
   }
 }
