@@ -6,6 +6,7 @@
 
 #include "common/numeric/fp8_fragment.h"
 #include "kernels/cuda/kv_append/kv_append_kernel.h"
+#include "kernels/cuda/kv_append/kv_slot.h"
 #include "kernels/cuda/pdl/pdl_device.h"
 
 namespace trident::kernels::cuda::internal {
@@ -24,19 +25,16 @@ __global__ void KvAppendKernel(T* __restrict__ base, int64_t capacity_slots, int
   // (RoPE writes k) before the first load.
   pdl::LetDependentsLaunchThenWait();
   const int64_t token = blockIdx.x;
-  const int64_t slot = slots[token];
-  if (slot < 0 || slot >= capacity_slots) return;  // Padding, or a bad slot: write nothing.
-  const int64_t block_start = (slot / block_size) * block_stride_units;
-  const int64_t offset = slot % block_size;
+  // In units: the slot's place (padding, or a bad slot: write nothing).
+  const KvSlot place = KvSlotOf(slots[token], capacity_slots, block_size, block_stride_units,
+                                value_offset_units, head_units);
+  if (!place.stored()) return;
   const int64_t row_units = static_cast<int64_t>(num_kv_heads) * head_units;
   for (int64_t u = threadIdx.x; u < 2 * row_units; u += blockDim.x) {
     const bool is_v = u >= row_units;
     const int64_t e = is_v ? u - row_units : u;
-    const int64_t h = e / head_units;
-    const int64_t d = e % head_units;
-    const int64_t dst =
-        block_start + (is_v ? value_offset_units : 0) + (h * block_size + offset) * head_units + d;
-    base[dst] = is_v ? v[token * v_stride_units + e] : k[token * k_stride_units + e];
+    base[place.At(is_v, e / head_units, e % head_units)] =
+        is_v ? v[token * v_stride_units + e] : k[token * k_stride_units + e];
   }
 }
 

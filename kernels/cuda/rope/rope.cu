@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_append/kv_slot.h"
 #include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/rope/rope_device.h"
 #include "kernels/cuda/rope/rope_kernel.h"
@@ -73,32 +74,6 @@ __global__ void RopeKernel(uint16_t* q, int64_t q_token_stride, int32_t num_q_he
 // Heads of a token one block of RopeQkvF32Kernel takes.
 constexpr int32_t kQkvHeadsPerBlock = 4;
 
-// Where element e of the token's k (v: rope_heads on) heads goes in the
-// cache: KvAppendKernel's place for it, or -1 (no cache, or the slot is
-// outside it).
-struct KvPlace {
-  int64_t base = -1;  // the slot's element 0 of kv head 0 in K
-  int64_t value_offset = 0;
-  int64_t head_stride = 0;  // block_size x head_dim
-
-  __device__ __forceinline__ int64_t At(bool is_v, int64_t head, int64_t d) const {
-    return base + (is_v ? value_offset : 0) + head * head_stride + d;
-  }
-};
-
-__device__ __forceinline__ KvPlace PlaceOf(const RopeKvStore& store, int64_t token,
-                                           int32_t head_dim) {
-  KvPlace place;
-  if (store.base == nullptr) return place;
-  const int64_t slot = store.slots[token];
-  if (slot < 0 || slot >= store.capacity_slots) return place;
-  const int64_t block = slot / store.block_size;
-  place.base = block * store.block_stride + (slot - block * store.block_size) * head_dim;
-  place.value_offset = store.value_offset;
-  place.head_stride = static_cast<int64_t>(store.block_size) * head_dim;
-  return place;
-}
-
 // One block per (token, kQkvHeadsPerBlock heads of its q, k and v heads in
 // that order), so one token's row spreads over several SMs: a block with q
 // or k heads computes the token's cos/sin first, then rotates their pairs
@@ -121,7 +96,10 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
   const float* src = in + token * in_stride;
   uint16_t* dst = out + token * out_stride;
   uint16_t* const cache = static_cast<uint16_t*>(store.base);
-  const KvPlace place = PlaceOf(store, token, head_dim);
+  const KvSlot place = cache == nullptr
+                           ? KvSlot{}
+                           : KvSlotOf(store.slots[token], store.capacity_slots, store.block_size,
+                                      store.block_stride, store.value_offset, head_dim);
   if (head0 < rope_heads) {  // The same for the whole block.
     const float position = static_cast<float>(positions[token]);
     for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -143,7 +121,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
       dst[at] = lo;
       dst[at + half] = hi;
       const int32_t h = head0 + u / half;
-      if (place.base >= 0 && h >= num_q_heads) {
+      if (place.stored() && h >= num_q_heads) {
         cache[place.At(false, h - num_q_heads, i)] = lo;
         cache[place.At(false, h - num_q_heads, i + half)] = hi;
       }
@@ -154,7 +132,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
   for (int64_t e = v_begin + threadIdx.x; e < v_end; e += blockDim.x) {
     const uint16_t v = static_cast<uint16_t>(FloatToBf16Bits(src[e]));
     dst[e] = v;
-    if (place.base >= 0) {
+    if (place.stored()) {
       const int64_t ve = e - static_cast<int64_t>(rope_heads) * head_dim;
       cache[place.At(true, ve / head_dim, ve % head_dim)] = v;
     }
