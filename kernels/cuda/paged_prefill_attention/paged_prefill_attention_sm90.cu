@@ -377,7 +377,8 @@ struct Stages {
 template <bool kTma, int kPart>
 __device__ __forceinline__ void ProducePart(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                             const int32_t* table, const CtaWork& w, int it,
-                                            unsigned char* dst, uint64_t* full) {
+                                            unsigned char* dst, uint64_t* full,
+                                            uint64_t* full_v = nullptr) {
   const int t = threadIdx.x;
   const int n0 = it * kBlockN;
   unsigned char* const sk = kPart == 2 ? nullptr : dst;
@@ -385,6 +386,7 @@ __device__ __forceinline__ void ProducePart(const PagedPrefillParams& p, const C
   if constexpr (!kTma) {
     LoadKvTile<kPart>(p, table, w, n0, t, sk, sv);
     wgmma::CpAsyncArriveOnBarrier(full);  // One arrival per producer thread.
+    if (full_v != nullptr && full_v != full) wgmma::CpAsyncArriveOnBarrier(full_v);
     return;
   }
   // Rows [0, whole) of the tile are whole blocks before kv_end: one box of
@@ -399,9 +401,15 @@ __device__ __forceinline__ void ProducePart(const PagedPrefillParams& p, const C
     wgmma::FenceSharedForAsync();
     ProducerSync();
   }
+  if (full_v == nullptr) full_v = full;
   if (t == 0) {
-    constexpr int kParts = kPart == 3 ? 2 : 1;
-    wgmma::BarrierArriveExpectBytes(full, whole * kHeadDim * 2 * kParts);
+    if (full_v != full) {
+      wgmma::BarrierArriveExpectBytes(full, whole * kHeadDim * 2);
+      wgmma::BarrierArriveExpectBytes(full_v, whole * kHeadDim * 2);
+    } else {
+      constexpr int kParts = kPart == 3 ? 2 : 1;
+      wgmma::BarrierArriveExpectBytes(full, whole * kHeadDim * 2 * kParts);
+    }
     const int64_t rows_per_block = p.block_stride_elems / kHeadDim;
     const int32_t v_rows = static_cast<int32_t>(p.value_offset_elems / kHeadDim);
     for (int r = 0; r < whole; r += bs) {
@@ -414,8 +422,56 @@ __device__ __forceinline__ void ProducePart(const PagedPrefillParams& p, const C
           wgmma::TensorLoad2d(sk + at, kv_map, half * 64, k_row, full);
         }
         if constexpr ((kPart & 2) != 0) {
-          wgmma::TensorLoad2d(sv + at, kv_map, half * 64, k_row + v_rows, full);
+          wgmma::TensorLoad2d(sv + at, kv_map, half * 64, k_row + v_rows, full_v);
         }
+      }
+    }
+  }
+}
+
+// The tensor copy engine's pair for the pipelined consumer: K of tile kt
+// (none where kt is past the last tile) and V of tile vt, their boxes
+// interleaved block by block.
+__device__ __forceinline__ void ProducePair(const PagedPrefillParams& p, const CUtensorMap* kv_map,
+                                            const int32_t* table, const CtaWork& w, int kt, int vt,
+                                            int num_n_tiles, unsigned char* sk, unsigned char* sv,
+                                            uint64_t* full_k, uint64_t* full_v) {
+  const int t = threadIdx.x;
+  const int bs = p.block_size;
+  const auto whole_of = [&](int tile) {
+    return min(kBlockN, max(0, (w.kv_end - tile * kBlockN) / bs * bs));
+  };
+  const bool has_k = kt < num_n_tiles;
+  const int wk = has_k ? whole_of(kt) : 0;
+  const int wv = whole_of(vt);
+  const bool partial_k = has_k && wk < kBlockN;
+  if (partial_k) LoadKvTile<1>(p, table, w, kt * kBlockN, t, sk, nullptr, wk);
+  if (wv < kBlockN) LoadKvTile<2>(p, table, w, vt * kBlockN, t, nullptr, sv, wv);
+  if (partial_k || wv < kBlockN) {
+    CpAsyncWaitAll();
+    wgmma::FenceSharedForAsync();
+    ProducerSync();
+  }
+  if (t == 0) {
+    if (has_k) wgmma::BarrierArriveExpectBytes(full_k, wk * kHeadDim * 2);
+    wgmma::BarrierArriveExpectBytes(full_v, wv * kHeadDim * 2);
+    const int64_t rows_per_block = p.block_stride_elems / kHeadDim;
+    const int32_t v_rows = static_cast<int32_t>(p.value_offset_elems / kHeadDim);
+    for (int r = 0; r < max(wk, wv); r += bs) {
+      const int32_t k_row =
+          r < wk ? static_cast<int32_t>(table[(kt * kBlockN + r) / bs] * rows_per_block +
+                                        static_cast<int64_t>(w.kv_head) * bs)
+                 : 0;
+      const int32_t v_row =
+          r < wv ? static_cast<int32_t>(table[(vt * kBlockN + r) / bs] * rows_per_block +
+                                        static_cast<int64_t>(w.kv_head) * bs) +
+                       v_rows
+                 : 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int at = half * (kBlockN * 128) + r * 128;
+        if (r < wk) wgmma::TensorLoad2d(sk + at, kv_map, half * 64, k_row, full_k);
+        if (r < wv) wgmma::TensorLoad2d(sv + at, kv_map, half * 64, v_row, full_v);
       }
     }
   }
@@ -426,22 +482,41 @@ __device__ __forceinline__ void ProducePart(const PagedPrefillParams& p, const C
 // cache come by the tensor copy engine (kv_map), the rest (a context's last
 // partial block) by cp.async; otherwise everything by cp.async. kSplit: K
 // and V each on their own barriers (K's refilled once S is done with it).
-template <bool kTma, bool kSplit>
+template <bool kTma, int kSplit>
 __device__ __forceinline__ void ProduceBf16(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                             const int32_t* table, const CtaWork& w, int num_n_tiles,
                                             const Stages& st) {
   LoadQ(p, w, threadIdx.x, st.smem);
   wgmma::CpAsyncArriveOnBarrier(st.q_full);
-  for (int it = 0; it < num_n_tiles; ++it) {
-    const int stage = it % kStages;
-    const int use = it / kStages;  // Tiles the stage held before this one.
-    if (use > 0) wgmma::BarrierWait(&st.empty[stage], (use - 1) & 1);
-    if constexpr (kSplit) {
-      ProducePart<kTma, 1>(p, kv_map, table, w, it, st.k(stage), &st.full[stage]);
-      if (use > 0) wgmma::BarrierWait(&st.empty_v[stage], (use - 1) & 1);
-      ProducePart<kTma, 2>(p, kv_map, table, w, it, st.v(stage), &st.full_v[stage]);
-    } else {
-      ProducePart<kTma, 3>(p, kv_map, table, w, it, st.k(stage), &st.full[stage]);
+  if constexpr (kSplit == 3) {
+    // K(0) alone, then (K(j + 1), V(j)): what the pipelined consumer's step
+    // j takes.
+    ProducePart<true, 1>(p, kv_map, table, w, 0, st.k(0), &st.full[0]);
+    for (int j = 0; j < num_n_tiles; ++j) {
+      const int kt = j + 1;
+      if (kt < num_n_tiles && kt >= kStages) {
+        wgmma::BarrierWait(&st.empty[kt % kStages], (kt / kStages - 1) & 1);
+      }
+      if (j >= kStages) wgmma::BarrierWait(&st.empty_v[j % kStages], (j / kStages - 1) & 1);
+      ProducePair(p, kv_map, table, w, kt, j, num_n_tiles, st.k(kt % kStages), st.v(j % kStages),
+                  &st.full[kt % kStages], &st.full_v[j % kStages]);
+    }
+  } else {
+    for (int it = 0; it < num_n_tiles; ++it) {
+      const int stage = it % kStages;
+      const int use = it / kStages;  // Tiles the stage held before this one.
+      if (use > 0) wgmma::BarrierWait(&st.empty[stage], (use - 1) & 1);
+      if constexpr (kSplit == 2) {
+        if (use > 0) wgmma::BarrierWait(&st.empty_v[stage], (use - 1) & 1);
+        ProducePart<kTma, 3>(p, kv_map, table, w, it, st.k(stage), &st.full[stage],
+                             &st.full_v[stage]);
+      } else if constexpr (kSplit == 1) {
+        ProducePart<kTma, 1>(p, kv_map, table, w, it, st.k(stage), &st.full[stage]);
+        if (use > 0) wgmma::BarrierWait(&st.empty_v[stage], (use - 1) & 1);
+        ProducePart<kTma, 2>(p, kv_map, table, w, it, st.v(stage), &st.full_v[stage]);
+      } else {
+        ProducePart<kTma, 3>(p, kv_map, table, w, it, st.k(stage), &st.full[stage]);
+      }
     }
   }
   CpAsyncWaitAll();
@@ -613,7 +688,7 @@ __device__ __forceinline__ void ProduceFp8(const PagedPrefillParams& p, const CU
   }
 }
 
-template <Load kLoad, bool kSplit>
+template <Load kLoad, int kSplit>
 __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                         const int32_t* table, const CtaWork& w, int num_n_tiles,
                                         const Stages& st, unsigned char* smem) {
@@ -623,7 +698,8 @@ __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUten
                         reinterpret_cast<uint64_t*>(smem + kFp8BarrierOffset + kBarrierBytes)};
     ProduceFp8(p, kv_map, table, w, num_n_tiles, st, fs);
   } else {
-    ProduceBf16<kLoad == Load::kTma, kSplit>(p, kv_map, table, w, num_n_tiles, st);
+    ProduceBf16<kLoad == Load::kTma, (kSplit == 3 && kLoad != Load::kTma) ? 1 : kSplit>(
+        p, kv_map, table, w, num_n_tiles, st);
   }
 }
 
@@ -831,12 +907,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x < kLoaders) {
     wgmma::DecreaseRegisters<ProducerRegisters(kLoad)>();
-    Produce<kLoad, kConsumer == 1 || kConsumer == 4>(p, &kv_map, table, w, num_n_tiles, st, smem);
+    constexpr int kSplit = kConsumer == 8                     ? 3
+                           : kConsumer == 1 || kConsumer == 4 ? 1
+                           : kConsumer == 5 || kConsumer == 7 ? 2
+                                                              : 0;
+    Produce<kLoad, kSplit>(p, &kv_map, table, w, num_n_tiles, st, smem);
   } else {
     wgmma::IncreaseRegisters<ConsumerRegisters(kLoad)>();
-    if constexpr (kConsumer == 1 || kConsumer == 6) {
-      ConsumePipelined<kConsumer == 1>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
-    } else if constexpr (kConsumer == 4) {
+    if constexpr (kConsumer == 1 || kConsumer == 6 || kConsumer == 7 || kConsumer == 8) {
+      ConsumePipelined<kConsumer != 6>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
+    } else if constexpr (kConsumer == 4 || kConsumer == 5) {
       Consume<false, true>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
     } else {
       Consume<kFp8>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
@@ -870,6 +950,24 @@ cudaError_t LaunchPlacingTable(const PagedPrefillParams& params, const CUtensorM
       return LaunchSm90<kLoad, false, 1>(params, kv_map, kSmemBytes, stream);
     }
     return LaunchSm90<kLoad, true, 1>(params, kv_map, kSmemBytes + table_bytes, stream);
+  }
+  if (pipelined == 5) {
+    if (table_bytes > kMaxTableBytes) {
+      return LaunchSm90<kLoad, false, 5>(params, kv_map, kSmemBytes, stream);
+    }
+    return LaunchSm90<kLoad, true, 5>(params, kv_map, kSmemBytes + table_bytes, stream);
+  }
+  if (pipelined == 8) {
+    if (table_bytes > kMaxTableBytes) {
+      return LaunchSm90<kLoad, false, 8>(params, kv_map, kSmemBytes, stream);
+    }
+    return LaunchSm90<kLoad, true, 8>(params, kv_map, kSmemBytes + table_bytes, stream);
+  }
+  if (pipelined == 7) {
+    if (table_bytes > kMaxTableBytes) {
+      return LaunchSm90<kLoad, false, 7>(params, kv_map, kSmemBytes, stream);
+    }
+    return LaunchSm90<kLoad, true, 7>(params, kv_map, kSmemBytes + table_bytes, stream);
   }
   if (pipelined == 4) {
     if (table_bytes > kMaxTableBytes) {
