@@ -30,7 +30,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 #include "kernels/cuda/paged_prefill_attention/prefill_device.h"
@@ -51,23 +50,15 @@ constexpr int kBlockM = 128;  // Query rows per CTA: 64 per warpgroup.
 // Keys per KV tile, in two stages: on an H200 they ran 3-16% faster than
 // 64-key tiles in two to four stages.
 constexpr int kBlockN = 128;
-#ifndef TRIDENT_PREFILL_STAGES
-#define TRIDENT_PREFILL_STAGES 2
-#endif
-constexpr int kStages = TRIDENT_PREFILL_STAGES;
+constexpr int kStages = 2;
 constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // One of K or V.
 constexpr int kChunks = kBlockN * kHeadDim / 8;   // 16-byte chunks of K (or V).
 constexpr int kThreads = 384;                     // A producer and two consumer warpgroups.
 constexpr int kLoaders = 128;
 constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB.
-// Per stage: K's full and empty barriers, then V's (the pipelined consumer
-// releases K and V apart; the others use K's alone for both).
-constexpr int kBarrierBytes = kStages * 4 * 8 + 8;  // And Q's.
+constexpr int kBarrierBytes = kStages * 2 * 8;
 // The block table goes to shared memory up to this size (8192 blocks).
-constexpr int kMaxTableBytes =
-    kStages == 2
-        ? 32 * 1024
-        : (227 * 1024 - kQBytes - kStages * 2 * kBlockN * kHeadDim * 2 - kStages * 32) / 16 * 16;
+constexpr int kMaxTableBytes = 32 * 1024;
 // Registers per thread after the hand-over (setmaxnreg). The CTA holds what
 // its launch gave it, 384 x 168 (__launch_bounds__(384, 1)): the split must
 // not ask for more, or the consumers' setmaxnreg.inc waits forever.
@@ -99,7 +90,7 @@ constexpr int kFp8StagingBytes = 2 * kBlockN * kHeadDim;
 constexpr int kFp8ScaleBytes = 2 * kBlockN * 4;
 constexpr int kFp8BarrierOffset = kTilesBytes + 2 * kFp8StagingBytes + 2 * kFp8ScaleBytes;
 constexpr int kFp8SmemBytes = kFp8BarrierOffset + kBarrierBytes + 2 * 8;
-static_assert(kStages != 2 || kFp8SmemBytes <= 227 * 1024, "FP8 shared memory fits");
+static_assert(kFp8SmemBytes <= 227 * 1024, "FP8 shared memory fits");
 
 // Registers per thread after setmaxnreg. The FP8 producer dequantizes, so it
 // keeps more.
@@ -147,12 +138,9 @@ struct CtaWork {
   int kv_end;
 };
 
-// Gathers keys [n0, n0 + kBlockN) of the CTA's kv head, from `first_row`
-// of the tile on, into sk (K-major) and sv (MN-major) by cp.async; keys at
-// or past kv_end become zeros. kParts: 1 K alone, 2 V alone, 3 both.
-// `table` is the sequence's block table; `t` the producer thread (0 ..
-// kLoaders - 1).
-template <int kParts>
+// Gathers keys [n0, n0 + kBlockN) of the CTA's kv head into sk (K-major) and
+// sv (MN-major); keys at or past kv_end become zeros. `table` is the
+// sequence's block table; `t` the producer thread (0 .. kLoaders - 1).
 __device__ __forceinline__ void LoadKvTile(const PagedPrefillParams& p, const int32_t* table,
                                            const CtaWork& w, int n0, int t, unsigned char* sk,
                                            unsigned char* sv, int first_row = 0) {
@@ -171,10 +159,8 @@ __device__ __forceinline__ void LoadKvTile(const PagedPrefillParams& p, const in
                (static_cast<int64_t>(w.kv_head) * p.block_size + slot) * kHeadDim + c.col * 8;
     }
     const uint32_t at = SwizzledOffset<kBlockN>(c);
-    if constexpr ((kParts & 1) != 0) CpAsync16(SmemAddr(sk + at), kv + offset, valid);
-    if constexpr ((kParts & 2) != 0) {
-      CpAsync16(SmemAddr(sv + at), kv + (valid ? offset + p.value_offset_elems : 0), valid);
-    }
+    CpAsync16(SmemAddr(sk + at), kv + offset, valid);
+    CpAsync16(SmemAddr(sv + at), kv + (valid ? offset + p.value_offset_elems : 0), valid);
   }
 }
 
@@ -201,13 +187,10 @@ struct Softmax {
 };
 
 // Masks S (64 rows x kBlockN keys, the m64n128 accumulator fragment) where
-// keys pass a row's position, updates the running max and sum, and turns S
-// into probabilities in place; `alpha` is what O's rows are to be rescaled
-// by (ScaleO), which this leaves to the caller: in the pipelined consumer O
-// is still being accumulated by the tile before's P V.
-__device__ __forceinline__ void SoftmaxScores(float (&s)[kBlockN / 2], Softmax& sm, bool masked,
-                                              int n0, int pos0, float scale_log2,
-                                              float (&alpha)[2]) {
+// keys pass a row's position, updates the running max and sum, rescales o,
+// and turns S into probabilities in place.
+__device__ __forceinline__ void OnlineSoftmax(float (&s)[kBlockN / 2], float (&o)[64], Softmax& sm,
+                                              bool masked, int n0, int pos0, float scale_log2) {
   const int t = threadIdx.x % 4;
   if (masked) {
 #pragma unroll
@@ -226,6 +209,7 @@ __device__ __forceinline__ void SoftmaxScores(float (&s)[kBlockN / 2], Softmax& 
     tile_max[1] = fmaxf(tile_max[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
   }
   float shift[2];
+  float alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     shift[h] = UpdateRowMax(tile_max[h], scale_log2, sm.row_max[h], alpha[h]);
@@ -242,9 +226,6 @@ __device__ __forceinline__ void SoftmaxScores(float (&s)[kBlockN / 2], Softmax& 
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) sm.row_sum[h] = sm.row_sum[h] * alpha[h] + tile_sum[h];
-}
-
-__device__ __forceinline__ void ScaleO(float (&o)[64], const float (&alpha)[2]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     o[4 * j] *= alpha[0];
@@ -254,22 +235,15 @@ __device__ __forceinline__ void ScaleO(float (&o)[64], const float (&alpha)[2]) 
   }
 }
 
-// P's A fragment for keys 16 kk .. 16 kk + 15 is S's accumulators of the
-// 8-key column blocks 2 kk and 2 kk + 1.
-__device__ __forceinline__ void PackP(const float (&s)[kBlockN / 2],
-                                      uint32_t (&pa)[kBlockN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    pa[kk][0] = PackBf16(s[8 * kk], s[8 * kk + 1]);
-    pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
-  }
-}
-
-// Issues S = Q K^T (uncommitted; the caller fences before and commits).
-__device__ __forceinline__ void IssueS(const unsigned char* sq_wg, const unsigned char* sk,
-                                       float (&s)[kBlockN / 2]) {
+// One warpgroup's step over a KV tile: S = Q K^T, the softmax, O += P V.
+// kVKMajor: V is stored transposed (rows of dims, keys along the 128-byte
+// swizzled rows, as K is), which B reads K-major.
+template <bool kVKMajor>
+__device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsigned char* sk,
+                                         const unsigned char* sv, float (&o)[64], Softmax& sm,
+                                         bool masked, int n0, int pos0, float scale_log2) {
+  float s[kBlockN / 2];
+  wgmma::Fence();
 #pragma unroll
   for (int k = 0; k < kHeadDim / 16; ++k) {
     // k16 step k: atom k / 4, 32 bytes per step within it.
@@ -279,14 +253,20 @@ __device__ __forceinline__ void IssueS(const unsigned char* sq_wg, const unsigne
         wgmma::Swizzle128Descriptor(sk + (k / 4) * (kBlockN * 128) + within, kAtomStride), s,
         k > 0);
   }
-}
-
-// Issues O += P V (uncommitted). kVKMajor: V is stored transposed (rows of
-// dims, keys along the 128-byte swizzled rows, as K is), which B reads
-// K-major.
-template <bool kVKMajor>
-__device__ __forceinline__ void IssuePv(const uint32_t (&pa)[kBlockN / 16][4],
-                                        const unsigned char* sv, float (&o)[64]) {
+  wgmma::CommitGroup();
+  wgmma::WaitGroup<0>();
+  OnlineSoftmax(s, o, sm, masked, n0, pos0, scale_log2);
+  // P's A fragment for keys 16 kk .. 16 kk + 15 is S's accumulators of the
+  // 8-key column blocks 2 kk and 2 kk + 1.
+  uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    pa[kk][0] = PackBf16(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+  wgmma::Fence();
   // A k16 step is 16 keys (rows) on; dims 0-63 and 64-127 are two atoms,
   // kBlockN rows of 128 bytes apart (the descriptor's leading offset).
 #pragma unroll
@@ -303,25 +283,6 @@ __device__ __forceinline__ void IssuePv(const uint32_t (&pa)[kBlockN / 16][4],
           pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride, kBlockN * 128), o, true);
     }
   }
-}
-
-// One warpgroup's step over a KV tile: S = Q K^T, the softmax, O += P V.
-template <bool kVKMajor>
-__device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsigned char* sk,
-                                         const unsigned char* sv, float (&o)[64], Softmax& sm,
-                                         bool masked, int n0, int pos0, float scale_log2) {
-  float s[kBlockN / 2];
-  wgmma::Fence();
-  IssueS(sq_wg, sk, s);
-  wgmma::CommitGroup();
-  wgmma::WaitGroup<0>();
-  float alpha[2];
-  SoftmaxScores(s, sm, masked, n0, pos0, scale_log2, alpha);
-  ScaleO(o, alpha);
-  uint32_t pa[kBlockN / 16][4];
-  PackP(s, pa);
-  wgmma::Fence();
-  IssuePv<kVKMajor>(pa, sv, o);
   wgmma::CommitGroup();
   wgmma::WaitGroup<0>();
 }
@@ -354,170 +315,56 @@ __device__ __forceinline__ void StoreOutput(const PagedPrefillParams& p, const C
   }
 }
 
-// The producer warpgroup's barrier among itself (named barrier 1).
-__device__ __forceinline__ void ProducerSync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kLoaders) : "memory");
-}
-
 struct Stages {
   unsigned char* smem;
-  uint64_t* full;     // [kStages]: the stage's K (or, unsplit, K and V) has landed.
-  uint64_t* empty;    // [kStages]: both consumers are done with the stage's K (or K and V).
-  uint64_t* full_v;   // [kStages]: with split barriers, the stage's V has landed.
-  uint64_t* empty_v;  // [kStages]: with split barriers, both consumers are done with its V.
-  uint64_t* q_full;   // Q has landed.
+  uint64_t* full;   // [kStages]: the stage's tile has landed.
+  uint64_t* empty;  // [kStages]: both consumers are done with the stage's tile.
   __device__ unsigned char* k(int stage) const { return smem + kQBytes + stage * 2 * kKvBytes; }
   __device__ unsigned char* v(int stage) const { return k(stage) + kKvBytes; }
 };
 
-// Issues one part (K or V) of tile `it` into `dst`: thread 0 the tensor
-// copies of its whole blocks (with their bytes expected on `full`), every
-// producer thread cp.async for the rest, then its arrival on `full`.
-// kPart: 1 K, 2 V, 3 both (into dst and dst + kKvBytes).
-template <bool kTma, int kPart>
-__device__ __forceinline__ void ProducePart(const PagedPrefillParams& p, const CUtensorMap* kv_map,
-                                            const int32_t* table, const CtaWork& w, int it,
-                                            unsigned char* dst, uint64_t* full,
-                                            uint64_t* full_v = nullptr) {
-  const int t = threadIdx.x;
-  const int n0 = it * kBlockN;
-  unsigned char* const sk = kPart == 2 ? nullptr : dst;
-  unsigned char* const sv = kPart == 2 ? dst : dst + kKvBytes;
-  if constexpr (!kTma) {
-    LoadKvTile<kPart>(p, table, w, n0, t, sk, sv);
-    wgmma::CpAsyncArriveOnBarrier(full);  // One arrival per producer thread.
-    if (full_v != nullptr && full_v != full) wgmma::CpAsyncArriveOnBarrier(full_v);
-    return;
-  }
-  // Rows [0, whole) of the tile are whole blocks before kv_end: one box of
-  // block_size rows x 64 dims per block and part, two dim halves.
-  const int bs = p.block_size;
-  const int whole = min(kBlockN, max(0, (w.kv_end - n0) / bs * bs));
-  if (whole < kBlockN) {
-    // A context's last partial block, by cp.async: in place before the
-    // first thread's arrival, the barrier's only one.
-    LoadKvTile<kPart>(p, table, w, n0, t, sk, sv, whole);
-    CpAsyncWaitAll();
-    wgmma::FenceSharedForAsync();
-    ProducerSync();
-  }
-  if (full_v == nullptr) full_v = full;
-  if (t == 0) {
-    if (full_v != full) {
-      wgmma::BarrierArriveExpectBytes(full, whole * kHeadDim * 2);
-      wgmma::BarrierArriveExpectBytes(full_v, whole * kHeadDim * 2);
-    } else {
-      constexpr int kParts = kPart == 3 ? 2 : 1;
-      wgmma::BarrierArriveExpectBytes(full, whole * kHeadDim * 2 * kParts);
-    }
-    const int64_t rows_per_block = p.block_stride_elems / kHeadDim;
-    const int32_t v_rows = static_cast<int32_t>(p.value_offset_elems / kHeadDim);
-    for (int r = 0; r < whole; r += bs) {
-      const int32_t k_row = static_cast<int32_t>(table[(n0 + r) / bs] * rows_per_block +
-                                                 static_cast<int64_t>(w.kv_head) * bs);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int at = half * (kBlockN * 128) + r * 128;
-        if constexpr ((kPart & 1) != 0) {
-          wgmma::TensorLoad2d(sk + at, kv_map, half * 64, k_row, full);
-        }
-        if constexpr ((kPart & 2) != 0) {
-          wgmma::TensorLoad2d(sv + at, kv_map, half * 64, k_row + v_rows, full_v);
-        }
-      }
-    }
-  }
-}
-
-// The tensor copy engine's pair for the pipelined consumer: K of tile kt
-// (none where kt is past the last tile) and V of tile vt, their boxes
-// interleaved block by block.
-__device__ __forceinline__ void ProducePair(const PagedPrefillParams& p, const CUtensorMap* kv_map,
-                                            const int32_t* table, const CtaWork& w, int kt, int vt,
-                                            int num_n_tiles, unsigned char* sk, unsigned char* sv,
-                                            uint64_t* full_k, uint64_t* full_v) {
-  const int t = threadIdx.x;
-  const int bs = p.block_size;
-  const auto whole_of = [&](int tile) {
-    return min(kBlockN, max(0, (w.kv_end - tile * kBlockN) / bs * bs));
-  };
-  const bool has_k = kt < num_n_tiles;
-  const int wk = has_k ? whole_of(kt) : 0;
-  const int wv = whole_of(vt);
-  const bool partial_k = has_k && wk < kBlockN;
-  if (partial_k) LoadKvTile<1>(p, table, w, kt * kBlockN, t, sk, nullptr, wk);
-  if (wv < kBlockN) LoadKvTile<2>(p, table, w, vt * kBlockN, t, nullptr, sv, wv);
-  if (partial_k || wv < kBlockN) {
-    CpAsyncWaitAll();
-    wgmma::FenceSharedForAsync();
-    ProducerSync();
-  }
-  if (t == 0) {
-    if (has_k) wgmma::BarrierArriveExpectBytes(full_k, wk * kHeadDim * 2);
-    wgmma::BarrierArriveExpectBytes(full_v, wv * kHeadDim * 2);
-    const int64_t rows_per_block = p.block_stride_elems / kHeadDim;
-    const int32_t v_rows = static_cast<int32_t>(p.value_offset_elems / kHeadDim);
-    for (int r = 0; r < max(wk, wv); r += bs) {
-      const int32_t k_row =
-          r < wk ? static_cast<int32_t>(table[(kt * kBlockN + r) / bs] * rows_per_block +
-                                        static_cast<int64_t>(w.kv_head) * bs)
-                 : 0;
-      const int32_t v_row =
-          r < wv ? static_cast<int32_t>(table[(vt * kBlockN + r) / bs] * rows_per_block +
-                                        static_cast<int64_t>(w.kv_head) * bs) +
-                       v_rows
-                 : 0;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int at = half * (kBlockN * 128) + r * 128;
-        if (r < wk) wgmma::TensorLoad2d(sk + at, kv_map, half * 64, k_row, full_k);
-        if (r < wv) wgmma::TensorLoad2d(sv + at, kv_map, half * 64, v_row, full_v);
-      }
-    }
-  }
-}
-
 // The producer warpgroup: Q, then KV tile `it` into stage it % kStages once
 // the tile before it there has been consumed. kTma: whole blocks of the
 // cache come by the tensor copy engine (kv_map), the rest (a context's last
-// partial block) by cp.async; otherwise everything by cp.async. kSplit: K
-// and V each on their own barriers (K's refilled once S is done with it).
-template <bool kTma, int kSplit>
+// partial block) by cp.async; otherwise everything by cp.async.
+template <bool kTma>
 __device__ __forceinline__ void ProduceBf16(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                             const int32_t* table, const CtaWork& w, int num_n_tiles,
                                             const Stages& st) {
-  LoadQ(p, w, threadIdx.x, st.smem);
-  wgmma::CpAsyncArriveOnBarrier(st.q_full);
-  if constexpr (kSplit == 3) {
-    // K(0) alone, then (K(j + 1), V(j)): what the pipelined consumer's step
-    // j takes.
-    ProducePart<true, 1>(p, kv_map, table, w, 0, st.k(0), &st.full[0]);
-    for (int j = 0; j < num_n_tiles; ++j) {
-      const int kt = j + 1;
-      if (kt < num_n_tiles && kt >= kStages) {
-        wgmma::BarrierWait(&st.empty[kt % kStages], (kt / kStages - 1) & 1);
+  const int t = threadIdx.x;
+  LoadQ(p, w, t, st.smem);
+  for (int it = 0; it < num_n_tiles; ++it) {
+    const int stage = it % kStages;
+    const int use = it / kStages;  // Tiles the stage held before this one.
+    if (use > 0) wgmma::BarrierWait(&st.empty[stage], (use - 1) & 1);
+    const int n0 = it * kBlockN;
+    if constexpr (kTma) {
+      // Rows [0, whole) of the tile are whole blocks before kv_end: one box
+      // of block_size rows x 64 dims per block, K and V, two dim halves.
+      const int bs = p.block_size;
+      const int whole = min(kBlockN, max(0, (w.kv_end - n0) / bs * bs));
+      if (t == 0) {
+        wgmma::BarrierArriveExpectBytes(&st.full[stage], whole * kHeadDim * 2 * 2);
+        const int64_t rows_per_block = p.block_stride_elems / kHeadDim;
+        for (int r = 0; r < whole; r += bs) {
+          const int32_t k_row = static_cast<int32_t>(table[(n0 + r) / bs] * rows_per_block +
+                                                     static_cast<int64_t>(w.kv_head) * bs);
+          const int32_t v_row = k_row + static_cast<int32_t>(p.value_offset_elems / kHeadDim);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int at = half * (kBlockN * 128) + r * 128;
+            wgmma::TensorLoad2d(st.k(stage) + at, kv_map, half * 64, k_row, &st.full[stage]);
+            wgmma::TensorLoad2d(st.v(stage) + at, kv_map, half * 64, v_row, &st.full[stage]);
+          }
+        }
       }
-      if (j >= kStages) wgmma::BarrierWait(&st.empty_v[j % kStages], (j / kStages - 1) & 1);
-      ProducePair(p, kv_map, table, w, kt, j, num_n_tiles, st.k(kt % kStages), st.v(j % kStages),
-                  &st.full[kt % kStages], &st.full_v[j % kStages]);
-    }
-  } else {
-    for (int it = 0; it < num_n_tiles; ++it) {
-      const int stage = it % kStages;
-      const int use = it / kStages;  // Tiles the stage held before this one.
-      if (use > 0) wgmma::BarrierWait(&st.empty[stage], (use - 1) & 1);
-      if constexpr (kSplit == 2) {
-        if (use > 0) wgmma::BarrierWait(&st.empty_v[stage], (use - 1) & 1);
-        ProducePart<kTma, 3>(p, kv_map, table, w, it, st.k(stage), &st.full[stage],
-                             &st.full_v[stage]);
-      } else if constexpr (kSplit == 1) {
-        ProducePart<kTma, 1>(p, kv_map, table, w, it, st.k(stage), &st.full[stage]);
-        if (use > 0) wgmma::BarrierWait(&st.empty_v[stage], (use - 1) & 1);
-        ProducePart<kTma, 2>(p, kv_map, table, w, it, st.v(stage), &st.full_v[stage]);
-      } else {
-        ProducePart<kTma, 3>(p, kv_map, table, w, it, st.k(stage), &st.full[stage]);
+      if (whole < kBlockN) {
+        LoadKvTile(p, table, w, n0, t, st.k(stage), st.v(stage), whole);
       }
+    } else {
+      LoadKvTile(p, table, w, n0, t, st.k(stage), st.v(stage));
     }
+    wgmma::CpAsyncArriveOnBarrier(&st.full[stage]);
   }
   CpAsyncWaitAll();
 }
@@ -580,6 +427,11 @@ __device__ __forceinline__ void StoreScales(int it, const TokenScales& scales,
                                             const Fp8Staging& fs) {
   fs.k_scales(it % 2)[threadIdx.x] = scales.k;
   fs.v_scales(it % 2)[threadIdx.x] = scales.v;
+}
+
+// The producer warpgroup's barrier among itself (named barrier 1).
+__device__ __forceinline__ void ProducerSync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kLoaders) : "memory");
 }
 
 // 16 stored E4M3 values of one group (index i at byte Fp8FragmentPosition(i):
@@ -667,7 +519,6 @@ __device__ __forceinline__ void ProduceFp8(const PagedPrefillParams& p, const CU
                                            const int32_t* table, const CtaWork& w, int num_n_tiles,
                                            const Stages& st, const Fp8Staging& fs) {
   LoadQ(p, w, threadIdx.x, st.smem);
-  wgmma::CpAsyncArriveOnBarrier(st.q_full);
   StoreScales(0, StartFp8Tile(p, map, table, w, 0, fs), fs);
   ProducerSync();
   for (int it = 0; it < num_n_tiles; ++it) {
@@ -688,7 +539,7 @@ __device__ __forceinline__ void ProduceFp8(const PagedPrefillParams& p, const CU
   }
 }
 
-template <Load kLoad, int kSplit>
+template <Load kLoad>
 __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                         const int32_t* table, const CtaWork& w, int num_n_tiles,
                                         const Stages& st, unsigned char* smem) {
@@ -698,22 +549,14 @@ __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUten
                         reinterpret_cast<uint64_t*>(smem + kFp8BarrierOffset + kBarrierBytes)};
     ProduceFp8(p, kv_map, table, w, num_n_tiles, st, fs);
   } else {
-    ProduceBf16<kLoad == Load::kTma, (kSplit == 3 && kLoad != Load::kTma) ? 1 : kSplit>(
-        p, kv_map, table, w, num_n_tiles, st);
+    ProduceBf16<kLoad == Load::kTma>(p, kv_map, table, w, num_n_tiles, st);
   }
-}
-
-// A consumer warp's release of a stage: its first lane arrives for it
-// (empty barriers count warps), predicated, not branched (see
-// wgmma::BarrierArriveIf).
-__device__ __forceinline__ void Release(uint64_t* bar) {
-  wgmma::BarrierArriveIf(bar, threadIdx.x % 32 == 0);
 }
 
 // A consumer warpgroup (c = 0 or 1: query rows 64 c .. 64 c + 63 of the
 // tile): every tile is waited for and released, computed on when some of its
 // keys are visible to the warpgroup's rows.
-template <bool kVKMajor, bool kSplit = false>
+template <bool kVKMajor>
 __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWork& w,
                                         int num_n_tiles, const Stages& st, int c) {
   const int warp_in_wg = (threadIdx.x % 128) / 32;
@@ -726,11 +569,9 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
-  wgmma::BarrierWait(st.q_full, 0);
   for (int it = 0; it < num_n_tiles; ++it) {
     const int stage = it % kStages;
     wgmma::BarrierWait(&st.full[stage], (it / kStages) & 1);
-    if constexpr (kSplit) wgmma::BarrierWait(&st.full_v[stage], (it / kStages) & 1);
     // cp.async (or the FP8 producer's stores) wrote through the generic
     // proxy; wgmma reads through the async one.
     wgmma::FenceSharedForAsync();
@@ -740,115 +581,14 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
       TileStep<kVKMajor>(st.smem + c * 64 * 128, st.k(stage), st.v(stage), o, sm, masked, n0,
                          w.first_row_pos + row0, scale_log2);
     }
-    Release(&st.empty[stage]);
-    if constexpr (kSplit) Release(&st.empty_v[stage]);
+    wgmma::BarrierArrive(&st.empty[stage]);
   }
   if (wg_has_rows) StoreOutput(p, w, o, sm, row0);
 }
 
-// Consume with one tile's softmax overlapping the tile before's P V (FA3's
-// intra-warpgroup pipelining), over K and V on their own barriers: each
-// step issues S of tile it + 1 and P V of tile it, waits for S alone, takes
-// its softmax while P V runs, then waits for P V, packs the new P and
-// rescales O. The bf16 cache only (V MN-major).
-template <bool kSplit>
-__device__ __forceinline__ void ConsumePipelined(const PagedPrefillParams& p, const CtaWork& w,
-                                                 int num_n_tiles, const Stages& st, int c) {
-  const int warp_in_wg = (threadIdx.x % 128) / 32;
-  const int g = (threadIdx.x % 32) / 4;
-  const int row0 = c * 64 + warp_in_wg * 16 + g;  // The thread's first row in the tile.
-  const int pos0 = w.first_row_pos + row0;
-  const int wg_first_pos = w.first_row_pos + c * 64;
-  const float scale_log2 = p.scale * 1.4426950408889634f;
-  const unsigned char* const sq = st.smem + c * 64 * 128;
-  // Tiles with keys visible to the warpgroup's rows.
-  const int live = c * 64 < w.rows ? min(num_n_tiles, (wg_first_pos + 63) / kBlockN + 1) : 0;
-  const auto masked = [&](int it) { return it * kBlockN + kBlockN - 1 > wg_first_pos; };
-  const auto wait_k = [&](int it) {
-    wgmma::BarrierWait(&st.full[it % kStages], (it / kStages) & 1);
-    wgmma::FenceSharedForAsync();
-  };
-  const auto wait_v = [&](int it) {
-    if constexpr (kSplit) {
-      wgmma::BarrierWait(&st.full_v[it % kStages], (it / kStages) & 1);
-      wgmma::FenceSharedForAsync();
-    }
-  };
-  uint64_t* const empty_k = kSplit ? st.empty : nullptr;
-  uint64_t* const empty_v = kSplit ? st.empty_v : st.empty;
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
-  float s[kBlockN / 2];
-  uint32_t pa[kBlockN / 16][4];
-  float alpha[2];
-  wgmma::BarrierWait(st.q_full, 0);
-  if (live > 0) {
-    wait_k(0);
-    wgmma::Fence();
-    IssueS(sq, st.k(0), s);
-    wgmma::CommitGroup();
-    wgmma::WaitGroup<0>();
-    wgmma::FenceOperands(s);
-    if constexpr (kSplit) Release(&empty_k[0]);
-    SoftmaxScores(s, sm, masked(0), 0, pos0, scale_log2, alpha);
-    PackP(s, pa);
-  }
-  for (int it = 0; it + 1 < live; ++it) {
-    const int next = it + 1;
-    wait_k(next);
-    wait_v(it);
-    wgmma::Fence();
-    IssueS(sq, st.k(next % kStages), s);
-    wgmma::CommitGroup();
-    IssuePv<false>(pa, st.v(it % kStages), o);
-    wgmma::CommitGroup();
-    wgmma::WaitGroup<1>();
-    wgmma::FenceOperands(s);
-    if constexpr (kSplit) Release(&empty_k[next % kStages]);
-    // The softmax in two arms, each ending in its own marker, so that the
-    // wait below begins a block of its own: ptxas schedules a wait at the
-    // top of its block, and would otherwise put it ahead of the
-    // exponentials.
-    if (masked(next)) {
-      SoftmaxScores(s, sm, true, next * kBlockN, pos0, scale_log2, alpha);
-      asm volatile("// masked tile" ::: "memory");
-    } else {
-      SoftmaxScores(s, sm, false, next * kBlockN, pos0, scale_log2, alpha);
-      asm volatile("// unmasked tile" ::: "memory");
-    }
-    wgmma::WaitGroup<0>();
-    wgmma::FenceOperands(o);
-    wgmma::FenceOperands(pa);
-    Release(&empty_v[it % kStages]);
-    PackP(s, pa);
-    ScaleO(o, alpha);
-  }
-  if (live > 0) {
-    wait_v(live - 1);
-    wgmma::Fence();
-    IssuePv<false>(pa, st.v((live - 1) % kStages), o);
-    wgmma::CommitGroup();
-    wgmma::WaitGroup<0>();
-    wgmma::FenceOperands(o);
-    Release(&empty_v[(live - 1) % kStages]);
-  }
-  // Tiles past the warpgroup's rows: waited for and released unread.
-  for (int it = live; it < num_n_tiles; ++it) {
-    wgmma::BarrierWait(&st.full[it % kStages], (it / kStages) & 1);
-    Release(&st.empty[it % kStages]);
-    if constexpr (kSplit) {
-      wgmma::BarrierWait(&st.full_v[it % kStages], (it / kStages) & 1);
-      Release(&st.empty_v[it % kStages]);
-    }
-  }
-  if (live > 0) StoreOutput(p, w, o, sm, row0);
-}
-
 // kTableInSmem: the sequence's block table is copied into shared memory first,
 // so the producer's gathers wait on shared memory instead of a global load.
-template <Load kLoad, bool kTableInSmem, int kConsumer>
+template <Load kLoad, bool kTableInSmem>
 __global__ void __launch_bounds__(kThreads, 1)
     PagedPrefillSm90Kernel(const PagedPrefillParams p, const __grid_constant__ CUtensorMap kv_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -874,27 +614,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kFp8 = kLoad == Load::kFp8;
   uint64_t* const barriers =
       reinterpret_cast<uint64_t*>(smem + (kFp8 ? kFp8BarrierOffset : kTilesBytes));
-  const Stages st{smem,
-                  barriers,
-                  barriers + kStages,
-                  barriers + 2 * kStages,
-                  barriers + 3 * kStages,
-                  barriers + 4 * kStages};
+  const Stages st{smem, barriers, barriers + kStages};
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
-      // Full: with the tensor copy engine the first thread's expected bytes
-      // alone; otherwise every producer thread's arrival (cp.async's, or the
-      // FP8 producer's after its stores). Empty: every consumer warp's.
-      constexpr int kFullArrivals = kLoad == Load::kTma ? 1 : kLoaders;
-      wgmma::BarrierInit(&st.full[i], kFullArrivals);
-      wgmma::BarrierInit(&st.empty[i], (kThreads - kLoaders) / 32);
-      wgmma::BarrierInit(&st.full_v[i], kFullArrivals);
-      wgmma::BarrierInit(&st.empty_v[i], (kThreads - kLoaders) / 32);
+      // Every producer thread's arrival (cp.async's, or the FP8 producer's
+      // after its stores), and with the tensor copy engine into the stage
+      // the first thread's expected bytes.
+      wgmma::BarrierInit(&st.full[i], kLoaders + (kLoad == Load::kTma ? 1 : 0));
+      wgmma::BarrierInit(&st.empty[i], kThreads - kLoaders);
     }
-    wgmma::BarrierInit(st.q_full, kLoaders);
     if constexpr (kFp8) {
       // The staging buffers: the first thread's expected bytes alone.
-      for (int i = 0; i < 2; ++i) wgmma::BarrierInit(barriers + 4 * kStages + 1 + i, 1);
+      for (int i = 0; i < 2; ++i) wgmma::BarrierInit(barriers + 2 * kStages + i, 1);
     }
   }
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks_per_seq;
@@ -907,27 +638,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x < kLoaders) {
     wgmma::DecreaseRegisters<ProducerRegisters(kLoad)>();
-    constexpr int kSplit = kConsumer == 8                     ? 3
-                           : kConsumer == 1 || kConsumer == 4 ? 1
-                           : kConsumer == 5 || kConsumer == 7 ? 2
-                                                              : 0;
-    Produce<kLoad, kSplit>(p, &kv_map, table, w, num_n_tiles, st, smem);
+    Produce<kLoad>(p, &kv_map, table, w, num_n_tiles, st, smem);
   } else {
     wgmma::IncreaseRegisters<ConsumerRegisters(kLoad)>();
-    if constexpr (kConsumer == 1 || kConsumer == 6 || kConsumer == 7 || kConsumer == 8) {
-      ConsumePipelined<kConsumer != 6>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
-    } else if constexpr (kConsumer == 4 || kConsumer == 5) {
-      Consume<false, true>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
-    } else {
-      Consume<kFp8>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
-    }
+    Consume<kFp8>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
   }
 }
 
-template <Load kLoad, bool kTableInSmem, int kConsumer = 0>
+template <Load kLoad, bool kTableInSmem>
 cudaError_t LaunchSm90(const PagedPrefillParams& params, const CUtensorMap& kv_map, int smem_bytes,
                        cudaStream_t stream) {
-  auto* kernel = &PagedPrefillSm90Kernel<kLoad, kTableInSmem, kConsumer>;
+  auto* kernel = &PagedPrefillSm90Kernel<kLoad, kTableInSmem>;
   const cudaError_t error =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (error != cudaSuccess) return error;
@@ -941,46 +662,6 @@ template <Load kLoad>
 cudaError_t LaunchPlacingTable(const PagedPrefillParams& params, const CUtensorMap& kv_map,
                                cudaStream_t stream) {
   const int table_bytes = (params.max_blocks_per_seq * 4 + 15) / 16 * 16;
-  static const int pipelined = [] {
-    const char* v = std::getenv("TRIDENT_PREFILL_PIPELINED");
-    return v != nullptr ? v[0] - '0' : 0;
-  }();
-  if (pipelined == 1) {
-    if (table_bytes > kMaxTableBytes) {
-      return LaunchSm90<kLoad, false, 1>(params, kv_map, kSmemBytes, stream);
-    }
-    return LaunchSm90<kLoad, true, 1>(params, kv_map, kSmemBytes + table_bytes, stream);
-  }
-  if (pipelined == 5) {
-    if (table_bytes > kMaxTableBytes) {
-      return LaunchSm90<kLoad, false, 5>(params, kv_map, kSmemBytes, stream);
-    }
-    return LaunchSm90<kLoad, true, 5>(params, kv_map, kSmemBytes + table_bytes, stream);
-  }
-  if (pipelined == 8) {
-    if (table_bytes > kMaxTableBytes) {
-      return LaunchSm90<kLoad, false, 8>(params, kv_map, kSmemBytes, stream);
-    }
-    return LaunchSm90<kLoad, true, 8>(params, kv_map, kSmemBytes + table_bytes, stream);
-  }
-  if (pipelined == 7) {
-    if (table_bytes > kMaxTableBytes) {
-      return LaunchSm90<kLoad, false, 7>(params, kv_map, kSmemBytes, stream);
-    }
-    return LaunchSm90<kLoad, true, 7>(params, kv_map, kSmemBytes + table_bytes, stream);
-  }
-  if (pipelined == 4) {
-    if (table_bytes > kMaxTableBytes) {
-      return LaunchSm90<kLoad, false, 4>(params, kv_map, kSmemBytes, stream);
-    }
-    return LaunchSm90<kLoad, true, 4>(params, kv_map, kSmemBytes + table_bytes, stream);
-  }
-  if (pipelined == 6) {
-    if (table_bytes > kMaxTableBytes) {
-      return LaunchSm90<kLoad, false, 6>(params, kv_map, kSmemBytes, stream);
-    }
-    return LaunchSm90<kLoad, true, 6>(params, kv_map, kSmemBytes + table_bytes, stream);
-  }
   if (table_bytes > kMaxTableBytes) {
     return LaunchSm90<kLoad, false>(params, kv_map, kSmemBytes, stream);
   }
@@ -1037,7 +718,7 @@ cudaError_t PagedPrefillAttentionSm90(const PagedPrefillParams& params, cudaStre
   CUtensorMap map{};
   if (params.kv_fp8) {
     // Without the tensor copy engine, the mma.sync kernel reads the FP8 cache.
-    if (kStages != 2 || !EncodeFp8Map(params, &map)) return PagedPrefillAttention(params, stream);
+    if (!EncodeFp8Map(params, &map)) return PagedPrefillAttention(params, stream);
     return LaunchSm90<Load::kFp8, false>(params, map, kFp8SmemBytes, stream);
   }
   if (EncodeKvMap(params, &map)) return LaunchPlacingTable<Load::kTma>(params, map, stream);

@@ -90,25 +90,6 @@ __device__ __forceinline__ void CommitGroup() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-// Pins registers at this point of the program: the compiler may not move
-// their reads or writes across it (FenceOperand below). Put after a
-// WaitGroup on the accumulators it made ready, so that no read of them is
-// hoisted above the wait, where ptxas would then wait for every group
-// instead (it placed the wait for an in-flight P V ahead of the
-// exponentials it was meant to overlap).
-__device__ __forceinline__ void FenceOperand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void FenceOperand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-template <typename T, int kN>
-__device__ __forceinline__ void FenceOperands(T (&r)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) FenceOperand(r[i]);
-}
-template <typename T, int kN, int kM>
-__device__ __forceinline__ void FenceOperands(T (&r)[kN][kM]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) FenceOperands(r[i]);
-}
-
 // Waits until at most kPending committed groups are still running.
 template <int kPending>
 __device__ __forceinline__ void WaitGroup() {
@@ -237,20 +218,6 @@ __device__ __forceinline__ void BarrierInit(uint64_t* bar, uint32_t count) {
 
 __device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SharedAddress(bar)) : "memory");
-}
-
-// BarrierArrive where `arrive`, predicated rather than branched around: a
-// branch between an MMA's issue and its wait makes ptxas serialize every
-// wgmma of the kernel (C7520).
-__device__ __forceinline__ void BarrierArriveIf(uint64_t* bar, bool arrive) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %1, 0;\n"
-      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
-      "}\n" ::"r"(SharedAddress(bar)),
-      "r"(static_cast<int>(arrive))
-      : "memory");
 }
 
 // Waits until the barrier's phase of the given parity (0 for its first
