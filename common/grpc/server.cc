@@ -187,7 +187,13 @@ void GrpcServer::Drain(absl::Time deadline) {
                                      +[](int64_t* n) { return *n == 0; }, &calls_->in_flight),
                                  deadline);
   }
-  server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  // The calls' last frames (a stream's final message and status) have been
+  // handed to the transport, not necessarily put on the wire. Connections
+  // closed at once can be reset with them unsent (a socket closed with
+  // unread bytes from the client is reset), and a watcher then sees its
+  // stream break instead of NOT_SERVING. So the connections get a short
+  // graceful close, within the drain's deadline.
+  server_->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kDrainFlush)));
   server_->Wait();
 }
 

@@ -66,8 +66,8 @@ class GrpcServer {
   // Starts serving `services`, which must outlive the server. Every service
   // reports SERVING once this returns. Returns kUnavailable if the address
   // cannot be bound, kInvalidArgument for a malformed host or port.
-  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
-      const GrpcServerOptions& options, std::vector<RegisteredService> services);
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
+                                                           std::vector<RegisteredService> services);
 
   ~GrpcServer();
 
@@ -80,9 +80,14 @@ class GrpcServer {
   // Drains: reports NOT_SERVING (so load balancers and health watchers move
   // away) and ends health Watch streams, lets calls in flight finish until
   // `deadline`, then shuts the server down, cancelling any call still
-  // running, and returns once every call has ended. Connections are closed
-  // as soon as no call is left, without waiting for idle clients.
+  // running, and returns once every call has ended. Once no call is left,
+  // connections close within kDrainFlush (or by `deadline`, if sooner),
+  // without waiting longer for idle clients.
   void Drain(absl::Time deadline);
+
+  // How long connections may take to close once a drain has no call left:
+  // time for the calls' last frames to reach their clients.
+  static constexpr absl::Duration kDrainFlush = absl::Milliseconds(250);
 
   grpc::Server* server() { return server_.get(); }
 
