@@ -40,6 +40,7 @@
 #include "common/model/tensor_parallel/tensor_parallel.h"
 #include "common/parallel/nccl_group.h"
 #include "kernels/cuda/gemm/gemm.h"
+#include "kernels/cuda/kv_append/kv_append.h"
 #include "kernels/cuda/paged_decode_attention/paged_decode_attention.h"
 
 namespace trident::backend::cuda_internal {
@@ -395,6 +396,8 @@ struct Impl {
   void RecoverTensorParallel();
   absl::Status EnqueueHead(Pass& pass);
   absl::Status Norm(Pass& pass, const DeviceBuffer& weight, int64_t rows);
+  // Layer l's part of the pool as a bf16 cache (a bf16 kv_spec).
+  kc::PagedKvBf16 LayerCacheBf16(int32_t l);
   // Layer l's norm, q/k/v projection and RoPE, into pass.qkv; *kv_stored:
   // whether the projection also stored the step's k and v in the cache.
   absl::Status EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored);

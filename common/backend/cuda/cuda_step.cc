@@ -282,6 +282,16 @@ absl::Status Impl::EnqueueEmbedding(Pass& pass) {
       stream);
 }
 
+kc::PagedKvBf16 Impl::LayerCacheBf16(int32_t l) {
+  return {kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0),
+          kv_spec.num_blocks,
+          kv_spec.block_size,
+          config.num_key_value_heads,
+          config.head_dim,
+          kv_spec.block_stride_elements(),
+          kv_spec.value_offset_elements()};
+}
+
 absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
   *kv_stored = false;
   const StepShape& shape = pass.shape;
@@ -310,19 +320,16 @@ absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
   kc::GemmRope epilogue{pass.dmeta.positions, inv_freq.get<float>(), config.num_attention_heads,
                         config.num_key_value_heads, config.head_dim};
   if (shape.local_tokens == shape.total && !kv_spec.fp8()) {
-    // The token's k and v into the bf16 cache as well (the KV append's).
-    epilogue.kv_base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
-    epilogue.kv_num_blocks = kv_spec.num_blocks;
-    epilogue.kv_block_size = kv_spec.block_size;
-    epilogue.kv_block_stride_elems = kv_spec.block_stride_elements();
-    epilogue.kv_value_offset_elems = kv_spec.value_offset_elements();
+    // Every token is local and the cache bf16: the projection's epilogue,
+    // or else the RoPE kernel, stores k and v as well (the KV append's).
+    epilogue.kv = LayerCacheBf16(l);
     epilogue.slots = pass.dmeta.slots;
   }
   kc::GemmArgs rotated = g;
   rotated.y = pass.qkv.get();
   rotated.y_dtype = DType::kBF16;
   if (options.gemv_rope && gemm->FusesRope(rotated, epilogue)) {
-    *kv_stored = epilogue.kv_base != nullptr;
+    *kv_stored = epilogue.kv.base != nullptr;
     return gemm->RunRope(rotated, epilogue, stream);
   }
   TRIDENT_RETURN_IF_ERROR(gemm->Run(g, stream));
@@ -338,19 +345,9 @@ absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
   rope.num_tokens = shape.total;
   rope.inv_freq = inv_freq.get<float>();
   rope.pdl = options.pdl_chain;
-  if (epilogue.kv_base != nullptr) {
-    // Every token is local and the cache bf16: the RoPE kernel stores k
-    // and v as well (the KV append's).
-    rope.kv = {epilogue.kv_base,
-               epilogue.kv_num_blocks,
-               epilogue.kv_block_size,
-               config.num_key_value_heads,
-               config.head_dim,
-               epilogue.kv_block_stride_elems,
-               epilogue.kv_value_offset_elems};
-    rope.slots = epilogue.slots;
-    *kv_stored = true;
-  }
+  rope.kv = epilogue.kv;
+  rope.slots = epilogue.slots;
+  *kv_stored = epilogue.kv.base != nullptr;
   return kc::LaunchRopeQkv(rope, stream);
 }
 
@@ -398,8 +395,7 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   } else {
     kc::KvAppendArgs append;
     fill(append);
-    append.kv.block_stride_elems = kv_spec.block_stride_elements();
-    append.kv.value_offset_elems = kv_spec.value_offset_elements();
+    append.kv = LayerCacheBf16(l);
     TRIDENT_RETURN_IF_ERROR(kc::LaunchKvAppend(append, stream));
   }
   // A tensor-parallel step reports a layer once every rank wrote its KV

@@ -397,8 +397,8 @@ bool Gemm::FusesRope(const GemmArgs& args, const GemmRope& rope) const {
          rope.head_dim % 8 == 0 && rope.num_q_heads >= 0 && rope.num_kv_heads >= 0 &&
          args.n == int64_t{rope.num_q_heads + 2 * rope.num_kv_heads} * rope.head_dim &&
          rope.positions != nullptr && rope.inv_freq != nullptr &&
-         (rope.kv_base == nullptr ||
-          (rope.slots != nullptr && rope.kv_block_size > 0 && rope.kv_num_blocks > 0));
+         (rope.kv.base == nullptr ||
+          ValidateKvStore(rope.kv, rope.slots, rope.num_kv_heads, rope.head_dim).ok());
 }
 
 absl::Status Gemm::RunRope(const GemmArgs& args, const GemmRope& rope, cudaStream_t stream) {
@@ -417,9 +417,7 @@ absl::Status Gemm::RunRope(const GemmArgs& args, const GemmRope& rope, cudaStrea
       args.x, args.w, args.bias, args.y, args.n, args.k, impl_->sms, impl_->options.pdl, stream,
       {args.norm_weight, args.norm_eps},
       {rope.positions, rope.inv_freq, rope.head_dim, rope.num_q_heads + rope.num_kv_heads,
-       rope.num_q_heads, static_cast<__nv_bfloat16*>(rope.kv_base),
-       rope.kv_num_blocks * rope.kv_block_size, rope.kv_block_size, rope.kv_block_stride_elems,
-       rope.kv_value_offset_elems, rope.slots},
+       rope.num_q_heads, SlotTargetOf(rope.kv, rope.slots)},
       {impl_->GemvCounter()});
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm RoPE launch: ", cudaGetErrorString(error)));

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/numeric/dtype.h"
+#include "kernels/cuda/kv_append/kv_append.h"
 
 namespace trident::kernels::cuda {
 
@@ -61,16 +62,11 @@ struct GemmRope {
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
-  // Optional (kv_base null: not stored): k and v also stored at slots[0]
-  // (device) of a bf16 paged KV cache, where kernels/cuda/kv_append's
-  // LaunchKvAppend stores them (a slot outside the cache: not stored). Per
-  // block, K [num_kv_heads][block_size][head_dim], V value_offset elements
-  // further on.
-  void* kv_base = nullptr;
-  int64_t kv_num_blocks = 0;
-  int32_t kv_block_size = 0;
-  int64_t kv_block_stride_elems = 0;
-  int64_t kv_value_offset_elems = 0;
+  // Optional (kv.base null: not stored): k and v also stored at slots[0]
+  // (device) of this bf16 paged KV cache, where kernels/cuda/kv_append's
+  // LaunchKvAppend stores them (a slot outside the cache: not stored); its
+  // heads and head_dim are the ones above (ValidateKvStore).
+  PagedKvBf16 kv;
   const int64_t* slots = nullptr;
 };
 

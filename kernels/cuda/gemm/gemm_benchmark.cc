@@ -211,11 +211,8 @@ void BM_GemvFused(benchmark::State& state) {
                       q_heads,
                       kKvHeads,
                       kHeadDim,
-                      cache,
-                      kBlocks,
-                      kBlockSize,
-                      cache_elems / kBlocks,
-                      cache_elems / kBlocks / 2,
+                      {cache, kBlocks, kBlockSize, kKvHeads, kHeadDim, cache_elems / kBlocks,
+                       cache_elems / kBlocks / 2},
                       static_cast<const int64_t*>(slot)};
   auto call = [&](cudaStream_t stream) {
     if (silu) return (*gemm)->RunSiluMul(args, stream);

@@ -236,11 +236,7 @@ TEST_P(GemmRopeTest, MatchesTheGemvThenTheRopeKernel) {
   fused.y_dtype = numeric::DType::kBF16;
   GemmRope rope{dpos, dfreq, s.q_heads, s.kv_heads, s.head_dim};
   if (s.slot != kNoCache) {
-    rope.kv_base = dcache_got;
-    rope.kv_num_blocks = 4;
-    rope.kv_block_size = kBlockSize;
-    rope.kv_block_stride_elems = 2 * kv_elems;
-    rope.kv_value_offset_elems = kv_elems;
+    rope.kv = {dcache_got, 4, kBlockSize, s.kv_heads, s.head_dim, 2 * kv_elems, kv_elems};
     rope.slots = dslot;
   }
   ASSERT_TRUE((*gemm)->FusesRope(fused, rope));

@@ -316,7 +316,7 @@ __device__ void NormRow(const float* __restrict__ x, const NormVectors& weight, 
 // over (as the SiLU's up warps do) and warp w < kItemRows / 2 rotates its
 // pair with the RoPE kernel's arithmetic; v rows are rounded as they are.
 // Element `row` of y (q, k, v) into the KV cache where it is k or v and
-// GemvRope::kv_base is set, as kernels/cuda/kv_append stores it.
+// GemvRope::kv has a cache, as kernels/cuda/kv_append stores it.
 __device__ __forceinline__ void StoreKv(const Walk& walk, int64_t row, __nv_bfloat16 value) {
   const GemvRope& rope = walk.rope;
   const int64_t first_k = int64_t{rope.q_heads} * rope.head_dim;
@@ -327,8 +327,10 @@ __device__ __forceinline__ void StoreKv(const Walk& walk, int64_t row, __nv_bflo
   const uint32_t e = static_cast<uint32_t>(row - (is_v ? first_v : first_k));
   const uint32_t head_dim = static_cast<uint32_t>(rope.head_dim);
   const uint32_t head = e / head_dim;
-  rope.kv_base[walk.kv_slot_base + (is_v ? rope.kv_value_offset : 0) +
-               int64_t{head} * rope.kv_block_size * rope.head_dim + (e - head * head_dim)] = value;
+  static_cast<__nv_bfloat16*>(
+      rope.kv.base)[walk.kv_slot_base + (is_v ? rope.kv.value_offset : 0) +
+                    int64_t{head} * rope.kv.block_size * rope.head_dim + (e - head * head_dim)] =
+      value;
 }
 
 // The pair of consumer warps w and w + kItemRows / 2 (a gate and its up
@@ -341,11 +343,7 @@ __device__ __forceinline__ void PairBarrier(int warp) {
 // slot outside it). slots is a step input, not the kernel ahead's result,
 // so this runs before the wait.
 __device__ __forceinline__ int64_t KvSlotBase(const GemvRope& rope) {
-  if (rope.kv_base == nullptr) return -1;
-  const int64_t slot = rope.slots[0];
-  if (slot < 0 || slot >= rope.kv_slots) return -1;
-  const int64_t block = slot / rope.kv_block_size;
-  return block * rope.kv_block_stride + (slot - block * rope.kv_block_size) * rope.head_dim;
+  return rope.kv.Of(0, rope.head_dim).base;
 }
 
 __device__ __forceinline__ void FinishRope(float sum, int64_t source_row, int64_t item, int parity,
@@ -569,7 +567,7 @@ cudaError_t GemvRopeBulk(const void* x, const void* w, const void* bias, void* y
   if (rope.head_dim <= 0 || rope.head_dim % kItemRows != 0 ||
       int64_t{rope.rope_heads} * rope.head_dim > n || rope.positions == nullptr ||
       rope.inv_freq == nullptr ||
-      (rope.kv_base != nullptr && (rope.slots == nullptr || rope.kv_block_size <= 0))) {
+      (rope.kv.base != nullptr && (rope.kv.slots == nullptr || rope.kv.block_size <= 0))) {
     return cudaErrorInvalidValue;
   }
   return LaunchOut<Out::kRopeBf16>(x, w, bias, y, n, k, /*accumulate=*/false, sms, pdl, stream,

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_append/kv_slot.h"
+
 namespace trident::kernels::cuda::internal {
 
 // An RMSNorm fused ahead of the product (weight null: none). x is then the
@@ -23,22 +25,16 @@ struct GemvNorm {
 // RoPE in the epilogue (GemvRopeBulk): y is one token's q, k and v, and
 // its first rope_heads heads of head_dim (a multiple of 8) are rotated at
 // positions[0] with inv_freq [head_dim / 2], as kernels/cuda/rope does.
-// With kv_base, k (rotated; heads q_heads.. of the rope heads) and v are
-// also stored at slots[0] of a bf16 paged KV cache ([block][K, then V
-// value_offset elements on][kv head][block_size][head_dim]), unless the
-// slot is outside it.
+// With kv's cache, k (rotated; heads q_heads.. of the rope heads) and v
+// are also stored at kv.slots[0] of that bf16 paged KV cache, where
+// kernels/cuda/kv_append stores them, unless the slot is outside it.
 struct GemvRope {
   const int32_t* positions = nullptr;
   const float* inv_freq = nullptr;
   int32_t head_dim = 0;
   int32_t rope_heads = 0;
   int32_t q_heads = 0;
-  __nv_bfloat16* kv_base = nullptr;
-  int64_t kv_slots = 0;  // blocks x block_size
-  int32_t kv_block_size = 0;
-  int64_t kv_block_stride = 0;
-  int64_t kv_value_offset = 0;
-  const int64_t* slots = nullptr;
+  KvSlotTarget kv;
 };
 
 // How a launch hands out its work. Dynamic items: with `counter` (device,

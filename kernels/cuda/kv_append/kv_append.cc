@@ -29,6 +29,17 @@ absl::Status ValidatePagedKvBf16(const PagedKvBf16& kv) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateKvStore(const PagedKvBf16& kv, const int64_t* slots, int32_t num_kv_heads,
+                             int32_t head_dim) {
+  if (absl::Status s = ValidatePagedKvBf16(kv); !s.ok()) return s;
+  if (kv.num_kv_heads != num_kv_heads || kv.head_dim != head_dim || slots == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kv.num_kv_heads, " heads of ", kv.head_dim,
+                                                   " must be the step's ", num_kv_heads, " of ",
+                                                   head_dim, ", with slots"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The checks both appends share: the token count, row strides and pointers.

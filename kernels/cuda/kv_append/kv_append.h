@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/kv_append/kv_slot.h"
 
 namespace trident::kernels::cuda {
 
@@ -43,6 +44,23 @@ struct PagedKvBf16 {
 // one block's K and V ([num_kv_heads * block_size * head_dim] each) overlap
 // neither each other nor the next block (as cpu::ValidatePagedKv).
 absl::Status ValidatePagedKvBf16(const PagedKvBf16& kv);
+
+// For a kernel that stores each token's k and v in `kv` itself, at
+// slots[token] (device), as LaunchKvAppend would (RoPE, Hopper's q/k/v
+// GEMV): OK, or kInvalidArgument where ValidatePagedKvBf16 refuses kv, its
+// heads or head_dim are not the step's, or slots is null.
+absl::Status ValidateKvStore(const PagedKvBf16& kv, const int64_t* slots, int32_t num_kv_heads,
+                             int32_t head_dim);
+
+// `kv` and `slots` as such a kernel takes them.
+inline KvSlotTarget SlotTargetOf(const PagedKvBf16& kv, const int64_t* slots) {
+  return {kv.base,
+          kv.num_blocks * kv.block_size,
+          kv.block_size,
+          kv.block_stride_elems,
+          kv.value_offset_elems,
+          slots};
+}
 
 struct KvAppendArgs {
   PagedKvBf16 kv;

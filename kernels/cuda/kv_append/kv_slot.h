@@ -45,6 +45,23 @@ TRIDENT_KV_SLOT_HOST_DEVICE inline KvSlot KvSlotOf(int64_t slot, int64_t capacit
   return place;
 }
 
+// A bf16 cache in elements and the step's slots (device): what a kernel
+// that stores k and v as it computes them is handed (base null: none).
+struct KvSlotTarget {
+  void* base = nullptr;
+  int64_t capacity_slots = 0;  // blocks x block_size
+  int32_t block_size = 0;
+  int64_t block_stride = 0;
+  int64_t value_offset = 0;
+  const int64_t* slots = nullptr;
+
+  // Token `token`'s place (none without a cache).
+  TRIDENT_KV_SLOT_HOST_DEVICE KvSlot Of(int64_t token, int32_t head_dim) const {
+    if (base == nullptr) return KvSlot{};
+    return KvSlotOf(slots[token], capacity_slots, block_size, block_stride, value_offset, head_dim);
+  }
+};
+
 }  // namespace trident::kernels::cuda
 
 #endif  // TRIDENT_KERNELS_CUDA_KV_APPEND_KV_SLOT_H_

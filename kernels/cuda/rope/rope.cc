@@ -88,25 +88,15 @@ absl::Status LaunchRopeQkv(const RopeQkvArgs& args, cudaStream_t stream) {
     return absl::InvalidArgumentError("rope_qkv: null in, out, positions or inv_freq");
   }
   if (args.kv.base != nullptr) {
-    if (absl::Status s = ValidatePagedKvBf16(args.kv); !s.ok()) {
+    if (absl::Status s = ValidateKvStore(args.kv, args.slots, args.num_kv_heads, args.head_dim);
+        !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("rope_qkv: KV cache: ", s.message()));
     }
-    if (args.kv.num_kv_heads != args.num_kv_heads || args.kv.head_dim != args.head_dim ||
-        args.slots == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rope_qkv: the KV cache's ", args.kv.num_kv_heads, " heads of ", args.kv.head_dim,
-          " must be the step's ", args.num_kv_heads, " of ", args.head_dim, ", with slots"));
-    }
   }
-  const internal::RopeKvStore store{args.kv.base,
-                                    args.kv.num_blocks * args.kv.block_size,
-                                    args.kv.block_size,
-                                    args.kv.block_stride_elems,
-                                    args.kv.value_offset_elems,
-                                    args.slots};
-  const cudaError_t error = internal::RopeQkvF32(
-      args.in, args.in_stride, args.out, args.out_stride, args.num_q_heads, args.num_kv_heads,
-      args.head_dim, args.positions, args.num_tokens, args.inv_freq, args.pdl, store, stream);
+  const cudaError_t error =
+      internal::RopeQkvF32(args.in, args.in_stride, args.out, args.out_stride, args.num_q_heads,
+                           args.num_kv_heads, args.head_dim, args.positions, args.num_tokens,
+                           args.inv_freq, args.pdl, SlotTargetOf(args.kv, args.slots), stream);
   if (error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("rope_qkv launch: ", cudaGetErrorString(error)));
   }

@@ -83,7 +83,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
                                  uint16_t* __restrict__ out, int64_t out_stride,
                                  int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                                  const int32_t* __restrict__ positions,
-                                 const float* __restrict__ inv_freq, RopeKvStore store) {
+                                 const float* __restrict__ inv_freq, KvSlotTarget store) {
   extern __shared__ float cos_sin[];  // cos[half], then sin[half].
   // Launched with programmatic dependent launch, wait for the projection
   // ahead (and let the kernel behind be scheduled).
@@ -96,10 +96,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
   const float* src = in + token * in_stride;
   uint16_t* dst = out + token * out_stride;
   uint16_t* const cache = static_cast<uint16_t*>(store.base);
-  const KvSlot place = cache == nullptr
-                           ? KvSlot{}
-                           : KvSlotOf(store.slots[token], store.capacity_slots, store.block_size,
-                                      store.block_stride, store.value_offset, head_dim);
+  const KvSlot place = store.Of(token, head_dim);
   if (head0 < rope_heads) {  // The same for the whole block.
     const float position = static_cast<float>(positions[token]);
     for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -144,7 +141,7 @@ __global__ void RopeQkvF32Kernel(const float* __restrict__ in, int64_t in_stride
 cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t out_stride,
                        int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                        const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                       bool pdl, const RopeKvStore& store, cudaStream_t stream) {
+                       bool pdl, const KvSlotTarget& store, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int32_t heads = num_q_heads + 2 * num_kv_heads;

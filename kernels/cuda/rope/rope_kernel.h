@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_append/kv_slot.h"
+
 namespace trident::kernels::cuda::internal {
 
 // `paired`: head_dim % 4 == 0, both strides even, q and k 4-byte aligned.
@@ -15,22 +17,12 @@ cudaError_t RopeBf16(void* q, int64_t q_token_stride, int32_t num_q_heads, void*
                      const int32_t* positions, int64_t num_tokens, const float* inv_freq,
                      bool paired, cudaStream_t stream);
 
-// RopeQkvArgs' bf16 KV cache (base null: none), in elements.
-struct RopeKvStore {
-  void* base = nullptr;
-  int64_t capacity_slots = 0;  // blocks x block_size
-  int32_t block_size = 0;
-  int64_t block_stride = 0;
-  int64_t value_offset = 0;
-  const int64_t* slots = nullptr;
-};
-
 // Rows of [q | k | v] fp32 in, bf16 out; q and k rotated; k and v also
 // into `store`'s cache.
 cudaError_t RopeQkvF32(const float* in, int64_t in_stride, void* out, int64_t out_stride,
                        int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
                        const int32_t* positions, int64_t num_tokens, const float* inv_freq,
-                       bool pdl, const RopeKvStore& store, cudaStream_t stream);
+                       bool pdl, const KvSlotTarget& store, cudaStream_t stream);
 
 }  // namespace trident::kernels::cuda::internal
 
