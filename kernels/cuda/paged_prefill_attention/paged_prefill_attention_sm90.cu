@@ -30,7 +30,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 #include "kernels/cuda/paged_prefill_attention/prefill_device.h"
@@ -236,18 +235,13 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kBlockN / 2], float (&o
   }
 }
 
-// A P fragment for P V: the A operand of keys 16 kk .. 16 kk + 15 is S's
-// accumulators of the 8-key column blocks 2 kk and 2 kk + 1.
-using PFragment = uint32_t[kBlockN / 16][4];
-
-// The first half of a warpgroup's step over a KV tile: issues S = Q K^T, lets
-// `issued` run (the consumers' turn passes there), waits for S, takes the
-// online softmax and packs P.
-template <typename Issued>
-__device__ __forceinline__ void ScoresToP(const unsigned char* sq_wg, const unsigned char* sk,
-                                          float (&o)[64], Softmax& sm, bool masked, int n0,
-                                          int pos0, float scale_log2, PFragment& pa,
-                                          Issued issued) {
+// One warpgroup's step over a KV tile: S = Q K^T, the softmax, O += P V.
+// kVKMajor: V is stored transposed (rows of dims, keys along the 128-byte
+// swizzled rows, as K is), which B reads K-major.
+template <bool kVKMajor>
+__device__ __forceinline__ void TileStep(const unsigned char* sq_wg, const unsigned char* sk,
+                                         const unsigned char* sv, float (&o)[64], Softmax& sm,
+                                         bool masked, int n0, int pos0, float scale_log2) {
   float s[kBlockN / 2];
   wgmma::Fence();
 #pragma unroll
@@ -260,9 +254,11 @@ __device__ __forceinline__ void ScoresToP(const unsigned char* sq_wg, const unsi
         k > 0);
   }
   wgmma::CommitGroup();
-  issued();
   wgmma::WaitGroup<0>();
   OnlineSoftmax(s, o, sm, masked, n0, pos0, scale_log2);
+  // P's A fragment for keys 16 kk .. 16 kk + 15 is S's accumulators of the
+  // 8-key column blocks 2 kk and 2 kk + 1.
+  uint32_t pa[kBlockN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     pa[kk][0] = PackBf16(s[8 * kk], s[8 * kk + 1]);
@@ -270,14 +266,6 @@ __device__ __forceinline__ void ScoresToP(const unsigned char* sq_wg, const unsi
     pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
     pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
   }
-}
-
-// The second half: O += P V, waited for. kVKMajor: V is stored transposed
-// (rows of dims, keys along the 128-byte swizzled rows, as K is), which B
-// reads K-major.
-template <bool kVKMajor>
-__device__ __forceinline__ void AccumulatePv(const PFragment& pa, const unsigned char* sv,
-                                             float (&o)[64]) {
   wgmma::Fence();
   // A k16 step is 16 keys (rows) on; dims 0-63 and 64-127 are two atoms,
   // kBlockN rows of 128 bytes apart (the descriptor's leading offset).
@@ -297,20 +285,6 @@ __device__ __forceinline__ void AccumulatePv(const PFragment& pa, const unsigned
   }
   wgmma::CommitGroup();
   wgmma::WaitGroup<0>();
-}
-
-// The consumers take turns on the tensor cores (FA3's warp scheduler
-// barriers): consumer c holds the turn from issuing a tile's P V to issuing
-// the next tile's S, and passes it while S runs, so one consumer's softmax
-// runs beside the other's products instead of both softmaxes at once. Named
-// barrier 2 + c is consumer c's turn; it completes when c waits on it (128
-// threads) and the other consumer has passed (128 more).
-constexpr int kTurnBarrier = 2;
-__device__ __forceinline__ void TakeTurn(int c) {
-  asm volatile("bar.sync %0, 256;" ::"r"(kTurnBarrier + c) : "memory");
-}
-__device__ __forceinline__ void PassTurn(int c) {
-  asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + 1 - c) : "memory");
 }
 
 __device__ __forceinline__ void StoreOutput(const PagedPrefillParams& p, const CtaWork& w,
@@ -579,133 +553,10 @@ __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUten
   }
 }
 
-// Experimental: each turn issues P V of the tile before and S of this tile
-// back to back, then passes the turn, so one consumer's pair of products runs
-// while the other takes its softmax.
-__device__ __forceinline__ void IssueScores(const unsigned char* sq_wg, const unsigned char* sk,
-                                            float (&s)[kBlockN / 2]) {
-#pragma unroll
-  for (int k = 0; k < kHeadDim / 16; ++k) {
-    const int within = (k % 4) * 32;
-    wgmma::MmaM64N128K16Bf16(
-        wgmma::Swizzle128Descriptor(sq_wg + (k / 4) * (kBlockM * 128) + within, kAtomStride),
-        wgmma::Swizzle128Descriptor(sk + (k / 4) * (kBlockN * 128) + within, kAtomStride), s,
-        k > 0);
-  }
-}
-template <bool kVKMajor>
-__device__ __forceinline__ void IssuePv(const PFragment& pa, const unsigned char* sv,
-                                        float (&o)[64]) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    if constexpr (kVKMajor) {
-      wgmma::MmaM64N128K16Bf16RegA<false>(
-          pa[kk],
-          wgmma::Swizzle128Descriptor(sv + (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32,
-                                      kAtomStride),
-          o, true);
-    } else {
-      wgmma::MmaM64N128K16Bf16RegA(
-          pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride, kBlockN * 128), o, true);
-    }
-  }
-}
-__device__ __forceinline__ void PackP(const float (&s)[kBlockN / 2], PFragment& pa) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    pa[kk][0] = PackBf16(s[8 * kk], s[8 * kk + 1]);
-    pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
-  }
-}
-
-template <bool kVKMajor>
-__device__ __forceinline__ void ConsumeMerged(const PagedPrefillParams& p, const CtaWork& w,
-                                              int num_n_tiles, const Stages& st, int c) {
-  const int warp_in_wg = (threadIdx.x % 128) / 32;
-  const int g = (threadIdx.x % 32) / 4;
-  const int row0 = c * 64 + warp_in_wg * 16 + g;
-  const int wg_first_pos = w.first_row_pos + c * 64;
-  const float scale_log2 = p.scale * 1.4426950408889634f;
-  // Tiles [0, nc) have keys visible to the warpgroup's rows.
-  // Warp-uniform in ptxas's eyes (a shuffle from lane 0), or it serializes
-  // every wgmma behind the branches on it (C7520).
-  const int nc = __shfl_sync(
-      0xffffffffu, c * 64 < w.rows ? min(num_n_tiles, (wg_first_pos + 63) / kBlockN + 1) : 0, 0);
-  float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
-  float s[kBlockN / 2];
-  PFragment pa;
-  if (c == 0) asm volatile("bar.arrive %0, 256;" ::"n"(kTurnBarrier) : "memory");
-  const unsigned char* const sq_wg = st.smem + c * 64 * 128;
-  const auto wait_full = [&](int t) {
-    if (t < num_n_tiles) {
-      wgmma::BarrierWait(&st.full[t % kStages], (t / kStages) & 1);
-      wgmma::FenceSharedForAsync();
-    }
-  };
-  const auto softmax = [&](int t) {
-    const int n0 = t * kBlockN;
-    OnlineSoftmax(s, o, sm, n0 + kBlockN - 1 > wg_first_pos, n0, w.first_row_pos + row0,
-                  scale_log2);
-    PackP(s, pa);
-  };
-  const auto pass = [&](int t) {
-    if (c == 0 || t < num_n_tiles) PassTurn(c);
-  };
-  // Turn 0: S of tile 0.
-  wait_full(0);
-  TakeTurn(c);
-  if (nc > 0) {
-    wgmma::Fence();
-    IssueScores(sq_wg, st.k(0), s);
-    wgmma::CommitGroup();
-    pass(0);
-    wgmma::WaitGroup<0>();
-    softmax(0);
-  } else {
-    pass(0);
-  }
-  // Turns 1 .. nc - 1: P V of tile t - 1, then S of tile t.
-  for (int t = 1; t < nc; ++t) {
-    wait_full(t);
-    TakeTurn(c);
-    wgmma::Fence();
-    IssuePv<kVKMajor>(pa, st.v((t - 1) % kStages), o);
-    IssueScores(sq_wg, st.k(t % kStages), s);
-    wgmma::CommitGroup();
-    pass(t);
-    wgmma::WaitGroup<0>();
-    wgmma::BarrierArrive(&st.empty[(t - 1) % kStages]);
-    softmax(t);
-  }
-  // Turn nc: P V of the last visible tile; then turns with nothing to issue.
-  for (int t = max(nc, 1); t <= num_n_tiles; ++t) {
-    wait_full(t);
-    TakeTurn(c);
-    if (t == nc) {
-      wgmma::Fence();
-      IssuePv<kVKMajor>(pa, st.v((t - 1) % kStages), o);
-      wgmma::CommitGroup();
-      pass(t);
-      wgmma::WaitGroup<0>();
-    } else {
-      pass(t);
-    }
-    wgmma::BarrierArrive(&st.empty[(t - 1) % kStages]);
-  }
-  if (c * 64 < w.rows) StoreOutput(p, w, o, sm, row0);
-}
-
 // A consumer warpgroup (c = 0 or 1: query rows 64 c .. 64 c + 63 of the
 // tile): every tile is waited for and released, computed on when some of its
-// keys are visible to the warpgroup's rows. Both consumers walk every tile,
-// so each takes and passes the turn once a tile (kTurns), with or without
-// products to issue.
-template <bool kVKMajor, bool kTurns>
+// keys are visible to the warpgroup's rows.
+template <bool kVKMajor>
 __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWork& w,
                                         int num_n_tiles, const Stages& st, int c) {
   const int warp_in_wg = (threadIdx.x % 128) / 32;
@@ -718,13 +569,6 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   Softmax sm{{-INFINITY, -INFINITY}, {0.0f, 0.0f}};
-  const auto pass_turn = [c] {
-    if constexpr (kTurns) PassTurn(c);
-  };
-  if constexpr (kTurns) {
-    if (c == 0) asm volatile("bar.arrive %0, 256;" ::"n"(kTurnBarrier) : "memory");  // First turn.
-    TakeTurn(c);
-  }
   for (int it = 0; it < num_n_tiles; ++it) {
     const int stage = it % kStages;
     wgmma::BarrierWait(&st.full[stage], (it / kStages) & 1);
@@ -732,28 +576,19 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
     // proxy; wgmma reads through the async one.
     wgmma::FenceSharedForAsync();
     const int n0 = it * kBlockN;
-    const bool visible = wg_has_rows && n0 <= wg_first_pos + 63;
-    PFragment pa;
-    if (visible) {
+    if (wg_has_rows && n0 <= wg_first_pos + 63) {
       const bool masked = n0 + kBlockN - 1 > wg_first_pos;
-      ScoresToP(st.smem + c * 64 * 128, st.k(stage), o, sm, masked, n0, w.first_row_pos + row0,
-                scale_log2, pa, pass_turn);
-    } else {
-      pass_turn();
+      TileStep<kVKMajor>(st.smem + c * 64 * 128, st.k(stage), st.v(stage), o, sm, masked, n0,
+                         w.first_row_pos + row0, scale_log2);
     }
-    if constexpr (kTurns) TakeTurn(c);
-    if (visible) AccumulatePv<kVKMajor>(pa, st.v(stage), o);
     wgmma::BarrierArrive(&st.empty[stage]);
   }
-  // Consumer 1 took its last turn on this pass; consumer 0 will not wait
-  // again, so consumer 1 does not pass back (no arrival is left pending).
-  if (c == 0) pass_turn();
   if (wg_has_rows) StoreOutput(p, w, o, sm, row0);
 }
 
 // kTableInSmem: the sequence's block table is copied into shared memory first,
 // so the producer's gathers wait on shared memory instead of a global load.
-template <Load kLoad, bool kTableInSmem, int kTurns>
+template <Load kLoad, bool kTableInSmem>
 __global__ void __launch_bounds__(kThreads, 1)
     PagedPrefillSm90Kernel(const PagedPrefillParams p, const __grid_constant__ CUtensorMap kv_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -806,24 +641,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     Produce<kLoad>(p, &kv_map, table, w, num_n_tiles, st, smem);
   } else {
     wgmma::IncreaseRegisters<ConsumerRegisters(kLoad)>();
-    if constexpr (kTurns == 2) {
-      ConsumeMerged<kFp8>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
-    } else {
-      Consume<kFp8, kTurns == 1>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
-    }
+    Consume<kFp8>(p, w, num_n_tiles, st, threadIdx.x / 128 - 1);
   }
 }
 
 template <Load kLoad, bool kTableInSmem>
 cudaError_t LaunchSm90(const PagedPrefillParams& params, const CUtensorMap& kv_map, int smem_bytes,
                        cudaStream_t stream) {
-  static const int turns = [] {
-    const char* v = getenv("TRIDENT_PREFILL_TURNS");
-    return v == nullptr ? 1 : atoi(v);
-  }();
-  auto* kernel = turns == 2   ? &PagedPrefillSm90Kernel<kLoad, kTableInSmem, 2>
-                 : turns == 1 ? &PagedPrefillSm90Kernel<kLoad, kTableInSmem, 1>
-                              : &PagedPrefillSm90Kernel<kLoad, kTableInSmem, 0>;
+  auto* kernel = &PagedPrefillSm90Kernel<kLoad, kTableInSmem>;
   const cudaError_t error =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (error != cudaSuccess) return error;
