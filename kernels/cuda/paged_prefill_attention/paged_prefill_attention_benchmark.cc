@@ -27,7 +27,6 @@ constexpr int kLaunchesPerIteration = 5;
 constexpr double kPeakTflops = 989.0;
 constexpr int32_t kNumQHeads = 32;
 constexpr int32_t kNumKvHeads = 8;
-constexpr int32_t kBlockSize = 16;
 
 // Small bf16 values (bits of floats in about [-1, 1)) from a fixed LCG.
 std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
@@ -55,10 +54,11 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
   const int32_t head_dim = static_cast<int32_t>(state.range(1));
   const bool fp8 = state.range(2) != 0;
   const bool wgmma = state.range(3) != 0;
-  const int32_t num_blocks = len / kBlockSize;
-  const int64_t half = static_cast<int64_t>(kNumKvHeads) * kBlockSize * head_dim;
+  const int32_t block_size = static_cast<int32_t>(state.range(4));
+  const int32_t num_blocks = len / block_size;
+  const int64_t half = static_cast<int64_t>(kNumKvHeads) * block_size * head_dim;
   // FP8: bytes of K, V and the f32 scales per block.
-  const int64_t fp8_block = 2 * half + int64_t{2} * kNumKvHeads * kBlockSize * 4;
+  const int64_t fp8_block = 2 * half + int64_t{2} * kNumKvHeads * block_size * 4;
   const int64_t row = static_cast<int64_t>(kNumQHeads) * head_dim;
   std::vector<int32_t> table(num_blocks);
   std::iota(table.begin(), table.end(), 0);
@@ -87,7 +87,7 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
                               .block_stride_elems = fp8 ? fp8_block : 2 * half,
                               .value_offset_elems = half,
                               .scale_offset_elems = fp8 ? 2 * half : 0,
-                              .block_size = kBlockSize,
+                              .block_size = block_size,
                               .num_q_heads = kNumQHeads,
                               .num_kv_heads = kNumKvHeads,
                               .head_dim = head_dim,
@@ -134,17 +134,19 @@ void BM_PagedPrefillCausal(benchmark::State& state) {
 // Lengths at head_dim 128 (the Llama shape) on both kernels (Hopper's wgmma
 // one and the mma.sync one), and the other common head dims (80 and 96 on
 // the 128-wide tiles with the rest masked; 256 on its own) at 8192; the FP8
-// cache at head_dim 128 on both kernels.
+// cache at head_dim 128 on both kernels; all in blocks of 16 tokens. Then
+// Hopper's kernel over larger blocks (fewer, larger tensor copies).
 BENCHMARK(BM_PagedPrefillCausal)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
-    ->ArgNames({"len", "head_dim", "fp8", "wgmma"})
-    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {128}, {0}, {0, 1}})
-    ->Args({8192, 64, 0, 0})
-    ->Args({8192, 80, 0, 0})
-    ->Args({8192, 96, 0, 0})
-    ->Args({8192, 256, 0, 0})
-    ->ArgsProduct({{1024, 4096, 8192, 16384}, {128}, {1}, {0, 1}});
+    ->ArgNames({"len", "head_dim", "fp8", "wgmma", "block"})
+    ->ArgsProduct({{512, 1024, 2048, 4096, 8192, 16384}, {128}, {0}, {0, 1}, {16}})
+    ->Args({8192, 64, 0, 0, 16})
+    ->Args({8192, 80, 0, 0, 16})
+    ->Args({8192, 96, 0, 0, 16})
+    ->Args({8192, 256, 0, 0, 16})
+    ->ArgsProduct({{1024, 4096, 8192, 16384}, {128}, {1}, {0, 1}, {16}})
+    ->ArgsProduct({{4096, 8192, 16384}, {128}, {0}, {1}, {32, 64, 128}});
 
 }  // namespace
 }  // namespace trident::kernels::cuda
