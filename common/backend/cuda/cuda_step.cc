@@ -369,14 +369,9 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   // A tensor-parallel step reports a layer once every rank wrote its KV
   // (after the o projection's sum).
   if (kv_stored) return tp.group != nullptr ? absl::OkStatus() : ReportLayer(pass, l);
-  // The fields the bf16 and FP8 appends share: this layer's pool, the step's
-  // k and v (sections of the qkv rows) and slots.
+  // The fields the bf16 and FP8 appends share: the step's k and v (sections
+  // of the qkv rows) and slots.
   auto fill = [&](auto& append) {
-    append.kv.base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
-    append.kv.num_blocks = kv_spec.num_blocks;
-    append.kv.block_size = kv_spec.block_size;
-    append.kv.num_kv_heads = config.num_key_value_heads;
-    append.kv.head_dim = config.head_dim;
     append.k = pass.qkv.get<char>() + q_out() * 2;
     append.k_stride = qkv_width();
     append.v = pass.qkv.get<char>() + (q_out() + kv_out()) * 2;
@@ -388,6 +383,11 @@ absl::Status Impl::EnqueuePreAttention(Pass& pass, int32_t l) {
   if (kv_spec.fp8()) {
     kc::KvAppendFp8Args append;
     fill(append);
+    append.kv.base = kv_pool.get<char>() + kv_spec.KeyOffsetBytes(l, 0);
+    append.kv.num_blocks = kv_spec.num_blocks;
+    append.kv.block_size = kv_spec.block_size;
+    append.kv.num_kv_heads = config.num_key_value_heads;
+    append.kv.head_dim = config.head_dim;
     append.kv.block_stride_bytes = kv_spec.block_stride_elements();
     append.kv.value_offset_bytes = kv_spec.value_offset_elements();
     append.kv.scale_offset_bytes = kv_spec.scale_offset_elements();

@@ -327,10 +327,10 @@ __device__ __forceinline__ void StoreKv(const Walk& walk, int64_t row, __nv_bflo
   const uint32_t e = static_cast<uint32_t>(row - (is_v ? first_v : first_k));
   const uint32_t head_dim = static_cast<uint32_t>(rope.head_dim);
   const uint32_t head = e / head_dim;
-  static_cast<__nv_bfloat16*>(
-      rope.kv.base)[walk.kv_slot_base + (is_v ? rope.kv.value_offset : 0) +
-                    int64_t{head} * rope.kv.block_size * rope.head_dim + (e - head * head_dim)] =
-      value;
+  // The slot's place (KvSlotBase kept only its base, to hold one register).
+  const KvSlot place{walk.kv_slot_base, rope.kv.value_offset,
+                     int64_t{rope.kv.block_size} * rope.head_dim};
+  static_cast<__nv_bfloat16*>(rope.kv.base)[place.At(is_v, head, e - head * head_dim)] = value;
 }
 
 // The pair of consumer warps w and w + kItemRows / 2 (a gate and its up
