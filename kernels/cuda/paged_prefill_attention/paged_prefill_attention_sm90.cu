@@ -272,16 +272,27 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kBlockN / 2], float (&o
 // accumulators of the 8-key column blocks 2 kk and 2 kk + 1.
 using PFragment = uint32_t[kBlockN / 16][4];
 
+// A descriptor `bytes` further on in shared memory: its address field (bits
+// 0-13) counts 16-byte units, and shared memory ends below 256 KiB, so the
+// sum never carries out of the field. Each wgmma of a tile then costs one
+// add, where a descriptor built from each address took a chain of four
+// integer operations and a move to a uniform register, all while the
+// issuing consumer held its turn (ncu's source view at 8k: 27% of a
+// consumer's samples fell between its first and last wgmma of a turn).
+__device__ __forceinline__ uint64_t DescriptorAt(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
+}
+
 // S = Q K^T for a warpgroup's 64 rows (issued, not committed).
 __device__ __forceinline__ void IssueScores(const unsigned char* sq_wg, const unsigned char* sk,
                                             float (&s)[kBlockN / 2]) {
+  const uint64_t q = wgmma::Swizzle128Descriptor(sq_wg, kAtomStride);
+  const uint64_t k = wgmma::Swizzle128Descriptor(sk, kAtomStride);
 #pragma unroll
-  for (int k = 0; k < kHeadDim / 16; ++k) {
-    const int within = (k % 4) * 32;
-    wgmma::MmaM64N128K16Bf16(
-        wgmma::Swizzle128Descriptor(sq_wg + (k / 4) * (kBlockM * 128) + within, kAtomStride),
-        wgmma::Swizzle128Descriptor(sk + (k / 4) * (kBlockN * 128) + within, kAtomStride), s,
-        k > 0);
+  for (int i = 0; i < kHeadDim / 16; ++i) {
+    const uint32_t within = (i % 4) * 32;
+    wgmma::MmaM64N128K16Bf16(DescriptorAt(q, (i / 4) * (kBlockM * 128) + within),
+                             DescriptorAt(k, (i / 4) * (kBlockN * 128) + within), s, i > 0);
   }
 }
 // O += P V (issued, not committed). kVKMajor: V is stored transposed (rows
@@ -291,17 +302,15 @@ __device__ __forceinline__ void IssueScores(const unsigned char* sq_wg, const un
 template <bool kVKMajor>
 __device__ __forceinline__ void IssuePv(const PFragment& pa, const unsigned char* sv,
                                         float (&o)[64]) {
+  const uint64_t v = kVKMajor ? wgmma::Swizzle128Descriptor(sv, kAtomStride)
+                              : wgmma::Swizzle128Descriptor(sv, kAtomStride, kBlockN * 128);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     if constexpr (kVKMajor) {
       wgmma::MmaM64N128K16Bf16RegA<false>(
-          pa[kk],
-          wgmma::Swizzle128Descriptor(sv + (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32,
-                                      kAtomStride),
-          o, true);
+          pa[kk], DescriptorAt(v, (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32), o, true);
     } else {
-      wgmma::MmaM64N128K16Bf16RegA(
-          pa[kk], wgmma::Swizzle128Descriptor(sv + kk * 2048, kAtomStride, kBlockN * 128), o, true);
+      wgmma::MmaM64N128K16Bf16RegA(pa[kk], DescriptorAt(v, kk * 2048), o, true);
     }
   }
 }
