@@ -11,19 +11,24 @@
 // them all held the consumers back); only a context's last, partial block
 // goes by cp.async (zero-filled past its end). Each of the other two
 // warpgroups (the consumers, 64 query rows each, most of the registers)
-// computes S = Q K^T with Q and K read by wgmma from shared memory, keeps the
-// softmax online in fp32 registers, and accumulates O += P V with P taken
-// from registers (the accumulator's fragment is the A operand's) and V read
+// loads its rows of Q into registers once, as wgmma's A fragments, then
+// computes S = Q K^T with K read from shared memory, keeps the softmax
+// online in fp32 registers, and accumulates O += P V with P taken from
+// registers (the accumulator's fragment is the A operand's) and V read
 // MN-major from shared memory. Shared-memory barriers hand stages between
 // them: a stage is full when the producer's copies into it have landed,
-// empty when both consumers are done with it. The consumers never wait on a
-// global load, and take turns on the tensor cores (named barriers): one
-// issues its P V and next S while the other takes its softmax.
+// empty when both consumers are done with it. The consumers wait on no
+// global load after Q's, and take turns on the tensor cores (named
+// barriers): one issues its P V and next S while the other takes its
+// softmax.
 //
 // Without the tensor copy engine, and over the FP8 cache, two stages hold
-// the tiles and the consumers work on their own (Consume).
+// the tiles, Q stays in shared memory and the consumers work on their own
+// (Consume).
 //
-// Shared memory holds Q, K and V in wgmma's 128-byte-swizzled layout (see
+// Shared memory holds Q (but for the tensor copy engine's consumers, which
+// keep it in registers and leave its space unused), K and V in wgmma's
+// 128-byte-swizzled layout (see
 // SwizzledOffset), which the TMA writes directly. Where the tensor map does
 // not apply (a block size that is not a multiple of 8 dividing 128, blocks
 // not whole rows apart), every chunk goes by cp.async into the same layout.
@@ -295,6 +300,50 @@ __device__ __forceinline__ void IssueScores(const unsigned char* sq_wg, const un
                              DescriptorAt(k, (i / 4) * (kBlockN * 128) + within), s, i > 0);
   }
 }
+// Q's rows of a consumer thread as wgmma's A fragments, one per 16 dims:
+// qa[k] holds dims 16 k + 2 t, + 1 and 16 k + 8 + 2 t, + 1 (t = lane % 4) of
+// rows g and g + 8 of the warp's 16 (g = lane / 4), as P's fragments do keys.
+using QFragment = uint32_t[kHeadDim / 16][4];
+
+// Loads a consumer thread's QFragment from global memory (zeros past the
+// tile's rows); row0 is its first row in the tile.
+__device__ __forceinline__ void LoadQRegisters(const PagedPrefillParams& p, const CtaWork& w,
+                                               int row0, QFragment& qa) {
+  const int t = threadIdx.x % 4;
+  const __nv_bfloat16* const q = static_cast<const __nv_bfloat16*>(p.q);
+  const uint32_t* rows[2];
+  bool live[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    live[h] = row0 + 8 * h < w.rows;
+    rows[h] = reinterpret_cast<const uint32_t*>(
+        q + (live[h] ? static_cast<int64_t>(w.query_start + w.m0 + row0 + 8 * h) * p.q_stride +
+                           static_cast<int64_t>(w.head) * kHeadDim + 2 * t
+                     : 0));
+  }
+#pragma unroll
+  for (int k = 0; k < kHeadDim / 16; ++k) {
+    qa[k][0] = live[0] ? rows[0][8 * k] : 0u;
+    qa[k][1] = live[1] ? rows[1][8 * k] : 0u;
+    qa[k][2] = live[0] ? rows[0][8 * k + 4] : 0u;
+    qa[k][3] = live[1] ? rows[1][8 * k + 4] : 0u;
+  }
+}
+
+// S = Q K^T with Q from registers (issued, not committed). Shared memory
+// then feeds K, V and the copies into the stages, not Q too: on an H200 this
+// ran 2.0-2.3% faster at 4k-16k tokens and 6-8% at 512-1k than Q read from
+// shared memory by every S, the stages' copies in the same memory meanwhile.
+__device__ __forceinline__ void IssueScoresRegQ(const QFragment& qa, const unsigned char* sk,
+                                                float (&s)[kBlockN / 2]) {
+  const uint64_t k = wgmma::Swizzle128Descriptor(sk, kAtomStride);
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 16; ++i) {
+    wgmma::MmaM64N128K16Bf16RegA<false>(
+        qa[i], DescriptorAt(k, (i / 4) * (kBlockN * 128) + (i % 4) * 32), s, i > 0);
+  }
+}
+
 // O += P V (issued, not committed). kVKMajor: V is stored transposed (rows
 // of dims, keys along the 128-byte swizzled rows, as K is), which B reads
 // K-major; otherwise dims 0-63 and 64-127 are two atoms, kBlockN rows of 128
@@ -385,7 +434,7 @@ __device__ __forceinline__ void ProduceBf16(const PagedPrefillParams& p, const C
                                             const Stages& st) {
   constexpr int kStages = kTma ? kTmaStages : kPlainStages;
   const int t = threadIdx.x;
-  LoadQ(p, w, t, st.smem);
+  if constexpr (!kTma) LoadQ(p, w, t, st.smem);  // With the copy engine, Q goes to registers.
   for (int it = 0; it < num_n_tiles; ++it) {
     const int stage = it % kStages;
     const int use = it / kStages;  // Tiles the stage held before this one.
@@ -647,7 +696,8 @@ __device__ __forceinline__ void ConsumeInTurns(const PagedPrefillParams& p, cons
   float s[kBlockN / 2];
   PFragment pa;
   if (c == 0) asm volatile("bar.arrive %0, 256;" ::"n"(kTurnBarrier) : "memory");  // See `pass`.
-  const unsigned char* const sq_wg = st.smem + c * 64 * 128;
+  QFragment qa;
+  LoadQRegisters(p, w, row0, qa);
   const auto wait_full = [&](int t) {
     if (t < num_n_tiles) {
       wgmma::BarrierWait(&st.full[t % kStages], (t / kStages) & 1);
@@ -672,7 +722,7 @@ __device__ __forceinline__ void ConsumeInTurns(const PagedPrefillParams& p, cons
   TakeTurn(c);
   if (nc > 0) {
     wgmma::Fence();
-    IssueScores(sq_wg, st.k(0), s);
+    IssueScoresRegQ(qa, st.k(0), s);
     wgmma::CommitGroup();
     pass(0);
     wgmma::WaitGroup<0>();
@@ -686,7 +736,7 @@ __device__ __forceinline__ void ConsumeInTurns(const PagedPrefillParams& p, cons
     TakeTurn(c);
     wgmma::Fence();
     IssuePv<kVKMajor>(pa, st.v((t - 1) % kStages), o);
-    IssueScores(sq_wg, st.k(t % kStages), s);
+    IssueScoresRegQ(qa, st.k(t % kStages), s);
     wgmma::CommitGroup();
     pass(t);
     wgmma::WaitGroup<0>();
