@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/workload.h"
 
 namespace trident::kvbench {
 namespace {
@@ -41,8 +41,8 @@ absl::Status Positive(const char* name, double value) {
 
 absl::Status CheckVocabulary(const Vocabulary& vocab) {
   if (vocab.first_id < 0 || vocab.vocab_size <= vocab.first_id) {
-    return absl::InvalidArgumentError(absl::StrCat("no token ids in [", vocab.first_id, ", ",
-                                                   vocab.vocab_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no token ids in [", vocab.first_id, ", ", vocab.vocab_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -126,10 +126,9 @@ absl::StatusOr<std::vector<Session>> MakeTraceSessions(const TraceSpec& spec,
     std::vector<int32_t> prompt = head;
     absl::Duration due;
     for (int32_t t = 0; t < n; ++t) {
-      int32_t add = t == 0 ? lengths.LogNormal(spec.first_tokens_median, 1.0, 1,
-                                                     spec.max_prompt_tokens)
-                                 : lengths.LogNormal(spec.append_tokens_median, 0.7, 1,
-                                                     spec.max_prompt_tokens);
+      int32_t add =
+          t == 0 ? lengths.LogNormal(spec.first_tokens_median, 1.0, 1, spec.max_prompt_tokens)
+                 : lengths.LogNormal(spec.append_tokens_median, 0.7, 1, spec.max_prompt_tokens);
       const int32_t room = spec.max_prompt_tokens - static_cast<int32_t>(prompt.size());
       if (t > 0 && add > room) break;  // The session ends at the longest prompt.
       add = std::min(add, room);

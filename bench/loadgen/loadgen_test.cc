@@ -1,8 +1,6 @@
 // Unit tests of the load generator's pure logic. Every random input comes
 // from a fixed seed, printed by `Seed()`, and time from a FakeClock.
 
-#include "bench/loadgen/loadgen.h"
-
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "bench/loadgen/report.h"
+#include "bench/loadgen/workload.h"
 #include "common/status/error_details.h"
 #include "common/testing/runfiles.h"
 #include "common/testing/status_matchers.h"

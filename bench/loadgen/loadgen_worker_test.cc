@@ -14,8 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/report.h"
 #include "bench/loadgen/runner.h"
+#include "bench/loadgen/workload.h"
 #include "common/model/generate/model_gen.h"
 #include "common/process/subprocess.h"
 #include "common/testing/runfiles.h"

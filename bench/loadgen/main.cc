@@ -20,8 +20,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/report.h"
 #include "bench/loadgen/runner.h"
+#include "bench/loadgen/workload.h"
 #include "common/logging/log.h"
 #include "common/status/status_macros.h"
 

@@ -13,7 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/report.h"
+#include "bench/loadgen/workload.h"
 #include "nlohmann/json.hpp"
 #include "trident/v1/generation.pb.h"
 
