@@ -277,15 +277,18 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kBlockN / 2], float (&o
 // accumulators of the 8-key column blocks 2 kk and 2 kk + 1.
 using PFragment = uint32_t[kBlockN / 16][4];
 
-// A descriptor `bytes` further on in shared memory: its address field (bits
-// 0-13) counts 16-byte units, and shared memory ends below 256 KiB, so the
-// sum never carries out of the field. Each wgmma of a tile then costs one
-// add, where a descriptor built from each address took a chain of four
-// integer operations and a move to a uniform register, all while the
-// issuing consumer held its turn (ncu's source view at 8k: 27% of a
-// consumer's samples fell between its first and last wgmma of a turn).
-__device__ __forceinline__ uint64_t DescriptorAt(uint64_t descriptor, uint32_t bytes) {
-  return descriptor + (bytes >> 4);
+// The products below take a tile's base descriptor plus each step's offset
+// (wgmma::DescriptorAt), not a descriptor built from each step's address: the
+// built ones were a chain of four integer operations and a move to a uniform
+// register per wgmma, all while the issuing consumer held its turn (ncu's
+// source view at 8k: 27% of a consumer's samples fell between its first and
+// last wgmma of a turn).
+
+// Bytes from a K-major swizzled operand of kRows rows to its k16 step i: two
+// atoms of 64 dims kRows * 128 bytes apart, 32 bytes a step within one.
+template <int kRows>
+__device__ __forceinline__ uint32_t KStepBytes(int i) {
+  return (i / 4) * (kRows * 128) + (i % 4) * 32;
 }
 
 // S = Q K^T for a warpgroup's 64 rows (issued, not committed).
@@ -295,9 +298,8 @@ __device__ __forceinline__ void IssueScores(const unsigned char* sq_wg, const un
   const uint64_t k = wgmma::Swizzle128Descriptor(sk, kAtomStride);
 #pragma unroll
   for (int i = 0; i < kHeadDim / 16; ++i) {
-    const uint32_t within = (i % 4) * 32;
-    wgmma::MmaM64N128K16Bf16(DescriptorAt(q, (i / 4) * (kBlockM * 128) + within),
-                             DescriptorAt(k, (i / 4) * (kBlockN * 128) + within), s, i > 0);
+    wgmma::MmaM64N128K16Bf16(wgmma::DescriptorAt(q, KStepBytes<kBlockM>(i)),
+                             wgmma::DescriptorAt(k, KStepBytes<kBlockN>(i)), s, i > 0);
   }
 }
 // Q's rows of a consumer thread as wgmma's A fragments, one per 16 dims:
@@ -339,8 +341,8 @@ __device__ __forceinline__ void IssueScoresRegQ(const QFragment& qa, const unsig
   const uint64_t k = wgmma::Swizzle128Descriptor(sk, kAtomStride);
 #pragma unroll
   for (int i = 0; i < kHeadDim / 16; ++i) {
-    wgmma::MmaM64N128K16Bf16RegA<false>(
-        qa[i], DescriptorAt(k, (i / 4) * (kBlockN * 128) + (i % 4) * 32), s, i > 0);
+    wgmma::MmaM64N128K16Bf16RegA<false>(qa[i], wgmma::DescriptorAt(k, KStepBytes<kBlockN>(i)), s,
+                                        i > 0);
   }
 }
 
@@ -356,10 +358,10 @@ __device__ __forceinline__ void IssuePv(const PFragment& pa, const unsigned char
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     if constexpr (kVKMajor) {
-      wgmma::MmaM64N128K16Bf16RegA<false>(
-          pa[kk], DescriptorAt(v, (kk / 4) * (kHeadDim * 128) + (kk % 4) * 32), o, true);
+      wgmma::MmaM64N128K16Bf16RegA<false>(pa[kk], wgmma::DescriptorAt(v, KStepBytes<kHeadDim>(kk)),
+                                          o, true);
     } else {
-      wgmma::MmaM64N128K16Bf16RegA(pa[kk], DescriptorAt(v, kk * 2048), o, true);
+      wgmma::MmaM64N128K16Bf16RegA(pa[kk], wgmma::DescriptorAt(v, kk * 2048), o, true);
     }
   }
 }

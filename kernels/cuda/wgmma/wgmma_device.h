@@ -70,6 +70,15 @@ __device__ __forceinline__ uint64_t Swizzle128Descriptor(const void* smem, uint3
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3fff) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) further on in
+// shared memory than `descriptor`'s: its address field (bits 0-13) counts
+// 16-byte units, and shared memory ends below 256 KiB, so the sum never
+// carries out of the field. A loop over k16 steps then adds a constant per
+// step instead of building each descriptor from its address.
+__device__ __forceinline__ uint64_t DescriptorAt(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a
 // 128-byte-swizzled tile of 128-byte rows.
 __host__ __device__ __forceinline__ uint32_t Swizzle128Offset(uint32_t row, uint32_t chunk) {
