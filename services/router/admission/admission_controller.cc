@@ -100,6 +100,7 @@ absl::Status AdmissionController::UpdateLoad(const WorkerLoadReport& report) {
                                   report.decode_step_time);
   }
   worker.prefill_model.SetReportedThroughput(report.prefill_tokens_per_second);
+  RefreshTtftFit(worker, now);
   return absl::OkStatus();
 }
 
@@ -189,6 +190,7 @@ double AdmissionController::FitTtftOverhead(const Worker& worker, double now) co
 }
 
 double AdmissionController::TtftScale(Worker& worker, double now) {
+  RefreshTtftFit(worker, now);
   double scale = worker.ttft_calibration.Quantile(now, 1);
   // The oldest prompt still waiting here has a TTFT of at least its age: a
   // lower bound on its ratio, known before it ends (a stalled or slowed
@@ -230,6 +232,14 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
   while (static_cast<int>(worker.ttft_samples.size()) > std::max(1, options_.calibration_window)) {
     worker.ttft_samples.pop_front();
   }
+  RefitTtft(worker, now);
+}
+
+void AdmissionController::RefitTtft(Worker& worker, double now) {
+  const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
+  while (!worker.ttft_samples.empty() && now - std::get<0>(worker.ttft_samples.front()) > max_age) {
+    worker.ttft_samples.pop_front();
+  }
   worker.ttft_overhead = FitTtftOverhead(worker, now);
   // Every factor again, against the overhead as now learned (a factor
   // taken before the overhead was known would overprice for the window).
@@ -238,6 +248,13 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
   for (const auto& [when, forecast, value] : worker.ttft_samples) {
     worker.ttft_calibration.Add(when, forecast.ScaleFor(value - overhead));
   }
+  worker.ttft_fit_expires = worker.ttft_samples.empty()
+                                ? admission_internal::kInf
+                                : std::get<0>(worker.ttft_samples.front()) + max_age;
+}
+
+void AdmissionController::RefreshTtftFit(Worker& worker, double now) {
+  if (options_.learn_ttft_overhead && now > worker.ttft_fit_expires) RefitTtft(worker, now);
 }
 
 void AdmissionController::ObserveTpot(AdmissionId id, absl::Duration tpot) {

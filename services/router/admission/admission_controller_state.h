@@ -138,6 +138,12 @@ struct AdmissionController::Worker {
   // (AdmissionOptions::learn_ttft_overhead), in seconds.
   std::deque<std::tuple<double, TtftForecast, double>> ttft_samples;
   double ttft_overhead = 0;
+  // When the oldest of those samples ages out (calibration_max_age), and
+  // the overhead and factors fitted from them must be fitted again: learned
+  // under a burst, they would otherwise price every request on an idle
+  // worker as the burst's, reject it, and so never see the outcome that
+  // corrects them.
+  double ttft_fit_expires = admission_internal::kInf;
 };
 
 struct AdmissionController::PrefillEval {

@@ -651,6 +651,44 @@ TEST(AdmissionControllerTest, OutcomesScalePredictionsUntilTheyAgeOut) {
   EXPECT_NEAR(absl::ToDoubleSeconds(next.predicted_tpot), 0.011, 1e-9);
 }
 
+TEST(AdmissionControllerTest, ALearnedTtftOverheadAgesOutWithItsOutcomes) {
+  // Outcomes 150 ms over their predictions, whatever the prompt (a burst's
+  // contention, say): learned as a fixed overhead.
+  AdmissionOptions options = KnownModelOptions();
+  options.calibration_max_age = absl::Seconds(10);
+  Cluster cluster(options);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  for (int i = 0; i < 10; ++i) {
+    const int64_t prompt = 100 + 400 * i;
+    const AdmissionDecision d =
+        cluster.Admit(Request(prompt, 10, absl::Seconds(10), absl::Seconds(1)));
+    ASSERT_TRUE(d.admitted) << i;
+    cluster.controller().MarkPrefillDone(d.id);
+    const double forecast = 0.010 + static_cast<double>(prompt) / 10000;
+    cluster.controller().ObserveTtft(d.id, absl::Seconds(forecast + 0.150));
+    cluster.controller().Release(d.id);
+  }
+  EXPECT_NEAR(absl::ToDoubleSeconds(cluster.controller().ModelsOf("p0")->ttft_overhead), 0.150,
+              1e-6);
+  EXPECT_NEAR(cluster.controller().ModelsOf("p0")->ttft_scale, 1, 1e-6);
+  const AdmissionDecision during =
+      cluster.Admit(Request(100, 10, absl::Milliseconds(100), absl::Seconds(1)));
+  EXPECT_EQ(during.reason, RejectReason::kTtft);
+  EXPECT_NEAR(absl::ToDoubleSeconds(during.predicted_ttft), 0.170, 1e-6);
+
+  // Nothing admitted since, so no outcome to correct it: once its outcomes
+  // are older than calibration_max_age, so is the overhead.
+  cluster.clock().Advance(absl::Seconds(11));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  EXPECT_EQ(cluster.controller().ModelsOf("p0")->ttft_overhead, absl::ZeroDuration());
+  const AdmissionDecision after =
+      cluster.Admit(Request(100, 10, absl::Milliseconds(100), absl::Seconds(1)));
+  ASSERT_TRUE(after.admitted);
+  EXPECT_NEAR(absl::ToDoubleSeconds(after.predicted_ttft), 0.020, 1e-9);
+}
+
 TEST(AdmissionControllerTest, APromptWaitingPastItsPredictionRaisesTtftPredictions) {
   Cluster cluster;
   cluster.Load(PrefillLoad("p0"));
