@@ -57,6 +57,11 @@ ABSL_FLAG(bool, admission_learn_ttft_overhead, true,
           "boundaries) apart from its slowdown factor, so that a fixed cost seen on short prompts "
           "does not price long ones out (services/router/admission/admission_controller.h). "
           "False: the older factor-only calibration, for comparison.");
+ABSL_FLAG(int64_t, admission_idle_probe_interval_ms, 1000,
+          "A request admission would reject on its predicted TTFT or TPOT alone is admitted "
+          "anyway when a prefill and a decode worker are both idle, at most once per this "
+          "interval per prefill worker: models fitted under a burst cannot then refuse an idle "
+          "cluster forever (trident_router_admission_probes_total counts them). 0: no probes.");
 ABSL_FLAG(double, slo_margin, 0.85,
           "Admission admits a request only if its predicted TTFT and TPOT are within this "
           "fraction of its targets: headroom for step-time noise the cost models do not see.");
@@ -111,6 +116,8 @@ trident::router::RouterServerOptions OptionsFromFlags() {
   options.admission = absl::GetFlag(FLAGS_admission);
   options.slo_margin = absl::GetFlag(FLAGS_slo_margin);
   options.learn_ttft_overhead = absl::GetFlag(FLAGS_admission_learn_ttft_overhead);
+  options.idle_probe_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_admission_idle_probe_interval_ms));
   options.load.interval = absl::Milliseconds(absl::GetFlag(FLAGS_load_interval_ms));
   options.kv_lease = absl::Milliseconds(absl::GetFlag(FLAGS_kv_lease_ms));
   options.kv_aware_routing = absl::GetFlag(FLAGS_kv_aware_routing);

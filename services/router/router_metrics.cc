@@ -126,15 +126,25 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const admission::QosConfig
 
   auto& routing = prometheus::BuildCounter()
                       .Name("trident_router_routing_decisions_total")
-                      .Help("Admitted requests by why their prefill worker won: prefix (predicted "
-                            "to hold part of the prompt in its cache) or load.")
+                      .Help(
+                          "Admitted requests by why their prefill worker won: prefix (predicted "
+                          "to hold part of the prompt in its cache) or load.")
                       .Register(r);
   routing_[0] = &routing.Add({{"reason", "prefix"}});
   routing_[1] = &routing.Add({{"reason", "load"}});
+  probes_ = &prometheus::BuildCounter()
+                 .Name("trident_router_admission_probes_total")
+                 .Help(
+                     "Requests admitted although their predictions missed their targets, "
+                     "because a prefill and a decode worker were idle (models fitted under a "
+                     "burst are corrected by their outcomes).")
+                 .Register(r)
+                 .Add({});
   prefix_predicted_ = &prometheus::BuildCounter()
                            .Name("trident_router_prefix_cache_predicted_tokens_total")
-                           .Help("Prompt tokens admission predicted cached on the chosen prefill "
-                                 "worker (from the workers' KV events).")
+                           .Help(
+                               "Prompt tokens admission predicted cached on the chosen prefill "
+                               "worker (from the workers' KV events).")
                            .Register(r)
                            .Add({});
   prefix_delivered_ = &prometheus::BuildCounter()
@@ -196,6 +206,7 @@ void RouterMetrics::OnDecision(absl::string_view qos_class,
     pc.predicted_tpot[d]->Observe(absl::ToDoubleSeconds(decision.predicted_tpot));
   }
   if (decision.admitted) {
+    if (decision.probe) probes_->Increment();
     routing_[decision.predicted_cached_tokens > 0 ? 0 : 1]->Increment();
     prefix_predicted_->Increment(static_cast<double>(decision.predicted_cached_tokens));
   } else {
@@ -313,18 +324,21 @@ void RouterMetrics::RegisterMigrations(prometheus::Registry& r) {
   auto& migrations =
       prometheus::BuildCounter()
           .Name("trident_router_migrations_total")
-          .Help("Requests whose worker failed mid-request (stream broken, unreachable or "
-                "stalled), by outcome: resumed on another worker pair with the tokens streamed "
-                "so far, limit_reached (--migration_limit), no_worker (none left to take it).")
+          .Help(
+              "Requests whose worker failed mid-request (stream broken, unreachable or "
+              "stalled), by outcome: resumed on another worker pair with the tokens streamed "
+              "so far, limit_reached (--migration_limit), no_worker (none left to take it).")
           .Register(r);
   for (MigrationOutcome o :
        {MigrationOutcome::kResumed, MigrationOutcome::kLimitReached, MigrationOutcome::kNoWorker}) {
-    migrations_[static_cast<int>(o)] = &migrations.Add({{"outcome", std::string(MigrationOutcomeName(o))}});
+    migrations_[static_cast<int>(o)] =
+        &migrations.Add({{"outcome", std::string(MigrationOutcomeName(o))}});
   }
   stalls_ = &prometheus::BuildCounter()
                  .Name("trident_router_worker_stalls_total")
-                 .Help("Worker calls the router ended because no token came within "
-                       "--stall_timeout_ms (the worker was alive but made no progress).")
+                 .Help(
+                     "Worker calls the router ended because no token came within "
+                     "--stall_timeout_ms (the worker was alive but made no progress).")
                  .Register(r)
                  .Add({});
 }

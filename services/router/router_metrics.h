@@ -46,6 +46,11 @@
 //                                                                      their prefill worker won:
 //                                                                      "prefix" (predicted to hold
 //                                                                      part of the prompt), "load"
+//   trident_router_admission_probes_total                    counter   admitted requests whose
+//                                                                      predictions missed their
+//                                                                      targets: an idle pair's
+//                                                                      probe (AdmissionOptions::
+//                                                                      idle_probe_interval)
 //   trident_router_prefix_cache_predicted_tokens_total       counter   prompt tokens admission
 //                                                                      predicted cached on the
 //                                                                      chosen prefill worker
@@ -176,6 +181,7 @@ class RouterMetrics {
   prometheus::Gauge* waiting_kv_ = nullptr;
   // routing_decisions_total: [0] prefix, [1] load.
   std::array<prometheus::Counter*, 2> routing_{};
+  prometheus::Counter* probes_ = nullptr;
   prometheus::Counter* prefix_predicted_ = nullptr;
   prometheus::Counter* prefix_delivered_ = nullptr;
   std::array<prometheus::Counter*, 3> migrations_{};  // By MigrationOutcome.

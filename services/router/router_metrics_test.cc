@@ -230,6 +230,10 @@ TEST_F(RouterMetricsTest, RejectionsCountByReasonAndClassWithTheirPredictions) {
   // An admission is no outcome yet.
   EXPECT_EQ(Requests("interactive", "ok"), 0);
   EXPECT_EQ(Requests("interactive", "rejected"), 0);
+  EXPECT_EQ(Value(registry_, "trident_router_admission_probes_total", {}), 0);
+  admitted.probe = true;
+  metrics_.OnDecision("", admitted);
+  EXPECT_EQ(Value(registry_, "trident_router_admission_probes_total", {}), 1);
 
   metrics_.OnSubmitError("batch");
   EXPECT_EQ(Requests("batch", "error"), 1);

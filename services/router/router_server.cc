@@ -131,6 +131,7 @@ absl::Status RouterServer::BuildAdmission(prometheus::Registry* registry) {
   admission_options.enabled = options_.admission;
   admission_options.slo_margin = options_.slo_margin;
   admission_options.learn_ttft_overhead = options_.learn_ttft_overhead;
+  admission_options.idle_probe_interval = options_.idle_probe_interval;
   admission_ = std::make_unique<admission::AdmissionController>(admission_options, qos, clock_);
   metrics_ = std::make_unique<RouterMetrics>(*registry, qos);
   RemoteTokenSourceOptions remote_options;

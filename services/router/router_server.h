@@ -79,6 +79,8 @@ struct RouterServerOptions {
   double slo_margin = 0.85;
   // AdmissionOptions::learn_ttft_overhead.
   bool learn_ttft_overhead = true;
+  // AdmissionOptions::idle_probe_interval (zero: no probes).
+  absl::Duration idle_probe_interval = absl::Seconds(1);
   // The workers' load streams.
   LoadSubscriberOptions load;
   // Lease of each KV reservation; > 0.

@@ -182,6 +182,16 @@ struct AdmissionOptions {
   double calibration_quantile = 0.95;
   double min_calibration_scale = 0.5;
   double max_calibration_scale = 4;
+  // Models fitted under a burst (a decode model that has seen only large
+  // batches, an overhead or factor learned under contention) can price an
+  // idle cluster as busy; were every request then rejected, no outcome
+  // would ever correct them. So a request rejected on its predicted TTFT or
+  // TPOT alone is admitted anyway, as a probe, when a prefill worker and a
+  // decode worker it may pair with are idle (nothing of this router's in
+  // flight on them, no queue and no batch in their last reports, room for
+  // its KV), at most once per `idle_probe_interval` per prefill worker. Its
+  // outcome recalibrates both. Zero disables probes.
+  absl::Duration idle_probe_interval = absl::Seconds(1);
   // Bounds of the retry-after estimate; `default_retry_after` when no
   // estimate exists (no workers, or only sequences the router does not know
   // of would have to finish).
@@ -244,6 +254,9 @@ struct AdmissionDecision {
   // (rejected); absl::InfiniteDuration() when there was none.
   absl::Duration predicted_ttft = absl::InfiniteDuration();
   absl::Duration predicted_tpot = absl::InfiniteDuration();
+  // Admitted as a probe of an idle pair although its predictions miss its
+  // targets (AdmissionOptions::idle_probe_interval).
+  bool probe = false;
   // Index of the request's class in the QosConfig.
   int qos_class_index = 0;
   // The request's TTFT target (its own, else its class's), when admission
@@ -355,6 +368,17 @@ class AdmissionController {
   // The prefill worker for `best_decode`, or the TTFT rejection.
   void ChoosePrefill(const AdmitScope& scope, int best_decode, AdmissionDecision* decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admits the request to workers_[prefill] and workers_[decode] (evaluated
+  // in the scratch), predicted at `ttft` from `forecast`.
+  void AdmitPair(const AdmitScope& scope, int prefill, int decode, double ttft,
+                 const TtftForecast& forecast, AdmissionDecision* decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rejected on predicted TTFT or TPOT alone: admits it to an idle pair as
+  // a probe (AdmissionOptions::idle_probe_interval), if there is one.
+  void AdmitIdleProbe(const AdmitScope& scope, AdmissionDecision* decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleForProbe(const Worker& prefill, const Worker& decode, const DecodeEval& d,
+                    double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prefill candidate's forecast, without the transfer when `colocated`.
   static TtftForecast ForecastFor(const PrefillEval& e, bool colocated);
   // Whether workers_[prefill] may prefill for workers_[decode]: always the

@@ -115,6 +115,8 @@ struct AdmissionController::Worker {
   // and since when the worker has been computing them (the admission that
   // found it idle of ours, or its last prefill of ours that ended).
   int64_t outstanding_requests = 0;
+  // When a request was last admitted here as an idle probe.
+  double last_probe = -admission_internal::kInf;
   int64_t outstanding_tokens = 0;
   double outstanding_since = 0;
   // Those prompts as (slot, generation), in admission order; entries whose

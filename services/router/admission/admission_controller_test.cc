@@ -23,6 +23,8 @@ using ::trident::testing::StatusIs;
 AdmissionOptions KnownModelOptions() {
   AdmissionOptions options;
   options.slo_margin = 1.0;  // Exact thresholds; SloMarginLeavesHeadroom covers the margin.
+  // Decisions on predictions alone; the IdleProbe tests cover probes.
+  options.idle_probe_interval = absl::ZeroDuration();
   options.kv_block_size_tokens = 16;
   options.prefill_model.prior_fixed_time = absl::Milliseconds(10);
   options.prefill_model.prior_tokens_per_second = 10000;
@@ -687,6 +689,93 @@ TEST(AdmissionControllerTest, ALearnedTtftOverheadAgesOutWithItsOutcomes) {
       cluster.Admit(Request(100, 10, absl::Milliseconds(100), absl::Seconds(1)));
   ASSERT_TRUE(after.admitted);
   EXPECT_NEAR(absl::ToDoubleSeconds(after.predicted_ttft), 0.020, 1e-9);
+}
+
+AdmissionOptions ProbingOptions() {
+  AdmissionOptions options = KnownModelOptions();
+  options.idle_probe_interval = absl::Seconds(1);
+  return options;
+}
+
+TEST(IdleProbeTest, AnIdlePairTakesARequestItsPredictionsRejectOncePerInterval) {
+  Cluster cluster(ProbingOptions());
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // Predicted 20 ms against a 10 ms target: a probe.
+  const AdmissionRequest tight = Request(100, 10, absl::Milliseconds(10), absl::Seconds(1));
+  const AdmissionDecision probe = cluster.Admit(tight);
+  ASSERT_TRUE(probe.admitted);
+  EXPECT_TRUE(probe.probe);
+  EXPECT_EQ(probe.prefill_worker_id, "p0");
+  EXPECT_EQ(probe.decode_worker_id, "d0");
+  EXPECT_NEAR(absl::ToDoubleSeconds(probe.predicted_ttft), 0.020, 1e-9);
+  // While it is in flight the pair is not idle.
+  EXPECT_EQ(cluster.Admit(tight).reason, RejectReason::kTtft);
+  cluster.controller().MarkPrefillDone(probe.id);
+  cluster.controller().Release(probe.id);
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  // Idle again, but within the interval.
+  cluster.clock().Advance(absl::Milliseconds(500));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  EXPECT_FALSE(cluster.Admit(tight).admitted);
+  cluster.clock().Advance(absl::Milliseconds(500));
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0"));
+  const AdmissionDecision next = cluster.Admit(tight);
+  ASSERT_TRUE(next.admitted);
+  EXPECT_TRUE(next.probe);
+  // A request its predictions admit is no probe.
+  cluster.controller().MarkPrefillDone(next.id);
+  cluster.controller().Release(next.id);
+  const AdmissionDecision plain =
+      cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Seconds(1)));
+  ASSERT_TRUE(plain.admitted);
+  EXPECT_FALSE(plain.probe);
+}
+
+TEST(IdleProbeTest, ABusyWorkerOrAFullKvCacheIsNeverProbed) {
+  Cluster cluster(ProbingOptions());
+  const AdmissionRequest tight = Request(100, 10, absl::Milliseconds(10), absl::Seconds(1));
+  // A queue on the prefill worker.
+  cluster.Load(PrefillLoad("p0", /*queued_tokens=*/1000, /*waiting=*/1));
+  cluster.Load(DecodeLoad("d0"));
+  EXPECT_EQ(cluster.Admit(tight).reason, RejectReason::kTtft);
+  // A batch on the decode worker.
+  cluster.Load(PrefillLoad("p0"));
+  cluster.Load(DecodeLoad("d0", /*running=*/1));
+  EXPECT_EQ(cluster.Admit(tight).reason, RejectReason::kTtft);
+  // No room for the request's KV: a capacity rejection, not a prediction.
+  cluster.Load(DecodeLoad("d0", /*running=*/0, /*kv_blocks_free=*/0));
+  EXPECT_EQ(cluster.Admit(tight).reason, RejectReason::kKvCapacity);
+  cluster.Load(DecodeLoad("d0"));
+  EXPECT_TRUE(cluster.Admit(tight).probe);
+}
+
+TEST(IdleProbeTest, ADecodeModelFittedToABurstDoesNotShutOutTheIdleCluster) {
+  // A burst: steps of 40 ms at batch 20, the only samples the decode model
+  // has. At batch 1 it still predicts more than a 15 ms TPOT target.
+  for (const bool probes : {false, true}) {
+    AdmissionOptions options = KnownModelOptions();
+    if (probes) options.idle_probe_interval = absl::Seconds(1);
+    Cluster cluster(options);
+    cluster.Load(PrefillLoad("p0"));
+    WorkerLoadReport burst = DecodeLoad("d0", /*running=*/20);
+    burst.decode_step_time = absl::Milliseconds(40);
+    for (int i = 0; i < 100; ++i) cluster.Load(burst);
+    cluster.clock().Advance(absl::Seconds(60));
+    cluster.Load(PrefillLoad("p0"));
+    cluster.Load(DecodeLoad("d0"));
+    const AdmissionDecision d =
+        cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(15)));
+    EXPECT_GT(absl::ToDoubleSeconds(d.predicted_tpot), 0.015) << probes;
+    if (probes) {
+      EXPECT_TRUE(d.admitted && d.probe);
+    } else {
+      EXPECT_EQ(d.reason, RejectReason::kTpot);
+    }
+  }
 }
 
 TEST(AdmissionControllerTest, APromptWaitingPastItsPredictionRaisesTtftPredictions) {

@@ -105,10 +105,14 @@ absl::StatusOr<AdmissionDecision> AdmissionController::Admit(const AdmissionRequ
   decision.predicted_ttft = ToDuration(best_any_ttft);
   if (best_decode < 0) {
     RejectOnDecode(scope, t, decode_stage, &decision);
-    return decision;
+  } else {
+    decision.predicted_tpot = ToDuration(decode_scratch_[best_decode].tpot);
+    ChoosePrefill(scope, best_decode, &decision);
   }
-  decision.predicted_tpot = ToDuration(decode_scratch_[best_decode].tpot);
-  ChoosePrefill(scope, best_decode, &decision);
+  if (!decision.admitted &&
+      (decision.reason == RejectReason::kTtft || decision.reason == RejectReason::kTpot)) {
+    AdmitIdleProbe(scope, &decision);
+  }
   return decision;
 }
 
@@ -267,19 +271,55 @@ AdmissionDecision AdmissionController::AdmitLeastLoaded(const AdmitScope& s,
     decision.retry_after = options_.default_retry_after;
     return decision;
   }
-  const DecodeEval& d = decode_scratch_[decode];
-  const double tpot = d.tpot;
-  decision.admitted = true;
-  decision.id = AddRecord(s.request, s.klass, prefill, decode, s.now, s.now + ttft, tpot,
-                          s.tpot_target, s.need_blocks, forecast, tpot / d.tpot_scale);
-  decision.prefill_worker_id = workers_[prefill]->id;
-  decision.decode_worker_id = workers_[decode]->id;
-  decision.colocated = prefill == decode && workers_[decode]->report.colocated_only;
-  decision.predicted_cached_tokens =
-      s.request.prompt_tokens - PrefillTokens(s.request, *workers_[prefill]);
-  decision.predicted_ttft = ToDuration(ttft);
-  decision.predicted_tpot = ToDuration(tpot);
+  AdmitPair(s, prefill, decode, ttft, forecast, &decision);
   return decision;
+}
+
+void AdmissionController::AdmitPair(const AdmitScope& s, int prefill, int decode, double ttft,
+                                    const TtftForecast& forecast, AdmissionDecision* decision) {
+  const DecodeEval& d = decode_scratch_[decode];
+  decision->admitted = true;
+  decision->id = AddRecord(s.request, s.klass, prefill, decode, s.now, s.now + ttft, d.tpot,
+                           s.tpot_target, s.need_blocks, forecast, d.tpot / d.tpot_scale);
+  decision->prefill_worker_id = workers_[prefill]->id;
+  decision->decode_worker_id = workers_[decode]->id;
+  decision->colocated = prefill == decode && workers_[decode]->report.colocated_only;
+  decision->predicted_cached_tokens =
+      s.request.prompt_tokens - PrefillTokens(s.request, *workers_[prefill]);
+  decision->predicted_ttft = ToDuration(ttft);
+  decision->predicted_tpot = ToDuration(d.tpot);
+}
+
+bool AdmissionController::IdleForProbe(const Worker& prefill, const Worker& decode,
+                                       const DecodeEval& d, double now) const {
+  // Nothing of this router's in flight on either, nothing in their last
+  // reports, room for the request's KV, and no probe on the prefill worker
+  // for an interval.
+  return prefill.outstanding_requests == 0 && prefill.requests_since_report == 0 &&
+         prefill.report.waiting_sequences == 0 && prefill.report.queued_prefill_tokens == 0 &&
+         now - prefill.last_probe >= absl::ToDoubleSeconds(options_.idle_probe_interval) &&
+         decode.decode_records.empty() && decode.report.running_sequences == 0 &&
+         (d.stage == kStagePassed || d.stage == kStageTpot);
+}
+
+void AdmissionController::AdmitIdleProbe(const AdmitScope& s, AdmissionDecision* decision) {
+  if (options_.idle_probe_interval <= absl::ZeroDuration()) return;
+  for (size_t d = 0; d < workers_.size(); ++d) {
+    if (!decode_scratch_[d].eligible) continue;
+    for (size_t p = 0; p < workers_.size(); ++p) {
+      const PrefillEval& e = prefill_scratch_[p];
+      if (!e.eligible || !Pairable(static_cast<int>(p), static_cast<int>(d)) ||
+          !IdleForProbe(*workers_[p], *workers_[d], decode_scratch_[d], s.now)) {
+        continue;
+      }
+      const TtftForecast forecast = ForecastFor(e, p == d);
+      AdmitPair(s, static_cast<int>(p), static_cast<int>(d), forecast.At(e.scale) + e.overhead,
+                forecast, decision);
+      decision->probe = true;
+      workers_[p]->last_probe = s.now;
+      return;
+    }
+  }
 }
 
 void AdmissionController::RejectOnDecode(const AdmitScope& s, double t, int decode_stage,
@@ -344,17 +384,7 @@ void AdmissionController::ChoosePrefill(const AdmitScope& s, int best_decode,
     decision->retry_after = ClampRetry(wait);
     return;
   }
-  decision->admitted = true;
-  const DecodeEval& chosen = decode_scratch_[best_decode];
-  decision->id = AddRecord(s.request, s.klass, best_prefill, best_decode, s.now, s.now + best_ttft,
-                           chosen.tpot, s.tpot_target, s.need_blocks, best_forecast,
-                           chosen.tpot / chosen.tpot_scale);
-  decision->prefill_worker_id = workers_[best_prefill]->id;
-  decision->decode_worker_id = workers_[best_decode]->id;
-  decision->colocated = best_prefill == best_decode && workers_[best_decode]->report.colocated_only;
-  decision->predicted_ttft = ToDuration(best_ttft);
-  decision->predicted_cached_tokens =
-      s.request.prompt_tokens - PrefillTokens(s.request, *workers_[best_prefill]);
+  AdmitPair(s, best_prefill, best_decode, best_ttft, best_forecast, decision);
 }
 
 }  // namespace trident::router::admission
