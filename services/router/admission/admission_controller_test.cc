@@ -770,11 +770,24 @@ TEST(IdleProbeTest, ADecodeModelFittedToABurstDoesNotShutOutTheIdleCluster) {
     const AdmissionDecision d =
         cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(15)));
     EXPECT_GT(absl::ToDoubleSeconds(d.predicted_tpot), 0.015) << probes;
-    if (probes) {
-      EXPECT_TRUE(d.admitted && d.probe);
-    } else {
+    if (!probes) {
       EXPECT_EQ(d.reason, RejectReason::kTpot);
+      continue;
     }
+    ASSERT_TRUE(d.admitted && d.probe);
+    // The probe decodes alone: the reports' steps at batch 1 take 3 ms.
+    cluster.controller().MarkPrefillDone(d.id);
+    WorkerLoadReport alone = DecodeLoad("d0", /*running=*/1);
+    alone.decode_step_time = absl::Milliseconds(3);
+    for (int i = 0; i < 3; ++i) cluster.Load(alone);
+    cluster.controller().Release(d.id);
+    cluster.Load(DecodeLoad("d0"));
+    // Within the probe interval, admitted on its predictions.
+    const AdmissionDecision next =
+        cluster.Admit(Request(100, 10, absl::Seconds(1), absl::Milliseconds(15)));
+    ASSERT_TRUE(next.admitted);
+    EXPECT_FALSE(next.probe);
+    EXPECT_LT(absl::ToDoubleSeconds(next.predicted_tpot), 0.015);
   }
 }
 
