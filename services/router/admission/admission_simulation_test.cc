@@ -75,6 +75,15 @@ constexpr Workload kPrefillBound{"prefill-bound", 2048, 8192, 8, 32, 1.5, 0.100}
 constexpr Workload kLightChat{"light-chat", 4, 4096, 32, 256, 0.300, 0.050, 5.0, 1.2};
 
 constexpr double kArrivalSeconds = 60;
+
+// A burst at the start of a run: until `until` seconds, arrivals come at
+// `rate` and every duration is `slowdown` times its true cost (the workers
+// contend with something else).
+struct Burst {
+  double until = 0;
+  double slowdown = 1;
+  double rate = 0;
+};
 constexpr double kReportInterval = 0.050;
 
 struct Req {
@@ -83,6 +92,8 @@ struct Req {
   int64_t output = 0;  // Actual, in [max_output / 2, max_output].
   double arrival = 0;
   bool admitted = false;
+  bool probe = false;
+  int reason = -1;  // Rejected: the RejectReason.
   AdmissionId id = 0;
   int prefill = -1;
   int decode = -1;
@@ -133,6 +144,7 @@ struct Result {
   double mean_ttft = 0;
   double mean_tpot = 0;
   int rejected_by_reason[5] = {};
+  int probes = 0;                        // Admitted as idle probes.
   absl::Duration admit_wall_per_call;    // Real time, for information only.
   std::vector<std::string> rejected_at;  // The first few rejections: "time/prompt tokens".
 };
@@ -163,14 +175,15 @@ double Capacity(const Workload& w) {
 class Simulation {
  public:
   Simulation(const Workload& workload, bool admission_on, double arrival_rate, uint64_t seed,
-             bool learn_ttft_overhead = true)
+             bool learn_ttft_overhead = true, const Burst& burst = {}, bool probes = true)
       : workload_(workload),
         rng_(seed),
         clock_(absl::FromUnixSeconds(1'700'000'000)),
         start_(clock_.Now()),
-        controller_(Options(admission_on, learn_ttft_overhead), QosConfig::SingleDefaultClass(),
-                    &clock_),
-        arrival_rate_(arrival_rate) {
+        controller_(Options(admission_on, learn_ttft_overhead, probes),
+                    QosConfig::SingleDefaultClass(), &clock_),
+        arrival_rate_(arrival_rate),
+        burst_(burst) {
     for (int i = 0; i < 2; ++i) prefill_.push_back(PrefillWorker{.id = absl::StrCat("p", i)});
     for (int i = 0; i < 2; ++i) decode_.push_back(DecodeWorker{.id = absl::StrCat("d", i)});
   }
@@ -206,14 +219,45 @@ class Simulation {
           break;
       }
     }
-    return Summarize();
+    return Summarize(0, kArrivalSeconds);
+  }
+
+  // Over the requests that arrived in [from, to).
+  Result Summarize(double from, double to) const {
+    Result result;
+    double ttft_sum = 0;
+    double tpot_sum = 0;
+    for (const Req& req : requests_) {
+      if (req.arrival < from || req.arrival >= to) continue;
+      ++result.arrived;
+      if (!req.admitted) {
+        if (req.reason >= 0) ++result.rejected_by_reason[req.reason];
+        continue;
+      }
+      ++result.admitted;
+      result.probes += req.probe;
+      if (req.finish < 0) continue;
+      ++result.completed;
+      const double ttft = req.first_token - req.arrival;
+      const double tpot = (req.finish - req.first_token) / double(req.output - 1);
+      ttft_sum += ttft;
+      tpot_sum += tpot;
+      if (ttft <= workload_.ttft_target && tpot <= workload_.tpot_target) ++result.met_slo;
+    }
+    result.mean_ttft = result.completed ? ttft_sum / result.completed : 0;
+    result.mean_tpot = result.completed ? tpot_sum / result.completed : 0;
+    result.goodput_per_second = result.met_slo / (to - from);
+    result.admit_wall_per_call = admit_wall_ / std::max(result.arrived, 1);
+    result.rejected_at = rejected_at_;
+    return result;
   }
 
  private:
-  static AdmissionOptions Options(bool admission_on, bool learn_ttft_overhead) {
+  static AdmissionOptions Options(bool admission_on, bool learn_ttft_overhead, bool probes) {
     AdmissionOptions options;
     options.enabled = admission_on;
     options.learn_ttft_overhead = learn_ttft_overhead;
+    if (!probes) options.idle_probe_interval = absl::ZeroDuration();
     options.kv_block_size_tokens = kBlockTokens;
     options.transfer_model.bytes_per_token = kBytesPerToken;
     // Priors left at their defaults, all wrong for these workers: the
@@ -224,9 +268,13 @@ class Simulation {
   void Push(double time, EventType type, int index) {
     events_.push(Event{time, next_order_++, type, index});
   }
-  double Exponential() { return std::exponential_distribution<double>(arrival_rate_)(rng_); }
+  bool InBurst() const { return now_ < burst_.until; }
+  double Exponential() {
+    return std::exponential_distribution<double>(InBurst() ? burst_.rate : arrival_rate_)(rng_);
+  }
   double Noisy(double seconds) {
-    return seconds * std::max(0.5, std::normal_distribution<double>(1.0, kNoise)(rng_));
+    return seconds * (InBurst() ? burst_.slowdown : 1.0) *
+           std::max(0.5, std::normal_distribution<double>(1.0, kNoise)(rng_));
   }
   int64_t Uniform(int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
@@ -256,6 +304,7 @@ class Simulation {
     const int index = static_cast<int>(requests_.size());
     if (decision.ok() && decision->admitted) {
       req.admitted = true;
+      req.probe = decision->probe;
       req.id = decision->id;
       req.prefill = decision->prefill_worker_id == "p0" ? 0 : 1;
       req.decode = decision->decode_worker_id == "d0" ? 0 : 1;
@@ -264,7 +313,7 @@ class Simulation {
       p.queue.push_back(index);
       if (p.current < 0) StartPrefill(req.prefill);
     } else {
-      if (decision.ok()) ++rejected_[static_cast<int>(decision->reason)];
+      if (decision.ok()) req.reason = static_cast<int>(decision->reason);
       if (decision.ok() && rejected_at_.size() < 8) {
         rejected_at_.push_back(absl::StrFormat("%.2fs/%d", now_, req.prompt));
       }
@@ -394,37 +443,13 @@ class Simulation {
     }
   }
 
-  Result Summarize() const {
-    Result result;
-    double ttft_sum = 0;
-    double tpot_sum = 0;
-    for (const Req& req : requests_) {
-      ++result.arrived;
-      if (!req.admitted) continue;
-      ++result.admitted;
-      if (req.finish < 0) continue;
-      ++result.completed;
-      const double ttft = req.first_token - req.arrival;
-      const double tpot = (req.finish - req.first_token) / double(req.output - 1);
-      ttft_sum += ttft;
-      tpot_sum += tpot;
-      if (ttft <= workload_.ttft_target && tpot <= workload_.tpot_target) ++result.met_slo;
-    }
-    result.mean_ttft = result.completed ? ttft_sum / result.completed : 0;
-    result.mean_tpot = result.completed ? tpot_sum / result.completed : 0;
-    result.goodput_per_second = result.met_slo / kArrivalSeconds;
-    for (int i = 0; i < 5; ++i) result.rejected_by_reason[i] = rejected_[i];
-    result.admit_wall_per_call = admit_wall_ / std::max(result.arrived, 1);
-    result.rejected_at = rejected_at_;
-    return result;
-  }
-
   const Workload workload_;
   std::mt19937_64 rng_;
   FakeClock clock_;
   const absl::Time start_;
   AdmissionController controller_;
   const double arrival_rate_;
+  const Burst burst_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t next_order_ = 0;
   double now_ = 0;
@@ -432,7 +457,6 @@ class Simulation {
   std::vector<double> transfer_started_;
   std::vector<PrefillWorker> prefill_;
   std::vector<DecodeWorker> decode_;
-  int rejected_[5] = {};
   std::vector<std::string> rejected_at_;  // The first few: "time/prompt".
   absl::Duration admit_wall_;
 };
@@ -445,8 +469,8 @@ void Print(const char* name, const Result& r) {
             << r.rejected_by_reason[int(RejectReason::kTtft)] << ", tpot "
             << r.rejected_by_reason[int(RejectReason::kTpot)] << ", kv_capacity "
             << r.rejected_by_reason[int(RejectReason::kKvCapacity)] << ", no_workers "
-            << r.rejected_by_reason[int(RejectReason::kNoWorkers)] << "; Admit() "
-            << absl::FormatDuration(r.admit_wall_per_call) << " per call\n";
+            << r.rejected_by_reason[int(RejectReason::kNoWorkers)] << "; probes " << r.probes
+            << "; Admit() " << absl::FormatDuration(r.admit_wall_per_call) << " per call\n";
   if (!r.rejected_at.empty()) {
     std::cout << "  first rejections (arrival/prompt tokens): " << absl::StrJoin(r.rejected_at, " ")
               << "\n";
@@ -508,6 +532,38 @@ TEST(AdmissionSimulationTest, LightLoadRefusesNothingItCanServe) {
     EXPECT_LT(refused(after), refused(before) / 3);
     EXPECT_GE(after.attainment(), 0.99);
   }
+}
+
+// A burst at twice capacity on workers slowed down 4x, then light load on
+// workers at full speed. What admission learned in the burst (decode steps
+// of large, slow batches; TTFT factors and overhead) must not refuse the
+// light load after it: with no admitted request there would be no outcome
+// to correct it. Outcomes age out (calibration_max_age) and an idle pair is
+// probed (idle_probe_interval); without probes the decode model, fitted to
+// the burst alone, prices every request past its TPOT target for good.
+TEST(AdmissionSimulationTest, ABurstOnSlowedWorkersDoesNotShutOutTheLightLoadAfterIt) {
+  const double capacity = Capacity(kLightChat);
+  const Burst burst{.until = 10, .slowdown = 4, .rate = 2 * capacity};
+  const double rate = 0.3 * capacity;
+  constexpr double kFrom = 25;  // The burst's outcomes aged out, its queues drained.
+  std::cout << kLightChat.name << ": seed " << kSeed << ", " << burst.rate
+            << " req/s on workers slowed " << burst.slowdown << "x for " << burst.until
+            << " s, then " << rate << " req/s; counted from " << kFrom << " s\n";
+  Simulation with(kLightChat, true, rate, kSeed, true, burst, /*probes=*/true);
+  Simulation without(kLightChat, true, rate, kSeed, true, burst, /*probes=*/false);
+  with.Run();
+  without.Run();
+  const Result after = with.Summarize(kFrom, kArrivalSeconds);
+  const Result locked = without.Summarize(kFrom, kArrivalSeconds);
+  Print("burst           ", with.Summarize(0, burst.until));
+  Print("recovery        ", with.Summarize(burst.until, kFrom));
+  Print("after, probes   ", after);
+  Print("after, no probes", locked);
+  auto refused = [](const Result& r) { return 1.0 - double(r.admitted) / r.arrived; };
+  EXPECT_GT(after.arrived, 100);
+  EXPECT_LE(refused(after), 0.01);
+  EXPECT_GE(after.attainment(), 0.99);
+  EXPECT_GE(refused(locked), 0.5);
 }
 
 TEST(AdmissionSimulationTest, DecodeBoundOverloadKeepsSloAttainment) {
