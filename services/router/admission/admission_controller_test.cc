@@ -709,6 +709,7 @@ TEST(IdleProbeTest, AnIdlePairTakesARequestItsPredictionsRejectOncePerInterval) 
   EXPECT_EQ(probe.prefill_worker_id, "p0");
   EXPECT_EQ(probe.decode_worker_id, "d0");
   EXPECT_NEAR(absl::ToDoubleSeconds(probe.predicted_ttft), 0.020, 1e-9);
+  EXPECT_EQ(probe.retry_after, absl::ZeroDuration());
   // While it is in flight the pair is not idle.
   EXPECT_EQ(cluster.Admit(tight).reason, RejectReason::kTtft);
   cluster.controller().MarkPrefillDone(probe.id);

@@ -313,6 +313,9 @@ void AdmissionController::AdmitIdleProbe(const AdmitScope& s, AdmissionDecision*
         continue;
       }
       const TtftForecast forecast = ForecastFor(e, p == d);
+      // Admitted: the rejection's reason and retry time no longer apply.
+      decision->reason = AdmissionDecision().reason;
+      decision->retry_after = absl::ZeroDuration();
       AdmitPair(s, static_cast<int>(p), static_cast<int>(d), forecast.At(e.scale) + e.overhead,
                 forecast, decision);
       decision->probe = true;
