@@ -163,24 +163,25 @@ double AdmissionController::TtftOverhead(const Worker& worker) const {
 
 double AdmissionController::FitTtftOverhead(const Worker& worker, double now) const {
   // measured = overhead + slope * predicted, least squares over the recent
-  // samples; only where their predictions differ enough to tell a fixed
-  // cost from a factor (else none: a factor it is, as without learning).
+  // samples of prompts admitted to an idle worker (TtftSample::idle); only
+  // where their predictions differ enough to tell a fixed cost from a factor
+  // (else none: a factor it is, as without learning).
   const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
   double n = 0, sx = 0, sy = 0;
-  for (const auto& [when, forecast, measured] : worker.ttft_samples) {
-    if (now - when > max_age) continue;
+  for (const Worker::TtftSample& t : worker.ttft_samples) {
+    if (!t.idle || now - t.when > max_age) continue;
     n += 1;
-    sx += forecast.At(1);
-    sy += measured;
+    sx += t.forecast.At(1);
+    sy += t.measured;
   }
   if (n < 8) return 0;
   const double mx = sx / n, my = sy / n;
   double sxx = 0, sxy = 0;
-  for (const auto& [when, forecast, measured] : worker.ttft_samples) {
-    if (now - when > max_age) continue;
-    const double dx = forecast.At(1) - mx;
+  for (const Worker::TtftSample& t : worker.ttft_samples) {
+    if (!t.idle || now - t.when > max_age) continue;
+    const double dx = t.forecast.At(1) - mx;
     sxx += dx * dx;
-    sxy += dx * (measured - my);
+    sxy += dx * (t.measured - my);
   }
   // A coefficient of variation of the predictions below 0.5: alike.
   if (!(sxx > 0.25 * mx * mx * n)) return 0;
@@ -228,7 +229,10 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
     worker.ttft_calibration.Add(now, r->ttft_forecast.ScaleFor(measured));
     return;
   }
-  worker.ttft_samples.emplace_back(now, r->ttft_forecast, measured);
+  // Nothing predicted ahead of it (At(1) is its own work alone).
+  const bool idle = r->ttft_forecast.At(1) <= r->ttft_forecast.request_work * (1 + 1e-9);
+  worker.ttft_samples.push_back(
+      {.when = now, .forecast = r->ttft_forecast, .measured = measured, .idle = idle});
   while (static_cast<int>(worker.ttft_samples.size()) > std::max(1, options_.calibration_window)) {
     worker.ttft_samples.pop_front();
   }
@@ -237,7 +241,7 @@ void AdmissionController::ObserveTtft(AdmissionId id, absl::Duration ttft) {
 
 void AdmissionController::RefitTtft(Worker& worker, double now) {
   const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
-  while (!worker.ttft_samples.empty() && now - std::get<0>(worker.ttft_samples.front()) > max_age) {
+  while (!worker.ttft_samples.empty() && now - worker.ttft_samples.front().when > max_age) {
     worker.ttft_samples.pop_front();
   }
   worker.ttft_overhead = FitTtftOverhead(worker, now);
@@ -245,12 +249,12 @@ void AdmissionController::RefitTtft(Worker& worker, double now) {
   // taken before the overhead was known would overprice for the window).
   const double overhead = TtftOverhead(worker);
   worker.ttft_calibration.Clear();
-  for (const auto& [when, forecast, value] : worker.ttft_samples) {
-    worker.ttft_calibration.Add(when, forecast.ScaleFor(value - overhead));
+  for (const Worker::TtftSample& t : worker.ttft_samples) {
+    worker.ttft_calibration.Add(t.when, t.forecast.ScaleFor(t.measured - overhead));
   }
   worker.ttft_fit_expires = worker.ttft_samples.empty()
                                 ? admission_internal::kInf
-                                : std::get<0>(worker.ttft_samples.front()) + max_age;
+                                : worker.ttft_samples.front().when + max_age;
 }
 
 void AdmissionController::RefreshTtftFit(Worker& worker, double now) {

@@ -135,10 +135,21 @@ struct AdmissionController::Worker {
   // ratios as a decode worker.
   RollingQuantile ttft_calibration;
   RollingQuantile tpot_calibration;
-  // The outcomes behind ttft_calibration, (when, forecast, measured), so
-  // that its factors follow the overhead as it is learned; and the overhead
+  // The outcomes behind ttft_calibration, so that its factors follow the
+  // overhead as it is learned; and the overhead
   // (AdmissionOptions::learn_ttft_overhead), in seconds.
-  std::deque<std::tuple<double, TtftForecast, double>> ttft_samples;
+  struct TtftSample {
+    double when = 0;
+    TtftForecast forecast;
+    double measured = 0;
+    // Admitted with nothing predicted ahead of it on the worker: what such
+    // a prompt takes beyond its own work is the fixed overhead alone. A
+    // prompt behind a queue adds what the queue's forecast missed (a burst's
+    // contention), which fitted as an "overhead" would price every later
+    // request, the idle worker's included.
+    bool idle = false;
+  };
+  std::deque<TtftSample> ttft_samples;
   double ttft_overhead = 0;
   // When the oldest of those samples ages out (calibration_max_age), and
   // the overhead and factors fitted from them must be fitted again: learned

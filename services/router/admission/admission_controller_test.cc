@@ -691,6 +691,27 @@ TEST(AdmissionControllerTest, ALearnedTtftOverheadAgesOutWithItsOutcomes) {
   EXPECT_NEAR(absl::ToDoubleSeconds(after.predicted_ttft), 0.020, 1e-9);
 }
 
+TEST(AdmissionControllerTest, PromptsBehindAQueueTeachAFactorNotAnOverhead) {
+  // The same outcomes as ALearnedTtftOverheadAgesOutWithItsOutcomes (150 ms
+  // over each prediction), but each prompt found 20 ms of queue ahead of
+  // it: what the queue's forecast missed is no fixed cost of the worker.
+  Cluster cluster;
+  cluster.Load(DecodeLoad("d0"));
+  for (int i = 0; i < 10; ++i) {
+    cluster.Load(PrefillLoad("p0", /*queued_tokens=*/100, /*waiting=*/1));
+    const int64_t prompt = 100 + 500 * i;
+    const AdmissionDecision d =
+        cluster.Admit(Request(prompt, 10, absl::Seconds(10), absl::Seconds(1)));
+    ASSERT_TRUE(d.admitted) << i;
+    cluster.controller().MarkPrefillDone(d.id);
+    const double forecast = 0.020 + 0.010 + static_cast<double>(prompt) / 10000;
+    cluster.controller().ObserveTtft(d.id, absl::Seconds(forecast + 0.150));
+    cluster.controller().Release(d.id);
+  }
+  EXPECT_EQ(cluster.controller().ModelsOf("p0")->ttft_overhead, absl::ZeroDuration());
+  EXPECT_GT(cluster.controller().ModelsOf("p0")->ttft_scale, 1.1);
+}
+
 AdmissionOptions ProbingOptions() {
   AdmissionOptions options = KnownModelOptions();
   options.idle_probe_interval = absl::Seconds(1);
