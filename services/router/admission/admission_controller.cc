@@ -161,15 +161,14 @@ double AdmissionController::TtftOverhead(const Worker& worker) const {
   return options_.learn_ttft_overhead ? worker.ttft_overhead : 0;
 }
 
-double AdmissionController::FitTtftOverhead(const Worker& worker, double now) const {
-  // measured = overhead + slope * predicted, least squares over the recent
-  // samples of prompts admitted to an idle worker (TtftSample::idle); only
-  // where their predictions differ enough to tell a fixed cost from a factor
+double AdmissionController::FitTtftOverhead(const Worker& worker) const {
+  // measured = overhead + slope * predicted, least squares over the samples
+  // of prompts admitted to an idle worker (TtftSample::idle); only where
+  // their predictions differ enough to tell a fixed cost from a factor
   // (else none: a factor it is, as without learning).
-  const double max_age = absl::ToDoubleSeconds(options_.calibration_max_age);
   double n = 0, sx = 0, sy = 0;
   for (const Worker::TtftSample& t : worker.ttft_samples) {
-    if (!t.idle || now - t.when > max_age) continue;
+    if (!t.idle) continue;
     n += 1;
     sx += t.forecast.At(1);
     sy += t.measured;
@@ -178,7 +177,7 @@ double AdmissionController::FitTtftOverhead(const Worker& worker, double now) co
   const double mx = sx / n, my = sy / n;
   double sxx = 0, sxy = 0;
   for (const Worker::TtftSample& t : worker.ttft_samples) {
-    if (!t.idle || now - t.when > max_age) continue;
+    if (!t.idle) continue;
     const double dx = t.forecast.At(1) - mx;
     sxx += dx * dx;
     sxy += dx * (t.measured - my);
@@ -191,7 +190,6 @@ double AdmissionController::FitTtftOverhead(const Worker& worker, double now) co
 }
 
 double AdmissionController::TtftScale(Worker& worker, double now) {
-  RefreshTtftFit(worker, now);
   double scale = worker.ttft_calibration.Quantile(now, 1);
   // The oldest prompt still waiting here has a TTFT of at least its age: a
   // lower bound on its ratio, known before it ends (a stalled or slowed
@@ -244,7 +242,7 @@ void AdmissionController::RefitTtft(Worker& worker, double now) {
   while (!worker.ttft_samples.empty() && now - worker.ttft_samples.front().when > max_age) {
     worker.ttft_samples.pop_front();
   }
-  worker.ttft_overhead = FitTtftOverhead(worker, now);
+  worker.ttft_overhead = FitTtftOverhead(worker);
   // Every factor again, against the overhead as now learned (a factor
   // taken before the overhead was known would overprice for the window).
   const double overhead = TtftOverhead(worker);

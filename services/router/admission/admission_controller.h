@@ -440,11 +440,13 @@ class AdmissionController {
   // Seconds every TTFT on `worker` takes beyond its prediction
   // (AdmissionOptions::learn_ttft_overhead); 0 when off.
   double TtftOverhead(const Worker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // That overhead, fitted to the worker's recent TTFT samples.
-  double FitTtftOverhead(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // That overhead, fitted to the worker's TTFT samples (RefitTtft has
+  // dropped the expired ones).
+  double FitTtftOverhead(const Worker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fits the overhead and the TTFT factors again from the samples not older
-  // than calibration_max_age (dropping the rest); RefreshTtftFit does so
-  // once the oldest sample of the last fit has aged out.
+  // than calibration_max_age (dropping the rest); RefreshTtftFit, on each
+  // load report, does so once the oldest sample of the last fit has aged
+  // out.
   void RefitTtft(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshTtftFit(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double TpotScale(Worker& worker, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -14,7 +14,6 @@
 #include <deque>
 #include <limits>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
