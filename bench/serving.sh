@@ -4,9 +4,11 @@
 # [16, 1024]; generated exactly), Poisson arrivals at each of RATES for
 # PHASE_S seconds (the first WARMUP_S left out), admission off (every
 # request is served: the sweep shows where latency gives). Prints per rate
-# the requests served, output tokens/s, TTFT, TPOT and ITL p50/p90/p99,
-# goodput at the stated SLOs, ITL p99/p50 and the mean E2E per output token
-# (NEO's average normalized latency), and the decode workers' CUDA
+# the requests served, requests/s and output tokens/s completed, TTFT, TPOT
+# and ITL p50/p90/p99, goodput at the stated SLOs, ITL p99/p50, the mean E2E
+# per output token (NEO's average normalized latency) and the decode
+# workers' steps (how many, tokens and decode sequences a step, the
+# decode-only share and its step time); then the decode workers' CUDA
 # graphs: captured at start-up, captured since (must stay 0), replayed, and
 # steps that had none. Where gnuplot is installed, bench/plot_serving.sh
 # then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
@@ -132,16 +134,28 @@ decode_metric() {
   echo "$total"
 }
 graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
+# The decode workers' step counters, summed: steps, tokens in them, decode
+# sequences in steps that had any and those steps, decode-only steps' seconds
+# and count.
+engine_counters() {
+  local m
+  for m in trident_worker_engine_steps_total trident_worker_iteration_tokens_sum \
+      trident_worker_iteration_decode_sequences_sum trident_worker_iteration_decode_sequences_count \
+      trident_worker_decode_step_seconds_sum trident_worker_decode_step_seconds_count; do
+    printf '%s ' "$(decode_metric "$m")"
+  done
+}
 start router "$(tool services/router/router)" --model="$model_dir" "${route[@]}" \
     --admission=false --max_model_len="$max_model_len"
 grep -h "decode graphs at start-up" "$out"/*.log || true
 echo "model $model_dir, $topology on ${devices[*]}$([[ ${CPU_ATTENTION:-0} == 1 ]] &&
     echo " + CPU attention"), ${phase} s a rate (first ${warmup} s left out)," \
     "SLO TTFT ${ttft_slo} ms / TPOT ${tpot_slo} ms"
-printf '%-6s %6s %8s %20s %20s %20s %9s %9s %9s\n' rate served "tok/s" \
+printf '%-6s %6s %7s %8s %20s %20s %20s %9s %9s %9s\n' rate served "req/s" "tok/s" \
     "TTFT p50/p90/p99" "TPOT p50/p90/p99" "ITL p50/p90/p99" goodput "ITL p99/p50" "ms/token"
 for rate in $rates; do
   label="rate$rate"
+  before=$(engine_counters)
   if [[ "$rate" == inf ]]; then
     schedule=(--rate=1000000 --num_requests="${INF_REQUESTS:-800}" --warmup_s=0)
   else
@@ -152,18 +166,26 @@ for rate in $rates; do
       --output_tokens="${OUTPUT_TOKENS:-csv:$out/lengths.csv}" --ttft_slo_ms="$ttft_slo" \
       --tpot_slo_ms="$tpot_slo" --seed="$seed" --progress=false \
       --json_out="$out/$label.json" --requests_csv="$out/$label.csv" >"$out/$label.txt" 2>&1
-  python3 - "$out/$label.json" "$rate" <<'EOF'
+  after=$(engine_counters)
+  python3 - "$out/$label.json" "$rate" "$before" "$after" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 q, lat = r["requests"], r["latency_ms"]
 f = lambda k: "/".join(f"{lat[k][p]:.1f}" for p in ("p50", "p90", "p99"))
 good = r["throughput"]["goodput_rps"]
 tput = r["throughput"]["output_tokens_per_s"]
-print(f"{sys.argv[2]:<6} {q['completed']:6d} {tput:8.0f} {f('ttft'):>20} "
+print(f"{sys.argv[2]:<6} {q['completed']:6d} {r['throughput']['request_rps']:7.1f} "
+      f"{tput:8.0f} {f('ttft'):>20} "
       f"{f('tpot'):>20} {f('itl'):>20} {good:9.1f} "
       f"{lat['itl']['p99'] / max(1e-9, lat['itl']['p50']):9.2f} "
       f"{lat['normalized_per_token']['mean']:9.2f}"
       + (f"  ({q['failed']} failed)" if q["failed"] else ""))
+d = [b - a for a, b in zip(map(float, sys.argv[3].split()), map(float, sys.argv[4].split()))]
+steps, tokens, dseqs, dsteps, only_s, only_n = d
+if steps > 0:
+    print(f"       engine: {steps:.0f} steps, {tokens / steps:.0f} tokens and "
+          f"{dseqs / max(1, dsteps):.0f} decode sequences a step; "
+          f"{only_n / steps:.0%} decode-only, {1e3 * only_s / max(1, only_n):.2f} ms each")
 EOF
 done | tee "$out/summary.txt"
 echo "decode graphs: $graphs_at_start at start-up," \

@@ -73,6 +73,13 @@ ABSL_FLAG(
     "into wgmma, the MLP's activation fused) instead of cuBLASLt; slower than cuBLASLt so "
     "far, except for the MLP's fused gate/up of up to 64 sequences, which takes it regardless "
     "(bench/RESULTS.md).");
+ABSL_FLAG(int32_t, cuda_gemm_tune_algos, 16,
+          "CUDA backend: decode batches whose projections run on cuBLASLt time up to this many "
+          "of its candidate algorithms per shape while the decode graphs are captured at "
+          "start-up, and keep the fastest (about 1 s more start-up for the 8B shape; "
+          "1-2% shorter steps at 64-128 sequences on an H200, bench/RESULTS.md). Timing may "
+          "pick differently in another process, so bits may differ between restarts; 0: "
+          "cuBLASLt's heuristic's first choice, the same in every process.");
 ABSL_FLAG(bool, cuda_gemv_bulk, true,
           "CUDA backend: on sm_90 (H100, H200) that GEMV streams the weights through shared "
           "memory with the bulk copy engine, the MLP's activation fused into the gate/up "
@@ -258,6 +265,7 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.cuda_gemv_dynamic = absl::GetFlag(FLAGS_cuda_gemv_dynamic);
   model.cuda_decode_stable_prefix = absl::GetFlag(FLAGS_cuda_decode_stable_prefix);
   model.cuda_gemm_skinny = absl::GetFlag(FLAGS_cuda_gemm_skinny);
+  model.cuda_gemm_tune_algos = absl::GetFlag(FLAGS_cuda_gemm_tune_algos);
   model.cuda_pdl_chain = absl::GetFlag(FLAGS_cuda_pdl_chain);
   model.gpu_kv_cache_tokens = absl::GetFlag(FLAGS_gpu_kv_cache_tokens);
   model.model_name = absl::GetFlag(FLAGS_model_name);

@@ -117,6 +117,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     co.gemv_dynamic = options.cuda_gemv_dynamic;
     co.decode_stable_prefix = options.cuda_decode_stable_prefix;
     co.gemm_skinny = options.cuda_gemm_skinny;
+    co.gemm_tune_algos = options.cuda_gemm_tune_algos;
     co.pdl_chain = options.cuda_pdl_chain;
     co.kv_cache_tokens = options.gpu_kv_cache_tokens;
     co.kv_block_size = options.kv_block_size;

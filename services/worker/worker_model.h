@@ -58,6 +58,7 @@ struct WorkerModelOptions {
   // On sm_90, decode batches' projections take Hopper's skinny GEMM
   // (CudaBackendOptions::gemm_skinny).
   bool cuda_gemm_skinny = false;
+  int32_t cuda_gemm_tune_algos = 0;  // CudaBackendOptions::gemm_tune_algos
   // The small kernels launched with PDL too (CudaBackendOptions::pdl_chain).
   bool cuda_pdl_chain = true;
   // Name reported by ModelInfo; empty: the directory's last component.

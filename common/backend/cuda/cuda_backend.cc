@@ -203,7 +203,8 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
                               .gemv_dynamic = options.gemv_dynamic,
                               .skinny = options.gemm_skinny,
                               .skinny_silu_max_rows = options.gemm_skinny_silu_max_rows,
-                              .skinny_cluster_split = options.gemm_skinny_cluster}));
+                              .skinny_cluster_split = options.gemm_skinny_cluster,
+                              .tune_algos = options.gemm_tune_algos}));
   full_config = model_config;
   config = tp.group != nullptr ? model::RankModelConfig(model_config, tp.layout) : model_config;
   if (config.head_dim < 16 || config.head_dim > 256 || config.head_dim % 16 != 0) {

@@ -106,6 +106,12 @@ struct CudaBackendOptions {
   // split each tile's k within a cluster (GemmOptions::skinny_cluster_split;
   // not yet measured, hence off).
   bool gemm_skinny_cluster = false;
+  // cuBLASLt's projections in the decode graphs (batches past the GEMV's
+  // one row): up to this many of its candidate algorithms are timed for each
+  // shape while the graphs are captured at start-up, and the fastest kept
+  // (GemmOptions::tune_algos). 0: the heuristic's first choice (the same
+  // algorithms, so the same bits, in every process).
+  int gemm_tune_algos = 0;
   // Weights a reader computes rather than stores (model/generate's
   // RandomWeights, for benchmarks of large presets) are computed on the
   // device where they live (kernels/cuda's random_fill), the same bits as

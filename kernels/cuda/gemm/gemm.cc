@@ -4,11 +4,16 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/cuda/arch/arch.h"
 #include "kernels/cuda/gemm/gemm_skinny_sm90_kernel.h"
 #include "kernels/cuda/gemm/gemv_kernel.h"
@@ -194,6 +199,14 @@ struct Gemm::Impl {
   };
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, Plan> plans;
 
+  // Tuning (options.tune_algos > 1): its stream, events, output and
+  // workspace, apart from everything a call uses.
+  cudaStream_t tune_stream = nullptr;
+  cudaEvent_t tune_events[2] = {nullptr, nullptr};
+  void* tune_y = nullptr;
+  void* tune_workspace = nullptr;
+  Gemm::TuneStats tune_stats;
+
   ~Impl() {
     for (auto& [key, p] : plans) {
       if (p.op) Lt().MatmulDescDestroy(p.op);
@@ -204,13 +217,19 @@ struct Gemm::Impl {
     if (workspace) cudaFree(workspace);
     if (skinny_counters) cudaFree(skinny_counters);
     if (gemv_counters) cudaFree(gemv_counters);
+    if (tune_y) cudaFree(tune_y);
+    if (tune_workspace) cudaFree(tune_workspace);
+    for (cudaEvent_t e : tune_events) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (tune_stream) cudaStreamDestroy(tune_stream);
     if (handle) Lt().Destroy(handle);
   }
 
   // cuBLASLt is column-major. Row-major y[m][n] is column-major yᵀ [n][m]:
   // yᵀ = W · xᵀ, with W [n][k] row-major = column-major Wᵀ [k][n] taken
   // transposed (op T), and x [m][k] row-major = column-major xᵀ [k][m].
-  absl::StatusOr<const Plan*> PlanFor(const GemmArgs& args) {
+  absl::StatusOr<const Plan*> PlanFor(const GemmArgs& args, cudaStream_t stream) {
     const bool f32_out = args.y_dtype == numeric::DType::kF32;
     const cudaDataType_t y_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
     const auto key = std::make_tuple(args.m, args.n, args.k, args.x_stride, args.y_stride,
@@ -247,10 +266,12 @@ struct Gemm::Impl {
                                                      &options.workspace_bytes,
                                                      sizeof(options.workspace_bytes)),
                    "workspace preference");
-    cublasLtMatmulHeuristicResult_t result;
+    std::vector<cublasLtMatmulHeuristicResult_t> results(
+        Tunes(args, stream) ? static_cast<size_t>(options.tune_algos) : 1);
     int found = 0;
     const cublasStatus_t status =
-        Lt().MatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+        Lt().MatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref,
+                                    static_cast<int>(results.size()), results.data(), &found);
     Lt().MatmulPreferenceDestroy(pref);
     if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
       Lt().MatmulDescDestroy(p.op);
@@ -260,8 +281,88 @@ struct Gemm::Impl {
       return absl::InternalError(
           absl::StrCat("cuBLASLt has no algorithm for m=", args.m, " n=", args.n, " k=", args.k));
     }
-    p.algo = result.algo;
+    p.algo = results[found > 1 ? Fastest(p, args, absl::MakeSpan(results.data(), found)) : 0].algo;
     return &plans.emplace(key, p).first->second;
+  }
+
+  // What tuning needs, apart from what a call uses.
+  absl::Status StartTuning() {
+    cudaError_t err = cudaStreamCreateWithFlags(&tune_stream, cudaStreamNonBlocking);
+    for (cudaEvent_t& e : tune_events) {
+      if (err == cudaSuccess) err = cudaEventCreate(&e);
+    }
+    if (err == cudaSuccess) err = cudaMalloc(&tune_y, options.tune_scratch_bytes);
+    if (err == cudaSuccess) err = cudaMemset(tune_y, 0, options.tune_scratch_bytes);
+    if (err == cudaSuccess && options.workspace_bytes > 0) {
+      err = cudaMalloc(&tune_workspace, options.workspace_bytes);
+    }
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Gemm tuning's stream and scratch: ", cudaGetErrorString(err)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether a call's plan is chosen by timing: tuning on, the call's stream
+  // being captured, and y fitting the scratch.
+  bool Tunes(const GemmArgs& args, cudaStream_t stream) const {
+    if (tune_stream == nullptr) return false;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusActive) {
+      return false;
+    }
+    const size_t elem = args.y_dtype == numeric::DType::kF32 ? 4 : 2;
+    return static_cast<size_t>(args.m) * args.y_stride * elem <= options.tune_scratch_bytes;
+  }
+
+  // The index of the fastest candidate (0 when none ran), by the sum of
+  // kTuneRuns runs after a warm-up, on the tuning stream into the scratch
+  // output with its own workspace. Each run starts with L2 cleared of W (the
+  // scratch, larger than L2, is rewritten untimed), as a forward pass finds
+  // each layer's weights. The capturing thread may not wait on events, so
+  // it is relaxed meanwhile; the captured stream sees none of it.
+  int Fastest(const Plan& p, const GemmArgs& args,
+              absl::Span<const cublasLtMatmulHeuristicResult_t> candidates) {
+    constexpr int kTuneRuns = 4;
+    const absl::Time start = absl::Now();
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (args.bias != nullptr) {
+      Lt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias,
+                                  sizeof(args.bias));
+    }
+    const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
+    int best = 0;
+    float best_ms = std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      bool ran = true;
+      float total_ms = 0;
+      for (int r = 0; r <= kTuneRuns && ran; ++r) {
+        float ms = 0;
+        ran = cudaMemsetAsync(tune_y, 0, options.tune_scratch_bytes, tune_stream) == cudaSuccess &&
+              cudaEventRecord(tune_events[0], tune_stream) == cudaSuccess &&
+              Lt().Matmul(handle, p.op, &alpha, args.w, p.a, args.x, p.b, &beta, tune_y, p.c,
+                          tune_y, p.c, &candidates[i].algo, tune_workspace, options.workspace_bytes,
+                          tune_stream) == CUBLAS_STATUS_SUCCESS &&
+              cudaEventRecord(tune_events[1], tune_stream) == cudaSuccess &&
+              cudaEventSynchronize(tune_events[1]) == cudaSuccess &&
+              cudaEventElapsedTime(&ms, tune_events[0], tune_events[1]) == cudaSuccess;
+        if (r > 0) total_ms += ms;
+      }
+      if (ran && total_ms < best_ms) {
+        best = static_cast<int>(i);
+        best_ms = total_ms;
+      }
+    }
+    cudaGetLastError();  // A candidate that failed to launch leaves nothing behind.
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    ++tune_stats.shapes;
+    if (best != 0) ++tune_stats.changed;
+    tune_stats.seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    return best;
   }
 };
 
@@ -300,6 +401,9 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
           absl::StrCat("Gemm workspace of ", workspace_bytes, " bytes: ", cudaGetErrorString(err)));
     }
   }
+  if (options.tune_algos > 1) {
+    if (absl::Status s = impl->StartTuning(); !s.ok()) return s;
+  }
   if (!CurrentDeviceIsSm90()) return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -323,6 +427,8 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
   }
   return std::unique_ptr<Gemm>(new Gemm(std::move(impl)));
 }
+
+Gemm::TuneStats Gemm::tune_stats() const { return impl_->tune_stats; }
 
 absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
   if (args.m < 0 || args.n <= 0 || args.k <= 0) {
@@ -361,7 +467,7 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
       impl_->TakesSkinny(skinny)) {
     return impl_->RunSkinny(skinny, stream);
   }
-  auto plan = impl_->PlanFor(args);
+  auto plan = impl_->PlanFor(args, stream);
   if (!plan.ok()) return plan.status();
   const Impl::Plan& p = **plan;
   if (args.bias != nullptr) {

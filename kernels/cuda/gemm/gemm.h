@@ -119,11 +119,24 @@ struct GemmOptions {
   // 8-16 rows it beat cuBLASLt alone (o 12.5 against 15.7 µs) but in a
   // decode step only q/k/v gained (bench/RESULTS.md).
   bool skinny_cluster_split = false;
+  // cuBLASLt's calls: up to this many of its heuristic's candidates are
+  // timed for each shape first planned while the call's stream is being
+  // captured into a CUDA graph (a decode step's shapes, captured at
+  // start-up), and the fastest is kept for that shape from then on. Each
+  // runs on a stream of its own into scratch memory, reading x, W and the
+  // bias as given. 0 or 1: the heuristic's first choice for every shape.
+  // Shapes first planned outside a capture always take the first choice,
+  // so that nothing is timed while serving.
+  int tune_algos = 0;
+  // The tuning's scratch output; a shape whose y needs more takes the
+  // heuristic's first choice.
+  size_t tune_scratch_bytes = size_t{64} << 20;
 };
 
 // One cuBLASLt handle and workspace, used from one thread (or externally
-// serialized); the stream is per call. Algorithms are chosen by cuBLASLt's
-// heuristic per (m, n, k, bias) and cached.
+// serialized); the stream is per call. Algorithms are chosen per (m, n, k,
+// strides, bias, output type) by cuBLASLt's heuristic, or by timing its
+// candidates (GemmOptions::tune_algos), and cached.
 class Gemm {
  public:
   // kFailedPrecondition without cuBLASLt; kResourceExhausted without memory
@@ -137,6 +150,16 @@ class Gemm {
   // strides or null pointers; kInternal when cuBLASLt fails or has no
   // algorithm. m == 0 is a no-op.
   absl::Status Run(const GemmArgs& args, cudaStream_t stream);
+
+  // What GemmOptions::tune_algos did so far: shapes timed, those whose
+  // fastest candidate was not the heuristic's first choice, and the time
+  // spent.
+  struct TuneStats {
+    int shapes = 0;
+    int changed = 0;
+    double seconds = 0;
+  };
+  TuneStats tune_stats() const;
 
   // A gate/up projection with SwiGLU's activation as its epilogue: W [n][k]
   // holds the n/2 gate rows, then the n/2 up rows; y [m][y_stride] gets

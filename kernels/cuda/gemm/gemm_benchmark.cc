@@ -12,7 +12,9 @@
 // any k), plain and with programmatic dependent launch; 5 and 6: Hopper's
 // skinny GEMM (2-64 rows, sm_90, programmatic dependent launch) in tiles of
 // 128 W rows and of 64; 7: 128-row tiles, split in clusters where the tiles
-// fit one wave. Paths 0-4 keep 2-64 rows on cuBLASLt. BM_GemvFused times
+// fit one wave; 8: cuBLASLt with its candidates timed (GemmOptions::tune_algos,
+// 16), the shape first planned inside a graph capture as the backend's
+// decode graphs do. Paths 0-4 keep 2-64 rows on cuBLASLt. BM_GemvFused times
 // the single-row GEMV with the norm, RoPE and KV append it fuses.
 
 #include <cuda_runtime_api.h>
@@ -102,12 +104,13 @@ void BM_Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const int64_t mode = state.range(3);
   const int64_t path = state.range(4);
-  auto gemm = Gemm::Create({.gemv = path != 0,
-                            .pdl = path == 2 || path >= 4,
+  auto gemm = Gemm::Create({.gemv = path != 0 && path != 8,
+                            .pdl = path == 2 || (path >= 4 && path != 8),
                             .gemv_bulk = path >= 3,
-                            .skinny = path >= 5,
+                            .skinny = path >= 5 && path != 8,
                             .skinny_tile_rows = path == 6 ? 64 : 128,
-                            .skinny_cluster_split = path == 7});
+                            .skinny_cluster_split = path == 7,
+                            .tune_algos = path == 8 ? 16 : 0});
   if (!gemm.ok()) {
     state.SkipWithError(std::string(gemm.status().message()).c_str());
     return;
@@ -122,6 +125,15 @@ void BM_Gemm(benchmark::State& state) {
   if (mode >= 1) {
     args.y_dtype = numeric::DType::kF32;
     args.accumulate = mode == 1;
+  }
+  if (path == 8) {
+    // Planned (and so timed) inside a capture; the graph itself is dropped.
+    cudaGraph_t graph = nullptr;
+    cudaStreamBeginCapture(rig.stream(), cudaStreamCaptureModeThreadLocal);
+    (void)(*gemm)->Run(args, rig.stream());
+    cudaStreamEndCapture(rig.stream(), &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    state.counters["tuned_off_first"] = (*gemm)->tune_stats().changed;
   }
   (void)(*gemm)->Run(args, rig.stream());
   const double per_call_s = rig.Time(state, [&](const void* w, cudaStream_t stream) {
@@ -242,9 +254,9 @@ BENCHMARK(BM_GemvFused)
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t mode : {0, 1, 2}) {
     for (int64_t m : {1, 2, 4, 8, 16, 64, 512, 4096}) {
-      for (int64_t path : {0, 1, 2, 3, 4, 5, 6, 7}) {
+      for (int64_t path : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
         if (m > 1 && path >= 1 && path <= 4) continue;
-        if ((m == 1 || m > 64) && path >= 5) continue;
+        if ((m == 1 || m > 64) && path >= 5 && path <= 7) continue;
         b->Args({m, 6144, 4096, mode, path});    // fused q/k/v
         b->Args({m, 4096, 4096, mode, path});    // o
         b->Args({m, 28672, 4096, mode, path});   // fused gate/up

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/numeric/dtype.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -35,7 +36,9 @@ using ::trident::kernels::cuda::testing::ToDevice;
 // GEMV for the single-row calls that suit it, Hopper's GEMV (on sm_90;
 // elsewhere the same as the register GEMV), and with it Hopper's skinny
 // GEMM for 2-64 rows, in tiles of 128 W rows or of 64, and in clusters
-// that split a tile's k where the tiles fit one wave (elsewhere cuBLASLt).
+// that split a tile's k where the tiles fit one wave (elsewhere cuBLASLt);
+// and cuBLASLt alone with its candidates timed, called inside a CUDA graph
+// capture (where tuning happens) and then replayed.
 enum Path {
   kCublas = 0,
   kGemv = 1,
@@ -44,15 +47,52 @@ enum Path {
   kSkinnyTile64 = 4,
   kSkinnyCluster = 5,
   kGemvBulkStatic = 6,  // Hopper's GEMV with a fixed run of items per CTA
+  kCublasTuned = 7,
 };
 
 GemmOptions OptionsFor(int path) {
+  if (path == kCublasTuned) return {.gemv = false, .tune_algos = 16};
   return {.gemv = path != kCublas,
           .gemv_bulk = path >= kGemvBulk,
           .gemv_dynamic = path != kGemvBulkStatic,
           .skinny = path >= kSkinny && path != kGemvBulkStatic,
           .skinny_tile_rows = path == kSkinnyTile64 ? 64 : 128,
           .skinny_cluster_split = path == kSkinnyCluster};
+}
+
+// Enqueues `args` on a stream of its own and waits: captured into a graph
+// that is then launched (`captured`), else directly.
+absl::Status RunAndWait(Gemm& gemm, const GemmArgs& args, bool captured) {
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    return absl::InternalError("stream");
+  }
+  absl::Status status = absl::OkStatus();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (captured) {
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      status = absl::InternalError("begin capture");
+    } else {
+      status = gemm.Run(args, stream);
+      if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && status.ok()) {
+        status = absl::InternalError("end capture");
+      }
+    }
+    if (status.ok() && (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess ||
+                        cudaGraphLaunch(exec, stream) != cudaSuccess)) {
+      status = absl::InternalError("graph launch");
+    }
+  } else {
+    status = gemm.Run(args, stream);
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess && status.ok()) {
+    status = absl::InternalError("synchronize");
+  }
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return status;
 }
 
 // Each shape through each path.
@@ -110,7 +150,11 @@ TEST_P(GemmTest, MatchesCpuReference) {
   GemmArgs args{dx, x_stride, dw, s.bias ? db : nullptr, dy, s.n, s.m, s.n, s.k};
   args.y_dtype = s.f32_out ? numeric::DType::kF32 : numeric::DType::kBF16;
   args.accumulate = s.accumulate;
-  ASSERT_THAT((*gemm)->Run(args, nullptr), IsOk());
+  ASSERT_THAT(RunAndWait(**gemm, args, path == kCublasTuned), IsOk());
+  if (path == kCublasTuned) {
+    std::printf("  tuned %d shape(s), %d off the first choice\n", (*gemm)->tune_stats().shapes,
+                (*gemm)->tune_stats().changed);
+  }
   std::vector<char> y(y_old.size());
   ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   double worst = 0;
@@ -175,7 +219,35 @@ INSTANTIATE_TEST_SUITE_P(
             // accumulated): 547 tiles of 128 rows.
             Shape{6, 70000, 64, false, 0, true}),
         ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster,
-                          kGemvBulkStatic)));
+                          kGemvBulkStatic, kCublasTuned)));
+
+// A shape is timed when first planned inside a capture, once, and never
+// outside one; plans made outside a capture stay as they are.
+TEST(GemmTuneTest, TimesCandidatesOnlyWhileCaptured) {
+  auto gemm = Gemm::Create(OptionsFor(kCublasTuned));
+  ASSERT_THAT(gemm.status(), IsOk());
+  const int64_t m = 64, n = 4096, k = 4096;
+  void* dx = ToDevice(std::vector<uint16_t>(m * k));
+  void* dw = ToDevice(std::vector<uint16_t>(n * k));
+  void* dy = ToDevice(std::vector<float>(m * n));
+  GemmArgs args{dx, k, dw, nullptr, dy, n, m, n, k};
+  args.y_dtype = numeric::DType::kF32;
+  ASSERT_THAT(RunAndWait(**gemm, args, false), IsOk());
+  EXPECT_EQ((*gemm)->tune_stats().shapes, 0);
+  args.m = 32;
+  ASSERT_THAT(RunAndWait(**gemm, args, true), IsOk());
+  ASSERT_THAT(RunAndWait(**gemm, args, true), IsOk());
+  args.m = 64;  // planned before, outside a capture
+  ASSERT_THAT(RunAndWait(**gemm, args, true), IsOk());
+  const Gemm::TuneStats stats = (*gemm)->tune_stats();
+  std::printf("tuned %d shape(s), %d off the first choice, in %.3f s\n", stats.shapes,
+              stats.changed, stats.seconds);
+  EXPECT_EQ(stats.shapes, 1);
+  EXPECT_GT(stats.seconds, 0);
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dy);
+}
 
 // The cluster split where the tiles fit one wave (a 132-SM H100 or H200):
 // the 8B shape's o and down projections at 16 rows (32 tiles) in clusters
