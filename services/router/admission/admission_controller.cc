@@ -98,6 +98,7 @@ absl::Status AdmissionController::UpdateLoad(const WorkerLoadReport& report) {
   if (report.running_sequences > 0 && report.decode_step_time > absl::ZeroDuration()) {
     worker.decode_model.AddSample(report.running_sequences, report.batch_context_tokens,
                                   report.decode_step_time);
+    worker.decode_sampled = now;
   }
   worker.prefill_model.SetReportedThroughput(report.prefill_tokens_per_second);
   RefreshTtftFit(worker, now);

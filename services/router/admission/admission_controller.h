@@ -401,11 +401,16 @@ class AdmissionController {
   int64_t TransferTokens(const AdmissionRequest& request, double now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Eligible(const Worker& worker, double now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The worker's decode model; while it has fewer than kWarmDecodeSamples
-  // of its own (it never decoded, e.g. it just switched from prefill), the
-  // best-sampled peer's, which is closer than the prior: with the prior a
-  // cold worker may never be chosen, and so never measured.
-  const DecodeModel& DecodeModelOf(const Worker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's decode model while it is fresh: at least
+  // kWarmDecodeSamples samples, the last within calibration_max_age.
+  // Otherwise (it never decoded, e.g. it just switched from prefill, or it
+  // has decoded nothing lately) the model of the best-sampled fresh peer,
+  // else of the best-sampled worker: with the prior a cold worker may never
+  // be chosen, and with what it measured last a worker whose first steps
+  // were slow would be priced out for good, never measured again.
+  const DecodeModel& DecodeModelOf(const Worker& worker, double now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DecodeModelFresh(const Worker& worker, double now) const;
   static constexpr size_t kWarmDecodeSamples = 4;
   Record* FindRecord(AdmissionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The backlog part of `worker`'s TTFT forecast now (all but request_work),

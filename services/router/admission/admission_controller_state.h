@@ -105,6 +105,9 @@ struct AdmissionController::Worker {
   uint64_t report_seq = 0;
   PrefillModel prefill_model;
   DecodeModel decode_model;
+  // When decode_model last took a sample (a report of running sequences
+  // and a decode step time).
+  double decode_sampled = -admission_internal::kInf;
   // Prefill side: prompts admitted since the last report (not in its queue).
   int64_t tokens_since_report = 0;
   int64_t requests_since_report = 0;

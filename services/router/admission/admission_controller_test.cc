@@ -128,6 +128,40 @@ TEST(AdmissionControllerTest, AColdDecodeWorkerIsPredictedWithItsMeasuredPeersMo
   EXPECT_LT(absl::ToDoubleSeconds(decision.predicted_tpot), 0.005);
 }
 
+// A worker whose decode steps measured slow (its first ones, say, just after
+// a switch from prefill) is priced out while a peer is faster; once it has
+// decoded nothing for calibration_max_age it is priced with its busy peer's
+// model again, so it is chosen and measured anew rather than never again.
+TEST(AdmissionControllerTest, ADecodeModelNotSampledLatelyGivesWayToAFreshPeers) {
+  Cluster cluster;
+  cluster.Load(PrefillLoad("p0"));
+  auto steps = [&](const std::string& id, int32_t running, absl::Duration step) {
+    for (int i = 0; i < 8; ++i) {
+      WorkerLoadReport report = DecodeLoad(id, running);
+      report.decode_step_time = step;
+      cluster.Load(report);
+    }
+  };
+  steps("d0", 1, absl::Milliseconds(200));
+  steps("d1", 3, absl::Milliseconds(5));
+  cluster.Load(DecodeLoad("d0", /*running=*/0));
+  const AdmissionRequest request = Request(100, 100, absl::Seconds(1), absl::InfiniteDuration());
+  const AdmissionDecision slow = cluster.Admit(request);
+  ASSERT_TRUE(slow.admitted);
+  EXPECT_EQ(slow.decode_worker_id, "d1") << "d0 is priced at its 200 ms steps";
+  cluster.controller().Release(slow.id);
+  // d1 keeps decoding (fresh samples); d0 has been idle for longer than the
+  // calibration's age limit.
+  cluster.clock().Advance(KnownModelOptions().calibration_max_age + absl::Seconds(1));
+  cluster.Load(PrefillLoad("p0"));
+  steps("d1", 3, absl::Milliseconds(5));
+  cluster.Load(DecodeLoad("d0", /*running=*/0));
+  const AdmissionDecision again = cluster.Admit(request);
+  ASSERT_TRUE(again.admitted);
+  EXPECT_EQ(again.decode_worker_id, "d0");
+  EXPECT_LT(absl::ToDoubleSeconds(again.predicted_tpot), 0.02);
+}
+
 TEST(AdmissionControllerTest, RejectsTtftViolationWithPositiveRetryAfter) {
   Cluster cluster;
   // 20,000 queued tokens: 2 s of backlog on the only prefill worker.

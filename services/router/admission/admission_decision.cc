@@ -208,8 +208,8 @@ int AdmissionController::EvaluateDecode(const AdmitScope& s, double t, int* best
     ForecastDecode(w, s.now, t, &e);
     e.tpot_scale = TpotScale(w, s.now);
     e.tpot = e.tpot_scale *
-             DecodeModelOf(w).PredictSeconds(static_cast<int64_t>(e.batch) + 1,
-                                             static_cast<int64_t>(e.context_tokens) + s.n);
+             DecodeModelOf(w, s.now).PredictSeconds(static_cast<int64_t>(e.batch) + 1,
+                                                    static_cast<int64_t>(e.context_tokens) + s.n);
     const double limit = std::min(s.tpot_target, e.min_tpot_target) * s.margin;
     e.slack = limit - e.tpot;
     const double kv_total = w.report.kv_blocks_total;

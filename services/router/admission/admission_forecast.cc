@@ -16,13 +16,25 @@ bool AdmissionController::Eligible(const Worker& worker, double now) const {
          now - worker.received <= absl::ToDoubleSeconds(options_.stale_after);
 }
 
-const DecodeModel& AdmissionController::DecodeModelOf(const Worker& worker) const {
-  if (worker.decode_model.num_samples() >= kWarmDecodeSamples) return worker.decode_model;
-  const DecodeModel* best = &worker.decode_model;
+bool AdmissionController::DecodeModelFresh(const Worker& worker, double now) const {
+  return worker.decode_model.num_samples() >= kWarmDecodeSamples &&
+         now - worker.decode_sampled <= absl::ToDoubleSeconds(options_.calibration_max_age);
+}
+
+const DecodeModel& AdmissionController::DecodeModelOf(const Worker& worker, double now) const {
+  if (DecodeModelFresh(worker, now)) return worker.decode_model;
+  const DecodeModel* fresh = nullptr;
+  const DecodeModel* sampled = &worker.decode_model;
   for (const auto& peer : workers_) {
-    if (peer->decode_model.num_samples() > best->num_samples()) best = &peer->decode_model;
+    const DecodeModel& model = peer->decode_model;
+    if (peer.get() != &worker && DecodeModelFresh(*peer, now) &&
+        (fresh == nullptr || model.num_samples() > fresh->num_samples())) {
+      fresh = &model;
+    }
+    if (model.num_samples() > sampled->num_samples()) sampled = &model;
   }
-  return best->num_samples() >= kWarmDecodeSamples ? *best : worker.decode_model;
+  if (fresh != nullptr) return *fresh;
+  return sampled->num_samples() >= kWarmDecodeSamples ? *sampled : worker.decode_model;
 }
 
 void AdmissionController::PrefillBacklog(const Worker& worker, double now, TtftForecast* forecast,
@@ -149,7 +161,7 @@ double AdmissionController::DecodeWaitSeconds(const Worker& worker, const Decode
   double context = eval.context_tokens;
   double free_blocks = eval.free_blocks;
   const double capacity = worker.report.kv_blocks_total;
-  const DecodeModel& model = DecodeModelOf(worker);
+  const DecodeModel& model = DecodeModelOf(worker, now);
   for (const auto& [finish, slot] : finish_scratch_) {
     const Record& r = records_[slot];
     const double start = r.prefill_done ? r.decode_start : std::max(r.decode_start, now);
