@@ -140,6 +140,25 @@ if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}
 fi
 grep -qF "set tls.secretName" <<<"${error}" || { echo "${error}"; fail "unexpected error for TLS without a Secret"; }
 echo "values: reject a wrong tls.router.clientAuth, and TLS without a Secret"
+# The FP8 KV cache where a pool cannot hold it: the CPU backend, or KV
+# offloaded to the (bf16) attention services.
+if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
+    --set model.kvCacheDtype=fp8_e4m3 --set decode.attentionOffload=false --set prefill.gpus=0 2>&1); then
+  fail "model.kvCacheDtype=fp8_e4m3 rendered for a CPU prefill pool"
+fi
+grep -qF "the prefill pool runs the CPU backend" <<<"${error}" ||
+  { echo "${error}"; fail "unexpected error for FP8 KV on a CPU pool"; }
+if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
+    --set model.kvCacheDtype=fp8_e4m3 2>&1); then
+  fail "model.kvCacheDtype=fp8_e4m3 rendered with the decode pool offloading attention"
+fi
+grep -qF "the decode pool offloads to attention services" <<<"${error}" ||
+  { echo "${error}"; fail "unexpected error for FP8 KV with attention offload"; }
+if error=$("${helm}" template trident "${chart}" --kube-version "${kube_version}" \
+    --set model.kvCacheDtype=int4 2>&1); then
+  fail "values.schema.json accepted model.kvCacheDtype=int4"
+fi
+echo "values: FP8 KV refused for CPU pools, attention offload and an unknown type"
 
 # --- 4. Dashboards: one ConfigMap per JSON file, labelled for the sidecar.
 count_dashboards() {
@@ -209,6 +228,13 @@ expect_lines "${render}" 5 'path: /metrics'
 render=pvc-created
 expect_lines "${render}" 1 '- "--tensor_parallel=2"'
 expect_lines "${render}" 2 'nvidia.com/mig-3g.71gb: 2'
+# The FP8 KV cache: both pools get it (they must agree); the default render
+# leaves the flag out (bf16).
+render=fp8-kv
+expect_lines "${render}" 2 '- "--kv_cache_dtype=fp8_e4m3"'
+expect_lines "${render}" 1 '- "--max_prefill_tokens_while_decoding=128"'
+expect_lines "${render}" 1 '- "--cuda_gemm_tune_algos=0"'
+expect_lines default 0 '- "--kv_cache_dtype=fp8_e4m3"'
 # Existing Secrets: router, prefill, decode and controller containers; the
 # router's certificate from its own Secret, with the shared CA bundle.
 render=tls-existing-secret
