@@ -37,6 +37,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/cluster_logs.h"
 #include "tests/testing/router_load.h"
 #include "tests/testing/service_process.h"
 #include "tools/cli/cluster.h"
@@ -207,7 +208,10 @@ class ControllerLiveTest : public ::testing::Test {
     start_ = absl::Now();
   }
 
-  void TearDown() override { (void)cli::Down(state_dir_); }
+  void TearDown() override {
+    if (HasFailure()) testing::KeepClusterLogs(state_dir_);
+    (void)cli::Down(state_dir_);
+  }
 
   std::string Address(const std::string& name) {
     return state_.Find(name)->GrpcAddress(state_.host);

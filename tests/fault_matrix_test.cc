@@ -45,6 +45,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/cluster_logs.h"
 #include "tests/testing/concurrent_streams.h"
 #include "tests/testing/disaggregated_call.h"
 #include "tests/testing/fixture_models.h"
@@ -439,6 +440,7 @@ class FaultMatrixTest : public ::testing::Test {
                                                state->Find("attention-0")->GrpcAddress(state->host),
                                                grpc::InsecureChannelCredentials())},
                             fault, run, out);
+    if (::testing::Test::HasFailure()) testing::KeepClusterLogs(options.state_dir);
     EXPECT_THAT(cli::Down(options.state_dir), IsOk()) << fault.name;
     return out;
   }
