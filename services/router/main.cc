@@ -61,8 +61,9 @@ ABSL_FLAG(int64_t, admission_idle_probe_interval_ms, 1000,
           "A request admission would reject on its predicted TTFT or TPOT alone is admitted "
           "anyway when a prefill and a decode worker are both idle, at most once per this "
           "interval per prefill worker: models fitted under a burst cannot then refuse an idle "
-          "cluster forever (trident_router_admission_probes_total counts them). 0: no probes (a "
-          "decode model fitted only to a burst may then refuse an idle cluster until restarted).");
+          "cluster forever (trident_router_admission_probes_total counts them). 0: no probes "
+          "(decode models fitted only to a burst may then refuse an idle cluster until "
+          "restarted).");
 ABSL_FLAG(double, slo_margin, 0.85,
           "Admission admits a request only if its predicted TTFT and TPOT are within this "
           "fraction of its targets: headroom for step-time noise the cost models do not see.");

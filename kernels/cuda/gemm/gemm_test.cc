@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/linear/linear_reference.h"
 #include "kernels/cuda/arch/arch.h"
+#include "kernels/cuda/testing/device_timer.h"
 #include "kernels/cuda/testing/to_device.h"
 
 namespace trident::kernels::cuda {
@@ -60,38 +61,21 @@ GemmOptions OptionsFor(int path) {
           .skinny_cluster_split = path == kSkinnyCluster};
 }
 
-// Enqueues `args` on a stream of its own and waits: captured into a graph
-// that is then launched (`captured`), else directly.
+// Enqueues `args` and waits: captured into a graph that is then replayed
+// (`captured`), else directly.
 absl::Status RunAndWait(Gemm& gemm, const GemmArgs& args, bool captured) {
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    return absl::InternalError("stream");
-  }
   absl::Status status = absl::OkStatus();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
   if (captured) {
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      status = absl::InternalError("begin capture");
-    } else {
-      status = gemm.Run(args, stream);
-      if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && status.ok()) {
-        status = absl::InternalError("end capture");
-      }
-    }
-    if (status.ok() && (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess ||
-                        cudaGraphLaunch(exec, stream) != cudaSuccess)) {
-      status = absl::InternalError("graph launch");
-    }
+    testing::GraphTimer graph(1, [&](cudaStream_t stream) { status = gemm.Run(args, stream); });
+    if (!status.ok()) return status;
+    if (!graph.ok()) return absl::InternalError("graph capture");
+    graph.Time();
   } else {
-    status = gemm.Run(args, stream);
+    status = gemm.Run(args, nullptr);
   }
-  if (cudaStreamSynchronize(stream) != cudaSuccess && status.ok()) {
-    status = absl::InternalError("synchronize");
+  if (const cudaError_t error = cudaDeviceSynchronize(); error != cudaSuccess && status.ok()) {
+    status = absl::InternalError(cudaGetErrorString(error));
   }
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
   return status;
 }
 

@@ -195,9 +195,11 @@ struct AdmissionOptions {
   // decode worker it may pair with are idle (nothing of this router's in
   // flight on them, no queue and no batch in their last reports, room for
   // its KV), at most once per `idle_probe_interval` per prefill worker. Its
-  // outcome recalibrates both. Zero disables probes (the decode model keeps
-  // no time of its samples: fitted only to a burst, it may then refuse an
-  // idle cluster for good; admission_simulation_test shows it).
+  // outcome recalibrates both. Zero disables probes (a decode model not
+  // sampled lately borrows a busy peer's, DecodeModelOf, but when every
+  // decode worker is idle none is fresh: fitted only to a burst, the models
+  // may then refuse an idle cluster for good; admission_simulation_test
+  // shows it).
   absl::Duration idle_probe_interval = absl::Seconds(1);
   // Bounds of the retry-after estimate; `default_retry_after` when no
   // estimate exists (no workers, or only sequences the router does not know
