@@ -54,8 +54,13 @@ echo "model $model_dir, prefill on $prefill_device, decode on $decode_device," \
     "targets TTFT ${ttft_slo} ms, TPOT ${tpot_slo} ms, ${phase} s a phase"
 printf '%-8s %-10s %9s %9s %9s %11s %10s %10s\n' rate learned measured refused "refused%" \
     attainment "TTFT p99" "TPOT p99"
+run_index=0
 for rate in $rates; do
   for learn in false true; do
+    # Each run its own prompts: the workers outlive the router, and a run that
+    # repeated an earlier run's prompts would find them in the prefix cache.
+    run_seed=$((seed + run_index))
+    run_index=$((run_index + 1))
     start router "$(tool services/router/router)" --model="$model_dir" \
         --prefill_workers="127.0.0.1:$PORT_prefill" --decode_workers="127.0.0.1:$PORT_decode" \
         --admission_learn_ttft_overhead="$learn" --max_model_len=2048
@@ -63,7 +68,7 @@ for rate in $rates; do
     "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_router" --rate="$rate" \
         --duration_s="$phase" --prompt_tokens="csv:$out/lengths.csv" \
         --output_tokens="csv:$out/lengths.csv" --ttft_slo_ms="$ttft_slo" \
-        --tpot_slo_ms="$tpot_slo" --seed="$seed" --progress=false \
+        --tpot_slo_ms="$tpot_slo" --seed="$run_seed" --progress=false \
         --json_out="$out/$label.json" >"$out/$label.txt" 2>&1
     stop
     python3 - "$out/$label.json" "$rate" "$learn" <<'EOF'

@@ -7,8 +7,9 @@
 # the requests served, requests/s and output tokens/s completed, TTFT, TPOT
 # and ITL p50/p90/p99, goodput at the stated SLOs, ITL p99/p50, the mean E2E
 # per output token (NEO's average normalized latency) and the decode
-# workers' steps (how many, tokens and decode sequences a step, the
-# decode-only share and its step time); then the decode workers' CUDA
+# workers' steps (how many, tokens and decode sequences a step, the shares
+# of decode-only and mixed steps and their step times) and the share of
+# prompt tokens the workers' prefix caches held; then the decode workers' CUDA
 # graphs: captured at start-up, captured since (must stay 0), replayed, and
 # steps that had none. Where gnuplot is installed, bench/plot_serving.sh
 # then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
@@ -33,7 +34,9 @@
 # is DEVICES' default. Environment: TOPOLOGY, DEVICES, CPU_ATTENTION (0),
 # ATTN_THREADS (12), RATES ("2 8 32"; "inf" sends INF_REQUESTS (800) at
 # once, the throughput at an infinite rate), PHASE_S (40), WARMUP_S (5),
-# TTFT_SLO_MS (300), TPOT_SLO_MS (25), SEED (20261128), OUT (logs, JSON
+# TTFT_SLO_MS (300), TPOT_SLO_MS (25), SEED (20261128; the k-th rate's phase,
+# from 0, sends the prompts of SEED + k, so that no phase repeats the prompts
+# an earlier one left in the prefix cache), OUT (logs, JSON
 # reports, per-request CSVs, plots), BIN_DIR (the built programs; else
 # bazel-bin, else PATH), WORKER_FLAGS (extra worker flags), PREFILL_TP and
 # DECODE_TP (--tensor_parallel of prefill and of decode or colocated workers,
@@ -98,6 +101,7 @@ worker() {
       --max_model_len="$max_model_len" "$@" ${WORKER_FLAGS:-}
 }
 decoders=()
+prefillers=()
 if [[ "$topology" == colocated ]]; then
   worker_list=""
   for ((i = 0; i < num_decode; i++)); do
@@ -114,6 +118,7 @@ else
     worker "p$i" prefill "$i" --kv_transport=ucx --tensor_parallel="${PREFILL_TP:-1}"
     port_var="PORT_p$i"
     prefill_list+="${prefill_list:+,}127.0.0.1:${!port_var}"
+    prefillers+=("p$i")
   done
   for ((i = 0; i < num_decode; i++)); do
     worker "d$i" decode $((num_prefill + i)) --kv_transport=ucx \
@@ -124,10 +129,11 @@ else
   done
   route=(--prefill_workers="$prefill_list" --decode_workers="$decode_list")
 fi
-# The decode workers' graph counter, summed.
+# The decode workers' counter $1, summed (or, with WORKERS set, those
+# workers').
 decode_metric() {
   local total=0 name port_var
-  for name in "${decoders[@]}"; do
+  for name in ${WORKERS:-${decoders[@]}}; do
     port_var="METRICS_$name"
     total=$(python3 -c "print($total + $(metric "${!port_var}" "$1"))")
   done
@@ -136,13 +142,18 @@ decode_metric() {
 graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
 # The decode workers' step counters, summed: steps, tokens in them, decode
 # sequences in steps that had any and those steps, decode-only steps' seconds
-# and count.
+# and count, mixed steps' (prompt tokens beside decode sequences); then every worker's prompt tokens looked up in its prefix cache
+# and those found.
 engine_counters() {
   local m
   for m in trident_worker_engine_steps_total trident_worker_iteration_tokens_sum \
       trident_worker_iteration_decode_sequences_sum trident_worker_iteration_decode_sequences_count \
-      trident_worker_decode_step_seconds_sum trident_worker_decode_step_seconds_count; do
+      trident_worker_decode_step_seconds_sum trident_worker_decode_step_seconds_count \
+      trident_worker_mixed_step_seconds_sum trident_worker_mixed_step_seconds_count; do
     printf '%s ' "$(decode_metric "$m")"
+  done
+  for m in trident_worker_prefix_cache_queries_total trident_worker_prefix_cache_hits_total; do
+    printf '%s ' "$(WORKERS="${prefillers[*]} ${decoders[*]}" decode_metric "$m")"
   done
 }
 start router "$(tool services/router/router)" --model="$model_dir" "${route[@]}" \
@@ -153,8 +164,14 @@ echo "model $model_dir, $topology on ${devices[*]}$([[ ${CPU_ATTENTION:-0} == 1 
     "SLO TTFT ${ttft_slo} ms / TPOT ${tpot_slo} ms"
 printf '%-6s %6s %7s %8s %20s %20s %20s %9s %9s %9s\n' rate served "req/s" "tok/s" \
     "TTFT p50/p90/p99" "TPOT p50/p90/p99" "ITL p50/p90/p99" goodput "ITL p99/p50" "ms/token"
+phase_index=0
 for rate in $rates; do
   label="rate$rate"
+  # Each phase its own prompts: with one seed for all, a phase would open with
+  # the prompts the phases before it sent, and the prefix cache would serve
+  # them (the engine line below reports the share of prompt tokens it found).
+  phase_seed=$((seed + phase_index))
+  phase_index=$((phase_index + 1))
   before=$(engine_counters)
   if [[ "$rate" == inf ]]; then
     schedule=(--rate=1000000 --num_requests="${INF_REQUESTS:-800}" --warmup_s=0)
@@ -164,7 +181,7 @@ for rate in $rates; do
   "$(tool bench/loadgen/loadgen)" --target="127.0.0.1:$PORT_router" "${schedule[@]}" \
       --max_inflight=100000 --prompt_tokens="${PROMPT_TOKENS:-csv:$out/lengths.csv}" \
       --output_tokens="${OUTPUT_TOKENS:-csv:$out/lengths.csv}" --ttft_slo_ms="$ttft_slo" \
-      --tpot_slo_ms="$tpot_slo" --seed="$seed" --progress=false \
+      --tpot_slo_ms="$tpot_slo" --seed="$phase_seed" --progress=false \
       --json_out="$out/$label.json" --requests_csv="$out/$label.csv" >"$out/$label.txt" 2>&1
   after=$(engine_counters)
   python3 - "$out/$label.json" "$rate" "$before" "$after" <<'EOF'
@@ -181,11 +198,13 @@ print(f"{sys.argv[2]:<6} {q['completed']:6d} {r['throughput']['request_rps']:7.1
       f"{lat['normalized_per_token']['mean']:9.2f}"
       + (f"  ({q['failed']} failed)" if q["failed"] else ""))
 d = [b - a for a, b in zip(map(float, sys.argv[3].split()), map(float, sys.argv[4].split()))]
-steps, tokens, dseqs, dsteps, only_s, only_n = d
+steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, queried, found = d
 if steps > 0:
     print(f"       engine: {steps:.0f} steps, {tokens / steps:.0f} tokens and "
           f"{dseqs / max(1, dsteps):.0f} decode sequences a step; "
-          f"{only_n / steps:.0%} decode-only, {1e3 * only_s / max(1, only_n):.2f} ms each")
+          f"{only_n / steps:.0%} decode-only, {1e3 * only_s / max(1, only_n):.2f} ms each; "
+          f"{mixed_n / steps:.0%} mixed, {1e3 * mixed_s / max(1, mixed_n):.2f} ms each; "
+          f"prefix cache {found / max(1, queried):.0%} of prompt tokens")
 EOF
 done | tee "$out/summary.txt"
 echo "decode graphs: $graphs_at_start at start-up," \

@@ -160,6 +160,12 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                        .Help("Duration of steps that ran only decode sequences (one token each).")
                        .Register(r)
                        .Add({}, DecodeStepSecondsBuckets())),
+      mixed_step_(prometheus::BuildHistogram()
+                      .Name("trident_worker_mixed_step_seconds")
+                      .Help("Duration of steps that ran prompt tokens beside decode sequences "
+                            "(chunked prefill in a decode batch).")
+                      .Register(r)
+                      .Add({}, DecodeStepSecondsBuckets())),
       pipelined_steps_(prometheus::BuildCounter()
                            .Name("trident_worker_pipelined_steps_total")
                            .Help("Decode steps run as two sub-batches, the second's CPU "
@@ -221,8 +227,8 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   const int64_t dram = std::min(hits, dram_pending_.load());
   dram_pending_.fetch_sub(dram);
   prefix_hits_gpu_.Increment(static_cast<double>(hits - dram));
-  kv_transfer_cached_blocks_.Increment(static_cast<double>(
-      s.kv_reserved_cached_blocks_total - last_.kv_reserved_cached_blocks_total));
+  kv_transfer_cached_blocks_.Increment(static_cast<double>(s.kv_reserved_cached_blocks_total -
+                                                           last_.kv_reserved_cached_blocks_total));
   kv_invariant_failures_.Increment(
       static_cast<double>(s.kv_invariant_failures_total - last_.kv_invariant_failures_total));
   kv_usage_.Set(s.blocks_total > 0 ? 1.0 - static_cast<double>(s.blocks_free) / s.blocks_total
@@ -238,14 +244,14 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
     iteration_tokens_.Observe(s.last_step_tokens);
     if (s.last_step_decode_sequences > 0) {
       iteration_decode_sequences_.Observe(s.last_step_decode_sequences);
-      if (s.last_step_prefill_tokens == 0) decode_step_.Observe(s.last_step_seconds);
+      (s.last_step_prefill_tokens == 0 ? decode_step_ : mixed_step_).Observe(s.last_step_seconds);
     }
   }
   cpu_sequences_.Set(s.remote_running);
   cpu_tokens_.Set(static_cast<double>(s.remote_tokens));
   offload_moved_.Increment(static_cast<double>(s.remote_moves_total - last_.remote_moves_total));
-  offload_in_place_tokens_.Increment(static_cast<double>(s.remote_in_place_tokens_total -
-                                                        last_.remote_in_place_tokens_total));
+  offload_in_place_tokens_.Increment(
+      static_cast<double>(s.remote_in_place_tokens_total - last_.remote_in_place_tokens_total));
   offload_copied_tokens_.Increment(
       static_cast<double>(s.remote_copied_tokens_total - last_.remote_copied_tokens_total));
   offload_placed_.Increment(static_cast<double>(s.remote_placed_total - last_.remote_placed_total));

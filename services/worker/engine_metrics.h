@@ -6,7 +6,8 @@
 //   trident_worker_num_requests_waiting             gauge     requests waiting to be scheduled
 //   trident_worker_kv_cache_usage_ratio             gauge     KV blocks in use / blocks in the pool
 //   trident_worker_kv_cache_blocks                  gauge     KV blocks in the pool
-//   trident_worker_kv_cache_cached_blocks           gauge     cached blocks nobody holds (evictable;
+//   trident_worker_kv_cache_cached_blocks           gauge     cached blocks nobody holds
+//   (evictable;
 //                                                             free for kv_cache_usage_ratio)
 //   trident_worker_prefix_cache_queries_total       counter   prompt tokens looked up in the prefix
 //                                                             cache, once per request at admission
@@ -15,7 +16,8 @@
 //                                                             fetched from an attention service's
 //                                                             block store for the request; hit rate
 //                                                             = rate(hits) / rate(queries)
-//   trident_worker_kv_transfer_cached_blocks_total  counter   blocks of prompts reserved for a prefill
+//   trident_worker_kv_transfer_cached_blocks_total  counter   blocks of prompts reserved for a
+//   prefill
 //                                                             worker's KV that this worker's prefix
 //                                                             cache held already (not sent)
 //   trident_worker_kv_invariant_failures_total      counter   idle checks of the block pool's books
@@ -37,6 +39,8 @@
 //   trident_worker_step_hook_seconds_total          counter   loop time in the step hook before
 //                                                             steps (offload moves), all waiting
 //   trident_worker_decode_step_seconds              histogram duration of decode-only steps
+//   trident_worker_mixed_step_seconds               histogram duration of steps that ran prompt
+//                                                             tokens beside decode sequences
 //   trident_worker_pipelined_steps_total            counter   steps run as two sub-batches
 //   trident_worker_cpu_attention_seconds_total      counter   CPU attention round trips, summed
 //   trident_worker_cpu_attention_exposed_seconds_total counter of those, the time steps waited
@@ -65,7 +69,8 @@ std::vector<double> IterationTokensBuckets();
 // Buckets of trident_worker_iteration_decode_sequences: powers of two, 1 to
 // 1024 (--max_running defaults to 256).
 std::vector<double> IterationDecodeSequencesBuckets();
-// Buckets of trident_worker_decode_step_seconds: 1 ms to ~1 s.
+// Buckets of trident_worker_decode_step_seconds and
+// trident_worker_mixed_step_seconds: 1 ms to ~1 s.
 std::vector<double> DecodeStepSecondsBuckets();
 
 // Thread-compatible: Update runs on the engine's loop thread only (the
@@ -119,6 +124,7 @@ class EngineMetrics {
   prometheus::Counter& offload_copied_tokens_;
   prometheus::Counter& step_hook_;
   prometheus::Histogram& decode_step_;
+  prometheus::Histogram& mixed_step_;
   prometheus::Counter& pipelined_steps_;
   prometheus::Counter& cpu_round_trip_;
   prometheus::Counter& cpu_exposed_;

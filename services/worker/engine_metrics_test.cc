@@ -140,7 +140,8 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   stats.step_hook_seconds_total = 0.25;
   stats.cpu_cost_scale = 1.7;
   metrics.Update(stats);
-  // A mixed step (prompt tokens): not a decode step.
+  // A mixed step (prompt tokens beside the decode sequences): not a decode
+  // step.
   stats.steps_total = 2;
   stats.last_step_tokens = 104;
   stats.last_step_prefill_tokens = 100;
@@ -165,6 +166,17 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   EXPECT_THAT(steps.sum, DoubleEq(0.005));
   EXPECT_EQ(BucketCount(registry, "trident_worker_decode_step_seconds", 0.004), 0);
   EXPECT_EQ(BucketCount(registry, "trident_worker_decode_step_seconds", 0.006), 1);
+  const CollectedSeries mixed = FindSeries(registry, "trident_worker_mixed_step_seconds", {});
+  EXPECT_EQ(mixed.count, 1u);
+  EXPECT_THAT(mixed.sum, DoubleEq(0.3));
+  // A prefill-only step (no decode sequences) is neither.
+  stats.steps_total = 3;
+  stats.last_step_tokens = 100;
+  stats.last_step_decode_sequences = 0;
+  stats.last_step_seconds = 0.2;
+  metrics.Update(stats);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_decode_step_seconds", {}).count, 1u);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_mixed_step_seconds", {}).count, 1u);
 }
 
 TEST(EngineMetricsTest, BucketsArePowersOfTwoCoveringTheDefaultLimits) {

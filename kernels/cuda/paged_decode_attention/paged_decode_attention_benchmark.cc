@@ -205,6 +205,17 @@ void Shapes(benchmark::internal::Benchmark* b) {
       if (variant != 0) b->Args({shape[0], shape[1], variant, 128, 1, 0, 0});
     }
   }
+  // FP8 with few (sequence, KV head) items: the 4- and 8-warp CTAs at
+  // forced split counts (the kernel converts every byte, so it wants more
+  // warps an SM than the bf16 one at the same bytes).
+  const int64_t few[][2] = {{1, 32768}, {1, 8192}, {16, 4096}};
+  for (const auto& shape : few) {
+    for (int64_t variant : {1, 2, 5}) {
+      for (int64_t splits : {8, 16, 32, 64, 128}) {
+        b->Args({shape[0], shape[1], variant, 128, 1, splits, 0});
+      }
+    }
+  }
   // The other common head dims with the default variant: 80 and 96 on the
   // 128-wide kernels with the rest masked, 64 and 256 on their own.
   for (int64_t head_dim : {64, 80, 96, 256}) {
