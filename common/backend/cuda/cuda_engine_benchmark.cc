@@ -98,6 +98,11 @@ ABSL_FLAG(int32_t, trace_steps, 0,
           "After each batch's row, trace this many more of the probe's decode steps (CUPTI's "
           "kernel records) and print where their device time goes, per kernel and per position "
           "in a layer (0: no trace).");
+ABSL_FLAG(std::string, mixed_chunks, "",
+          "Comma-separated prompt chunk sizes: after the batch table, time each batch's decode "
+          "step with one prompt chunk of each size beside it (a mixed step, as chunked prefill "
+          "runs in a serving decode batch) against the decode step and the chunk alone; empty: "
+          "no mixed table. A chunk must fit --prompt_len + --new_tokens.");
 ABSL_FLAG(int32_t, tensor_parallel, 1,
           "Split the model over this many GPUs (CudaBackendOptions::tensor_parallel); the "
           "roofline and floors are per rank.");
@@ -229,28 +234,38 @@ absl::StatusOr<kernels::cuda::testing::StepProfile> TraceSteps(int32_t steps, in
 }
 
 // Milliseconds per ForwardSample of `batch` one-token decode sequences at
-// context `context` (greedy), without the engine: the backend's share of a
-// decode step. With `trace_steps`, `trace` gets the profile of that many
-// more steps.
-absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int32_t context,
-                                       int32_t trace_steps, std::string* trace) {
+// context `context` beside one sequence's prompt chunk of `chunk` tokens
+// (from position 0; none when 0), greedy, without the engine: the backend's
+// share of a decode step (chunk 0), a mixed step, or a prefill-only one
+// (batch 0). With `trace_steps`, `trace` gets the profile of that many more
+// steps.
+absl::StatusOr<double> BackendStepMs(CudaBackend& backend, int32_t batch, int32_t context,
+                                     int32_t chunk, int32_t trace_steps, std::string* trace) {
   const int32_t bs = backend.kv_capacity().block_size;
   const int32_t blocks_per_seq = (context + bs - 1) / bs;
-  if (int64_t{blocks_per_seq} * batch > backend.kv_capacity().num_blocks) {
+  const int32_t chunk_blocks = (chunk + bs - 1) / bs;
+  if (int64_t{blocks_per_seq} * batch + chunk_blocks > backend.kv_capacity().num_blocks) {
     return absl::ResourceExhaustedError("KV cache too small for the probe");
   }
-  std::vector<std::vector<int32_t>> tables(batch);
-  std::vector<int32_t> token = {1};
-  std::vector<StepSequence> seqs(batch);
+  const int32_t num_seqs = batch + (chunk > 0 ? 1 : 0);
+  std::vector<std::vector<int32_t>> tables(num_seqs);
+  const std::vector<int32_t> token = {1};
+  std::vector<int32_t> prompt(chunk);
+  for (int32_t i = 0; i < chunk; ++i) prompt[i] = 1 + i % 1000;
+  std::vector<StepSequence> seqs(num_seqs);
   sampling::SamplingParams greedy;
   greedy.temperature = 0;
   sampling::PenaltyState no_penalties;
-  std::vector<RowSampling> rows(batch, RowSampling{&greedy, &no_penalties, 0});
-  std::vector<sampling::SampledToken> out(batch);
-  for (int32_t i = 0; i < batch; ++i) {
-    for (int32_t b = 0; b < blocks_per_seq; ++b) tables[i].push_back(i * blocks_per_seq + b);
-    seqs[i].tokens = token;
-    seqs[i].start_position = context - 1;
+  std::vector<RowSampling> rows(num_seqs, RowSampling{&greedy, &no_penalties, 0});
+  std::vector<sampling::SampledToken> out(num_seqs);
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const bool prefill = i == batch;
+    const int32_t first = i * blocks_per_seq;
+    for (int32_t b = 0; b < (prefill ? chunk_blocks : blocks_per_seq); ++b) {
+      tables[i].push_back(first + b);
+    }
+    seqs[i].tokens = prefill ? absl::MakeConstSpan(prompt) : absl::MakeConstSpan(token);
+    seqs[i].start_position = prefill ? 0 : context - 1;
     seqs[i].block_table = tables[i];
     seqs[i].want_logits = true;
   }
@@ -269,6 +284,53 @@ absl::StatusOr<double> BackendDecodeMs(CudaBackend& backend, int32_t batch, int3
     *trace = kernels::cuda::testing::FormatStepProfile(*profile);
   }
   return ms;
+}
+
+// With --mixed_chunks: for each batch and chunk, the backend's decode-only,
+// prefill-only and mixed steps (BackendStepMs), what the chunk added to the
+// decode step against its prefill alone, and the mixed step's TFLOP/s at
+// 2 x the weights' parameters a token (attention not counted). Traces the
+// mixed steps with --trace_steps.
+absl::Status PrintMixedTable(CudaBackend& backend, const std::vector<int32_t>& batches,
+                             int32_t context, double weight_bytes) {
+  std::vector<int32_t> chunks;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_mixed_chunks), ',',
+                                            absl::SkipEmpty())) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(c, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--mixed_chunks: bad size '", c, "'"));
+    }
+    chunks.push_back(v);
+  }
+  if (chunks.empty()) return absl::OkStatus();
+  const int32_t trace_steps = absl::GetFlag(FLAGS_trace_steps);
+  std::printf(
+      "\nmixed steps, decode sequences at context %d beside one prompt chunk (backend only)\n\n"
+      "| batch | chunk | decode-only ms | prefill-only ms | mixed ms | chunk's share ms | "
+      "of its prefill alone | mixed TFLOP/s |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+      context);
+  std::vector<std::string> traces;
+  for (int32_t batch : batches) {
+    for (int32_t chunk : chunks) {
+      std::string unused, trace;
+      auto decode = BackendStepMs(backend, batch, context, 0, 0, &unused);
+      auto prefill = BackendStepMs(backend, 0, context, chunk, 0, &unused);
+      auto mixed = BackendStepMs(backend, batch, context, chunk, trace_steps, &trace);
+      for (const auto* r : {&decode, &prefill, &mixed}) {
+        if (!r->ok()) return r->status();
+      }
+      const double tflops = weight_bytes * (batch + chunk) / (*mixed * 1e-3) / 1e12;
+      std::printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n", batch, chunk, *decode,
+                  *prefill, *mixed, *mixed - *decode, (*mixed - *decode) / *prefill, tflops);
+      std::fflush(stdout);
+      if (!trace.empty()) {
+        traces.push_back(absl::StrCat("\nmixed, batch ", batch, " + chunk ", chunk, ": ", trace));
+      }
+    }
+  }
+  for (const std::string& t : traces) std::printf("%s", t.c_str());
+  return absl::OkStatus();
 }
 
 // The backend over `model_dir`, or over `preset`'s generated weights.
@@ -383,8 +445,8 @@ int Main() {
     const double step_ms =
         round->decode_steps > 0 ? 1e3 * round->decode_seconds / round->decode_steps : 0;
     std::string trace;
-    auto backend_ms = BackendDecodeMs(**backend, batch, prompt_len + new_tokens / 2,
-                                      absl::GetFlag(FLAGS_trace_steps), &trace);
+    auto backend_ms = BackendStepMs(**backend, batch, prompt_len + new_tokens / 2, 0,
+                                    absl::GetFlag(FLAGS_trace_steps), &trace);
     if (!backend_ms.ok()) {
       std::fprintf(stderr, "batch %d probe: %s\n", batch, backend_ms.status().ToString().c_str());
       return 1;
@@ -412,6 +474,12 @@ int Main() {
     std::fflush(stdout);
   }
   for (const std::string& t : traces) std::printf("%s", t.c_str());
+  if (absl::Status s = PrintMixedTable(**backend, batches, prompt_len + new_tokens / 2,
+                                       weight_bytes);
+      !s.ok()) {
+    std::fprintf(stderr, "mixed steps: %s\n", s.ToString().c_str());
+    return 1;
+  }
   return 0;
 }
 
