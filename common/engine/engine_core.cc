@@ -320,6 +320,7 @@ absl::StatusOr<std::vector<TokenEvent>> EngineCore::Step() {
   std::vector<TokenEvent> events;
   if (!HasWork()) return events;
   StepBudget budget = NewStepBudget();
+  if (budget.backlogged) ++stats_.backlogged_steps_total;
   bool preempted = false;
   // 1. Running sequences, oldest first; 2. waiting ones, unless a running
   // sequence had to be preempted.
@@ -415,11 +416,27 @@ EngineCore::StepBudget EngineCore::NewStepBudget() const {
   for (const SeqPtr& seq : running_) {
     if (seq->num_computed >= seq->prompt_len &&
         seq->num_computed + 1 == static_cast<int32_t>(seq->tokens.size())) {
-      budget.prefill = std::min(budget.prefill, options_.max_prefill_tokens_while_decoding);
+      int32_t cap = options_.max_prefill_tokens_while_decoding;
+      if (options_.max_prefill_tokens_when_backlogged > cap &&
+          PrefillBacklogAtLeast(options_.prefill_backlog_tokens)) {
+        cap = options_.max_prefill_tokens_when_backlogged;
+        budget.backlogged = true;
+      }
+      budget.prefill = std::min(budget.prefill, cap);
       break;
     }
   }
   return budget;
+}
+
+bool EngineCore::PrefillBacklogAtLeast(int64_t tokens) const {
+  int64_t backlog = 0;
+  auto add = [&](const SeqPtr& seq) {
+    backlog += std::max(0, seq->prompt_len - seq->num_computed);
+    return backlog >= tokens;
+  };
+  return std::any_of(waiting_.begin(), waiting_.end(), add) ||
+         std::any_of(running_.begin(), running_.end(), add);
 }
 
 std::vector<EngineCore::Sequence*> EngineCore::ScheduleRunning(StepBudget* budget,

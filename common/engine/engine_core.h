@@ -63,6 +63,15 @@ struct EngineOptions {
   // whole prompt's prefill; it is then computed over several steps. 0: no
   // cap but max_batch_tokens.
   int32_t max_prefill_tokens_while_decoding = 0;
+  // While at least prefill_backlog_tokens prompt tokens wait to be computed
+  // (over waiting sequences and running ones still in their prompt), the
+  // cap above is raised to this many: a backlog the decode batch's steps do
+  // not keep up with is prefilled in larger chunks, which compute more
+  // tokens per second, at the cost of the decoders' ITL in those steps (a
+  // throughput mode under overload; below it the backlog stays short and
+  // the cap as it is). 0, or not above the cap: never raised.
+  int32_t max_prefill_tokens_when_backlogged = 0;
+  int32_t prefill_backlog_tokens = 4096;
   // Most sequences in the running batch.
   int32_t max_running = 256;
   // Reuse the KV of cached prefixes (the allocator must cache: a
@@ -90,6 +99,9 @@ struct EngineStats {
   int32_t waiting_head_blocks = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
+  // Steps whose prompt chunks took the backlog's raised cap
+  // (EngineOptions::max_prefill_tokens_when_backlogged).
+  int64_t backlogged_steps_total = 0;
   int64_t prompt_tokens_total = 0;
   int64_t generated_tokens_total = 0;
   // Prefix caching, in tokens, counted once per request when it is first
@@ -336,13 +348,18 @@ class EngineCore {
   struct StepBudget {
     int32_t tokens;
     int32_t prefill;
+    // The prompt chunks' cap was raised for a backlog.
+    bool backlogged = false;
     // The chunk a sequence with `remaining` tokens to compute gets (0: none).
     int32_t ChunkFor(int32_t remaining) const;
     void Spend(int32_t remaining, int32_t chunk);
   };
   // This step's budget: max_batch_tokens, with prompt chunks capped by
-  // max_prefill_tokens_while_decoding while a running sequence decodes.
+  // max_prefill_tokens_while_decoding while a running sequence decodes
+  // (max_prefill_tokens_when_backlogged while the backlog lasts).
   StepBudget NewStepBudget() const;
+  // Whether prompt tokens not yet computed number at least `tokens`.
+  bool PrefillBacklogAtLeast(int64_t tokens) const;
   // Step's parts. The running sequences' next chunks within `budget`,
   // preempting the newest for blocks (sets `preempted`).
   std::vector<Sequence*> ScheduleRunning(StepBudget* budget, bool* preempted);

@@ -124,6 +124,46 @@ TEST(EngineCoreTest, WhileSequencesDecodeAPromptTakesAtMostItsCapPerStep) {
   EXPECT_EQ(h.allocator.num_free(), 64);
 }
 
+// A backlog of prompt tokens at or past prefill_backlog_tokens raises the
+// cap to max_prefill_tokens_when_backlogged for as long as it lasts.
+TEST(EngineCoreTest, ABacklogRaisesThePromptCapWhileItLasts) {
+  EngineOptions options;
+  options.max_batch_tokens = 64;
+  options.max_prefill_tokens_while_decoding = 8;
+  options.max_prefill_tokens_when_backlogged = 24;
+  options.prefill_backlog_tokens = 40;
+  Harness h(64, options);
+  std::mt19937 rng(13);
+  const auto first = RandomPrompt(rng, 10);
+  ASSERT_THAT(h.core.Add(Greedy("first", first, 30)), IsOk());
+  ASSERT_THAT(h.core.Step(), IsOk());  // its whole prompt: nothing decodes yet
+  std::map<std::string, std::vector<int32_t>> prompts;
+  for (const std::string id : {"a", "b"}) {
+    prompts[id] = RandomPrompt(rng, 30);
+    ASSERT_THAT(h.core.Add(Greedy(id, prompts[id], 4)), IsOk());
+  }
+  std::map<std::string, std::vector<int32_t>> out;
+  auto step = [&] {
+    auto events = h.core.Step();
+    ASSERT_THAT(events, IsOk());
+    for (const TokenEvent& ev : *events) out[ev.request_id].push_back(ev.token);
+  };
+  // 60 prompt tokens wait: the raised cap.
+  step();
+  EXPECT_EQ(h.core.stats().last_step_prefill_tokens, 24);
+  EXPECT_EQ(h.core.stats().backlogged_steps_total, 1);
+  // 36 left, under the threshold: the cap again.
+  step();
+  EXPECT_EQ(h.core.stats().last_step_prefill_tokens, 8);
+  EXPECT_EQ(h.core.stats().backlogged_steps_total, 1);
+  while (h.core.HasWork()) step();
+  for (const auto& [id, prompt] : prompts) {
+    EXPECT_THAT(out.at(id), ElementsAreArray(ExpectedGreedy(h.backend, prompt, 4))) << id;
+  }
+  EXPECT_EQ(h.core.stats().backlogged_steps_total, 1);
+  EXPECT_EQ(h.allocator.num_free(), 64);
+}
+
 TEST(EngineCoreTest, CappedPromptsGiveTheSameTokens) {
   EngineOptions options;
   options.max_batch_tokens = 32;

@@ -233,6 +233,8 @@ expect_lines "${render}" 2 'nvidia.com/mig-3g.71gb: 2'
 render=fp8-kv
 expect_lines "${render}" 2 '- "--kv_cache_dtype=fp8_e4m3"'
 expect_lines "${render}" 1 '- "--max_prefill_tokens_while_decoding=128"'
+expect_lines "${render}" 1 '- "--max_prefill_tokens_when_backlogged=1024"'
+expect_lines "${render}" 1 '- "--prefill_backlog_tokens=8192"'
 expect_lines "${render}" 1 '- "--cuda_gemm_tune_algos=0"'
 expect_lines default 0 '- "--kv_cache_dtype=fp8_e4m3"'
 # Existing Secrets: router, prefill, decode and controller containers; the

@@ -102,6 +102,12 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                  .Help("Forward passes run by the engine.")
                  .Register(r)
                  .Add({})),
+      backlogged_steps_(prometheus::BuildCounter()
+                            .Name("trident_worker_backlogged_steps_total")
+                            .Help("Steps whose prompt chunks took the raised cap of a prefill "
+                                  "backlog (--max_prefill_tokens_when_backlogged).")
+                            .Register(r)
+                            .Add({})),
       iteration_tokens_(prometheus::BuildHistogram()
                             .Name("trident_worker_iteration_tokens")
                             .Help("Tokens per forward pass (prompt chunks and decode tokens).")
@@ -238,6 +244,8 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
       static_cast<double>(s.generated_tokens_total - last_.generated_tokens_total));
   preemptions_.Increment(static_cast<double>(s.preemptions_total - last_.preemptions_total));
   steps_.Increment(static_cast<double>(s.steps_total - last_.steps_total));
+  backlogged_steps_.Increment(
+      static_cast<double>(s.backlogged_steps_total - last_.backlogged_steps_total));
   if (s.steps_total > last_.steps_total) {
     // One observation per call: the observer runs after every iteration,
     // which runs at most one step.

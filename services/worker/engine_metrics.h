@@ -26,6 +26,8 @@
 //   trident_worker_generation_tokens_total          counter   tokens generated
 //   trident_worker_preemptions_total                counter   sequences preempted for KV blocks
 //   trident_worker_engine_steps_total               counter   forward passes
+//   trident_worker_backlogged_steps_total           counter   of those, steps whose prompt chunks
+//                                                             took the backlog's raised cap
 //   trident_worker_iteration_tokens                 histogram tokens per forward pass (batch size
 //                                                             in tokens), one observation a step
 //   trident_worker_iteration_decode_sequences       histogram one-token decode sequences per step,
@@ -108,6 +110,7 @@ class EngineMetrics {
   prometheus::Counter& generated_tokens_;
   prometheus::Counter& preemptions_;
   prometheus::Counter& steps_;
+  prometheus::Counter& backlogged_steps_;
   prometheus::Histogram& iteration_tokens_;
   prometheus::Histogram& iteration_decode_sequences_;
   prometheus::Gauge& cpu_sequences_;

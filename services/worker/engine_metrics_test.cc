@@ -37,7 +37,8 @@ TEST(EngineMetricsTest, EverySeriesExistsAtZeroBeforeAnyStep) {
        {"trident_worker_num_requests_running", "trident_worker_num_requests_waiting",
         "trident_worker_kv_cache_usage_ratio", "trident_worker_prompt_tokens_total",
         "trident_worker_generation_tokens_total", "trident_worker_engine_steps_total",
-        "trident_worker_iteration_tokens", "trident_worker_iteration_decode_sequences"}) {
+        "trident_worker_iteration_tokens", "trident_worker_iteration_decode_sequences",
+        "trident_worker_backlogged_steps_total", "trident_worker_mixed_step_seconds"}) {
     const CollectedSeries s = FindSeries(registry, name, {});
     EXPECT_TRUE(s.found) << name;
     EXPECT_EQ(s.value, 0) << name;
@@ -64,10 +65,12 @@ TEST(EngineMetricsTest, IterationHistogramsObserveEachStepOnce) {
   stats.last_step_decode_sequences = 3;
   metrics.Update(stats);
   stats.steps_total = 3;
+  stats.backlogged_steps_total = 1;
   stats.last_step_tokens = 25;
   stats.last_step_prefill_tokens = 20;
   stats.last_step_decode_sequences = 5;
   metrics.Update(stats);
+  EXPECT_EQ(FindSeries(registry, "trident_worker_backlogged_steps_total", {}).value, 1);
 
   const CollectedSeries tokens = FindSeries(registry, "trident_worker_iteration_tokens", {});
   EXPECT_EQ(tokens.count, 3u);

@@ -115,6 +115,15 @@ ABSL_FLAG(int32_t, max_prefill_tokens_while_decoding, 256,
           "While sequences decode, prompt chunks take at most this many tokens of a step, so a "
           "long prompt arriving stretches the decoders' next token (their ITL) by a bounded "
           "chunk rather than by its whole prefill; 0: only --max_batch_tokens caps them.");
+ABSL_FLAG(int32_t, max_prefill_tokens_when_backlogged, 0,
+          "While at least --prefill_backlog_tokens prompt tokens wait to be computed, prompt "
+          "chunks may take this many tokens of a step beside decoding sequences instead of "
+          "--max_prefill_tokens_while_decoding: under overload the backlog is prefilled in "
+          "larger, more efficient chunks, at the cost of the decoders' inter-token latency in "
+          "those steps (trident_worker_backlogged_steps_total counts them); 0: never.");
+ABSL_FLAG(int32_t, prefill_backlog_tokens, 4096,
+          "Prompt tokens waiting to be computed from which --max_prefill_tokens_when_backlogged "
+          "applies.");
 ABSL_FLAG(int32_t, max_running, 256, "Most sequences in the running batch.");
 ABSL_FLAG(bool, prefix_caching, true,
           "Reuse the KV of cached prompt prefixes: finished sequences' full blocks stay cached "
@@ -278,6 +287,9 @@ absl::StatusOr<WorkerServerOptions> OptionsFromFlags() {
   model.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   model.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   model.max_prefill_tokens_while_decoding = absl::GetFlag(FLAGS_max_prefill_tokens_while_decoding);
+  model.max_prefill_tokens_when_backlogged =
+      absl::GetFlag(FLAGS_max_prefill_tokens_when_backlogged);
+  model.prefill_backlog_tokens = absl::GetFlag(FLAGS_prefill_backlog_tokens);
   model.max_running = absl::GetFlag(FLAGS_max_running);
   model.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   model.shared_prefix_wait_steps = absl::GetFlag(FLAGS_shared_prefix_wait_steps);

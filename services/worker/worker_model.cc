@@ -168,12 +168,22 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
   engine::EngineOptions eo;
   eo.max_batch_tokens = options.max_batch_tokens;
   eo.max_prefill_tokens_while_decoding = options.max_prefill_tokens_while_decoding;
+  eo.max_prefill_tokens_when_backlogged = options.max_prefill_tokens_when_backlogged;
+  eo.prefill_backlog_tokens = options.prefill_backlog_tokens;
   eo.max_running = options.max_running;
   eo.prefix_caching = options.prefix_caching;
   eo.shared_prefix_wait_steps = options.shared_prefix_wait_steps;
   eo.cache_model_identity = CacheModelIdentity(c, model->info.model(), kv_dtype);
   if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");
+  }
+  if (eo.max_prefill_tokens_while_decoding < 0 || eo.max_prefill_tokens_when_backlogged < 0 ||
+      eo.prefill_backlog_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_prefill_tokens_while_decoding (", eo.max_prefill_tokens_while_decoding,
+        ") and --max_prefill_tokens_when_backlogged (", eo.max_prefill_tokens_when_backlogged,
+        ") must be at least 0, --prefill_backlog_tokens (", eo.prefill_backlog_tokens,
+        ") at least 1"));
   }
   model->engine = std::make_unique<engine::Engine>(std::move(backend), eo);
   if (registry != nullptr) {

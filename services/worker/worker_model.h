@@ -77,6 +77,10 @@ struct WorkerModelOptions {
   int32_t max_batch_tokens = 2048;
   // engine::EngineOptions::max_prefill_tokens_while_decoding.
   int32_t max_prefill_tokens_while_decoding = 256;
+  // engine::EngineOptions::max_prefill_tokens_when_backlogged (0: off) and
+  // prefill_backlog_tokens.
+  int32_t max_prefill_tokens_when_backlogged = 0;
+  int32_t prefill_backlog_tokens = 4096;
   int32_t max_running = 256;
   int32_t max_model_len = 0;
   // Automatic prefix caching (engine::EngineOptions::prefix_caching).

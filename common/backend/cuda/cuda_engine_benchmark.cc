@@ -294,8 +294,8 @@ absl::StatusOr<double> BackendStepMs(CudaBackend& backend, int32_t batch, int32_
 absl::Status PrintMixedTable(CudaBackend& backend, const std::vector<int32_t>& batches,
                              int32_t context, double weight_bytes) {
   std::vector<int32_t> chunks;
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_mixed_chunks), ',',
-                                            absl::SkipEmpty())) {
+  for (absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_mixed_chunks), ',', absl::SkipEmpty())) {
     int32_t v = 0;
     if (!absl::SimpleAtoi(c, &v) || v <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("--mixed_chunks: bad size '", c, "'"));
@@ -474,8 +474,8 @@ int Main() {
     std::fflush(stdout);
   }
   for (const std::string& t : traces) std::printf("%s", t.c_str());
-  if (absl::Status s = PrintMixedTable(**backend, batches, prompt_len + new_tokens / 2,
-                                       weight_bytes);
+  if (absl::Status s =
+          PrintMixedTable(**backend, batches, prompt_len + new_tokens / 2, weight_bytes);
       !s.ok()) {
     std::fprintf(stderr, "mixed steps: %s\n", s.ToString().c_str());
     return 1;
