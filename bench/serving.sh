@@ -142,14 +142,16 @@ decode_metric() {
 graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
 # The decode workers' step counters, summed: steps, tokens in them, decode
 # sequences in steps that had any and those steps, decode-only steps' seconds
-# and count, mixed steps' (prompt tokens beside decode sequences); then every worker's prompt tokens looked up in its prefix cache
+# and count, mixed steps' (prompt tokens beside decode sequences), steps
+# that took the backlog's raised prompt cap; then every worker's prompt tokens looked up in its prefix cache
 # and those found.
 engine_counters() {
   local m
   for m in trident_worker_engine_steps_total trident_worker_iteration_tokens_sum \
       trident_worker_iteration_decode_sequences_sum trident_worker_iteration_decode_sequences_count \
       trident_worker_decode_step_seconds_sum trident_worker_decode_step_seconds_count \
-      trident_worker_mixed_step_seconds_sum trident_worker_mixed_step_seconds_count; do
+      trident_worker_mixed_step_seconds_sum trident_worker_mixed_step_seconds_count \
+      trident_worker_backlogged_steps_total; do
     printf '%s ' "$(decode_metric "$m")"
   done
   for m in trident_worker_prefix_cache_queries_total trident_worker_prefix_cache_hits_total; do
@@ -198,12 +200,13 @@ print(f"{sys.argv[2]:<6} {q['completed']:6d} {r['throughput']['request_rps']:7.1
       f"{lat['normalized_per_token']['mean']:9.2f}"
       + (f"  ({q['failed']} failed)" if q["failed"] else ""))
 d = [b - a for a, b in zip(map(float, sys.argv[3].split()), map(float, sys.argv[4].split()))]
-steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, queried, found = d
+steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, backlogged, queried, found = d
 if steps > 0:
     print(f"       engine: {steps:.0f} steps, {tokens / steps:.0f} tokens and "
           f"{dseqs / max(1, dsteps):.0f} decode sequences a step; "
           f"{only_n / steps:.0%} decode-only, {1e3 * only_s / max(1, only_n):.2f} ms each; "
-          f"{mixed_n / steps:.0%} mixed, {1e3 * mixed_s / max(1, mixed_n):.2f} ms each; "
+          f"{mixed_n / steps:.0%} mixed, {1e3 * mixed_s / max(1, mixed_n):.2f} ms each"
+          + (f" ({backlogged / steps:.0%} of steps backlogged)" if backlogged else "") + "; "
           f"prefix cache {found / max(1, queried):.0%} of prompt tokens")
 EOF
 done | tee "$out/summary.txt"
