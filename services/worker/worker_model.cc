@@ -64,6 +64,30 @@ absl::StatusOr<std::unique_ptr<model::generate::RandomWeights>> GeneratedWeights
   return weights;
 }
 
+// The engine's options from the worker's, checked (before anything loads).
+absl::StatusOr<engine::EngineOptions> EngineOptionsOf(const WorkerModelOptions& options) {
+  engine::EngineOptions eo;
+  eo.max_batch_tokens = options.max_batch_tokens;
+  eo.max_prefill_tokens_while_decoding = options.max_prefill_tokens_while_decoding;
+  eo.max_prefill_tokens_when_backlogged = options.max_prefill_tokens_when_backlogged;
+  eo.prefill_backlog_tokens = options.prefill_backlog_tokens;
+  eo.max_running = options.max_running;
+  eo.prefix_caching = options.prefix_caching;
+  eo.shared_prefix_wait_steps = options.shared_prefix_wait_steps;
+  if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
+    return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");
+  }
+  if (eo.max_prefill_tokens_while_decoding < 0 || eo.max_prefill_tokens_when_backlogged < 0 ||
+      eo.prefill_backlog_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_prefill_tokens_while_decoding (", eo.max_prefill_tokens_while_decoding,
+        ") and --max_prefill_tokens_when_backlogged (", eo.max_prefill_tokens_when_backlogged,
+        ") must be at least 0, --prefill_backlog_tokens (", eo.prefill_backlog_tokens,
+        ") at least 1"));
+  }
+  return eo;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOptions& options,
@@ -72,6 +96,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
     return absl::InvalidArgumentError("--model: a model directory is required");
   }
   TRIDENT_ASSIGN_OR_RETURN(numeric::DType dtype, ParseDtype(options.dtype));
+  TRIDENT_ASSIGN_OR_RETURN(engine::EngineOptions eo, EngineOptionsOf(options));
   auto model = std::make_unique<WorkerModel>();
   TRIDENT_ASSIGN_OR_RETURN(model->tokenizer,
                            tokenizer::Tokenizer::FromDirectory(options.model_dir));
@@ -165,26 +190,7 @@ absl::StatusOr<std::unique_ptr<WorkerModel>> LoadWorkerModel(const WorkerModelOp
 
   model->config = c;
 
-  engine::EngineOptions eo;
-  eo.max_batch_tokens = options.max_batch_tokens;
-  eo.max_prefill_tokens_while_decoding = options.max_prefill_tokens_while_decoding;
-  eo.max_prefill_tokens_when_backlogged = options.max_prefill_tokens_when_backlogged;
-  eo.prefill_backlog_tokens = options.prefill_backlog_tokens;
-  eo.max_running = options.max_running;
-  eo.prefix_caching = options.prefix_caching;
-  eo.shared_prefix_wait_steps = options.shared_prefix_wait_steps;
   eo.cache_model_identity = CacheModelIdentity(c, model->info.model(), kv_dtype);
-  if (eo.max_batch_tokens < 1 || eo.max_running < 1) {
-    return absl::InvalidArgumentError("--max_batch_tokens and --max_running must be at least 1");
-  }
-  if (eo.max_prefill_tokens_while_decoding < 0 || eo.max_prefill_tokens_when_backlogged < 0 ||
-      eo.prefill_backlog_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_prefill_tokens_while_decoding (", eo.max_prefill_tokens_while_decoding,
-        ") and --max_prefill_tokens_when_backlogged (", eo.max_prefill_tokens_when_backlogged,
-        ") must be at least 0, --prefill_backlog_tokens (", eo.prefill_backlog_tokens,
-        ") at least 1"));
-  }
   model->engine = std::make_unique<engine::Engine>(std::move(backend), eo);
   if (registry != nullptr) {
     auto metrics = std::make_shared<EngineMetrics>(*registry);

@@ -295,6 +295,19 @@ TEST(WorkerServerTest, ModelOptionsTheLoaderRefusesFailCreateWithItsError) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--dtype")));
 }
 
+TEST(WorkerServerTest, NegativePromptCapsAndAnEmptyBacklogAreRefusedNamingTheFlags) {
+  prometheus::Registry registry;
+  WorkerServerOptions options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.max_prefill_tokens_when_backlogged = -1;
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max_prefill_tokens_when_backlogged (-1)")));
+  options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
+  options.model.prefill_backlog_tokens = 0;
+  EXPECT_THAT(WorkerServer::Create(std::move(options), &registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--prefill_backlog_tokens")));
+}
+
 TEST(WorkerServerTest, AnFp8KvCacheIsRefusedOnTheCpuBackendAndAnUnknownOneEverywhere) {
   prometheus::Registry registry;
   WorkerServerOptions options = OptionsFor(FixtureModel(), v1::ROLE_BOTH, "w");
