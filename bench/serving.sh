@@ -143,8 +143,8 @@ graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
 # The decode workers' step counters, summed: steps, tokens in them, decode
 # sequences in steps that had any and those steps, decode-only steps' seconds
 # and count, mixed steps' (prompt tokens beside decode sequences), steps
-# that took the backlog's raised prompt cap; then every worker's prompt tokens looked up in its prefix cache
-# and those found.
+# that took the backlog's raised prompt cap; then every worker's prompt
+# tokens looked up in its prefix cache and those found.
 engine_counters() {
   local m
   for m in trident_worker_engine_steps_total trident_worker_iteration_tokens_sum \

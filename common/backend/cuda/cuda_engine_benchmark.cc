@@ -288,11 +288,14 @@ absl::StatusOr<double> BackendStepMs(CudaBackend& backend, int32_t batch, int32_
 
 // With --mixed_chunks: for each batch and chunk, the backend's decode-only,
 // prefill-only and mixed steps (BackendStepMs), what the chunk added to the
-// decode step against its prefill alone, and the mixed step's TFLOP/s at
-// 2 x the weights' parameters a token (attention not counted). Traces the
-// mixed steps with --trace_steps.
+// decode step against its prefill alone, and the mixed step's TFLOP/s: 2
+// FLOPs a parameter of the layers for every token, of the rank's head for
+// the rows that sample (attention not counted). Traces the mixed steps with
+// --trace_steps.
 absl::Status PrintMixedTable(CudaBackend& backend, const std::vector<int32_t>& batches,
-                             int32_t context, double weight_bytes) {
+                             int32_t context, double weight_bytes, int32_t tp) {
+  const model::ModelConfig& c = backend.config();
+  const double head_bytes = 2.0 * c.vocab_size * c.hidden_size / tp;
   std::vector<int32_t> chunks;
   for (absl::string_view c :
        absl::StrSplit(absl::GetFlag(FLAGS_mixed_chunks), ',', absl::SkipEmpty())) {
@@ -320,7 +323,9 @@ absl::Status PrintMixedTable(CudaBackend& backend, const std::vector<int32_t>& b
       for (const auto* r : {&decode, &prefill, &mixed}) {
         if (!r->ok()) return r->status();
       }
-      const double tflops = weight_bytes * (batch + chunk) / (*mixed * 1e-3) / 1e12;
+      const double flops =
+          (weight_bytes - head_bytes) * (batch + chunk) + head_bytes * (batch + 1);
+      const double tflops = flops / (*mixed * 1e-3) / 1e12;
       std::printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n", batch, chunk, *decode,
                   *prefill, *mixed, *mixed - *decode, (*mixed - *decode) / *prefill, tflops);
       std::fflush(stdout);
@@ -475,7 +480,7 @@ int Main() {
   }
   for (const std::string& t : traces) std::printf("%s", t.c_str());
   if (absl::Status s =
-          PrintMixedTable(**backend, batches, prompt_len + new_tokens / 2, weight_bytes);
+          PrintMixedTable(**backend, batches, prompt_len + new_tokens / 2, weight_bytes, tp);
       !s.ok()) {
     std::fprintf(stderr, "mixed steps: %s\n", s.ToString().c_str());
     return 1;
