@@ -323,8 +323,7 @@ absl::Status PrintMixedTable(CudaBackend& backend, const std::vector<int32_t>& b
       for (const auto* r : {&decode, &prefill, &mixed}) {
         if (!r->ok()) return r->status();
       }
-      const double flops =
-          (weight_bytes - head_bytes) * (batch + chunk) + head_bytes * (batch + 1);
+      const double flops = (weight_bytes - head_bytes) * (batch + chunk) + head_bytes * (batch + 1);
       const double tflops = flops / (*mixed * 1e-3) / 1e12;
       std::printf("| %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f |\n", batch, chunk, *decode,
                   *prefill, *mixed, *mixed - *decode, (*mixed - *decode) / *prefill, tflops);
