@@ -8,10 +8,11 @@
 # and ITL p50/p90/p99, goodput at the stated SLOs, ITL p99/p50, the mean E2E
 # per output token (NEO's average normalized latency) and the decode
 # workers' steps (how many, tokens and decode sequences a step, the shares
-# of decode-only and mixed steps and their step times) and the share of
-# prompt tokens the workers' prefix caches held; then the decode workers' CUDA
-# graphs: captured at start-up, captured since (must stay 0), replayed, and
-# steps that had none. Where gnuplot is installed, bench/plot_serving.sh
+# of decode-only and mixed steps and their step times, the share of the
+# phase's time, first request to last answer, the decode workers spent
+# stepping) and the share of prompt tokens the workers' prefix caches held;
+# then the decode workers' CUDA graphs: captured at start-up, captured since
+# (must stay 0), replayed, and steps that had none. Where gnuplot is installed, bench/plot_serving.sh
 # then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
 #
 # TOPOLOGY picks the cluster:
@@ -143,15 +144,15 @@ graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
 # The decode workers' step counters, summed: steps, tokens in them, decode
 # sequences in steps that had any and those steps, decode-only steps' seconds
 # and count, mixed steps' (prompt tokens beside decode sequences), steps
-# that took the backlog's raised prompt cap; then every worker's prompt
-# tokens looked up in its prefix cache and those found.
+# that took the backlog's raised prompt cap, all steps' seconds; then every
+# worker's prompt tokens looked up in its prefix cache and those found.
 engine_counters() {
   local m
   for m in trident_worker_engine_steps_total trident_worker_iteration_tokens_sum \
       trident_worker_iteration_decode_sequences_sum trident_worker_iteration_decode_sequences_count \
       trident_worker_decode_step_seconds_sum trident_worker_decode_step_seconds_count \
       trident_worker_mixed_step_seconds_sum trident_worker_mixed_step_seconds_count \
-      trident_worker_backlogged_steps_total; do
+      trident_worker_backlogged_steps_total trident_worker_step_seconds_total; do
     printf '%s ' "$(decode_metric "$m")"
   done
   for m in trident_worker_prefix_cache_queries_total trident_worker_prefix_cache_hits_total; do
@@ -186,7 +187,7 @@ for rate in $rates; do
       --tpot_slo_ms="$tpot_slo" --seed="$phase_seed" --progress=false \
       --json_out="$out/$label.json" --requests_csv="$out/$label.csv" >"$out/$label.txt" 2>&1
   after=$(engine_counters)
-  python3 - "$out/$label.json" "$rate" "$before" "$after" <<'EOF'
+  python3 - "$out/$label.json" "$rate" "$before" "$after" "$num_decode" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 q, lat = r["requests"], r["latency_ms"]
@@ -200,14 +201,20 @@ print(f"{sys.argv[2]:<6} {q['completed']:6d} {r['throughput']['request_rps']:7.1
       f"{lat['normalized_per_token']['mean']:9.2f}"
       + (f"  ({q['failed']} failed)" if q["failed"] else ""))
 d = [b - a for a, b in zip(map(float, sys.argv[3].split()), map(float, sys.argv[4].split()))]
-steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, backlogged, queried, found = d
+steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, backlogged, step_s, queried, \
+    found = d
+# From the first request sent to the last answer: the measured window and the
+# warm-up before it.
+wall = r["measured_window_s"] + r["config"]["warmup_s"]
+num_decoders = int(sys.argv[5])
 if steps > 0:
     print(f"       engine: {steps:.0f} steps, {tokens / steps:.0f} tokens and "
           f"{dseqs / max(1, dsteps):.0f} decode sequences a step; "
           f"{only_n / steps:.0%} decode-only, {1e3 * only_s / max(1, only_n):.2f} ms each; "
           f"{mixed_n / steps:.0%} mixed, {1e3 * mixed_s / max(1, mixed_n):.2f} ms each"
           + (f" ({backlogged / steps:.0%} of steps backlogged)" if backlogged else "") + "; "
-          f"prefix cache {found / max(1, queried):.0%} of prompt tokens")
+          f"prefix cache {found / max(1, queried):.0%} of prompt tokens; "
+          f"stepping {step_s / max(1e-9, wall * num_decoders):.0%} of the phase's time")
 EOF
 done | tee "$out/summary.txt"
 echo "decode graphs: $graphs_at_start at start-up," \

@@ -102,6 +102,13 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                  .Help("Forward passes run by the engine.")
                  .Register(r)
                  .Add({})),
+      step_seconds_(prometheus::BuildCounter()
+                        .Name("trident_worker_step_seconds_total")
+                        .Help("Time in forward steps (scheduling, the forward pass and "
+                              "sampling), summed; against wall time, the share the engine loop "
+                              "spent stepping rather than between steps or idle.")
+                        .Register(r)
+                        .Add({})),
       backlogged_steps_(prometheus::BuildCounter()
                             .Name("trident_worker_backlogged_steps_total")
                             .Help("Steps whose prompt chunks took the raised cap of a prefill "
@@ -250,6 +257,7 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
     // One observation per call: the observer runs after every iteration,
     // which runs at most one step.
     iteration_tokens_.Observe(s.last_step_tokens);
+    step_seconds_.Increment(std::max(0.0, s.last_step_seconds));
     if (s.last_step_decode_sequences > 0) {
       iteration_decode_sequences_.Observe(s.last_step_decode_sequences);
       (s.last_step_prefill_tokens == 0 ? decode_step_ : mixed_step_).Observe(s.last_step_seconds);

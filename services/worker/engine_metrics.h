@@ -26,6 +26,10 @@
 //   trident_worker_generation_tokens_total          counter   tokens generated
 //   trident_worker_preemptions_total                counter   sequences preempted for KV blocks
 //   trident_worker_engine_steps_total               counter   forward passes
+//   trident_worker_step_seconds_total               counter   their durations (scheduling, the
+//                                                             forward pass, sampling), summed:
+//                                                             against wall time, the share of it
+//                                                             the loop spent stepping
 //   trident_worker_backlogged_steps_total           counter   of those, steps whose prompt chunks
 //                                                             took the backlog's raised cap
 //   trident_worker_iteration_tokens                 histogram tokens per forward pass (batch size
@@ -110,6 +114,7 @@ class EngineMetrics {
   prometheus::Counter& generated_tokens_;
   prometheus::Counter& preemptions_;
   prometheus::Counter& steps_;
+  prometheus::Counter& step_seconds_;
   prometheus::Counter& backlogged_steps_;
   prometheus::Histogram& iteration_tokens_;
   prometheus::Histogram& iteration_decode_sequences_;
