@@ -172,8 +172,7 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   const CollectedSeries mixed = FindSeries(registry, "trident_worker_mixed_step_seconds", {});
   EXPECT_EQ(mixed.count, 1u);
   EXPECT_THAT(mixed.sum, DoubleEq(0.3));
-  EXPECT_THAT(FindSeries(registry, "trident_worker_step_seconds_total", {}).value,
-              DoubleEq(0.305));
+  EXPECT_THAT(FindSeries(registry, "trident_worker_step_seconds_total", {}).value, DoubleEq(0.305));
   // A prefill-only step (no decode sequences) is neither.
   stats.steps_total = 3;
   stats.last_step_tokens = 100;
@@ -182,8 +181,7 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   metrics.Update(stats);
   EXPECT_EQ(FindSeries(registry, "trident_worker_decode_step_seconds", {}).count, 1u);
   EXPECT_EQ(FindSeries(registry, "trident_worker_mixed_step_seconds", {}).count, 1u);
-  EXPECT_THAT(FindSeries(registry, "trident_worker_step_seconds_total", {}).value,
-              DoubleEq(0.505));
+  EXPECT_THAT(FindSeries(registry, "trident_worker_step_seconds_total", {}).value, DoubleEq(0.505));
 }
 
 TEST(EngineMetricsTest, BucketsArePowersOfTwoCoveringTheDefaultLimits) {
