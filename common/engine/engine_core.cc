@@ -40,6 +40,9 @@ struct EngineCore::Sequence {
   int32_t cached_tokens = 0;
   // Steps it has waited for a shared prefix another sequence computes.
   int32_t shared_prefix_waits = 0;
+
+  // Prompt tokens whose KV is still to be computed (queued prefill).
+  int32_t UncomputedPromptTokens() const { return std::max(0, prompt_len - num_computed); }
 };
 
 EngineCore::EngineCore(backend::ModelBackend* backend, kv::BlockAllocator* allocator,
@@ -432,7 +435,7 @@ EngineCore::StepBudget EngineCore::NewStepBudget() const {
 bool EngineCore::PrefillBacklogAtLeast(int64_t tokens) const {
   int64_t backlog = 0;
   auto add = [&](const SeqPtr& seq) {
-    backlog += std::max(0, seq->prompt_len - seq->num_computed);
+    backlog += seq->UncomputedPromptTokens();
     return backlog >= tokens;
   };
   return std::any_of(waiting_.begin(), waiting_.end(), add) ||
@@ -774,7 +777,7 @@ EngineStats EngineCore::stats() const {
   s.queued_prefill_tokens = 0;
   s.batch_context_tokens = 0;
   auto add = [&s](const Sequence& seq) {
-    s.queued_prefill_tokens += std::max(0, seq.prompt_len - seq.num_computed);
+    s.queued_prefill_tokens += seq.UncomputedPromptTokens();
   };
   for (const auto& seq : waiting_) add(*seq);
   s.remote_running = 0;

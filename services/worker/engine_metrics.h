@@ -7,8 +7,8 @@
 //   trident_worker_kv_cache_usage_ratio             gauge     KV blocks in use / blocks in the pool
 //   trident_worker_kv_cache_blocks                  gauge     KV blocks in the pool
 //   trident_worker_kv_cache_cached_blocks           gauge     cached blocks nobody holds
-//   (evictable;
-//                                                             free for kv_cache_usage_ratio)
+//                                                             (evictable; free for
+//                                                             kv_cache_usage_ratio)
 //   trident_worker_prefix_cache_queries_total       counter   prompt tokens looked up in the prefix
 //                                                             cache, once per request at admission
 //   trident_worker_prefix_cache_hits_total{tier}    counter   of those, tokens found cached: tier
@@ -17,9 +17,9 @@
 //                                                             block store for the request; hit rate
 //                                                             = rate(hits) / rate(queries)
 //   trident_worker_kv_transfer_cached_blocks_total  counter   blocks of prompts reserved for a
-//   prefill
-//                                                             worker's KV that this worker's prefix
-//                                                             cache held already (not sent)
+//                                                             prefill worker's KV that this
+//                                                             worker's prefix cache held already
+//                                                             (not sent)
 //   trident_worker_kv_invariant_failures_total      counter   idle checks of the block pool's books
 //                                                             that found them broken (a bug)
 //   trident_worker_prompt_tokens_total              counter   prompt tokens accepted
