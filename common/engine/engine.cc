@@ -38,6 +38,7 @@ Engine::Engine(std::unique_ptr<backend::ModelBackend> backend, EngineOptions opt
     StepHook* hook = hook_.load(std::memory_order_acquire);
     if (hook != nullptr) hook->OnRemoteReleased(id, remote);
   });
+  delivery_thread_ = std::thread([this] { DeliveryLoop(); });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -154,6 +155,13 @@ void Engine::Shutdown() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  // The loop's last events (the aborts of shutdown) are queued: delivered
+  // before this returns.
+  {
+    absl::MutexLock lock(&delivery_mu_);
+    loop_done_ = true;
+  }
+  if (delivery_thread_.joinable()) delivery_thread_.join();
 }
 
 void Engine::SetStatsObserver(std::function<void(const EngineStats&)> observer) {
@@ -167,7 +175,29 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
-void Engine::Deliver(const std::vector<TokenEvent>& events) {
+void Engine::Deliver(std::vector<TokenEvent> events) {
+  if (events.empty()) return;
+  absl::MutexLock lock(&delivery_mu_);
+  deliveries_.push_back(std::move(events));
+}
+
+void Engine::DeliveryLoop() {
+  while (true) {
+    std::deque<std::vector<TokenEvent>> batches;
+    {
+      absl::MutexLock lock(&delivery_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(delivery_mu_) {
+        return loop_done_ || !deliveries_.empty();
+      };
+      delivery_mu_.Await(absl::Condition(&ready));
+      if (deliveries_.empty()) return;  // The loop is done and all is out.
+      batches.swap(deliveries_);
+    }
+    for (const std::vector<TokenEvent>& events : batches) RunCallbacks(events);
+  }
+}
+
+void Engine::RunCallbacks(const std::vector<TokenEvent>& events) {
   for (const TokenEvent& ev : events) {
     TokenCallback cb;
     {
@@ -370,14 +400,14 @@ void Engine::Loop() {
     }
     std::vector<TokenEvent> events;
     ApplyInput(inbox, aborts, prefilled, releases, stopping, &events);
-    Deliver(events);
+    Deliver(std::move(events));
     if (stopping) break;
     double seconds = 0;
     std::optional<std::vector<TokenEvent>> stepped = StepOnce(&seconds);
     // Before the next step can evict what this one cached.
     HoldNewlyPublished();
     PublishStats(stepped.has_value(), seconds);
-    if (stepped.has_value()) Deliver(*stepped);
+    if (stepped.has_value()) Deliver(*std::move(stepped));
   }
   absl::MutexLock lock(&mu_);
   stats_ = core_->stats();

@@ -1,12 +1,15 @@
 // The threaded shell around EngineCore: one loop thread owns the core and
 // the backend; other threads submit and abort requests and receive their
-// tokens through callbacks (called on the loop thread, so they must not
-// block).
+// tokens through callbacks. The callbacks run on the engine's delivery
+// thread, one at a time and in the order the loop made the events, so a
+// step's tokens are streamed out while the next step runs; they must not
+// block (they hold up every other request's tokens).
 
 #ifndef TRIDENT_COMMON_ENGINE_ENGINE_H_
 #define TRIDENT_COMMON_ENGINE_ENGINE_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -145,7 +148,12 @@ class Engine final : public TokenSource {
   // The hook's BeforeStep, then a step when the core has work; its events,
   // or nullopt when none ran (or it failed). *seconds: the step's duration.
   std::optional<std::vector<TokenEvent>> StepOnce(double* seconds);
-  void Deliver(const std::vector<TokenEvent>& events);
+  // Hands events to the delivery thread (nothing when empty).
+  void Deliver(std::vector<TokenEvent> events) ABSL_LOCKS_EXCLUDED(delivery_mu_);
+  // The delivery thread: runs the queued events' callbacks until Shutdown
+  // has stopped the loop and the queue is empty.
+  void DeliveryLoop() ABSL_LOCKS_EXCLUDED(delivery_mu_);
+  void RunCallbacks(const std::vector<TokenEvent>& events) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::unique_ptr<backend::ModelBackend> backend_;
   // Before the allocator, which reports to it.
@@ -201,6 +209,12 @@ class Engine final : public TokenSource {
   mutable absl::Mutex held_mu_;
   std::vector<std::pair<kv::BlockKey, int32_t>> held_ ABSL_GUARDED_BY(held_mu_);
   int64_t held_dropped_ ABSL_GUARDED_BY(held_mu_) = 0;
+  // Events the loop made, not yet given to their callbacks.
+  absl::Mutex delivery_mu_;
+  std::deque<std::vector<TokenEvent>> deliveries_ ABSL_GUARDED_BY(delivery_mu_);
+  bool loop_done_ ABSL_GUARDED_BY(delivery_mu_) = false;
+  // Started before the loop thread, joined after it.
+  std::thread delivery_thread_;
   std::thread thread_;
 };
 

@@ -92,7 +92,7 @@ class GenerationService::Stream final : public grpc::ServerWriteReactor<grpc::By
     bool finished ABSL_GUARDED_BY(mu) = false;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
 
-    // Touched only by the engine's thread after Start.
+    // Touched only by the engine's token callbacks (its delivery thread) after Start.
     std::string request_id;
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
