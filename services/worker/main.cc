@@ -115,12 +115,13 @@ ABSL_FLAG(int32_t, max_prefill_tokens_while_decoding, 256,
           "While sequences decode, prompt chunks take at most this many tokens of a step, so a "
           "long prompt arriving stretches the decoders' next token (their ITL) by a bounded "
           "chunk rather than by its whole prefill; 0: only --max_batch_tokens caps them.");
-ABSL_FLAG(int32_t, max_prefill_tokens_when_backlogged, 0,
+ABSL_FLAG(int32_t, max_prefill_tokens_when_backlogged, 1024,
           "While at least --prefill_backlog_tokens prompt tokens wait to be computed, prompt "
           "chunks may take this many tokens of a step beside decoding sequences instead of "
           "--max_prefill_tokens_while_decoding: under overload the backlog is prefilled in "
           "larger, more efficient chunks, at the cost of the decoders' inter-token latency in "
-          "those steps (trident_worker_backlogged_steps_total counts them); 0: never.");
+          "those steps (trident_worker_backlogged_steps_total counts them). Below saturation no "
+          "step is backlogged; 0: never.");
 ABSL_FLAG(int32_t, prefill_backlog_tokens, 4096,
           "Prompt tokens waiting to be computed from which --max_prefill_tokens_when_backlogged "
           "applies.");

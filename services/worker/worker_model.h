@@ -79,7 +79,7 @@ struct WorkerModelOptions {
   int32_t max_prefill_tokens_while_decoding = 256;
   // engine::EngineOptions::max_prefill_tokens_when_backlogged (0: off) and
   // prefill_backlog_tokens.
-  int32_t max_prefill_tokens_when_backlogged = 0;
+  int32_t max_prefill_tokens_when_backlogged = 1024;
   int32_t prefill_backlog_tokens = 4096;
   int32_t max_running = 256;
   int32_t max_model_len = 0;
