@@ -171,19 +171,30 @@ void Engine::SetStatsObserver(std::function<void(const EngineStats&)> observer) 
 }
 
 EngineStats Engine::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+  EngineStats s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = stats_;
+  }
+  AddDeliveryStats(s);
+  return s;
+}
+
+void Engine::AddDeliveryStats(EngineStats& s) const {
+  absl::MutexLock lock(&delivery_mu_);
+  s.delivered_batches_total = delivered_batches_;
+  s.delivery_lag_seconds_total = delivery_lag_seconds_;
 }
 
 void Engine::Deliver(std::vector<TokenEvent> events) {
   if (events.empty()) return;
   absl::MutexLock lock(&delivery_mu_);
-  deliveries_.push_back(std::move(events));
+  deliveries_.push_back({std::move(events), std::chrono::steady_clock::now()});
 }
 
 void Engine::DeliveryLoop() {
   while (true) {
-    std::deque<std::vector<TokenEvent>> batches;
+    std::deque<Delivery> batches;
     {
       absl::MutexLock lock(&delivery_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(delivery_mu_) {
@@ -193,7 +204,16 @@ void Engine::DeliveryLoop() {
       if (deliveries_.empty()) return;  // The loop is done and all is out.
       batches.swap(deliveries_);
     }
-    for (const std::vector<TokenEvent>& events : batches) RunCallbacks(events);
+    for (const Delivery& delivery : batches) {
+      {
+        absl::MutexLock lock(&delivery_mu_);
+        ++delivered_batches_;
+        delivery_lag_seconds_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - delivery.queued)
+                .count();
+      }
+      RunCallbacks(delivery.events);
+    }
   }
 }
 
@@ -361,6 +381,7 @@ void Engine::PublishStats(bool stepped, double seconds) {
   s.last_step_seconds = seconds;
   s.step_hook_seconds_total = step_hook_seconds_;
   s.kv_reserved_cached_blocks_total = reserved_cached_blocks_.load();
+  AddDeliveryStats(s);
   // Published before the step's tokens are delivered: a caller holding a
   // request's last token sees the stats of the step that made it.
   absl::MutexLock lock(&mu_);

@@ -9,6 +9,7 @@
 #define TRIDENT_COMMON_ENGINE_ENGINE_H_
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -154,6 +155,8 @@ class Engine final : public TokenSource {
   // has stopped the loop and the queue is empty.
   void DeliveryLoop() ABSL_LOCKS_EXCLUDED(delivery_mu_);
   void RunCallbacks(const std::vector<TokenEvent>& events) ABSL_LOCKS_EXCLUDED(mu_);
+  // The delivery counters into `s`.
+  void AddDeliveryStats(EngineStats& s) const ABSL_LOCKS_EXCLUDED(delivery_mu_);
 
   std::unique_ptr<backend::ModelBackend> backend_;
   // Before the allocator, which reports to it.
@@ -210,8 +213,14 @@ class Engine final : public TokenSource {
   std::vector<std::pair<kv::BlockKey, int32_t>> held_ ABSL_GUARDED_BY(held_mu_);
   int64_t held_dropped_ ABSL_GUARDED_BY(held_mu_) = 0;
   // Events the loop made, not yet given to their callbacks.
-  absl::Mutex delivery_mu_;
-  std::deque<std::vector<TokenEvent>> deliveries_ ABSL_GUARDED_BY(delivery_mu_);
+  struct Delivery {
+    std::vector<TokenEvent> events;
+    std::chrono::steady_clock::time_point queued;
+  };
+  mutable absl::Mutex delivery_mu_;
+  std::deque<Delivery> deliveries_ ABSL_GUARDED_BY(delivery_mu_);
+  int64_t delivered_batches_ ABSL_GUARDED_BY(delivery_mu_) = 0;
+  double delivery_lag_seconds_ ABSL_GUARDED_BY(delivery_mu_) = 0;
   bool loop_done_ ABSL_GUARDED_BY(delivery_mu_) = false;
   // Started before the loop thread, joined after it.
   std::thread delivery_thread_;

@@ -175,6 +175,12 @@ struct EngineStats {
   // there while every running sequence waits).
   double last_step_seconds = 0;
   double step_hook_seconds_total = 0;
+  // Also the Engine shell's: the steps' event batches whose callbacks its
+  // delivery thread has begun, and their time queued (from the loop's
+  // handing them over to that start), summed. A mean lag near a step's
+  // duration or above it means the callbacks fall behind the steps.
+  int64_t delivered_batches_total = 0;
+  double delivery_lag_seconds_total = 0;
 };
 
 // A resident decoding sequence that could move to an attention service

@@ -239,6 +239,10 @@ TEST(EngineTest, ABlockedCallbackDoesNotHoldUpTheSteps) {
   release.Notify();
   done.WaitForNotification();
   EXPECT_EQ(delivered.load(), 40);
+  // One batch a step; the ones behind the held callback waited for it.
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.delivered_batches_total, 40);
+  EXPECT_GT(stats.delivery_lag_seconds_total, 0);
 }
 
 TEST(EngineTest, ShutdownAbortsLiveRequestsAndRefusesNewOnes) {

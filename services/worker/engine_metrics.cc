@@ -115,6 +115,19 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                                   "backlog (--max_prefill_tokens_when_backlogged).")
                             .Register(r)
                             .Add({})),
+      delivery_batches_(prometheus::BuildCounter()
+                            .Name("trident_worker_token_delivery_batches_total")
+                            .Help("Steps' token batches whose callbacks (streaming each token "
+                                  "to its caller) the engine's delivery thread has begun.")
+                            .Register(r)
+                            .Add({})),
+      delivery_lag_(prometheus::BuildCounter()
+                        .Name("trident_worker_token_delivery_lag_seconds_total")
+                        .Help("Time those batches waited for the delivery thread, summed; a "
+                              "mean near a step's duration or above means the callbacks fall "
+                              "behind the steps.")
+                        .Register(r)
+                        .Add({})),
       iteration_tokens_(prometheus::BuildHistogram()
                             .Name("trident_worker_iteration_tokens")
                             .Help("Tokens per forward pass (prompt chunks and decode tokens).")
@@ -253,6 +266,10 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   steps_.Increment(static_cast<double>(s.steps_total - last_.steps_total));
   backlogged_steps_.Increment(
       static_cast<double>(s.backlogged_steps_total - last_.backlogged_steps_total));
+  delivery_batches_.Increment(static_cast<double>(
+      std::max<int64_t>(0, s.delivered_batches_total - last_.delivered_batches_total)));
+  delivery_lag_.Increment(
+      std::max(0.0, s.delivery_lag_seconds_total - last_.delivery_lag_seconds_total));
   if (s.steps_total > last_.steps_total) {
     // One observation per call: the observer runs after every iteration,
     // which runs at most one step.

@@ -32,6 +32,10 @@
 //                                                             the loop spent stepping
 //   trident_worker_backlogged_steps_total           counter   of those, steps whose prompt chunks
 //                                                             took the backlog's raised cap
+//   trident_worker_token_delivery_batches_total     counter   steps' token batches handed to the
+//                                                             engine's delivery thread
+//   trident_worker_token_delivery_lag_seconds_total counter   their time queued before their
+//                                                             callbacks began, summed
 //   trident_worker_iteration_tokens                 histogram tokens per forward pass (batch size
 //                                                             in tokens), one observation a step
 //   trident_worker_iteration_decode_sequences       histogram one-token decode sequences per step,
@@ -116,6 +120,8 @@ class EngineMetrics {
   prometheus::Counter& steps_;
   prometheus::Counter& step_seconds_;
   prometheus::Counter& backlogged_steps_;
+  prometheus::Counter& delivery_batches_;
+  prometheus::Counter& delivery_lag_;
   prometheus::Histogram& iteration_tokens_;
   prometheus::Histogram& iteration_decode_sequences_;
   prometheus::Gauge& cpu_sequences_;

@@ -142,6 +142,8 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   stats.remote_moves_dropped_total = 2;
   stats.step_hook_seconds_total = 0.25;
   stats.cpu_cost_scale = 1.7;
+  stats.delivered_batches_total = 3;
+  stats.delivery_lag_seconds_total = 0.002;
   metrics.Update(stats);
   // A mixed step (prompt tokens beside the decode sequences): not a decode
   // step.
@@ -151,6 +153,8 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   stats.last_step_seconds = 0.3;
   stats.remote_held_total = 4;
   stats.step_hook_seconds_total = 0.5;
+  stats.delivered_batches_total = 5;
+  stats.delivery_lag_seconds_total = 0.003;
   metrics.Update(stats);
 
   const std::string decisions = "trident_worker_offload_decisions_total";
@@ -162,6 +166,9 @@ TEST(EngineMetricsTest, OffloadDecisionsHookTimeAndDecodeStepDurations) {
   EXPECT_EQ(FindSeries(registry, decisions, {{"decision", "demoted"}}).value, 0);
   EXPECT_THAT(FindSeries(registry, "trident_worker_step_hook_seconds_total", {}).value,
               DoubleEq(0.5));
+  EXPECT_EQ(FindSeries(registry, "trident_worker_token_delivery_batches_total", {}).value, 5);
+  EXPECT_THAT(FindSeries(registry, "trident_worker_token_delivery_lag_seconds_total", {}).value,
+              DoubleEq(0.003));
   EXPECT_THAT(FindSeries(registry, "trident_worker_offload_cpu_cost_scale", {}).value,
               DoubleEq(1.7));
   const CollectedSeries steps = FindSeries(registry, "trident_worker_decode_step_seconds", {});
