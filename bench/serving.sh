@@ -10,7 +10,8 @@
 # workers' steps (how many, tokens and decode sequences a step, the shares
 # of decode-only and mixed steps and their step times, the share of the
 # phase's time, first request to last answer, the decode workers spent
-# stepping) and the share of prompt tokens the workers' prefix caches held;
+# stepping, the mean time a step's tokens waited to be streamed) and the
+# share of prompt tokens the workers' prefix caches held;
 # then the decode workers' CUDA graphs: captured at start-up, captured since
 # (must stay 0), replayed, and steps that had none. Where gnuplot is installed, bench/plot_serving.sh
 # then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
@@ -144,15 +145,17 @@ graphs_at_start=$(decode_metric trident_worker_cuda_graphs)
 # The decode workers' step counters, summed: steps, tokens in them, decode
 # sequences in steps that had any and those steps, decode-only steps' seconds
 # and count, mixed steps' (prompt tokens beside decode sequences), steps
-# that took the backlog's raised prompt cap, all steps' seconds; then every
-# worker's prompt tokens looked up in its prefix cache and those found.
+# that took the backlog's raised prompt cap, all steps' seconds, the token
+# batches delivered and their time queued; then every worker's prompt tokens
+# looked up in its prefix cache and those found.
 engine_counters() {
   local m
   for m in trident_worker_engine_steps_total trident_worker_iteration_tokens_sum \
       trident_worker_iteration_decode_sequences_sum trident_worker_iteration_decode_sequences_count \
       trident_worker_decode_step_seconds_sum trident_worker_decode_step_seconds_count \
       trident_worker_mixed_step_seconds_sum trident_worker_mixed_step_seconds_count \
-      trident_worker_backlogged_steps_total trident_worker_step_seconds_total; do
+      trident_worker_backlogged_steps_total trident_worker_step_seconds_total \
+      trident_worker_token_delivery_batches_total trident_worker_token_delivery_lag_seconds_total; do
     printf '%s ' "$(decode_metric "$m")"
   done
   for m in trident_worker_prefix_cache_queries_total trident_worker_prefix_cache_hits_total; do
@@ -201,8 +204,8 @@ print(f"{sys.argv[2]:<6} {q['completed']:6d} {r['throughput']['request_rps']:7.1
       f"{lat['normalized_per_token']['mean']:9.2f}"
       + (f"  ({q['failed']} failed)" if q["failed"] else ""))
 d = [b - a for a, b in zip(map(float, sys.argv[3].split()), map(float, sys.argv[4].split()))]
-steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, backlogged, step_s, queried, \
-    found = d
+steps, tokens, dseqs, dsteps, only_s, only_n, mixed_s, mixed_n, backlogged, step_s, batches, \
+    lag_s, queried, found = d
 # From the first request sent to the last answer: the measured window and the
 # warm-up before it.
 wall = r["measured_window_s"] + r["config"]["warmup_s"]
@@ -214,7 +217,8 @@ if steps > 0:
           f"{mixed_n / steps:.0%} mixed, {1e3 * mixed_s / max(1, mixed_n):.2f} ms each"
           + (f" ({backlogged / steps:.0%} of steps backlogged)" if backlogged else "") + "; "
           f"prefix cache {found / max(1, queried):.0%} of prompt tokens; "
-          f"stepping {step_s / max(1e-9, wall * num_decoders):.0%} of the phase's time")
+          f"stepping {step_s / max(1e-9, wall * num_decoders):.0%} of the phase's time; "
+          f"tokens streamed {1e3 * lag_s / max(1, batches):.2f} ms after their step")
 EOF
 done | tee "$out/summary.txt"
 echo "decode graphs: $graphs_at_start at start-up," \
