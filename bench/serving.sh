@@ -11,10 +11,11 @@
 # of decode-only and mixed steps and their step times, the share of the
 # phase's time, first request to last answer, the decode workers spent
 # stepping, the mean time a step's tokens waited to be streamed) and the
-# share of prompt tokens the workers' prefix caches held;
-# then the decode workers' CUDA graphs: captured at start-up, captured since
-# (must stay 0), replayed, and steps that had none. Where gnuplot is installed, bench/plot_serving.sh
-# then draws goodput against rate and the TTFT and TPOT CDFs into OUT.
+# share of prompt tokens the workers' prefix caches held; then the decode
+# workers' CUDA graphs: captured at start-up, captured since (must stay 0),
+# replayed, and steps that had none. Where gnuplot is installed,
+# bench/plot_serving.sh then draws goodput against rate and the TTFT and TPOT
+# CDFs into OUT.
 #
 # TOPOLOGY picks the cluster:
 #   colocated (default)  one worker in role both without a KV transport per

@@ -194,7 +194,7 @@ void Engine::Deliver(std::vector<TokenEvent> events) {
 
 void Engine::DeliveryLoop() {
   while (true) {
-    std::deque<Delivery> batches;
+    std::vector<TokenEvent> events;
     {
       absl::MutexLock lock(&delivery_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(delivery_mu_) {
@@ -202,18 +202,14 @@ void Engine::DeliveryLoop() {
       };
       delivery_mu_.Await(absl::Condition(&ready));
       if (deliveries_.empty()) return;  // The loop is done and all is out.
-      batches.swap(deliveries_);
+      Delivery& next = deliveries_.front();
+      ++delivered_batches_;
+      delivery_lag_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - next.queued).count();
+      events = std::move(next.events);
+      deliveries_.pop_front();
     }
-    for (const Delivery& delivery : batches) {
-      {
-        absl::MutexLock lock(&delivery_mu_);
-        ++delivered_batches_;
-        delivery_lag_seconds_ +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - delivery.queued)
-                .count();
-      }
-      RunCallbacks(delivery.events);
-    }
+    RunCallbacks(events);
   }
 }
 

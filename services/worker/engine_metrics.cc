@@ -266,8 +266,8 @@ void EngineMetrics::Update(const engine::EngineStats& s) {
   steps_.Increment(static_cast<double>(s.steps_total - last_.steps_total));
   backlogged_steps_.Increment(
       static_cast<double>(s.backlogged_steps_total - last_.backlogged_steps_total));
-  delivery_batches_.Increment(static_cast<double>(
-      std::max<int64_t>(0, s.delivered_batches_total - last_.delivered_batches_total)));
+  delivery_batches_.Increment(
+      static_cast<double>(s.delivered_batches_total - last_.delivered_batches_total));
   delivery_lag_.Increment(
       std::max(0.0, s.delivery_lag_seconds_total - last_.delivery_lag_seconds_total));
   if (s.steps_total > last_.steps_total) {
