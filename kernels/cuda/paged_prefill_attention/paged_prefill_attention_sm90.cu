@@ -40,11 +40,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cuda/paged_prefill_attention/paged_prefill_attention_kernel.h"
 #include "kernels/cuda/paged_prefill_attention/prefill_device.h"
-#include "kernels/cuda/pdl/pdl_device.h"
 #include "kernels/cuda/wgmma/tensor_map.h"
 #include "kernels/cuda/wgmma/wgmma_device.h"
 
@@ -432,14 +430,12 @@ struct Stages {
 // the tile before it there has been consumed. kTma: whole blocks of the
 // cache come by the tensor copy engine (kv_map), the rest (a context's last
 // partial block) by cp.async; otherwise everything by cp.async.
-template <bool kTma, int kCluster = 1>
+template <bool kTma>
 __device__ __forceinline__ void ProduceBf16(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                             const int32_t* table, const CtaWork& w, int num_n_tiles,
                                             const Stages& st) {
   constexpr int kStages = kTma ? kTmaStages : kPlainStages;
-  static_assert(kTma || kCluster == 1);
   const int t = threadIdx.x;
-  [[maybe_unused]] const uint32_t rank = kCluster > 1 ? wgmma::ClusterRank() : 0;
   if constexpr (!kTma) LoadQ(p, w, t, st.smem);  // With the copy engine, Q goes to registers.
   for (int it = 0; it < num_n_tiles; ++it) {
     const int stage = it % kStages;
@@ -467,20 +463,8 @@ __device__ __forceinline__ void ProduceBf16(const PagedPrefillParams& p, const C
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int at = half * (kBlockN * 128) + r * 128;
-            if constexpr (kCluster == 1) {
-              wgmma::TensorLoad2d(st.k(stage) + at, kv_map, half * 64, k_row, &st.full[stage]);
-              wgmma::TensorLoad2d(st.v(stage) + at, kv_map, half * 64, v_row, &st.full[stage]);
-            } else {
-              // Rank 0 multicasts K's boxes, rank 1 V's, into both CTAs.
-              constexpr uint16_t kAll = (1u << kCluster) - 1;
-              if (rank == 0) {
-                wgmma::TensorLoad2dMulticast(st.k(stage) + at, kv_map, half * 64, k_row,
-                                             &st.full[stage], kAll);
-              } else {
-                wgmma::TensorLoad2dMulticast(st.v(stage) + at, kv_map, half * 64, v_row,
-                                             &st.full[stage], kAll);
-              }
-            }
+            wgmma::TensorLoad2d(st.k(stage) + at, kv_map, half * 64, k_row, &st.full[stage]);
+            wgmma::TensorLoad2d(st.v(stage) + at, kv_map, half * 64, v_row, &st.full[stage]);
           }
         }
       }
@@ -670,7 +654,7 @@ __device__ __forceinline__ void ProduceFp8(const PagedPrefillParams& p, const CU
   }
 }
 
-template <Load kLoad, int kCluster = 1>
+template <Load kLoad>
 __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUtensorMap* kv_map,
                                         const int32_t* table, const CtaWork& w, int num_n_tiles,
                                         const Stages& st, unsigned char* smem) {
@@ -681,7 +665,7 @@ __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUten
         reinterpret_cast<uint64_t*>(smem + kFp8BarrierOffset + BarrierBytes(kPlainStages))};
     ProduceFp8(p, kv_map, table, w, num_n_tiles, st, fs);
   } else {
-    ProduceBf16<kLoad == Load::kTma, kCluster>(p, kv_map, table, w, num_n_tiles, st);
+    ProduceBf16<kLoad == Load::kTma>(p, kv_map, table, w, num_n_tiles, st);
   }
 }
 
@@ -693,25 +677,7 @@ __device__ __forceinline__ void Produce(const PagedPrefillParams& p, const CUten
 // but still take and pass their turns, so both consumers take as many. On
 // the H200 at 16k tokens this ran 5% faster than the consumers on their own
 // (Consume), given a third stage, and 17% slower with two.
-// Releases a stage: this thread's arrival, or (kCluster > 1) its warp's, on
-// the stage's empty barrier in every CTA of the cluster (each multicasts into
-// this one's stage).
-template <int kCluster>
-__device__ __forceinline__ void ReleaseStage(uint64_t* empty) {
-  if constexpr (kCluster == 1) {
-    wgmma::BarrierArrive(empty);
-  } else {
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) {
-#pragma unroll
-      for (int r = 0; r < kCluster; ++r) {
-        wgmma::BarrierArriveCluster(wgmma::ClusterSharedAddress(empty, r));
-      }
-    }
-  }
-}
-
-template <bool kVKMajor, int kCluster = 1>
+template <bool kVKMajor>
 __device__ __forceinline__ void ConsumeInTurns(const PagedPrefillParams& p, const CtaWork& w,
                                                int num_n_tiles, const Stages& st, int c) {
   constexpr int kStages = kTmaStages;
@@ -776,7 +742,7 @@ __device__ __forceinline__ void ConsumeInTurns(const PagedPrefillParams& p, cons
     wgmma::CommitGroup();
     pass(t);
     wgmma::WaitGroup<0>();
-    ReleaseStage<kCluster>(&st.empty[(t - 1) % kStages]);
+    wgmma::BarrierArrive(&st.empty[(t - 1) % kStages]);
     softmax(t);
   }
   // Turn nc: P V of the last visible tile; then turns with nothing to issue.
@@ -792,7 +758,7 @@ __device__ __forceinline__ void ConsumeInTurns(const PagedPrefillParams& p, cons
     } else {
       pass(t);
     }
-    ReleaseStage<kCluster>(&st.empty[(t - 1) % kStages]);
+    wgmma::BarrierArrive(&st.empty[(t - 1) % kStages]);
   }
   if (c * 64 < w.rows) StoreOutput(p, w, o, sm, row0);
 }
@@ -844,7 +810,7 @@ __device__ __forceinline__ void Consume(const PagedPrefillParams& p, const CtaWo
 
 // kTableInSmem: the sequence's block table is copied into shared memory first,
 // so the producer's gathers wait on shared memory instead of a global load.
-template <Load kLoad, bool kTableInSmem, int kCluster = 1>
+template <Load kLoad, bool kTableInSmem>
 __global__ void __launch_bounds__(kThreads, 1)
     PagedPrefillSm90Kernel(const PagedPrefillParams p, const __grid_constant__ CUtensorMap kv_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -878,8 +844,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // after its stores), and with the tensor copy engine into the stage
       // the first thread's expected bytes.
       wgmma::BarrierInit(&st.full[i], kLoaders + (kLoad == Load::kTma ? 1 : 0));
-      wgmma::BarrierInit(&st.empty[i], kCluster == 1 ? kThreads - kLoaders
-                                                     : kCluster * (kThreads - kLoaders) / 32);
+      wgmma::BarrierInit(&st.empty[i], kThreads - kLoaders);
     }
     if constexpr (kFp8) {
       // The staging buffers: the first thread's expected bytes alone.
@@ -893,54 +858,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = threadIdx.x; i < blocks; i += kThreads) copy[i] = table[i];
     table = copy;
   }
-  if constexpr (kCluster == 1) {
-    __syncthreads();
-  } else {
-    if (threadIdx.x == 0) wgmma::FenceBarrierInitForCluster();
-    wgmma::ClusterSync();
-  }
+  __syncthreads();
   if (threadIdx.x < kLoaders) {
     wgmma::DecreaseRegisters<ProducerRegisters(kLoad)>();
-    Produce<kLoad, kCluster>(p, &kv_map, table, w, num_n_tiles, st, smem);
+    Produce<kLoad>(p, &kv_map, table, w, num_n_tiles, st, smem);
   } else {
     wgmma::IncreaseRegisters<ConsumerRegisters(kLoad)>();
     const int c = threadIdx.x / 128 - 1;
     if constexpr (kLoad == Load::kTma) {
-      ConsumeInTurns<false, kCluster>(p, w, num_n_tiles, st, c);
+      ConsumeInTurns<false>(p, w, num_n_tiles, st, c);
     } else {
       Consume<kFp8>(p, w, num_n_tiles, st, c);
     }
   }
-  // No CTA leaves while another may still write to it or arrive on its barriers.
-  if constexpr (kCluster > 1) wgmma::ClusterSync();
-}
-
-template <Load kLoad, bool kTableInSmem, int kCluster>
-cudaError_t LaunchSm90Clustered(const PagedPrefillParams& params, const CUtensorMap& kv_map,
-                                int smem_bytes, cudaStream_t stream) {
-  auto* kernel = &PagedPrefillSm90Kernel<kLoad, kTableInSmem, kCluster>;
-  const cudaError_t error =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (error != cudaSuccess) return error;
-  const dim3 grid(params.num_q_heads, (params.max_query_len + kBlockM - 1) / kBlockM, params.batch);
-  return pdl::LaunchClustered(kernel, grid, dim3(kThreads), smem_bytes, stream, /*pdl=*/false,
-                              kCluster, params, kv_map);
 }
 
 template <Load kLoad, bool kTableInSmem>
 cudaError_t LaunchSm90(const PagedPrefillParams& params, const CUtensorMap& kv_map, int smem_bytes,
                        cudaStream_t stream) {
-  static const int wanted = [] {
-    const char* v = getenv("TRIDENT_PREFILL_CLUSTER");
-    return v == nullptr ? 1 : atoi(v);
-  }();
-  if constexpr (kLoad == Load::kTma) {
-    const int group = params.num_q_heads / params.num_kv_heads;
-    if (wanted == 2 && group % 2 == 0) {
-      return LaunchSm90Clustered<kLoad, kTableInSmem, 2>(params, kv_map, smem_bytes, stream);
-    }
-  }
-  return LaunchSm90Clustered<kLoad, kTableInSmem, 1>(params, kv_map, smem_bytes, stream);
+  auto* kernel = &PagedPrefillSm90Kernel<kLoad, kTableInSmem>;
+  const cudaError_t error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(params.num_q_heads, (params.max_query_len + kBlockM - 1) / kBlockM, params.batch);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(params, kv_map);
+  return cudaGetLastError();
 }
 
 // The block table in shared memory when it fits (beside three stages, up to

@@ -281,20 +281,6 @@ __device__ __forceinline__ void TensorLoad2d(void* dst, const void* tensor_map, 
       : "memory");
 }
 
-// TensorLoad2d into every CTA of the cluster named in `cta_mask` (bit r for
-// rank r): the box lands at `dst`'s offset in each one's shared memory, and
-// its bytes are counted on the barrier at `bar`'s offset there.
-__device__ __forceinline__ void TensorLoad2dMulticast(void* dst, const void* tensor_map,
-                                                      int32_t inner, int32_t outer, uint64_t* bar,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes."
-      "multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(SharedAddress(dst)),
-      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(inner), "r"(outer), "r"(SharedAddress(bar)),
-      "h"(cta_mask)
-      : "memory");
-}
-
 // TensorLoad2d with an L2 cache policy (EvictFirstPolicy's).
 __device__ __forceinline__ void TensorLoad2dHint(void* dst, const void* tensor_map, int32_t inner,
                                                  int32_t outer, uint64_t* bar, uint64_t policy) {
@@ -340,26 +326,6 @@ __device__ __forceinline__ uint32_t ClusterSharedAddress(const void* p, uint32_t
   uint32_t remote;
   asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(p)), "r"(rank));
   return remote;
-}
-
-// This CTA's rank in its cluster.
-__device__ __forceinline__ uint32_t ClusterRank() {
-  uint32_t rank;
-  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// Makes barriers just initialized visible to the cluster's other CTAs (their
-// arrivals and the copies they multicast); a ClusterSync must follow.
-__device__ __forceinline__ void FenceBarrierInitForCluster() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// Arrives on the barrier at a ClusterSharedAddress (another CTA's, or this
-// one's), releasing this thread's earlier accesses at cluster scope.
-__device__ __forceinline__ void BarrierArriveCluster(uint32_t remote) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
-               : "memory");
 }
 
 // The f32 at a ClusterSharedAddress.
