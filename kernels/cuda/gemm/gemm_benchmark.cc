@@ -250,7 +250,7 @@ BENCHMARK(BM_GemvFused)
 
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t mode : {0, 1, 2}) {
-    for (int64_t m : {1, 2, 4, 8, 16, 64, 512, 4096}) {
+    for (int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 512, 4096}) {
       for (int64_t path : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
         if (m > 1 && path >= 1 && path <= 4) continue;
         if ((m == 1 || m > 64) && path >= 5 && path <= 7) continue;
