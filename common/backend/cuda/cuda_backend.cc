@@ -204,7 +204,6 @@ absl::Status Impl::LoadWeights(const model::TensorReader& weights,
                               .skinny = options.gemm_skinny,
                               .skinny_silu_max_rows = options.gemm_skinny_silu_max_rows,
                               .skinny_cluster_split = options.gemm_skinny_cluster,
-                              .skinny_preferred_max_rows = options.gemm_skinny_qkv_max_rows,
                               .tune_algos = options.gemm_tune_algos}));
   full_config = model_config;
   config = tp.group != nullptr ? model::RankModelConfig(model_config, tp.layout) : model_config;

@@ -106,11 +106,6 @@ struct CudaBackendOptions {
   // split each tile's k within a cluster (GemmOptions::skinny_cluster_split;
   // not yet measured, hence off).
   bool gemm_skinny_cluster = false;
-  // Decode batches of 2 up to this many sequences take the skinny GEMM with
-  // the cluster split for q/k/v alone (GemmOptions::
-  // skinny_preferred_max_rows); o and down stay on cuBLASLt, which measured
-  // faster for them inside a step. 0: cuBLASLt for every q/k/v.
-  int64_t gemm_skinny_qkv_max_rows = 16;
   // cuBLASLt's projections in the decode graphs (batches past the GEMV's
   // one row): up to this many of its candidate algorithms are timed for each
   // shape while the graphs are captured at start-up, and the fastest kept

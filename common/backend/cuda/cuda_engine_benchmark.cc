@@ -84,9 +84,6 @@ ABSL_FLAG(int64_t, gemm_skinny_silu_max_rows, 64,
           "Without --gemm_skinny, the fused gate/up + SwiGLU of up to this many rows still takes "
           "the skinny GEMM (0: cuBLASLt and the activation kernel; "
           "CudaBackendOptions::gemm_skinny_silu_max_rows).");
-ABSL_FLAG(int64_t, gemm_skinny_qkv_max_rows, 16,
-          "Decode batches of 2 up to this many sequences take the skinny GEMM with the cluster "
-          "split for q/k/v (0: cuBLASLt; CudaBackendOptions::gemm_skinny_qkv_max_rows).");
 ABSL_FLAG(int32_t, gemm_tune_algos, 16,
           "cuBLASLt candidates timed per decode-graph shape at capture "
           "(CudaBackendOptions::gemm_tune_algos; 0: the heuristic's first choice).");
@@ -376,7 +373,6 @@ CudaBackendOptions OptionsFromFlags(const std::vector<int32_t>& batches, int32_t
   options.gemv_rope = absl::GetFlag(FLAGS_gemv_rope);
   options.gemm_skinny = absl::GetFlag(FLAGS_gemm_skinny);
   options.gemm_skinny_silu_max_rows = absl::GetFlag(FLAGS_gemm_skinny_silu_max_rows);
-  options.gemm_skinny_qkv_max_rows = absl::GetFlag(FLAGS_gemm_skinny_qkv_max_rows);
   options.gemm_tune_algos = absl::GetFlag(FLAGS_gemm_tune_algos);
   options.gemm_skinny_cluster = absl::GetFlag(FLAGS_gemm_skinny_cluster);
   options.decode_variant = absl::GetFlag(FLAGS_decode_variant);

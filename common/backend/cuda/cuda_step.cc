@@ -317,7 +317,6 @@ absl::Status Impl::EnqueueQkv(Pass& pass, int32_t l, bool* kv_stored) {
                  qkv_width(),
                  h};
   g.y_dtype = DType::kF32;
-  g.prefer_skinny = true;
   if (l == 0 && !f32_embedding) {
     TRIDENT_RETURN_IF_ERROR(AddRmsNorm(pass.residual.get<float>(), pass.tmp.get(),
                                        /*replace=*/true, layer.input_norm.get<float>(), shape.total,

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -171,27 +170,13 @@ struct Gemm::Impl {
   }
 
   // Whether the skinny GEMM takes the call: every suitable call with
-  // options.skinny or `preferred` (SkinnyFor), else the fused gate/up +
-  // SwiGLU of up to skinny_silu_max_rows rows.
-  bool TakesSkinny(const internal::SkinnyArgs& s, bool preferred = false) const {
-    const bool wanted =
-        options.skinny || preferred || (s.silu_mul && s.m <= options.skinny_silu_max_rows);
+  // options.skinny, else the fused gate/up + SwiGLU of up to
+  // skinny_silu_max_rows rows.
+  bool TakesSkinny(const internal::SkinnyArgs& s) const {
+    const bool wanted = options.skinny || (s.silu_mul && s.m <= options.skinny_silu_max_rows);
     return wanted && skinny_counters != nullptr && internal::SkinnySuits(s) &&
            internal::SkinnyPartialBytes(s, sms) <= options.workspace_bytes &&
            internal::SkinnyCounterBytes(s) <= kSkinnyMaxTiles * sizeof(int32_t);
-  }
-
-  // The skinny GEMM's arguments where it takes a (non-fused) call: every
-  // suitable call with options.skinny, and a call that prefers it
-  // (GemmArgs::prefer_skinny) of 2 up to skinny_preferred_max_rows rows,
-  // split in clusters.
-  std::optional<internal::SkinnyArgs> SkinnyFor(const GemmArgs& args) const {
-    const bool preferred =
-        args.prefer_skinny && args.m >= 2 && args.m <= options.skinny_preferred_max_rows;
-    internal::SkinnyArgs skinny = SkinnyArgsOf(options, args, false);
-    skinny.cluster_split = skinny.cluster_split || preferred;
-    if (!TakesSkinny(skinny, preferred)) return std::nullopt;
-    return skinny;
   }
 
   absl::Status RunSkinny(const internal::SkinnyArgs& s, cudaStream_t stream) {
@@ -428,9 +413,7 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
   if (err != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Gemm: SM count: ", cudaGetErrorString(err)));
   }
-  if ((options.skinny || options.skinny_silu_max_rows >= 2 ||
-       options.skinny_preferred_max_rows >= 2) &&
-      workspace_bytes > 0) {
+  if ((options.skinny || options.skinny_silu_max_rows >= 2) && workspace_bytes > 0) {
     absl::StatusOr<void*> counters =
         ZeroedCounters(kSkinnyMaxTiles * sizeof(int32_t), "Gemm skinny GEMM counters");
     if (!counters.ok()) return counters.status();
@@ -480,8 +463,9 @@ absl::Status Gemm::Run(const GemmArgs& args, cudaStream_t stream) {
     }
     return absl::OkStatus();
   }
-  if (const std::optional<internal::SkinnyArgs> skinny = impl_->SkinnyFor(args)) {
-    return impl_->RunSkinny(*skinny, stream);
+  if (const internal::SkinnyArgs skinny = SkinnyArgsOf(impl_->options, args, false);
+      impl_->TakesSkinny(skinny)) {
+    return impl_->RunSkinny(skinny, stream);
   }
   auto plan = impl_->PlanFor(args, stream);
   if (!plan.ok()) return plan.status();
@@ -554,8 +538,8 @@ bool Gemm::FusesSiluMul(const GemmArgs& args) const {
 }
 
 int Gemm::SkinnyClusterSize(const GemmArgs& args) const {
-  const std::optional<internal::SkinnyArgs> skinny = impl_->SkinnyFor(args);
-  return skinny ? internal::SkinnyClusterSize(*skinny, impl_->sms) : 0;
+  const internal::SkinnyArgs skinny = SkinnyArgsOf(impl_->options, args, false);
+  return impl_->TakesSkinny(skinny) ? internal::SkinnyClusterSize(skinny, impl_->sms) : 0;
 }
 
 absl::Status Gemm::RunSiluMul(const GemmArgs& args, cudaStream_t stream) {

@@ -51,11 +51,6 @@ struct GemmArgs {
   // 16-byte aligned.
   const float* norm_weight = nullptr;
   float norm_eps = 0;
-  // The caller's hint that this projection gains from the skinny GEMM with
-  // the cluster split at few rows (GemmOptions::skinny_preferred_max_rows).
-  // A decode step's q/k/v does: its o and down projections, which measured
-  // slower there, do not.
-  bool prefer_skinny = false;
 };
 
 // RoPE in a q/k/v projection's epilogue (Gemm::RunRope): one token at
@@ -124,12 +119,6 @@ struct GemmOptions {
   // 8-16 rows it beat cuBLASLt alone (o 12.5 against 15.7 µs) but in a
   // decode step only q/k/v gained (bench/RESULTS.md).
   bool skinny_cluster_split = false;
-  // Calls of 2 up to this many rows that set GemmArgs::prefer_skinny take the
-  // skinny GEMM with the cluster split where it suits. On an H200 the 8B
-  // shape's q/k/v at 8-16 rows took 15.9 µs against cuBLASLt's 17.6-17.9
-  // alone, even at 24-32 rows, and behind from 48 (bench/RESULTS.md). 0 or
-  // 1: never.
-  int64_t skinny_preferred_max_rows = 0;
   // cuBLASLt's calls: up to this many of its heuristic's candidates are
   // timed for each shape first planned while the call's stream is being
   // captured into a CUDA graph (a decode step's shapes, captured at
@@ -197,8 +186,7 @@ class Gemm {
   bool FusesNorm(const GemmArgs& args) const;
 
   // The CTAs per cluster (4 or 2) where Run takes the skinny GEMM split in
-  // clusters for `args` (GemmOptions::skinny_cluster_split, or
-  // skinny_preferred_max_rows with GemmArgs::prefer_skinny, on the calling
+  // clusters for `args` (GemmOptions::skinny_cluster_split, on the calling
   // thread's current device); 0 where it does not. For tests and
   // benchmarks: which kernel a call gets.
   int SkinnyClusterSize(const GemmArgs& args) const;

@@ -39,9 +39,7 @@ using ::trident::kernels::cuda::testing::ToDevice;
 // GEMM for 2-64 rows, in tiles of 128 W rows or of 64, and in clusters
 // that split a tile's k where the tiles fit one wave (elsewhere cuBLASLt);
 // and cuBLASLt alone with its candidates timed, called inside a CUDA graph
-// capture (where tuning happens) and then replayed; and the calls that
-// prefer the skinny GEMM (GemmArgs::prefer_skinny) taking it in clusters up
-// to 64 rows, the rest as by default.
+// capture (where tuning happens) and then replayed.
 enum Path {
   kCublas = 0,
   kGemv = 1,
@@ -51,12 +49,10 @@ enum Path {
   kSkinnyCluster = 5,
   kGemvBulkStatic = 6,  // Hopper's GEMV with a fixed run of items per CTA
   kCublasTuned = 7,
-  kSkinnyPreferred = 8,
 };
 
 GemmOptions OptionsFor(int path) {
   if (path == kCublasTuned) return {.gemv = false, .tune_algos = 16};
-  if (path == kSkinnyPreferred) return {.skinny_preferred_max_rows = 64};
   return {.gemv = path != kCublas,
           .gemv_bulk = path >= kGemvBulk,
           .gemv_dynamic = path != kGemvBulkStatic,
@@ -138,7 +134,6 @@ TEST_P(GemmTest, MatchesCpuReference) {
   GemmArgs args{dx, x_stride, dw, s.bias ? db : nullptr, dy, s.n, s.m, s.n, s.k};
   args.y_dtype = s.f32_out ? numeric::DType::kF32 : numeric::DType::kBF16;
   args.accumulate = s.accumulate;
-  args.prefer_skinny = path == kSkinnyPreferred;
   ASSERT_THAT(RunAndWait(**gemm, args, path == kCublasTuned), IsOk());
   if (path == kCublasTuned) {
     std::printf("  tuned %d shape(s), %d off the first choice\n", (*gemm)->tune_stats().shapes,
@@ -208,7 +203,7 @@ INSTANTIATE_TEST_SUITE_P(
             // accumulated): 547 tiles of 128 rows.
             Shape{6, 70000, 64, false, 0, true}),
         ::testing::Values(kCublas, kGemv, kGemvBulk, kSkinny, kSkinnyTile64, kSkinnyCluster,
-                          kGemvBulkStatic, kCublasTuned, kSkinnyPreferred)));
+                          kGemvBulkStatic, kCublasTuned)));
 
 // A shape is timed when first planned inside a capture, once, and never
 // outside one; plans made outside a capture stay as they are.
@@ -271,34 +266,6 @@ TEST(GemmSkinnyClusterTest, TakesClustersWhereTheTilesFitOneWave) {
   EXPECT_EQ((*split)->SkinnyClusterSize(qkv), 2);
   EXPECT_EQ((*split)->SkinnyClusterSize(gate_up), 0);
   EXPECT_EQ((*plain)->SkinnyClusterSize(o), 0);
-  cudaFree(buffer);
-}
-
-// A call that prefers the skinny GEMM takes it split in clusters from 2 up to
-// skinny_preferred_max_rows rows, and cuBLASLt past them or without the
-// preference: the backend's q/k/v at a decode step's 16 rows, and not its o.
-TEST(GemmSkinnyClusterTest, TakesClustersForPreferredCallsUpToTheirRows) {
-  int device = 0, sms = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
-  if (!CurrentDeviceIsSm90() || sms < 128) {
-    GTEST_SKIP() << "needs an sm_90 device of at least 128 SMs (" << sms << " here)";
-  }
-  auto gemm = Gemm::Create({.skinny_preferred_max_rows = 16});
-  ASSERT_THAT(gemm.status(), IsOk());
-  void* buffer = nullptr;
-  ASSERT_EQ(cudaMalloc(&buffer, 256), cudaSuccess);
-  auto qkv = [buffer](int64_t m, bool prefer) {
-    GemmArgs args{buffer, 4096, buffer, nullptr, buffer, 6144, m, 6144, 4096};
-    args.y_dtype = numeric::DType::kF32;
-    args.prefer_skinny = prefer;
-    return args;
-  };
-  EXPECT_EQ((*gemm)->SkinnyClusterSize(qkv(16, true)), 2);
-  EXPECT_EQ((*gemm)->SkinnyClusterSize(qkv(2, true)), 2);
-  EXPECT_EQ((*gemm)->SkinnyClusterSize(qkv(17, true)), 0);
-  EXPECT_EQ((*gemm)->SkinnyClusterSize(qkv(1, true)), 0);
-  EXPECT_EQ((*gemm)->SkinnyClusterSize(qkv(16, false)), 0);
   cudaFree(buffer);
 }
 
