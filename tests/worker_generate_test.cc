@@ -117,6 +117,16 @@ class WorkerGenerateTest : public ::testing::Test {
     return stats;
   }
 
+  // The KV stats once the engine has applied every abort made so far: a
+  // request that completes after them was scheduled after they took effect.
+  v1::KvStats KvStatsAfterAborts() {
+    v1::GenerateRequest after;
+    after.set_text("x");
+    after.mutable_sampling()->set_max_tokens(2);
+    EXPECT_THAT(Run(after).status, IsOk());
+    return KvStats();
+  }
+
   static std::string* model_dir_;
   static std::string* log_;
   static pid_t pid_;
@@ -191,13 +201,8 @@ TEST_F(WorkerGenerateTest, StopStringEndsTheStreamBeforeTheMatch) {
   EXPECT_EQ(stopped.complete.finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(stopped.complete.stop_string(), stop);
   EXPECT_EQ(stopped.text(), text.substr(0, text.find(stop)));
-  // The match aborted the sequence before the stream ended; a request that
-  // completes after it was scheduled after the engine applied that abort.
-  v1::GenerateRequest after;
-  after.set_text("x");
-  after.mutable_sampling()->set_max_tokens(2);
-  ASSERT_THAT(Run(after).status, IsOk());
-  const v1::KvStats stats = KvStats();
+  // The match aborted the sequence before the stream ended.
+  const v1::KvStats stats = KvStatsAfterAborts();
   EXPECT_EQ(stats.blocks_free(), stats.blocks_total());
 }
 
@@ -265,13 +270,8 @@ TEST_F(WorkerGenerateTest, CancelAndAbortEndTheStreamAndFreeEveryBlock) {
   EXPECT_EQ(aborted.complete.finish_reason(), v1::FINISH_REASON_ABORT);
   EXPECT_LT(aborted.tokens.size(), 1500u);
 
-  // A request that completes after both was scheduled after the engine
-  // processed their aborts, so the counts are final.
-  v1::GenerateRequest after;
-  after.set_text("x");
-  after.mutable_sampling()->set_max_tokens(2);
-  ASSERT_THAT(Run(after).status, IsOk());
-  const v1::KvStats stats = KvStats();
+  // After both aborts took effect, so the counts are final.
+  const v1::KvStats stats = KvStatsAfterAborts();
   EXPECT_GT(stats.blocks_total(), 0);
   EXPECT_EQ(stats.blocks_free(), stats.blocks_total());
   EXPECT_EQ(stats.sequences(), 0);
